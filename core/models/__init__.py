@@ -1,0 +1,24 @@
+"""ORM models, one module per domain; importing this package registers every table on ``Base.metadata``."""
+
+from core.models.cluster import GPU, Host
+from core.models.jobs import Attempt, Checkpoint, Event, Job, JobDependency, Usage
+from core.models.tenancy import ApiToken, Membership, QosClass, Role, SlaContract, Team, TeamQuota, User
+
+__all__ = [
+    "GPU",
+    "ApiToken",
+    "Attempt",
+    "Checkpoint",
+    "Event",
+    "Host",
+    "Job",
+    "JobDependency",
+    "Membership",
+    "QosClass",
+    "Role",
+    "SlaContract",
+    "Team",
+    "TeamQuota",
+    "Usage",
+    "User",
+]

@@ -1,0 +1,50 @@
+"""Hosts and their GPUs, as the worker's host agent registers them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, ForeignKey, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from core.db import Base, utcnow
+
+
+class Host(Base):
+    __tablename__ = "hosts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    queue: Mapped[str] = mapped_column(String(160), comment="the host's own Celery queue")
+    state: Mapped[str] = mapped_column(String(16), default="UP", comment="UP, DOWN, EXCLUDED")
+    cpu_slots: Mapped[int] = mapped_column(default=0, comment="training processes when it has no GPUs")
+    excluded_until: Mapped[datetime | None] = mapped_column()
+    exclusion_reason: Mapped[str | None] = mapped_column(String(256))
+    links: Mapped[dict[str, Any]] = mapped_column(default=dict, comment="link capacities, bytes/s")
+    last_heartbeat_at: Mapped[datetime | None] = mapped_column()
+    registered_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    gpus: Mapped[list[GPU]] = relationship(
+        back_populates="host", cascade="all, delete-orphan", lazy="selectin", order_by="GPU.index"
+    )
+
+
+class GPU(Base):
+    __tablename__ = "gpus"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
+    uuid: Mapped[str] = mapped_column(String(96), unique=True)
+    index: Mapped[int] = mapped_column()
+    model: Mapped[str] = mapped_column(String(128))
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    mig_mode: Mapped[bool] = mapped_column(default=False)
+    pcie_gen: Mapped[int | None] = mapped_column()
+    nvlink_peers: Mapped[list[Any]] = mapped_column(default=list, comment="uuids reachable over NVLink")
+    last_sample: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    healthy: Mapped[bool] = mapped_column(default=True)
+
+    host: Mapped[Host] = relationship(back_populates="gpus")
+
+    __table_args__ = (UniqueConstraint("host_id", "index"),)

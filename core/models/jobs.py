@@ -1,0 +1,134 @@
+"""Jobs, their attempts, the event timeline, checkpoints and usage."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from core.db import Base, utcnow
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id"))
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    state: Mapped[str] = mapped_column(String(16), default="QUEUED")
+    qos_class_id: Mapped[int] = mapped_column(ForeignKey("qos_classes.id"))
+    priority: Mapped[int] = mapped_column(default=0)
+    gpus: Mapped[int] = mapped_column(default=0)
+    gpu_type: Mapped[str | None] = mapped_column(String(64))
+    pending_reason: Mapped[str | None] = mapped_column(String(32))
+    pending_message: Mapped[str | None] = mapped_column(String(512))
+    restart_count: Mapped[int] = mapped_column(default=0)
+    not_before: Mapped[datetime | None] = mapped_column(comment="restart backoff")
+    fencing_token: Mapped[int] = mapped_column(BigInteger, default=0, comment="the current attempt's token")
+    cancel_requested: Mapped[bool] = mapped_column(default=False)
+    preempt_requested: Mapped[bool] = mapped_column(default=False)
+    last_step: Mapped[int] = mapped_column(default=0)
+    last_loss: Mapped[float | None] = mapped_column()
+    exit_reason: Mapped[str | None] = mapped_column(String(512))
+    submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
+    admitted_at: Mapped[datetime | None] = mapped_column()
+    started_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    attempts: Mapped[list[Attempt]] = relationship(
+        back_populates="job", order_by="Attempt.number", cascade="all, delete-orphan"
+    )
+
+    __table_args__ = (
+        Index("ix_jobs_team_id_id", "team_id", "id"),
+        Index("ix_jobs_state_id", "state", "id"),
+    )
+
+
+class JobDependency(Base):
+    __tablename__ = "job_dependencies"
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    depends_on_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+
+
+class Attempt(Base):
+    """One run of a job on a placement. Only the attempt whose token equals ``jobs.fencing_token`` may act."""
+
+    __tablename__ = "attempts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column()
+    fencing_token: Mapped[int] = mapped_column(BigInteger)
+    placement: Mapped[list[Any]] = mapped_column(comment="[{host, gpus: [uuid], slots}]")
+    state: Mapped[str] = mapped_column(String(16), default="PENDING")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column()
+    lease_expires_at: Mapped[datetime | None] = mapped_column()
+    heartbeat_at: Mapped[datetime | None] = mapped_column()
+    first_step_at: Mapped[datetime | None] = mapped_column()
+    resumed_from_step: Mapped[int | None] = mapped_column()
+    ended_at: Mapped[datetime | None] = mapped_column()
+    exit_code: Mapped[int | None] = mapped_column()
+    exit_reason: Mapped[str | None] = mapped_column(String(512))
+
+    job: Mapped[Job] = relationship(back_populates="attempts")
+
+    __table_args__ = (UniqueConstraint("job_id", "number"), UniqueConstraint("job_id", "fencing_token"))
+
+
+class Event(Base):
+    """The timeline: every state transition, and audit records (``job_id`` NULL) for tokens and memberships."""
+
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    team_id: Mapped[int | None] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    actor_user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    type: Mapped[str] = mapped_column(String(48))
+    message: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_events_job_id_id", "job_id", "id"),)
+
+
+class Checkpoint(Base):
+    __tablename__ = "checkpoints"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id", ondelete="SET NULL"))
+    step: Mapped[int] = mapped_column()
+    path: Mapped[str] = mapped_column(String(1024))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    sha256: Mapped[str] = mapped_column(String(64))
+    verified: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("job_id", "step"),)
+
+
+class Usage(Base):
+    """GPU-seconds (CPU slot-seconds for CPU jobs) per team per attempt: the unit of account."""
+
+    __tablename__ = "usage"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"))
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"), unique=True)
+    gpu_type: Mapped[str] = mapped_column(String(64))
+    gpus: Mapped[int] = mapped_column()
+    gpu_seconds: Mapped[float] = mapped_column(default=0.0)
+    started_at: Mapped[datetime] = mapped_column()
+    ended_at: Mapped[datetime | None] = mapped_column()
+
+    __table_args__ = (Index("ix_usage_team_id_started_at", "team_id", "started_at"),)

@@ -1,0 +1,154 @@
+"""Teams, users, roles, API tokens, QoS classes and SLA contracts."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Index, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from core.db import Base, utcnow
+
+
+class Role(enum.StrEnum):
+    """Team roles; ``admin`` is the global role held on the user itself."""
+
+    ADMIN = "admin"
+    TEAM_ADMIN = "team-admin"
+    MEMBER = "member"
+    VIEWER = "viewer"
+
+
+class Team(Base):
+    __tablename__ = "teams"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    cohort: Mapped[str | None] = mapped_column(String(64))
+    fair_share_weight: Mapped[float] = mapped_column(default=1.0)
+    gpu_hour_budget: Mapped[float | None] = mapped_column(comment="GPU-hours per budget period; NULL = none")
+    budget_period_s: Mapped[int] = mapped_column(default=30 * 86400)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    quotas: Mapped[list[TeamQuota]] = relationship(
+        back_populates="team", cascade="all, delete-orphan", lazy="selectin"
+    )
+
+    __table_args__ = (CheckConstraint("fair_share_weight > 0", name="weight_positive"),)
+
+
+class TeamQuota(Base):
+    """Kueue's vocabulary: nominal GPUs of one type, how much may be borrowed from the cohort and lent to it."""
+
+    __tablename__ = "team_quotas"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"))
+    gpu_type: Mapped[str] = mapped_column(String(64), comment="'*' = any type, 'cpu' = CPU slots")
+    nominal: Mapped[int] = mapped_column(default=0)
+    borrowing_limit: Mapped[int | None] = mapped_column(comment="NULL = unlimited within the cohort")
+    lending_limit: Mapped[int | None] = mapped_column(comment="NULL = all unused nominal may be lent")
+
+    team: Mapped[Team] = relationship(back_populates="quotas")
+
+    __table_args__ = (
+        UniqueConstraint("team_id", "gpu_type"),
+        CheckConstraint("nominal >= 0", name="nominal_nonneg"),
+    )
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    email: Mapped[str | None] = mapped_column(String(254))
+    is_admin: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    memberships: Mapped[list[Membership]] = relationship(
+        back_populates="user", cascade="all, delete-orphan", lazy="selectin"
+    )
+
+
+class Membership(Base):
+    __tablename__ = "memberships"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"))
+    role: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    user: Mapped[User] = relationship(back_populates="memberships")
+    team: Mapped[Team] = relationship(lazy="joined")
+
+    __table_args__ = (
+        UniqueConstraint("user_id", "team_id"),
+        CheckConstraint("role IN ('team-admin', 'member', 'viewer')", name="role_known"),
+    )
+
+
+class ApiToken(Base):
+    """Bearer tokens. Only the SHA-256 of the secret is stored; the prefix identifies it in listings."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    prefix: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[list[Any]] = mapped_column(default=lambda: ["read", "write"])
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column()
+    revoked_at: Mapped[datetime | None] = mapped_column()
+    last_used_at: Mapped[datetime | None] = mapped_column()
+
+    user: Mapped[User] = relationship(lazy="joined")
+
+
+class QosClass(Base):
+    __tablename__ = "qos_classes"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(32), unique=True)
+    priority: Mapped[int] = mapped_column(comment="higher runs first")
+    preemptible: Mapped[bool] = mapped_column(default=False)
+    gpu_memory_cap_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    sm_percent: Mapped[int] = mapped_column(default=100)
+    pcie_bandwidth_bytes_per_s: Mapped[int | None] = mapped_column(BigInteger)
+    nvlink_bandwidth_bytes_per_s: Mapped[int | None] = mapped_column(BigInteger)
+    default_max_queue_wait_s: Mapped[float | None] = mapped_column()
+    description: Mapped[str] = mapped_column(String(256), default="")
+
+    __table_args__ = (CheckConstraint("sm_percent BETWEEN 1 AND 100", name="sm_percent_range"),)
+
+
+class SlaContract(Base):
+    """A team's default contract (``job_id`` NULL) or the effective contract of one job."""
+
+    __tablename__ = "sla_contracts"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), unique=True)
+    qos_class_id: Mapped[int] = mapped_column(ForeignKey("qos_classes.id"))
+    max_queue_wait_s: Mapped[float | None] = mapped_column()
+    deadline: Mapped[datetime | None] = mapped_column()
+    max_restarts: Mapped[int] = mapped_column(default=3)
+    recovery_time_objective_s: Mapped[float] = mapped_column(default=300.0)
+    checkpoint_interval_s: Mapped[float] = mapped_column(default=600.0)
+    min_checkpoint_success_rate: Mapped[float] = mapped_column(default=0.999)
+    step_time_tolerance: Mapped[float] = mapped_column(default=1.3)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    qos_class: Mapped[QosClass] = relationship(lazy="joined")
+
+    __table_args__ = (
+        Index("ix_sla_contracts_team_default", "team_id", "job_id"),
+        CheckConstraint("max_restarts >= 0", name="max_restarts_nonneg"),
+    )

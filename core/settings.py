@@ -1,0 +1,54 @@
+"""Settings from the environment (``KILN_`` prefix). The embedded default needs no server at all."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_home() -> Path:
+    return Path.cwd() / ".kiln"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KILN_", extra="ignore")
+
+    home: Path = Field(default_factory=_default_home, description="State of the embedded default.")
+    database_url: str = ""  # default: sqlite file under home
+    broker_url: str = ""  # default: kombu's SQLAlchemy transport on a sqlite file under home
+    api_url: str = "http://127.0.0.1:8421"
+    host: str = "127.0.0.1"
+    port: int = 8421
+
+    # Limits that protect the API.
+    max_body_bytes: int = 256 * 1024
+    rate_limit_per_minute: int = 6000
+    rate_limit_burst: int = 600
+
+    # Scheduler and worker timing (seconds).
+    scheduler_interval_s: float = 2.0
+    lease_s: float = 30.0
+    heartbeat_interval_s: float = 5.0
+
+    # Storage for checkpoints, compile caches and logs (a shared filesystem in multi-host deployments).
+    storage_dir: Path | None = None
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'kiln.db'}"
+
+    @property
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or f"sqla+sqlite:///{self.home / 'broker.db'}"
+
+    @property
+    def resolved_storage_dir(self) -> Path:
+        return self.storage_dir or self.home / "storage"
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,158 @@
+"""The job spec: one schema for YAML and JSON submissions, shared by the API, the scheduler and the trainer.
+
+Unknown fields are rejected (``extra="forbid"``) so a typo never silently turns into a default.
+Sizes are bytes, durations seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$"
+
+Parallelism = Literal["ddp", "fsdp", "auto"]
+Precision = Literal["bf16", "fp16", "fp32", "auto"]
+CompileMode = Literal["regional", "whole", "off"]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resources(StrictModel):
+    gpus: Annotated[int, Field(ge=0, le=4096, description="Total GPUs (0 = CPU slots only).")] = 1
+    gpus_per_node: Annotated[int | None, Field(ge=1, le=64)] = None
+    gpu_type: Annotated[str | None, Field(max_length=64, description="e.g. 'H200'; None = any.")] = None
+    cpu_slots: Annotated[int, Field(ge=1, le=1024, description="Processes when gpus == 0.")] = 1
+
+    @model_validator(mode="after")
+    def _per_node_divides(self) -> Resources:
+        if self.gpus_per_node is not None and self.gpus and self.gpus % self.gpus_per_node:
+            raise ValueError("gpus must be a multiple of gpus_per_node")
+        return self
+
+    @property
+    def nodes(self) -> int:
+        if not self.gpus or not self.gpus_per_node:
+            return 1
+        return self.gpus // self.gpus_per_node
+
+    @property
+    def processes(self) -> int:
+        return self.gpus if self.gpus else self.cpu_slots
+
+
+class CompileOptions(StrictModel):
+    mode: CompileMode = "regional"
+    timeout_s: Annotated[float, Field(gt=0, le=3600)] = 300.0
+    max_rss_bytes: Annotated[int | None, Field(gt=0)] = None
+    check_allclose: bool = True
+
+
+class Checkpointing(StrictModel):
+    every_steps: Annotated[int | None, Field(ge=1)] = 100
+    every_seconds: Annotated[float | None, Field(gt=0)] = None
+    keep_last: Annotated[int, Field(ge=1, le=100)] = 3
+    asynchronous: bool = True
+
+
+class SLAOverrides(StrictModel):
+    qos: Annotated[str | None, Field(max_length=32)] = None
+    max_queue_wait_s: Annotated[float | None, Field(gt=0, le=365 * 86400)] = None
+    deadline: Annotated[str | None, Field(description="ISO-8601 UTC timestamp")] = None
+    max_restarts: Annotated[int | None, Field(ge=0, le=1000)] = None
+    recovery_time_objective_s: Annotated[float | None, Field(gt=0, le=86400)] = None
+    checkpoint_interval_s: Annotated[float | None, Field(gt=0, le=86400)] = None
+    min_checkpoint_success_rate: Annotated[float | None, Field(ge=0, le=1)] = None
+    step_time_tolerance: Annotated[float | None, Field(ge=1, le=100)] = None
+
+    @field_validator("deadline")
+    @classmethod
+    def _iso(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from datetime import datetime
+
+        try:
+            parsed = datetime.fromisoformat(v.replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise ValueError("deadline must be an ISO-8601 timestamp") from exc
+        if parsed.tzinfo is None:
+            raise ValueError("deadline must carry a timezone (UTC)")
+        return parsed.isoformat()
+
+
+class Recipe(StrictModel):
+    name: Annotated[str, Field(max_length=128, description="A recipe in the 'kiln.recipes' entry-point group.")]
+    hyperparameters: dict[str, Annotated[Any, Field()]] = Field(default_factory=dict)
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _scalars(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key, value in v.items():
+            if not isinstance(value, (int, float, str, bool, type(None), list)):
+                raise ValueError(f"hyperparameter {key!r} must be a scalar or a list")
+            if len(key) > 64:
+                raise ValueError("hyperparameter names are at most 64 characters")
+        if len(v) > 64:
+            raise ValueError("at most 64 hyperparameters")
+        return v
+
+
+class JobSpec(StrictModel):
+    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    team: Annotated[str, Field(pattern=NAME_PATTERN)]
+    recipe: Recipe
+    steps: Annotated[int, Field(ge=1, le=10_000_000)] = 100
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    resources: Resources = Resources()
+    parallelism: Parallelism = "auto"
+    compile: CompileOptions = CompileOptions()
+    precision: Precision = "auto"
+    checkpointing: Checkpointing = Checkpointing()
+    sla: SLAOverrides = SLAOverrides()
+    depends_on: Annotated[list[str], Field(max_length=32)] = Field(default_factory=list)
+    time_limit_s: Annotated[float | None, Field(gt=0, le=30 * 86400)] = None
+    labels: Annotated[dict[str, Annotated[str, Field(max_length=128)]], Field(max_length=32)] = Field(
+        default_factory=dict
+    )
+
+
+class SpecError(ValueError):
+    """A spec that failed to parse or validate; ``errors`` carry field paths for problem+json."""
+
+    def __init__(self, message: str, errors: list[dict[str, Any]]):
+        super().__init__(message)
+        self.errors = errors
+
+
+def validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    return [
+        {"loc": ".".join(str(p) for p in err["loc"]) or "$", "msg": err["msg"], "type": err["type"]}
+        for err in exc.errors()
+    ]
+
+
+def parse_spec_text(text: str) -> JobSpec:
+    """Parse YAML (a superset of JSON) and validate it."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise SpecError(f"malformed YAML{where}", [{"loc": "$", "msg": str(exc), "type": "yaml"}]) from exc
+    return parse_spec_data(data)
+
+
+def parse_spec_data(data: object) -> JobSpec:
+    if not isinstance(data, dict):
+        raise SpecError("a job spec is a mapping", [{"loc": "$", "msg": "expected a mapping", "type": "type"}])
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        errors = validation_errors(exc)
+        first = errors[0]
+        raise SpecError(f"invalid job spec: {first['loc']}: {first['msg']}", errors) from exc

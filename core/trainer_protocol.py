@@ -1,0 +1,52 @@
+"""The contract between a worker and the trainer processes it supervises.
+
+The trainer never imports the API or the database. The worker launches
+
+    torchrun --nproc-per-node N [--nnodes M --rdzv-...] -m trainer --spec SPEC.json --run-dir RUN_DIR
+
+with the environment below, reads the JSON-lines telemetry the ranks append to ``RUN_DIR/telemetry/``,
+and classifies the exit code. Pure Python: imported by both sides.
+"""
+
+from __future__ import annotations
+
+import enum
+
+# Environment variables the worker sets for every rank.
+ENV_FENCING_TOKEN = "KILN_FENCING_TOKEN"  # int; the attempt's fencing token
+ENV_CHECKPOINT_DIR = "KILN_CHECKPOINT_DIR"  # the job's checkpoints, shared by all its attempts
+ENV_COMPILE_CACHE_DIR = "KILN_COMPILE_CACHE_DIR"  # compile artifacts, beside the checkpoints
+ENV_MEMORY_FRACTION = "KILN_GPU_MEMORY_FRACTION"  # float in (0, 1]; QoS memory cap
+ENV_JOB_ID = "KILN_JOB_ID"
+ENV_ATTEMPT_ID = "KILN_ATTEMPT_ID"
+
+# The checkpoint directory holds this file; its content is the current fencing token (decimal).
+# A rank commits a checkpoint (the final rename) only while the file still names its own token.
+FENCE_FILE = "fence"
+
+TELEMETRY_DIR = "telemetry"  # RUN_DIR/telemetry/rank{R}.jsonl, one JSON object per line
+
+
+class ExitCode(enum.IntEnum):
+    """Exit codes of ``python -m trainer``; anything else is an unclassified crash."""
+
+    SUCCEEDED = 0
+    USER_ERROR = 2  # bad spec or hyperparameters: restarting will not help
+    PREEMPTED = 75  # SIGTERM honoured: a checkpoint was committed, then exit (EX_TEMPFAIL)
+    FENCED = 76  # the fencing token is no longer current: another attempt owns the job
+    TOO_MANY_SPIKES = 77  # the loss-spike guard gave up
+    OOM = 78
+    NCCL_ERROR = 79
+
+
+class RecordKind(enum.StrEnum):
+    """``kind`` of a telemetry line. Every line also has ``ts`` (unix seconds) and ``rank``."""
+
+    STEP = "step"  # step, loss, grad_norm, tokens_per_s, step_time_s, mfu, mem_allocated_bytes, mem_peak_bytes
+    HEARTBEAT = "heartbeat"  # alive, cuda_ok, nccl_error, grad_sync_latency_s
+    EVENT = "event"  # type (e.g. FALLBACK_COMPILE_TIMEOUT, LOSS_SPIKE), message, fields {...}
+    CHECKPOINT = "checkpoint"  # step, path, bytes, sha256, verified
+    GPU_SAMPLE = "gpu_sample"  # NVML: gpu uuid, util, mem, pcie/nvlink rx/tx bytes/s (absent -> null)
+    MEMORY_PREDICTION = "memory_prediction"  # predicted_peak_bytes, breakdown {...}
+    RESUMED = "resumed"  # step resumed from (first training step after resume follows)
+    DONE = "done"  # final_loss, steps

@@ -1,0 +1,40 @@
+"""Integration fixtures: one migrated PostgreSQL database per test session, one rolled-back transaction per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from core.db import make_engine
+from core.migrate import upgrade
+from tests.support.services import temporary_database
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    with temporary_database() as url:
+        upgrade(url)
+        yield url
+
+
+@pytest.fixture(scope="session")
+def pg_engine(pg_url: str) -> Iterator[Engine]:
+    engine = make_engine(pg_url)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def db(pg_engine: Engine) -> Iterator[Session]:
+    """A session inside a transaction that is rolled back after the test; commits become savepoints."""
+    with pg_engine.connect() as conn:
+        outer = conn.begin()
+        session = Session(bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False)
+        try:
+            yield session
+        finally:
+            session.close()
+            outer.rollback()

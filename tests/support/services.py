@@ -1,0 +1,64 @@
+"""Real PostgreSQL and Redis for the tests: each run creates (and drops) its own databases."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+
+PG_ADMIN_URL = os.environ.get("KILN_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL_BASE = os.environ.get("KILN_TEST_REDIS", "redis://127.0.0.1:6379")
+
+
+def sqlalchemy_url(dbname: str) -> str:
+    base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://", 1)
+    return f"{base}/{dbname}"
+
+
+def postgres_available() -> bool:
+    try:
+        with psycopg.connect(PG_ADMIN_URL, connect_timeout=3):
+            return True
+    except psycopg.OperationalError:
+        return False
+
+
+def require_postgres() -> None:
+    if postgres_available():
+        return
+    if os.environ.get("CI"):
+        pytest.fail("PostgreSQL is not reachable at 127.0.0.1:5432 (.ci/run should have started it)")
+    pytest.skip("PostgreSQL is not running")
+
+
+@contextmanager
+def temporary_database(prefix: str = "kiln_test") -> Iterator[str]:
+    """Create a fresh database, yield its SQLAlchemy URL, drop it afterwards (only ours)."""
+    require_postgres()
+    name = f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield sqlalchemy_url(name)
+    finally:
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def redis_url(db: int | None = None) -> str:
+    """A Redis database index for this run; tests prefix their keys, so sharing an index is harmless."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL_BASE, socket_connect_timeout=3)
+    try:
+        client.ping()
+    except redis.exceptions.ConnectionError:
+        if os.environ.get("CI"):
+            pytest.fail("Redis is not reachable at 127.0.0.1:6379 (.ci/run should have started it)")
+        pytest.skip("Redis is not running")
+    index = db if db is not None else 1 + os.getpid() % 15
+    return f"{REDIS_URL_BASE}/{index}"
