@@ -24,8 +24,12 @@ DB = f"kiln_regen_{os.getpid()}"
 
 def main() -> None:
     versions = ROOT / "migrations" / "versions"
-    for old in versions.glob("*_0001_*.py"):
+    for old in versions.glob("*-0001_*.py"):
         old.unlink()
+    # Later revisions (data seeds) are set aside so that the empty database counts as "up to date".
+    later = [(p, p.with_suffix(".aside")) for p in versions.glob("*.py")]
+    for path, aside in later:
+        path.rename(aside)
     with psycopg.connect(ADMIN, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{DB}"')
     try:
@@ -35,6 +39,8 @@ def main() -> None:
         )  # fixed, so regenerating is idempotent
         command.revision(cfg, message="initial schema", autogenerate=True, rev_id="0001")
     finally:
+        for path, aside in later:
+            aside.rename(path)
         with psycopg.connect(ADMIN, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{DB}"')
     subprocess.run([sys.executable, "-m", "ruff", "format", str(versions)], check=False, capture_output=True)

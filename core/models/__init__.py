@@ -1,7 +1,7 @@
 """ORM models, one module per domain; importing this package registers every table on ``Base.metadata``."""
 
 from core.models.cluster import GPU, Host
-from core.models.jobs import Attempt, Checkpoint, Event, Job, JobDependency, Usage
+from core.models.jobs import Attempt, Checkpoint, Event, Job, JobDependency, JobMetric, Usage
 from core.models.tenancy import ApiToken, Membership, QosClass, Role, SlaContract, Team, TeamQuota, User
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "Host",
     "Job",
     "JobDependency",
+    "JobMetric",
     "Membership",
     "QosClass",
     "Role",

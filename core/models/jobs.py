@@ -132,3 +132,24 @@ class Usage(Base):
     ended_at: Mapped[datetime | None] = mapped_column()
 
     __table_args__ = (Index("ix_usage_team_id_started_at", "team_id", "started_at"),)
+
+
+class JobMetric(Base):
+    """Training telemetry per step (rank 0), as relayed by the worker; the dashboard's and CLI's curves."""
+
+    __tablename__ = "job_metrics"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id", ondelete="SET NULL"))
+    step: Mapped[int] = mapped_column()
+    ts: Mapped[datetime] = mapped_column(default=utcnow)
+    loss: Mapped[float | None] = mapped_column()
+    grad_norm: Mapped[float | None] = mapped_column()
+    tokens_per_s: Mapped[float | None] = mapped_column()
+    step_time_s: Mapped[float | None] = mapped_column()
+    mfu: Mapped[float | None] = mapped_column()
+    mem_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    extra: Mapped[dict[str, Any]] = mapped_column(default=dict, comment="GPU samples, bandwidth, ...")
+
+    __table_args__ = (Index("ix_job_metrics_job_id_step", "job_id", "step"),)

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 08:44:38.520453+00:00
+Create Date: 2026-11-29 08:45:20.045568+00:00
 """
 
 from collections.abc import Sequence
@@ -312,6 +312,34 @@ def upgrade() -> None:
         batch_op.create_index(batch_op.f("ix_checkpoints_job_id"), ["job_id"], unique=False)
 
     op.create_table(
+        "job_metrics",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("job_id", sa.Integer(), nullable=False),
+        sa.Column("attempt_id", sa.Integer(), nullable=True),
+        sa.Column("step", sa.Integer(), nullable=False),
+        sa.Column("ts", core.db.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("loss", sa.Double(), nullable=True),
+        sa.Column("grad_norm", sa.Double(), nullable=True),
+        sa.Column("tokens_per_s", sa.Double(), nullable=True),
+        sa.Column("step_time_s", sa.Double(), nullable=True),
+        sa.Column("mfu", sa.Double(), nullable=True),
+        sa.Column("mem_peak_bytes", sa.BigInteger(), nullable=True),
+        sa.Column(
+            "extra",
+            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            nullable=False,
+            comment="GPU samples, bandwidth, ...",
+        ),
+        sa.ForeignKeyConstraint(
+            ["attempt_id"], ["attempts.id"], name=op.f("fk_job_metrics_attempt_id_attempts"), ondelete="SET NULL"
+        ),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name=op.f("fk_job_metrics_job_id_jobs"), ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_job_metrics")),
+    )
+    with op.batch_alter_table("job_metrics", schema=None) as batch_op:
+        batch_op.create_index("ix_job_metrics_job_id_step", ["job_id", "step"], unique=False)
+
+    op.create_table(
         "usage",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("team_id", sa.Integer(), nullable=False),
@@ -342,6 +370,10 @@ def downgrade() -> None:
         batch_op.drop_index("ix_usage_team_id_started_at")
 
     op.drop_table("usage")
+    with op.batch_alter_table("job_metrics", schema=None) as batch_op:
+        batch_op.drop_index("ix_job_metrics_job_id_step")
+
+    op.drop_table("job_metrics")
     with op.batch_alter_table("checkpoints", schema=None) as batch_op:
         batch_op.drop_index(batch_op.f("ix_checkpoints_job_id"))
 
