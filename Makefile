@@ -1,0 +1,11 @@
+# The two set-up commands of the README are `./kiln up` and `make test`.
+.PHONY: test up lint bench-api bench-scheduler
+
+test:
+	scripts/test
+
+up:
+	./kiln up
+
+lint:
+	scripts/bootstrap trainer,dev && .venv/bin/ruff check . && .venv/bin/mypy api core scheduler workers cli trainer
