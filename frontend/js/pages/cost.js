@@ -1,0 +1,54 @@
+// Cost: GPU-hours and their cost per team over time, at the configured price per GPU-hour (KILN_GPU_PRICES).
+
+import { api, qs } from "../api.js";
+import { LineChart } from "../chart.js";
+import { fmtNumber, h, pageHeader, replace, showError, table } from "../dom.js";
+
+const WINDOWS = [
+  { value: "1:hour", label: "Last 24 hours, hourly" },
+  { value: "7:day", label: "Last 7 days, daily" },
+  { value: "30:day", label: "Last 30 days, daily" },
+];
+
+/** @type {import("../router.js").Page} */
+export async function costPage(root) {
+  const select = /** @type {HTMLSelectElement} */ (h("select", { id: "cost-window" },
+    WINDOWS.map((w) => h("option", { value: w.value, selected: w.value === "30:day" }, w.label))));
+  const xFormat = (/** @type {number} */ ms) => new Date(ms).toLocaleDateString(undefined, { month: "short", day: "numeric", hour: "2-digit" });
+  const hoursChart = new LineChart({ id: "gpu-hours", title: "GPU-hours per team", xFormat, yMin: 0, empty: "No usage in this window" });
+  const costChart = new LineChart({ id: "cost", title: "Cost per team", xFormat, yMin: 0, empty: "No usage in this window" });
+  const totals = h("div", { id: "cost-totals" });
+  const pricesEl = h("div", { id: "prices" });
+  root.append(
+    pageHeader("Cost"),
+    h("div", { class: "filters" }, h("div", { class: "field" }, h("label", { for: "cost-window" }, "Window"), select)),
+    h("div", { class: "grid two" }, h("section", { class: "card" }, hoursChart.el), h("section", { class: "card" }, costChart.el)),
+    h("section", { class: "card", "aria-labelledby": "tot-title" }, h("h2", { id: "tot-title" }, "Totals"), totals),
+    h("section", { class: "card", "aria-labelledby": "price-title" }, h("h2", { id: "price-title" }, "Prices"), pricesEl),
+  );
+
+  const load = async () => {
+    const [days, bucket] = select.value.split(":");
+    try {
+      const data = await api(`/v1/dashboard/cost${qs({ days, bucket })}`);
+      const cur = data.currency;
+      const money = (/** @type {number} */ v) => `${v.toFixed(2)} ${cur}`;
+      hoursChart.setSeries(data.series.map((/** @type {any} */ s) => ({ name: s.team, points: s.points.map((/** @type {any} */ p) => [Date.parse(p.t), p.gpu_hours]) })));
+      costChart.setSeries(data.series.map((/** @type {any} */ s) => ({ name: s.team, points: s.points.map((/** @type {any} */ p) => [Date.parse(p.t), p.cost]) })));
+      replace(totals, table("Totals per team", [
+        { title: "Team", cell: (/** @type {any} */ s) => s.team },
+        { title: "GPU-hours", cell: (/** @type {any} */ s) => fmtNumber(s.gpu_hours, 3), class: "num" },
+        { title: "By type", cell: (/** @type {any} */ s) => Object.entries(s.by_gpu_type).map(([t, v]) => `${t}: ${fmtNumber(Number(v), 3)}`).join(", ") },
+        { title: "Cost", cell: (/** @type {any} */ s) => money(s.cost), class: "num" },
+      ], data.series, "No usage in this window."));
+      replace(pricesEl, table("Price per GPU-hour", [
+        { title: "GPU type", cell: (/** @type {[string, number]} */ p) => (p[0] === "*" ? "any other" : p[0]) },
+        { title: `Price (${cur}/h)`, cell: (/** @type {[string, number]} */ p) => p[1].toFixed(2), class: "num" },
+      ], Object.entries(data.prices)), h("p", { class: "help" }, "Set with KILN_GPU_PRICES, e.g. {\"H200\": 4.5, \"cpu\": 0.05}."));
+    } catch (err) {
+      showError(totals, err);
+    }
+  };
+  select.addEventListener("change", load);
+  await load();
+}

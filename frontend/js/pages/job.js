@@ -1,0 +1,294 @@
+// One job: state, wait against the contract, curves (loss, throughput, GPU), timeline, live logs, checkpoints,
+// restarts with their recovery times, compile fallbacks and loss spikes.
+
+import { ApiError, api, follow, parseEventStream, qs } from "../api.js";
+import { LineChart } from "../chart.js";
+import {
+  bar, fmtBytes, fmtDuration, fmtNumber, h, pageHeader, replace, showError, stateBadge, table, timeEl, toast,
+} from "../dom.js";
+
+const FINISHED = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+const MAX_LOG_LINES = 5000;
+
+/**
+ * @typedef {{id: number, step: number, ts: string, loss: number | null, grad_norm: number | null,
+ *   tokens_per_s: number | null, step_time_s: number | null, mfu: number | null, mem_peak_bytes: number | null,
+ *   extra: Record<string, any>}} MetricRow
+ * @typedef {{job: any, contract: any, attempts: any[], restarts: any[], checkpoints: any[], events: any[],
+ *   compile_fallbacks: any[], loss_spikes: any[]}} Overview
+ */
+
+/**
+ * GPU samples relayed in `extra.gpu` (one record per GPU per sample: util_gpu, mem_used_bytes,
+ * pcie/nvlink rx/tx bytes/s, ts in unix seconds), as chart series keyed by GPU.
+ * @param {MetricRow[]} rows
+ * @returns {{util: import("../chart.js").Series[], mem: import("../chart.js").Series[],
+ *   bw: import("../chart.js").Series[]}}
+ */
+export function gpuSeries(rows) {
+  /** @type {Map<string, [number, number][]>} */
+  const util = new Map();
+  /** @type {Map<string, [number, number][]>} */
+  const mem = new Map();
+  /** @type {Map<string, [number, number][]>} */
+  const bw = new Map();
+  const seen = new Set();
+  const push = (/** @type {Map<string, [number, number][]>} */ m, /** @type {string} */ k, /** @type {number} */ x, /** @type {unknown} */ y) => {
+    if (typeof y !== "number" || !Number.isFinite(y)) return;
+    if (!m.has(k)) m.set(k, []);
+    m.get(k)?.push([x, y]);
+  };
+  for (const row of rows) {
+    const samples = Array.isArray(row.extra?.gpu) ? row.extra.gpu : [];
+    for (const s of samples) {
+      const gpu = String(s.gpu_uuid ?? `rank${s.rank ?? 0}`).slice(-8);
+      const t = typeof s.ts === "number" ? s.ts * 1000 : Date.parse(row.ts);
+      const key = `${gpu}@${t}`;
+      if (seen.has(key)) continue; // the relay repeats the last samples on consecutive rows
+      seen.add(key);
+      push(util, `GPU ${gpu}`, t, s.util_gpu);
+      push(mem, `GPU ${gpu} used`, t, s.mem_used_bytes);
+      push(bw, `${gpu} PCIe tx`, t, s.pcie_tx_bytes_per_s);
+      push(bw, `${gpu} PCIe rx`, t, s.pcie_rx_bytes_per_s);
+      push(bw, `${gpu} NVLink tx`, t, s.nvlink_tx_bytes_per_s);
+      push(bw, `${gpu} NVLink rx`, t, s.nvlink_rx_bytes_per_s);
+    }
+  }
+  const toSeries = (/** @type {Map<string, [number, number][]>} */ m) =>
+    [...m.entries()].map(([name, points]) => ({ name, points: points.sort((a, b) => a[0] - b[0]) }));
+  return { util: toSeries(util), mem: toSeries(mem), bw: toSeries(bw) };
+}
+
+const clock = (/** @type {number} */ ms) => new Date(ms).toLocaleTimeString(undefined, { hour12: false });
+
+/** @type {import("../router.js").Page} */
+export async function jobPage(root, params) {
+  const id = Number(params.id);
+  /** @type {Overview} */
+  let overview;
+  try {
+    overview = await api(`/v1/dashboard/jobs/${id}`);
+  } catch (err) {
+    root.append(pageHeader(`Job ${id}`));
+    const box = h("div", { class: "card" });
+    root.append(box);
+    showError(box, err instanceof ApiError && err.status === 404 ? new Error(`Job ${id} does not exist, or is not yours to see.`) : err);
+    return;
+  }
+
+  /** @type {MetricRow[]} */
+  const metrics = [];
+  let lastMetricId = 0;
+
+  const stateEl = h("span", { id: "job-state" });
+  const cancelBtn = h("button", { type: "button", class: "danger", id: "cancel-job" }, "Cancel job");
+  const facts = h("dl", { class: "facts", id: "job-facts" });
+  const liveEl = h("span", { class: "muted live", id: "live-mode" }, "");
+
+  const charts = {
+    loss: new LineChart({ id: "loss", title: "Loss over steps", xLabel: "step" }),
+    throughput: new LineChart({ id: "throughput", title: "Throughput (tokens/s) over steps", xLabel: "step" }),
+    util: new LineChart({ id: "gpu-util", title: "GPU utilisation (%)", xFormat: clock, yMin: 0, yMax: 100,
+      empty: "No GPU samples (a CPU job, or none yet)" }),
+    mem: new LineChart({ id: "gpu-mem", title: "GPU memory used (bytes)", xFormat: clock, yMin: 0,
+      empty: "No GPU samples (a CPU job, or none yet)" }),
+    bw: new LineChart({ id: "gpu-bw", title: "Interconnect bandwidth (bytes/s)", xFormat: clock, yMin: 0,
+      empty: "No PCIe/NVLink samples yet" }),
+  };
+
+  const timeline = h("ol", { class: "timeline", id: "timeline", "aria-label": "Events, oldest first" });
+  const restartsEl = h("div", { id: "restarts" });
+  const checkpointsEl = h("div", { id: "checkpoints" });
+  const healthEl = h("div", { id: "health" });
+
+  const logBox = h("pre", { class: "logs", id: "logs", role: "log", tabindex: "0", "aria-label": "Job logs", "aria-live": "off" });
+  const followBox = /** @type {HTMLInputElement} */ (h("input", { type: "checkbox", id: "follow-logs", checked: true }));
+  const logStatus = h("span", { class: "muted", id: "log-status" }, "connecting…");
+
+  root.append(
+    pageHeader(overview.job.name, stateEl, liveEl, cancelBtn),
+    h("section", { class: "card", "aria-label": "Summary" }, facts),
+    h("section", { class: "grid charts", "aria-label": "Training curves" },
+      Object.values(charts).map((c) => h("div", { class: "card" }, c.el))),
+    h("div", { class: "grid two" },
+      h("section", { class: "card", "aria-labelledby": "tl-title" }, h("h2", { id: "tl-title" }, "Timeline"), timeline),
+      h("section", { class: "card", "aria-labelledby": "health-title" }, h("h2", { id: "health-title" }, "Health"),
+        healthEl, h("h3", {}, "Restarts"), restartsEl, h("h3", {}, "Checkpoints"), checkpointsEl)),
+    h("section", { class: "card", "aria-labelledby": "logs-title" },
+      h("div", { class: "row" }, h("h2", { id: "logs-title" }, "Logs"), logStatus,
+        h("label", { class: "inline", for: "follow-logs" }, followBox, " Follow")),
+      logBox),
+  );
+
+  // ---- rendering -------------------------------------------------------------------------------------------
+
+  /** @param {Overview} ov */
+  const renderOverview = (ov) => {
+    overview = ov;
+    const j = ov.job;
+    replace(stateEl, stateBadge(j.state));
+    stateEl.dataset.state = j.state;
+    cancelBtn.hidden = FINISHED.has(j.state) || j.cancel_requested;
+    const waitText = `${fmtDuration(j.wait_s)} / ${j.max_wait_s ? fmtDuration(j.max_wait_s) : "no limit"}`;
+    /** @type {Array<[string, any]>} */
+    const rows = [
+      ["Job", `#${j.id}`],
+      ["Team", j.team],
+      ["QoS class", j.qos],
+      ["Resources", j.gpus ? `${j.gpus} GPU${j.gpus > 1 ? "s" : ""}${j.gpu_type ? ` × ${j.gpu_type}` : ""}` : "CPU"],
+      ["Progress", j.steps ? `step ${j.last_step} of ${j.steps}` : `step ${j.last_step}`],
+      ["Last loss", fmtNumber(j.last_loss, 4)],
+      ["Queue wait", bar(j.wait_s, j.max_wait_s, waitText, "Queue wait against the contract")],
+      ["Restarts", `${j.restart_count}${ov.contract ? ` of at most ${ov.contract.max_restarts}` : ""}`],
+      ["Submitted", timeEl(j.submitted_at)],
+      ["Started", timeEl(j.started_at)],
+      ["Finished", timeEl(j.finished_at)],
+    ];
+    if (j.state === "QUEUED") rows.splice(4, 0, ["Pending reason", j.pending_reason ? `${j.pending_reason}${j.pending_message ? `: ${j.pending_message}` : ""}` : "not yet planned"]);
+    if (j.exit_reason) rows.push(["Exit reason", j.exit_reason]);
+    if (j.cancel_requested && !FINISHED.has(j.state)) rows.push(["Cancel", "requested"]);
+    replace(facts, rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+
+    replace(timeline, ov.events.map((e) =>
+      h("li", { "data-type": e.type }, timeEl(e.created_at), " ", h("strong", {}, e.type), " ", e.message)));
+
+    const rto = ov.contract?.recovery_time_objective_s;
+    replace(restartsEl, table("Restarts", [
+      { title: "Attempts", cell: (/** @type {any} */ r) => `${r.from_attempt} → ${r.to_attempt}` },
+      { title: "Why", cell: (/** @type {any} */ r) => r.reason },
+      { title: "Resumed from", cell: (/** @type {any} */ r) => (r.resumed_from_step ?? "start"), class: "num" },
+      { title: "Recovery", cell: (/** @type {any} */ r) => r.recovery_s === null ? "recovering…"
+        : bar(r.recovery_s, rto, `${fmtDuration(r.recovery_s)}${rto ? ` / ${fmtDuration(rto)}` : ""}`, "Recovery time against objective") },
+    ], ov.restarts, "No restart."));
+
+    replace(checkpointsEl, table("Checkpoints", [
+      { title: "Step", cell: (/** @type {any} */ c) => c.step, class: "num" },
+      { title: "Size", cell: (/** @type {any} */ c) => fmtBytes(c.bytes), class: "num" },
+      { title: "Verified", cell: (/** @type {any} */ c) => (c.verified ? "yes" : "no") },
+      { title: "When", cell: (/** @type {any} */ c) => timeEl(c.created_at) },
+      { title: "SHA-256", cell: (/** @type {any} */ c) => h("code", { title: c.sha256 }, (c.sha256 || "").slice(0, 12)) },
+    ], ov.checkpoints, "No checkpoint yet."));
+
+    replace(healthEl,
+      h("p", {}, h("strong", {}, "Compile fallbacks: "), ov.compile_fallbacks.length ? "" : "none"),
+      ov.compile_fallbacks.length ? h("ul", {}, ov.compile_fallbacks.map((f) => h("li", {}, timeEl(f.created_at), ` ${f.type}: ${f.message}`))) : null,
+      h("p", {}, h("strong", {}, "Loss spikes: "), ov.loss_spikes.length ? "" : "none"),
+      ov.loss_spikes.length ? h("ul", {}, ov.loss_spikes.map((s) => h("li", {}, timeEl(s.created_at), ` ${s.message}`))) : null,
+    );
+    charts.loss.setMarkers(ov.loss_spikes
+      .filter((s) => typeof s.data?.step === "number")
+      .map((s) => ({ x: s.data.step, label: `loss spike: ${s.message}` })));
+  };
+
+  /** @param {MetricRow[]} rows */
+  const addMetrics = (rows) => {
+    if (!rows.length) return;
+    metrics.push(...rows);
+    lastMetricId = Math.max(lastMetricId, rows[rows.length - 1].id);
+    // One series per attempt, so a restart that replays steps shows as its own line.
+    /** @type {Map<string, {loss: [number, number][], tput: [number, number][]}>} */
+    const byAttempt = new Map();
+    let attempt = 0;
+    let prevStep = -1;
+    for (const m of metrics) {
+      if (m.step < prevStep) attempt++;
+      prevStep = m.step;
+      const key = attempt ? `attempt ${attempt + 1}` : "loss";
+      if (!byAttempt.has(key)) byAttempt.set(key, { loss: [], tput: [] });
+      const s = byAttempt.get(key);
+      if (m.loss !== null && m.loss !== undefined) s?.loss.push([m.step, m.loss]);
+      if (m.tokens_per_s !== null && m.tokens_per_s !== undefined) s?.tput.push([m.step, m.tokens_per_s]);
+    }
+    charts.loss.setSeries([...byAttempt.entries()].map(([name, s]) => ({ name, points: s.loss })));
+    charts.throughput.setSeries([...byAttempt.entries()].map(([name, s]) => ({ name: name === "loss" ? "tokens/s" : name, points: s.tput })));
+    const gpu = gpuSeries(metrics);
+    charts.util.setSeries(gpu.util);
+    charts.mem.setSeries(gpu.mem);
+    charts.bw.setSeries(gpu.bw.filter((s) => s.points.some((p) => p[1] > 0)));
+  };
+
+  // ---- live updates: SSE, polling when the stream cannot be held -------------------------------------------
+  // The stream starts at metric id 0, so its first messages are the history; then it follows.
+
+  renderOverview(overview);
+  /** @type {() => void} */
+  let stopLive = () => {};
+  stopLive = follow(`/v1/dashboard/jobs/${id}/stream${qs({ after_id: 0 })}`, {
+    events: ["overview", "metrics", "end"],
+    onMessage: (type, data) => {
+      if (type === "overview") renderOverview(JSON.parse(data));
+      else if (type === "metrics") addMetrics(JSON.parse(data).items);
+      else if (type === "end") {
+        stopLive(); // the job is over: do not let the browser reconnect
+        liveEl.textContent = "finished";
+      }
+    },
+    poll: async () => {
+      const [ov, m] = await Promise.all([
+        api(`/v1/dashboard/jobs/${id}`),
+        api(`/v1/dashboard/jobs/${id}/metrics${qs({ after_id: lastMetricId })}`),
+      ]);
+      renderOverview(ov);
+      addMetrics(m.items);
+    },
+    onModeChange: (mode) => {
+      if (mode !== "closed") liveEl.textContent = mode === "sse" ? "live" : "live (polling)";
+    },
+  });
+
+  const logLines = /** @type {string[]} */ ([]);
+  /** @param {string[]} lines */
+  const appendLogs = (lines) => {
+    logLines.push(...lines);
+    if (logLines.length > MAX_LOG_LINES) logLines.splice(0, logLines.length - MAX_LOG_LINES);
+    logBox.textContent = logLines.join("\n");
+    if (followBox.checked) logBox.scrollTop = logBox.scrollHeight;
+  };
+  // The API streams the log file of the latest attempt, `event: log` per line, `event: end` when the job ends.
+  /** @type {() => void} */
+  let stopLogs = () => {};
+  stopLogs = follow(`/v1/jobs/${id}/logs${qs({ follow: "true" })}`, {
+    events: ["log", "end"],
+    resumable: false,
+    onReset: () => {
+      logLines.length = 0;
+    },
+    onMessage: (type, data) => {
+      if (type === "end") {
+        stopLogs();
+        logStatus.textContent = "ended";
+        return;
+      }
+      appendLogs([data]);
+    },
+    poll: async () => {
+      // Fallback: the whole log so far (follow=false ends the stream at once), shown afresh each time.
+      const body = await api(`/v1/jobs/${id}/logs${qs({ follow: "false" })}`);
+      logLines.length = 0;
+      appendLogs(parseEventStream(String(body ?? ""), "log"));
+    },
+    onModeChange: (mode) => {
+      if (mode !== "closed") logStatus.textContent = mode === "sse" ? "streaming" : "polling";
+    },
+  });
+
+  // ---- actions ----------------------------------------------------------------------------------------------
+  cancelBtn.addEventListener("click", async () => {
+    if (!window.confirm(`Cancel job ${overview.job.name} (#${id})?`)) return;
+    cancelBtn.setAttribute("disabled", "");
+    try {
+      await api(`/v1/jobs/${id}/cancel`, { method: "POST" });
+      toast(`Cancel requested for job #${id}.`);
+      renderOverview(await api(`/v1/dashboard/jobs/${id}`));
+    } catch (err) {
+      toast(`Could not cancel: ${err instanceof Error ? err.message : err}`);
+    } finally {
+      cancelBtn.removeAttribute("disabled");
+    }
+  });
+
+  return () => {
+    stopLive();
+    stopLogs();
+  };
+}

@@ -1,0 +1,64 @@
+// SLA: attainment per team and QoS class over time, and the violations, each linked to its job.
+
+import { api, qs } from "../api.js";
+import { LineChart } from "../chart.js";
+import { fmtPercent, h, pageHeader, replace, showError, table, timeEl } from "../dom.js";
+
+const WINDOWS = [
+  { value: "1:hour", label: "Last 24 hours, hourly" },
+  { value: "7:day", label: "Last 7 days, daily" },
+  { value: "30:day", label: "Last 30 days, daily" },
+];
+
+/** @type {import("../router.js").Page} */
+export async function slaPage(root) {
+  const select = /** @type {HTMLSelectElement} */ (h("select", { id: "sla-window" },
+    WINDOWS.map((w) => h("option", { value: w.value, selected: w.value === "7:day" }, w.label))));
+  const chart = new LineChart({
+    id: "sla-attainment", title: "SLA attainment (share of jobs that met their contract)",
+    yMin: 0, yMax: 1, yFormat: (v) => `${Math.round(v * 100)}%`,
+    xFormat: (ms) => new Date(ms).toLocaleDateString(undefined, { month: "short", day: "numeric", hour: "2-digit" }),
+    empty: "No job submitted in this window",
+  });
+  const totals = h("div", { id: "sla-totals" });
+  const violations = h("div", { id: "sla-violations" });
+  root.append(
+    pageHeader("SLA"),
+    h("div", { class: "filters" }, h("div", { class: "field" }, h("label", { for: "sla-window" }, "Window"), select)),
+    h("section", { class: "card" }, chart.el,
+      h("p", { class: "muted" }, "A job meets its SLA unless it waited past its contract's maximum queue wait, or the SLA "
+        + "evaluator recorded a violation (deadline, restarts, recovery time, checkpoints, step time).")),
+    h("section", { class: "card", "aria-labelledby": "att-title" }, h("h2", { id: "att-title" }, "By team and QoS class"), totals),
+    h("section", { class: "card", "aria-labelledby": "vio-title" }, h("h2", { id: "vio-title" }, "Violations"), violations),
+  );
+
+  const load = async () => {
+    const [days, bucket] = select.value.split(":");
+    try {
+      const data = await api(`/v1/sla/attainment${qs({ days, bucket })}`);
+      chart.setSeries(data.series.map((/** @type {any} */ s) => ({
+        name: `${s.team} / ${s.qos}`,
+        points: s.points.map((/** @type {any} */ p) => [Date.parse(p.t), p.attainment]),
+      })));
+      replace(totals, table("Attainment by team and QoS class", [
+        { title: "Team", cell: (/** @type {any} */ s) => s.team },
+        { title: "QoS", cell: (/** @type {any} */ s) => s.qos },
+        { title: "Jobs", cell: (/** @type {any} */ s) => s.jobs, class: "num" },
+        { title: "Met", cell: (/** @type {any} */ s) => s.met, class: "num" },
+        { title: "Attainment", cell: (/** @type {any} */ s) => h("span", { class: s.attainment < 0.99 ? "bad" : "ok" }, fmtPercent(s.attainment)), class: "num" },
+      ], data.series, "No job in this window."));
+      replace(violations, table("SLA violations", [
+        { title: "When", cell: (/** @type {any} */ v) => timeEl(v.at) },
+        { title: "Job", cell: (/** @type {any} */ v) => h("a", { href: `#/jobs/${v.job_id}` }, `${v.job} #${v.job_id}`) },
+        { title: "Team", cell: (/** @type {any} */ v) => v.team },
+        { title: "QoS", cell: (/** @type {any} */ v) => v.qos },
+        { title: "What", cell: (/** @type {any} */ v) => v.type },
+        { title: "Detail", cell: (/** @type {any} */ v) => v.message },
+      ], data.violations, "No violation in this window."));
+    } catch (err) {
+      showError(totals, err);
+    }
+  };
+  select.addEventListener("change", load);
+  await load();
+}

@@ -1,0 +1,149 @@
+"""The whole kiln system as real subprocesses on a SQLite file in a temp dir, and Debian's Chromium, for the
+dashboard's browser tests (tests/e2e/test_dashboard*.py). Nothing is mocked: the browser talks to the API over
+HTTP, the scheduler and a worker run as their own processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("KILN_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+SCREENSHOTS = ROOT / "docs" / "img"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def require_chromium() -> None:
+    if Path(CHROMIUM).exists():
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"{CHROMIUM} is missing (apt-get install -y chromium)")
+    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
+
+
+@dataclass
+class Kiln:
+    home: Path
+    url: str
+    token: str
+    env: dict[str, str]
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = open(self.home / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [sys.executable, *args], cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        self.procs[name] = proc
+        return proc
+
+    def start_scheduler(self) -> None:
+        if "scheduler" not in self.procs:
+            self.start("scheduler", "-m", "scheduler")
+
+    def start_worker(self, host: str = "e2e-host", cpu_slots: int = 2) -> None:
+        if "worker" not in self.procs:
+            self.start("worker", "-m", "workers", "--host", host, "--cpu-slots", str(cpu_slots))
+
+    def log(self, name: str, tail: int = 4000) -> str:
+        path = self.home / f"{name}.log"
+        return path.read_text(errors="replace")[-tail:] if path.exists() else ""
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)  # its own session: the worker's trainers go with it
+        deadline = time.monotonic() + 20
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def prepare_home(home: Path) -> tuple[str, str]:
+    """Migrate a fresh SQLite database and bootstrap the first admin; returns (database URL, token)."""
+    from sqlalchemy.orm import Session
+
+    from core.db import make_engine
+    from core.migrate import upgrade
+    from core.services.bootstrap import bootstrap_admin
+
+    url = f"sqlite:///{home / 'kiln.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    with Session(engine) as db:
+        _, token = bootstrap_admin(db=db, name="admin")
+        db.commit()
+    engine.dispose()
+    return url, token
+
+
+@contextmanager
+def running_kiln(home: Path, **extra_env: str) -> Iterator[Kiln]:
+    """The API on a free port (scheduler and worker are started by the tests that need them)."""
+    home.mkdir(parents=True, exist_ok=True)
+    url, token = prepare_home(home)
+    port = free_port()
+    env = {
+        **os.environ,
+        "KILN_HOME": str(home),
+        "KILN_DATABASE_URL": url,
+        "KILN_PORT": str(port),
+        "KILN_API_URL": f"http://127.0.0.1:{port}",
+        "KILN_SCHEDULER_INTERVAL_S": "0.5",
+        "KILN_HEARTBEAT_INTERVAL_S": "1",
+        "PYTHONUNBUFFERED": "1",
+        **extra_env,
+    }
+    kiln = Kiln(home=home, url=f"http://127.0.0.1:{port}", token=token, env=env)
+    kiln.start("api", "-m", "uvicorn", "api.app:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port))
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{kiln.url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if kiln.procs["api"].poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the API did not start:\n{kiln.log('api')}")
+            time.sleep(0.2)
+        yield kiln
+    finally:
+        kiln.stop()
+
+
+@contextmanager
+def chromium() -> Iterator[object]:
+    require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
