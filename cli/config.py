@@ -1,0 +1,102 @@
+"""Where the CLI finds the API and its token.
+
+Order of precedence: command-line flags, then ``KILN_API_URL`` / ``KILN_TOKEN``, then the config file
+(``$XDG_CONFIG_HOME/kiln/config.json``, default ``~/.config/kiln/config.json``), then the local default URL.
+The file holds a secret, so it is written atomically with mode 0600.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_API_URL = "http://127.0.0.1:8421"
+
+
+@dataclass(frozen=True)
+class CliConfig:
+    api_url: str
+    token: str | None
+    url_source: str  # "flag", "env", "file" or "default": said in error messages
+    token_source: str
+
+
+def config_path(environ: dict[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CONFIG_HOME") or ""
+    root = Path(base) if base and Path(base).is_absolute() else Path.home() / ".config"
+    return root / "kiln" / "config.json"
+
+
+def load_file(path: Path | None = None) -> dict[str, Any]:
+    path = path or config_path()
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} does not hold a JSON object")
+    return data
+
+
+class ConfigError(Exception):
+    pass
+
+
+def save(api_url: str, token: str | None, path: Path | None = None, **extra: Any) -> Path:
+    """Write the config atomically, readable by its owner only."""
+    path = path or config_path()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    data: dict[str, Any] = {"api_url": normalize_url(api_url), "token": token, **extra}
+    fd, tmp = tempfile.mkstemp(prefix=".config.", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def normalize_url(url: str) -> str:
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        url = "http://" + url
+    return url
+
+
+def resolve(
+    *,
+    url_flag: str | None = None,
+    token_flag: str | None = None,
+    environ: dict[str, str] | None = None,
+    path: Path | None = None,
+) -> CliConfig:
+    env = os.environ if environ is None else environ
+    file = load_file(path or config_path(dict(env)))
+    if url_flag:
+        url, url_source = url_flag, "flag"
+    elif env.get("KILN_API_URL"):
+        url, url_source = env["KILN_API_URL"], "env"
+    elif file.get("api_url"):
+        url, url_source = str(file["api_url"]), "file"
+    else:
+        url, url_source = DEFAULT_API_URL, "default"
+    if token_flag:
+        token, token_source = token_flag, "flag"
+    elif env.get("KILN_TOKEN"):
+        token, token_source = env["KILN_TOKEN"], "env"
+    elif file.get("token"):
+        token, token_source = str(file["token"]), "file"
+    else:
+        token, token_source = None, "none"
+    return CliConfig(normalize_url(url), token, url_source, token_source)

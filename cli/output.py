@@ -1,0 +1,310 @@
+"""Rendering: rich tables for people, JSON for scripts (``--output json`` prints exactly what the API returned)."""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+
+def _width(stream: object) -> int | None:
+    """A terminal's own width; piped output is not folded at 80 columns (``kiln ls | grep`` finds whole rows)."""
+    isatty = getattr(stream, "isatty", None)
+    if (callable(isatty) and isatty()) or os.environ.get("COLUMNS"):
+        return None
+    return 400
+
+
+console = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
+err_console = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
+
+
+class OutputFormat(enum.StrEnum):
+    table = "table"
+    json = "json"
+
+
+STATE_STYLES: dict[str, str] = {
+    "QUEUED": "yellow",
+    "ADMITTED": "cyan",
+    "RUNNING": "bold green",
+    "PREEMPTING": "magenta",
+    "PAUSED": "magenta",
+    "SUCCEEDED": "green",
+    "FAILED": "bold red",
+    "CANCELLED": "dim",
+    "LOST": "red",
+}
+
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+# -- value formatting (pure) ------------------------------------------------------------------------------------
+
+
+def parse_time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    if isinstance(value, datetime):
+        dt = value
+    else:
+        try:
+            dt = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """3 -> '3s', 75 -> '1m15s', 3700 -> '1h01m', 90000 -> '1d01h'."""
+    if seconds is None:
+        return "-"
+    s = int(round(max(seconds, 0.0)))
+    if s < 60:
+        return f"{s}s"
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m{s:02d}s"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def fmt_age(value: Any, now: datetime | None = None) -> str:
+    dt = parse_time(value)
+    if dt is None:
+        return "-"
+    now = now or datetime.now(UTC)
+    return fmt_duration((now - dt).total_seconds()) + " ago"
+
+
+def fmt_time(value: Any) -> str:
+    dt = parse_time(value)
+    return "-" if dt is None else dt.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def fmt_rate(n: float | None) -> str:
+    """Bandwidth in bytes/s shown as GB/s (decimal, as link speeds are quoted)."""
+    if n is None:
+        return "-"
+    return f"{n / 1e9:g} GB/s"
+
+
+def fmt_loss(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.4f}"
+
+
+def fmt_value(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def state_text(state: str | None) -> Text:
+    state = state or "-"
+    return Text(state, style=STATE_STYLES.get(state, ""))
+
+
+def job_wait_or_runtime(job: dict[str, Any], now: datetime | None = None) -> str:
+    """How long a job has waited (queued) or run (running), or ran in all (finished)."""
+    now = now or datetime.now(UTC)
+    submitted = parse_time(job.get("submitted_at"))
+    started = parse_time(job.get("started_at"))
+    finished = parse_time(job.get("finished_at"))
+    if finished and started:
+        return fmt_duration((finished - started).total_seconds())
+    if started:
+        return fmt_duration((now - started).total_seconds())
+    if submitted:
+        return fmt_duration(((finished or now) - submitted).total_seconds())
+    return "-"
+
+
+def job_progress(job: dict[str, Any]) -> str:
+    steps = job.get("steps") or (job.get("spec") or {}).get("steps")
+    last = job.get("last_step") or 0
+    return f"{last}/{steps}" if steps else str(last)
+
+
+def job_note(job: dict[str, Any]) -> str:
+    state = job.get("state")
+    if state == "QUEUED" and job.get("pending_reason"):
+        return str(job["pending_reason"])
+    if state in {"FAILED", "CANCELLED", "LOST"} and job.get("exit_reason"):
+        return str(job["exit_reason"])
+    return ""
+
+
+# -- tables -----------------------------------------------------------------------------------------------------
+
+
+Column = tuple[str, Callable[[dict[str, Any]], Any]]
+
+
+def table(columns: Sequence[Column], rows: Iterable[dict[str, Any]], *, title: str | None = None) -> Table:
+    t = Table(title=title, header_style="bold", box=None, pad_edge=False, show_edge=False)
+    for header, _ in columns:
+        justify = "right" if header.isupper() and header in {"ID", "GPUS", "PRIO", "RESTARTS", "STEP"} else "left"
+        t.add_column(header, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for row in rows:
+        cells: list[Text | str] = []
+        for _, get in columns:
+            value = get(row)
+            cells.append(value if isinstance(value, Text) else fmt_value(value))
+        t.add_row(*cells)
+    return t
+
+
+JOB_COLUMNS: list[Column] = [
+    ("ID", lambda j: j.get("id")),
+    ("NAME", lambda j: j.get("name")),
+    ("TEAM", lambda j: j.get("team")),
+    ("USER", lambda j: j.get("user")),
+    ("QOS", lambda j: j.get("qos")),
+    ("STATE", lambda j: state_text(j.get("state"))),
+    ("GPUS", lambda j: j.get("gpus")),
+    ("STEP", job_progress),
+    ("LOSS", lambda j: fmt_loss(j.get("last_loss"))),
+    ("TIME", job_wait_or_runtime),
+    ("SUBMITTED", lambda j: fmt_age(j.get("submitted_at"))),
+    ("REASON", job_note),
+]
+
+EVENT_COLUMNS: list[Column] = [
+    ("TIME", lambda e: fmt_time(e.get("created_at"))),
+    ("TYPE", lambda e: e.get("type")),
+    ("ACTOR", lambda e: e.get("actor") or ""),
+    ("MESSAGE", lambda e: e.get("message") or ""),
+]
+
+ATTEMPT_COLUMNS: list[Column] = [
+    ("#", lambda a: a.get("number")),
+    ("STATE", lambda a: a.get("state")),
+    ("PLACEMENT", lambda a: fmt_placement(a.get("placement"))),
+    ("STARTED", lambda a: fmt_time(a.get("started_at"))),
+    ("ENDED", lambda a: fmt_time(a.get("ended_at"))),
+    ("RESUMED AT", lambda a: a.get("resumed_from_step")),
+    ("EXIT", lambda a: a.get("exit_code")),
+    ("REASON", lambda a: a.get("exit_reason") or ""),
+]
+
+CHECKPOINT_COLUMNS: list[Column] = [
+    ("STEP", lambda c: c.get("step")),
+    ("SIZE", lambda c: fmt_bytes(c.get("bytes"))),
+    ("VERIFIED", lambda c: c.get("verified")),
+    ("SHA256", lambda c: str(c.get("sha256") or "")[:12]),
+    ("TIME", lambda c: fmt_time(c.get("created_at"))),
+    ("PATH", lambda c: c.get("path")),
+]
+
+METRIC_COLUMNS: list[Column] = [
+    ("STEP", lambda m: m.get("step")),
+    ("LOSS", lambda m: fmt_loss(m.get("loss"))),
+    ("GRAD NORM", lambda m: fmt_loss(m.get("grad_norm"))),
+    ("TOKENS/S", lambda m: f"{m['tokens_per_s']:.0f}" if m.get("tokens_per_s") is not None else "-"),
+    ("STEP TIME", lambda m: f"{m['step_time_s']:.3f}s" if m.get("step_time_s") is not None else "-"),
+    ("PEAK MEM", lambda m: fmt_bytes(m.get("mem_peak_bytes"))),
+    ("TIME", lambda m: fmt_time(m.get("ts"))),
+]
+
+TEAM_COLUMNS: list[Column] = [
+    ("NAME", lambda t: t.get("name")),
+    ("QUOTAS", lambda t: fmt_quotas(t.get("quotas"))),
+    ("COHORT", lambda t: t.get("cohort")),
+    ("FAIR SHARE", lambda t: t.get("fair_share_weight")),
+    ("BUDGET (GPU-H)", lambda t: t.get("gpu_hour_budget")),
+]
+
+USAGE_COLUMNS: list[Column] = [
+    ("TEAM", lambda u: u.get("team")),
+    ("USED (GPU-H)", lambda u: f"{float(u.get('used_gpu_hours') or 0):.2f}"),
+    ("BUDGET", lambda u: u.get("budget_gpu_hours")),
+    ("REMAINING", lambda u: u.get("remaining_gpu_hours")),
+    ("BY TYPE", lambda u: ", ".join(f"{k}={v:.2f}" for k, v in (u.get("by_gpu_type") or {}).items())),
+]
+
+
+def fmt_placement(placement: Any) -> str:
+    """[{host, gpus: [uuid], slots}] -> 'node1:2gpu, node2:4slots'."""
+    if not placement:
+        return "-"
+    parts = []
+    for p in placement:
+        if not isinstance(p, dict):
+            parts.append(str(p))
+            continue
+        gpus = p.get("gpus") or []
+        what = f"{len(gpus)} GPU" if gpus else f"{p.get('slots', 0)} slot(s)"
+        parts.append(f"{p.get('host', '?')}: {what}")
+    return ", ".join(parts)
+
+
+def fmt_quotas(quotas: Any) -> str:
+    if not quotas:
+        return "-"
+    parts = []
+    for q in quotas:
+        text = f"{q.get('gpu_type')}={q.get('nominal')}"
+        if q.get("borrowing_limit") is not None:
+            text += f" (+{q['borrowing_limit']})"
+        parts.append(text)
+    return ", ".join(parts)
+
+
+def render(data: Any, fmt: OutputFormat, make_table: Callable[[], Any]) -> None:
+    if fmt is OutputFormat.json:
+        print_json(data)
+    else:
+        console.print(make_table())
+
+
+def kv_table(pairs: Iterable[tuple[str, Any]], *, title: str | None = None) -> Table:
+    t = Table(title=title, show_header=False, box=None, pad_edge=False, title_justify="left", title_style="bold")
+    t.add_column(style="bold cyan", no_wrap=True)
+    t.add_column(overflow="fold")
+    for key, value in pairs:
+        t.add_row(key, value if isinstance(value, Text) else fmt_value(value))
+    return t
+
+
+def generic_columns(rows: Sequence[dict[str, Any]], *, skip: Iterable[str] = ()) -> list[Column]:
+    """Columns for rows whose shape the CLI does not know in detail: every scalar field, in order."""
+    skipped = set(skip)
+    keys: list[str] = []
+    for row in rows:
+        for key, value in row.items():
+            if key not in keys and key not in skipped and not isinstance(value, dict | list):
+                keys.append(key)
+    return [(k.upper(), (lambda r, k=k: r.get(k))) for k in keys]  # type: ignore[misc]

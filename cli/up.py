@@ -1,0 +1,447 @@
+"""``kiln up``: the whole service on one machine, supervised.
+
+1. Resolve settings (the embedded default: a SQLite file and kombu's SQLAlchemy transport under ``KILN_HOME``;
+   PostgreSQL/Redis when ``KILN_DATABASE_URL``/``KILN_BROKER_URL`` are set) and take a lock on ``KILN_HOME`` so
+   two ``kiln up`` never share one state directory.
+2. Migrate; on first run bootstrap the admin, the ``default`` team and a token, and save the CLI config so that
+   ``kiln submit`` works from another terminal. On later runs the saved token is checked against the database and
+   re-issued only when it is missing or dead.
+3. Start the API (uvicorn), the scheduler loop and a local worker, each in its own process group with its output
+   in ``KILN_HOME/logs/<name>.log``; restart any that dies, with exponential backoff.
+4. Ctrl-C / SIGTERM: stop the worker first (its training checkpoints while the API still runs), then the scheduler
+   and the API; SIGKILL whatever outlives the grace period, grandchildren (torchrun, trainers) included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from rich.console import Console
+
+from cli.errors import CliError, ExitCode
+
+console = Console(highlight=False, soft_wrap=True)
+TAG = "[dim]\\[kiln up][/]"
+
+MAX_BACKOFF_S = 30.0
+STABLE_AFTER_S = 30.0  # a child that ran this long before dying starts its backoff afresh
+READY_WARN_AFTER_S = 90.0
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    host: str = "127.0.0.1"
+    port: int = 8421
+    cpu_slots: int = 2
+    worker: bool = True
+    submit_file: str | None = None
+    grace_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    name: str
+    argv: list[str]
+
+
+def child_specs(opts: UpOptions, *, hostname: str, python: str = sys.executable) -> list[ChildSpec]:
+    """What ``kiln up`` runs, in start order (it stops them in reverse)."""
+    specs = [
+        ChildSpec(
+            "api",
+            [
+                python,
+                "-m",
+                "uvicorn",
+                "api.app:create_app",
+                "--factory",
+                "--host",
+                opts.host,
+                "--port",
+                str(opts.port),
+                "--no-access-log",
+            ],
+        ),
+        ChildSpec("scheduler", [python, "-m", "scheduler"]),
+    ]
+    if opts.worker:
+        specs.append(
+            ChildSpec("worker", [python, "-m", "workers", "--host", hostname, "--cpu-slots", str(opts.cpu_slots)])
+        )
+    return specs
+
+
+def backoff_delay(failures: int) -> float:
+    """1, 2, 4, 8, 16, 30, 30... seconds after the 1st, 2nd... consecutive quick failure."""
+    if failures <= 0:
+        return 0.0
+    return min(2.0 ** (failures - 1), MAX_BACKOFF_S)
+
+
+def connect_host(bind_host: str) -> str:
+    return "127.0.0.1" if bind_host in {"0.0.0.0", "", "::"} else bind_host
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def tail(path: Path, lines: int = 8) -> list[str]:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 16384))
+            data = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return list(deque(data.splitlines(), maxlen=lines))
+
+
+def mask_url(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+    return url
+
+
+# -- supervision ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Child:
+    spec: ChildSpec
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    log: IO[bytes] | None = None
+    started_at: float = 0.0
+    failures: int = 0
+    restarts: int = 0
+    restart_at: float | None = None
+    exit_codes: list[int] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+
+class Supervisor:
+    def __init__(self, specs: list[ChildSpec], *, env: dict[str, str], log_dir: Path, out: Console = console):
+        self.children = [Child(spec, log_dir / f"{spec.name}.log") for spec in specs]
+        self.env = env
+        self.out = out
+        self.stopping = False
+
+    def start(self, child: Child) -> None:
+        if child.log is None or child.log.closed:
+            child.log = child.log_path.open("ab")
+        stamp = datetime.now(UTC).isoformat(timespec="seconds")
+        child.log.write(f"\n=== kiln up: starting {child.name} at {stamp}: {' '.join(child.spec.argv)}\n".encode())
+        child.log.flush()
+        child.proc = subprocess.Popen(
+            child.spec.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=child.log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,  # its own process group: the terminal's Ctrl-C reaches only kiln up
+        )
+        child.started_at = time.monotonic()
+        child.restart_at = None
+
+    def start_all(self) -> None:
+        for child in self.children:
+            self.start(child)
+
+    def poll(self) -> None:
+        """Notice children that died, and restart them when their backoff has passed."""
+        now = time.monotonic()
+        for child in self.children:
+            if self.stopping:
+                return
+            if child.restart_at is not None:
+                if now >= child.restart_at:
+                    child.restarts += 1
+                    self.start(child)
+                    self.out.print(f"{TAG} {child.name} restarted (pid {child.pid}, restart {child.restarts})")
+                continue
+            if child.proc is None or child.proc.poll() is None:
+                continue
+            code = child.proc.returncode
+            child.exit_codes.append(code)
+            _reap_group(child.proc.pid)
+            uptime = now - child.started_at
+            child.failures = 1 if uptime >= STABLE_AFTER_S else child.failures + 1
+            delay = backoff_delay(child.failures)
+            child.restart_at = now + delay
+            self.out.print(
+                f"{TAG} [red]{child.name} exited with code {code}[/] after {uptime:.0f}s; "
+                f"restarting in {delay:.0f}s — last lines of {child.log_path}:"
+            )
+            for line in tail(child.log_path):
+                self.out.print(f"    {line}", markup=False)
+
+    def stop(self, grace_s: float, force: threading.Event) -> dict[str, int | None]:
+        """Stop in reverse start order: SIGTERM, wait up to ``grace_s``, then SIGKILL the process group."""
+        self.stopping = True
+        codes: dict[str, int | None] = {}
+        waves = [[c for c in self.children if c.name == "worker"], [c for c in self.children if c.name != "worker"]]
+        for wave in waves:
+            running = [c for c in wave if c.proc is not None and c.proc.poll() is None]
+            for child in running:
+                assert child.proc is not None
+                self.out.print(f"{TAG} stopping {child.name} (pid {child.pid})")
+                with contextlib.suppress(ProcessLookupError):
+                    child.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            for child in running:
+                assert child.proc is not None
+                while child.proc.poll() is None and time.monotonic() < deadline and not force.is_set():
+                    time.sleep(0.1)
+                if child.proc.poll() is None:
+                    self.out.print(f"{TAG} {child.name} did not stop in {grace_s:.0f}s: SIGKILL")
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(child.proc.pid, signal.SIGKILL)
+                    child.proc.wait()
+        for child in self.children:
+            if child.proc is not None:
+                _reap_group(child.proc.pid)
+                codes[child.name] = child.proc.returncode
+            if child.log is not None:
+                child.log.close()
+        return codes
+
+
+def _reap_group(pgid: int) -> None:
+    """Kill whatever is left in a child's process group (a trainer orphaned by a crashed worker)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        for _ in range(20):
+            time.sleep(0.05)
+            try:
+                os.killpg(pgid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+
+
+# -- start-up ---------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def home_lock(home: Path) -> Any:
+    import fcntl
+
+    path = home / "up.lock"
+    fh = path.open("a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        pid = fh.read().strip() or "?"
+        fh.close()
+        raise CliError(
+            f"another `kiln up` (pid {pid}) is running on {home}; stop it first or set KILN_HOME", ExitCode.CONFLICT
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(str(os.getpid()))
+    fh.flush()
+    try:
+        yield
+    finally:
+        fh.close()
+
+
+@dataclass(frozen=True)
+class Credentials:
+    api_url: str
+    token: str
+    user: str
+    config_path: Path
+    note: str
+
+
+def prepare(database_url: str, api_url: str) -> Credentials:
+    """Migrate, bootstrap on first run, and make sure the CLI config holds a live token for ``api_url``."""
+    from cli.bootstrap import BootstrapError, bootstrap, existing_admin, token_owner
+    from cli.config import ConfigError, config_path, load_file, save
+    from core.migrate import upgrade
+
+    try:
+        upgrade(database_url)
+    except Exception as exc:  # alembic raises many kinds; the message is what matters
+        raise CliError(f"migrating {mask_url(database_url)} failed: {exc}") from None
+    path = config_path()
+    try:
+        saved = load_file(path)
+    except ConfigError:
+        saved = {}
+    try:
+        admin = existing_admin(database_url)
+        if admin is None:
+            result = bootstrap(database_url, name="admin")
+            note = f"first run: created admin '{result.user}', team 'default' and a token"
+        else:
+            token = saved.get("token")
+            owner = token_owner(database_url, str(token)) if token else None
+            if owner is not None:  # a live token of this very database
+                if saved.get("api_url") != api_url:
+                    save(api_url, str(token), path)
+                note = f"bootstrap skipped (admin '{admin}' exists); the saved token of '{owner}' is still valid"
+                return Credentials(api_url, str(token), owner, path, note)
+            result = bootstrap(database_url, name=admin, force=True)
+            note = f"admin '{admin}' exists; issued a fresh token (the saved one was missing, revoked or another's)"
+    except BootstrapError as exc:
+        raise CliError(f"bootstrap failed: {exc}") from None
+    if saved.get("api_url") not in (None, api_url):
+        note += f"; the CLI config pointed at {saved['api_url']} and now points here"
+    save(api_url, result.token, path)
+    return Credentials(api_url, result.token, result.user, path, note)
+
+
+def child_env(settings: Any, opts: UpOptions, api_url: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        KILN_HOME=str(settings.home),
+        KILN_DATABASE_URL=settings.resolved_database_url,
+        KILN_BROKER_URL=settings.resolved_broker_url,
+        KILN_API_URL=api_url,
+        KILN_HOST=opts.host,
+        KILN_PORT=str(opts.port),
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("KILN_TOKEN", None)  # children authenticate as services, not as the CLI user
+    return env
+
+
+def api_ready(api_url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{api_url}/readyz", timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def run_up(opts: UpOptions) -> int:
+    from core.settings import Settings
+
+    settings = Settings()
+    home = settings.home.resolve()
+    settings = settings.model_copy(update={"home": home})
+    home.mkdir(parents=True, exist_ok=True)
+    log_dir = home / "logs"
+    log_dir.mkdir(exist_ok=True)
+    api_url = f"http://{connect_host(opts.host)}:{opts.port}"
+
+    with home_lock(home):
+        if port_in_use(opts.host, opts.port):
+            raise CliError(
+                f"port {opts.port} on {opts.host} is in use — is kiln already up? (choose another with --port)",
+                ExitCode.CONFLICT,
+            )
+        console.print(f"{TAG} state in {home}")
+        console.print(f"{TAG} database {mask_url(settings.resolved_database_url)}")
+        console.print(f"{TAG} broker   {mask_url(settings.resolved_broker_url)}")
+        creds = prepare(settings.resolved_database_url, api_url)
+        console.print(f"{TAG} migrated; {creds.note}")
+        console.print(f"{TAG} CLI config: {creds.config_path} (api {api_url}, user {creds.user})")
+
+        specs = child_specs(opts, hostname=socket.gethostname())
+        sup = Supervisor(specs, env=child_env(settings, opts, api_url), log_dir=log_dir)
+        stop = threading.Event()
+        force = threading.Event()
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            if stop.is_set():
+                force.set()
+            stop.set()
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            sup.start_all()
+            for child in sup.children:
+                console.print(f"{TAG} {child.name:<9} pid {child.pid:<7} log {child.log_path}")
+            _supervise(sup, opts, api_url, creds.token, stop)
+        finally:
+            console.print(f"{TAG} stopping (Ctrl-C again to kill at once)")
+            codes = sup.stop(opts.grace_s, force)
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        summary = ", ".join(f"{name} {code}" for name, code in codes.items())
+        console.print(f"{TAG} stopped ({summary})")
+    return 0
+
+
+def _supervise(sup: Supervisor, opts: UpOptions, api_url: str, token: str, stop: threading.Event) -> None:
+    started = time.monotonic()
+    ready = False
+    warned = False
+    while not stop.is_set():
+        sup.poll()
+        if not ready:
+            if api_ready(api_url):
+                ready = True
+                _banner(sup, api_url)
+                if opts.submit_file:
+                    _submit(opts.submit_file, api_url, token)
+            elif not warned and time.monotonic() - started > READY_WARN_AFTER_S:
+                warned = True
+                console.print(
+                    f"{TAG} [yellow]the API is not ready after {READY_WARN_AFTER_S:.0f}s[/]; "
+                    f"see {sup.children[0].log_path}"
+                )
+        stop.wait(0.5 if ready else 0.2)
+
+
+def _banner(sup: Supervisor, api_url: str) -> None:
+    logs = ", ".join(str(c.log_path) for c in sup.children)
+    console.print(f"{TAG} [bold green]kiln is up[/]: API {api_url}/v1 (docs {api_url}/docs, dashboard {api_url}/)")
+    console.print(f"{TAG} logs: {logs}")
+    console.print(f"{TAG} next, in another terminal:  kiln submit examples/gpt-tiny.yaml --follow")
+    console.print(f"{TAG} Ctrl-C stops everything")
+
+
+def _submit(path: str, api_url: str, token: str) -> None:
+    """``--submit FILE``: submit once the API is ready; an error is reported and kiln keeps running."""
+    from cli.client import KilnClient
+    from cli.config import CliConfig
+    from cli.main import read_spec_file, submit_text
+
+    try:
+        text = read_spec_file(path)
+        with KilnClient(CliConfig(api_url, token, "kiln up", "kiln up")) as api:
+            job = submit_text(api, text)
+    except CliError as exc:
+        console.print(f"{TAG} [red]--submit {path} failed[/]: {exc.message}")
+        for line in exc.details:
+            console.print(f"    {line}", markup=False)
+        return
+    console.print(f"{TAG} submitted job {job['id']} ({job.get('name')}); follow it: kiln logs -f {job['id']}")

@@ -1,0 +1,193 @@
+"""The README's first command, for real: `kiln up` on the embedded default (SQLite + kombu's SQLAlchemy
+transport), then the main job through the CLI from "another terminal", trained to the end on the CPU by the
+real scheduler, worker and trainer; then Ctrl-C, and nothing left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+KILN = [sys.executable, "-m", "cli.main"]
+JOB_TIMEOUT_S = float(os.environ.get("KILN_E2E_JOB_TIMEOUT_S", "480"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Up:
+    proc: subprocess.Popen[str]
+    url: str
+    env: dict[str, str]
+    home: Path
+    out_path: Path
+
+    def output(self) -> str:
+        return self.out_path.read_text()
+
+    def logs(self) -> str:
+        parts = [f"--- kiln up ---\n{self.output()[-4000:]}"]
+        for log in sorted((self.home / "logs").glob("*.log")):
+            parts.append(f"--- {log.name} ---\n{log.read_text()[-4000:]}")
+        return "\n".join(parts)
+
+    def kiln(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*KILN, *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+
+
+def start_up(tmp_path: Path, *extra: str) -> Up:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    env.update(KILN_HOME=str(tmp_path / "home"), XDG_CONFIG_HOME=str(tmp_path / "xdg"), PYTHONUNBUFFERED="1")
+    out_path = tmp_path / "up.out"
+    proc = subprocess.Popen(
+        [*KILN, "up", "--port", str(port), "--cpu-slots", "1", "--grace", "20", *extra],
+        cwd=ROOT,
+        env=env,
+        stdout=out_path.open("w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    up = Up(proc, f"http://127.0.0.1:{port}", env, tmp_path / "home", out_path)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"{up.url}/readyz", timeout=1).status_code == 200 and "kiln is up" in up.output():
+                return up
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_up(up)
+            pytest.fail(f"kiln up did not become ready:\n{up.logs()}")
+        time.sleep(0.5)
+
+
+def stop_up(up: Up) -> tuple[int, list[psutil.Process]]:
+    """SIGINT, as Ctrl-C would; return kiln up's exit code and the descendants it had."""
+    try:
+        children = psutil.Process(up.proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    up.proc.send_signal(signal.SIGINT)
+    try:
+        code = up.proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        for p in [*children, psutil.Process(up.proc.pid)]:
+            p.kill()
+        raise
+    return code, children
+
+
+@pytest.fixture
+def kiln_up(tmp_path: Path) -> Iterator[Up]:
+    up = start_up(tmp_path)
+    try:
+        yield up
+    finally:
+        if up.proc.poll() is None:
+            stop_up(up)
+
+
+def wait_gone(procs: list[psutil.Process], timeout: float = 10) -> list[psutil.Process]:
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_kiln_up_runs_the_main_job_to_the_end(kiln_up: Up, tmp_path: Path) -> None:
+    up = kiln_up
+    config = json.loads((tmp_path / "xdg" / "kiln" / "config.json").read_text())
+    assert config["api_url"] == up.url and config["token"].startswith("kiln_")
+    for name in ("api", "scheduler", "worker"):
+        assert f"{name}" in up.output() and (up.home / "logs" / f"{name}.log").exists()
+
+    submitted = up.kiln("submit", "examples/gpt-tiny.yaml")
+    assert submitted.returncode == 0, submitted.stderr
+    assert submitted.stdout.startswith("submitted job "), submitted.stdout
+    job_id = submitted.stdout.split()[2]
+
+    listed = up.kiln("ls")
+    assert listed.returncode == 0, listed.stderr
+    assert any(line.split()[:2] == [job_id, "gpt-tiny"] for line in listed.stdout.splitlines()), listed.stdout
+
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    job: dict[str, object] = {}
+    while time.monotonic() < deadline:
+        shown = up.kiln("describe", job_id, "-o", "json")
+        assert shown.returncode == 0, shown.stderr
+        job = json.loads(shown.stdout)["job"]
+        if job["state"] in {"SUCCEEDED", "FAILED", "CANCELLED"}:
+            break
+        time.sleep(3)
+    assert job.get("state") == "SUCCEEDED", f"{job}\n{up.logs()}"
+    assert job["last_step"] == 60 and job["last_loss"] is not None
+
+    described = up.kiln("describe", job_id)
+    assert described.returncode == 0
+    for fragment in ("SUCCEEDED", "Attempts", "Recent events", "60/60"):
+        assert fragment in described.stdout, described.stdout
+
+    events = up.kiln("events", job_id, "-o", "json")
+    types = [e["type"] for e in json.loads(events.stdout)]
+    for expected in ("SUBMITTED", "ADMITTED", "RUNNING", "SUCCEEDED"):
+        assert expected in types, types
+
+    logs = up.kiln("logs", job_id)
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout.strip(), "the trainer's log is empty"
+
+    followed = up.kiln("logs", job_id, "-f", timeout=60)  # a finished job: the stream ends by itself
+    assert followed.returncode == 0 and followed.stdout == logs.stdout
+
+    code, children = stop_up(up)
+    assert code == 0, up.output()
+    assert len(children) >= 3  # api, scheduler, worker (and what they started)
+    assert wait_gone(children) == [], up.output()
+    assert "stopped (" in up.output()
+
+
+def test_second_kiln_up_skips_bootstrap_and_a_concurrent_one_is_refused(tmp_path: Path) -> None:
+    first = start_up(tmp_path, "--no-worker")
+    try:
+        assert "first run: created admin" in first.output()
+        token = json.loads((tmp_path / "xdg" / "kiln" / "config.json").read_text())["token"]
+        clash = subprocess.run(
+            [*KILN, "up", "--port", str(free_port())], cwd=ROOT, env=first.env, capture_output=True, text=True,
+            timeout=60,
+        )  # fmt: skip
+        assert clash.returncode == 8, clash.stdout + clash.stderr
+        assert "another `kiln up`" in clash.stderr
+    finally:
+        code, children = stop_up(first)
+    assert code == 0 and wait_gone(children) == []
+
+    (tmp_path / "up.out").rename(tmp_path / "up.first.out")
+    second = start_up(tmp_path, "--no-worker", "--submit", "examples/gpt-tiny.yaml")
+    try:
+        assert "bootstrap skipped" in second.output() and "still valid" in second.output(), second.output()
+        deadline = time.monotonic() + 30
+        while "submitted job" not in second.output() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "submitted job 1 (gpt-tiny)" in second.output(), second.output()
+        assert json.loads((tmp_path / "xdg" / "kiln" / "config.json").read_text())["token"] == token
+        assert second.kiln("whoami").returncode == 0
+    finally:
+        code, children = stop_up(second)
+    assert code == 0 and wait_gone(children) == []

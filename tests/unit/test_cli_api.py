@@ -1,0 +1,287 @@
+"""The CLI against the real API: a uvicorn subprocess on a SQLite file in a temporary KILN_HOME.
+
+No scheduler or worker runs here, so jobs stay QUEUED (until cancelled); `tests/e2e/test_kiln_up.py` covers
+the whole way of a job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from cli.bootstrap import bootstrap
+from cli.client import KilnClient
+from cli.config import CliConfig
+from cli.errors import ExitCode
+from cli.main import app
+from core.migrate import upgrade
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "gpt-tiny.yaml"
+
+
+@dataclass(frozen=True)
+class Server:
+    url: str
+    token: str
+    home: Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    home = tmp_path_factory.mktemp("kiln-home")
+    db_url = f"sqlite:///{home / 'kiln.db'}"
+    upgrade(db_url)
+    token = bootstrap(db_url, name="admin").token
+    port = free_port()
+    env = dict(os.environ, KILN_HOME=str(home), KILN_DATABASE_URL=db_url, KILN_RATE_LIMIT_BURST="100000")
+    log = (home / "api.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the API did not start:\n{(home / 'api.log').read_text()[-3000:]}")
+        time.sleep(0.2)
+    try:
+        yield Server(url, token, home)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+
+
+@pytest.fixture
+def kiln(server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Run a kiln command as the admin against the server; returns the CliRunner result."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("KILN_API_URL", server.url)
+    monkeypatch.setenv("KILN_TOKEN", server.token)
+    runner = CliRunner()
+
+    def run(*args: str, token: str | None = None) -> Any:
+        extra = ["--token", token] if token else []
+        return runner.invoke(app, [*extra, *args], terminal_width=250)
+
+    return run
+
+
+def as_json(result: Any) -> Any:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def submit(kiln: Any, path: Path = EXAMPLE) -> int:
+    result = kiln("submit", str(path), "-o", "json")
+    return int(as_json(result)["id"])
+
+
+def spec_file(tmp_path: Path, **changes: str) -> Path:
+    text = EXAMPLE.read_text()
+    for old, new in changes.items():
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_login_verifies_and_saves_owner_only(server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("KILN_TOKEN", raising=False)
+    monkeypatch.delenv("KILN_API_URL", raising=False)
+    runner = CliRunner()
+    bad = runner.invoke(app, ["login", "--url", server.url, "--token", "kiln_wrong"])
+    assert bad.exit_code == ExitCode.UNAUTHORIZED
+    assert not (tmp_path / "xdg" / "kiln" / "config.json").exists()
+    ok = runner.invoke(app, ["login", "--url", server.url, "--token", server.token])
+    assert ok.exit_code == 0, ok.output
+    path = tmp_path / "xdg" / "kiln" / "config.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert json.loads(path.read_text()) == {"api_url": server.url, "token": server.token}
+    me = runner.invoke(app, ["whoami", "-o", "json"])  # from the saved config alone
+    assert as_json(me)["name"] == "admin"
+    assert runner.invoke(app, ["logout"]).exit_code == 0
+    anonymous = runner.invoke(app, ["ls"])
+    assert anonymous.exit_code == ExitCode.UNAUTHORIZED
+    assert "kiln login" in anonymous.output
+
+
+def test_submit_ls_describe_events_why(kiln: Any) -> None:
+    result = kiln("submit", str(EXAMPLE))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("submitted job ")
+    job_id = int(result.stdout.split()[2])
+
+    listed = as_json(kiln("ls", "-o", "json"))
+    assert job_id in [j["id"] for j in listed]
+    table = kiln("ls")
+    assert table.exit_code == 0 and "gpt-tiny" in table.stdout and "QUEUED" in table.stdout
+
+    described = as_json(kiln("describe", str(job_id), "-o", "json"))
+    assert described["job"]["state"] == "QUEUED"
+    assert described["job"]["spec"]["name"] == "gpt-tiny"
+    assert described["sla"]["qos"] == "silver"
+    assert described["sla"]["max_queue_wait_s"] == 600
+    assert "SUBMITTED" in [e["type"] for e in described["events"]]
+    text = kiln("describe", str(job_id))
+    assert text.exit_code == 0
+    for fragment in (f"Job {job_id}", "gpt-tiny", "QUEUED", "SLA", "Recent events", "SUBMITTED"):
+        assert fragment in text.stdout
+
+    events = as_json(kiln("events", str(job_id), "-o", "json"))
+    assert events[0]["type"] == "SUBMITTED"
+    assert "SUBMITTED" in kiln("events", str(job_id)).stdout
+
+    why = as_json(kiln("why", str(job_id), "-o", "json"))
+    assert why["state"] == "QUEUED"
+    assert kiln("why", str(job_id)).exit_code == 0
+
+    no_logs = kiln("logs", str(job_id))
+    assert no_logs.exit_code == 0
+    assert "no logs yet" in no_logs.output
+
+
+def test_ls_filters_and_pagination(server: Server, kiln: Any, tmp_path: Path) -> None:
+    ids = [submit(kiln, spec_file(tmp_path, **{"name: gpt-tiny": f"name: page-{i}"})) for i in range(3)]
+    gold = submit(kiln, spec_file(tmp_path, **{"name: gpt-tiny": "name: golden", "qos: silver": "qos: gold"}))
+    assert [j["id"] for j in as_json(kiln("ls", "--limit", "2", "-o", "json"))] == [gold, ids[2]]  # newest first
+    assert [j["id"] for j in as_json(kiln("ls", "--qos", "gold", "-o", "json"))] == [gold]
+    assert [j["id"] for j in as_json(kiln("ls", "--name", "page-1", "-o", "json"))] == [ids[1]]
+    everything = as_json(kiln("ls", "--all", "-o", "json"))
+    assert set(ids + [gold]) <= {j["id"] for j in everything}
+    assert as_json(kiln("ls", "--state", "succeeded", "-o", "json")) == []
+    assert {j["state"] for j in as_json(kiln("ls", "-s", "QUEUED,RUNNING", "-a", "-o", "json"))} == {"QUEUED"}
+    assert {j["team"] for j in as_json(kiln("ls", "--team", "default", "-o", "json"))} == {"default"}
+    # cursors: three pages of two
+    with KilnClient(CliConfig(server.url, server.token, "t", "t")) as api:
+        paged = [j["id"] for j in api.paginate("/v1/jobs", {}, limit=5, page_size=2)]
+    assert paged == sorted(paged, reverse=True) and len(paged) == 5 and len(set(paged)) == 5
+
+
+def test_cancel_then_cancel_again_conflicts(kiln: Any) -> None:
+    job_id = submit(kiln)
+    result = kiln("cancel", str(job_id), "--reason", "not needed")
+    assert result.exit_code == 0, result.output
+    assert "CANCELLED" in result.stdout
+    again = kiln("cancel", str(job_id))
+    assert again.exit_code == ExitCode.CONFLICT
+    assert "conflict" in again.output
+
+
+def test_follow_exits_non_zero_when_the_job_is_cancelled(server: Server, tmp_path: Path) -> None:
+    env = dict(os.environ, KILN_API_URL=server.url, KILN_TOKEN=server.token, XDG_CONFIG_HOME=str(tmp_path))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "submit", str(EXAMPLE), "--follow"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    assert first.startswith("submitted job "), first
+    job_id = int(first.split()[2])
+    with KilnClient(CliConfig(server.url, server.token, "t", "t")) as api:
+        api.post(f"/v1/jobs/{job_id}/cancel")
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == ExitCode.FAILURE, err
+    assert f"job {job_id} CANCELLED" in err
+
+
+def test_errors_map_to_exit_codes(server: Server, kiln: Any, tmp_path: Path) -> None:
+    missing = kiln("describe", "999999")
+    assert missing.exit_code == ExitCode.NOT_FOUND
+    assert "not found" in missing.output and "Traceback" not in missing.output
+
+    bad_token = kiln("ls", token="kiln_not_a_real_token")
+    assert bad_token.exit_code == ExitCode.UNAUTHORIZED
+
+    # valid locally, refused by the server: the field path comes back
+    unknown_qos = kiln("submit", str(spec_file(tmp_path, **{"qos: silver": "qos: platinum"})))
+    assert unknown_qos.exit_code == ExitCode.INVALID, unknown_qos.output
+    assert "  - sla.qos:" in unknown_qos.output
+
+    other_team = kiln("submit", str(spec_file(tmp_path, **{"team: default": "team: nobody"})))
+    assert other_team.exit_code in (ExitCode.NOT_FOUND, ExitCode.INVALID), other_team.output
+
+
+def test_viewer_is_forbidden_to_submit(server: Server, kiln: Any) -> None:
+    with KilnClient(CliConfig(server.url, server.token, "t", "t")) as api:
+        api.post("/v1/users", json={"name": "vera"})
+    assert kiln("teams", "add-member", "default", "vera", "--role", "viewer").exit_code == 0
+    created = as_json(kiln("tokens", "create", "vera-laptop", "--user", "vera", "-o", "json"))
+    secret = created["secret"]
+    members = as_json(kiln("teams", "members", "default", "-o", "json"))
+    assert {"user": "vera", "role": "viewer"}.items() <= next(m for m in members if m["user"] == "vera").items()
+    refused = kiln("submit", str(EXAMPLE), token=secret)
+    assert refused.exit_code == ExitCode.FORBIDDEN, refused.output
+    assert "forbidden" in refused.output
+    assert kiln("ls", token=secret).exit_code == 0  # viewers read
+    # revoking the token locks vera out
+    assert kiln("tokens", "revoke", str(created["id"])).exit_code == 0
+    assert kiln("ls", token=secret).exit_code == ExitCode.UNAUTHORIZED
+
+
+def test_teams_qos_sla_tokens_hosts_usage(kiln: Any) -> None:
+    qos = as_json(kiln("qos", "-o", "json"))
+    assert {"gold", "silver", "bronze", "best-effort"} <= {q["name"] for q in qos}
+    qos_table = kiln("qos").stdout
+    assert "gold" in qos_table and "GB/s" in qos_table
+
+    created = kiln("teams", "create", "research", "--quota", "cpu=2", "--quota", "H200=8:borrow=4:lend=2")
+    assert created.exit_code == 0, created.output
+    team = as_json(kiln("teams", "show", "research", "-o", "json"))
+    assert {(q["gpu_type"], q["nominal"], q["borrowing_limit"], q["lending_limit"]) for q in team["quotas"]} == {
+        ("cpu", 2, None, None),
+        ("H200", 8, 4, 2),
+    }
+    assert "research" in kiln("teams").stdout
+    assert kiln("teams", "create", "research").exit_code == ExitCode.CONFLICT
+
+    before = as_json(kiln("sla", "show", "default", "-o", "json"))
+    after = as_json(kiln("sla", "set", "default", "--max-queue-wait", "120", "--max-restarts", "5", "-o", "json"))
+    assert after["max_queue_wait_s"] == 120 and after["max_restarts"] == 5
+    assert after["qos"] == before["qos"]  # terms not given are kept
+    assert after["step_time_tolerance"] == before["step_time_tolerance"]
+    assert "max_queue_wait_s" in kiln("sla").stdout  # the caller's only team
+
+    listed = as_json(kiln("tokens", "-o", "json"))
+    assert "bootstrap" in [t["name"] for t in listed]
+    assert as_json(kiln("hosts", "-o", "json")) == []
+    assert as_json(kiln("hosts", "--gpus", "-o", "json")) == []
+    usage = as_json(kiln("usage", "-o", "json"))
+    assert "default" in [t["team"] for t in usage["teams"]]
+    assert kiln("usage").exit_code == 0

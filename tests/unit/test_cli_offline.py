@@ -1,0 +1,135 @@
+"""The CLI where no API is needed: local spec validation, unreachable servers, usage errors."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.errors import ExitCode
+from cli.main import app
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("KILN_TOKEN", raising=False)
+    monkeypatch.delenv("KILN_API_URL", raising=False)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_unreachable_api_says_so_with_its_own_exit_code() -> None:
+    port = closed_port()
+    result = runner.invoke(app, ["--api-url", f"http://127.0.0.1:{port}", "ls"])
+    assert result.exit_code == ExitCode.UNREACHABLE
+    assert f"cannot reach the kiln API at http://127.0.0.1:{port}" in result.output
+    assert "kiln up" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_env_url_is_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    port = closed_port()
+    monkeypatch.setenv("KILN_API_URL", f"http://127.0.0.1:{port}")
+    result = runner.invoke(app, ["describe", "1"])
+    assert result.exit_code == ExitCode.UNREACHABLE
+    assert str(port) in result.output
+
+
+def test_invalid_spec_is_rejected_locally_with_field_paths(tmp_path: Path) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: Bad Name\nteam: default\nrecipe: {name: gpt}\nresources: {gpus: -1}\nsurprise: 1\n")
+    result = runner.invoke(app, ["--api-url", f"http://127.0.0.1:{closed_port()}", "submit", str(spec)])
+    assert result.exit_code == ExitCode.INVALID, result.output
+    for path in ("name:", "resources.gpus:", "surprise:"):
+        assert f"  - {path}" in result.output
+    assert "cannot reach" not in result.output  # it never got as far as the network
+
+
+def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: x\nteam: [unclosed\n")
+    result = runner.invoke(app, ["submit", str(spec)])
+    assert result.exit_code == ExitCode.INVALID
+    assert "malformed YAML at line" in result.output
+
+
+def test_missing_file_is_a_usage_error(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["submit", str(tmp_path / "nope.yaml")])
+    assert result.exit_code == ExitCode.USAGE
+    assert "cannot read" in result.output
+
+
+def test_bad_arguments_are_usage_errors() -> None:
+    assert runner.invoke(app, ["describe", "not-a-number"]).exit_code == ExitCode.USAGE
+    assert runner.invoke(app, ["ls", "--output", "yaml"]).exit_code == ExitCode.USAGE
+    assert runner.invoke(app, ["teams", "create", "x", "--quota", "H200"]).exit_code == ExitCode.USAGE
+
+
+def test_sla_set_without_changes_is_refused_before_any_request() -> None:
+    result = runner.invoke(app, ["--api-url", f"http://127.0.0.1:{closed_port()}", "sla", "set", "default"])
+    assert result.exit_code == ExitCode.USAGE
+    assert "nothing to change" in result.output
+
+
+def test_admin_bootstrap_on_an_unmigrated_database_says_migrate(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    result = runner.invoke(app, ["admin", "bootstrap", "--database-url", url])
+    assert result.exit_code == ExitCode.FAILURE
+    assert "kiln migrate" in result.output
+
+
+def test_admin_bootstrap_then_second_bootstrap_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'kiln.db'}"
+    assert runner.invoke(app, ["migrate", "--database-url", url]).exit_code == 0
+    first = runner.invoke(app, ["admin", "bootstrap", "--database-url", url, "--name", "root"])
+    assert first.exit_code == 0, first.output
+    assert "kiln_" in first.output
+    second = runner.invoke(app, ["admin", "bootstrap", "--database-url", url])
+    assert second.exit_code == ExitCode.CONFLICT
+    assert "admin already exists" in second.output
+
+
+def test_cli_starts_fast_and_never_imports_torch_or_httpx_for_help() -> None:
+    code = (
+        "import sys, time; t = time.perf_counter(); import cli.main; "
+        "print(time.perf_counter() - t); "
+        "print(int(any(m == 'torch' or m.startswith('torch.') for m in sys.modules))); "
+        "print(int('httpx' in sys.modules)); print(int('sqlalchemy' in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    seconds, torch, httpx, sqlalchemy = out.stdout.split()
+    assert (torch, httpx, sqlalchemy) == ("0", "0", "0")
+    assert float(seconds) < 1.0
+
+
+def test_help_lists_every_command() -> None:
+    start = time.perf_counter()
+    result = runner.invoke(app, ["--help"], terminal_width=200)
+    assert result.exit_code == 0
+    for name in ("login", "submit", "ls", "describe", "events", "logs", "cancel", "why", "teams", "qos", "usage",
+                 "sla", "hosts", "tokens", "admin", "simulate", "migrate", "up"):  # fmt: skip
+        assert f" {name} " in result.output
+    assert time.perf_counter() - start < 5
+
+
+def test_simulate_delegates_to_the_scheduler_simulator(tmp_path: Path) -> None:
+    out = tmp_path / "sim"
+    result = runner.invoke(app, ["simulate", "synthetic:20", "--hosts", "2", "--no-plots", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "| kiln |" in result.output and "| fifo |" in result.output
+    assert runner.invoke(app, ["simulate", "synthetic:5", "--bogus"]).exit_code == ExitCode.USAGE
+    helped = runner.invoke(app, ["simulate", "--help"])
+    assert helped.exit_code == 0 and "--gpus-per-host" in helped.output

@@ -1,0 +1,169 @@
+"""`kiln up`'s pieces: what it starts, its backoff, and the supervisor on real child processes."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from cli.errors import CliError, ExitCode
+from cli.up import (
+    ChildSpec,
+    Supervisor,
+    UpOptions,
+    backoff_delay,
+    child_specs,
+    connect_host,
+    home_lock,
+    mask_url,
+    port_in_use,
+    tail,
+)
+
+
+def test_child_specs() -> None:
+    specs = child_specs(UpOptions(port=9999, cpu_slots=3), hostname="box", python="py")
+    assert [s.name for s in specs] == ["api", "scheduler", "worker"]
+    api = specs[0].argv
+    assert api[:5] == ["py", "-m", "uvicorn", "api.app:create_app", "--factory"]
+    assert api[api.index("--port") + 1] == "9999"
+    assert specs[1].argv == ["py", "-m", "scheduler"]
+    assert specs[2].argv == ["py", "-m", "workers", "--host", "box", "--cpu-slots", "3"]
+    assert [s.name for s in child_specs(UpOptions(worker=False), hostname="b")] == ["api", "scheduler"]
+
+
+def test_backoff_doubles_up_to_a_cap() -> None:
+    assert [backoff_delay(n) for n in range(0, 8)] == [0, 1, 2, 4, 8, 16, 30, 30]
+
+
+def test_connect_host_and_mask() -> None:
+    assert connect_host("0.0.0.0") == "127.0.0.1"
+    assert connect_host("10.0.0.5") == "10.0.0.5"
+    assert mask_url("postgresql+psycopg://kiln:s3cret@db:5432/kiln") == "postgresql+psycopg://kiln:***@db:5432/kiln"
+    assert mask_url("sqlite:////tmp/k.db") == "sqlite:////tmp/k.db"
+
+
+def test_port_in_use() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert port_in_use("127.0.0.1", port)
+    assert not port_in_use("127.0.0.1", port)
+
+
+def test_home_lock_refuses_a_second_kiln_up(tmp_path: Path) -> None:
+    with home_lock(tmp_path):
+        assert (tmp_path / "up.lock").read_text() == str(os.getpid())
+        # flock locks belong to the open file description: a second open from this process conflicts too
+        with pytest.raises(CliError) as err, home_lock(tmp_path):
+            pass
+        assert err.value.code is ExitCode.CONFLICT
+        assert f"pid {os.getpid()}" in err.value.message
+    with home_lock(tmp_path):  # released
+        pass
+
+
+def test_tail(tmp_path: Path) -> None:
+    path = tmp_path / "x.log"
+    path.write_text("".join(f"line {i}\n" for i in range(100)))
+    assert tail(path, 3) == ["line 97", "line 98", "line 99"]
+    assert tail(tmp_path / "missing.log") == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0): look at its state
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_supervisor_restarts_a_crashed_child_with_backoff(tmp_path: Path) -> None:
+    crash = ChildSpec("crasher", [sys.executable, "-c", "print('boom', flush=True); raise SystemExit(3)"])
+    stable = ChildSpec("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"])
+    buf = io.StringIO()
+    sup = Supervisor([stable, crash], env=dict(os.environ), log_dir=tmp_path, out=Console(file=buf, width=200))
+    sup.start_all()
+    crasher = sup.children[1]
+    deadline = time.monotonic() + 20
+    while crasher.restarts < 2 and time.monotonic() < deadline:
+        sup.poll()
+        time.sleep(0.05)
+    codes = sup.stop(5.0, threading.Event())
+    assert crasher.restarts >= 2
+    assert crasher.exit_codes[:2] == [3, 3]
+    text = buf.getvalue()
+    assert "crasher exited with code 3" in text and "restarting in 1s" in text and "restarting in 2s" in text
+    assert "boom" in text  # the log's tail is shown
+    assert (tmp_path / "crasher.log").read_text().count("boom") >= 2
+    assert codes["sleeper"] == -signal.SIGTERM
+    assert all(not _alive(c.pid) for c in sup.children if c.pid)
+
+
+def test_stop_kills_what_ignores_sigterm_and_orphaned_grandchildren(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    code = (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)'])\n"
+        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(120)\n"
+    )
+    buf = io.StringIO()
+    sup = Supervisor([ChildSpec("stubborn", [sys.executable, "-c", code])], env=dict(os.environ), log_dir=tmp_path,
+                     out=Console(file=buf, width=200))  # fmt: skip
+    sup.start_all()
+    deadline = time.monotonic() + 20
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int(pidfile.read_text())
+    started = time.monotonic()
+    codes = sup.stop(1.0, threading.Event())
+    assert time.monotonic() - started < 10
+    assert codes["stubborn"] == -signal.SIGKILL
+    assert "did not stop in 1s: SIGKILL" in buf.getvalue()
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(grandchild)
+
+
+def test_prepare_bootstraps_once_then_reuses_or_reissues_the_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from cli.bootstrap import token_owner
+    from cli.up import prepare
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    db = f"sqlite:///{tmp_path / 'kiln.db'}"
+    config = tmp_path / "xdg" / "kiln" / "config.json"
+
+    first = prepare(db, "http://127.0.0.1:8421")
+    assert "first run" in first.note and first.user == "admin"
+    assert json.loads(config.read_text()) == {"api_url": "http://127.0.0.1:8421", "token": first.token}
+
+    second = prepare(db, "http://127.0.0.1:9999")  # run again, on another port: same token, new URL
+    assert "bootstrap skipped" in second.note and second.token == first.token
+    assert json.loads(config.read_text())["api_url"] == "http://127.0.0.1:9999"
+
+    config.unlink()  # the saved token is lost: a fresh one is issued for the existing admin
+    third = prepare(db, "http://127.0.0.1:8421")
+    assert "fresh token" in third.note and third.token != first.token
+    assert token_owner(db, third.token) == "admin" and token_owner(db, first.token) == "admin"
+    assert token_owner(db, "kiln_bogus") is None
