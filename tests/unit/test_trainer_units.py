@@ -1,0 +1,226 @@
+"""Fast unit tests of the trainer's pieces (no subprocesses, tiny tensors)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from core.spec import JobSpec  # noqa: E402
+from trainer import memory  # noqa: E402
+from trainer.checkpoint import (  # noqa: E402
+    Checkpointer,
+    FencedError,
+    list_checkpoints,
+    verify,
+    write_manifest_and_commit,
+)
+from trainer.config import ConfigError, GuardConfig, TrainerConfig, hp_get  # noqa: E402
+from trainer.data import TokenBatches  # noqa: E402
+from trainer.guards import SpikeGuard  # noqa: E402
+from trainer.precision import SCALER_INIT, PrecisionContext, resolve  # noqa: E402
+from trainer.recipes import RecipeError, load_recipe  # noqa: E402
+from trainer.recipes.gpt import GPTRecipe  # noqa: E402
+from trainer.telemetry import Telemetry  # noqa: E402
+
+
+def spec(**hp: object) -> JobSpec:
+    return JobSpec.model_validate({"name": "t", "team": "t", "recipe": {"name": "gpt", "hyperparameters": hp}})
+
+
+# ---- guards ------------------------------------------------------------------------------------------
+def test_guard_ignores_a_falling_loss_and_a_lone_blip() -> None:
+    g = SpikeGuard(GuardConfig(window=5, confirm_steps=2))
+    for i in range(30):
+        assert g.observe(i, i, 5.0 - 0.1 * i, 1.0) is None
+    assert g.observe(30, 30, 100.0, 1.0) is None  # suspect, not confirmed
+    assert g.observe(31, 31, 2.0, 1.0) is None  # the next step is fine: the blip is dropped
+    assert g.spikes == 0
+
+
+def test_guard_confirms_a_spike_over_consecutive_steps() -> None:
+    g = SpikeGuard(GuardConfig(window=5, confirm_steps=2, factor=2.0))
+    for i in range(10):
+        g.observe(i, i, 3.0, 1.0)
+    assert g.observe(10, 10, 7.0, 1.0) is None
+    spike = g.observe(11, 11, 8.0, 1.0)
+    assert spike is not None and spike.first_step == 10 and spike.batches == (10, 11)
+    assert spike.loss_mean == pytest.approx(3.0) and g.spikes == 1
+
+
+def test_guard_flags_grad_norm_outliers() -> None:
+    g = SpikeGuard(GuardConfig(window=10, confirm_steps=1, grad_z=4.0))
+    for i in range(10):
+        g.observe(i, i, 3.0, 1.0 + 0.01 * (i % 3))
+    assert g.observe(10, 10, 3.0, 50.0) is not None
+
+
+def test_guard_needs_a_full_window() -> None:
+    g = SpikeGuard(GuardConfig(window=20, confirm_steps=1))
+    assert g.observe(0, 0, 3.0, 1.0) is None
+    assert g.observe(1, 1, 100.0, 1.0) is None
+
+
+# ---- data --------------------------------------------------------------------------------------------
+def test_batches_are_a_function_of_index_and_resume_exactly() -> None:
+    tokens = torch.arange(10_000, dtype=torch.int64) % 251
+    a = TokenBatches(tokens=tokens, vocab_size=256, batch_size=4, seq_len=16, rank=0, world_size=1, seed=3)
+    seen = [a.next() for _ in range(5)]
+    b = TokenBatches(tokens=tokens, vocab_size=256, batch_size=4, seq_len=16, rank=0, world_size=1, seed=3)
+    b.load_state_dict({"cursor": 3, "skip": [3]})
+    idx, (x, y) = b.next()
+    assert idx == 4 and torch.equal(x, seen[4][1][0]) and torch.equal(y, seen[4][1][1])
+    assert torch.equal(seen[0][1][0][:, 1:], seen[0][1][1][:, :-1])  # targets are inputs shifted by one
+
+
+def test_ranks_take_disjoint_slices_of_the_global_batch() -> None:
+    mk = lambda r: TokenBatches(tokens=None, vocab_size=64, batch_size=2, seq_len=8, rank=r,  # noqa: E731
+                                world_size=2, seed=0)
+    x0, _ = mk(0).batch(7)
+    x1, _ = mk(1).batch(7)
+    assert not torch.equal(x0, x1)
+    full = TokenBatches(tokens=None, vocab_size=64, batch_size=4, seq_len=8, rank=0, world_size=1, seed=0)
+    assert torch.equal(torch.cat([x0, x1]), full.batch(7)[0])
+
+
+# ---- config / recipes / memory / precision -----------------------------------------------------------
+def test_hyperparameters_are_typed_and_bounded() -> None:
+    assert hp_get({"n": "3"}, "n", 1, int) == 3
+    with pytest.raises(ConfigError):
+        hp_get({"n": 0}, "n", 1, int, lo=1)
+    with pytest.raises(ConfigError):
+        hp_get({"n": 1.5}, "n", 1, int)
+    cfg = TrainerConfig.from_spec(spec(inject_loss_spike_at_step=[3, 9], lr=0.01))
+    assert cfg.hooks.loss_spike_at_step == (3, 9) and cfg.lr == 0.01
+    default = TrainerConfig.from_spec(spec())
+    assert default.hooks.loss_spike_at_step == () and not default.hooks.compile_timeout
+    assert not default.hooks.unsupported_op  # test hooks are off unless asked for
+
+
+@pytest.mark.parametrize("size", ["tiny", "mini"])
+def test_gpt_param_count_matches_the_model(size: str) -> None:
+    recipe = load_recipe("gpt", {"size": size})
+    model = recipe.build_model()
+    assert recipe.param_count() == sum(p.numel() for p in model.parameters())  # tied head counted once
+    assert model.get_submodule("lm_head").weight is model.get_submodule("wte").weight
+
+
+def test_gpt2_124m_config() -> None:
+    r = load_recipe("gpt", {"size": "gpt2", "corpus": "synthetic"})
+    assert isinstance(r, GPTRecipe)
+    assert (r.cfg.n_layer, r.cfg.n_embd, r.cfg.n_head, r.cfg.vocab_size, r.cfg.seq_len) == (12, 768, 12, 50304, 1024)
+    assert 124e6 < r.param_count() < 125e6
+
+
+def test_mlp_recipe_learns() -> None:
+    recipe = load_recipe("mlp", {"batch_size": 64})
+    torch.manual_seed(0)
+    model = recipe.build_model()
+    assert recipe.param_count() == sum(p.numel() for p in model.parameters())
+    data = recipe.make_data(rank=0, world_size=1, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses: list[float] = []
+    for _ in range(40):
+        _, batch = data.next()
+        loss = recipe.loss(model, batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_unknown_recipe_is_a_user_error() -> None:
+    with pytest.raises(RecipeError):
+        load_recipe("nope", {})
+    with pytest.raises(ConfigError):
+        load_recipe("gpt", {"size": "huge"})
+
+
+def test_memory_prediction_terms() -> None:
+    p = memory.predict(param_count=1000, activation_bytes=50_000, precision="bf16", strategy="ddp", world_size=2,
+                       largest_block_params=100)
+    b = p["breakdown"]
+    assert (b["weights"], b["optimizer"], b["autocast_copies"]) == (4000, 8000, 2000)
+    assert p["predicted_peak_bytes"] == 4000 + 8000 + 2000 + 50_000
+    sharded = memory.predict(param_count=1000, activation_bytes=50_000, precision="fp32", strategy="fsdp",
+                             world_size=4, largest_block_params=100)
+    assert sharded["breakdown"]["weights"] == 1000 and sharded["breakdown"]["fsdp_unsharded"] == 800
+
+
+def test_precision_auto_and_scaler_seed_values() -> None:
+    cpu = torch.device("cpu")
+    assert resolve("auto", cpu) == "fp32"
+    ctx = PrecisionContext.create("fp16", cpu)
+    assert ctx.scaler is not None and ctx.scaler.get_scale() == SCALER_INIT
+    assert ctx.scaler.get_growth_factor() == 2.0 and ctx.scaler.get_backoff_factor() == 0.5
+    assert ctx.scaler.get_growth_interval() == 2000
+
+
+# ---- checkpoints -------------------------------------------------------------------------------------
+def _tel(tmp: pathlib.Path) -> Telemetry:
+    return Telemetry(tmp / "run", 0)
+
+
+def test_manifest_detects_a_flipped_byte(tmp_path: pathlib.Path) -> None:
+    tmp = tmp_path / ".tmp-x"
+    tmp.mkdir()
+    (tmp / "a.bin").write_bytes(b"hello world" * 100)
+    write_manifest_and_commit(tmp, tmp_path / "step_00000001", step=1, token=None, meta={})
+    final = tmp_path / "step_00000001"
+    assert verify(final) is None
+    data = bytearray((final / "a.bin").read_bytes())
+    data[10] ^= 1
+    (final / "a.bin").write_bytes(bytes(data))
+    assert "sha256" in (verify(final) or "")
+
+
+def test_fence_blocks_the_commit(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "fence").write_text("8\n")
+    tmp = tmp_path / ".tmp-y"
+    tmp.mkdir()
+    (tmp / "a.bin").write_bytes(b"x")
+    with pytest.raises(FencedError):
+        write_manifest_and_commit(tmp, tmp_path / "step_00000002", step=2, token=7, meta={})
+    assert list_checkpoints(tmp_path) == [] and not tmp.exists()
+
+
+def test_checkpointer_roundtrip_and_keep_last(tmp_path: pathlib.Path) -> None:
+    tel = _tel(tmp_path)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    ck = Checkpointer(tmp_path / "ckpt", rank=0, world_size=1, token=None, keep_last=2, asynchronous=True,
+                      sharded=False, group=None, device=torch.device("cpu"), telemetry=tel)
+    for step in (1, 2, 3):
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        ck.save(step, model, opt, {"step": step})
+    ck.wait()
+    assert [s for s, _ in list_checkpoints(tmp_path / "ckpt")] == [2, 3]
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    path = ck.choose()
+    assert path is not None and path.name == "step_00000003"
+    assert ck.load(path, model, opt) == {"step": 3}
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, expected[k])
+    assert opt.state_dict()["state"][0]["step"].item() == 3
+    tel.close()
+    recs = [json.loads(x) for x in (tmp_path / "run" / "telemetry" / "rank0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs if r["kind"] == "checkpoint"] == [1, 2, 3]
+
+
+def test_telemetry_reports_nonfinite_as_null(tmp_path: pathlib.Path) -> None:
+    tel = _tel(tmp_path)
+    from core.trainer_protocol import RecordKind
+
+    tel.emit(RecordKind.STEP, step=1, loss=float("nan"), grad_norm=float("inf"))
+    tel.close()
+    rec = json.loads((tmp_path / "run" / "telemetry" / "rank0.jsonl").read_text())
+    assert rec["loss"] is None and rec["grad_norm"] is None and rec["rank"] == 0 and rec["kind"] == "step"

@@ -1,0 +1,47 @@
+"""``python -m trainer --spec SPEC.json --run-dir DIR`` (under torchrun, one process per rank).
+
+Exit codes are ``core.trainer_protocol.ExitCode``: 0 done, 2 bad spec, 75 preempted (checkpoint committed),
+76 fenced, 77 too many loss spikes, 78 OOM, 79 NCCL error; anything else is a crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+from core.trainer_protocol import ExitCode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
+    parser.add_argument("--spec", required=True, type=pathlib.Path, help="JobSpec as JSON (or YAML)")
+    parser.add_argument("--run-dir", required=True, type=pathlib.Path, help="telemetry and default checkpoints")
+    args = parser.parse_args(argv)
+
+    from core.spec import SpecError, parse_spec_text
+    from trainer.config import ConfigError
+    from trainer.recipes import RecipeError
+
+    try:
+        spec = parse_spec_text(args.spec.read_text())
+    except (OSError, SpecError) as exc:
+        print(f"kiln trainer: bad spec: {exc}", file=sys.stderr)
+        return int(ExitCode.USER_ERROR)
+
+    from trainer.loop import run
+    from trainer.parallel import init_distributed, shutdown
+
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    env = init_distributed()
+    try:
+        return int(run(spec, args.run_dir, env))
+    except (ConfigError, RecipeError) as exc:
+        print(f"kiln trainer: bad hyperparameters: {exc}", file=sys.stderr)
+        return int(ExitCode.USER_ERROR)
+    finally:
+        shutdown(env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

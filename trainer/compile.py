@@ -1,0 +1,269 @@
+"""torch.compile behind a circuit breaker (seed 004, SLA 1), with a persistent compile cache (seed 001).
+
+Regional compile (each repeated block, ``fullgraph=True``) is the default: identical blocks share one graph,
+so compile time does not grow with depth.  Whole-model compile is an option.  Compilation is lazy in
+torch, so the breaker forces it in a warm-up forward+backward on the first batch, on the bare (unwrapped)
+model so no collective can hang a peer if this rank's compile dies:
+
+* a wall-clock limit (SIGALRM interrupts the compiler in the main thread)   -> FALLBACK_COMPILE_TIMEOUT
+* host RSS of this process and its compile workers over a limit            -> FALLBACK_OOM_DETECTED
+* an op Dynamo cannot capture in one graph                                 -> FALLBACK_UNSUPPORTED_OP
+* the compiled first-step loss not allclose to eager's                      -> FALLBACK_NUMERIC_MISMATCH
+* any other compiler error                                                  -> FALLBACK_COMPILE_ERROR
+
+A fallback reverts to eager and emits an event with model, graph, elapsed, peak RSS and device.  Ranks
+agree: if any rank falls back, all do (a mixed compiled/eager job would still be correct, but slower ranks
+would set the pace, and reporting one mode per job is simpler for the control plane).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer.config import TestHooks
+from trainer.telemetry import Telemetry
+
+
+class _Trip(Exception):
+    """Raised in the main thread by the breaker's alarm (timeout or RSS)."""
+
+
+@dataclasses.dataclass
+class CompileReport:
+    mode: str  # regional | whole | off
+    active: bool  # compiled code is in use (False after a fallback)
+    reason: str | None = None  # the FALLBACK_* event type, if any
+    elapsed_s: float = 0.0
+    peak_rss_bytes: int = 0
+    cache_key: str | None = None
+    cache_hit: bool = False
+    eager_loss: float | None = None
+    compiled_loss: float | None = None
+    error: str | None = None
+
+
+def cache_key(*, mode: str, model_config: dict[str, Any], precision: str, device: torch.device,
+              extra: dict[str, Any] | None = None) -> str:
+    """Compile artifacts are only reusable on the same torch/Triton/CUDA, the same GPU architecture, the same
+    compile options and the same model; the key names all of them."""
+    try:
+        import triton
+
+        triton_version: str | None = triton.__version__
+    except ImportError:
+        triton_version = None
+    gpu: dict[str, Any] = {}
+    if device.type == "cuda":
+        gpu = {"name": torch.cuda.get_device_name(device),
+               "capability": list(torch.cuda.get_device_capability(device)), "cuda": torch.version.cuda}
+    payload = {"torch": torch.__version__, "triton": triton_version, "device": device.type, "gpu": gpu,
+               "mode": mode, "precision": precision, "model": model_config, **(extra or {})}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _rss_tree() -> int:
+    proc = psutil.Process()
+    total = proc.memory_info().rss
+    for child in proc.children(recursive=True):  # Inductor's parallel compile workers
+        with contextlib.suppress(psutil.Error):
+            total += child.memory_info().rss
+    return total
+
+
+@contextlib.contextmanager
+def _breaker(timeout_s: float, max_rss: int | None) -> Iterator[dict[str, Any]]:
+    """Arm a SIGALRM for the time limit and a thread polling RSS; either trips ``_Trip`` in this thread."""
+    state: dict[str, Any] = {"reason": None, "peak_rss": _rss_tree()}
+    stop = threading.Event()
+    main = threading.main_thread().ident
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        if state["reason"] is None:
+            state["reason"] = "FALLBACK_COMPILE_TIMEOUT"
+        raise _Trip(state["reason"])
+
+    def watch() -> None:
+        while not stop.wait(0.1):
+            rss = _rss_tree()
+            state["peak_rss"] = max(state["peak_rss"], rss)
+            if max_rss is not None and rss > max_rss and state["reason"] is None:
+                state["reason"] = "FALLBACK_OOM_DETECTED"
+                if main is not None:
+                    signal.pthread_kill(main, signal.SIGALRM)
+                return
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    watcher = threading.Thread(target=watch, name="kiln-compile-rss", daemon=True)
+    watcher.start()
+    try:
+        yield state
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        stop.set()
+        watcher.join()
+        signal.signal(signal.SIGALRM, old)
+
+
+def _is_unsupported(exc: BaseException) -> bool:
+    import torch._dynamo.exc as dexc
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, (dexc.Unsupported, dexc.UserError)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _slow_backend(delay_s: float) -> Callable[..., Any]:
+    """Test hook (inject_compile_timeout): Inductor, after a stall longer than the breaker's limit."""
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        from torch._inductor.compile_fx import compile_fx
+
+        time.sleep(delay_s)
+        return compile_fx(gm, example_inputs)
+
+    return backend
+
+
+class Compiler:
+    def __init__(self, *, mode: str, timeout_s: float, max_rss_bytes: int | None, check_allclose: bool,
+                 hooks: TestHooks, telemetry: Telemetry, device: torch.device, model_name: str,
+                 cache_dir: pathlib.Path | None, rank: int, world_size: int, group: Any) -> None:
+        self.mode = mode
+        self.timeout_s = timeout_s
+        self.max_rss = 1 if hooks.compile_oom else max_rss_bytes
+        self.check_allclose = check_allclose
+        self.hooks = hooks
+        self.tel = telemetry
+        self.device = device
+        self.model_name = model_name
+        self.cache_dir = cache_dir
+        self.rank, self.world_size, self.group = rank, world_size, group
+
+    def _apply(self, model: nn.Module, blocks: list[nn.Module]) -> None:
+        kwargs: dict[str, Any] = {"fullgraph": True, "dynamic": False}
+        if self.hooks.compile_timeout:
+            kwargs["backend"] = _slow_backend(self.timeout_s + 30.0)
+        if self.mode == "regional":
+            for block in blocks:
+                block.compile(**kwargs)
+        else:
+            model.compile(**kwargs)
+
+    @staticmethod
+    def _revert(model: nn.Module) -> None:
+        for m in model.modules():  # undo nn.Module.compile(): calls go back to the eager forward
+            if getattr(m, "_compiled_call_impl", None) is not None:
+                m._compiled_call_impl = None
+        torch._dynamo.reset()
+
+    def compile(self, model: nn.Module, blocks: list[nn.Module], *, loss_fn: Callable[[], torch.Tensor],
+                precision: str, model_config: dict[str, Any], rtol: float, atol: float) -> CompileReport:
+        """Compile ``model`` in place (on the bare module, before DDP/FSDP wrapping) or leave it eager."""
+        report = CompileReport(mode=self.mode, active=False)
+        if self.mode == "off":
+            return report
+        if self.hooks.unsupported_op:
+            for b in blocks:
+                b.inject_unsupported = True  # type: ignore[assignment]
+        with torch.no_grad():
+            report.eager_loss = float(loss_fn().item())
+        key = cache_key(mode=self.mode, model_config=model_config, precision=precision, device=self.device)
+        report.cache_key = key
+        cache_file = self.cache_dir / f"{key}.bin" if self.cache_dir else None
+        if cache_file is not None and cache_file.is_file():
+            try:
+                torch.compiler.load_cache_artifacts(cache_file.read_bytes())
+                report.cache_hit = True
+            except Exception as exc:  # a bad cache costs a cold compile, nothing more
+                self.tel.event("COMPILE_CACHE_INVALID", f"ignoring compile cache {cache_file.name}: {exc!r}",
+                               path=str(cache_file))
+        t0 = time.perf_counter()
+        self._apply(model, blocks)
+        failure: str | None = None
+        try:
+            with _breaker(self.timeout_s, self.max_rss) as state:
+                loss = loss_fn()
+                loss.backward()
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+            report.compiled_loss = float(loss.detach().item())
+        except _Trip:
+            failure = state["reason"]
+        except Exception as exc:
+            failure = state["reason"] or ("FALLBACK_UNSUPPORTED_OP" if _is_unsupported(exc)
+                                          else "FALLBACK_COMPILE_ERROR")
+            report.error = f"{type(exc).__name__}: {str(exc)[:2000]}"
+        report.elapsed_s = time.perf_counter() - t0
+        report.peak_rss_bytes = int(state["peak_rss"])
+        for p in model.parameters():
+            p.grad = None
+        if failure is None and self.check_allclose and report.compiled_loss is not None:
+            ok = abs(report.compiled_loss - report.eager_loss) <= atol + rtol * abs(report.eager_loss)
+            if not ok:
+                failure = "FALLBACK_NUMERIC_MISMATCH"
+        failure = self._agree(failure)
+        if failure is not None:
+            self._revert(model)
+            if self.hooks.unsupported_op:
+                for b in blocks:
+                    b.inject_unsupported = False  # type: ignore[assignment]
+            report.reason = failure
+            self.tel.event(failure, f"compile fell back to eager: {failure}", model=self.model_name,
+                           graph=f"{self.mode}:{key}", elapsed_s=report.elapsed_s,
+                           timeout_s=self.timeout_s, peak_rss_bytes=report.peak_rss_bytes,
+                           max_rss_bytes=self.max_rss, device=str(self.device), device_name=_device_name(self.device),
+                           eager_loss=report.eager_loss, compiled_loss=report.compiled_loss, error=report.error)
+            return report
+        report.active = True
+        if cache_file is not None and not report.cache_hit and self.rank == 0:
+            self._save_cache(cache_file)
+        self.tel.event("COMPILE_OK", f"{self.mode} compile in {report.elapsed_s:.2f}s", model=self.model_name,
+                       graph=f"{self.mode}:{key}", elapsed_s=report.elapsed_s,
+                       peak_rss_bytes=report.peak_rss_bytes, cache_hit=report.cache_hit,
+                       eager_loss=report.eager_loss, compiled_loss=report.compiled_loss, device=str(self.device))
+        return report
+
+    def _agree(self, failure: str | None) -> str | None:
+        if self.world_size == 1:
+            return failure
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, failure, group=self.group)
+        return next((f for f in everyone if f is not None), None)
+
+    def _save_cache(self, cache_file: pathlib.Path) -> None:
+        try:
+            saved = torch.compiler.save_cache_artifacts()
+            if saved is None:
+                return
+            blob, _info = saved
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=cache_file.parent, prefix=".cache-")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(blob)
+            os.replace(tmp, cache_file)
+        except Exception as exc:
+            self.tel.event("COMPILE_CACHE_SAVE_FAILED", f"could not save compile cache: {exc!r}")
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

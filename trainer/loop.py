@@ -1,0 +1,416 @@
+"""The training loop: ties recipe, parallelism, compile breaker, precision, guards, checkpoints,
+preemption and telemetry together.
+
+Throughput rule: the loop never waits for the GPU on the hot path.  Loss and grad norm of step ``s`` are
+read (``.item()``) after step ``s+1`` is queued (a lag of one step on CUDA; none on CPU, where every op is
+synchronous anyway), and a non-finite step is skipped on the device itself (fused AdamW's ``found_inf``),
+so the guard and telemetry cost no pipeline bubble.  Cross-rank agreement (stop, time-based checkpoint)
+goes through a gloo group on the host.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import math
+import os
+import pathlib
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from core.spec import JobSpec
+from core.trainer_protocol import (
+    ENV_CHECKPOINT_DIR,
+    ENV_COMPILE_CACHE_DIR,
+    ENV_FENCING_TOKEN,
+    ExitCode,
+    RecordKind,
+)
+from trainer import memory
+from trainer.checkpoint import Checkpointer, FencedError, fence_ok
+from trainer.compile import Compiler, CompileReport
+from trainer.config import TrainerConfig
+from trainer.guards import Spike, SpikeGuard
+from trainer.parallel import DistEnv, choose_strategy, device_capacity, wrap
+from trainer.precision import PrecisionContext, resolve
+from trainer.preemption import PreemptionFlag
+from trainer.recipes import load_recipe
+from trainer.telemetry import NvmlSampler, Telemetry
+
+# Dense bf16/fp16 tensor-core peaks (vendor datasheets) for the MFU estimate; override with peak_flops.
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
+
+# Tolerances of the compiled-vs-eager first-step loss check, per precision.
+ALLCLOSE = {"fp32": (1e-4, 1e-5), "bf16": (2e-2, 1e-3), "fp16": (1e-2, 1e-3)}
+
+
+class TooManySpikes(RuntimeError):
+    pass
+
+
+def peak_flops(device: torch.device, precision: str, override: float | None) -> float | None:
+    if override is not None:
+        return override
+    if device.type != "cuda" or precision == "fp32":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+
+
+def _scalar(t: torch.Tensor) -> torch.Tensor:
+    full = getattr(t, "full_tensor", None)  # FSDP2 returns the grad norm as a (replicated) DTensor
+    return full() if callable(full) else t
+
+
+class Trainer:
+    def __init__(self, spec: JobSpec, run_dir: pathlib.Path, env: DistEnv, tel: Telemetry) -> None:
+        self.spec, self.run_dir, self.env, self.tel = spec, run_dir, env, tel
+        self.cfg = TrainerConfig.from_spec(spec)
+        self.recipe = load_recipe(spec.recipe.name, spec.recipe.hyperparameters)
+        self.device = env.device
+        self.prec = PrecisionContext.create(resolve(spec.precision, self.device), self.device)
+        token = os.environ.get(ENV_FENCING_TOKEN)
+        self.token = int(token) if token else None
+        self.ckpt_root = pathlib.Path(os.environ.get(ENV_CHECKPOINT_DIR) or run_dir / "checkpoints")
+        cache = os.environ.get(ENV_COMPILE_CACHE_DIR)
+        self.cache_dir = pathlib.Path(cache) if cache else self.ckpt_root / "compile-cache"
+        if not fence_ok(self.ckpt_root, self.token):
+            raise FencedError(f"fence does not name token {self.token} at start")
+        self.phase = "init"
+        self.step = 0
+        self.last_sync_latency: float | None = None
+        self.report: CompileReport | None = None
+
+    # ---- set-up ---------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        spec, env, recipe = self.spec, self.env, self.recipe
+        cap = memory.apply_memory_cap(self.device)
+        torch.manual_seed(spec.seed)
+        model = recipe.build_model().to(self.device)
+        blocks = recipe.blocks(model)
+        largest = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=0)
+        compiled = spec.compile.mode != "off"
+
+        def prediction(strategy: str) -> dict[str, Any]:
+            return memory.predict(param_count=recipe.param_count(),
+                                  activation_bytes=recipe.activation_bytes(self.prec.precision, compiled),
+                                  precision=self.prec.precision, strategy=strategy, world_size=env.world_size,
+                                  largest_block_params=largest, grad_accum=self.cfg.grad_accum)
+
+        capacity = device_capacity(self.device)
+        if capacity is not None and cap is not None:
+            capacity = int(capacity * cap)
+        self.strategy = choose_strategy(spec.parallelism, predicted_ddp_bytes=prediction("ddp")[
+            "predicted_peak_bytes"], capacity=capacity, world_size=env.world_size)
+        self.prediction = prediction(self.strategy)
+        self.tel.emit(RecordKind.MEMORY_PREDICTION, **self.prediction, device_capacity_bytes=capacity,
+                      memory_fraction=cap, param_count=recipe.param_count())
+
+        self.data = recipe.make_data(rank=env.rank, world_size=env.world_size, seed=spec.seed)
+        self.phase = "compiling"
+        warm_batch = recipe.batch_to(self.data.batch(0), self.device)
+        compiler = Compiler(mode=spec.compile.mode, timeout_s=spec.compile.timeout_s,
+                            max_rss_bytes=spec.compile.max_rss_bytes, check_allclose=spec.compile.check_allclose,
+                            hooks=self.cfg.hooks, telemetry=self.tel, device=self.device, model_name=recipe.name,
+                            cache_dir=self.cache_dir, rank=env.rank, world_size=env.world_size, group=env.ctrl)
+        rtol, atol = ALLCLOSE[self.prec.precision]
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            def warm_loss() -> torch.Tensor:
+                with self.prec.autocast():
+                    return recipe.loss(model, warm_batch)
+
+            self.report = compiler.compile(model, blocks, loss_fn=warm_loss, precision=self.prec.precision,
+                                           model_config=recipe.config_dict(), rtol=rtol, atol=atol)
+        self.raw_model = model
+        self.model = wrap(model, blocks, strategy=self.strategy, env=env, precision=self.prec)
+        self.optimizer, self.fused = self._optimizer()
+        self.guard = SpikeGuard(self.cfg.guard)
+        self.ckpt = Checkpointer(self.ckpt_root, rank=env.rank, world_size=env.world_size, token=self.token,
+                                 keep_last=spec.checkpointing.keep_last,
+                                 asynchronous=spec.checkpointing.asynchronous,
+                                 sharded=self.strategy == "fsdp" and env.distributed, group=env.ckpt,
+                                 device=self.device, telemetry=self.tel)
+        self.flops = peak_flops(self.device, self.prec.precision, self.cfg.peak_flops)
+
+    def _optimizer(self) -> tuple[torch.optim.Optimizer, bool]:
+        decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": self.cfg.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        kw: dict[str, Any] = {"lr": self.cfg.lr, "betas": (self.cfg.beta1, self.cfg.beta2)}
+        try:
+            # fused: one kernel per step, and it can skip a non-finite update on the device (found_inf)
+            return torch.optim.AdamW(groups, fused=True, **kw), True
+        except (RuntimeError, ValueError):
+            return torch.optim.AdamW(groups, foreach=True, **kw), False
+
+    def lr_at(self, step: int) -> float:
+        c = self.cfg
+        if c.warmup_steps and step < c.warmup_steps:
+            return c.lr * (step + 1) / c.warmup_steps
+        span = max(1, self.spec.steps - c.warmup_steps)
+        progress = min(1.0, (step - c.warmup_steps) / span)
+        return c.lr * (c.min_lr_ratio + (1 - c.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    # ---- state ----------------------------------------------------------------------------------------
+    def extra_state(self) -> dict[str, Any]:
+        rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            rng["cuda"] = torch.cuda.get_rng_state(self.device)
+        return {"step": self.step, "data": self.data.state_dict(), "guard": self.guard.state_dict(),
+                "precision": self.prec.state_dict(), "rng": rng, "seed": self.spec.seed}
+
+    def restore(self, path: pathlib.Path) -> dict[str, Any]:
+        extra = self.ckpt.load(path, self.model, self.optimizer)
+        self.step = int(extra["step"])
+        self.data.load_state_dict(extra["data"])
+        self.guard.load_state_dict(extra["guard"])
+        self.prec.load_state_dict(extra["precision"])
+        torch.set_rng_state(extra["rng"]["cpu"])
+        if self.device.type == "cuda" and "cuda" in extra["rng"]:
+            torch.cuda.set_rng_state(extra["rng"]["cuda"], self.device)
+        return extra
+
+    def reset_to_init(self) -> None:
+        """Rollback with no checkpoint before the spike: back to the seed's initial weights, fresh AdamW."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.spec.seed)
+            fresh = self.recipe.build_model().state_dict()
+        set_model_state_dict(self.model, fresh, options=StateDictOptions(full_state_dict=True))
+        self.optimizer.state.clear()
+        self.step = 0
+        self.data.load_state_dict({"cursor": 0, "skip": []})
+        self.guard.load_state_dict({})
+
+    # ---- the loop -------------------------------------------------------------------------------------
+    def train(self) -> ExitCode:
+        self.setup()
+        tel = self.tel
+        path = self.ckpt.choose()
+        if path is not None:
+            self.restore(path)
+            tel.emit(RecordKind.RESUMED, step=self.step, path=str(path), data=self.data.state_dict())
+        flag = PreemptionFlag()
+        flag.install()
+        tel.every(self.cfg.heartbeat_s, self._heartbeat, "heartbeat")
+        self._heartbeat()
+        if self.device.type == "cuda":
+            try:
+                sampler = NvmlSampler(self.device.index or 0)
+                tel.every(self.cfg.gpu_sample_s, lambda: tel.emit(RecordKind.GPU_SAMPLE, **sampler.sample()),
+                          "nvml")
+            except Exception as exc:
+                tel.event("NVML_UNAVAILABLE", f"no NVML samples: {exc!r}")
+        try:
+            return self._loop(flag)
+        finally:
+            flag.restore()
+
+    def _loop(self, flag: PreemptionFlag) -> ExitCode:
+        spec, env, tel, cfg = self.spec, self.env, self.tel, self.cfg
+        lag = 1 if self.device.type == "cuda" else 0
+        pending: collections.deque[tuple[int, int, torch.Tensor, torch.Tensor]] = collections.deque()
+        poisoned = {b + i for b in cfg.hooks.loss_spike_at_step for i in range(cfg.hooks.loss_spike_len)}
+        every_steps = spec.checkpointing.every_steps
+        every_s = spec.checkpointing.every_seconds
+        last_ckpt_t = time.monotonic()
+        self.last_done_t = time.perf_counter()
+        self.tokens_done = 0
+        self.t_start = time.perf_counter()
+        self.final_loss: float | None = None
+        self.phase = "training"
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        while self.step < spec.steps:
+            loss_sum = torch.zeros((), device=self.device)
+            index = -1
+            for micro in range(cfg.grad_accum):
+                index, batch = self.data.next()
+                if index in poisoned:
+                    batch = self.recipe.poison(batch)
+                batch = self.recipe.batch_to(batch, self.device)
+                with self._no_sync(micro < cfg.grad_accum - 1), self.prec.autocast():
+                    loss = self.recipe.loss(self.model, batch) / cfg.grad_accum
+                if index in cfg.hooks.nonfinite_at_step:
+                    loss = loss * float("nan")
+                self.prec.scale(loss).backward()
+                loss_sum += loss.detach()
+            for g in self.optimizer.param_groups:
+                g["lr"] = self.lr_at(self.step)
+            self.prec.unscale(self.optimizer)
+            gn = _scalar(torch.nn.utils.clip_grad_norm_(
+                params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"), foreach=True))
+            self.ckpt.before_optimizer_step()
+            if self.prec.scaler is None:
+                if self.fused:
+                    self.optimizer.found_inf = (~torch.isfinite(gn)).float()  # type: ignore[attr-defined]
+                    self.optimizer.step()
+                    self.optimizer.found_inf = None  # type: ignore[attr-defined]
+                elif bool(torch.isfinite(gn)):
+                    self.optimizer.step()
+            else:
+                self.prec.step(self.optimizer)
+            self.optimizer.zero_grad(set_to_none=True)
+            if env.distributed:
+                dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+                loss_sum /= env.world_size
+            self.step += 1
+            pending.append((self.step, index, loss_sum, gn.detach()))
+            if cfg.hooks.sleep_per_step_s:
+                time.sleep(cfg.hooks.sleep_per_step_s)
+            if self._drain(pending, lag):
+                continue  # rolled back: self.step and the data position were restored
+            if env.distributed and self.step % cfg.probe_every_steps == 0:
+                self._probe_sync()
+            due = bool(every_steps and self.step % every_steps == 0)
+            stop, timed = self._agree(flag.requested, bool(every_s and time.monotonic() - last_ckpt_t >= every_s))
+            if stop or due or timed or self.step == spec.steps:
+                if self._drain(pending, 0):  # the guard sees every step before its state is saved
+                    continue
+                self.phase = "checkpointing"
+                self.ckpt.save(self.step, self.model, self.optimizer, self.extra_state(),
+                               blocking=stop or self.step == spec.steps)
+                last_ckpt_t = time.monotonic()
+                self.phase = "training"
+                if stop:
+                    tel.event("PREEMPTED", f"signal {flag.signum}: checkpointed step {self.step}, exiting",
+                              step=self.step, signal=flag.signum)
+                    return ExitCode.PREEMPTED
+        self._drain(pending, 0)
+        self.ckpt.wait()
+        self.phase = "done"
+        self._done()
+        return ExitCode.SUCCEEDED
+
+    def _no_sync(self, skip_sync: bool) -> contextlib.AbstractContextManager[Any]:
+        if not skip_sync:
+            return contextlib.nullcontext()
+        no_sync = getattr(self.model, "no_sync", None)
+        if callable(no_sync):
+            return no_sync()
+        return contextlib.nullcontext()
+
+    def _agree(self, stop: bool, timed: bool) -> tuple[bool, bool]:
+        if not self.env.distributed:
+            return stop, timed
+        t = torch.tensor([int(stop), int(timed)], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.env.ctrl)
+        return bool(t[0]), bool(t[1])
+
+    def _probe_sync(self) -> None:
+        """Gradient-sync latency: a one-element all-reduce on the training group, timed end to end."""
+        x = torch.ones(1, device=self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.last_sync_latency = time.perf_counter() - t0
+
+    def _drain(self, pending: collections.deque[tuple[int, int, torch.Tensor, torch.Tensor]], keep: int) -> bool:
+        """Read finished steps (all but the newest ``keep``); True if a spike made us roll back."""
+        cfg = self.cfg
+        while len(pending) > keep:
+            step, index, loss_t, gn_t = pending.popleft()
+            loss, gn = float(loss_t.item()), float(gn_t.item())
+            now = time.perf_counter()
+            dt = now - self.last_done_t
+            self.last_done_t = now
+            items = self.recipe.items_per_batch() * cfg.grad_accum * self.env.world_size
+            self.tokens_done += items
+            rate = items / dt if dt > 0 else None
+            mfu = (self.recipe.flops_per_item() * rate / (self.flops * self.env.world_size)
+                   if rate and self.flops else None)
+            if not (math.isfinite(loss) and math.isfinite(gn)):
+                self.tel.event("NONFINITE_SKIPPED", f"step {step}: non-finite loss/grad norm, update skipped",
+                               step=step, batch=index, loss=loss, grad_norm=gn)
+                continue
+            if step % cfg.log_every == 0 or step == self.spec.steps:
+                self.tel.emit(RecordKind.STEP, step=step, batch=index, loss=loss, grad_norm=gn,
+                              tokens_per_s=rate, step_time_s=dt, mfu=mfu, lr=self.lr_at(step - 1),
+                              **memory.measured(self.device))
+            self.final_loss = loss
+            spike = self.guard.observe(step, index, loss, gn)
+            if spike is not None:
+                pending.clear()
+                self._rollback(spike)
+                return True
+        return False
+
+    def _rollback(self, spike: Spike) -> None:
+        tel = self.tel
+        tel.event("LOSS_SPIKE", f"loss spike confirmed over steps {list(spike.steps)}", step=spike.first_step,
+                  steps=list(spike.steps), batches=list(spike.batches), loss=spike.loss,
+                  loss_moving_avg=spike.loss_mean, grad_norm=spike.grad_norm, grad_norm_moving_avg=spike.grad_mean,
+                  factor=self.cfg.guard.factor, spikes=self.guard.spikes)
+        if self.guard.spikes > self.cfg.guard.max_spikes:
+            tel.event("TOO_MANY_SPIKES", f"{self.guard.spikes} spikes > max_spikes={self.cfg.guard.max_spikes}",
+                      spikes=self.guard.spikes)
+            raise TooManySpikes(f"{self.guard.spikes} loss spikes")
+        self.phase = "rolling_back"
+        skip = set(self.data.skip) | set(spike.batches)
+        removed = self.ckpt.delete_from(spike.first_step)
+        path = self.ckpt.choose(before_step=spike.first_step)
+        if path is not None:
+            self.restore(path)
+        else:
+            self.reset_to_init()
+        self.data.skip |= skip
+        self.last_done_t = time.perf_counter()
+        tel.event("ROLLED_BACK", f"rolled back to step {self.step}; skipping batches {sorted(spike.batches)}",
+                  to_step=self.step, path=str(path) if path else None, skipped_batches=sorted(spike.batches),
+                  removed_checkpoints=removed)
+        self.phase = "training"
+
+    def _heartbeat(self) -> None:
+        cuda_ok: bool | None = None
+        if self.device.type == "cuda":
+            try:
+                torch.cuda.mem_get_info(self.device)  # a driver call: fails once the context is broken
+                cuda_ok = True
+            except Exception:
+                cuda_ok = False
+        self.tel.emit(RecordKind.HEARTBEAT, alive=True, step=self.step, phase=self.phase, cuda_ok=cuda_ok,
+                      nccl_error=None, grad_sync_latency_s=self.last_sync_latency,
+                      backend=self.env.backend)
+
+    def _done(self) -> None:
+        elapsed = time.perf_counter() - self.t_start
+        meas = memory.measured(self.device)
+        pred = self.prediction["predicted_peak_bytes"]
+        err = (pred - meas["mem_peak_bytes"]) / meas["mem_peak_bytes"] if meas["mem_peak_bytes"] else None
+        rep = self.report
+        self.tel.emit(RecordKind.DONE, final_loss=self.final_loss, steps=self.step, elapsed_s=elapsed,
+                      tokens_per_s=self.tokens_done / elapsed if elapsed > 0 else None,
+                      strategy=self.strategy, precision=self.prec.precision,
+                      compile={"mode": rep.mode, "active": rep.active, "reason": rep.reason,
+                               "elapsed_s": rep.elapsed_s, "cache_hit": rep.cache_hit} if rep else None,
+                      predicted_peak_bytes=pred, measured_peak_bytes=meas["mem_peak_bytes"],
+                      memory_prediction_error=err, overflow_rate=self.prec.overflow_rate,
+                      spikes=self.guard.spikes, checkpoints=self.ckpt.saves,
+                      checkpoint_failures=self.ckpt.failures)
+
+
+def run(spec: JobSpec, run_dir: pathlib.Path, env: DistEnv) -> ExitCode:
+    tel = Telemetry(run_dir, env.rank)
+    try:
+        trainer = Trainer(spec, run_dir, env, tel)
+        return trainer.train()
+    except FencedError as exc:
+        tel.event("FENCED", str(exc))
+        return ExitCode.FENCED
+    except TooManySpikes:
+        return ExitCode.TOO_MANY_SPIKES
+    except torch.OutOfMemoryError as exc:
+        tel.event("OOM", f"out of memory: {exc}"[:2000])
+        return ExitCode.OOM
+    except dist.DistBackendError as exc:
+        tel.event("NCCL_ERROR", f"collective failed: {exc}"[:2000])
+        return ExitCode.NCCL_ERROR
+    finally:
+        tel.close()
