@@ -1,0 +1,69 @@
+"""What ``plan()`` decides: admissions with placements, preemptions, pending reasons, failures, time-limit kills."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler.reasons import Reason
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementEntry:
+    host: str
+    queue: str
+    gpus: tuple[str, ...]  # GPU uuids in local-rank order
+    slots: int  # processes on this host
+    node_rank: int
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "host": self.host,
+            "queue": self.queue,
+            "gpus": list(self.gpus),
+            "slots": self.slots,
+            "node_rank": self.node_rank,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    job_id: int
+    placement: tuple[PlacementEntry, ...]
+    backfilled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    job_id: int
+    reason: str
+    preemptor_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    job_id: int
+    reason: Reason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    job_id: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    job_id: int
+    start: float | None  # expected start (None: unknown, running jobs have no end estimate)
+    gpus: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Decisions:
+    admissions: tuple[Admission, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
+    pending: tuple[Pending, ...] = ()
+    failures: tuple[Failure, ...] = ()
+    time_limit_kills: tuple[Failure, ...] = ()
+    reservations: tuple[Reservation, ...] = field(default=())

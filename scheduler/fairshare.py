@@ -1,0 +1,91 @@
+"""The order in which pending jobs are considered.
+
+``kiln``: QoS class priority first. Within a class, jobs at risk of breaking their SLA come first, earliest
+breach first (queue-wait SLA once a job has waited ``sla_reserve_fraction`` of its max wait; a deadline once the
+projected finish leaves less than ``deadline_slack_s``). The rest are merged across teams by fair share: the team
+with the least usage per unit of weight goes next, where usage is the decayed GPU-seconds of the snapshot plus
+what this cycle has admitted so far (so one team's long queue does not take a whole cycle); within a team, by
+user priority, then submission time.
+
+``fifo``: submission time, then id.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Sequence
+
+from scheduler.config import PolicyConfig
+from scheduler.snapshot import PendingJob, TeamInfo
+
+
+def urgency(job: PendingJob, now: float, config: PolicyConfig) -> float | None:
+    """Seconds until the job's SLA breaks, when it is at risk; None otherwise."""
+    best: float | None = None
+    if job.max_queue_wait_s is not None:
+        waited = now - job.submitted_at
+        if waited >= config.sla_reserve_fraction * job.max_queue_wait_s:
+            best = job.submitted_at + job.max_queue_wait_s - now
+    if job.deadline is not None:
+        slack = job.deadline - now - (job.estimated_runtime_s or 0.0)
+        if slack < config.deadline_slack_s:
+            best = slack if best is None else min(best, slack)
+    return best
+
+
+class JobOrder:
+    """Iterates pending jobs in policy order; ``charge`` tells it what an admission cost its team."""
+
+    def __init__(
+        self, jobs: Sequence[PendingJob], teams: Sequence[TeamInfo], now: float, config: PolicyConfig
+    ) -> None:
+        self.config = config
+        self.now = now
+        self.jobs = jobs
+        self.usage = {t.id: t.decayed_usage for t in teams}
+        self.weight = {t.id: t.weight for t in teams}
+        self.urgent: set[int] = set()
+
+    def score(self, team_id: int) -> float:
+        return self.usage.get(team_id, 0.0) / max(self.weight.get(team_id, 1.0), 1e-9)
+
+    def charge(self, team_id: int, units: int) -> None:
+        self.usage[team_id] = self.usage.get(team_id, 0.0) + units * self.config.fairshare_admit_charge_s
+
+    def __iter__(self) -> Iterator[PendingJob]:
+        if self.config.ordering == "fifo":
+            yield from sorted(self.jobs, key=lambda j: (j.submitted_at, j.id))
+            return
+        by_class: dict[int, list[PendingJob]] = {}
+        for j in self.jobs:
+            by_class.setdefault(j.qos_priority, []).append(j)
+        for prio in sorted(by_class, reverse=True):
+            yield from self._class(by_class[prio])
+
+    def _class(self, jobs: list[PendingJob]) -> Iterator[PendingJob]:
+        urgent: list[tuple[float, float, int, PendingJob]] = []
+        per_team: dict[int, list[PendingJob]] = {}
+        for j in jobs:
+            u = urgency(j, self.now, self.config)
+            if u is not None:
+                urgent.append((u, j.submitted_at, j.id, j))
+                self.urgent.add(j.id)
+            else:
+                per_team.setdefault(j.team_id, []).append(j)
+        urgent.sort(key=lambda t: t[:3])
+        for item in urgent:
+            yield item[3]
+        for queue in per_team.values():
+            queue.sort(key=lambda j: (-j.priority, j.submitted_at, j.id), reverse=True)  # pop() from the end
+        heap = [(self.score(tid), tid) for tid in per_team]
+        heapq.heapify(heap)
+        while heap:
+            score, tid = heapq.heappop(heap)
+            current = self.score(tid)
+            if current != score:  # charged since it was pushed
+                heapq.heappush(heap, (current, tid))
+                continue
+            queue = per_team[tid]
+            yield queue.pop()
+            if queue:
+                heapq.heappush(heap, (self.score(tid), tid))

@@ -1,0 +1,252 @@
+"""Database rows -> ``Snapshot``. Datetimes become POSIX seconds here; nothing below this module sees the DB."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from core.models import Attempt, Job, QosClass, SlaContract, Team, Usage
+from scheduler import repository as repo
+from scheduler.snapshot import (
+    CPU,
+    GpuInfo,
+    HostInfo,
+    PendingJob,
+    PlacedHost,
+    QuotaInfo,
+    RunningJob,
+    Snapshot,
+    TeamInfo,
+    quota_key_for,
+)
+
+FAIRSHARE_HALF_LIFE_S = 7 * 86400.0
+
+
+def _ts(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def _resources(job: Job) -> dict[str, Any]:
+    res = (job.spec or {}).get("resources") or {}
+    return res if isinstance(res, dict) else {}
+
+
+def _bandwidth(qos: QosClass | None) -> tuple[tuple[str, float], ...]:
+    if qos is None:
+        return ()
+    out: list[tuple[str, float]] = []
+    if qos.pcie_bandwidth_bytes_per_s:
+        out.append(("pcie", float(qos.pcie_bandwidth_bytes_per_s)))
+    if qos.nvlink_bandwidth_bytes_per_s:
+        out.append(("nvlink", float(qos.nvlink_bandwidth_bytes_per_s)))
+    return tuple(out)
+
+
+def _time_limit(job: Job) -> float | None:
+    value = (job.spec or {}).get("time_limit_s")
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def decayed(usage: Usage, now: float, half_life_s: float) -> float:
+    """GPU-seconds of one usage record, each second weighted 2^-(age / half-life): a closed-form integral."""
+    start = usage.started_at.timestamp()
+    end = usage.ended_at.timestamp() if usage.ended_at is not None else now
+    end = min(end, now)
+    if end <= start:
+        return 0.0
+    k = math.log(2) / half_life_s
+    return usage.gpus * (math.exp(-k * (now - end)) - math.exp(-k * (now - start))) / k
+
+
+def period_start(team: Team, now: float) -> float:
+    origin = team.created_at.timestamp()
+    period = max(1, team.budget_period_s)
+    return origin + math.floor(max(0.0, now - origin) / period) * period
+
+
+def _hosts(db: Session, now: datetime) -> tuple[HostInfo, ...]:
+    out = []
+    for h in repo.hosts(db):
+        excluded = h.state != "UP" or (h.excluded_until is not None and h.excluded_until > now)
+        links = tuple(
+            sorted((str(k), float(v)) for k, v in (h.links or {}).items() if isinstance(v, (int, float)))
+        )
+        gpus = tuple(
+            GpuInfo(
+                uuid=g.uuid,
+                index=g.index,
+                model=g.model,
+                memory_bytes=g.memory_bytes,
+                nvlink_peers=tuple(str(p) for p in (g.nvlink_peers or [])),
+                healthy=g.healthy and not g.mig_mode,
+            )
+            for g in h.gpus
+        )
+        out.append(HostInfo(h.name, h.queue, gpus, h.cpu_slots, links, excluded))
+    return tuple(out)
+
+
+def _teams(db: Session, now: float, half_life_s: float) -> tuple[list[Team], tuple[TeamInfo, ...]]:
+    rows = list(repo.teams(db))
+    since = repo.horizon(datetime.fromtimestamp(now).astimezone(), half_life_s, rows)
+    usage: dict[int, float] = {}
+    used_hours: dict[int, float] = {}
+    starts = {t.id: period_start(t, now) for t in rows}
+    for u in repo.usage_since(db, since):
+        usage[u.team_id] = usage.get(u.team_id, 0.0) + decayed(u, now, half_life_s)
+        start = max(u.started_at.timestamp(), starts.get(u.team_id, now))
+        end = min(u.ended_at.timestamp() if u.ended_at is not None else now, now)
+        if end > start:
+            used_hours[u.team_id] = used_hours.get(u.team_id, 0.0) + u.gpus * (end - start) / 3600.0
+    infos = tuple(
+        TeamInfo(
+            id=t.id,
+            name=t.name,
+            cohort=t.cohort,
+            weight=t.fair_share_weight,
+            quotas=tuple(
+                QuotaInfo(q.gpu_type, q.nominal, q.borrowing_limit, q.lending_limit)
+                for q in sorted(t.quotas, key=lambda q: q.gpu_type)
+            ),
+            decayed_usage=usage.get(t.id, 0.0),
+            budget_gpu_hours=t.gpu_hour_budget,
+            used_gpu_hours=used_hours.get(t.id, 0.0),
+        )
+        for t in rows
+    )
+    return rows, infos
+
+
+def _running(
+    db: Session,
+    hosts: tuple[HostInfo, ...],
+    teams: dict[int, TeamInfo],
+    qos: dict[int, QosClass],
+) -> tuple[RunningJob, ...]:
+    model_of = {g.uuid: g.model for h in hosts for g in h.gpus}
+    rows = [(j, a) for j, a in repo.active_jobs(db) if a is not None and a.ended_at is None]
+    ckpts = repo.last_checkpoints(db, [j.id for j, _ in rows])
+    out = []
+    for job, attempt in rows:
+        out.append(_running_job(job, attempt, teams, qos, model_of, ckpts.get(job.id)))
+    return tuple(out)
+
+
+def _running_job(
+    job: Job,
+    attempt: Attempt,
+    teams: dict[int, TeamInfo],
+    qos: dict[int, QosClass],
+    model_of: dict[str, str],
+    ckpt: tuple[int, datetime] | None,
+) -> RunningJob:
+    placement = tuple(
+        PlacedHost(
+            host=str(p.get("host")),
+            gpus=tuple(str(g) for g in p.get("gpus") or ()),
+            slots=int(p.get("slots") or 0),
+        )
+        for p in (attempt.placement or [])
+        if isinstance(p, dict)
+    )
+    q = qos.get(job.qos_class_id)
+    started = attempt.started_at or attempt.created_at
+    limit = _time_limit(job)
+    if job.gpus:
+        first = next((g for p in placement for g in p.gpus), None)
+        gpu_type = model_of.get(first, job.gpu_type or "") if first else (job.gpu_type or "")
+        units = job.gpus
+    else:
+        gpu_type = CPU
+        units = sum(p.slots for p in placement) or int(_resources(job).get("cpu_slots") or 1)
+    return RunningJob(
+        id=job.id,
+        team_id=job.team_id,
+        qos=q.name if q else "",
+        qos_priority=q.priority if q else 0,
+        preemptible=bool(q and q.preemptible),
+        gpus=units,
+        gpu_type=gpu_type,
+        quota_key=quota_key_for(teams.get(job.team_id), job.gpus, job.gpu_type),
+        placement=placement,
+        started_at=started.timestamp(),
+        last_checkpoint_at=_ts(ckpt[1]) if ckpt else None,
+        last_checkpoint_step=ckpt[0] if ckpt else 0,
+        bandwidth=_bandwidth(q),
+        expected_end=started.timestamp() + limit if limit is not None else None,
+        time_limit_s=limit,
+        preempt_requested=job.preempt_requested,
+        state=job.state,
+    )
+
+
+def _pending(
+    db: Session,
+    teams: dict[int, TeamInfo],
+    qos: dict[int, QosClass],
+    defaults: dict[int, SlaContract],
+) -> tuple[PendingJob, ...]:
+    rows = repo.queued_jobs(db)
+    ids = [j.id for j, _ in rows]
+    deps = repo.dependencies(db, ids)
+    mem = repo.memory_predictions(db, [j.id for j, _ in rows if j.fencing_token > 0])
+    out = []
+    for job, own in rows:
+        contract = own or defaults.get(job.team_id)
+        q = qos.get(job.qos_class_id)
+        res = _resources(job)
+        sla = (job.spec or {}).get("sla") or {}
+        max_wait = contract.max_queue_wait_s if contract and contract.max_queue_wait_s else None
+        if max_wait is None and q is not None:
+            max_wait = q.default_max_queue_wait_s
+        if job.admitted_at is not None:
+            max_wait = None  # the queue-wait SLA covers the wait for the first admission only
+        deadline = contract.deadline if contract and contract.deadline else None
+        if deadline is None and isinstance(sla, dict) and sla.get("deadline"):
+            try:
+                deadline = datetime.fromisoformat(str(sla["deadline"]))
+            except ValueError:
+                deadline = None
+        per_node = res.get("gpus_per_node")
+        out.append(
+            PendingJob(
+                id=job.id,
+                team_id=job.team_id,
+                qos=q.name if q else "",
+                qos_priority=q.priority if q else 0,
+                preemptible=bool(q and q.preemptible),
+                gpus=job.gpus,
+                submitted_at=job.submitted_at.timestamp(),
+                gpus_per_node=int(per_node) if isinstance(per_node, int) else None,
+                gpu_type=job.gpu_type,
+                cpu_slots=int(res.get("cpu_slots") or 1),
+                quota_key=quota_key_for(teams.get(job.team_id), job.gpus, job.gpu_type),
+                priority=job.priority,
+                max_queue_wait_s=max_wait,
+                deadline=_ts(deadline),
+                estimated_runtime_s=_time_limit(job),
+                memory_bytes=mem.get(job.id),
+                memory_cap_bytes=q.gpu_memory_cap_bytes if q else None,
+                bandwidth=_bandwidth(q),
+                depends_on=tuple(deps.get(job.id, ())),
+                not_before=_ts(job.not_before),
+                pending_reason=job.pending_reason,
+            )
+        )
+    return tuple(out)
+
+
+def load(*, db: Session, now: datetime, half_life_s: float = FAIRSHARE_HALF_LIFE_S) -> Snapshot:
+    t = now.timestamp()
+    hosts = _hosts(db, now)
+    team_rows, team_infos = _teams(db, t, half_life_s)
+    teams = {ti.id: ti for ti in team_infos}
+    qos = repo.qos_classes(db)
+    defaults = repo.team_default_contracts(db)
+    running = _running(db, hosts, teams, qos)
+    pending = _pending(db, teams, qos, defaults)
+    return Snapshot(now=t, hosts=hosts, running=running, pending=pending, teams=team_infos)

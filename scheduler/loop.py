@@ -1,0 +1,144 @@
+"""The live loop: reconcile -> snapshot -> plan -> apply -> commit -> dispatch, on NOTIFY and on a timer."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.db import make_engine, utcnow
+from core.settings import Settings
+from scheduler.apply import Dispatch, apply_all
+from scheduler.config import PolicyConfig
+from scheduler.leader import LOCK_KEY, leadership_for
+from scheduler.policy import plan
+from scheduler.snapshot import load_snapshot
+
+log = logging.getLogger(__name__)
+
+STANDBY_RETRY_S = 2.0
+CYCLE_LOCK_KEY = LOCK_KEY + 1  # serialises cycles inside PostgreSQL even if two loops ever overlap
+
+
+@dataclass
+class CycleResult:
+    admitted: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    killed: list[int] = field(default_factory=list)
+    pending: int = 0
+    reasons_written: int = 0
+    reconciled: list[str] = field(default_factory=list)
+    dispatched: int = 0
+    dispatch_errors: int = 0
+    plan_s: float = 0.0
+    total_s: float = 0.0
+
+
+def _reconciler() -> Callable[..., list[str]] | None:
+    if importlib.util.find_spec("scheduler.reconciler") is None:
+        return None
+    from scheduler import reconciler
+
+    fn = getattr(reconciler, "reconcile", None)
+    return fn if callable(fn) else None
+
+
+def _dispatch(dispatches: list[Dispatch]) -> tuple[int, int]:
+    if not dispatches:
+        return 0, 0
+    from workers.dispatch import dispatch_attempt  # lazily: the broker client only where it is used
+
+    ok = errors = 0
+    for attempt_id, token, placement in dispatches:
+        try:
+            dispatch_attempt(attempt_id, token, placement)
+            ok += 1
+        except Exception:  # the broker is away: the reconciler re-dispatches attempts nobody picked up
+            log.exception("dispatch of attempt %s failed", attempt_id)
+            errors += 1
+    return ok, errors
+
+
+def run_cycle(
+    *,
+    session_factory: Callable[[], Session],
+    now: datetime | None = None,
+    config: PolicyConfig | None = None,
+    settings: Settings | None = None,
+) -> CycleResult:
+    """One scheduling cycle in one transaction; dispatches after the commit."""
+    started = time.perf_counter()
+    now = now or utcnow()
+    result = CycleResult()
+    db = session_factory()
+    try:
+        if db.get_bind().dialect.name == "postgresql":
+            db.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CYCLE_LOCK_KEY})
+        reconcile = _reconciler()
+        if reconcile is not None:
+            from core.settings import get_settings
+
+            result.reconciled = reconcile(db=db, now=now, settings=settings or get_settings())
+            db.flush()
+        snapshot = load_snapshot(db=db, now=now)
+        t0 = time.perf_counter()
+        decisions = plan(snapshot, config)
+        result.plan_s = time.perf_counter() - t0
+        applied = apply_all(db=db, decisions=decisions, now=now)
+        db.commit()
+    except BaseException:
+        db.rollback()
+        raise
+    finally:
+        db.close()
+    result.admitted, result.preempted = applied.admitted, applied.preempted
+    result.failed, result.killed = applied.failed, applied.killed
+    result.pending = len(decisions.pending)
+    result.reasons_written = applied.reasons_written
+    result.dispatched, result.dispatch_errors = _dispatch(applied.dispatches)
+    result.total_s = time.perf_counter() - started
+    return result
+
+
+def run_forever(settings: Settings, *, stop: threading.Event | None = None, config: PolicyConfig | None = None) -> None:
+    """Campaign for leadership; while leading, run a cycle on every NOTIFY and at least every interval."""
+    stop = stop or threading.Event()
+    url = settings.resolved_database_url
+    engine = make_engine(url)
+    factory = sessionmaker(bind=engine, expire_on_commit=False)
+    leadership = leadership_for(url, settings.home)
+    interval = settings.scheduler_interval_s
+    try:
+        while not stop.is_set():
+            if not leadership.try_acquire():
+                stop.wait(min(interval, STANDBY_RETRY_S))  # a standby takes over within seconds
+                continue
+            log.info("scheduler: leading")
+            try:
+                while not stop.is_set():
+                    try:
+                        result = run_cycle(session_factory=factory, settings=settings, config=config)
+                        if result.admitted or result.preempted or result.failed or result.reconciled:
+                            log.info(
+                                "cycle: admitted %s preempted %s failed %s reconciled %d (plan %.1f ms)",
+                                result.admitted, result.preempted, result.failed, len(result.reconciled),
+                                result.plan_s * 1000,
+                            )  # fmt: skip
+                    except Exception:
+                        log.exception("scheduling cycle failed; retrying on the next tick")
+                    leadership.wait(interval, stop)
+            except Exception:
+                log.exception("scheduler: lost leadership")
+            finally:
+                leadership.release()
+    finally:
+        leadership.release()
+        engine.dispose()

@@ -1,0 +1,358 @@
+"""Gang, topology-aware placement over a mutable copy of the cluster's free capacity.
+
+Units are GPUs; a host's CPU slots are units too (model ``cpu``, uuid ``host/slotN``), so CPU jobs take the
+same code path. A placement is all or nothing. Preference order: one host (best fit when packing, most free
+when spreading), else as few hosts as possible. On a host the GPUs are chosen as the set with the most NVLink
+edges among them, and ranks follow an NVLink path through that set, so ring neighbours (the heaviest
+communicators of an all-reduce) share the fastest links; the ranks of one host are contiguous, so only one ring
+edge per host crosses the network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from scheduler.snapshot import CPU, HostInfo, RunningJob
+
+INF = float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    models: tuple[str, ...]  # candidate models, tried in order
+    units: int
+    per_node: int | None = None
+    min_memory: int = 0
+    bandwidth: tuple[tuple[str, float], ...] = ()
+    end: float | None = None  # projected end if started now; may use reserved units that free later than this
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    until: float  # units may be used by a job that ends no later than this
+    job_id: int
+
+
+Chosen = tuple[tuple[str, tuple[str, ...]], ...]  # ((host, units in rank order), ...)
+
+
+class _Host:
+    __slots__ = ("name", "queue", "order", "free", "link_cap", "link_used", "peers", "memory", "model_of")
+
+    def __init__(self, info: HostInfo) -> None:
+        self.name = info.name
+        self.queue = info.queue
+        self.order: dict[str, int] = {}
+        self.free: dict[str, list[str]] = {}  # model -> free units, in index order
+        self.peers: dict[str, frozenset[str]] = {}
+        self.memory: dict[str, int] = {}
+        self.model_of: dict[str, str] = {}
+        for i, gpu in enumerate(sorted(info.gpus, key=lambda g: g.index)):
+            if not gpu.healthy:
+                continue
+            self.order[gpu.uuid] = i
+            self.peers[gpu.uuid] = frozenset(gpu.nvlink_peers)
+            self.memory[gpu.uuid] = gpu.memory_bytes
+            self.model_of[gpu.uuid] = gpu.model
+            if not info.excluded:
+                self.free.setdefault(gpu.model, []).append(gpu.uuid)
+        for s in range(info.cpu_slots):
+            uuid = f"{info.name}/slot{s}"
+            self.order[uuid] = len(self.order)
+            self.model_of[uuid] = CPU
+            self.memory[uuid] = 0
+            if not info.excluded:
+                self.free.setdefault(CPU, []).append(uuid)
+        self.link_cap = dict(info.links)
+        self.link_used: dict[str, float] = {}
+
+
+class ClusterState:
+    """Free units per host and model, link use, reservations. Built from a snapshot; mutated only by plan()."""
+
+    def __init__(self, hosts: Iterable[HostInfo], running: Iterable[RunningJob], *, spread: bool = False) -> None:
+        self.spread = spread
+        self.hosts: list[_Host] = [_Host(h) for h in sorted(hosts, key=lambda h: h.name)]
+        self.by_name = {h.name: h for h in self.hosts}
+        self.unit_host: dict[str, _Host] = {u: h for h in self.hosts for u in h.order}
+        self.total: dict[str, int] = {}
+        self.max_memory: dict[str, int] = {}
+        for h in self.hosts:
+            for u, m in h.model_of.items():
+                self.total[m] = self.total.get(m, 0) + 1
+                self.max_memory[m] = max(self.max_memory.get(m, 0), h.memory[u])
+        self.free_count: dict[str, int] = {}
+        self.reserved: dict[str, Reserved] = {}
+        self.reserved_free: dict[str, int] = {}  # model -> free units that are reserved
+        self.max_reserved_until = -INF
+        self.reserved_hosts: set[str] = set()
+        self.version = 0  # bumped by every change of free capacity or reservations
+        self._failed: dict[tuple[object, ...], int] = {}  # request shape -> fewest units known not to fit
+        self._fits: dict[tuple[object, ...], tuple[int, Chosen]] = {}  # shape -> most units known to fit
+        self.job_units: dict[int, tuple[str, ...]] = {}
+        for job in running:
+            self.job_units[job.id] = self._take_running(job)
+            self._charge_links([p.host for p in job.placement], job.bandwidth, +1)
+        for h in self.hosts:
+            for m, units in h.free.items():
+                self.free_count[m] = self.free_count.get(m, 0) + len(units)
+        self.models = tuple(sorted(m for m in self.total if m != CPU))
+
+    def _take_running(self, job: RunningJob) -> tuple[str, ...]:
+        taken: list[str] = []
+        for p in job.placement:
+            h = self.by_name.get(p.host)
+            if h is None:
+                continue
+            if p.gpus:
+                for u in p.gpus:
+                    model = h.model_of.get(u)
+                    if model is not None and u in h.free.get(model, ()):
+                        h.free[model].remove(u)
+                    if model is not None:
+                        taken.append(u)
+            elif p.slots:
+                slots = h.free.get(CPU, [])
+                take = slots[: p.slots]
+                del slots[: p.slots]
+                taken.extend(take)
+        return tuple(taken)
+
+    def _charge_links(self, hosts: Iterable[str], bandwidth: tuple[tuple[str, float], ...], sign: int) -> None:
+        for name in hosts:
+            h = self.by_name.get(name)
+            if h is None:
+                continue
+            for link, bps in bandwidth:
+                h.link_used[link] = h.link_used.get(link, 0.0) + sign * bps
+
+    # -- queries -------------------------------------------------------------------------------------------------
+
+    def fits_links(self, h: _Host, bandwidth: tuple[tuple[str, float], ...]) -> bool:
+        for link, bps in bandwidth:
+            cap = h.link_cap.get(link)
+            if cap is not None and h.link_used.get(link, 0.0) + bps > cap:
+                return False
+        return True
+
+    def _usable(self, h: _Host, model: str, req: Request, respect: bool, extra: list[str] | None) -> list[str]:
+        units = h.free.get(model, [])
+        if respect and h.name in self.reserved_hosts:
+            end = req.end
+            units = [
+                u
+                for u in units
+                if (r := self.reserved.get(u)) is None or (end is not None and end <= r.until)
+            ]
+        if req.min_memory:
+            units = [u for u in units if h.memory[u] >= req.min_memory]
+        if extra:
+            more = [u for u in extra if h.model_of[u] == model and h.memory[u] >= req.min_memory]
+            if more:
+                units = sorted(set(units).union(more), key=h.order.__getitem__)
+        return units
+
+    def find(
+        self,
+        req: Request,
+        *,
+        respect_reservations: bool = True,
+        extra: frozenset[str] | None = None,
+        check_links: bool = True,
+        pick: bool = True,
+    ) -> Chosen | None:
+        """A placement for ``req`` on free units (plus ``extra``, units about to be freed), or None.
+
+        ``pick=False`` answers feasibility only (units are not chosen for NVLink). Failures are remembered per
+        request shape until capacity changes: a gang that did not fit, nor does a larger one of the same shape.
+        """
+        memo: tuple[object, ...] | None = None
+        if not extra:
+            if not respect_reservations:
+                mode = "ignore"
+            elif req.end is None or req.end > self.max_reserved_until:
+                mode = "blocked"
+            else:
+                mode = ""
+            if mode:
+                memo = (self.version, req.models, req.per_node, req.min_memory, req.bandwidth, mode, check_links)
+                failed = self._failed.get(memo)
+                if failed is not None and req.units >= failed:
+                    return None
+                fits = self._fits.get(memo)
+                if not pick and fits is not None and req.units <= fits[0]:
+                    return fits[1]
+        chosen = self._find(req, respect_reservations, extra, check_links, pick)
+        if memo is not None:
+            if chosen is None:
+                self._failed[memo] = min(req.units, self._failed.get(memo, req.units))
+            elif not pick and req.units > self._fits.get(memo, (0, chosen))[0]:
+                self._fits[memo] = (req.units, chosen)
+        return chosen
+
+    def _find(
+        self, req: Request, respect_reservations: bool, extra: frozenset[str] | None, check_links: bool, pick: bool
+    ) -> Chosen | None:
+        extra_map: dict[str, list[str]] = {}
+        for u in sorted(extra or ()):
+            extra_map.setdefault(self.unit_host[u].name, []).append(u)
+        for model in req.models:
+            free = self.free_count.get(model, 0) + (len(extra) if extra else 0)
+            if free < req.units:
+                continue
+            blocked = respect_reservations and not extra and (req.end is None or req.end > self.max_reserved_until)
+            if blocked and free - self.reserved_free.get(model, 0) < req.units:
+                continue
+            chosen = self._find_model(model, req, respect_reservations, extra_map, check_links, pick)
+            if chosen is not None:
+                return chosen
+        return None
+
+    def _find_model(
+        self,
+        model: str,
+        req: Request,
+        respect: bool,
+        extra_map: dict[str, list[str]],
+        check_links: bool,
+        pick: bool,
+    ) -> Chosen | None:
+        _pick = _pick_units if pick else _first
+        n = req.units
+        per_node = req.per_node if req.per_node and req.per_node < n else None
+        candidates: list[tuple[int, int, _Host, list[str]]] = []
+        total = 0
+        for i, h in enumerate(self.hosts):
+            extra = extra_map.get(h.name)
+            if model not in h.free and not extra:
+                continue
+            units = self._usable(h, model, req, respect, extra)
+            if not units or (per_node and len(units) < per_node):
+                continue
+            if check_links and req.bandwidth and not self.fits_links(h, req.bandwidth):
+                continue
+            candidates.append((len(units), i, h, units))
+            total += len(units)
+        if total < n:
+            return None
+        if per_node is None:
+            fitting = [c for c in candidates if c[0] >= n]
+            if fitting:
+                best = (
+                    max(fitting, key=lambda c: (c[0], -c[1]))
+                    if self.spread
+                    else min(fitting, key=lambda c: (c[0], c[1]))
+                )
+                return ((best[2].name, _pick(best[2], best[3], n)),)
+            # Several hosts: the fewest, largest first; the remainder on the best-fitting host.
+            ordered = sorted(candidates, key=lambda c: (-c[0], c[1]))
+            out: list[tuple[str, tuple[str, ...]]] = []
+            left = n
+            for idx, (count, _i, h, units) in enumerate(ordered):
+                if count >= left:
+                    rest = [c for c in ordered[idx:] if c[0] >= left]
+                    last = max(rest, key=lambda c: (c[0], -c[1])) if self.spread else min(rest, key=lambda c: c[:2])
+                    out.append((last[2].name, _pick(last[2], last[3], left)))
+                    return tuple(out)
+                out.append((h.name, _pick(h, units, count)))
+                left -= count
+            return None
+        nodes = n // per_node
+        if len(candidates) < nodes:
+            return None
+        ordered = (
+            sorted(candidates, key=lambda c: (-c[0], c[1]))
+            if self.spread
+            else sorted(candidates, key=lambda c: (c[0], c[1]))
+        )
+        return tuple((h.name, _pick(h, units, per_node)) for _c, _i, h, units in ordered[:nodes])
+
+    # -- mutations -----------------------------------------------------------------------------------------------
+
+    def allocate(self, job_id: int, chosen: Chosen, bandwidth: tuple[tuple[str, float], ...]) -> None:
+        units_all: list[str] = []
+        for name, units in chosen:
+            h = self.by_name[name]
+            for u in units:
+                model = h.model_of[u]
+                h.free[model].remove(u)
+                self.free_count[model] -= 1
+                r = self.reserved.pop(u, None)
+                if r is not None:
+                    self.reserved_free[model] -= 1
+                units_all.append(u)
+        self.version += 1
+        self._charge_links([name for name, _ in chosen], bandwidth, +1)
+        self.job_units[job_id] = tuple(units_all)
+
+    def reserve(self, units: Iterable[str], until: float, job_id: int) -> None:
+        for u in units:
+            h = self.unit_host[u]
+            model = h.model_of[u]
+            is_free = u in h.free.get(model, ())
+            prev = self.reserved.get(u)
+            if prev is None:
+                self.reserved[u] = Reserved(until, job_id)
+                if is_free:
+                    self.reserved_free[model] = self.reserved_free.get(model, 0) + 1
+            elif until < prev.until:
+                self.reserved[u] = Reserved(until, job_id)
+            self.reserved_hosts.add(h.name)
+            self.max_reserved_until = max(self.max_reserved_until, self.reserved[u].until)
+        self.version += 1
+
+    def holder(self, chosen: Chosen) -> int | None:
+        """The job holding a reservation on one of these units (for the Priority message)."""
+        for _name, units in chosen:
+            for u in units:
+                r = self.reserved.get(u)
+                if r is not None:
+                    return r.job_id
+        return None
+
+    def model_of(self, unit: str) -> str | None:
+        h = self.unit_host.get(unit)
+        return h.model_of.get(unit) if h is not None else None
+
+    def queue_of(self, host: str) -> str:
+        return self.by_name[host].queue
+
+
+def _first(h: _Host, units: list[str], k: int) -> tuple[str, ...]:
+    return tuple(units[:k])
+
+
+def _pick_units(h: _Host, units: list[str], k: int) -> tuple[str, ...]:
+    """``k`` of ``units``: the most NVLink-connected set, in NVLink-path (rank) order."""
+    if k >= len(units) or not any(h.peers.get(u) for u in units):
+        return tuple(units[:k]) if k < len(units) else tuple(units)
+    pool = set(units)
+    best: list[str] | None = None
+    best_score = -1
+    for seed in units:
+        chosen = [seed]
+        left = pool - {seed}
+        score = 0
+        while len(chosen) < k:
+            cset = set(chosen)
+            nxt = max(left, key=lambda u: (len(h.peers.get(u, frozenset()) & cset), -h.order[u]))
+            score += len(h.peers.get(nxt, frozenset()) & cset)
+            chosen.append(nxt)
+            left.discard(nxt)
+        if score > best_score:
+            best, best_score = chosen, score
+    assert best is not None
+    return _ring_order(h, best)
+
+
+def _ring_order(h: _Host, units: list[str]) -> tuple[str, ...]:
+    """Walk NVLink edges: each next rank is an NVLink peer of the previous one where possible."""
+    left = sorted(units, key=h.order.__getitem__)
+    path = [left.pop(0)]
+    while left:
+        peers = h.peers.get(path[-1], frozenset())
+        nxt = next((u for u in left if u in peers), left[0])
+        left.remove(nxt)
+        path.append(nxt)
+    return tuple(path)

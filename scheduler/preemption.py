@@ -1,0 +1,73 @@
+"""Checkpoint-then-preempt: which running jobs to stop so that a pending job can start.
+
+Two kinds of victim, never mixed up with "gold is never preempted by a lower class":
+
+* *priority* victims: preemptible jobs of a strictly lower QoS class;
+* *reclaim* victims: jobs of another team of the cohort that is borrowing on the same quota key, of a class no
+  higher than the requester's, taken only while the requester stays within its own nominal (Kueue's
+  reclaimWithinCohort): borrowed capacity is lent at the borrower's risk.
+
+Both respect a minimum run time. Candidates are ordered to lose the least work: GPU-seconds since the last
+checkpoint, then lower class first, then the most recently started. The smallest set found greedily is pruned
+(last added first) while the requester still fits; jobs already asked to checkpoint count as capacity first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from scheduler.snapshot import RunningJob
+
+
+def lost_work(job: RunningJob, now: float) -> float:
+    since = job.last_checkpoint_at if job.last_checkpoint_at is not None else job.started_at
+    return max(0.0, now - max(since, job.started_at)) * job.gpus
+
+
+def eligible(
+    victim: RunningJob,
+    *,
+    requester_priority: int,
+    requester_team: int,
+    quota_key: str,
+    reclaim_from: Callable[[RunningJob], bool],
+    now: float,
+    min_run_time_s: float,
+) -> bool:
+    if victim.preempt_requested or victim.state != "RUNNING":
+        return False
+    if now - victim.started_at < min_run_time_s:
+        return False
+    if victim.preemptible and victim.qos_priority < requester_priority:
+        return True
+    return (
+        victim.team_id != requester_team
+        and victim.quota_key == quota_key
+        and victim.qos_priority <= requester_priority
+        and reclaim_from(victim)
+    )
+
+
+def choose(
+    candidates: Sequence[RunningJob],
+    fits: Callable[[Sequence[RunningJob]], bool],
+    *,
+    now: float,
+    limit: int,
+) -> list[RunningJob] | None:
+    """The victims (possibly none) after which ``fits`` holds, or None when no set of candidates suffices."""
+    if fits(()):
+        return []
+    ordered = sorted(candidates, key=lambda v: (lost_work(v, now), v.qos_priority, -v.started_at, v.id))[:limit]
+    chosen: list[RunningJob] = []
+    for v in ordered:
+        chosen.append(v)
+        if fits(chosen):
+            break
+    else:
+        return None
+    for v in reversed(list(chosen)):
+        trial = [c for c in chosen if c is not v]
+        if fits(trial):
+            chosen = trial
+    return chosen

@@ -1,0 +1,105 @@
+"""Every query the scheduler makes to build its snapshot, in one place. Read-only."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from core.models import Attempt, Checkpoint, Event, Host, Job, JobDependency, QosClass, SlaContract, Team, Usage
+from core.states import ACTIVE, JobState
+
+
+def hosts(db: Session) -> Sequence[Host]:
+    return db.scalars(select(Host).order_by(Host.name)).all()
+
+
+def teams(db: Session) -> Sequence[Team]:
+    return db.scalars(select(Team).order_by(Team.id)).all()
+
+
+def qos_classes(db: Session) -> dict[int, QosClass]:
+    return {q.id: q for q in db.scalars(select(QosClass))}
+
+
+def team_default_contracts(db: Session) -> dict[int, SlaContract]:
+    rows = db.scalars(select(SlaContract).where(SlaContract.job_id.is_(None)).order_by(SlaContract.id)).all()
+    return {c.team_id: c for c in rows}
+
+
+def active_jobs(db: Session) -> Sequence[tuple[Job, Attempt | None]]:
+    """Jobs that hold capacity, each with its current attempt (the one whose token is the job's)."""
+    stmt = (
+        select(Job, Attempt)
+        .outerjoin(Attempt, (Attempt.job_id == Job.id) & (Attempt.fencing_token == Job.fencing_token))
+        .where(Job.state.in_([s.value for s in ACTIVE]))
+        .order_by(Job.id)
+    )
+    return [(j, a) for j, a in db.execute(stmt).tuples()]
+
+
+def queued_jobs(db: Session) -> Sequence[tuple[Job, SlaContract | None]]:
+    stmt = (
+        select(Job, SlaContract)
+        .outerjoin(SlaContract, SlaContract.job_id == Job.id)
+        .where(Job.state == JobState.QUEUED.value)
+        .order_by(Job.id)
+    )
+    return [(j, c) for j, c in db.execute(stmt).tuples()]
+
+
+def last_checkpoints(db: Session, job_ids: Sequence[int]) -> dict[int, tuple[int, datetime]]:
+    if not job_ids:
+        return {}
+    stmt = (
+        select(Checkpoint.job_id, func.max(Checkpoint.step), func.max(Checkpoint.created_at))
+        .where(Checkpoint.job_id.in_(job_ids), Checkpoint.verified.is_(True))
+        .group_by(Checkpoint.job_id)
+    )
+    return {jid: (step, at) for jid, step, at in db.execute(stmt).tuples()}
+
+
+def dependencies(db: Session, job_ids: Sequence[int]) -> dict[int, list[tuple[int, str]]]:
+    if not job_ids:
+        return {}
+    stmt = (
+        select(JobDependency.job_id, JobDependency.depends_on_id, Job.state)
+        .join(Job, Job.id == JobDependency.depends_on_id)
+        .where(JobDependency.job_id.in_(job_ids))
+        .order_by(JobDependency.job_id, JobDependency.depends_on_id)
+    )
+    out: dict[int, list[tuple[int, str]]] = {}
+    for jid, dep, state in db.execute(stmt).tuples():
+        out.setdefault(jid, []).append((dep, state))
+    return out
+
+
+def memory_predictions(db: Session, job_ids: Sequence[int]) -> dict[int, int]:
+    """The latest MEMORY_PREDICTION event's ``predicted_peak_bytes`` per job (recorded by the worker's relay)."""
+    if not job_ids:
+        return {}
+    stmt = (
+        select(Event.job_id, Event.data)
+        .where(Event.type == "MEMORY_PREDICTION", Event.job_id.in_(job_ids))
+        .order_by(Event.id)
+    )
+    out: dict[int, int] = {}
+    for jid, data in db.execute(stmt).tuples():
+        value: Any = (data or {}).get("predicted_peak_bytes")
+        if jid is not None and isinstance(value, (int, float)) and value > 0:
+            out[jid] = int(value)
+    return out
+
+
+def usage_since(db: Session, since: datetime) -> Sequence[Usage]:
+    stmt = select(Usage).where((Usage.ended_at.is_(None)) | (Usage.ended_at >= since)).order_by(Usage.id)
+    return db.scalars(stmt).all()
+
+
+def horizon(now: datetime, half_life_s: float, teams_: Sequence[Team]) -> datetime:
+    """How far back usage matters: eight half-lives of decay, or the longest budget period."""
+    longest = max((t.budget_period_s for t in teams_), default=0)
+    return now - timedelta(seconds=max(8 * half_life_s, float(longest)))

@@ -1,0 +1,414 @@
+"""Trace replay in simulated time, through the very same ``plan()`` as the live loop, against FIFO.
+
+``python -m scheduler.simulate TRACE [--hosts N] [--gpus-per-host 8] [--tick 300] [--jobs N] [--out DIR]``
+(``TRACE`` = a Philly-format JSON file, or ``synthetic:N`` for a generated one.)
+
+Model (stated, so the figures can be judged):
+
+* each trace job gets a team and a QoS class from SHA-256 of its id: byte 0 picks the class (15% gold, 30% silver,
+  30% bronze, 25% best-effort), byte 1 the team (``team0``..``team5``); max queue wait gold 30 min, silver 2 h,
+  bronze 8 h, best-effort none;
+* work = the trace's ``runtime`` (minutes of useful run time); every attempt but the last one of the trace failed:
+  it holds its GPUs for its recorded duration, its work is lost, and the job is requeued at once;
+* the scheduler knows each job's remaining useful run time (a perfect time-limit estimate) but not its failures;
+* a cycle runs at most every ``tick`` seconds of simulated time, when something happened;
+* a preempted job checkpoints (60 s) and stops, keeping its progress; its queue-wait SLA is not counted again;
+* utilisation = busy GPU time / GPU time over the trace's submission window (both policies, same window);
+  ``utilisation_to_makespan`` divides by each policy's own makespan instead;
+* FIFO: submission order, the head blocks everyone behind it, no preemption, no backfill. kiln: ``PolicyConfig()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import heapq
+import json
+import math
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from scheduler.config import PolicyConfig
+from scheduler.policy import plan
+from scheduler.snapshot import ANY, HostInfo, PendingJob, PlacedHost, RunningJob, Snapshot, TeamInfo
+from scheduler.synthetic import gpu_cluster
+
+CLASSES = {"gold": (1000, False, 1800.0), "silver": (500, False, 7200.0), "bronze": (200, True, 28800.0),
+           "best-effort": (0, True, None)}  # fmt: skip
+TEAMS = 6
+CHECKPOINT_S = 1800.0  # the trainers' checkpoint interval
+STOP_S = 60.0  # SIGTERM -> checkpoint -> exit
+HALF_LIFE_S = 7 * 86400.0
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    id: str
+    gpus: int
+    submit: float
+    work: float  # useful seconds
+    failures: tuple[float, ...]  # durations of failed attempts before the one that finished
+
+
+def qos_and_team(job_id: str) -> tuple[str, int]:
+    digest = hashlib.sha256(job_id.encode()).digest()
+    pct = digest[0] * 100 // 256
+    qos = "gold" if pct < 15 else "silver" if pct < 45 else "bronze" if pct < 75 else "best-effort"
+    return qos, digest[1] % TEAMS
+
+
+def _parse_ts(text: str) -> float:
+    return datetime.fromisoformat(text).timestamp()
+
+
+def load_trace(path: str, limit: int | None = None) -> list[TraceJob]:
+    if path.startswith("synthetic:"):
+        return synthetic_trace(int(path.split(":", 1)[1]))
+    raw = json.loads(Path(path).read_text())
+    jobs = []
+    for entry in raw:
+        atts = entry.get("attempts") or []
+        fails = []
+        for a in atts[:-1]:
+            try:
+                fails.append(max(0.0, _parse_ts(a["end_time"]) - _parse_ts(a["start_time"])))
+            except (KeyError, TypeError, ValueError):
+                continue
+        jobs.append(
+            TraceJob(str(entry["id"]), int(entry["num_gpus"]), _parse_ts(entry["submitted_time"]),
+                     float(entry["runtime"]) * 60.0, tuple(fails))
+        )  # fmt: skip
+    jobs.sort(key=lambda j: (j.submit, j.id))
+    if limit:
+        jobs = jobs[:limit]
+    t0 = jobs[0].submit if jobs else 0.0
+    return [replace(j, submit=j.submit - t0) for j in jobs]
+
+
+def synthetic_trace(n: int, *, seed: int = 7, load_gpus: float = 48.0) -> list[TraceJob]:
+    """Philly-like: 4/8 GPU jobs mostly, some 16/32, heavy-tailed run times, ~25% with a failed attempt."""
+    rng = random.Random(seed)
+    sizes = [4] * 48 + [8] * 44 + [16] * 5 + [32] * 3
+    mean_work = 4 * 3600.0
+    mean_gpus = sum(sizes) / len(sizes)
+    rate = load_gpus / (mean_gpus * mean_work)  # arrivals per second for the target average demand
+    t = 0.0
+    out = []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        work = min(rng.lognormvariate(math.log(mean_work) - 0.5, 1.0), 40 * 3600.0)
+        fails = tuple(rng.uniform(60, work) for _ in range(1 if rng.random() < 0.25 else 0))
+        out.append(TraceJob(f"synthetic_{i:05d}", rng.choice(sizes), t, max(600.0, work), fails))
+    return out
+
+
+@dataclass
+class SimJob:
+    trace: TraceJob
+    qos: str
+    team: int
+    remaining_work: float
+    failures: list[float]
+    first_start: float | None = None
+    finish: float | None = None
+    started: float = 0.0
+    segment: float = 0.0  # length of the current attempt (a failure's duration or the remaining work)
+    failing: bool = False
+    preempted: bool = False
+    placement: tuple[PlacedHost, ...] = ()
+
+
+@dataclass
+class Result:
+    name: str
+    jobs: list[SimJob]
+    busy_gpu_s: float
+    makespan: float
+    gpus: int
+    preemptions: int
+    cycles: int
+    plan_s: float
+    series: list[tuple[float, int, int]] = field(default_factory=list)  # (t, queue length, busy GPUs)
+    window: float = 0.0  # the trace's submission window: utilisation is measured over it, the same for both
+
+
+def window_utilisation(r: Result) -> float:
+    """Time-averaged busy fraction over the submission window (the series is a step function)."""
+    if r.window <= 0 or not r.series:
+        return 0.0
+    area = 0.0
+    for (t, _q, busy), (t_next, _q2, _b2) in zip(r.series, [*r.series[1:], (r.window, 0, 0)], strict=True):
+        lo, hi = min(t, r.window), min(t_next, r.window)
+        if hi > lo:
+            area += busy * (hi - lo)
+    return area / (r.gpus * r.window)
+
+
+class Simulation:
+    def __init__(self, trace: Sequence[TraceJob], hosts: tuple[HostInfo, ...], config: PolicyConfig, tick: float):
+        self.hosts = hosts
+        self.gpus = sum(len(h.gpus) for h in hosts)
+        self.config = config
+        self.tick = tick
+        self.jobs: dict[int, SimJob] = {}
+        self.arrivals = []
+        for i, tj in enumerate(trace, 1):
+            qos, team = qos_and_team(tj.id)
+            self.jobs[i] = SimJob(tj, qos, team, tj.work, list(tj.failures))
+            self.arrivals.append((tj.submit, i))
+        self.pending: dict[int, PendingJob] = {}
+        self.running: dict[int, RunningJob] = {}
+        self.events: list[tuple[float, int, int, str]] = []  # (time, seq, job, kind)
+        self.seq = 0
+        self.usage = [0.0] * TEAMS
+        self.usage_t = 0.0
+        self.preemptions = 0
+        self.busy_gpu_s = 0.0
+
+    def push(self, t: float, job: int, kind: str) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, job, kind))
+
+    def _pending_job(self, jid: int, now: float) -> PendingJob:
+        sj = self.jobs[jid]
+        prio, pre, wait = CLASSES[sj.qos]
+        gpus = sj.trace.gpus
+        return PendingJob(
+            id=jid, team_id=sj.team, qos=sj.qos, qos_priority=prio, preemptible=pre, gpus=gpus,
+            submitted_at=sj.trace.submit, gpus_per_node=8 if gpus > 8 and gpus % 8 == 0 else None, quota_key=ANY,
+            max_queue_wait_s=wait if sj.first_start is None else None, estimated_runtime_s=sj.remaining_work,
+        )  # fmt: skip
+
+    def _decay(self, now: float) -> None:
+        dt = now - self.usage_t
+        if dt <= 0:
+            return
+        f = 0.5 ** (dt / HALF_LIFE_S)
+        per_team = [0] * TEAMS
+        for r in self.running.values():
+            per_team[r.team_id] += r.gpus
+        self.usage = [u * f + per_team[i] * dt for i, u in enumerate(self.usage)]
+        self.usage_t = now
+
+    def _snapshot(self, now: float) -> Snapshot:
+        running = tuple(
+            replace(r, last_checkpoint_at=r.started_at + math.floor((now - r.started_at) / CHECKPOINT_S) * CHECKPOINT_S)
+            for r in self.running.values()
+        )
+        teams = tuple(TeamInfo(i, f"team{i}", decayed_usage=self.usage[i]) for i in range(TEAMS))
+        return Snapshot(now=now, hosts=self.hosts, running=running, pending=tuple(self.pending.values()), teams=teams)
+
+    def _start(self, jid: int, placement: tuple[PlacedHost, ...], now: float) -> None:
+        sj = self.jobs[jid]
+        del self.pending[jid]
+        if sj.first_start is None:
+            sj.first_start = now
+        sj.started = now
+        sj.failing = bool(sj.failures)
+        sj.segment = sj.failures[0] if sj.failing else sj.remaining_work
+        prio, pre, _ = CLASSES[sj.qos]
+        self.running[jid] = RunningJob(
+            id=jid, team_id=sj.team, qos=sj.qos, qos_priority=prio, preemptible=pre, gpus=sj.trace.gpus,
+            gpu_type="H100", quota_key=ANY, placement=placement, started_at=now,
+            expected_end=now + sj.remaining_work,
+        )  # fmt: skip
+        self.push(now + sj.segment, jid, "end")
+
+    def _stop(self, jid: int, now: float) -> SimJob:
+        sj = self.jobs[jid]
+        r = self.running.pop(jid)
+        self.busy_gpu_s += r.gpus * (now - sj.started)
+        return sj
+
+    def run(self, name: str) -> Result:
+        arrivals = sorted(self.arrivals)
+        ai = 0
+        now = 0.0
+        cycles = 0
+        plan_s = 0.0
+        series: list[tuple[float, int, int]] = []
+        while ai < len(arrivals) or self.events or self.pending:
+            next_arrival = arrivals[ai][0] if ai < len(arrivals) else math.inf
+            nxt = min(next_arrival, self.events[0][0] if self.events else math.inf)
+            if nxt == math.inf:
+                break  # pending jobs that can never run (larger than the cluster)
+            now = max(now, math.ceil(nxt / self.tick) * self.tick)
+            while ai < len(arrivals) and arrivals[ai][0] <= now:
+                jid = arrivals[ai][1]
+                self.pending[jid] = self._pending_job(jid, now)
+                ai += 1
+            while self.events and self.events[0][0] <= now:
+                t, _s, jid, kind = heapq.heappop(self.events)
+                self._event(t, jid, kind)
+            self._decay(now)
+            t0 = time.perf_counter()
+            decisions = plan(self._snapshot(now), self.config)
+            plan_s += time.perf_counter() - t0
+            cycles += 1
+            for adm in decisions.admissions:
+                place = tuple(PlacedHost(p.host, p.gpus) for p in adm.placement)
+                self._start(adm.job_id, place, now)
+            for pre in decisions.preemptions:
+                r = self.running[pre.job_id]
+                self.running[pre.job_id] = replace(r, preempt_requested=True, state="PREEMPTING")
+                self.jobs[pre.job_id].preempted = True
+                self.preemptions += 1
+                self.push(now + STOP_S, pre.job_id, "preempted")
+            busy = sum(r.gpus for r in self.running.values())
+            series.append((now, len(self.pending), busy))
+        done = [j for j in self.jobs.values() if j.finish is not None]
+        makespan = max((j.finish for j in done if j.finish is not None), default=now)
+        window = max((a[0] for a in arrivals), default=0.0)
+        return Result(name, list(self.jobs.values()), self.busy_gpu_s, makespan, self.gpus, self.preemptions,
+                      cycles, plan_s, series, window)  # fmt: skip
+
+    def _event(self, t: float, jid: int, kind: str) -> None:
+        sj = self.jobs[jid]
+        if jid not in self.running:
+            return
+        if kind == "end":
+            if self.running[jid].preempt_requested or abs(t - (sj.started + sj.segment)) > 1e-6:
+                return  # superseded by a preemption
+            self._stop(jid, t)
+            if sj.failing:
+                sj.failures.pop(0)  # a failed attempt: its work is lost; requeued at once
+                self.pending[jid] = self._pending_job(jid, t)
+            else:
+                sj.finish = t
+                sj.remaining_work = 0.0
+        elif kind == "preempted":
+            self._stop(jid, t)
+            ran = max(0.0, t - STOP_S - sj.started)  # checkpointed when asked: progress kept
+            if sj.failing:
+                sj.failures[0] = max(0.0, sj.failures[0] - ran)
+            else:
+                sj.remaining_work = max(1.0, sj.remaining_work - ran)
+            self.pending[jid] = self._pending_job(jid, t)
+
+
+def summarize(r: Result) -> dict[str, Any]:
+    done = [j for j in r.jobs if j.finish is not None and j.first_start is not None]
+    jct = [j.finish - j.trace.submit for j in done]  # type: ignore[operator]
+    wait = [j.first_start - j.trace.submit for j in done]  # type: ignore[operator]
+
+    def stats(xs: list[float]) -> dict[str, float]:
+        if not xs:
+            return {"mean_h": 0.0, "p50_h": 0.0, "p95_h": 0.0}
+        s = sorted(xs)
+        return {
+            "mean_h": round(statistics.fmean(s) / 3600, 3),
+            "p50_h": round(s[len(s) // 2] / 3600, 3),
+            "p95_h": round(s[min(len(s) - 1, int(0.95 * len(s)))] / 3600, 3),
+        }
+
+    sla: dict[str, dict[str, float]] = {}
+    for qos, (_p, _pre, max_wait) in CLASSES.items():
+        js = [j for j in done if j.qos == qos]
+        met = sum(1 for j in js if max_wait is None or (j.first_start or 0.0) - j.trace.submit <= max_wait)
+        sla[qos] = {"jobs": len(js), "attainment": round(met / len(js), 4) if js else 1.0,
+                    "mean_wait_h": round(statistics.fmean([(j.first_start or 0) - j.trace.submit for j in js]) / 3600,
+                                         3) if js else 0.0}  # fmt: skip
+    return {
+        "policy": r.name,
+        "jobs_finished": len(done),
+        "jobs_total": len(r.jobs),
+        "jct": stats(jct),
+        "queueing_delay": stats(wait),
+        "utilisation": round(window_utilisation(r), 4),
+        "utilisation_to_makespan": round(r.busy_gpu_s / (r.gpus * r.makespan), 4) if r.makespan else 0.0,
+        "makespan_days": round(r.makespan / 86400, 2),
+        "sla_attainment": sla,
+        "preemptions": r.preemptions,
+        "cycles": r.cycles,
+        "plan_ms_mean": round(1000 * r.plan_s / max(1, r.cycles), 3),
+    }
+
+
+def plot(results: list[Result], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for key, idx, label in (("queue", 1, "pending jobs"), ("utilisation", 2, "busy GPUs (%)")):
+        fig, ax = plt.subplots(figsize=(9, 3.5))
+        for r in results:
+            ts = [s[0] / 86400 for s in r.series]
+            ys = [s[idx] if idx == 1 else 100 * s[idx] / r.gpus for s in r.series]
+            ax.plot(ts, ys, label=r.name, linewidth=0.8)
+        ax.set_xlabel("simulated days")
+        ax.set_ylabel(label)
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = out / f"simulate_{key}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(str(path))
+    return paths
+
+
+def table(summaries: list[dict[str, Any]]) -> str:
+    head = "| policy | mean JCT h | p50 JCT h | p95 JCT h | mean wait h | p50 wait h | p95 wait h | util | " \
+           "gold SLA | silver SLA | bronze SLA | preemptions |"  # fmt: skip
+    lines = [head, "|" + "---|" * 12]
+    for s in summaries:
+        sla = s["sla_attainment"]
+        lines.append(
+            f"| {s['policy']} | {s['jct']['mean_h']} | {s['jct']['p50_h']} | {s['jct']['p95_h']} | "
+            f"{s['queueing_delay']['mean_h']} | {s['queueing_delay']['p50_h']} | {s['queueing_delay']['p95_h']} | "
+            f"{s['utilisation']:.1%} | {sla['gold']['attainment']:.1%} | {sla['silver']['attainment']:.1%} | "
+            f"{sla['bronze']['attainment']:.1%} | {s['preemptions']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kiln simulate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace", help="Philly-format JSON, or synthetic:N")
+    ap.add_argument("--hosts", type=int, default=40)
+    ap.add_argument("--gpus-per-host", type=int, default=8)
+    ap.add_argument("--tick", type=float, default=300.0, help="seconds between scheduling cycles (simulated)")
+    ap.add_argument("--jobs", type=int, default=None, help="replay only the first N jobs")
+    ap.add_argument("--out", default="simulate-out")
+    ap.add_argument("--no-plots", action="store_true")
+    args = ap.parse_args(argv)
+    trace = load_trace(args.trace, args.jobs)
+    hosts = gpu_cluster(args.hosts, args.gpus_per_host)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    fifo = PolicyConfig(ordering="fifo", backfill=False, preemption=False, enforce_quotas=False)
+    results = [
+        Simulation(trace, hosts, fifo, args.tick).run("fifo"),
+        Simulation(trace, hosts, PolicyConfig(), args.tick).run("kiln"),
+    ]
+    summaries = [summarize(r) for r in results]
+    plots = [] if args.no_plots else plot(results, out)
+    report = {
+        "trace": args.trace,
+        "jobs": len(trace),
+        "gpus": len(hosts) * args.gpus_per_host,
+        "hosts": len(hosts),
+        "tick_s": args.tick,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "results": summaries,
+        "plots": plots,
+    }
+    (out / "simulate.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{len(trace)} jobs on {len(hosts)} hosts x {args.gpus_per_host} GPUs; replay took {report['wall_s']} s")
+    print(table(summaries))
+    for p in plots:
+        print("plot:", p)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""The immutable picture of the cluster that ``plan()`` decides over.
+
+Everything is a frozen dataclass of tuples, so a snapshot can be hashed, compared and shared between the live
+loop and the trace simulator. Times are POSIX seconds (UTC) as floats: the policy does arithmetic on them in its
+inner loops, and the loader converts the database's timezone-aware datetimes at the boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+CPU = "cpu"  # the quota key and "GPU type" of CPU-slot jobs
+ANY = "*"  # the quota key that covers every GPU type
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    uuid: str
+    index: int
+    model: str
+    memory_bytes: int
+    nvlink_peers: tuple[str, ...] = ()
+    healthy: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class HostInfo:
+    name: str
+    queue: str
+    gpus: tuple[GpuInfo, ...] = ()
+    cpu_slots: int = 0
+    links: tuple[tuple[str, float], ...] = ()  # link name -> capacity, bytes/s
+    excluded: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PlacedHost:
+    host: str
+    gpus: tuple[str, ...] = ()  # GPU uuids
+    slots: int = 0  # CPU slots (CPU jobs)
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    id: int
+    team_id: int
+    qos: str
+    qos_priority: int
+    preemptible: bool
+    gpus: int  # GPUs, or CPU slots for CPU jobs
+    gpu_type: str  # the model it runs on, or CPU
+    quota_key: str
+    placement: tuple[PlacedHost, ...]
+    started_at: float
+    last_checkpoint_at: float | None = None
+    last_checkpoint_step: int = 0
+    bandwidth: tuple[tuple[str, float], ...] = ()  # link name -> bytes/s charged on every host it uses
+    expected_end: float | None = None  # started_at + time limit (or the simulator's knowledge)
+    time_limit_s: float | None = None
+    preempt_requested: bool = False
+    state: str = "RUNNING"
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    id: int
+    team_id: int
+    qos: str
+    qos_priority: int
+    preemptible: bool
+    gpus: int  # GPUs; 0 = a CPU job of ``cpu_slots`` processes
+    submitted_at: float
+    gpus_per_node: int | None = None
+    gpu_type: str | None = None  # None = any model
+    cpu_slots: int = 1
+    quota_key: str = ANY
+    priority: int = 0  # the user's priority within the class
+    max_queue_wait_s: float | None = None
+    deadline: float | None = None
+    estimated_runtime_s: float | None = None
+    memory_bytes: int | None = None  # the memory predictor's peak per rank, when known
+    memory_cap_bytes: int | None = None  # the QoS class's GPU memory cap
+    bandwidth: tuple[tuple[str, float], ...] = ()
+    depends_on: tuple[tuple[int, str], ...] = ()  # (job id, its state)
+    not_before: float | None = None
+    pending_reason: str | None = None  # as stored, so that apply writes only changes
+
+    @property
+    def demand(self) -> int:
+        """Units of its quota key: GPUs, or CPU slots for a CPU job."""
+        return self.gpus if self.gpus else self.cpu_slots
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaInfo:
+    key: str  # a GPU model, ANY or CPU
+    nominal: int
+    borrowing_limit: int | None = None  # None = unlimited within the cohort
+    lending_limit: int | None = None  # None = all of the nominal may be lent
+
+
+@dataclass(frozen=True, slots=True)
+class TeamInfo:
+    id: int
+    name: str
+    cohort: str | None = None
+    weight: float = 1.0
+    quotas: tuple[QuotaInfo, ...] = ()  # empty = no quota enforcement for this team
+    decayed_usage: float = 0.0  # GPU-seconds, decayed with the fair-share half-life
+    budget_gpu_hours: float | None = None
+    used_gpu_hours: float = 0.0  # in the current budget period
+
+    def quota(self, key: str) -> QuotaInfo | None:
+        for q in self.quotas:
+            if q.key == key:
+                return q
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    now: float
+    hosts: tuple[HostInfo, ...] = ()
+    running: tuple[RunningJob, ...] = ()
+    pending: tuple[PendingJob, ...] = ()
+    teams: tuple[TeamInfo, ...] = ()
+    meta: tuple[tuple[str, str], ...] = field(default=())
+
+
+def quota_key_for(team: TeamInfo | None, gpus: int, gpu_type: str | None) -> str:
+    """The quota a job draws on: CPU for CPU jobs, its GPU model if the team has a quota for it, else ANY."""
+    if gpus == 0:
+        return CPU
+    if team is not None and gpu_type is not None and team.quota(gpu_type) is not None:
+        return gpu_type
+    return ANY
+
+
+def load_snapshot(*, db: Any, now: datetime) -> Snapshot:
+    """Read the snapshot from the database (``scheduler.loader``; queries in ``scheduler.repository``)."""
+    from scheduler.loader import load
+
+    return load(db=db, now=now)

@@ -1,0 +1,193 @@
+"""The live scheduler cycle on PostgreSQL: admit, preempt and readmit, reclaim lent quota, hold over budget."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.models import Attempt, Event, Job
+from core.states import JobState
+from scheduler.loop import run_cycle
+from tests.integration import test_scheduler_support as f
+
+pytestmark = pytest.mark.integration
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def dispatched(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int, list[Any]]]]:
+    import workers.dispatch
+
+    sent: list[tuple[int, int, list[Any]]] = []
+    monkeypatch.setattr(workers.dispatch, "dispatch_attempt", lambda a, t, p: sent.append((a, t, p)))
+    yield sent
+
+
+def cycle(db: Session, now: datetime) -> Any:
+    """One cycle on the test's session (kept open: run_cycle closes the sessions it is given)."""
+    heartbeat(db, now)  # the hosts' agents are alive
+    close = db.close
+    db.close = lambda: None  # type: ignore[method-assign]
+    try:
+        result = run_cycle(session_factory=lambda: db, now=now)
+    finally:
+        db.close = close  # type: ignore[method-assign]
+    db.expire_all()
+    return result
+
+
+def heartbeat(db: Session, now: datetime) -> None:
+    from core.models import Host
+
+    for h in db.scalars(select(Host)):
+        h.last_heartbeat_at = now
+        h.state = "UP"
+    for a in db.scalars(select(Attempt).where(Attempt.state == "RUNNING")):
+        a.lease_expires_at = now + timedelta(hours=1)
+        a.heartbeat_at = now
+    db.flush()
+
+
+def test_admits_with_gang_placement_and_fencing_token(db: Session, dispatched: list[Any]) -> None:
+    t = f.team(db, "ml")
+    f.host(db, "a1", 8, now=T0)
+    f.host(db, "a2", 8, now=T0)
+    j1 = f.job(db, t, f.qos(db, "silver"), gpus=16, submitted_at=T0)
+    j2 = f.job(db, t, f.qos(db, "silver"), gpus=4, submitted_at=T0 + timedelta(seconds=1))
+    result = cycle(db, T0 + timedelta(seconds=5))
+    assert result.admitted == [j1.id]
+    db.refresh(j1)
+    db.refresh(j2)
+    assert j1.state == JobState.ADMITTED and j1.fencing_token == 1
+    attempt = db.scalars(select(Attempt).where(Attempt.job_id == j1.id)).one()
+    assert attempt.fencing_token == 1 and attempt.state == "PENDING"
+    assert sorted(p["host"] for p in attempt.placement) == ["a1", "a2"]
+    assert sorted(p["node_rank"] for p in attempt.placement) == [0, 1]
+    assert all(len(p["gpus"]) == 8 and p["queue"] == f"host.{p['host']}" for p in attempt.placement)
+    assert dispatched == [(attempt.id, 1, attempt.placement)]
+    assert j2.state == JobState.QUEUED and j2.pending_reason in ("Resources", "Reservation")
+    assert j2.pending_message
+
+
+def test_preempts_lower_class_then_readmits_it(db: Session, dispatched: list[Any]) -> None:
+    t = f.team(db, "ml")
+    f.host(db, "b1", 8, now=T0)
+    low = f.job(db, t, f.qos(db, "bronze"), gpus=8, submitted_at=T0)
+    assert cycle(db, T0).admitted == [low.id]
+    f.start(db, low, now=T0)
+    later = T0 + timedelta(minutes=30)
+    heartbeat(db, later)
+    gold = f.job(db, t, f.qos(db, "gold"), gpus=8, submitted_at=later)
+    result = cycle(db, later + timedelta(seconds=1))
+    assert result.preempted == [low.id] and result.admitted == []
+    db.refresh(low)
+    db.refresh(gold)
+    assert low.state == JobState.PREEMPTING and low.preempt_requested
+    assert gold.pending_reason == "Reservation"
+    # Still checkpointing: nothing more happens, and no second victim is chosen.
+    assert cycle(db, later + timedelta(seconds=2)).preempted == []
+    f.requeue_preempted(db, low, now=later + timedelta(seconds=20), step=1234)
+    result = cycle(db, later + timedelta(seconds=21))
+    db.refresh(gold)
+    assert result.admitted == [gold.id], (gold.pending_reason, gold.pending_message, result)
+    db.refresh(low)
+    assert low.state == JobState.QUEUED and low.last_step == 1234
+    assert low.pending_reason in ("Resources", "Reservation", "Priority")
+    # Gold finishes; the victim comes back with its progress.
+    f.start(db, gold, now=later + timedelta(seconds=22))
+    gold_row = db.get(Job, gold.id)
+    assert gold_row is not None
+    from core.states import transition
+
+    transition(db, gold_row, JobState.SUCCEEDED)
+    for a in db.scalars(select(Attempt).where(Attempt.job_id == gold.id)):
+        a.ended_at = later + timedelta(hours=1)
+    heartbeat(db, later + timedelta(hours=1))
+    result = cycle(db, later + timedelta(hours=1, seconds=1))
+    assert result.admitted == [low.id]
+    db.refresh(low)
+    assert low.state == JobState.ADMITTED and low.fencing_token == 2 and low.last_step == 1234
+    numbers = sorted(a.number for a in db.scalars(select(Attempt).where(Attempt.job_id == low.id)))
+    assert numbers == [1, 2]
+    types = [e.type for e in db.scalars(select(Event).where(Event.job_id == low.id).order_by(Event.id))]
+    assert types[:3] == ["ADMITTED", "RUNNING", "PREEMPTING"] and "QUEUED" in types and types[-1] == "ADMITTED"
+
+
+def test_reclaims_lent_quota_from_a_borrower(db: Session, dispatched: list[Any]) -> None:
+    lender = f.team(db, "lender", cohort="research", quotas={"*": (8, None, None)})
+    borrower = f.team(db, "borrower", cohort="research", quotas={"*": (8, 8, None)})
+    f.host(db, "c1", 8, now=T0)
+    f.host(db, "c2", 8, now=T0)
+    silver = f.qos(db, "silver")  # not preemptible: only the borrowing makes these jobs victims
+    b1 = f.job(db, borrower, silver, gpus=8, submitted_at=T0)
+    b2 = f.job(db, borrower, silver, gpus=8, submitted_at=T0 + timedelta(seconds=1))
+    result = cycle(db, T0 + timedelta(seconds=2))
+    assert sorted(result.admitted) == [b1.id, b2.id]  # 8 of its own + 8 borrowed from the lender
+    f.start(db, b1, now=T0 + timedelta(seconds=3))
+    f.start(db, b2, now=T0 + timedelta(seconds=4))
+    later = T0 + timedelta(hours=1)
+    heartbeat(db, later)
+    mine = f.job(db, lender, silver, gpus=8, submitted_at=later)
+    result = cycle(db, later + timedelta(seconds=1))
+    assert len(result.preempted) == 1 and result.preempted[0] in (b1.id, b2.id)
+    victim = db.get(Job, result.preempted[0])
+    assert victim is not None and victim.state == JobState.PREEMPTING
+    event = db.scalars(select(Event).where(Event.job_id == victim.id, Event.type == "PREEMPTING")).one()
+    assert "reclaimed" in event.message
+    f.requeue_preempted(db, victim, now=later + timedelta(seconds=30), step=10)
+    result = cycle(db, later + timedelta(seconds=31))
+    db.refresh(mine)
+    assert result.admitted == [mine.id], (mine.pending_reason, mine.pending_message, mine.id, victim.id, b1.id, b2.id)
+    db.refresh(victim)
+    assert victim.state == JobState.QUEUED and victim.pending_reason == "Quota"
+    assert victim.pending_message and "cohort research" in victim.pending_message
+
+
+def test_over_budget_job_waits_with_budget_reason(db: Session, dispatched: list[Any]) -> None:
+    t = f.team(db, "thrifty", budget=10.0, created_at=T0 - timedelta(days=1))
+    other = f.team(db, "rich")
+    f.host(db, "d1", 8, now=T0)
+    q = f.qos(db, "silver")
+    spent = f.job(db, t, q, gpus=4, submitted_at=T0 - timedelta(hours=5))
+    assert cycle(db, T0 - timedelta(hours=5)).admitted == [spent.id]
+    f.start(db, spent, now=T0 - timedelta(hours=5))  # 4 GPUs x 5 h = 20 GPU-hours > 10
+    heartbeat(db, T0)
+    over = f.job(db, t, q, gpus=1, submitted_at=T0)
+    fine = f.job(db, other, q, gpus=1, submitted_at=T0)
+    result = cycle(db, T0 + timedelta(seconds=1))
+    assert result.admitted == [fine.id]
+    db.refresh(over)
+    assert over.state == JobState.QUEUED and over.pending_reason == "Budget"
+    assert over.pending_message and "GPU-hours" in over.pending_message
+    event = db.scalars(select(Event).where(Event.job_id == over.id, Event.type == "PENDING")).one()
+    assert event.data["reason"] == "Budget"
+    # Unchanged reason: not rewritten, no new event.
+    assert cycle(db, T0 + timedelta(seconds=2)).reasons_written == 0
+
+
+def test_failed_dependency_fails_the_job(db: Session, dispatched: list[Any]) -> None:
+    from core.models import JobDependency
+    from core.states import transition
+
+    t = f.team(db, "deps")
+    f.host(db, "e1", 8, now=T0)
+    q = f.qos(db, "silver")
+    first = f.job(db, t, q, gpus=1, submitted_at=T0)
+    second = f.job(db, t, q, gpus=1, submitted_at=T0)
+    db.add(JobDependency(job_id=second.id, depends_on_id=first.id))
+    db.flush()
+    result = cycle(db, T0 + timedelta(seconds=1))
+    assert result.admitted == [first.id]
+    db.refresh(second)
+    assert second.pending_reason == "Dependency"
+    transition(db, first, JobState.FAILED)
+    result = cycle(db, T0 + timedelta(seconds=2))
+    db.refresh(second)
+    assert result.failed == [second.id] and second.state == JobState.FAILED
+    assert second.exit_reason and str(first.id) in second.exit_reason

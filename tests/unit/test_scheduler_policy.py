@@ -1,0 +1,320 @@
+"""Focused tests of ``plan()``: each pending reason, and each feature of the policy."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from scheduler.config import PolicyConfig
+from scheduler.policy import plan
+from scheduler.reasons import Reason
+from scheduler.snapshot import (
+    ANY,
+    CPU,
+    HostInfo,
+    PendingJob,
+    PlacedHost,
+    QuotaInfo,
+    RunningJob,
+    Snapshot,
+    TeamInfo,
+    quota_key_for,
+)
+from scheduler.synthetic import GIB, cpu_host, gpu_cluster, gpu_host
+
+NOW = 1_000_000.0
+QOS = {"gold": (1000, False), "silver": (500, False), "bronze": (200, True), "best-effort": (0, True)}
+
+
+def pj(id: int, gpus: int = 1, *, team: int = 1, qos: str = "silver", age: float = 0.0, **kw: Any) -> PendingJob:
+    prio, pre = QOS[qos]
+    return PendingJob(
+        id=id, team_id=team, qos=qos, qos_priority=prio, preemptible=pre, gpus=gpus, submitted_at=NOW - age, **kw
+    )
+
+
+def rj(
+    id: int, host: str, units: list[int], *, team: int = 1, qos: str = "bronze", ran: float = 3600.0,
+    model: str = "H100", **kw: Any,
+) -> RunningJob:  # fmt: skip
+    prio, pre = QOS[qos]
+    return RunningJob(
+        id=id, team_id=team, qos=qos, qos_priority=prio, preemptible=pre, gpus=len(units), gpu_type=model,
+        quota_key=kw.pop("quota_key", ANY),
+        placement=(PlacedHost(host, tuple(f"GPU-{host}-{i}" for i in units)),), started_at=NOW - ran, **kw,
+    )  # fmt: skip
+
+
+def snap(
+    *,
+    hosts: int = 1,
+    pending: tuple[PendingJob, ...] = (),
+    running: tuple[RunningJob, ...] = (),
+    teams: tuple[TeamInfo, ...] = (TeamInfo(1, "a"), TeamInfo(2, "b")),
+    host_list: tuple[HostInfo, ...] = (),
+) -> Snapshot:
+    return Snapshot(now=NOW, hosts=host_list or gpu_cluster(hosts), pending=pending, running=running, teams=teams)
+
+
+def reasons(s: Snapshot, config: PolicyConfig | None = None) -> dict[int, Reason]:
+    return {p.job_id: p.reason for p in plan(s, config).pending}
+
+
+def admitted(s: Snapshot, config: PolicyConfig | None = None) -> list[int]:
+    return [a.job_id for a in plan(s, config).admissions]
+
+
+# -- pending reasons -----------------------------------------------------------------------------------------------
+
+
+def test_reason_resources_when_the_cluster_is_too_small() -> None:
+    d = plan(snap(pending=(pj(1, 16),)))
+    assert d.pending[0].reason == Reason.RESOURCES and "the cluster has 8" in d.pending[0].message
+
+
+def test_reason_quota() -> None:
+    team = TeamInfo(1, "a", quotas=(QuotaInfo(ANY, 4),))
+    s = snap(pending=(pj(1, 4), pj(2, 2)), teams=(team,))
+    assert admitted(s) == [1]
+    assert reasons(s) == {2: Reason.QUOTA}
+
+
+def test_reason_budget_spent_and_projected() -> None:
+    team = TeamInfo(1, "a", budget_gpu_hours=10.0, used_gpu_hours=9.0)
+    s = snap(pending=(pj(1, 1, estimated_runtime_s=1800.0), pj(2, 4, estimated_runtime_s=3600.0)), teams=(team,))
+    assert admitted(s) == [1]  # 0.5 GPU-hours fits; 4 more would not
+    assert reasons(s) == {2: Reason.BUDGET}
+    spent = snap(pending=(pj(3, 1),), teams=(replace(team, used_gpu_hours=10.0),))
+    assert reasons(spent) == {3: Reason.BUDGET}
+
+
+def test_reason_dependency_and_failed_dependency() -> None:
+    s = snap(pending=(pj(1, depends_on=((7, "RUNNING"),)), pj(2, depends_on=((8, "FAILED"),)),
+                      pj(3, depends_on=((9, "SUCCEEDED"),))))  # fmt: skip
+    d = plan(s)
+    assert {p.job_id: p.reason for p in d.pending} == {1: Reason.DEPENDENCY}
+    assert [f.job_id for f in d.failures] == [2] and "8" in d.failures[0].message
+    assert [a.job_id for a in d.admissions] == [3]
+
+
+def test_reason_memory_fit_against_qos_cap_and_gpu() -> None:
+    s = snap(pending=(pj(1, memory_bytes=9 * GIB, memory_cap_bytes=8 * GIB), pj(2, memory_bytes=100 * GIB),
+                      pj(3, memory_bytes=40 * GIB)))  # fmt: skip
+    assert reasons(s) == {1: Reason.MEMORY_FIT, 2: Reason.MEMORY_FIT}
+    assert admitted(s) == [3]
+
+
+def test_memory_fit_picks_gpus_large_enough() -> None:
+    hosts = (gpu_host("small", 8, memory_bytes=16 * GIB), gpu_host("zbig", 8, memory_bytes=80 * GIB))
+    d = plan(snap(host_list=hosts, pending=(pj(1, 2, memory_bytes=40 * GIB),)))
+    assert d.admissions[0].placement[0].host == "zbig"
+
+
+def test_reason_bandwidth_quota() -> None:
+    hosts = (gpu_host("h0", 8, links=(("pcie", 32e9),)),)
+    s = snap(host_list=hosts, pending=(pj(1, 2, bandwidth=(("pcie", 20e9),)), pj(2, 2, bandwidth=(("pcie", 20e9),))))
+    assert admitted(s) == [1]
+    d = plan(s)
+    assert d.pending[0].reason == Reason.BANDWIDTH_QUOTA and "pcie" in d.pending[0].message
+
+
+def test_bandwidth_of_running_jobs_counts() -> None:
+    hosts = (gpu_host("h0", 8, links=(("pcie", 32e9),)), gpu_host("h1", 8, links=(("pcie", 32e9),)))
+    running = (rj(1, "h0", [0], qos="silver", bandwidth=(("pcie", 30e9),)),)
+    d = plan(snap(host_list=hosts, running=running, pending=(pj(2, 1, bandwidth=(("pcie", 8e9),)),)))
+    assert d.admissions[0].placement[0].host == "h1"
+
+
+def test_reason_reservation_and_priority() -> None:
+    # 8 GPUs, 6 busy until NOW+1000. An 8-GPU head job reserves; a 2-GPU job longer than that cannot backfill.
+    running = (rj(1, "h0000", list(range(6)), qos="silver", expected_end=NOW + 1000),)
+    s = snap(running=running, pending=(pj(2, 8, age=10, estimated_runtime_s=100), pj(3, 2, estimated_runtime_s=5000)))
+    d = plan(s)
+    assert {p.job_id: p.reason for p in d.pending} == {2: Reason.RESERVATION, 3: Reason.PRIORITY}
+    assert d.reservations[0].job_id == 2 and d.reservations[0].start == NOW + 1000
+    assert "job 2" in d.pending[1].message
+
+
+def test_backfill_never_delays_the_reserved_start() -> None:
+    running = (rj(1, "h0000", list(range(6)), qos="silver", expected_end=NOW + 1000),)
+    unknown = pj(3, 1)  # no estimate: may not use reserved capacity
+    short = pj(4, 2, estimated_runtime_s=900)  # ends before the head's reserved start: may backfill
+    d = plan(snap(running=running, pending=(pj(2, 8, age=10, estimated_runtime_s=100), unknown, short)))
+    assert [a.job_id for a in d.admissions] == [4] and d.admissions[0].backfilled
+    reasons_ = {p.job_id: p.reason for p in d.pending}
+    assert reasons_[2] == Reason.RESERVATION and reasons_[3] == Reason.PRIORITY
+
+
+def test_reservation_takes_the_units_that_free_up_so_others_may_use_the_rest() -> None:
+    # The head needs 4; 6 busy units free at NOW+1000: it reserves those, leaving the 2 free ones to a long job.
+    running = (rj(1, "h0000", list(range(6)), qos="silver", expected_end=NOW + 1000),)
+    d = plan(snap(running=running, pending=(pj(2, 4, age=10), pj(3, 2, estimated_runtime_s=5000))))
+    assert [a.job_id for a in d.admissions] == [3]
+    assert set(d.reservations[0].gpus) <= {f"GPU-h0000-{i}" for i in range(6)}
+
+
+def test_backfill_off_blocks_behind_the_head() -> None:
+    running = (rj(1, "h0000", list(range(6)), qos="silver", expected_end=NOW + 1000),)
+    s = snap(running=running, pending=(pj(2, 4, age=10), pj(3, 1, estimated_runtime_s=10)))
+    assert admitted(s, PolicyConfig(backfill=False)) == []
+    assert reasons(s, PolicyConfig(backfill=False))[3] == Reason.PRIORITY
+
+
+def test_restart_backoff_waits() -> None:
+    d = plan(snap(pending=(pj(1, not_before=NOW + 30),)))
+    assert d.pending[0].reason == Reason.RESOURCES and "backoff" in d.pending[0].message
+
+
+# -- ordering ----------------------------------------------------------------------------------------------------
+
+
+def test_qos_priority_order() -> None:
+    s = snap(pending=(pj(1, 8, qos="bronze", age=100), pj(2, 8, qos="gold")))
+    assert admitted(s) == [2]
+
+
+def test_fair_share_prefers_the_team_with_less_decayed_usage_per_weight() -> None:
+    teams = (TeamInfo(1, "heavy", decayed_usage=1e6), TeamInfo(2, "light", decayed_usage=1e5))
+    s = snap(teams=teams, pending=(pj(1, 8, team=1, age=100), pj(2, 8, team=2)))
+    assert admitted(s) == [2]
+    weighted = (TeamInfo(1, "heavy", decayed_usage=1e6, weight=20.0), teams[1])
+    assert admitted(replace(s, teams=weighted)) == [1]
+
+
+def test_fair_share_alternates_teams_within_a_cycle() -> None:
+    teams = (TeamInfo(1, "a"), TeamInfo(2, "b"))
+    s = snap(hosts=1, teams=teams, pending=tuple([pj(i, 2, team=1, age=100 - i) for i in range(1, 5)]
+                                                  + [pj(i, 2, team=2, age=50 - i) for i in range(5, 9)]))  # fmt: skip
+    got = admitted(s)
+    assert sorted(got) == [1, 2, 5, 6] or sorted(got) == [1, 5, 2, 6]
+
+
+def test_at_risk_job_goes_first_and_gets_capacity_reserved() -> None:
+    # Both silver; job 2 has waited past half its max queue wait, job 1 has not.
+    s = snap(pending=(pj(1, 8, age=5000, max_queue_wait_s=20000.0), pj(2, 8, age=400, max_queue_wait_s=600.0)))
+    assert admitted(s) == [2]
+
+
+def test_deadline_aware_ordering() -> None:
+    s = snap(pending=(pj(1, 8, age=100), pj(2, 8, deadline=NOW + 4000, estimated_runtime_s=3600)))
+    assert admitted(s) == [2]
+
+
+def test_fifo_baseline_blocks_behind_the_head() -> None:
+    running = (rj(1, "h0000", list(range(6)), qos="silver", expected_end=NOW + 1000),)
+    s = snap(running=running, pending=(pj(2, 4, age=10), pj(3, 1, qos="gold")))
+    assert admitted(s, PolicyConfig(ordering="fifo")) == []
+    assert admitted(s) == [3]
+
+
+# -- placement ---------------------------------------------------------------------------------------------------
+
+
+def test_gang_over_hosts_with_gpus_per_node() -> None:
+    d = plan(snap(hosts=4, pending=(pj(1, 16, gpus_per_node=4),)))
+    place = d.admissions[0].placement
+    assert len(place) == 4 and all(len(p.gpus) == 4 for p in place)
+    assert [p.node_rank for p in place] == [0, 1, 2, 3]
+
+
+def test_prefers_one_host_and_packs() -> None:
+    running = (rj(1, "h0000", [0, 1, 2, 3, 4, 5], qos="silver"), rj(2, "h0001", [0, 1], qos="silver"))
+    d = plan(snap(hosts=3, running=running, pending=(pj(3, 2),)))
+    assert [p.host for p in d.admissions[0].placement] == ["h0000"]  # best fit: the fullest host that fits
+    spread = plan(snap(hosts=3, running=running, pending=(pj(3, 2),)), PolicyConfig(placement="spread"))
+    assert [p.host for p in spread.admissions[0].placement] == ["h0002"]
+
+
+def test_nvlink_connected_set_and_ring_order() -> None:
+    host = gpu_host("p", 8, nvlink="pairs")  # 0-1, 2-3, 4-5, 6-7
+    running = (rj(1, "p", [0, 2, 5], qos="silver"),)  # leaves 1, 3, 4, 6, 7
+    d = plan(snap(host_list=(host,), running=running, pending=(pj(2, 2),)))
+    assert set(d.admissions[0].placement[0].gpus) == {"GPU-p-6", "GPU-p-7"}  # the linked pair, not 1+3
+    d4 = plan(snap(host_list=(host,), pending=(pj(3, 4),)))
+    ring = d4.admissions[0].placement[0].gpus
+    assert ring == ("GPU-p-0", "GPU-p-1", "GPU-p-2", "GPU-p-3")  # neighbours in rank order share NVLink
+
+
+def test_gpu_type_is_respected_and_excluded_hosts_are_avoided() -> None:
+    hosts = (gpu_host("a", 8, model="A100"), gpu_host("b", 8, model="H100", excluded=True), gpu_host("c", 4))
+    d = plan(snap(host_list=hosts, pending=(pj(1, 4, gpu_type="H100"), pj(2, 8, gpu_type="H100"))))
+    assert [p.host for p in d.admissions[0].placement] == ["c"]
+    assert {p.job_id: p.reason for p in d.pending} == {2: Reason.RESOURCES}
+
+
+def test_cpu_jobs_use_slots() -> None:
+    hosts = (cpu_host("x", 2), cpu_host("y", 3))
+    s = snap(host_list=hosts, teams=(TeamInfo(1, "a"),),
+             pending=(pj(1, 0, cpu_slots=3), pj(2, 0, cpu_slots=2), pj(3, 0, cpu_slots=1, age=-1)))  # fmt: skip
+    d = plan(s)
+    place = {a.job_id: [(p.host, p.slots, p.gpus) for p in a.placement] for a in d.admissions}
+    assert place == {1: [("y", 3, ())], 2: [("x", 2, ())]}
+    assert {p.job_id: p.reason for p in d.pending}[3] in (Reason.RESOURCES, Reason.RESERVATION)
+
+
+# -- preemption and quotas ---------------------------------------------------------------------------------------
+
+
+def test_preempts_the_victim_losing_least_work() -> None:
+    running = (
+        rj(1, "h0000", [0, 1, 2, 3], qos="bronze", last_checkpoint_at=NOW - 3000),
+        rj(2, "h0000", [4, 5, 6, 7], qos="bronze", last_checkpoint_at=NOW - 60),
+    )
+    d = plan(snap(running=running, pending=(pj(3, 4, qos="gold"),)))
+    assert [(p.job_id, p.preemptor_id) for p in d.preemptions] == [(2, 3)]
+    assert d.pending[0].reason == Reason.RESERVATION and "checkpoint" in d.pending[0].message
+
+
+def test_no_preemption_before_min_run_time_nor_of_equal_or_higher_class() -> None:
+    young = (rj(1, "h0000", list(range(8)), qos="bronze", ran=60),)
+    assert plan(snap(running=young, pending=(pj(2, 8, qos="gold"),))).preemptions == ()
+    gold = (rj(1, "h0000", list(range(8)), qos="gold"),)
+    assert plan(snap(running=gold, pending=(pj(2, 8, qos="gold"),))).preemptions == ()
+    silver = (rj(1, "h0000", list(range(8)), qos="silver"),)  # not preemptible
+    assert plan(snap(running=silver, pending=(pj(2, 8, qos="gold"),))).preemptions == ()
+
+
+def test_in_flight_preemption_is_not_repeated() -> None:
+    running = (rj(1, "h0000", list(range(8)), qos="bronze", preempt_requested=True, state="PREEMPTING"),
+               rj(2, "h0001", list(range(8)), qos="bronze"))  # fmt: skip
+    d = plan(snap(hosts=2, running=running, pending=(pj(3, 8, qos="gold"),)))
+    assert d.preemptions == () and d.pending[0].reason == Reason.RESERVATION
+
+
+def test_reclaims_lent_quota_from_borrower_of_same_class() -> None:
+    teams = (
+        TeamInfo(1, "lender", cohort="c", quotas=(QuotaInfo(ANY, 8),)),
+        TeamInfo(2, "borrower", cohort="c", quotas=(QuotaInfo(ANY, 8),)),
+    )
+    running = (rj(1, "h0000", list(range(8)), team=2, qos="silver"),
+               rj(2, "h0001", list(range(8)), team=2, qos="silver"))  # fmt: skip
+    d = plan(snap(hosts=2, teams=teams, running=running, pending=(pj(3, 8, team=1, qos="silver"),)))
+    assert len(d.preemptions) == 1 and "reclaimed" in d.preemptions[0].reason
+    # A lower-class lender may not reclaim from a gold borrower.
+    gold = tuple(replace(r, qos="gold", qos_priority=1000) for r in running)
+    d2 = plan(snap(hosts=2, teams=teams, running=gold, pending=(pj(3, 8, team=1, qos="silver"),)))
+    assert d2.preemptions == () and d2.pending[0].reason == Reason.QUOTA
+
+
+def test_borrowing_limit_and_lending_limit() -> None:
+    teams = (
+        TeamInfo(1, "a", cohort="c", quotas=(QuotaInfo(ANY, 4, borrowing_limit=2),)),
+        TeamInfo(2, "b", cohort="c", quotas=(QuotaInfo(ANY, 8, lending_limit=2),)),
+    )
+    s = snap(hosts=2, teams=teams, pending=(pj(1, 6, team=1), pj(2, 1, team=1)))
+    assert admitted(s) == [1]  # 4 own + 2 borrowed (the borrowing limit and the lending limit are both 2)
+    assert reasons(s) == {2: Reason.QUOTA}
+
+
+def test_time_limit_kill() -> None:
+    running = (rj(1, "h0000", [0], qos="silver", ran=7200, time_limit_s=3600.0),)
+    d = plan(snap(running=running))
+    assert [k.job_id for k in d.time_limit_kills] == [1]
+
+
+def test_quota_key_for() -> None:
+    t = TeamInfo(1, "a", quotas=(QuotaInfo("H100", 8),))
+    assert quota_key_for(t, 0, None) == CPU
+    assert quota_key_for(t, 4, "H100") == "H100"
+    assert quota_key_for(t, 4, "A100") == ANY
+    assert quota_key_for(t, 4, None) == ANY
