@@ -38,3 +38,7 @@ def db(pg_engine: Engine) -> Iterator[Session]:
         finally:
             session.close()
             outer.rollback()
+
+
+# API fixtures (api_app, client, world): defined in tests/support/api.py, shared by the tests/integration/test_api_*.
+from tests.support.api import api_app, client, world  # noqa: E402, F401

@@ -1,0 +1,112 @@
+"""The FastAPI application factory: ``uvicorn api.app:create_app --factory``."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from prometheus_client import CollectorRegistry
+from sqlalchemy import Engine
+from sqlalchemy.orm import sessionmaker
+
+from api import errors
+from api.middleware import BodyLimitMiddleware, MetricsMiddleware
+from api.ratelimit import TokenBucketLimiter
+from api.routers import cluster, health, jobs, qos, sla, teams, tokens, usage, users
+from api.routers.health import jobs_gauge
+from api.schemas.common import Problem
+from core.db import make_engine
+from core.settings import Settings, get_settings
+from core.spec import JobSpec
+
+ERRORS = (400, 401, 403, 404, 409, 413, 415, 422, 429, 500, 503)
+
+log = logging.getLogger("kiln.api")
+
+DESCRIPTION = """GPU training jobs under SLA contracts. Bearer tokens (`Authorization: Bearer kiln_...`);
+every error is RFC 9457 `application/problem+json`. See docs/api.md."""
+
+SPEC_EXAMPLE: dict[str, Any] = {
+    "name": "gpt-tiny",
+    "team": "default",
+    "recipe": {"name": "gpt", "hyperparameters": {"size": "tiny", "corpus": "stdlib", "lr": 0.003}},
+    "steps": 60,
+    "resources": {"gpus": 0, "cpu_slots": 1},
+    "parallelism": "ddp",
+    "precision": "fp32",
+    "sla": {"qos": "silver", "max_queue_wait_s": 600},
+}
+
+
+def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    owns_engine = engine is None
+    engine = engine or make_engine(settings.resolved_database_url)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        if owns_engine:
+            engine.dispose()
+
+    app = FastAPI(title="kiln", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessionmaker = sessionmaker(bind=engine, expire_on_commit=False)
+    app.state.limiter = TokenBucketLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst)
+    app.state.registry = CollectorRegistry()
+    app.state.jobs_gauge = jobs_gauge(app.state.registry)
+
+    errors.install(app)
+    for module in (health, users, tokens, teams, qos, sla, jobs, cluster, usage):
+        app.include_router(module.router)
+    _install_dashboard(app)
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, registry=app.state.registry)  # outermost: counts 413s too
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _install_dashboard(app: FastAPI) -> None:
+    """The dashboard's static files and read-only views (api/routers/dashboard.py), when present."""
+    try:
+        from api.routers import dashboard
+    except ImportError:  # pragma: no cover - the dashboard is optional
+        return
+    dashboard.install(app)
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """The generated document, plus the JobSpec schema that POST /v1/jobs reads by hand (JSON or YAML)."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    spec = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.update(spec.pop("$defs", {}))
+    spec["examples"] = [SPEC_EXAMPLE]
+    components["JobSpec"] = spec
+    # The middlewares and handlers can answer these on any route (auth, body limit, rate limit, database down):
+    # document them everywhere, the dashboard's routes included.
+    components["Problem"] = Problem.model_json_schema()
+    problem = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+    for path, operations in schema.get("paths", {}).items():
+        codes = ERRORS if path.startswith("/v1/") else (413, 500, 503)
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            for code in codes:
+                responses.setdefault(str(code), {"description": HTTPStatus(code).phrase, "content": problem})
+            responses["422"] = {"description": "Validation error", "content": problem}  # not FastAPI's default
+    schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "An API token: kiln_...",
+    }
+    app.openapi_schema = schema
+    return schema

@@ -1,0 +1,40 @@
+"""Bearer tokens on each request: authenticate (core.services.auth), check the scope the method needs, rate-limit.
+
+GET/HEAD need ``read``; every other method needs ``write``. Admin powers additionally need the ``admin`` scope,
+which the services check through ``Principal.is_admin``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fastapi import HTTPException, Request
+from sqlalchemy.orm import Session
+
+from api.ratelimit import TokenBucketLimiter
+from core.services.auth import authenticate
+from core.services.errors import Forbidden, Unauthenticated
+from core.services.principal import Principal
+
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def bearer_secret(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise Unauthenticated("missing 'Authorization: Bearer <token>' header")
+    return secret.strip()
+
+
+def principal_for(request: Request, db: Session) -> Principal:
+    principal = authenticate(db=db, secret=bearer_secret(request))
+    needed = "read" if request.method in READ_METHODS else "write"
+    if needed not in principal.scopes:
+        raise Forbidden(f"this token lacks the {needed!r} scope")
+    limiter: TokenBucketLimiter = request.app.state.limiter
+    wait = limiter.take(principal.token_id or 0)
+    if wait > 0:
+        raise HTTPException(429, "rate limit exceeded for this token", headers={"Retry-After": str(math.ceil(wait))})
+    request.state.principal = principal
+    return principal

@@ -1,0 +1,68 @@
+"""Request-scoped dependencies: the session (the request commits; services never do) and the caller."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from api.auth import principal_for
+from core.services.principal import Principal
+from core.settings import Settings
+
+
+def get_db(request: Request) -> Iterator[Session]:
+    """One session per request, committed after the handler returns and before the response is sent."""
+    session: Session = request.app.state.sessionmaker()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+# scope="function": the commit runs before the response goes out, so a 201 means the row is durable.
+SessionDep = Annotated[Session, Depends(get_db, scope="function")]
+
+
+def get_principal(request: Request, db: SessionDep) -> Principal:
+    return principal_for(request, db)
+
+
+CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
+
+
+def get_app_settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+
+
+SessionFactory = Callable[[], AbstractContextManager[Session]]
+
+
+def get_session_factory(request: Request) -> SessionFactory:
+    """Short read-only sessions for work that outlives the request's own (SSE streams polling the job)."""
+    maker = request.app.state.sessionmaker
+
+    @contextmanager
+    def read_session() -> Iterator[Session]:
+        session: Session = maker()
+        try:
+            yield session
+        finally:
+            session.rollback()
+            session.close()
+
+    return read_session
+
+
+SessionFactoryDep = Annotated[SessionFactory, Depends(get_session_factory)]

@@ -1,0 +1,105 @@
+"""Pure ASGI middlewares (no BaseHTTPMiddleware: they add no task per request): body limit and metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.errors import PROBLEM_JSON, problem_body
+
+
+async def _send_problem(send: Send, status: int, detail: str, path: str) -> None:
+    body = json.dumps(problem_body(status, detail, instance=path)).encode()
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", PROBLEM_JSON.encode()), (b"content-length", str(len(body)).encode())],
+    })  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over ``max_bytes``: counts the bytes as they arrive (Content-Length is only a first check,
+    a chunked or lying client is cut off at the limit), then replays the buffered body to the app."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        too_large = f"the request body exceeds {self.max_bytes} bytes"
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                if not value.isdigit():
+                    await _send_problem(send, 400, "invalid Content-Length", path)
+                    return
+                if int(value) > self.max_bytes:
+                    await _send_problem(send, 413, too_large, path)
+                    return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await _send_problem(send, 413, too_large, path)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # later calls wait for the disconnect (SSE uses this)
+
+        await self.app(scope, replay, send)
+
+
+class MetricsMiddleware:
+    """Request counts and latency per method, route template and status (the template keeps cardinality low)."""
+
+    def __init__(self, app: ASGIApp, registry: CollectorRegistry) -> None:
+        self.app = app
+        self.requests = Counter("kiln_http_requests", "HTTP requests", ["method", "route", "status"], registry=registry)
+        self.latency = Histogram(
+            "kiln_http_request_duration_seconds", "HTTP request latency", ["method", "route"], registry=registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+        )  # fmt: skip
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route: Any = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            method = scope.get("method", "")
+            self.requests.labels(method, template, str(status)).inc()
+            self.latency.labels(method, template).observe(time.perf_counter() - start)

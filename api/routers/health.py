@@ -1,0 +1,43 @@
+"""Liveness, readiness (the database answers) and Prometheus metrics (HTTP, and jobs by state)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from sqlalchemy import text
+
+from api.deps import SessionDep
+from api.schemas.common import problem_responses
+from core.repositories import jobs as jobs_repo
+from core.states import JobState
+
+router = APIRouter(tags=["health"], responses=problem_responses(500, 503))
+
+
+@router.get("/healthz", summary="The process is alive")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="The database answers (503 otherwise)")
+def readyz(db: SessionDep) -> dict[str, str]:
+    db.execute(text("SELECT 1"))
+    return {"status": "ready"}
+
+
+def jobs_gauge(registry: CollectorRegistry) -> Gauge:
+    return Gauge("kiln_jobs", "Jobs by state", ["state"], registry=registry)
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+)
+def metrics(request: Request, db: SessionDep) -> Response:
+    gauge: Gauge = request.app.state.jobs_gauge
+    counts = jobs_repo.count_by_state(db)
+    for state in JobState:
+        gauge.labels(state.value).set(counts.get(state.value, 0))
+    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,233 @@
+"""Jobs: submit (JSON or YAML), list (filters + keyset pages), get, cancel, and what hangs off a job."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Annotated, Any
+
+import yaml
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
+from fastapi.responses import StreamingResponse
+
+from api.deps import CurrentPrincipal, SessionDep, SessionFactoryDep, SettingsDep
+from api.logstream import sse_log_stream
+from api.routers.common import ERRORS, JobIdPath
+from api.schemas.common import INT32, INT64, InModel, Text
+from api.schemas.jobs import (
+    AttemptOut,
+    CheckpointOut,
+    EventOut,
+    EventPageOut,
+    JobOut,
+    JobPageOut,
+    MetricOut,
+    MetricsOut,
+    WhyOut,
+)
+from core.services import jobs as svc
+from core.services.errors import InvalidInput
+from core.spec import NAME_PATTERN, JobSpec, SpecError, parse_spec_data, parse_spec_text
+from core.states import JobState
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS)
+
+JSON_TYPES = frozenset({"application/json"})
+YAML_TYPES = frozenset({"application/yaml", "application/x-yaml", "text/yaml"})
+SUBMIT_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
+            **{t: {"schema": {"type": "string", "description": "The job spec as YAML"}} for t in sorted(YAML_TYPES)},
+        },
+    }
+}
+
+
+# One Server-Sent Event: `log` (a line; id = byte offset after it), `attempt` (switched to a restart's log),
+# `end` (data: {"attempt": N, "state": "..."}).
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string", "enum": ["log", "attempt", "end"]},
+        "data": {"type": "string"},
+        "id": {"type": "string"},
+    },
+    "required": ["event", "data"],
+}
+
+
+def _has_yaml_alias(text: str) -> bool:
+    """Aliases let a small document expand exponentially once traversed; specs never need them."""
+    if "*" not in text:
+        return False
+    return any(isinstance(ev, yaml.AliasEvent) for ev in yaml.parse(text, Loader=yaml.SafeLoader))
+
+
+async def spec_from_body(request: Request) -> JobSpec:
+    ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    body = await request.body()
+    try:
+        if ctype in JSON_TYPES:
+            try:
+                data = json.loads(body)
+            except ValueError as exc:
+                raise SpecError("malformed JSON", [{"loc": "$", "msg": str(exc), "type": "json_invalid"}]) from exc
+            return parse_spec_data(data)
+        if ctype in YAML_TYPES:
+            try:
+                text = body.decode("utf-8")
+                if _has_yaml_alias(text):
+                    raise SpecError("YAML aliases are not accepted", [{"loc": "$", "msg": "alias", "type": "yaml"}])
+            except UnicodeDecodeError as exc:
+                raise SpecError("the body is not UTF-8", [{"loc": "$", "msg": str(exc), "type": "encoding"}]) from exc
+            except yaml.YAMLError:
+                pass  # parse_spec_text reports it with the position
+            return parse_spec_text(text)
+    except RecursionError as exc:
+        raise SpecError(
+            "the document is nested too deeply", [{"loc": "$", "msg": "too deep", "type": "depth"}]
+        ) from exc
+    raise HTTPException(415, f"submit the spec as application/json or YAML ({', '.join(sorted(YAML_TYPES))})")
+
+
+class JSONBytes(Response):
+    """Already-serialized JSON (the model was dumped once by pydantic-core, skipping response revalidation)."""
+
+    media_type = "application/json"
+
+
+def _encode_cursor(before_id: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"before": before_id}).encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> int:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        before = data["before"]
+        if not isinstance(before, int) or not 0 < before <= INT64:
+            raise ValueError(before)
+        return before
+    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+        raise InvalidInput.at("query.cursor", "not a cursor this API issued") from exc
+
+
+class CancelIn(InModel):
+    reason: Text | None = None
+
+
+@router.post(
+    "",
+    response_model=JobOut,
+    status_code=status.HTTP_201_CREATED,
+    summary="Submit a job (JSON or YAML spec)",
+    openapi_extra=SUBMIT_BODY,
+)
+def submit(spec: Annotated[JobSpec, Depends(spec_from_body)], db: SessionDep, who: CurrentPrincipal) -> JobOut:
+    return JobOut.from_view(svc.submit(db=db, principal=who, spec=spec))
+
+
+@router.get("", response_model=JobPageOut, summary="Jobs you can see, newest first")
+def list_jobs(
+    db: SessionDep,
+    who: CurrentPrincipal,
+    team: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=64)] = None,
+    state: Annotated[list[JobState] | None, Query(description="Repeatable")] = None,
+    qos: Annotated[str | None, Query(max_length=32, pattern=r"^[a-z0-9-]+$")] = None,
+    name: Annotated[str | None, Query(max_length=64, pattern=NAME_PATTERN)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> Response:
+    page = svc.list_jobs(
+        db=db, principal=who, team=team, states=[s.value for s in state or ()], qos=qos, name=name, limit=limit,
+        before_id=_decode_cursor(cursor) if cursor else None,
+    )  # fmt: skip
+    out = JobPageOut.model_construct(
+        items=[JobOut.from_view(v) for v in page.items],
+        next_cursor=_encode_cursor(page.next_before_id) if page.next_before_id else None,
+    )
+    return JSONBytes(out.model_dump_json())
+
+
+@router.get("/{job_id}", response_model=JobOut, summary="One job")
+def get_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> Response:
+    return JSONBytes(JobOut.from_view(svc.get(db=db, principal=who, job_id=job_id)).model_dump_json())
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut, status_code=status.HTTP_202_ACCEPTED, summary="Cancel a job")
+def cancel(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, body: CancelIn | None = None) -> JobOut:
+    reason = body.reason if body is not None else None
+    return JobOut.from_view(svc.cancel(db=db, principal=who, job_id=job_id, reason=reason))
+
+
+@router.get("/{job_id}/events", response_model=EventPageOut, summary="The job's timeline, oldest first")
+def events(
+    job_id: JobIdPath,
+    db: SessionDep,
+    who: CurrentPrincipal,
+    after: Annotated[int, Query(ge=0, le=INT64, description="Only events with a larger id")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> EventPageOut:
+    rows = svc.events(db=db, principal=who, job_id=job_id, after_id=after, limit=limit)
+    items = [
+        EventOut(id=e.id, job_id=e.job_id, type=e.type, message=e.message, data=e.data, actor=actor,
+                 created_at=e.created_at)
+        for e, actor in rows
+    ]  # fmt: skip
+    return EventPageOut(items=items, next_after=items[-1].id if items else None)
+
+
+@router.get(
+    "/{job_id}/logs",
+    response_class=StreamingResponse,
+    summary="The attempt's log as Server-Sent Events",
+    responses={200: {"content": {"text/event-stream": {"schema": SSE_EVENT}}}},
+)
+def logs(
+    job_id: JobIdPath,
+    request: Request,
+    db: SessionDep,
+    who: CurrentPrincipal,
+    settings: SettingsDep,
+    sessions: SessionFactoryDep,
+    attempt: Annotated[int | None, Query(ge=1, le=INT32, description="Default: the latest")] = None,
+    follow: Annotated[bool, Query(description="Tail until the job is terminal")] = False,
+) -> StreamingResponse:
+    target = svc.log_target(
+        db=db, principal=who, job_id=job_id, storage_dir=settings.resolved_storage_dir, attempt=attempt
+    )
+    stream = sse_log_stream(request=request, target=target, follow=follow, sessions=sessions,
+                            storage_dir=settings.resolved_storage_dir, pinned=attempt is not None)  # fmt: skip
+    return StreamingResponse(
+        stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
+@router.get("/{job_id}/metrics", response_model=MetricsOut, summary="Training telemetry, downsampled")
+def metrics(
+    job_id: JobIdPath,
+    db: SessionDep,
+    who: CurrentPrincipal,
+    after_step: Annotated[int, Query(ge=-1, le=INT64)] = -1,
+    max_points: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> MetricsOut:
+    rows = svc.metrics(db=db, principal=who, job_id=job_id, after_step=after_step, max_points=max_points)
+    return MetricsOut(job_id=job_id, items=[MetricOut.model_validate(m) for m in rows])
+
+
+@router.get("/{job_id}/attempts", response_model=list[AttemptOut], summary="The job's attempts")
+def attempts(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> list[AttemptOut]:
+    return [AttemptOut.model_validate(a) for a in svc.attempts(db=db, principal=who, job_id=job_id)]
+
+
+@router.get("/{job_id}/checkpoints", response_model=list[CheckpointOut], summary="The job's checkpoints")
+def checkpoints(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> list[CheckpointOut]:
+    return [CheckpointOut.model_validate(c) for c in svc.checkpoints(db=db, principal=who, job_id=job_id)]
+
+
+@router.get("/{job_id}/why", response_model=WhyOut, summary="Why the job is (not) running")
+def why(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> WhyOut:
+    job = svc.why(db=db, principal=who, job_id=job_id)
+    return WhyOut(state=job.state, pending_reason=job.pending_reason, pending_message=job.pending_message)

@@ -1,0 +1,80 @@
+"""Teams (quotas with borrowing/lending, cohort, fair share, budget) and memberships."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response, status
+
+from api.deps import CurrentPrincipal, SessionDep
+from api.routers.common import ERRORS, TeamPath, UserPath
+from api.schemas.teams import MemberIn, MemberOut, QuotaIn, TeamCreate, TeamOut, TeamUpdate
+from core.models import Membership
+from core.services import teams as svc
+
+router = APIRouter(prefix="/v1/teams", tags=["teams"], responses=ERRORS)
+
+
+def _quotas(items: list[QuotaIn]) -> list[svc.Quota]:
+    return [svc.Quota(**q.model_dump()) for q in items]
+
+
+def _member(m: Membership, team: str, user: str) -> MemberOut:
+    return MemberOut(team=team, user=user, role=m.role, created_at=m.created_at)
+
+
+@router.get("", response_model=list[TeamOut], summary="Teams you can see")
+def list_teams(db: SessionDep, who: CurrentPrincipal) -> list[TeamOut]:
+    return [TeamOut.model_validate(t) for t in svc.list_teams(db=db, principal=who)]
+
+
+@router.post("", response_model=TeamOut, status_code=status.HTTP_201_CREATED, summary="Create a team (admin)")
+def create_team(body: TeamCreate, db: SessionDep, who: CurrentPrincipal) -> TeamOut:
+    fields = body.model_dump(exclude={"quotas"})
+    team = svc.create_team(db=db, principal=who, quotas=_quotas(body.quotas), **fields)
+    return TeamOut.model_validate(team)
+
+
+@router.get("/{team}", response_model=TeamOut, summary="One team")
+def get_team(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> TeamOut:
+    return TeamOut.model_validate(svc.get_team(db=db, principal=who, name=team))
+
+
+@router.patch("/{team}", response_model=TeamOut, summary="Change quotas, cohort, weight, budget (admin)")
+def update_team(team: TeamPath, body: TeamUpdate, db: SessionDep, who: CurrentPrincipal) -> TeamOut:
+    changes = body.model_dump(exclude_unset=True, exclude={"quotas"})
+    for key in ("fair_share_weight", "budget_period_s"):
+        if changes.get(key, 0) is None:
+            changes.pop(key)  # not nullable: an explicit null means "leave as is"
+    if body.quotas is not None:
+        changes["quotas"] = _quotas(body.quotas)
+    return TeamOut.model_validate(svc.update_team(db=db, principal=who, name=team, changes=changes))
+
+
+@router.delete("/{team}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a team without jobs (admin)")
+def delete_team(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> Response:
+    svc.delete_team(db=db, principal=who, name=team)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.get("/{team}/members", response_model=list[MemberOut], summary="Members and their roles")
+def list_members(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> list[MemberOut]:
+    return [_member(m, team, name) for m, name in svc.list_members(db=db, principal=who, team=team)]
+
+
+@router.put(
+    "/{team}/members/{user}",
+    response_model=MemberOut,
+    summary="Add a member or change their role (team-admin)",
+    responses={201: {"model": MemberOut, "description": "Added"}},
+)
+def put_member(
+    team: TeamPath, user: UserPath, body: MemberIn, db: SessionDep, who: CurrentPrincipal, response: Response
+) -> MemberOut:
+    membership, created = svc.put_member(db=db, principal=who, team=team, user=user, role=body.role)
+    response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+    return _member(membership, team, user)
+
+
+@router.delete("/{team}/members/{user}", status_code=status.HTTP_204_NO_CONTENT, summary="Remove a member")
+def remove_member(team: TeamPath, user: UserPath, db: SessionDep, who: CurrentPrincipal) -> Response:
+    svc.remove_member(db=db, principal=who, team=team, user=user)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,49 @@
+"""Hosts, GPUs and usage."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from api.schemas.common import OutModel
+
+
+class GpuOut(OutModel):
+    uuid: str
+    host: str
+    index: int
+    model: str
+    memory_bytes: int
+    mig_mode: bool
+    pcie_gen: int | None
+    nvlink_peers: list[Any]
+    healthy: bool
+    last_sample: dict[str, Any]
+
+
+class HostOut(OutModel):
+    id: int
+    name: str
+    queue: str
+    state: str
+    cpu_slots: int
+    gpu_count: int
+    excluded_until: datetime | None
+    exclusion_reason: str | None
+    links: dict[str, Any]
+    last_heartbeat_at: datetime | None
+    registered_at: datetime
+
+
+class TeamUsageOut(OutModel):
+    team: str
+    budget_gpu_hours: float | None
+    used_gpu_hours: float
+    remaining_gpu_hours: float | None
+    by_gpu_type: dict[str, float]
+
+
+class UsageOut(OutModel):
+    since: datetime
+    until: datetime
+    teams: list[TeamUsageOut]

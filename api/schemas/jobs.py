@@ -1,0 +1,161 @@
+"""Jobs and their timeline, attempts, checkpoints, metrics."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import Field
+
+from api.schemas.common import OutModel
+from core.services.jobs import JobView
+
+JOB_EXAMPLE: dict[str, Any] = {
+    "id": 42,
+    "name": "gpt-tiny",
+    "team": "default",
+    "user": "admin",
+    "state": "QUEUED",
+    "qos": "silver",
+    "priority": 500,
+    "gpus": 0,
+    "gpu_type": "cpu",
+    "pending_reason": None,
+    "pending_message": None,
+    "restart_count": 0,
+    "last_step": 0,
+    "last_loss": None,
+    "steps": 60,
+    "exit_reason": None,
+    "cancel_requested": False,
+    "submitted_at": "2026-11-29T09:30:00.123456Z",
+    "admitted_at": None,
+    "started_at": None,
+    "finished_at": None,
+    "spec": {"name": "gpt-tiny", "team": "default", "recipe": {"name": "gpt", "hyperparameters": {}}, "steps": 60},
+}
+
+
+class JobOut(OutModel):
+    id: int
+    name: str
+    team: str
+    user: str | None
+    state: str = Field(description="QUEUED ADMITTED RUNNING PREEMPTING PAUSED SUCCEEDED FAILED CANCELLED LOST")
+    qos: str
+    priority: int
+    gpus: int
+    gpu_type: str | None = Field(description="'cpu' for CPU-slot jobs (gpus == 0); None = any GPU type.")
+    pending_reason: str | None
+    pending_message: str | None
+    restart_count: int
+    last_step: int
+    last_loss: float | None
+    steps: int = Field(description="Total steps, from the spec.")
+    exit_reason: str | None
+    cancel_requested: bool
+    submitted_at: datetime
+    admitted_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    spec: dict[str, Any] = Field(description="The validated spec, defaults filled in.")
+
+    model_config = OutModel.model_config | {"json_schema_extra": {"examples": [JOB_EXAMPLE]}}
+
+    @classmethod
+    def from_view(cls, view: JobView) -> JobOut:
+        j = view.job
+        return cls.model_construct(  # trusted database values: no re-validation on the hot path
+            id=j.id,
+            name=j.name,
+            team=view.team,
+            user=view.user,
+            state=j.state,
+            qos=view.qos,
+            priority=j.priority,
+            gpus=j.gpus,
+            gpu_type=j.gpu_type,
+            pending_reason=j.pending_reason,
+            pending_message=j.pending_message,
+            restart_count=j.restart_count,
+            last_step=j.last_step,
+            last_loss=j.last_loss,
+            steps=int(j.spec.get("steps", 0)),
+            exit_reason=j.exit_reason,
+            cancel_requested=j.cancel_requested,
+            submitted_at=j.submitted_at,
+            admitted_at=j.admitted_at,
+            started_at=j.started_at,
+            finished_at=j.finished_at,
+            spec=j.spec,
+        )
+
+
+class JobPageOut(OutModel):
+    items: list[JobOut]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next (older) page; None = last page.")
+
+
+class EventOut(OutModel):
+    id: int
+    job_id: int | None
+    type: str = Field(examples=["SUBMITTED"])
+    message: str
+    data: dict[str, Any]
+    actor: str | None
+    created_at: datetime
+
+
+class EventPageOut(OutModel):
+    items: list[EventOut]
+    next_after: int | None = Field(description="Pass as ?after= to read on; None when no more events now.")
+
+
+class AttemptOut(OutModel):
+    id: int
+    number: int
+    state: str
+    placement: list[Any]
+    created_at: datetime
+    started_at: datetime | None
+    heartbeat_at: datetime | None
+    first_step_at: datetime | None
+    resumed_from_step: int | None
+    ended_at: datetime | None
+    exit_code: int | None
+    exit_reason: str | None
+
+
+class CheckpointOut(OutModel):
+    id: int
+    attempt_id: int | None
+    step: int
+    path: str
+    bytes: int
+    sha256: str
+    verified: bool
+    created_at: datetime
+
+
+class MetricOut(OutModel):
+    step: int
+    ts: datetime
+    attempt_id: int | None
+    loss: float | None
+    grad_norm: float | None
+    tokens_per_s: float | None
+    step_time_s: float | None
+    mfu: float | None
+    mem_peak_bytes: int | None
+    extra: dict[str, Any]
+
+
+class MetricsOut(OutModel):
+    job_id: int
+    items: list[MetricOut]
+
+
+class WhyOut(OutModel):
+    state: str
+    pending_reason: str | None = Field(examples=["QUOTA"])
+    pending_message: str | None = Field(examples=["team default: 4/4 cpu slots in use"])

@@ -1,0 +1,1 @@
+"""Queries, and only queries: services call these and never build SQL themselves."""

@@ -1,0 +1,85 @@
+"""Users and API tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from core.models import ApiToken, Membership, User
+
+
+def get_by_name(db: Session, name: str) -> User | None:
+    return db.scalars(select(User).where(User.name == name)).one_or_none()
+
+
+def get_by_id(db: Session, user_id: int) -> User | None:
+    return db.get(User, user_id)
+
+
+def list_users(db: Session) -> Sequence[User]:
+    return db.scalars(select(User).order_by(User.name)).all()
+
+
+def any_admin(db: Session) -> User | None:
+    return db.scalars(select(User).where(User.is_admin.is_(True)).order_by(User.id).limit(1)).first()
+
+
+def names_by_id(db: Session, user_ids: Sequence[int | None]) -> dict[int, str]:
+    wanted = {u for u in user_ids if u is not None}
+    if not wanted:
+        return {}
+    return dict(db.execute(select(User.id, User.name).where(User.id.in_(wanted))).tuples().all())
+
+
+@dataclass(frozen=True)
+class TokenIdentity:
+    token_id: int
+    scopes: list[Any]
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    last_used_at: datetime | None
+    user_id: int
+    user_name: str
+    user_is_admin: bool
+    roles: dict[int, str]  # team_id -> role
+
+
+def identity_by_token_hash(db: Session, token_hash: str) -> TokenIdentity | None:
+    """What authentication needs, memberships included, in one query of plain columns (it runs on every
+    request): one row per membership, or one row with NULL team for a user in no team."""
+    rows = db.execute(
+        select(
+            ApiToken.id, ApiToken.scopes, ApiToken.expires_at, ApiToken.revoked_at, ApiToken.last_used_at,
+            User.id, User.name, User.is_admin, Membership.team_id, Membership.role,
+        )
+        .join(User, User.id == ApiToken.user_id)
+        .outerjoin(Membership, Membership.user_id == User.id)
+        .where(ApiToken.token_hash == token_hash)
+    ).all()  # fmt: skip
+    if not rows:
+        return None
+    token_id, scopes, expires_at, revoked_at, last_used_at, user_id, name, is_admin, _, _ = rows[0]
+    return TokenIdentity(
+        token_id=token_id, scopes=scopes, expires_at=expires_at, revoked_at=revoked_at, last_used_at=last_used_at,
+        user_id=user_id, user_name=name, user_is_admin=is_admin, roles={r[8]: r[9] for r in rows if r[8] is not None},
+    )  # fmt: skip
+
+
+def touch_token(db: Session, token_id: int, when: datetime) -> None:
+    db.execute(update(ApiToken).where(ApiToken.id == token_id).values(last_used_at=when))
+
+
+def get_token(db: Session, token_id: int) -> ApiToken | None:
+    return db.get(ApiToken, token_id)
+
+
+def list_tokens(db: Session, user_id: int | None) -> Sequence[ApiToken]:
+    stmt = select(ApiToken).order_by(ApiToken.id)
+    if user_id is not None:
+        stmt = stmt.where(ApiToken.user_id == user_id)
+    return db.scalars(stmt).all()

@@ -1,0 +1,55 @@
+"""The first admin: a user, a ``default`` team with a CPU quota, the admin's membership and a token."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from core.models import Membership, Role, SlaContract, Team, TeamQuota, User
+from core.repositories import qos as qos_repo
+from core.repositories import teams as teams_repo
+from core.repositories import users as users_repo
+from core.services.errors import Conflict
+from core.services.principal import Principal
+from core.services.tokens import issue
+from core.states import record_event
+
+DEFAULT_TEAM = "default"
+DEFAULT_CPU_SLOTS = 4
+
+
+def bootstrap_admin(*, db: Session, name: str, force: bool = False) -> tuple[User, str]:
+    """Create (or, with ``force``, re-arm) the admin ``name``; returns (user, token secret). Does not commit.
+
+    Refuses when an admin already exists unless ``force``: a second bootstrap must not mint tokens silently.
+    """
+    existing = users_repo.any_admin(db)
+    if existing is not None and not force:
+        raise Conflict(f"an admin already exists ({existing.name}); pass force to issue another admin token")
+    user = users_repo.get_by_name(db, name)
+    if user is None:
+        user = User(name=name, is_admin=True)
+        db.add(user)
+    user.is_admin = True
+    team = teams_repo.get_by_name(db, DEFAULT_TEAM)
+    if team is None:
+        team = Team(name=DEFAULT_TEAM, quotas=[TeamQuota(gpu_type="cpu", nominal=DEFAULT_CPU_SLOTS)])
+        db.add(team)
+        db.flush()
+        silver = qos_repo.get_by_name(db, "silver")
+        if silver is not None:
+            db.add(SlaContract(team_id=team.id, job_id=None, qos_class_id=silver.id))
+        record_event(db, "TEAM_CREATED", team_id=team.id, message="default team (bootstrap)")
+    db.flush()
+    if teams_repo.get_membership(db, team_id=team.id, user_id=user.id) is None:
+        db.add(Membership(user_id=user.id, team_id=team.id, role=Role.TEAM_ADMIN.value))
+        record_event(
+            db, "MEMBER_ADDED", team_id=team.id, actor_user_id=user.id,
+            message=f"{name} joined {DEFAULT_TEAM} as team-admin (bootstrap)",
+            data={"user": name, "role": "team-admin"},
+        )  # fmt: skip
+    db.flush()
+    principal = Principal(
+        user_id=user.id, name=user.name, user_is_admin=True, scopes=frozenset({"read", "write", "admin"})
+    )
+    _, secret = issue(db=db, principal=principal, name="bootstrap", scopes=("read", "write", "admin"))
+    return user, secret

@@ -1,0 +1,41 @@
+"""Domain errors raised by services; the API maps them to problem+json (services know nothing of HTTP)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServiceError(Exception):
+    """Base class; ``detail`` is safe to show to the caller."""
+
+    def __init__(self, detail: str):
+        super().__init__(detail)
+        self.detail = detail
+
+
+class NotFound(ServiceError):
+    """The thing does not exist, or the caller may not know that it does (no existence leak)."""
+
+
+class Forbidden(ServiceError):
+    """The caller can see the thing but its role does not allow the action."""
+
+
+class Conflict(ServiceError):
+    """The request clashes with the current state (duplicate name, job already finished...)."""
+
+
+class InvalidInput(ServiceError):
+    """Semantically invalid input; ``errors`` carry field paths like ``sla.qos``."""
+
+    def __init__(self, detail: str, errors: list[dict[str, Any]] | None = None):
+        super().__init__(detail)
+        self.errors = errors or []
+
+    @classmethod
+    def at(cls, loc: str, msg: str, type_: str = "value_error") -> InvalidInput:
+        return cls(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": type_}])
+
+
+class Unauthenticated(ServiceError):
+    """No credentials, or credentials that are unknown, expired or revoked."""

@@ -1,0 +1,98 @@
+"""SLA contracts: a team's default, and the effective contract of each job (the default merged with the spec)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from core.models import Role, SlaContract, Team
+from core.repositories import jobs as jobs_repo
+from core.repositories import qos as qos_repo
+from core.repositories import teams as teams_repo
+from core.services.errors import InvalidInput, NotFound
+from core.services.principal import Principal, require_team
+from core.spec import SLAOverrides
+
+DEFAULT_QOS = "silver"
+TERMS = (
+    "max_queue_wait_s",
+    "deadline",
+    "max_restarts",
+    "recovery_time_objective_s",
+    "checkpoint_interval_s",
+    "min_checkpoint_success_rate",
+    "step_time_tolerance",
+)
+# The column defaults, for a team that never set a default contract.
+BASE_TERMS: dict[str, Any] = {
+    "max_queue_wait_s": None,
+    "deadline": None,
+    "max_restarts": 3,
+    "recovery_time_objective_s": 300.0,
+    "checkpoint_interval_s": 600.0,
+    "min_checkpoint_success_rate": 0.999,
+    "step_time_tolerance": 1.3,
+}
+
+
+def _qos_id(db: Session, name: str, loc: str) -> int:
+    qos = qos_repo.get_by_name(db, name)
+    if qos is None:
+        raise InvalidInput.at(loc, f"unknown QoS class {name!r}")
+    return qos.id
+
+
+def default_contract(*, db: Session, team: Team) -> SlaContract:
+    """The team's default row, or an unsaved one with the built-in terms (QoS ``silver``)."""
+    row = teams_repo.default_sla(db, team.id)
+    if row is not None:
+        return row
+    contract = SlaContract(team_id=team.id, job_id=None, qos_class_id=_qos_id(db, DEFAULT_QOS, "qos"), **BASE_TERMS)
+    contract.qos_class = qos_repo.get_by_name(db, DEFAULT_QOS)  # type: ignore[assignment]
+    return contract
+
+
+def get_team_default(*, db: Session, principal: Principal, team: str) -> SlaContract:
+    t = require_team(principal, teams_repo.get_by_name(db, team), team)
+    return default_contract(db=db, team=t)
+
+
+def put_team_default(*, db: Session, principal: Principal, team: str, terms: Mapping[str, Any]) -> SlaContract:
+    """Replace the team's default terms (team-admins and admins). ``terms`` may carry ``qos`` by name."""
+    t = require_team(principal, teams_repo.get_by_name(db, team), team, Role.TEAM_ADMIN)
+    row = teams_repo.default_sla(db, t.id)
+    if row is None:
+        row = SlaContract(team_id=t.id, job_id=None, qos_class_id=_qos_id(db, DEFAULT_QOS, "qos"))
+        db.add(row)
+    row.qos_class_id = _qos_id(db, terms.get("qos") or DEFAULT_QOS, "qos")
+    for key in TERMS:
+        setattr(row, key, terms.get(key, BASE_TERMS[key]))
+    db.flush()
+    db.refresh(row)
+    return row
+
+
+def effective_terms(*, base: SlaContract, overrides: SLAOverrides) -> dict[str, Any]:
+    """The team default's terms with every term the spec sets replacing it."""
+    terms = {key: getattr(base, key) for key in TERMS}
+    for key in TERMS:
+        value = getattr(overrides, key)
+        if value is not None:
+            terms[key] = datetime.fromisoformat(value) if key == "deadline" else value
+    return terms
+
+
+def get_job_contract(*, db: Session, principal: Principal, job_id: int) -> tuple[SlaContract, str]:
+    """(the job's effective contract, its team's name)."""
+    job = jobs_repo.get(db, job_id)
+    if job is None or not principal.can_see(job.team_id):
+        raise NotFound(f"job {job_id} not found")
+    team = teams_repo.get_by_id(db, job.team_id)
+    assert team is not None
+    contract = jobs_repo.effective_sla(db, job_id)
+    if contract is None:  # a job written by something other than submit(): its team's default applies
+        contract = default_contract(db=db, team=team)
+    return contract, team.name

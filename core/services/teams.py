@@ -1,0 +1,154 @@
+"""Teams (quotas, cohort, fair share, budget) and memberships, with audit events for membership changes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from core.models import Membership, Role, SlaContract, Team, TeamQuota
+from core.repositories import qos as qos_repo
+from core.repositories import teams as teams_repo
+from core.repositories import users as users_repo
+from core.services.errors import Conflict, InvalidInput, NotFound
+from core.services.principal import Principal, require_admin, require_team
+from core.states import record_event
+
+DEFAULT_QOS = "silver"
+TEAM_FIELDS = ("cohort", "fair_share_weight", "gpu_hour_budget", "budget_period_s")
+
+
+@dataclass(frozen=True)
+class Quota:
+    gpu_type: str
+    nominal: int = 0
+    borrowing_limit: int | None = None
+    lending_limit: int | None = None
+
+
+def _quota_rows(quotas: Sequence[Quota]) -> list[TeamQuota]:
+    seen: set[str] = set()
+    rows = []
+    for i, q in enumerate(quotas):
+        if q.gpu_type in seen:
+            raise InvalidInput.at(f"quotas.{i}.gpu_type", f"duplicate GPU type {q.gpu_type!r}")
+        seen.add(q.gpu_type)
+        rows.append(
+            TeamQuota(
+                gpu_type=q.gpu_type,
+                nominal=q.nominal,
+                borrowing_limit=q.borrowing_limit,
+                lending_limit=q.lending_limit,
+            )
+        )
+    return rows
+
+
+def list_teams(*, db: Session, principal: Principal) -> Sequence[Team]:
+    return teams_repo.list_teams(db, principal.visible_team_ids())
+
+
+def get_team(*, db: Session, principal: Principal, name: str, min_role: Role = Role.VIEWER) -> Team:
+    return require_team(principal, teams_repo.get_by_name(db, name), name, min_role)
+
+
+def create_team(
+    *,
+    db: Session,
+    principal: Principal,
+    name: str,
+    quotas: Sequence[Quota] = (),
+    cohort: str | None = None,
+    fair_share_weight: float = 1.0,
+    gpu_hour_budget: float | None = None,
+    budget_period_s: int = 30 * 86400,
+) -> Team:
+    require_admin(principal, "creating a team")
+    if teams_repo.get_by_name(db, name) is not None:
+        raise Conflict(f"team {name!r} already exists")
+    team = Team(
+        name=name,
+        cohort=cohort,
+        fair_share_weight=fair_share_weight,
+        gpu_hour_budget=gpu_hour_budget,
+        budget_period_s=budget_period_s,
+        quotas=_quota_rows(quotas),
+    )
+    db.add(team)
+    db.flush()
+    qos = qos_repo.get_by_name(db, DEFAULT_QOS)
+    if qos is not None:
+        db.add(SlaContract(team_id=team.id, job_id=None, qos_class_id=qos.id))
+    record_event(db, "TEAM_CREATED", team_id=team.id, actor_user_id=principal.user_id, message=f"team {name}")
+    return team
+
+
+def update_team(*, db: Session, principal: Principal, name: str, changes: Mapping[str, Any]) -> Team:
+    """Admins change quotas, cohort, weight and budget; ``quotas``, when given, replaces the whole list."""
+    team = get_team(db=db, principal=principal, name=name)
+    require_admin(principal, "changing a team's quotas, cohort, weight or budget")
+    for key in TEAM_FIELDS:
+        if key in changes:
+            setattr(team, key, changes[key])
+    if changes.get("quotas") is not None:
+        team.quotas.clear()
+        db.flush()  # delete the old rows before inserting new ones with the same (team, gpu_type)
+        team.quotas.extend(_quota_rows(changes["quotas"]))
+    record_event(db, "TEAM_UPDATED", team_id=team.id, actor_user_id=principal.user_id, data={"fields": list(changes)})
+    return team
+
+
+def delete_team(*, db: Session, principal: Principal, name: str) -> None:
+    team = get_team(db=db, principal=principal, name=name)
+    require_admin(principal, "deleting a team")
+    if teams_repo.has_jobs(db, team.id):
+        raise Conflict(f"team {name!r} has jobs; it cannot be deleted")
+    db.delete(team)
+
+
+def list_members(*, db: Session, principal: Principal, team: str) -> Sequence[tuple[Membership, str]]:
+    t = get_team(db=db, principal=principal, name=team)
+    return teams_repo.list_members(db, t.id)
+
+
+def put_member(*, db: Session, principal: Principal, team: str, user: str, role: str) -> tuple[Membership, bool]:
+    """Add ``user`` to ``team`` or change their role; returns (membership, created)."""
+    t = get_team(db=db, principal=principal, name=team, min_role=Role.TEAM_ADMIN)
+    if role not in (Role.TEAM_ADMIN, Role.MEMBER, Role.VIEWER):
+        raise InvalidInput.at("role", "must be one of team-admin, member, viewer")
+    u = users_repo.get_by_name(db, user)
+    if u is None:
+        raise NotFound(f"user {user!r} not found")
+    membership = teams_repo.get_membership(db, team_id=t.id, user_id=u.id)
+    created = membership is None
+    if membership is None:
+        membership = Membership(user_id=u.id, team_id=t.id, role=role)
+        db.add(membership)
+        record_event(
+            db, "MEMBER_ADDED", team_id=t.id, actor_user_id=principal.user_id,
+            message=f"{user} joined {team} as {role}", data={"user": user, "role": role},
+        )  # fmt: skip
+    elif membership.role != role:
+        old = membership.role
+        membership.role = role
+        record_event(
+            db, "MEMBER_ROLE_CHANGED", team_id=t.id, actor_user_id=principal.user_id,
+            message=f"{user} in {team}: {old} -> {role}", data={"user": user, "from": old, "role": role},
+        )  # fmt: skip
+    db.flush()
+    return membership, created
+
+
+def remove_member(*, db: Session, principal: Principal, team: str, user: str) -> None:
+    t = get_team(db=db, principal=principal, name=team, min_role=Role.TEAM_ADMIN)
+    u = users_repo.get_by_name(db, user)
+    membership = None if u is None else teams_repo.get_membership(db, team_id=t.id, user_id=u.id)
+    if u is None or membership is None:
+        raise NotFound(f"user {user!r} is not a member of team {team!r}")
+    db.delete(membership)
+    record_event(
+        db, "MEMBER_REMOVED", team_id=t.id, actor_user_id=principal.user_id,
+        message=f"{user} left {team}", data={"user": user, "role": membership.role},
+    )  # fmt: skip
