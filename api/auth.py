@@ -19,16 +19,20 @@ from core.services.principal import Principal
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def bearer_secret(request: Request) -> str:
+def bearer_secret(request: Request, *, allow_query_token: bool = False) -> str:
     header = request.headers.get("authorization", "")
     scheme, _, secret = header.partition(" ")
-    if scheme.lower() != "bearer" or not secret.strip():
-        raise Unauthenticated("missing 'Authorization: Bearer <token>' header")
-    return secret.strip()
+    if scheme.lower() == "bearer" and secret.strip():
+        return secret.strip()
+    # EventSource (the dashboard's SSE) cannot send headers; only stream endpoints accept the query form.
+    query_token = request.query_params.get("access_token", "") if allow_query_token else ""
+    if query_token:
+        return query_token
+    raise Unauthenticated("missing 'Authorization: Bearer <token>' header")
 
 
-def principal_for(request: Request, db: Session) -> Principal:
-    principal = authenticate(db=db, secret=bearer_secret(request))
+def principal_for(request: Request, db: Session, *, allow_query_token: bool = False) -> Principal:
+    principal = authenticate(db=db, secret=bearer_secret(request, allow_query_token=allow_query_token))
     needed = "read" if request.method in READ_METHODS else "write"
     if needed not in principal.scopes:
         raise Forbidden(f"this token lacks the {needed!r} scope")

@@ -38,6 +38,14 @@ def get_principal(request: Request, db: SessionDep) -> Principal:
 CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
 
 
+def get_stream_principal(request: Request, db: SessionDep) -> Principal:
+    """For SSE endpoints: the token may also come as ``?access_token=`` (EventSource cannot send headers)."""
+    return principal_for(request, db, allow_query_token=True)
+
+
+StreamPrincipal = Annotated[Principal, Depends(get_stream_principal)]
+
+
 def get_app_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings

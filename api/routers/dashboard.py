@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
@@ -32,8 +32,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy.orm import Session
 
-from api.auth import principal_for
-from api.deps import CurrentPrincipal, SessionDep
+from api.deps import CurrentPrincipal, SessionDep, StreamPrincipal
 from core.db import utcnow
 from core.models import (
     Attempt,
@@ -47,8 +46,7 @@ from core.models import (
     Team,
     Usage,
 )
-from core.services.auth import authenticate
-from core.services.errors import Forbidden, InvalidInput, NotFound
+from core.services.errors import InvalidInput, NotFound
 from core.services.principal import Principal
 
 FRONTEND_DIR = Path(__file__).resolve().parents[2] / "frontend"
@@ -80,20 +78,6 @@ def price_for(prices: dict[str, float], gpu_type: str | None) -> float:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The caller: the API's own session and principal dependencies (api/deps.py), so tenancy is the API's
-
-
-def get_stream_principal(request: Request, db: SessionDep) -> Principal:
-    """For SSE endpoints only: EventSource cannot send headers, so the token may come as ``access_token``."""
-    secret = request.query_params.get("access_token")
-    if not secret:
-        return principal_for(request, db)
-    who = authenticate(db=db, secret=secret)
-    if "read" not in who.scopes:
-        raise Forbidden("this token lacks the 'read' scope")
-    return who
-
-
-StreamPrincipalDep = Annotated[Principal, Depends(get_stream_principal)]
 
 
 def visible_team_ids(session: Session, who: Principal) -> list[int]:
@@ -546,7 +530,7 @@ def _sse(event: str, data: Any, event_id: str | None = None) -> str:
 async def job_stream(
     job_id: int,
     request: Request,
-    who: StreamPrincipalDep,
+    who: StreamPrincipal,
     session: SessionDep,
     after_id: Annotated[int, Query(ge=0)] = 0,
 ) -> StreamingResponse:

@@ -11,7 +11,7 @@ import yaml
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
-from api.deps import CurrentPrincipal, SessionDep, SessionFactoryDep, SettingsDep
+from api.deps import CurrentPrincipal, SessionDep, SessionFactoryDep, SettingsDep, StreamPrincipal
 from api.logstream import sse_log_stream
 from api.routers.common import ERRORS, JobIdPath
 from api.schemas.common import INT32, INT64, InModel, Text
@@ -189,7 +189,7 @@ def logs(
     job_id: JobIdPath,
     request: Request,
     db: SessionDep,
-    who: CurrentPrincipal,
+    who: StreamPrincipal,
     settings: SettingsDep,
     sessions: SessionFactoryDep,
     attempt: Annotated[int | None, Query(ge=1, le=INT32, description="Default: the latest")] = None,

@@ -9,6 +9,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from core.models import Attempt, Checkpoint, Event, Job, JobDependency, JobMetric, Role, SlaContract
+from core.notify import notify_jobs_changed
 from core.repositories import jobs as jobs_repo
 from core.repositories import qos as qos_repo
 from core.repositories import teams as teams_repo
@@ -70,6 +71,7 @@ def submit(*, db: Session, principal: Principal, spec: JobSpec) -> JobView:
         message=f"submitted by {principal.name} (qos {qos.name}, priority {qos.priority})",
         data={"qos": qos.name, "priority": qos.priority, "gpus": job.gpus, "depends_on": depends_on},
     )  # fmt: skip
+    notify_jobs_changed(db, str(job.id))
     return JobView(job=job, team=team.name, user=principal.name, qos=qos.name)
 
 
@@ -152,6 +154,7 @@ def cancel(*, db: Session, principal: Principal, job_id: int, reason: str | None
             message=f"{why} (while {state.value}; the worker stops it)", data={"reason": reason},
         )  # fmt: skip
     db.flush()
+    notify_jobs_changed(db, str(job_id))
     return get(db=db, principal=principal, job_id=job_id)
 
 
