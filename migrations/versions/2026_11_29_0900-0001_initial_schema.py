@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 08:45:20.045568+00:00
+Create Date: 2026-11-29 08:51:31.800932+00:00
 """
 
 from collections.abc import Sequence
@@ -26,6 +26,7 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("name", sa.String(length=128), nullable=False),
         sa.Column("queue", sa.String(length=160), nullable=False, comment="the host's own Celery queue"),
+        sa.Column("address", sa.String(length=256), nullable=True, comment="where other hosts reach it (rendezvous)"),
         sa.Column("state", sa.String(length=16), nullable=False, comment="UP, DOWN, EXCLUDED"),
         sa.Column("cpu_slots", sa.Integer(), nullable=False, comment="training processes when it has no GPUs"),
         sa.Column("excluded_until", core.db.UTCDateTime(timezone=True), nullable=True),

@@ -1,0 +1,323 @@
+"""The reconciler: make PostgreSQL's picture match what is really running, once per scheduler cycle.
+
+- an attempt whose lease expired -> the job is LOST (with the reason) -> QUEUED with a restart counted and an
+  exponential backoff, or FAILED past the contract's ``max_restarts``; the attempt ends, so its GPUs are free;
+- an attempt no worker picked up in time is dispatched again (the broker is not a database: a job survives
+  losing every message), or given up as LOST when its host is gone;
+- hosts whose heartbeat went stale are DOWN; hosts reporting GPU hardware errors (Xid, uncorrected ECC) are
+  EXCLUDED for a while, so restarts avoid them;
+- each failover incident's recovery time (LOST detected -> first training step of the next attempt) is
+  recorded against the contract's objective (``RECOVERED`` event).
+
+``reconcile`` only reads and writes through the session it is given; the loop that calls it commits. Messages
+to the broker are sent only after that commit (a session ``after_commit`` hook), never for a rolled-back decision.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import event, select
+from sqlalchemy.orm import Session
+
+from core.models import Attempt, Event, Host, Job, SlaContract, Usage
+from core.settings import Settings
+from core.states import ACTIVE, JobState, record_event, transition
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_RESTARTS = 3
+DEFAULT_RECOVERY_OBJECTIVE_S = 300.0
+BACKOFF_BASE_S = 1.0  # first restart waits 1 s: a lost host is usually a lost host, not a flapping job
+BACKOFF_CAP_S = 300.0
+EXCLUSION_S = 1800.0  # a GPU that raised an Xid/ECC error sits out half an hour before it is trusted again
+MAX_REDISPATCHES = 3
+
+# Attempt states (the job's own state machine lives in core.states).
+PENDING, RUNNING = "PENDING", "RUNNING"
+ATTEMPT_LIVE = frozenset({PENDING, RUNNING})
+
+
+def pickup_timeout_s(settings: Settings) -> float:
+    """How long an admitted attempt may wait for a worker before it is sent again."""
+    return max(15.0, 4 * settings.heartbeat_interval_s)
+
+
+def host_stale_s(settings: Settings) -> float:
+    """A host is DOWN after this long without a heartbeat; shorter than the lease, so that a job lost with its
+    host is requeued when the host is already known to be gone and is placed elsewhere."""
+    return max(3 * settings.heartbeat_interval_s, settings.lease_s / 2)
+
+
+def restart_backoff_s(restart_count: int) -> float:
+    return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** max(0, restart_count - 1))
+
+
+def job_contract(db: Session, job: Job) -> SlaContract | None:
+    return db.scalars(select(SlaContract).where(SlaContract.job_id == job.id)).first()
+
+
+def _spec_sla(job: Job, key: str) -> Any:
+    sla = (job.spec or {}).get("sla") or {}
+    return sla.get(key) if isinstance(sla, dict) else None
+
+
+def max_restarts_for(db: Session, job: Job) -> int:
+    contract = job_contract(db, job)
+    if contract is not None:
+        return contract.max_restarts
+    from_spec = _spec_sla(job, "max_restarts")
+    return int(from_spec) if from_spec is not None else DEFAULT_MAX_RESTARTS
+
+
+def recovery_objective_for(db: Session, job: Job) -> float:
+    contract = job_contract(db, job)
+    if contract is not None:
+        return contract.recovery_time_objective_s
+    from_spec = _spec_sla(job, "recovery_time_objective_s")
+    return float(from_spec) if from_spec is not None else DEFAULT_RECOVERY_OBJECTIVE_S
+
+
+def end_attempt(
+    db: Session, attempt: Attempt, *, state: str, reason: str, now: datetime, exit_code: int | None = None
+) -> None:
+    """End an attempt (its GPUs are free from now on) and close its usage record."""
+    if attempt.ended_at is None:
+        attempt.ended_at = now
+    attempt.state = state
+    attempt.exit_reason = reason[:512]
+    if exit_code is not None:
+        attempt.exit_code = exit_code
+    usage = db.scalars(select(Usage).where(Usage.attempt_id == attempt.id)).first()
+    if usage is not None and usage.ended_at is None:
+        # A dead worker's last heartbeat is the last moment the GPUs were known to be in use.
+        end = attempt.heartbeat_at if state == "LOST" and attempt.heartbeat_at else now
+        end = max(end, usage.started_at)
+        usage.ended_at = end
+        usage.gpu_seconds = usage.gpus * (end - usage.started_at).total_seconds()
+
+
+def requeue_after_failure(
+    db: Session, *, job: Job, attempt: Attempt, reason: str, now: datetime, data: dict[str, Any] | None = None
+) -> str:
+    """An infrastructure failure: LOST (an incident), then QUEUED with backoff or FAILED past max_restarts."""
+    host_names = [n.get("host") for n in attempt.placement or []]
+    transition(
+        db, job, JobState.LOST, message=reason,
+        data={"attempt": attempt.number, "attempt_id": attempt.id, "hosts": host_names, "reason": reason,
+              "last_step": job.last_step, **(data or {})},
+    )  # fmt: skip
+    end_attempt(db, attempt, state="LOST", reason=reason, now=now)
+    limit = max_restarts_for(db, job)
+    if job.restart_count >= limit:
+        job.exit_reason = f"{reason}; gave up after {job.restart_count} restarts (max_restarts={limit})"[:512]
+        transition(db, job, JobState.FAILED, message=job.exit_reason, data={"restart_count": job.restart_count})
+        return f"job {job.id}: FAILED ({job.exit_reason})"
+    job.restart_count += 1
+    # The backoff escalates only while attempts die without training (a crash loop, a poisoned host);
+    # a job that trained and then lost its host starts again at the first level: it did nothing wrong.
+    progressed = attempt.first_step_at is not None and job.last_step > (attempt.resumed_from_step or 0)
+    previous = db.scalars(
+        select(Event).where(Event.job_id == job.id, Event.type == JobState.QUEUED.value).order_by(Event.id.desc())
+    ).first()
+    prev_level = int((previous.data or {}).get("backoff_level") or 0) if previous is not None else 0
+    level = 1 if progressed else prev_level + 1
+    backoff = restart_backoff_s(level)
+    job.not_before = now + timedelta(seconds=backoff)
+    job.pending_reason = "Backoff"
+    job.pending_message = f"restart {job.restart_count}/{limit} after: {reason}"[:512]
+    transition(
+        db, job, JobState.QUEUED,
+        message=f"requeued (restart {job.restart_count}/{limit}, backoff {backoff:.0f} s) from step {job.last_step}",
+        data={"restart_count": job.restart_count, "max_restarts": limit, "backoff_s": backoff, "backoff_level": level,
+              "not_before": job.not_before.isoformat(), "avoid_hosts": host_names},
+    )  # fmt: skip
+    return f"job {job.id}: LOST -> QUEUED (restart {job.restart_count}/{limit}): {reason}"
+
+
+# ---------------------------------------------------------------------------------------------- dispatch hook
+
+_DISPATCH_KEY = "kiln.redispatch"
+
+
+def _flush_dispatches(session: Session) -> None:
+    from workers.dispatch import dispatch_attempt  # the broker client only where it is used
+
+    for attempt_id, token, placement in session.info.pop(_DISPATCH_KEY, []):
+        try:
+            dispatch_attempt(attempt_id, token, placement)
+        except Exception:  # the broker is away: the next pickup timeout tries again
+            log.exception("re-dispatch of attempt %s failed", attempt_id)
+
+
+def _forget_dispatches(session: Session) -> None:
+    session.info.pop(_DISPATCH_KEY, None)
+
+
+def dispatch_after_commit(db: Session, attempt: Attempt) -> None:
+    pending = db.info.setdefault(_DISPATCH_KEY, [])
+    if not pending:
+        event.listen(db, "after_commit", _flush_dispatches, once=True)
+        event.listen(db, "after_soft_rollback", lambda s, _t: _forget_dispatches(s), once=True)
+    pending.append((attempt.id, attempt.fencing_token, list(attempt.placement or [])))
+
+
+# ------------------------------------------------------------------------------------------------- reconcile
+
+
+def reconcile(*, db: Session, now: datetime, settings: Settings) -> list[str]:
+    """One pass; returns what it did, one line per action. Does not commit."""
+    actions: list[str] = []
+    actions += _hosts(db, now, settings)
+    actions += _expired_leases(db, now)
+    actions += _unclaimed_attempts(db, now, settings)
+    actions += _recoveries(db)
+    return actions
+
+
+def _hosts(db: Session, now: datetime, settings: Settings) -> list[str]:
+    actions: list[str] = []
+    stale_before = now - timedelta(seconds=host_stale_s(settings))
+    for host in db.scalars(select(Host).order_by(Host.id).with_for_update()).all():
+        bad = [g for g in host.gpus if not g.healthy]
+        if host.state != "DOWN" and (host.last_heartbeat_at is None or host.last_heartbeat_at < stale_before):
+            silent = (now - host.last_heartbeat_at).total_seconds() if host.last_heartbeat_at else None
+            host.state = "DOWN"
+            record_event(db, "HOST_DOWN", message=f"host {host.name}: no heartbeat for {silent or 0:.1f} s",
+                         data={"host": host.name, "silent_s": silent})  # fmt: skip
+            actions.append(f"host {host.name}: DOWN")
+        elif bad and host.state == "UP":
+            reasons = []
+            for g in bad:
+                errors = (g.last_sample or {}).get("errors") or ["unhealthy"]
+                reasons.append(f"GPU {g.index} ({g.uuid}): {', '.join(str(e) for e in errors)}")
+            host.state = "EXCLUDED"
+            host.excluded_until = now + timedelta(seconds=EXCLUSION_S)
+            host.exclusion_reason = "; ".join(reasons)[:256]
+            record_event(db, "HOST_EXCLUDED", message=f"host {host.name} excluded: {host.exclusion_reason}",
+                         data={"host": host.name, "until": host.excluded_until.isoformat(),
+                               "gpus": [g.uuid for g in bad]})  # fmt: skip
+            actions.append(f"host {host.name}: EXCLUDED ({host.exclusion_reason})")
+        elif host.state == "EXCLUDED" and host.excluded_until is not None and host.excluded_until <= now:
+            # Served its time: trusted again; a GPU that errs again is excluded again by the agent's report.
+            for g in host.gpus:
+                g.healthy = True
+            host.state = "UP"
+            host.excluded_until = None
+            host.exclusion_reason = None
+            record_event(db, "HOST_READMITTED", message=f"host {host.name} readmitted", data={"host": host.name})
+            actions.append(f"host {host.name}: readmitted")
+    return actions
+
+
+def _locked_job(db: Session, job_id: int) -> Job | None:
+    return db.get(Job, job_id, with_for_update=True, populate_existing=True)
+
+
+def _expired_leases(db: Session, now: datetime) -> list[str]:
+    actions: list[str] = []
+    expired = db.scalars(
+        select(Attempt.id).where(Attempt.state == RUNNING, Attempt.lease_expires_at < now).order_by(Attempt.id)
+    ).all()
+    for attempt_id in expired:
+        attempt = db.get(Attempt, attempt_id)
+        assert attempt is not None
+        job = _locked_job(db, attempt.job_id)
+        db.refresh(attempt, with_for_update=True)
+        if job is None or attempt.state != RUNNING or attempt.lease_expires_at is None:
+            continue
+        if attempt.lease_expires_at >= now:  # renewed while we waited for the lock
+            continue
+        if job.fencing_token != attempt.fencing_token or job.state not in ACTIVE:
+            end_attempt(db, attempt, state="SUPERSEDED", reason="lease expired after the job moved on", now=now)
+            actions.append(f"attempt {attempt.id}: superseded")
+            continue
+        silent = (now - attempt.heartbeat_at).total_seconds() if attempt.heartbeat_at else None
+        hosts = ", ".join(str(n.get("host")) for n in attempt.placement or [])
+        reason = f"lease expired: no heartbeat from {hosts} for {silent or 0:.1f} s"
+        actions.append(
+            requeue_after_failure(
+                db, job=job, attempt=attempt, reason=reason, now=now,
+                data={"silent_s": silent, "lease_expired_at": attempt.lease_expires_at.isoformat(),
+                      "incident": "lease_expired"},
+            )
+        )  # fmt: skip
+    return actions
+
+
+def _unclaimed_attempts(db: Session, now: datetime, settings: Settings) -> list[str]:
+    actions: list[str] = []
+    timeout = timedelta(seconds=pickup_timeout_s(settings))
+    pending = db.scalars(select(Attempt).where(Attempt.state == PENDING).order_by(Attempt.id)).all()
+    for attempt in pending:
+        deadline = attempt.lease_expires_at or (attempt.created_at + timeout)
+        if deadline >= now:
+            continue
+        job = _locked_job(db, attempt.job_id)
+        db.refresh(attempt, with_for_update=True)
+        if job is None or attempt.state != PENDING:
+            continue
+        if job.fencing_token != attempt.fencing_token or job.state not in ACTIVE:
+            end_attempt(db, attempt, state="SUPERSEDED", reason="never started; the job moved on", now=now)
+            actions.append(f"attempt {attempt.id}: superseded before it started")
+            continue
+        names = [str(n.get("host")) for n in attempt.placement or []]
+        hosts = db.scalars(select(Host).where(Host.name.in_(names))).all()
+        gone = sorted(set(names) - {h.name for h in hosts if h.state == "UP"})
+        sent = [
+            e for e in db.scalars(select(Event).where(Event.job_id == job.id, Event.type == "REDISPATCHED")).all()
+            if (e.data or {}).get("attempt_id") == attempt.id
+        ]
+        if gone or len(sent) >= MAX_REDISPATCHES:
+            why = f"hosts not available: {', '.join(gone)}" if gone else f"not picked up after {len(sent)} re-sends"
+            actions.append(
+                requeue_after_failure(
+                    db, job=job, attempt=attempt, reason=f"attempt {attempt.number} never started: {why}", now=now,
+                    data={"incident": "never_started"},
+                )
+            )  # fmt: skip
+            continue
+        attempt.lease_expires_at = now + timeout
+        record_event(db, "REDISPATCHED", job=job,
+                     message=f"attempt {attempt.number} not picked up in {timeout.total_seconds():.0f} s; sent again",
+                     data={"attempt_id": attempt.id, "attempt": attempt.number, "hosts": names})  # fmt: skip
+        dispatch_after_commit(db, attempt)
+        actions.append(f"attempt {attempt.id}: re-dispatched")
+    return actions
+
+
+def _recoveries(db: Session) -> list[str]:
+    """RECOVERED for each LOST incident whose job has trained again since (first step of a later attempt)."""
+    actions: list[str] = []
+    rows = db.execute(
+        select(Job, Attempt)
+        .join(Attempt, (Attempt.job_id == Job.id) & (Attempt.fencing_token == Job.fencing_token))
+        .where(Job.restart_count > 0, Attempt.first_step_at.is_not(None), Attempt.number > 1)
+    ).all()
+    for job, attempt in rows:
+        events = db.scalars(
+            select(Event).where(Event.job_id == job.id, Event.type.in_(("LOST", "RECOVERED"))).order_by(Event.id)
+        ).all()
+        recovered_ids = {(e.data or {}).get("lost_event_id") for e in events if e.type == "RECOVERED"}
+        assert attempt.first_step_at is not None
+        lost = [e for e in events if e.type == "LOST" and e.created_at <= attempt.first_step_at]
+        if not lost or lost[-1].id in recovered_ids:
+            continue
+        incident = lost[-1]
+        recovery = (attempt.first_step_at - incident.created_at).total_seconds()
+        objective = recovery_objective_for(db, job)
+        silent = (incident.data or {}).get("silent_s")
+        record_event(
+            db, "RECOVERED", job=job,
+            message=f"recovered in {recovery:.1f} s (objective {objective:.0f} s)"
+                    f" on attempt {attempt.number}, resumed from step {attempt.resumed_from_step}",
+            data={"lost_event_id": incident.id, "attempt": attempt.number, "recovery_time_s": recovery,
+                  "objective_s": objective, "met": recovery <= objective, "detection_s": silent,
+                  "resumed_from_step": attempt.resumed_from_step,
+                  "lost_at_step": (incident.data or {}).get("last_step"),
+                  "hosts": [n.get("host") for n in attempt.placement or []]},
+        )  # fmt: skip
+        actions.append(f"job {job.id}: recovered in {recovery:.1f} s")
+    return actions

@@ -1,0 +1,124 @@
+"""Acceptance 3 and 4: a forced Redis redelivery is refused by the fencing token; a cancel checkpoints and stops.
+
+Real PostgreSQL, real Redis, real worker processes and the real trainer on CPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from core.models import Attempt, Checkpoint, Event, Job
+from core.settings import get_settings
+from core.states import JobState, record_event
+from core.trainer_protocol import ExitCode
+from tests.support.admit import MiniScheduler, submit
+from tests.support.services import redis_url, temporary_database
+from tests.support.workers_cluster import Cluster, cluster, tiny_spec, wait_for
+from workers.dispatch import dispatch_attempt
+from workers.tasks import STOP_GRACE_S
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+
+@pytest.fixture
+def one_host(tmp_path: Path) -> Iterator[Cluster]:
+    # Visibility timeout 2 s: Redis hands the running attempt's unacknowledged message out again mid-run.
+    with (
+        temporary_database("kiln_delivery") as url,
+        cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=8.0, heartbeat_s=1.0,
+                visibility_timeout_s=2.0) as c,
+    ):  # fmt: skip
+        yield c
+
+
+def _job(c: Cluster, job_id: int) -> Job:
+    with c.sessionmaker()() as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        return job
+
+
+def _events(c: Cluster, job_id: int, type_: str) -> list[Event]:
+    with c.sessionmaker()() as db:
+        return list(db.scalars(select(Event).where(Event.job_id == job_id, Event.type == type_).order_by(Event.id)))
+
+
+def test_forced_redelivery_is_refused_and_exactly_one_attempt_trains(one_host: Cluster) -> None:
+    c = one_host
+    host = c.start_worker("a", cpu_slots=1)
+    maker = c.sessionmaker()
+    with maker() as db:
+        job_id = submit(db, tiny_spec("redelivered", steps=60, sleep_s=0.25)).id
+        db.commit()
+    sched = MiniScheduler(maker, get_settings(), interval_s=0.5).start()
+    try:
+        wait_for(lambda: _job(c, job_id).state == "RUNNING", 60, "running")
+        # Redis redelivers the unacknowledged message (visibility timeout 2 s) while the attempt trains.
+        refused = wait_for(lambda: _events(c, job_id, "DELIVERY_REFUSED"), 60, "the redelivery refused")
+        # And a message carrying a token that was never current for this attempt: refused as stale.
+        with maker() as db:
+            attempt = db.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
+        dispatch_attempt(attempt.id, attempt.fencing_token - 1, attempt.placement)
+        wait_for(lambda: any("stale fencing token" in e.message for e in _events(c, job_id, "DELIVERY_REFUSED")),
+                 30, "stale token refused")  # fmt: skip
+        wait_for(lambda: _job(c, job_id).state in ("SUCCEEDED", "FAILED"), 120, "finished")
+    finally:
+        sched.stop()
+
+    job = _job(c, job_id)
+    assert job.state == "SUCCEEDED", job.exit_reason
+    assert "already started by delivery" in refused[0].message
+    assert refused[0].data["host"] == host
+    with maker() as db:
+        attempts = db.scalars(select(Attempt).where(Attempt.job_id == job_id)).all()
+        running = db.scalars(select(Event).where(Event.job_id == job_id, Event.type == "RUNNING")).all()
+    assert len(attempts) == 1 and attempts[0].state == "SUCCEEDED"
+    assert len(running) == 1
+    log = (get_settings().resolved_storage_dir / "logs" / str(job_id) / "1.log").read_text()
+    assert log.count("launching:") == 1, "exactly one trainer was started"
+    run_dir = get_settings().resolved_storage_dir / "runs" / str(job_id)
+    assert [p.name for p in run_dir.iterdir()] == ["1"]
+    # One training run: steps 1..60 once each in the telemetry of the only rank.
+    steps = [line for line in (run_dir / "1" / "telemetry" / "rank0.jsonl").read_text().splitlines()
+             if '"kind":"step"' in line]  # fmt: skip
+    assert len(steps) == 60
+
+
+def test_cancel_running_job_checkpoints_and_is_cancelled_within_grace(one_host: Cluster) -> None:
+    c = one_host
+    c.start_worker("a", cpu_slots=1)
+    maker = c.sessionmaker()
+    with maker() as db:
+        job_id = submit(db, tiny_spec("cancelled", steps=400, every_steps=100, sleep_s=0.1)).id
+        db.commit()
+    sched = MiniScheduler(maker, get_settings(), interval_s=0.5).start()
+    try:
+        wait_for(lambda: _job(c, job_id).last_step >= 15, 90, "training under way")
+        with maker() as db:  # what the API's cancel does for a running job
+            job = db.get(Job, job_id)
+            assert job is not None and job.state == JobState.RUNNING
+            job.cancel_requested = True
+            record_event(db, "CANCEL_REQUESTED", job=job, message="cancel requested")
+            db.commit()
+        requested = time.time()
+        wait_for(lambda: _job(c, job_id).state == "CANCELLED", STOP_GRACE_S + 10, "cancelled")
+        took = time.time() - requested
+    finally:
+        sched.stop()
+
+    job = _job(c, job_id)
+    assert took < STOP_GRACE_S, f"cancelled in {took:.1f} s, beyond the {STOP_GRACE_S:.0f} s grace"
+    assert job.finished_at is not None
+    with maker() as db:
+        attempt = db.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
+        steps = db.scalars(select(Checkpoint.step).where(Checkpoint.job_id == job_id)).all()
+    # SIGTERM honoured: the trainer committed a checkpoint of the step it stopped at, then exited PREEMPTED.
+    assert attempt.state == "CANCELLED" and attempt.exit_code == ExitCode.PREEMPTED
+    assert job.last_step in steps and 15 <= job.last_step < 100, (job.last_step, steps)
+    log = (get_settings().resolved_storage_dir / "logs" / str(job_id) / "1.log").read_text()
+    assert "cancel requested" in log

@@ -1,0 +1,159 @@
+"""Acceptance 1: SIGKILL a worker and its training processes mid-run; the job fails over and finishes.
+
+Real PostgreSQL, real Redis, two `python -m workers` processes as two hosts, the real trainer on CPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from sqlalchemy import select
+
+from core.models import Attempt, Checkpoint, Event, Job, Usage
+from core.settings import get_settings
+from tests.support.admit import MiniScheduler, submit
+from tests.support.services import redis_url, temporary_database
+from tests.support.workers_cluster import Cluster, cluster, tiny_spec, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+LEASE_S = 8.0
+
+
+@pytest.fixture
+def two_hosts(tmp_path: Path) -> Iterator[Cluster]:
+    with (
+        temporary_database("kiln_failover") as url,
+        cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=LEASE_S, heartbeat_s=1.0) as c,
+    ):
+        yield c
+
+
+def _job(c: Cluster, job_id: int) -> Job:
+    with c.sessionmaker()() as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        return job
+
+
+def _terminal(c: Cluster, job_id: int) -> str | None:
+    state = _job(c, job_id).state
+    return state if state in ("SUCCEEDED", "FAILED", "CANCELLED") else None
+
+
+def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Cluster) -> None:
+    c = two_hosts
+    host_a = c.start_worker("a", cpu_slots=1)
+    host_b = c.start_worker("b", cpu_slots=2)
+    maker = c.sessionmaker()
+    wait_for(lambda: len(_hosts_up(c)) == 2, 60, "both hosts registered")
+    spec = tiny_spec("victim", steps=60, every_steps=10, sleep_s=0.15)
+    with maker() as db:
+        victim = submit(db, spec, recovery_objective_s=60.0).id
+        db.commit()
+    sched = MiniScheduler(maker, get_settings(), interval_s=0.5).start()
+    try:
+        # The victim lands on a (first by name); the reference, same spec, on b: an uninterrupted twin.
+        wait_for(lambda: _job(c, victim).state == "RUNNING", 60, "victim running")
+        with maker() as db:
+            reference = submit(db, {**spec, "name": "reference"}).id
+            db.commit()
+        first = _attempts(c, victim)[0]
+        assert first.placement[0]["host"] == host_a
+
+        # Mid-run, after at least one verified checkpoint and a few steps beyond it.
+        wait_for(lambda: _job(c, victim).last_step >= 25, 90, "victim past step 25")
+        with maker() as db:
+            ckpt_before = max(db.scalars(select(Checkpoint.step).where(Checkpoint.job_id == victim)).all())
+        trainers = c.trainer_pids(host_a)
+        assert trainers, "the worker should be running torchrun and a rank"
+        step_at_kill = _job(c, victim).last_step
+        killed_at = time.time()
+        c.kill_worker(host_a)
+        def gone(pid: int) -> bool:
+            try:
+                return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+
+        # SIGKILL is delivered asynchronously: give the kernel a moment, not the trainer a chance.
+        wait_for(lambda: all(gone(p) for p in trainers), 5, "torchrun and the rank dead")
+
+        wait_for(lambda: _terminal(c, victim), 150, "victim finished after failover")
+        wait_for(lambda: _terminal(c, reference), 60, "reference finished")
+        wait_for(lambda: _events(c, victim, "RECOVERED"), 20, "recovery time recorded")
+    finally:
+        sched.stop()
+
+    job, ref = _job(c, victim), _job(c, reference)
+    assert job.state == "SUCCEEDED", job.exit_reason
+    assert ref.state == "SUCCEEDED", ref.exit_reason
+    assert job.restart_count == 1
+    # Resumed from the last verified checkpoint: same data position, RNG and optimizer state -> the same loss.
+    assert job.last_step == ref.last_step == 60
+    assert job.last_loss == pytest.approx(ref.last_loss, rel=1e-6, abs=1e-6)
+
+    attempts = _attempts(c, victim)
+    assert [a.state for a in attempts] == ["LOST", "SUCCEEDED"]
+    second = attempts[1]
+    assert second.placement[0]["host"] == host_b
+    assert second.resumed_from_step is not None and second.resumed_from_step >= ckpt_before
+    assert second.resumed_from_step <= step_at_kill
+    assert step_at_kill - second.resumed_from_step <= spec["checkpointing"]["every_steps"] + 5
+    # Never two attempts at once: the second started only after the first was declared lost.
+    assert attempts[0].ended_at is not None and second.started_at is not None
+    assert second.started_at >= attempts[0].ended_at
+
+    lost = _events(c, victim, "LOST")
+    assert len(lost) == 1
+    assert lost[0].created_at.timestamp() - killed_at <= LEASE_S + 2.0, "declared LOST within its lease"
+    assert "lease expired" in lost[0].message
+
+    types = [e.type for e in _events(c, victim)]
+    expected = ["ADMITTED", "RUNNING", "CHECKPOINT", "LOST", "QUEUED", "ADMITTED", "RUNNING", "RESUMED",
+                "SUCCEEDED"]  # fmt: skip
+    it = iter(types)
+    assert all(t in it for t in expected), f"timeline out of order: {types}"
+
+    recovered = _events(c, victim, "RECOVERED")
+    assert len(recovered) == 1
+    data = recovered[0].data
+    assert data["lost_event_id"] == lost[0].id
+    assert 0 < data["recovery_time_s"] < 60
+    assert data["objective_s"] == 60.0 and data["met"] is True
+    assert data["resumed_from_step"] == second.resumed_from_step
+
+    with maker() as db:
+        usage = db.scalars(select(Usage).where(Usage.job_id == victim).order_by(Usage.attempt_id)).all()
+        host_down = db.scalars(select(Event).where(Event.type == "HOST_DOWN")).all()
+    assert [u.gpu_type for u in usage] == ["cpu", "cpu"]
+    assert all(u.ended_at is not None and u.gpu_seconds > 0 for u in usage)
+    assert any(e.data.get("host") == host_a for e in host_down)
+
+    log_dir = get_settings().resolved_storage_dir / "logs" / str(victim)
+    assert (log_dir / "1.log").exists() and (log_dir / "2.log").exists()
+    assert "launching" in (log_dir / "2.log").read_text()
+
+
+def _hosts_up(c: Cluster) -> list[str]:
+    from core.models import Host
+
+    with c.sessionmaker()() as db:
+        return [h.name for h in db.scalars(select(Host).where(Host.state == "UP")).all()]
+
+
+def _attempts(c: Cluster, job_id: int) -> list[Attempt]:
+    with c.sessionmaker()() as db:
+        return list(db.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)).all())
+
+
+def _events(c: Cluster, job_id: int, type_: str | None = None) -> list[Event]:
+    with c.sessionmaker()() as db:
+        q = select(Event).where(Event.job_id == job_id).order_by(Event.id)
+        if type_:
+            q = q.where(Event.type == type_)
+        return list(db.scalars(q).all())

@@ -1,0 +1,129 @@
+"""Acceptance 2: restart Redis mid-run, then PostgreSQL mid-run: no job lost, none duplicated; the API answers
+503 while the database is away and recovers by itself.
+
+These servers are shared with the rest of the suite: the outages are kept to seconds and this is the only test
+that causes them. Commands as in DEVELOPERS.md.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from core.models import Attempt, Event, Job
+from core.settings import get_settings
+from tests.support.admit import MiniScheduler, submit
+from tests.support.services import REDIS_URL_BASE, redis_url, temporary_database
+from tests.support.workers_cluster import Cluster, cluster, tiny_spec, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+REDIS_START = ["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "--port", "6379", "--save", "",
+               "--appendonly", "no"]  # fmt: skip
+
+
+def _pg_cluster(action: str) -> None:
+    version = sorted(os.listdir("/etc/postgresql"))[-1]
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action], check=True, timeout=60)
+
+
+def _redis_alive() -> bool:
+    try:
+        return bool(redis.Redis.from_url(REDIS_URL_BASE, socket_connect_timeout=1).ping())
+    except redis.exceptions.ConnectionError:
+        return False
+
+
+@pytest.fixture
+def two_hosts(tmp_path: Path) -> Iterator[Cluster]:
+    if not Path("/etc/postgresql").is_dir():
+        pytest.skip("needs a local PostgreSQL cluster managed by pg_ctlcluster")
+    with (
+        temporary_database("kiln_restarts") as url,
+        cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=10.0, heartbeat_s=1.0) as c,
+    ):
+        try:
+            yield c
+        finally:
+            # Whatever happened, leave the shared servers running.
+            if not _redis_alive():
+                subprocess.run(REDIS_START, check=False)
+            subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect",
+                            sorted(os.listdir("/etc/postgresql"))[-1], "main", "start"], check=False)  # fmt: skip
+
+
+def _job(c: Cluster, job_id: int) -> Job:
+    with c.sessionmaker()() as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        return job
+
+
+def test_redis_then_postgres_restart_loses_and_duplicates_nothing(two_hosts: Cluster) -> None:
+    from api.app import create_app
+
+    c = two_hosts
+    c.start_worker("a", cpu_slots=1)
+    c.start_worker("b", cpu_slots=1)
+    maker = c.sessionmaker()
+    api = TestClient(create_app(get_settings()), raise_server_exceptions=False)
+    assert api.get("/readyz").status_code == 200
+    with maker() as db:
+        long_job = submit(db, tiny_spec("through-restarts", steps=120, every_steps=20, sleep_s=0.2)).id
+        db.commit()
+    sched = MiniScheduler(maker, get_settings(), interval_s=0.5).start()
+    try:
+        wait_for(lambda: _job(c, long_job).last_step >= 5, 90, "training under way")
+
+        # 1. Redis goes away with everything in it (nosave). A job admitted meanwhile cannot be sent.
+        subprocess.run(["redis-cli", "-u", REDIS_URL_BASE, "shutdown", "nosave"], check=False, timeout=10)
+        wait_for(lambda: not _redis_alive(), 10, "redis down")
+        with maker() as db:
+            orphan = submit(db, tiny_spec("admitted-while-redis-down", steps=30, sleep_s=0.05)).id
+            db.commit()
+        wait_for(lambda: _job(c, orphan).state == "ADMITTED", 30, "admitted while the broker is down")
+        time.sleep(1.0)
+        subprocess.run(REDIS_START, check=True, timeout=10)
+        wait_for(_redis_alive, 10, "redis back")
+        step_after_redis = _job(c, long_job).last_step
+
+        # 2. PostgreSQL goes away: the API says 503 (problem+json), training goes on, and all recovers.
+        wait_for(lambda: _job(c, long_job).last_step > step_after_redis, 30, "training after the Redis restart")
+        _pg_cluster("stop")
+        try:
+            away = api.get("/readyz")
+            assert away.status_code == 503
+            assert away.headers["content-type"].startswith("application/problem+json")
+            time.sleep(1.0)
+        finally:
+            _pg_cluster("start")
+        wait_for(lambda: api.get("/readyz").status_code == 200, 30, "API ready again by itself")
+
+        wait_for(lambda: _job(c, long_job).state in ("SUCCEEDED", "FAILED"), 150, "long job finished")
+        wait_for(lambda: _job(c, orphan).state in ("SUCCEEDED", "FAILED"), 90, "orphaned job finished")
+    finally:
+        sched.stop()
+
+    storage = get_settings().resolved_storage_dir
+    with maker() as db:
+        for job_id in (long_job, orphan):
+            job = db.get(Job, job_id)
+            assert job is not None and job.state == "SUCCEEDED", (job_id, job and job.exit_reason)
+            attempts = db.scalars(select(Attempt).where(Attempt.job_id == job_id)).all()
+            running = db.scalars(select(Event).where(Event.job_id == job_id, Event.type == "RUNNING")).all()
+            assert len(attempts) == 1 and len(running) == 1, f"job {job_id} ran more than once"
+            assert job.restart_count == 0
+            log = (storage / "logs" / str(job_id) / "1.log").read_text()
+            assert log.count("launching:") == 1
+        # The message lost with Redis was sent again by the reconciler: the broker is not a database.
+        resent = db.scalars(select(Event).where(Event.job_id == orphan, Event.type == "REDISPATCHED")).all()
+        assert resent
+        assert db.get(Job, long_job).last_step == 120  # type: ignore[union-attr]

@@ -1,0 +1,105 @@
+"""Exactly one delivery wins a claim under real concurrency (PostgreSQL row locks), and the embedded default
+(SQLite + kombu's SQLAlchemy transport, no server at all) runs the main job end to end with a real worker."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import select
+
+from core.db import make_engine
+from core.migrate import upgrade
+from core.models import Attempt, Event, Job
+from core.settings import Settings, get_settings
+from tests.support.admit import MiniScheduler, admit, submit
+from tests.support.services import temporary_database
+from tests.support.workers_cluster import cluster, wait_for
+from workers.host_agent import HostAgent
+from workers.inventory import NoGpus
+from workers.tasks import Refused, claim
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_concurrent_deliveries_exactly_one_claims() -> None:
+    from sqlalchemy.orm import sessionmaker
+
+    settings = Settings(lease_s=10.0)
+    with temporary_database("kiln_claim") as url:
+        upgrade(url)
+        engine = make_engine(url)
+        maker = sessionmaker(bind=engine, expire_on_commit=False)
+        with maker() as db:
+            host = HostAgent(name="race", inventory=NoGpus(), cpu_slots=1, address=None, heartbeat_interval_s=1)
+            host_row = host.register(db)
+            job = submit(db, yaml.safe_load((ROOT / "examples" / "gpt-tiny.yaml").read_text()))
+            attempt = admit(db, job, host_row)
+            db.commit()
+            attempt_id, token, job_id = attempt.id, attempt.fencing_token, job.id
+        barrier = threading.Barrier(8)
+        results: list[str] = []
+
+        def deliver(i: int) -> None:
+            barrier.wait()
+            with maker() as db:
+                try:
+                    claim(db, attempt_id=attempt_id, token=token, node_rank=0, host="race", delivery=f"d{i}",
+                          settings=settings)  # fmt: skip
+                    results.append("won")
+                except Refused:
+                    results.append("refused")
+                db.commit()
+
+        threads = [threading.Thread(target=deliver, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        with maker() as db:
+            refusals = db.scalars(select(Event).where(Event.job_id == job_id, Event.type == "DELIVERY_REFUSED")).all()
+            running = db.scalars(select(Event).where(Event.job_id == job_id, Event.type == "RUNNING")).all()
+            att = db.get(Attempt, attempt_id)
+            assert att is not None
+            claimed_by = att.placement[0]["claimed_by"]
+        engine.dispose()
+    assert sorted(results) == ["refused"] * 7 + ["won"]
+    assert len(refusals) == 7 and len(running) == 1
+    assert claimed_by not in {e.data["delivery"] for e in refusals}
+
+
+@pytest.mark.timeout(180)
+def test_embedded_default_runs_the_main_job(tmp_path: Path) -> None:
+    spec = yaml.safe_load((ROOT / "examples" / "gpt-tiny.yaml").read_text())
+    with cluster(tmp_path, database_url=f"sqlite:///{tmp_path}/kiln.db",
+                 broker_url=f"sqla+sqlite:///{tmp_path}/broker.db") as c:  # fmt: skip
+        c.start_worker("laptop", cpu_slots=1)
+        maker = c.sessionmaker()
+        with maker() as db:
+            job_id = submit(db, spec).id
+            db.commit()
+        sched = MiniScheduler(maker, get_settings(), interval_s=0.5).start()
+        try:
+            def finished() -> str | None:
+                with maker() as db:
+                    job = db.get(Job, job_id)
+                    assert job is not None
+                    return job.state if job.state in ("SUCCEEDED", "FAILED") else None
+
+            wait_for(finished, 150, "the main job finished")
+        finally:
+            sched.stop()
+        with maker() as db:
+            job = db.get(Job, job_id)
+            assert job is not None
+            assert job.state == "SUCCEEDED", job.exit_reason
+            assert job.last_step == 60 and job.last_loss is not None and job.last_loss < 4.0
+            types = [e.type for e in db.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id))]
+            assert types.count("CHECKPOINT") == 3  # every 20 steps
+            assert "MEMORY_PREDICTION" in types and types[-1] == "SUCCEEDED"
+        log = (get_settings().resolved_storage_dir / "logs" / str(job_id) / "1.log").read_text()
+        assert "launching:" in log and "torchrun exited with 0: succeeded" in log

@@ -1,0 +1,222 @@
+"""The reconciler and the worker's claim against a real PostgreSQL (each test in a rolled-back transaction)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.db import utcnow
+from core.models import GPU, Attempt, Event, Host, Job, QosClass, Usage
+from core.settings import Settings
+from scheduler import reconciler
+from scheduler.reconciler import reconcile, restart_backoff_s
+from tests.support.admit import admit, submit
+from tests.support.nvml_replay import NVMLReplay
+from tests.support.workers_cluster import tiny_spec
+from workers.host_agent import HostAgent
+from workers.inventory import NoGpus
+from workers.tasks import Claimed, Refused, attempt_env, claim
+
+pytestmark = pytest.mark.integration
+
+SETTINGS = Settings(lease_s=10.0, heartbeat_interval_s=1.0)
+
+
+def _host(db: Session, name: str, slots: int = 2) -> Host:
+    agent = HostAgent(name=name, inventory=NoGpus(), cpu_slots=slots, address="127.0.0.1", heartbeat_interval_s=1)
+    host = agent.register(db)
+    db.flush()
+    return host
+
+
+def _events(db: Session, job: Job, type_: str) -> list[Event]:
+    return list(db.scalars(select(Event).where(Event.job_id == job.id, Event.type == type_).order_by(Event.id)))
+
+
+def _running(db: Session, host: Host, *, max_restarts: int = 3) -> tuple[Job, Attempt]:
+    job = submit(db, tiny_spec(f"j{host.name}"), max_restarts=max_restarts)
+    attempt = admit(db, job, host)
+    claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name, delivery="d1",
+          settings=SETTINGS)  # fmt: skip
+    return job, attempt
+
+
+def test_expired_lease_requeues_with_backoff_and_frees_the_attempt(db: Session) -> None:
+    host = _host(db, "rec-a")
+    job, attempt = _running(db, host)
+    assert job.state == "RUNNING" and attempt.state == "RUNNING"
+    now = utcnow()
+    assert reconcile(db=db, now=now, settings=SETTINGS) == []  # the lease is fresh
+    host.last_heartbeat_at = now  # the host is alive, only the attempt went silent
+    later = now + timedelta(seconds=SETTINGS.lease_s + 1)
+    host.last_heartbeat_at = later
+    actions = reconcile(db=db, now=later, settings=SETTINGS)
+    assert any("LOST -> QUEUED" in a for a in actions), actions
+    assert job.state == "QUEUED" and job.restart_count == 1
+    assert job.not_before == later + timedelta(seconds=restart_backoff_s(1))
+    assert attempt.state == "LOST" and attempt.ended_at == later
+    lost = _events(db, job, "LOST")
+    assert len(lost) == 1 and "lease expired" in lost[0].message
+    queued = _events(db, job, "QUEUED")[-1]
+    assert queued.data["avoid_hosts"] == ["rec-a"] and queued.data["backoff_s"] == 1.0
+    usage = db.scalars(select(Usage).where(Usage.attempt_id == attempt.id)).one()
+    assert usage.ended_at is not None and usage.gpu_type == "cpu"
+
+
+def test_past_max_restarts_fails_with_the_reason(db: Session) -> None:
+    host = _host(db, "rec-b")
+    job, attempt = _running(db, host, max_restarts=0)
+    later = utcnow() + timedelta(seconds=60)
+    host.last_heartbeat_at = later
+    reconcile(db=db, now=later, settings=SETTINGS)
+    assert job.state == "FAILED"
+    assert job.exit_reason is not None and "max_restarts=0" in job.exit_reason
+
+
+def test_backoff_is_exponential_and_capped() -> None:
+    assert [restart_backoff_s(n) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
+    assert restart_backoff_s(50) == reconciler.BACKOFF_CAP_S
+
+
+def test_stale_host_goes_down_and_an_unclaimed_attempt_there_is_given_up(db: Session) -> None:
+    host = _host(db, "rec-c")
+    job = submit(db, tiny_spec("never-picked"))
+    attempt = admit(db, job, host)
+    later = utcnow() + timedelta(seconds=reconciler.pickup_timeout_s(SETTINGS) + 5)
+    actions = reconcile(db=db, now=later, settings=SETTINGS)
+    assert "host rec-c: DOWN" in actions
+    assert attempt.state == "LOST" and job.state == "QUEUED"
+    assert "hosts not available: rec-c" in _events(db, job, "LOST")[0].message
+
+
+def test_unclaimed_attempt_on_a_live_host_is_dispatched_again_after_commit(db: Session) -> None:
+    host = _host(db, "rec-d")
+    job = submit(db, tiny_spec("resend"))
+    attempt = admit(db, job, host)
+    later = utcnow() + timedelta(seconds=reconciler.pickup_timeout_s(SETTINGS) + 1)
+    host.last_heartbeat_at = later
+    actions = reconcile(db=db, now=later, settings=SETTINGS)
+    assert f"attempt {attempt.id}: re-dispatched" in actions
+    assert attempt.state == "PENDING" and attempt.lease_expires_at is not None
+    assert db.info[reconciler._DISPATCH_KEY] == [(attempt.id, attempt.fencing_token, attempt.placement)]
+    ev = _events(db, job, "REDISPATCHED")
+    assert len(ev) == 1 and ev[0].data["attempt_id"] == attempt.id
+    db.info.pop(reconciler._DISPATCH_KEY)  # rolled back: nothing must reach the broker
+
+
+def test_stale_token_and_second_claim_are_refused_with_events(db: Session) -> None:
+    host = _host(db, "rec-e")
+    job, attempt = _running(db, host)
+    with pytest.raises(Refused, match="already started"):
+        claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name, delivery="d2",
+              settings=SETTINGS)  # fmt: skip
+    with pytest.raises(Refused, match="stale fencing token"):
+        claim(db, attempt_id=attempt.id, token=attempt.fencing_token + 7, node_rank=0, host=host.name,
+              delivery="d3", settings=SETTINGS)  # fmt: skip
+    with pytest.raises(Refused, match="placed on"):
+        job2 = submit(db, tiny_spec("elsewhere"))
+        a2 = admit(db, job2, host)
+        claim(db, attempt_id=a2.id, token=a2.fencing_token, node_rank=0, host="not-this-host", delivery="d4",
+              settings=SETTINGS)  # fmt: skip
+    refused = _events(db, job, "DELIVERY_REFUSED")
+    assert [e.data["delivery"] for e in refused] == ["d2", "d3"]
+
+
+def test_recovery_time_recorded_against_the_objective(db: Session) -> None:
+    host = _host(db, "rec-f")
+    job, attempt = _running(db, host)
+    t0 = utcnow() + timedelta(seconds=30)
+    host.last_heartbeat_at = t0
+    reconcile(db=db, now=t0, settings=SETTINGS)
+    lost = _events(db, job, "LOST")[0]
+    job.not_before = None
+    second = admit(db, job, host)
+    claim(db, attempt_id=second.id, token=second.fencing_token, node_rank=0, host=host.name, delivery="d5",
+          settings=SETTINGS)  # fmt: skip
+    second.first_step_at = lost.created_at + timedelta(seconds=7.5)
+    second.resumed_from_step = 20
+    reconcile(db=db, now=utcnow(), settings=SETTINGS)  # the second attempt's lease is fresh
+    rec = _events(db, job, "RECOVERED")
+    assert len(rec) == 1
+    assert rec[0].data["recovery_time_s"] == pytest.approx(7.5)
+    assert rec[0].data["objective_s"] == 60.0 and rec[0].data["met"] is True
+    reconcile(db=db, now=utcnow(), settings=SETTINGS)
+    assert len(_events(db, job, "RECOVERED")) == 1  # once per incident
+    assert len(_events(db, job, "LOST")) == 1
+
+
+def test_gpu_xid_error_excludes_the_host_until_its_time_is_served(db: Session, tmp_path: Path) -> None:
+    gpu = {"uuid": "GPU-replay-0", "index": 0, "model": "NVIDIA H200", "memory_bytes": 141 * 2**30,
+           "mig_mode": False, "pcie_gen": 5, "nvlink_peers": []}  # fmt: skip
+    clean = {"uuid": "GPU-replay-0", "ts": 1.0, "utilization_pct": 90.0, "memory_used_bytes": 2**30,
+             "pcie_tx_bytes_per_s": 1e9, "pcie_rx_bytes_per_s": 1e9, "nvlink_tx_bytes_per_s": None,
+             "nvlink_rx_bytes_per_s": None, "temperature_c": 50.0, "ecc_uncorrected": 0, "xid_errors": []}  # fmt: skip
+    recording = tmp_path / "nvml.json"
+    recording.write_text(json.dumps({"gpus": [gpu], "samples": [[clean], [{**clean, "xid_errors": [79]}]]}))
+    agent = HostAgent(name="rec-gpu", inventory=NVMLReplay(recording), cpu_slots=0, address=None,
+                      heartbeat_interval_s=1)  # fmt: skip
+    host = agent.register(db)
+    db.flush()
+    assert [g.model for g in host.gpus] == ["NVIDIA H200"] and host.cpu_slots == 0
+    agent.sample(db)
+    db.flush()
+    now = utcnow()
+    assert reconcile(db=db, now=now, settings=SETTINGS) == []
+    agent.sample(db)  # Xid 79: fallen off the bus
+    db.flush()
+    actions = reconcile(db=db, now=now, settings=SETTINGS)
+    assert actions == [f"host rec-gpu: EXCLUDED ({host.exclusion_reason})"]
+    assert host.state == "EXCLUDED" and "Xid 79" in (host.exclusion_reason or "")
+    served = now + timedelta(seconds=reconciler.EXCLUSION_S + 1)
+    host.last_heartbeat_at = served
+    assert reconcile(db=db, now=served, settings=SETTINGS) == ["host rec-gpu: readmitted"]
+    assert host.state == "UP" and all(g.healthy for g in host.gpus)
+
+
+def test_attempt_env_enforces_the_qos_caps_on_gpus(db: Session) -> None:
+    silver = db.scalars(select(QosClass).where(QosClass.name == "silver")).one()
+    gpus = [GPU(uuid=f"GPU-{i}", index=i, model="NVIDIA H200", memory_bytes=140 * 10**9, host_id=0,
+                nvlink_peers=["x"]) for i in range(2)]  # fmt: skip
+    claimed = Claimed(job_id=5, attempt_number=2, spec={}, placement=[], gpus=gpus, qos=silver,
+                      host_links={"pcie_bytes_per_s": 64 * 10**9}, rendezvous=None, time_left_s=None)  # fmt: skip
+    env = attempt_env(claimed, attempt_id=9, token=4, checkpoint_dir=Path("/c"), compile_dir=Path("/k"), slots=2)
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-0,GPU-1"
+    assert env["KILN_FENCING_TOKEN"] == "4" and env["KILN_CHECKPOINT_DIR"] == "/c"
+    assert float(env["KILN_GPU_MEMORY_FRACTION"]) == pytest.approx(4e9 / 140e9, rel=1e-4)  # silver: 4 GB
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "60"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=3814M,1=3814M"
+    assert env["NCCL_MAX_NCHANNELS"] == "8"  # 16 GB/s of a 64 GB/s link: a quarter of 32 channels
+    assert env["NCCL_NVLS_ENABLE"] == "0"
+    assert not any(k.startswith("KILN_") and k not in (
+        "KILN_FENCING_TOKEN", "KILN_CHECKPOINT_DIR", "KILN_COMPILE_CACHE_DIR", "KILN_JOB_ID", "KILN_ATTEMPT_ID",
+        "KILN_GPU_MEMORY_FRACTION") for k in env)  # fmt: skip
+
+
+def test_backoff_escalates_only_while_attempts_do_not_train(db: Session) -> None:
+    host = _host(db, "rec-g")
+    job, attempt = _running(db, host, max_restarts=10)
+    t = utcnow()
+    backoffs = []
+    for i in range(3):  # three attempts that die before their first step: a crash loop
+        t += timedelta(seconds=60)
+        host.last_heartbeat_at = t
+        reconcile(db=db, now=t, settings=SETTINGS)
+        backoffs.append(_events(db, job, "QUEUED")[-1].data["backoff_s"])
+        job.not_before = None
+        attempt = admit(db, job, host)
+        claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
+              delivery=f"g{i}", settings=SETTINGS)  # fmt: skip
+    attempt.first_step_at = t  # this one trains: losing its host is not the job's fault
+    attempt.resumed_from_step = 0
+    job.last_step = 5
+    t += timedelta(seconds=60)
+    host.last_heartbeat_at = t
+    reconcile(db=db, now=t, settings=SETTINGS)
+    backoffs.append(_events(db, job, "QUEUED")[-1].data["backoff_s"])
+    assert backoffs == [1.0, 2.0, 4.0, 1.0]
+    assert job.restart_count == 4

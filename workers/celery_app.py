@@ -1,0 +1,88 @@
+"""The Celery application of the workers: one queue per host, settings chosen for hours-long training tasks.
+
+Celery is only the doorbell here. PostgreSQL holds every attempt, its placement, its lease and its fencing
+token; a message that is lost is re-sent by the reconciler, and a message that is delivered twice is refused
+by the fencing token. The settings below therefore favour "never drop a task silently" over "never deliver twice".
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+from celery import Celery
+
+from core.settings import get_settings
+
+TASK_RUN_ATTEMPT = "kiln.run_attempt"
+
+
+def host_queue(host_name: str) -> str:
+    """Each host consumes only its own queue, so a placement decides exactly where an attempt runs."""
+    return f"host.{host_name}"
+
+
+def make_celery(broker_url: str, *, visibility_timeout_s: float | None = None) -> Celery:
+    app = Celery("kiln", broker=broker_url, include=["workers.tasks"])
+    transport_options: dict[str, object] = {}
+    if not broker_url.startswith("sqla+"):
+        # Redis: an unacknowledged message is handed out again after this long. A training task holds its
+        # message (late ack) for hours, so a short timeout means a redelivery of every long job; that is
+        # harmless (the fencing token refuses it in milliseconds) but noisy, so production uses 12 h: longer
+        # than almost every attempt, and a message stranded by a dead worker is replaced by the reconciler's
+        # re-dispatch long before it matters. Tests lower it to force a redelivery.
+        # (kombu's SQLAlchemy transport hands these options to create_engine and has no redelivery at all:
+        # the embedded default relies on the reconciler alone, which is enough for one laptop.)
+        transport_options["visibility_timeout"] = (
+            visibility_timeout_s if visibility_timeout_s is not None else 12 * 3600.0
+        )
+        if visibility_timeout_s is not None and visibility_timeout_s < 60:
+            # A short timeout is only useful if the unacked set is scanned as often (kombu's default scans
+            # every ~10 s x a throttle of 10).
+            transport_options["unacked_restore_interval"] = 1
+            transport_options["unacked_restore_throttle"] = 1
+    app.conf.update(
+        broker_transport_options=transport_options,
+        # One message at a time per free thread: a worker must not reserve a second training task that
+        # would wait behind a running one for hours while another host sits idle.
+        worker_prefetch_multiplier=1,
+        # Acknowledge after the attempt ends, not when it starts: a worker killed mid-run leaves the message
+        # to be redelivered (the fencing token then decides whether it may still run).
+        task_acks_late=True,
+        # ...and the same when the executing process itself dies (OOM killer, SIGKILL).
+        task_reject_on_worker_lost=True,
+        # A broker restart must not kill hours of training: the attempt keeps running and its lease lives in
+        # PostgreSQL, not in the broker connection.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        broker_connection_retry_on_startup=True,
+        broker_connection_max_retries=None,  # keep reconnecting through a Redis restart, forever
+        # Soft shutdown (Celery >= 5.5): on a warm shutdown the supervisor is told to checkpoint and stop its
+        # trainer (see workers.tasks: worker_shutting_down); give it this long before the cold shutdown that
+        # requeues the unacknowledged messages. Long enough for one checkpoint of a large model.
+        worker_soft_shutdown_timeout=120.0,
+        worker_enable_soft_shutdown_on_idle=True,
+        # Results live in PostgreSQL (attempt exit code and reason); there is no result backend.
+        task_ignore_result=True,
+        task_store_errors_even_if_ignored=False,
+        task_serializer="json",
+        accept_content=["json"],
+        task_default_queue="kiln.default",
+        # Liveness of hosts is the host agent's heartbeat in PostgreSQL; Celery's own events are not needed.
+        worker_send_task_events=False,
+        task_send_sent_event=False,
+        worker_hijack_root_logger=False,
+        timezone="UTC",
+        enable_utc=True,
+    )
+    return app
+
+
+# Read from the environment rather than Settings because only tests change it (to force a redelivery).
+ENV_VISIBILITY_TIMEOUT = "KILN_BROKER_VISIBILITY_TIMEOUT_S"
+
+
+@lru_cache
+def get_app() -> Celery:
+    """The process-wide app on ``settings.resolved_broker_url`` (Redis in production, sqla+sqlite embedded)."""
+    vt = os.environ.get(ENV_VISIBILITY_TIMEOUT)
+    return make_celery(get_settings().resolved_broker_url, visibility_timeout_s=float(vt) if vt else None)

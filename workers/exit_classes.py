@@ -1,0 +1,83 @@
+"""Classify how an attempt ended, from the trainer's exit codes and what the supervisor itself did.
+
+The classes decide the job's next state (see ``workers.tasks``): only infrastructure failures are retried
+automatically; a user error or an OOM would fail again the same way.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass
+
+from core.trainer_protocol import ExitCode
+
+
+class ExitClass(enum.StrEnum):
+    SUCCEEDED = "succeeded"
+    USER_ERROR = "user_error"
+    INFRASTRUCTURE = "infrastructure"  # crash, signal, lost node: retry elsewhere (restart_count += 1)
+    PREEMPTED = "preempted"  # asked by the scheduler: requeue with progress, no restart counted
+    CANCELLED = "cancelled"
+    OOM = "oom"
+    NCCL_ERROR = "nccl_error"  # retried like infrastructure: a link or a peer failed, not the job
+    TIMEOUT = "timeout"  # spec.time_limit_s
+    FENCED = "fenced"  # another attempt owns the job; this one may not change its state
+    DRAINED = "drained"  # the worker shut down gracefully: requeue with progress, no restart counted
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """Why the supervisor sent SIGTERM (None: it did not)."""
+
+    reason: ExitClass
+
+
+@dataclass(frozen=True)
+class Outcome:
+    exit_class: ExitClass
+    reason: str
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    try:
+        return f"exit code {code} ({ExitCode(code).name})"
+    except ValueError:
+        return f"exit code {code}"
+
+
+def classify(rank_codes: dict[int, int], launcher_code: int, stop: StopRequest | None) -> Outcome:
+    """``rank_codes``: the exit code each rank recorded (a rank killed by a signal records none).
+
+    ``launcher_code`` is torchrun's own code, which only says "some rank failed"; the ranks' codes say how.
+    """
+    codes = set(rank_codes.values())
+    worst = next((c for c in rank_codes.values() if c != 0), launcher_code)
+    detail = ", ".join(f"rank {r}: {_describe(c)}" for r, c in sorted(rank_codes.items())) or _describe(launcher_code)
+
+    if ExitCode.FENCED in codes:
+        return Outcome(ExitClass.FENCED, f"fenced: a newer attempt owns the job ({detail})")
+    if stop is not None:
+        # We asked it to stop. A clean PREEMPTED exit means a checkpoint was committed first; a rank that
+        # had to be killed after the grace period still stops for the same reason (its progress is the last
+        # checkpoint).
+        if launcher_code == 0 and codes <= {ExitCode.SUCCEEDED} and rank_codes:
+            return Outcome(ExitClass.SUCCEEDED, f"finished before the stop took effect ({detail})")
+        return Outcome(stop.reason, f"{stop.reason.value} ({detail})")
+    if launcher_code == 0 and (not rank_codes or codes == {ExitCode.SUCCEEDED}):
+        return Outcome(ExitClass.SUCCEEDED, "succeeded")
+    if ExitCode.OOM in codes:
+        return Outcome(ExitClass.OOM, f"out of memory ({detail})")
+    if ExitCode.USER_ERROR in codes or ExitCode.TOO_MANY_SPIKES in codes:
+        return Outcome(ExitClass.USER_ERROR, f"user error ({detail})")
+    if ExitCode.NCCL_ERROR in codes:
+        return Outcome(ExitClass.NCCL_ERROR, f"NCCL error ({detail})")
+    if ExitCode.PREEMPTED in codes:
+        # SIGTERM that did not come from us (the host is shutting down): progress is checkpointed.
+        return Outcome(ExitClass.DRAINED, f"stopped by an outside SIGTERM ({detail})")
+    return Outcome(ExitClass.INFRASTRUCTURE, f"crashed: {_describe(worst)} ({detail})")

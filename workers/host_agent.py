@@ -1,0 +1,131 @@
+"""The host agent: registers the host and its GPUs, heartbeats, and samples GPU health, in a thread of the worker.
+
+The heartbeat is what the reconciler reads to declare a host DOWN; GPU errors it records (``gpus.healthy``,
+``gpus.last_sample.errors``) are what make the reconciler exclude the host.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session
+
+from core.db import session_scope, utcnow
+from core.models import GPU, Host
+from core.states import record_event
+from workers.celery_app import host_queue
+from workers.inventory import Inventory
+
+log = logging.getLogger(__name__)
+
+SAMPLE_INTERVAL_S = 10.0
+
+
+class HostAgent:
+    def __init__(self, *, name: str, inventory: Inventory, cpu_slots: int, address: str | None,
+                 heartbeat_interval_s: float, sample_interval_s: float = SAMPLE_INTERVAL_S):  # fmt: skip
+        self.name = name
+        self.inventory = inventory
+        self.cpu_slots = cpu_slots
+        self.address = address
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.sample_interval_s = sample_interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.slots = 0
+
+    def register(self, db: Session) -> Host:
+        """Create or update the host row and its GPUs (GPUs that disappeared are removed)."""
+        now = utcnow()
+        gpus = self.inventory.discover()
+        host = db.scalars(select(Host).where(Host.name == self.name).with_for_update()).first()
+        if host is None:
+            host = Host(name=self.name, queue=host_queue(self.name), links={}, registered_at=now)
+            db.add(host)
+        host.queue = host_queue(self.name)
+        host.address = self.address
+        host.cpu_slots = 0 if gpus else self.cpu_slots
+        if not (host.excluded_until and host.excluded_until > now):
+            host.state = "UP"
+        host.last_heartbeat_at = now
+        db.flush()
+        existing = {g.uuid: g for g in host.gpus}
+        seen = set()
+        for info in gpus:
+            seen.add(info.uuid)
+            row = existing.get(info.uuid) or db.scalars(select(GPU).where(GPU.uuid == info.uuid)).first()
+            if row is None:
+                row = GPU(uuid=info.uuid, index=info.index, model=info.model, memory_bytes=info.memory_bytes)
+            if row not in host.gpus:  # new, or moved here from another host entry (same physical GPU)
+                host.gpus.append(row)
+            row.index = info.index
+            row.model = info.model
+            row.memory_bytes = info.memory_bytes
+            row.mig_mode = info.mig_mode
+            row.pcie_gen = info.pcie_gen
+            row.nvlink_peers = list(info.nvlink_peers)
+        for uuid, row in existing.items():
+            if uuid not in seen:
+                db.delete(row)
+        self.slots = len(gpus) or self.cpu_slots
+        record_event(db, "HOST_REGISTERED", message=f"host {self.name}: {len(gpus)} GPUs, {host.cpu_slots} CPU slots",
+                     data={"host": self.name, "gpus": [g.uuid for g in gpus], "cpu_slots": host.cpu_slots})  # fmt: skip
+        return host
+
+    def heartbeat(self, db: Session) -> None:
+        host = db.scalars(select(Host).where(Host.name == self.name).with_for_update()).first()
+        if host is None:  # deleted by an admin while we ran: register again
+            self.register(db)
+            return
+        now = utcnow()
+        host.last_heartbeat_at = now
+        if host.state == "DOWN":
+            # An exclusion outlives a restart of the host: bad GPUs are still bad after a reboot.
+            host.state = "EXCLUDED" if host.excluded_until and host.excluded_until > now else "UP"
+            record_event(db, "HOST_UP", message=f"host {self.name} is heartbeating again", data={"host": self.name})
+
+    def sample(self, db: Session) -> None:
+        samples = self.inventory.sample()
+        if not samples:
+            return
+        rows = {g.uuid: g for g in db.scalars(select(GPU).join(Host).where(Host.name == self.name)).all()}
+        for s in samples:
+            row = rows.get(s.uuid)
+            if row is None:
+                continue
+            row.last_sample = s.as_dict()
+            if s.errors:
+                row.healthy = False
+                record_event(db, "GPU_ERROR", message=f"host {self.name} GPU {row.index}: {', '.join(s.errors)}",
+                             data={"host": self.name, "gpu": s.uuid, "errors": s.errors})  # fmt: skip
+            # Unhealthy is sticky: the reconciler clears it when the host's exclusion ends (a clean sample
+            # must not erase an error before the reconciler has seen it).
+
+    def _loop(self) -> None:
+        next_sample = 0.0
+        while not self._stop.is_set():
+            start = time.monotonic()
+            try:
+                with session_scope() as db:
+                    self.heartbeat(db)
+                    if start >= next_sample:
+                        next_sample = start + self.sample_interval_s
+                        self.sample(db)
+            except (OperationalError, DBAPIError) as exc:
+                log.warning("host heartbeat failed (database unavailable?): %s", exc)
+            except Exception:
+                log.exception("host agent iteration failed")
+            self._stop.wait(max(0.0, self.heartbeat_interval_s - (time.monotonic() - start)))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"host-agent-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

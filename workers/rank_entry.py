@@ -1,0 +1,78 @@
+"""What torchrun starts for each rank: ``python -m trainer`` plus two things torchrun cannot give the worker.
+
+1. The rank's own exit code. torchrun reports any failing rank as its own exit code 1, and the worker needs the
+   trainer's code (PREEMPTED, OOM, NCCL_ERROR, ...) to decide the job's next state. Each rank writes its code to
+   ``RUN_DIR/exit/rank{R}`` (atomically) on the way out; a rank killed by a signal writes nothing, which the
+   worker reads as "killed".
+2. A parent-death signal: torchrun starts every rank in its own session, so a rank would outlive a SIGKILLed
+   torchrun and keep a GPU busy. With PR_SET_PDEATHSIG the rank receives SIGTERM when torchrun dies: it then
+   checkpoints if its fencing token is still current, and exits.
+
+The trainer still runs as ``__main__`` with its own argv, exactly as ``python -m trainer --spec ... --run-dir ...``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import runpy
+import signal
+import sys
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+EXIT_DIR = "exit"
+
+
+def _set_parent_death_signal(sig: int) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+
+def _run_dir(argv: list[str]) -> Path | None:
+    for i, arg in enumerate(argv):
+        if arg == "--run-dir" and i + 1 < len(argv):
+            return Path(argv[i + 1])
+        if arg.startswith("--run-dir="):
+            return Path(arg.split("=", 1)[1])
+    return None
+
+
+def _record(run_dir: Path | None, code: int) -> None:
+    if run_dir is None:
+        return
+    rank = os.environ.get("RANK", "0")
+    target = run_dir / EXIT_DIR / f"rank{rank}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(str(code))
+    os.replace(tmp, target)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    _set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() == 1:  # torchrun already died between fork and prctl
+        sys.exit(int(signal.SIGTERM) + 128)
+    run_dir = _run_dir(argv)
+    sys.argv = ["trainer", *argv]
+    code = 1
+    try:
+        runpy.run_module("trainer", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        if exc.code is None:
+            code = 0
+        elif isinstance(exc.code, int):
+            code = exc.code
+        else:
+            code = 1
+        raise
+    finally:
+        _record(run_dir, code)
+
+
+if __name__ == "__main__":
+    main()

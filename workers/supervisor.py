@@ -1,0 +1,184 @@
+"""Launch torchrun for one node of an attempt, signal it, capture its log, and kill its whole tree if needed.
+
+torchrun starts each rank in a session of its own, so a process-group signal does not reach the ranks; the
+supervisor therefore remembers every descendant it has seen (psutil, refreshed while it runs) and kills them by
+pid when the grace period is over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+from workers.rank_entry import EXIT_DIR
+
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Several nodes meet at ``endpoint`` (host:port); node 0 hosts the c10d store."""
+
+    nnodes: int
+    node_rank: int
+    endpoint: str
+    run_id: str
+
+
+def torchrun_command(
+    *, nproc_per_node: int, spec_path: Path, run_dir: Path, rendezvous: Rendezvous | None
+) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node)]
+    if rendezvous is None or rendezvous.nnodes == 1:
+        cmd += ["--standalone"]
+    else:
+        cmd += [
+            "--nnodes", str(rendezvous.nnodes),
+            "--node-rank", str(rendezvous.node_rank),
+            "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", rendezvous.endpoint,
+            "--rdzv-id", rendezvous.run_id,
+            # Node 0 hosts the store even when the endpoint's name does not match its hostname.
+            "--rdzv-conf", f"is_host={'true' if rendezvous.node_rank == 0 else 'false'}",
+        ]  # fmt: skip
+    cmd += [
+        # kiln restarts at the job level (a fresh fencing token, maybe another host), never in place.
+        "--max-restarts", "0",
+        "--monitor-interval", "0.5",
+        "-m", "workers.rank_entry",
+        "--spec", str(spec_path),
+        "--run-dir", str(run_dir),
+    ]  # fmt: skip
+    return cmd
+
+
+def _parent_death_sigterm() -> None:
+    # If the worker dies (SIGKILL), torchrun gets SIGTERM and forwards it: the ranks checkpoint and stop
+    # instead of training on, unsupervised, until a newer attempt fences them.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+class TrainerProcess:
+    """One torchrun launcher and the ranks it starts."""
+
+    def __init__(self, argv: list[str], *, env: Mapping[str, str], log_path: Path, run_dir: Path, cwd: Path):
+        self.argv = argv
+        self.env = dict(env)
+        self.log_path = log_path
+        self.run_dir = run_dir
+        self.cwd = cwd
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._tree: dict[int, psutil.Process] = {}
+        self.started_monotonic = 0.0
+        self.term_sent_at: float | None = None
+        self.killed = False
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    def log_line(self, message: str) -> None:
+        """Supervisor notes interleaved with the trainer's output in the attempt's log."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        with open(self.log_path, "ab") as f:
+            f.write(f"[kiln-worker {stamp}] {message}\n".encode())
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_line("launching: " + " ".join(self.argv))
+        self._log = open(self.log_path, "ab", buffering=0)  # noqa: SIM115 - closed in wait()/close()
+        self._proc = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            cwd=self.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # signals to the worker (Ctrl-C) are not signals to the trainer
+            preexec_fn=_parent_death_sigterm,
+        )
+        self.started_monotonic = time.monotonic()
+        self._tree = {self._proc.pid: psutil.Process(self._proc.pid)}
+
+    def refresh_tree(self) -> None:
+        """Remember every descendant while they are alive; after torchrun dies they cannot be found any more."""
+        root = self._tree.get(self.pid)
+        if root is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            for child in root.children(recursive=True):
+                self._tree.setdefault(child.pid, child)
+
+    def poll(self) -> int | None:
+        assert self._proc is not None
+        return self._proc.poll()
+
+    def terminate(self) -> None:
+        """SIGTERM to torchrun, which forwards it to every rank (each checkpoints, then exits PREEMPTED)."""
+        if self.term_sent_at is None:
+            self.term_sent_at = time.monotonic()
+        self.refresh_tree()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        # The ranks too, directly: if torchrun is wedged the ranks still get the request.
+        for pid, proc in self._tree.items():
+            if pid != self.pid:
+                with contextlib.suppress(psutil.Error):
+                    proc.send_signal(signal.SIGTERM)
+
+    def kill_tree(self) -> None:
+        """SIGKILL torchrun and every rank it ever started (psutil checks pid reuse through create time)."""
+        self.refresh_tree()
+        self.killed = True
+        for proc in self._tree.values():
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self._proc is not None
+        code = self._proc.wait(timeout)
+        self.close()
+        return code
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def rank_exit_codes(self) -> dict[int, int]:
+        """Exit codes the ranks recorded through ``workers.rank_entry``; killed ranks are missing."""
+        codes: dict[int, int] = {}
+        exit_dir = self.run_dir / EXIT_DIR
+        if not exit_dir.is_dir():
+            return codes
+        for path in exit_dir.glob("rank*"):
+            if path.suffix == ".tmp":
+                continue
+            with contextlib.suppress(ValueError, OSError):
+                codes[int(path.name.removeprefix("rank"))] = int(path.read_text().strip())
+        return codes
+
+    def reap_leftovers(self) -> list[int]:
+        """After torchrun exits, kill ranks that are still alive (they must not train unsupervised)."""
+        left = []
+        for pid, proc in self._tree.items():
+            with contextlib.suppress(psutil.Error):
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    proc.kill()
+                    left.append(pid)
+        return left

@@ -1,0 +1,513 @@
+"""``kiln.run_attempt``: claim an attempt under its fencing token, run torchrun for it, and report how it ended.
+
+Every write about the job happens in a transaction that first locks the job row and checks that the job's
+fencing token is still this attempt's; a delivery or a worker that lost its token changes nothing but its own
+attempt row. This is what makes Redis redelivery harmless and "no job runs twice" true.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from celery.signals import worker_shutting_down
+from sqlalchemy import select, update
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session
+
+from core.db import session_scope, utcnow
+from core.models import GPU, Attempt, Host, Job, QosClass, Usage
+from core.settings import Settings, get_settings
+from core.states import ACTIVE, JobState, record_event, transition
+from core.trainer_protocol import (
+    ENV_ATTEMPT_ID,
+    ENV_CHECKPOINT_DIR,
+    ENV_COMPILE_CACHE_DIR,
+    ENV_FENCING_TOKEN,
+    ENV_JOB_ID,
+    ENV_MEMORY_FRACTION,
+    FENCE_FILE,
+)
+from scheduler.reconciler import end_attempt, requeue_after_failure
+from workers.celery_app import TASK_RUN_ATTEMPT, get_app
+from workers.exit_classes import ExitClass, Outcome, StopRequest, classify
+from workers.supervisor import Rendezvous, TrainerProcess, torchrun_command
+from workers.telemetry_relay import RelayState, TelemetryTail, relay
+
+log = logging.getLogger(__name__)
+app = get_app()
+
+# Set by ``python -m workers`` before the worker consumes: the host this process serves.
+CURRENT_HOST: str | None = None
+# Set when the worker starts a warm shutdown: running attempts checkpoint and go back to the queue.
+SHUTTING_DOWN = threading.Event()
+
+POLL_S = 0.25  # how often the supervisor looks at the trainer and its telemetry
+STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL: one checkpoint of the model must fit in it
+DB_RETRY_WINDOW_S = 900.0  # how long the final report keeps retrying through a database outage
+HANG_TIMEOUT_S = 900.0  # no telemetry at all for this long after training started: the attempt is hung
+RDZV_PORT_BASE = 29400  # gang jobs: node 0's c10d store listens on base + attempt_id % span
+RDZV_PORT_SPAN = 20000
+NCCL_MAX_CHANNELS = 32
+DEFAULT_LINK_BYTES_PER_S = {"pcie": 64 * 10**9, "nvlink": 900 * 10**9}  # PCIe 5 x16; H100/H200 NVLink 4
+
+
+@worker_shutting_down.connect
+def _on_worker_shutting_down(**_: Any) -> None:
+    SHUTTING_DOWN.set()
+
+
+@dataclass
+class Claimed:
+    job_id: int
+    attempt_number: int
+    spec: dict[str, Any]
+    placement: list[dict[str, Any]]
+    gpus: list[GPU]
+    qos: QosClass | None
+    host_links: dict[str, Any]
+    rendezvous: Rendezvous | None
+    time_left_s: float | None
+
+
+class Refused(Exception):
+    """This delivery may not run the attempt (stale token, already claimed, job gone)."""
+
+
+# ----------------------------------------------------------------------------------------------------- claim
+
+
+def _lock_attempt_and_job(db: Session, attempt_id: int) -> tuple[Attempt | None, Job | None]:
+    # The job row first (the reconciler and the scheduler lock in the same order), then the attempt.
+    job_id = db.scalar(select(Attempt.job_id).where(Attempt.id == attempt_id))
+    if job_id is None:
+        return None, None
+    job = db.get(Job, job_id, with_for_update=True, populate_existing=True)
+    # SQLite ignores FOR UPDATE; touching the row first takes its write lock there too, so two deliveries
+    # racing on the embedded default serialise here as they do on PostgreSQL.
+    db.execute(update(Attempt).where(Attempt.id == attempt_id).values(number=Attempt.number))
+    attempt = db.get(Attempt, attempt_id, with_for_update=True, populate_existing=True)
+    return attempt, job
+
+
+def claim(
+    db: Session, *, attempt_id: int, token: int, node_rank: int, host: str, delivery: str, settings: Settings
+) -> Claimed:
+    """Exactly one delivery per (attempt, node) wins; the others raise Refused (and leave an event)."""
+    now = utcnow()
+    attempt, job = _lock_attempt_and_job(db, attempt_id)
+    if attempt is None or job is None:
+        raise Refused(f"attempt {attempt_id} does not exist")
+
+    def refuse(why: str) -> Refused:
+        record_event(
+            db, "DELIVERY_REFUSED", job=job, message=f"delivery of attempt {attempt.number} refused: {why}",
+            data={"attempt_id": attempt.id, "token": token, "current_token": job.fencing_token,
+                  "node_rank": node_rank, "host": host, "delivery": delivery, "reason": why},
+        )  # fmt: skip
+        return Refused(why)
+
+    if attempt.fencing_token != token or job.fencing_token != token:
+        raise refuse(f"stale fencing token {token} (current {job.fencing_token})")
+    if attempt.state not in ("PENDING", "RUNNING"):
+        raise refuse(f"attempt already ended ({attempt.state})")
+    placement = [dict(n) for n in attempt.placement or []]
+    if not 0 <= node_rank < len(placement):
+        raise refuse(f"node_rank {node_rank} is not in the placement")
+    node = placement[node_rank]
+    if node.get("host") != host:
+        raise refuse(f"node {node_rank} is placed on {node.get('host')}, not on {host}")
+    if node.get("claimed_by"):
+        raise refuse(f"node {node_rank} already started by delivery {node['claimed_by']}")
+    if job.state not in (JobState.ADMITTED, JobState.RUNNING):
+        raise refuse(f"job is {job.state}")
+    if job.cancel_requested:
+        transition(db, job, JobState.CANCELLED, message="cancelled before it started", data={"attempt": attempt.number})
+        end_attempt(db, attempt, state="CANCELLED", reason="cancelled before it started", now=now)
+        raise Refused("cancelled before it started")
+
+    node["claimed_by"] = delivery
+    node["claimed_at"] = now.isoformat()
+    attempt.placement = placement  # a new list, so the JSON column is written
+    if attempt.state == "PENDING":
+        attempt.state = "RUNNING"
+        attempt.started_at = now
+    attempt.heartbeat_at = now
+    attempt.lease_expires_at = now + timedelta(seconds=settings.lease_s)
+    if job.state == JobState.ADMITTED:
+        transition(db, job, JobState.RUNNING, message=f"attempt {attempt.number} started on {host}",
+                   data={"attempt": attempt.number, "host": host, "token": token})  # fmt: skip
+
+    gpus = list(db.scalars(select(GPU).where(GPU.uuid.in_(node.get("gpus") or []))).all())
+    gpus.sort(key=lambda g: (node.get("gpus") or []).index(g.uuid))
+    host_row = db.scalars(select(Host).where(Host.name == host)).first()
+    qos = db.get(QosClass, job.qos_class_id)
+    if node_rank == 0 and db.scalar(select(Usage.id).where(Usage.attempt_id == attempt.id)) is None:
+        # Node 0 accounts for the whole placement (one usage row per attempt).
+        all_gpus = [u for n in placement for u in n.get("gpus") or []]
+        gpu_type = gpus[0].model if gpus else "cpu"
+        units = len(all_gpus) if all_gpus else sum(int(n.get("slots") or 1) for n in placement)
+        db.add(Usage(team_id=job.team_id, job_id=job.id, attempt_id=attempt.id, gpu_type=gpu_type,
+                     gpus=units, gpu_seconds=0.0, started_at=now))  # fmt: skip
+
+    rendezvous = None
+    if len(placement) > 1:
+        head = placement[0]
+        head_host = db.scalars(select(Host).where(Host.name == head.get("host"))).first()
+        address = head.get("address") or (head_host.address if head_host and head_host.address else head["host"])
+        port = RDZV_PORT_BASE + attempt.id % RDZV_PORT_SPAN
+        rendezvous = Rendezvous(nnodes=len(placement), node_rank=node_rank, endpoint=f"{address}:{port}",
+                                run_id=f"kiln-{job.id}-{attempt.number}")  # fmt: skip
+
+    time_left = None
+    limit = (job.spec or {}).get("time_limit_s")
+    if limit:
+        used = sum(
+            ((a.ended_at or now) - a.started_at).total_seconds()
+            for a in job.attempts
+            if a.started_at is not None and a.id != attempt.id
+        )
+        time_left = float(limit) - used
+
+    return Claimed(
+        job_id=job.id, attempt_number=attempt.number, spec=dict(job.spec or {}), placement=placement, gpus=gpus,
+        qos=qos, host_links=dict(host_row.links or {}) if host_row else {}, rendezvous=rendezvous,
+        time_left_s=time_left,
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------- environment
+
+
+def _nccl_channels(qos: QosClass | None, links: dict[str, Any], gpus: list[GPU]) -> int | None:
+    """A bandwidth quota as an NCCL channel limit: the quota's share of the link, of NCCL's 32 channels."""
+    if qos is None or not gpus:
+        return None
+    shares = []
+    for kind, quota in (("pcie", qos.pcie_bandwidth_bytes_per_s), ("nvlink", qos.nvlink_bandwidth_bytes_per_s)):
+        if not quota:
+            continue
+        if kind == "nvlink" and not any(g.nvlink_peers for g in gpus):
+            continue
+        capacity = float(links.get(f"{kind}_bytes_per_s") or DEFAULT_LINK_BYTES_PER_S[kind])
+        shares.append(min(1.0, quota / capacity))
+    if not shares:
+        return None
+    return max(1, min(NCCL_MAX_CHANNELS, int(NCCL_MAX_CHANNELS * min(shares))))
+
+
+def attempt_env(
+    claimed: Claimed, *, attempt_id: int, token: int, checkpoint_dir: Path, compile_dir: Path, slots: int
+) -> dict[str, str]:
+    env = dict(os.environ)
+    # The worker's own settings are not the trainer's business (and a broker URL may carry a password).
+    for key in [k for k in env if k.startswith("KILN_")]:
+        del env[key]
+    env.update({
+        ENV_FENCING_TOKEN: str(token),
+        ENV_CHECKPOINT_DIR: str(checkpoint_dir),
+        ENV_COMPILE_CACHE_DIR: str(compile_dir),
+        ENV_JOB_ID: str(claimed.job_id),
+        ENV_ATTEMPT_ID: str(attempt_id),
+        "PYTHONUNBUFFERED": "1",  # the log streams live to `kiln logs -f`
+        "CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in claimed.gpus),  # empty: a CPU job sees no GPU
+        "NCCL_NVLS_ENABLE": "0",  # NVLink SHARP multicast is not shared safely between tenants
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a failed peer raises (-> ExitCode.NCCL_ERROR), never hangs
+    })  # fmt: skip
+    if not claimed.gpus:
+        # A CPU slot is one core: without this every rank starts a thread per core and they all fight.
+        env["OMP_NUM_THREADS"] = "1"
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    qos = claimed.qos
+    if claimed.gpus and qos is not None:
+        smallest = min(g.memory_bytes for g in claimed.gpus)
+        if qos.gpu_memory_cap_bytes:
+            env[ENV_MEMORY_FRACTION] = f"{min(1.0, qos.gpu_memory_cap_bytes / smallest):.6f}"
+            mib = qos.gpu_memory_cap_bytes // 2**20
+            # Index-based (as the client sees the devices after CUDA_VISIBLE_DEVICES); enforced where MPS runs.
+            env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={mib}M" for i in range(len(claimed.gpus)))
+        else:
+            env[ENV_MEMORY_FRACTION] = "1.0"
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(qos.sm_percent)
+        channels = _nccl_channels(qos, claimed.host_links, claimed.gpus)
+        if channels is not None:
+            env["NCCL_MAX_NCHANNELS"] = str(channels)
+    return env
+
+
+def write_fence(checkpoint_dir: Path, token: int) -> None:
+    """Name this attempt's token in the job's checkpoint directory before any rank starts (atomic replace)."""
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    tmp = checkpoint_dir / f".{FENCE_FILE}.{token}.tmp"
+    with open(tmp, "w") as f:
+        f.write(str(token))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, checkpoint_dir / FENCE_FILE)
+    dir_fd = os.open(checkpoint_dir, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+# ------------------------------------------------------------------------------------------------ supervision
+
+
+@dataclass
+class Directive:
+    fenced: bool = False
+    cancel: bool = False
+    preempt: bool = False
+
+
+class AttemptRunner:
+    """Supervises one node of one attempt from launch to the final report."""
+
+    def __init__(self, *, attempt_id: int, token: int, node_rank: int, host: str, settings: Settings,
+                 claimed: Claimed, proc: TrainerProcess, log_path: Path):  # fmt: skip
+        self.attempt_id = attempt_id
+        self.token = token
+        self.node_rank = node_rank
+        self.host = host
+        self.settings = settings
+        self.claimed = claimed
+        self.proc = proc
+        self.log_path = log_path
+        self.tail = TelemetryTail(proc.run_dir)
+        self.relay_state = RelayState()
+        self.buffer: list[dict[str, Any]] = []
+        self.stop: StopRequest | None = None
+        self.fenced = False
+        self.started = utcnow()
+        self.last_telemetry = time.monotonic()
+
+    # One heartbeat transaction: check the token, renew the lease, relay telemetry, read cancel/preempt flags.
+    def heartbeat(self) -> Directive:
+        now = utcnow()
+        records, self.buffer = self.buffer, []
+        try:
+            with session_scope() as db:
+                job = db.get(Job, self.claimed.job_id, with_for_update=True, populate_existing=True)
+                attempt = db.get(Attempt, self.attempt_id, populate_existing=True)
+                if job is None or attempt is None or job.fencing_token != self.token or attempt.state != "RUNNING":
+                    return Directive(fenced=True)
+                attempt.heartbeat_at = now
+                attempt.lease_expires_at = now + timedelta(seconds=self.settings.lease_s)
+                relay(db, job=job, attempt=attempt, records=records, state=self.relay_state)
+                if self.node_rank == 0:
+                    usage = db.scalars(select(Usage).where(Usage.attempt_id == attempt.id)).first()
+                    if usage is not None:
+                        usage.gpu_seconds = usage.gpus * (now - usage.started_at).total_seconds()
+                return Directive(
+                    cancel=job.cancel_requested,
+                    preempt=job.preempt_requested or job.state == JobState.PREEMPTING,
+                )
+        except (OperationalError, DBAPIError) as exc:
+            # PostgreSQL is away: keep training and keep the telemetry for the next heartbeat.
+            self.buffer = records + self.buffer
+            log.warning("heartbeat of attempt %s failed (database unavailable?): %s", self.attempt_id, exc)
+            return Directive()
+
+    def request_stop(self, reason: ExitClass, why: str) -> None:
+        if self.stop is not None:
+            return
+        self.stop = StopRequest(reason)
+        self.proc.log_line(f"stopping the trainer ({why}): SIGTERM, SIGKILL after {STOP_GRACE_S:.0f} s")
+        self.proc.terminate()
+
+    def supervise(self) -> int:
+        hb = self.settings.heartbeat_interval_s
+        next_beat = time.monotonic()  # the first heartbeat right away: RUNNING is visible at once
+        deadline = None if self.claimed.time_left_s is None else time.monotonic() + max(0.0, self.claimed.time_left_s)
+        while True:
+            code = self.proc.poll()
+            new = self.tail.read_new()
+            if new:
+                self.last_telemetry = time.monotonic()
+                self.buffer.extend(new)
+            if code is not None:
+                return code
+            self.proc.refresh_tree()
+            mono = time.monotonic()
+            if mono >= next_beat:
+                next_beat = mono + hb
+                d = self.heartbeat()
+                if d.fenced and not self.fenced:
+                    self.fenced = True
+                    self.request_stop(ExitClass.FENCED, "the fencing token moved on: another attempt owns the job")
+                elif d.cancel:
+                    self.request_stop(ExitClass.CANCELLED, "cancel requested")
+                elif d.preempt:
+                    self.request_stop(ExitClass.PREEMPTED, "preemption requested by the scheduler")
+            if deadline is not None and mono >= deadline:
+                self.request_stop(ExitClass.TIMEOUT, "time limit reached")
+            if SHUTTING_DOWN.is_set():
+                self.request_stop(ExitClass.DRAINED, "the worker is shutting down")
+            if (
+                self.stop is None
+                and self.relay_state.first_step_seen
+                and mono - self.last_telemetry > HANG_TIMEOUT_S
+            ):
+                self.request_stop(ExitClass.INFRASTRUCTURE, f"no telemetry for {HANG_TIMEOUT_S:.0f} s: hung")
+            if (
+                self.proc.term_sent_at is not None
+                and not self.proc.killed
+                and mono - self.proc.term_sent_at > STOP_GRACE_S
+            ):
+                self.proc.log_line("grace period over: SIGKILL")
+                self.proc.kill_tree()
+            time.sleep(POLL_S)
+
+    def finish(self, launcher_code: int, forced: Outcome | None = None) -> Outcome:
+        left = self.proc.reap_leftovers()
+        if left:
+            self.proc.log_line(f"killed ranks left behind by torchrun: {left}")
+        self.buffer.extend(self.tail.read_new())
+        outcome = forced or classify(self.proc.rank_exit_codes(), launcher_code, self.stop)
+        if outcome.exit_class is ExitClass.INFRASTRUCTURE and self.relay_state.nccl_error:
+            outcome = Outcome(ExitClass.NCCL_ERROR, f"NCCL error reported by a rank; {outcome.reason}")
+        self.proc.log_line(f"torchrun exited with {launcher_code}: {outcome.exit_class.value}: {outcome.reason}")
+        give_up = time.monotonic() + DB_RETRY_WINDOW_S
+        delay = 0.5
+        while True:
+            try:
+                with session_scope() as db:
+                    self._report(db, outcome, launcher_code)
+                return outcome
+            except (OperationalError, DBAPIError) as exc:
+                if time.monotonic() > give_up:
+                    # The lease has long expired; the reconciler has handled the job as LOST.
+                    log.error("could not report attempt %s: %s", self.attempt_id, exc)
+                    return outcome
+                log.warning("report of attempt %s failed, retrying: %s", self.attempt_id, exc)
+                time.sleep(delay)
+                delay = min(5.0, delay * 2)
+
+    def _report(self, db: Session, outcome: Outcome, launcher_code: int) -> None:
+        now = utcnow()
+        job = db.get(Job, self.claimed.job_id, with_for_update=True, populate_existing=True)
+        attempt = db.get(Attempt, self.attempt_id, populate_existing=True)
+        assert job is not None and attempt is not None
+        rank_codes = self.proc.rank_exit_codes()
+        exit_code = rank_codes.get(0, launcher_code) if rank_codes else launcher_code
+        owner = job.fencing_token == self.token and attempt.state == "RUNNING"
+        if not owner:
+            # Fenced: only our own attempt row, and only if nobody ended it already.
+            if attempt.ended_at is None:
+                end_attempt(db, attempt, state="FENCED", reason=outcome.reason, now=now, exit_code=exit_code)
+            return
+        relay(db, job=job, attempt=attempt, records=self.buffer, state=self.relay_state)
+        self.buffer = []
+        if job.state not in ACTIVE:
+            # Another node of the same gang reported first.
+            return
+        cls = outcome.exit_class
+        data = {"attempt": attempt.number, "host": self.host, "exit_code": exit_code, "last_step": job.last_step,
+                "exit_class": cls.value}  # fmt: skip
+        if cls is ExitClass.SUCCEEDED:
+            end_attempt(db, attempt, state="SUCCEEDED", reason=outcome.reason, now=now, exit_code=exit_code)
+            job.exit_reason = None
+            final = (self.relay_state.done or {}).get("final_loss")
+            transition(db, job, JobState.SUCCEEDED, message=f"finished at step {job.last_step}",
+                       data={**data, "final_loss": final})  # fmt: skip
+        elif cls is ExitClass.CANCELLED:
+            end_attempt(db, attempt, state="CANCELLED", reason=outcome.reason, now=now, exit_code=exit_code)
+            job.exit_reason = "cancelled"
+            transition(db, job, JobState.CANCELLED, message=f"cancelled at step {job.last_step}", data=data)
+        elif cls in (ExitClass.PREEMPTED, ExitClass.DRAINED):
+            end_attempt(db, attempt, state=cls.value.upper(), reason=outcome.reason, now=now, exit_code=exit_code)
+            job.preempt_requested = False
+            job.pending_reason = "Preempted" if cls is ExitClass.PREEMPTED else "Drained"
+            job.pending_message = outcome.reason[:512]
+            # Progress is kept (last_step, checkpoints); a preemption is not a restart.
+            transition(db, job, JobState.QUEUED, message=f"{cls.value} at step {job.last_step}; back in the queue",
+                       data=data)  # fmt: skip
+        elif cls in (ExitClass.USER_ERROR, ExitClass.OOM, ExitClass.TIMEOUT):
+            end_attempt(db, attempt, state="FAILED", reason=outcome.reason, now=now, exit_code=exit_code)
+            job.exit_reason = outcome.reason[:512]
+            transition(db, job, JobState.FAILED, message=outcome.reason, data=data)
+        elif cls in (ExitClass.INFRASTRUCTURE, ExitClass.NCCL_ERROR):
+            requeue_after_failure(db, job=job, attempt=attempt, reason=outcome.reason, now=now,
+                                  data={**data, "incident": cls.value})  # fmt: skip
+            attempt.exit_code = exit_code
+        else:  # FENCED by the trainer itself while we still hold the token in the DB: end this attempt only
+            end_attempt(db, attempt, state="FENCED", reason=outcome.reason, now=now, exit_code=exit_code)
+
+
+# ------------------------------------------------------------------------------------------------------- task
+
+
+def run_attempt_on_host(*, attempt_id: int, fencing_token: int, node_rank: int, host: str, delivery: str) -> str:
+    settings = get_settings()
+    refused: Refused | None = None
+    with session_scope() as db:
+        try:
+            claimed = claim(db, attempt_id=attempt_id, token=fencing_token, node_rank=node_rank, host=host,
+                            delivery=delivery, settings=settings)  # fmt: skip
+        except Refused as exc:
+            refused = exc  # caught inside the transaction: the refusal's event (or cancel) is committed
+    if refused is not None:
+        log.warning("attempt %s node %s refused on %s: %s", attempt_id, node_rank, host, refused)
+        return f"refused: {refused}"
+
+    storage = settings.resolved_storage_dir.resolve()
+    suffix = "" if node_rank == 0 else f".node{node_rank}"
+    run_dir = storage / "runs" / str(claimed.job_id) / f"{claimed.attempt_number}{suffix}"
+    log_path = storage / "logs" / str(claimed.job_id) / f"{claimed.attempt_number}{suffix}.log"
+    checkpoint_dir = storage / "checkpoints" / str(claimed.job_id)
+    compile_dir = storage / "compile_cache" / str(claimed.job_id)
+    node = claimed.placement[node_rank]
+    slots = len(node.get("gpus") or []) or int(node.get("slots") or 1)
+    spec_path = run_dir / "spec.json"
+    argv = torchrun_command(nproc_per_node=slots, spec_path=spec_path, run_dir=run_dir,
+                            rendezvous=claimed.rendezvous)  # fmt: skip
+    env = attempt_env(claimed, attempt_id=attempt_id, token=fencing_token, checkpoint_dir=checkpoint_dir,
+                      compile_dir=compile_dir, slots=slots)  # fmt: skip
+    proc = TrainerProcess(argv, env=env, log_path=log_path, run_dir=run_dir, cwd=run_dir)
+    runner = AttemptRunner(attempt_id=attempt_id, token=fencing_token, node_rank=node_rank, host=host,
+                           settings=settings, claimed=claimed, proc=proc, log_path=log_path)  # fmt: skip
+    try:
+        # Everything between the claim and a running trainer: a failure here must end the attempt now (as an
+        # infrastructure failure on this host), not leave it RUNNING until its lease runs out.
+        for d in (run_dir, log_path.parent, compile_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        write_fence(checkpoint_dir, fencing_token)
+        spec_path.write_text(json.dumps(claimed.spec, indent=2, sort_keys=True))
+        proc.log_line(f"attempt {claimed.attempt_number} (token {fencing_token}) node {node_rank} on {host}")
+        proc.start()
+    except Exception as exc:
+        log.exception("could not launch attempt %s", attempt_id)
+        with contextlib.suppress(Exception):
+            proc.log_line(f"could not launch the trainer: {exc!r}")
+        forced = Outcome(ExitClass.INFRASTRUCTURE, f"launch failed on {host}: {exc!r}"[:480])
+        return runner.finish(127, forced).exit_class.value
+    try:
+        code = runner.supervise()
+    except BaseException:
+        proc.kill_tree()
+        raise
+    proc.wait()
+    outcome = runner.finish(code)
+    log.info("attempt %s node %s: %s (%s)", attempt_id, node_rank, outcome.exit_class.value, outcome.reason)
+    return outcome.exit_class.value
+
+
+@app.task(name=TASK_RUN_ATTEMPT, bind=True, acks_late=True, reject_on_worker_lost=True)
+def run_attempt(self: Any, attempt_id: int, fencing_token: int, node_rank: int = 0) -> str:
+    host = CURRENT_HOST or os.environ.get("KILN_WORKER_HOST") or ""
+    delivery = str(getattr(self.request, "id", "") or "")
+    redelivered = bool((getattr(self.request, "delivery_info", None) or {}).get("redelivered"))
+    if redelivered:
+        delivery += ":redelivered"
+    return run_attempt_on_host(
+        attempt_id=attempt_id, fencing_token=fencing_token, node_rank=node_rank, host=host, delivery=delivery
+    )

@@ -1,0 +1,221 @@
+"""Relay the trainer's JSON-lines telemetry (``RUN_DIR/telemetry/rank{R}.jsonl``) into PostgreSQL.
+
+The files are the trainer's only channel to the control plane (it never imports the database). The worker
+tails them and, in the heartbeat transaction that also proves it still holds the fencing token, writes step
+metrics, progress, checkpoints, events and the attempt's first-step time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.models import Attempt, Checkpoint, Job, JobMetric
+from core.states import record_event
+from core.trainer_protocol import TELEMETRY_DIR, RecordKind
+
+log = logging.getLogger(__name__)
+
+# At most this many metric rows per relay (a heartbeat): a fast job (thousands of steps/s on small models)
+# keeps an even sample of its curve, plus its newest step, without flooding the table.
+MAX_METRICS_PER_FLUSH = 200
+
+
+class TelemetryTail:
+    """Reads whole new lines from every rank's file; a half-written last line waits for the next read."""
+
+    def __init__(self, run_dir: Path):
+        self.dir = run_dir / TELEMETRY_DIR
+        self._offsets: dict[Path, int] = {}
+
+    def read_new(self) -> list[dict[str, Any]]:
+        records: list[dict[str, Any]] = []
+        if not self.dir.is_dir():
+            return records
+        for path in sorted(self.dir.glob("rank*.jsonl")):
+            offset = self._offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except OSError:
+                continue
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                continue
+            self._offsets[path] = offset + end + 1
+            for line in chunk[: end + 1].splitlines():
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    log.warning("unreadable telemetry line in %s: %r", path, line[:200])
+                    continue
+                if isinstance(rec, dict):
+                    records.append(rec)
+        records.sort(key=lambda r: float(r.get("ts") or 0.0))
+        return records
+
+
+def _ts(rec: dict[str, Any]) -> datetime:
+    try:
+        return datetime.fromtimestamp(float(rec["ts"]), UTC)
+    except (KeyError, TypeError, ValueError):
+        return datetime.now(UTC)
+
+
+def _float(v: Any) -> float | None:
+    try:
+        return None if v is None else float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return None if v is None else int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def downsample(steps: list[dict[str, Any]], limit: int = MAX_METRICS_PER_FLUSH) -> list[dict[str, Any]]:
+    if len(steps) <= limit:
+        return steps
+    stride = -(-len(steps) // limit)
+    kept = steps[::stride]
+    if kept[-1] is not steps[-1]:
+        kept.append(steps[-1])
+    return kept
+
+
+@dataclass
+class RelayState:
+    """What the relay remembers across heartbeats of one attempt."""
+
+    first_step_seen: bool = False
+    last_rank_heartbeat: dict[int, float] = field(default_factory=dict)
+    nccl_error: bool = False
+    done: dict[str, Any] | None = None
+    steps_relayed: int = 0
+
+
+def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[str, Any]], state: RelayState) -> None:
+    """Write ``records`` for ``job``/``attempt``. The caller holds the job row and has checked the token."""
+    steps: list[dict[str, Any]] = []
+    gpu_samples: list[dict[str, Any]] = []
+    for rec in records:
+        kind = rec.get("kind")
+        rank = _int(rec.get("rank")) or 0
+        if kind == RecordKind.STEP:
+            if rank == 0:
+                steps.append(rec)
+        elif kind == RecordKind.HEARTBEAT:
+            state.last_rank_heartbeat[rank] = float(rec.get("ts") or 0.0)
+            if rec.get("nccl_error"):
+                state.nccl_error = True
+        elif kind == RecordKind.EVENT:
+            fields = rec.get("fields") if isinstance(rec.get("fields"), dict) else {}
+            record_event(
+                session,
+                str(rec.get("type") or "TRAINER_EVENT")[:48],
+                job=job,
+                message=str(rec.get("message") or ""),
+                data={"attempt": attempt.number, "rank": rank, **(fields or {})},
+            )
+        elif kind == RecordKind.CHECKPOINT:
+            _checkpoint(session, job=job, attempt=attempt, rec=rec)
+        elif kind == RecordKind.RESUMED:
+            step = _int(rec.get("step")) or 0
+            if rank == 0:
+                attempt.resumed_from_step = step
+                record_event(
+                    session,
+                    "RESUMED",
+                    job=job,
+                    message=f"resumed from the checkpoint of step {step}",
+                    data={"attempt": attempt.number, "step": step, "path": rec.get("path")},
+                )
+        elif kind == RecordKind.GPU_SAMPLE:
+            gpu_samples.append(rec)
+        elif kind == RecordKind.MEMORY_PREDICTION and rank == 0:
+            record_event(
+                session,
+                "MEMORY_PREDICTION",
+                job=job,
+                message=f"predicted peak memory {rec.get('predicted_peak_bytes')} bytes",
+                data={k: v for k, v in rec.items() if k not in ("kind", "ts")},
+            )
+        elif kind == RecordKind.DONE and rank == 0:
+            state.done = rec
+
+    if steps:
+        if attempt.first_step_at is None:
+            # The first training step of this attempt: the end of a failover incident (recovery time).
+            attempt.first_step_at = _ts(steps[0])
+        state.first_step_seen = True
+        last = steps[-1]
+        job.last_step = _int(last.get("step")) or job.last_step
+        loss = _float(last.get("loss"))
+        if loss is not None:
+            job.last_loss = loss
+        kept = downsample(steps)
+        for i, rec in enumerate(kept):
+            extra: dict[str, Any] = {k: rec[k] for k in ("mem_allocated_bytes", "lr", "skipped") if k in rec}
+            if i == len(kept) - 1 and gpu_samples:
+                extra["gpu"] = gpu_samples[-8:]
+            session.add(
+                JobMetric(
+                    job_id=job.id,
+                    attempt_id=attempt.id,
+                    step=_int(rec.get("step")) or 0,
+                    ts=_ts(rec),
+                    loss=_float(rec.get("loss")),
+                    grad_norm=_float(rec.get("grad_norm")),
+                    tokens_per_s=_float(rec.get("tokens_per_s")),
+                    step_time_s=_float(rec.get("step_time_s")),
+                    mfu=_float(rec.get("mfu")),
+                    mem_peak_bytes=_int(rec.get("mem_peak_bytes")),
+                    extra=extra,
+                )
+            )
+        state.steps_relayed += len(steps)
+    elif gpu_samples:
+        session.add(
+            JobMetric(
+                job_id=job.id, attempt_id=attempt.id, step=job.last_step, ts=_ts(gpu_samples[-1]),
+                extra={"gpu": gpu_samples[-8:]},
+            )
+        )  # fmt: skip
+
+
+def _checkpoint(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any]) -> None:
+    step = _int(rec.get("step"))
+    if step is None:
+        return
+    # A resumed attempt may commit the same step again (after a rollback or a lost relay): one row per step.
+    row = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.step == step)).first()
+    if row is None:
+        row = Checkpoint(job_id=job.id, step=step, path="", bytes=0, sha256="")
+        session.add(row)
+    row.attempt_id = attempt.id
+    row.path = str(rec.get("path") or "")[:1024]
+    row.bytes = _int(rec.get("bytes")) or 0
+    row.sha256 = str(rec.get("sha256") or "")[:64]
+    row.verified = bool(rec.get("verified", False))
+    row.created_at = _ts(rec)
+    record_event(
+        session,
+        "CHECKPOINT",
+        job=job,
+        message=f"checkpoint at step {step} ({row.bytes} bytes)",
+        data={"attempt": attempt.number, "step": step, "bytes": row.bytes, "verified": row.verified,
+              "duration_s": rec.get("duration_s")},
+    )  # fmt: skip
