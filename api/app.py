@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import select
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
@@ -11,7 +12,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import sessionmaker
 
 from api import errors
@@ -46,7 +48,7 @@ SPEC_EXAMPLE: dict[str, Any] = {
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
     settings = settings or get_settings()
     owns_engine = engine is None
-    engine = engine or make_engine(settings.resolved_database_url)
+    engine = engine or make_api_engine(settings.resolved_database_url)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -71,6 +73,30 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.add_middleware(MetricsMiddleware, registry=app.state.registry)  # outermost: counts 413s too
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def make_api_engine(url: str) -> Engine:
+    """The API's engine. On PostgreSQL: a pool for 32 concurrent clients over 2 workers (each worker's thread
+    pool runs at most 40 handlers; 16 connections cover its share, 16 more absorb bursts), and instead of
+    ``pool_pre_ping`` (a ``BEGIN; SELECT 1`` round trip on every checkout) a check that costs no round trip: an idle
+    connection has nothing to read, so a readable socket means the server closed it (restart, failover,
+    ``pg_terminate_backend``); the pool then replaces it before the request sees it."""
+    if url.startswith("sqlite"):
+        return make_engine(url)
+    engine = make_engine(url, pool_size=16, max_overflow=16, pool_pre_ping=False)
+
+    @event.listens_for(engine, "checkout")
+    def _alive(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+        if getattr(dbapi_conn, "closed", False):
+            raise DisconnectionError("connection closed")
+        try:
+            readable, _, _ = select.select([dbapi_conn.fileno()], [], [], 0)
+        except (OSError, ValueError) as exc:
+            raise DisconnectionError(str(exc)) from exc
+        if readable:
+            raise DisconnectionError("the server closed the connection (or sent something unasked)")
+
+    return engine
 
 
 def _install_dashboard(app: FastAPI) -> None:

@@ -2,29 +2,45 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Annotated
 
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from api.auth import principal_for
 from core.services.principal import Principal
 from core.settings import Settings
 
 
-def get_db(request: Request) -> Iterator[Session]:
-    """One session per request, committed after the handler returns and before the response is sent."""
+async def get_db(request: Request) -> AsyncIterator[Session]:
+    """One session per request, committed after the handler returns and before the response is sent.
+
+    Async so that it costs no thread hop of its own: making the session does no I/O, and the commit (or rollback)
+    goes to the thread pool only when the handler left a transaction open -- handlers on the hot paths commit in
+    their own thread (``finish``). Closing a session whose transaction has ended does no I/O either."""
     session: Session = request.app.state.sessionmaker()
     try:
         yield session
-        session.commit()
+        if session.in_transaction():
+            await run_in_threadpool(session.commit)
     except BaseException:
-        session.rollback()
+        if session.in_transaction():
+            await run_in_threadpool(session.rollback)
         raise
     finally:
-        session.close()
+        if session.in_transaction():  # pragma: no cover - both branches above end it
+            await run_in_threadpool(session.close)
+        else:
+            session.close()
+
+
+def finish(db: Session) -> None:
+    """Commit the request's unit of work in the handler's own thread (``get_db`` then has nothing left to do).
+    Only request handlers call this; services never commit."""
+    db.commit()
 
 
 # scope="function": the commit runs before the response goes out, so a 201 means the row is durable.

@@ -170,7 +170,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def server(target: str, env: dict[str, str], workers: int) -> Iterator[str]:
+def server(target: str, env: dict[str, str], workers: int) -> Iterator[tuple[str, int]]:
     port = free_port()
     cmd = [sys.executable, "-m", "uvicorn", target, "--factory", "--host", "127.0.0.1", "--port", str(port),
            "--workers", str(workers), "--no-access-log", "--log-level", "warning", "--loop", "uvloop",
@@ -187,7 +187,7 @@ def server(target: str, env: dict[str, str], workers: int) -> Iterator[str]:
                 time.sleep(0.2)
         else:
             raise RuntimeError(f"{target} did not start")
-        yield url
+        yield url, proc.pid
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -196,44 +196,184 @@ def server(target: str, env: dict[str, str], workers: int) -> Iterator[str]:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-async def load(url: str, method: str, path: str, tokens: list[str], seconds: float, body: dict[str, Any] | None,
-               warmup_s: float) -> dict[str, Any]:  # fmt: skip
+# The load generator runs in a process of its own (``--client``): raw asyncio sockets, one keep-alive HTTP/1.1
+# connection per client, requests serialized once, responses parsed only as far as status and Content-Length.
+# It spends a few tens of microseconds of CPU per request (httpx spends about a millisecond), which matters when
+# the client, uvicorn and PostgreSQL share two cores. It also samples the CPU time of itself, of the server's
+# process tree, of the PostgreSQL backends serving the bench database and of the whole machine over exactly the
+# measured window, so each phase reports CPU milliseconds per request beside wall throughput.
+
+
+def _request_bytes(method: str, path: str, token: str, body: bytes | None) -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+    if body is not None:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    return (head + "\r\n").encode() + (body or b"")
+
+
+def _cpu_snapshot(server_pid: int, pg_db: str) -> dict[str, float]:
+    import psutil
+
+    def tree_cpu(root: psutil.Process) -> float:
+        total = 0.0
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.Error:
+                pass
+        return total
+
+    pg = 0.0
+    for p in psutil.process_iter(["name", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or ())
+        if p.info["name"] == "postgres" and f" {pg_db} " in cmd:  # "postgres: user db host(port) state"
+            try:
+                t = p.cpu_times()
+                pg += t.user + t.system
+            except psutil.Error:
+                pass
+    machine = psutil.cpu_times()
+    me = os.times()
+    return {"client": me.user + me.system, "server": tree_cpu(psutil.Process(server_pid)), "postgres": pg,
+            "machine_busy": sum(machine) - machine.idle - getattr(machine, "iowait", 0.0)}  # fmt: skip
+
+
+async def _load(cfg: dict[str, Any]) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    requests = [_request_bytes(cfg["method"], cfg["path"], t, cfg["body"].encode() if cfg["body"] else None)
+                for t in cfg["tokens"]]  # fmt: skip
     latencies: list[float] = []
     errors: dict[int, int] = {}
     start = time.perf_counter()
-    measure_from = start + warmup_s
-    stop = measure_from + seconds
+    measure_from = start + cfg["warmup_s"]
+    stop = measure_from + cfg["seconds"]
+    open_conns = len(requests)
+    all_closed = loop.create_future()
+    cpu: dict[str, dict[str, float]] = {}
 
-    async def client(token: str) -> None:
-        headers = {"Authorization": f"Bearer {token}"}
-        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as c:
-            while (now := time.perf_counter()) < stop:
-                r = await c.request(method, path, json=body)
-                done = time.perf_counter()
-                if r.status_code >= 300:
-                    errors[r.status_code] = errors.get(r.status_code, 0) + 1
-                elif now >= measure_from:
-                    latencies.append(done - now)
+    class Client(asyncio.Protocol):
+        def __init__(self, request: bytes) -> None:
+            self.request = request
+            self.buf = b""
+            self.sent = 0.0
 
-    await asyncio.gather(*(client(t) for t in tokens))
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport: asyncio.Transport = transport  # type: ignore[assignment]
+            self.send()
+
+        def send(self) -> None:
+            self.sent = time.perf_counter()
+            self.transport.write(self.request)
+
+        def data_received(self, data: bytes) -> None:
+            self.buf += data
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].lower()
+            at = head.find(b"\r\ncontent-length:")
+            if at < 0:
+                raise RuntimeError("response without Content-Length: " + head[:200].decode(errors="replace"))
+            eol = head.find(b"\r\n", at + 2)
+            length = int(head[at + 17 : eol if eol > 0 else len(head)])
+            if len(self.buf) < end + 4 + length:
+                return
+            status = int(self.buf[9:12])
+            self.buf = self.buf[end + 4 + length :]
+            done = time.perf_counter()
+            if status >= 300:
+                errors[status] = errors.get(status, 0) + 1
+            elif measure_from <= self.sent < stop:
+                latencies.append(done - self.sent)
+            if done < stop:
+                self.send()
+            else:
+                self.transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            nonlocal open_conns
+            open_conns -= 1
+            if open_conns == 0 and not all_closed.done():
+                all_closed.set_result(None)
+
+    async def sample(key: str, at: float) -> None:
+        await asyncio.sleep(max(0.0, at - time.perf_counter()))
+        cpu[key] = _cpu_snapshot(cfg["server_pid"], cfg["pg_db"])
+
+    samplers = [asyncio.ensure_future(sample("from", measure_from)), asyncio.ensure_future(sample("to", stop))]
+    for req in requests:
+        await loop.create_connection(lambda r=req: Client(r), cfg["host"], cfg["port"])  # type: ignore[misc]
+    await asyncio.gather(*samplers)
+    await asyncio.wait_for(all_closed, 60)
     latencies.sort()
     n = len(latencies)
 
     def pct(p: float) -> float:
         return latencies[min(n - 1, int(p * n))] * 1000 if n else float("nan")
 
-    return {"requests": n, "per_s": n / seconds, "p50_ms": pct(0.50), "p99_ms": pct(0.99),
-            "mean_ms": statistics.fmean(latencies) * 1000 if n else float("nan"), "errors": errors}  # fmt: skip
+    cpu_ms = {k: (cpu["to"][k] - cpu["from"][k]) * 1000 / n if n else float("nan") for k in cpu["to"]}
+    return {"requests": n, "per_s": n / cfg["seconds"], "p50_ms": pct(0.50), "p99_ms": pct(0.99),
+            "mean_ms": statistics.fmean(latencies) * 1000 if n else float("nan"), "errors": errors,
+            "cpu_ms_per_request": cpu_ms}  # fmt: skip
 
 
-def measure(url: str, tokens: list[str], submit_path: str, list_path: str, seconds: float) -> dict[str, Any]:
+def client_main(cfg_json: str) -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover
+        pass
+    print(json.dumps(asyncio.run(_load(json.loads(cfg_json)))))
+
+
+def load(url: str, server_pid: int, pg_db: str, method: str, path: str, tokens: list[str], seconds: float,
+         body: dict[str, Any] | None, warmup_s: float) -> dict[str, Any]:  # fmt: skip
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    cfg = {"host": host, "port": int(port), "server_pid": server_pid, "pg_db": pg_db, "method": method,
+           "path": path, "tokens": tokens, "seconds": seconds, "warmup_s": warmup_s,
+           "body": json.dumps(body, separators=(",", ":")) if body is not None else None}  # fmt: skip
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--client", json.dumps(cfg)],
+                         check=True, capture_output=True, text=True, timeout=seconds + warmup_s + 120)  # fmt: skip
+    result: dict[str, Any] = json.loads(out.stdout)
+    result["errors"] = {int(k): v for k, v in result["errors"].items()}
+    return result
+
+
+def measure(url: str, server_pid: int, pg_db: str, tokens: list[str], submit_path: str, list_path: str,
+            seconds: float) -> dict[str, Any]:  # fmt: skip
     warm = min(2.0, seconds / 4)
-    submit = asyncio.run(load(url, "POST", submit_path, tokens, seconds, SPEC, warm))
-    listing = asyncio.run(load(url, "GET", list_path, tokens, seconds, None, warm))
+    submit = load(url, server_pid, pg_db, "POST", submit_path, tokens, seconds, SPEC, warm)
+    listing = load(url, server_pid, pg_db, "GET", list_path, tokens, seconds, None, warm)
     return {"submit": submit, "list": listing}
 
 
+def explain_list(pg_url: str, team_id: int, user_id: int) -> list[str]:
+    """EXPLAIN ANALYZE of the list query kiln's API runs for the bench member (the repository's statement)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.dialects import postgresql
+
+    from core.repositories.jobs import JobFilter, list_statement
+
+    stmt = list_statement(JobFilter(team_ids=[team_id]), 51)
+    sql = str(stmt.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}))
+    engine = create_engine(pg_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.connect() as conn:
+            return [r[0] for r in conn.exec_driver_sql("EXPLAIN (ANALYZE, COSTS OFF) " + sql)]
+    finally:
+        engine.dispose()
+
+
+def loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--client":
+        client_main(sys.argv[2])
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke test: 2k rows, 2 s phases")
     ap.add_argument("--rows", type=int, default=None)
@@ -244,24 +384,31 @@ def main() -> None:
     args = ap.parse_args()
     rows = args.rows or (2_000 if args.quick else 100_000)
     seconds = args.seconds or (2.0 if args.quick else 10.0)
+    load_start = loadavg()
+    print(f"load average at start (1/5/15 min): {load_start}; {os.cpu_count()} CPUs")
 
     with bench_database() as pg_url:
+        pg_db = pg_url.rsplit("/", 1)[1]
         seeded = seed(pg_url, rows, args.clients)
         print(f"seeded {rows} jobs by COPY in {seeded['copy_s']:.2f} s; {args.clients} clients, "
               f"{args.workers} uvicorn workers per server, {seconds:.0f} s per phase")  # fmt: skip
+        plan = explain_list(pg_url, seeded["team_id"], seeded["user_id"])
+        print("kiln list query plan:\n  " + "\n  ".join(plan))
         sa_url = pg_url.replace("postgresql://", "postgresql+psycopg://", 1)
         env = {"KILN_DATABASE_URL": sa_url, "KILN_RATE_LIMIT_PER_MINUTE": str(10**9),
                "KILN_RATE_LIMIT_BURST": str(10**6), "KILN_HOME": str(ROOT / ".kiln-bench")}  # fmt: skip
-        with server("api.app:create_app", env, args.workers) as url:
-            kiln = measure(url, seeded["tokens"], "/v1/jobs", "/v1/jobs?limit=50", seconds)
+        with server("api.app:create_app", env, args.workers) as (url, pid):
+            kiln = measure(url, pid, pg_db, seeded["tokens"], "/v1/jobs", "/v1/jobs?limit=50", seconds)
         bare_env = {**env, "BARE_IDS": f"{seeded['team_id']},{seeded['user_id']},{seeded['qos_id']}"}
-        with server("bench.api_bench:bare_app", bare_env, args.workers) as url:
-            bare = measure(url, seeded["tokens"], "/jobs", "/jobs", seconds)
+        with server("bench.api_bench:bare_app", bare_env, args.workers) as (url, pid):
+            bare = measure(url, pid, pg_db, seeded["tokens"], "/jobs", "/jobs", seconds)
+    load_end = loadavg()
 
     ratio_submit = kiln["submit"]["per_s"] / bare["submit"]["per_s"]
     ratio_p99 = kiln["list"]["p99_ms"] / bare["list"]["p99_ms"]
     result = {
         "rows": rows, "clients": args.clients, "workers": args.workers, "seconds": seconds, "cpus": os.cpu_count(),
+        "loadavg_start": load_start, "loadavg_end": load_end, "list_plan": plan,
         "kiln": kiln, "bare": bare,
         "ratio": {"submit_per_s": ratio_submit, "list_p99": ratio_p99,
                   "list_p50": kiln["list"]["p50_ms"] / bare["list"]["p50_ms"]},
@@ -269,14 +416,25 @@ def main() -> None:
         "meets_targets": kiln["submit"]["per_s"] >= 500 and kiln["list"]["p99_ms"] <= 30,
         "at": datetime.now(UTC).isoformat(),
     }  # fmt: skip
-    print(f"{'':14}{'kiln API':>14}{'bare FastAPI':>14}{'ratio':>9}")
-    print(f"{'submit/s':14}{kiln['submit']['per_s']:14.0f}{bare['submit']['per_s']:14.0f}{ratio_submit:9.2f}")
+    print(f"{'':22}{'kiln API':>12}{'bare FastAPI':>14}{'ratio':>8}")
+    print(f"{'submit/s':22}{kiln['submit']['per_s']:12.0f}{bare['submit']['per_s']:14.0f}{ratio_submit:8.2f}")
+    for key in ("p50_ms", "p99_ms"):
+        k, b = kiln["submit"][key], bare["submit"][key]
+        print(f"{'submit ' + key:22}{k:12.1f}{b:14.1f}{k / b:8.2f}")
+    print(f"{'list/s':22}{kiln['list']['per_s']:12.0f}{bare['list']['per_s']:14.0f}"
+          f"{kiln['list']['per_s'] / bare['list']['per_s']:8.2f}")  # fmt: skip
     for key in ("p50_ms", "p99_ms"):
         k, b = kiln["list"][key], bare["list"][key]
-        print(f"{'list ' + key:14}{k:14.1f}{b:14.1f}{k / b:9.2f}")
-    print(f"list/s        {kiln['list']['per_s']:14.0f}{bare['list']['per_s']:14.0f}")
-    if kiln["submit"]["errors"] or kiln["list"]["errors"]:
-        print("errors:", kiln["submit"]["errors"], kiln["list"]["errors"])
+        print(f"{'list ' + key:22}{k:12.1f}{b:14.1f}{k / b:8.2f}")
+    print("CPU ms per request (measured window):")
+    for phase in ("submit", "list"):
+        for part in ("server", "postgres", "client", "machine_busy"):
+            k, b = kiln[phase]["cpu_ms_per_request"][part], bare[phase]["cpu_ms_per_request"][part]
+            print(f"{'  ' + phase + ' ' + part:22}{k:12.2f}{b:14.2f}{k / b if b else float('nan'):8.2f}")
+    if kiln["submit"]["errors"] or kiln["list"]["errors"] or bare["submit"]["errors"] or bare["list"]["errors"]:
+        print("errors (status: count): kiln", kiln["submit"]["errors"], kiln["list"]["errors"],
+              "bare", bare["submit"]["errors"], bare["list"]["errors"])  # fmt: skip
+    print(f"load average at end (1/5/15 min): {load_end}")
     print(f"targets (>= 500 submit/s, list P99 <= 30 ms): {'met' if result['meets_targets'] else 'NOT met'}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -11,7 +11,8 @@ import yaml
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 
-from api.deps import CurrentPrincipal, SessionDep, SessionFactoryDep, SettingsDep, StreamPrincipal
+from api.auth import principal_for
+from api.deps import CurrentPrincipal, SessionDep, SessionFactoryDep, SettingsDep, StreamPrincipal, finish
 from api.logstream import sse_log_stream
 from api.routers.common import ERRORS, JobIdPath
 from api.schemas.common import INT32, INT64, InModel, Text
@@ -125,14 +126,19 @@ class CancelIn(InModel):
     summary="Submit a job (JSON or YAML spec)",
     openapi_extra=SUBMIT_BODY,
 )
-def submit(spec: Annotated[JobSpec, Depends(spec_from_body)], db: SessionDep, who: CurrentPrincipal) -> JobOut:
-    return JobOut.from_view(svc.submit(db=db, principal=who, spec=spec))
+def submit(spec: Annotated[JobSpec, Depends(spec_from_body)], db: SessionDep, request: Request) -> Response:
+    # The hot path: authentication, the submission, the commit and the JSON in one worker thread (one hop), the
+    # answer dumped once by pydantic-core from what was written (no read-back, no response-model revalidation).
+    who = principal_for(request, db)
+    view = svc.submit(db=db, principal=who, spec=spec)
+    finish(db)
+    return JSONBytes(JobOut.from_view(view).model_dump_json(), status_code=status.HTTP_201_CREATED)
 
 
 @router.get("", response_model=JobPageOut, summary="Jobs you can see, newest first")
 def list_jobs(
     db: SessionDep,
-    who: CurrentPrincipal,
+    request: Request,
     team: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=64)] = None,
     state: Annotated[list[JobState] | None, Query(description="Repeatable")] = None,
     qos: Annotated[str | None, Query(max_length=32, pattern=r"^[a-z0-9-]+$")] = None,
@@ -140,6 +146,7 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Response:
+    who = principal_for(request, db)  # in this thread: one hop for the whole request (see submit)
     page = svc.list_jobs(
         db=db, principal=who, team=team, states=[s.value for s in state or ()], qos=qos, name=name, limit=limit,
         before_id=_decode_cursor(cursor) if cursor else None,
@@ -148,6 +155,7 @@ def list_jobs(
         items=[JobOut.from_view(v) for v in page.items],
         next_cursor=_encode_cursor(page.next_before_id) if page.next_before_id else None,
     )
+    finish(db)
     return JSONBytes(out.model_dump_json())
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Row, Select, func, select, text
 from sqlalchemy.orm import Session
 
 from core.models import Attempt, Checkpoint, Event, Job, JobDependency, JobMetric, QosClass, SlaContract, Team, User
@@ -33,6 +35,50 @@ def _job_select() -> Select[Job, str, str | None, str]:
     )
 
 
+# A submission on PostgreSQL: the job, its dependencies, its effective contract, its SUBMITTED event and the
+# scheduler's wake-up, in one statement (one round trip). Every value is written explicitly (no ORM defaults run).
+_SUBMIT_PG = text("""
+WITH job AS (
+    INSERT INTO jobs (name, team_id, user_id, spec, state, qos_class_id, priority, gpus, gpu_type, restart_count,
+                      fencing_token, cancel_requested, preempt_requested, last_step, submitted_at, updated_at)
+    VALUES (:name, :team_id, :user_id, CAST(:spec AS JSONB), :state, :qos_class_id, :priority, :gpus, :gpu_type,
+            :restart_count, :fencing_token, :cancel_requested, :preempt_requested, :last_step, :submitted_at,
+            :updated_at)
+    RETURNING id
+), deps AS (
+    INSERT INTO job_dependencies (job_id, depends_on_id)
+    SELECT job.id, dep FROM job, unnest(CAST(:depends_on AS BIGINT[])) AS dep
+), sla AS (
+    INSERT INTO sla_contracts (team_id, job_id, qos_class_id, max_queue_wait_s, deadline, max_restarts,
+                               recovery_time_objective_s, checkpoint_interval_s, min_checkpoint_success_rate,
+                               step_time_tolerance, created_at, updated_at)
+    VALUES (:team_id, (SELECT id FROM job), :qos_class_id, :max_queue_wait_s, :deadline, :max_restarts,
+            :recovery_time_objective_s, :checkpoint_interval_s, :min_checkpoint_success_rate, :step_time_tolerance,
+            :submitted_at, :submitted_at)
+), ev AS (
+    INSERT INTO events (job_id, team_id, actor_user_id, type, message, data, created_at)
+    VALUES ((SELECT id FROM job), :team_id, :user_id, :event_type, :event_message, CAST(:event_data AS JSONB),
+            :submitted_at)
+)
+SELECT job.id, pg_notify(:channel, CAST(job.id AS TEXT)) FROM job
+""")
+
+
+def insert_submitted_pg(
+    db: Session, *, job: Mapping[str, Any], depends_on: Sequence[int], contract: Mapping[str, Any],
+    event_type: str, event_message: str, event_data: Mapping[str, Any], channel: str,
+) -> int:  # fmt: skip
+    """PostgreSQL only: ``job`` holds every NOT NULL column of ``jobs`` (``_SUBMIT_PG``); returns the new id.
+    ``NOTIFY channel, '<id>'`` is sent when the transaction commits."""
+    params = {
+        **job, "spec": json.dumps(job["spec"]), "depends_on": list(depends_on), **contract,
+        "event_type": event_type, "event_message": event_message, "event_data": json.dumps(event_data),
+        "channel": channel,
+    }  # fmt: skip
+    job_id: int = db.connection().execute(_SUBMIT_PG, params).scalar_one()
+    return job_id
+
+
 def get_row(db: Session, job_id: int) -> JobRow | None:
     return db.execute(_job_select().where(Job.id == job_id)).tuples().one_or_none()
 
@@ -44,22 +90,35 @@ def get(db: Session, job_id: int, *, for_update: bool = False) -> Job | None:
     return db.scalars(stmt).one_or_none()
 
 
-def list_rows(db: Session, flt: JobFilter, limit: int) -> Sequence[JobRow]:
-    """Newest first; ``limit`` rows at most (callers ask for one more to know whether a next page exists)."""
-    stmt = _job_select()
+def list_rows(db: Session, flt: JobFilter, limit: int) -> Sequence[Row[Any]]:
+    """Newest first; ``limit`` rows at most (callers ask for one more to know whether a next page exists).
+    Plain rows (no ORM identity map): the ``jobs`` columns by name, plus ``team``, ``user`` and ``qos``."""
+    return db.connection().execute(list_statement(flt, limit)).all()
+
+
+def list_statement(flt: JobFilter, limit: int) -> Select[Any]:
+    """The list query, one statement: a backward keyset scan of ``ix_jobs_team_id_id`` (team filter +
+    ``ORDER BY id DESC``) joined with the team, user and QoS names."""
+    jobs = Job.__table__
+    stmt = (
+        select(jobs, Team.name.label("team"), User.name.label("user"), QosClass.name.label("qos"))
+        .join(Team, Team.id == jobs.c.team_id)
+        .outerjoin(User, User.id == jobs.c.user_id)
+        .join(QosClass, QosClass.id == jobs.c.qos_class_id)
+    )
     if flt.team_ids is not None:
-        stmt = stmt.where(Job.team_id.in_(flt.team_ids))
+        stmt = stmt.where(jobs.c.team_id.in_(flt.team_ids))
     if flt.team_id is not None:
-        stmt = stmt.where(Job.team_id == flt.team_id)
+        stmt = stmt.where(jobs.c.team_id == flt.team_id)
     if flt.states:
-        stmt = stmt.where(Job.state.in_(flt.states))
+        stmt = stmt.where(jobs.c.state.in_(flt.states))
     if flt.qos_id is not None:
-        stmt = stmt.where(Job.qos_class_id == flt.qos_id)
+        stmt = stmt.where(jobs.c.qos_class_id == flt.qos_id)
     if flt.name is not None:
-        stmt = stmt.where(Job.name == flt.name)
+        stmt = stmt.where(jobs.c.name == flt.name)
     if flt.before_id is not None:
-        stmt = stmt.where(Job.id < flt.before_id)
-    return db.execute(stmt.order_by(Job.id.desc()).limit(limit)).tuples().all()
+        stmt = stmt.where(jobs.c.id < flt.before_id)
+    return stmt.order_by(jobs.c.id.desc()).limit(limit)
 
 
 def existing_ids_in_team(db: Session, *, team_id: int, job_ids: Sequence[int]) -> set[int]:

@@ -3,15 +3,44 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import String, and_, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from core.models import Job, Membership, SlaContract, Team, User
+from core.models import Job, Membership, QosClass, SlaContract, Team, User
 
 
 def get_by_name(db: Session, name: str) -> Team | None:
     return db.scalars(select(Team).where(Team.name == name)).one_or_none()
+
+
+def id_by_name(db: Session, name: str) -> int | None:
+    return db.scalar(select(Team.id).where(Team.name == name))
+
+
+def submission_context(db: Session, *, team: str, qos: str | None, default_qos: str, terms: Sequence[str]) -> Any:
+    """Everything a submission reads about its team, in one statement (it runs on every submission): the team's
+    id, its default contract's ``terms`` (NULL ``sla_id``: none) and that contract's QoS name, and the QoS class
+    the job gets -- ``qos`` if given, else the default contract's, else ``default_qos`` (NULL ``qos_id``: no such
+    class). None when there is no such team."""
+    t, s = Team.__table__, SlaContract.__table__
+    dq, q = QosClass.__table__.alias("default_qos"), QosClass.__table__.alias("qos")
+    wanted = func.coalesce(bindparam("qos", qos, type_=String), dq.c.name, default_qos)
+    stmt = (
+        select(
+            t.c.id.label("team_id"), s.c.id.label("sla_id"), *(s.c[k] for k in terms),
+            dq.c.name.label("default_qos"), q.c.id.label("qos_id"), q.c.name.label("qos"), q.c.priority,
+        )
+        .select_from(
+            t.outerjoin(s, and_(s.c.team_id == t.c.id, s.c.job_id.is_(None)))
+            .outerjoin(dq, dq.c.id == s.c.qos_class_id)
+            .outerjoin(q, q.c.name == wanted)
+        )
+        .where(t.c.name == team)
+        .limit(1)
+    )  # fmt: skip
+    return db.connection().execute(stmt).first()
 
 
 def get_by_id(db: Session, team_id: int) -> Team | None:

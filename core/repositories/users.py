@@ -52,7 +52,7 @@ class TokenIdentity:
 def identity_by_token_hash(db: Session, token_hash: str) -> TokenIdentity | None:
     """What authentication needs, memberships included, in one query of plain columns (it runs on every
     request): one row per membership, or one row with NULL team for a user in no team."""
-    rows = db.execute(
+    rows = db.connection().execute(  # Core: plain columns need none of the ORM's execution machinery
         select(
             ApiToken.id, ApiToken.scopes, ApiToken.expires_at, ApiToken.revoked_at, ApiToken.last_used_at,
             User.id, User.name, User.is_admin, Membership.team_id, Membership.role,

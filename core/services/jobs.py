@@ -5,27 +5,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
+from core.db import utcnow
 from core.models import Attempt, Checkpoint, Event, Job, JobDependency, JobMetric, Role, SlaContract
-from core.notify import notify_jobs_changed
+from core.notify import CHANNEL, notify_jobs_changed
 from core.repositories import jobs as jobs_repo
 from core.repositories import qos as qos_repo
 from core.repositories import teams as teams_repo
 from core.repositories.jobs import JobFilter
 from core.services.errors import Conflict, InvalidInput, NotFound
-from core.services.principal import Principal, require_team
-from core.services.sla import DEFAULT_QOS, default_contract, effective_terms
+from core.services.principal import Principal, require_team, require_team_id
+from core.services.sla import BASE_TERMS, DEFAULT_QOS, TERMS, effective_terms
 from core.spec import JobSpec
 from core.states import TERMINAL, JobState, record_event, transition
 
 
 @dataclass(frozen=True)
 class JobView:
-    """A job with the names a reader wants instead of ids."""
+    """A job with the names a reader wants instead of ids. ``job`` is the ORM row, or (lists) a plain row of the
+    ``jobs`` columns, which reads the same by attribute."""
 
-    job: Job
+    job: Job | Row[Any]
     team: str
     user: str | None
     qos: str
@@ -38,41 +42,43 @@ class JobPage:
 
 
 def submit(*, db: Session, principal: Principal, spec: JobSpec) -> JobView:
-    team = require_team(principal, teams_repo.get_by_name(db, spec.team), spec.team, Role.MEMBER)
-    base = default_contract(db=db, team=team)
-    qos_name = spec.sla.qos or (base.qos_class.name if base.qos_class is not None else DEFAULT_QOS)
-    qos = qos_repo.get_by_name(db, qos_name)
-    if qos is None:
+    """Statements: one read (team, default contract, QoS: ``teams_repo.submission_context``), one more only when
+    ``depends_on`` is set, and on PostgreSQL one write (job, dependencies, contract, event and NOTIFY together).
+    The answer is built from what was written: nothing is read back."""
+    ctx = teams_repo.submission_context(db, team=spec.team, qos=spec.sla.qos, default_qos=DEFAULT_QOS, terms=TERMS)
+    team_id = require_team_id(principal, ctx.team_id if ctx is not None else None, spec.team, Role.MEMBER)
+    assert ctx is not None
+    qos_name = spec.sla.qos or ctx.default_qos or DEFAULT_QOS
+    if ctx.qos_id is None:
         loc = "sla.qos" if spec.sla.qos else "team.sla.qos"
         raise InvalidInput.at(loc, f"unknown QoS class {qos_name!r}")
-    depends_on = _dependencies(db, team_id=team.id, team=team.name, refs=spec.depends_on)
-
-    job = Job(
-        name=spec.name,
-        team_id=team.id,
-        user_id=principal.user_id,
-        spec=spec.model_dump(mode="json"),
-        state=JobState.QUEUED.value,
-        qos_class_id=qos.id,
-        priority=qos.priority,
-        gpus=spec.resources.gpus,
-        gpu_type=spec.resources.gpu_type if spec.resources.gpus else "cpu",
-    )
-    db.add(job)
-    db.flush()
-    db.add_all(JobDependency(job_id=job.id, depends_on_id=dep) for dep in depends_on)
-    db.add(
-        SlaContract(
-            team_id=team.id, job_id=job.id, qos_class_id=qos.id, **effective_terms(base=base, overrides=spec.sla)
-        )
-    )
-    record_event(
-        db, "SUBMITTED", job=job, actor_user_id=principal.user_id,
-        message=f"submitted by {principal.name} (qos {qos.name}, priority {qos.priority})",
-        data={"qos": qos.name, "priority": qos.priority, "gpus": job.gpus, "depends_on": depends_on},
-    )  # fmt: skip
-    notify_jobs_changed(db, str(job.id))
-    return JobView(job=job, team=team.name, user=principal.name, qos=qos.name)
+    depends_on = _dependencies(db, team_id=team_id, team=spec.team, refs=spec.depends_on)
+    base = {k: getattr(ctx, k) for k in TERMS} if ctx.sla_id is not None else BASE_TERMS
+    terms = effective_terms(base=base, overrides=spec.sla)
+    now = utcnow()
+    values: dict[str, Any] = {
+        "name": spec.name, "team_id": team_id, "user_id": principal.user_id, "spec": spec.model_dump(mode="json"),
+        "state": JobState.QUEUED.value, "qos_class_id": ctx.qos_id, "priority": ctx.priority,
+        "gpus": spec.resources.gpus, "gpu_type": spec.resources.gpu_type if spec.resources.gpus else "cpu",
+        "restart_count": 0, "fencing_token": 0, "cancel_requested": False, "preempt_requested": False,
+        "last_step": 0, "submitted_at": now, "updated_at": now,
+    }  # fmt: skip
+    message = f"submitted by {principal.name} (qos {ctx.qos}, priority {ctx.priority})"
+    data = {"qos": ctx.qos, "priority": ctx.priority, "gpus": values["gpus"], "depends_on": depends_on}
+    job = Job(**values)
+    if db.get_bind().dialect.name == "postgresql":
+        job.id = jobs_repo.insert_submitted_pg(
+            db, job=values, depends_on=depends_on, contract=terms, event_type="SUBMITTED", event_message=message,
+            event_data=data, channel=CHANNEL,
+        )  # fmt: skip
+    else:  # the embedded default (SQLite): the unit of work, one flush
+        db.add(job)
+        db.flush()
+        db.add_all(JobDependency(job_id=job.id, depends_on_id=dep) for dep in depends_on)
+        db.add(SlaContract(team_id=team_id, job_id=job.id, qos_class_id=ctx.qos_id, **terms))
+        record_event(db, "SUBMITTED", job=job, actor_user_id=principal.user_id, message=message, data=data)
+        notify_jobs_changed(db, str(job.id))
+    return JobView(job=job, team=spec.team, user=principal.name, qos=ctx.qos)
 
 
 def _dependencies(db: Session, *, team_id: int, team: str, refs: Sequence[str]) -> list[int]:
@@ -115,7 +121,7 @@ def list_jobs(
 ) -> JobPage:
     team_id = None
     if team is not None:
-        team_id = require_team(principal, teams_repo.get_by_name(db, team), team).id
+        team_id = require_team_id(principal, teams_repo.id_by_name(db, team), team)
     unknown = sorted(set(states) - {s.value for s in JobState})
     if unknown:
         raise InvalidInput.at("state", f"unknown states {unknown}")
@@ -130,7 +136,7 @@ def list_jobs(
         before_id=before_id,
     )  # fmt: skip
     rows = jobs_repo.list_rows(db, flt, limit + 1)
-    items = [JobView(*r) for r in rows[:limit]]
+    items = [JobView(job=r, team=r.team, user=r.user, qos=r.qos) for r in rows[:limit]]
     return JobPage(items=items, next_before_id=items[-1].job.id if len(rows) > limit else None)
 
 

@@ -49,11 +49,18 @@ def require_admin(principal: Principal, action: str) -> None:
 
 def require_team(principal: Principal, team: Team | None, name: str, min_role: Role = Role.VIEWER) -> Team:
     """The team if the caller may act on it with ``min_role``; NotFound when it may not even see it."""
-    if team is None or not principal.can_see(team.id):
+    require_team_id(principal, team.id if team is not None else None, name, min_role)
+    assert team is not None
+    return team
+
+
+def require_team_id(principal: Principal, team_id: int | None, name: str, min_role: Role = Role.VIEWER) -> int:
+    """``require_team`` for callers that looked up only the team's id (``None``: no such team)."""
+    if team_id is None or not principal.can_see(team_id):
         raise NotFound(f"team {name!r} not found")
     if principal.is_admin:
-        return team
-    role = principal.roles[team.id]
+        return team_id
+    role = principal.roles[team_id]
     if ROLE_RANK[role] < ROLE_RANK[min_role]:
         raise Forbidden(f"your role in team {name!r} is {role}; this needs {min_role.value} or above")
-    return team
+    return team_id

@@ -75,9 +75,12 @@ def put_team_default(*, db: Session, principal: Principal, team: str, terms: Map
     return row
 
 
-def effective_terms(*, base: SlaContract, overrides: SLAOverrides) -> dict[str, Any]:
-    """The team default's terms with every term the spec sets replacing it."""
-    terms = {key: getattr(base, key) for key in TERMS}
+def effective_terms(*, base: SlaContract | Mapping[str, Any], overrides: SLAOverrides) -> dict[str, Any]:
+    """The team default's terms (a contract row, or its terms by name) with every term the spec sets replacing it."""
+    if isinstance(base, SlaContract):
+        terms = {key: getattr(base, key) for key in TERMS}
+    else:
+        terms = {key: base[key] for key in TERMS}
     for key in TERMS:
         value = getattr(overrides, key)
         if value is not None:
