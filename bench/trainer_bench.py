@@ -7,12 +7,21 @@ Every measurement is its own process, as production runs it: the bare loop is ``
 kiln variants are ``python -m trainer --spec ... --run-dir ...`` with their throughput read back from the
 trainer's own telemetry (step records' timestamps after warm-up).  Variants:
 
-* ``bare``              hand-written loop: regional compile, bf16 autocast, fused AdamW, clip, synthetic tokens
-* ``kiln``              the trainer with telemetry and the loss-spike guard on, no periodic checkpoint
-* ``kiln_ckpt100``      plus an async checkpoint every 100 steps
-* ``kiln_ckpt10``       plus an async checkpoint every 10 steps
-* ``compile_cold/warm`` compile time with an empty compile cache, then from the cache the cold run saved
-                        (each with a fresh Inductor cache dir, so the kiln cache is the only warm source)
+* ``disk``              the write bandwidth (with fsync) of the checkpoint directory's disk and of /dev/shm,
+                        1 thread and the checkpoint writer's thread count: the physical bound of the writer
+* ``bare``              hand-written loop as the project's anchor: whole-model compile (model + loss in one
+                        graph), bf16 autocast, fused AdamW, clip, synthetic tokens
+* ``bare_regional``     the same loop, regional compile (each block, and the LM head + loss)
+* ``kiln``              the trainer with telemetry and the loss-spike guard on, no periodic checkpoint, its
+                        default compile mode (whole on GPU)
+* ``kiln_regional``     the same, regional compile
+* ``kiln_ckpt100``      plus an async checkpoint every 100 steps (checkpoint dir on the work dir's disk)
+* ``kiln_ckpt10``       plus an async checkpoint every 10 steps (same disk)
+* ``kiln_ckpt10_shm``   every 10 steps into /dev/shm (RAM-backed: a real verified checkpoint, but not
+                        durable across a host loss - the local tier a real system replicates from)
+* ``compile_{cold,warm}[_regional]`` compile time with an empty compile-cache dir, then, in a fresh process
+                        (as a restarted attempt), from what the cold run left there (kiln's artifacts and the
+                        Inductor/Triton caches it keeps in that dir)
 
 Targets (issue 3): kiln/bare >= 0.97; ckpt100 >= 0.95; ckpt10 >= 0.85; warm <= 20% of cold;
 predicted peak memory within 10% of measured.  Results are written as JSON to ``--out``.
@@ -45,12 +54,14 @@ def sizes(smoke: bool) -> dict[str, Any]:
     return {"size": "gpt2", "corpus": "synthetic", "batch_size": 32, "seq_len": 1024}
 
 
-def spec(hp: dict[str, Any], *, steps: int, every: int | None, compile_mode: str, precision: str,
+def spec(hp: dict[str, Any], *, steps: int, every: int | None, compile_mode: str | None, precision: str,
          timeout: float) -> dict[str, Any]:
+    """``compile_mode`` None leaves the mode out of the spec: the trainer picks its default."""
+    compile_opts: dict[str, Any] = {"timeout_s": timeout, **({"mode": compile_mode} if compile_mode else {})}
     return {
         "name": "bench", "team": "bench", "steps": steps, "seed": 0, "parallelism": "ddp",
         "recipe": {"name": "gpt", "hyperparameters": {**hp, "lr": 6e-4, "log_every": 1, "heartbeat_s": 5.0}},
-        "compile": {"mode": compile_mode, "timeout_s": timeout}, "precision": precision,
+        "compile": compile_opts, "precision": precision,
         "checkpointing": {"every_steps": every, "keep_last": 2, "asynchronous": True},
     }
 
@@ -67,6 +78,8 @@ def run_kiln(name: str, spec_d: dict[str, Any], work: pathlib.Path, warmup: int,
     run_dir.mkdir(parents=True)
     (run_dir / "spec.json").write_text(json.dumps(spec_d))
     env = {**os.environ, "PYTHONPATH": PYPATH, **(env_extra or {})}
+    for key in [k for k, val in env.items() if val == "" and k in (env_extra or {})]:
+        del env[key]  # an empty value in env_extra means: unset it for this run
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "trainer", "--spec", str(run_dir / "spec.json"),
                            "--run-dir", str(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True)
@@ -77,6 +90,9 @@ def run_kiln(name: str, spec_d: dict[str, Any], work: pathlib.Path, warmup: int,
     steps = [r for r in recs if r["kind"] == "step"]
     done = next(r for r in recs if r["kind"] == "done")
     events = [r for r in recs if r["kind"] == "event"]
+    ckpts = [r for r in recs if r["kind"] == "checkpoint"]
+    staging = next((e["fields"] for e in events if e["type"] == "CHECKPOINT_STAGING"), None)
+    exit_ev = [e for e in events if e["type"] == "EXIT"]
     compile_ev = next((e for e in events if e["type"].startswith(("COMPILE_OK", "FALLBACK_"))), None)
     window = [s for s in steps if s["step"] > warmup]
     out: dict[str, Any] = {"wall_s": wall, "steps": len(steps), "final_loss": done["final_loss"],
@@ -85,7 +101,18 @@ def run_kiln(name: str, spec_d: dict[str, Any], work: pathlib.Path, warmup: int,
                            "memory_prediction_error": done["memory_prediction_error"],
                            "checkpoints": done["checkpoints"],
                            "compile": compile_ev["fields"] if compile_ev else None,
-                           "compile_event": compile_ev["type"] if compile_ev else None}
+                           "compile_event": compile_ev["type"] if compile_ev else None,
+                           "memory_breakdown": next((r for r in recs if r["kind"] == "memory_prediction"),
+                                                    {}).get("breakdown"),
+                           "staging": staging,
+                           "last_record_exit_code": exit_ev[-1]["fields"]["exit_code"] if exit_ev else None}
+    if ckpts:
+        stalls = [c.get("stall_s") or 0.0 for c in ckpts]
+        writes = [c.get("write_s") or 0.0 for c in ckpts]
+        out["checkpoint_bytes"] = ckpts[-1]["bytes"]
+        out["checkpoint_format"] = ckpts[-1].get("format")
+        out["checkpoint_stall_s"] = {"mean": sum(stalls) / len(stalls), "max": max(stalls)}
+        out["checkpoint_write_s"] = {"mean": sum(writes) / len(writes), "max": max(writes)}
     if len(window) >= 2:
         span = window[-1]["ts"] - window[0]["ts"]
         out["tokens_per_s"] = items_per_step * (len(window) - 1) / span
@@ -104,9 +131,11 @@ def bare(args: argparse.Namespace) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     model = recipe.build_model().to(device)
-    if args.compile != "off":
-        for block in recipe.blocks(model):
-            block.compile(fullgraph=True, dynamic=False)
+    if args.compile == "whole":  # model and loss in one graph (GPT.forward computes the loss given targets)
+        model.compile(fullgraph=True, dynamic=False)
+    elif args.compile == "regional":
+        for region in recipe.compile_regions(model):
+            region.compile(fullgraph=True, dynamic=False)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -138,13 +167,42 @@ def bare(args: argparse.Namespace) -> None:
                       "loss": float(last.item())}))
 
 
-def run_bare(args: argparse.Namespace) -> dict[str, Any]:
+def run_bare(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--bare", "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--compile", args.compile] + (["--smoke"] if args.smoke else [])
+           "--compile", mode] + (["--smoke"] if args.smoke else [])
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": PYPATH}, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"bare loop failed:\n{proc.stderr[-4000:]}")
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "compile": mode}
+
+
+def disk_bandwidth(directory: pathlib.Path, total: int, threads: int) -> dict[str, Any]:
+    """GB/s of writing ``total`` bytes split over ``threads`` files in ``directory``, fsync included - the
+    same pattern as the checkpoint writer (its chunk size, GIL released in os.write)."""
+    import concurrent.futures
+
+    directory.mkdir(parents=True, exist_ok=True)
+    chunk = memoryview(os.urandom(64 << 20))
+    per = total // threads
+
+    def one(i: int) -> None:
+        fd = os.open(directory / f"bw_{i}.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            left = per
+            while left > 0:
+                left -= os.write(fd, chunk[: min(left, len(chunk))])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, range(threads)))
+    dt = time.perf_counter() - t0
+    for i in range(threads):
+        (directory / f"bw_{i}.bin").unlink()
+    return {"dir": str(directory), "bytes": per * threads, "threads": threads, "seconds": dt,
+            "gb_per_s": per * threads / dt / 1e9}
 
 
 def main() -> None:
@@ -153,14 +211,15 @@ def main() -> None:
     ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=None, help="measured steps per variant")
     ap.add_argument("--warmup", type=int, default=None)
-    ap.add_argument("--compile", default=None, choices=["regional", "whole", "off"])
-    ap.add_argument("--variants", default="bare,kiln,kiln_ckpt100,kiln_ckpt10,compile_cache")
+    ap.add_argument("--compile", default=None, choices=["regional", "whole", "off"], help="(--bare mode)")
+    ap.add_argument("--variants", default="disk,bare,kiln,kiln_ckpt10,kiln_ckpt100,compile_cache,bare_regional,"
+                                          "kiln_regional,kiln_ckpt10_shm,compile_cache_regional")
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "trainer_bench.json")
     ap.add_argument("--workdir", type=pathlib.Path, default=None)
     args = ap.parse_args()
     args.steps = args.steps or (30 if args.smoke else 100)
     args.warmup = args.warmup or (5 if args.smoke else 10)
-    args.compile = args.compile or ("off" if args.smoke else "regional")
+    args.compile = args.compile or "whole"
     if args.bare:
         bare(args)
         return
@@ -179,8 +238,10 @@ def main() -> None:
     work = args.workdir or pathlib.Path(tempfile.mkdtemp(prefix="kiln-bench-"))
     variants = set(args.variants.split(","))
     total = args.warmup + args.steps
+    # Smoke runs stay eager (CPU compile of even the tiny model costs minutes on a shared 2-core box).
+    mode_whole, mode_regional = ("off", "off") if args.smoke else ("whole", "regional")
     res: dict[str, Any] = {"device": gpu, "torch": torch.__version__, "smoke": args.smoke, "config": hp,
-                           "precision": precision, "compile": args.compile, "steps": args.steps,
+                           "precision": precision, "steps": args.steps,
                            "warmup": args.warmup, "flops_per_token": recipe.flops_per_item(),
                            "peak_flops": peak, "variants": {}}
 
@@ -190,27 +251,56 @@ def main() -> None:
     def record(name: str, r: dict[str, Any]) -> None:
         r["mfu"] = mfu(r.get("tokens_per_s"))
         res["variants"][name] = r
-        print(f"{name:14s} tokens/s={r.get('tokens_per_s') or 0:12.0f} mfu={r['mfu'] or 0:.3f}", flush=True)
+        print(f"{name:24s} tokens/s={r.get('tokens_per_s') or 0:12.0f} mfu={r['mfu'] or 0:.3f}", flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(res, indent=1))
 
+    if "disk" in variants:
+        from trainer.checkpoint import writer_count
+
+        size = (64 << 20) if args.smoke else (2 << 30)
+        res["disk"] = [disk_bandwidth(d, size, n) for d in (work / "bw", pathlib.Path("/dev/shm/kiln-bw"))
+                       for n in (1, writer_count()) if d.parent.is_dir()]
+        print(json.dumps(res["disk"]), flush=True)
     if "bare" in variants:
-        record("bare", run_bare(args))
-    kiln_runs = {"kiln": (total, None), "kiln_ckpt100": (args.warmup + max(args.steps, 200), 100),
-                 "kiln_ckpt10": (total, 10)}
-    for name, (steps, every) in kiln_runs.items():
-        if name in variants:
-            s = spec(hp, steps=steps, every=every, compile_mode=args.compile, precision=precision, timeout=600)
-            record(name, run_kiln(name, s, work, args.warmup, items))
-    if "compile_cache" in variants:
-        cache = work / "compile-cache"
+        record("bare", run_bare(args, mode_whole))
+    # The throughput variants share one compile-cache dir (as a job's attempts do), so only the first of
+    # each mode compiles cold; the compile_cache variants below use their own empty dirs.
+    shared = {"KILN_COMPILE_CACHE_DIR": str(work / "shared-compile-cache")}
+    default_mode = None if not args.smoke else "off"
+    kiln_runs: dict[str, tuple[int, int | None, str | None, dict[str, str]]] = {
+        "kiln": (total, None, default_mode, {}),
+        "kiln_ckpt10": (total, 10, default_mode, {}),
+        "kiln_ckpt100": (args.warmup + max(args.steps, 200), 100, default_mode, {}),
+        "bare_regional": (0, None, None, {}),
+        "kiln_regional": (total, None, mode_regional, {}),
+        "kiln_ckpt10_shm": (total, 10, default_mode, {"KILN_CHECKPOINT_DIR": "/dev/shm/kiln-bench-ckpt"}),
+    }
+    order = [x for x in args.variants.split(",") if x in kiln_runs or x.startswith("compile_cache")]
+    for name in order:
+        if name == "bare_regional":
+            record(name, run_bare(args, mode_regional))
+            continue
+        if name in kiln_runs:
+            steps, every, mode, env_extra = kiln_runs[name]
+            if "KILN_CHECKPOINT_DIR" in env_extra:
+                if not pathlib.Path("/dev/shm").is_dir():
+                    continue
+                shutil.rmtree(env_extra["KILN_CHECKPOINT_DIR"], ignore_errors=True)
+            s = spec(hp, steps=steps, every=every, compile_mode=mode, precision=precision, timeout=600)
+            record(name, run_kiln(name, s, work, args.warmup, items, {**shared, **env_extra}))
+            if "KILN_CHECKPOINT_DIR" in env_extra:
+                shutil.rmtree(env_extra["KILN_CHECKPOINT_DIR"], ignore_errors=True)
+            continue
+        suffix, mode = ("_regional", mode_regional) if name.endswith("_regional") else ("", default_mode)
+        cache = work / f"compile-cache{suffix}"
         shutil.rmtree(cache, ignore_errors=True)
-        for name in ("compile_cold", "compile_warm"):
-            s = spec(hp, steps=3, every=None, compile_mode="regional", precision=precision, timeout=600)
-            env = {"KILN_COMPILE_CACHE_DIR": str(cache),
-                   "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="inductor-", dir=work),
-                   "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton-", dir=work)}
-            record(name, run_kiln(name, s, work, 0, items, env))
+        for phase in ("compile_cold", "compile_warm"):
+            s = spec(hp, steps=3, every=None, compile_mode=mode, precision=precision, timeout=600)
+            # Only the kiln compile-cache dir carries state between the two processes: the trainer keeps
+            # the Inductor/Triton caches inside it (unless these variables are set, so unset them here).
+            env = {"KILN_COMPILE_CACHE_DIR": str(cache), "TORCHINDUCTOR_CACHE_DIR": "", "TRITON_CACHE_DIR": ""}
+            record(phase + suffix, run_kiln(phase + suffix, s, work, 0, items, env))
 
     v = res["variants"]
 
@@ -218,19 +308,31 @@ def main() -> None:
         x, y = v.get(a, {}).get("tokens_per_s"), v.get(b, {}).get("tokens_per_s")
         return x / y if x and y else None
 
-    cold = (v.get("compile_cold", {}).get("compile") or {}).get("elapsed_s")
-    warm = (v.get("compile_warm", {}).get("compile") or {}).get("elapsed_s")
+    def compile_s(name: str) -> float | None:
+        return (v.get(name, {}).get("compile") or {}).get("elapsed_s")
+
+    cold, warm = compile_s("compile_cold"), compile_s("compile_warm")
+    cold_r, warm_r = compile_s("compile_cold_regional"), compile_s("compile_warm_regional")
     mem = v.get("kiln", {})
+    mem_r = v.get("kiln_regional", {})
     res["summary"] = {
+        "bare_tokens_per_s": v.get("bare", {}).get("tokens_per_s"),
         "ratio_kiln_vs_bare": ratio("kiln", "bare"),
         "ratio_ckpt100_vs_bare": ratio("kiln_ckpt100", "bare"),
         "ratio_ckpt10_vs_bare": ratio("kiln_ckpt10", "bare"),
+        "ratio_ckpt10_shm_vs_bare": ratio("kiln_ckpt10_shm", "bare"),
+        "ratio_bare_regional_vs_bare": ratio("bare_regional", "bare"),
+        "ratio_kiln_regional_vs_bare_regional": ratio("kiln_regional", "bare_regional"),
         "compile_cold_s": cold, "compile_warm_s": warm,
         "warm_over_cold": warm / cold if warm and cold else None,
         "warm_cache_hit": (v.get("compile_warm", {}).get("compile") or {}).get("cache_hit"),
+        "compile_cold_regional_s": cold_r, "compile_warm_regional_s": warm_r,
+        "warm_over_cold_regional": warm_r / cold_r if warm_r and cold_r else None,
         "predicted_peak_bytes": mem.get("predicted_peak_bytes"),
         "measured_peak_bytes": mem.get("measured_peak_bytes"),
         "memory_prediction_error": mem.get("memory_prediction_error"),
+        "memory_prediction_error_regional": mem_r.get("memory_prediction_error"),
+        "disk_gb_per_s": {f"{d['dir']}x{d['threads']}": d["gb_per_s"] for d in res.get("disk", [])},
     }
     targets = {"ratio_kiln_vs_bare": (">=", 0.97), "ratio_ckpt100_vs_bare": (">=", 0.95),
                "ratio_ckpt10_vs_bare": (">=", 0.85), "warm_over_cold": ("<=", 0.20)}

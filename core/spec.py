@@ -15,7 +15,7 @@ NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$"
 
 Parallelism = Literal["ddp", "fsdp", "auto"]
 Precision = Literal["bf16", "fp16", "fp32", "auto"]
-CompileMode = Literal["regional", "whole", "off"]
+CompileMode = Literal["auto", "regional", "whole", "off"]
 
 
 class StrictModel(BaseModel):
@@ -46,7 +46,8 @@ class Resources(StrictModel):
 
 
 class CompileOptions(StrictModel):
-    mode: CompileMode = "regional"
+    # auto: whole-model on GPU (fastest measured on the H200), per-block on CPU (compiles several times faster)
+    mode: CompileMode = "auto"
     timeout_s: Annotated[float, Field(gt=0, le=3600)] = 300.0
     max_rss_bytes: Annotated[int | None, Field(gt=0)] = None
     check_allclose: bool = True

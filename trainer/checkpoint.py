@@ -3,14 +3,25 @@
 Layout under the job's checkpoint directory (``KILN_CHECKPOINT_DIR``, shared by all its attempts)::
 
     step_00000040/manifest.json   {"step", "files": {name: {"bytes", "sha256"}}, "fencing_token", ...}
-    step_00000040/model.pt, optim.pt, extra.pt            (replicated state: DDP or one process)
+    step_00000040/data_K.bin, tensors.json, tree.pt, extra.pt
+                                                          (replicated state, DDP or one process: "raw")
+    step_00000040/model.pt, optim.pt, extra.pt            (replicated state of older attempts: "torch")
     step_00000040/*.distcp, .metadata, extra.pt           (sharded FSDP2 state through DCP)
     fence                                                 (the current fencing token, written by the worker)
 
 Saving: state is staged into reusable CPU buffers (pinned on CUDA, copied on a side stream so the next
 step's forward overlaps the copy), then a background thread writes ``.tmp-step_N-*``, fsyncs every file,
 writes the manifest with a sha256 per file and renames the directory into place - but only while the fence
-file still names this attempt's token.  Loading takes the newest directory whose manifest verifies; corrupt
+file still names this attempt's token.
+
+The replicated ("raw") format exists because ``torch.save`` + fsync + re-reading for the sha256 of a 1.5 GB
+state took ~3.5 s, far over a 10-step interval.  The staging buffers are a few flat pinned byte arrays, one
+per data file, laid out once (``prepare``) with every tensor at an aligned offset; the writer threads stream
+each array straight to its file, hashing each chunk as it is written (``os.write`` and ``hashlib`` release
+the GIL on large buffers), and fsync in parallel.  ``tensors.json`` records each tensor's file, offset,
+dtype and shape; ``tree.pt`` holds the state dicts' non-tensor structure (param groups, hyperparameters).
+
+Loading takes the newest directory whose manifest verifies; corrupt
 ones are skipped with an event.
 """
 
@@ -26,6 +37,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -111,13 +123,20 @@ def verify(path: pathlib.Path) -> str | None:
 
 
 def write_manifest_and_commit(tmp: pathlib.Path, final: pathlib.Path, *, step: int, token: int | None,
-                              meta: dict[str, Any]) -> dict[str, Any]:
+                              meta: dict[str, Any],
+                              written: dict[str, tuple[int, str]] | None = None) -> dict[str, Any]:
+    """``written``: files the caller already fsynced and hashed while writing them (name -> bytes, sha256);
+    every other file under ``tmp`` is fsynced and hashed here."""
     files = {}
     for f in sorted(tmp.rglob("*")):
         if f.is_file():
+            name = f.relative_to(tmp).as_posix()
+            if written and name in written:
+                files[name] = {"bytes": written[name][0], "sha256": written[name][1]}
+                continue
             with open(f, "rb+") as fh:
                 os.fsync(fh.fileno())
-            files[f.relative_to(tmp).as_posix()] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
+            files[name] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
     manifest = {"step": step, "fencing_token": token, "created": time.time(), "files": files, **meta}
     with open(tmp / MANIFEST, "w") as fh:
         json.dump(manifest, fh, indent=1, sort_keys=True)
@@ -134,47 +153,112 @@ def write_manifest_and_commit(tmp: pathlib.Path, final: pathlib.Path, *, step: i
     return manifest
 
 
-class _Stager:
-    """Reusable CPU buffers for a state dict; pinned on CUDA so the device-to-host copy is asynchronous."""
+ALIGN = 4096  # tensor offsets in the data files: any dtype's view of the byte buffer is aligned
+CHUNK = 64 << 20  # bytes per write/hash call: large enough to release the GIL, small enough to interleave
+TENSORS = "tensors.json"
+TREE = "tree.pt"
+_REF = "__kiln_tensor__"
 
-    def __init__(self, device: torch.device) -> None:
+
+def writer_count() -> int:
+    """Parallel writer threads (and data files) per checkpoint: ``KILN_CKPT_WRITERS``, else min(8, cores)."""
+    raw = os.environ.get("KILN_CKPT_WRITERS")
+    return max(1, int(raw)) if raw else max(1, min(8, os.cpu_count() or 1))
+
+
+def _flatten(obj: Any, leaves: list[torch.Tensor], seen: dict[tuple[int, tuple[int, ...], torch.dtype], int]) -> Any:
+    """Replace every tensor in a state-dict tree by ``{_REF: index}`` (tied weights share one index)."""
+    if isinstance(obj, torch.Tensor):
+        key = (obj.data_ptr(), tuple(obj.shape), obj.dtype)
+        if obj.numel() and key in seen:
+            return {_REF: seen[key]}
+        leaves.append(obj)
+        if obj.numel():
+            seen[key] = len(leaves) - 1
+        return {_REF: len(leaves) - 1}
+    if isinstance(obj, dict):
+        return {k: _flatten(v, leaves, seen) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_flatten(v, leaves, seen) for v in obj)
+    return obj
+
+
+def _unflatten(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(obj, dict):
+        if len(obj) == 1 and _REF in obj:
+            return tensors[obj[_REF]]
+        return {k: _unflatten(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_unflatten(v, tensors) for v in obj)
+    return obj
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class _FlatStager:
+    """Reusable CPU staging for a state dict: a few flat byte buffers (pinned on CUDA, so the device-to-host
+    copy is asynchronous on a side stream), one per data file, each tensor at an aligned offset.
+
+    The layout is computed, and the buffers allocated, once (``prepare`` at start-up: pinning 1.5 GB costs
+    ~1 s, which must not land on a save); it is redone only if the state's shapes or dtypes change."""
+
+    def __init__(self, device: torch.device, files: int) -> None:
         self.device = device
-        self.buffers: dict[str, torch.Tensor] = {}
+        self.files = files
+        self.signature: list[tuple[tuple[int, ...], torch.dtype]] | None = None
+        self.entries: list[dict[str, Any]] = []
+        self.buffers: list[torch.Tensor] = []
+        self.views: list[torch.Tensor] = []
+        self.alloc_s = 0.0
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.done: torch.cuda.Event | None = None
 
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() for b in self.buffers)
+
+    def layout(self, leaves: list[torch.Tensor]) -> None:
+        sig = [(tuple(t.shape), t.dtype) for t in leaves]
+        if sig == self.signature:
+            return
+        t0 = time.perf_counter()
+        sizes = [t.numel() * t.element_size() for t in leaves]
+        files = max(1, min(self.files, sum(1 for n in sizes if n)))  # no empty data files
+        fill = [0] * files
+        self.entries = [{} for _ in leaves]
+        # Largest first onto the least-filled file: the files (and so the writer threads) stay balanced.
+        for i in sorted(range(len(leaves)), key=lambda i: -sizes[i]):
+            f = min(range(files), key=fill.__getitem__)
+            self.entries[i] = {"file": f"data_{f}.bin", "index": f, "offset": fill[f], "bytes": sizes[i],
+                               "dtype": _dtype_name(leaves[i].dtype), "shape": list(leaves[i].shape)}
+            fill[f] += -(-sizes[i] // ALIGN) * ALIGN
+        pin = self.device.type == "cuda"
+        self.buffers = [torch.zeros(n, dtype=torch.uint8, pin_memory=pin) for n in fill]
+        self.views = []
+        for e, t in zip(self.entries, leaves, strict=True):
+            buf = self.buffers[e["index"]]
+            self.views.append(buf[e["offset"]:e["offset"] + e["bytes"]].view(t.dtype).view(t.shape))
+        self.signature = sig
+        self.alloc_s = time.perf_counter() - t0
+
     def stage(self, state: Any) -> Any:
-        seen: dict[tuple[int, tuple[int, ...], torch.dtype], torch.Tensor] = {}
+        """Copy ``state``'s tensors into the buffers (asynchronously on CUDA); returns the tensor-free tree."""
+        leaves: list[torch.Tensor] = []
+        tree = _flatten(state, leaves, {})
+        self.layout(leaves)
         if self.stream is not None:
             # The copy must see the state as of now: order it after the work already queued.
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
         ctx = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
         with ctx:
-            out = self._walk(state, "", seen)
+            for view, t in zip(self.views, leaves, strict=True):
+                view.copy_(t.detach(), non_blocking=self.stream is not None)
         if self.stream is not None:
             self.done = torch.cuda.Event()
             self.done.record(self.stream)
-        return out
-
-    def _walk(self, obj: Any, path: str, seen: dict[tuple[int, tuple[int, ...], torch.dtype], torch.Tensor]) -> Any:
-        if isinstance(obj, torch.Tensor):
-            key = (obj.data_ptr(), tuple(obj.shape), obj.dtype)
-            if obj.numel() and key in seen:  # tied weights: stage (and write) the storage once
-                return seen[key]
-            buf = self.buffers.get(path)
-            if buf is None or buf.shape != obj.shape or buf.dtype != obj.dtype:
-                buf = torch.empty(obj.shape, dtype=obj.dtype, device="cpu",
-                                  pin_memory=self.device.type == "cuda")
-                self.buffers[path] = buf
-            buf.copy_(obj.detach(), non_blocking=self.device.type == "cuda")
-            if obj.numel():
-                seen[key] = buf
-            return buf
-        if isinstance(obj, dict):
-            return {k: self._walk(v, f"{path}/{k}", seen) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(self._walk(v, f"{path}/{i}", seen) for i, v in enumerate(obj))
-        return obj
+        return tree
 
     def wait_copy(self) -> None:
         if self.done is not None:
@@ -184,6 +268,42 @@ class _Stager:
         """Make the compute stream wait for an in-flight copy before the optimizer overwrites the params."""
         if self.done is not None:
             torch.cuda.current_stream(self.device).wait_event(self.done)
+
+
+def _write_hashed(path: pathlib.Path, buf: torch.Tensor) -> tuple[int, str]:
+    """Write a CPU byte buffer to ``path``, hashing each chunk as it goes out (no re-read), then fsync."""
+    h = hashlib.sha256()
+    mv = memoryview(buf.numpy().data).cast("B")  # the pinned buffer itself: no copy
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for off in range(0, len(mv), CHUNK):
+            chunk = mv[off:off + CHUNK]
+            h.update(chunk)
+            while chunk:
+                n = os.write(fd, chunk)
+                chunk = chunk[n:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return len(mv), h.hexdigest()
+
+
+def load_raw(path: pathlib.Path) -> Any:
+    """The state tree of a "raw" checkpoint, tensors as CPU views of each data file read whole."""
+    entries = json.loads((path / TENSORS).read_text())
+    data = {}
+    for name in {e["file"] for e in entries}:
+        f = path / name
+        data[name] = torch.from_file(str(f), shared=False, size=f.stat().st_size, dtype=torch.uint8)
+    tensors = []
+    for e in entries:
+        dtype = getattr(torch, e["dtype"])
+        if e["bytes"] == 0:
+            tensors.append(torch.empty(e["shape"], dtype=dtype))
+            continue
+        raw = data[e["file"]][e["offset"]:e["offset"] + e["bytes"]]
+        tensors.append(raw.view(dtype).view(e["shape"]))
+    return _unflatten(torch.load(path / TREE, map_location="cpu", weights_only=True), tensors)
 
 
 class Checkpointer:
@@ -198,18 +318,38 @@ class Checkpointer:
         self.group = group  # gloo group reserved for checkpoint collectives (DCP runs them in a thread)
         self.device = device
         self.tel = telemetry
-        self.stager = _Stager(device)
+        self.stager = _FlatStager(device, writer_count())
+        self._pool: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.saves = 0
         self.failures = 0
         self.last_save_stall_s = 0.0
+        self._stalls: dict[int, float] = {}  # step -> its save()'s stall, read by the writer's record
         if rank == 0:
             root.mkdir(parents=True, exist_ok=True)
             for p in root.glob(".tmp-*"):  # leftovers of a crashed writer never become checkpoints
                 shutil.rmtree(p, ignore_errors=True)
 
     # ---- saving ---------------------------------------------------------------------------------------
+    def _state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Lay out and allocate the staging buffers now (start-up, once the optimizer state exists) rather
+        than on the first save, and start the writer threads."""
+        if self.sharded or self.rank != 0:
+            return  # DCP stages its own CPU copies; in a replicated run rank 0 writes everything
+        leaves: list[torch.Tensor] = []
+        _flatten(self._state(model, optimizer), leaves, {})
+        self.stager.layout(leaves)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.stager.files, thread_name_prefix="kiln-ckpt-io")
+        self.tel.event("CHECKPOINT_STAGING", f"staging buffers: {self.stager.nbytes} bytes in "
+                       f"{len(self.stager.buffers)} files, allocated in {self.stager.alloc_s:.2f}s",
+                       bytes=self.stager.nbytes, files=len(self.stager.buffers), alloc_s=self.stager.alloc_s,
+                       pinned=self.device.type == "cuda")
+
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any],
              *, blocking: bool = False) -> None:
         """Collective: every rank calls it at the same step.  Returns once the state is staged."""
@@ -217,13 +357,14 @@ class Checkpointer:
         self.wait()  # buffers are reused: the previous write must be finished
         extras = self._gather(extra)
         tmp = self.root / f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
-        meta = {"world_size": self.world_size, "format": "dcp" if self.sharded else "torch",
+        meta = {"world_size": self.world_size, "format": "dcp" if self.sharded else "raw",
                 "torch": torch.__version__}
         if self.sharded:
             self._save_sharded(step, model, optimizer, extras, tmp, meta)
         else:
             self._save_replicated(step, model, optimizer, extras, tmp, meta)
         self.last_save_stall_s = time.perf_counter() - t0
+        self._stalls[step] = self.last_save_stall_s
         if blocking or not self.asynchronous:
             self.wait()
 
@@ -238,16 +379,25 @@ class Checkpointer:
                          extras: list[dict[str, Any]], tmp: pathlib.Path, meta: dict[str, Any]) -> None:
         if self.rank != 0:
             return  # replicated state: rank 0 holds all of it
-        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
-        staged = self.stager.stage(state)
+        if self._pool is None:
+            self.prepare(model, optimizer)  # (a Checkpointer used without prepare(): pays it here)
+        tree = self.stager.stage(self._state(model, optimizer))
+        pool = self._pool
+        assert pool is not None
 
         def write() -> None:
+            t0 = time.perf_counter()
             self.stager.wait_copy()
             tmp.mkdir(parents=True)
-            torch.save(staged["model"], tmp / "model.pt")
-            torch.save(staged["optim"], tmp / "optim.pt")
+            jobs = {f"data_{i}.bin": pool.submit(_write_hashed, tmp / f"data_{i}.bin", buf)
+                    for i, buf in enumerate(self.stager.buffers)}
+            # The small files go out while the data files stream; the commit fsyncs and hashes them.
+            (tmp / TENSORS).write_text(json.dumps(
+                [{k: v for k, v in e.items() if k != "index"} for e in self.stager.entries]))
+            torch.save(tree, tmp / TREE)
             torch.save(extras, tmp / EXTRA)
-            self._commit(step, tmp, meta)
+            written = {name: job.result() for name, job in jobs.items()}
+            self._commit(step, tmp, meta, written, t0)
 
         self._start(write)
 
@@ -274,12 +424,17 @@ class Checkpointer:
 
         self._start(write)
 
-    def _commit(self, step: int, tmp: pathlib.Path, meta: dict[str, Any]) -> None:
+    def _commit(self, step: int, tmp: pathlib.Path, meta: dict[str, Any],
+                written: dict[str, tuple[int, str]] | None = None, t0: float | None = None) -> None:
         final = self.root / step_dir_name(step)
-        manifest = write_manifest_and_commit(tmp, final, step=step, token=self.token, meta=meta)
+        manifest = write_manifest_and_commit(tmp, final, step=step, token=self.token, meta=meta, written=written)
         total = sum(f["bytes"] for f in manifest["files"].values())
+        # stall_s: how long save() held the training loop (waiting for the previous write + staging);
+        # write_s: staging copy, data files, fsyncs, manifest and rename, in the background.
         self.tel.emit(RecordKind.CHECKPOINT, step=step, path=str(final), bytes=total,
-                      sha256=sha256_file(final / MANIFEST), verified=True)
+                      sha256=sha256_file(final / MANIFEST), verified=True, format=meta.get("format"),
+                      stall_s=self._stalls.pop(step, None),  # None if the write beat save()'s return
+                      write_s=time.perf_counter() - t0 if t0 is not None else None)
         self.prune()
 
     def _start(self, fn: Callable[[], None]) -> None:
@@ -365,8 +520,14 @@ class Checkpointer:
                 opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
             else:
                 opts = StateDictOptions()
-            msd: dict[str, Any] = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
-            osd: dict[str, Any] = torch.load(path / "optim.pt", map_location="cpu", weights_only=True)
+            msd: dict[str, Any]
+            osd: dict[str, Any]
+            if manifest["format"] == "raw":
+                full = load_raw(path)
+                msd, osd = full["model"], full["optim"]
+            else:  # "torch": written by an attempt before the raw format
+                msd = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
+                osd = torch.load(path / "optim.pt", map_location="cpu", weights_only=True)
             set_model_state_dict(model, msd, options=opts)
             set_optimizer_state_dict(model, optimizer, osd, options=opts)
         extras = torch.load(path / EXTRA, map_location="cpu", weights_only=False)

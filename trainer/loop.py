@@ -32,12 +32,12 @@ from core.trainer_protocol import (
 from trainer import memory
 from trainer.checkpoint import Checkpointer, FencedError, fence_ok
 from trainer.compile import Compiler, CompileReport
-from trainer.config import TrainerConfig
+from trainer.config import ConfigError, TrainerConfig
 from trainer.guards import Spike, SpikeGuard
 from trainer.parallel import DistEnv, choose_strategy, device_capacity, wrap
 from trainer.precision import PrecisionContext, resolve
 from trainer.preemption import PreemptionFlag
-from trainer.recipes import load_recipe
+from trainer.recipes import RecipeError, load_recipe
 from trainer.telemetry import NvmlSampler, Telemetry
 
 # Dense bf16/fp16 tensor-core peaks (vendor datasheets) for the MFU estimate; override with peak_flops.
@@ -60,6 +60,23 @@ def peak_flops(device: torch.device, precision: str, override: float | None) -> 
     return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
 
 
+def compile_mode(spec: JobSpec, device: torch.device) -> str:
+    """The spec's compile mode unless it is ``auto``: then whole-model on GPU (one graph for the model and
+    its loss: measured fastest on the H200, bench/results/trainer_bench.json) and regional on CPU (several
+    times quicker to compile, which is what CPU runs and tests are bound by)."""
+    if spec.compile.mode != "auto":
+        return str(spec.compile.mode)
+    return "whole" if device.type == "cuda" else "regional"
+
+
+def persist_compiler_caches(cache_dir: pathlib.Path) -> None:
+    """Keep Inductor's and Triton's on-disk caches (FX graphs, AOTAutograd entries, compiled kernels) in
+    the job's compile-cache directory, beside the portable artifacts, so a restarted attempt starts from
+    them too.  A directory already chosen in the environment is respected."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
+
+
 def _scalar(t: torch.Tensor) -> torch.Tensor:
     full = getattr(t, "full_tensor", None)  # FSDP2 returns the grad norm as a (replicated) DTensor
     return full() if callable(full) else t
@@ -77,6 +94,8 @@ class Trainer:
         self.ckpt_root = pathlib.Path(os.environ.get(ENV_CHECKPOINT_DIR) or run_dir / "checkpoints")
         cache = os.environ.get(ENV_COMPILE_CACHE_DIR)
         self.cache_dir = pathlib.Path(cache) if cache else self.ckpt_root / "compile-cache"
+        self.compile_mode = compile_mode(spec, self.device)
+        persist_compiler_caches(self.cache_dir)
         if not fence_ok(self.ckpt_root, self.token):
             raise FencedError(f"fence does not name token {self.token} at start")
         self.phase = "init"
@@ -92,13 +111,14 @@ class Trainer:
         model = recipe.build_model().to(self.device)
         blocks = recipe.blocks(model)
         largest = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=0)
-        compiled = spec.compile.mode != "off"
+        compiled = self.compile_mode != "off"
 
         def prediction(strategy: str) -> dict[str, Any]:
             return memory.predict(param_count=recipe.param_count(),
                                   activation_bytes=recipe.activation_bytes(self.prec.precision, compiled),
                                   precision=self.prec.precision, strategy=strategy, world_size=env.world_size,
-                                  largest_block_params=largest, grad_accum=self.cfg.grad_accum)
+                                  largest_block_params=largest, grad_accum=self.cfg.grad_accum,
+                                  check_bytes=recipe.eager_check_bytes(self.prec.precision) if compiled else 0)
 
         capacity = device_capacity(self.device)
         if capacity is not None and cap is not None:
@@ -112,7 +132,7 @@ class Trainer:
         self.data = recipe.make_data(rank=env.rank, world_size=env.world_size, seed=spec.seed)
         self.phase = "compiling"
         warm_batch = recipe.batch_to(self.data.batch(0), self.device)
-        compiler = Compiler(mode=spec.compile.mode, timeout_s=spec.compile.timeout_s,
+        compiler = Compiler(mode=self.compile_mode, timeout_s=spec.compile.timeout_s,
                             max_rss_bytes=spec.compile.max_rss_bytes, check_allclose=spec.compile.check_allclose,
                             hooks=self.cfg.hooks, telemetry=self.tel, device=self.device, model_name=recipe.name,
                             cache_dir=self.cache_dir, rank=env.rank, world_size=env.world_size, group=env.ctrl)
@@ -122,8 +142,9 @@ class Trainer:
                 with self.prec.autocast():
                     return recipe.loss(model, warm_batch)
 
-            self.report = compiler.compile(model, blocks, loss_fn=warm_loss, precision=self.prec.precision,
-                                           model_config=recipe.config_dict(), rtol=rtol, atol=atol)
+            self.report = compiler.compile(model, recipe.compile_regions(model), loss_fn=warm_loss,
+                                           precision=self.prec.precision, model_config=recipe.config_dict(),
+                                           rtol=rtol, atol=atol)
         self.raw_model = model
         self.model = wrap(model, blocks, strategy=self.strategy, env=env, precision=self.prec)
         self.optimizer, self.fused = self._optimizer()
@@ -225,6 +246,7 @@ class Trainer:
         self.final_loss: float | None = None
         self.phase = "training"
         params = [p for p in self.model.parameters() if p.requires_grad]
+        staged = False
         while self.step < spec.steps:
             loss_sum = torch.zeros((), device=self.device)
             index = -1
@@ -259,6 +281,11 @@ class Trainer:
                 dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
                 loss_sum /= env.world_size
             self.step += 1
+            if not staged:
+                # Start-up, not a save: lay out and pin the checkpoint staging buffers once AdamW's state
+                # exists (after the first step), so no save ever pays the ~1 s of pinning 1.5 GB.
+                self.ckpt.prepare(self.model, self.optimizer)
+                staged = True
             pending.append((self.step, index, loss_sum, gn.detach()))
             if cfg.hooks.sleep_per_step_s:
                 time.sleep(cfg.hooks.sleep_per_step_s)
@@ -392,12 +419,35 @@ class Trainer:
                                "elapsed_s": rep.elapsed_s, "cache_hit": rep.cache_hit} if rep else None,
                       predicted_peak_bytes=pred, measured_peak_bytes=meas["mem_peak_bytes"],
                       memory_prediction_error=err, overflow_rate=self.prec.overflow_rate,
-                      spikes=self.guard.spikes, checkpoints=self.ckpt.saves,
+                      spikes=self.guard.spikes, checkpoints=self.ckpt.saves, exit_code=int(ExitCode.SUCCEEDED),
                       checkpoint_failures=self.ckpt.failures)
 
 
 def run(spec: JobSpec, run_dir: pathlib.Path, env: DistEnv) -> ExitCode:
+    """Train; whatever happens, the last telemetry record of this rank is an ``EXIT`` event naming the exit
+    code (torchrun itself exits 1 when any rank fails, hiding 75/77/...; the worker reads this instead)."""
     tel = Telemetry(run_dir, env.rank)
+    code: int = 1
+    error: str | None = None
+    try:
+        code = _run(spec, run_dir, env, tel)
+        return ExitCode(code)
+    except (ConfigError, RecipeError) as exc:
+        code, error = ExitCode.USER_ERROR, repr(exc)[:2000]
+        raise
+    except BaseException as exc:  # a crash: python exits 1 (re-raised below, after the record)
+        code, error = 1, f"{type(exc).__name__}: {exc}"[:2000]
+        raise
+    finally:
+        try:
+            reason = ExitCode(code).name
+        except ValueError:
+            reason = "CRASH"
+        tel.event("EXIT", f"exiting with {code} ({reason})", exit_code=int(code), reason=reason, error=error)
+        tel.close()
+
+
+def _run(spec: JobSpec, run_dir: pathlib.Path, env: DistEnv, tel: Telemetry) -> ExitCode:
     try:
         trainer = Trainer(spec, run_dir, env, tel)
         return trainer.train()
@@ -412,5 +462,3 @@ def run(spec: JobSpec, run_dir: pathlib.Path, env: DistEnv) -> ExitCode:
     except dist.DistBackendError as exc:
         tel.event("NCCL_ERROR", f"collective failed: {exc}"[:2000])
         return ExitCode.NCCL_ERROR
-    finally:
-        tel.close()

@@ -25,11 +25,16 @@ import torch
 from core.trainer_protocol import ENV_MEMORY_FRACTION
 from trainer.precision import Precision
 
-CUDA_CONTEXT_RESERVE = 0  # max_memory_allocated does not include the context; compared like for like
+# Compared like for like with torch.cuda.max_memory_allocated: that counts live tensor bytes only, so the
+# CUDA context (~0.5 GB), cuBLAS workspaces, the caching allocator's reserved-but-free blocks
+# (fragmentation) and Triton's own allocations are outside both figures.
+CUDA_CONTEXT_RESERVE = 0
 
 
 def predict(*, param_count: int, activation_bytes: int, precision: Precision, strategy: str, world_size: int,
-            largest_block_params: int, grad_accum: int = 1) -> dict[str, Any]:
+            largest_block_params: int, grad_accum: int = 1, check_bytes: int = 0) -> dict[str, Any]:
+    """``check_bytes``: the compile breaker's eager no-grad reference forward, which runs before the optimizer
+    state exists; the peak is the larger of that moment and the training peak."""
     p = param_count
     shard = world_size if strategy == "fsdp" else 1
     weights = 4 * p // shard
@@ -39,11 +44,14 @@ def predict(*, param_count: int, activation_bytes: int, precision: Precision, st
     unsharded = 2 * 4 * largest_block_params if strategy == "fsdp" and world_size > 1 else 0
     # With accumulation the gradients of earlier micro-batches are alive beside the activations.
     at_peak = activation_bytes + (grads if grad_accum > 1 else 0)
-    peak = weights + optimizer + casts + unsharded + max(at_peak, grads)
+    train = weights + optimizer + casts + unsharded + max(at_peak, grads)
+    check = weights + unsharded + check_bytes
+    peak = max(train, check)
     return {
         "predicted_peak_bytes": int(peak),
         "breakdown": {"weights": weights, "optimizer": optimizer, "gradients": grads, "autocast_copies": casts,
-                      "fsdp_unsharded": unsharded, "activations": activation_bytes},
+                      "fsdp_unsharded": unsharded, "activations": activation_bytes,
+                      "eager_check": check_bytes, "at": "training" if train >= check else "eager_check"},
         "strategy": strategy,
         "precision": precision,
     }

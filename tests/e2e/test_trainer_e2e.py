@@ -217,7 +217,9 @@ def test_sigkill_rank_resumes_and_matches(tmp_path: pathlib.Path, ddp_run: pathl
 def test_corrupt_newest_checkpoint_is_skipped(tmp_path: pathlib.Path) -> None:
     run_dir = tmp_path / "run"
     assert launch(make_spec(tmp_path, "a", steps=30, every=10), run_dir) == 0
-    newest = run_dir / "checkpoints" / "step_00000030" / "model.pt"
+    ckpt = run_dir / "checkpoints" / "step_00000030"
+    files = json.loads((ckpt / "manifest.json").read_text())["files"]
+    newest = ckpt / max(files, key=lambda name: files[name]["bytes"])  # a data file of the raw format
     data = bytearray(newest.read_bytes())
     for i in range(len(data) // 2, len(data) // 2 + 16):
         data[i] ^= 0xFF

@@ -224,3 +224,57 @@ def test_telemetry_reports_nonfinite_as_null(tmp_path: pathlib.Path) -> None:
     tel.close()
     rec = json.loads((tmp_path / "run" / "telemetry" / "rank0.jsonl").read_text())
     assert rec["loss"] is None and rec["grad_norm"] is None and rec["rank"] == 0 and rec["kind"] == "step"
+
+
+def test_raw_checkpoint_keeps_tied_weights_scalars_and_layout(tmp_path: pathlib.Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The raw format: several data files hashed while written, tied weights stored once, exact restore."""
+    monkeypatch.setenv("KILN_CKPT_WRITERS", "3")
+    tel = _tel(tmp_path)
+    torch.manual_seed(0)
+    recipe = GPTRecipe({"size": "tiny", "n_layer": 1, "batch_size": 2, "seq_len": 16, "corpus": "synthetic",
+                        "vocab_size": 64})
+    model = recipe.build_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    x = torch.randint(0, 64, (2, 16))
+    model(x, x).backward()
+    opt.step()
+    ck = Checkpointer(tmp_path / "ckpt", rank=0, world_size=1, token=None, keep_last=2, asynchronous=True,
+                      sharded=False, group=None, device=torch.device("cpu"), telemetry=tel)
+    ck.prepare(model, opt)
+    ck.save(1, model, opt, {"step": 1}, blocking=True)
+    path = ck.choose()
+    assert path is not None and verify(path) is None
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["format"] == "raw"
+    assert sorted(f for f in manifest["files"] if f.startswith("data_")) == ["data_0.bin", "data_1.bin",
+                                                                              "data_2.bin"]
+    entries = json.loads((path / "tensors.json").read_text())
+    wte = model.wte.weight
+    assert sum(e["shape"] == list(wte.shape) and e["dtype"] == "float32" for e in entries) == 3  # w, m, v
+    expected_model = {k: v.clone() for k, v in model.state_dict().items()}
+    expected_opt = {k: v.clone() for k, v in opt.state_dict()["state"][0].items()}
+    fresh = recipe.build_model()
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    assert ck.load(path, fresh, fresh_opt) == {"step": 1}
+    for k, v in fresh.state_dict().items():
+        assert torch.equal(v, expected_model[k]), k
+    assert fresh.lm_head.weight is fresh.wte.weight
+    for k, v in fresh_opt.state_dict()["state"][0].items():
+        assert torch.equal(v, expected_opt[k]), k
+    tel.close()
+
+
+def test_exit_record_is_the_last_line(tmp_path: pathlib.Path) -> None:
+    from core.spec import parse_spec_text
+    from trainer.loop import run
+    from trainer.parallel import DistEnv
+
+    spec = parse_spec_text(json.dumps({"name": "x", "team": "t", "steps": 1,
+                                       "recipe": {"name": "gpt", "hyperparameters": {"size": "nope"}}}))
+    env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
+    with pytest.raises(ConfigError):
+        run(spec, tmp_path, env)
+    last = json.loads((tmp_path / "telemetry" / "rank0.jsonl").read_text().splitlines()[-1])
+    assert last["kind"] == "event" and last["type"] == "EXIT"
+    assert last["fields"]["exit_code"] == 2 and last["fields"]["reason"] == "USER_ERROR"

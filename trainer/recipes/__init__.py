@@ -71,6 +71,15 @@ class Recipe(abc.ABC):
     def activation_bytes(self, precision: Precision, compiled: bool) -> int:
         """Peak activation bytes of one micro-batch on one rank (for the memory predictor)."""
 
+    def compile_regions(self, model: nn.Module) -> list[nn.Module]:
+        """The units of regional compile: the blocks, plus whatever else is worth its own graph (e.g. the
+        LM head and loss, whose fp32 logits dominate memory traffic when left eager)."""
+        return self.blocks(model)
+
+    def eager_check_bytes(self, precision: Precision) -> int:
+        """Transient bytes of the compile breaker's eager, no-grad reference forward (memory predictor)."""
+        return 0
+
     def config_dict(self) -> dict[str, Any]:
         """What identifies the compiled graph (compile-cache key)."""
         return {"recipe": self.name, **{k: v for k, v in sorted(self.hp.items()) if not k.startswith("inject_")}}

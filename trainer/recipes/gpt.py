@@ -88,6 +88,17 @@ class Block(nn.Module):
         return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
 
+class HeadLoss(nn.Module):
+    """Final LayerNorm, tied LM head and cross-entropy as one module without parameters of its own (they are
+    passed in, so the state dict is unchanged): regional compile gives it its own graph, so Inductor fuses
+    the fp32 upcast, log-softmax and NLL instead of materialising [tokens, vocab] fp32 tensors."""
+
+    def forward(self, x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, head_w: torch.Tensor,
+                targets: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(F.layer_norm(x, (x.size(-1),), ln_w, ln_b), head_w)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -98,6 +109,7 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying
+        self.head_loss = HeadLoss()
         self.apply(self._init)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2: scale residual projections by depth
@@ -108,18 +120,21 @@ class GPT(nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits, or with ``targets`` the mean cross-entropy: the loss is part of the forward so that a
+        whole-model compile captures it in the same graph (as a hand-written compiled loop does)."""
         t = idx.shape[1]
         pos = torch.arange(t, device=idx.device)
         x = self.wte(idx) + self.wpe(pos)
         for block in self.h:
             x = block(x)
+        if targets is not None:
+            return self.head_loss(x, self.ln_f.weight, self.ln_f.bias, self.lm_head.weight, targets)
         return self.lm_head(self.ln_f(x))
 
 
 def gpt_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    logits = model(x)
-    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+    return model(x, y)
 
 
 class GPTRecipe(Recipe):
@@ -156,6 +171,10 @@ class GPTRecipe(Recipe):
         assert isinstance(model, GPT)
         return list(model.h)
 
+    def compile_regions(self, model: nn.Module) -> list[nn.Module]:
+        assert isinstance(model, GPT)
+        return [*model.h, model.head_loss]
+
     def make_data(self, *, rank: int, world_size: int, seed: int) -> TokenBatches:
         tokens = build_stdlib_corpus(self.corpus_bytes) if self.corpus == "stdlib" else None
         return TokenBatches(tokens=tokens, vocab_size=self.cfg.vocab_size, batch_size=self.batch_size,
@@ -187,12 +206,19 @@ class GPTRecipe(Recipe):
         return 6.0 * n + 12.0 * c.n_layer * c.n_embd * c.seq_len
 
     def activation_bytes(self, precision: Precision, compiled: bool) -> int:
-        """Bytes saved for backward per micro-batch, plus the loss's transient peak.
+        """Bytes alive for backward at the training peak (the start of backward) of one micro-batch.
 
         Per layer and token (h = width): the fp32 residual stream into each LayerNorm (2 x 4h), and in the
         compute dtype the matmul inputs (ln outputs 2 x h, attention output h, GELU output 4h), q/k/v (3h),
         the SDPA output (h) and the MLP pre-activation (4h); eager autocast also keeps fp32 LN outputs.
         Inductor recomputes the LayerNorms and GELU from saved inputs, so compiled blocks save less.
+
+        The head dominates at GPT-2's vocabulary: per logit, eager keeps log-softmax's fp32 output for
+        backward and, at the peak, its fp32 incoming gradient and fp32 result side by side (3 x 4 bytes; the
+        compute-dtype logits are already freed).  Compiled (HeadLoss is a region in both compile modes),
+        Inductor saves only the matmul's compute-dtype logits (the softmax is recomputed from them and the
+        per-row log-sum-exp) and writes the logits' gradient in the compute dtype: 2 x e bytes per logit.
+        Plus the tied head weight's gradient (fp32), produced first in backward.
         """
         c = self.cfg
         tokens = self.batch_size * c.seq_len
@@ -205,7 +231,13 @@ class GPTRecipe(Recipe):
             if precision != "fp32":
                 per_tok_layer += 2 * 4 * h
         blocks = tokens * per_tok_layer * c.n_layer
-        # Head: ln_f input (fp32), logits in the compute dtype, their fp32 upcast for the loss and, at the
-        # peak of backward, the fp32 gradient of the logits beside them.
-        head = tokens * (4 * h + e * h) + tokens * c.vocab_size * (e + 4 + 4)
+        per_logit = 2 * e if compiled else 3 * 4
+        head = tokens * (4 * h + e * h) + tokens * c.vocab_size * per_logit + 4 * c.vocab_size * h
         return blocks + head
+
+    def eager_check_bytes(self, precision: Precision) -> int:
+        """The breaker's eager reference forward (no grad): logits in the compute dtype, their fp32 upcast
+        and log-softmax's fp32 output at once (fp32 runs skip the upcast)."""
+        c = self.cfg
+        per_logit = 4 + 4 if precision == "fp32" else 2 + 4 + 4
+        return self.batch_size * c.seq_len * c.vocab_size * per_logit

@@ -132,7 +132,7 @@ export async function submitPage(root) {
     { loc: "resources.gpu_type", label: "GPU type", value: "", help: "e.g. H200; empty = any", parse: str },
     { loc: "parallelism", label: "Parallelism", options: ["ddp", "fsdp", "auto"], value: "ddp" },
     { loc: "precision", label: "Precision", options: ["fp32", "bf16", "fp16", "auto"], value: "fp32" },
-    { loc: "compile.mode", label: "Compile", options: ["off", "regional", "whole"], value: "off" },
+    { loc: "compile.mode", label: "Compile", options: ["off", "auto", "regional", "whole"], value: "off" },
     { loc: "checkpointing.every_steps", label: "Checkpoint every (steps)", type: "number", value: "20", parse: num },
     { loc: "sla.qos", label: "QoS class", options: qosNames, value: qosNames.includes("silver") ? "silver" : qosNames[0] },
     { loc: "sla.max_queue_wait_s", label: "Max queue wait (s)", type: "number", value: "600", parse: num },
