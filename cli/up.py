@@ -409,7 +409,7 @@ def _supervise(sup: Supervisor, opts: UpOptions, api_url: str, token: str, stop:
         if not ready:
             if api_ready(api_url):
                 ready = True
-                _banner(sup, api_url)
+                _banner(sup, api_url, token)
                 if opts.submit_file:
                     _submit(opts.submit_file, api_url, token)
             elif not warned and time.monotonic() - started > READY_WARN_AFTER_S:
@@ -421,11 +421,15 @@ def _supervise(sup: Supervisor, opts: UpOptions, api_url: str, token: str, stop:
         stop.wait(0.5 if ready else 0.2)
 
 
-def _banner(sup: Supervisor, api_url: str) -> None:
+def _banner(sup: Supervisor, api_url: str, token: str) -> None:
     logs = ", ".join(str(c.log_path) for c in sup.children)
+    # The ./kiln wrapper of a fresh clone sets KILN_CLI_NAME, so the hint can be pasted as it is.
+    cli = os.environ.get("KILN_CLI_NAME", "kiln")
     console.print(f"{TAG} [bold green]kiln is up[/]: API {api_url}/v1 (docs {api_url}/docs, dashboard {api_url}/)")
     console.print(f"{TAG} logs: {logs}")
-    console.print(f"{TAG} next, in another terminal:  kiln submit examples/gpt-tiny.yaml --follow")
+    # A local, single-user service: the admin's token is shown so the dashboard can be signed in to.
+    console.print(f"{TAG} dashboard sign-in token (also in the CLI config): {token}", soft_wrap=True)
+    console.print(f"{TAG} next, in another terminal:  {cli} submit examples/gpt-tiny.yaml --follow")
     console.print(f"{TAG} Ctrl-C stops everything")
 
 
