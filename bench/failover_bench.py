@@ -1,7 +1,8 @@
 """Failover benchmark: SIGKILL the host running a job (worker + torchrun + ranks), again and again.
 
 Real PostgreSQL and Redis, two ``python -m workers`` processes acting as two hosts, the real trainer on CPU,
-the real reconciler. For each kill it measures, from PostgreSQL and the trainer's own telemetry:
+the real scheduler (``scheduler.loop.run_cycle``: reconciler, policy, dispatch). For each kill it measures, from
+PostgreSQL and the trainer's own telemetry:
 
 - detection: kill -> LOST (bounded by the lease),
 - recovery: LOST -> first training step of the next attempt (the SLA's definition; RECOVERED event),
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -33,9 +35,8 @@ from sqlalchemy import select  # noqa: E402
 
 from core.models import Attempt, Event, Job  # noqa: E402
 from core.settings import get_settings  # noqa: E402
-from tests.support.admit import MiniScheduler, submit  # noqa: E402
 from tests.support.services import redis_url, temporary_database  # noqa: E402
-from tests.support.workers_cluster import Cluster, cluster, tiny_spec, wait_for  # noqa: E402
+from tests.support.workers_cluster import Cluster, SchedulerThread, cluster, submit, tiny_spec, wait_for  # noqa: E402
 
 TARGET_RECOVERY_S = 15.0
 
@@ -72,8 +73,20 @@ def current_attempt(c: Cluster, job_id: int) -> tuple[Job, Attempt | None]:
         return job, attempt
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+SCENARIOS = {
+    # The host is gone for good (as far as this incident goes): the job must restart on the other host. The
+    # killed host comes back only after the recovery, for the next kill.
+    "other_host": "the killed host returns after the recovery: every restart is on the other host",
+    # The worker process died and its supervisor (systemd, kubelet) restarts it at once: the policy may place the
+    # job on either host, the restarted one included.
+    "host_returns_at_once": "the killed host is restarted at once; the job may restart on either host",
+}
+
+
+def run(args: argparse.Namespace, scenario: str = "other_host") -> dict[str, Any]:
+    load_before = os.getloadavg()[0]
     kills: list[dict[str, Any]] = []
+    other_incidents: list[dict[str, Any]] = []  # LOST incidents no kill caused: there must be none
     with (
         tempfile.TemporaryDirectory(prefix="kiln-failover-") as tmp,
         temporary_database("kiln_failover_bench") as url,
@@ -88,7 +101,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with maker() as db:
             job_id = submit(db, spec, max_restarts=10_000, recovery_objective_s=TARGET_RECOVERY_S).id
             db.commit()
-        sched = MiniScheduler(maker, get_settings(), interval_s=0.5).start()
+        sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()  # the real scheduler
         storage = get_settings().resolved_storage_dir
         try:
             for i in range(args.kills):
@@ -105,17 +118,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 killed_at = time.time()
                 c.kill_worker(host)
                 step_at_kill = last_trained_step(run_dir)
-                c.start_worker(host.rsplit("-", 1)[0])  # the host comes back; the job must not wait for it
+                if scenario == "host_returns_at_once":
+                    c.start_worker(host.rsplit("-", 1)[0])  # back at once; the job must not wait for it either
 
-                def recovered(n: int = i + 1) -> list[Event] | None:
+                # The incident of THIS kill: the LOST event of the attempt that was killed (not an earlier one,
+                # and not a RECOVERED left over from an incident before the kill).
+                def lost_of_kill(attempt_id: int = attempt.id) -> Event | None:
                     with maker() as db:
-                        evs = list(db.scalars(select(Event).where(Event.job_id == job_id,
-                                                                  Event.type == "RECOVERED").order_by(Event.id)))
-                    return evs if len(evs) >= n else None  # fmt: skip
+                        return next(
+                            (e for e in db.scalars(select(Event).where(Event.job_id == job_id, Event.type == "LOST"))
+                             if (e.data or {}).get("attempt_id") == attempt_id), None)  # fmt: skip
 
-                rec = wait_for(recovered, 120, f"recovery {i + 1}")[-1]
+                lost = wait_for(lost_of_kill, 60, f"LOST after kill {i + 1}")
+
+                def recovered(lost_id: int = lost.id) -> Event | None:
+                    with maker() as db:
+                        return next(
+                            (e for e in db.scalars(select(Event).where(Event.job_id == job_id,
+                                                                       Event.type == "RECOVERED"))
+                             if (e.data or {}).get("lost_event_id") == lost_id), None)  # fmt: skip
+
+                rec = wait_for(recovered, 120, f"recovery {i + 1}")
                 with maker() as db:
-                    lost = db.get(Event, rec.data["lost_event_id"])
                     nxt = db.scalars(select(Attempt).where(Attempt.job_id == job_id,
                                                            Attempt.number == rec.data["attempt"])).one()
                     compile_s = sum(
@@ -123,11 +147,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         for e in db.scalars(select(Event).where(Event.job_id == job_id, Event.type == "COMPILE_OK"))
                         if (e.data or {}).get("attempt") == nxt.number
                     )  # fmt: skip
-                assert lost is not None and nxt.first_step_at is not None and nxt.started_at is not None
+                assert nxt.first_step_at is not None and nxt.started_at is not None
+                if nxt.resumed_from_step is None:
+                    raise AssertionError(f"kill {i + 1}: attempt {nxt.number} trained without a RESUMED record")
                 entry = {
                     "kill": i + 1,
                     "killed_host": host,
+                    "killed_attempt": attempt.number,
                     "restarted_on": nxt.placement[0]["host"],
+                    "resumed_attempt": nxt.number,
                     "detection_s": lost.created_at.timestamp() - killed_at,
                     "recovery_s": rec.data["recovery_time_s"],
                     "downtime_s": nxt.first_step_at.timestamp() - killed_at,
@@ -135,10 +163,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "compile_s": compile_s,
                     "step_at_kill": step_at_kill,
                     "resumed_from_step": nxt.resumed_from_step,
-                    "lost_steps": step_at_kill - (nxt.resumed_from_step or 0),
+                    "lost_steps": step_at_kill - nxt.resumed_from_step,
                 }
                 kills.append(entry)
+                if scenario == "other_host":
+                    # Back for the next kill (of the host the job runs on now), and consuming before that kill.
+                    ready = c.log_text(host).count(" ready.")
+                    c.start_worker(host.rsplit("-", 1)[0])
+
+                    def consuming(h: str = host, n: int = ready) -> bool:
+                        return c.log_text(h).count(" ready.") > n
+
+                    wait_for(consuming, 60, f"{host} consuming again")
                 print(json.dumps(entry), flush=True)
+            with maker() as db:
+                killed_attempts = {k["killed_attempt"] for k in kills}
+                numbers = {a.id: a.number for a in db.scalars(select(Attempt).where(Attempt.job_id == job_id))}
+                for e in db.scalars(select(Event).where(Event.job_id == job_id, Event.type == "LOST")):
+                    if numbers.get(int((e.data or {}).get("attempt_id") or 0)) not in killed_attempts:
+                        other_incidents.append({"attempt": (e.data or {}).get("attempt"), "reason": e.message})
         finally:
             with maker() as db:
                 job = db.get(Job, job_id)
@@ -172,8 +215,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
     }  # fmt: skip
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    return {"summary": summary, "kills": kills, "config": config,
-            "setup": "CPU, tiny GPT fp32, 2 worker processes on one 2-core machine, PostgreSQL + Redis local"}
+    summary["incidents_not_caused_by_a_kill"] = len(other_incidents)
+    # The machine is shared: the 1-minute load average says how contended the CPU was (2 cores here).
+    summary["load_avg_1m"] = {"start": load_before, "end": os.getloadavg()[0]}
+    return {"scenario": scenario, "description": SCENARIOS[scenario], "summary": summary, "kills": kills,
+            "other_incidents": other_incidents, "config": config,
+            "setup": "CPU, tiny GPT fp32, 2 worker processes on one 2-core machine, PostgreSQL + Redis local",
+            }  # fmt: skip
+
+
+def report(result: dict[str, Any], args: argparse.Namespace) -> None:
+    s = result["summary"]
+    print(f"\nfailover bench, {result['scenario']} ({result['description']}): {s['kills']} kills")
+    r = s["recovery_s"]
+    print(f"  recovery (LOST -> first step)  median {r['median']:.2f} s  p95 {r['p95']:.2f} s"
+          f"   target <= {s['target']['recovery_s']:.1f} s  p95/target {s['ratio']['recovery_p95_vs_target']:.2f}")
+    print(f"  detection (kill -> LOST)       median {s['detection_s']['median']:.2f} s  (lease {args.lease:.0f} s)")
+    d = s["downtime_s"]
+    print(f"  downtime (kill -> first step)  median {d['median']:.2f} s  p95 {d['p95']:.2f} s")
+    print(f"  startup incl. compile          median {s['startup_s']['median']:.2f} s; compile apart "
+          f"{s['compile_s']['median']:.2f} s ({args.compile})")
+    ls = s["lost_steps"]
+    print(f"  lost steps                     median {ls['median']:.1f}  max {ls['max']:.0f}"
+          f"   target <= {args.checkpoint_every} (max/target {s['ratio']['lost_steps_max_vs_interval']:.2f})")
+    print(f"  incidents not caused by a kill {s['incidents_not_caused_by_a_kill']}")  # fmt: skip
 
 
 def main() -> None:
@@ -186,23 +251,15 @@ def main() -> None:
     p.add_argument("--sleep", type=float, default=0.1, help="trainer test hook: seconds per step")
     p.add_argument("--compile", default="off", choices=["off", "regional", "whole"])
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "failover_bench.json")
+    p.add_argument("--scenarios", default="other_host,host_returns_at_once",
+                   help=f"comma-separated, of: {', '.join(SCENARIOS)}; the first is the headline summary")
     args = p.parse_args()
-    result = run(args)
+    results = [run(args, name) for name in args.scenarios.split(",")]
+    for result in results:
+        report(result, args)
+    out = {**results[0], "scenarios": {r["scenario"]: r for r in results[1:]}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    s = result["summary"]
-    print(f"\nfailover bench: {s['kills']} kills")
-    r = s["recovery_s"]
-    print(f"  recovery (LOST -> first step)  median {r['median']:.2f} s  p95 {r['p95']:.2f} s"
-          f"   target <= {s['target']['recovery_s']:.1f} s  p95/target {s['ratio']['recovery_p95_vs_target']:.2f}")
-    print(f"  detection (kill -> LOST)       median {s['detection_s']['median']:.2f} s  (lease {args.lease:.0f} s)")
-    d = s["downtime_s"]
-    print(f"  downtime (kill -> first step)  median {d['median']:.2f} s  p95 {d['p95']:.2f} s")
-    print(f"  startup incl. compile          median {s['startup_s']['median']:.2f} s; compile apart "
-          f"{s['compile_s']['median']:.2f} s ({args.compile})")
-    ls = s["lost_steps"]
-    print(f"  lost steps                     median {ls['median']:.1f}  max {ls['max']:.0f}"
-          f"   target <= {args.checkpoint_every} (max/target {s['ratio']['lost_steps_max_vs_interval']:.2f})")
+    args.out.write_text(json.dumps(out, indent=2))
     print(f"  -> {args.out}")
 
 

@@ -32,6 +32,9 @@ class Settings(BaseSettings):
     scheduler_interval_s: float = 2.0
     lease_s: float = 30.0
     heartbeat_interval_s: float = 5.0
+    # Redis redelivers an unacknowledged task message after this long (None: the workers' default of 12 h, see
+    # workers.celery_app). Tests lower it to force a redelivery, which the fencing token then refuses.
+    broker_visibility_timeout_s: float | None = None
 
     # Storage for checkpoints, compile caches and logs (a shared filesystem in multi-host deployments).
     storage_dir: Path | None = None

@@ -7,7 +7,11 @@
 - hosts whose heartbeat went stale are DOWN; hosts reporting GPU hardware errors (Xid, uncorrected ECC) are
   EXCLUDED for a while, so restarts avoid them;
 - each failover incident's recovery time (LOST detected -> first training step of the next attempt) is
-  recorded against the contract's objective (``RECOVERED`` event).
+  recorded against the contract's objective (``RECOVERED`` event);
+- after a database outage (this process could not connect, or lost its connection), nothing is declared LOST or
+  DOWN for one lease: the workers could not renew their leases nor the host agents heartbeat while the database
+  was away, so an expired lease proves nothing until they have had a lease's time to renew it
+  (``DATABASE_BACK`` event).
 
 ``reconcile`` only reads and writes through the session it is given; the loop that calls it commits. Messages
 to the broker are sent only after that commit (a session ``after_commit`` hook), never for a rolled-back decision.
@@ -16,10 +20,14 @@ to the broker are sent only after that commit (a session ``after_commit`` hook),
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import event, select
+from sqlalchemy import Engine, event, select
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.orm import Session
 
 from core.models import Attempt, Event, Host, Job, SlaContract, Usage
@@ -167,22 +175,104 @@ def dispatch_after_commit(db: Session, attempt: Attempt) -> None:
 # ------------------------------------------------------------------------------------------------- reconcile
 
 
+# ------------------------------------------------------------------------------------- database outage grace
+
+
+@dataclass
+class _Outage:
+    """What one engine (one database) has seen: a failed connect or a dropped connection since the last pass."""
+
+    seen: bool = False
+    grace_until: datetime | None = None
+
+
+_OUTAGES: weakref.WeakKeyDictionary[Engine, _Outage] = weakref.WeakKeyDictionary()
+_OUTAGES_LOCK = threading.Lock()
+
+
+def _on_db_error(engine: Engine, ctx: ExceptionContext) -> None:
+    # No connection at all (the server refused or is unreachable), or a connection that died under us: the
+    # database was away. Statement errors (constraint, lock, serialization failures) are not outages.
+    if ctx.connection is None or ctx.is_disconnect:
+        with _OUTAGES_LOCK:
+            _OUTAGES.setdefault(engine, _Outage()).seen = True
+
+
+def _outage_state(db: Session) -> _Outage:
+    """The outage record of the session's engine; watches the engine's errors from the first pass on."""
+    bind = db.get_bind()
+    engine: Engine = bind if isinstance(bind, Engine) else bind.engine
+    with _OUTAGES_LOCK:
+        state = _OUTAGES.get(engine)
+        if state is None:
+            state = _OUTAGES[engine] = _Outage()
+            ref = weakref.ref(engine)
+
+            def listener(ctx: ExceptionContext) -> None:
+                e = ref()
+                if e is not None:
+                    _on_db_error(e, ctx)
+
+            event.listen(engine, "handle_error", listener)
+        return state
+
+
+def _grace(db: Session, now: datetime, settings: Settings) -> tuple[datetime | None, list[str]]:
+    """``grace_until`` while the database is freshly back (None otherwise), and the action that started it.
+
+    The grace is one lease from the first pass after the outage: a live worker retries its heartbeat every
+    ``heartbeat_interval_s`` and renews its lease well within it; a worker that died during the outage does not,
+    and is declared LOST when the grace ends. Only outages this process saw count (a scheduler that starts while
+    the database is away sees its first failures too; one started after the outage cannot know of it).
+    """
+    state = _outage_state(db)
+    actions: list[str] = []
+    with _OUTAGES_LOCK:
+        seen, state.seen = state.seen, False
+    if seen:
+        state.grace_until = now + timedelta(seconds=settings.lease_s)
+        record_event(
+            db, "DATABASE_BACK",
+            message=f"database reachable again: leases and host heartbeats get {settings.lease_s:.0f} s of grace"
+                    " before anything is declared LOST or DOWN",
+            data={"grace_until": state.grace_until.isoformat(), "grace_s": settings.lease_s},
+        )  # fmt: skip
+        actions.append(f"database back: {settings.lease_s:.0f} s of grace for leases and hosts")
+    if state.grace_until is not None and now >= state.grace_until:
+        state.grace_until = None
+    return state.grace_until, actions
+
+
+def reset_outage_tracking() -> None:
+    """Forget every engine's outage record (tests)."""
+    with _OUTAGES_LOCK:
+        for state in _OUTAGES.values():
+            state.seen = False
+            state.grace_until = None
+
+
+# ------------------------------------------------------------------------------------------------- reconcile
+
+
 def reconcile(*, db: Session, now: datetime, settings: Settings) -> list[str]:
     """One pass; returns what it did, one line per action. Does not commit."""
-    actions: list[str] = []
-    actions += _hosts(db, now, settings)
-    actions += _expired_leases(db, now)
-    actions += _unclaimed_attempts(db, now, settings)
+    grace_until, actions = _grace(db, now, settings)
+    actions += _hosts(db, now, settings, grace_until)
+    actions += _expired_leases(db, now, grace_until)
+    actions += _unclaimed_attempts(db, now, settings, grace_until)
     actions += _recoveries(db)
     return actions
 
 
-def _hosts(db: Session, now: datetime, settings: Settings) -> list[str]:
+def _hosts(db: Session, now: datetime, settings: Settings, grace_until: datetime | None = None) -> list[str]:
     actions: list[str] = []
     stale_before = now - timedelta(seconds=host_stale_s(settings))
+    # The host agents could not heartbeat while the database was away either: none goes DOWN during the grace.
+    in_grace = grace_until is not None and now < grace_until
     for host in db.scalars(select(Host).order_by(Host.id).with_for_update()).all():
         bad = [g for g in host.gpus if not g.healthy]
-        if host.state != "DOWN" and (host.last_heartbeat_at is None or host.last_heartbeat_at < stale_before):
+        stale = host.last_heartbeat_at is None or host.last_heartbeat_at < stale_before
+        if host.state != "DOWN" and stale and not in_grace:
             silent = (now - host.last_heartbeat_at).total_seconds() if host.last_heartbeat_at else None
             host.state = "DOWN"
             record_event(db, "HOST_DOWN", message=f"host {host.name}: no heartbeat for {silent or 0:.1f} s",
@@ -216,8 +306,10 @@ def _locked_job(db: Session, job_id: int) -> Job | None:
     return db.get(Job, job_id, with_for_update=True, populate_existing=True)
 
 
-def _expired_leases(db: Session, now: datetime) -> list[str]:
+def _expired_leases(db: Session, now: datetime, grace_until: datetime | None = None) -> list[str]:
     actions: list[str] = []
+    if grace_until is not None and now < grace_until:
+        return actions  # the database was away: the workers get one lease to renew before anything is LOST
     expired = db.scalars(
         select(Attempt.id).where(Attempt.state == RUNNING, Attempt.lease_expires_at < now).order_by(Attempt.id)
     ).all()
@@ -247,12 +339,16 @@ def _expired_leases(db: Session, now: datetime) -> list[str]:
     return actions
 
 
-def _unclaimed_attempts(db: Session, now: datetime, settings: Settings) -> list[str]:
+def _unclaimed_attempts(
+    db: Session, now: datetime, settings: Settings, grace_until: datetime | None = None
+) -> list[str]:
     actions: list[str] = []
     timeout = timedelta(seconds=pickup_timeout_s(settings))
     pending = db.scalars(select(Attempt).where(Attempt.state == PENDING).order_by(Attempt.id)).all()
     for attempt in pending:
         deadline = attempt.lease_expires_at or (attempt.created_at + timeout)
+        if grace_until is not None:  # a worker may have claimed it and failed to write so while the DB was away
+            deadline = max(deadline, grace_until)
         if deadline >= now:
             continue
         job = _locked_job(db, attempt.job_id)

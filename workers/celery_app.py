@@ -7,7 +7,6 @@ by the fencing token. The settings below therefore favour "never drop a task sil
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 
 from celery import Celery
@@ -77,12 +76,9 @@ def make_celery(broker_url: str, *, visibility_timeout_s: float | None = None) -
     return app
 
 
-# Read from the environment rather than Settings because only tests change it (to force a redelivery).
-ENV_VISIBILITY_TIMEOUT = "KILN_BROKER_VISIBILITY_TIMEOUT_S"
-
-
 @lru_cache
 def get_app() -> Celery:
-    """The process-wide app on ``settings.resolved_broker_url`` (Redis in production, sqla+sqlite embedded)."""
-    vt = os.environ.get(ENV_VISIBILITY_TIMEOUT)
-    return make_celery(get_settings().resolved_broker_url, visibility_timeout_s=float(vt) if vt else None)
+    """The process-wide app on ``settings.resolved_broker_url`` (Redis in production, sqla+sqlite embedded), with
+    ``settings.broker_visibility_timeout_s`` (env ``KILN_BROKER_VISIBILITY_TIMEOUT_S``; default 12 h)."""
+    settings = get_settings()
+    return make_celery(settings.resolved_broker_url, visibility_timeout_s=settings.broker_visibility_timeout_s)

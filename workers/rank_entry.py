@@ -9,6 +9,9 @@
    checkpoints if its fencing token is still current, and exits.
 
 The trainer still runs as ``__main__`` with its own argv, exactly as ``python -m trainer --spec ... --run-dir ...``.
+Its stdout and stderr are the rank's own, inherited through torchrun from the worker, which points them at the
+attempt's log file (``storage/logs/<job>/<attempt>.log``, streamed by ``kiln logs -f`` and SSE). Each rank also
+says there when it starts (stdout) and how it ends (stderr), so the log shows the ranks and not only the worker.
 """
 
 from __future__ import annotations
@@ -51,12 +54,18 @@ def _record(run_dir: Path | None, code: int) -> None:
     os.replace(tmp, target)
 
 
+def _who() -> str:
+    env = os.environ
+    return f"[rank {env.get('RANK', '0')}/{env.get('WORLD_SIZE', '1')} local {env.get('LOCAL_RANK', '0')}]"
+
+
 def main() -> None:
     argv = sys.argv[1:]
     _set_parent_death_signal(signal.SIGTERM)
     if os.getppid() == 1:  # torchrun already died between fork and prctl
         sys.exit(int(signal.SIGTERM) + 128)
     run_dir = _run_dir(argv)
+    print(f"{_who()} pid {os.getpid()}: python -m trainer {' '.join(argv)}", flush=True)
     sys.argv = ["trainer", *argv]
     code = 1
     try:
@@ -72,6 +81,7 @@ def main() -> None:
         raise
     finally:
         _record(run_dir, code)
+        print(f"{_who()} exit code {code}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

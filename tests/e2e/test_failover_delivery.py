@@ -16,9 +16,8 @@ from core.models import Attempt, Checkpoint, Event, Job
 from core.settings import get_settings
 from core.states import JobState, record_event
 from core.trainer_protocol import ExitCode
-from tests.support.admit import MiniScheduler, submit
 from tests.support.services import redis_url, temporary_database
-from tests.support.workers_cluster import Cluster, cluster, tiny_spec, wait_for
+from tests.support.workers_cluster import Cluster, SchedulerThread, cluster, submit, tiny_spec, wait_for
 from workers.dispatch import dispatch_attempt
 from workers.tasks import STOP_GRACE_S
 
@@ -55,7 +54,7 @@ def test_forced_redelivery_is_refused_and_exactly_one_attempt_trains(one_host: C
     with maker() as db:
         job_id = submit(db, tiny_spec("redelivered", steps=60, sleep_s=0.25)).id
         db.commit()
-    sched = MiniScheduler(maker, get_settings(), interval_s=0.5).start()
+    sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
     try:
         wait_for(lambda: _job(c, job_id).state == "RUNNING", 60, "running")
         # Redis redelivers the unacknowledged message (visibility timeout 2 s) while the attempt trains.
@@ -96,7 +95,7 @@ def test_cancel_running_job_checkpoints_and_is_cancelled_within_grace(one_host: 
     with maker() as db:
         job_id = submit(db, tiny_spec("cancelled", steps=400, every_steps=100, sleep_s=0.1)).id
         db.commit()
-    sched = MiniScheduler(maker, get_settings(), interval_s=0.5).start()
+    sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
     try:
         wait_for(lambda: _job(c, job_id).last_step >= 15, 90, "training under way")
         with maker() as db:  # what the API's cancel does for a running job

@@ -15,9 +15,8 @@ from sqlalchemy import select
 
 from core.models import Attempt, Checkpoint, Event, Job, Usage
 from core.settings import get_settings
-from tests.support.admit import MiniScheduler, submit
 from tests.support.services import redis_url, temporary_database
-from tests.support.workers_cluster import Cluster, cluster, tiny_spec, wait_for
+from tests.support.workers_cluster import Cluster, SchedulerThread, cluster, submit, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -48,17 +47,19 @@ def _terminal(c: Cluster, job_id: int) -> str | None:
 def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Cluster) -> None:
     c = two_hosts
     host_a = c.start_worker("a", cpu_slots=1)
-    host_b = c.start_worker("b", cpu_slots=2)
     maker = c.sessionmaker()
-    wait_for(lambda: len(_hosts_up(c)) == 2, 60, "both hosts registered")
+    wait_for(lambda: len(_hosts_up(c)) == 1, 60, "host a registered")
     spec = tiny_spec("victim", steps=60, every_steps=10, sleep_s=0.15)
     with maker() as db:
         victim = submit(db, spec, recovery_objective_s=60.0).id
         db.commit()
-    sched = MiniScheduler(maker, get_settings(), interval_s=0.5).start()
+    sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
     try:
-        # The victim lands on a (first by name); the reference, same spec, on b: an uninterrupted twin.
+        # The real scheduler places the victim on a (the only host); host b comes up next and the reference, same
+        # spec, lands there (a is full): an uninterrupted twin.
         wait_for(lambda: _job(c, victim).state == "RUNNING", 60, "victim running")
+        host_b = c.start_worker("b", cpu_slots=2)
+        wait_for(lambda: len(_hosts_up(c)) == 2, 60, "host b registered")
         with maker() as db:
             reference = submit(db, {**spec, "name": "reference"}).id
             db.commit()
@@ -134,9 +135,14 @@ def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Clus
     assert all(u.ended_at is not None and u.gpu_seconds > 0 for u in usage)
     assert any(e.data.get("host") == host_a for e in host_down)
 
+    # Each attempt's log holds the worker's notes AND the ranks' own stdout/stderr (what `kiln logs` streams).
     log_dir = get_settings().resolved_storage_dir / "logs" / str(victim)
-    assert (log_dir / "1.log").exists() and (log_dir / "2.log").exists()
-    assert "launching" in (log_dir / "2.log").read_text()
+    first_log, second_log = (log_dir / "1.log").read_text(), (log_dir / "2.log").read_text()
+    assert "[kiln-worker" in first_log and "launching:" in first_log
+    assert "[rank 0/1 local 0] pid " in first_log, "rank 0's stdout is missing from the log of attempt 1"
+    assert "launching:" in second_log and "torchrun exited with 0: succeeded" in second_log
+    assert "[rank 0/1 local 0] pid " in second_log, "rank 0's stdout is missing from the log of attempt 2"
+    assert "[rank 0/1 local 0] exit code 0" in second_log, "rank 0's stderr is missing from the log of attempt 2"
 
 
 def _hosts_up(c: Cluster) -> list[str]:

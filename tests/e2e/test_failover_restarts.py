@@ -20,9 +20,8 @@ from sqlalchemy import select
 
 from core.models import Attempt, Event, Job
 from core.settings import get_settings
-from tests.support.admit import MiniScheduler, submit
 from tests.support.services import REDIS_URL_BASE, redis_url, temporary_database
-from tests.support.workers_cluster import Cluster, cluster, tiny_spec, wait_for
+from tests.support.workers_cluster import Cluster, SchedulerThread, cluster, submit, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -79,7 +78,7 @@ def test_redis_then_postgres_restart_loses_and_duplicates_nothing(two_hosts: Clu
     with maker() as db:
         long_job = submit(db, tiny_spec("through-restarts", steps=120, every_steps=20, sleep_s=0.2)).id
         db.commit()
-    sched = MiniScheduler(maker, get_settings(), interval_s=0.5).start()
+    sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()  # the real scheduler
     try:
         wait_for(lambda: _job(c, long_job).last_step >= 5, 90, "training under way")
 
@@ -126,4 +125,8 @@ def test_redis_then_postgres_restart_loses_and_duplicates_nothing(two_hosts: Clu
         # The message lost with Redis was sent again by the reconciler: the broker is not a database.
         resent = db.scalars(select(Event).where(Event.job_id == orphan, Event.type == "REDISPATCHED")).all()
         assert resent
+        # The scheduler saw the database go away; once back, leases and hosts had one lease of grace.
+        back = db.scalars(select(Event).where(Event.type == "DATABASE_BACK")).all()
+        assert back and back[0].data["grace_s"] == get_settings().lease_s
+        assert not db.scalars(select(Event).where(Event.type == "HOST_DOWN")).all(), "no host DOWN for the outage"
         assert db.get(Job, long_job).last_step == 120  # type: ignore[union-attr]

@@ -14,9 +14,8 @@ from core.db import make_engine
 from core.migrate import upgrade
 from core.models import Attempt, Event, Job
 from core.settings import Settings, get_settings
-from tests.support.admit import MiniScheduler, admit, submit
 from tests.support.services import temporary_database
-from tests.support.workers_cluster import cluster, wait_for
+from tests.support.workers_cluster import SchedulerThread, admit, cluster, submit, wait_for
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus
 from workers.tasks import Refused, claim
@@ -82,7 +81,7 @@ def test_embedded_default_runs_the_main_job(tmp_path: Path) -> None:
         with maker() as db:
             job_id = submit(db, spec).id
             db.commit()
-        sched = MiniScheduler(maker, get_settings(), interval_s=0.5).start()
+        sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
         try:
             def finished() -> str | None:
                 with maker() as db:
@@ -103,3 +102,25 @@ def test_embedded_default_runs_the_main_job(tmp_path: Path) -> None:
             assert "MEMORY_PREDICTION" in types and types[-1] == "SUCCEEDED"
         log = (get_settings().resolved_storage_dir / "logs" / str(job_id) / "1.log").read_text()
         assert "launching:" in log and "torchrun exited with 0: succeeded" in log
+
+
+def test_broker_visibility_timeout_comes_from_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers import celery_app
+
+    def fresh() -> dict[str, object]:
+        get_settings.cache_clear()
+        celery_app.get_app.cache_clear()
+        return dict(celery_app.get_app().conf.broker_transport_options)
+
+    monkeypatch.setenv("KILN_BROKER_URL", "redis://127.0.0.1:6379/0")
+    try:
+        monkeypatch.delenv("KILN_BROKER_VISIBILITY_TIMEOUT_S", raising=False)
+        assert fresh()["visibility_timeout"] == 12 * 3600.0  # long jobs: no redelivery of every running attempt
+        monkeypatch.setenv("KILN_BROKER_VISIBILITY_TIMEOUT_S", "2.5")
+        assert get_settings.__wrapped__().broker_visibility_timeout_s == 2.5
+        options = fresh()
+        assert options["visibility_timeout"] == 2.5 and options["unacked_restore_interval"] == 1
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+        celery_app.get_app.cache_clear()

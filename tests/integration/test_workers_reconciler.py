@@ -7,7 +7,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Engine, select, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
@@ -15,9 +16,8 @@ from core.models import GPU, Attempt, Event, Host, Job, QosClass, Usage
 from core.settings import Settings
 from scheduler import reconciler
 from scheduler.reconciler import reconcile, restart_backoff_s
-from tests.support.admit import admit, submit
 from tests.support.nvml_replay import NVMLReplay
-from tests.support.workers_cluster import tiny_spec
+from tests.support.workers_cluster import admit, submit, tiny_spec
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus
 from workers.tasks import Claimed, Refused, attempt_env, claim
@@ -220,3 +220,65 @@ def test_backoff_escalates_only_while_attempts_do_not_train(db: Session) -> None
     backoffs.append(_events(db, job, "QUEUED")[-1].data["backoff_s"])
     assert backoffs == [1.0, 2.0, 4.0, 1.0]
     assert job.restart_count == 4
+
+
+def _drop_a_connection(engine: Engine) -> None:
+    """What a PostgreSQL restart does to the scheduler: a connection of its engine dies under a statement."""
+    with engine.connect() as victim:
+        pid = victim.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        with engine.connect() as killer:
+            killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        with pytest.raises(DBAPIError):
+            victim.execute(text("SELECT 1"))
+
+
+def test_database_outage_gives_running_attempts_one_lease_of_grace(db: Session, pg_engine: Engine) -> None:
+    reconciler.reset_outage_tracking()
+    live_host, dead_host = _host(db, "rec-h"), _host(db, "rec-i")
+    live_job, live = _running(db, live_host)
+    dead_job, dead = _running(db, dead_host)
+    now = utcnow()
+    try:
+        assert reconcile(db=db, now=now, settings=SETTINGS) == []  # from here on the engine's errors are watched
+
+        # The database goes away for longer than a lease: no worker could renew, no host agent heartbeat.
+        _drop_a_connection(pg_engine)
+        back = now + timedelta(seconds=SETTINGS.lease_s + 5)
+        actions = reconcile(db=db, now=back, settings=SETTINGS)
+        assert actions == [f"database back: {SETTINGS.lease_s:.0f} s of grace for leases and hosts"]
+        assert live.state == dead.state == "RUNNING" and live_job.state == dead_job.state == "RUNNING"
+        assert live_host.state == dead_host.state == "UP"
+        back_ev = db.scalars(select(Event).where(Event.type == "DATABASE_BACK")).all()
+        assert len(back_ev) == 1 and back_ev[0].data["grace_s"] == SETTINGS.lease_s
+
+        # Within the grace the live worker's heartbeat gets through (lease renewed); the dead one's never does.
+        mid = back + timedelta(seconds=2)
+        live.heartbeat_at, live.lease_expires_at = mid, mid + timedelta(seconds=SETTINGS.lease_s)
+        live_host.last_heartbeat_at = mid
+        assert reconcile(db=db, now=mid + timedelta(seconds=1), settings=SETTINGS) == []
+
+        # One lease after the database came back: the silent attempt is LOST, its host DOWN; the live one runs on.
+        end = back + timedelta(seconds=SETTINGS.lease_s + 1)
+        live_host.last_heartbeat_at = end
+        actions = reconcile(db=db, now=end, settings=SETTINGS)
+        assert "host rec-i: DOWN" in actions and "host rec-h: DOWN" not in actions
+        assert any(f"job {dead_job.id}: LOST -> QUEUED" in a for a in actions), actions
+        assert dead.state == "LOST" and dead_job.state == "QUEUED"
+        assert live.state == "RUNNING" and live_job.state == "RUNNING" and live_job.restart_count == 0
+    finally:
+        reconciler.reset_outage_tracking()
+
+
+def test_statement_errors_are_not_outages(db: Session) -> None:
+    reconciler.reset_outage_tracking()
+    host = _host(db, "rec-j")
+    job, attempt = _running(db, host)
+    now = utcnow()
+    reconcile(db=db, now=now, settings=SETTINGS)
+    with pytest.raises(DBAPIError), db.begin_nested():
+        db.execute(text("SELECT 1 / 0"))  # the database answered: an error, not an outage
+    later = now + timedelta(seconds=SETTINGS.lease_s + 1)
+    host.last_heartbeat_at = later
+    actions = reconcile(db=db, now=later, settings=SETTINGS)
+    assert any("LOST -> QUEUED" in a for a in actions), actions
+    assert attempt.state == "LOST"

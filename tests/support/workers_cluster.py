@@ -1,13 +1,18 @@
-"""Several real worker processes (``python -m workers``) acting as hosts, for the failover and worker tests."""
+"""Several real worker processes (``python -m workers``) acting as hosts, for the failover and worker tests, and
+the real scheduler (``scheduler.loop.run_cycle``: reconcile -> snapshot -> plan -> apply -> commit -> dispatch)
+running beside them in a thread.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,13 +20,22 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psutil
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core import db as core_db
-from core.db import make_engine
+from core.db import make_engine, utcnow
 from core.migrate import upgrade
+from core.models import Attempt, Host, Job, QosClass, SlaContract, Team, TeamQuota
 from core.settings import Settings, get_settings
+from core.spec import parse_spec_data
+from core.states import record_event
+from scheduler.apply import apply_all
+from scheduler.decisions import Admission, Decisions, PlacementEntry
+from scheduler.loop import CycleResult, run_cycle
 from workers import celery_app
+
+log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -71,7 +85,7 @@ class Cluster:
             "PYTHONPATH": str(ROOT),
         }
         if visibility_timeout_s is not None:
-            self.env[celery_app.ENV_VISIBILITY_TIMEOUT] = str(visibility_timeout_s)
+            self.env["KILN_BROKER_VISIBILITY_TIMEOUT_S"] = str(visibility_timeout_s)
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, Path] = {}
         self._saved: dict[str, str | None] = {}
@@ -182,3 +196,91 @@ def cluster(tmp: Path, *, database_url: str, broker_url: str, **kw: Any) -> Iter
 
 def engine_for(url: str) -> Any:
     return make_engine(url)
+
+
+# ------------------------------------------------------------------------------------- submission and admission
+
+CPU_QUOTA = 8  # CPU slots the test teams may use (their quota row for gpu_type "cpu")
+
+
+def submit(
+    db: Session, spec: dict[str, Any], *, max_restarts: int = 3, recovery_objective_s: float = 60.0,
+    checkpoint_interval_s: float = 600.0, cpu_quota: int = CPU_QUOTA,
+) -> Job:
+    """A QUEUED job with its SLA contract, as the API's submit writes it; the team gets a CPU quota if it has none
+    (the scheduler admits CPU jobs against the team's ``cpu`` quota and the hosts' CPU slots)."""
+    parsed = parse_spec_data(spec)
+    team = db.scalars(select(Team).where(Team.name == parsed.team)).first()
+    if team is None:
+        team = Team(name=parsed.team)
+        db.add(team)
+        db.flush()
+    if db.scalars(select(TeamQuota).where(TeamQuota.team_id == team.id, TeamQuota.gpu_type == "cpu")).first() is None:
+        db.add(TeamQuota(team_id=team.id, gpu_type="cpu", nominal=cpu_quota))
+    qos = db.scalars(select(QosClass).where(QosClass.name == (parsed.sla.qos or "silver"))).one()
+    now = utcnow()
+    job = Job(name=parsed.name, team_id=team.id, spec=parsed.model_dump(mode="json"), state="QUEUED",
+              qos_class_id=qos.id, priority=qos.priority, gpus=parsed.resources.gpus,
+              gpu_type=parsed.resources.gpu_type if parsed.resources.gpus else "cpu", submitted_at=now,
+              updated_at=now)  # fmt: skip
+    db.add(job)
+    db.flush()
+    db.add(SlaContract(team_id=team.id, job_id=job.id, qos_class_id=qos.id, max_restarts=max_restarts,
+                       recovery_time_objective_s=recovery_objective_s,
+                       checkpoint_interval_s=checkpoint_interval_s))  # fmt: skip
+    record_event(db, "SUBMITTED", job=job, message="submitted")
+    return job
+
+
+def admit(db: Session, job: Job, host: Host, *, slots: int | None = None) -> Attempt:
+    """Admit ``job`` onto ``host`` through the scheduler's own write path (``scheduler.apply.apply_all``), for
+    tests that need an attempt on a chosen host without running a whole cycle. Nothing is dispatched."""
+    n = slots or int((job.spec.get("resources") or {}).get("cpu_slots") or 1)
+    gpus = tuple(g.uuid for g in host.gpus)[: job.gpus] if job.gpus else ()
+    entry = PlacementEntry(host=host.name, queue=host.queue, gpus=gpus, slots=len(gpus) or n, node_rank=0)
+    applied = apply_all(db=db, decisions=Decisions(admissions=(Admission(job.id, (entry,)),)), now=utcnow())
+    assert applied.admitted == [job.id], f"job {job.id} was not admitted (state {job.state})"
+    attempt = db.scalars(
+        select(Attempt).where(Attempt.job_id == job.id, Attempt.fencing_token == job.fencing_token)
+    ).one()
+    return attempt
+
+
+class SchedulerThread:
+    """The real scheduler: ``scheduler.loop.run_cycle`` every ``interval_s`` (what ``python -m scheduler`` runs
+    once it leads, minus the leader election, which a test with one scheduler does not need)."""
+
+    def __init__(self, maker: Callable[[], Session], settings: Settings, *, interval_s: float = 0.5):
+        self.maker = maker
+        self.settings = settings
+        self.interval_s = interval_s
+        self.actions: list[str] = []
+        self.admitted: list[int] = []
+        self.errors = 0
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
+
+    def cycle(self) -> CycleResult:
+        result = run_cycle(session_factory=self.maker, settings=self.settings)
+        self.actions += result.reconciled
+        self.admitted += result.admitted
+        return result
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.cycle()
+            except Exception as exc:  # the database is restarting: the next cycle tries again
+                self.errors += 1
+                self.last_error = repr(exc)
+                log.warning("scheduling cycle failed: %s", exc)
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> SchedulerThread:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
