@@ -16,14 +16,19 @@ trainer's own telemetry (step records' timestamps after warm-up).  Variants:
                         default compile mode (whole on GPU)
 * ``kiln_regional``     the same, regional compile
 * ``kiln_ckpt100``      plus an async checkpoint every 100 steps (checkpoint dir on the work dir's disk)
-* ``kiln_ckpt10``       plus an async checkpoint every 10 steps (same disk)
-* ``kiln_ckpt10_shm``   every 10 steps into /dev/shm (RAM-backed: a real verified checkpoint, but not
-                        durable across a host loss - the local tier a real system replicates from)
+* ``kiln_ckpt10``       plus an async checkpoint every 10 steps, durable tier only (same disk): the honest
+                        disk figure, bound by the disk's bandwidth
+* ``kiln_ckpt10_tiered`` every 10 steps committed (atomic, sha256 manifest, fence) to the local tier
+                        (``local_dir`` /dev/shm), every 10th of them (= every 100 steps) copied in the background
+                        to the durable job dir on disk (``persist_every`` 10): the answer to the ">= 0.85 every
+                        10 steps" target (see docs/trainer.md)
+* ``kiln_ckpt10_shm``   every 10 steps with the whole checkpoint dir in /dev/shm (not durable; kept as an option)
 * ``compile_{cold,warm}[_regional]`` compile time with an empty compile-cache dir, then, in a fresh process
                         (as a restarted attempt), from what the cold run left there (kiln's artifacts and the
                         Inductor/Triton caches it keeps in that dir)
 
-Targets (issue 3): kiln/bare >= 0.97; ckpt100 >= 0.95; ckpt10 >= 0.85; warm <= 20% of cold;
+Targets (issue 3): kiln/bare >= 0.97; ckpt100 >= 0.95; ckpt10 >= 0.85 (answered by the tiered variant; the
+durable-only figure is reported beside it); warm <= 20% of cold;
 predicted peak memory within 10% of measured.  Results are written as JSON to ``--out``.
 """
 
@@ -55,14 +60,14 @@ def sizes(smoke: bool) -> dict[str, Any]:
 
 
 def spec(hp: dict[str, Any], *, steps: int, every: int | None, compile_mode: str | None, precision: str,
-         timeout: float) -> dict[str, Any]:
+         timeout: float, ckpt: dict[str, Any] | None = None) -> dict[str, Any]:
     """``compile_mode`` None leaves the mode out of the spec: the trainer picks its default."""
     compile_opts: dict[str, Any] = {"timeout_s": timeout, **({"mode": compile_mode} if compile_mode else {})}
     return {
         "name": "bench", "team": "bench", "steps": steps, "seed": 0, "parallelism": "ddp",
         "recipe": {"name": "gpt", "hyperparameters": {**hp, "lr": 6e-4, "log_every": 1, "heartbeat_s": 5.0}},
         "compile": compile_opts, "precision": precision,
-        "checkpointing": {"every_steps": every, "keep_last": 2, "asynchronous": True},
+        "checkpointing": {"every_steps": every, "keep_last": 2, "asynchronous": True, **(ckpt or {})},
     }
 
 
@@ -91,6 +96,7 @@ def run_kiln(name: str, spec_d: dict[str, Any], work: pathlib.Path, warmup: int,
     done = next(r for r in recs if r["kind"] == "done")
     events = [r for r in recs if r["kind"] == "event"]
     ckpts = [r for r in recs if r["kind"] == "checkpoint"]
+    local = [e["fields"] for e in events if e["type"] == "CHECKPOINT_LOCAL"]
     staging = next((e["fields"] for e in events if e["type"] == "CHECKPOINT_STAGING"), None)
     exit_ev = [e for e in events if e["type"] == "EXIT"]
     compile_ev = next((e for e in events if e["type"].startswith(("COMPILE_OK", "FALLBACK_"))), None)
@@ -106,13 +112,26 @@ def run_kiln(name: str, spec_d: dict[str, Any], work: pathlib.Path, warmup: int,
                                                     {}).get("breakdown"),
                            "staging": staging,
                            "last_record_exit_code": exit_ev[-1]["fields"]["exit_code"] if exit_ev else None}
-    if ckpts:
-        stalls = [c.get("stall_s") or 0.0 for c in ckpts]
-        writes = [c.get("write_s") or 0.0 for c in ckpts]
-        out["checkpoint_bytes"] = ckpts[-1]["bytes"]
-        out["checkpoint_format"] = ckpts[-1].get("format")
+    # Saves the loop made: local-tier commits when tiered, else the durable checkpoint records.
+    saves = local or ckpts
+    if saves:
+        stalls = [c.get("stall_s") or 0.0 for c in saves]
+        writes = [c.get("write_s") or 0.0 for c in saves]
+        out["checkpoint_bytes"] = saves[-1]["bytes"]
+        out["checkpoint_format"] = saves[-1].get("format")
+        out["checkpoint_tier"] = saves[-1].get("tier")
+        out["checkpoint_saves"] = len(saves)
         out["checkpoint_stall_s"] = {"mean": sum(stalls) / len(stalls), "max": max(stalls)}
         out["checkpoint_write_s"] = {"mean": sum(writes) / len(writes), "max": max(writes)}
+    if local:
+        persists = [c.get("persist_s") or 0.0 for c in ckpts]
+        out["durable_checkpoints"] = [{"step": c["step"], "tier": c.get("tier"), "persist_s": c.get("persist_s")}
+                                      for c in ckpts]
+        if persists:
+            out["persist_s"] = {"mean": sum(persists) / len(persists), "max": max(persists)}
+        out["checkpoints_persisted"] = done.get("checkpoints_persisted")
+        out["checkpoint_failures"] = done.get("checkpoint_failures")
+        out["superseded_persists"] = sum(e["type"] == "CHECKPOINT_PERSIST_SUPERSEDED" for e in events)
     if len(window) >= 2:
         span = window[-1]["ts"] - window[0]["ts"]
         out["tokens_per_s"] = items_per_step * (len(window) - 1) / span
@@ -212,8 +231,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="measured steps per variant")
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--compile", default=None, choices=["regional", "whole", "off"], help="(--bare mode)")
-    ap.add_argument("--variants", default="disk,bare,kiln,kiln_ckpt10,kiln_ckpt100,compile_cache,bare_regional,"
-                                          "kiln_regional,kiln_ckpt10_shm,compile_cache_regional")
+    ap.add_argument("--variants", default="disk,bare,kiln,kiln_ckpt100,kiln_ckpt10,kiln_ckpt10_tiered,"
+                                          "compile_cache",
+                    help="also: bare_regional, kiln_regional, kiln_ckpt10_shm, compile_cache_regional")
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "trainer_bench.json")
     ap.add_argument("--workdir", type=pathlib.Path, default=None)
     args = ap.parse_args()
@@ -268,13 +288,18 @@ def main() -> None:
     # each mode compiles cold; the compile_cache variants below use their own empty dirs.
     shared = {"KILN_COMPILE_CACHE_DIR": str(work / "shared-compile-cache")}
     default_mode = None if not args.smoke else "off"
-    kiln_runs: dict[str, tuple[int, int | None, str | None, dict[str, str]]] = {
-        "kiln": (total, None, default_mode, {}),
-        "kiln_ckpt10": (total, 10, default_mode, {}),
-        "kiln_ckpt100": (args.warmup + max(args.steps, 200), 100, default_mode, {}),
-        "bare_regional": (0, None, None, {}),
-        "kiln_regional": (total, None, mode_regional, {}),
-        "kiln_ckpt10_shm": (total, 10, default_mode, {"KILN_CHECKPOINT_DIR": "/dev/shm/kiln-bench-ckpt"}),
+    long = args.warmup + max(args.steps, 200)  # two checkpoints of every 100 steps inside the window
+    shm = pathlib.Path("/dev/shm")
+    tiered = {"local_dir": str(shm / "kiln-bench-local"), "persist_every": 10}
+    kiln_runs: dict[str, tuple[int, int | None, str | None, dict[str, str], dict[str, Any]]] = {
+        "kiln": (total, None, default_mode, {}, {}),
+        "kiln_ckpt10": (total, 10, default_mode, {}, {}),
+        "kiln_ckpt100": (long, 100, default_mode, {}, {}),
+        # Same length as ckpt100: its durable copies (every 100 steps) fall inside the measured window.
+        "kiln_ckpt10_tiered": (long, 10, default_mode, {}, tiered),
+        "bare_regional": (0, None, None, {}, {}),
+        "kiln_regional": (total, None, mode_regional, {}, {}),
+        "kiln_ckpt10_shm": (total, 10, default_mode, {"KILN_CHECKPOINT_DIR": "/dev/shm/kiln-bench-ckpt"}, {}),
     }
     order = [x for x in args.variants.split(",") if x in kiln_runs or x.startswith("compile_cache")]
     for name in order:
@@ -282,15 +307,28 @@ def main() -> None:
             record(name, run_bare(args, mode_regional))
             continue
         if name in kiln_runs:
-            steps, every, mode, env_extra = kiln_runs[name]
-            if "KILN_CHECKPOINT_DIR" in env_extra:
-                if not pathlib.Path("/dev/shm").is_dir():
-                    continue
-                shutil.rmtree(env_extra["KILN_CHECKPOINT_DIR"], ignore_errors=True)
-            s = spec(hp, steps=steps, every=every, compile_mode=mode, precision=precision, timeout=600)
-            record(name, run_kiln(name, s, work, args.warmup, items, {**shared, **env_extra}))
-            if "KILN_CHECKPOINT_DIR" in env_extra:
-                shutil.rmtree(env_extra["KILN_CHECKPOINT_DIR"], ignore_errors=True)
+            steps, every, mode, env_extra, ckpt = kiln_runs[name]
+            scratch = [pathlib.Path(p) for p in (env_extra.get("KILN_CHECKPOINT_DIR"), ckpt.get("local_dir")) if p]
+            if scratch and not shm.is_dir():
+                continue
+            for p in scratch:
+                shutil.rmtree(p, ignore_errors=True)
+            s = spec(hp, steps=steps, every=every, compile_mode=mode, precision=precision, timeout=600, ckpt=ckpt)
+            try:
+                r = run_kiln(name, s, work, args.warmup, items, {**shared, **env_extra})
+            except RuntimeError as exc:  # one failed variant must not cost the others (one device run)
+                print(f"{name} FAILED: {exc}", flush=True)
+                res["variants"][name] = {"error": str(exc)[-4000:]}
+                continue
+            if ckpt:
+                # What a host loss would leave: the durable dir alone.  Every checkpoint there must verify.
+                from trainer.checkpoint import list_checkpoints, verify
+
+                r["durable_dir_verified"] = {str(st): verify(p) is None
+                                             for st, p in list_checkpoints(work / name / "checkpoints")}
+            record(name, r)
+            for p in scratch:
+                shutil.rmtree(p, ignore_errors=True)
             continue
         suffix, mode = ("_regional", mode_regional) if name.endswith("_regional") else ("", default_mode)
         cache = work / f"compile-cache{suffix}"
@@ -320,6 +358,7 @@ def main() -> None:
         "ratio_kiln_vs_bare": ratio("kiln", "bare"),
         "ratio_ckpt100_vs_bare": ratio("kiln_ckpt100", "bare"),
         "ratio_ckpt10_vs_bare": ratio("kiln_ckpt10", "bare"),
+        "ratio_ckpt10_tiered_vs_bare": ratio("kiln_ckpt10_tiered", "bare"),
         "ratio_ckpt10_shm_vs_bare": ratio("kiln_ckpt10_shm", "bare"),
         "ratio_bare_regional_vs_bare": ratio("bare_regional", "bare"),
         "ratio_kiln_regional_vs_bare_regional": ratio("kiln_regional", "bare_regional"),
@@ -333,9 +372,20 @@ def main() -> None:
         "memory_prediction_error": mem.get("memory_prediction_error"),
         "memory_prediction_error_regional": mem_r.get("memory_prediction_error"),
         "disk_gb_per_s": {f"{d['dir']}x{d['threads']}": d["gb_per_s"] for d in res.get("disk", [])},
+        "ckpt10_durable_stall_s_mean": (v.get("kiln_ckpt10", {}).get("checkpoint_stall_s") or {}).get("mean"),
+        "ckpt10_tiered_stall_s_mean": (v.get("kiln_ckpt10_tiered", {}).get("checkpoint_stall_s") or {}).get("mean"),
+        "ckpt10_tiered_local_write_s_mean": (v.get("kiln_ckpt10_tiered", {}).get("checkpoint_write_s")
+                                             or {}).get("mean"),
+        "ckpt10_tiered_persist_s_mean": (v.get("kiln_ckpt10_tiered", {}).get("persist_s") or {}).get("mean"),
+        "ckpt10_tiered_durable_steps": [c["step"] for c in v.get("kiln_ckpt10_tiered", {}).get(
+            "durable_checkpoints", [])],
+        "ckpt10_tiered_durable_dir_verified": v.get("kiln_ckpt10_tiered", {}).get("durable_dir_verified"),
     }
+    # "every 10 steps >= 0.85" is answered by the tiered run (a verified checkpoint every 10 steps, a durable
+    # one every 100); the durable-only every-10 figure is judged too, against the same bar, and reported.
     targets = {"ratio_kiln_vs_bare": (">=", 0.97), "ratio_ckpt100_vs_bare": (">=", 0.95),
-               "ratio_ckpt10_vs_bare": (">=", 0.85), "warm_over_cold": ("<=", 0.20)}
+               "ratio_ckpt10_tiered_vs_bare": (">=", 0.85), "ratio_ckpt10_vs_bare": (">=", 0.85),
+               "warm_over_cold": ("<=", 0.20)}
     verdict = {}
     for k, (op, t) in targets.items():
         val = res["summary"][k]

@@ -58,6 +58,12 @@ class Checkpointing(StrictModel):
     every_seconds: Annotated[float | None, Field(gt=0)] = None
     keep_last: Annotated[int, Field(ge=1, le=100)] = 3
     asynchronous: bool = True
+    # Tiered checkpoints: every checkpoint is committed to this fast host-local directory (e.g. /dev/shm or
+    # local NVMe; None = off, every checkpoint goes to the durable job checkpoint dir) and every
+    # ``persist_every``-th one is also copied, in the background, to the durable dir (the source of truth
+    # for restarts on another host).  The final and the preemption checkpoint are always made durable.
+    local_dir: Annotated[str | None, Field(max_length=1024)] = None
+    persist_every: Annotated[int, Field(ge=1, le=1_000_000)] = 1
 
 
 class SLAOverrides(StrictModel):

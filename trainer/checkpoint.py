@@ -89,6 +89,17 @@ def _fsync_dir(path: pathlib.Path) -> None:
         os.close(fd)
 
 
+def remove_checkpoint(path: pathlib.Path) -> None:
+    """Delete a committed checkpoint without ever exposing a half-deleted one: rename it out of the listed
+    names first (atomic), then delete; a crash in between leaves a ``.tmp-*`` that start-up removes."""
+    gone = path.parent / f".tmp-gone-{path.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(path, gone)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(gone, ignore_errors=True)
+
+
 def step_dir_name(step: int) -> str:
     return f"{PREFIX}{step:08d}"
 
@@ -124,9 +135,11 @@ def verify(path: pathlib.Path) -> str | None:
 
 def write_manifest_and_commit(tmp: pathlib.Path, final: pathlib.Path, *, step: int, token: int | None,
                               meta: dict[str, Any],
-                              written: dict[str, tuple[int, str]] | None = None) -> dict[str, Any]:
+                              written: dict[str, tuple[int, str]] | None = None,
+                              fence_root: pathlib.Path | None = None) -> dict[str, Any]:
     """``written``: files the caller already fsynced and hashed while writing them (name -> bytes, sha256);
-    every other file under ``tmp`` is fsynced and hashed here."""
+    every other file under ``tmp`` is fsynced and hashed here.  ``fence_root``: the directory holding the
+    fence file (the durable job dir; default ``final``'s parent) - a local-tier commit obeys it too."""
     files = {}
     for f in sorted(tmp.rglob("*")):
         if f.is_file():
@@ -143,11 +156,11 @@ def write_manifest_and_commit(tmp: pathlib.Path, final: pathlib.Path, *, step: i
         fh.flush()
         os.fsync(fh.fileno())
     _fsync_dir(tmp)
-    if not fence_ok(final.parent, token):
+    if not fence_ok(fence_root or final.parent, token):
         shutil.rmtree(tmp, ignore_errors=True)
         raise FencedError(f"fence no longer names token {token}; checkpoint at step {step} not committed")
     if final.exists():  # a rolled-back run re-reaching a step: the new state replaces the old
-        shutil.rmtree(final)
+        remove_checkpoint(final)
     os.rename(tmp, final)
     _fsync_dir(final.parent)
     return manifest
@@ -288,6 +301,34 @@ def _write_hashed(path: pathlib.Path, buf: torch.Tensor) -> tuple[int, str]:
     return len(mv), h.hexdigest()
 
 
+def _copy_hashed(src: pathlib.Path, dst: pathlib.Path) -> tuple[int, str]:
+    """Copy a committed file to ``dst`` (the persisting of a local checkpoint), hashing the bytes as they
+    pass, then fsync: the caller compares the hash with the source manifest, so a local file corrupted after
+    its commit is never made durable."""
+    h = hashlib.sha256()
+    buf = bytearray(CHUNK)
+    mv = memoryview(buf)
+    total = 0
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with open(src, "rb", buffering=0) as fin:
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            while True:
+                n = fin.readinto(mv)
+                if not n:
+                    break
+                chunk = mv[:n]
+                h.update(chunk)
+                while chunk:
+                    w = os.write(fd, chunk)
+                    chunk = chunk[w:]
+                total += n
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return total, h.hexdigest()
+
+
 def load_raw(path: pathlib.Path) -> Any:
     """The state tree of a "raw" checkpoint, tensors as CPU views of each data file read whole."""
     entries = json.loads((path / TENSORS).read_text())
@@ -306,11 +347,32 @@ def load_raw(path: pathlib.Path) -> Any:
     return _unflatten(torch.load(path / TREE, map_location="cpu", weights_only=True), tensors)
 
 
+LOCAL, DURABLE = "local", "durable"
+
+
+class _Persist:
+    """A local checkpoint waiting to be copied to the durable tier."""
+
+    def __init__(self, step: int, path: pathlib.Path) -> None:
+        self.step, self.path = step, path
+
+
 class Checkpointer:
+    """Saves and finds checkpoints in one or two tiers.
+
+    ``root`` is the durable job checkpoint dir (shared by all attempts, the fence file beside it).  With
+    ``local_root`` (a fast host-local dir: tmpfs or local NVMe) every checkpoint is committed there, and every
+    ``persist_every``-th one (and every blocking one: the final and the preemption checkpoint) is copied to
+    ``root`` by a background persister thread from the already committed local files - hashed as they are
+    copied and compared with the local manifest, then committed with its own manifest and rename.  The
+    training loop never waits for a persist except at a blocking save, a rollback and the end of the run."""
+
     def __init__(self, root: pathlib.Path, *, rank: int, world_size: int, token: int | None, keep_last: int,
                  asynchronous: bool, sharded: bool, group: Any, device: torch.device,
-                 telemetry: Telemetry) -> None:
+                 telemetry: Telemetry, local_root: pathlib.Path | None = None, persist_every: int = 1) -> None:
         self.root = root
+        self.local_root = local_root
+        self.persist_every = max(1, persist_every)
         self.rank, self.world_size, self.token = rank, world_size, token
         self.keep_last = keep_last
         self.asynchronous = asynchronous
@@ -322,14 +384,35 @@ class Checkpointer:
         self._pool: ThreadPoolExecutor | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.saves = 0
+        self.saves = 0  # committed in the tier written to (local when tiered)
+        self.persisted = 0  # local checkpoints copied to the durable tier
         self.failures = 0
         self.last_save_stall_s = 0.0
+        self._count = 0  # saves started by this attempt: every persist_every-th is made durable
         self._stalls: dict[int, float] = {}  # step -> its save()'s stall, read by the writer's record
+        # The persister: one thread, one pending slot (a newer checkpoint supersedes one not yet started).
+        self._cv = threading.Condition()
+        self._pending: _Persist | None = None
+        self._active: _Persist | None = None
+        self._persist_error: BaseException | None = None
+        self._persister: threading.Thread | None = None
+        self._copy_pool: ThreadPoolExecutor | None = None
         if rank == 0:
-            root.mkdir(parents=True, exist_ok=True)
-            for p in root.glob(".tmp-*"):  # leftovers of a crashed writer never become checkpoints
-                shutil.rmtree(p, ignore_errors=True)
+            for tier_root in self.roots():
+                tier_root.mkdir(parents=True, exist_ok=True)
+                for p in tier_root.glob(".tmp-*"):  # leftovers of a crashed writer never become checkpoints
+                    shutil.rmtree(p, ignore_errors=True)
+
+    def roots(self) -> list[pathlib.Path]:
+        return [self.root] if self.local_root is None else [self.local_root, self.root]
+
+    @property
+    def write_root(self) -> pathlib.Path:
+        """Where save() commits: the local tier when there is one."""
+        return self.local_root if self.local_root is not None else self.root
+
+    def tier_of(self, path: pathlib.Path) -> str:
+        return LOCAL if self.local_root is not None and path.parent == self.local_root else DURABLE
 
     # ---- saving ---------------------------------------------------------------------------------------
     def _state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -352,21 +435,26 @@ class Checkpointer:
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any],
              *, blocking: bool = False) -> None:
-        """Collective: every rank calls it at the same step.  Returns once the state is staged."""
+        """Collective: every rank calls it at the same step.  Returns once the state is staged; with
+        ``blocking`` (or a synchronous spec) once it is committed - and, when tiered, durable too."""
         t0 = time.perf_counter()
         self.wait()  # buffers are reused: the previous write must be finished
+        self._count += 1
+        persist = self.local_root is not None and (blocking or self._count % self.persist_every == 0)
         extras = self._gather(extra)
-        tmp = self.root / f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
+        tmp = self.write_root / f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
         meta = {"world_size": self.world_size, "format": "dcp" if self.sharded else "raw",
-                "torch": torch.__version__}
+                "torch": torch.__version__, "tier": LOCAL if self.local_root is not None else DURABLE}
         if self.sharded:
-            self._save_sharded(step, model, optimizer, extras, tmp, meta)
+            self._save_sharded(step, model, optimizer, extras, tmp, meta, persist)
         else:
-            self._save_replicated(step, model, optimizer, extras, tmp, meta)
+            self._save_replicated(step, model, optimizer, extras, tmp, meta, persist)
         self.last_save_stall_s = time.perf_counter() - t0
         self._stalls[step] = self.last_save_stall_s
         if blocking or not self.asynchronous:
             self.wait()
+            if persist:
+                self.wait_persist()
 
     def _gather(self, extra: dict[str, Any]) -> list[dict[str, Any]]:
         if self.world_size == 1:
@@ -376,7 +464,8 @@ class Checkpointer:
         return out
 
     def _save_replicated(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                         extras: list[dict[str, Any]], tmp: pathlib.Path, meta: dict[str, Any]) -> None:
+                         extras: list[dict[str, Any]], tmp: pathlib.Path, meta: dict[str, Any],
+                         persist: bool) -> None:
         if self.rank != 0:
             return  # replicated state: rank 0 holds all of it
         if self._pool is None:
@@ -397,12 +486,13 @@ class Checkpointer:
             torch.save(tree, tmp / TREE)
             torch.save(extras, tmp / EXTRA)
             written = {name: job.result() for name, job in jobs.items()}
-            self._commit(step, tmp, meta, written, t0)
+            self._commit(step, tmp, meta, written, t0, persist)
 
         self._start(write)
 
     def _save_sharded(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                      extras: list[dict[str, Any]], tmp: pathlib.Path, meta: dict[str, Any]) -> None:
+                      extras: list[dict[str, Any]], tmp: pathlib.Path, meta: dict[str, Any],
+                      persist: bool) -> None:
         import torch.distributed.checkpoint as dcp
 
         opts = StateDictOptions(cpu_offload=True)  # a CPU snapshot of this rank's shards
@@ -413,29 +503,42 @@ class Checkpointer:
         tmp_name = [tmp.name]
         if self.world_size > 1:
             dist.broadcast_object_list(tmp_name, src=0, group=self.group)
-        tmp = self.root / tmp_name[0]
+        tmp = self.write_root / tmp_name[0]
 
         def write() -> None:
+            t0 = time.perf_counter()
             # DCP's collectives run here, on the checkpoint group, never on the training group.
             dcp.save(state, storage_writer=dcp.FileSystemWriter(str(tmp)), process_group=self.group)
             if self.rank == 0:  # DCP's finish gathered every rank's writes: all shards are on disk
                 torch.save(extras, tmp / EXTRA)
-                self._commit(step, tmp, meta)
+                self._commit(step, tmp, meta, None, t0, persist)
 
         self._start(write)
 
     def _commit(self, step: int, tmp: pathlib.Path, meta: dict[str, Any],
-                written: dict[str, tuple[int, str]] | None = None, t0: float | None = None) -> None:
-        final = self.root / step_dir_name(step)
-        manifest = write_manifest_and_commit(tmp, final, step=step, token=self.token, meta=meta, written=written)
+                written: dict[str, tuple[int, str]] | None, t0: float, persist: bool) -> None:
+        final = self.write_root / step_dir_name(step)
+        manifest = write_manifest_and_commit(tmp, final, step=step, token=self.token, meta=meta, written=written,
+                                             fence_root=self.root)
         total = sum(f["bytes"] for f in manifest["files"].values())
         # stall_s: how long save() held the training loop (waiting for the previous write + staging);
         # write_s: staging copy, data files, fsyncs, manifest and rename, in the background.
-        self.tel.emit(RecordKind.CHECKPOINT, step=step, path=str(final), bytes=total,
-                      sha256=sha256_file(final / MANIFEST), verified=True, format=meta.get("format"),
-                      stall_s=self._stalls.pop(step, None),  # None if the write beat save()'s return
-                      write_s=time.perf_counter() - t0 if t0 is not None else None)
-        self.prune()
+        fields: dict[str, Any] = {
+            "step": step, "path": str(final), "bytes": total, "sha256": sha256_file(final / MANIFEST),
+            "verified": True, "format": meta.get("format"), "tier": meta["tier"],
+            "stall_s": self._stalls.pop(step, None),  # None if the write beat save()'s return
+            "write_s": time.perf_counter() - t0}
+        if self.local_root is None:
+            self.tel.emit(RecordKind.CHECKPOINT, **fields)
+            self.prune(self.root)
+            return
+        # Local commits are events, not ``checkpoint`` records: the control plane counts a ``checkpoint``
+        # record as the job's progress on durable storage (what survives a move to another host).
+        self.tel.event("CHECKPOINT_LOCAL", f"checkpoint at step {step} committed to the local tier"
+                       + (" (to be persisted)" if persist else ""), persist=persist, **fields)
+        if persist:
+            self._enqueue_persist(step, final)
+        self.prune(self.local_root)
 
     def _start(self, fn: Callable[[], None]) -> None:
         def run() -> None:
@@ -449,7 +552,8 @@ class Checkpointer:
         self._thread.start()
 
     def wait(self) -> None:
-        """Block until the in-flight write (if any) is committed; re-raise what went wrong in it."""
+        """Block until the in-flight write (if any) is committed; re-raise what went wrong in it (and a
+        fence seen by the persister)."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -458,48 +562,189 @@ class Checkpointer:
             if isinstance(err, FencedError):
                 raise err
             self.failures += 1
-            self.tel.event("CHECKPOINT_FAILED", f"checkpoint write failed: {err!r}", error=repr(err))
+            self.tel.event("CHECKPOINT_FAILED", f"checkpoint write failed: {err!r}", error=repr(err),
+                           tier=LOCAL if self.local_root is not None else DURABLE)
+        self._raise_persist_error()
+
+    # ---- persisting (local tier -> durable tier) ------------------------------------------------------
+    def _enqueue_persist(self, step: int, path: pathlib.Path) -> None:
+        with self._cv:
+            if self._pending is not None:
+                old = self._pending
+                self.tel.event("CHECKPOINT_PERSIST_SUPERSEDED",
+                               f"step {old.step} not yet copied to the durable tier when step {step} was due: "
+                               "the newer one goes instead", step=old.step, superseded_by=step, tier=DURABLE)
+            self._pending = _Persist(step, path)
+            if self._persister is None:
+                self._copy_pool = ThreadPoolExecutor(max_workers=writer_count(),
+                                                     thread_name_prefix="kiln-ckpt-persist-io")
+                self._persister = threading.Thread(target=self._persist_loop, name="kiln-ckpt-persister",
+                                                   daemon=True)
+                self._persister.start()
+            self._cv.notify_all()
+
+    def _persist_loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._pending is None:
+                    self._cv.wait()
+                job, self._pending = self._pending, None
+                self._active = job
+            try:
+                self._persist(job)
+            except BaseException as exc:
+                with self._cv:
+                    self._persist_error = exc
+            finally:
+                with self._cv:
+                    self._active = None
+                    self._cv.notify_all()
+
+    def _persist(self, job: _Persist) -> None:
+        t0 = time.perf_counter()
+        src = job.path
+        manifest = json.loads((src / MANIFEST).read_text())
+        files: dict[str, dict[str, Any]] = manifest["files"]
+        tmp = self.root / f".tmp-{src.name}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        try:
+            pool = self._copy_pool
+            assert pool is not None
+            # Largest first, so the data files' copies start together and the small files fill in.
+            names = sorted(files, key=lambda n: -int(files[n]["bytes"]))
+            jobs = {n: pool.submit(_copy_hashed, src / n, tmp / n) for n in names}
+            written = {n: j.result() for n, j in jobs.items()}
+            bad = [n for n, (size, sha) in written.items()
+                   if size != files[n]["bytes"] or sha != files[n]["sha256"]]
+            if bad:
+                self.tel.event("CHECKPOINT_CORRUPT", f"local checkpoint {src.name} changed after its commit "
+                               f"({bad[0]}): not persisted", step=job.step, path=str(src),
+                               reason=f"sha256 mismatch in {bad[0]}", tier=LOCAL)
+                raise RuntimeError(f"local checkpoint {src} no longer matches its manifest")
+            meta = {k: v for k, v in manifest.items() if k not in ("step", "fencing_token", "created", "files")}
+            meta.update(tier=DURABLE, persisted_from=str(src), local_sha256=sha256_file(src / MANIFEST))
+            final = self.root / src.name
+            durable = write_manifest_and_commit(tmp, final, step=job.step, token=self.token, meta=meta,
+                                                written=written)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self.persisted += 1
+        self.tel.emit(RecordKind.CHECKPOINT, step=job.step, path=str(final),
+                      bytes=sum(f["bytes"] for f in durable["files"].values()),
+                      sha256=sha256_file(final / MANIFEST), verified=True, format=durable.get("format"),
+                      tier=DURABLE, source=str(src), persist_s=time.perf_counter() - t0, stall_s=None)
+        self.prune(self.root)
+
+    def wait_persist(self) -> None:
+        """Block until no persist is pending or running; re-raise a fence it hit."""
+        with self._cv:
+            while self._pending is not None or self._active is not None:
+                self._cv.wait()
+        self._raise_persist_error()
+
+    def _raise_persist_error(self) -> None:
+        with self._cv:
+            err, self._persist_error = self._persist_error, None
+        if err is None:
+            return
+        if isinstance(err, FencedError):
+            raise err
+        self.failures += 1
+        self.tel.event("CHECKPOINT_FAILED", f"copy to the durable tier failed: {err!r}", error=repr(err),
+                       tier=DURABLE)
+
+    def finish(self) -> None:
+        """End of the run: every write committed, every persist durable."""
+        self.wait()
+        self.wait_persist()
 
     def before_optimizer_step(self) -> None:
         if self._thread is not None:
             self.stager.order_before_update()
 
-    def prune(self) -> None:
-        ckpts = list_checkpoints(self.root)
-        for _, path in ckpts[: max(0, len(ckpts) - self.keep_last)]:
-            shutil.rmtree(path, ignore_errors=True)
+    def prune(self, root: pathlib.Path | None = None) -> None:
+        """Keep the newest ``keep_last`` in ``root`` (default: every tier); a local checkpoint waiting to be
+        (or being) persisted is kept until its copy is done."""
+        for tier_root in [root] if root is not None else self.roots():
+            with self._cv:
+                busy = {j.path for j in (self._pending, self._active) if j is not None}
+            ckpts = list_checkpoints(tier_root)
+            for _, path in ckpts[: max(0, len(ckpts) - self.keep_last)]:
+                if path not in busy:
+                    remove_checkpoint(path)
 
     def delete_from(self, step: int) -> list[int]:
-        """Rollback: drop checkpoints at or after ``step`` (they hold the state being rolled back over)."""
+        """Rollback: drop checkpoints at or after ``step`` in every tier (they hold the state being rolled
+        back over)."""
         self.wait()
-        removed = []
+        self.wait_persist()
+        removed: set[int] = set()
         if self.rank == 0:
-            for s, path in list_checkpoints(self.root):
-                if s >= step:
-                    shutil.rmtree(path, ignore_errors=True)
-                    removed.append(s)
+            for tier_root in self.roots():
+                for s, path in list_checkpoints(tier_root):
+                    if s >= step:
+                        remove_checkpoint(path)
+                        removed.add(s)
         if self.world_size > 1:
             dist.barrier(group=self.group)
-        return removed
+        return sorted(removed)
 
     # ---- loading --------------------------------------------------------------------------------------
-    def choose(self, *, before_step: int | None = None) -> pathlib.Path | None:
-        """Rank 0 picks the newest checkpoint that verifies (skipping corrupt ones, with an event) and
-        tells the others, so every rank loads the same one."""
-        chosen: list[Any] = [None]
-        if self.rank == 0:
-            for step, path in reversed(list_checkpoints(self.root)):
-                if before_step is not None and step >= before_step:
+    def _pick(self, before_step: int | None, local_ok: bool) -> str | None:
+        """Rank 0: the newest checkpoint that verifies, across tiers (durable first at equal steps).  A local
+        one older in lineage than the durable tier (written under a lower fencing token than the newest
+        durable checkpoint: an earlier attempt on this host, since overtaken elsewhere) is skipped."""
+        cands: list[tuple[int, int, pathlib.Path]] = [(s, 1, p) for s, p in list_checkpoints(self.root)]
+        if self.local_root is not None and local_ok:
+            cands += [(s, 0, p) for s, p in list_checkpoints(self.local_root)]
+        durable_token = -1
+        for _, _, p in cands:
+            if p.parent == self.root:
+                with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                    tok = json.loads((p / MANIFEST).read_text()).get("fencing_token")
+                    durable_token = max(durable_token, tok if tok is not None else -1)
+        for step, _, path in sorted(cands, key=lambda c: (c[0], c[1]), reverse=True):
+            if before_step is not None and step >= before_step:
+                continue
+            tier = self.tier_of(path)
+            why = verify(path)
+            if why is None and tier == LOCAL:
+                tok = json.loads((path / MANIFEST).read_text()).get("fencing_token")
+                if (tok if tok is not None else -1) < durable_token:
+                    self.tel.event("CHECKPOINT_STALE_LOCAL", f"skipping local checkpoint {path.name}: written "
+                                   f"under token {tok}, the durable tier has token {durable_token}",
+                                   step=step, path=str(path), token=tok, durable_token=durable_token, tier=tier)
                     continue
-                why = verify(path)
-                if why is None:
-                    chosen[0] = str(path)
-                    break
-                self.tel.event("CHECKPOINT_CORRUPT", f"skipping checkpoint {path.name}: {why}",
-                               step=step, path=str(path), reason=why)
-        if self.world_size > 1:
-            dist.broadcast_object_list(chosen, src=0, group=self.group)
-        return pathlib.Path(chosen[0]) if chosen[0] else None
+            if why is None:
+                return str(path)
+            self.tel.event("CHECKPOINT_CORRUPT", f"skipping {tier} checkpoint {path.name}: {why}",
+                           step=step, path=str(path), reason=why, tier=tier)
+        return None
+
+    def choose(self, *, before_step: int | None = None) -> pathlib.Path | None:
+        """Rank 0 picks the newest checkpoint that verifies in either tier (skipping corrupt ones, with an
+        event) and tells the others, so every rank loads the same one.  A local-tier pick is used only if
+        every rank can read it (ranks on another host cannot): otherwise the durable tier decides."""
+        local_ok = True
+        while True:
+            chosen: list[Any] = [None]
+            if self.rank == 0:
+                chosen[0] = self._pick(before_step, local_ok)
+            if self.world_size > 1:
+                dist.broadcast_object_list(chosen, src=0, group=self.group)
+            path = pathlib.Path(chosen[0]) if chosen[0] else None
+            if path is None or self.world_size == 1 or not local_ok or self.tier_of(path) == DURABLE:
+                return path
+            seen = torch.tensor([int((path / MANIFEST).is_file())], dtype=torch.int32)
+            dist.all_reduce(seen, op=dist.ReduceOp.MIN, group=self.group)
+            if bool(seen[0]):
+                return path
+            if self.rank == 0:
+                self.tel.event("CHECKPOINT_LOCAL_UNREACHABLE", f"{path} is not visible to every rank: "
+                               "resuming from the durable tier", step=int(path.name[len(PREFIX):]),
+                               path=str(path), tier=LOCAL)
+            local_ok = False
 
     def load(self, path: pathlib.Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Restore model and optimizer from ``path``; returns this rank's extra state."""

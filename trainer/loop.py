@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import math
 import os
 import pathlib
@@ -149,12 +150,31 @@ class Trainer:
         self.model = wrap(model, blocks, strategy=self.strategy, env=env, precision=self.prec)
         self.optimizer, self.fused = self._optimizer()
         self.guard = SpikeGuard(self.cfg.guard)
+        sharded = self.strategy == "fsdp" and env.distributed
         self.ckpt = Checkpointer(self.ckpt_root, rank=env.rank, world_size=env.world_size, token=self.token,
                                  keep_last=spec.checkpointing.keep_last,
                                  asynchronous=spec.checkpointing.asynchronous,
-                                 sharded=self.strategy == "fsdp" and env.distributed, group=env.ckpt,
-                                 device=self.device, telemetry=self.tel)
+                                 sharded=sharded, group=env.ckpt,
+                                 device=self.device, telemetry=self.tel,
+                                 local_root=self._local_root(sharded),
+                                 persist_every=spec.checkpointing.persist_every)
         self.flops = peak_flops(self.device, self.prec.precision, self.cfg.peak_flops)
+
+    def _local_root(self, sharded: bool) -> pathlib.Path | None:
+        """This job's directory in the spec's local checkpoint tier: the same for every attempt of the job
+        on this host (named after the durable dir), so a restart here finds what the last attempt left."""
+        base = self.spec.checkpointing.local_dir
+        if base is None:
+            return None
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.env.world_size))
+        if sharded and local_world != self.env.world_size:
+            # DCP writes each rank's shards on its own host: a host-local tier would split one checkpoint
+            # over several machines' local dirs, so sharded multi-host runs write to the durable dir only.
+            self.tel.event("CHECKPOINT_LOCAL_TIER_OFF", "sharded state over several hosts: no local tier",
+                           local_dir=base, world_size=self.env.world_size, local_world_size=local_world)
+            return None
+        key = hashlib.sha256(str(self.ckpt_root.resolve()).encode()).hexdigest()[:12]
+        return pathlib.Path(base) / f"kiln-{self.spec.team}-{self.spec.name}-{key}"
 
     def _optimizer(self) -> tuple[torch.optim.Optimizer, bool]:
         decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
@@ -215,7 +235,8 @@ class Trainer:
         path = self.ckpt.choose()
         if path is not None:
             self.restore(path)
-            tel.emit(RecordKind.RESUMED, step=self.step, path=str(path), data=self.data.state_dict())
+            tel.emit(RecordKind.RESUMED, step=self.step, path=str(path), data=self.data.state_dict(),
+                     tier=self.ckpt.tier_of(path))
         flag = PreemptionFlag()
         flag.install()
         tel.every(self.cfg.heartbeat_s, self._heartbeat, "heartbeat")
@@ -308,7 +329,7 @@ class Trainer:
                               step=self.step, signal=flag.signum)
                     return ExitCode.PREEMPTED
         self._drain(pending, 0)
-        self.ckpt.wait()
+        self.ckpt.finish()
         self.phase = "done"
         self._done()
         return ExitCode.SUCCEEDED
@@ -391,7 +412,7 @@ class Trainer:
         self.last_done_t = time.perf_counter()
         tel.event("ROLLED_BACK", f"rolled back to step {self.step}; skipping batches {sorted(spike.batches)}",
                   to_step=self.step, path=str(path) if path else None, skipped_batches=sorted(spike.batches),
-                  removed_checkpoints=removed)
+                  removed_checkpoints=removed, tier=self.ckpt.tier_of(path) if path else None)
         self.phase = "training"
 
     def _heartbeat(self) -> None:
@@ -420,7 +441,7 @@ class Trainer:
                       predicted_peak_bytes=pred, measured_peak_bytes=meas["mem_peak_bytes"],
                       memory_prediction_error=err, overflow_rate=self.prec.overflow_rate,
                       spikes=self.guard.spikes, checkpoints=self.ckpt.saves, exit_code=int(ExitCode.SUCCEEDED),
-                      checkpoint_failures=self.ckpt.failures)
+                      checkpoints_persisted=self.ckpt.persisted, checkpoint_failures=self.ckpt.failures)
 
 
 def run(spec: JobSpec, run_dir: pathlib.Path, env: DistEnv) -> ExitCode:

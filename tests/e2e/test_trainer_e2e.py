@@ -213,6 +213,61 @@ def test_sigkill_rank_resumes_and_matches(tmp_path: pathlib.Path, ddp_run: pathl
         assert value == pytest.approx(ref[step], abs=RESUME_ATOL), step
 
 
+@pytest.mark.timeout(400)
+def test_sigkill_all_ranks_resumes_from_the_local_tier(tmp_path: pathlib.Path, ddp_run: pathlib.Path) -> None:
+    """Tiered checkpoints: every 5 steps to a host-local dir, every 4th (20 steps) persisted to the durable
+    dir.  SIGKILL both ranks after the local commit of step 25: the relaunch on the same host resumes from
+    the local step 25 (the durable tier only has 20) and follows the uninterrupted curve."""
+    spec = make_spec(tmp_path, "ddp", slots=2, every=5, test_sleep_per_step_s=0.15)
+    data = json.loads(spec.read_text())
+    data["checkpointing"].update(local_dir=str(tmp_path / "shm"), persist_every=4)
+    spec.write_text(json.dumps(data))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        cmd(spec, run_dir, 2), cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 180
+        tel = run_dir / "telemetry" / "rank0.jsonl"
+        while time.monotonic() < deadline:
+            if tel.exists() and any(e["fields"]["step"] == 25 for e in events(records(run_dir), "CHECKPOINT_LOCAL")):
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the run never committed step 25 locally")
+        ranks = [c for c in _children_of(proc.pid) if "LOCAL_RANK" in c.environ()]
+        assert len(ranks) == 2
+        for victim in ranks:  # every rank on this host dies at once, unwinding nothing
+            victim.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=120) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    killed_at = max(losses(records(run_dir, 0)))
+    assert killed_at < 30
+    durable = run_dir / "checkpoints"
+    (local,) = (tmp_path / "shm").glob("kiln-test-ddp-*")
+    durable_steps = [int(p.name[5:]) for p in durable.glob("step_*")]
+    local_steps = sorted(int(p.name[5:]) for p in local.glob("step_*"))
+    assert durable_steps == [20] and local_steps[-1] == 25
+    for path in [*durable.glob("step_*"), *local.glob("step_*")]:  # nothing half-written is visible
+        assert (path / "manifest.json").is_file()
+    assert launch(spec, run_dir, nproc=2) == 0
+    recs = records(run_dir, 0)
+    resumed = kinds(recs, "resumed")
+    assert resumed[-1]["step"] == 25 and resumed[-1]["tier"] == "local"
+    after = recs[recs.index(resumed[-1]) :]
+    ref = losses(records(ddp_run, 0))
+    got = losses(after)
+    assert sorted(got) == list(range(26, 61))
+    for step, value in got.items():
+        assert value == pytest.approx(ref[step], abs=RESUME_ATOL), step
+    # The final checkpoint is made durable before exit; durable records say so.
+    assert 60 in [int(p.name[5:]) for p in durable.glob("step_*")]
+    assert {r["tier"] for r in kinds(after, "checkpoint")} == {"durable"}
+    assert kinds(after, "done")[-1]["checkpoints_persisted"] >= 1
+
+
 @pytest.mark.timeout(300)
 def test_corrupt_newest_checkpoint_is_skipped(tmp_path: pathlib.Path) -> None:
     run_dir = tmp_path / "run"
