@@ -1,4 +1,6 @@
-"""Liveness, readiness (the database answers) and Prometheus metrics (HTTP, and jobs by state)."""
+"""Liveness, readiness (the database answers) and Prometheus metrics: HTTP, jobs by state, and the operators'
+metrics (SLA attainment, queue wait, pending reasons, preemptions, restarts, recovery time, GPUs, hosts) computed
+from the database at scrape time by core/services/ops_metrics.py."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from sqlalchemy import text
 from api.deps import SessionDep
 from api.schemas.common import problem_responses
 from core.repositories import jobs as jobs_repo
+from core.services import ops_metrics
 from core.states import JobState
 
 router = APIRouter(tags=["health"], responses=problem_responses(500, 503))
@@ -26,6 +29,9 @@ def readyz(db: SessionDep) -> dict[str, str]:
 
 
 def jobs_gauge(registry: CollectorRegistry) -> Gauge:
+    """The ``kiln_jobs`` gauge; also registers the operators' collector on ``registry`` (create_app calls this
+    once per app with the app's registry)."""
+    registry.register(ops_metrics.OpsMetricsCollector())
     return Gauge("kiln_jobs", "Jobs by state", ["state"], registry=registry)
 
 
@@ -40,4 +46,6 @@ def metrics(request: Request, db: SessionDep) -> Response:
     counts = jobs_repo.count_by_state(db)
     for state in JobState:
         gauge.labels(state.value).set(counts.get(state.value, 0))
-    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
+    with ops_metrics.scraping(db):
+        body = generate_latest(request.app.state.registry)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
