@@ -6,6 +6,7 @@ Every transition writes an event, so the timeline shown by the CLI and dashboard
 from __future__ import annotations
 
 import enum
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -63,12 +64,15 @@ def transition(
     message: str = "",
     data: dict[str, Any] | None = None,
     actor_user_id: int | None = None,
+    now: datetime | None = None,
 ) -> Event:
-    """Move ``job`` to ``target`` and record the event; raises IllegalTransition. Does not commit."""
+    """Move ``job`` to ``target`` and record the event; raises IllegalTransition. Does not commit.
+
+    ``now`` is the caller's clock where it has one (the scheduler's cycle time), else the wall clock."""
     current = job.state
     if not can_transition(current, target):
         raise IllegalTransition(job.id, current, target)
-    now = utcnow()
+    now = now or utcnow()
     job.state = target.value
     job.updated_at = now
     if target is S.ADMITTED:

@@ -76,6 +76,7 @@ def apply_all(*, db: Session, decisions: Decisions, now: datetime) -> Applied:
             JobState.ADMITTED,
             message=f"admitted on {hosts}" + (" (backfill)" if adm.backfilled else ""),
             data={"placement": placement, "fencing_token": job.fencing_token, "backfilled": adm.backfilled},
+            now=now,
         )
         db.flush([attempt])
         out.dispatches.append((attempt.id, job.fencing_token, placement))
@@ -86,7 +87,12 @@ def apply_all(*, db: Session, decisions: Decisions, now: datetime) -> Applied:
             continue
         job.preempt_requested = True
         transition(
-            db, job, JobState.PREEMPTING, message=pre.reason, data={"preemptor": pre.preemptor_id, "reason": pre.reason}
+            db,
+            job,
+            JobState.PREEMPTING,
+            message=pre.reason,
+            data={"preemptor": pre.preemptor_id, "reason": pre.reason},
+            now=now,
         )
         out.preempted.append(job.id)
     for fail in decisions.failures:
@@ -94,7 +100,7 @@ def apply_all(*, db: Session, decisions: Decisions, now: datetime) -> Applied:
         if job is None or job.state != JobState.QUEUED:
             continue
         job.exit_reason = fail.message[:512]
-        transition(db, job, JobState.FAILED, message=fail.message)
+        transition(db, job, JobState.FAILED, message=fail.message, now=now)
         out.failed.append(job.id)
     for kill in decisions.time_limit_kills:
         job = jobs.get(kill.job_id)
@@ -123,9 +129,7 @@ def _write_reasons(db: Session, decisions: Decisions, now: datetime) -> int:
     stmt = select(Job.id, Job.pending_reason, Job.pending_message).where(
         Job.id.in_(sorted(wanted)), Job.state == JobState.QUEUED.value
     )
-    changed = [
-        jid for jid, reason, message in db.execute(stmt).tuples() if (reason, message) != wanted[jid]
-    ]
+    changed = [jid for jid, reason, message in db.execute(stmt).tuples() if (reason, message) != wanted[jid]]
     if not changed:
         return 0
     for job in db.scalars(select(Job).where(Job.id.in_(changed)).order_by(Job.id)):

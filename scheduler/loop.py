@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import make_engine, utcnow
 from core.settings import Settings
+from scheduler import sla
 from scheduler.apply import Dispatch, apply_all
 from scheduler.config import PolicyConfig
 from scheduler.leader import LOCK_KEY, leadership_for
@@ -36,6 +37,7 @@ class CycleResult:
     pending: int = 0
     reasons_written: int = 0
     reconciled: list[str] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
     dispatched: int = 0
     dispatch_errors: int = 0
     plan_s: float = 0.0
@@ -93,6 +95,7 @@ def run_cycle(
         decisions = plan(snapshot, config)
         result.plan_s = time.perf_counter() - t0
         applied = apply_all(db=db, decisions=decisions, now=now)
+        result.violations = [f"{v.type} job {v.job_id}" for v in sla.evaluate(db=db, now=now)]
         db.commit()
     except BaseException:
         db.rollback()

@@ -1,0 +1,263 @@
+"""The SLA evaluator: measures each job against its contract every cycle and records violations as events.
+
+Runs in the scheduler's cycle, after the decisions are applied, in the same transaction. Each violation is
+written once per job (per attempt for step time), so the timeline and the counters stay readable:
+
+| event | when |
+|---|---|
+| ``SLA_QUEUE_WAIT_VIOLATION`` | a job has waited for its first admission longer than ``max_queue_wait_s`` |
+| ``SLA_DEADLINE_AT_RISK`` | a running job's projected finish (steps left x recent step time) is past its deadline |
+| ``SLA_DEADLINE_VIOLATION`` | the deadline passed before the job succeeded |
+| ``SLA_STEP_TIME_VIOLATION`` | recent median step time > ``step_time_tolerance`` x the attempt's own baseline |
+| ``SLA_CHECKPOINT_RATE_VIOLATION`` | verified-checkpoint success rate < ``min_checkpoint_success_rate`` |
+
+Recovery time against the objective is measured by the reconciler (``RECOVERED`` with ``met``); restarts past
+``max_restarts`` fail the job there too. Attainment per team and QoS class is computed from these events
+(``core.services.ops_metrics``), for ``/metrics`` and the dashboard alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.models import Attempt, Event, Job, JobMetric, SlaContract
+from core.states import ACTIVE, JobState, record_event
+
+QUEUE_WAIT = "SLA_QUEUE_WAIT_VIOLATION"
+DEADLINE_AT_RISK = "SLA_DEADLINE_AT_RISK"
+DEADLINE = "SLA_DEADLINE_VIOLATION"
+STEP_TIME = "SLA_STEP_TIME_VIOLATION"
+CHECKPOINT_RATE = "SLA_CHECKPOINT_RATE_VIOLATION"
+CHECKPOINT_FAILURES = ("CHECKPOINT_FAILED", "CHECKPOINT_CORRUPT")
+
+# The step-time baseline is the median of an attempt's steps after a warm-up (compile, first checkpoint
+# staging); "recent" is the median of its last few steps, so one slow step is not a violation.
+WARMUP_STEPS = 5
+BASELINE_STEPS = 20
+RECENT_STEPS = 5
+# A job that finished recently can still have missed its deadline; older ones were evaluated already.
+FINISHED_LOOKBACK = timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class Violation:
+    job_id: int
+    type: str
+    message: str
+    data: dict[str, object]
+
+
+def evaluate(*, db: Session, now: datetime) -> list[Violation]:
+    """Record new violations as events (no commit) and return them."""
+    rows = _candidates(db, now)
+    if not rows:
+        return []
+    already = _recorded(db, [job.id for job, _ in rows])
+    found: list[Violation] = []
+    for job, contract in rows:
+        found += _queue_wait(job, contract, now, already)
+        found += _deadline(db, job, contract, now, already)
+    running = [job for job, _ in rows if job.state == JobState.RUNNING.value]
+    contracts = {job.id: contract for job, contract in rows}
+    found += _step_time(db, running, contracts, already)
+    found += _checkpoint_rate(db, [job for job, _ in rows], contracts, already)
+    jobs = {job.id: job for job, _ in rows}
+    for v in found:
+        event = record_event(db, v.type, job=jobs[v.job_id], message=v.message, data=v.data)
+        event.created_at = now
+    return found
+
+
+LIVE = frozenset(s.value for s in (JobState.QUEUED, JobState.LOST, *ACTIVE))
+
+
+def _candidates(db: Session, now: datetime) -> Sequence[tuple[Job, SlaContract]]:
+    live = sorted(LIVE)
+    stmt = (
+        select(Job, SlaContract)
+        .join(SlaContract, SlaContract.job_id == Job.id)
+        .where(
+            (Job.state.in_(live)) | ((Job.finished_at >= now - FINISHED_LOOKBACK) & SlaContract.deadline.is_not(None))
+        )
+    )
+    return [(job, contract) for job, contract in db.execute(stmt).tuples()]
+
+
+def _recorded(db: Session, job_ids: list[int]) -> set[tuple[int, str, int | None]]:
+    """(job, type, attempt) of violations already written; attempt is None except for step time."""
+    types = (QUEUE_WAIT, DEADLINE_AT_RISK, DEADLINE, STEP_TIME, CHECKPOINT_RATE)
+    out: set[tuple[int, str, int | None]] = set()
+    for chunk in _chunks(job_ids, 1000):
+        stmt = select(Event.job_id, Event.type, Event.data).where(Event.job_id.in_(chunk), Event.type.in_(types))
+        for job_id, type_, data in db.execute(stmt).tuples():
+            attempt = data.get("attempt_id") if type_ == STEP_TIME else None
+            out.add((int(job_id), type_, attempt))
+    return out
+
+
+def _queue_wait(
+    job: Job, contract: SlaContract, now: datetime, already: set[tuple[int, str, int | None]]
+) -> list[Violation]:
+    limit = contract.max_queue_wait_s
+    if limit is None or (job.id, QUEUE_WAIT, None) in already:
+        return []
+    # The queue-wait SLA covers the first admission; a job admitted in time has met it for good.
+    end = job.admitted_at or (now if job.state == JobState.QUEUED.value else None)
+    if end is None:
+        return []
+    waited = (end - job.submitted_at).total_seconds()
+    if waited <= limit:
+        return []
+    return [
+        Violation(
+            job.id,
+            QUEUE_WAIT,
+            f"waited {waited:.0f}s for admission, contract allows {limit:.0f}s",
+            {"kind": "queue_wait", "waited_s": round(waited, 3), "max_queue_wait_s": limit},
+        )
+    ]
+
+
+def _deadline(
+    db: Session, job: Job, contract: SlaContract, now: datetime, already: set[tuple[int, str, int | None]]
+) -> list[Violation]:
+    deadline = contract.deadline
+    if deadline is None or (job.id, DEADLINE, None) in already:
+        return []
+    finished_late = job.state == JobState.SUCCEEDED.value and job.finished_at and job.finished_at > deadline
+    # A job cancelled or failed by its owner's code is not the service missing a deadline.
+    unfinished_past = job.state in LIVE and now > deadline
+    if finished_late or unfinished_past:
+        when = job.finished_at if finished_late else now
+        assert when is not None
+        late = (when - deadline).total_seconds()
+        return [
+            Violation(
+                job.id,
+                DEADLINE,
+                f"deadline {deadline.isoformat()} missed by {late:.0f}s ({job.state})",
+                {"kind": "deadline", "deadline": deadline.isoformat(), "late_s": round(late, 3)},
+            )
+        ]
+    if job.state != JobState.RUNNING.value or (job.id, DEADLINE_AT_RISK, None) in already:
+        return []
+    step_time = _recent_median(db, job.id)
+    total_steps = int(job.spec.get("steps", 0))
+    if step_time is None or total_steps <= job.last_step:
+        return []
+    projected = now + timedelta(seconds=(total_steps - job.last_step) * step_time)
+    if projected <= deadline:
+        return []
+    return [
+        Violation(
+            job.id,
+            DEADLINE_AT_RISK,
+            f"projected to finish at {projected.isoformat()}, after its deadline {deadline.isoformat()}",
+            {"kind": "deadline_at_risk", "projected_finish": projected.isoformat(), "deadline": deadline.isoformat()},
+        )
+    ]
+
+
+def _step_time(
+    db: Session,
+    running: list[Job],
+    contracts: dict[int, SlaContract],
+    already: set[tuple[int, str, int | None]],
+) -> list[Violation]:
+    found: list[Violation] = []
+    for job in running:
+        attempt_id = db.scalar(
+            select(Attempt.id).where(Attempt.job_id == job.id).order_by(Attempt.number.desc()).limit(1)
+        )
+        if attempt_id is None or (job.id, STEP_TIME, attempt_id) in already:
+            continue
+        times = [
+            t
+            for t in db.scalars(
+                select(JobMetric.step_time_s)
+                .where(JobMetric.attempt_id == attempt_id, JobMetric.step_time_s.is_not(None))
+                .order_by(JobMetric.step)
+            )
+            if t is not None
+        ]
+        if len(times) < WARMUP_STEPS + BASELINE_STEPS + RECENT_STEPS:
+            continue  # too early to know this attempt's normal pace
+        baseline = statistics.median(times[WARMUP_STEPS : WARMUP_STEPS + BASELINE_STEPS])
+        recent = statistics.median(times[-RECENT_STEPS:])
+        tolerance = contracts[job.id].step_time_tolerance
+        if baseline > 0 and recent > tolerance * baseline:
+            found.append(
+                Violation(
+                    job.id,
+                    STEP_TIME,
+                    f"recent step time {recent:.3f}s is {recent / baseline:.2f}x the attempt's baseline "
+                    f"{baseline:.3f}s (tolerance {tolerance:.2f}x)",
+                    {
+                        "kind": "step_time",
+                        "attempt_id": attempt_id,
+                        "recent_s": recent,
+                        "baseline_s": baseline,
+                        "tolerance": tolerance,
+                    },
+                )
+            )
+    return found
+
+
+def _checkpoint_rate(
+    db: Session, jobs: list[Job], contracts: dict[int, SlaContract], already: set[tuple[int, str, int | None]]
+) -> list[Violation]:
+    ids = [job.id for job in jobs if (job.id, CHECKPOINT_RATE, None) not in already]
+    if not ids:
+        return []
+    counts: dict[int, list[int]] = {}  # job -> [verified, failed]
+    for chunk in _chunks(ids, 1000):
+        stmt = select(Event.job_id, Event.type).where(
+            Event.job_id.in_(chunk), Event.type.in_(("CHECKPOINT", *CHECKPOINT_FAILURES))
+        )
+        for job_id, type_ in db.execute(stmt).tuples():
+            if job_id is None:
+                continue
+            pair = counts.setdefault(int(job_id), [0, 0])
+            pair[0 if type_ == "CHECKPOINT" else 1] += 1
+    found: list[Violation] = []
+    for job_id, (ok, failed) in counts.items():
+        minimum = contracts[job_id].min_checkpoint_success_rate
+        if failed == 0 or ok + failed == 0:
+            continue
+        rate = ok / (ok + failed)
+        if rate < minimum:
+            found.append(
+                Violation(
+                    job_id,
+                    CHECKPOINT_RATE,
+                    f"checkpoint success rate {rate:.4f} ({ok} of {ok + failed}) is below {minimum:.4f}",
+                    {"kind": "checkpoint_rate", "rate": rate, "minimum": minimum, "failed": failed},
+                )
+            )
+    return found
+
+
+def _recent_median(db: Session, job_id: int) -> float | None:
+    times = [
+        t
+        for t in db.scalars(
+            select(JobMetric.step_time_s)
+            .where(JobMetric.job_id == job_id, JobMetric.step_time_s.is_not(None))
+            .order_by(JobMetric.step.desc())
+            .limit(RECENT_STEPS)
+        )
+        if t is not None
+    ]
+    return statistics.median(times) if times else None
+
+
+def _chunks(items: list[int], size: int) -> Iterable[list[int]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]

@@ -1,0 +1,120 @@
+"""The SLA evaluator in the live cycle on PostgreSQL: each violation is measured and recorded once."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.models import Attempt, Event, Job, JobMetric, SlaContract
+from core.states import JobState, transition
+from scheduler import sla
+from tests.integration import test_scheduler_support as f
+from tests.integration.test_scheduler_loop import cycle, dispatched  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("dispatched")]
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+
+def contract(db: Session, job: Job, **terms: Any) -> SlaContract:
+    c = SlaContract(team_id=job.team_id, job_id=job.id, qos_class_id=job.qos_class_id, **terms)
+    db.add(c)
+    db.flush()
+    return c
+
+
+def violations(db: Session, job: Job) -> list[Event]:
+    return list(db.scalars(select(Event).where(Event.job_id == job.id, Event.type.like("SLA_%")).order_by(Event.id)))
+
+
+def test_queue_wait_violation_is_recorded_once_when_the_wait_passes(db: Session) -> None:
+    gold = f.qos(db, "gold")
+    team = f.team(db, "sla-a")
+    f.host(db, "h1", 2, now=T0)
+    blocker = f.job(db, team, gold, gpus=2, name="blocker", submitted_at=T0)
+    waiting = f.job(db, team, gold, gpus=2, name="waiting", submitted_at=T0 + timedelta(seconds=1))
+    contract(db, blocker, max_queue_wait_s=60.0)
+    contract(db, waiting, max_queue_wait_s=60.0)
+
+    cycle(db, T0 + timedelta(seconds=2))  # the blocker runs; the other waits, still within its SLA
+    assert violations(db, waiting) == []
+    cycle(db, T0 + timedelta(seconds=90))
+    cycle(db, T0 + timedelta(seconds=120))
+    found = violations(db, waiting)
+    assert [e.type for e in found] == [sla.QUEUE_WAIT]
+    assert found[0].data["max_queue_wait_s"] == 60.0 and found[0].data["waited_s"] > 60
+    assert violations(db, blocker) == []  # admitted in time: met for good
+
+
+def test_deadline_missed_by_an_unfinished_job(db: Session) -> None:
+    silver = f.qos(db, "silver")
+    team = f.team(db, "sla-b")
+    job = f.job(db, team, silver, gpus=4, name="late", submitted_at=T0)  # no host: it cannot run
+    contract(db, job, deadline=T0 + timedelta(minutes=5))
+    cycle(db, T0 + timedelta(minutes=1))
+    assert violations(db, job) == []
+    cycle(db, T0 + timedelta(minutes=6))
+    cycle(db, T0 + timedelta(minutes=7))
+    assert [e.type for e in violations(db, job)] == [sla.DEADLINE]
+
+
+def test_step_time_beyond_tolerance_and_deadline_at_risk(db: Session) -> None:
+    gold = f.qos(db, "gold")
+    team = f.team(db, "sla-c")
+    f.host(db, "h2", 1, now=T0)
+    job = f.job(db, team, gold, gpus=1, name="slowing", submitted_at=T0)
+    job.spec = {**job.spec, "steps": 1000}
+    contract(db, job, step_time_tolerance=1.3, deadline=T0 + timedelta(minutes=3))
+    cycle(db, T0 + timedelta(seconds=1))
+    attempt = f.start(db, job, now=T0 + timedelta(seconds=2))
+    # 25 steps at 0.1 s (warm-up + baseline), then 5 at 0.2 s: 2x the baseline, past 1.3x.
+    times = [0.5] * sla.WARMUP_STEPS + [0.1] * sla.BASELINE_STEPS + [0.2] * sla.RECENT_STEPS
+    for step, t in enumerate(times, start=1):
+        db.add(JobMetric(job_id=job.id, attempt_id=attempt.id, step=step, step_time_s=t, ts=T0))
+    job.last_step = len(times)
+    db.flush()
+
+    cycle(db, T0 + timedelta(seconds=30))
+    kinds = {e.type: e for e in violations(db, job)}
+    assert set(kinds) == {sla.STEP_TIME, sla.DEADLINE_AT_RISK}  # 970 steps x 0.2 s = 194 s: past T0 + 3 min
+    assert kinds[sla.STEP_TIME].data["attempt_id"] == attempt.id
+    assert kinds[sla.STEP_TIME].data["recent_s"] == pytest.approx(0.2)
+    assert kinds[sla.STEP_TIME].data["baseline_s"] == pytest.approx(0.1)
+    cycle(db, T0 + timedelta(seconds=40))
+    assert len(violations(db, job)) == 2  # once per attempt, not once per cycle
+
+
+def test_checkpoint_success_rate_below_the_minimum(db: Session) -> None:
+    gold = f.qos(db, "gold")
+    team = f.team(db, "sla-d")
+    f.host(db, "h3", 1, now=T0)
+    job = f.job(db, team, gold, gpus=1, name="flaky-ckpt", submitted_at=T0)
+    contract(db, job, min_checkpoint_success_rate=0.9)
+    cycle(db, T0 + timedelta(seconds=1))
+    f.start(db, job, now=T0 + timedelta(seconds=2))
+    for i in range(8):
+        db.add(Event(job_id=job.id, team_id=job.team_id, type="CHECKPOINT", data={"step": i}, created_at=T0))
+    for _ in range(2):
+        db.add(Event(job_id=job.id, team_id=job.team_id, type="CHECKPOINT_CORRUPT", data={}, created_at=T0))
+    db.flush()
+    cycle(db, T0 + timedelta(seconds=5))
+    found = violations(db, job)
+    assert [e.type for e in found] == [sla.CHECKPOINT_RATE]
+    assert found[0].data["rate"] == pytest.approx(0.8)
+
+
+def test_a_cancelled_job_past_its_deadline_is_not_a_violation(db: Session) -> None:
+    silver = f.qos(db, "silver")
+    team = f.team(db, "sla-e")
+    job = f.job(db, team, silver, gpus=4, name="cancelled", submitted_at=T0)
+    contract(db, job, deadline=T0 + timedelta(minutes=5))
+    transition(db, job, JobState.CANCELLED)
+    job.finished_at = T0 + timedelta(minutes=1)
+    db.flush()
+    cycle(db, T0 + timedelta(minutes=6))
+    assert violations(db, job) == []
+    assert db.scalars(select(Attempt).where(Attempt.job_id == job.id)).first() is None
