@@ -47,6 +47,7 @@ from core.models import (
     Usage,
 )
 from core.services.errors import InvalidInput, NotFound
+from core.services.ops_metrics import is_violation_event
 from core.services.principal import Principal
 
 FRONTEND_DIR = Path(__file__).resolve().parents[2] / "frontend"
@@ -697,11 +698,6 @@ def teams_view(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
 # SLA attainment over time
 
 
-def _is_violation_event(event_type: str) -> bool:
-    t = event_type.upper()
-    return t.startswith("SLA") and ("VIOLAT" in t or "BREACH" in t or "MISS" in t or "EXCEED" in t)
-
-
 @router.get("/v1/sla/attainment", summary="SLA attainment per team and QoS class over time, and violations")
 def sla_attainment(
     session: SessionDep,
@@ -724,7 +720,7 @@ def sla_attainment(
     for e in session.scalars(
         select(Event).where(Event.team_id.in_(teams), Event.created_at >= since, Event.type.like("SLA%"))
     ):
-        if e.job_id is not None and _is_violation_event(e.type):
+        if e.job_id is not None and is_violation_event(e.type):
             violation_events[e.job_id].append(e)
 
     start_epoch = int(since.timestamp()) // step * step
