@@ -47,6 +47,9 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_team_id_id", "team_id", "id"),
         Index("ix_jobs_state_id", "state", "id"),
+        # /metrics and the SLA page read windows of recent submissions and admissions
+        Index("ix_jobs_submitted_at", "submitted_at"),
+        Index("ix_jobs_admitted_at", "admitted_at"),
     )
 
 
@@ -97,7 +100,10 @@ class Event(Base):
     data: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (Index("ix_events_job_id_id", "job_id", "id"),)
+    __table_args__ = (
+        Index("ix_events_job_id_id", "job_id", "id"),
+        Index("ix_events_type_id", "type", "id"),  # counters by event type (/metrics, the SLA evaluator)
+    )
 
 
 class Checkpoint(Base):

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises:
-Create Date: 2026-11-29 08:51:31.800932+00:00
+Create Date: 2026-11-29 09:54:04.602594+00:00
 """
 
 from collections.abc import Sequence
@@ -164,7 +164,9 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_jobs")),
     )
     with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.create_index("ix_jobs_admitted_at", ["admitted_at"], unique=False)
         batch_op.create_index("ix_jobs_state_id", ["state", "id"], unique=False)
+        batch_op.create_index("ix_jobs_submitted_at", ["submitted_at"], unique=False)
         batch_op.create_index("ix_jobs_team_id_id", ["team_id", "id"], unique=False)
 
     op.create_table(
@@ -248,6 +250,7 @@ def upgrade() -> None:
     with op.batch_alter_table("events", schema=None) as batch_op:
         batch_op.create_index("ix_events_job_id_id", ["job_id", "id"], unique=False)
         batch_op.create_index(batch_op.f("ix_events_team_id"), ["team_id"], unique=False)
+        batch_op.create_index("ix_events_type_id", ["type", "id"], unique=False)
 
     op.create_table(
         "job_dependencies",
@@ -386,6 +389,7 @@ def downgrade() -> None:
     op.drop_table("sla_contracts")
     op.drop_table("job_dependencies")
     with op.batch_alter_table("events", schema=None) as batch_op:
+        batch_op.drop_index("ix_events_type_id")
         batch_op.drop_index(batch_op.f("ix_events_team_id"))
         batch_op.drop_index("ix_events_job_id_id")
 
@@ -395,7 +399,9 @@ def downgrade() -> None:
     op.drop_table("memberships")
     with op.batch_alter_table("jobs", schema=None) as batch_op:
         batch_op.drop_index("ix_jobs_team_id_id")
+        batch_op.drop_index("ix_jobs_submitted_at")
         batch_op.drop_index("ix_jobs_state_id")
+        batch_op.drop_index("ix_jobs_admitted_at")
 
     op.drop_table("jobs")
     op.drop_table("gpus")
