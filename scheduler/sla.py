@@ -10,6 +10,10 @@ written once per job (per attempt for step time), so the timeline and the counte
 | ``SLA_DEADLINE_VIOLATION`` | the deadline passed before the job succeeded |
 | ``SLA_STEP_TIME_VIOLATION`` | recent median step time > ``step_time_tolerance`` x the attempt's own baseline |
 | ``SLA_CHECKPOINT_RATE_VIOLATION`` | verified-checkpoint success rate < ``min_checkpoint_success_rate`` |
+| ``SLA_BANDWIDTH_VIOLATION`` | NVML's PCIe/NVLink throughput of a running attempt's GPUs above its QoS quota |
+
+A bandwidth violator whose class is preemptible is also preempted (checkpoint first, then back to the queue);
+at launch the worker caps every job's NCCL channels in proportion to its quota, which is the throttle.
 
 Recovery time against the objective is measured by the reconciler (``RECOVERED`` with ``met``); restarts past
 ``max_restarts`` fail the job there too. Attainment per team and QoS class is computed from these events
@@ -26,14 +30,18 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.models import Attempt, Event, Job, JobMetric, SlaContract
-from core.states import ACTIVE, JobState, record_event
+from core.models import Attempt, Event, Job, JobMetric, QosClass, SlaContract
+from core.states import ACTIVE, JobState, record_event, transition
 
 QUEUE_WAIT = "SLA_QUEUE_WAIT_VIOLATION"
 DEADLINE_AT_RISK = "SLA_DEADLINE_AT_RISK"
 DEADLINE = "SLA_DEADLINE_VIOLATION"
 STEP_TIME = "SLA_STEP_TIME_VIOLATION"
 CHECKPOINT_RATE = "SLA_CHECKPOINT_RATE_VIOLATION"
+BANDWIDTH = "SLA_BANDWIDTH_VIOLATION"
+# Over quota means the median of the latest samples is this much above it: one burst is not a violation.
+BANDWIDTH_SLACK = 1.10
+BANDWIDTH_MIN_SAMPLES = 3
 CHECKPOINT_FAILURES = ("CHECKPOINT_FAILED", "CHECKPOINT_CORRUPT")
 
 # The step-time baseline is the median of an attempt's steps after a warm-up (compile, first checkpoint
@@ -67,10 +75,15 @@ def evaluate(*, db: Session, now: datetime) -> list[Violation]:
     contracts = {job.id: contract for job, contract in rows}
     found += _step_time(db, running, contracts, already)
     found += _checkpoint_rate(db, [job for job, _ in rows], contracts, already)
+    found += _bandwidth(db, running, already)
     jobs = {job.id: job for job, _ in rows}
     for v in found:
         event = record_event(db, v.type, job=jobs[v.job_id], message=v.message, data=v.data)
         event.created_at = now
+        if v.type == BANDWIDTH and v.data.get("action") == "preempt":
+            job = jobs[v.job_id]
+            job.preempt_requested = True
+            transition(db, job, JobState.PREEMPTING, message=f"bandwidth quota: {v.message}", now=now)
     return found
 
 
@@ -91,12 +104,12 @@ def _candidates(db: Session, now: datetime) -> Sequence[tuple[Job, SlaContract]]
 
 def _recorded(db: Session, job_ids: list[int]) -> set[tuple[int, str, int | None]]:
     """(job, type, attempt) of violations already written; attempt is None except for step time."""
-    types = (QUEUE_WAIT, DEADLINE_AT_RISK, DEADLINE, STEP_TIME, CHECKPOINT_RATE)
+    types = (QUEUE_WAIT, DEADLINE_AT_RISK, DEADLINE, STEP_TIME, CHECKPOINT_RATE, BANDWIDTH)
     out: set[tuple[int, str, int | None]] = set()
     for chunk in _chunks(job_ids, 1000):
         stmt = select(Event.job_id, Event.type, Event.data).where(Event.job_id.in_(chunk), Event.type.in_(types))
         for job_id, type_, data in db.execute(stmt).tuples():
-            attempt = data.get("attempt_id") if type_ == STEP_TIME else None
+            attempt = data.get("attempt_id") if type_ in (STEP_TIME, BANDWIDTH) else None
             out.add((int(job_id), type_, attempt))
     return out
 
@@ -242,6 +255,63 @@ def _checkpoint_rate(
                 )
             )
     return found
+
+
+def _bandwidth(db: Session, running: list[Job], already: set[tuple[int, str, int | None]]) -> list[Violation]:
+    """Compare the NVML samples relayed for each running attempt with its QoS class's link quotas."""
+    found: list[Violation] = []
+    qos = {q.id: q for q in db.scalars(select(QosClass))}
+    for job in running:
+        q = qos.get(job.qos_class_id)
+        if q is None or (q.pcie_bandwidth_bytes_per_s is None and q.nvlink_bandwidth_bytes_per_s is None):
+            continue
+        # The relay attaches the latest NVML samples to some metric rows only: take the newest that has them.
+        recent = db.execute(
+            select(JobMetric.attempt_id, JobMetric.extra)
+            .where(JobMetric.job_id == job.id, JobMetric.attempt_id.is_not(None))
+            .order_by(JobMetric.id.desc())
+            .limit(8)
+        ).all()
+        row = next((r for r in recent if (r.extra or {}).get("gpu")), None)
+        if row is None or (job.id, BANDWIDTH, row.attempt_id) in already:
+            continue
+        samples = [s for s in row.extra["gpu"] if isinstance(s, dict)]
+        for link, quota in (("pcie", q.pcie_bandwidth_bytes_per_s), ("nvlink", q.nvlink_bandwidth_bytes_per_s)):
+            measured = _link_rate(samples, link)
+            if quota is None or measured is None or measured <= quota * BANDWIDTH_SLACK:
+                continue
+            action = "preempt" if q.preemptible else "event"
+            found.append(
+                Violation(
+                    job.id,
+                    BANDWIDTH,
+                    f"{link} {measured / 1e9:.1f} GB/s per GPU over the {q.name} quota {quota / 1e9:.1f} GB/s"
+                    + (" (preempted: checkpoint, then requeue)" if action == "preempt" else ""),
+                    {
+                        "kind": "bandwidth",
+                        "attempt_id": row.attempt_id,
+                        "link": link,
+                        "measured_bytes_per_s": measured,
+                        "quota_bytes_per_s": quota,
+                        "action": action,
+                    },
+                )
+            )
+            break  # one violation per attempt; the second link would say the same thing
+    return found
+
+
+def _link_rate(samples: list[dict[str, object]], link: str) -> float | None:
+    """Median over the latest samples (one GPU each) of tx + rx on ``link``; None when NVML had no counter."""
+    per_sample: list[float] = []
+    for s in samples:
+        tx, rx = s.get(f"{link}_tx_bytes_per_s"), s.get(f"{link}_rx_bytes_per_s")
+        values = [float(v) for v in (tx, rx) if isinstance(v, (int, float))]
+        if values:
+            per_sample.append(sum(values))
+    if len(per_sample) < BANDWIDTH_MIN_SAMPLES:
+        return None
+    return statistics.median(per_sample)
 
 
 def _recent_median(db: Session, job_id: int) -> float | None:

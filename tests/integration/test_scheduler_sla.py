@@ -118,3 +118,50 @@ def test_a_cancelled_job_past_its_deadline_is_not_a_violation(db: Session) -> No
     cycle(db, T0 + timedelta(minutes=6))
     assert violations(db, job) == []
     assert db.scalars(select(Attempt).where(Attempt.job_id == job.id)).first() is None
+
+
+def _samples(link_bytes_per_s: float, n: int = 4) -> list[dict[str, object]]:
+    return [
+        {"uuid": "GPU-x", "pcie_tx_bytes_per_s": link_bytes_per_s / 2, "pcie_rx_bytes_per_s": link_bytes_per_s / 2,
+         "nvlink_tx_bytes_per_s": None, "nvlink_rx_bytes_per_s": None}
+        for _ in range(n)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("qos_name", "measured", "expect_preempt"), [("bronze", 12e9, True), ("gold", 40e9, False)])
+def test_bandwidth_over_quota_is_a_violation_and_a_preemptible_job_is_preempted(
+    db: Session, qos_name: str, measured: float, expect_preempt: bool
+) -> None:
+    q = f.qos(db, qos_name)
+    q.pcie_bandwidth_bytes_per_s = {"bronze": 8 * 10**9, "gold": 32 * 10**9}[qos_name]
+    team = f.team(db, f"sla-bw-{qos_name}")
+    f.host(db, f"hb-{qos_name}", 1, now=T0)
+    job = f.job(db, team, q, gpus=1, name="noisy", submitted_at=T0)
+    contract(db, job)
+    cycle(db, T0 + timedelta(seconds=1))
+    attempt = f.start(db, job, now=T0 + timedelta(seconds=2))
+    db.add(JobMetric(job_id=job.id, attempt_id=attempt.id, step=1, ts=T0, extra={"gpu": _samples(measured)}))
+    db.add(JobMetric(job_id=job.id, attempt_id=attempt.id, step=2, ts=T0, extra={}))  # no samples on this one
+    db.flush()
+    cycle(db, T0 + timedelta(seconds=10))
+    found = violations(db, job)
+    assert [e.type for e in found] == [sla.BANDWIDTH]
+    assert found[0].data["measured_bytes_per_s"] == pytest.approx(measured)
+    db.refresh(job)
+    assert (job.state == JobState.PREEMPTING) is expect_preempt
+    assert job.preempt_requested is expect_preempt
+
+
+def test_bandwidth_within_quota_or_unmeasured_is_fine(db: Session) -> None:
+    q = f.qos(db, "bronze")
+    q.pcie_bandwidth_bytes_per_s = 8 * 10**9
+    team = f.team(db, "sla-bw-ok")
+    f.host(db, "hb-ok", 1, now=T0)
+    job = f.job(db, team, q, gpus=1, name="quiet", submitted_at=T0)
+    contract(db, job)
+    cycle(db, T0 + timedelta(seconds=1))
+    attempt = f.start(db, job, now=T0 + timedelta(seconds=2))
+    db.add(JobMetric(job_id=job.id, attempt_id=attempt.id, step=1, ts=T0, extra={"gpu": _samples(8.5e9)}))
+    db.flush()
+    cycle(db, T0 + timedelta(seconds=10))  # 8.5 GB/s is within the 10% slack of 8 GB/s
+    assert violations(db, job) == []
