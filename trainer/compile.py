@@ -80,19 +80,41 @@ def cache_key(*, mode: str, model_config: dict[str, Any], precision: str, device
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+class _RssTree:
+    """Host RSS of this process and its compile workers, cheaply.  ``psutil.Process.children(recursive=True)``
+    walks every process in /proc; on the H200 host (gVisor) that took ~45 ms a call, and polled every 0.1 s
+    the watcher thread held the GIL against Dynamo's tracing: 21.6 s of polling during a 31 s cold compile,
+    3.8 s during an 8.2 s warm one (bench/results/compile_warm_probe.json).  The worker list is refreshed every
+    ``refresh_s``; each poll reads only the known processes' RSS."""
+
+    def __init__(self, refresh_s: float = 2.0) -> None:
+        self.proc = psutil.Process()
+        self.refresh_s = refresh_s
+        self.children: list[psutil.Process] = []
+        self.listed = -float("inf")
+
+    def __call__(self) -> int:
+        now = time.monotonic()
+        if now - self.listed >= self.refresh_s:
+            with contextlib.suppress(psutil.Error):
+                self.children = self.proc.children(recursive=True)  # Inductor's parallel compile workers
+            self.listed = now
+        total = self.proc.memory_info().rss
+        for child in self.children:
+            with contextlib.suppress(psutil.Error):
+                total += child.memory_info().rss
+        return total
+
+
 def _rss_tree() -> int:
-    proc = psutil.Process()
-    total = proc.memory_info().rss
-    for child in proc.children(recursive=True):  # Inductor's parallel compile workers
-        with contextlib.suppress(psutil.Error):
-            total += child.memory_info().rss
-    return total
+    return _RssTree()()
 
 
 @contextlib.contextmanager
 def _breaker(timeout_s: float, max_rss: int | None) -> Iterator[dict[str, Any]]:
     """Arm a SIGALRM for the time limit and a thread polling RSS; either trips ``_Trip`` in this thread."""
-    state: dict[str, Any] = {"reason": None, "peak_rss": _rss_tree()}
+    rss_tree = _RssTree()
+    state: dict[str, Any] = {"reason": None, "peak_rss": rss_tree(), "poll_s": 0.0}
     stop = threading.Event()
     main = threading.main_thread().ident
 
@@ -102,8 +124,13 @@ def _breaker(timeout_s: float, max_rss: int | None) -> Iterator[dict[str, Any]]:
         raise _Trip(state["reason"])
 
     def watch() -> None:
-        while not stop.wait(0.1):
-            rss = _rss_tree()
+        interval = 0.1
+        while not stop.wait(interval):
+            t = time.perf_counter()
+            rss = rss_tree()
+            cost = time.perf_counter() - t
+            state["poll_s"] += cost  # reported: time this thread competed with the compiler for the GIL
+            interval = min(1.0, max(0.1, 20 * cost))  # at most ~5% of the time, and a reading every second
             state["peak_rss"] = max(state["peak_rss"], rss)
             if max_rss is not None and rss > max_rss and state["reason"] is None:
                 state["reason"] = "FALLBACK_OOM_DETECTED"
@@ -214,12 +241,19 @@ class Compiler:
         report.load_s = time.perf_counter() - t0
         self._apply(model, blocks)
         failure: str | None = None
+        split: dict[str, float] = {}
         try:
-            with _breaker(self.timeout_s, self.max_rss) as state:
-                loss = loss_fn()
+            with _breaker(self.timeout_s, self.max_rss) as state, _in_process_kernels(report.cache_source == "local"):
+                t1 = time.perf_counter()
+                loss = loss_fn()  # Dynamo traces (or its caches answer) here, then the forward runs
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                t2 = time.perf_counter()
                 loss.backward()
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
+                split = {"first_forward_s": round(t2 - t1, 3),
+                         "first_backward_s": round(time.perf_counter() - t2, 3)}
             report.compiled_loss = float(loss.detach().item())
         except _Trip:
             failure = state["reason"]
@@ -228,7 +262,8 @@ class Compiler:
                                           else "FALLBACK_COMPILE_ERROR")
             report.error = f"{type(exc).__name__}: {str(exc)[:2000]}"
         report.elapsed_s = time.perf_counter() - t0
-        report.phases = _compile_phases()
+        report.phases = {**_compile_phases(), **(split if failure is None else {}),
+                         "rss_poll_s": round(state["poll_s"], 3)}
         report.peak_rss_bytes = int(state["peak_rss"])
         for p in model.parameters():
             p.grad = None
@@ -290,6 +325,21 @@ class Compiler:
             os.replace(tmp, cache_file)
         except Exception as exc:
             self.tel.event("COMPILE_CACHE_SAVE_FAILED", f"could not save compile cache: {exc!r}")
+
+
+@contextlib.contextmanager
+def _in_process_kernels(enabled: bool) -> Iterator[None]:
+    """With the local Inductor/Triton caches known to hold this graph, there is nothing to compile: load the
+    kernels in this process instead of starting Inductor's pool of compile workers (one per core, each
+    importing torch) for them.  On the H200, warm whole-model 6.12 s with ``TORCHINDUCTOR_COMPILE_THREADS=1``
+    vs 8.21 s with the pool (bench/results/compile_warm_probe.json).  A pruned cache still compiles, serially."""
+    if not enabled:
+        yield
+        return
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(compile_threads=1):
+        yield
 
 
 def _compile_phases() -> dict[str, Any]:

@@ -278,3 +278,20 @@ def test_exit_record_is_the_last_line(tmp_path: pathlib.Path) -> None:
     last = json.loads((tmp_path / "telemetry" / "rank0.jsonl").read_text().splitlines()[-1])
     assert last["kind"] == "event" and last["type"] == "EXIT"
     assert last["fields"]["exit_code"] == 2 and last["fields"]["reason"] == "USER_ERROR"
+
+
+def test_rss_watch_is_cheap_and_kernels_load_in_process_on_local_hit() -> None:
+    import torch._inductor.config as inductor_config
+
+    from trainer.compile import _in_process_kernels, _RssTree
+
+    tree = _RssTree(refresh_s=60.0)
+    first = tree()
+    listed = tree.listed
+    assert first > 0 and tree() > 0 and tree.listed == listed  # the worker list is not re-walked each poll
+    before = inductor_config.compile_threads
+    with _in_process_kernels(True):
+        assert inductor_config.compile_threads == 1
+    assert inductor_config.compile_threads == before
+    with _in_process_kernels(False):
+        assert inductor_config.compile_threads == before
