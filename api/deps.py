@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
+import functools
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
-from typing import Annotated
+from typing import Annotated, ParamSpec, TypeVar
 
 from fastapi import Depends, Request
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -41,6 +46,37 @@ def finish(db: Session) -> None:
     """Commit the request's unit of work in the handler's own thread (``get_db`` then has nothing left to do).
     Only request handlers call this; services never commit."""
     db.commit()
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+# The hot paths' threads (submit, list): a pool of their own, as many as the engine's pool keeps connections (16
+# per worker, api.app.make_api_engine), so a hot request never waits for an overflow connection, and neither
+# waits behind nor starves the shared pool's other work (admin endpoints, SSE set-up). The hop through
+# ``loop.run_in_executor`` costs about 15 us of CPU with 32 requests in flight, against about 60 us through
+# anyio's ``to_thread`` (run_in_threadpool). Requests beyond 16 per worker queue on the event loop.
+HOT_THREADS = 16
+_hot_pool = ThreadPoolExecutor(max_workers=HOT_THREADS, thread_name_prefix="kiln-hot")
+
+
+async def run_hot(func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``run_in_threadpool`` on the hot paths' own small pool (the context variables travel along)."""
+    ctx = contextvars.copy_context()
+    call = functools.partial(ctx.run, func, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(_hot_pool, call)
+
+
+def autocommit(db: Session) -> None:
+    """Run the request's statements in autocommit on PostgreSQL: no ``BEGIN`` and ``COMMIT`` round trips (psycopg
+    sends each as a command of its own), 3 round trips per submission instead of 5 and 2 per list instead of 4.
+    Only for handlers whose writes are each one statement (atomic on its own) and whose reads need no common
+    snapshot -- under READ COMMITTED each statement takes its own snapshot anyway: submit (its write is one
+    statement, ``jobs_repo.insert_submitted_pg``) and list. The pool puts the connection back in transaction mode
+    when it is returned. A no-op on SQLite and for a session bound to a connection (the tests' rolled-back one)."""
+    bind = db.get_bind()
+    if isinstance(bind, Engine) and bind.dialect.name == "postgresql" and not db.in_transaction():
+        db.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
 
 
 # scope="function": the commit runs before the response goes out, so a 201 means the row is durable.

@@ -81,6 +81,7 @@ class MetricsMiddleware:
             "kiln_http_request_duration_seconds", "HTTP request latency", ["method", "route"], registry=registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
         )  # fmt: skip
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}  # labelled series, resolved once each
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -99,7 +100,12 @@ class MetricsMiddleware:
             await self.app(scope, receive, send_wrapper)
         finally:
             route: Any = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            method = scope.get("method", "")
-            self.requests.labels(method, template, str(status)).inc()
-            self.latency.labels(method, template).observe(time.perf_counter() - start)
+            key = (scope.get("method", ""), getattr(route, "path", None) or "unmatched", status)
+            children = self._children.get(key)
+            if children is None:  # first time for this method, route and status: resolve the labelled series once
+                method, template, _ = key
+                children = (self.requests.labels(method, template, str(status)), self.latency.labels(method, template))
+                if len(self._children) < 10_000:  # bounded (the route template and the status keep it small)
+                    self._children[key] = children
+            children[0].inc()
+            children[1].observe(time.perf_counter() - start)

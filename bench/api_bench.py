@@ -350,20 +350,13 @@ def measure(url: str, server_pid: int, pg_db: str, tokens: list[str], submit_pat
 
 
 def explain_list(pg_url: str, team_id: int, user_id: int) -> list[str]:
-    """EXPLAIN ANALYZE of the list query kiln's API runs for the bench member (the repository's statement)."""
-    from sqlalchemy import create_engine
-    from sqlalchemy.dialects import postgresql
+    """EXPLAIN ANALYZE of the list query kiln's API runs for the bench member on PostgreSQL (the repository's
+    ``list_sql_pg``, with its parameters bound by the server as the API's are)."""
+    from core.repositories.jobs import JobFilter, list_sql_pg
 
-    from core.repositories.jobs import JobFilter, list_statement
-
-    stmt = list_statement(JobFilter(team_ids=[team_id]), 51)
-    sql = str(stmt.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}))
-    engine = create_engine(pg_url.replace("postgresql://", "postgresql+psycopg://", 1))
-    try:
-        with engine.connect() as conn:
-            return [r[0] for r in conn.exec_driver_sql("EXPLAIN (ANALYZE, COSTS OFF) " + sql)]
-    finally:
-        engine.dispose()
+    sql, params = list_sql_pg(JobFilter(team_ids=[team_id]), 51)
+    with psycopg.connect(pg_url) as conn:
+        return [r[0] for r in conn.execute("EXPLAIN (ANALYZE, COSTS OFF) " + sql, params)]
 
 
 def loadavg() -> str:

@@ -8,11 +8,22 @@ import json
 from typing import Annotated, Any
 
 import yaml
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
 
 from api.auth import principal_for
-from api.deps import CurrentPrincipal, SessionDep, SessionFactoryDep, SettingsDep, StreamPrincipal, finish
+from api.deps import (
+    CurrentPrincipal,
+    SessionDep,
+    SessionFactoryDep,
+    SettingsDep,
+    StreamPrincipal,
+    autocommit,
+    finish,
+    run_hot,
+)
 from api.logstream import sse_log_stream
 from api.routers.common import ERRORS, JobIdPath
 from api.schemas.common import INT32, INT64, InModel, Text
@@ -26,10 +37,12 @@ from api.schemas.jobs import (
     MetricOut,
     MetricsOut,
     WhyOut,
+    job_json,
+    page_json,
 )
 from core.services import jobs as svc
 from core.services.errors import InvalidInput
-from core.spec import NAME_PATTERN, JobSpec, SpecError, parse_spec_data, parse_spec_text
+from core.spec import NAME_PATTERN, JobSpec, SpecError, parse_spec_text, validation_errors
 from core.states import JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS)
@@ -67,16 +80,30 @@ def _has_yaml_alias(text: str) -> bool:
     return any(isinstance(ev, yaml.AliasEvent) for ev in yaml.parse(text, Loader=yaml.SafeLoader))
 
 
+def spec_from_json(body: bytes) -> JobSpec:
+    """Validated straight from the bytes by pydantic-core (no ``json.loads`` and second walk over a dict); the
+    same errors as ``parse_spec_data`` on the parsed document."""
+    try:
+        return JobSpec.model_validate_json(body)
+    except ValidationError as exc:
+        errors = validation_errors(exc)
+        bad_json = [e for e in errors if e["type"] == "json_invalid"]
+        if bad_json:
+            detail = [{"loc": "$", "msg": bad_json[0]["msg"], "type": "json_invalid"}]
+            raise SpecError("malformed JSON", detail) from exc
+        if len(errors) == 1 and errors[0]["loc"] == "$" and errors[0]["type"] == "model_type":
+            detail = [{"loc": "$", "msg": "expected a mapping", "type": "type"}]
+            raise SpecError("a job spec is a mapping", detail) from exc
+        first = errors[0]
+        raise SpecError(f"invalid job spec: {first['loc']}: {first['msg']}", errors) from exc
+
+
 async def spec_from_body(request: Request) -> JobSpec:
     ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     body = await request.body()
+    if ctype in JSON_TYPES:
+        return spec_from_json(body)
     try:
-        if ctype in JSON_TYPES:
-            try:
-                data = json.loads(body)
-            except ValueError as exc:
-                raise SpecError("malformed JSON", [{"loc": "$", "msg": str(exc), "type": "json_invalid"}]) from exc
-            return parse_spec_data(data)
         if ctype in YAML_TYPES:
             try:
                 text = body.decode("utf-8")
@@ -126,17 +153,24 @@ class CancelIn(InModel):
     summary="Submit a job (JSON or YAML spec)",
     openapi_extra=SUBMIT_BODY,
 )
-def submit(spec: Annotated[JobSpec, Depends(spec_from_body)], db: SessionDep, request: Request) -> Response:
-    # The hot path: authentication, the submission, the commit and the JSON in one worker thread (one hop), the
-    # answer dumped once by pydantic-core from what was written (no read-back, no response-model revalidation).
+async def submit(request: Request, db: SessionDep) -> Response:
+    # The hot path: the spec validated from the body bytes on the event loop (no thread hop, no dependency of its
+    # own), then authentication, the submission, the commit and the JSON in one worker thread (one hop); the
+    # answer built once from what was written (no read-back, no response-model revalidation).
+    spec = await spec_from_body(request)
+    return await run_hot(_submit, request, db, spec)
+
+
+def _submit(request: Request, db: Session, spec: JobSpec) -> Response:
+    autocommit(db)
     who = principal_for(request, db)
     view = svc.submit(db=db, principal=who, spec=spec)
     finish(db)
-    return JSONBytes(JobOut.from_view(view).model_dump_json(), status_code=status.HTTP_201_CREATED)
+    return JSONBytes(job_json(view), status_code=status.HTTP_201_CREATED)
 
 
 @router.get("", response_model=JobPageOut, summary="Jobs you can see, newest first")
-def list_jobs(
+async def list_jobs(
     db: SessionDep,
     request: Request,
     team: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=64)] = None,
@@ -146,17 +180,23 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Response:
+    states = [s.value for s in state or ()]
+    return await run_hot(_list, request, db, team, states, qos, name, limit, cursor)
+
+
+def _list(
+    request: Request, db: Session, team: str | None, states: list[str], qos: str | None, name: str | None,
+    limit: int, cursor: str | None,
+) -> Response:  # fmt: skip
+    autocommit(db)
     who = principal_for(request, db)  # in this thread: one hop for the whole request (see submit)
     page = svc.list_jobs(
-        db=db, principal=who, team=team, states=[s.value for s in state or ()], qos=qos, name=name, limit=limit,
+        db=db, principal=who, team=team, states=states, qos=qos, name=name, limit=limit,
         before_id=_decode_cursor(cursor) if cursor else None,
     )  # fmt: skip
-    out = JobPageOut.model_construct(
-        items=[JobOut.from_view(v) for v in page.items],
-        next_cursor=_encode_cursor(page.next_before_id) if page.next_before_id else None,
-    )
+    next_cursor = _encode_cursor(page.next_before_id) if page.next_before_id else None
     finish(db)
-    return JSONBytes(out.model_dump_json())
+    return JSONBytes(page_json(page.items, next_cursor, utc=page.utc))
 
 
 @router.get("/{job_id}", response_model=JobOut, summary="One job")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,20 +63,24 @@ WITH job AS (
 )
 SELECT job.id, pg_notify(:channel, CAST(job.id AS TEXT)) FROM job
 """)
+# Run as driver SQL (psycopg's %(name)s placeholders): no bind processing or compiled-cache lookup per submission.
+_SUBMIT_PG_SQL = re.sub(r"(?<!:):(\w+)", r"%(\1)s", _SUBMIT_PG.text)
 
 
 def insert_submitted_pg(
     db: Session, *, job: Mapping[str, Any], depends_on: Sequence[int], contract: Mapping[str, Any],
-    event_type: str, event_message: str, event_data: Mapping[str, Any], channel: str,
+    event_type: str, event_message: str, event_data: Mapping[str, Any], channel: str, spec_json: str | None = None,
 ) -> int:  # fmt: skip
     """PostgreSQL only: ``job`` holds every NOT NULL column of ``jobs`` (``_SUBMIT_PG``); returns the new id.
-    ``NOTIFY channel, '<id>'`` is sent when the transaction commits."""
+    ``spec_json``: ``job["spec"]`` already serialized, if the caller has it. ``NOTIFY channel, '<id>'`` is sent
+    when the transaction commits."""
     params = {
-        **job, "spec": json.dumps(job["spec"]), "depends_on": list(depends_on), **contract,
+        **job, "spec": spec_json if spec_json is not None else json.dumps(job["spec"]),
+        "depends_on": list(depends_on), **contract,
         "event_type": event_type, "event_message": event_message, "event_data": json.dumps(event_data),
         "channel": channel,
     }  # fmt: skip
-    job_id: int = db.connection().execute(_SUBMIT_PG, params).scalar_one()
+    job_id: int = db.connection().exec_driver_sql(_SUBMIT_PG_SQL, params).scalar_one()
     return job_id
 
 
@@ -92,8 +97,78 @@ def get(db: Session, job_id: int, *, for_update: bool = False) -> Job | None:
 
 def list_rows(db: Session, flt: JobFilter, limit: int) -> Sequence[Row[Any]]:
     """Newest first; ``limit`` rows at most (callers ask for one more to know whether a next page exists).
-    Plain rows (no ORM identity map): the ``jobs`` columns by name, plus ``team``, ``user`` and ``qos``."""
-    return db.connection().execute(list_statement(flt, limit)).all()
+    Plain rows (no ORM identity map): the ``jobs`` columns by name, plus ``team``, ``user`` and ``qos``.
+
+    On PostgreSQL the rows are ``LIST_COLUMNS`` instead (the page's fields in ``JobOut`` order; ``steps`` read
+    from the spec; ``spec_json`` the spec as JSON text, not parsed), from ``list_sql_pg``, as driver SQL."""
+    conn = db.connection()
+    if conn.dialect.name == "postgresql":
+        sql, params = list_sql_pg(flt, limit)
+        return conn.exec_driver_sql(sql, params).all()
+    return conn.execute(list_statement(flt, limit)).all()
+
+
+# What the PostgreSQL list returns per row, in this order (``JobOut``'s fields, the spec last and as JSON text).
+LIST_COLUMNS = (
+    "id", "name", "team", "user", "state", "qos", "priority", "gpus", "gpu_type", "pending_reason",
+    "pending_message", "restart_count", "last_step", "last_loss", "steps", "exit_reason", "cancel_requested",
+    "submitted_at", "admitted_at", "started_at", "finished_at", "spec_json",
+)  # fmt: skip
+_LIST_PG_SELECT = (
+    'SELECT jobs.id, jobs.name, teams.name AS team, users.name AS "user", jobs.state, qos_classes.name AS qos,'
+    " jobs.priority, jobs.gpus, jobs.gpu_type, jobs.pending_reason, jobs.pending_message, jobs.restart_count,"
+    " jobs.last_step, jobs.last_loss,"
+    " CASE WHEN jsonb_typeof(jobs.spec -> 'steps') = 'number'"
+    " THEN CAST(trunc(CAST(jobs.spec ->> 'steps' AS NUMERIC)) AS BIGINT) ELSE 0 END AS steps,"
+    " jobs.exit_reason, jobs.cancel_requested, jobs.submitted_at, jobs.admitted_at, jobs.started_at,"
+    " jobs.finished_at, CAST(jobs.spec AS TEXT) AS spec_json"
+    " FROM jobs JOIN teams ON teams.id = jobs.team_id LEFT OUTER JOIN users ON users.id = jobs.user_id"
+    " JOIN qos_classes ON qos_classes.id = jobs.qos_class_id"
+)
+
+
+def list_sql_pg(flt: JobFilter, limit: int) -> tuple[str, dict[str, Any]]:
+    """``list_statement`` as PostgreSQL SQL text and parameters (no statement to build, cache-key or compile per
+    request; the same text for the same filter shape, so psycopg prepares it). Same plan: a backward keyset scan
+    of ``ix_jobs_team_id_id`` (or of the primary key) joined with the team, user and QoS names."""
+    where: list[str] = []
+    params: dict[str, Any] = {"limit": limit}
+    if flt.team_ids is not None:
+        if flt.team_ids:
+            names = [f"t{i}" for i in range(len(flt.team_ids))]
+            params.update(zip(names, flt.team_ids, strict=True))
+            where.append("jobs.team_id IN (" + ", ".join(f"%({n})s" for n in names) + ")")
+        else:
+            where.append("false")
+    if flt.team_id is not None:
+        where.append("jobs.team_id = %(team_id)s")
+        params["team_id"] = flt.team_id
+    if flt.states:
+        names = [f"s{i}" for i in range(len(flt.states))]
+        params.update(zip(names, flt.states, strict=True))
+        where.append("jobs.state IN (" + ", ".join(f"%({n})s" for n in names) + ")")
+    if flt.qos_id is not None:
+        where.append("jobs.qos_class_id = %(qos_id)s")
+        params["qos_id"] = flt.qos_id
+    if flt.name is not None:
+        where.append("jobs.name = %(name)s")
+        params["name"] = flt.name
+    if flt.before_id is not None:
+        where.append("jobs.id < %(before_id)s")
+        params["before_id"] = flt.before_id
+    sql = _LIST_PG_SELECT + (" WHERE " + " AND ".join(where) if where else "")
+    return sql + " ORDER BY jobs.id DESC LIMIT %(limit)s", params
+
+
+UTC_ZONES = frozenset({"UTC", "Etc/UTC", "UCT", "Etc/UCT", "Universal", "Etc/Universal", "Zulu", "Etc/Zulu"})
+
+
+def session_is_utc(db: Session) -> bool:
+    """Whether the connection's ``TimeZone`` is UTC (PostgreSQL hands timestamptz over in the session's zone; the
+    API answers in UTC). No round trip: psycopg keeps the server's parameter status."""
+    raw = db.connection().connection.driver_connection
+    tz = getattr(getattr(raw, "info", None), "timezone", None)
+    return getattr(tz, "key", None) in UTC_ZONES
 
 
 def list_statement(flt: JobFilter, limit: int) -> Select[Any]:

@@ -49,18 +49,34 @@ class TokenIdentity:
     roles: dict[int, str]  # team_id -> role
 
 
+# The same query as plain SQL for PostgreSQL, run with ``exec_driver_sql``: no statement construction, cache key or
+# compilation per request (it runs on every request), and psycopg prepares it server-side after a few runs.
+_IDENTITY_PG = (
+    "SELECT api_tokens.id, api_tokens.scopes, api_tokens.expires_at, api_tokens.revoked_at,"
+    " api_tokens.last_used_at, users.id, users.name, users.is_admin, memberships.team_id, memberships.role"
+    " FROM api_tokens JOIN users ON users.id = api_tokens.user_id"
+    " LEFT OUTER JOIN memberships ON memberships.user_id = users.id"
+    " WHERE api_tokens.token_hash = %(token_hash)s"
+)
+
+
 def identity_by_token_hash(db: Session, token_hash: str) -> TokenIdentity | None:
     """What authentication needs, memberships included, in one query of plain columns (it runs on every
     request): one row per membership, or one row with NULL team for a user in no team."""
-    rows = db.connection().execute(  # Core: plain columns need none of the ORM's execution machinery
-        select(
-            ApiToken.id, ApiToken.scopes, ApiToken.expires_at, ApiToken.revoked_at, ApiToken.last_used_at,
-            User.id, User.name, User.is_admin, Membership.team_id, Membership.role,
-        )
-        .join(User, User.id == ApiToken.user_id)
-        .outerjoin(Membership, Membership.user_id == User.id)
-        .where(ApiToken.token_hash == token_hash)
-    ).all()  # fmt: skip
+    conn = db.connection()
+    if conn.dialect.name == "postgresql":
+        # timestamptz arrives aware (in the session's zone): only compared with now, never serialized
+        rows: Sequence[Any] = conn.exec_driver_sql(_IDENTITY_PG, {"token_hash": token_hash}).all()
+    else:
+        rows = conn.execute(  # Core: plain columns need none of the ORM's execution machinery
+            select(
+                ApiToken.id, ApiToken.scopes, ApiToken.expires_at, ApiToken.revoked_at, ApiToken.last_used_at,
+                User.id, User.name, User.is_admin, Membership.team_id, Membership.role,
+            )
+            .join(User, User.id == ApiToken.user_id)
+            .outerjoin(Membership, Membership.user_id == User.id)
+            .where(ApiToken.token_hash == token_hash)
+        ).all()  # fmt: skip
     if not rows:
         return None
     token_id, scopes, expires_at, revoked_at, last_used_at, user_id, name, is_admin, _, _ = rows[0]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import Row
@@ -26,19 +28,22 @@ from core.states import TERMINAL, JobState, record_event, transition
 
 @dataclass(frozen=True)
 class JobView:
-    """A job with the names a reader wants instead of ids. ``job`` is the ORM row, or (lists) a plain row of the
-    ``jobs`` columns, which reads the same by attribute."""
+    """A job with the names a reader wants instead of ids. ``job`` is the ORM row, or (a submission on
+    PostgreSQL) the values written, or (lists) a plain row (``jobs_repo.list_rows``), which read the same by
+    attribute. ``spec_json``, when set, is ``job.spec`` already serialized (the API answers it as it is)."""
 
-    job: Job | Row[Any]
+    job: Job | Row[Any] | SimpleNamespace
     team: str
     user: str | None
     qos: str
+    spec_json: str | None = None
 
 
 @dataclass(frozen=True)
 class JobPage:
     items: list[JobView]
     next_before_id: int | None
+    utc: bool = True  # False: the rows' datetimes are in the database session's zone (not UTC)
 
 
 def submit(*, db: Session, principal: Principal, spec: JobSpec) -> JobView:
@@ -65,20 +70,29 @@ def submit(*, db: Session, principal: Principal, spec: JobSpec) -> JobView:
     }  # fmt: skip
     message = f"submitted by {principal.name} (qos {ctx.qos}, priority {ctx.priority})"
     data = {"qos": ctx.qos, "priority": ctx.priority, "gpus": values["gpus"], "depends_on": depends_on}
-    job = Job(**values)
     if db.get_bind().dialect.name == "postgresql":
-        job.id = jobs_repo.insert_submitted_pg(
-            db, job=values, depends_on=depends_on, contract=terms, event_type="SUBMITTED", event_message=message,
-            event_data=data, channel=CHANNEL,
+        spec_json = json.dumps(values["spec"])  # serialized once: the write and the answer
+        job_id = jobs_repo.insert_submitted_pg(
+            db, job=values, spec_json=spec_json, depends_on=depends_on, contract=terms, event_type="SUBMITTED",
+            event_message=message, event_data=data, channel=CHANNEL,
         )  # fmt: skip
-    else:  # the embedded default (SQLite): the unit of work, one flush
-        db.add(job)
-        db.flush()
-        db.add_all(JobDependency(job_id=job.id, depends_on_id=dep) for dep in depends_on)
-        db.add(SlaContract(team_id=team_id, job_id=job.id, qos_class_id=ctx.qos_id, **terms))
-        record_event(db, "SUBMITTED", job=job, actor_user_id=principal.user_id, message=message, data=data)
-        notify_jobs_changed(db, str(job.id))
+        written = SimpleNamespace(id=job_id, **values, **_UNSET)  # the answer needs no ORM object
+        return JobView(job=written, team=spec.team, user=principal.name, qos=ctx.qos, spec_json=spec_json)
+    job = Job(**values)  # the embedded default (SQLite): the unit of work, one flush
+    db.add(job)
+    db.flush()
+    db.add_all(JobDependency(job_id=job.id, depends_on_id=dep) for dep in depends_on)
+    db.add(SlaContract(team_id=team_id, job_id=job.id, qos_class_id=ctx.qos_id, **terms))
+    record_event(db, "SUBMITTED", job=job, actor_user_id=principal.user_id, message=message, data=data)
+    notify_jobs_changed(db, str(job.id))
     return JobView(job=job, team=spec.team, user=principal.name, qos=ctx.qos)
+
+
+# The columns of a new job that a submission does not set (NULL until the scheduler or a worker sets them).
+_UNSET: dict[str, Any] = dict.fromkeys(
+    ("pending_reason", "pending_message", "last_loss", "exit_reason", "admitted_at", "started_at", "finished_at",
+     "not_before")
+)  # fmt: skip
 
 
 def _dependencies(db: Session, *, team_id: int, team: str, refs: Sequence[str]) -> list[int]:
@@ -136,8 +150,13 @@ def list_jobs(
         before_id=before_id,
     )  # fmt: skip
     rows = jobs_repo.list_rows(db, flt, limit + 1)
-    items = [JobView(job=r, team=r.team, user=r.user, qos=r.qos) for r in rows[:limit]]
-    return JobPage(items=items, next_before_id=items[-1].job.id if len(rows) > limit else None)
+    page: Sequence[Any] = rows[:limit]
+    if rows and rows[0]._fields == jobs_repo.LIST_COLUMNS:  # PostgreSQL: by position (no name lookups per row)
+        items = [JobView(job=r, team=r[2], user=r[3], qos=r[5]) for r in page]
+    else:
+        items = [JobView(job=r, team=r.team, user=r.user, qos=r.qos) for r in page]
+    utc = db.get_bind().dialect.name != "postgresql" or jobs_repo.session_is_utc(db)
+    return JobPage(items=items, next_before_id=items[-1].job.id if len(rows) > limit else None, utc=utc)
 
 
 def cancel(*, db: Session, principal: Principal, job_id: int, reason: str | None = None) -> JobView:
