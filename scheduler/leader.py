@@ -20,7 +20,7 @@ from typing import IO, Protocol
 import psycopg
 from sqlalchemy.engine import make_url
 
-from scheduler.notify import CHANNEL
+from core.notify import CHANNEL
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.db import Base, make_engine, utcnow
 from core.migrate import upgrade
 from core.models import Attempt, Job
+from core.notify import notify_jobs_changed
 from core.settings import Settings
 from scheduler.leader import LOCK_KEY, FileLeadership, psycopg_conninfo
 from scheduler.loop import run_cycle, run_forever
-from scheduler.notify import notify_jobs_changed
 from tests.integration import test_scheduler_support as f
 from tests.support.services import temporary_database
 
