@@ -17,15 +17,8 @@ from core.services.principal import Principal, require_team
 from core.spec import SLAOverrides
 
 DEFAULT_QOS = "silver"
-TERMS = (
-    "max_queue_wait_s",
-    "deadline",
-    "max_restarts",
-    "recovery_time_objective_s",
-    "checkpoint_interval_s",
-    "min_checkpoint_success_rate",
-    "step_time_tolerance",
-)
+# The contract's terms are the spec's SLA overrides less the QoS class (a column of its own).
+TERMS = tuple(name for name in SLAOverrides.model_fields if name != "qos")
 # The column defaults, for a team that never set a default contract.
 BASE_TERMS: dict[str, Any] = {
     "max_queue_wait_s": None,
