@@ -21,7 +21,20 @@ class PolicyConfig:
     sla_reserve_fraction: float = 0.5
     # Deadline-aware ordering: a job whose projected finish leaves less slack than this is urgent.
     deadline_slack_s: float = 3600.0
-    max_reservations: int = 4  # jobs that hold a reservation in one cycle (the head and at-risk jobs)
+    max_reservations: int = 8  # jobs that hold a reservation in one cycle (class heads and at-risk jobs)
+    # The first job of each QoS class that cannot be placed holds a reservation (not only the first overall), so
+    # a large low-class job is not starved by a stream of small jobs of its own class.
+    reserve_per_class: bool = True
+    # Jobs without an SLA count as "at risk" (sort ahead of their class, oldest first, may reserve) once they
+    # have waited this long: aging within a class. None = no aging.
+    starvation_age_s: float | None = 86400.0
+    # A job whose stored pending reason is Reservation (it held capacity, or preempted for it, last cycle) goes
+    # first in its class, so the capacity its victims free is not handed to another job, which would preempt anew.
+    keep_reservations: bool = True
+    # Preempt only when waiting would be too late: when the job's projected start from running jobs' ends (time
+    # limits) is after its queue-wait SLA / deadline, or after now + ``preempt_patience_s`` for a job without
+    # one, or unknown. None = preempt whenever a job of a higher class cannot be placed (the old behaviour).
+    preempt_patience_s: float | None = 86400.0
     max_preemptors: int = 8  # jobs that may trigger preemption in one cycle
     max_preempt_searches: int = 32  # victim searches per cycle (each costs placement trials)
     max_victim_candidates: int = 64

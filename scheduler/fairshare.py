@@ -2,10 +2,12 @@
 
 ``kiln``: QoS class priority first. Within a class, jobs at risk of breaking their SLA come first, earliest
 breach first (queue-wait SLA once a job has waited ``sla_reserve_fraction`` of its max wait; a deadline once the
-projected finish leaves less than ``deadline_slack_s``). The rest are merged across teams by fair share: the team
-with the least usage per unit of weight goes next, where usage is the decayed GPU-seconds of the snapshot plus
-what this cycle has admitted so far (so one team's long queue does not take a whole cycle); within a team, by
-user priority, then submission time.
+projected finish leaves less than ``deadline_slack_s``; a job without a queue-wait SLA once it has waited
+``starvation_age_s``: aging, oldest first); ahead of those, jobs that held a reservation in the previous cycle
+(stored reason ``Reservation``: their capacity, possibly freed by preemption for them, is not handed to
+another). The rest are merged across teams by fair share: the team with the least usage per unit of weight goes
+next, where usage is the decayed GPU-seconds of the snapshot plus what this cycle has admitted so far (so one
+team's long queue does not take a whole cycle); within a team, by user priority, then submission time.
 
 ``fifo``: submission time, then id.
 """
@@ -13,6 +15,7 @@ user priority, then submission time.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterator, Sequence
 
 from scheduler.config import PolicyConfig
@@ -26,6 +29,10 @@ def urgency(job: PendingJob, now: float, config: PolicyConfig) -> float | None:
         waited = now - job.submitted_at
         if waited >= config.sla_reserve_fraction * job.max_queue_wait_s:
             best = job.submitted_at + job.max_queue_wait_s - now
+    if best is None and job.max_queue_wait_s is None and config.starvation_age_s is not None:
+        waited = now - job.submitted_at
+        if waited >= config.starvation_age_s:
+            best = job.submitted_at + 2 * config.starvation_age_s - now  # oldest first, after real breaches
     if job.deadline is not None:
         slack = job.deadline - now - (job.estimated_runtime_s or 0.0)
         if slack < config.deadline_slack_s:
@@ -67,6 +74,8 @@ class JobOrder:
         per_team: dict[int, list[PendingJob]] = {}
         for j in jobs:
             u = urgency(j, self.now, self.config)
+            if self.config.keep_reservations and j.pending_reason == "Reservation":
+                u = -math.inf  # held capacity last cycle (or preempted for it): first, so the capacity is not lost
             if u is not None:
                 urgent.append((u, j.submitted_at, j.id, j))
                 self.urgent.add(j.id)

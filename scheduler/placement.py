@@ -10,6 +10,7 @@ edge per host crosses the network.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -37,17 +38,18 @@ class Reserved:
 Chosen = tuple[tuple[str, tuple[str, ...]], ...]  # ((host, units in rank order), ...)
 
 
-class _Host:
-    __slots__ = ("name", "queue", "order", "free", "link_cap", "link_used", "peers", "memory", "model_of")
+class _Template:
+    """What a ``HostInfo`` implies that never changes within a cycle: unit order, NVLink peers, memory, models."""
+
+    __slots__ = ("info", "order", "peers", "memory", "model_of", "free", "link_cap", "units")
 
     def __init__(self, info: HostInfo) -> None:
-        self.name = info.name
-        self.queue = info.queue
+        self.info = info  # held, so that the id() it is cached under stays unique
         self.order: dict[str, int] = {}
-        self.free: dict[str, list[str]] = {}  # model -> free units, in index order
         self.peers: dict[str, frozenset[str]] = {}
         self.memory: dict[str, int] = {}
         self.model_of: dict[str, str] = {}
+        free: dict[str, list[str]] = {}
         for i, gpu in enumerate(sorted(info.gpus, key=lambda g: g.index)):
             if not gpu.healthy:
                 continue
@@ -56,15 +58,47 @@ class _Host:
             self.memory[gpu.uuid] = gpu.memory_bytes
             self.model_of[gpu.uuid] = gpu.model
             if not info.excluded:
-                self.free.setdefault(gpu.model, []).append(gpu.uuid)
+                free.setdefault(gpu.model, []).append(gpu.uuid)
         for s in range(info.cpu_slots):
             uuid = f"{info.name}/slot{s}"
             self.order[uuid] = len(self.order)
             self.model_of[uuid] = CPU
             self.memory[uuid] = 0
             if not info.excluded:
-                self.free.setdefault(CPU, []).append(uuid)
+                free.setdefault(CPU, []).append(uuid)
+        self.free = {m: tuple(us) for m, us in free.items()}
         self.link_cap = dict(info.links)
+
+
+# Templates by id() of the HostInfo (which the template holds): the simulator and the benchmark pass the same host
+# objects every cycle. Pure memoisation of a function of an immutable value; bounded.
+_TEMPLATES: dict[int, _Template] = {}
+
+
+def _template(info: HostInfo) -> _Template:
+    t = _TEMPLATES.get(id(info))
+    if t is None or t.info is not info:
+        if len(_TEMPLATES) >= 8192:
+            _TEMPLATES.clear()
+        t = _TEMPLATES[id(info)] = _Template(info)
+    return t
+
+
+class _Host:
+    __slots__ = ("name", "index", "queue", "order", "free", "link_cap", "link_used", "peers", "memory", "model_of")
+
+    def __init__(self, info: HostInfo) -> None:
+        t = _template(info)
+        self.name = info.name
+        self.index = 0  # position in ClusterState.hosts
+        self.queue = info.queue
+        # Shared with the template: read only.
+        self.order = t.order
+        self.peers = t.peers
+        self.memory = t.memory
+        self.model_of = t.model_of
+        self.link_cap = t.link_cap
+        self.free: dict[str, list[str]] = {m: list(us) for m, us in t.free.items()}  # model -> free, index order
         self.link_used: dict[str, float] = {}
 
 
@@ -86,6 +120,7 @@ class ClusterState:
         self.reserved: dict[str, Reserved] = {}
         self.reserved_free: dict[str, int] = {}  # model -> free units that are reserved
         self.max_reserved_until = -INF
+        self.untils: list[float] = []  # distinct ``until`` values reserved this cycle, sorted (may include stale ones)
         self.reserved_hosts: set[str] = set()
         self.version = 0  # bumped by every change of free capacity or reservations
         self._failed: dict[tuple[object, ...], int] = {}  # request shape -> fewest units known not to fit
@@ -94,9 +129,14 @@ class ClusterState:
         for job in running:
             self.job_units[job.id] = self._take_running(job)
             self._charge_links([p.host for p in job.placement], job.bandwidth, +1)
-        for h in self.hosts:
+        # model -> indices (into self.hosts) of the hosts with a free unit of it: placement visits only these
+        self.free_hosts: dict[str, set[int]] = {}
+        for i, h in enumerate(self.hosts):
+            h.index = i
             for m, units in h.free.items():
                 self.free_count[m] = self.free_count.get(m, 0) + len(units)
+                if units:
+                    self.free_hosts.setdefault(m, set()).add(i)
         self.models = tuple(sorted(m for m in self.total if m != CPU))
 
     def _take_running(self, job: RunningJob) -> tuple[str, ...]:
@@ -223,10 +263,12 @@ class ClusterState:
         per_node = req.per_node if req.per_node and req.per_node < n else None
         candidates: list[tuple[int, int, _Host, list[str]]] = []
         total = 0
-        for i, h in enumerate(self.hosts):
-            extra = extra_map.get(h.name)
-            if model not in h.free and not extra:
-                continue
+        visit = self.free_hosts.get(model, set())
+        if extra_map:
+            visit = visit | {self.by_name[name].index for name in extra_map}
+        for i in sorted(visit):
+            h = self.hosts[i]
+            extra = extra_map.get(h.name) if extra_map else None
             units = self._usable(h, model, req, respect, extra)
             if not units or (per_node and len(units) < per_node):
                 continue
@@ -278,6 +320,8 @@ class ClusterState:
                 model = h.model_of[u]
                 h.free[model].remove(u)
                 self.free_count[model] -= 1
+                if not h.free[model]:
+                    self.free_hosts[model].discard(h.index)
                 r = self.reserved.pop(u, None)
                 if r is not None:
                     self.reserved_free[model] -= 1
@@ -300,7 +344,20 @@ class ClusterState:
                 self.reserved[u] = Reserved(until, job_id)
             self.reserved_hosts.add(h.name)
             self.max_reserved_until = max(self.max_reserved_until, self.reserved[u].until)
+        i = bisect.bisect_left(self.untils, until)
+        if i == len(self.untils) or self.untils[i] != until:
+            self.untils.insert(i, until)
         self.version += 1
+
+    def end_class(self, end: float | None) -> int:
+        """Jobs whose projected ends fall in the same class may use exactly the same reserved units.
+
+        A reserved unit is usable by a job ending no later than its ``until``: the number of distinct ``until``
+        values below ``end`` decides which ones. No end (or beyond every reservation) = none of them.
+        """
+        if end is None:
+            return len(self.untils)
+        return bisect.bisect_left(self.untils, end)
 
     def holder(self, chosen: Chosen) -> int | None:
         """The job holding a reservation on one of these units (for the Priority message)."""

@@ -9,6 +9,7 @@ risk of breaking their SLA); later jobs backfill only where they do not delay a 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -75,7 +76,14 @@ class _Planner:
         self.placement_failed = False
         self.preempt_attempts = 0
         self.no_victims: dict[tuple[object, ...], tuple[tuple[int, int, int], int]] = {}
-        self.ends: list[tuple[float, int]] = [(self._end_of(r), r.id) for r in snapshot.running]
+        self.ends: list[tuple[float, int]] = sorted((self._end_of(r), r.id) for r in snapshot.running)  # sorted
+        self.budgeted = {t.id for t in snapshot.teams if config.enforce_budgets and t.budget_gpu_hours is not None}
+        # job shape -> (reason, message, placement failed, (projected start, preempt?) if that was asked)
+        self.memo: dict[tuple[object, ...], tuple[Reason, str, bool, tuple[float, bool] | None]] = {}
+        self.probe: tuple[float, bool] | None = None
+        self.earliest_memo: dict[tuple[object, ...], tuple[Chosen | None, float]] = {}
+        self.reserved_classes: set[int] = set()  # classes whose first unplaceable job holds a reservation
+        self.memo_version: tuple[int, int, int, int, int] = (-1, -1, -1, -1, -1)
 
     def _end_of(self, r: RunningJob) -> float:
         if r.preempt_requested:
@@ -124,6 +132,8 @@ class _Planner:
         )
 
     def _eligible(self, job: PendingJob) -> bool:
+        if not job.depends_on and job.not_before is None:
+            return True
         failed = [d for d, st in job.depends_on if st in DEP_FAILED]
         if failed:
             self.failures.append(Failure(job.id, f"dependency {failed[0]} did not succeed"))
@@ -150,11 +160,59 @@ class _Planner:
             end=end,
         )
 
+    def _version(self) -> tuple[int, int, int, int, int]:
+        return (self.state.version, self.ledger.version, len(self.victimized), self.preemptors, len(self.reservations))
+
     def _consider(self, job: PendingJob, urgent: set[int]) -> bool:
-        """Admit ``job`` or record why it waits (possibly preempting or reserving for it). True if admitted."""
-        self.placement_failed = False
+        """Admit ``job`` or record why it waits, answering identical shapes once per state of the cycle.
+
+        The outcome of a job that waits depends only on its shape (class, team, quota key, request, whether it is
+        urgent) and on the planner's state, which every admission, preemption, reservation or quota charge
+        versions. So a shape already answered under the current version gets the same reason and message without
+        any per-host work: in a full cluster the thousands of jobs queued behind the head cost a dict look-up each.
+        A job's projected end matters only through the reservations it could backfill into (``end_class``). Jobs
+        of a team with a GPU-hour budget are not memoised (their answer depends on what the cycle spent).
+        """
         est = job.estimated_runtime_s
         end = self.now + est if est is not None else None
+        key: tuple[object, ...] | None = None
+        if job.team_id not in self.budgeted:
+            key = (
+                job.qos_priority, job.team_id, job.quota_key, job.gpus, job.cpu_slots, job.gpu_type,
+                job.gpus_per_node, job.memory_bytes, job.memory_cap_bytes, job.bandwidth, job.id in urgent,
+                self.state.end_class(end),
+            )  # fmt: skip
+            version = self._version()
+            if version != self.memo_version:
+                self.memo.clear()
+                self.memo_version = version
+            hit = self.memo.get(key)
+            # An answer that hinged on "would waiting be too late?" holds for this job only if it decides alike.
+            if hit is not None and (hit[3] is None or (hit[3][0] > self._preempt_limit(job)) == hit[3][1]):
+                self.placement_failed = hit[2]
+                self.wait(job, hit[0], hit[1])
+                return False
+        before = len(self.pending)
+        self.probe = None
+        admitted = self._consider_job(job, urgent, end)
+        same_state = self._version() == self.memo_version
+        if key is not None and not admitted and len(self.pending) == before + 1 and same_state:
+            last = self.pending[-1]
+            self.memo[key] = (last.reason, last.message, self.placement_failed, self.probe)
+        return admitted
+
+    def _preempt_limit(self, job: PendingJob) -> float:
+        limit = self.now + (self.c.preempt_patience_s or 0.0)
+        if job.max_queue_wait_s is not None:
+            limit = job.submitted_at + job.max_queue_wait_s
+        if job.deadline is not None and job.estimated_runtime_s is not None:
+            limit = min(limit, job.deadline - job.estimated_runtime_s)
+        return limit
+
+
+    def _consider_job(self, job: PendingJob, urgent: set[int], end: float | None) -> bool:
+        """Admit ``job`` or record why it waits (possibly preempting or reserving for it). True if admitted."""
+        self.placement_failed = False
         req = self._request(job, end)
         capacity = sum(self.state.total.get(m, 0) for m in req.models)
         if job.gpus and job.memory_bytes:
@@ -191,15 +249,19 @@ class _Planner:
             if not self.kiln:
                 self._classify(job, req, allow_priority=False)
                 return False
-        elif not (self.kiln and self.ledger.within_nominal(job.team_id, job.quota_key, job.demand)):
+        elif not self.kiln:
             self.wait(job, Reason.QUOTA, quota_msg)
             return False
+        # Over quota: within its nominal a team reclaims what it lent; beyond, it may still take the place of
+        # lower-class preemptible jobs when their release brings the cohort back within quota (checked per set).
         if self.c.preemption and self.preemptors < self.c.max_preemptors and self._preempt_for(job, req):
+            self.reserved_classes.add(job.qos_priority)
             return False
         if quota_msg is not None:
             self.wait(job, Reason.QUOTA, quota_msg)
             return False
-        may_reserve = len(self.reservations) < self.c.max_reservations and (not self.reservations or job.id in urgent)
+        head = job.qos_priority not in self.reserved_classes if self.c.reserve_per_class else not self.reservations
+        may_reserve = len(self.reservations) < self.c.max_reservations and (head or job.id in urgent)
         if may_reserve and self._reserve(job, req):
             return False
         self._classify(job, req, allow_priority=True)
@@ -231,7 +293,7 @@ class _Planner:
         est = job.estimated_runtime_s
         if est is not None:
             self.spent[job.team_id] = self.spent.get(job.team_id, 0.0) + job.demand * est / 3600.0
-        self.ends.append((self.now + est if est is not None else INF, job.id))
+        bisect.insort(self.ends, (self.now + est if est is not None else INF, job.id))
         self.admissions.append(Admission(job.id, placement_entries(self.state, chosen, job.gpus == 0), backfilled))
 
     def _classify(self, job: PendingJob, req: Request, *, allow_priority: bool) -> None:
@@ -260,6 +322,8 @@ class _Planner:
             return False
         if self.preempt_attempts >= self.c.max_preempt_searches:
             return False
+        if not self._should_preempt(job, req):
+            return False
         self.preempt_attempts += 1
         found_victims = self._search_victims(job, req)
         if not found_victims:
@@ -268,9 +332,12 @@ class _Planner:
 
     def _search_victims(self, job: PendingJob, req: Request) -> bool:
         models = set(req.models)
-        inflight = [
-            r for r in self.inflight if r.id not in self.claimed and r.gpu_type in models
-        ]
+        reserved = self.state.reserved
+
+        def promised(r: RunningJob) -> bool:  # its units are reserved for a job ahead: not ours to take
+            return any(u in reserved for u in self.state.job_units.get(r.id, ()))
+
+        inflight = [r for r in self.inflight if r.id not in self.claimed and r.gpu_type in models and not promised(r)]
         within = self.ledger.within_nominal(job.team_id, job.quota_key, job.demand)
 
         def reclaim_from(v: RunningJob) -> bool:
@@ -285,6 +352,7 @@ class _Planner:
             for r in self.s.running
             if r.id not in self.victimized
             and r.gpu_type in models
+            and not promised(r)
             and eligible(
                 r,
                 requester_priority=job.qos_priority,
@@ -350,35 +418,69 @@ class _Planner:
 
     # -- reservations (backfill protection) ----------------------------------------------------------------------
 
-    def _reserve(self, job: PendingJob, req: Request) -> bool:
-        """Reserve the capacity on which ``job`` can start earliest, given running jobs' projected ends."""
+    def _earliest(self, req: Request) -> tuple[Chosen | None, float]:
+        """Where and when a job of shape ``req`` can start earliest, given running jobs' projected ends.
+
+        Units freed by the first k ends (sorted; preempted jobs end now; claimed and reserved units excluded).
+        Fitting is monotone in k, so the smallest k is found by bisection. Cached per shape and state.
+        """
         head = Request(req.models, req.units, req.per_node, req.min_memory, req.bandwidth, end=None)
+        key = (head, self.state.version, len(self.claimed))
+        hit = self.earliest_memo.get(key)
+        if hit is not None:
+            return hit
         models = set(req.models)
         free = sum(self.state.free_count.get(m, 0) - self.state.reserved_free.get(m, 0) for m in models)
-        extra: set[str] = set()
-        chosen: Chosen | None = None
-        start = INF
-        for end, jid in sorted(self.ends):
+        freed: list[str] = []  # units in the order they free up
+        steps: list[tuple[float, int]] = []  # (end, how many of ``freed`` are free by then), enough units only
+        for end, jid in self.ends:
             if jid in self.claimed:
                 continue
             for u in self.state.job_units.get(jid, ()):
                 if u not in self.state.reserved and self.state.model_of(u) in models:
-                    extra.add(u)
-            if free + len(extra) < req.units:
-                continue
-            chosen = self.state.find(head, extra=frozenset(extra))
-            if chosen is not None:
-                start = end
-                break
+                    freed.append(u)
+            if free + len(freed) >= req.units:
+                steps.append((end, len(freed)))
+        answer: tuple[Chosen | None, float] = (None, INF)
+
+        def at(i: int) -> Chosen | None:
+            return self.state.find(head, extra=frozenset(freed[: steps[i][1]]))
+
+        if steps and at(len(steps) - 1) is not None:
+            lo, hi = 0, len(steps) - 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if at(mid) is not None:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            answer = (at(hi), steps[hi][0])
+        self.earliest_memo[key] = answer
+        return answer
+
+    def _reserve(self, job: PendingJob, req: Request) -> bool:
+        """Reserve the capacity on which ``job`` can start earliest, given running jobs' projected ends."""
+        chosen, start = self._earliest(req)
         if chosen is None:
             return False
         units = sorted(u for _h, us in chosen for u in us)
         until = start if start != INF else self.now
         self.state.reserve(units, until, job.id)
+        self.reserved_classes.add(job.qos_priority)
         self.reservations.append(Reservation(job.id, None if start == INF else start, tuple(units)))
         when = "when running jobs end (no time limits known)" if start == INF else f"at {_at(start)}"
         self.wait(job, Reason.RESERVATION, f"capacity reserved for it; expected start {when}")
         return True
+
+    def _should_preempt(self, job: PendingJob, req: Request) -> bool:
+        """Preempt only if waiting for running jobs to end would start ``job`` too late (or when unknown)."""
+        if self.c.preempt_patience_s is None:
+            return True
+        limit = self._preempt_limit(job)
+        start = self._earliest(req)[1]
+        decision = start > limit
+        self.probe = (start, decision)
+        return decision
 
 
 def plan(snapshot: Snapshot, config: PolicyConfig | None = None) -> Decisions:

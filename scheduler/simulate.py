@@ -11,11 +11,19 @@ Model (stated, so the figures can be judged):
 * work = the trace's ``runtime`` (minutes of useful run time); every attempt but the last one of the trace failed:
   it holds its GPUs for its recorded duration, its work is lost, and the job is requeued at once;
 * the scheduler knows each job's remaining useful run time (a perfect time-limit estimate) but not its failures;
-* a cycle runs at most every ``tick`` seconds of simulated time, when something happened;
-* a preempted job checkpoints (60 s) and stops, keeping its progress; its queue-wait SLA is not counted again;
+* a cycle runs on every arrival, end and stop, and when a waiting job reaches half and 90% of its max queue
+  wait (or its aging age): event-driven, as the live loop on NOTIFY (``--tick N`` rounds cycles up to N seconds);
+* a preempted job checkpoints on SIGTERM (60 s: the trainer commits a checkpoint and exits 75) and stops, keeping
+  its progress; those 60 s on its GPUs are counted as lost work (``preemption_lost_gpu_h``); the policy ranks
+  victims by the work since their last periodic checkpoint (every 30 min); a requeued job's queue-wait SLA is not
+  counted again;
+* team quotas: each team's nominal is an even share of the GPUs, all six in one cohort, all of it lendable and
+  borrowing unlimited, so an idle team's share is lent and reclaimed (``reclaim_preemptions``) when it needs it;
+  ``teams`` reports GPU-hours used and borrowed (above nominal) per team;
 * utilisation = busy GPU time / GPU time over the trace's submission window (both policies, same window);
   ``utilisation_to_makespan`` divides by each policy's own makespan instead;
-* FIFO: submission order, the head blocks everyone behind it, no preemption, no backfill. kiln: ``PolicyConfig()``.
+* FIFO: submission order, the head blocks everyone behind it, no preemption, no backfill, no quotas. kiln:
+  ``PolicyConfig()``.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from typing import Any
 
 from scheduler.config import PolicyConfig
 from scheduler.policy import plan
-from scheduler.snapshot import ANY, HostInfo, PendingJob, PlacedHost, RunningJob, Snapshot, TeamInfo
+from scheduler.snapshot import ANY, HostInfo, PendingJob, PlacedHost, QuotaInfo, RunningJob, Snapshot, TeamInfo
 from scheduler.synthetic import gpu_cluster
 
 CLASSES = {"gold": (1000, False, 1800.0), "silver": (500, False, 7200.0), "bronze": (200, True, 28800.0),
@@ -45,6 +53,7 @@ TEAMS = 6
 CHECKPOINT_S = 1800.0  # the trainers' checkpoint interval
 STOP_S = 60.0  # SIGTERM -> checkpoint -> exit
 HALF_LIFE_S = 7 * 86400.0
+COHORT = "philly"
 
 
 @dataclass(frozen=True)
@@ -136,6 +145,9 @@ class Result:
     plan_s: float
     series: list[tuple[float, int, int]] = field(default_factory=list)  # (t, queue length, busy GPUs)
     window: float = 0.0  # the trace's submission window: utilisation is measured over it, the same for both
+    reclaims: int = 0  # preemptions that reclaimed lent quota (the rest: a higher class)
+    lost_gpu_s: float = 0.0  # GPU time of preempted jobs spent checkpointing and stopping
+    teams: list[tuple[float, float]] = field(default_factory=list)  # per team: (GPU-seconds used, borrowed)
 
 
 def window_utilisation(r: Result) -> float:
@@ -156,6 +168,13 @@ class Simulation:
         self.gpus = sum(len(h.gpus) for h in hosts)
         self.config = config
         self.tick = tick
+        # Team quotas: the cluster split evenly (the remainder to the first teams), all in one cohort, everything
+        # lendable and borrowable: an idle team's share is lent, and reclaimed when that team needs it.
+        self.nominal = [self.gpus // TEAMS + (1 if i < self.gpus % TEAMS else 0) for i in range(TEAMS)]
+        self.borrowed_gpu_s = [0.0] * TEAMS
+        self.used_gpu_s = [0.0] * TEAMS
+        self.reclaims = 0
+        self.lost_gpu_s = 0.0  # GPU time of preempted jobs between the request and the stop (no progress)
         self.jobs: dict[int, SimJob] = {}
         self.arrivals = []
         for i, tj in enumerate(trace, 1):
@@ -170,6 +189,7 @@ class Simulation:
         self.usage_t = 0.0
         self.preemptions = 0
         self.busy_gpu_s = 0.0
+        self.views: dict[int, tuple[RunningJob, RunningJob]] = {}  # running job -> its snapshot copy (checkpoint)
 
     def push(self, t: float, job: int, kind: str) -> None:
         self.seq += 1
@@ -194,15 +214,25 @@ class Simulation:
         for r in self.running.values():
             per_team[r.team_id] += r.gpus
         self.usage = [u * f + per_team[i] * dt for i, u in enumerate(self.usage)]
+        for i in range(TEAMS):
+            self.used_gpu_s[i] += per_team[i] * dt
+            self.borrowed_gpu_s[i] += max(0, per_team[i] - self.nominal[i]) * dt
         self.usage_t = now
 
     def _snapshot(self, now: float) -> Snapshot:
-        running = tuple(
-            replace(r, last_checkpoint_at=r.started_at + math.floor((now - r.started_at) / CHECKPOINT_S) * CHECKPOINT_S)
-            for r in self.running.values()
+        running = []
+        for jid, r in self.running.items():
+            ckpt = r.started_at + math.floor((now - r.started_at) / CHECKPOINT_S) * CHECKPOINT_S
+            seen = self.views.get(jid)
+            if seen is None or seen[0] is not r or seen[1].last_checkpoint_at != ckpt:
+                seen = self.views[jid] = (r, replace(r, last_checkpoint_at=ckpt))
+            running.append(seen[1])
+        teams = tuple(
+            TeamInfo(i, f"team{i}", cohort=COHORT, quotas=(QuotaInfo(ANY, n),), decayed_usage=self.usage[i])
+            for i, n in enumerate(self.nominal)
         )
-        teams = tuple(TeamInfo(i, f"team{i}", decayed_usage=self.usage[i]) for i in range(TEAMS))
-        return Snapshot(now=now, hosts=self.hosts, running=running, pending=tuple(self.pending.values()), teams=teams)
+        pending = tuple(self.pending.values())
+        return Snapshot(now=now, hosts=self.hosts, running=tuple(running), pending=pending, teams=teams)
 
     def _start(self, jid: int, placement: tuple[PlacedHost, ...], now: float) -> None:
         sj = self.jobs[jid]
@@ -226,6 +256,17 @@ class Simulation:
         self.busy_gpu_s += r.gpus * (now - sj.started)
         return sj
 
+    def _wakes(self, jid: int) -> None:
+        """Cycles at the moments a waiting job's standing changes: at risk of its SLA, near breach, aged."""
+        sj = self.jobs[jid]
+        wait = CLASSES[sj.qos][2]
+        submit = sj.trace.submit
+        if wait is not None:
+            for frac in (self.config.sla_reserve_fraction, 0.9):
+                self.push(submit + frac * wait, jid, "wake")
+        elif self.config.starvation_age_s is not None:
+            self.push(submit + self.config.starvation_age_s, jid, "wake")
+
     def run(self, name: str) -> Result:
         arrivals = sorted(self.arrivals)
         ai = 0
@@ -234,14 +275,19 @@ class Simulation:
         plan_s = 0.0
         series: list[tuple[float, int, int]] = []
         while ai < len(arrivals) or self.events or self.pending:
+            while self.events and self.events[0][3] == "wake" and self.jobs[self.events[0][2]].first_start is not None:
+                heapq.heappop(self.events)  # the job has started: nothing to wake for
             next_arrival = arrivals[ai][0] if ai < len(arrivals) else math.inf
             nxt = min(next_arrival, self.events[0][0] if self.events else math.inf)
             if nxt == math.inf:
                 break  # pending jobs that can never run (larger than the cluster)
-            now = max(now, math.ceil(nxt / self.tick) * self.tick)
+            # Event-driven (tick 0): a cycle at every arrival, end, stop and SLA wake-up, as the live loop runs
+            # one on every NOTIFY. With a tick, cycles are rounded up to the next multiple of it.
+            now = max(now, math.ceil(nxt / self.tick) * self.tick if self.tick > 0 else nxt)
             while ai < len(arrivals) and arrivals[ai][0] <= now:
                 jid = arrivals[ai][1]
                 self.pending[jid] = self._pending_job(jid, now)
+                self._wakes(jid)
                 ai += 1
             while self.events and self.events[0][0] <= now:
                 t, _s, jid, kind = heapq.heappop(self.events)
@@ -254,19 +300,28 @@ class Simulation:
             for adm in decisions.admissions:
                 place = tuple(PlacedHost(p.host, p.gpus) for p in adm.placement)
                 self._start(adm.job_id, place, now)
+            for w in decisions.pending:  # stored as the live loop's apply does: the next cycle sees it
+                pj = self.pending.get(w.job_id)
+                if pj is not None and pj.pending_reason != w.reason:
+                    self.pending[w.job_id] = replace(pj, pending_reason=str(w.reason))
             for pre in decisions.preemptions:
                 r = self.running[pre.job_id]
                 self.running[pre.job_id] = replace(r, preempt_requested=True, state="PREEMPTING")
                 self.jobs[pre.job_id].preempted = True
                 self.preemptions += 1
+                self.reclaims += "reclaimed" in pre.reason
+                self.lost_gpu_s += r.gpus * STOP_S
                 self.push(now + STOP_S, pre.job_id, "preempted")
             busy = sum(r.gpus for r in self.running.values())
+            if series and series[-1][0] == now:
+                series.pop()
             series.append((now, len(self.pending), busy))
         done = [j for j in self.jobs.values() if j.finish is not None]
         makespan = max((j.finish for j in done if j.finish is not None), default=now)
         window = max((a[0] for a in arrivals), default=0.0)
         return Result(name, list(self.jobs.values()), self.busy_gpu_s, makespan, self.gpus, self.preemptions,
-                      cycles, plan_s, series, window)  # fmt: skip
+                      cycles, plan_s, series, window, self.reclaims, self.lost_gpu_s,
+                      list(zip(self.used_gpu_s, self.borrowed_gpu_s, strict=True)))  # fmt: skip
 
     def _event(self, t: float, jid: int, kind: str) -> None:
         sj = self.jobs[jid]
@@ -325,6 +380,10 @@ def summarize(r: Result) -> dict[str, Any]:
         "makespan_days": round(r.makespan / 86400, 2),
         "sla_attainment": sla,
         "preemptions": r.preemptions,
+        "reclaim_preemptions": r.reclaims,
+        "preemption_lost_gpu_h": round(r.lost_gpu_s / 3600, 1),
+        "teams": [{"team": f"team{i}", "gpu_h": round(u / 3600), "borrowed_gpu_h": round(b / 3600)}
+                  for i, (u, b) in enumerate(r.teams)],  # fmt: skip
         "cycles": r.cycles,
         "plan_ms_mean": round(1000 * r.plan_s / max(1, r.cycles), 3),
     }
@@ -357,15 +416,16 @@ def plot(results: list[Result], out: Path) -> list[str]:
 
 def table(summaries: list[dict[str, Any]]) -> str:
     head = "| policy | mean JCT h | p50 JCT h | p95 JCT h | mean wait h | p50 wait h | p95 wait h | util | " \
-           "gold SLA | silver SLA | bronze SLA | preemptions |"  # fmt: skip
-    lines = [head, "|" + "---|" * 12]
+           "gold SLA | silver SLA | bronze SLA | preemptions (reclaim) | lost GPU-h |"  # fmt: skip
+    lines = [head, "|" + "---|" * 13]
     for s in summaries:
         sla = s["sla_attainment"]
         lines.append(
             f"| {s['policy']} | {s['jct']['mean_h']} | {s['jct']['p50_h']} | {s['jct']['p95_h']} | "
             f"{s['queueing_delay']['mean_h']} | {s['queueing_delay']['p50_h']} | {s['queueing_delay']['p95_h']} | "
             f"{s['utilisation']:.1%} | {sla['gold']['attainment']:.1%} | {sla['silver']['attainment']:.1%} | "
-            f"{sla['bronze']['attainment']:.1%} | {s['preemptions']} |"
+            f"{sla['bronze']['attainment']:.1%} | {s['preemptions']} ({s['reclaim_preemptions']}) | "
+            f"{s['preemption_lost_gpu_h']} |"
         )
     return "\n".join(lines)
 
@@ -375,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("trace", help="Philly-format JSON, or synthetic:N")
     ap.add_argument("--hosts", type=int, default=40)
     ap.add_argument("--gpus-per-host", type=int, default=8)
-    ap.add_argument("--tick", type=float, default=300.0, help="seconds between scheduling cycles (simulated)")
+    ap.add_argument("--tick", type=float, default=0.0,
+                    help="0: a cycle on every event (default); else cycles rounded up to multiples of this (s)")
     ap.add_argument("--jobs", type=int, default=None, help="replay only the first N jobs")
     ap.add_argument("--out", default="simulate-out")
     ap.add_argument("--no-plots", action="store_true")

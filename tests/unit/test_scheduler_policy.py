@@ -318,3 +318,84 @@ def test_quota_key_for() -> None:
     assert quota_key_for(t, 4, "H100") == "H100"
     assert quota_key_for(t, 4, "A100") == ANY
     assert quota_key_for(t, 4, None) == ANY
+
+
+# -- restart backoff written by the reconciler, preemption patience, per-class reservations, aging ---------------------
+
+
+def test_reconciler_backoff_becomes_resources_with_the_eligible_time() -> None:
+    # The reconciler stores pending_reason="Backoff" (not one of the eight): plan() answers Resources with the time
+    # the job becomes eligible, so apply rewrites the stored reason; the message is stable between cycles.
+    job = pj(1, 2, not_before=NOW + 90, pending_reason="Backoff")
+    first = plan(snap(pending=(job,)))
+    assert first.admissions == ()
+    (p,) = first.pending
+    assert p.reason == Reason.RESOURCES and p.reason in set(Reason) and str(p.reason) != "Backoff"
+    assert p.message == "restart backoff: eligible at 1970-01-12 13:48:10Z"
+    later = plan(replace(snap(pending=(job,)), now=NOW + 30))
+    assert later.pending[0].message == p.message
+    # Once not_before has passed, it is admitted like any other job.
+    assert [a.job_id for a in plan(replace(snap(pending=(job,)), now=NOW + 90)).admissions] == [1]
+    # Backoff is checked before placement: even an idle cluster does not admit it early.
+    assert reasons(snap(hosts=4, pending=(job, pj(2, 1))))[1] == Reason.RESOURCES
+
+
+def test_no_preemption_when_waiting_for_a_running_job_meets_the_sla() -> None:
+    # The bronze victim ends in 10 minutes: the gold job (max wait 30 min) waits for it instead of preempting.
+    running = (rj(1, "h0000", list(range(8)), qos="bronze", expected_end=NOW + 600),)
+    gold = pj(2, 8, qos="gold", max_queue_wait_s=1800.0, estimated_runtime_s=3600.0)
+    d = plan(snap(running=running, pending=(gold,)))
+    assert d.preemptions == () and d.pending[0].reason == Reason.RESERVATION
+    # Ending after the SLA would break: preempt.
+    late = (replace(running[0], expected_end=NOW + 7200),)
+    assert [p.job_id for p in plan(snap(running=late, pending=(gold,))).preemptions] == [1]
+    # The old behaviour on request.
+    eager = PolicyConfig(preempt_patience_s=None)
+    assert [p.job_id for p in plan(snap(running=running, pending=(gold,)), eager).preemptions] == [1]
+
+
+def test_the_head_of_each_class_holds_a_reservation() -> None:
+    # The silver head reserves the host that frees first; the best-effort head reserves the other one (half free
+    # now), so a long small best-effort job cannot take the capacity the large best-effort job waits for.
+    running = (
+        rj(1, "h0000", list(range(8)), qos="gold", expected_end=NOW + 1000),
+        rj(2, "h0001", list(range(4)), qos="gold", expected_end=NOW + 5000),
+    )
+    pending = (
+        pj(10, 8, qos="silver", estimated_runtime_s=3600.0),
+        pj(11, 8, qos="best-effort", age=100, estimated_runtime_s=3600.0),
+        pj(12, 4, qos="best-effort", estimated_runtime_s=36000.0),
+    )
+    d = plan(snap(hosts=2, running=running, pending=pending))
+    assert [r.job_id for r in d.reservations] == [10, 11]
+    got = {p.job_id: p.reason for p in d.pending}
+    assert got[10] == got[11] == Reason.RESERVATION and got[12] == Reason.PRIORITY and d.admissions == ()
+    # Without per-class reservations the small job backfills onto the free half ahead of job 11.
+    old = plan(snap(hosts=2, running=running, pending=pending), PolicyConfig(reserve_per_class=False))
+    assert [a.job_id for a in old.admissions] == [12]
+    # A short one that ends before the reserved start may still backfill.
+    short = replace(pending[2], estimated_runtime_s=600.0)
+    assert admitted(snap(hosts=2, running=running, pending=(*pending[:2], short))) == [12]
+
+
+def test_aging_within_a_class_puts_the_oldest_starved_job_first() -> None:
+    # Best-effort has no queue-wait SLA: after starvation_age_s it sorts ahead of fair share, oldest first.
+    teams = (TeamInfo(1, "heavy", decayed_usage=1e9), TeamInfo(2, "light"))
+    old = pj(1, 8, team=1, qos="best-effort", age=2 * 86400)
+    new = pj(2, 8, team=2, qos="best-effort", age=60)
+    assert admitted(snap(teams=teams, pending=(old, new))) == [1]
+    assert admitted(snap(teams=teams, pending=(old, new)), PolicyConfig(starvation_age_s=None)) == [2]
+
+
+def test_identical_jobs_get_identical_answers() -> None:
+    # Jobs of one shape share one answer per state of the cycle (the memo); a different SLA still decides alone.
+    running = (rj(1, "h0000", list(range(8)), qos="bronze", expected_end=NOW + 600),)
+    pending = tuple(pj(i, 8, qos="gold", estimated_runtime_s=3600.0, age=i) for i in range(2, 40))
+    d = plan(snap(running=running, pending=pending, hosts=2))
+    assert len(d.admissions) == 1 and len(d.reservations) == 1 and d.preemptions == ()
+    rest = {(p.reason, p.message) for p in d.pending if p.reason != Reason.RESERVATION}
+    assert len(rest) == 1 and len(d.pending) == len(pending) - 1
+    # A job of the same shape whose SLA waiting would break decides for itself (it preempts).
+    urgent = replace(pending[-1], id=99, max_queue_wait_s=60.0, submitted_at=NOW - 3000)
+    d2 = plan(snap(running=running, pending=(*pending, urgent)))
+    assert [(p.job_id, p.preemptor_id) for p in d2.preemptions] == [(1, 99)]

@@ -24,3 +24,20 @@ def test_synthetic_replay_against_fifo(tmp_path: Path) -> None:
     assert kiln["jct"]["mean_h"] <= fifo["jct"]["mean_h"]
     assert 0 < kiln["utilisation"] <= 1 and fifo["preemptions"] == 0
     assert (tmp_path / "simulate_queue.png").stat().st_size > 1000
+
+
+def test_event_driven_replay_exercises_quotas_and_is_deterministic(tmp_path: Path) -> None:
+    args = ["synthetic:300", "--hosts", "6", "--no-plots"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    a = json.loads((tmp_path / "a" / "simulate.json").read_text())
+    b = json.loads((tmp_path / "b" / "simulate.json").read_text())
+    assert a["tick_s"] == 0.0
+    assert [r | {"plan_ms_mean": 0} for r in a["results"]] == [r | {"plan_ms_mean": 0} for r in b["results"]]
+    fifo, kiln = a["results"]
+    assert kiln["jobs_finished"] == fifo["jobs_finished"] == 300
+    # Six teams share one cohort: some borrow above their nominal; FIFO ignores quotas and never preempts.
+    assert len(kiln["teams"]) == 6 and sum(t["borrowed_gpu_h"] for t in kiln["teams"]) > 0
+    assert fifo["preemptions"] == fifo["reclaim_preemptions"] == 0 and fifo["preemption_lost_gpu_h"] == 0
+    assert kiln["reclaim_preemptions"] <= kiln["preemptions"]
+    assert kiln["preemption_lost_gpu_h"] >= 0
