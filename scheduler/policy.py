@@ -209,7 +209,6 @@ class _Planner:
             limit = min(limit, job.deadline - job.estimated_runtime_s)
         return limit
 
-
     def _consider_job(self, job: PendingJob, urgent: set[int], end: float | None) -> bool:
         """Admit ``job`` or record why it waits (possibly preempting or reserving for it). True if admitted."""
         self.placement_failed = False
@@ -386,7 +385,10 @@ class _Planner:
             found["chosen"] = chosen
             return True
 
-        victims = choose(candidates, fits, now=self.now, limit=self.c.max_victim_candidates)
+        free_now = sum(self.state.free_count.get(m, 0) for m in models) + sum(r.gpus for r in inflight)
+        victims = choose(
+            candidates, fits, now=self.now, limit=self.c.max_victim_candidates, short=max(1, req.units - free_now)
+        )
         if victims is None:
             return False
         fits(victims)  # the placement for the final set

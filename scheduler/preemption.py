@@ -55,10 +55,25 @@ def choose(
     *,
     now: float,
     limit: int,
+    short: int | None = None,
+    exact_trials: int = 8,
 ) -> list[RunningJob] | None:
-    """The victims (possibly none) after which ``fits`` holds, or None when no set of candidates suffices."""
+    """The victims (possibly none) after which ``fits`` holds, or None when no set of candidates suffices.
+
+    With ``short`` (the GPUs the requester lacks), a single victim that fits exactly comes first: the smallest
+    job of at least ``short`` GPUs whose release alone lets the requester fit (least lost work among equals), so
+    one job stops instead of several smaller ones, and no freed GPUs are left stranded.
+    """
     if fits(()):
         return []
+    if short is not None:
+        singles = sorted(
+            (c for c in candidates if c.gpus >= short),
+            key=lambda v: (v.gpus, lost_work(v, now), v.qos_priority, -v.started_at, v.id),
+        )
+        for v in singles[:exact_trials]:
+            if fits((v,)):
+                return [v]
     ordered = sorted(candidates, key=lambda v: (lost_work(v, now), v.qos_priority, -v.started_at, v.id))[:limit]
     # The greedy answer is the shortest prefix of ``ordered`` that fits. Stopping more jobs never makes the
     # requester fit less (more units, more hosts with enough of them, more quota released), so the shortest

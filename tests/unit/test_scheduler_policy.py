@@ -399,3 +399,23 @@ def test_identical_jobs_get_identical_answers() -> None:
     urgent = replace(pending[-1], id=99, max_queue_wait_s=60.0, submitted_at=NOW - 3000)
     d2 = plan(snap(running=running, pending=(*pending, urgent)))
     assert [(p.job_id, p.preemptor_id) for p in d2.preemptions] == [(1, 99)]
+
+
+def test_choose_prefers_a_single_exact_fit() -> None:
+    from scheduler.preemption import choose
+    from scheduler.snapshot import RunningJob
+
+    def job(i: int, gpus: int, started: float) -> RunningJob:
+        return RunningJob(
+            id=i, team_id=1, qos="best-effort", qos_priority=0, preemptible=True, gpus=gpus, gpu_type="H100",
+            quota_key="*", placement=(), started_at=started, last_checkpoint_at=started,
+        )  # fmt: skip
+
+    small = [job(1, 4, 900.0), job(2, 4, 900.0)]
+    big = job(3, 8, 0.0)  # more work since its checkpoint, but one job whose GPUs fit exactly
+
+    def fits(victims: object) -> bool:
+        return sum(v.gpus for v in victims) >= 8  # type: ignore[attr-defined]
+
+    assert choose([*small, big], fits, now=1000.0, limit=64) == small
+    assert choose([*small, big], fits, now=1000.0, limit=64, short=8) == [big]
