@@ -7,36 +7,18 @@ are not counted; the connection's liveness check on checkout sends no statement 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
-
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from tests.support.api import World, spec
+from tests.support.sql import statements
 
 pytestmark = pytest.mark.integration
 
 SUBMIT_BUDGET = 3  # auth; team + default contract + QoS; the write (job, contract, event, NOTIFY)
 LIST_BUDGET = 2  # auth; the page (jobs joined with team, user and QoS names)
-
-
-@contextmanager
-def statements(engine: Engine) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if not statement.lstrip().upper().startswith(("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT")):
-            seen.append(statement)
-
-    event.listen(engine, "before_cursor_execute", count)
-    try:
-        yield seen
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
 
 
 def test_submit_statement_budget(client: TestClient, world: World, db: Session, pg_engine: Engine) -> None:

@@ -4,19 +4,18 @@ data (no N+1)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import Engine, event, insert, select
+from sqlalchemy import Engine, insert, select
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
 from core.models import GPU, Event, Host, Job, QosClass, SlaContract, Team
+from tests.support.sql import statements
 
 pytestmark = pytest.mark.integration
 
@@ -41,21 +40,6 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 
 def series(samples: Samples, name: str) -> dict[frozenset[tuple[str, str]], float]:
     return {labels: v for (n, labels), v in samples.items() if n == name}
-
-
-@contextmanager
-def statements(engine: Engine) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if not statement.lstrip().upper().startswith(("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT")):
-            seen.append(statement)
-
-    event.listen(engine, "before_cursor_execute", count)
-    try:
-        yield seen
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
 
 
 class World:
