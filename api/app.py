@@ -101,7 +101,7 @@ def make_api_engine(url: str) -> Engine:
 
 
 def _install_dashboard(app: FastAPI) -> None:
-    """The dashboard's static files and read-only views (api/routers/dashboard.py), when present."""
+    """The dashboard's static files and read-only views (api/routers/dashboard/), when present."""
     try:
         from api.routers import dashboard
     except ImportError:  # pragma: no cover - the dashboard is optional

@@ -31,7 +31,7 @@ def _seconds(db: Session, later: SQLColumnExpression[Any], earlier: SQLColumnExp
 
 
 def is_violation_type(column: SQLColumnExpression[str]) -> ColumnElement[bool]:
-    """SQL twin of the SLA page's test (api/routers/dashboard.py ``_is_violation_event``): an ``SLA*`` event
+    """SQL twin of the SLA page's test (``core.services.ops_metrics.is_violation_event``): an ``SLA*`` event
     whose type says VIOLAT(ED/ION), BREACH, MISS or EXCEED."""
     upper = func.upper(column)
     return and_(

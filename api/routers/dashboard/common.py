@@ -1,0 +1,130 @@
+"""Shared by the dashboard's views: price configuration, tenancy helpers, cursors, effective max queue wait."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.models import (
+    Job,
+    QosClass,
+    SlaContract,
+    Team,
+)
+from core.services.errors import InvalidInput, NotFound
+from core.services.principal import Principal
+
+FRONTEND_DIR = Path(__file__).resolve().parents[3] / "frontend"
+
+ACTIVE_STATES = ("ADMITTED", "RUNNING", "PREEMPTING", "PAUSED")
+FINISHED_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")  # terminal; LOST is requeued by the reconciler
+MAX_PAGE = 200
+
+
+# Configuration: price per GPU-hour per GPU type
+
+
+class DashboardSettings(BaseSettings):
+    """``KILN_GPU_PRICES``: JSON object, price per GPU-hour (CPU slot-hour for ``cpu``) by GPU type.
+
+    ``*`` is the price of a type not listed. Currency is whatever the operator bills in (``KILN_CURRENCY``).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="KILN_", extra="ignore")
+
+    gpu_prices: dict[str, float] = {"H200": 4.5, "H100": 3.5, "A100": 2.0, "cpu": 0.05, "*": 2.0}
+    currency: str = "USD"
+
+
+def price_for(prices: dict[str, float], gpu_type: str | None) -> float:
+    return prices.get(gpu_type or "*", prices.get("*", 0.0))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The caller: the API's own session and principal dependencies (api/deps.py), so tenancy is the API's
+
+
+def visible_team_ids(session: Session, who: Principal) -> list[int]:
+    ids = who.visible_team_ids()
+    return list(session.scalars(select(Team.id))) if ids is None else ids
+
+
+def team_filter(session: Session, who: Principal, team: str | None) -> list[int]:
+    """Teams in view, narrowed to ``team`` when given; an invisible team is as absent as a missing one."""
+    ids = visible_team_ids(session, who)
+    if team is None:
+        return ids
+    tid = session.scalar(select(Team.id).where(Team.name == team))
+    if tid is None or tid not in ids:
+        raise NotFound(f"team {team!r} not found")
+    return [tid]
+
+
+def get_visible_job(session: Session, who: Principal, job_id: int) -> Job:
+    job = session.get(Job, job_id)
+    if job is None or not who.can_see(job.team_id):
+        raise NotFound(f"job {job_id} not found")
+    return job
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def iso(dt: datetime | None) -> str | None:
+    return dt.isoformat() if dt is not None else None
+
+
+def encode_cursor(data: dict[str, Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(data, separators=(",", ":")).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> dict[str, Any]:
+    try:
+        pad = "=" * (-len(cursor) % 4)
+        data = json.loads(base64.urlsafe_b64decode(cursor + pad))
+        if not isinstance(data, dict):
+            raise ValueError
+        return data
+    except (ValueError, json.JSONDecodeError) as exc:
+        raise InvalidInput.at("query.cursor", "malformed cursor") from exc
+
+
+def effective_max_wait(session: Session, jobs: list[Job], qos_by_id: dict[int, QosClass]) -> dict[int, float | None]:
+    """The contract's maximum queue wait of each job: its own contract, its spec, the team's, the QoS default."""
+    if not jobs:
+        return {}
+    job_ids = [j.id for j in jobs]
+    team_ids = {j.team_id for j in jobs}
+    own = {
+        c.job_id: c.max_queue_wait_s
+        for c in session.scalars(select(SlaContract).where(SlaContract.job_id.in_(job_ids)))
+    }
+    team_default = {
+        c.team_id: c.max_queue_wait_s
+        for c in session.scalars(
+            select(SlaContract).where(SlaContract.team_id.in_(team_ids), SlaContract.job_id.is_(None))
+        )
+    }
+    out: dict[int, float | None] = {}
+    for j in jobs:
+        spec_wait = ((j.spec or {}).get("sla") or {}).get("max_queue_wait_s")
+        qos = qos_by_id.get(j.qos_class_id)
+        for candidate in (own.get(j.id), spec_wait, team_default.get(j.team_id),
+                          qos.default_max_queue_wait_s if qos else None):  # fmt: skip
+            if candidate is not None:
+                out[j.id] = float(candidate)
+                break
+        else:
+            out[j.id] = None
+    return out
+
+
+#

@@ -1,0 +1,260 @@
+"""One job: everything the job page shows except logs, in one request, and its live SSE stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from api.deps import CurrentPrincipal, SessionDep, StreamPrincipal
+from api.routers.dashboard.common import (
+    FINISHED_STATES,
+    effective_max_wait,
+    get_visible_job,
+    iso,
+)
+from core.db import utcnow
+from core.models import (
+    Attempt,
+    Checkpoint,
+    Event,
+    Job,
+    JobMetric,
+    QosClass,
+    SlaContract,
+    Team,
+)
+
+router = APIRouter(tags=["dashboard"])
+
+
+def _attempt_dict(a: Attempt) -> dict[str, Any]:
+    return {
+        "number": a.number,
+        "state": a.state,
+        "placement": a.placement,
+        "created_at": iso(a.created_at),
+        "started_at": iso(a.started_at),
+        "first_step_at": iso(a.first_step_at),
+        "ended_at": iso(a.ended_at),
+        "resumed_from_step": a.resumed_from_step,
+        "exit_code": a.exit_code,
+        "exit_reason": a.exit_reason,
+    }
+
+
+def restarts_with_recovery(attempts: list[Attempt]) -> list[dict[str, Any]]:
+    """Each restart: the attempt that ended, why, the next one, and the recovery time (end to its first step)."""
+    out = []
+    for prev, nxt in zip(attempts, attempts[1:], strict=False):
+        recovered = nxt.first_step_at
+        recovery = (recovered - prev.ended_at).total_seconds() if (recovered and prev.ended_at) else None
+        out.append(
+            {
+                "from_attempt": prev.number,
+                "to_attempt": nxt.number,
+                "reason": prev.exit_reason or prev.state,
+                "ended_at": iso(prev.ended_at),
+                "resumed_at": iso(recovered),
+                "resumed_from_step": nxt.resumed_from_step,
+                "recovery_s": recovery,
+            }
+        )
+    return out
+
+
+@router.get("/v1/dashboard/jobs/{job_id}", summary="Job overview: contract, attempts, restarts, checkpoints, events")
+def job_overview(job_id: int, session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
+    return overview_of(session, get_visible_job(session, who, job_id))
+
+
+def overview_of(session: Session, job: Job) -> dict[str, Any]:
+    team = session.get(Team, job.team_id)
+    qos_rows = {q.id: q for q in session.scalars(select(QosClass))}
+    qos = qos_rows.get(job.qos_class_id)
+    contract = session.scalar(select(SlaContract).where(SlaContract.job_id == job.id))
+    attempts = list(session.scalars(select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number)))
+    checkpoints = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step))
+    events = list(session.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id)))
+    now = utcnow()
+    end = job.admitted_at or job.finished_at or now
+    return {
+        "job": {
+            "id": job.id,
+            "name": job.name,
+            "team": team.name if team else None,
+            "qos": qos.name if qos else None,
+            "state": job.state,
+            "gpus": job.gpus,
+            "gpu_type": job.gpu_type,
+            "pending_reason": job.pending_reason,
+            "pending_message": job.pending_message,
+            "restart_count": job.restart_count,
+            "last_step": job.last_step,
+            "last_loss": job.last_loss,
+            "steps": (job.spec or {}).get("steps"),
+            "exit_reason": job.exit_reason,
+            "cancel_requested": job.cancel_requested,
+            "submitted_at": iso(job.submitted_at),
+            "admitted_at": iso(job.admitted_at),
+            "started_at": iso(job.started_at),
+            "finished_at": iso(job.finished_at),
+            "wait_s": max(0.0, (end - job.submitted_at).total_seconds()),
+            "max_wait_s": effective_max_wait(session, [job], qos_rows).get(job.id),
+            "spec": job.spec,
+        },
+        "contract": None
+        if contract is None
+        else {
+            "max_queue_wait_s": contract.max_queue_wait_s,
+            "deadline": iso(contract.deadline),
+            "max_restarts": contract.max_restarts,
+            "recovery_time_objective_s": contract.recovery_time_objective_s,
+            "checkpoint_interval_s": contract.checkpoint_interval_s,
+        },
+        "attempts": [_attempt_dict(a) for a in attempts],
+        "restarts": restarts_with_recovery(attempts),
+        "checkpoints": [
+            {
+                "step": c.step,
+                "path": c.path,
+                "bytes": c.bytes,
+                "sha256": c.sha256,
+                "verified": c.verified,
+                "created_at": iso(c.created_at),
+            }  # fmt: skip
+            for c in checkpoints
+        ],
+        "events": [
+            {"id": e.id, "type": e.type, "message": e.message, "data": e.data, "created_at": iso(e.created_at)}
+            for e in events
+        ],
+        "compile_fallbacks": [
+            {"type": e.type, "message": e.message, "created_at": iso(e.created_at)}
+            for e in events
+            if "FALLBACK" in e.type.upper() or "COMPILE" in e.type.upper()
+        ],
+        "loss_spikes": [
+            {"message": e.message, "data": e.data, "created_at": iso(e.created_at)}
+            for e in events
+            if "SPIKE" in e.type.upper()
+        ],
+    }
+
+
+@router.get("/v1/dashboard/jobs/{job_id}/metrics", summary="Training telemetry after a step (for live polling)")
+def job_metrics(
+    job_id: int,
+    session: SessionDep,
+    who: CurrentPrincipal,
+    after_id: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 2000,
+) -> dict[str, Any]:
+    """Rows in insertion order after ``after_id`` (a restart may repeat steps: ids never repeat)."""
+    get_visible_job(session, who, job_id)
+    return metrics_after(session, job_id, after_id, limit)
+
+
+def metrics_after(session: Session, job_id: int, after_id: int, limit: int = 2000) -> dict[str, Any]:
+    rows = list(
+        session.scalars(
+            select(JobMetric)
+            .where(JobMetric.job_id == job_id, JobMetric.id > after_id)
+            .order_by(JobMetric.id)
+            .limit(limit)
+        )
+    )
+    return {
+        "items": [
+            {
+                "id": m.id,
+                "step": m.step,
+                "ts": iso(m.ts),
+                "loss": m.loss,
+                "grad_norm": m.grad_norm,
+                "tokens_per_s": m.tokens_per_s,
+                "step_time_s": m.step_time_s,
+                "mfu": m.mfu,
+                "mem_peak_bytes": m.mem_peak_bytes,
+                "extra": m.extra,
+            }  # fmt: skip
+            for m in rows
+        ],
+        "last_id": rows[-1].id if rows else after_id,
+    }
+
+
+STREAM_TICK_S = 1.0
+METRICS_PER_TICK = 2000
+
+
+def _sse(event: str, data: Any, event_id: str | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+@router.get(
+    "/v1/dashboard/jobs/{job_id}/stream",
+    summary="Server-sent events: `overview` when the job changes, `metrics` as telemetry arrives, `end`",
+    response_class=StreamingResponse,
+)
+async def job_stream(
+    job_id: int,
+    request: Request,
+    who: StreamPrincipal,
+    session: SessionDep,
+    after_id: Annotated[int, Query(ge=0)] = 0,
+) -> StreamingResponse:
+    """Accepts ``access_token`` as a query parameter (EventSource cannot send headers). Each tick opens its own
+    short session, so a long-lived stream holds no connection or transaction between ticks."""
+    get_visible_job(session, who, job_id)
+    session.close()
+    resume = request.headers.get("last-event-id")
+    last_id = int(resume) if resume and resume.isdigit() else after_id
+
+    def tick(last_metric: int, fingerprint: tuple[Any, ...] | None) -> tuple[list[str], int, tuple[Any, ...], bool]:
+        with request.app.state.sessionmaker() as s:
+            job = s.get(Job, job_id)
+            if job is None:
+                return [_sse("end", {"reason": "gone"})], last_metric, (), True
+            out = []
+            metrics = metrics_after(s, job_id, last_metric, METRICS_PER_TICK)
+            if metrics["items"]:
+                last_metric = metrics["last_id"]
+                out.append(_sse("metrics", metrics, str(last_metric)))
+            fp = (
+                job.state,
+                job.updated_at,
+                job.last_step,
+                s.scalar(select(func.max(Event.id)).where(Event.job_id == job_id)),
+                s.scalar(select(func.count(Checkpoint.id)).where(Checkpoint.job_id == job_id)),
+            )
+            if fp != fingerprint:
+                out.append(_sse("overview", overview_of(s, job)))
+            done = job.state in FINISHED_STATES and len(metrics["items"]) < METRICS_PER_TICK
+            if done:
+                out.append(_sse("end", {"state": job.state}))
+            return out, last_metric, fp, done
+
+    async def events() -> AsyncIterator[str]:
+        nonlocal last_id
+        fingerprint: tuple[Any, ...] | None = None
+        yield "retry: 2000\n\n"
+        while not await request.is_disconnected():
+            chunks, last_id, fingerprint, done = await run_in_threadpool(tick, last_id, fingerprint)
+            for chunk in chunks:
+                yield chunk
+            if done:
+                return
+            await asyncio.sleep(STREAM_TICK_S)
+
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )

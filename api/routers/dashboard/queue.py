@@ -1,0 +1,226 @@
+"""The index page, the signed-in context, prices, and the queue in scheduling order with positions."""
+
+from __future__ import annotations
+
+from datetime import UTC
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import FileResponse
+from pydantic import BaseModel
+from sqlalchemy import ColumnElement, func, select
+
+from api.deps import CurrentPrincipal, SessionDep
+from api.routers.dashboard.common import (
+    ACTIVE_STATES,
+    FINISHED_STATES,
+    FRONTEND_DIR,
+    MAX_PAGE,
+    DashboardSettings,
+    decode_cursor,
+    effective_max_wait,
+    encode_cursor,
+    iso,
+    team_filter,
+    visible_team_ids,
+)
+from core.db import utcnow
+from core.models import (
+    Job,
+    QosClass,
+    Team,
+)
+from core.services.errors import NotFound
+
+router = APIRouter(tags=["dashboard"])
+
+
+@router.get("/", include_in_schema=False)
+def index() -> FileResponse:
+    return FileResponse(FRONTEND_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/v1/config/prices", summary="Price per GPU-hour by GPU type (KILN_GPU_PRICES)")
+def prices(who: CurrentPrincipal) -> dict[str, Any]:
+    cfg = DashboardSettings()
+    return {"currency": cfg.currency, "prices": cfg.gpu_prices, "unit": "per GPU-hour (cpu: per slot-hour)"}
+
+
+@router.get("/v1/dashboard/context", summary="Who is signed in, their teams and the QoS classes")
+def context(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
+    roles = who.roles
+    teams = session.scalars(select(Team).where(Team.id.in_(visible_team_ids(session, who))).order_by(Team.name))
+    return {
+        "user": {"name": who.name, "is_admin": who.is_admin},
+        "teams": [{"name": t.name, "role": roles.get(t.id, "admin")} for t in teams],
+        "qos_classes": [
+            {
+                "name": q.name,
+                "priority": q.priority,
+                "preemptible": q.preemptible,
+                "default_max_queue_wait_s": q.default_max_queue_wait_s,
+                "description": q.description,
+            }  # fmt: skip
+            for q in session.scalars(select(QosClass).order_by(QosClass.priority.desc()))
+        ],
+    }
+
+
+class QueueRow(BaseModel):
+    id: int
+    name: str
+    team: str
+    qos: str
+    state: str
+    position: int | None
+    gpus: int
+    gpu_type: str | None
+    pending_reason: str | None
+    pending_message: str | None
+    submitted_at: str
+    started_at: str | None
+    finished_at: str | None
+    wait_s: float
+    max_wait_s: float | None
+    last_step: int
+    steps: int | None
+    last_loss: float | None
+    restart_count: int
+
+
+class QueuePage(BaseModel):
+    items: list[QueueRow]
+    next_cursor: str | None
+    total: int
+
+
+@router.get("/v1/dashboard/queue", response_model=QueuePage, summary="Jobs in queue order, with position")
+def queue(
+    session: SessionDep,
+    who: CurrentPrincipal,
+    view: Annotated[str, Query(pattern="^(waiting|active|finished)$")] = "waiting",
+    team: str | None = None,
+    qos: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+    cursor: str | None = None,
+) -> QueuePage:
+    """``waiting``: QUEUED jobs in the scheduler's base order (QoS priority, job priority, submission), with the
+    position in the whole queue; ``active``: admitted/running/preempting/paused; ``finished``: newest first.
+    Keyset pagination: ``next_cursor`` holds the last row's sort key."""
+    teams = team_filter(session, who, team)
+    qos_rows = {q.id: q for q in session.scalars(select(QosClass))}
+    qos_id = None
+    if qos is not None:
+        qos_id = next((q.id for q in qos_rows.values() if q.name == qos), None)
+        if qos_id is None:
+            raise NotFound(f"QoS class {qos!r} not found")
+    team_names = dict(session.execute(select(Team.id, Team.name).where(Team.id.in_(teams))).tuples().all())
+
+    conds: list[ColumnElement[bool]] = [Job.team_id.in_(teams)]
+    if qos_id is not None:
+        conds.append(Job.qos_class_id == qos_id)
+    after = decode_cursor(cursor) if cursor else None
+    rows: list[tuple[Job, int | None]]
+
+    if view == "waiting":
+        # Position is over the whole queue (every team): "you are 57th", not "57th among what you can see".
+        ranked = (
+            select(
+                Job.id.label("id"),
+                QosClass.priority.label("qp"),
+                Job.priority.label("jp"),
+                func.row_number()
+                .over(order_by=(QosClass.priority.desc(), Job.priority.desc(), Job.id.asc()))
+                .label("pos"),
+            )
+            .join(QosClass, QosClass.id == Job.qos_class_id)
+            .where(Job.state == "QUEUED")
+            .subquery()
+        )
+        stmt = select(Job, ranked.c.pos).join(ranked, ranked.c.id == Job.id).where(*conds)
+        total = session.scalar(select(func.count()).select_from(ranked).join(Job, Job.id == ranked.c.id).where(*conds))
+        if after:
+            stmt = stmt.where(ranked.c.pos > int(after.get("pos", 0)))
+        stmt = stmt.order_by(ranked.c.pos.asc()).limit(limit + 1)
+        rows = [(j, int(p)) for j, p in session.execute(stmt).tuples()]
+    else:
+        states = (*ACTIVE_STATES, "LOST") if view == "active" else FINISHED_STATES
+        conds.append(Job.state.in_(states))
+        total = session.scalar(select(func.count(Job.id)).where(*conds))
+        stmt = select(Job).where(*conds)
+        if after:
+            stmt = stmt.where(Job.id < int(after.get("id", 0)))
+        stmt = stmt.order_by(Job.id.desc()).limit(limit + 1)
+        rows = [(j, None) for j in session.scalars(stmt)]
+
+    more = len(rows) > limit
+    rows = rows[:limit]
+    max_waits = effective_max_wait(session, [j for j, _ in rows], qos_rows)
+    now = utcnow()
+    items = []
+    for j, pos in rows:
+        end = j.admitted_at or (j.finished_at if j.state in FINISHED_STATES else None) or now
+        qos_row = qos_rows.get(j.qos_class_id)
+        items.append(
+            QueueRow(
+                id=j.id,
+                name=j.name,
+                team=team_names.get(j.team_id, str(j.team_id)),
+                qos=qos_row.name if qos_row else "?",
+                state=j.state,
+                position=pos,
+                gpus=j.gpus,
+                gpu_type=j.gpu_type,
+                pending_reason=j.pending_reason,
+                pending_message=j.pending_message,
+                submitted_at=j.submitted_at.isoformat(),
+                started_at=iso(j.started_at),
+                finished_at=iso(j.finished_at),
+                wait_s=max(0.0, (end - j.submitted_at).total_seconds()),
+                max_wait_s=max_waits.get(j.id),
+                last_step=j.last_step,
+                steps=(j.spec or {}).get("steps"),
+                last_loss=j.last_loss,
+                restart_count=j.restart_count,
+            )
+        )
+    next_cursor = None
+    if more and rows:
+        last_job, last_pos = rows[-1]
+        next_cursor = encode_cursor({"pos": last_pos} if view == "waiting" else {"id": last_job.id})
+    return QueuePage(items=items, next_cursor=next_cursor, total=int(total or 0))
+
+
+@router.get("/v1/dashboard/queue/summary", summary="Jobs waiting and running, by team and QoS class")
+def queue_summary(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
+    teams = visible_team_ids(session, who)
+    stmt = (
+        select(Team.name, QosClass.name, Job.state, func.count(Job.id), func.sum(Job.gpus), func.min(Job.submitted_at))
+        .join(Team, Team.id == Job.team_id)
+        .join(QosClass, QosClass.id == Job.qos_class_id)
+        .where(Job.team_id.in_(teams), Job.state.in_(("QUEUED", *ACTIVE_STATES)))
+        .group_by(Team.name, QosClass.name, Job.state)
+    )
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    now = utcnow()
+    for team, qos, state, count, gpus, oldest in session.execute(stmt).tuples():
+        g = groups.setdefault((team, qos), {"team": team, "qos": qos, "waiting": 0, "active": 0,
+                                            "gpus_waiting": 0, "gpus_active": 0, "oldest_wait_s": None})  # fmt: skip
+        if state == "QUEUED":
+            g["waiting"] += count
+            g["gpus_waiting"] += int(gpus or 0)
+            if oldest is not None:
+                oldest = oldest if oldest.tzinfo else oldest.replace(tzinfo=UTC)
+                g["oldest_wait_s"] = (now - oldest).total_seconds()
+        else:
+            g["active"] += count
+            g["gpus_active"] += int(gpus or 0)
+    reasons = session.execute(
+        select(Job.pending_reason, func.count(Job.id))
+        .where(Job.team_id.in_(teams), Job.state == "QUEUED")
+        .group_by(Job.pending_reason)
+    ).tuples()
+    return {
+        "groups": sorted(groups.values(), key=lambda g: (g["team"], g["qos"])),
+        "pending_reasons": {(r or "NONE"): c for r, c in reasons},
+    }
