@@ -2,7 +2,8 @@
 #   control - API, scheduler, migrations: no torch (they never import it)
 #   worker  - a GPU host: kiln[trainer] with the CUDA build of torch that PyPI ships for Linux
 FROM python:3.11-slim AS base
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
+# The source tree is what runs (migrations/versions and frontend/ are read from it, not from site-packages).
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PYTHONPATH=/opt/kiln
 WORKDIR /opt/kiln
 COPY pyproject.toml README.md ./
 COPY api ./api
