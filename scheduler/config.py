@@ -39,4 +39,7 @@ class PolicyConfig:
     max_preempt_searches: int = 32  # victim searches per cycle (each costs placement trials)
     max_victim_candidates: int = 64
     min_run_time_s: float = 300.0  # a job is not preempted before it has run this long
+    # Anti-thrash: in victim order, each earlier preemption of a candidate counts as this many seconds of lost
+    # work on each of its GPUs, so the same long job is not pushed back again and again (to the tail).
+    victim_preempted_penalty_s: float = 900.0
     fairshare_admit_charge_s: float = 3600.0  # usage charged per admitted GPU within a cycle (ordering only)

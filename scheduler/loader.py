@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -130,9 +131,11 @@ def _running(
     model_of = {g.uuid: g.model for h in hosts for g in h.gpus}
     rows = [(j, a) for j, a in repo.active_jobs(db) if a is not None and a.ended_at is None]
     ckpts = repo.last_checkpoints(db, [j.id for j, _ in rows])
+    preempted = repo.preemption_counts(db, [j.id for j, _ in rows])
     out = []
     for job, attempt in rows:
-        out.append(_running_job(job, attempt, teams, qos, model_of, ckpts.get(job.id)))
+        running = _running_job(job, attempt, teams, qos, model_of, ckpts.get(job.id))
+        out.append(replace(running, preemptions=preempted.get(job.id, 0)))
     return tuple(out)
 
 

@@ -387,7 +387,12 @@ class _Planner:
 
         free_now = sum(self.state.free_count.get(m, 0) for m in models) + sum(r.gpus for r in inflight)
         victims = choose(
-            candidates, fits, now=self.now, limit=self.c.max_victim_candidates, short=max(1, req.units - free_now)
+            candidates,
+            fits,
+            now=self.now,
+            limit=self.c.max_victim_candidates,
+            short=max(1, req.units - free_now),
+            penalty_s=self.c.victim_preempted_penalty_s,
         )
         if victims is None:
             return False

@@ -25,6 +25,11 @@ def lost_work(job: RunningJob, now: float) -> float:
     return max(0.0, now - max(since, job.started_at)) * job.gpus
 
 
+def cost(job: RunningJob, now: float, penalty_s: float = 0.0) -> float:
+    """Victim order: lost work plus ``penalty_s`` GPU-seconds per GPU for each earlier preemption of the job."""
+    return lost_work(job, now) + penalty_s * job.preemptions * job.gpus
+
+
 def eligible(
     victim: RunningJob,
     *,
@@ -57,6 +62,7 @@ def choose(
     limit: int,
     short: int | None = None,
     exact_trials: int = 8,
+    penalty_s: float = 0.0,
 ) -> list[RunningJob] | None:
     """The victims (possibly none) after which ``fits`` holds, or None when no set of candidates suffices.
 
@@ -69,12 +75,12 @@ def choose(
     if short is not None:
         singles = sorted(
             (c for c in candidates if c.gpus >= short),
-            key=lambda v: (v.gpus, lost_work(v, now), v.qos_priority, -v.started_at, v.id),
+            key=lambda v: (v.gpus, cost(v, now, penalty_s), v.qos_priority, -v.started_at, v.id),
         )
         for v in singles[:exact_trials]:
             if fits((v,)):
                 return [v]
-    ordered = sorted(candidates, key=lambda v: (lost_work(v, now), v.qos_priority, -v.started_at, v.id))[:limit]
+    ordered = sorted(candidates, key=lambda v: (cost(v, now, penalty_s), v.qos_priority, -v.started_at, v.id))[:limit]
     # The greedy answer is the shortest prefix of ``ordered`` that fits. Stopping more jobs never makes the
     # requester fit less (more units, more hosts with enough of them, more quota released), so the shortest
     # prefix is found by bisection: log2(64) placement trials instead of one per candidate.

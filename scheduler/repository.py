@@ -62,6 +62,18 @@ def last_checkpoints(db: Session, job_ids: Sequence[int]) -> dict[int, tuple[int
     return {jid: (step, at) for jid, step, at in db.execute(stmt).tuples()}
 
 
+def preemption_counts(db: Session, job_ids: Sequence[int]) -> dict[int, int]:
+    """How often each job was preempted before (its PREEMPTING events): victims already pushed back go last."""
+    if not job_ids:
+        return {}
+    stmt = (
+        select(Event.job_id, func.count())
+        .where(Event.job_id.in_(job_ids), Event.type == "PREEMPTING")
+        .group_by(Event.job_id)
+    )
+    return {int(job_id): int(n) for job_id, n in db.execute(stmt).tuples() if job_id is not None}
+
+
 def dependencies(db: Session, job_ids: Sequence[int]) -> dict[int, list[tuple[int, str]]]:
     if not job_ids:
         return {}

@@ -130,6 +130,7 @@ class SimJob:
     segment: float = 0.0  # length of the current attempt (a failure's duration or the remaining work)
     failing: bool = False
     preempted: bool = False
+    preemptions: int = 0  # times preempted so far (the snapshot's RunningJob.preemptions)
     placement: tuple[PlacedHost, ...] = ()
 
 
@@ -246,7 +247,7 @@ class Simulation:
         self.running[jid] = RunningJob(
             id=jid, team_id=sj.team, qos=sj.qos, qos_priority=prio, preemptible=pre, gpus=sj.trace.gpus,
             gpu_type="H100", quota_key=ANY, placement=placement, started_at=now,
-            expected_end=now + sj.remaining_work,
+            expected_end=now + sj.remaining_work, preemptions=sj.preemptions,
         )  # fmt: skip
         self.push(now + sj.segment, jid, "end")
 
@@ -308,6 +309,7 @@ class Simulation:
                 r = self.running[pre.job_id]
                 self.running[pre.job_id] = replace(r, preempt_requested=True, state="PREEMPTING")
                 self.jobs[pre.job_id].preempted = True
+                self.jobs[pre.job_id].preemptions += 1
                 self.preemptions += 1
                 self.reclaims += "reclaimed" in pre.reason
                 self.lost_gpu_s += r.gpus * STOP_S

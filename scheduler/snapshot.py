@@ -61,6 +61,7 @@ class RunningJob:
     time_limit_s: float | None = None
     preempt_requested: bool = False
     state: str = "RUNNING"
+    preemptions: int = 0  # times this job has been preempted before (PREEMPTING events; the simulator counts)
 
 
 @dataclass(frozen=True, slots=True)

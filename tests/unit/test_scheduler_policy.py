@@ -419,3 +419,24 @@ def test_choose_prefers_a_single_exact_fit() -> None:
 
     assert choose([*small, big], fits, now=1000.0, limit=64) == small
     assert choose([*small, big], fits, now=1000.0, limit=64, short=8) == [big]
+
+
+def test_choose_takes_a_repeatedly_preempted_job_last() -> None:
+    from scheduler.preemption import choose
+    from scheduler.snapshot import RunningJob
+
+    def job(i: int, started: float, preemptions: int) -> RunningJob:
+        return RunningJob(
+            id=i, team_id=1, qos="best-effort", qos_priority=0, preemptible=True, gpus=4, gpu_type="H100",
+            quota_key="*", placement=(), started_at=started, last_checkpoint_at=started, preemptions=preemptions,
+        )  # fmt: skip
+
+    thrashed = job(1, 900.0, 3)  # the least work since its checkpoint, but preempted three times already
+    fresh = job(2, 600.0, 0)
+
+    def fits(victims: object) -> bool:
+        return sum(v.gpus for v in victims) >= 4  # type: ignore[attr-defined]
+
+    assert choose([thrashed, fresh], fits, now=1000.0, limit=64) == [thrashed]
+    assert choose([thrashed, fresh], fits, now=1000.0, limit=64, penalty_s=900.0) == [fresh]
+    assert choose([thrashed, fresh], fits, now=1000.0, limit=64, short=4, penalty_s=900.0) == [fresh]
