@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import threading
 import time
@@ -14,12 +13,13 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import make_engine, utcnow
-from core.settings import Settings
+from core.settings import Settings, get_settings
 from scheduler import sla
 from scheduler.apply import Dispatch, apply_all
 from scheduler.config import PolicyConfig
 from scheduler.leader import LOCK_KEY, leadership_for
 from scheduler.policy import plan
+from scheduler.reconciler import reconcile
 from scheduler.snapshot import load_snapshot
 
 log = logging.getLogger(__name__)
@@ -42,15 +42,6 @@ class CycleResult:
     dispatch_errors: int = 0
     plan_s: float = 0.0
     total_s: float = 0.0
-
-
-def _reconciler() -> Callable[..., list[str]] | None:
-    if importlib.util.find_spec("scheduler.reconciler") is None:
-        return None
-    from scheduler import reconciler
-
-    fn = getattr(reconciler, "reconcile", None)
-    return fn if callable(fn) else None
 
 
 def _dispatch(dispatches: list[Dispatch]) -> tuple[int, int]:
@@ -84,12 +75,8 @@ def run_cycle(
     try:
         if db.get_bind().dialect.name == "postgresql":
             db.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CYCLE_LOCK_KEY})
-        reconcile = _reconciler()
-        if reconcile is not None:
-            from core.settings import get_settings
-
-            result.reconciled = reconcile(db=db, now=now, settings=settings or get_settings())
-            db.flush()
+        result.reconciled = reconcile(db=db, now=now, settings=settings or get_settings())
+        db.flush()
         snapshot = load_snapshot(db=db, now=now)
         t0 = time.perf_counter()
         decisions = plan(snapshot, config)
