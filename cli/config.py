@@ -83,20 +83,16 @@ def resolve(
 ) -> CliConfig:
     env = os.environ if environ is None else environ
     file = load_file(path or config_path(dict(env)))
-    if url_flag:
-        url, url_source = url_flag, "flag"
-    elif env.get("KILN_API_URL"):
-        url, url_source = env["KILN_API_URL"], "env"
-    elif file.get("api_url"):
-        url, url_source = str(file["api_url"]), "file"
-    else:
-        url, url_source = DEFAULT_API_URL, "default"
-    if token_flag:
-        token, token_source = token_flag, "flag"
-    elif env.get("KILN_TOKEN"):
-        token, token_source = env["KILN_TOKEN"], "env"
-    elif file.get("token"):
-        token, token_source = str(file["token"]), "file"
-    else:
-        token, token_source = None, "none"
+    url, url_source = _first((url_flag, "flag"), (env.get("KILN_API_URL"), "env"), (file.get("api_url"), "file"))
+    url = url or DEFAULT_API_URL
+    url_source = url_source if url_source != "none" else "default"
+    token, token_source = _first((token_flag, "flag"), (env.get("KILN_TOKEN"), "env"), (file.get("token"), "file"))
     return CliConfig(normalize_url(url), token, url_source, token_source)
+
+
+def _first(*candidates: tuple[object, str]) -> tuple[str | None, str]:
+    """The first set value and where it came from, in order of precedence; (None, "none") when none is."""
+    for value, source in candidates:
+        if value:
+            return str(value), source
+    return None, "none"

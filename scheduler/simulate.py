@@ -163,6 +163,18 @@ def window_utilisation(r: Result) -> float:
     return area / (r.gpus * r.window)
 
 
+def idle_and_tail_gpu_h(r: Result) -> tuple[float, float]:
+    """GPU-hours idle while jobs were queued, and GPU-hours busy after the submission window: the two terms that
+    separate two policies' window utilisation when they do the same work."""
+    idle = tail = 0.0
+    for (t, queued, busy), (t_next, _q, _b) in zip(r.series, [*r.series[1:], (r.makespan, 0, 0)], strict=True):
+        span = max(0.0, t_next - t)
+        if queued:
+            idle += (r.gpus - busy) * span
+        tail += busy * max(0.0, t_next - max(t, r.window)) if t_next > r.window else 0.0
+    return idle / 3600, tail / 3600
+
+
 class Simulation:
     def __init__(self, trace: Sequence[TraceJob], hosts: tuple[HostInfo, ...], config: PolicyConfig, tick: float):
         self.hosts = hosts
@@ -379,6 +391,8 @@ def summarize(r: Result) -> dict[str, Any]:
         "queueing_delay": stats(wait),
         "utilisation": round(window_utilisation(r), 4),
         "utilisation_to_makespan": round(r.busy_gpu_s / (r.gpus * r.makespan), 4) if r.makespan else 0.0,
+        "idle_while_queued_gpu_h": round(idle_and_tail_gpu_h(r)[0]),
+        "gpu_h_after_window": round(idle_and_tail_gpu_h(r)[1]),
         "makespan_days": round(r.makespan / 86400, 2),
         "sla_attainment": sla,
         "preemptions": r.preemptions,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from core.models import Attempt, Event, Job, JobMetric, QosClass, SlaContract
 from core.states import ACTIVE, JobState, record_event, transition
@@ -91,12 +91,18 @@ LIVE = frozenset(s.value for s in (JobState.QUEUED, JobState.LOST, *ACTIVE))
 
 
 def _candidates(db: Session, now: datetime) -> Sequence[tuple[Job, SlaContract]]:
-    live = sorted(LIVE)
+    """Jobs a term can still be measured on. The cycle runs this every time, so waiting jobs come only when their
+    contract has a queue-wait or deadline term, and the spec (large JSON) is loaded only when a deadline asks."""
+    waiting = [JobState.QUEUED.value, JobState.LOST.value]
+    running = sorted(LIVE - set(waiting))
     stmt = (
         select(Job, SlaContract)
         .join(SlaContract, SlaContract.job_id == Job.id)
+        .options(defer(Job.spec))
         .where(
-            (Job.state.in_(live)) | ((Job.finished_at >= now - FINISHED_LOOKBACK) & SlaContract.deadline.is_not(None))
+            (Job.state.in_(running))
+            | (Job.state.in_(waiting) & (SlaContract.max_queue_wait_s.is_not(None) | SlaContract.deadline.is_not(None)))
+            | ((Job.finished_at >= now - FINISHED_LOOKBACK) & SlaContract.deadline.is_not(None))
         )
     )
     return [(job, contract) for job, contract in db.execute(stmt).tuples()]
