@@ -11,13 +11,17 @@ compiled forward + backward (synchronised), minus nothing.  Beside it each child
 * Dynamo's per-phase seconds and the Inductor / AOTAutograd cache counters, and ``recompiles``;
 * ``second_step_s``: a second forward + backward, i.e. what the same work costs once everything is set up;
 * process start-up (``import_s``, ``cuda_init_s``, ``model_s``), outside the figure in both phases;
+* ``preload_wait_s``: how long the compile waited for the background import of torch's compiler modules
+  (``trainer.compile_preload``, started before CUDA init as ``python -m trainer`` does; outside the figure);
+* ``ready_s``: process start to the first compiled step done: everything a restarted attempt waits for;
 * with ``--profile``: the top functions of a cProfile of the compile (cumulative and own time).
 
 Variants (``--variants``, comma-separated):
 
 * ``whole`` / ``regional``: kiln's compile modes, cold then warm;
 * ``whole_profile``: one more warm whole-model start, under cProfile (its time is inflated; shares only);
-* ``whole_threads1``: warm with ``TORCHINDUCTOR_COMPILE_THREADS=1`` (kernels loaded in-process, no pool);
+* ``whole_nopreload``: cold + warm without ``trainer.compile_preload`` (the compile imports torch's compiler
+  modules itself, inside the figure), the same-run baseline of what the preload saves;
 * ``whole_precompile``: cold + warm with Dynamo's caching precompile (``TORCH_CACHING_PRECOMPILE=1``),
   where this torch has it: a warm start then reuses Dynamo's bytecode and guards instead of re-tracing.
 
@@ -64,6 +68,10 @@ def child(args: argparse.Namespace) -> None:
 
     cache = pathlib.Path(args.cache)
     persist_compiler_caches(cache)  # Inductor's and Triton's caches inside the kiln cache dir, as the trainer does
+    if not args.no_preload:  # as python -m trainer: the compiler's modules load while the model is built
+        from trainer import compile_preload
+
+        compile_preload.start(cache)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     t0 = time.perf_counter()
     if device.type == "cuda":
@@ -97,6 +105,7 @@ def child(args: argparse.Namespace) -> None:
     if prof is not None:
         prof.disable()
     t2 = time.perf_counter()
+    ready_s = t2 - T_START
     loss_fn().backward()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -113,6 +122,7 @@ def child(args: argparse.Namespace) -> None:
         "compiled_loss": report.compiled_loss, "torch": torch.__version__,
         "caching_precompile": bool(getattr(torch._dynamo.config, "caching_precompile", False)),
         "compile_threads": torch._inductor.config.compile_threads,
+        "ready_s": round(ready_s, 3), "preload": not args.no_preload, "bytecode": _bytecode_state(torch),
     }
     if prof is not None:
         import pstats
@@ -128,10 +138,20 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps(out, default=str))
 
 
+def _bytecode_state(torch: Any) -> dict[str, Any]:
+    """Whether this torch's modules load from cached bytecode: an install without .pyc files in a read-only
+    directory recompiles every imported module's source in every process (start-up cost, cold and warm)."""
+    pkg = pathlib.Path(torch.__file__).parent / "_dynamo"
+    return {"pycache": (pkg / "__pycache__").is_dir() and any((pkg / "__pycache__").iterdir()),
+            "writable": os.access(pkg, os.W_OK), "dont_write": sys.dont_write_bytecode,
+            "prefix": sys.pycache_prefix}
+
+
 def run_child(mode: str, cache: pathlib.Path, *, smoke: bool, env_extra: dict[str, str] | None = None,
-              profile: bool = False, timeout: float = 900) -> dict[str, Any]:
+              profile: bool = False, timeout: float = 900, preload: bool = True) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", "--mode", mode, "--cache", str(cache)]
     cmd += ["--smoke"] if smoke else []
+    cmd += [] if preload else ["--no-preload"]
     cmd += ["--profile"] if profile else []
     env = {**os.environ, "PYTHONPATH": PYPATH, "TORCHINDUCTOR_CACHE_DIR": "", "TRITON_CACHE_DIR": "",
            **(env_extra or {})}
@@ -168,7 +188,8 @@ def main() -> None:
     ap.add_argument("--cache", default="")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--variants", default="whole,whole_profile,whole_threads1,regional,whole_precompile")
+    ap.add_argument("--no-preload", action="store_true", help="child: let the compile import the compiler itself")
+    ap.add_argument("--variants", default="whole,whole_nopreload,regional,whole_profile")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "compile_warm_probe.json"))
     args = ap.parse_args()
     if args.child:
@@ -186,38 +207,33 @@ def main() -> None:
         out.write_text(json.dumps({"runs": results, "smoke": args.smoke}, indent=1, default=str))  # partial
 
     variants = args.variants.split(",")
-    for mode in ("whole", "regional"):
-        if mode not in variants:
+    runs = [("whole", "whole", {}, True), ("regional", "regional", {}, True),
+            ("whole_nopreload", "whole", {}, False),
+            ("whole_precompile", "whole", {"TORCH_CACHING_PRECOMPILE": "1"}, True)]
+    for name, mode, env, preload in runs:
+        if name not in variants:
             continue
-        cache = work / f"cache-{mode}"
-        record(f"{mode}_cold", run_child(mode, cache, smoke=args.smoke))
-        record(f"{mode}_warm", run_child(mode, cache, smoke=args.smoke))
-        if mode == "whole" and "whole_threads1" in variants:
-            record("whole_warm_threads1", run_child(mode, cache, smoke=args.smoke,
-                                                    env_extra={"TORCHINDUCTOR_COMPILE_THREADS": "1"}))
-        if mode == "whole" and "whole_profile" in variants:
+        cache = work / f"cache-{name}"
+        record(f"{name}_cold", run_child(mode, cache, smoke=args.smoke, env_extra=env, preload=preload))
+        record(f"{name}_warm", run_child(mode, cache, smoke=args.smoke, env_extra=env, preload=preload))
+        if name == "whole" and "whole_profile" in variants:
             record("whole_warm_profile", run_child(mode, cache, smoke=args.smoke, profile=True))
-    if "whole_precompile" in variants:
-        cache = work / "cache-precompile"
-        env = {"TORCH_CACHING_PRECOMPILE": "1"}
-        record("whole_precompile_cold", run_child("whole", cache, smoke=args.smoke, env_extra=env))
-        record("whole_precompile_warm", run_child("whole", cache, smoke=args.smoke, env_extra=env))
 
-    def ratio(cold: str, warm: str) -> float | None:
-        c, w = results.get(cold, {}).get("elapsed_s"), results.get(warm, {}).get("elapsed_s")
-        return round(w / c, 4) if c and w else None
+    def pair(name: str) -> dict[str, Any]:
+        cold, warm = results.get(f"{name}_cold", {}), results.get(f"{name}_warm", {})
 
-    summary = {
-        "whole": {"cold_s": results.get("whole_cold", {}).get("elapsed_s"),
-                  "warm_s": results.get("whole_warm", {}).get("elapsed_s"),
-                  "warm_over_cold": ratio("whole_cold", "whole_warm"),
-                  "warm_threads1_over_cold": ratio("whole_cold", "whole_warm_threads1")},
-        "regional": {"cold_s": results.get("regional_cold", {}).get("elapsed_s"),
-                     "warm_s": results.get("regional_warm", {}).get("elapsed_s"),
-                     "warm_over_cold": ratio("regional_cold", "regional_warm")},
-        "whole_precompile": {"warm_over_cold": ratio("whole_precompile_cold", "whole_precompile_warm")},
-        "target": "warm <= 0.20 x cold",
-    }
+        def ratio(key: str) -> float | None:
+            c, w = cold.get(key), warm.get(key)
+            return round(w / c, 4) if c and w else None
+
+        return {"cold_s": cold.get("elapsed_s"), "warm_s": warm.get("elapsed_s"),
+                "warm_over_cold": ratio("elapsed_s"),
+                "preload_wait_s": [(r.get("phases") or {}).get("preload_wait_s") for r in (cold, warm)],
+                "ready_cold_s": cold.get("ready_s"), "ready_warm_s": warm.get("ready_s"),
+                "ready_warm_over_cold": ratio("ready_s")}
+
+    summary = {**{name: pair(name) for name, *_ in runs if name in variants},
+               "target": "warm <= 0.20 x cold (elapsed_s: cache lookup -> first compiled step done)"}
     print(json.dumps(summary, indent=1), flush=True)
     out.write_text(json.dumps({"summary": summary, "runs": results, "smoke": args.smoke}, indent=1, default=str))
     shutil.rmtree(work, ignore_errors=True)

@@ -29,10 +29,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kiln trainer: bad spec: {exc}", file=sys.stderr)
         return int(ExitCode.USER_ERROR)
 
-    from trainer.loop import run
+    from trainer import compile_preload
+    from trainer.loop import compile_cache_dir, run
     from trainer.parallel import init_distributed, shutdown
 
     args.run_dir.mkdir(parents=True, exist_ok=True)
+    if spec.compile.mode != "off":  # torch's compiler loads while the ranks meet and the model is built
+        compile_preload.start(compile_cache_dir(args.run_dir))
     env = init_distributed()
     try:
         return int(run(spec, args.run_dir, env))

@@ -70,6 +70,17 @@ def compile_mode(spec: JobSpec, device: torch.device) -> str:
     return "whole" if device.type == "cuda" else "regional"
 
 
+def checkpoint_root(run_dir: pathlib.Path) -> pathlib.Path:
+    """The job's durable checkpoint directory: the worker names it; a bare run keeps it in the run dir."""
+    return pathlib.Path(os.environ.get(ENV_CHECKPOINT_DIR) or run_dir / "checkpoints")
+
+
+def compile_cache_dir(run_dir: pathlib.Path) -> pathlib.Path:
+    """The compile cache travels with the job's checkpoints, so a restarted attempt on any host finds it."""
+    cache = os.environ.get(ENV_COMPILE_CACHE_DIR)
+    return pathlib.Path(cache) if cache else checkpoint_root(run_dir) / "compile-cache"
+
+
 def persist_compiler_caches(cache_dir: pathlib.Path) -> None:
     """Keep Inductor's and Triton's on-disk caches (FX graphs, AOTAutograd entries, compiled kernels) in
     the job's compile-cache directory, beside the portable artifacts, so a restarted attempt starts from
@@ -92,9 +103,8 @@ class Trainer:
         self.prec = PrecisionContext.create(resolve(spec.precision, self.device), self.device)
         token = os.environ.get(ENV_FENCING_TOKEN)
         self.token = int(token) if token else None
-        self.ckpt_root = pathlib.Path(os.environ.get(ENV_CHECKPOINT_DIR) or run_dir / "checkpoints")
-        cache = os.environ.get(ENV_COMPILE_CACHE_DIR)
-        self.cache_dir = pathlib.Path(cache) if cache else self.ckpt_root / "compile-cache"
+        self.ckpt_root = checkpoint_root(run_dir)
+        self.cache_dir = compile_cache_dir(run_dir)
         self.compile_mode = compile_mode(spec, self.device)
         persist_compiler_caches(self.cache_dir)
         if not fence_ok(self.ckpt_root, self.token):

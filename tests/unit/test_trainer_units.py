@@ -295,3 +295,36 @@ def test_rss_watch_is_cheap_and_kernels_load_in_process_on_local_hit() -> None:
     assert inductor_config.compile_threads == before
     with _in_process_kernels(False):
         assert inductor_config.compile_threads == before
+
+
+def test_compile_preload_records_package_modules_and_imports_them_back(tmp_path: pathlib.Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from trainer import compile_preload
+
+    before = set(sys.modules)
+    monkeypatch.setitem(sys.modules, "torch._kiln_probe_loaded", types.ModuleType("torch._kiln_probe_loaded"))
+    monkeypatch.setitem(sys.modules, "kiln_generated_kernel", types.ModuleType("kiln_generated_kernel"))
+    compile_preload.record(before, tmp_path)
+    assert compile_preload.recorded(tmp_path) == ["torch._kiln_probe_loaded"]  # only installed packages' modules
+    compile_preload.record(before, tmp_path)  # nothing new: the file is unchanged
+    assert json.loads((tmp_path / compile_preload.MODULES_FILE).read_text()) == ["torch._kiln_probe_loaded"]
+    (tmp_path / compile_preload.MODULES_FILE).write_text("{not json")
+    assert compile_preload.recorded(tmp_path) == []  # a damaged list costs the preload, nothing else
+
+    # The background import: names already loaded are skipped, a name that no longer imports is counted.
+    monkeypatch.delitem(sys.modules, "torch.utils.bundled_inputs", raising=False)
+    job = compile_preload._Preload(["torch.utils.bundled_inputs", "torch._no_such_module_any_more", "json"])
+    job.thread.start()
+    job.thread.join()
+    assert (job.imported, job.failed) == (1, 1)
+    assert "torch.utils.bundled_inputs" in sys.modules
+
+
+def test_compile_preload_wait_without_a_start_is_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainer import compile_preload
+
+    monkeypatch.setattr(compile_preload, "_active", None)
+    assert compile_preload.wait() == {"preload_wait_s": 0.0}
