@@ -436,8 +436,8 @@ def _banner(sup: Supervisor, api_url: str, token: str) -> None:
 def _submit(path: str, api_url: str, token: str) -> None:
     """``--submit FILE``: submit once the API is ready; an error is reported and kiln keeps running."""
     from cli.client import KilnClient
+    from cli.commands.jobs import read_spec_file, submit_text
     from cli.config import CliConfig
-    from cli.main import read_spec_file, submit_text
 
     try:
         text = read_spec_file(path)

@@ -1,0 +1,102 @@
+"""The root ``kiln`` Typer app and what every command module shares: the global options, the API client, the
+``--output`` option and the error reporting that turns :class:`CliError` into one line and an exit code.
+
+The command modules (``cli.commands``) import this one and register on :data:`app`; ``cli.main`` puts it all
+together. Like them, this module imports nothing heavy at the top, so ``kiln --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from typer._click import Context as ClickContext
+from typer.core import TyperGroup
+
+from cli.errors import CliError, ExitCode
+from cli.output import OutputFormat, err_console
+
+
+class KilnGroup(TyperGroup):
+    """Turn :class:`CliError` (and Ctrl-C) into a message on stderr and an exit code, never a traceback."""
+
+    def invoke(self, ctx: ClickContext) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CliError as exc:
+            report(exc)
+            raise typer.Exit(int(exc.code)) from None
+        except KeyboardInterrupt:
+            err_console.print("interrupted")
+            raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+
+
+def report(exc: CliError) -> None:
+    from rich.text import Text
+
+    err_console.print(Text.assemble(("error:", "bold red"), " ", exc.message))  # messages are text, not markup
+    for line in exc.details:
+        err_console.print(f"  - {line}", markup=False, highlight=False)
+
+
+app = typer.Typer(
+    cls=KilnGroup,
+    name="kiln",
+    help="kiln: GPU training jobs under SLA contracts.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,  # locals may hold the API token
+    context_settings={"help_option_names": ["-h", "--help"]},
+    add_completion=False,
+)
+
+
+class _Globals:
+    api_url: str | None = None
+    token: str | None = None
+
+
+GLOBALS = _Globals()
+
+OutputOpt = Annotated[
+    OutputFormat, typer.Option("--output", "-o", help="table for people, json for scripts.", case_sensitive=False)
+]
+
+
+@app.callback()
+def main(
+    api_url: Annotated[
+        str | None, typer.Option("--api-url", help="API base URL (default: KILN_API_URL, then the config file).")
+    ] = None,
+    token: Annotated[str | None, typer.Option("--token", help="API token (default: KILN_TOKEN, then config).")] = None,
+) -> None:
+    GLOBALS.api_url = api_url
+    GLOBALS.token = token
+
+
+def client() -> Any:
+    from cli.client import KilnClient
+    from cli.config import ConfigError, resolve
+
+    try:
+        cfg = resolve(url_flag=GLOBALS.api_url, token_flag=GLOBALS.token)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    return KilnClient(cfg)
+
+
+def page_items(page: Any) -> list[dict[str, Any]]:
+    """The items of a list endpoint's answer, whether paged (``{"items": [...]}``) or a bare list."""
+    if isinstance(page, dict) and "items" in page:
+        return list(page["items"])
+    return list(page or [])
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Nested dicts as ``a.b``-keyed pairs, for :func:`cli.output.kv_table`."""
+    pairs: list[tuple[str, Any]] = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            pairs.extend(flatten(value, f"{prefix}{key}."))
+        else:
+            pairs.append((f"{prefix}{key}", value))
+    return pairs

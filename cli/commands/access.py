@@ -1,0 +1,116 @@
+"""Who you are to the API: ``kiln login``, ``logout``, ``whoami`` and the ``kiln tokens`` sub-app."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from cli import output as out
+from cli.app import GLOBALS, OutputOpt, app, client, page_items
+from cli.output import OutputFormat, console
+
+tokens_app = typer.Typer(help="API tokens: create, list, revoke.", no_args_is_help=False)
+
+
+@app.command()
+def login(
+    url: Annotated[str | None, typer.Option("--url", help="API base URL.")] = None,
+    token: Annotated[str | None, typer.Option("--token", help="API token (prompted for when absent).")] = None,
+) -> None:
+    """Save the API URL and token (verified against /v1/me) in ~/.config/kiln/config.json (mode 0600)."""
+    from cli.client import KilnClient
+    from cli.config import DEFAULT_API_URL, CliConfig, config_path, normalize_url, save
+
+    url = normalize_url(url or GLOBALS.api_url or DEFAULT_API_URL)
+    token = token or GLOBALS.token or typer.prompt("API token", hide_input=True)
+    with KilnClient(CliConfig(url, token, "flag", "flag")) as api:
+        me = api.get("/v1/me")
+    path = save(url, token, config_path())
+    name = me.get("name", "?") if isinstance(me, dict) else "?"
+    console.print(f"logged in to {url} as [bold]{name}[/]; saved to {path}")
+
+
+@app.command()
+def logout() -> None:
+    """Forget the saved token (the URL stays)."""
+    from cli.config import DEFAULT_API_URL, config_path, load_file, save
+
+    data = load_file()
+    if not data.get("token"):
+        console.print("not logged in")
+        return
+    save(str(data.get("api_url") or DEFAULT_API_URL), None)
+    console.print(f"token removed from {config_path()}")
+
+
+@app.command()
+def whoami(output: OutputOpt = OutputFormat.table) -> None:
+    """Who the token belongs to, and the teams and roles it can act in."""
+    with client() as api:
+        me = api.get("/v1/me")
+    out.render(me, output, lambda: _me_table(me))
+
+
+def _me_table(me: dict[str, Any]) -> Any:
+    pairs: list[tuple[str, Any]] = [(k, v) for k, v in me.items() if not isinstance(v, list | dict)]
+    for membership in me.get("memberships") or me.get("teams") or []:
+        if isinstance(membership, dict):
+            pairs.append(("team", f"{membership.get('team')} ({membership.get('role')})"))
+    return out.kv_table(pairs)
+
+
+# -- tokens -----------------------------------------------------------------------------------------------------
+
+
+@tokens_app.callback(invoke_without_command=True)
+def tokens(ctx: typer.Context, output: OutputOpt = OutputFormat.table) -> None:
+    """Your API tokens (subcommands: create, revoke)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with client() as api:
+        items = page_items(api.get("/v1/tokens"))
+    columns: list[out.Column] = [
+        ("ID", lambda t: t.get("id")),
+        ("NAME", lambda t: t.get("name")),
+        ("PREFIX", lambda t: t.get("prefix")),
+        ("SCOPES", lambda t: ",".join(t.get("scopes") or [])),
+        ("CREATED", lambda t: out.fmt_time(t.get("created_at"))),
+        ("EXPIRES", lambda t: out.fmt_time(t.get("expires_at"))),
+        ("LAST USED", lambda t: out.fmt_age(t.get("last_used_at"))),
+        ("REVOKED", lambda t: out.fmt_time(t.get("revoked_at")) if t.get("revoked_at") else ""),
+    ]
+    out.render(items, output, lambda: out.table(columns, items))
+
+
+@tokens_app.command("create")
+def tokens_create(
+    name: str,
+    scope: Annotated[list[str] | None, typer.Option("--scope", help="read, write, admin (repeatable).")] = None,
+    expires_in: Annotated[float | None, typer.Option("--expires-in", help="Lifetime in days.")] = None,
+    user: Annotated[str | None, typer.Option("--user", help="Create it for another user (admin).")] = None,
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """Create a token; the secret is shown once."""
+    body: dict[str, Any] = {"name": name}
+    if scope:
+        body["scopes"] = scope
+    if expires_in is not None:
+        body["expires_in_s"] = int(expires_in * 86400)
+    if user:
+        body["user"] = user
+    with client() as api:
+        data = api.post("/v1/tokens", json=body)
+    if output is OutputFormat.json:
+        out.print_json(data)
+        return
+    console.print(f"token {data.get('id')} ({name}) created; the secret is shown only this once:")
+    console.print(data.get("secret"), markup=False)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(token_id: int) -> None:
+    """Revoke a token by id."""
+    with client() as api:
+        api.delete(f"/v1/tokens/{token_id}")
+    console.print(f"token {token_id} revoked")

@@ -1,0 +1,109 @@
+"""Operator commands, which work on the database or this machine rather than through the API: the ``kiln admin``
+sub-app, ``kiln migrate``, ``simulate`` and ``up``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from cli.app import GLOBALS, app
+from cli.errors import CliError, ExitCode
+from cli.output import console
+
+admin_app = typer.Typer(help="Operator commands that talk to the database directly.", no_args_is_help=True)
+
+DatabaseOpt = Annotated[
+    str | None, typer.Option("--database-url", help="Default: KILN_DATABASE_URL, else the SQLite file in KILN_HOME.")
+]
+
+
+def _database_url(flag: str | None) -> str:
+    from core.settings import Settings
+
+    return flag or Settings().resolved_database_url
+
+
+@admin_app.command("bootstrap")
+def admin_bootstrap(
+    name: Annotated[str, typer.Option("--name", help="The first admin's user name.")] = "admin",
+    database_url: DatabaseOpt = None,
+    save_config: Annotated[
+        bool, typer.Option("--save/--no-save", help="Save the token in the CLI config for this API URL.")
+    ] = False,
+) -> None:
+    """Create the first admin, the `default` team and a token (printed once). Talks to the database directly."""
+    from cli.bootstrap import BootstrapError, bootstrap
+
+    url = _database_url(database_url)
+    try:
+        result = bootstrap(url, name=name)
+    except BootstrapError as exc:
+        raise CliError(str(exc), ExitCode.CONFLICT if exc.conflict else ExitCode.FAILURE) from None
+    console.print(f"created admin '{result.user}' and team 'default'; the admin token is shown only this once:")
+    console.print(result.token, markup=False)
+    if save_config:
+        from cli.config import resolve, save
+
+        path = save(resolve(url_flag=GLOBALS.api_url).api_url, result.token)
+        console.print(f"saved to {path}")
+
+
+@app.command()
+def migrate(database_url: DatabaseOpt = None) -> None:
+    """Upgrade the database schema to the newest migration."""
+    from core.migrate import upgrade
+
+    url = _database_url(database_url)
+    upgrade(url)
+    console.print(f"database at {_mask(url)} is at the newest migration")
+
+
+def _mask(url: str) -> str:
+    """Hide a password in a URL."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
+    add_help_option=False,
+)
+def simulate(ctx: typer.Context) -> None:
+    """Replay a trace through the very policy the live scheduler runs: kiln simulate TRACE [--hosts N ...]
+    (`kiln simulate --help` lists the simulator's options)."""
+    try:
+        from scheduler.simulate import main as simulate_main
+    except ImportError as exc:
+        raise CliError(f"the simulator is not available: {exc}") from None
+    try:
+        code = simulate_main(list(ctx.args))
+    except SystemExit as exc:  # argparse: --help (0) or bad arguments (2)
+        code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
+    raise typer.Exit(int(code))
+
+
+@app.command()
+def up(
+    port: Annotated[int, typer.Option("--port", help="API port.")] = 8421,
+    host: Annotated[str, typer.Option("--host", help="API bind address.")] = "127.0.0.1",
+    cpu_slots: Annotated[int, typer.Option("--cpu-slots", min=1, help="Training processes of the local worker.")] = 2,
+    worker: Annotated[bool, typer.Option("--worker/--no-worker", help="Start a local worker.")] = True,
+    submit_file: Annotated[
+        str | None, typer.Option("--submit", help="Submit this job spec once kiln is ready.", metavar="FILE")
+    ] = None,
+    grace: Annotated[float, typer.Option("--grace", help="Seconds children get to stop before SIGKILL.")] = 30.0,
+) -> None:
+    """Bring kiln up: migrate, bootstrap on first run, then run and supervise the API, scheduler and a worker."""
+    from cli.up import UpOptions, run_up
+
+    raise typer.Exit(
+        run_up(
+            UpOptions(host=host, port=port, cpu_slots=cpu_slots, worker=worker, submit_file=submit_file, grace_s=grace)
+        )
+    )

@@ -1,0 +1,295 @@
+"""Job commands: ``kiln submit``, ``ls``, ``describe``, ``events``, ``logs``, ``cancel``, ``why``, ``metrics``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from cli import output as out
+from cli.app import OutputOpt, app, client, flatten, page_items
+from cli.errors import CliError, ExitCode
+from cli.output import OutputFormat, console, err_console
+
+JobArg = Annotated[int, typer.Argument(help="The job id.", min=1, show_default=False)]
+
+
+def read_spec_file(path: str) -> str:
+    """Read a job spec and validate it locally (quick, precise errors; the server validates again)."""
+    from core.spec import SpecError, parse_spec_text
+
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}", ExitCode.USAGE) from None
+    try:
+        parse_spec_text(text)
+    except SpecError as exc:
+        details = [f"{e['loc']}: {e['msg']}" for e in exc.errors]
+        what = "malformed YAML" if str(exc).startswith("malformed") else "invalid job spec"
+        headline = str(exc) if what == "malformed YAML" else f"{what} ({len(details)} error(s))"
+        raise CliError(f"{path}: {headline}", ExitCode.INVALID, details) from None
+    return text
+
+
+@app.command()
+def submit(
+    file: Annotated[str, typer.Argument(help="Job spec, YAML or JSON ('-' reads stdin).", metavar="FILE")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Show progress and live loss until the job ends.")
+    ] = False,
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """Submit a job and print its id. With --follow, exit 0 on SUCCEEDED and 1 on FAILED or CANCELLED."""
+    text = read_spec_file(file)
+    with client() as api:
+        job = submit_text(api, text)
+        if output is OutputFormat.json and not follow:
+            out.print_json(job)
+            return
+        if output is OutputFormat.table:
+            console.print(
+                f"submitted job [bold]{job['id']}[/] ({job.get('name')}, team {job.get('team')}, "
+                f"qos {job.get('qos')}) — {job.get('state')}"
+            )
+        if not follow:
+            if output is OutputFormat.table and sys.stdout.isatty():
+                console.print(f"follow it with: kiln logs -f {job['id']}   or   kiln describe {job['id']}")
+            return
+        final = _follow(api, job["id"])
+    if output is OutputFormat.json:
+        out.print_json(final)
+    raise typer.Exit(int(_state_exit(final.get("state"))))
+
+
+def submit_text(api: Any, text: str) -> dict[str, Any]:
+    """POST the spec as YAML (a superset of JSON): the server parses exactly what the user wrote."""
+    job: dict[str, Any] = api.post("/v1/jobs", content=text.encode(), headers={"Content-Type": "application/yaml"})
+    return job
+
+
+def _follow(api: Any, job_id: int) -> dict[str, Any]:
+    from cli.follow import follow_job
+
+    try:
+        return follow_job(api, job_id, console if sys.stdout.isatty() else err_console)
+    except KeyboardInterrupt:
+        err_console.print(f"stopped following; job {job_id} keeps going (kiln cancel {job_id} stops it)")
+        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+
+
+def _state_exit(state: str | None) -> ExitCode:
+    from cli.follow import exit_code_for_state
+
+    return exit_code_for_state(state)
+
+
+@app.command("ls")
+def list_jobs(
+    team: Annotated[str | None, typer.Option("--team", "-t", help="Only this team's jobs.")] = None,
+    state: Annotated[
+        list[str] | None, typer.Option("--state", "-s", help="Only these states (repeatable, or comma-separated).")
+    ] = None,
+    qos: Annotated[str | None, typer.Option("--qos", help="Only this QoS class.")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="Only jobs with this name.")] = None,
+    active: Annotated[bool, typer.Option("--active", help="Only jobs that have not finished.")] = False,
+    all_: Annotated[bool, typer.Option("--all", "-a", help="Every matching job (follows all pages).")] = False,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many jobs.")] = 20,
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """List jobs, newest first."""
+    states = [s.strip().upper() for chunk in state or [] for s in chunk.split(",") if s.strip()]
+    if active:
+        states += [s for s in ("QUEUED", "ADMITTED", "RUNNING", "PREEMPTING", "PAUSED", "LOST") if s not in states]
+    params: dict[str, Any] = {"state": states} if states else {}
+    for key, value in (("team", team), ("qos", qos), ("name", name)):
+        if value:
+            params[key] = value
+    with client() as api:
+        jobs = list(api.paginate("/v1/jobs", params, limit=None if all_ else limit))
+    if output is OutputFormat.json:
+        out.print_json(jobs)
+    elif not jobs:
+        err_console.print("no jobs")
+    else:
+        console.print(out.table(out.JOB_COLUMNS, jobs))
+
+
+@app.command()
+def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
+    """A job: its state, spec, SLA contract and standing, attempts and recent events."""
+    with client() as api:
+        job = api.get(f"/v1/jobs/{job_id}")
+        sla = _optional(api, f"/v1/jobs/{job_id}/sla")
+        attempts = page_items(_optional(api, f"/v1/jobs/{job_id}/attempts"))
+        checkpoints = page_items(_optional(api, f"/v1/jobs/{job_id}/checkpoints"))
+        events = job_events(api, job_id)
+    data = {"job": job, "sla": sla, "attempts": attempts, "checkpoints": checkpoints, "events": events}
+    if output is OutputFormat.json:
+        out.print_json(data)
+        return
+    spec = job.get("spec") or {}
+    resources = spec.get("resources") or {}
+    res = f"{job.get('gpus')} GPU" + (f" ({job.get('gpu_type')})" if job.get("gpu_type") else "")
+    if not job.get("gpus"):
+        res = f"{resources.get('cpu_slots', 1)} CPU slot(s)"
+    pairs: list[tuple[str, Any]] = [
+        ("job", f"{job.get('id')}  {job.get('name')}"),
+        ("team / user", f"{job.get('team')} / {job.get('user')}"),
+        ("state", out.state_text(job.get("state"))),
+        ("qos / priority", f"{job.get('qos')} / {job.get('priority')}"),
+        ("resources", res),
+        ("recipe", (spec.get("recipe") or {}).get("name")),
+        ("progress", f"step {out.job_progress(job)}, loss {out.fmt_loss(job.get('last_loss'))}"),
+        ("restarts", job.get("restart_count")),
+        ("submitted", out.fmt_time(job.get("submitted_at"))),
+        ("admitted", out.fmt_time(job.get("admitted_at"))),
+        ("started", out.fmt_time(job.get("started_at"))),
+        ("finished", out.fmt_time(job.get("finished_at"))),
+    ]
+    if job.get("pending_reason"):
+        pairs.append(("waiting", f"{job['pending_reason']}: {job.get('pending_message') or ''}"))
+    if job.get("exit_reason"):
+        pairs.append(("exit reason", job["exit_reason"]))
+    console.print(out.kv_table(pairs, title=f"Job {job_id}"))
+    if isinstance(sla, dict):
+        console.print()
+        console.print(out.kv_table(flatten(sla), title="SLA"))
+    if attempts:
+        console.print()
+        console.print(out.table(out.ATTEMPT_COLUMNS, attempts, title="Attempts"))
+    if checkpoints:
+        console.print()
+        console.print(out.table(out.CHECKPOINT_COLUMNS, checkpoints[-5:], title="Checkpoints (latest)"))
+    if events:
+        console.print()
+        console.print(out.table(out.EVENT_COLUMNS, events[-15:], title="Recent events"))
+
+
+def job_events(api: Any, job_id: int, *, limit: int | None = None) -> list[dict[str, Any]]:
+    """A job's events, oldest first, following ``next_after`` (at most ``limit``, newest kept)."""
+    events: list[dict[str, Any]] = []
+    after = 0
+    while True:
+        page = api.get(f"/v1/jobs/{job_id}/events", params={"after": after, "limit": 500})
+        events.extend(page_items(page))
+        nxt = page.get("next_after") if isinstance(page, dict) else None
+        if not nxt or nxt == after or not page_items(page):
+            break
+        after = int(nxt)
+    return events[-limit:] if limit else events
+
+
+def _optional(api: Any, path: str) -> Any:
+    """A sub-resource that may not exist for this job (404 -> None); other errors still stop the command."""
+    try:
+        return api.get(path)
+    except CliError as exc:
+        if exc.code is ExitCode.NOT_FOUND:
+            return None
+        raise
+
+
+@app.command()
+def events(
+    job_id: JobArg,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="The last this many events.")] = 200,
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """A job's timeline: every state transition, restart, checkpoint and SLA event."""
+    with client() as api:
+        items = job_events(api, job_id, limit=limit)
+    out.render(items, output, lambda: out.table(out.EVENT_COLUMNS, items))
+
+
+@app.command()
+def logs(
+    job_id: JobArg,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until the job ends.")] = False,
+    attempt: Annotated[int | None, typer.Option("--attempt", min=1, help="Default: the latest attempt.")] = None,
+) -> None:
+    """A job's training logs (server-sent events); -f follows them live until the job ends."""
+    from cli.follow import END_EVENTS, log_line
+
+    params: dict[str, Any] = {"follow": "true" if follow else "false"}
+    if attempt is not None:
+        params["attempt"] = attempt
+    with client() as api:
+        try:
+            for event in api.stream_sse(f"/v1/jobs/{job_id}/logs", params=params):
+                if event.event in END_EVENTS:
+                    if _sse_json(event).get("attempt") is None:
+                        err_console.print(f"no logs yet: job {job_id} has not started an attempt")
+                    break
+                if event.event == "attempt":
+                    err_console.print(f"--- attempt {_sse_json(event).get('attempt')} ---")
+                    continue
+                line = log_line(event)
+                if line is not None:
+                    sys.stdout.write(line + "\n")
+                    sys.stdout.flush()
+        except KeyboardInterrupt:
+            raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+
+
+def _sse_json(event: Any) -> dict[str, Any]:
+    try:
+        data = event.json()
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+@app.command()
+def cancel(
+    job_id: JobArg,
+    reason: Annotated[str | None, typer.Option("--reason", help="Recorded in the job's events.")] = None,
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """Cancel a job: a queued one at once; a running one is asked to stop (it checkpoints first)."""
+    with client() as api:
+        job = api.post(f"/v1/jobs/{job_id}/cancel", json={"reason": reason} if reason else None)
+    if output is OutputFormat.json:
+        out.print_json(job)
+    else:
+        console.print(f"job {job_id}: {job.get('state') if isinstance(job, dict) else 'cancel requested'}")
+
+
+@app.command()
+def why(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
+    """Why a job is waiting (or where it stands): the scheduler's pending reason and what would unblock it."""
+    with client() as api:
+        data = api.get(f"/v1/jobs/{job_id}/why")
+    if output is OutputFormat.json:
+        out.print_json(data)
+        return
+    if isinstance(data, dict):
+        head = data.get("summary") or data.get("message") or data.get("pending_message")
+        reason = data.get("reason") or data.get("pending_reason")
+        if reason:
+            console.print(f"[bold]{reason}[/]" + (f": {head}" if head else ""))
+        elif head:
+            console.print(head)
+        rest = [
+            (k, v)
+            for k, v in flatten(data)
+            if k not in {"summary", "message", "reason", "pending_reason", "pending_message"}
+        ]
+        if rest:
+            console.print(out.kv_table(rest))
+    else:
+        console.print(str(data))
+
+
+@app.command()
+def metrics(
+    job_id: JobArg,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="The last this many points.")] = 20,
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """A job's training metrics (step, loss, throughput...)."""
+    with client() as api:
+        points = page_items(api.get(f"/v1/jobs/{job_id}/metrics"))[-limit:]
+    out.render(points, output, lambda: out.table(out.METRIC_COLUMNS, points))
