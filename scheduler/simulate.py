@@ -1,6 +1,6 @@
 """Trace replay in simulated time, through the very same ``plan()`` as the live loop, against FIFO.
 
-``python -m scheduler.simulate TRACE [--hosts N] [--gpus-per-host 8] [--tick 300] [--jobs N] [--out DIR]``
+``python -m scheduler.simulate TRACE [--hosts N[,M...]] [--gpus-per-host 8] [--tick 300] [--jobs N] [--out DIR]``
 (``TRACE`` = a Philly-format JSON file, or ``synthetic:N`` for a generated one.)
 
 Model (stated, so the figures can be judged):
@@ -33,12 +33,15 @@ import hashlib
 import heapq
 import json
 import math
+import os
 import random
 import statistics
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -446,10 +449,62 @@ def table(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def offered_load(trace: Sequence[TraceJob], gpus: int) -> float:
+    """GPU time the trace asks for (work and failed attempts) over the GPU time of its submission window: above 1
+    the cluster cannot keep up on average; below, a backlog exists only where the policy lets it build."""
+    window = max((j.submit for j in trace), default=0.0)
+    demand = sum(j.gpus * (j.work + sum(j.failures)) for j in trace)
+    return demand / (gpus * window) if window > 0 and gpus else 0.0
+
+
+def replay(trace: Sequence[TraceJob], hosts: int, gpus_per_host: int, tick: float) -> list[Result]:
+    """FIFO and kiln over the same trace and cluster."""
+    cluster = gpu_cluster(hosts, gpus_per_host)
+    fifo = PolicyConfig(ordering="fifo", backfill=False, preemption=False, enforce_quotas=False)
+    return [Simulation(trace, cluster, fifo, tick).run("fifo"),
+            Simulation(trace, cluster, PolicyConfig(), tick).run("kiln")]
+
+
+def sweep_row(hosts: int, gpus: int, load: float, summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    row: dict[str, Any] = {"hosts": hosts, "gpus": gpus, "offered_load": round(load, 3)}
+    for s in summaries:
+        row[s["policy"]] = {"utilisation": s["utilisation"], "jct_mean_h": s["jct"]["mean_h"],
+                            "gold_sla": s["sla_attainment"]["gold"]["attainment"],
+                            "gpu_h_after_window": s["gpu_h_after_window"],
+                            "idle_while_queued_gpu_h": s["idle_while_queued_gpu_h"]}  # fmt: skip
+    return row
+
+
+def sweep_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| hosts (GPUs) | offered load | util FIFO / kiln | mean JCT h FIFO / kiln | gold SLA FIFO / kiln | "
+             "GPU-h after window FIFO / kiln |", "|" + "---|" * 6]  # fmt: skip
+    for r in rows:
+        f, k = r["fifo"], r["kiln"]
+        lines.append(
+            f"| {r['hosts']} ({r['gpus']}) | {r['offered_load']:.2f} | "
+            f"{f['utilisation']:.2%} / {k['utilisation']:.2%} | "
+            f"{f['jct_mean_h']:.1f} / {k['jct_mean_h']:.1f} | {f['gold_sla']:.1%} / {k['gold_sla']:.1%} | "
+            f"{f['gpu_h_after_window']:,} / {k['gpu_h_after_window']:,} |"
+        )
+    return "\n".join(lines)
+
+
+def _hosts(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or N,M,...: {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"host counts must be >= 1: {text!r}")
+    return sizes
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kiln simulate", description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", help="Philly-format JSON, or synthetic:N")
-    ap.add_argument("--hosts", type=int, default=40)
+    ap.add_argument("--hosts", type=_hosts, default=[40],
+                    help="hosts (default 40); a list (52,40,64) replays each size, in parallel: the table, JSON "
+                         "results and plots are for the first, the sweep table for all")  # fmt: skip
     ap.add_argument("--gpus-per-host", type=int, default=8)
     ap.add_argument("--tick", type=float, default=0.0,
                     help="0: a cycle on every event (default); else cycles rounded up to multiples of this (s)")
@@ -458,30 +513,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
     trace = load_trace(args.trace, args.jobs)
-    hosts = gpu_cluster(args.hosts, args.gpus_per_host)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    fifo = PolicyConfig(ordering="fifo", backfill=False, preemption=False, enforce_quotas=False)
-    results = [
-        Simulation(trace, hosts, fifo, args.tick).run("fifo"),
-        Simulation(trace, hosts, PolicyConfig(), args.tick).run("kiln"),
-    ]
+    sizes: list[int] = args.hosts
+    if len(sizes) == 1:
+        by_size = [replay(trace, sizes[0], args.gpus_per_host, args.tick)]
+    else:
+        with ProcessPoolExecutor(max_workers=min(len(sizes), os.cpu_count() or 1)) as pool:
+            by_size = list(pool.map(replay, repeat(trace), sizes, repeat(args.gpus_per_host), repeat(args.tick)))
+    results = by_size[0]
     summaries = [summarize(r) for r in results]
+    rows = [sweep_row(n, n * args.gpus_per_host, offered_load(trace, n * args.gpus_per_host),
+                      summaries if i == 0 else [summarize(r) for r in rs])
+            for i, (n, rs) in enumerate(zip(sizes, by_size, strict=True))]  # fmt: skip
     plots = [] if args.no_plots else plot(results, out)
     report = {
         "trace": args.trace,
         "jobs": len(trace),
-        "gpus": len(hosts) * args.gpus_per_host,
-        "hosts": len(hosts),
+        "gpus": sizes[0] * args.gpus_per_host,
+        "hosts": sizes[0],
+        "offered_load": rows[0]["offered_load"],
         "tick_s": args.tick,
         "wall_s": round(time.perf_counter() - started, 1),
         "results": summaries,
+        "sweep": rows,
         "plots": plots,
     }
     (out / "simulate.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"{len(trace)} jobs on {len(hosts)} hosts x {args.gpus_per_host} GPUs; replay took {report['wall_s']} s")
+    print(f"{len(trace)} jobs on {sizes[0]} hosts x {args.gpus_per_host} GPUs (offered load "
+          f"{rows[0]['offered_load']:.2f}); replay took {report['wall_s']} s")  # fmt: skip
     print(table(summaries))
+    if len(sizes) > 1:
+        print()
+        print(sweep_table(rows))
     for p in plots:
         print("plot:", p)
     return 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from scheduler.simulate import main, qos_and_team, synthetic_trace
 
 
@@ -41,3 +43,21 @@ def test_event_driven_replay_exercises_quotas_and_is_deterministic(tmp_path: Pat
     assert fifo["preemptions"] == fifo["reclaim_preemptions"] == 0 and fifo["preemption_lost_gpu_h"] == 0
     assert kiln["reclaim_preemptions"] <= kiln["preemptions"]
     assert kiln["preemption_lost_gpu_h"] >= 0
+
+
+def test_host_sweep_reports_each_size_and_the_first_in_full(tmp_path: Path) -> None:
+    assert main(["synthetic:150", "--hosts", "8,5", "--no-plots", "--tick", "300", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "simulate.json").read_text())
+    first, smaller = report["sweep"]
+    assert (first["hosts"], smaller["hosts"], report["hosts"]) == (8, 5, 8)
+    fifo, kiln = report["results"]  # the first size, in full
+    assert first["kiln"]["utilisation"] == kiln["utilisation"] and first["fifo"]["jct_mean_h"] == fifo["jct"]["mean_h"]
+    # The same demand on fewer GPUs is a heavier offered load.
+    assert abs(smaller["offered_load"] - first["offered_load"] * 8 / 5) < 2e-3
+    assert report["offered_load"] == first["offered_load"] > 0
+
+
+def test_bad_host_list_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["synthetic:10", "--hosts", "8,x"])
+    assert exc.value.code == 2
