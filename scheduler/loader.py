@@ -197,6 +197,7 @@ def _pending(
     ids = [j.id for j, _ in rows]
     deps = repo.dependencies(db, ids)
     mem = repo.memory_predictions(db, [j.id for j, _ in rows if j.fencing_token > 0])
+    lost_on = repo.lost_on_hosts(db, [j.id for j, _ in rows if j.restart_count > 0])
     out = []
     for job, own in rows:
         contract = own or defaults.get(job.team_id)
@@ -238,6 +239,7 @@ def _pending(
                 depends_on=tuple(deps.get(job.id, ())),
                 not_before=_ts(job.not_before),
                 pending_reason=job.pending_reason,
+                avoid_hosts=lost_on.get(job.id, frozenset()),
             )
         )
     return tuple(out)

@@ -27,6 +27,7 @@ class Request:
     min_memory: int = 0
     bandwidth: tuple[tuple[str, float], ...] = ()
     end: float | None = None  # projected end if started now; may use reserved units that free later than this
+    avoid: frozenset[str] = frozenset()  # hosts to use only when no placement without them fits
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,23 +279,34 @@ class ClusterState:
             total += len(units)
         if total < n:
             return None
+        # Hosts the request would rather avoid (where its last attempt was lost) come last in every order below:
+        # used only when what is left without them does not fit.
+        avoid = req.avoid
+
+        def away(c: tuple[int, int, _Host, list[str]]) -> bool:
+            return bool(avoid) and c[2].name in avoid
+
         if per_node is None:
             fitting = [c for c in candidates if c[0] >= n]
             if fitting:
                 best = (
-                    max(fitting, key=lambda c: (c[0], -c[1]))
+                    min(fitting, key=lambda c: (away(c), -c[0], c[1]))
                     if self.spread
-                    else min(fitting, key=lambda c: (c[0], c[1]))
+                    else min(fitting, key=lambda c: (away(c), c[0], c[1]))
                 )
                 return ((best[2].name, _pick(best[2], best[3], n)),)
             # Several hosts: the fewest, largest first; the remainder on the best-fitting host.
-            ordered = sorted(candidates, key=lambda c: (-c[0], c[1]))
+            ordered = sorted(candidates, key=lambda c: (away(c), -c[0], c[1]))
             out: list[tuple[str, tuple[str, ...]]] = []
             left = n
             for idx, (count, _i, h, units) in enumerate(ordered):
                 if count >= left:
                     rest = [c for c in ordered[idx:] if c[0] >= left]
-                    last = max(rest, key=lambda c: (c[0], -c[1])) if self.spread else min(rest, key=lambda c: c[:2])
+                    last = (
+                        min(rest, key=lambda c: (away(c), -c[0], c[1]))
+                        if self.spread
+                        else min(rest, key=lambda c: (away(c), c[0], c[1]))
+                    )
                     out.append((last[2].name, _pick(last[2], last[3], left)))
                     return tuple(out)
                 out.append((h.name, _pick(h, units, count)))
@@ -304,9 +316,9 @@ class ClusterState:
         if len(candidates) < nodes:
             return None
         ordered = (
-            sorted(candidates, key=lambda c: (-c[0], c[1]))
+            sorted(candidates, key=lambda c: (away(c), -c[0], c[1]))
             if self.spread
-            else sorted(candidates, key=lambda c: (c[0], c[1]))
+            else sorted(candidates, key=lambda c: (away(c), c[0], c[1]))
         )
         return tuple((h.name, _pick(h, units, per_node)) for _c, _i, h, units in ordered[:nodes])
 

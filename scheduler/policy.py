@@ -149,7 +149,7 @@ class _Planner:
 
     def _request(self, job: PendingJob, end: float | None) -> Request:
         if job.gpus == 0:
-            return Request(models=(CPU,), units=job.cpu_slots, bandwidth=job.bandwidth, end=end)
+            return Request(models=(CPU,), units=job.cpu_slots, bandwidth=job.bandwidth, end=end, avoid=job.avoid_hosts)
         models = (job.gpu_type,) if job.gpu_type else self.state.models
         return Request(
             models=models,
@@ -158,6 +158,7 @@ class _Planner:
             min_memory=job.memory_bytes or 0,
             bandwidth=job.bandwidth,
             end=end,
+            avoid=job.avoid_hosts,
         )
 
     def _version(self) -> tuple[int, int, int, int, int]:

@@ -74,6 +74,27 @@ def preemption_counts(db: Session, job_ids: Sequence[int]) -> dict[int, int]:
     return {int(job_id): int(n) for job_id, n in db.execute(stmt).tuples() if job_id is not None}
 
 
+def lost_on_hosts(db: Session, job_ids: Sequence[int]) -> dict[int, frozenset[str]]:
+    """For jobs whose latest attempt was LOST: the hosts it ran on (a restart prefers other hosts)."""
+    if not job_ids:
+        return {}
+    latest = (
+        select(Attempt.job_id, func.max(Attempt.number).label("number"))
+        .where(Attempt.job_id.in_(job_ids))
+        .group_by(Attempt.job_id)
+        .subquery()
+    )
+    rows = db.execute(
+        select(Attempt.job_id, Attempt.placement)
+        .join(latest, (Attempt.job_id == latest.c.job_id) & (Attempt.number == latest.c.number))
+        .where(Attempt.state == "LOST")
+    ).all()
+    return {
+        job_id: frozenset(str(p["host"]) for p in placement or [] if isinstance(p, dict) and p.get("host"))
+        for job_id, placement in rows
+    }
+
+
 def dependencies(db: Session, job_ids: Sequence[int]) -> dict[int, list[tuple[int, str]]]:
     if not job_ids:
         return {}

@@ -87,6 +87,9 @@ class PendingJob:
     depends_on: tuple[tuple[int, str], ...] = ()  # (job id, its state)
     not_before: float | None = None
     pending_reason: str | None = None  # as stored, so that apply writes only changes
+    # Hosts its last attempt was LOST on: a restart goes elsewhere when anywhere else fits (a soft preference:
+    # a one-host cluster still restarts it there; DOWN and EXCLUDED hosts are avoided outright).
+    avoid_hosts: frozenset[str] = frozenset()
 
     @property
     def demand(self) -> int:

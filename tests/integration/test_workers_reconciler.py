@@ -15,6 +15,7 @@ from core.db import utcnow
 from core.models import GPU, Attempt, Event, Host, Job, QosClass, Usage
 from core.settings import Settings
 from scheduler import reconciler
+from scheduler.loader import load
 from scheduler.reconciler import reconcile, restart_backoff_s
 from tests.support.nvml_replay import NVMLReplay
 from tests.support.workers_cluster import admit, submit, tiny_spec
@@ -64,6 +65,9 @@ def test_expired_lease_requeues_with_backoff_and_frees_the_attempt(db: Session) 
     assert len(lost) == 1 and "lease expired" in lost[0].message
     queued = _events(db, job, "QUEUED")[-1]
     assert queued.data["avoid_hosts"] == ["rec-a"] and queued.data["backoff_s"] == 1.0
+    # The scheduler's snapshot carries that preference: the restart goes to another host where one fits.
+    pending = {p.id: p for p in load(db=db, now=later).pending}
+    assert pending[job.id].avoid_hosts == frozenset({"rec-a"})
     usage = db.scalars(select(Usage).where(Usage.attempt_id == attempt.id)).one()
     assert usage.ended_at is not None and usage.gpu_type == "cpu"
 

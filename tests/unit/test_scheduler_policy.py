@@ -242,6 +242,22 @@ def test_gpu_type_is_respected_and_excluded_hosts_are_avoided() -> None:
     assert {p.job_id: p.reason for p in d.pending} == {2: Reason.RESOURCES}
 
 
+def test_a_restart_prefers_other_hosts_than_the_one_it_was_lost_on() -> None:
+    # h0000 would be the best fit (the fullest host that fits); the job was lost there, so it goes elsewhere.
+    running = (rj(1, "h0000", [0, 1, 2, 3, 4, 5], qos="silver"),)
+    lost = pj(2, 2, avoid_hosts=frozenset({"h0000"}))
+    assert [p.host for p in plan(snap(hosts=3, running=running, pending=(lost,))).admissions[0].placement] == ["h0001"]
+    # A gang over hosts takes the avoided host last.
+    gang = pj(3, 16, gpus_per_node=8, avoid_hosts=frozenset({"h0000"}))
+    assert {p.host for p in plan(snap(hosts=3, pending=(gang,))).admissions[0].placement} == {"h0001", "h0002"}
+    # Soft: where nothing else fits, it restarts there (a one-host cluster still runs it).
+    only = plan(snap(hosts=1, pending=(pj(4, 2, avoid_hosts=frozenset({"h0000"})),)))
+    assert [p.host for p in only.admissions[0].placement] == ["h0000"]
+    cpu = plan(snap(host_list=(cpu_host("c0", 4), cpu_host("c1", 4)),
+                    pending=(pj(5, 0, cpu_slots=2, avoid_hosts=frozenset({"c0"})),)))  # fmt: skip
+    assert [p.host for p in cpu.admissions[0].placement] == ["c1"]
+
+
 def test_cpu_jobs_use_slots() -> None:
     hosts = (cpu_host("x", 2), cpu_host("y", 3))
     s = snap(host_list=hosts, teams=(TeamInfo(1, "a"),),
