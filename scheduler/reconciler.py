@@ -11,7 +11,8 @@
 - after a database outage (this process could not connect, or lost its connection), nothing is declared LOST or
   DOWN for one lease: the workers could not renew their leases nor the host agents heartbeat while the database
   was away, so an expired lease proves nothing until they have had a lease's time to renew it
-  (``DATABASE_BACK`` event).
+  (``DATABASE_BACK`` event); a scheduler that starts after the outage keeps a recorded grace that has not ended,
+  and gives one when the PostgreSQL server itself is younger than a lease.
 
 ``reconcile`` only reads and writes through the session it is given; the loop that calls it commits. Messages
 to the broker are sent only after that commit (a session ``after_commit`` hook), never for a rolled-back decision.
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, event, select
+from sqlalchemy import Engine, event, select, text
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.orm import Session
 
@@ -184,6 +185,7 @@ class _Outage:
 
     seen: bool = False
     grace_until: datetime | None = None
+    looked_back: bool = False  # this process's first pass looked for an outage it cannot have seen
 
 
 _OUTAGES: weakref.WeakKeyDictionary[Engine, _Outage] = weakref.WeakKeyDictionary()
@@ -222,11 +224,25 @@ def _grace(db: Session, now: datetime, settings: Settings) -> tuple[datetime | N
 
     The grace is one lease from the first pass after the outage: a live worker retries its heartbeat every
     ``heartbeat_interval_s`` and renews its lease well within it; a worker that died during the outage does not,
-    and is declared LOST when the grace ends. Only outages this process saw count (a scheduler that starts while
-    the database is away sees its first failures too; one started after the outage cannot know of it).
+    and is declared LOST when the grace ends. This process sees an outage through its engine's errors; on its
+    first pass it also looks for one it cannot have seen (it started, or became the leader, after it):
+    ``_outage_before_this_process``.
     """
     state = _outage_state(db)
     actions: list[str] = []
+    if not state.looked_back:
+        state.looked_back = True
+        earlier, why = _outage_before_this_process(db, now, settings)
+        if earlier is not None and (state.grace_until is None or earlier > state.grace_until):
+            state.grace_until = earlier
+            if why is not None:
+                record_event(
+                    db, "DATABASE_BACK", message=f"{why}: leases and host heartbeats get grace until "
+                                                 f"{earlier.isoformat(timespec='seconds')}",
+                    data={"grace_until": earlier.isoformat(), "grace_s": settings.lease_s, "cause": why},
+                )  # fmt: skip
+            actions.append(f"database back before this scheduler: grace for leases and hosts until "
+                           f"{earlier.isoformat(timespec='seconds')}")  # fmt: skip
     with _OUTAGES_LOCK:
         seen, state.seen = state.seen, False
     if seen:
@@ -243,12 +259,38 @@ def _grace(db: Session, now: datetime, settings: Settings) -> tuple[datetime | N
     return state.grace_until, actions
 
 
+def _outage_before_this_process(db: Session, now: datetime, settings: Settings) -> tuple[datetime | None, str | None]:
+    """A grace still running that this process did not start, and why (None: already recorded).
+
+    Either a ``DATABASE_BACK`` that another scheduler (or this one before a restart) recorded and whose grace has
+    not ended, or a PostgreSQL server that started less than a lease ago: every lease and heartbeat written before
+    the restart may have expired while it was down, whoever was watching.
+    """
+    until: datetime | None = None
+    why: str | None = None
+    last = db.scalars(select(Event).where(Event.type == "DATABASE_BACK").order_by(Event.id.desc()).limit(1)).first()
+    if last is not None:
+        try:
+            recorded = datetime.fromisoformat(str((last.data or {}).get("grace_until")))
+        except ValueError:
+            recorded = None
+        if recorded is not None and recorded.tzinfo is not None and recorded > now:
+            until = recorded
+    if db.get_bind().dialect.name == "postgresql":
+        started: datetime = db.execute(text("SELECT pg_postmaster_start_time()")).scalar_one()
+        server_until = started + timedelta(seconds=settings.lease_s)
+        if server_until > now and (until is None or server_until > until):
+            until, why = server_until, f"PostgreSQL started at {started.isoformat(timespec='seconds')}"
+    return until, why
+
+
 def reset_outage_tracking() -> None:
     """Forget every engine's outage record (tests)."""
     with _OUTAGES_LOCK:
         for state in _OUTAGES.values():
             state.seen = False
             state.grace_until = None
+            state.looked_back = False
 
 
 # ------------------------------------------------------------------------------------------------- reconcile

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from core.db import utcnow
 from core.models import GPU, Attempt, Event, Host, Job, QosClass, Usage
 from core.settings import Settings
+from core.states import record_event
 from scheduler import reconciler
 from scheduler.loader import load
 from scheduler.reconciler import reconcile, restart_backoff_s
@@ -269,6 +270,55 @@ def test_database_outage_gives_running_attempts_one_lease_of_grace(db: Session, 
         assert any(f"job {dead_job.id}: LOST -> QUEUED" in a for a in actions), actions
         assert dead.state == "LOST" and dead_job.state == "QUEUED"
         assert live.state == "RUNNING" and live_job.state == "RUNNING" and live_job.restart_count == 0
+    finally:
+        reconciler.reset_outage_tracking()
+
+
+def test_a_scheduler_that_did_not_see_the_outage_honours_the_recorded_grace(db: Session) -> None:
+    reconciler.reset_outage_tracking()  # a scheduler process that starts (or takes over) after the outage
+    host = _host(db, "rec-k")
+    job, attempt = _running(db, host)
+    now = utcnow() + timedelta(seconds=SETTINGS.lease_s + 5)  # the attempt's lease has expired
+    host.last_heartbeat_at = now
+    grace_until = now + timedelta(seconds=30)
+    record_event(db, "DATABASE_BACK", message="recorded by the scheduler that saw it",
+                 data={"grace_until": grace_until.isoformat(), "grace_s": 30.0})  # fmt: skip
+    try:
+        actions = reconcile(db=db, now=now, settings=SETTINGS)
+        assert actions == [f"database back before this scheduler: grace for leases and hosts until "
+                           f"{grace_until.isoformat(timespec='seconds')}"]  # fmt: skip
+        assert attempt.state == "RUNNING" and job.state == "RUNNING"
+        assert len(_events(db, job, "LOST")) == 0
+        assert len(db.scalars(select(Event).where(Event.type == "DATABASE_BACK")).all()) == 1  # not recorded again
+        after = grace_until + timedelta(seconds=1)
+        host.last_heartbeat_at = after
+        assert any("LOST -> QUEUED" in a for a in reconcile(db=db, now=after, settings=SETTINGS))
+        assert attempt.state == "LOST"
+    finally:
+        reconciler.reset_outage_tracking()
+
+
+def test_a_postgresql_server_younger_than_a_lease_gives_grace(db: Session) -> None:
+    started = db.execute(text("SELECT pg_postmaster_start_time()")).scalar_one()
+    host_a, host_b = _host(db, "rec-l"), _host(db, "rec-m")
+    (job_a, attempt_a), (job_b, attempt_b) = _running(db, host_a), _running(db, host_b)
+    now = utcnow() + timedelta(seconds=SETTINGS.lease_s + 5)  # both attempts' leases have expired
+    host_a.last_heartbeat_at = host_b.last_heartbeat_at = now
+    try:
+        # A server up for longer than a lease proves nothing: an expired lease is LOST at once.
+        reconciler.reset_outage_tracking()
+        attempt_b.lease_expires_at = utcnow() + timedelta(hours=1)  # b is out of this pass
+        assert any(f"job {job_a.id}: LOST -> QUEUED" in a for a in reconcile(db=db, now=now, settings=SETTINGS))
+        assert attempt_a.state == "LOST"
+        # With a lease longer than the server's uptime, leases may have expired while it was down: grace.
+        attempt_b.lease_expires_at = now - timedelta(seconds=5)
+        long_lease = Settings(lease_s=(now - started).total_seconds() + 120, heartbeat_interval_s=1.0)
+        reconciler.reset_outage_tracking()
+        actions = reconcile(db=db, now=now, settings=long_lease)
+        assert len(actions) == 1 and actions[0].startswith("database back before this scheduler"), actions
+        assert attempt_b.state == "RUNNING" and job_b.state == "RUNNING"
+        back = db.scalars(select(Event).where(Event.type == "DATABASE_BACK")).one()
+        assert back.data["cause"].startswith("PostgreSQL started at")
     finally:
         reconciler.reset_outage_tracking()
 
