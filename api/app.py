@@ -18,7 +18,7 @@ from sqlalchemy.orm import sessionmaker
 
 from api import errors
 from api.middleware import BodyLimitMiddleware, MetricsMiddleware
-from api.ratelimit import TokenBucketLimiter
+from api.ratelimit import make_limiter
 from api.routers import cluster, health, jobs, qos, sla, teams, tokens, usage, users
 from api.routers.health import jobs_gauge
 from api.schemas.common import Problem
@@ -60,7 +60,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = sessionmaker(bind=engine, expire_on_commit=False)
-    app.state.limiter = TokenBucketLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst)
+    app.state.limiter = make_limiter(settings.resolved_broker_url, settings.rate_limit_per_minute,
+                                     settings.rate_limit_burst)
     app.state.registry = CollectorRegistry()
     app.state.jobs_gauge = jobs_gauge(app.state.registry)
 

@@ -11,7 +11,7 @@ import math
 from fastapi import HTTPException, Request
 from sqlalchemy.orm import Session
 
-from api.ratelimit import TokenBucketLimiter
+from api.ratelimit import Limiter
 from core.services.auth import authenticate
 from core.services.errors import Forbidden, Unauthenticated
 from core.services.principal import Principal
@@ -36,7 +36,7 @@ def principal_for(request: Request, db: Session, *, allow_query_token: bool = Fa
     needed = "read" if request.method in READ_METHODS else "write"
     if needed not in principal.scopes:
         raise Forbidden(f"this token lacks the {needed!r} scope")
-    limiter: TokenBucketLimiter = request.app.state.limiter
+    limiter: Limiter = request.app.state.limiter
     wait = limiter.take(principal.token_id or 0)
     if wait > 0:
         raise HTTPException(429, "rate limit exceeded for this token", headers={"Retry-After": str(math.ceil(wait))})

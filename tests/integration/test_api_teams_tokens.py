@@ -164,6 +164,33 @@ def test_rate_limit_per_token(db: Session, pg_engine: Engine, tmp_path: Path, wo
         assert c.get("/v1/me", headers=world.h("viewer")).status_code == 200  # another token, another bucket
 
 
+def test_rate_limit_is_shared_by_api_processes_through_redis(tmp_path: Path, pg_engine: Engine) -> None:
+    import time
+    import uuid
+
+    from api.ratelimit import RedisTokenBucketLimiter, TokenBucketLimiter
+    from tests.support.services import redis_url
+
+    url = redis_url()
+    prefix = f"kiln-test:{uuid.uuid4().hex}:"
+    # Two API processes (or replicas) with one Redis: one bucket per token between them.
+    a, b = (RedisTokenBucketLimiter(url, per_minute=600, burst=3, prefix=prefix) for _ in range(2))
+    assert [a.take(7), b.take(7), a.take(7)] == [0.0, 0.0, 0.0]
+    assert 0 < b.take(7) <= 0.1  # the fourth request within the burst waits for one refill (10 tokens/s)
+    assert a.take(8) == 0.0  # another token, another bucket
+    assert 0 < a.client.pttl(f"{prefix}7") <= 1400  # the key expires once its bucket would be full again
+    time.sleep(0.15)
+    assert b.take(7) == 0.0  # refilled, whichever process asks
+
+    # Redis away: each process limits on its own instead of failing the request.
+    away = RedisTokenBucketLimiter("redis://127.0.0.1:1/0", per_minute=60, burst=2, prefix=prefix)
+    assert [away.take(7), away.take(7)] == [0.0, 0.0] and away.take(7) > 0
+
+    # The app shares its buckets when Redis is the broker, and keeps them in process with the embedded broker.
+    assert isinstance(make_app(pg_engine, tmp_path, broker_url=url).state.limiter, RedisTokenBucketLimiter)
+    assert isinstance(make_app(pg_engine, tmp_path).state.limiter, TokenBucketLimiter)
+
+
 def test_qos_list_get_patch(client: TestClient, world: World) -> None:
     names = [q["name"] for q in client.get("/v1/qos", headers=world.h("viewer")).json()]
     assert names == ["gold", "silver", "bronze", "best-effort"]
