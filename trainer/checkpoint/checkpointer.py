@@ -1,36 +1,19 @@
-"""Asynchronous, atomic, verified checkpoints.
+"""The ``Checkpointer``: asynchronous saves, the local and durable tiers, pruning, and choosing what to load.
 
-Layout under the job's checkpoint directory (``KILN_CHECKPOINT_DIR``, shared by all its attempts)::
+Saving: ``save`` stages the state into reusable CPU buffers (for replicated state, ``trainer.checkpoint.raw``:
+copied on a side stream on CUDA, so the next step's forward overlaps the copy; sharded FSDP2 state goes
+through DCP, which stages its own) and returns; a background thread writes the files and commits them with
+``trainer.checkpoint.store``'s protocol.  The next ``wait`` reports a failed write (``CHECKPOINT_FAILED``,
+training goes on) and raises a fence (``FencedError``: this attempt must stop).
 
-    step_00000040/manifest.json   {"step", "files": {name: {"bytes", "sha256"}}, "fencing_token", ...}
-    step_00000040/data_K.bin, tensors.json, tree.pt, extra.pt
-                                                          (replicated state, DDP or one process: "raw")
-    step_00000040/model.pt, optim.pt, extra.pt            (replicated state of older attempts: "torch")
-    step_00000040/*.distcp, .metadata, extra.pt           (sharded FSDP2 state through DCP)
-    fence                                                 (the current fencing token, written by the worker)
-
-Saving: state is staged into reusable CPU buffers (pinned on CUDA, copied on a side stream so the next
-step's forward overlaps the copy), then a background thread writes ``.tmp-step_N-*``, fsyncs every file,
-writes the manifest with a sha256 per file and renames the directory into place - but only while the fence
-file still names this attempt's token.
-
-The replicated ("raw") format exists because ``torch.save`` + fsync + re-reading for the sha256 of a 1.5 GB
-state took ~3.5 s, far over a 10-step interval.  The staging buffers are a few flat pinned byte arrays, one
-per data file, laid out once (``prepare``) with every tensor at an aligned offset; the writer threads stream
-each array straight to its file, hashing each chunk as it is written (``os.write`` and ``hashlib`` release
-the GIL on large buffers), and fsync in parallel.  ``tensors.json`` records each tensor's file, offset,
-dtype and shape; ``tree.pt`` holds the state dicts' non-tensor structure (param groups, hyperparameters).
-
-Loading takes the newest directory whose manifest verifies; corrupt
-ones are skipped with an event.
+Loading: rank 0 takes the newest directory, across tiers, whose manifest verifies - corrupt ones are skipped
+with an event - and every rank loads that one.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import os
 import pathlib
 import shutil
 import threading
@@ -51,301 +34,30 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from core.trainer_protocol import FENCE_FILE, RecordKind
+from core.trainer_protocol import RecordKind
+from trainer.checkpoint.raw import (
+    TENSORS,
+    TREE,
+    _copy_hashed,
+    _FlatStager,
+    _flatten,
+    _write_hashed,
+    load_raw,
+    writer_count,
+)
+from trainer.checkpoint.store import (
+    EXTRA,
+    MANIFEST,
+    PREFIX,
+    FencedError,
+    list_checkpoints,
+    remove_checkpoint,
+    sha256_file,
+    step_dir_name,
+    verify,
+    write_manifest_and_commit,
+)
 from trainer.telemetry import Telemetry
-
-PREFIX = "step_"
-MANIFEST = "manifest.json"
-EXTRA = "extra.pt"
-
-
-class FencedError(RuntimeError):
-    """The fence file names another attempt: this one may no longer commit state (-> ExitCode.FENCED)."""
-
-
-def fence_ok(root: pathlib.Path, token: int | None) -> bool:
-    if token is None:
-        return True
-    try:
-        current = (root / FENCE_FILE).read_text().strip()
-    except FileNotFoundError:
-        return True  # no control plane wrote a fence (standalone run): nothing to respect
-    return current == str(token)
-
-
-def sha256_file(path: pathlib.Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fsync_dir(path: pathlib.Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def remove_checkpoint(path: pathlib.Path) -> None:
-    """Delete a committed checkpoint without ever exposing a half-deleted one: rename it out of the listed
-    names first (atomic), then delete; a crash in between leaves a ``.tmp-*`` that start-up removes."""
-    gone = path.parent / f".tmp-gone-{path.name}-{uuid.uuid4().hex[:8]}"
-    try:
-        os.rename(path, gone)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(gone, ignore_errors=True)
-
-
-def step_dir_name(step: int) -> str:
-    return f"{PREFIX}{step:08d}"
-
-
-def list_checkpoints(root: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
-    """Committed checkpoint directories, oldest first (temporary directories are never listed)."""
-    out = []
-    if root.is_dir():
-        for p in root.iterdir():
-            if p.is_dir() and p.name.startswith(PREFIX):
-                with contextlib.suppress(ValueError):
-                    out.append((int(p.name[len(PREFIX):]), p))
-    return sorted(out)
-
-
-def verify(path: pathlib.Path) -> str | None:
-    """None if every file in the manifest is present with its recorded size and sha256, else why not."""
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-        files = manifest["files"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return f"unreadable manifest: {exc!r}"
-    for name, meta in files.items():
-        f = path / name
-        if not f.is_file():
-            return f"missing file {name}"
-        if f.stat().st_size != meta["bytes"]:
-            return f"size mismatch in {name}"
-        if sha256_file(f) != meta["sha256"]:
-            return f"sha256 mismatch in {name}"
-    return None
-
-
-def write_manifest_and_commit(tmp: pathlib.Path, final: pathlib.Path, *, step: int, token: int | None,
-                              meta: dict[str, Any],
-                              written: dict[str, tuple[int, str]] | None = None,
-                              fence_root: pathlib.Path | None = None) -> dict[str, Any]:
-    """``written``: files the caller already fsynced and hashed while writing them (name -> bytes, sha256);
-    every other file under ``tmp`` is fsynced and hashed here.  ``fence_root``: the directory holding the
-    fence file (the durable job dir; default ``final``'s parent) - a local-tier commit obeys it too."""
-    files = {}
-    for f in sorted(tmp.rglob("*")):
-        if f.is_file():
-            name = f.relative_to(tmp).as_posix()
-            if written and name in written:
-                files[name] = {"bytes": written[name][0], "sha256": written[name][1]}
-                continue
-            with open(f, "rb+") as fh:
-                os.fsync(fh.fileno())
-            files[name] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
-    manifest = {"step": step, "fencing_token": token, "created": time.time(), "files": files, **meta}
-    with open(tmp / MANIFEST, "w") as fh:
-        json.dump(manifest, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    _fsync_dir(tmp)
-    if not fence_ok(fence_root or final.parent, token):
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise FencedError(f"fence no longer names token {token}; checkpoint at step {step} not committed")
-    if final.exists():  # a rolled-back run re-reaching a step: the new state replaces the old
-        remove_checkpoint(final)
-    os.rename(tmp, final)
-    _fsync_dir(final.parent)
-    return manifest
-
-
-ALIGN = 4096  # tensor offsets in the data files: any dtype's view of the byte buffer is aligned
-CHUNK = 64 << 20  # bytes per write/hash call: large enough to release the GIL, small enough to interleave
-TENSORS = "tensors.json"
-TREE = "tree.pt"
-_REF = "__kiln_tensor__"
-
-
-def writer_count() -> int:
-    """Parallel writer threads (and data files) per checkpoint: ``KILN_CKPT_WRITERS``, else min(8, cores)."""
-    raw = os.environ.get("KILN_CKPT_WRITERS")
-    return max(1, int(raw)) if raw else max(1, min(8, os.cpu_count() or 1))
-
-
-def _flatten(obj: Any, leaves: list[torch.Tensor], seen: dict[tuple[int, tuple[int, ...], torch.dtype], int]) -> Any:
-    """Replace every tensor in a state-dict tree by ``{_REF: index}`` (tied weights share one index)."""
-    if isinstance(obj, torch.Tensor):
-        key = (obj.data_ptr(), tuple(obj.shape), obj.dtype)
-        if obj.numel() and key in seen:
-            return {_REF: seen[key]}
-        leaves.append(obj)
-        if obj.numel():
-            seen[key] = len(leaves) - 1
-        return {_REF: len(leaves) - 1}
-    if isinstance(obj, dict):
-        return {k: _flatten(v, leaves, seen) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_flatten(v, leaves, seen) for v in obj)
-    return obj
-
-
-def _unflatten(obj: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(obj, dict):
-        if len(obj) == 1 and _REF in obj:
-            return tensors[obj[_REF]]
-        return {k: _unflatten(v, tensors) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_unflatten(v, tensors) for v in obj)
-    return obj
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-class _FlatStager:
-    """Reusable CPU staging for a state dict: a few flat byte buffers (pinned on CUDA, so the device-to-host
-    copy is asynchronous on a side stream), one per data file, each tensor at an aligned offset.
-
-    The layout is computed, and the buffers allocated, once (``prepare`` at start-up: pinning 1.5 GB costs
-    ~1 s, which must not land on a save); it is redone only if the state's shapes or dtypes change."""
-
-    def __init__(self, device: torch.device, files: int) -> None:
-        self.device = device
-        self.files = files
-        self.signature: list[tuple[tuple[int, ...], torch.dtype]] | None = None
-        self.entries: list[dict[str, Any]] = []
-        self.buffers: list[torch.Tensor] = []
-        self.views: list[torch.Tensor] = []
-        self.alloc_s = 0.0
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.done: torch.cuda.Event | None = None
-
-    @property
-    def nbytes(self) -> int:
-        return sum(b.numel() for b in self.buffers)
-
-    def layout(self, leaves: list[torch.Tensor]) -> None:
-        sig = [(tuple(t.shape), t.dtype) for t in leaves]
-        if sig == self.signature:
-            return
-        t0 = time.perf_counter()
-        sizes = [t.numel() * t.element_size() for t in leaves]
-        files = max(1, min(self.files, sum(1 for n in sizes if n)))  # no empty data files
-        fill = [0] * files
-        self.entries = [{} for _ in leaves]
-        # Largest first onto the least-filled file: the files (and so the writer threads) stay balanced.
-        for i in sorted(range(len(leaves)), key=lambda i: -sizes[i]):
-            f = min(range(files), key=fill.__getitem__)
-            self.entries[i] = {"file": f"data_{f}.bin", "index": f, "offset": fill[f], "bytes": sizes[i],
-                               "dtype": _dtype_name(leaves[i].dtype), "shape": list(leaves[i].shape)}
-            fill[f] += -(-sizes[i] // ALIGN) * ALIGN
-        pin = self.device.type == "cuda"
-        self.buffers = [torch.zeros(n, dtype=torch.uint8, pin_memory=pin) for n in fill]
-        self.views = []
-        for e, t in zip(self.entries, leaves, strict=True):
-            buf = self.buffers[e["index"]]
-            self.views.append(buf[e["offset"]:e["offset"] + e["bytes"]].view(t.dtype).view(t.shape))
-        self.signature = sig
-        self.alloc_s = time.perf_counter() - t0
-
-    def stage(self, state: Any) -> Any:
-        """Copy ``state``'s tensors into the buffers (asynchronously on CUDA); returns the tensor-free tree."""
-        leaves: list[torch.Tensor] = []
-        tree = _flatten(state, leaves, {})
-        self.layout(leaves)
-        if self.stream is not None:
-            # The copy must see the state as of now: order it after the work already queued.
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        ctx = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-        with ctx:
-            for view, t in zip(self.views, leaves, strict=True):
-                view.copy_(t.detach(), non_blocking=self.stream is not None)
-        if self.stream is not None:
-            self.done = torch.cuda.Event()
-            self.done.record(self.stream)
-        return tree
-
-    def wait_copy(self) -> None:
-        if self.done is not None:
-            self.done.synchronize()
-
-    def order_before_update(self) -> None:
-        """Make the compute stream wait for an in-flight copy before the optimizer overwrites the params."""
-        if self.done is not None:
-            torch.cuda.current_stream(self.device).wait_event(self.done)
-
-
-def _write_hashed(path: pathlib.Path, buf: torch.Tensor) -> tuple[int, str]:
-    """Write a CPU byte buffer to ``path``, hashing each chunk as it goes out (no re-read), then fsync."""
-    h = hashlib.sha256()
-    mv = memoryview(buf.numpy().data).cast("B")  # the pinned buffer itself: no copy
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        for off in range(0, len(mv), CHUNK):
-            chunk = mv[off:off + CHUNK]
-            h.update(chunk)
-            while chunk:
-                n = os.write(fd, chunk)
-                chunk = chunk[n:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return len(mv), h.hexdigest()
-
-
-def _copy_hashed(src: pathlib.Path, dst: pathlib.Path) -> tuple[int, str]:
-    """Copy a committed file to ``dst`` (the persisting of a local checkpoint), hashing the bytes as they
-    pass, then fsync: the caller compares the hash with the source manifest, so a local file corrupted after
-    its commit is never made durable."""
-    h = hashlib.sha256()
-    buf = bytearray(CHUNK)
-    mv = memoryview(buf)
-    total = 0
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    with open(src, "rb", buffering=0) as fin:
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            while True:
-                n = fin.readinto(mv)
-                if not n:
-                    break
-                chunk = mv[:n]
-                h.update(chunk)
-                while chunk:
-                    w = os.write(fd, chunk)
-                    chunk = chunk[w:]
-                total += n
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    return total, h.hexdigest()
-
-
-def load_raw(path: pathlib.Path) -> Any:
-    """The state tree of a "raw" checkpoint, tensors as CPU views of each data file read whole."""
-    entries = json.loads((path / TENSORS).read_text())
-    data = {}
-    for name in {e["file"] for e in entries}:
-        f = path / name
-        data[name] = torch.from_file(str(f), shared=False, size=f.stat().st_size, dtype=torch.uint8)
-    tensors = []
-    for e in entries:
-        dtype = getattr(torch, e["dtype"])
-        if e["bytes"] == 0:
-            tensors.append(torch.empty(e["shape"], dtype=dtype))
-            continue
-        raw = data[e["file"]][e["offset"]:e["offset"] + e["bytes"]]
-        tensors.append(raw.view(dtype).view(e["shape"]))
-    return _unflatten(torch.load(path / TREE, map_location="cpu", weights_only=True), tensors)
-
 
 LOCAL, DURABLE = "local", "durable"
 

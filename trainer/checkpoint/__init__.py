@@ -1,0 +1,64 @@
+"""Asynchronous, atomic, verified checkpoints.
+
+Layout under the job's checkpoint directory (``KILN_CHECKPOINT_DIR``, shared by all its attempts)::
+
+    step_00000040/manifest.json   {"step", "files": {name: {"bytes", "sha256"}}, "fencing_token", ...}
+    step_00000040/data_K.bin, tensors.json, tree.pt, extra.pt
+                                                          (replicated state, DDP or one process: "raw")
+    step_00000040/model.pt, optim.pt, extra.pt            (replicated state of older attempts: "torch")
+    step_00000040/*.distcp, .metadata, extra.pt           (sharded FSDP2 state through DCP)
+    fence                                                 (the current fencing token, written by the worker)
+
+Saving: state is staged into reusable CPU buffers (pinned on CUDA, copied on a side stream so the next
+step's forward overlaps the copy), then a background thread writes ``.tmp-step_N-*``, fsyncs every file,
+writes the manifest with a sha256 per file and renames the directory into place - but only while the fence
+file still names this attempt's token.  Loading takes the newest directory whose manifest verifies; corrupt
+ones are skipped with an event.
+
+One module per layer, each documenting its own:
+
+- ``store``: the directory format and its integrity - commit under the fence, manifest, verify, list, remove.
+- ``raw``: the "raw" format of replicated state - staging buffers, data files hashed as written, ``load_raw``.
+- ``checkpointer``: ``Checkpointer`` - asynchronous saves, the local and durable tiers, prune, choose, load.
+"""
+
+from __future__ import annotations
+
+from trainer.checkpoint.checkpointer import DURABLE, LOCAL, Checkpointer
+from trainer.checkpoint.raw import ALIGN, CHUNK, TENSORS, TREE, load_raw, writer_count
+from trainer.checkpoint.store import (
+    EXTRA,
+    MANIFEST,
+    PREFIX,
+    FencedError,
+    fence_ok,
+    list_checkpoints,
+    remove_checkpoint,
+    sha256_file,
+    step_dir_name,
+    verify,
+    write_manifest_and_commit,
+)
+
+__all__ = [
+    "ALIGN",
+    "CHUNK",
+    "DURABLE",
+    "EXTRA",
+    "LOCAL",
+    "MANIFEST",
+    "PREFIX",
+    "TENSORS",
+    "TREE",
+    "Checkpointer",
+    "FencedError",
+    "fence_ok",
+    "list_checkpoints",
+    "load_raw",
+    "remove_checkpoint",
+    "sha256_file",
+    "step_dir_name",
+    "verify",
+    "write_manifest_and_commit",
+    "writer_count",
+]

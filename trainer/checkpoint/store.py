@@ -1,0 +1,134 @@
+"""The checkpoint directory's on-disk format and integrity, whatever wrote the state in it.
+
+A checkpoint is committed in one protocol: its files are written under ``.tmp-step_N-*`` (a name never
+listed), each is fsynced, ``manifest.json`` records every file's size and sha256 (plus the step, the writer's
+fencing token and the writer's metadata), and the directory is renamed to ``step_N`` - but only while the
+fence file still names the writer's token, so an attempt that lost its lease never commits state.  A listed
+checkpoint is therefore complete or it is not there; ``verify`` re-hashes it against its manifest to catch
+what changed on disk since.  Removal renames out of the listed names first, for the same reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import time
+import uuid
+from typing import Any
+
+from core.trainer_protocol import FENCE_FILE
+
+PREFIX = "step_"
+MANIFEST = "manifest.json"
+EXTRA = "extra.pt"
+
+
+class FencedError(RuntimeError):
+    """The fence file names another attempt: this one may no longer commit state (-> ExitCode.FENCED)."""
+
+
+def fence_ok(root: pathlib.Path, token: int | None) -> bool:
+    if token is None:
+        return True
+    try:
+        current = (root / FENCE_FILE).read_text().strip()
+    except FileNotFoundError:
+        return True  # no control plane wrote a fence (standalone run): nothing to respect
+    return current == str(token)
+
+
+def sha256_file(path: pathlib.Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: pathlib.Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_checkpoint(path: pathlib.Path) -> None:
+    """Delete a committed checkpoint without ever exposing a half-deleted one: rename it out of the listed
+    names first (atomic), then delete; a crash in between leaves a ``.tmp-*`` that start-up removes."""
+    gone = path.parent / f".tmp-gone-{path.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(path, gone)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+def step_dir_name(step: int) -> str:
+    return f"{PREFIX}{step:08d}"
+
+
+def list_checkpoints(root: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
+    """Committed checkpoint directories, oldest first (temporary directories are never listed)."""
+    out = []
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.is_dir() and p.name.startswith(PREFIX):
+                with contextlib.suppress(ValueError):
+                    out.append((int(p.name[len(PREFIX):]), p))
+    return sorted(out)
+
+
+def verify(path: pathlib.Path) -> str | None:
+    """None if every file in the manifest is present with its recorded size and sha256, else why not."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"unreadable manifest: {exc!r}"
+    for name, meta in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"missing file {name}"
+        if f.stat().st_size != meta["bytes"]:
+            return f"size mismatch in {name}"
+        if sha256_file(f) != meta["sha256"]:
+            return f"sha256 mismatch in {name}"
+    return None
+
+
+def write_manifest_and_commit(tmp: pathlib.Path, final: pathlib.Path, *, step: int, token: int | None,
+                              meta: dict[str, Any],
+                              written: dict[str, tuple[int, str]] | None = None,
+                              fence_root: pathlib.Path | None = None) -> dict[str, Any]:
+    """``written``: files the caller already fsynced and hashed while writing them (name -> bytes, sha256);
+    every other file under ``tmp`` is fsynced and hashed here.  ``fence_root``: the directory holding the
+    fence file (the durable job dir; default ``final``'s parent) - a local-tier commit obeys it too."""
+    files = {}
+    for f in sorted(tmp.rglob("*")):
+        if f.is_file():
+            name = f.relative_to(tmp).as_posix()
+            if written and name in written:
+                files[name] = {"bytes": written[name][0], "sha256": written[name][1]}
+                continue
+            with open(f, "rb+") as fh:
+                os.fsync(fh.fileno())
+            files[name] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
+    manifest = {"step": step, "fencing_token": token, "created": time.time(), "files": files, **meta}
+    with open(tmp / MANIFEST, "w") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    _fsync_dir(tmp)
+    if not fence_ok(fence_root or final.parent, token):
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise FencedError(f"fence no longer names token {token}; checkpoint at step {step} not committed")
+    if final.exists():  # a rolled-back run re-reaching a step: the new state replaces the old
+        remove_checkpoint(final)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    return manifest
