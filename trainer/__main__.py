@@ -30,12 +30,14 @@ def main(argv: list[str] | None = None) -> int:
         return int(ExitCode.USER_ERROR)
 
     from trainer import compile_preload
-    from trainer.loop import compile_cache_dir, run
+    from trainer.loop import compile_cache_dir, persist_compiler_caches, run
     from trainer.parallel import init_distributed, shutdown
 
     args.run_dir.mkdir(parents=True, exist_ok=True)
     if spec.compile.mode != "off":  # torch's compiler loads while the ranks meet and the model is built
-        compile_preload.start(compile_cache_dir(args.run_dir))
+        cache = compile_cache_dir(args.run_dir)
+        persist_compiler_caches(cache)  # Inductor's and Triton's cache dirs are set before any of it loads
+        compile_preload.start(cache)
     env = init_distributed()
     try:
         return int(run(spec, args.run_dir, env))
