@@ -173,17 +173,20 @@ def test_rate_limit_is_shared_by_api_processes_through_redis(tmp_path: Path, pg_
 
     url = redis_url()
     prefix = f"kiln-test:{uuid.uuid4().hex}:"
-    # Two API processes (or replicas) with one Redis: one bucket per token between them.
-    a, b = (RedisTokenBucketLimiter(url, per_minute=600, burst=3, prefix=prefix) for _ in range(2))
+    # Two API processes (or replicas) with one Redis: one bucket per token between them (a token per 10 s, so a
+    # slow machine cannot refill one between these calls).
+    a, b = (RedisTokenBucketLimiter(url, per_minute=6, burst=3, prefix=prefix) for _ in range(2))
     assert [a.take(7), b.take(7), a.take(7)] == [0.0, 0.0, 0.0]
-    assert 0 < b.take(7) <= 0.1  # the fourth request within the burst waits for one refill (10 tokens/s)
+    assert 0 < b.take(7) <= 10.0  # the fourth request within the burst waits for a refill
     assert a.take(8) == 0.0  # another token, another bucket
-    assert 0 < a.client.pttl(f"{prefix}7") <= 1400  # the key expires once its bucket would be full again
-    time.sleep(0.15)
-    assert b.take(7) == 0.0  # refilled, whichever process asks
+    assert 0 < a.client.pttl(f"{prefix}7") <= 31_000  # the key expires once its bucket would be full again
+    c, d = (RedisTokenBucketLimiter(url, per_minute=6000, burst=1, prefix=prefix) for _ in range(2))
+    assert c.take(9) == 0.0
+    time.sleep(0.05)
+    assert d.take(9) == 0.0  # 100 tokens/s: refilled, whichever process asks
 
     # Redis away: each process limits on its own instead of failing the request.
-    away = RedisTokenBucketLimiter("redis://127.0.0.1:1/0", per_minute=60, burst=2, prefix=prefix)
+    away = RedisTokenBucketLimiter("redis://127.0.0.1:1/0", per_minute=6, burst=2, prefix=prefix)
     assert [away.take(7), away.take(7)] == [0.0, 0.0] and away.take(7) > 0
 
     # The app shares its buckets when Redis is the broker, and keeps them in process with the embedded broker.
