@@ -26,6 +26,11 @@ def test_synthetic_replay_against_fifo(tmp_path: Path) -> None:
     assert kiln["jct"]["mean_h"] <= fifo["jct"]["mean_h"]
     assert 0 < kiln["utilisation"] <= 1 and fifo["preemptions"] == 0
     assert (tmp_path / "simulate_queue.png").stat().st_size > 1000
+    for result in (fifo, kiln):  # every job that broke its max wait is counted under the reason it waited with
+        for cls in result["sla_attainment"].values():
+            missed = round(cls["jobs"] * (1 - cls["attainment"]))
+            assert sum(cls["missed_by_reason"].values()) == missed
+    assert fifo["sla_attainment"]["gold"]["missed_by_reason"]  # FIFO misses gold jobs here, and says why
 
 
 def test_event_driven_replay_exercises_quotas_and_is_deterministic(tmp_path: Path) -> None:
