@@ -20,13 +20,12 @@ from api import errors
 from api.middleware import BodyLimitMiddleware, MetricsMiddleware
 from api.ratelimit import make_limiter
 from api.routers import cluster, health, jobs, qos, sla, teams, tokens, usage, users
+from api.routers.common import ERROR_CODES
 from api.routers.health import jobs_gauge
 from api.schemas.common import Problem
 from core.db import make_engine
 from core.settings import Settings, get_settings
 from core.spec import JobSpec
-
-ERRORS = (400, 401, 403, 404, 409, 413, 415, 422, 429, 500, 503)
 
 log = logging.getLogger("kiln.api")
 
@@ -125,7 +124,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     components["Problem"] = Problem.model_json_schema()
     problem = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
     for path, operations in schema.get("paths", {}).items():
-        codes = ERRORS if path.startswith("/v1/") else (413, 500, 503)
+        codes = ERROR_CODES if path.startswith("/v1/") else (413, 500, 503)
         for operation in operations.values():
             responses = operation.setdefault("responses", {})
             for code in codes:

@@ -94,15 +94,14 @@ class RedisTokenBucketLimiter:
         self.prefix = prefix
         self.client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
         self.script = self.client.register_script(_TAKE)
+        self.unavailable = redis.RedisError  # kept, so a request does not import redis again
         self.fallback = TokenBucketLimiter(per_minute, burst)
         self._warned = False
 
     def take(self, key: int) -> float:
-        import redis
-
         try:
             wait = float(self.script(keys=[f"{self.prefix}{key}"], args=[self.rate, self.burst]))
-        except redis.RedisError as exc:
+        except self.unavailable as exc:
             if not self._warned:  # once per outage, not once per request
                 log.warning("rate limiter: Redis unavailable (%s); limiting per API process until it is back", exc)
                 self._warned = True

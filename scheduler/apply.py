@@ -41,12 +41,8 @@ def _locked(db: Session, ids: list[int]) -> dict[int, Job]:
     return {j.id: j for j in db.scalars(stmt)}
 
 
-def apply_decisions(*, db: Session, decisions: Decisions, now: datetime) -> list[Dispatch]:
-    """Apply ``decisions``; returns what to dispatch once the caller has committed."""
-    return apply_all(db=db, decisions=decisions, now=now).dispatches
-
-
 def apply_all(*, db: Session, decisions: Decisions, now: datetime) -> Applied:
+    """Apply ``decisions``; ``dispatches`` are sent by the caller once it has committed."""
     out = Applied()
     ids = [a.job_id for a in decisions.admissions] + [p.job_id for p in decisions.preemptions]
     ids += [f.job_id for f in decisions.failures] + [k.job_id for k in decisions.time_limit_kills]

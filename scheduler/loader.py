@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -91,8 +90,8 @@ def _hosts(db: Session, now: datetime) -> tuple[HostInfo, ...]:
     return tuple(out)
 
 
-def _teams(db: Session, now: float, half_life_s: float) -> tuple[list[Team], tuple[TeamInfo, ...]]:
-    rows = list(repo.teams(db))
+def _teams(db: Session, now: float, half_life_s: float) -> tuple[TeamInfo, ...]:
+    rows = repo.teams(db)
     since = repo.horizon(datetime.fromtimestamp(now).astimezone(), half_life_s, rows)
     usage: dict[int, float] = {}
     used_hours: dict[int, float] = {}
@@ -103,7 +102,7 @@ def _teams(db: Session, now: float, half_life_s: float) -> tuple[list[Team], tup
         end = min(u.ended_at.timestamp() if u.ended_at is not None else now, now)
         if end > start:
             used_hours[u.team_id] = used_hours.get(u.team_id, 0.0) + u.gpus * (end - start) / 3600.0
-    infos = tuple(
+    return tuple(
         TeamInfo(
             id=t.id,
             name=t.name,
@@ -119,7 +118,6 @@ def _teams(db: Session, now: float, half_life_s: float) -> tuple[list[Team], tup
         )
         for t in rows
     )
-    return rows, infos
 
 
 def _running(
@@ -132,11 +130,10 @@ def _running(
     rows = [(j, a) for j, a in repo.active_jobs(db) if a is not None and a.ended_at is None]
     ckpts = repo.last_checkpoints(db, [j.id for j, _ in rows])
     preempted = repo.preemption_counts(db, [j.id for j, _ in rows])
-    out = []
-    for job, attempt in rows:
-        running = _running_job(job, attempt, teams, qos, model_of, ckpts.get(job.id))
-        out.append(replace(running, preemptions=preempted.get(job.id, 0)))
-    return tuple(out)
+    return tuple(
+        _running_job(job, attempt, teams, qos, model_of, ckpts.get(job.id), preempted.get(job.id, 0))
+        for job, attempt in rows
+    )
 
 
 def _running_job(
@@ -146,6 +143,7 @@ def _running_job(
     qos: dict[int, QosClass],
     model_of: dict[str, str],
     ckpt: tuple[int, datetime] | None,
+    preemptions: int,
 ) -> RunningJob:
     placement = tuple(
         PlacedHost(
@@ -184,6 +182,7 @@ def _running_job(
         time_limit_s=limit,
         preempt_requested=job.preempt_requested,
         state=job.state,
+        preemptions=preemptions,
     )
 
 
@@ -248,7 +247,7 @@ def _pending(
 def load(*, db: Session, now: datetime, half_life_s: float = FAIRSHARE_HALF_LIFE_S) -> Snapshot:
     t = now.timestamp()
     hosts = _hosts(db, now)
-    team_rows, team_infos = _teams(db, t, half_life_s)
+    team_infos = _teams(db, t, half_life_s)
     teams = {ti.id: ti for ti in team_infos}
     qos = repo.qos_classes(db)
     defaults = repo.team_default_contracts(db)

@@ -31,7 +31,8 @@ from sqlalchemy import Engine, event, select, text
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.orm import Session
 
-from core.models import Attempt, Event, Host, Job, SlaContract, Usage
+from core.models import Attempt, Event, Host, Job, Usage
+from core.repositories import jobs as jobs_repo
 from core.settings import Settings
 from core.states import ACTIVE, JobState, record_event, transition
 
@@ -64,17 +65,13 @@ def restart_backoff_s(restart_count: int) -> float:
     return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** max(0, restart_count - 1))
 
 
-def job_contract(db: Session, job: Job) -> SlaContract | None:
-    return db.scalars(select(SlaContract).where(SlaContract.job_id == job.id)).first()
-
-
 def _spec_sla(job: Job, key: str) -> Any:
     sla = (job.spec or {}).get("sla") or {}
     return sla.get(key) if isinstance(sla, dict) else None
 
 
 def max_restarts_for(db: Session, job: Job) -> int:
-    contract = job_contract(db, job)
+    contract = jobs_repo.effective_sla(db, job.id)
     if contract is not None:
         return contract.max_restarts
     from_spec = _spec_sla(job, "max_restarts")
@@ -82,7 +79,7 @@ def max_restarts_for(db: Session, job: Job) -> int:
 
 
 def recovery_objective_for(db: Session, job: Job) -> float:
-    contract = job_contract(db, job)
+    contract = jobs_repo.effective_sla(db, job.id)
     if contract is not None:
         return contract.recovery_time_objective_s
     from_spec = _spec_sla(job, "recovery_time_objective_s")
@@ -171,9 +168,6 @@ def dispatch_after_commit(db: Session, attempt: Attempt) -> None:
         event.listen(db, "after_commit", _flush_dispatches, once=True)
         event.listen(db, "after_soft_rollback", lambda s, _t: _forget_dispatches(s), once=True)
     pending.append((attempt.id, attempt.fencing_token, list(attempt.placement or [])))
-
-
-# ------------------------------------------------------------------------------------------------- reconcile
 
 
 # ------------------------------------------------------------------------------------- database outage grace
@@ -429,15 +423,25 @@ def _unclaimed_attempts(
 def _recoveries(db: Session) -> list[str]:
     """RECOVERED for each LOST incident whose job has trained again since (first step of a later attempt)."""
     actions: list[str] = []
-    rows = db.execute(
-        select(Job, Attempt)
-        .join(Attempt, (Attempt.job_id == Job.id) & (Attempt.fencing_token == Job.fencing_token))
-        .where(Job.restart_count > 0, Attempt.first_step_at.is_not(None), Attempt.number > 1)
-    ).all()
+    current = (Attempt.job_id == Job.id) & (Attempt.fencing_token == Job.fencing_token)
+    trained_again = (Job.restart_count > 0, Attempt.first_step_at.is_not(None), Attempt.number > 1)
+    rows = db.execute(select(Job, Attempt).join(Attempt, current).where(*trained_again)).all()
+    if not rows:
+        return actions
+    # The incidents of all those jobs in one query (not one per job: this runs every cycle, over every job that
+    # ever restarted), selected by the same condition in SQL rather than a list of ids.
+    events_of: dict[int | None, list[Event]] = {}
+    for job_id, e in db.execute(
+        select(Event.job_id, Event)
+        .where(
+            Event.job_id.in_(select(Job.id).join(Attempt, current).where(*trained_again)),
+            Event.type.in_(("LOST", "RECOVERED")),
+        )
+        .order_by(Event.id)
+    ).tuples():
+        events_of.setdefault(job_id, []).append(e)
     for job, attempt in rows:
-        events = db.scalars(
-            select(Event).where(Event.job_id == job.id, Event.type.in_(("LOST", "RECOVERED"))).order_by(Event.id)
-        ).all()
+        events = events_of.get(job.id, [])
         recovered_ids = {(e.data or {}).get("lost_event_id") for e in events if e.type == "RECOVERED"}
         assert attempt.first_step_at is not None
         lost = [e for e in events if e.type == "LOST" and e.created_at <= attempt.first_step_at]

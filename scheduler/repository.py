@@ -9,12 +9,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from core.models import Attempt, Checkpoint, Event, Host, Job, JobDependency, QosClass, SlaContract, Team, Usage
+from core.models import Attempt, Checkpoint, Event, Job, JobDependency, QosClass, SlaContract, Team, Usage
+from core.repositories.cluster import list_hosts
 from core.states import ACTIVE, JobState
 
-
-def hosts(db: Session) -> Sequence[Host]:
-    return db.scalars(select(Host).order_by(Host.name)).all()
+hosts = list_hosts  # every host by name, its GPUs loaded with it: the query the API lists hosts with
 
 
 def teams(db: Session) -> Sequence[Team]:

@@ -530,12 +530,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with ProcessPoolExecutor(max_workers=min(len(sizes), os.cpu_count() or 1)) as pool:
             by_size = list(pool.map(replay, repeat(trace), sizes, repeat(args.gpus_per_host), repeat(args.tick)))
-    results = by_size[0]
-    summaries = [summarize(r) for r in results]
-    rows = [sweep_row(n, n * args.gpus_per_host, offered_load(trace, n * args.gpus_per_host),
-                      summaries if i == 0 else [summarize(r) for r in rs])
-            for i, (n, rs) in enumerate(zip(sizes, by_size, strict=True))]  # fmt: skip
-    plots = [] if args.no_plots else plot(results, out)
+    summaries_by_size = [[summarize(r) for r in rs] for rs in by_size]
+    summaries = summaries_by_size[0]
+    rows = [sweep_row(n, n * args.gpus_per_host, offered_load(trace, n * args.gpus_per_host), ss)
+            for n, ss in zip(sizes, summaries_by_size, strict=True)]  # fmt: skip
+    plots = [] if args.no_plots else plot(by_size[0], out)
     report = {
         "trace": args.trace,
         "jobs": len(trace),

@@ -97,7 +97,8 @@ def record(before: set[str], cache_dir: pathlib.Path | None) -> None:
         return
     new = [name for name in list(sys.modules) if name not in before and name.split(".")[0] in _PACKAGES]
     known = recorded(cache_dir)
-    names = [*known, *(n for n in new if n not in set(known))]
+    seen = set(known)
+    names = [*known, *(n for n in new if n not in seen)]
     if not new or names == known:
         return
     with contextlib.suppress(OSError):

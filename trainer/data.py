@@ -7,12 +7,12 @@ exactly the batches an uninterrupted run would have seen, whatever happened to R
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import os
 import pathlib
 import sysconfig
 import tempfile
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -59,7 +59,42 @@ def build_stdlib_corpus(max_bytes: int, cache_dir: str | os.PathLike[str] | None
     return torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8)
 
 
-class TokenBatches:
+class IndexedBatches(abc.ABC):
+    """A rank's view of batches addressed by index: the position (``cursor``, ``skip``) and its state.
+
+    Subclasses say what batch ``index`` is; :meth:`generator` gives the (seed, index)-seeded RNG to draw it with.
+    """
+
+    def __init__(self, *, batch_size: int, rank: int, world_size: int, seed: int) -> None:
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.cursor = 0  # index of the next batch to draw
+        self.skip: set[int] = set()  # batch indices a guard rolled back over
+
+    def generator(self, index: int) -> torch.Generator:
+        return torch.Generator().manual_seed((self.seed * 1_000_003 + index) % (2**63))
+
+    @abc.abstractmethod
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def next(self) -> tuple[int, tuple[torch.Tensor, torch.Tensor]]:
+        while self.cursor in self.skip:
+            self.cursor += 1
+        index = self.cursor
+        self.cursor += 1
+        return index, self.batch(index)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"cursor": self.cursor, "skip": sorted(self.skip)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.cursor = int(state["cursor"])
+        self.skip = {int(i) for i in state["skip"]}
+
+
+class TokenBatches(IndexedBatches):
     """Language-model batches: inputs ``x`` and next-token targets ``y`` of shape (batch, seq_len).
 
     ``tokens`` None means synthetic uniform tokens over ``vocab_size`` (for benchmarks: no learning signal,
@@ -70,18 +105,13 @@ class TokenBatches:
                  rank: int, world_size: int, seed: int) -> None:
         if tokens is not None and tokens.numel() <= seq_len + 1:
             raise ValueError("corpus shorter than one sequence")
+        super().__init__(batch_size=batch_size, rank=rank, world_size=world_size, seed=seed)
         self.tokens = tokens
         self.vocab_size = vocab_size
-        self.batch_size = batch_size
         self.seq_len = seq_len
-        self.rank = rank
-        self.world_size = world_size
-        self.seed = seed
-        self.cursor = 0  # index of the next batch to draw
-        self.skip: set[int] = set()  # batch indices a guard rolled back over
 
     def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        gen = torch.Generator().manual_seed((self.seed * 1_000_003 + index) % (2**63))
+        gen = self.generator(index)
         lo = self.rank * self.batch_size
         if self.tokens is None:
             full = torch.randint(0, self.vocab_size, (self.world_size * self.batch_size, self.seq_len + 1),
@@ -93,21 +123,3 @@ class TokenBatches:
             idx = starts[:, None] + torch.arange(self.seq_len + 1)[None, :]
             seqs = self.tokens[idx].long()
         return seqs[:, :-1].contiguous(), seqs[:, 1:].contiguous()
-
-    def next(self) -> tuple[int, tuple[torch.Tensor, torch.Tensor]]:
-        while self.cursor in self.skip:
-            self.cursor += 1
-        index = self.cursor
-        self.cursor += 1
-        return index, self.batch(index)
-
-    def __iter__(self) -> Iterator[tuple[int, tuple[torch.Tensor, torch.Tensor]]]:
-        while True:
-            yield self.next()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"cursor": self.cursor, "skip": sorted(self.skip)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cursor = int(state["cursor"])
-        self.skip = {int(i) for i in state["skip"]}

@@ -273,6 +273,8 @@ class Trainer:
         last_ckpt_t = time.monotonic()
         self.last_done_t = time.perf_counter()
         self.tokens_done = 0
+        self.items_per_step = self.recipe.items_per_batch() * cfg.grad_accum * env.world_size
+        self.flops_per_item = self.recipe.flops_per_item()
         self.t_start = time.perf_counter()
         self.final_loss: float | None = None
         self.phase = "training"
@@ -379,11 +381,10 @@ class Trainer:
             now = time.perf_counter()
             dt = now - self.last_done_t
             self.last_done_t = now
-            items = self.recipe.items_per_batch() * cfg.grad_accum * self.env.world_size
+            items = self.items_per_step
             self.tokens_done += items
             rate = items / dt if dt > 0 else None
-            mfu = (self.recipe.flops_per_item() * rate / (self.flops * self.env.world_size)
-                   if rate and self.flops else None)
+            mfu = self.flops_per_item * rate / (self.flops * self.env.world_size) if rate and self.flops else None
             if not (math.isfinite(loss) and math.isfinite(gn)):
                 self.tel.event("NONFINITE_SKIPPED", f"step {step}: non-finite loss/grad norm, update skipped",
                                step=step, batch=index, loss=loss, grad_norm=gn)

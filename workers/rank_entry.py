@@ -28,7 +28,8 @@ PR_SET_PDEATHSIG = 1
 EXIT_DIR = "exit"
 
 
-def _set_parent_death_signal(sig: int) -> None:
+def set_parent_death_signal(sig: int) -> None:
+    """``prctl(PR_SET_PDEATHSIG, sig)``: this process gets ``sig`` when its parent dies (Linux; else a no-op)."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
@@ -61,7 +62,7 @@ def _who() -> str:
 
 def main() -> None:
     argv = sys.argv[1:]
-    _set_parent_death_signal(signal.SIGTERM)
+    set_parent_death_signal(signal.SIGTERM)
     if os.getppid() == 1:  # torchrun already died between fork and prctl
         sys.exit(int(signal.SIGTERM) + 128)
     run_dir = _run_dir(argv)

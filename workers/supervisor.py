@@ -8,7 +8,7 @@ pid when the grace period is over.
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -21,9 +21,7 @@ from typing import IO
 
 import psutil
 
-from workers.rank_entry import EXIT_DIR
-
-PR_SET_PDEATHSIG = 1
+from workers.rank_entry import EXIT_DIR, set_parent_death_signal
 
 
 @dataclass(frozen=True)
@@ -63,11 +61,9 @@ def torchrun_command(
     return cmd
 
 
-def _parent_death_sigterm() -> None:
-    # If the worker dies (SIGKILL), torchrun gets SIGTERM and forwards it: the ranks checkpoint and stop
-    # instead of training on, unsupervised, until a newer attempt fences them.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+# If the worker dies (SIGKILL), torchrun gets SIGTERM and forwards it: the ranks checkpoint and stop
+# instead of training on, unsupervised, until a newer attempt fences them.
+_parent_death_sigterm = functools.partial(set_parent_death_signal, signal.SIGTERM)
 
 
 class TrainerProcess:
@@ -82,7 +78,6 @@ class TrainerProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._tree: dict[int, psutil.Process] = {}
-        self.started_monotonic = 0.0
         self.term_sent_at: float | None = None
         self.killed = False
 
@@ -112,7 +107,6 @@ class TrainerProcess:
             start_new_session=True,  # signals to the worker (Ctrl-C) are not signals to the trainer
             preexec_fn=_parent_death_sigterm,
         )
-        self.started_monotonic = time.monotonic()
         self._tree = {self._proc.pid: psutil.Process(self._proc.pid)}
 
     def refresh_tree(self) -> None:

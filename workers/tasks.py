@@ -205,7 +205,7 @@ def _nccl_channels(qos: QosClass | None, links: dict[str, Any], gpus: list[GPU])
 
 
 def attempt_env(
-    claimed: Claimed, *, attempt_id: int, token: int, checkpoint_dir: Path, compile_dir: Path, slots: int
+    claimed: Claimed, *, attempt_id: int, token: int, checkpoint_dir: Path, compile_dir: Path
 ) -> dict[str, str]:
     env = dict(os.environ)
     # The worker's own settings are not the trainer's business (and a broker URL may carry a password).
@@ -273,7 +273,7 @@ class AttemptRunner:
     """Supervises one node of one attempt from launch to the final report."""
 
     def __init__(self, *, attempt_id: int, token: int, node_rank: int, host: str, settings: Settings,
-                 claimed: Claimed, proc: TrainerProcess, log_path: Path):  # fmt: skip
+                 claimed: Claimed, proc: TrainerProcess):  # fmt: skip
         self.attempt_id = attempt_id
         self.token = token
         self.node_rank = node_rank
@@ -281,13 +281,11 @@ class AttemptRunner:
         self.settings = settings
         self.claimed = claimed
         self.proc = proc
-        self.log_path = log_path
         self.tail = TelemetryTail(proc.run_dir)
         self.relay_state = RelayState()
         self.buffer: list[dict[str, Any]] = []
         self.stop: StopRequest | None = None
         self.fenced = False
-        self.started = utcnow()
         self.last_telemetry = time.monotonic()
 
     # One heartbeat transaction: check the token, renew the lease, relay telemetry, read cancel/preempt flags.
@@ -471,10 +469,10 @@ def run_attempt_on_host(*, attempt_id: int, fencing_token: int, node_rank: int, 
     argv = torchrun_command(nproc_per_node=slots, spec_path=spec_path, run_dir=run_dir,
                             rendezvous=claimed.rendezvous)  # fmt: skip
     env = attempt_env(claimed, attempt_id=attempt_id, token=fencing_token, checkpoint_dir=checkpoint_dir,
-                      compile_dir=compile_dir, slots=slots)  # fmt: skip
+                      compile_dir=compile_dir)  # fmt: skip
     proc = TrainerProcess(argv, env=env, log_path=log_path, run_dir=run_dir, cwd=run_dir)
     runner = AttemptRunner(attempt_id=attempt_id, token=fencing_token, node_rank=node_rank, host=host,
-                           settings=settings, claimed=claimed, proc=proc, log_path=log_path)  # fmt: skip
+                           settings=settings, claimed=claimed, proc=proc)  # fmt: skip
     try:
         # Everything between the claim and a running trainer: a failure here must end the attempt now (as an
         # infrastructure failure on this host), not leave it RUNNING until its lease runs out.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -101,10 +101,8 @@ class RelayState:
     """What the relay remembers across heartbeats of one attempt."""
 
     first_step_seen: bool = False
-    last_rank_heartbeat: dict[int, float] = field(default_factory=dict)
     nccl_error: bool = False
     done: dict[str, Any] | None = None
-    steps_relayed: int = 0
 
 
 def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[str, Any]], state: RelayState) -> None:
@@ -118,7 +116,6 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
             if rank == 0:
                 steps.append(rec)
         elif kind == RecordKind.HEARTBEAT:
-            state.last_rank_heartbeat[rank] = float(rec.get("ts") or 0.0)
             if rec.get("nccl_error"):
                 state.nccl_error = True
         elif kind == RecordKind.EVENT:
@@ -186,7 +183,6 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
                     extra=extra,
                 )
             )
-        state.steps_relayed += len(steps)
     elif gpu_samples:
         session.add(
             JobMetric(

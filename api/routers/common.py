@@ -14,4 +14,5 @@ UserPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$", de
 JobIdPath = Annotated[int, Path(ge=1, le=INT64, description="Job id")]
 QosPath = Annotated[str, Path(pattern=r"^[a-z0-9][a-z0-9-]{0,31}$", description="QoS class name")]
 
-ERRORS = problem_responses(400, 401, 403, 404, 409, 413, 415, 422, 429, 500, 503)
+ERROR_CODES = (400, 401, 403, 404, 409, 413, 415, 422, 429, 500, 503)
+ERRORS = problem_responses(*ERROR_CODES)

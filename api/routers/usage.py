@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from api.deps import CurrentPrincipal, SessionDep
 from api.routers.common import ERRORS
-from api.schemas.cluster import TeamUsageOut, UsageOut
+from api.schemas.cluster import UsageOut
 from api.schemas.common import UTCDatetime
 from core.services import usage as svc
 from core.spec import NAME_PATTERN
@@ -24,15 +24,4 @@ def usage(
     since: Annotated[UTCDatetime | None, Query()] = None,
     until: Annotated[UTCDatetime | None, Query()] = None,
 ) -> UsageOut:
-    r = svc.report(db=db, principal=who, team=team, since=since, until=until)
-    teams = [
-        TeamUsageOut(
-            team=t.team,
-            budget_gpu_hours=t.budget_gpu_hours,
-            used_gpu_hours=t.used_gpu_hours,
-            remaining_gpu_hours=t.remaining_gpu_hours,
-            by_gpu_type=t.by_gpu_type,
-        )  # fmt: skip
-        for t in r.teams
-    ]
-    return UsageOut(since=r.since, until=r.until, teams=teams)
+    return UsageOut.model_validate(svc.report(db=db, principal=who, team=team, since=since, until=until))

@@ -52,22 +52,12 @@ def admin_bootstrap(
 @app.command()
 def migrate(database_url: DatabaseOpt = None) -> None:
     """Upgrade the database schema to the newest migration."""
+    from cli.up import mask_url
     from core.migrate import upgrade
 
     url = _database_url(database_url)
     upgrade(url)
-    console.print(f"database at {_mask(url)} is at the newest migration")
-
-
-def _mask(url: str) -> str:
-    """Hide a password in a URL."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
+    console.print(f"database at {mask_url(url)} is at the newest migration")
 
 
 @app.command(

@@ -32,12 +32,12 @@ handler renders the registry inside ``scraping(session)``, which hands the reque
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -190,10 +190,26 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+_Family = TypeVar("_Family", GaugeMetricFamily, CounterMetricFamily)
+_HistogramFamily = TypeVar("_HistogramFamily", GaugeHistogramMetricFamily, HistogramMetricFamily)
+
+
+def _with_samples(family: _Family, values: Mapping[Any, float]) -> _Family:
+    """``family`` with one sample per label key (a tuple of label values, or one value), sorted by key."""
+    for key, v in sorted(values.items()):
+        family.add_metric(list(key) if isinstance(key, tuple) else [key], v)
+    return family
+
+
+def _with_histograms(family: _HistogramFamily, values: Mapping[str, Histogram]) -> _HistogramFamily:
+    """``family`` with one histogram per value of its single label, sorted."""
+    for label, h in sorted(values.items()):
+        family.add_metric([label], h.prometheus_buckets(), h.sum)
+    return family
+
+
 def families(snap: OpsSnapshot) -> list[Metric]:
     window = f"last {snap.window_s / 3600:g} h"
-    out: list[Metric] = []
-
     ratio = GaugeMetricFamily(
         "kiln_sla_attainment_ratio",
         f"Share of jobs submitted in the {window} that met their SLA (queue wait within the contract's maximum, no "
@@ -206,81 +222,75 @@ def families(snap: OpsSnapshot) -> list[Metric]:
     for (team, qos), (n, met) in sorted(snap.attainment.items()):
         ratio.add_metric([team, qos], met / n if n else 1.0)
         jobs.add_metric([team, qos], n)
-    out += [ratio, jobs]
 
-    violations = CounterMetricFamily(
-        "kiln_sla_violations",
-        "SLA violations recorded as events (SLA_* violation events by kind; recovery_time: RECOVERED over the "
-        "objective)",
-        labels=["team", "qos", "kind"],
-    )
-    for (team, qos, kind), n in sorted(snap.violations.items()):
-        violations.add_metric([team, qos, kind], n)
-    out.append(violations)
-
-    wait = GaugeHistogramMetricFamily(
-        "kiln_queue_wait_seconds",
-        f"Wait from submission to admission of the jobs admitted in the {window} (a snapshot of the window: "
-        "quantiles without rate())",
-        labels=["qos"],
-    )
-    for qos, h in sorted(snap.queue_wait.items()):
-        wait.add_metric([qos], h.prometheus_buckets(), h.sum)
-    out.append(wait)
-
-    pending = GaugeMetricFamily("kiln_jobs_pending", "Queued jobs by pending reason", labels=["reason", "qos"])
-    for (reason, qos), n in sorted(snap.pending.items()):
-        pending.add_metric([reason, qos], n)
-    out.append(pending)
-
-    preemptions = CounterMetricFamily("kiln_preemptions", "Preemptions (PREEMPTING events)", labels=["team", "qos"])
-    for (team, qos), n in sorted(snap.preemptions.items()):
-        preemptions.add_metric([team, qos], n)
-    out.append(preemptions)
-
-    restarts = CounterMetricFamily(
-        "kiln_restarts",
-        "Restarts after an infrastructure failure, by the LOST incident (lease_expired, never_started, "
-        "infrastructure, nccl_error)",
-        labels=["team", "qos", "reason"],
-    )
-    for (team, qos, reason), n in sorted(snap.restarts.items()):
-        restarts.add_metric([team, qos, reason], n)
-    out.append(restarts)
-
-    recovery = HistogramMetricFamily(
-        "kiln_recovery_time_seconds",
-        "Recovery time of LOST incidents: failure to the first step of the next attempt (RECOVERED events)",
-        labels=["qos"],
-    )
-    for qos, h in sorted(snap.recovery.items()):
-        recovery.add_metric([qos], h.prometheus_buckets(), h.sum)
-    out.append(recovery)
-
-    util = GaugeMetricFamily(
-        "kiln_gpu_utilization_ratio", "GPU utilisation, last sample of the host agent", labels=["host", "gpu"]
-    )
-    for (host, gpu), v in sorted(snap.gpu_utilization.items()):
-        util.add_metric([host, gpu], v)
-    mem = GaugeMetricFamily(
-        "kiln_gpu_memory_used_bytes", "GPU memory used, last sample of the host agent", labels=["host", "gpu"]
-    )
-    for (host, gpu), v in sorted(snap.gpu_memory.items()):
-        mem.add_metric([host, gpu], v)
-    links = GaugeMetricFamily(
-        "kiln_gpu_link_bytes_per_second",
-        "Interconnect throughput per GPU, last sample (link: pcie or nvlink; direction: tx or rx)",
-        labels=["host", "gpu", "link", "direction"],
-    )
-    for (host, gpu, link, direction), v in sorted(snap.gpu_links.items()):
-        links.add_metric([host, gpu, link, direction], v)
-    out += [util, mem, links]
-
-    hosts = GaugeMetricFamily("kiln_hosts", "Hosts by state", labels=["state"])
-    for state, n in sorted(snap.hosts.items()):
-        hosts.add_metric([state], n)
-    out.append(hosts)
-    return out
+    return [
+        ratio,
+        jobs,
+        _with_samples(
+            CounterMetricFamily(
+                "kiln_sla_violations",
+                "SLA violations recorded as events (SLA_* violation events by kind; recovery_time: RECOVERED over the "
+                "objective)",
+                labels=["team", "qos", "kind"],
+            ),
+            snap.violations,
+        ),
+        _with_histograms(
+            GaugeHistogramMetricFamily(
+                "kiln_queue_wait_seconds",
+                f"Wait from submission to admission of the jobs admitted in the {window} (a snapshot of the window: "
+                "quantiles without rate())",
+                labels=["qos"],
+            ),
+            snap.queue_wait,
+        ),
+        _with_samples(
+            GaugeMetricFamily("kiln_jobs_pending", "Queued jobs by pending reason", labels=["reason", "qos"]),
+            snap.pending,
+        ),
+        _with_samples(
+            CounterMetricFamily("kiln_preemptions", "Preemptions (PREEMPTING events)", labels=["team", "qos"]),
+            snap.preemptions,
+        ),
+        _with_samples(
+            CounterMetricFamily(
+                "kiln_restarts",
+                "Restarts after an infrastructure failure, by the LOST incident (lease_expired, never_started, "
+                "infrastructure, nccl_error)",
+                labels=["team", "qos", "reason"],
+            ),
+            snap.restarts,
+        ),
+        _with_histograms(
+            HistogramMetricFamily(
+                "kiln_recovery_time_seconds",
+                "Recovery time of LOST incidents: failure to the first step of the next attempt (RECOVERED events)",
+                labels=["qos"],
+            ),
+            snap.recovery,
+        ),
+        _with_samples(
+            GaugeMetricFamily(
+                "kiln_gpu_utilization_ratio", "GPU utilisation, last sample of the host agent", labels=["host", "gpu"]
+            ),
+            snap.gpu_utilization,
+        ),
+        _with_samples(
+            GaugeMetricFamily(
+                "kiln_gpu_memory_used_bytes", "GPU memory used, last sample of the host agent", labels=["host", "gpu"]
+            ),
+            snap.gpu_memory,
+        ),
+        _with_samples(
+            GaugeMetricFamily(
+                "kiln_gpu_link_bytes_per_second",
+                "Interconnect throughput per GPU, last sample (link: pcie or nvlink; direction: tx or rx)",
+                labels=["host", "gpu", "link", "direction"],
+            ),
+            snap.gpu_links,
+        ),
+        _with_samples(GaugeMetricFamily("kiln_hosts", "Hosts by state", labels=["state"]), snap.hosts),
+    ]
 
 
 _SCRAPE_SESSION: ContextVar[Session | None] = ContextVar("kiln_ops_metrics_session", default=None)

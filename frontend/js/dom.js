@@ -172,3 +172,28 @@ export function toast(text) {
   el.classList.add("show");
   window.setTimeout(() => el.classList.remove("show"), 4000);
 }
+
+const WINDOWS = [
+  { value: "1:hour", label: "Last 24 hours, hourly" },
+  { value: "7:day", label: "Last 7 days, daily" },
+  { value: "30:day", label: "Last 30 days, daily" },
+];
+
+/**
+ * The time-window picker of the charts' pages: a select of `days:bucket` values with `selected` chosen, and the
+ * filter bar that labels it.
+ * @param {string} id
+ * @param {string} selected
+ * @returns {{select: HTMLSelectElement, filters: HTMLElement}}
+ */
+export function windowPicker(id, selected) {
+  const select = /** @type {HTMLSelectElement} */ (h("select", { id },
+    WINDOWS.map((w) => h("option", { value: w.value, selected: w.value === selected }, w.label))));
+  const filters = h("div", { class: "filters" }, h("div", { class: "field" }, h("label", { for: id }, "Window"), select));
+  return { select, filters };
+}
+
+/** A time bucket on a chart's x axis. @param {number} ms epoch milliseconds */
+export function fmtBucket(ms) {
+  return new Date(ms).toLocaleDateString(undefined, { month: "short", day: "numeric", hour: "2-digit" });
+}

@@ -16,6 +16,7 @@ from core.models import Attempt, Checkpoint, Event, Job
 from core.settings import get_settings
 from core.states import JobState, record_event
 from core.trainer_protocol import ExitCode
+from tests.support.cluster_rows import job_events, job_row
 from tests.support.services import redis_url, temporary_database
 from tests.support.workers_cluster import Cluster, SchedulerThread, cluster, submit, tiny_spec, wait_for
 from workers.dispatch import dispatch_attempt
@@ -35,18 +36,6 @@ def one_host(tmp_path: Path) -> Iterator[Cluster]:
         yield c
 
 
-def _job(c: Cluster, job_id: int) -> Job:
-    with c.sessionmaker()() as db:
-        job = db.get(Job, job_id)
-        assert job is not None
-        return job
-
-
-def _events(c: Cluster, job_id: int, type_: str) -> list[Event]:
-    with c.sessionmaker()() as db:
-        return list(db.scalars(select(Event).where(Event.job_id == job_id, Event.type == type_).order_by(Event.id)))
-
-
 def test_forced_redelivery_is_refused_and_exactly_one_attempt_trains(one_host: Cluster) -> None:
     c = one_host
     host = c.start_worker("a", cpu_slots=1)
@@ -56,20 +45,20 @@ def test_forced_redelivery_is_refused_and_exactly_one_attempt_trains(one_host: C
         db.commit()
     sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
     try:
-        wait_for(lambda: _job(c, job_id).state == "RUNNING", 60, "running")
+        wait_for(lambda: job_row(c, job_id).state == "RUNNING", 60, "running")
         # Redis redelivers the unacknowledged message (visibility timeout 2 s) while the attempt trains.
-        refused = wait_for(lambda: _events(c, job_id, "DELIVERY_REFUSED"), 60, "the redelivery refused")
+        refused = wait_for(lambda: job_events(c, job_id, "DELIVERY_REFUSED"), 60, "the redelivery refused")
         # And a message carrying a token that was never current for this attempt: refused as stale.
         with maker() as db:
             attempt = db.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
         dispatch_attempt(attempt.id, attempt.fencing_token - 1, attempt.placement)
-        wait_for(lambda: any("stale fencing token" in e.message for e in _events(c, job_id, "DELIVERY_REFUSED")),
+        wait_for(lambda: any("stale fencing token" in e.message for e in job_events(c, job_id, "DELIVERY_REFUSED")),
                  30, "stale token refused")  # fmt: skip
-        wait_for(lambda: _job(c, job_id).state in ("SUCCEEDED", "FAILED"), 120, "finished")
+        wait_for(lambda: job_row(c, job_id).state in ("SUCCEEDED", "FAILED"), 120, "finished")
     finally:
         sched.stop()
 
-    job = _job(c, job_id)
+    job = job_row(c, job_id)
     assert job.state == "SUCCEEDED", job.exit_reason
     assert "already started by delivery" in refused[0].message
     assert refused[0].data["host"] == host
@@ -97,7 +86,7 @@ def test_cancel_running_job_checkpoints_and_is_cancelled_within_grace(one_host: 
         db.commit()
     sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
     try:
-        wait_for(lambda: _job(c, job_id).last_step >= 15, 90, "training under way")
+        wait_for(lambda: job_row(c, job_id).last_step >= 15, 90, "training under way")
         with maker() as db:  # what the API's cancel does for a running job
             job = db.get(Job, job_id)
             assert job is not None and job.state == JobState.RUNNING
@@ -105,12 +94,12 @@ def test_cancel_running_job_checkpoints_and_is_cancelled_within_grace(one_host: 
             record_event(db, "CANCEL_REQUESTED", job=job, message="cancel requested")
             db.commit()
         requested = time.time()
-        wait_for(lambda: _job(c, job_id).state == "CANCELLED", STOP_GRACE_S + 10, "cancelled")
+        wait_for(lambda: job_row(c, job_id).state == "CANCELLED", STOP_GRACE_S + 10, "cancelled")
         took = time.time() - requested
     finally:
         sched.stop()
 
-    job = _job(c, job_id)
+    job = job_row(c, job_id)
     assert took < STOP_GRACE_S, f"cancelled in {took:.1f} s, beyond the {STOP_GRACE_S:.0f} s grace"
     assert job.finished_at is not None
     with maker() as db:

@@ -13,8 +13,9 @@ import psutil
 import pytest
 from sqlalchemy import select
 
-from core.models import Attempt, Checkpoint, Event, Job, Usage
+from core.models import Attempt, Checkpoint, Event, Usage
 from core.settings import get_settings
+from tests.support.cluster_rows import job_events, job_row
 from tests.support.services import redis_url, temporary_database
 from tests.support.workers_cluster import Cluster, SchedulerThread, cluster, submit, tiny_spec, wait_for
 
@@ -32,15 +33,8 @@ def two_hosts(tmp_path: Path) -> Iterator[Cluster]:
         yield c
 
 
-def _job(c: Cluster, job_id: int) -> Job:
-    with c.sessionmaker()() as db:
-        job = db.get(Job, job_id)
-        assert job is not None
-        return job
-
-
 def _terminal(c: Cluster, job_id: int) -> str | None:
-    state = _job(c, job_id).state
+    state = job_row(c, job_id).state
     return state if state in ("SUCCEEDED", "FAILED", "CANCELLED") else None
 
 
@@ -57,7 +51,7 @@ def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Clus
     try:
         # The real scheduler places the victim on a (the only host); host b comes up next and the reference, same
         # spec, lands there (a is full): an uninterrupted twin.
-        wait_for(lambda: _job(c, victim).state == "RUNNING", 60, "victim running")
+        wait_for(lambda: job_row(c, victim).state == "RUNNING", 60, "victim running")
         host_b = c.start_worker("b", cpu_slots=2)
         wait_for(lambda: len(_hosts_up(c)) == 2, 60, "host b registered")
         with maker() as db:
@@ -67,12 +61,12 @@ def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Clus
         assert first.placement[0]["host"] == host_a
 
         # Mid-run, after at least one verified checkpoint and a few steps beyond it.
-        wait_for(lambda: _job(c, victim).last_step >= 25, 90, "victim past step 25")
+        wait_for(lambda: job_row(c, victim).last_step >= 25, 90, "victim past step 25")
         with maker() as db:
             ckpt_before = max(db.scalars(select(Checkpoint.step).where(Checkpoint.job_id == victim)).all())
         trainers = c.trainer_pids(host_a)
         assert trainers, "the worker should be running torchrun and a rank"
-        step_at_kill = _job(c, victim).last_step
+        step_at_kill = job_row(c, victim).last_step
         killed_at = time.time()
         c.kill_worker(host_a)
         def gone(pid: int) -> bool:
@@ -86,11 +80,11 @@ def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Clus
 
         wait_for(lambda: _terminal(c, victim), 150, "victim finished after failover")
         wait_for(lambda: _terminal(c, reference), 60, "reference finished")
-        wait_for(lambda: _events(c, victim, "RECOVERED"), 20, "recovery time recorded")
+        wait_for(lambda: job_events(c, victim, "RECOVERED"), 20, "recovery time recorded")
     finally:
         sched.stop()
 
-    job, ref = _job(c, victim), _job(c, reference)
+    job, ref = job_row(c, victim), job_row(c, reference)
     assert job.state == "SUCCEEDED", job.exit_reason
     assert ref.state == "SUCCEEDED", ref.exit_reason
     assert job.restart_count == 1
@@ -109,18 +103,18 @@ def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Clus
     assert attempts[0].ended_at is not None and second.started_at is not None
     assert second.started_at >= attempts[0].ended_at
 
-    lost = _events(c, victim, "LOST")
+    lost = job_events(c, victim, "LOST")
     assert len(lost) == 1
     assert lost[0].created_at.timestamp() - killed_at <= LEASE_S + 2.0, "declared LOST within its lease"
     assert "lease expired" in lost[0].message
 
-    types = [e.type for e in _events(c, victim)]
+    types = [e.type for e in job_events(c, victim)]
     expected = ["ADMITTED", "RUNNING", "CHECKPOINT", "LOST", "QUEUED", "ADMITTED", "RUNNING", "RESUMED",
                 "SUCCEEDED"]  # fmt: skip
     it = iter(types)
     assert all(t in it for t in expected), f"timeline out of order: {types}"
 
-    recovered = _events(c, victim, "RECOVERED")
+    recovered = job_events(c, victim, "RECOVERED")
     assert len(recovered) == 1
     data = recovered[0].data
     assert data["lost_event_id"] == lost[0].id
@@ -155,11 +149,3 @@ def _hosts_up(c: Cluster) -> list[str]:
 def _attempts(c: Cluster, job_id: int) -> list[Attempt]:
     with c.sessionmaker()() as db:
         return list(db.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)).all())
-
-
-def _events(c: Cluster, job_id: int, type_: str | None = None) -> list[Event]:
-    with c.sessionmaker()() as db:
-        q = select(Event).where(Event.job_id == job_id).order_by(Event.id)
-        if type_:
-            q = q.where(Event.type == type_)
-        return list(db.scalars(q).all())

@@ -8,6 +8,7 @@ checkpoint is skipped with an event; (4) compile timeout / unsupported op fall b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -117,6 +119,46 @@ def losses(recs: list[dict[str, Any]]) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in kinds(recs, "step")}
 
 
+@contextlib.contextmanager
+def running(spec: pathlib.Path, run_dir: pathlib.Path, nproc: int) -> Iterator[subprocess.Popen[bytes]]:
+    """The trainer launched in the background; killed on the way out if it is still running."""
+    proc = subprocess.Popen(
+        cmd(spec, run_dir, nproc), cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def wait_for_records(
+    run_dir: pathlib.Path,
+    reached: Callable[[list[dict[str, Any]]], bool],
+    *,
+    rank: int = 0,
+    timeout: float,
+    interval: float,
+) -> bool:
+    """Poll rank ``rank``'s telemetry until ``reached`` holds for it (True) or ``timeout`` passes (False)."""
+    tel = run_dir / "telemetry" / f"rank{rank}.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if tel.exists() and reached(records(run_dir, rank)):
+            return True
+        time.sleep(interval)
+    return False
+
+
+def assert_resumed_curve(after: list[dict[str, Any]], ddp_run: pathlib.Path, resumed_step: int) -> None:
+    """The losses after a resume from ``resumed_step`` are the uninterrupted reference run's, step for step."""
+    ref = losses(records(ddp_run, 0))
+    got = losses(after)
+    assert sorted(got) == list(range(resumed_step + 1, 61))
+    for step, value in got.items():
+        assert value == pytest.approx(ref[step], abs=RESUME_ATOL), step
+
+
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     """The uninterrupted DDP reference run, shared by the learning and the resume tests."""
@@ -178,17 +220,9 @@ def _children_of(pid: int) -> list[Any]:
 def test_sigkill_rank_resumes_and_matches(tmp_path: pathlib.Path, ddp_run: pathlib.Path) -> None:
     spec = make_spec(tmp_path, "ddp", slots=2, test_sleep_per_step_s=0.15)
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        cmd(spec, run_dir, 2), cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        deadline = time.monotonic() + 180
-        tel = run_dir / "telemetry" / "rank1.jsonl"
-        while time.monotonic() < deadline:
-            if tel.exists() and any(r["kind"] == "step" and r["step"] >= 26 for r in records(run_dir, 1)):
-                break
-            time.sleep(0.2)
-        else:
+    with running(spec, run_dir, 2) as proc:
+        if not wait_for_records(run_dir, lambda recs: any(r["kind"] == "step" and r["step"] >= 26 for r in recs),
+                                rank=1, timeout=180, interval=0.2):  # fmt: skip
             pytest.fail("the run never reached step 26")
         victims = [
             c for c in _children_of(proc.pid) if "LOCAL_RANK" in c.environ() and c.environ()["LOCAL_RANK"] == "1"
@@ -196,21 +230,13 @@ def test_sigkill_rank_resumes_and_matches(tmp_path: pathlib.Path, ddp_run: pathl
         assert victims
         victims[0].send_signal(signal.SIGKILL)
         assert proc.wait(timeout=120) != 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     killed_at = max(losses(records(run_dir, 0)))
     assert killed_at < 60
     assert launch(spec, run_dir, nproc=2) == 0
     recs = records(run_dir, 0)
     resumed = kinds(recs, "resumed")
     assert resumed and resumed[-1]["step"] == 20  # the last verified checkpoint before the kill
-    after = recs[recs.index(resumed[-1]) :]
-    ref = losses(records(ddp_run, 0))
-    got = losses(after)
-    assert sorted(got) == list(range(21, 61))
-    for step, value in got.items():
-        assert value == pytest.approx(ref[step], abs=RESUME_ATOL), step
+    assert_resumed_curve(recs[recs.index(resumed[-1]) :], ddp_run, 20)
 
 
 @pytest.mark.timeout(400)
@@ -223,26 +249,16 @@ def test_sigkill_all_ranks_resumes_from_the_local_tier(tmp_path: pathlib.Path, d
     data["checkpointing"].update(local_dir=str(tmp_path / "shm"), persist_every=4)
     spec.write_text(json.dumps(data))
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        cmd(spec, run_dir, 2), cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        deadline = time.monotonic() + 180
-        tel = run_dir / "telemetry" / "rank0.jsonl"
-        while time.monotonic() < deadline:
-            if tel.exists() and any(e["fields"]["step"] == 25 for e in events(records(run_dir), "CHECKPOINT_LOCAL")):
-                break
-            time.sleep(0.05)
-        else:
+    with running(spec, run_dir, 2) as proc:
+        if not wait_for_records(run_dir, lambda recs: any(e["fields"]["step"] == 25
+                                                          for e in events(recs, "CHECKPOINT_LOCAL")),
+                                timeout=180, interval=0.05):  # fmt: skip
             pytest.fail("the run never committed step 25 locally")
         ranks = [c for c in _children_of(proc.pid) if "LOCAL_RANK" in c.environ()]
         assert len(ranks) == 2
         for victim in ranks:  # every rank on this host dies at once, unwinding nothing
             victim.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=120) != 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     killed_at = max(losses(records(run_dir, 0)))
     assert killed_at < 30
     durable = run_dir / "checkpoints"
@@ -257,11 +273,7 @@ def test_sigkill_all_ranks_resumes_from_the_local_tier(tmp_path: pathlib.Path, d
     resumed = kinds(recs, "resumed")
     assert resumed[-1]["step"] == 25 and resumed[-1]["tier"] == "local"
     after = recs[recs.index(resumed[-1]) :]
-    ref = losses(records(ddp_run, 0))
-    got = losses(after)
-    assert sorted(got) == list(range(26, 61))
-    for step, value in got.items():
-        assert value == pytest.approx(ref[step], abs=RESUME_ATOL), step
+    assert_resumed_curve(after, ddp_run, 25)
     # The final checkpoint is made durable before exit; durable records say so.
     assert 60 in [int(p.name[5:]) for p in durable.glob("step_*")]
     assert {r["tier"] for r in kinds(after, "checkpoint")} == {"durable"}
@@ -344,17 +356,11 @@ def test_too_many_spikes_exits_with_its_code(tmp_path: pathlib.Path) -> None:
 def test_sigterm_checkpoints_and_exits_preempted(tmp_path: pathlib.Path) -> None:
     run_dir = tmp_path / "run"
     spec = make_spec(tmp_path, "p", steps=200, every=None, test_sleep_per_step_s=0.05)
-    proc = subprocess.Popen(
-        cmd(spec, run_dir, 1), cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        tel = run_dir / "telemetry" / "rank0.jsonl"
-        if tel.exists() and any(r["kind"] == "step" and r["step"] >= 5 for r in records(run_dir)):
-            break
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == ExitCode.PREEMPTED
+    with running(spec, run_dir, 1) as proc:
+        wait_for_records(run_dir, lambda recs: any(r["kind"] == "step" and r["step"] >= 5 for r in recs),
+                         timeout=120, interval=0.1)  # fmt: skip
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == ExitCode.PREEMPTED
     recs = records(run_dir)
     pre = events(recs, "PREEMPTED")[0]["fields"]
     ckpt = kinds(recs, "checkpoint")[-1]

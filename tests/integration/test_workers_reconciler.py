@@ -189,7 +189,7 @@ def test_attempt_env_enforces_the_qos_caps_on_gpus(db: Session) -> None:
                 nvlink_peers=["x"]) for i in range(2)]  # fmt: skip
     claimed = Claimed(job_id=5, attempt_number=2, spec={}, placement=[], gpus=gpus, qos=silver,
                       host_links={"pcie_bytes_per_s": 64 * 10**9}, rendezvous=None, time_left_s=None)  # fmt: skip
-    env = attempt_env(claimed, attempt_id=9, token=4, checkpoint_dir=Path("/c"), compile_dir=Path("/k"), slots=2)
+    env = attempt_env(claimed, attempt_id=9, token=4, checkpoint_dir=Path("/c"), compile_dir=Path("/k"))
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-0,GPU-1"
     assert env["KILN_FENCING_TOKEN"] == "4" and env["KILN_CHECKPOINT_DIR"] == "/c"
     assert float(env["KILN_GPU_MEMORY_FRACTION"]) == pytest.approx(4e9 / 140e9, rel=1e-4)  # silver: 4 GB

@@ -24,7 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core import db as core_db
-from core.db import make_engine, utcnow
+from core.db import utcnow
 from core.migrate import upgrade
 from core.models import Attempt, Host, Job, QosClass, SlaContract, Team, TeamQuota
 from core.settings import Settings, get_settings
@@ -182,7 +182,8 @@ class Cluster:
 
 @contextmanager
 def cluster(tmp: Path, *, database_url: str, broker_url: str, **kw: Any) -> Iterator[Cluster]:
-    upgrade(database_url) if database_url.startswith("postgresql") else None
+    if database_url.startswith("postgresql"):
+        upgrade(database_url)
     c = Cluster(tmp, database_url=database_url, broker_url=broker_url, **kw)
     c.activate()
     if not database_url.startswith("postgresql"):
@@ -192,10 +193,6 @@ def cluster(tmp: Path, *, database_url: str, broker_url: str, **kw: Any) -> Iter
     finally:
         c.stop_all()
         c.deactivate()
-
-
-def engine_for(url: str) -> Any:
-    return make_engine(url)
 
 
 # ------------------------------------------------------------------------------------- submission and admission

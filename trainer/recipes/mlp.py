@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.config import hp_get
+from trainer.data import IndexedBatches
 from trainer.precision import Precision
 from trainer.recipes import Recipe
 
@@ -42,36 +43,21 @@ class MLP(nn.Module):
         return self.out(x)
 
 
-class MixtureBatches:
+class MixtureBatches(IndexedBatches):
     def __init__(self, *, in_dim: int, classes: int, batch_size: int, rank: int, world_size: int,
                  seed: int, noise: float) -> None:
+        super().__init__(batch_size=batch_size, rank=rank, world_size=world_size, seed=seed)
         gen = torch.Generator().manual_seed(seed)
         self.means = torch.randn(classes, in_dim, generator=gen) * 2.0
-        self.batch_size, self.rank, self.world_size, self.seed = batch_size, rank, world_size, seed
         self.noise = noise
-        self.cursor = 0
-        self.skip: set[int] = set()
 
     def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        gen = torch.Generator().manual_seed((self.seed * 1_000_003 + index) % (2**63))
+        gen = self.generator(index)
         n = self.world_size * self.batch_size
         y = torch.randint(0, self.means.shape[0], (n,), generator=gen)
         x = self.means[y] + self.noise * torch.randn(n, self.means.shape[1], generator=gen)
         lo = self.rank * self.batch_size
         return x[lo:lo + self.batch_size], y[lo:lo + self.batch_size]
-
-    def next(self) -> tuple[int, tuple[torch.Tensor, torch.Tensor]]:
-        while self.cursor in self.skip:
-            self.cursor += 1
-        self.cursor += 1
-        return self.cursor - 1, self.batch(self.cursor - 1)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"cursor": self.cursor, "skip": sorted(self.skip)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cursor = int(state["cursor"])
-        self.skip = {int(i) for i in state["skip"]}
 
 
 class MLPRecipe(Recipe):

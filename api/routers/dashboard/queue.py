@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -210,7 +209,6 @@ def queue_summary(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
             g["waiting"] += count
             g["gpus_waiting"] += int(gpus or 0)
             if oldest is not None:
-                oldest = oldest if oldest.tzinfo else oldest.replace(tzinfo=UTC)
                 g["oldest_wait_s"] = (now - oldest).total_seconds()
         else:
             g["active"] += count

@@ -2,26 +2,18 @@
 
 import { api, qs } from "../api.js";
 import { LineChart } from "../chart.js";
-import { fmtNumber, h, pageHeader, replace, showError, table } from "../dom.js";
-
-const WINDOWS = [
-  { value: "1:hour", label: "Last 24 hours, hourly" },
-  { value: "7:day", label: "Last 7 days, daily" },
-  { value: "30:day", label: "Last 30 days, daily" },
-];
+import { fmtBucket, fmtNumber, h, pageHeader, replace, showError, table, windowPicker } from "../dom.js";
 
 /** @type {import("../router.js").Page} */
 export async function costPage(root) {
-  const select = /** @type {HTMLSelectElement} */ (h("select", { id: "cost-window" },
-    WINDOWS.map((w) => h("option", { value: w.value, selected: w.value === "30:day" }, w.label))));
-  const xFormat = (/** @type {number} */ ms) => new Date(ms).toLocaleDateString(undefined, { month: "short", day: "numeric", hour: "2-digit" });
-  const hoursChart = new LineChart({ id: "gpu-hours", title: "GPU-hours per team", xFormat, yMin: 0, empty: "No usage in this window" });
-  const costChart = new LineChart({ id: "cost", title: "Cost per team", xFormat, yMin: 0, empty: "No usage in this window" });
+  const { select, filters } = windowPicker("cost-window", "30:day");
+  const hoursChart = new LineChart({ id: "gpu-hours", title: "GPU-hours per team", xFormat: fmtBucket, yMin: 0, empty: "No usage in this window" });
+  const costChart = new LineChart({ id: "cost", title: "Cost per team", xFormat: fmtBucket, yMin: 0, empty: "No usage in this window" });
   const totals = h("div", { id: "cost-totals" });
   const pricesEl = h("div", { id: "prices" });
   root.append(
     pageHeader("Cost"),
-    h("div", { class: "filters" }, h("div", { class: "field" }, h("label", { for: "cost-window" }, "Window"), select)),
+    filters,
     h("div", { class: "grid two" }, h("section", { class: "card" }, hoursChart.el), h("section", { class: "card" }, costChart.el)),
     h("section", { class: "card", "aria-labelledby": "tot-title" }, h("h2", { id: "tot-title" }, "Totals"), totals),
     h("section", { class: "card", "aria-labelledby": "price-title" }, h("h2", { id: "price-title" }, "Prices"), pricesEl),

@@ -2,29 +2,22 @@
 
 import { api, qs } from "../api.js";
 import { LineChart } from "../chart.js";
-import { fmtPercent, h, pageHeader, replace, showError, table, timeEl } from "../dom.js";
-
-const WINDOWS = [
-  { value: "1:hour", label: "Last 24 hours, hourly" },
-  { value: "7:day", label: "Last 7 days, daily" },
-  { value: "30:day", label: "Last 30 days, daily" },
-];
+import { fmtBucket, fmtPercent, h, pageHeader, replace, showError, table, timeEl, windowPicker } from "../dom.js";
 
 /** @type {import("../router.js").Page} */
 export async function slaPage(root) {
-  const select = /** @type {HTMLSelectElement} */ (h("select", { id: "sla-window" },
-    WINDOWS.map((w) => h("option", { value: w.value, selected: w.value === "7:day" }, w.label))));
+  const { select, filters } = windowPicker("sla-window", "7:day");
   const chart = new LineChart({
     id: "sla-attainment", title: "SLA attainment (share of jobs that met their contract)",
     yMin: 0, yMax: 1, yFormat: (v) => `${Math.round(v * 100)}%`,
-    xFormat: (ms) => new Date(ms).toLocaleDateString(undefined, { month: "short", day: "numeric", hour: "2-digit" }),
+    xFormat: fmtBucket,
     empty: "No job submitted in this window",
   });
   const totals = h("div", { id: "sla-totals" });
   const violations = h("div", { id: "sla-violations" });
   root.append(
     pageHeader("SLA"),
-    h("div", { class: "filters" }, h("div", { class: "field" }, h("label", { for: "sla-window" }, "Window"), select)),
+    filters,
     h("section", { class: "card" }, chart.el,
       h("p", { class: "muted" }, "A job meets its SLA unless it waited past its contract's maximum queue wait, or the SLA "
         + "evaluator recorded a violation (deadline, restarts, recovery time, checkpoints, step time).")),
