@@ -95,7 +95,6 @@ def test_two_loops_one_leader_and_failover(fresh_pg: str, no_dispatch: list[int]
     try:
         time.sleep(0.5)
         assert leader_pid(fresh_pg) == first_leader  # the standby did not take the lock
-        t0 = time.monotonic()
         j1 = submit(factory, "one", with_host=True)
 
         def admitted(job_id: int) -> bool:
@@ -105,7 +104,6 @@ def test_two_loops_one_leader_and_failover(fresh_pg: str, no_dispatch: list[int]
 
         # Woken by NOTIFY, long before the 30 s timer.
         assert wait_for(lambda: admitted(j1), timeout=10)
-        assert time.monotonic() - t0 < 10
         a.halt()  # the leader goes away; its connection closes and the lock with it
         assert wait_for(lambda: leader_pid(fresh_pg) not in (None, first_leader), timeout=40)
         j2 = submit(factory, "two")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -115,13 +114,11 @@ def test_cli_import_loads_no_torch_httpx_or_sqlalchemy() -> None:
 
 
 def test_help_lists_every_command() -> None:
-    start = time.perf_counter()
     result = runner.invoke(app, ["--help"], terminal_width=200)
     assert result.exit_code == 0
     for name in ("login", "submit", "ls", "describe", "events", "logs", "cancel", "why", "teams", "qos", "usage",
                  "sla", "hosts", "tokens", "admin", "simulate", "migrate", "up"):  # fmt: skip
         assert f" {name} " in result.output
-    assert time.perf_counter() - start < 5
 
 
 def test_simulate_delegates_to_the_scheduler_simulator(tmp_path: Path) -> None:

@@ -131,9 +131,7 @@ def test_stop_kills_what_ignores_sigterm_and_orphaned_grandchildren(tmp_path: Pa
     while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
         time.sleep(0.05)
     grandchild = int(pidfile.read_text())
-    started = time.monotonic()
     codes = sup.stop(1.0, threading.Event())
-    assert time.monotonic() - started < 10
     assert codes["stubborn"] == -signal.SIGKILL
     assert "did not stop in 1s: SIGKILL" in buf.getvalue()
     deadline = time.monotonic() + 5
