@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
 from core.models import Attempt, Event, Job, JobMetric, QosClass, SlaContract
@@ -42,6 +42,7 @@ BANDWIDTH = "SLA_BANDWIDTH_VIOLATION"
 # Over quota means the median of the latest samples is this much above it: one burst is not a violation.
 BANDWIDTH_SLACK = 1.10
 BANDWIDTH_MIN_SAMPLES = 3
+SAMPLE_ROWS = 8  # newest metric rows of a job searched for NVML samples
 CHECKPOINT_FAILURES = ("CHECKPOINT_FAILED", "CHECKPOINT_CORRUPT")
 
 # The step-time baseline is the median of an attempt's steps after a warm-up (compile, first checkpoint
@@ -67,12 +68,15 @@ def evaluate(*, db: Session, now: datetime) -> list[Violation]:
     if not rows:
         return []
     already = _recorded(db, [job.id for job, _ in rows])
+    contracts = {job.id: contract for job, contract in rows}
+    running = [job for job, _ in rows if job.state == JobState.RUNNING.value]
+    # Everything read per job is read for all of them at once: one query per kind, not one per job.
+    pace = _deadline_pace(db, [job.id for job in running if contracts[job.id].deadline is not None
+                               and (job.id, DEADLINE_AT_RISK, None) not in already])  # fmt: skip
     found: list[Violation] = []
     for job, contract in rows:
         found += _queue_wait(job, contract, now, already)
-        found += _deadline(db, job, contract, now, already)
-    running = [job for job, _ in rows if job.state == JobState.RUNNING.value]
-    contracts = {job.id: contract for job, contract in rows}
+        found += _deadline(job, contract, now, already, pace.get(job.id))
     found += _step_time(db, running, contracts, already)
     found += _checkpoint_rate(db, [job for job, _ in rows], contracts, already)
     found += _bandwidth(db, running, already)
@@ -144,8 +148,13 @@ def _queue_wait(
 
 
 def _deadline(
-    db: Session, job: Job, contract: SlaContract, now: datetime, already: set[tuple[int, str, int | None]]
+    job: Job,
+    contract: SlaContract,
+    now: datetime,
+    already: set[tuple[int, str, int | None]],
+    pace: tuple[float, int] | None,
 ) -> list[Violation]:
+    """``pace``: the running job's recent median step time and its total steps (``_deadline_pace``)."""
     deadline = contract.deadline
     if deadline is None or (job.id, DEADLINE, None) in already:
         return []
@@ -164,11 +173,10 @@ def _deadline(
                 {"kind": "deadline", "deadline": deadline.isoformat(), "late_s": round(late, 3)},
             )
         ]
-    if job.state != JobState.RUNNING.value or (job.id, DEADLINE_AT_RISK, None) in already:
+    if job.state != JobState.RUNNING.value or (job.id, DEADLINE_AT_RISK, None) in already or pace is None:
         return []
-    step_time = _recent_median(db, job.id)
-    total_steps = int(job.spec.get("steps", 0))
-    if step_time is None or total_steps <= job.last_step:
+    step_time, total_steps = pace
+    if total_steps <= job.last_step:
         return []
     projected = now + timedelta(seconds=(total_steps - job.last_step) * step_time)
     if projected <= deadline:
@@ -189,37 +197,27 @@ def _step_time(
     contracts: dict[int, SlaContract],
     already: set[tuple[int, str, int | None]],
 ) -> list[Violation]:
+    latest = _latest_attempts(db, [job.id for job in running])
+    todo = {
+        job_id: attempt_id for job_id, attempt_id in latest.items() if (job_id, STEP_TIME, attempt_id) not in already
+    }
     found: list[Violation] = []
-    for job in running:
-        attempt_id = db.scalar(
-            select(Attempt.id).where(Attempt.job_id == job.id).order_by(Attempt.number.desc()).limit(1)
-        )
-        if attempt_id is None or (job.id, STEP_TIME, attempt_id) in already:
-            continue
-        times = [
-            t
-            for t in db.scalars(
-                select(JobMetric.step_time_s)
-                .where(JobMetric.attempt_id == attempt_id, JobMetric.step_time_s.is_not(None))
-                .order_by(JobMetric.step)
-            )
-            if t is not None
-        ]
-        if len(times) < WARMUP_STEPS + BASELINE_STEPS + RECENT_STEPS:
+    for job_id, (count, baseline_times, recent_times) in _step_time_windows(db, todo).items():
+        if count < WARMUP_STEPS + BASELINE_STEPS + RECENT_STEPS:
             continue  # too early to know this attempt's normal pace
-        baseline = statistics.median(times[WARMUP_STEPS : WARMUP_STEPS + BASELINE_STEPS])
-        recent = statistics.median(times[-RECENT_STEPS:])
-        tolerance = contracts[job.id].step_time_tolerance
+        baseline = statistics.median(baseline_times)
+        recent = statistics.median(recent_times)
+        tolerance = contracts[job_id].step_time_tolerance
         if baseline > 0 and recent > tolerance * baseline:
             found.append(
                 Violation(
-                    job.id,
+                    job_id,
                     STEP_TIME,
                     f"recent step time {recent:.3f}s is {recent / baseline:.2f}x the attempt's baseline "
                     f"{baseline:.3f}s (tolerance {tolerance:.2f}x)",
                     {
                         "kind": "step_time",
-                        "attempt_id": attempt_id,
+                        "attempt_id": todo[job_id],
                         "recent_s": recent,
                         "baseline_s": baseline,
                         "tolerance": tolerance,
@@ -227,6 +225,72 @@ def _step_time(
                 )
             )
     return found
+
+
+def _latest_attempts(db: Session, job_ids: list[int]) -> dict[int, int]:
+    """Each job's newest attempt (by number)."""
+    latest: dict[int, tuple[int, int]] = {}
+    for chunk in _chunks(job_ids, 1000):
+        stmt = select(Attempt.job_id, Attempt.number, Attempt.id).where(Attempt.job_id.in_(chunk))
+        for job_id, number, attempt_id in db.execute(stmt).tuples():
+            if job_id not in latest or number > latest[job_id][0]:
+                latest[job_id] = (number, attempt_id)
+    return {job_id: attempt_id for job_id, (_, attempt_id) in latest.items()}
+
+
+def _step_time_windows(db: Session, attempts: dict[int, int]) -> dict[int, tuple[int, list[float], list[float]]]:
+    """Per job, of its attempt in ``attempts`` (job -> attempt): how many step times it has, the baseline
+    window (after the warm-up) and the last ``RECENT_STEPS``, ranked in the database so that only those rows
+    travel, whatever the length of the run."""
+    out: dict[int, tuple[int, list[float], list[float]]] = {}
+    for chunk in _chunks(list(attempts), 1000):
+        order = (JobMetric.step, JobMetric.id)
+        first = func.row_number().over(partition_by=JobMetric.job_id, order_by=order).label("first")
+        last = func.row_number().over(partition_by=JobMetric.job_id, order_by=[c.desc() for c in order]).label("last")
+        ranked = (
+            select(JobMetric.job_id, JobMetric.step_time_s, first, last)
+            .where(
+                JobMetric.job_id.in_(chunk),  # the indexed column; the attempt picks the rows within a job
+                JobMetric.attempt_id.in_([attempts[j] for j in chunk]),
+                JobMetric.step_time_s.is_not(None),
+            )
+            .subquery()
+        )
+        baseline = ranked.c.first.between(WARMUP_STEPS + 1, WARMUP_STEPS + BASELINE_STEPS)
+        stmt = select(ranked).where(baseline | (ranked.c.last <= RECENT_STEPS)).order_by(ranked.c.first)
+        for job_id, step_time, n_first, n_last in db.execute(stmt).tuples():
+            count, base, recent = out.setdefault(job_id, (0, [], []))
+            if WARMUP_STEPS < n_first <= WARMUP_STEPS + BASELINE_STEPS:
+                base.append(step_time)
+            if n_last <= RECENT_STEPS:
+                recent.append(step_time)
+            if n_last == 1:  # the newest row: its rank from the oldest is the count
+                count = n_first
+            out[job_id] = (count, base, recent)
+    return out
+
+
+def _deadline_pace(db: Session, job_ids: list[int]) -> dict[int, tuple[float, int]]:
+    """Per running job: the median of its last ``RECENT_STEPS`` step times and the steps its spec asks for."""
+    out: dict[int, tuple[float, int]] = {}
+    for chunk in _chunks(job_ids, 1000):
+        newest = (
+            func.row_number()
+            .over(partition_by=JobMetric.job_id, order_by=(JobMetric.step.desc(), JobMetric.id.desc()))
+            .label("newest")
+        )
+        ranked = (
+            select(JobMetric.job_id, JobMetric.step_time_s, newest)
+            .where(JobMetric.job_id.in_(chunk), JobMetric.step_time_s.is_not(None))
+            .subquery()
+        )
+        times: dict[int, list[float]] = {}
+        for job_id, step_time, _ in db.execute(select(ranked).where(ranked.c.newest <= RECENT_STEPS)).tuples():
+            times.setdefault(job_id, []).append(step_time)
+        steps = db.execute(select(Job.id, Job.spec["steps"].as_integer()).where(Job.id.in_(list(times))))
+        for job_id, total in steps.tuples():
+            out[job_id] = (statistics.median(times[job_id]), int(total or 0))
+    return out
 
 
 def _checkpoint_rate(
@@ -267,21 +331,16 @@ def _bandwidth(db: Session, running: list[Job], already: set[tuple[int, str, int
     """Compare the NVML samples relayed for each running attempt with its QoS class's link quotas."""
     found: list[Violation] = []
     qos = {q.id: q for q in db.scalars(select(QosClass))}
-    for job in running:
-        q = qos.get(job.qos_class_id)
-        if q is None or (q.pcie_bandwidth_bytes_per_s is None and q.nvlink_bandwidth_bytes_per_s is None):
+    capped = {
+        job.id: q
+        for job in running
+        if (q := qos.get(job.qos_class_id)) is not None
+        and (q.pcie_bandwidth_bytes_per_s is not None or q.nvlink_bandwidth_bytes_per_s is not None)
+    }
+    for job_id, (attempt_id, samples) in _latest_gpu_samples(db, list(capped)).items():
+        q = capped[job_id]
+        if (job_id, BANDWIDTH, attempt_id) in already:
             continue
-        # The relay attaches the latest NVML samples to some metric rows only: take the newest that has them.
-        recent = db.execute(
-            select(JobMetric.attempt_id, JobMetric.extra)
-            .where(JobMetric.job_id == job.id, JobMetric.attempt_id.is_not(None))
-            .order_by(JobMetric.id.desc())
-            .limit(8)
-        ).all()
-        row = next((r for r in recent if (r.extra or {}).get("gpu")), None)
-        if row is None or (job.id, BANDWIDTH, row.attempt_id) in already:
-            continue
-        samples = [s for s in row.extra["gpu"] if isinstance(s, dict)]
         for link, quota in (("pcie", q.pcie_bandwidth_bytes_per_s), ("nvlink", q.nvlink_bandwidth_bytes_per_s)):
             measured = _link_rate(samples, link)
             if quota is None or measured is None or measured <= quota * BANDWIDTH_SLACK:
@@ -289,13 +348,13 @@ def _bandwidth(db: Session, running: list[Job], already: set[tuple[int, str, int
             action = "preempt" if q.preemptible else "event"
             found.append(
                 Violation(
-                    job.id,
+                    job_id,
                     BANDWIDTH,
                     f"{link} {measured / 1e9:.1f} GB/s per GPU over the {q.name} quota {quota / 1e9:.1f} GB/s"
                     + (" (preempted: checkpoint, then requeue)" if action == "preempt" else ""),
                     {
                         "kind": "bandwidth",
-                        "attempt_id": row.attempt_id,
+                        "attempt_id": attempt_id,
                         "link": link,
                         "measured_bytes_per_s": measured,
                         "quota_bytes_per_s": quota,
@@ -305,6 +364,25 @@ def _bandwidth(db: Session, running: list[Job], already: set[tuple[int, str, int
             )
             break  # one violation per attempt; the second link would say the same thing
     return found
+
+
+def _latest_gpu_samples(db: Session, job_ids: list[int]) -> dict[int, tuple[int, list[dict[str, object]]]]:
+    """Per job: the attempt and NVML samples of its newest metric row that has them, among its newest
+    ``SAMPLE_ROWS`` (the relay attaches the latest samples to some rows only)."""
+    out: dict[int, tuple[int, list[dict[str, object]]]] = {}
+    for chunk in _chunks(job_ids, 1000):
+        newest = func.row_number().over(partition_by=JobMetric.job_id, order_by=JobMetric.id.desc()).label("newest")
+        ranked = (
+            select(JobMetric.job_id, JobMetric.attempt_id, JobMetric.extra, newest)
+            .where(JobMetric.job_id.in_(chunk), JobMetric.attempt_id.is_not(None))
+            .subquery()
+        )
+        stmt = select(ranked).where(ranked.c.newest <= SAMPLE_ROWS).order_by(ranked.c.job_id, ranked.c.newest)
+        for job_id, attempt_id, extra, _ in db.execute(stmt).tuples():
+            gpu = (extra or {}).get("gpu")
+            if job_id not in out and gpu:
+                out[job_id] = (attempt_id, [s for s in gpu if isinstance(s, dict)])
+    return out
 
 
 def _link_rate(samples: list[dict[str, object]], link: str) -> float | None:
@@ -318,20 +396,6 @@ def _link_rate(samples: list[dict[str, object]], link: str) -> float | None:
     if len(per_sample) < BANDWIDTH_MIN_SAMPLES:
         return None
     return statistics.median(per_sample)
-
-
-def _recent_median(db: Session, job_id: int) -> float | None:
-    times = [
-        t
-        for t in db.scalars(
-            select(JobMetric.step_time_s)
-            .where(JobMetric.job_id == job_id, JobMetric.step_time_s.is_not(None))
-            .order_by(JobMetric.step.desc())
-            .limit(RECENT_STEPS)
-        )
-        if t is not None
-    ]
-    return statistics.median(times) if times else None
 
 
 def _chunks(items: list[int], size: int) -> Iterable[list[int]]:

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from core.models import Attempt, Event, Job, JobMetric, SlaContract
@@ -14,6 +14,7 @@ from core.states import JobState, transition
 from scheduler import sla
 from tests.integration import test_scheduler_support as f
 from tests.integration.test_scheduler_loop import cycle, dispatched  # noqa: F401  (fixture)
+from tests.support.sql import statements
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("dispatched")]
 
@@ -86,6 +87,42 @@ def test_step_time_beyond_tolerance_and_deadline_at_risk(db: Session) -> None:
     assert kinds[sla.STEP_TIME].data["baseline_s"] == pytest.approx(0.1)
     cycle(db, T0 + timedelta(seconds=40))
     assert len(violations(db, job)) == 2  # once per attempt, not once per cycle
+
+
+def test_step_time_and_pace_are_measured_per_job_when_many_run(db: Session) -> None:
+    """The evaluator ranks every running job's steps in one query: one job's steps never count for another."""
+    gold = f.qos(db, "gold")
+    team = f.team(db, "sla-many")
+    f.host(db, "hm", 3, now=T0)
+    names = ("steady", "slowing", "young")
+    jobs = {n: f.job(db, team, gold, gpus=1, name=n, submitted_at=T0) for n in names}
+    for j in jobs.values():
+        j.spec = {**j.spec, "steps": 1000}
+        contract(db, j, step_time_tolerance=1.3, deadline=T0 + timedelta(hours=1))
+    cycle(db, T0 + timedelta(seconds=1))
+    attempts = {n: f.start(db, j, now=T0 + timedelta(seconds=2)) for n, j in jobs.items()}
+    warm = [0.5] * sla.WARMUP_STEPS
+    times = {
+        "steady": warm + [0.1] * (sla.BASELINE_STEPS + sla.RECENT_STEPS),
+        "slowing": warm + [0.1] * sla.BASELINE_STEPS + [0.2] * sla.RECENT_STEPS,
+        "young": [0.1] * 10 + [9.0] * sla.RECENT_STEPS,  # slow, but too early to have a baseline
+    }
+    # Interleaved, as concurrent relays write them: row ids alternate between the jobs.
+    for step in range(1, max(len(t) for t in times.values()) + 1):
+        for n in names:
+            if step <= len(times[n]):
+                db.add(JobMetric(job_id=jobs[n].id, attempt_id=attempts[n].id, step=step,
+                                 step_time_s=times[n][step - 1], ts=T0))  # fmt: skip
+                jobs[n].last_step = step
+        db.flush()
+
+    cycle(db, T0 + timedelta(seconds=30))
+    found = {n: [e.type for e in violations(db, j)] for n, j in jobs.items()}
+    # steady: 975 steps x 0.1 s fit the hour; slowing: 970 x 0.2 s too; young: 985 x 9 s do not.
+    assert found == {"steady": [], "slowing": [sla.STEP_TIME], "young": [sla.DEADLINE_AT_RISK]}
+    step_time = violations(db, jobs["slowing"])[0].data
+    assert (step_time["attempt_id"], step_time["recent_s"], step_time["baseline_s"]) == (
+        attempts["slowing"].id, pytest.approx(0.2), pytest.approx(0.1))  # fmt: skip
 
 
 def test_checkpoint_success_rate_below_the_minimum(db: Session) -> None:
@@ -165,3 +202,32 @@ def test_bandwidth_within_quota_or_unmeasured_is_fine(db: Session) -> None:
     db.flush()
     cycle(db, T0 + timedelta(seconds=10))  # 8.5 GB/s is within the 10% slack of 8 GB/s
     assert violations(db, job) == []
+
+
+def test_evaluator_statements_do_not_grow_with_running_jobs(db: Session, pg_engine: Engine) -> None:
+    """No query per job: every term (step time, deadline pace, bandwidth) is read for all jobs at once."""
+    q = f.qos(db, "gold")
+    q.pcie_bandwidth_bytes_per_s = 32 * 10**9
+    team = f.team(db, "sla-n")
+    f.host(db, "hn", 8, now=T0)
+
+    def run(n: int, first: int) -> None:
+        jobs = [f.job(db, team, q, gpus=1, name=f"j{first + i}", submitted_at=T0) for i in range(n)]
+        for j in jobs:
+            contract(db, j, step_time_tolerance=1.3, deadline=T0 + timedelta(days=1))
+        cycle(db, T0 + timedelta(seconds=1))
+        for j in jobs:
+            attempt = f.start(db, j, now=T0 + timedelta(seconds=2))
+            for step in range(1, 31):
+                db.add(JobMetric(job_id=j.id, attempt_id=attempt.id, step=step, step_time_s=0.1, ts=T0,
+                                 extra={"gpu": _samples(1e9)} if step == 30 else {}))  # fmt: skip
+            j.last_step = 30
+        db.flush()
+
+    run(2, 0)
+    with statements(pg_engine) as few:
+        assert sla.evaluate(db=db, now=T0 + timedelta(seconds=30)) == []
+    run(6, 2)
+    with statements(pg_engine) as many:
+        assert sla.evaluate(db=db, now=T0 + timedelta(seconds=30)) == []
+    assert len(many) == len(few), many
