@@ -77,7 +77,9 @@ def read_records(run_dir: pathlib.Path) -> list[dict[str, Any]]:
 
 
 def run_kiln(name: str, spec_d: dict[str, Any], work: pathlib.Path, warmup: int, items_per_step: int,
-             env_extra: dict[str, str] | None = None) -> dict[str, Any]:
+             env_extra: dict[str, str] | None = None, nproc: int = 0) -> dict[str, Any]:
+    """``nproc`` 0: ``python -m trainer`` alone; else under ``torchrun --standalone`` with that many ranks,
+    as a worker starts it (``items_per_step`` is then the global batch)."""
     run_dir = work / name
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -86,7 +88,8 @@ def run_kiln(name: str, spec_d: dict[str, Any], work: pathlib.Path, warmup: int,
     for key in [k for k, val in env.items() if val == "" and k in (env_extra or {})]:
         del env[key]  # an empty value in env_extra means: unset it for this run
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "trainer", "--spec", str(run_dir / "spec.json"),
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc else []
+    proc = subprocess.run([sys.executable, *launcher, "-m", "trainer", "--spec", str(run_dir / "spec.json"),
                            "--run-dir", str(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
