@@ -39,6 +39,11 @@ class PolicyConfig:
     max_preempt_searches: int = 32  # victim searches per cycle (each costs placement trials)
     max_victim_candidates: int = 64
     min_run_time_s: float = 300.0  # a job is not preempted before it has run this long
+    # A job may preempt its own team's jobs of a strictly lower class, preemptible or not (Kueue's
+    # withinClusterQueue: LowerPriority): a team over its quota trades its own silver for its own gold, where
+    # without this its gold job waits behind the team's own lower-class work. Other teams' non-preemptible jobs
+    # are still taken only as reclaim victims (borrowed quota).
+    preempt_own_lower_classes: bool = True
     # Anti-thrash: in victim order, each earlier preemption of a candidate counts as this many seconds of lost
     # work on each of its GPUs, so the same long job is not pushed back again and again (to the tail).
     victim_preempted_penalty_s: float = 900.0

@@ -361,6 +361,7 @@ class _Planner:
                 reclaim_from=reclaim_from,
                 now=self.now,
                 min_run_time_s=self.c.min_run_time_s,
+                own_lower_classes=self.c.preempt_own_lower_classes,
             )
         ]
         if not candidates and not inflight:
@@ -406,12 +407,11 @@ class _Planner:
         for v in victims:
             self.victimized.add(v.id)
             self.claimed.add(v.id)
-            kind = "priority" if v.preemptible and v.qos_priority < job.qos_priority else "reclaim"
-            why = (
-                f"preempted for job {job.id} ({job.qos} outranks {v.qos})"
-                if kind == "priority"
-                else f"lent quota reclaimed by team {job.team_id} for job {job.id}"
-            )
+            if v.qos_priority < job.qos_priority and (v.preemptible or v.team_id == job.team_id):
+                own = "" if v.preemptible else " of its own team"
+                why = f"preempted for job {job.id}{own} ({job.qos} outranks {v.qos})"
+            else:
+                why = f"lent quota reclaimed by team {job.team_id} for job {job.id}"
             self.preemptions.append(Preemption(v.id, why, job.id))
         self.preemptors += 1
         self.state.reserve(sorted(units_chosen), self.now, job.id)

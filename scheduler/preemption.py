@@ -1,8 +1,10 @@
 """Checkpoint-then-preempt: which running jobs to stop so that a pending job can start.
 
-Two kinds of victim, never mixed up with "gold is never preempted by a lower class":
+Three kinds of victim, never mixed up with "gold is never preempted by a lower class":
 
 * *priority* victims: preemptible jobs of a strictly lower QoS class;
+* *team* victims: the requester's own team's jobs of a strictly lower class, preemptible or not
+  (``PolicyConfig.preempt_own_lower_classes``; Kueue's withinClusterQueue: LowerPriority);
 * *reclaim* victims: jobs of another team of the cohort that is borrowing on the same quota key, of a class no
   higher than the requester's, taken only while the requester stays within its own nominal (Kueue's
   reclaimWithinCohort): borrowed capacity is lent at the borrower's risk.
@@ -39,12 +41,15 @@ def eligible(
     reclaim_from: Callable[[RunningJob], bool],
     now: float,
     min_run_time_s: float,
+    own_lower_classes: bool,
 ) -> bool:
     if victim.preempt_requested or victim.state != "RUNNING":
         return False
     if now - victim.started_at < min_run_time_s:
         return False
-    if victim.preemptible and victim.qos_priority < requester_priority:
+    if victim.qos_priority < requester_priority and (
+        victim.preemptible or (own_lower_classes and victim.team_id == requester_team)
+    ):
         return True
     return (
         victim.team_id != requester_team

@@ -286,8 +286,21 @@ def test_no_preemption_before_min_run_time_nor_of_equal_or_higher_class() -> Non
     assert plan(snap(running=young, pending=(pj(2, 8, qos="gold"),))).preemptions == ()
     gold = (rj(1, "h0000", list(range(8)), qos="gold"),)
     assert plan(snap(running=gold, pending=(pj(2, 8, qos="gold"),))).preemptions == ()
-    silver = (rj(1, "h0000", list(range(8)), qos="silver"),)  # not preemptible
+    silver = (rj(1, "h0000", list(range(8)), team=2, qos="silver"),)  # not preemptible, another team's
     assert plan(snap(running=silver, pending=(pj(2, 8, qos="gold"),))).preemptions == ()
+
+
+def test_a_team_preempts_its_own_lower_class_jobs_even_when_not_preemptible() -> None:
+    """Kueue's withinClusterQueue: LowerPriority. The team's own silver job gives way to its gold job."""
+    own = (rj(1, "h0000", list(range(8)), team=1, qos="silver"),)
+    d = plan(snap(running=own, pending=(pj(2, 8, team=1, qos="gold"),)))
+    assert [(p.job_id, p.preemptor_id) for p in d.preemptions] == [(1, 2)]
+    assert "of its own team (gold outranks silver)" in d.preemptions[0].reason
+    # Never the other way round, never a job of its own class, and not at all when the policy is off.
+    gold = (rj(1, "h0000", list(range(8)), team=1, qos="gold"),)
+    assert plan(snap(running=gold, pending=(pj(2, 8, team=1, qos="gold"),))).preemptions == ()
+    off = PolicyConfig(preempt_own_lower_classes=False)
+    assert plan(snap(running=own, pending=(pj(2, 8, team=1, qos="gold"),)), off).preemptions == ()
 
 
 def test_in_flight_preemption_is_not_repeated() -> None:

@@ -227,6 +227,9 @@ def check_preemptions(snapshot: Snapshot, d: Decisions, config: PolicyConfig) ->
         assert victim.qos_priority <= preemptor.qos_priority, "preempted by a lower class"
         if victim.qos == "gold":
             assert preemptor.qos == "gold"
+        if victim.team_id == preemptor.team_id:  # never a reclaim: a lower class, and preemptible or allowed
+            assert victim.qos_priority < preemptor.qos_priority, "own team's job of the same class"
+            assert victim.preemptible or config.preempt_own_lower_classes, "own non-preemptible job taken"
         assert not victim.preempt_requested and victim.state == "RUNNING"
         assert snapshot.now - victim.started_at >= config.min_run_time_s
     assert len({p.job_id for p in d.preemptions}) == len(d.preemptions)
@@ -240,9 +243,9 @@ def check_reasons(snapshot: Snapshot, d: Decisions) -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(snapshots(), st.sampled_from(["kiln", "fifo"]), st.sampled_from(["pack", "spread"]))
-def test_plan_invariants(snapshot: Snapshot, ordering: str, placement: str) -> None:
-    config = PolicyConfig(ordering=ordering, placement=placement)  # type: ignore[arg-type]
+@given(snapshots(), st.sampled_from(["kiln", "fifo"]), st.sampled_from(["pack", "spread"]), st.booleans())
+def test_plan_invariants(snapshot: Snapshot, ordering: str, placement: str, own_lower: bool) -> None:
+    config = PolicyConfig(ordering=ordering, placement=placement, preempt_own_lower_classes=own_lower)  # type: ignore[arg-type]
     d = plan(snapshot, config)
     check_capacity(snapshot, d)
     check_quotas(snapshot, d)
