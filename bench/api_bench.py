@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 PG_ADMIN = os.environ.get("KILN_BENCH_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 RESULTS = ROOT / "bench" / "results" / "api_bench.json"
+REDIS_URL = os.environ.get("KILN_BENCH_REDIS", "redis://127.0.0.1:6379/14")
 SPEC: dict[str, Any] = {
     "name": "bench",
     "team": "bench",
@@ -373,6 +374,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="uvicorn workers per server")
+    ap.add_argument(
+        "--redis-limiter",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also measure kiln with Redis as the broker, so each request's rate limit is a Redis call",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     rows = args.rows or (2_000 if args.quick else 100_000)
@@ -392,6 +399,11 @@ def main() -> None:
                "KILN_RATE_LIMIT_BURST": str(10**6), "KILN_HOME": str(ROOT / ".kiln-bench")}  # fmt: skip
         with server("api.app:create_app", env, args.workers) as (url, pid):
             kiln = measure(url, pid, pg_db, seeded["tokens"], "/v1/jobs", "/v1/jobs?limit=50", seconds)
+        redis_limited = None
+        if args.redis_limiter:  # the shared limiter: one Lua call on Redis per authenticated request
+            redis_env = {**env, "KILN_BROKER_URL": REDIS_URL}
+            with server("api.app:create_app", redis_env, args.workers) as (url, pid):
+                redis_limited = measure(url, pid, pg_db, seeded["tokens"], "/v1/jobs", "/v1/jobs?limit=50", seconds)
         bare_env = {**env, "BARE_IDS": f"{seeded['team_id']},{seeded['user_id']},{seeded['qos_id']}"}
         with server("bench.api_bench:bare_app", bare_env, args.workers) as (url, pid):
             bare = measure(url, pid, pg_db, seeded["tokens"], "/jobs", "/jobs", seconds)
@@ -402,7 +414,7 @@ def main() -> None:
     result = {
         "rows": rows, "clients": args.clients, "workers": args.workers, "seconds": seconds, "cpus": os.cpu_count(),
         "loadavg_start": load_start, "loadavg_end": load_end, "list_plan": plan,
-        "kiln": kiln, "bare": bare,
+        "kiln": kiln, "bare": bare, "kiln_redis_limiter": redis_limited,
         "ratio": {"submit_per_s": ratio_submit, "list_p99": ratio_p99,
                   "list_p50": kiln["list"]["p50_ms"] / bare["list"]["p50_ms"]},
         "targets": {"submit_per_s": 500, "list_p99_ms": 30},
@@ -427,6 +439,16 @@ def main() -> None:
     if kiln["submit"]["errors"] or kiln["list"]["errors"] or bare["submit"]["errors"] or bare["list"]["errors"]:
         print("errors (status: count): kiln", kiln["submit"]["errors"], kiln["list"]["errors"],
               "bare", bare["submit"]["errors"], bare["list"]["errors"])  # fmt: skip
+    if redis_limited is not None:
+        print(f"{'':22}{'kiln+Redis':>12}{'kiln':>14}{'ratio':>8}  (rate limit shared through Redis)")
+        for phase, key in (("submit", "per_s"), ("list", "per_s"), ("list", "p99_ms")):
+            r, k = redis_limited[phase][key], kiln[phase][key]
+            print(f"{phase + ' ' + key:22}{r:12.1f}{k:14.1f}{r / k:8.2f}")
+        result["ratio"]["redis_limiter"] = {
+            "submit_per_s": redis_limited["submit"]["per_s"] / kiln["submit"]["per_s"],
+            "list_per_s": redis_limited["list"]["per_s"] / kiln["list"]["per_s"],
+            "list_p99": redis_limited["list"]["p99_ms"] / kiln["list"]["p99_ms"],
+        }
     print(f"load average at end (1/5/15 min): {load_end}")
     print(f"targets (>= 500 submit/s, list P99 <= 30 ms): {'met' if result['meets_targets'] else 'NOT met'}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
