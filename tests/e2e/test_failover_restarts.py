@@ -20,6 +20,7 @@ from sqlalchemy import select
 
 from core.models import Attempt, Event, Job
 from core.settings import get_settings
+from tests.support.cluster_rows import job_row
 from tests.support.services import REDIS_URL_BASE, redis_url, temporary_database
 from tests.support.workers_cluster import Cluster, SchedulerThread, cluster, submit, tiny_spec, wait_for
 
@@ -59,13 +60,6 @@ def two_hosts(tmp_path: Path) -> Iterator[Cluster]:
                             sorted(os.listdir("/etc/postgresql"))[-1], "main", "start"], check=False)  # fmt: skip
 
 
-def _job(c: Cluster, job_id: int) -> Job:
-    with c.sessionmaker()() as db:
-        job = db.get(Job, job_id)
-        assert job is not None
-        return job
-
-
 def test_redis_then_postgres_restart_loses_and_duplicates_nothing(two_hosts: Cluster) -> None:
     from api.app import create_app
 
@@ -80,7 +74,7 @@ def test_redis_then_postgres_restart_loses_and_duplicates_nothing(two_hosts: Clu
         db.commit()
     sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()  # the real scheduler
     try:
-        wait_for(lambda: _job(c, long_job).last_step >= 5, 90, "training under way")
+        wait_for(lambda: job_row(c, long_job).last_step >= 5, 90, "training under way")
 
         # 1. Redis goes away with everything in it (nosave). A job admitted meanwhile cannot be sent.
         subprocess.run(["redis-cli", "-u", REDIS_URL_BASE, "shutdown", "nosave"], check=False, timeout=10)
@@ -88,14 +82,14 @@ def test_redis_then_postgres_restart_loses_and_duplicates_nothing(two_hosts: Clu
         with maker() as db:
             orphan = submit(db, tiny_spec("admitted-while-redis-down", steps=30, sleep_s=0.05)).id
             db.commit()
-        wait_for(lambda: _job(c, orphan).state == "ADMITTED", 30, "admitted while the broker is down")
+        wait_for(lambda: job_row(c, orphan).state == "ADMITTED", 30, "admitted while the broker is down")
         time.sleep(1.0)
         subprocess.run(REDIS_START, check=True, timeout=10)
         wait_for(_redis_alive, 10, "redis back")
-        step_after_redis = _job(c, long_job).last_step
+        step_after_redis = job_row(c, long_job).last_step
 
         # 2. PostgreSQL goes away: the API says 503 (problem+json), training goes on, and all recovers.
-        wait_for(lambda: _job(c, long_job).last_step > step_after_redis, 30, "training after the Redis restart")
+        wait_for(lambda: job_row(c, long_job).last_step > step_after_redis, 30, "training after the Redis restart")
         _pg_cluster("stop")
         try:
             away = api.get("/readyz")
@@ -106,8 +100,8 @@ def test_redis_then_postgres_restart_loses_and_duplicates_nothing(two_hosts: Clu
             _pg_cluster("start")
         wait_for(lambda: api.get("/readyz").status_code == 200, 30, "API ready again by itself")
 
-        wait_for(lambda: _job(c, long_job).state in ("SUCCEEDED", "FAILED"), 150, "long job finished")
-        wait_for(lambda: _job(c, orphan).state in ("SUCCEEDED", "FAILED"), 90, "orphaned job finished")
+        wait_for(lambda: job_row(c, long_job).state in ("SUCCEEDED", "FAILED"), 150, "long job finished")
+        wait_for(lambda: job_row(c, orphan).state in ("SUCCEEDED", "FAILED"), 90, "orphaned job finished")
     finally:
         sched.stop()
 
