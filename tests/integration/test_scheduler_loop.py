@@ -149,6 +149,28 @@ def test_reclaims_lent_quota_from_a_borrower(db: Session, dispatched: list[Any])
     assert victim.pending_message and "cohort research" in victim.pending_message
 
 
+def test_a_team_at_its_quota_gives_its_own_silver_way_to_its_gold(db: Session, dispatched: list[Any]) -> None:
+    """Free GPUs, but the team's quota is full of its own silver (not preemptible by other teams): its gold job
+    preempts that silver job (checkpoint first), where it would otherwise wait with Quota."""
+    solo = f.team(db, "solo", quotas={"*": (8, 0, None)})  # no borrowing
+    f.host(db, "q1", 8, now=T0)
+    f.host(db, "q2", 8, now=T0)
+    mine = f.job(db, solo, f.qos(db, "silver"), gpus=8, submitted_at=T0)
+    assert cycle(db, T0).admitted == [mine.id]
+    f.start(db, mine, now=T0)
+    later = T0 + timedelta(minutes=30)
+    heartbeat(db, later)
+    gold = f.job(db, solo, f.qos(db, "gold"), gpus=8, submitted_at=later)
+    result = cycle(db, later + timedelta(seconds=1))
+    assert result.preempted == [mine.id] and result.admitted == []
+    event = db.scalars(select(Event).where(Event.job_id == mine.id, Event.type == "PREEMPTING")).one()
+    assert f"preempted for job {gold.id} of its own team (gold outranks silver)" in event.message
+    f.requeue_preempted(db, mine, now=later + timedelta(seconds=20), step=77)
+    assert cycle(db, later + timedelta(seconds=21)).admitted == [gold.id]
+    db.refresh(mine)
+    assert mine.state == JobState.QUEUED and mine.last_step == 77 and mine.pending_reason == "Quota"
+
+
 def test_over_budget_job_waits_with_budget_reason(db: Session, dispatched: list[Any]) -> None:
     t = f.team(db, "thrifty", budget=10.0, created_at=T0 - timedelta(days=1))
     other = f.team(db, "rich")
