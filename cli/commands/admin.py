@@ -88,12 +88,35 @@ def up(
         str | None, typer.Option("--submit", help="Submit this job spec once kiln is ready.", metavar="FILE")
     ] = None,
     grace: Annotated[float, typer.Option("--grace", help="Seconds children get to stop before SIGKILL.")] = 30.0,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Run in the background; `kiln down` stops it.")
+    ] = False,
 ) -> None:
     """Bring kiln up: migrate, bootstrap on first run, then run and supervise the API, scheduler and a worker."""
-    from cli.up import UpOptions, run_up
+    from cli.up import UpOptions, connect_host, run_up
 
+    if detach:
+        from cli.detach import start_detached
+        from core.settings import Settings
+
+        args = ["--port", str(port), "--host", host, "--cpu-slots", str(cpu_slots), "--grace", str(grace)]
+        args += ["--worker" if worker else "--no-worker", *(["--submit", submit_file] if submit_file else [])]
+        raise typer.Exit(start_detached(args, Settings().home.resolve(), f"http://{connect_host(host)}:{port}"))
     raise typer.Exit(
         run_up(
             UpOptions(host=host, port=port, cpu_slots=cpu_slots, worker=worker, submit_file=submit_file, grace_s=grace)
         )
     )
+
+
+@app.command()
+def down(
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds to wait for a clean stop before killing what is left.")
+    ] = 60.0,
+) -> None:
+    """Stop the kiln started with `kiln up --detach` (or any `kiln up` on this KILN_HOME), as Ctrl-C would."""
+    from cli.detach import stop
+    from core.settings import Settings
+
+    raise typer.Exit(stop(Settings().home.resolve(), timeout))

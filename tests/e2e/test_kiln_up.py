@@ -53,10 +53,15 @@ class Up:
         return subprocess.run([*KILN, *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
 
 
-def start_up(tmp_path: Path, *extra: str) -> Up:
-    port = free_port()
+def up_env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
     env.update(KILN_HOME=str(tmp_path / "home"), XDG_CONFIG_HOME=str(tmp_path / "xdg"), PYTHONUNBUFFERED="1")
+    return env
+
+
+def start_up(tmp_path: Path, *extra: str) -> Up:
+    port = free_port()
+    env = up_env(tmp_path)
     out_path = tmp_path / "up.out"
     proc = subprocess.Popen(
         [*KILN, "up", "--port", str(port), "--cpu-slots", "1", "--grace", "20", *extra],
@@ -191,3 +196,32 @@ def test_second_kiln_up_skips_bootstrap_and_a_concurrent_one_is_refused(tmp_path
     finally:
         code, children = stop_up(second)
     assert code == 0 and wait_gone(children) == []
+
+
+def test_up_detach_returns_when_ready_and_down_stops_everything(tmp_path: Path) -> None:
+    env, home, port = up_env(tmp_path), tmp_path / "home", free_port()
+
+    def kiln(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*KILN, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
+
+    up = kiln("up", "--detach", "--port", str(port), "--no-worker", "--grace", "20")
+    pid = int((home / "up.lock").read_text() or 0) if (home / "up.lock").exists() else 0
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "kiln is up" in up.stdout and "down" in up.stdout, up.stdout
+        assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        assert len(procs) >= 3, procs  # kiln up, its API and its scheduler
+        again = kiln("up", "--detach", "--port", str(free_port()))
+        assert again.returncode == 8 and f"already up on {home} (pid {pid})" in again.stderr, again.stderr
+
+        down = kiln("down")
+        assert down.returncode == 0 and "stopped" in down.stdout, down.stdout + down.stderr
+        assert wait_gone(procs) == []
+        assert "stopped (" in (home / "logs" / "up.log").read_text()
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
+        assert "kiln is not up" in kiln("down").stdout
+    finally:
+        if pid and psutil.pid_exists(pid):
+            os.killpg(pid, signal.SIGKILL)

@@ -117,7 +117,7 @@ def test_help_lists_every_command() -> None:
     result = runner.invoke(app, ["--help"], terminal_width=200)
     assert result.exit_code == 0
     for name in ("login", "submit", "ls", "describe", "events", "logs", "cancel", "why", "teams", "qos", "usage",
-                 "sla", "hosts", "tokens", "admin", "simulate", "migrate", "up"):  # fmt: skip
+                 "sla", "hosts", "tokens", "admin", "simulate", "migrate", "up", "down"):  # fmt: skip
         assert f" {name} " in result.output
 
 
