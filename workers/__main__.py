@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     from core.db import session_scope
     from core.settings import get_settings
     from workers import tasks
-    from workers.celery_app import get_app, host_queue
+    from workers.celery_app import declare_host_queue, get_app, host_queue
     from workers.host_agent import HostAgent
     from workers.inventory import detect_inventory
 
@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> None:
     agent = HostAgent(name=args.host, inventory=inventory, cpu_slots=cpu_slots,
                       address=args.address or socket.gethostname(),
                       heartbeat_interval_s=settings.heartbeat_interval_s)  # fmt: skip
+    app = get_app()
+    declare_host_queue(app, args.host)  # before the scheduler can see the host (and dispatch to its queue)
     with session_scope() as db:
         agent.register(db)
     tasks.CURRENT_HOST = args.host
@@ -51,7 +53,6 @@ def main(argv: list[str] | None = None) -> None:
     # One thread per slot, plus one: a redelivered or refused message must never queue behind running attempts
     # (refusing takes milliseconds; the scheduler, not Celery, decides how many attempts share the host).
     concurrency = agent.slots + 1
-    app = get_app()
     try:
         app.worker_main([
             "worker",

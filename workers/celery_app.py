@@ -76,6 +76,19 @@ def make_celery(broker_url: str, *, visibility_timeout_s: float | None = None) -
     return app
 
 
+def declare_host_queue(app: Celery, host_name: str) -> None:
+    """Create the host's queue on the broker; the worker does it before it registers the host.
+
+    kombu's SQLAlchemy transport (the embedded default) declares a queue by SELECT then INSERT, not atomically:
+    a worker's consumer starting while the scheduler's first dispatch to the just-registered host declares the
+    same queue can both INSERT, and the loser dies on the UNIQUE constraint (seen: the worker, at start-up).
+    Declared before the host is visible to the scheduler, the queue exists before anyone else can declare it.
+    """
+    queue = app.amqp.queues.new_missing(host_queue(host_name))  # the queue as Celery declares it
+    with app.connection_for_write() as conn:
+        queue.bind(conn.default_channel).declare()
+
+
 @lru_cache
 def get_app() -> Celery:
     """The process-wide app on ``settings.resolved_broker_url`` (Redis in production, sqla+sqlite embedded), with

@@ -124,3 +124,24 @@ def test_broker_visibility_timeout_comes_from_settings(monkeypatch: pytest.Monke
         monkeypatch.undo()
         get_settings.cache_clear()
         celery_app.get_app.cache_clear()
+
+
+def test_a_registered_hosts_queue_already_exists_on_the_embedded_broker(tmp_path: Path) -> None:
+    """kombu's SQLAlchemy transport declares a queue by SELECT then INSERT: the worker's consumer and the
+    scheduler's first dispatch racing to create it once killed the worker (UNIQUE constraint). The worker now
+    declares its queue before it registers, so a host the scheduler can see always has its queue."""
+    import sqlite3
+
+    with cluster(tmp_path, database_url=f"sqlite:///{tmp_path}/kiln.db",
+                 broker_url=f"sqla+sqlite:///{tmp_path}/broker.db") as c:  # fmt: skip
+        name = c.start_worker("fresh", cpu_slots=1)
+        maker = c.sessionmaker()
+
+        def registered() -> bool:
+            with maker() as db:
+                return db.scalars(select(Event).where(Event.type == "HOST_REGISTERED")).first() is not None
+
+        wait_for(registered, 60, "the host registered")
+        with sqlite3.connect(tmp_path / "broker.db") as broker:
+            queues = {row[0] for row in broker.execute("SELECT name FROM kombu_queue")}
+        assert f"host.{name}" in queues, queues
