@@ -23,11 +23,13 @@ def test_the_wheel_ships_migrations_and_dashboard_and_runs_installed(tmp_path: P
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
     dist = tmp_path / "dist"
-    build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert build.returncode == 0, build.stderr
+
+    def pip(*args: str) -> None:
+        done = subprocess.run([sys.executable, "-m", "pip", *args, "-q"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+    pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(src))
     (wheel,) = dist.glob("kiln-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     tracked = subprocess.run(["git", "ls-files", "frontend", "migrations"], cwd=ROOT, capture_output=True, text=True)
@@ -35,11 +37,7 @@ def test_the_wheel_ships_migrations_and_dashboard_and_runs_installed(tmp_path: P
     assert wanted and wanted <= names, sorted(wanted - names)
 
     target = tmp_path / "site"
-    install = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(target), str(wheel)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert install.returncode == 0, install.stderr
+    pip("install", "--no-deps", "--no-index", "--target", str(target), str(wheel))
     probe = (
         "import api.routers.dashboard.common as c, core.migrate as m; "
         "assert (c.FRONTEND_DIR / 'index.html').is_file(), c.FRONTEND_DIR; "
