@@ -7,6 +7,7 @@ together. Like them, this module imports nothing heavy at the top, so ``kiln --h
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import typer
@@ -14,7 +15,7 @@ from typer._click import Context as ClickContext
 from typer.core import TyperGroup
 
 from cli.errors import CliError, ExitCode
-from cli.output import OutputFormat, err_console
+from cli.output import Column, OutputFormat, err_console
 
 
 class KilnGroup(TyperGroup):
@@ -89,6 +90,15 @@ def page_items(page: Any) -> list[dict[str, Any]]:
     if isinstance(page, dict) and "items" in page:
         return list(page["items"])
     return list(page or [])
+
+
+def show_list(path: str, columns: Sequence[Column], output: OutputFormat) -> None:
+    """GET a list endpoint and print its items: a table, or JSON with ``-o json``."""
+    from cli import output as out
+
+    with client() as api:
+        items = page_items(api.get(path))
+    out.render(items, output, lambda: out.table(columns, items))
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:

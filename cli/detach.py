@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 
 from cli.errors import CliError, ExitCode
-from cli.up import TAG, api_ready, console, tail
+from cli.up import LOCK_FILE, TAG, api_ready, console, tail
 
-LOCK_FILE = "up.lock"
 LOG_FILE = "up.log"
 DOWN = "[dim]\\[kiln down][/]"
 

@@ -38,6 +38,7 @@ TAG = "[dim]\\[kiln up][/]"
 MAX_BACKOFF_S = 30.0
 STABLE_AFTER_S = 30.0  # a child that ran this long before dying starts its backoff afresh
 READY_WARN_AFTER_S = 90.0
+LOCK_FILE = "up.lock"  # in KILN_HOME: held (flock) by the running kiln up, its pid written in it
 
 
 @dataclass(frozen=True)
@@ -258,7 +259,7 @@ def _reap_group(pgid: int) -> None:
 def home_lock(home: Path) -> Any:
     import fcntl
 
-    path = home / "up.lock"
+    path = home / LOCK_FILE
     fh = path.open("a+")
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from cli import output as out
-from cli.app import GLOBALS, OutputOpt, app, client, page_items
+from cli.app import GLOBALS, OutputOpt, app, client, show_list
 from cli.output import OutputFormat, console
 
 tokens_app = typer.Typer(help="API tokens: create, list, revoke.", no_args_is_help=False)
@@ -68,8 +68,6 @@ def tokens(ctx: typer.Context, output: OutputOpt = OutputFormat.table) -> None:
     """Your API tokens (subcommands: create, revoke)."""
     if ctx.invoked_subcommand is not None:
         return
-    with client() as api:
-        items = page_items(api.get("/v1/tokens"))
     columns: list[out.Column] = [
         ("ID", lambda t: t.get("id")),
         ("NAME", lambda t: t.get("name")),
@@ -80,7 +78,7 @@ def tokens(ctx: typer.Context, output: OutputOpt = OutputFormat.table) -> None:
         ("LAST USED", lambda t: out.fmt_age(t.get("last_used_at"))),
         ("REVOKED", lambda t: out.fmt_time(t.get("revoked_at")) if t.get("revoked_at") else ""),
     ]
-    out.render(items, output, lambda: out.table(columns, items))
+    show_list("/v1/tokens", columns, output)
 
 
 @tokens_app.command("create")

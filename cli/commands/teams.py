@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from cli import output as out
-from cli.app import OutputOpt, app, client, flatten, page_items
+from cli.app import OutputOpt, app, client, flatten, show_list
 from cli.errors import CliError, ExitCode
 from cli.output import OutputFormat, console
 
@@ -20,9 +20,7 @@ def teams(ctx: typer.Context, output: OutputOpt = OutputFormat.table) -> None:
     """List the teams you can see (subcommands: show, create, members, add-member, remove-member)."""
     if ctx.invoked_subcommand is not None:
         return
-    with client() as api:
-        items = page_items(api.get("/v1/teams"))
-    out.render(items, output, lambda: out.table(out.TEAM_COLUMNS, items))
+    show_list("/v1/teams", out.TEAM_COLUMNS, output)
 
 
 @teams_app.command("show")
@@ -88,15 +86,12 @@ def teams_create(
 @teams_app.command("members")
 def teams_members(team: str, output: OutputOpt = OutputFormat.table) -> None:
     """A team's members and their roles."""
-    with client() as api:
-        data = api.get(f"/v1/teams/{team}/members")
-    items = page_items(data)
     columns: list[out.Column] = [
         ("USER", lambda m: m.get("user")),
         ("ROLE", lambda m: m.get("role")),
         ("SINCE", lambda m: out.fmt_time(m.get("created_at"))),
     ]
-    out.render(items, output, lambda: out.table(columns, items))
+    show_list(f"/v1/teams/{team}/members", columns, output)
 
 
 @teams_app.command("add-member")
@@ -123,8 +118,6 @@ def teams_remove_member(team: str, user: str) -> None:
 @app.command()
 def qos(output: OutputOpt = OutputFormat.table) -> None:
     """QoS classes: priority, preemption, GPU memory and SM caps, bandwidth quotas."""
-    with client() as api:
-        items = page_items(api.get("/v1/qos"))
     columns: list[out.Column] = [
         ("NAME", lambda q: q.get("name")),
         ("PRIO", lambda q: q.get("priority")),
@@ -143,7 +136,7 @@ def qos(output: OutputOpt = OutputFormat.table) -> None:
         ),
         ("DESCRIPTION", lambda q: q.get("description")),
     ]
-    out.render(items, output, lambda: out.table(columns, items))
+    show_list("/v1/qos", columns, output)
 
 
 @sla_app.callback(invoke_without_command=True)
@@ -232,8 +225,6 @@ def hosts(
     output: OutputOpt = OutputFormat.table,
 ) -> None:
     """Hosts (state, slots, last heartbeat) or, with --gpus, their GPUs."""
-    with client() as api:
-        items = page_items(api.get("/v1/cluster/gpus" if gpus else "/v1/cluster/hosts"))
     if gpus:
         columns: list[out.Column] = [
             ("HOST", lambda g: g.get("host")),
@@ -252,4 +243,4 @@ def hosts(
             ("HEARTBEAT", lambda h: out.fmt_age(h.get("last_heartbeat_at"))),
             ("EXCLUDED", lambda h: h.get("exclusion_reason") or ""),
         ]
-    out.render(items, output, lambda: out.table(columns, items))
+    show_list("/v1/cluster/gpus" if gpus else "/v1/cluster/hosts", columns, output)
