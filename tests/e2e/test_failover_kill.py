@@ -5,6 +5,7 @@ Real PostgreSQL, real Redis, two `python -m workers` processes as two hosts, the
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,7 +67,6 @@ def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Clus
             ckpt_before = max(db.scalars(select(Checkpoint.step).where(Checkpoint.job_id == victim)).all())
         trainers = c.trainer_pids(host_a)
         assert trainers, "the worker should be running torchrun and a rank"
-        step_at_kill = job_row(c, victim).last_step
         killed_at = time.time()
         c.kill_worker(host_a)
         def gone(pid: int) -> bool:
@@ -77,6 +77,11 @@ def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Clus
 
         # SIGKILL is delivered asynchronously: give the kernel a moment, not the trainer a chance.
         wait_for(lambda: all(gone(p) for p in trainers), 5, "torchrun and the rank dead")
+        # How far the killed trainer got: its own telemetry, not the database's last_step, which the worker
+        # relays a heartbeat late (the trainer may have committed one more checkpoint than the database shows).
+        telemetry = get_settings().resolved_storage_dir / "runs" / str(victim) / str(first.number) / "telemetry"
+        complete = (telemetry / "rank0.jsonl").read_text().split("\n")[:-1]  # a SIGKILL may cut the last line
+        step_at_kill = max(json.loads(line)["step"] for line in complete if '"kind":"step"' in line)
 
         wait_for(lambda: _terminal(c, victim), 150, "victim finished after failover")
         wait_for(lambda: _terminal(c, reference), 60, "reference finished")
