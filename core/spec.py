@@ -11,6 +11,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from core.recipes import HyperparameterError, TrainingHyperparameters
+from core.recipes import validate as validate_recipe
+
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$"
 
 Parallelism = Literal["ddp", "fsdp", "auto"]
@@ -158,8 +161,18 @@ def parse_spec_data(data: object) -> JobSpec:
     if not isinstance(data, dict):
         raise SpecError("a job spec is a mapping", [{"loc": "$", "msg": "expected a mapping", "type": "type"}])
     try:
-        return JobSpec.model_validate(data)
+        spec = JobSpec.model_validate(data)
     except ValidationError as exc:
         errors = validation_errors(exc)
         first = errors[0]
         raise SpecError(f"invalid job spec: {first['loc']}: {first['msg']}", errors) from exc
+    check_recipe(spec)
+    return spec
+
+
+def check_recipe(spec: JobSpec) -> TrainingHyperparameters | None:
+    """The recipe's name and typed hyperparameters (None for a recipe another package installs)."""
+    try:
+        return validate_recipe(spec.recipe.name, spec.recipe.hyperparameters)
+    except HyperparameterError as exc:
+        raise SpecError(f"invalid job spec: {exc}", exc.errors) from None

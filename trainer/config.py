@@ -1,8 +1,7 @@
 """Turn a JobSpec's free-form recipe hyperparameters into typed, validated settings.
 
-The trainer-level knobs (guards, telemetry cadence, test hooks) live here; recipe-specific knobs (model size,
-batch size, corpus) are read by the recipe itself from the same mapping.  Unknown keys are not an error here
-because recipes own their own keys, but every key the trainer reads is typed and range-checked.
+The trainer-level settings (optimiser, schedule, guards, telemetry cadence) are typed in
+``core.recipes.training``; this module turns them into the loop's configuration, with the test hooks.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ import dataclasses
 import os
 from typing import Any
 
+from core.recipes import TrainingHyperparameters, validate
 from core.spec import JobSpec
 
 
@@ -55,6 +55,20 @@ def _int_list(hp: dict[str, Any], key: str) -> tuple[int, ...]:
         return tuple(int(v) for v in items)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"hyperparameter {key!r} must be an int or a list of ints") from exc
+
+
+def training_hyperparameters(spec: JobSpec) -> TrainingHyperparameters:
+    """A built-in recipe's typed hyperparameters; for a recipe installed by another package, the trainer's own
+    settings read from its mapping (the rest is that recipe's)."""
+    hp = spec.recipe.hyperparameters
+    try:
+        params = validate(spec.recipe.name, hp)
+        if params is None:
+            ours = {k: v for k, v in hp.items() if k in TrainingHyperparameters.model_fields}
+            params = TrainingHyperparameters.model_validate(ours)
+    except ValueError as exc:  # HyperparameterError, or pydantic's for another recipe's trainer settings
+        raise ConfigError(str(exc)) from None
+    return params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,29 +128,17 @@ class TrainerConfig:
             nonfinite_at_step=_int_list(hp, "inject_nonfinite_at_step"),
             sleep_per_step_s=hp_get(hp, "test_sleep_per_step_s", 0.0, float, lo=0, hi=60),
         )
+        params = training_hyperparameters(spec)
         guard = GuardConfig(
-            enabled=hp_get(hp, "spike_guard", True, bool),
-            window=hp_get(hp, "spike_window", 20, int, lo=3, hi=10_000),
-            factor=hp_get(hp, "spike_factor", 2.0, float, lo=1.01),
-            grad_z=hp_get(hp, "spike_grad_z", 8.0, float, lo=1.0),
-            confirm_steps=hp_get(hp, "spike_confirm_steps", 2, int, lo=1, hi=100),
-            max_spikes=hp_get(hp, "max_spikes", 3, int, lo=0, hi=1000),
-        )
-        peak = hp.get("peak_flops")
+            enabled=params.spike_guard, window=params.spike_window, factor=params.spike_factor,
+            grad_z=params.spike_grad_z, confirm_steps=params.spike_confirm_steps, max_spikes=params.max_spikes,
+        )  # fmt: skip
         return cls(
-            lr=hp_get(hp, "lr", 3e-4, float, lo=0.0, hi=10.0),
-            min_lr_ratio=hp_get(hp, "min_lr_ratio", 0.1, float, lo=0.0, hi=1.0),
-            warmup_steps=hp_get(hp, "warmup_steps", min(100, max(1, spec.steps // 10)), int, lo=0),
-            weight_decay=hp_get(hp, "weight_decay", 0.1, float, lo=0.0),
-            beta1=hp_get(hp, "beta1", 0.9, float, lo=0.0, hi=1.0),
-            beta2=hp_get(hp, "beta2", 0.95, float, lo=0.0, hi=1.0),
-            grad_clip=hp_get(hp, "grad_clip", 1.0, float, lo=0.0),
-            grad_accum=hp_get(hp, "grad_accum", 1, int, lo=1, hi=1024),
-            log_every=hp_get(hp, "log_every", 1, int, lo=1),
-            heartbeat_s=hp_get(hp, "heartbeat_s", 5.0, float, lo=0.05),
-            gpu_sample_s=hp_get(hp, "gpu_sample_s", 5.0, float, lo=0.05),
-            probe_every_steps=hp_get(hp, "probe_every_steps", 50, int, lo=1),
-            peak_flops=None if peak is None else hp_get(hp, "peak_flops", None, float, lo=1.0),
+            lr=params.lr, min_lr_ratio=params.min_lr_ratio, warmup_steps=params.warmup_for(spec.steps),
+            weight_decay=params.weight_decay, beta1=params.beta1, beta2=params.beta2, grad_clip=params.grad_clip,
+            grad_accum=params.grad_accum, log_every=params.log_every, heartbeat_s=params.heartbeat_s,
+            gpu_sample_s=params.gpu_sample_s, probe_every_steps=params.probe_every_steps,
+            peak_flops=params.peak_flops,
             guard=guard,
             hooks=hooks,
         )

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from core import memory as memory_model
 from core.spec import JobSpec
 from core.trainer_protocol import (
     ENV_CHECKPOINT_DIR,
@@ -125,7 +126,7 @@ class Trainer:
         compiled = self.compile_mode != "off"
 
         def prediction(strategy: str) -> dict[str, Any]:
-            return memory.predict(param_count=recipe.param_count(),
+            return memory_model.predict(param_count=recipe.param_count(),
                                   activation_bytes=recipe.activation_bytes(self.prec.precision, compiled),
                                   precision=self.prec.precision, strategy=strategy, world_size=env.world_size,
                                   largest_block_params=largest, grad_accum=self.cfg.grad_accum,

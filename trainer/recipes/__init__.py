@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from core.recipes import HyperparameterError, RecipeShape, TrainingHyperparameters, validate
+from trainer.config import ConfigError
 from trainer.precision import Precision
 
 BUILTIN = {
@@ -91,6 +93,37 @@ class Recipe(abc.ABC):
                 (t.pin_memory() if non_blocking else t).to(device, non_blocking=non_blocking) for t in batch
             )
         return batch.to(device, non_blocking=non_blocking)
+
+
+class ShapedRecipe(Recipe):
+    """A built-in recipe: typed hyperparameters (``core.recipes``) and a shape that does the arithmetic the
+    memory predictor and the MFU figure need, shared with the API's submit-time checks."""
+
+    shape: RecipeShape
+
+    def __init__(self, hyperparameters: dict[str, Any]) -> None:
+        super().__init__(hyperparameters)
+        try:
+            params = validate(self.name, self.hp)
+        except HyperparameterError as exc:
+            raise ConfigError(str(exc)) from None
+        assert params is not None
+        self.params: TrainingHyperparameters = params
+
+    def items_per_batch(self) -> int:
+        return self.shape.items_per_batch()
+
+    def flops_per_item(self) -> float:
+        return self.shape.flops_per_item()
+
+    def param_count(self) -> int:
+        return self.shape.param_count()
+
+    def activation_bytes(self, precision: Precision, compiled: bool) -> int:
+        return self.shape.activation_bytes(precision, compiled)
+
+    def eager_check_bytes(self, precision: Precision) -> int:
+        return self.shape.eager_check_bytes(precision)
 
 
 def load_recipe(name: str, hyperparameters: dict[str, Any]) -> Recipe:

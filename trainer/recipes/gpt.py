@@ -7,7 +7,6 @@ vocab 50304, context 1024).  Data is the byte-level stdlib corpus (vocab 256) or
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -15,43 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.config import ConfigError, hp_get
+from core.recipes.gpt import GPTHyperparameters, GPTShape
 from trainer.data import TokenBatches, build_stdlib_corpus
-from trainer.precision import Precision
-from trainer.recipes import Recipe
-
-SIZES: dict[str, dict[str, int]] = {
-    "tiny": {"n_layer": 2, "n_embd": 128, "n_head": 4, "vocab_size": 256, "seq_len": 128},
-    "mini": {"n_layer": 4, "n_embd": 256, "n_head": 4, "vocab_size": 256, "seq_len": 256},
-    "small": {"n_layer": 6, "n_embd": 384, "n_head": 6, "vocab_size": 256, "seq_len": 256},
-    "gpt2": {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50304, "seq_len": 1024},
-    "gpt2-medium": {"n_layer": 24, "n_embd": 1024, "n_head": 16, "vocab_size": 50304, "seq_len": 1024},
-    "gpt2-large": {"n_layer": 36, "n_embd": 1280, "n_head": 20, "vocab_size": 50304, "seq_len": 1024},
-    "gpt2-xl": {"n_layer": 48, "n_embd": 1600, "n_head": 25, "vocab_size": 50304, "seq_len": 1024},
-}
-SIZES["124m"] = SIZES["gpt2"]
-
-
-@dataclasses.dataclass(frozen=True)
-class GPTConfig:
-    n_layer: int
-    n_embd: int
-    n_head: int
-    vocab_size: int  # already padded
-    seq_len: int
-    dropout: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.n_embd % self.n_head:
-            raise ConfigError("n_embd must be a multiple of n_head")
-
-
-def pad_vocab(n: int, multiple: int = 64) -> int:
-    return (n + multiple - 1) // multiple * multiple
+from trainer.recipes import ShapedRecipe
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, cfg: GPTShape) -> None:
         super().__init__()
         self.n_head = cfg.n_head
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=False)
@@ -70,7 +39,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, cfg: GPTShape) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd)
         self.attn = CausalSelfAttention(cfg)
@@ -100,7 +69,7 @@ class HeadLoss(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, cfg: GPTShape) -> None:
         super().__init__()
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
@@ -137,32 +106,18 @@ def gpt_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
     return model(x, y)
 
 
-class GPTRecipe(Recipe):
+class GPTRecipe(ShapedRecipe):
     name = "gpt"
 
     def __init__(self, hyperparameters: dict[str, Any]) -> None:
         super().__init__(hyperparameters)
-        hp = self.hp
-        size = str(hp.get("size", "tiny"))
-        if size not in SIZES:
-            raise ConfigError(f"unknown gpt size {size!r}; one of {', '.join(SIZES)}")
-        base = SIZES[size]
-        self.corpus = str(hp.get("corpus", "stdlib"))
-        if self.corpus not in ("stdlib", "synthetic"):
-            raise ConfigError("corpus must be 'stdlib' or 'synthetic'")
-        vocab = 256 if self.corpus == "stdlib" else base["vocab_size"]
-        self.cfg = GPTConfig(
-            n_layer=hp_get(hp, "n_layer", base["n_layer"], int, lo=1, hi=512),
-            n_embd=hp_get(hp, "n_embd", base["n_embd"], int, lo=8, hi=65536),
-            n_head=hp_get(hp, "n_head", base["n_head"], int, lo=1, hi=1024),
-            vocab_size=pad_vocab(hp_get(hp, "vocab_size", vocab, int, lo=2, hi=1 << 20)),
-            seq_len=hp_get(hp, "seq_len", base["seq_len"], int, lo=2, hi=1 << 17),
-            dropout=hp_get(hp, "dropout", 0.0, float, lo=0.0, hi=0.9),
-        )
-        if self.corpus == "stdlib" and self.cfg.vocab_size < 256:
-            raise ConfigError("the byte-level corpus needs vocab_size >= 256")
-        self.batch_size = hp_get(hp, "batch_size", 8, int, lo=1, hi=1 << 16)
-        self.corpus_bytes = hp_get(hp, "corpus_bytes", 4 << 20, int, lo=1 << 12)
+        params = self.params
+        assert isinstance(params, GPTHyperparameters)
+        self.cfg: GPTShape = params.shape()
+        self.shape = self.cfg
+        self.corpus = params.corpus
+        self.batch_size = params.batch_size
+        self.corpus_bytes = params.corpus_bytes
 
     def build_model(self) -> nn.Module:
         return GPT(self.cfg)
@@ -189,55 +144,3 @@ class GPTRecipe(Recipe):
         # puts almost no mass on it, so the loss jumps far above its moving average.
         x, y = batch
         return x, torch.zeros_like(y)
-
-    def items_per_batch(self) -> int:
-        return self.batch_size * self.cfg.seq_len
-
-    def param_count(self) -> int:
-        c = self.cfg
-        h = c.n_embd
-        per_block = 2 * 2 * h + 3 * h * h + h * h + 4 * h * h + 4 * h * h  # 2 LNs (w+b) + attn + mlp
-        return c.vocab_size * h + c.seq_len * h + c.n_layer * per_block + 2 * h  # tied head; ln_f
-
-    def flops_per_item(self) -> float:
-        # PaLM appendix B: 6N (N without the position embedding) + attention 12 * L * H * T per token.
-        c = self.cfg
-        n = self.param_count() - c.seq_len * c.n_embd
-        return 6.0 * n + 12.0 * c.n_layer * c.n_embd * c.seq_len
-
-    def activation_bytes(self, precision: Precision, compiled: bool) -> int:
-        """Bytes alive for backward at the training peak (the start of backward) of one micro-batch.
-
-        Per layer and token (h = width): the fp32 residual stream into each LayerNorm (2 x 4h), and in the
-        compute dtype the matmul inputs (ln outputs 2 x h, attention output h, GELU output 4h), q/k/v (3h),
-        the SDPA output (h) and the MLP pre-activation (4h); eager autocast also keeps fp32 LN outputs.
-        Inductor recomputes the LayerNorms and GELU from saved inputs, so compiled blocks save less.
-
-        The head dominates at GPT-2's vocabulary: per logit, eager keeps log-softmax's fp32 output for
-        backward and, at the peak, its fp32 incoming gradient and fp32 result side by side (3 x 4 bytes; the
-        compute-dtype logits are already freed).  Compiled (HeadLoss is a region in both compile modes),
-        Inductor saves only the matmul's compute-dtype logits (the softmax is recomputed from them and the
-        per-row log-sum-exp) and writes the logits' gradient in the compute dtype: 2 x e bytes per logit.
-        Plus the tied head weight's gradient (fp32), produced first in backward.
-        """
-        c = self.cfg
-        tokens = self.batch_size * c.seq_len
-        e = 4 if precision == "fp32" else 2
-        h = c.n_embd
-        if compiled:
-            per_tok_layer = 2 * 4 * h + e * (3 * h + h + h + 4 * h) + e * 4 * h
-        else:
-            per_tok_layer = 2 * 4 * h + e * (2 * h + h + 4 * h + 3 * h + h + 4 * h)
-            if precision != "fp32":
-                per_tok_layer += 2 * 4 * h
-        blocks = tokens * per_tok_layer * c.n_layer
-        per_logit = 2 * e if compiled else 3 * 4
-        head = tokens * (4 * h + e * h) + tokens * c.vocab_size * per_logit + 4 * c.vocab_size * h
-        return blocks + head
-
-    def eager_check_bytes(self, precision: Precision) -> int:
-        """The breaker's eager reference forward (no grad): logits in the compute dtype, their fp32 upcast
-        and log-softmax's fp32 output at once (fp32 runs skip the upcast)."""
-        c = self.cfg
-        per_logit = 4 + 4 if precision == "fp32" else 2 + 4 + 4
-        return self.batch_size * c.seq_len * c.vocab_size * per_logit

@@ -12,10 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.config import hp_get
+from core.recipes.mlp import MLPHyperparameters
 from trainer.data import IndexedBatches
-from trainer.precision import Precision
-from trainer.recipes import Recipe
+from trainer.recipes import ShapedRecipe
 
 
 class ResidualBlock(nn.Module):
@@ -60,18 +59,16 @@ class MixtureBatches(IndexedBatches):
         return x[lo:lo + self.batch_size], y[lo:lo + self.batch_size]
 
 
-class MLPRecipe(Recipe):
+class MLPRecipe(ShapedRecipe):
     name = "mlp"
 
     def __init__(self, hyperparameters: dict[str, Any]) -> None:
         super().__init__(hyperparameters)
-        hp = self.hp
-        self.in_dim = hp_get(hp, "in_dim", 32, int, lo=1, hi=1 << 16)
-        self.width = hp_get(hp, "width", 128, int, lo=1, hi=1 << 16)
-        self.depth = hp_get(hp, "depth", 2, int, lo=1, hi=256)
-        self.classes = hp_get(hp, "classes", 10, int, lo=2, hi=1 << 16)
-        self.batch_size = hp_get(hp, "batch_size", 64, int, lo=1, hi=1 << 20)
-        self.noise = hp_get(hp, "noise", 1.0, float, lo=0.0)
+        params = self.params
+        assert isinstance(params, MLPHyperparameters)
+        self.shape = params.shape()
+        self.in_dim, self.width, self.depth = params.in_dim, params.width, params.depth
+        self.classes, self.batch_size, self.noise = params.classes, params.batch_size, params.noise
 
     def build_model(self) -> nn.Module:
         return MLP(self.in_dim, self.width, self.depth, self.classes)
@@ -91,20 +88,3 @@ class MLPRecipe(Recipe):
     def poison(self, batch: Any) -> Any:
         x, y = batch
         return x * 100.0, (y + 1) % self.classes
-
-    def items_per_batch(self) -> int:
-        return self.batch_size
-
-    def param_count(self) -> int:
-        w = self.width
-        return (self.in_dim * w + w) + self.depth * (2 * w + 4 * w * w + 4 * w + 4 * w * w + w) + (
-            w * self.classes + self.classes)
-
-    def flops_per_item(self) -> float:
-        return 6.0 * self.param_count()
-
-    def activation_bytes(self, precision: Precision, compiled: bool) -> int:
-        e = 4 if precision == "fp32" else 2
-        per_sample = self.in_dim * 4 + self.depth * (4 * self.width + e * (self.width + 8 * self.width)) + (
-            self.classes * (e + 8))
-        return self.batch_size * per_sample
