@@ -83,3 +83,10 @@ def token_owner(url: str, token: str) -> str | None:
             return authenticate(db=db, secret=token).name
         except Unauthenticated:
             return None
+
+
+def give_default_team_gpus(url: str, gpus_by_type: dict[str, int]) -> list[str]:
+    from core.services.bootstrap import give_default_team_gpus as give
+
+    with _session(url) as db:
+        return give(db=db, gpus_by_type=gpus_by_type)

@@ -327,6 +327,35 @@ def prepare(database_url: str, api_url: str) -> Credentials:
     return Credentials(api_url, result.token, result.user, path, note)
 
 
+def _local_host(database_url: str) -> None:
+    """Say what this host offers to the local worker, and give the ``default`` team its GPUs."""
+    import shutil
+
+    from cli.bootstrap import BootstrapError, give_default_team_gpus
+    from core.gpu_types import canonical
+    from workers.inventory import local_gpus
+
+    gpus = local_gpus()
+    if not gpus:
+        console.print(f"{TAG} this host: no GPU (NVML found none): jobs train on CPU slots")
+        return
+    groups: dict[str, list[Any]] = {}
+    for g in gpus:
+        groups.setdefault(canonical(g.model), []).append(g)
+    described = ", ".join(
+        f"{len(gs)} x {t} ({gs[0].model}, {gs[0].memory_bytes / 2**30:.0f} GiB)" for t, gs in sorted(groups.items())
+    )
+    by_type = {t: len(gs) for t, gs in groups.items()}
+    mps = shutil.which("nvidia-cuda-mps-control")
+    console.print(f"{TAG} this host: {described}; MPS " + (f"available ({mps})" if mps else "not installed"))
+    try:
+        added = give_default_team_gpus(database_url, by_type)
+    except BootstrapError as exc:
+        raise CliError(f"could not give the default team this host's GPUs: {exc}") from None
+    if added:
+        console.print(f"{TAG} team 'default' may use this host's GPUs: quota {', '.join(added)}")
+
+
 def child_env(settings: Any, opts: UpOptions, api_url: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -374,6 +403,8 @@ def run_up(opts: UpOptions) -> int:
         creds = prepare(settings.resolved_database_url, api_url)
         console.print(f"{TAG} migrated; {creds.note}")
         console.print(f"{TAG} CLI config: {creds.config_path} (api {api_url}, user {creds.user})")
+        if opts.worker:
+            _local_host(settings.resolved_database_url)
 
         specs = child_specs(opts, hostname=socket.gethostname())
         sup = Supervisor(specs, env=child_env(settings, opts, api_url), log_dir=log_dir)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 def _default_home() -> Path:
@@ -38,6 +39,15 @@ class Settings(BaseSettings):
 
     # Storage for checkpoints, compile caches and logs (a shared filesystem in multi-host deployments).
     storage_dir: Path | None = None
+
+    # GPU types of hosts that will join later (comma-separated, e.g. "H100-80GB,H200"): jobs and quotas may name
+    # them before any such host registers. Types the hosts have registered are known without this.
+    gpu_types: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    @field_validator("gpu_types", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        return [t.strip() for t in value.split(",") if t.strip()] if isinstance(value, str) else value
 
     @property
     def resolved_database_url(self) -> str:

@@ -195,7 +195,6 @@ def _pending(
     rows = repo.queued_jobs(db)
     ids = [j.id for j, _ in rows]
     deps = repo.dependencies(db, ids)
-    mem = repo.memory_predictions(db, [j.id for j, _ in rows if j.fencing_token > 0])
     lost_on = repo.lost_on_hosts(db, [j.id for j, _ in rows if j.restart_count > 0])
     out = []
     for job, own in rows:
@@ -232,7 +231,7 @@ def _pending(
                 max_queue_wait_s=max_wait,
                 deadline=_ts(deadline),
                 estimated_runtime_s=_time_limit(job),
-                memory_bytes=mem.get(job.id),
+                memory_bytes=job.predicted_memory_bytes,
                 memory_cap_bytes=q.gpu_memory_cap_bytes if q else None,
                 bandwidth=_bandwidth(q),
                 depends_on=tuple(deps.get(job.id, ())),

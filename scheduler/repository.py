@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -106,23 +105,6 @@ def dependencies(db: Session, job_ids: Sequence[int]) -> dict[int, list[tuple[in
     out: dict[int, list[tuple[int, str]]] = {}
     for jid, dep, state in db.execute(stmt).tuples():
         out.setdefault(jid, []).append((dep, state))
-    return out
-
-
-def memory_predictions(db: Session, job_ids: Sequence[int]) -> dict[int, int]:
-    """The latest MEMORY_PREDICTION event's ``predicted_peak_bytes`` per job (recorded by the worker's relay)."""
-    if not job_ids:
-        return {}
-    stmt = (
-        select(Event.job_id, Event.data)
-        .where(Event.type == "MEMORY_PREDICTION", Event.job_id.in_(job_ids))
-        .order_by(Event.id)
-    )
-    out: dict[int, int] = {}
-    for jid, data in db.execute(stmt).tuples():
-        value: Any = (data or {}).get("predicted_peak_bytes")
-        if jid is not None and isinstance(value, (int, float)) and value > 0:
-            out[jid] = int(value)
     return out
 
 

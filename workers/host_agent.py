@@ -15,6 +15,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
 from core.db import session_scope, utcnow
+from core.gpu_types import canonical
 from core.models import GPU, Host
 from core.states import record_event
 from workers.celery_app import host_queue
@@ -58,12 +59,14 @@ class HostAgent:
         for info in gpus:
             seen.add(info.uuid)
             row = existing.get(info.uuid) or db.scalars(select(GPU).where(GPU.uuid == info.uuid)).first()
+            gpu_type = canonical(info.model)  # NVML's "NVIDIA H200" is the type "H200" everywhere in kiln
             if row is None:
-                row = GPU(uuid=info.uuid, index=info.index, model=info.model, memory_bytes=info.memory_bytes)
+                row = GPU(uuid=info.uuid, index=info.index, model=gpu_type, memory_bytes=info.memory_bytes)
             if row not in host.gpus:  # new, or moved here from another host entry (same physical GPU)
                 host.gpus.append(row)
             row.index = info.index
-            row.model = info.model
+            row.model = gpu_type
+            row.name = info.model
             row.memory_bytes = info.memory_bytes
             row.mig_mode = info.mig_mode
             row.pcie_gen = info.pcie_gen
@@ -72,8 +75,12 @@ class HostAgent:
             if uuid not in seen:
                 db.delete(row)
         self.slots = len(gpus) or self.cpu_slots
-        record_event(db, "HOST_REGISTERED", message=f"host {self.name}: {len(gpus)} GPUs, {host.cpu_slots} CPU slots",
-                     data={"host": self.name, "gpus": [g.uuid for g in gpus], "cpu_slots": host.cpu_slots})  # fmt: skip
+        types = sorted({canonical(g.model) for g in gpus})
+        record_event(db, "HOST_REGISTERED",
+                     message=f"host {self.name}: {len(gpus)} GPUs{' (' + ', '.join(types) + ')' if types else ''}, "
+                             f"{host.cpu_slots} CPU slots",
+                     data={"host": self.name, "gpus": [g.uuid for g in gpus], "gpu_types": types,
+                           "cpu_slots": host.cpu_slots})  # fmt: skip
         return host
 
     def heartbeat(self, db: Session) -> None:

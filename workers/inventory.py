@@ -204,6 +204,17 @@ class NoGpus:
         return []
 
 
+def local_gpus() -> list[GpuInfo]:
+    """What NVML finds on this host, without keeping NVML open (``kiln up`` reports it at start)."""
+    inv = detect_inventory()
+    try:
+        return inv.discover()
+    finally:
+        if isinstance(inv, NvmlInventory):
+            with contextlib.suppress(Exception):
+                inv.nv.nvmlShutdown()
+
+
 def detect_inventory() -> Inventory:
     try:
         inv = NvmlInventory()

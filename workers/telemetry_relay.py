@@ -143,6 +143,8 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
         elif kind == RecordKind.GPU_SAMPLE:
             gpu_samples.append(rec)
         elif kind == RecordKind.MEMORY_PREDICTION and rank == 0:
+            # The trainer's own figure, made on the device it runs on, replaces the one made at submit.
+            job.predicted_memory_bytes = _int(rec.get("predicted_peak_bytes")) or job.predicted_memory_bytes
             record_event(
                 session,
                 "MEMORY_PREDICTION",
@@ -180,6 +182,7 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
                     step_time_s=_float(rec.get("step_time_s")),
                     mfu=_float(rec.get("mfu")),
                     mem_peak_bytes=_int(rec.get("mem_peak_bytes")),
+                    overhead=str(rec["overhead"])[:32] if rec.get("overhead") else None,
                     extra=extra,
                 )
             )

@@ -14,7 +14,15 @@ INT64 = 2**63 - 1
 
 TeamName = Annotated[str, Field(pattern=NAME_PATTERN, max_length=64, examples=["vision"])]
 UserName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$", examples=["alice"])]
-GpuType = Annotated[str, Field(pattern=r"^(\*|cpu|[A-Za-z0-9][A-Za-z0-9._-]{0,63})$", examples=["H200"])]
+GpuType = Annotated[
+    str,
+    Field(
+        pattern=r"^(\*|cpu|[A-Za-z0-9][A-Za-z0-9 ._-]{0,63})$",
+        examples=["H200"],
+        description="A GPU type as kiln writes it ('H200', 'H100-80GB') or as NVML names it ('NVIDIA H200'), "
+        "'*' for any type, 'cpu' for CPU slots.",
+    ),
+]
 Text = Annotated[str, Field(max_length=256, pattern=r"^[^\x00]*$")]
 Int32 = Annotated[int, Field(ge=0, le=INT32)]
 Int64 = Annotated[int, Field(ge=0, le=INT64)]

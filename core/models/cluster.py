@@ -38,7 +38,8 @@ class GPU(Base):
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="CASCADE"))
     uuid: Mapped[str] = mapped_column(String(96), unique=True)
     index: Mapped[int] = mapped_column()
-    model: Mapped[str] = mapped_column(String(128))
+    model: Mapped[str] = mapped_column(String(128), comment="GPU type, e.g. H200")  # core.gpu_types
+    name: Mapped[str | None] = mapped_column(String(128), comment="NVML's name")
     memory_bytes: Mapped[int] = mapped_column(BigInteger)
     mig_mode: Mapped[bool] = mapped_column(default=False)
     pcie_gen: Mapped[int | None] = mapped_column()

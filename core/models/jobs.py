@@ -24,6 +24,7 @@ class Job(Base):
     priority: Mapped[int] = mapped_column(default=0)
     gpus: Mapped[int] = mapped_column(default=0)
     gpu_type: Mapped[str | None] = mapped_column(String(64))
+    predicted_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, comment="peak GPU bytes per rank")
     pending_reason: Mapped[str | None] = mapped_column(String(32))
     pending_message: Mapped[str | None] = mapped_column(String(512))
     restart_count: Mapped[int] = mapped_column(default=0)
@@ -156,6 +157,8 @@ class JobMetric(Base):
     step_time_s: Mapped[float | None] = mapped_column()
     mfu: Mapped[float | None] = mapped_column()
     mem_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    # Checkpoint I/O or a restore that overlapped the step: the step-time SLA compares steps without it.
+    overhead: Mapped[str | None] = mapped_column(String(32), comment="kiln's own work during the step")
     extra: Mapped[dict[str, Any]] = mapped_column(default=dict, comment="GPU samples, bandwidth, ...")
 
     __table_args__ = (Index("ix_job_metrics_job_id_step", "job_id", "step"),)

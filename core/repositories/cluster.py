@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.models import GPU, Host
@@ -21,3 +21,9 @@ def list_gpus(db: Session, *, host: str | None = None, model: str | None = None)
     if model is not None:
         stmt = stmt.where(GPU.model == model)
     return db.execute(stmt.order_by(Host.name, GPU.index)).tuples().all()
+
+
+def gpu_types(db: Session) -> dict[str, int]:
+    """Each GPU type the hosts have registered, with the memory of its largest GPU (bytes)."""
+    stmt = select(GPU.model, func.max(GPU.memory_bytes)).group_by(GPU.model).order_by(GPU.model)
+    return {model: int(memory) for model, memory in db.execute(stmt).tuples()}

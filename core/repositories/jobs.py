@@ -40,11 +40,12 @@ def _job_select() -> Select[Job, str, str | None, str]:
 # scheduler's wake-up, in one statement (one round trip). Every value is written explicitly (no ORM defaults run).
 _SUBMIT_PG = text("""
 WITH job AS (
-    INSERT INTO jobs (name, team_id, user_id, spec, state, qos_class_id, priority, gpus, gpu_type, restart_count,
-                      fencing_token, cancel_requested, preempt_requested, last_step, submitted_at, updated_at)
+    INSERT INTO jobs (name, team_id, user_id, spec, state, qos_class_id, priority, gpus, gpu_type,
+                      predicted_memory_bytes, restart_count, fencing_token, cancel_requested, preempt_requested,
+                      last_step, submitted_at, updated_at)
     VALUES (:name, :team_id, :user_id, CAST(:spec AS JSONB), :state, :qos_class_id, :priority, :gpus, :gpu_type,
-            :restart_count, :fencing_token, :cancel_requested, :preempt_requested, :last_step, :submitted_at,
-            :updated_at)
+            :predicted_memory_bytes, :restart_count, :fencing_token, :cancel_requested, :preempt_requested,
+            :last_step, :submitted_at, :updated_at)
     RETURNING id
 ), deps AS (
     INSERT INTO job_dependencies (job_id, depends_on_id)

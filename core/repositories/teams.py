@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import String, and_, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from core.models import Job, Membership, QosClass, SlaContract, Team, User
+from core.models import GPU, Job, Membership, QosClass, SlaContract, Team, User
 
 
 def get_by_name(db: Session, name: str) -> Team | None:
@@ -20,22 +20,31 @@ def id_by_name(db: Session, name: str) -> int | None:
     return db.scalar(select(Team.id).where(Team.name == name))
 
 
-def submission_context(db: Session, *, team: str, qos: str | None, default_qos: str, terms: Sequence[str]) -> Any:
-    """Everything a submission reads about its team, in one statement (it runs on every submission): the team's
-    id, its default contract's ``terms`` (NULL ``sla_id``: none) and that contract's QoS name, and the QoS class
-    the job gets -- ``qos`` if given, else the default contract's, else ``default_qos`` (NULL ``qos_id``: no such
-    class). None when there is no such team."""
+def submission_context(
+    db: Session, *, team: str, qos: str | None, default_qos: str, terms: Sequence[str], gpu_type: str | None
+) -> Any:
+    """Everything a submission reads, in one statement (it runs on every submission): the team's id, its default
+    contract's ``terms`` (NULL ``sla_id``: none) and that contract's QoS name, the QoS class the job gets --
+    ``qos`` if given, else the default contract's, else ``default_qos`` (NULL ``qos_id``: no such class) -- with
+    its memory cap, and what the cluster has of ``gpu_type`` (any type when None): ``type_gpus`` GPUs, the largest
+    with ``type_max_memory`` bytes, out of ``cluster_gpus`` in all. None when there is no such team."""
     conn = db.connection()
     if conn.dialect.name == "postgresql":  # the same statement as plain SQL: nothing to build or compile per call
-        params = {"team": team, "qos": qos, "default_qos": default_qos}
+        params = {"team": team, "qos": qos, "default_qos": default_qos, "gpu_type": gpu_type}
         return conn.exec_driver_sql(_submission_context_pg(tuple(terms)), params).first()
     t, s = Team.__table__, SlaContract.__table__
     dq, q = QosClass.__table__.alias("default_qos"), QosClass.__table__.alias("qos")
     wanted = func.coalesce(bindparam("qos", qos, type_=String), dq.c.name, default_qos)
+    g = GPU.__table__
+    of_type = g.c.model == gpu_type if gpu_type is not None else g.c.id.is_not(None)
     stmt = (
         select(
             t.c.id.label("team_id"), s.c.id.label("sla_id"), *(s.c[k] for k in terms),
             dq.c.name.label("default_qos"), q.c.id.label("qos_id"), q.c.name.label("qos"), q.c.priority,
+            q.c.gpu_memory_cap_bytes,
+            select(func.count()).select_from(g).where(of_type).scalar_subquery().label("type_gpus"),
+            select(func.max(g.c.memory_bytes)).where(of_type).scalar_subquery().label("type_max_memory"),
+            select(func.count()).select_from(g).scalar_subquery().label("cluster_gpus"),
         )
         .select_from(
             t.outerjoin(s, and_(s.c.team_id == t.c.id, s.c.job_id.is_(None)))
@@ -52,9 +61,14 @@ def submission_context(db: Session, *, team: str, qos: str | None, default_qos: 
 def _submission_context_pg(terms: tuple[str, ...]) -> str:
     """``submission_context``'s statement for PostgreSQL (``terms`` are column names from code, never input)."""
     cols = "".join(f", s.{k}" for k in terms)
+    of_type = "(CAST(%(gpu_type)s AS VARCHAR) IS NULL OR g.model = %(gpu_type)s)"
     return (
         f"SELECT t.id AS team_id, s.id AS sla_id{cols}, dq.name AS default_qos, q.id AS qos_id, q.name AS qos,"
-        " q.priority FROM teams AS t"
+        " q.priority, q.gpu_memory_cap_bytes,"
+        f" (SELECT count(*) FROM gpus AS g WHERE {of_type}) AS type_gpus,"
+        f" (SELECT max(g.memory_bytes) FROM gpus AS g WHERE {of_type}) AS type_max_memory,"
+        " (SELECT count(*) FROM gpus) AS cluster_gpus"
+        " FROM teams AS t"
         " LEFT OUTER JOIN sla_contracts AS s ON s.team_id = t.id AND s.job_id IS NULL"
         " LEFT OUTER JOIN qos_classes AS dq ON dq.id = s.qos_class_id"
         " LEFT OUTER JOIN qos_classes AS q ON q.name = coalesce(CAST(%(qos)s AS VARCHAR), dq.name, %(default_qos)s)"

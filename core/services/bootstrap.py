@@ -1,4 +1,5 @@
-"""The first admin: a user, a ``default`` team with a CPU quota, the admin's membership and a token."""
+"""The first admin: a user, a ``default`` team with a CPU quota, the admin's membership and a token; on a host
+with GPUs, ``kiln up`` also gives the ``default`` team those GPUs."""
 
 from __future__ import annotations
 
@@ -53,3 +54,24 @@ def bootstrap_admin(*, db: Session, name: str, force: bool = False) -> tuple[Use
     )
     _, secret = issue(db=db, principal=principal, name="bootstrap", scopes=("read", "write", "admin"))
     return user, secret
+
+
+def give_default_team_gpus(*, db: Session, gpus_by_type: dict[str, int]) -> list[str]:
+    """A quota for the ``default`` team on each GPU type of the local host it has none for (nominal = the host's
+    count), so the embedded default trains on the GPUs it found. A quota an admin set is never changed.
+    Returns what was added, e.g. ``["H200=1"]``. Does not commit."""
+    team = teams_repo.get_by_name(db, DEFAULT_TEAM)
+    if team is None:
+        return []
+    have = {q.gpu_type for q in team.quotas}
+    added = []
+    for gpu_type, count in sorted(gpus_by_type.items()):
+        if gpu_type in have or count <= 0:
+            continue
+        team.quotas.append(TeamQuota(gpu_type=gpu_type, nominal=count))
+        added.append(f"{gpu_type}={count}")
+    if added:
+        message = f"default team: the local host's GPUs ({', '.join(added)})"
+        record_event(db, "TEAM_UPDATED", team_id=team.id, message=message, data={"added": added})
+    db.flush()
+    return added

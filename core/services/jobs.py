@@ -20,6 +20,7 @@ from core.repositories import qos as qos_repo
 from core.repositories import teams as teams_repo
 from core.repositories.jobs import JobFilter
 from core.services.errors import Conflict, InvalidInput, NotFound
+from core.services.fit import canonical_gpu_type, check_submission
 from core.services.principal import Principal, require_team, require_team_id
 from core.services.sla import BASE_TERMS, DEFAULT_QOS, TERMS, effective_terms
 from core.spec import JobSpec
@@ -47,16 +48,21 @@ class JobPage:
 
 
 def submit(*, db: Session, principal: Principal, spec: JobSpec) -> JobView:
-    """Statements: one read (team, default contract, QoS: ``teams_repo.submission_context``), one more only when
-    ``depends_on`` is set, and on PostgreSQL one write (job, dependencies, contract, event and NOTIFY together).
+    """Statements: one read (team, default contract, QoS, what the cluster has of the GPU type:
+    ``teams_repo.submission_context``), one more only when ``depends_on`` is set or the request cannot fit,
+    and on PostgreSQL one write (job, dependencies, contract, event and NOTIFY together).
     The answer is built from what was written: nothing is read back."""
-    ctx = teams_repo.submission_context(db, team=spec.team, qos=spec.sla.qos, default_qos=DEFAULT_QOS, terms=TERMS)
+    spec = canonical_gpu_type(spec)
+    ctx = teams_repo.submission_context(
+        db, team=spec.team, qos=spec.sla.qos, default_qos=DEFAULT_QOS, terms=TERMS, gpu_type=spec.resources.gpu_type
+    )
     team_id = require_team_id(principal, ctx.team_id if ctx is not None else None, spec.team, Role.MEMBER)
     assert ctx is not None
     qos_name = spec.sla.qos or ctx.default_qos or DEFAULT_QOS
     if ctx.qos_id is None:
         loc = "sla.qos" if spec.sla.qos else "team.sla.qos"
         raise InvalidInput.at(loc, f"unknown QoS class {qos_name!r}")
+    fitted = check_submission(db, spec=spec, ctx=ctx, qos_name=qos_name)
     depends_on = _dependencies(db, team_id=team_id, team=spec.team, refs=spec.depends_on)
     base = {k: getattr(ctx, k) for k in TERMS} if ctx.sla_id is not None else BASE_TERMS
     terms = effective_terms(base=base, overrides=spec.sla)
@@ -65,6 +71,7 @@ def submit(*, db: Session, principal: Principal, spec: JobSpec) -> JobView:
         "name": spec.name, "team_id": team_id, "user_id": principal.user_id, "spec": spec.model_dump(mode="json"),
         "state": JobState.QUEUED.value, "qos_class_id": ctx.qos_id, "priority": ctx.priority,
         "gpus": spec.resources.gpus, "gpu_type": spec.resources.gpu_type if spec.resources.gpus else "cpu",
+        "predicted_memory_bytes": fitted.predicted_memory_bytes,
         "restart_count": 0, "fencing_token": 0, "cancel_requested": False, "preempt_requested": False,
         "last_step": 0, "submitted_at": now, "updated_at": now,
     }  # fmt: skip

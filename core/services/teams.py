@@ -13,6 +13,7 @@ from core.repositories import qos as qos_repo
 from core.repositories import teams as teams_repo
 from core.repositories import users as users_repo
 from core.services.errors import Conflict, InvalidInput, NotFound
+from core.services.fit import check_quota_type
 from core.services.principal import Principal, require_admin, require_team
 from core.states import record_event
 
@@ -28,16 +29,17 @@ class Quota:
     lending_limit: int | None = None
 
 
-def _quota_rows(quotas: Sequence[Quota]) -> list[TeamQuota]:
+def _quota_rows(db: Session, quotas: Sequence[Quota]) -> list[TeamQuota]:
     seen: set[str] = set()
     rows = []
     for i, q in enumerate(quotas):
-        if q.gpu_type in seen:
-            raise InvalidInput.at(f"quotas.{i}.gpu_type", f"duplicate GPU type {q.gpu_type!r}")
-        seen.add(q.gpu_type)
+        gpu_type = check_quota_type(db, q.gpu_type, loc=f"quotas.{i}.gpu_type")
+        if gpu_type in seen:
+            raise InvalidInput.at(f"quotas.{i}.gpu_type", f"duplicate GPU type {gpu_type!r}")
+        seen.add(gpu_type)
         rows.append(
             TeamQuota(
-                gpu_type=q.gpu_type,
+                gpu_type=gpu_type,
                 nominal=q.nominal,
                 borrowing_limit=q.borrowing_limit,
                 lending_limit=q.lending_limit,
@@ -74,7 +76,7 @@ def create_team(
         fair_share_weight=fair_share_weight,
         gpu_hour_budget=gpu_hour_budget,
         budget_period_s=budget_period_s,
-        quotas=_quota_rows(quotas),
+        quotas=_quota_rows(db, quotas),
     )
     db.add(team)
     db.flush()
@@ -95,7 +97,7 @@ def update_team(*, db: Session, principal: Principal, name: str, changes: Mappin
     if changes.get("quotas") is not None:
         team.quotas.clear()
         db.flush()  # delete the old rows before inserting new ones with the same (team, gpu_type)
-        team.quotas.extend(_quota_rows(changes["quotas"]))
+        team.quotas.extend(_quota_rows(db, changes["quotas"]))
     record_event(db, "TEAM_UPDATED", team_id=team.id, actor_user_id=principal.user_id, data={"fields": list(changes)})
     return team
 

@@ -167,7 +167,7 @@ def test_gpu_xid_error_excludes_the_host_until_its_time_is_served(db: Session, t
                       heartbeat_interval_s=1)  # fmt: skip
     host = agent.register(db)
     db.flush()
-    assert [g.model for g in host.gpus] == ["NVIDIA H200"] and host.cpu_slots == 0
+    assert [(g.model, g.name) for g in host.gpus] == [("H200", "NVIDIA H200")] and host.cpu_slots == 0
     agent.sample(db)
     db.flush()
     now = utcnow()
@@ -185,7 +185,8 @@ def test_gpu_xid_error_excludes_the_host_until_its_time_is_served(db: Session, t
 
 def test_attempt_env_enforces_the_qos_caps_on_gpus(db: Session) -> None:
     silver = db.scalars(select(QosClass).where(QosClass.name == "silver")).one()
-    gpus = [GPU(uuid=f"GPU-{i}", index=i, model="NVIDIA H200", memory_bytes=140 * 10**9, host_id=0,
+    silver.gpu_memory_cap_bytes, silver.sm_percent = 4 * 10**9, 60  # an admin's caps (the seeded silver has none)
+    gpus = [GPU(uuid=f"GPU-{i}", index=i, model="H200", memory_bytes=140 * 10**9, host_id=0,
                 nvlink_peers=["x"]) for i in range(2)]  # fmt: skip
     claimed = Claimed(job_id=5, attempt_number=2, spec={}, placement=[], gpus=gpus, qos=silver,
                       host_links={"pcie_bytes_per_s": 64 * 10**9}, rendezvous=None, time_left_s=None)  # fmt: skip

@@ -8,10 +8,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core.gpu_types import canonical_key
 from core.models import (
     Job,
     QosClass,
@@ -39,12 +41,18 @@ class DashboardSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="KILN_", extra="ignore")
 
-    gpu_prices: dict[str, float] = {"H200": 4.5, "H100": 3.5, "A100": 2.0, "cpu": 0.05, "*": 2.0}
+    gpu_prices: dict[str, float] = {"H200": 4.5, "H100-80GB": 3.5, "A100-80GB": 2.0, "cpu": 0.05, "*": 2.0}
     currency: str = "USD"
+
+    @field_validator("gpu_prices")
+    @classmethod
+    def _canonical(cls, prices: dict[str, float]) -> dict[str, float]:
+        """Priced by GPU type in kiln's vocabulary, whichever way the operator wrote it (``NVIDIA H200``)."""
+        return {canonical_key(name): price for name, price in prices.items()}
 
 
 def price_for(prices: dict[str, float], gpu_type: str | None) -> float:
-    return prices.get(gpu_type or "*", prices.get("*", 0.0))
+    return prices.get(gpu_type or "*", prices.get("*", 0.0))  # usage rows carry the type the GPU registered
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,55 @@
+"""GPU types: one vocabulary for hosts, specs, quotas, prices, the dashboard and ``/metrics``.
+
+NVML names a GPU by its marketing name (``NVIDIA H200``, ``NVIDIA H100 80GB HBM3``, ``NVIDIA A100-SXM4-40GB``);
+people write ``H200`` or ``h100-80gb``. kiln keeps one short type per GPU model, made from either form by
+``canonical``: the vendor prefix and the words that do not change what a job can use (the SXM form factor, the
+memory technology) are dropped, the memory size and the PCIe/NVL variants are kept, because a job may fit one
+and not the other:
+
+    NVIDIA H200               -> H200          NVIDIA H100 80GB HBM3   -> H100-80GB
+    NVIDIA H100 PCIe          -> H100-PCIE     NVIDIA A100-SXM4-40GB   -> A100-40GB
+    NVIDIA A100 80GB PCIe     -> A100-80GB-PCIE Tesla V100-SXM2-32GB   -> V100-32GB
+
+The host's GPU row keeps NVML's name beside the type. ``canonical`` is idempotent, so a type written by a person
+and a type made from NVML's name compare equal.
+"""
+
+from __future__ import annotations
+
+import re
+
+ANY = "*"  # a quota or price that covers every GPU type
+CPU = "cpu"  # the "type" of CPU slots (jobs with gpus == 0)
+TYPE_PATTERN = r"^[A-Z0-9][A-Z0-9.-]{0,47}$"
+
+_VENDOR_WORDS = frozenset({"NVIDIA", "TESLA", "GEFORCE", "QUADRO"})
+_DROPPED = frozenset({"SXM", "SXM2", "SXM3", "SXM4", "SXM5", "SXM6", "HBM", "HBM2", "HBM2E", "HBM3", "HBM3E", "GPU"})
+_FORM = frozenset({"PCIE", "NVL", "MIG"})
+_MEMORY = re.compile(r"^\d+(GB|G|TB)$")
+
+
+class GpuTypeError(ValueError):
+    """A name that cannot be a GPU type (empty, or characters outside letters, digits, '.', '-')."""
+
+
+def canonical(name: str) -> str:
+    """The GPU type of an NVML name or of a type a person wrote. Raises GpuTypeError when nothing is left."""
+    words = [w for w in re.split(r"[^A-Z0-9.]+", name.strip().upper()) if w]
+    while words and words[0] in _VENDOR_WORDS:
+        words.pop(0)
+    kept = [w for w in words if w not in _DROPPED]
+    model = [w for w in kept if not _MEMORY.match(w) and w not in _FORM]
+    memory = [w + "B" if w.endswith("G") else w for w in kept if _MEMORY.match(w)]
+    form = [w for w in kept if w in _FORM]
+    result = "-".join(model + memory + form)
+    if not result or not re.match(TYPE_PATTERN, result):
+        raise GpuTypeError(f"{name!r} is not a GPU type (letters, digits, '.' and '-', such as 'H200')")
+    return result
+
+
+def canonical_key(name: str) -> str:
+    """A quota or price key: ``*`` and ``cpu`` as they are, any other name as its GPU type."""
+    stripped = name.strip()
+    if stripped == ANY or stripped.lower() == CPU:
+        return stripped.lower()
+    return canonical(stripped)

@@ -1,0 +1,113 @@
+"""Does a request fit the cluster? GPU types and memory, checked at submit and when a quota names a type.
+
+The rules, as a user meets them:
+- a GPU type is written either way (``H200``, ``NVIDIA H200``, ``h100-80gb``) and stored as its canonical type;
+- once any GPU host has registered, a type that no host has (and that the operator has not declared with
+  ``KILN_GPU_TYPES`` for hosts that will join later) is refused, with the types the cluster has;
+- a job whose predicted per-GPU peak exceeds its QoS class's memory cap is refused, naming the classes whose cap
+  fits; one that exceeds the largest GPU of its type is refused with that GPU's size.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from core.gpu_types import GpuTypeError, canonical, canonical_key
+from core.memory import predict_for_spec
+from core.repositories import cluster as cluster_repo
+from core.repositories import qos as qos_repo
+from core.services.errors import InvalidInput
+from core.settings import get_settings
+from core.spec import JobSpec, check_recipe
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Fitted:
+    spec: JobSpec  # with the canonical GPU type
+    predicted_memory_bytes: int | None  # per GPU; None for CPU jobs and recipes kiln cannot predict
+
+
+def canonical_gpu_type(spec: JobSpec) -> JobSpec:
+    """The spec with its GPU type in canonical form (unchanged for CPU jobs and "any type")."""
+    if not spec.resources.gpus or spec.resources.gpu_type is None:
+        return spec
+    try:
+        gpu_type = canonical(spec.resources.gpu_type)
+    except GpuTypeError as exc:
+        raise InvalidInput.at("resources.gpu_type", str(exc)) from None
+    return spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpu_type": gpu_type})})
+
+
+def known_types(db: Session) -> list[str]:
+    """What the hosts have registered, and what the operator declared for hosts that will join."""
+    return sorted(set(cluster_repo.gpu_types(db)) | declared_types())
+
+
+def declared_types() -> set[str]:
+    return {canonical(t) for t in get_settings().gpu_types}
+
+
+def refuse_unknown_type(gpu_type: str, known: Iterable[str], *, loc: str) -> InvalidInput:
+    names = sorted(known)
+    close = difflib.get_close_matches(gpu_type, names, n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return InvalidInput.at(
+        loc,
+        f"no host has GPUs of type {gpu_type!r}{hint} (the cluster has: {', '.join(names)}; an operator declares "
+        "the types of hosts that will join in KILN_GPU_TYPES)",
+        "unknown_gpu_type",
+    )
+
+
+def check_quota_type(db: Session, name: str, *, loc: str) -> str:
+    """A quota's GPU type in canonical form; refused when the cluster has GPUs and none of this type."""
+    try:
+        key = canonical_key(name)
+    except GpuTypeError as exc:
+        raise InvalidInput.at(loc, str(exc)) from None
+    if key in ("*", "cpu"):
+        return key
+    registered = cluster_repo.gpu_types(db)
+    if registered and key not in registered and key not in declared_types():
+        raise refuse_unknown_type(key, set(registered) | declared_types(), loc=loc)
+    return key
+
+
+def check_submission(db: Session, *, spec: JobSpec, ctx: Any, qos_name: str) -> Fitted:
+    """``spec`` already has its canonical GPU type; ``ctx`` is the submission context (the QoS class's memory cap
+    and what the cluster has of the type). Raises SpecError or InvalidInput."""
+    hyperparameters = check_recipe(spec)
+    gpu_type = spec.resources.gpu_type
+    known_nowhere = ctx.cluster_gpus and not ctx.type_gpus
+    if spec.resources.gpus and gpu_type is not None and known_nowhere and gpu_type not in declared_types():
+        raise refuse_unknown_type(gpu_type, known_types(db), loc="resources.gpu_type")
+    predicted = predict_for_spec(spec, hyperparameters) if hyperparameters is not None else None
+    if predicted is None:
+        return Fitted(spec, None)
+    cap = ctx.gpu_memory_cap_bytes
+    if cap is not None and predicted > cap:
+        fitting = [q.name for q in qos_repo.list_all(db) if (q.gpu_memory_cap_bytes or predicted) >= predicted]
+        raise InvalidInput.at(
+            "sla.qos",
+            f"predicted peak {predicted / GIB:.1f} GiB per GPU exceeds the {qos_name} class's memory cap of "
+            f"{cap / GIB:.1f} GiB; classes whose cap fits: {', '.join(fitting) or 'none'} (or lower batch_size, "
+            "or shard with parallelism: fsdp on more GPUs)",
+            "memory_fit",
+        )
+    largest = ctx.type_max_memory
+    if largest is not None and predicted > largest:
+        what = f"the largest {gpu_type} GPU" if gpu_type else "the largest GPU in the cluster"
+        raise InvalidInput.at(
+            "resources",
+            f"predicted peak {predicted / GIB:.1f} GiB per GPU; {what} has {largest / GIB:.1f} GiB (lower batch_size, "
+            "or shard with parallelism: fsdp on more GPUs)",
+            "memory_fit",
+        )
+    return Fitted(spec, predicted)
