@@ -42,7 +42,9 @@ class ExitCode(enum.IntEnum):
 class RecordKind(enum.StrEnum):
     """``kind`` of a telemetry line. Every line also has ``ts`` (unix seconds) and ``rank``."""
 
-    STEP = "step"  # step, loss, grad_norm, tokens_per_s, step_time_s, mfu, mem_allocated_bytes, mem_peak_bytes
+    # step, loss, grad_norm, tokens_per_s, step_time_s, mfu, mem_allocated_bytes, mem_peak_bytes, and overhead:
+    # kiln's own work during the step (persist, save, write, restore) or null
+    STEP = "step"
     HEARTBEAT = "heartbeat"  # alive, cuda_ok, nccl_error, grad_sync_latency_s
     EVENT = "event"  # type (e.g. FALLBACK_COMPILE_TIMEOUT, LOSS_SPIKE), message, fields {...}
     CHECKPOINT = "checkpoint"  # step, path, bytes, sha256, verified

@@ -46,7 +46,9 @@ SAMPLE_ROWS = 8  # newest metric rows of a job searched for NVML samples
 CHECKPOINT_FAILURES = ("CHECKPOINT_FAILED", "CHECKPOINT_CORRUPT")
 
 # The step-time baseline is the median of an attempt's steps after a warm-up (compile, first checkpoint
-# staging); "recent" is the median of its last few steps, so one slow step is not a violation.
+# staging); "recent" is the median of its last few steps, so one slow step is not a violation. Steps that kiln's
+# own work overlapped (a checkpoint written or persisted, a restore: ``job_metrics.overhead``) are left out of
+# both, so the job is compared with itself and never charged for kiln's checkpoints.
 WARMUP_STEPS = 5
 BASELINE_STEPS = 20
 RECENT_STEPS = 5
@@ -253,6 +255,7 @@ def _step_time_windows(db: Session, attempts: dict[int, int]) -> dict[int, tuple
                 JobMetric.job_id.in_(chunk),  # the indexed column; the attempt picks the rows within a job
                 JobMetric.attempt_id.in_([attempts[j] for j in chunk]),
                 JobMetric.step_time_s.is_not(None),
+                JobMetric.overhead.is_(None),  # a step slowed by kiln's own checkpoint I/O is not the job's pace
             )
             .subquery()
         )

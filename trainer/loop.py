@@ -281,7 +281,9 @@ class Trainer:
         self.phase = "training"
         params = [p for p in self.model.parameters() if p.requires_grad]
         staged = False
+        self.overhead: str | None = "restore" if self.step else None  # kiln's own work since the last report
         while self.step < spec.steps:
+            self._note_overhead(self.ckpt.io_in_flight())
             loss_sum = torch.zeros((), device=self.device)
             index = -1
             for micro in range(cfg.grad_accum):
@@ -335,6 +337,7 @@ class Trainer:
                 self.phase = "checkpointing"
                 self.ckpt.save(self.step, self.model, self.optimizer, self.extra_state(),
                                blocking=stop or self.step == spec.steps)
+                self._note_overhead("save")  # the save's stall falls into the next reported step's time
                 last_ckpt_t = time.monotonic()
                 self.phase = "training"
                 if stop:
@@ -346,6 +349,12 @@ class Trainer:
         self.phase = "done"
         self._done()
         return ExitCode.SUCCEEDED
+
+    def _note_overhead(self, kind: str | None) -> None:
+        """Remember the heaviest of kiln's own work seen since the last reported step (persist > save > write)."""
+        rank = {None: 0, "write": 1, "save": 2, "restore": 3, "persist": 4}
+        if rank.get(kind, 0) > rank.get(self.overhead, 0):
+            self.overhead = kind
 
     def _no_sync(self, skip_sync: bool) -> contextlib.AbstractContextManager[Any]:
         if not skip_sync:
@@ -390,10 +399,11 @@ class Trainer:
                 self.tel.event("NONFINITE_SKIPPED", f"step {step}: non-finite loss/grad norm, update skipped",
                                step=step, batch=index, loss=loss, grad_norm=gn)
                 continue
+            overhead, self.overhead = self.overhead, None
             if step % cfg.log_every == 0 or step == self.spec.steps:
                 self.tel.emit(RecordKind.STEP, step=step, batch=index, loss=loss, grad_norm=gn,
                               tokens_per_s=rate, step_time_s=dt, mfu=mfu, lr=self.lr_at(step - 1),
-                              **memory.measured(self.device))
+                              overhead=overhead, **memory.measured(self.device))
             self.final_loss = loss
             spike = self.guard.observe(step, index, loss, gn)
             if spike is not None:
@@ -422,6 +432,7 @@ class Trainer:
             self.reset_to_init()
         self.data.skip |= skip
         self.last_done_t = time.perf_counter()
+        self._note_overhead("restore")
         tel.event("ROLLED_BACK", f"rolled back to step {self.step}; skipping batches {sorted(spike.batches)}",
                   to_step=self.step, path=str(path) if path else None, skipped_batches=sorted(spike.batches),
                   removed_checkpoints=removed, tier=self.ckpt.tier_of(path) if path else None)

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import Session
 
 from core.models import Attempt, Event, Job, JobMetric, SlaContract
@@ -87,6 +87,34 @@ def test_step_time_beyond_tolerance_and_deadline_at_risk(db: Session) -> None:
     assert kinds[sla.STEP_TIME].data["baseline_s"] == pytest.approx(0.1)
     cycle(db, T0 + timedelta(seconds=40))
     assert len(violations(db, job)) == 2  # once per attempt, not once per cycle
+
+
+def test_steps_slowed_by_kilns_own_checkpoint_io_are_not_charged_to_the_job(db: Session) -> None:
+    """A durable checkpoint copy every 100 steps slows the steps it overlaps (1.57x on the H200): those steps are
+    marked with the overhead, and the step-time term compares the job's own steps only."""
+    gold = f.qos(db, "gold")
+    team = f.team(db, "sla-o")
+    f.host(db, "h9", 1, now=T0)
+    job = f.job(db, team, gold, gpus=1, name="persisting", submitted_at=T0)
+    contract(db, job, step_time_tolerance=1.3)
+    cycle(db, T0 + timedelta(seconds=1))
+    attempt = f.start(db, job, now=T0 + timedelta(seconds=2))
+    clean = sla.WARMUP_STEPS + sla.BASELINE_STEPS + sla.RECENT_STEPS
+    # The job's own pace throughout, then five steps that overlapped a persist at 1.6x, then two more at pace.
+    rows = [(0.1, None)] * clean + [(0.16, "persist")] * sla.RECENT_STEPS + [(0.1, None)] * 2
+    for step, (t, overhead) in enumerate(rows, start=1):
+        db.add(JobMetric(job_id=job.id, attempt_id=attempt.id, step=step, step_time_s=t, ts=T0, overhead=overhead))
+    db.flush()
+    cycle(db, T0 + timedelta(seconds=30))
+    assert violations(db, job) == []
+
+    # The same slowdown with no overhead behind it is the job's own: a violation.
+    for row in db.scalars(select(JobMetric).where(JobMetric.job_id == job.id, JobMetric.overhead.is_not(None))):
+        row.overhead = None
+    db.execute(delete(JobMetric).where(JobMetric.job_id == job.id, JobMetric.step > clean + sla.RECENT_STEPS))
+    db.flush()
+    cycle(db, T0 + timedelta(seconds=40))
+    assert [e.type for e in violations(db, job)] == [sla.STEP_TIME]
 
 
 def test_step_time_and_pace_are_measured_per_job_when_many_run(db: Session) -> None:

@@ -348,6 +348,17 @@ class Checkpointer:
                       tier=DURABLE, source=str(src), persist_s=time.perf_counter() - t0, stall_s=None)
         self.prune(self.root)
 
+    def io_in_flight(self) -> str | None:
+        """kiln's own checkpoint I/O running beside training now: ``persist`` (a copy to the durable tier),
+        ``write`` (a save being written), or None. Steps it overlaps are marked so that a step-time SLA compares
+        the job's steps with each other, not with kiln's I/O."""
+        with self._cv:
+            if self._active is not None or self._pending is not None:
+                return "persist"
+        if self._thread is not None and self._thread.is_alive():
+            return "write"
+        return None
+
     def wait_persist(self) -> None:
         """Block until no persist is pending or running; re-raise a fence it hit."""
         with self._cv:
