@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import socket
 
 
@@ -38,14 +39,16 @@ def main(argv: list[str] | None = None) -> None:
 
     settings = get_settings()
     inventory = detect_inventory()
+    tasks.WORKER_INCARNATION = secrets.token_hex(6)
     cpu_slots = args.cpu_slots if args.cpu_slots is not None else max(1, (os.cpu_count() or 2) // 2)
     agent = HostAgent(name=args.host, inventory=inventory, cpu_slots=cpu_slots,
                       address=args.address or socket.gethostname(),
-                      heartbeat_interval_s=settings.heartbeat_interval_s)  # fmt: skip
+                      heartbeat_interval_s=settings.heartbeat_interval_s,
+                      incarnation=tasks.WORKER_INCARNATION)  # fmt: skip
     app = get_app()
     declare_host_queue(app, args.host)  # before the scheduler can see the host (and dispatch to its queue)
     with session_scope() as db:
-        agent.register(db)
+        agent.register(db)  # and ends the attempts a previous worker process on this host left behind
     tasks.CURRENT_HOST = args.host
     os.environ["KILN_WORKER_HOST"] = args.host
     agent.start()

@@ -16,8 +16,9 @@ from sqlalchemy.orm import Session
 
 from core.db import session_scope, utcnow
 from core.gpu_types import canonical
-from core.models import GPU, Host
-from core.states import record_event
+from core.models import GPU, Attempt, Host, Job
+from core.states import ACTIVE, record_event
+from scheduler.reconciler import requeue_after_failure
 from workers.celery_app import host_queue
 from workers.inventory import Inventory
 
@@ -28,7 +29,8 @@ SAMPLE_INTERVAL_S = 10.0
 
 class HostAgent:
     def __init__(self, *, name: str, inventory: Inventory, cpu_slots: int, address: str | None,
-                 heartbeat_interval_s: float, sample_interval_s: float = SAMPLE_INTERVAL_S):  # fmt: skip
+                 heartbeat_interval_s: float, sample_interval_s: float = SAMPLE_INTERVAL_S,
+                 incarnation: str | None = None):  # fmt: skip
         self.name = name
         self.inventory = inventory
         self.cpu_slots = cpu_slots
@@ -38,6 +40,7 @@ class HostAgent:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.slots = 0
+        self.incarnation = incarnation  # this worker process (tasks.WORKER_INCARNATION)
 
     def register(self, db: Session) -> Host:
         """Create or update the host row and its GPUs (GPUs that disappeared are removed)."""
@@ -76,12 +79,36 @@ class HostAgent:
                 db.delete(row)
         self.slots = len(gpus) or self.cpu_slots
         types = sorted({canonical(g.model) for g in gpus})
+        self.end_orphans(db)
         record_event(db, "HOST_REGISTERED",
                      message=f"host {self.name}: {len(gpus)} GPUs{' (' + ', '.join(types) + ')' if types else ''}, "
                              f"{host.cpu_slots} CPU slots",
                      data={"host": self.name, "gpus": [g.uuid for g in gpus], "gpu_types": types,
                            "cpu_slots": host.cpu_slots})  # fmt: skip
         return host
+
+    def end_orphans(self, db: Session) -> list[str]:
+        """Attempts a previous worker process on this host was supervising: that process is gone (a crash, a
+        SIGKILL, a restart), and with it their supervision, so they are lost now -- at the new worker's start --
+        instead of when their lease runs out (30 s on the H200 host, most of a restart's time). Their trainers
+        were told to stop when the worker died (parent-death signal) and the next attempt's token fences them."""
+        now = utcnow()
+        actions = []
+        for attempt in db.scalars(select(Attempt).where(Attempt.state == "RUNNING").order_by(Attempt.id)).all():
+            mine = [n for n in attempt.placement or [] if n.get("host") == self.name and n.get("claimed_by")]
+            if not mine or all(n.get("worker") == self.incarnation for n in mine):
+                continue
+            job = db.get(Job, attempt.job_id, with_for_update=True, populate_existing=True)  # the job row first
+            db.refresh(attempt, with_for_update=True)
+            if job is None or attempt.state != "RUNNING" or job.fencing_token != attempt.fencing_token:
+                continue
+            if job.state not in ACTIVE:
+                continue
+            silent = (now - attempt.heartbeat_at).total_seconds() if attempt.heartbeat_at else None
+            reason = f"the worker on {self.name} restarted; attempt {attempt.number} lost its supervisor"
+            data = {"incident": "worker_restarted", "silent_s": silent}
+            actions.append(requeue_after_failure(db, job=job, attempt=attempt, reason=reason, now=now, data=data))
+        return actions
 
     def heartbeat(self, db: Session) -> None:
         host = db.scalars(select(Host).where(Host.name == self.name).with_for_update()).first()

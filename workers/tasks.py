@@ -45,8 +45,10 @@ from workers.telemetry_relay import RelayState, TelemetryTail, relay
 log = logging.getLogger(__name__)
 app = get_app()
 
-# Set by ``python -m workers`` before the worker consumes: the host this process serves.
+# Set by ``python -m workers`` before the worker consumes: the host this process serves, and this process's
+# incarnation (recorded on each node it claims: a later worker process on the host knows it was not its own).
 CURRENT_HOST: str | None = None
+WORKER_INCARNATION: str | None = None
 # Set when the worker starts a warm shutdown: running attempts checkpoint and go back to the queue.
 SHUTTING_DOWN = threading.Event()
 
@@ -136,6 +138,7 @@ def claim(
 
     node["claimed_by"] = delivery
     node["claimed_at"] = now.isoformat()
+    node["worker"] = WORKER_INCARNATION
     attempt.placement = placement  # a new list, so the JSON column is written
     if attempt.state == "PENDING":
         attempt.state = "RUNNING"

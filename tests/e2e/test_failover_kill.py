@@ -144,6 +144,39 @@ def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Clus
     assert "[rank 0/1 local 0] exit code 0" in second_log, "rank 0's stderr is missing from the log of attempt 2"
 
 
+def test_a_restarted_worker_ends_its_predecessors_attempt_without_waiting_for_the_lease(tmp_path: Path) -> None:
+    """kill -9 of a host's worker, then the worker starts again on the same host (its supervisor restarts it, as
+    `kiln up` and systemd do): the new worker declares the old attempt LOST at its start -- long before the lease
+    (two minutes here) would -- and the job resumes on the same host from its last verified checkpoint."""
+    with (
+        temporary_database("kiln_restart") as url,
+        cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=120.0, heartbeat_s=1.0) as c,
+    ):
+        host = c.start_worker("a", cpu_slots=1)
+        maker = c.sessionmaker()
+        wait_for(lambda: len(_hosts_up(c)) == 1, 60, "host registered")
+        with maker() as db:
+            job_id = submit(db, tiny_spec("restarted", steps=60, every_steps=10, sleep_s=0.15)).id
+            db.commit()
+        sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
+        try:
+            wait_for(lambda: job_row(c, job_id).last_step >= 15, 90, "past step 15")
+            c.kill_worker(host)
+            c.start_worker("a", cpu_slots=1)
+            wait_for(lambda: _terminal(c, job_id), 150, "finished after the restart")
+        finally:
+            sched.stop()
+        job = job_row(c, job_id)
+        attempts = _attempts(c, job_id)
+        lost = job_events(c, job_id, "LOST")
+    assert job.state == "SUCCEEDED" and job.last_step == 60 and job.restart_count == 1, job.exit_reason
+    assert [(a.state, a.placement[0]["host"]) for a in attempts] == [("LOST", host), ("SUCCEEDED", host)]
+    assert len(lost) == 1 and "restarted" in lost[0].message, lost[0].message
+    assert lost[0].data["incident"] == "worker_restarted"
+    assert attempts[0].lease_expires_at is not None and lost[0].created_at < attempts[0].lease_expires_at
+    assert attempts[1].resumed_from_step is not None and attempts[1].resumed_from_step >= 10
+
+
 def _hosts_up(c: Cluster) -> list[str]:
     from core.models import Host
 

@@ -20,6 +20,7 @@ from scheduler.loader import load
 from scheduler.reconciler import reconcile, restart_backoff_s
 from tests.support.nvml_replay import NVMLReplay
 from tests.support.workers_cluster import admit, submit, tiny_spec
+from workers import tasks
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus
 from workers.tasks import Claimed, Refused, attempt_env, claim
@@ -81,6 +82,25 @@ def test_past_max_restarts_fails_with_the_reason(db: Session) -> None:
     reconcile(db=db, now=later, settings=SETTINGS)
     assert job.state == "FAILED"
     assert job.exit_reason is not None and "max_restarts=0" in job.exit_reason
+
+
+def test_a_new_worker_process_ends_the_attempts_its_predecessor_claimed(
+    db: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tasks, "WORKER_INCARNATION", "first")
+    host = _host(db, "rec-o")
+    job, attempt = _running(db, host)
+    assert attempt.placement[0]["worker"] == "first"
+    same = HostAgent(name="rec-o", inventory=NoGpus(), cpu_slots=2, address=None, heartbeat_interval_s=1,
+                     incarnation="first")  # fmt: skip
+    assert same.end_orphans(db) == []  # a re-registration by the same process ends nothing
+    restarted = HostAgent(name="rec-o", inventory=NoGpus(), cpu_slots=2, address=None, heartbeat_interval_s=1,
+                          incarnation="second")  # fmt: skip
+    restarted.register(db)
+    db.flush()
+    assert attempt.state == "LOST" and job.state == "QUEUED" and job.restart_count == 1
+    lost = _events(db, job, "LOST")
+    assert len(lost) == 1 and lost[0].data["incident"] == "worker_restarted"
 
 
 def test_backoff_is_exponential_and_capped() -> None:
