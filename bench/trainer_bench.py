@@ -149,6 +149,10 @@ def bare(args: argparse.Namespace) -> None:
     from trainer.recipes.gpt import GPTRecipe, gpt_loss
 
     hp = sizes(args.smoke)
+    if args.hp_from_spec:  # the model and batch of a job spec (bench/gpu_path_bench.py's bound)
+        from core.spec import parse_spec_text
+
+        hp = dict(parse_spec_text(args.hp_from_spec.read_text()).recipe.hyperparameters)
     recipe = GPTRecipe(hp)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
@@ -234,6 +238,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="measured steps per variant")
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--compile", default=None, choices=["regional", "whole", "off"], help="(--bare mode)")
+    ap.add_argument("--hp-from-spec", type=pathlib.Path, default=None, help="(--bare mode) a job spec's model")
     ap.add_argument("--variants", default="disk,bare,kiln,kiln_ckpt100,kiln_ckpt10,kiln_ckpt10_tiered,"
                                           "compile_cache",
                     help="also: bare_regional, kiln_regional, kiln_ckpt10_shm, compile_cache_regional")

@@ -1,0 +1,308 @@
+"""The GPU path as a user meets it: a fresh ``kiln up`` on a GPU host, the shipped example, a worker killed.
+
+    python3 bench/gpu_path_bench.py            # on the H200 host (offline: PIP_NO_INDEX=1 PIP_FIND_LINKS=wheels)
+    python3 bench/gpu_path_bench.py --smoke    # CPU: the same steps with a tiny CPU spec, to check the harness
+
+1. ``./kiln up --detach`` on a new KILN_HOME: the embedded default (SQLite, the SQLAlchemy broker), as the README
+   starts it; what it says about the host is kept;
+2. the bound: ``bench/trainer_bench.py --bare`` on the same model and batch (a hand-written whole-model compiled
+   loop with fused AdamW and on-device random tokens), in the same run;
+3. ``./kiln submit examples/gpt2-124m-h200.yaml --follow`` as shipped: it must succeed; its tokens/s are the
+   trainer's own, as the worker ran it (the whole run, checkpoints included, and the median step);
+4. the same spec again (an uninterrupted twin is the first run); at ``--kill-at`` of its steps, SIGKILL of the
+   worker's whole process group; ``kiln up`` restarts the worker; each part of the recovery is timed from the
+   database's events and the trainer's telemetry; the final loss is compared with the twin's;
+5. every SLA event of both jobs (none may come from kiln's own checkpointing).
+Only the standard library here: the CLI does the rest. JSON to ``--out`` (and to $OUT when set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+import urllib.request
+from datetime import datetime
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "gpt2-124m-h200.yaml"
+SMOKE_SPEC = """name: smoke
+team: default
+recipe: {name: gpt, hyperparameters: {size: tiny, corpus: stdlib, batch_size: 8, seq_len: 128, lr: 0.003}}
+steps: 400
+resources: {gpus: 0, cpu_slots: 1}
+compile: {mode: "off"}
+precision: fp32
+checkpointing: {every_steps: 20, keep_last: 2}
+sla: {qos: silver, step_time_tolerance: 1.3}
+"""
+
+
+def log(msg: str) -> None:
+    print(f"[gpu-path {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def ts(iso: str | None) -> float | None:
+    return datetime.fromisoformat(iso).timestamp() if iso else None
+
+
+class Kiln:
+    """``./kiln`` on a private KILN_HOME and CLI config, and the API through the token ``kiln up`` saved."""
+
+    def __init__(self, home: pathlib.Path, port: int) -> None:
+        self.home, self.port = home, port
+        self.env = {**os.environ, "KILN_HOME": str(home), "XDG_CONFIG_HOME": str(home / "config"),
+                    "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        self.api = f"http://127.0.0.1:{port}"
+        self.token = ""
+
+    def cli(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(ROOT / "kiln"), *args], cwd=ROOT, env=self.env, capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+
+    def up(self) -> str:
+        t0 = time.time()
+        proc = self.cli("up", "--detach", "--port", str(self.port), timeout=900)
+        if proc.returncode != 0:
+            raise RuntimeError(f"kiln up failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        self.token = json.loads((self.home / "config" / "kiln" / "config.json").read_text())["token"]
+        log(f"kiln up in {time.time() - t0:.1f} s")
+        return proc.stdout + proc.stderr
+
+    def get(self, path: str) -> Any:
+        req = urllib.request.Request(self.api + path, headers={"Authorization": f"Bearer {self.token}"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    def events(self, job_id: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            page = self.get(f"/v1/jobs/{job_id}/events?after={after}&limit=1000")
+            out += page["items"]
+            if not page["items"] or page["next_after"] is None or len(page["items"]) < 1000:
+                return out
+            after = page["next_after"]
+
+    def submit(self, spec: pathlib.Path) -> int:
+        proc = self.cli("submit", str(spec), "--output", "json")
+        if proc.returncode != 0:
+            raise RuntimeError(f"submit failed: {proc.stdout}{proc.stderr}")
+        return int(json.loads(proc.stdout)["id"])
+
+    def wait(self, job_id: int, done: Any, timeout: float, what: str) -> dict[str, Any]:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            job: dict[str, Any] = self.get(f"/v1/jobs/{job_id}")
+            if done(job):
+                return job
+            if job["state"] in ("FAILED", "CANCELLED"):
+                raise RuntimeError(f"job {job_id} {job['state']}: {job.get('exit_reason')}")
+            time.sleep(0.2)
+        raise TimeoutError(f"job {job_id}: {what} not reached in {timeout:.0f} s")
+
+    def worker_pid(self) -> int:
+        """The current worker's pid, from kiln up's own log (its start banner and each restart's line)."""
+        text = (self.home / "logs" / "up.log").read_text()
+        pids = re.findall(r"worker\s+(?:pid |restarted \(pid )(\d+)", text)
+        return int(pids[-1])
+
+    def telemetry(self, job_id: int, attempt: int) -> list[dict[str, Any]]:
+        path = self.home / "storage" / "runs" / str(job_id) / str(attempt) / "telemetry" / "rank0.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        out = []
+        for line in lines:
+            with contextlib.suppress(json.JSONDecodeError):  # a SIGKILL may cut the last line
+                out.append(json.loads(line))
+        return out
+
+
+def run_summary(recs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    steps = [r for r in recs if r["kind"] == "step"]
+    done = next((r for r in recs if r["kind"] == "done"), {})
+    clean = [s["tokens_per_s"] for s in steps if s["step"] > warmup and s.get("tokens_per_s")
+             and not s.get("overhead")]  # fmt: skip
+    marked: dict[str, int] = {}
+    for s in steps:
+        marked[str(s.get("overhead"))] = marked.get(str(s.get("overhead")), 0) + 1
+    compile_ev = next((r for r in recs if r["kind"] == "event" and r["type"].startswith(("COMPILE_OK", "FALLBACK"))),
+                      None)  # fmt: skip
+    return {
+        "steps": len(steps),
+        "tokens_per_s_run": done.get("tokens_per_s"),  # the whole loop, checkpoint stalls included
+        "tokens_per_s_median_step": statistics.median(clean) if clean else None,
+        "final_loss": done.get("final_loss"),
+        "steps_by_overhead": marked,
+        "compile": compile_ev["fields"] if compile_ev else None,
+        "predicted_peak_bytes": done.get("predicted_peak_bytes"),
+        "measured_peak_bytes": done.get("measured_peak_bytes"),
+        "checkpoints": done.get("checkpoints"),
+        "checkpoints_persisted": done.get("checkpoints_persisted"),
+    }
+
+
+def bare(kiln: Kiln, spec: pathlib.Path, smoke: bool) -> dict[str, Any]:
+    py = ROOT / ".venv" / "bin" / "python"
+    cmd = [str(py), str(ROOT / "bench" / "trainer_bench.py"), "--bare", "--hp-from-spec", str(spec),
+           "--steps", "40" if smoke else "150", "--warmup", "5" if smoke else "20",
+           "--compile", "off" if smoke else "whole"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=kiln.env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bare loop failed:\n{proc.stderr[-3000:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def recovery(kiln: Kiln, job_id: int, kill_t: float) -> dict[str, Any]:
+    """Each part of the recovery after the kill, from the database's events and the trainer's telemetry."""
+    events = kiln.events(job_id)
+    after = [e for e in events if (ts(e["created_at"]) or 0) >= kill_t - 1]
+
+    def first(type_: str) -> dict[str, Any] | None:
+        return next((e for e in after if e["type"] == type_), None)
+
+    lost, admitted, running, recovered = first("LOST"), first("ADMITTED"), first("RUNNING"), first("RECOVERED")
+    attempts = kiln.get(f"/v1/jobs/{job_id}/attempts")
+    second = attempts[-1]
+    recs = kiln.telemetry(job_id, second["number"])
+    start = recs[0]["ts"] if recs else None
+    resumed = next((r for r in recs if r["kind"] == "resumed"), None)
+    compile_ev = next((r for r in recs if r["kind"] == "event" and r["type"].startswith(("COMPILE_OK", "FALLBACK"))),
+                      None)  # fmt: skip
+    first_step = next((r for r in recs if r["kind"] == "step"), None)
+    marks = {
+        "kill": kill_t,
+        "lost": ts(lost["created_at"]) if lost else None,
+        "admitted": ts(admitted["created_at"]) if admitted else None,
+        "running": ts(running["created_at"]) if running else None,
+        "trainer_first_record": start,
+        "compiled": compile_ev["ts"] if compile_ev else None,
+        "resumed": resumed["ts"] if resumed else None,
+        "first_step": first_step["ts"] if first_step else None,
+    }
+
+    def span(a: str, b: str) -> float | None:
+        return None if marks[a] is None or marks[b] is None else round(marks[b] - marks[a], 3)  # type: ignore[operator]
+
+    return {
+        "parts_s": {
+            "detection (kill -> LOST, the restarted worker's registration)": span("kill", "lost"),
+            "requeue and admission (LOST -> ADMITTED)": span("lost", "admitted"),
+            "dispatch and claim (ADMITTED -> RUNNING)": span("admitted", "running"),
+            "trainer start: imports, model, memory prediction (RUNNING -> first telemetry)":
+                span("running", "trainer_first_record"),
+            "warm compile (first telemetry -> compiled)": span("trainer_first_record", "compiled"),
+            "restore (compiled -> RESUMED)": span("compiled", "resumed"),
+            "first step (RESUMED -> first step)": span("resumed", "first_step"),
+        },  # fmt: skip
+        "kill_to_first_resumed_step_s": span("kill", "first_step"),
+        "compile": compile_ev["fields"] if compile_ev else None,
+        "resumed_from_step": resumed["step"] if resumed else None,
+        "lost_event": {k: lost[k] for k in ("message", "data")} if lost else None,
+        "recovered_event": recovered["data"] if recovered else None,
+        "attempts": [{k: a[k] for k in ("number", "state", "resumed_from_step", "exit_reason")} for a in attempts],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true", help="CPU: a tiny spec instead of the shipped GPU example")
+    ap.add_argument("--kill-at", type=float, default=0.4, help="fraction of the steps at which the worker dies")
+    ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "gpu_path_bench.json")
+    args = ap.parse_args()
+    home = pathlib.Path(tempfile.mkdtemp(prefix="kiln-gpu-path-"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kiln = Kiln(home, port)
+    spec = EXAMPLE
+    if args.smoke:
+        spec = home / "smoke.yaml"
+        spec.write_text(SMOKE_SPEC)
+    result: dict[str, Any] = {"spec": str(spec.relative_to(ROOT)) if not args.smoke else "smoke", "host": {}}
+
+    def save() -> None:
+        text = json.dumps(result, indent=2, default=str)
+        args.out.write_text(text + "\n")
+        if os.environ.get("OUT"):
+            pathlib.Path(os.environ["OUT"], args.out.name).write_text(text + "\n")
+
+    try:
+        result["kiln_up"] = kiln.up()
+        log(result["kiln_up"].strip().splitlines()[-1] if result["kiln_up"].strip() else "kiln up: no output")
+        up_log = (home / "logs" / "up.log").read_text()
+        result["host"] = {"lines": [ln for ln in up_log.splitlines() if "this host" in ln or "team 'default'" in ln]}
+        log("\n".join(result["host"]["lines"]))
+        result["bare"] = bare(kiln, spec, args.smoke)
+        log(f"bare loop: {result['bare']['tokens_per_s']:.0f} tokens/s")
+        save()
+
+        t0 = time.time()
+        follow = kiln.cli("submit", str(spec), "--follow", timeout=900)
+        out = follow.stdout + follow.stderr
+        ids = re.findall(r"submitted job (\d+)", out)
+        result["twin"] = {"follow_exit_code": follow.returncode, "follow_tail": out[-1500:],
+                          "wall_s": time.time() - t0}  # fmt: skip
+        if follow.returncode != 0 or not ids:
+            raise RuntimeError(f"the shipped example did not succeed ({follow.returncode}):\n{out[-3000:]}")
+        twin = int(ids[0])
+        result["twin"].update(job_id=twin, **run_summary(kiln.telemetry(twin, 1), warmup=20))
+        result["twin"]["job"] = kiln.get(f"/v1/jobs/{twin}")
+        log(f"twin job {twin}: SUCCEEDED, {result['twin']['tokens_per_s_run']:.0f} tokens/s over the run")
+        save()
+
+        victim = kiln.submit(spec)
+        total = int(result["twin"]["job"]["steps"] or 0)
+        kill_step = max(1, int(total * args.kill_at))
+        kiln.wait(victim, lambda j: j["state"] == "RUNNING" and j["last_step"] >= kill_step, 600, f"step {kill_step}")
+        pid = kiln.worker_pid()
+        kill_t = time.time()
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+        log(f"SIGKILL of the worker's process group (pid {pid}) at step ~{kill_step} of job {victim}")
+        final = kiln.wait(victim, lambda j: j["state"] == "SUCCEEDED", 900, "SUCCEEDED after the kill")
+        attempts = kiln.get(f"/v1/jobs/{victim}/attempts")
+        result["victim"] = {
+            "job_id": victim, "killed_at_step": kill_step, "worker_pid": pid, "job": final,
+            "recovery": recovery(kiln, victim, kill_t),
+            "resumed_attempt": run_summary(kiln.telemetry(victim, attempts[-1]["number"]), warmup=20),
+        }  # fmt: skip
+        log(f"victim recovered: {json.dumps(result['victim']['recovery']['parts_s'])}")
+        twin_loss, victim_loss = result["twin"]["job"]["last_loss"], final["last_loss"]
+        result["final_loss"] = {"twin": twin_loss, "victim": victim_loss,
+                                "abs_diff": abs(twin_loss - victim_loss),
+                                "rel_diff": abs(twin_loss - victim_loss) / abs(twin_loss)}  # fmt: skip
+        result["sla_events"] = {
+            str(j): [{k: e[k] for k in ("type", "message", "created_at")} for e in kiln.events(j)
+                     if e["type"].startswith("SLA_")]
+            for j in (twin, victim)
+        }  # fmt: skip
+        bound = result["bare"]["tokens_per_s"]
+        result["ratio_vs_bare"] = {"run": result["twin"]["tokens_per_s_run"] / bound,
+                                   "median_step": (result["twin"]["tokens_per_s_median_step"] or 0) / bound}
+        log(f"through the worker / bare: {result['ratio_vs_bare']}; kill -> first resumed step "
+            f"{result['victim']['recovery']['kill_to_first_resumed_step_s']} s; final loss {result['final_loss']}; "
+            f"SLA events {result['sla_events']}")
+    except Exception as exc:
+        result["error"] = repr(exc)
+        with contextlib.suppress(OSError):
+            for name in ("up.log", "worker.log", "scheduler.log", "api.log"):
+                result.setdefault("logs", {})[name] = (home / "logs" / name).read_text()[-6000:]
+        log(f"FAILED: {exc!r}")
+        raise
+    finally:
+        down = kiln.cli("down", timeout=120)
+        result["kiln_down"] = (down.stdout + down.stderr)[-500:]
+        save()
+
+
+if __name__ == "__main__":
+    main()
