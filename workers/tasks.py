@@ -39,7 +39,7 @@ from core.trainer_protocol import (
 from scheduler.reconciler import end_attempt, requeue_after_failure
 from workers.celery_app import TASK_RUN_ATTEMPT, get_app
 from workers.exit_classes import ExitClass, Outcome, StopRequest, classify
-from workers.supervisor import Rendezvous, TrainerProcess, torchrun_command
+from workers.supervisor import Rendezvous, TrainerProcess, launch_command
 from workers.telemetry_relay import RelayState, TelemetryTail, relay
 
 log = logging.getLogger(__name__)
@@ -376,7 +376,7 @@ class AttemptRunner:
         outcome = forced or classify(self.proc.rank_exit_codes(), launcher_code, self.stop)
         if outcome.exit_class is ExitClass.INFRASTRUCTURE and self.relay_state.nccl_error:
             outcome = Outcome(ExitClass.NCCL_ERROR, f"NCCL error reported by a rank; {outcome.reason}")
-        self.proc.log_line(f"torchrun exited with {launcher_code}: {outcome.exit_class.value}: {outcome.reason}")
+        self.proc.log_line(f"trainer exited with {launcher_code}: {outcome.exit_class.value}: {outcome.reason}")
         give_up = time.monotonic() + DB_RETRY_WINDOW_S
         delay = 0.5
         while True:
@@ -469,10 +469,10 @@ def run_attempt_on_host(*, attempt_id: int, fencing_token: int, node_rank: int, 
     node = claimed.placement[node_rank]
     slots = len(node.get("gpus") or []) or int(node.get("slots") or 1)
     spec_path = run_dir / "spec.json"
-    argv = torchrun_command(nproc_per_node=slots, spec_path=spec_path, run_dir=run_dir,
-                            rendezvous=claimed.rendezvous)  # fmt: skip
+    argv, launch_env = launch_command(nproc_per_node=slots, spec_path=spec_path, run_dir=run_dir,
+                                      rendezvous=claimed.rendezvous)  # fmt: skip
     env = attempt_env(claimed, attempt_id=attempt_id, token=fencing_token, checkpoint_dir=checkpoint_dir,
-                      compile_dir=compile_dir)  # fmt: skip
+                      compile_dir=compile_dir) | launch_env  # fmt: skip
     proc = TrainerProcess(argv, env=env, log_path=log_path, run_dir=run_dir, cwd=run_dir)
     runner = AttemptRunner(attempt_id=attempt_id, token=fencing_token, node_rank=node_rank, host=host,
                            settings=settings, claimed=claimed, proc=proc)  # fmt: skip

@@ -139,7 +139,7 @@ def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Clus
     first_log, second_log = (log_dir / "1.log").read_text(), (log_dir / "2.log").read_text()
     assert "[kiln-worker" in first_log and "launching:" in first_log
     assert "[rank 0/1 local 0] pid " in first_log, "rank 0's stdout is missing from the log of attempt 1"
-    assert "launching:" in second_log and "torchrun exited with 0: succeeded" in second_log
+    assert "launching:" in second_log and "trainer exited with 0: succeeded" in second_log
     assert "[rank 0/1 local 0] pid " in second_log, "rank 0's stdout is missing from the log of attempt 2"
     assert "[rank 0/1 local 0] exit code 0" in second_log, "rank 0's stderr is missing from the log of attempt 2"
 

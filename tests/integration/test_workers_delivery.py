@@ -101,7 +101,7 @@ def test_embedded_default_runs_the_main_job(tmp_path: Path) -> None:
             assert types.count("CHECKPOINT") == 3  # every 20 steps
             assert "MEMORY_PREDICTION" in types and types[-1] == "SUCCEEDED"
         log = (get_settings().resolved_storage_dir / "logs" / str(job_id) / "1.log").read_text()
-        assert "launching:" in log and "torchrun exited with 0: succeeded" in log
+        assert "launching:" in log and "trainer exited with 0: succeeded" in log
 
 
 def test_broker_visibility_timeout_comes_from_settings(monkeypatch: pytest.MonkeyPatch) -> None:
