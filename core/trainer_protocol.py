@@ -19,6 +19,7 @@ ENV_COMPILE_CACHE_DIR = "KILN_COMPILE_CACHE_DIR"  # compile artifacts, beside th
 ENV_MEMORY_FRACTION = "KILN_GPU_MEMORY_FRACTION"  # float in (0, 1]; QoS memory cap
 ENV_JOB_ID = "KILN_JOB_ID"
 ENV_ATTEMPT_ID = "KILN_ATTEMPT_ID"
+ENV_RANK_STARTED_AT = "KILN_RANK_STARTED_AT"  # unix time the rank's entry point began (set by the rank itself)
 
 # The checkpoint directory holds this file; its content is the current fencing token (decimal).
 # A rank commits a checkpoint (the final rename) only while the file still names its own token.

@@ -22,7 +22,10 @@ import os
 import runpy
 import signal
 import sys
+import time
 from pathlib import Path
+
+from core.trainer_protocol import ENV_RANK_STARTED_AT
 
 PR_SET_PDEATHSIG = 1
 EXIT_DIR = "exit"
@@ -61,6 +64,7 @@ def _who() -> str:
 
 
 def main() -> None:
+    os.environ[ENV_RANK_STARTED_AT] = repr(time.time())  # before the trainer's imports: a start's time is reported
     argv = sys.argv[1:]
     set_parent_death_signal(signal.SIGTERM)
     if os.getppid() == 1:  # torchrun already died between fork and prctl
