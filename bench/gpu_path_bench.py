@@ -128,8 +128,15 @@ class Kiln:
 
 
 def run_summary(recs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
+    """``tokens_per_s_steady``: over the step records after the warm-up, checkpoints between them included (the
+    trainer bench's measure); ``_run``: the trainer's own, from its first step to its final durable save."""
     steps = [r for r in recs if r["kind"] == "step"]
     done = next((r for r in recs if r["kind"] == "done"), {})
+    window = [s for s in steps if s["step"] > (steps[0]["step"] if steps else 0) + warmup]
+    per_step = round(window[0]["tokens_per_s"] * window[0]["step_time_s"]) if window else 0  # tokens in a step
+    steady = None
+    if len(window) >= 2 and per_step:
+        steady = per_step * (len(window) - 1) / (window[-1]["ts"] - window[0]["ts"])
     clean = [s["tokens_per_s"] for s in steps if s["step"] > warmup and s.get("tokens_per_s")
              and not s.get("overhead")]  # fmt: skip
     marked: dict[str, int] = {}
@@ -139,7 +146,8 @@ def run_summary(recs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
                       None)  # fmt: skip
     return {
         "steps": len(steps),
-        "tokens_per_s_run": done.get("tokens_per_s"),  # the whole loop, checkpoint stalls included
+        "tokens_per_s_run": done.get("tokens_per_s"),
+        "tokens_per_s_steady": steady,
         "tokens_per_s_median_step": statistics.median(clean) if clean else None,
         "final_loss": done.get("final_loss"),
         "steps_by_overhead": marked,
@@ -149,6 +157,31 @@ def run_summary(recs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
         "checkpoints": done.get("checkpoints"),
         "checkpoints_persisted": done.get("checkpoints_persisted"),
     }
+
+
+def curve(recs: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    steps = [r for r in recs if r["kind"] == "step"]
+    return {"step": [s["step"] for s in steps], "loss": [s["loss"] for s in steps],
+            "step_time_s": [round(s["step_time_s"], 5) for s in steps], "overhead": [s.get("overhead") for s in steps]}
+
+
+def agreement(curves: dict[str, dict[str, list[Any]]], resumed_from: int | None) -> dict[str, Any]:
+    """How far the killed job's losses are from the twin's at the same steps: before the kill (the same spec on
+    the same GPU, nothing restored: the GPU's own run-to-run difference) and after the resume."""
+    twin = dict(zip(curves["twin"]["step"], curves["twin"]["loss"], strict=True))
+
+    def diffs(name: str, lo: int, hi: int) -> dict[str, Any]:
+        pairs = [(s, loss) for s, loss in zip(curves[name]["step"], curves[name]["loss"], strict=True)
+                 if lo <= s <= hi and s in twin]  # fmt: skip
+        rel = [abs(loss - twin[s]) / abs(twin[s]) for s, loss in pairs if twin[s]]
+        return {"steps": len(rel), "first_step": pairs[0][0] if pairs else None,
+                "max_rel": max(rel) if rel else None, "median_rel": statistics.median(rel) if rel else None}
+
+    end = max(curves["twin"]["step"] or [0])
+    start = (resumed_from or 0) + 1
+    return {"before_kill": diffs("victim_1", 1, start - 1),
+            "first_10_after_resume": diffs("victim_2", start, start + 9),
+            "after_resume": diffs("victim_2", start, end)}
 
 
 def bare(kiln: Kiln, spec: pathlib.Path, smoke: bool) -> dict[str, Any]:
@@ -179,12 +212,16 @@ def recovery(kiln: Kiln, job_id: int, kill_t: float) -> dict[str, Any]:
     compile_ev = next((r for r in recs if r["kind"] == "event" and r["type"].startswith(("COMPILE_OK", "FALLBACK"))),
                       None)  # fmt: skip
     first_step = next((r for r in recs if r["kind"] == "step"), None)
+    started = next((r for r in recs if r["kind"] == "event" and r["type"] == "STARTED"), None)
+    memory = next((r for r in recs if r["kind"] == "memory_prediction"), None)
     marks = {
         "kill": kill_t,
         "lost": ts(lost["created_at"]) if lost else None,
         "admitted": ts(admitted["created_at"]) if admitted else None,
         "running": ts(running["created_at"]) if running else None,
+        "process_start": started["fields"]["process_start_ts"] if started else None,
         "trainer_first_record": start,
+        "model_built": memory["ts"] if memory else None,
         "compiled": compile_ev["ts"] if compile_ev else None,
         "resumed": resumed["ts"] if resumed else None,
         "first_step": first_step["ts"] if first_step else None,
@@ -198,9 +235,10 @@ def recovery(kiln: Kiln, job_id: int, kill_t: float) -> dict[str, Any]:
             "detection (kill -> LOST, the restarted worker's registration)": span("kill", "lost"),
             "requeue and admission (LOST -> ADMITTED)": span("lost", "admitted"),
             "dispatch and claim (ADMITTED -> RUNNING)": span("admitted", "running"),
-            "trainer start: imports, model, memory prediction (RUNNING -> first telemetry)":
-                span("running", "trainer_first_record"),
-            "warm compile (first telemetry -> compiled)": span("trainer_first_record", "compiled"),
+            "launch (RUNNING -> trainer process start)": span("running", "process_start"),
+            "imports (process start -> first telemetry)": span("process_start", "trainer_first_record"),
+            "model built (first telemetry -> memory prediction)": span("trainer_first_record", "model_built"),
+            "warm compile (memory prediction -> compiled)": span("model_built", "compiled"),
             "restore (compiled -> RESUMED)": span("compiled", "resumed"),
             "first step (RESUMED -> first step)": span("resumed", "first_step"),
         },  # fmt: skip
@@ -276,6 +314,9 @@ def main() -> None:
             "resumed_attempt": run_summary(kiln.telemetry(victim, attempts[-1]["number"]), warmup=20),
         }  # fmt: skip
         log(f"victim recovered: {json.dumps(result['victim']['recovery']['parts_s'])}")
+        result["curves"] = {name: curve(kiln.telemetry(job, attempt)) for name, job, attempt in
+                            (("twin", twin, 1), ("victim_1", victim, 1), ("victim_2", victim, attempts[-1]["number"]))}
+        result["loss_agreement"] = agreement(result["curves"], result["victim"]["recovery"]["resumed_from_step"])
         twin_loss, victim_loss = result["twin"]["job"]["last_loss"], final["last_loss"]
         result["final_loss"] = {"twin": twin_loss, "victim": victim_loss,
                                 "abs_diff": abs(twin_loss - victim_loss),
@@ -286,8 +327,8 @@ def main() -> None:
             for j in (twin, victim)
         }  # fmt: skip
         bound = result["bare"]["tokens_per_s"]
-        result["ratio_vs_bare"] = {"run": result["twin"]["tokens_per_s_run"] / bound,
-                                   "median_step": (result["twin"]["tokens_per_s_median_step"] or 0) / bound}
+        result["ratio_vs_bare"] = {k: (result["twin"][f"tokens_per_s_{k}"] or 0) / bound
+                                   for k in ("steady", "run", "median_step")}
         log(f"through the worker / bare: {result['ratio_vs_bare']}; kill -> first resumed step "
             f"{result['victim']['recovery']['kill_to_first_resumed_step_s']} s; final loss {result['final_loss']}; "
             f"SLA events {result['sla_events']}")
