@@ -16,10 +16,12 @@ from typer.core import TyperGroup
 
 from cli.errors import CliError, ExitCode
 from cli.output import Column, OutputFormat, err_console
+from core.secrets import SecretError
 
 
 class KilnGroup(TyperGroup):
-    """Turn :class:`CliError` (and Ctrl-C) into a message on stderr and an exit code, never a traceback."""
+    """Turn :class:`CliError`, a bad secret file (and Ctrl-C) into a message on stderr and an exit code, never a
+    traceback."""
 
     def invoke(self, ctx: ClickContext) -> Any:
         try:
@@ -27,6 +29,9 @@ class KilnGroup(TyperGroup):
         except CliError as exc:
             report(exc)
             raise typer.Exit(int(exc.code)) from None
+        except SecretError as exc:  # a password file named in the environment is missing or empty
+            report(CliError(str(exc)))
+            raise typer.Exit(int(ExitCode.FAILURE)) from None
         except KeyboardInterrupt:
             err_console.print("interrupted")
             raise typer.Exit(int(ExitCode.INTERRUPTED)) from None

@@ -6,8 +6,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from core.secrets import SecretError, read_secret, with_password
 
 
 def _default_home() -> Path:
@@ -20,6 +22,10 @@ class Settings(BaseSettings):
     home: Path = Field(default_factory=_default_home, description="State of the embedded default.")
     database_url: str = ""  # default: sqlite file under home
     broker_url: str = ""  # default: kombu's SQLAlchemy transport on a sqlite file under home
+    # Files holding the password of the database and of the broker (Docker secrets, /run/secrets/...): it goes
+    # into the URL above, which names user, host and database only. See core.secrets.
+    database_password_file: Path | None = None
+    broker_password_file: Path | None = None
     api_url: str = "http://127.0.0.1:8421"
     host: str = "127.0.0.1"
     port: int = 8421
@@ -49,12 +55,40 @@ class Settings(BaseSettings):
     def _comma_separated(cls, value: object) -> object:
         return [t.strip() for t in value.split(",") if t.strip()] if isinstance(value, str) else value
 
+    # The scheduler loop and the worker's host agent write this file after each iteration that did its work; a
+    # container healthcheck (``python -m core.liveness``) reads its age. Unset: nothing is written.
+    liveness_file: Path | None = None
+
+    _database_password: str | None = PrivateAttr(default=None)
+    _broker_password: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _read_password_files(self) -> Settings:
+        """Read the password files at start-up, so a missing or empty secret stops the process at once, by name."""
+        pairs = (
+            ("KILN_DATABASE_PASSWORD_FILE", self.database_password_file, self.database_url, "_database_password"),
+            ("KILN_BROKER_PASSWORD_FILE", self.broker_password_file, self.broker_url, "_broker_password"),
+        )
+        for name, path, url, attr in pairs:
+            if path is None:
+                continue
+            if not url:
+                raise SecretError(f"{name} is set but {name.removesuffix('_PASSWORD_FILE')}_URL is not")
+            password = read_secret(path, name)
+            with_password(url, password, name)  # refuses a URL it cannot complete, here rather than at first use
+            setattr(self, attr, password)
+        return self
+
     @property
     def resolved_database_url(self) -> str:
+        if self._database_password is not None:
+            return with_password(self.database_url, self._database_password, "KILN_DATABASE_PASSWORD_FILE")
         return self.database_url or f"sqlite:///{self.home / 'kiln.db'}"
 
     @property
     def resolved_broker_url(self) -> str:
+        if self._broker_password is not None:
+            return with_password(self.broker_url, self._broker_password, "KILN_BROKER_PASSWORD_FILE")
         return self.broker_url or f"sqla+sqlite:///{self.home / 'broker.db'}"
 
     @property

@@ -13,6 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import make_engine, utcnow
+from core.liveness import Pulse
 from core.settings import Settings, get_settings
 from scheduler import sla
 from scheduler.apply import Dispatch, apply_all
@@ -106,9 +107,11 @@ def run_forever(settings: Settings, *, stop: threading.Event | None = None, conf
     factory = sessionmaker(bind=engine, expire_on_commit=False)
     leadership = leadership_for(url, settings.home)
     interval = settings.scheduler_interval_s
+    pulse = Pulse(settings.liveness_file, interval)  # the container healthcheck reads it
     try:
         while not stop.is_set():
             if not leadership.try_acquire():
+                pulse.beat("standby")
                 stop.wait(min(interval, STANDBY_RETRY_S))  # a standby takes over within seconds
                 continue
             log.info("scheduler: leading")
@@ -116,6 +119,7 @@ def run_forever(settings: Settings, *, stop: threading.Event | None = None, conf
                 while not stop.is_set():
                     try:
                         result = run_cycle(session_factory=factory, settings=settings, config=config)
+                        pulse.beat("leading")  # only a committed cycle: a leader failing every cycle goes stale
                         if result.admitted or result.preempted or result.failed or result.reconciled:
                             log.info(
                                 "cycle: admitted %s preempted %s failed %s reconciled %d (plan %.1f ms)",

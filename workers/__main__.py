@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from core.db import session_scope
+    from core.liveness import Pulse
     from core.settings import get_settings
     from workers import tasks
     from workers.celery_app import declare_host_queue, get_app, host_queue
@@ -44,7 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     agent = HostAgent(name=args.host, inventory=inventory, cpu_slots=cpu_slots,
                       address=args.address or socket.gethostname(),
                       heartbeat_interval_s=settings.heartbeat_interval_s,
-                      incarnation=tasks.WORKER_INCARNATION)  # fmt: skip
+                      incarnation=tasks.WORKER_INCARNATION,
+                      pulse=Pulse(settings.liveness_file, settings.heartbeat_interval_s))  # fmt: skip
     app = get_app()
     declare_host_queue(app, args.host)  # before the scheduler can see the host (and dispatch to its queue)
     with session_scope() as db:

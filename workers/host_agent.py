@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from core.db import session_scope, utcnow
 from core.gpu_types import canonical
+from core.liveness import Pulse
 from core.models import GPU, Attempt, Host, Job
 from core.states import ACTIVE, record_event
 from scheduler.reconciler import requeue_after_failure
@@ -30,13 +31,14 @@ SAMPLE_INTERVAL_S = 10.0
 class HostAgent:
     def __init__(self, *, name: str, inventory: Inventory, cpu_slots: int, address: str | None,
                  heartbeat_interval_s: float, sample_interval_s: float = SAMPLE_INTERVAL_S,
-                 incarnation: str | None = None):  # fmt: skip
+                 incarnation: str | None = None, pulse: Pulse | None = None):  # fmt: skip
         self.name = name
         self.inventory = inventory
         self.cpu_slots = cpu_slots
         self.address = address
         self.heartbeat_interval_s = heartbeat_interval_s
         self.sample_interval_s = sample_interval_s
+        self.pulse = pulse or Pulse(None, heartbeat_interval_s)  # beats after each committed heartbeat
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.slots = 0
@@ -149,6 +151,7 @@ class HostAgent:
                     if start >= next_sample:
                         next_sample = start + self.sample_interval_s
                         self.sample(db)
+                self.pulse.beat("heartbeat")  # after the commit: the reconciler sees this host alive
             except (OperationalError, DBAPIError) as exc:
                 log.warning("host heartbeat failed (database unavailable?): %s", exc)
             except Exception:
