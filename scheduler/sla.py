@@ -49,9 +49,13 @@ CHECKPOINT_FAILURES = ("CHECKPOINT_FAILED", "CHECKPOINT_CORRUPT")
 # staging); "recent" is the median of its last few steps, so one slow step is not a violation. Steps that kiln's
 # own work overlapped (a checkpoint written or persisted, a restore: ``job_metrics.overhead``) are left out of
 # both, so the job is compared with itself and never charged for kiln's checkpoints.
-WARMUP_STEPS = 5
-BASELINE_STEPS = 20
-RECENT_STEPS = 5
+# Sized from the shipped example on the H200 (bench/results/gpu_path_bench.json, 50 ms steps): a restart settles
+# over its first ~35 steps (steps up to 1.6x while the allocator and page cache warm), and in steady state 12% of
+# steps stall by 15-25 ms in short clusters, so the median of 5 steps (a quarter of a second) saw 1.4x in a
+# healthy job; 25 steps are over a second on a GPU and a few seconds on a CPU.
+WARMUP_STEPS = 50
+BASELINE_STEPS = 50
+RECENT_STEPS = 25
 # A job that finished recently can still have missed its deadline; older ones were evaluated already.
 FINISHED_LOOKBACK = timedelta(hours=1)
 
