@@ -2,7 +2,7 @@
 preemption and telemetry together.
 
 Throughput rule: the loop never waits for the GPU on the hot path.  Loss and grad norm of step ``s`` are
-read (``.item()``) after step ``s+1`` is queued (a lag of one step on CUDA; none on CPU, where every op is
+read (``.item()``) after two more steps are queued (``LOSS_LAG_STEPS`` on CUDA; none on CPU, where every op is
 synchronous anyway), and a non-finite step is skipped on the device itself (fused AdamW's ``found_inf``),
 so the guard and telemetry cost no pipeline bubble.  Cross-rank agreement (stop, time-based checkpoint)
 goes through a gloo group on the host.
@@ -47,6 +47,11 @@ from trainer.telemetry import NvmlSampler, Telemetry
 # Dense bf16/fp16 tensor-core peaks (vendor datasheets) for the MFU estimate; override with peak_flops.
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
 
+# Steps queued on the GPU before the loop reads a loss (.item() waits for it). With one, the host has a step's GPU
+# time minus its own launch time (~700 kernel launches a step for GPT-2 124M) to absorb any stall of its own; on the
+# H200 12% of steps still lost 15-25 ms to host stalls that way. Two steps queued double that slack; the loss guard
+# sees each loss one step later, which changes nothing it decides (a save drains every pending step first).
+LOSS_LAG_STEPS = 2
 GC_EVERY_STEPS = 50  # the loop's own young-generation collection (automatic collection is off while it runs)
 
 # Tolerances of the compiled-vs-eager first-step loss check, per precision.
@@ -277,7 +282,7 @@ class Trainer:
 
     def _loop(self, flag: PreemptionFlag) -> ExitCode:
         spec, env, tel, cfg = self.spec, self.env, self.tel, self.cfg
-        lag = 1 if self.device.type == "cuda" else 0
+        lag = LOSS_LAG_STEPS if self.device.type == "cuda" else 0
         pending: collections.deque[tuple[int, int, torch.Tensor, torch.Tensor]] = collections.deque()
         poisoned = {b + i for b in cfg.hooks.loss_spike_at_step for i in range(cfg.hooks.loss_spike_len)}
         every_steps = spec.checkpointing.every_steps
