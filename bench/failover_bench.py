@@ -36,7 +36,15 @@ from sqlalchemy import select  # noqa: E402
 from core.models import Attempt, Event, Job  # noqa: E402
 from core.settings import get_settings  # noqa: E402
 from tests.support.services import redis_url, temporary_database  # noqa: E402
-from tests.support.workers_cluster import Cluster, SchedulerThread, cluster, submit, tiny_spec, wait_for  # noqa: E402
+from tests.support.workers_cluster import (  # noqa: E402
+    Cluster,
+    SchedulerThread,
+    cluster,
+    slow_steps,
+    submit,
+    tiny_spec,
+    wait_for,
+)
 
 TARGET_RECOVERY_S = 15.0
 
@@ -93,10 +101,10 @@ def run(args: argparse.Namespace, scenario: str = "other_host") -> dict[str, Any
         cluster(Path(tmp), database_url=url, broker_url=redis_url(), lease_s=args.lease,
                 heartbeat_s=args.heartbeat) as c,
     ):  # fmt: skip
-        hosts = [c.start_worker("a"), c.start_worker("b")]
+        hooks = slow_steps(args.sleep)  # the trainer's test hook, set on the workers (never in the spec)
+        hosts = [c.start_worker("a", hooks=hooks), c.start_worker("b", hooks=hooks)]
         maker = c.sessionmaker()
-        spec = tiny_spec("failover-bench", steps=1_000_000, every_steps=args.checkpoint_every, sleep_s=args.sleep,
-                         log_every=1)  # fmt: skip
+        spec = tiny_spec("failover-bench", steps=1_000_000, every_steps=args.checkpoint_every, log_every=1)
         spec["compile"] = {"mode": args.compile}
         with maker() as db:
             job_id = submit(db, spec, max_restarts=10_000, recovery_objective_s=TARGET_RECOVERY_S).id
@@ -119,7 +127,7 @@ def run(args: argparse.Namespace, scenario: str = "other_host") -> dict[str, Any
                 c.kill_worker(host)
                 step_at_kill = last_trained_step(run_dir)
                 if scenario == "host_returns_at_once":
-                    c.start_worker(host.rsplit("-", 1)[0])  # back at once; the job must not wait for it either
+                    c.start_worker(host.rsplit("-", 1)[0], hooks=hooks)  # back at once; the job must not wait for it
 
                 # The incident of THIS kill: the LOST event of the attempt that was killed (not an earlier one,
                 # and not a RECOVERED left over from an incident before the kill).
@@ -169,7 +177,7 @@ def run(args: argparse.Namespace, scenario: str = "other_host") -> dict[str, Any
                 if scenario == "other_host":
                     # Back for the next kill (of the host the job runs on now), and consuming before that kill.
                     ready = c.log_text(host).count(" ready.")
-                    c.start_worker(host.rsplit("-", 1)[0])
+                    c.start_worker(host.rsplit("-", 1)[0], hooks=hooks)
 
                     def consuming(h: str = host, n: int = ready) -> bool:
                         return c.log_text(h).count(" ready.") > n

@@ -20,10 +20,17 @@ ENV_MEMORY_FRACTION = "KILN_GPU_MEMORY_FRACTION"  # float in (0, 1]; QoS memory 
 ENV_JOB_ID = "KILN_JOB_ID"
 ENV_ATTEMPT_ID = "KILN_ATTEMPT_ID"
 ENV_RANK_STARTED_AT = "KILN_RANK_STARTED_AT"  # unix time the rank's entry point began (set by the rank itself)
+ENV_LEASE_FILE = "KILN_LEASE_FILE"  # RUN_DIR/lease: this node's lease, renewed by its worker (core.fence)
+# Tests only: fault injection (a JSON object of ``trainer.config.TestHooks`` fields). Set in a worker's own
+# environment by the test harness, passed by that worker to the ranks it launches; production never sets it, and
+# no job spec can reach it.
+ENV_TEST_HOOKS = "KILN_TEST_HOOKS"
 
 # The checkpoint directory holds this file; its content is the current fencing token (decimal).
-# A rank commits a checkpoint (the final rename) only while the file still names its own token.
+# A rank commits a checkpoint (the final rename) only while the file still names its own token and its lease
+# (LEASE_FILE in the run dir) has not expired; see core.fence.
 FENCE_FILE = "fence"
+LEASE_FILE = "lease"
 
 TELEMETRY_DIR = "telemetry"  # RUN_DIR/telemetry/rank{R}.jsonl, one JSON object per line
 
@@ -38,6 +45,7 @@ class ExitCode(enum.IntEnum):
     TOO_MANY_SPIKES = 77  # the loss-spike guard gave up
     OOM = 78
     NCCL_ERROR = 79
+    LEASE_EXPIRED = 80  # the worker stopped renewing the lease (frozen, cut off, dead): no commit, exit
 
 
 class RecordKind(enum.StrEnum):

@@ -1,7 +1,9 @@
 """The reconciler: make PostgreSQL's picture match what is really running, once per scheduler cycle.
 
 - an attempt whose lease expired -> the job is LOST (with the reason) -> QUEUED with a restart counted and an
-  exponential backoff, or FAILED past the contract's ``max_restarts``; the attempt ends, so its GPUs are free;
+  exponential backoff, or FAILED past the contract's ``max_restarts``; the attempt ends, so its GPUs are free, and
+  once that is committed its fence is revoked on the shared storage (``core.fence``), so that its trainer, if
+  it is still alive somewhere, can commit nothing more;
 - an attempt no worker picked up in time is dispatched again (the broker is not a database: a job survives
   losing every message), or given up as LOST when its host is gone;
 - hosts whose heartbeat went stale are DOWN; hosts reporting GPU hardware errors (Xid, uncorrected ECC) are
@@ -15,7 +17,8 @@
   and gives one when the PostgreSQL server itself is younger than a lease.
 
 ``reconcile`` only reads and writes through the session it is given; the loop that calls it commits. Messages
-to the broker are sent only after that commit (a session ``after_commit`` hook), never for a rolled-back decision.
+to the broker and fence revocations happen only after that commit (a session ``after_commit`` hook), never for a
+rolled-back decision.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,6 +35,7 @@ from sqlalchemy import Engine, event, select, text
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.orm import Session
 
+from core.fence import job_checkpoint_dir, revoke_fence
 from core.models import Attempt, Event, Host, Job, Usage
 from core.repositories import jobs as jobs_repo
 from core.settings import Settings
@@ -143,31 +148,50 @@ def requeue_after_failure(
     return f"job {job.id}: LOST -> QUEUED (restart {job.restart_count}/{limit}): {reason}"
 
 
-# ---------------------------------------------------------------------------------------------- dispatch hook
+# ------------------------------------------------------------------------------------------ after-commit hooks
 
 _DISPATCH_KEY = "kiln.redispatch"
+_REVOKE_KEY = "kiln.revoke_fence"
 
 
-def _flush_dispatches(session: Session) -> None:
+def _after_commit(db: Session, key: str, item: Any, flush: Callable[[list[Any]], None]) -> None:
+    """Queue ``item`` for ``flush`` once the session's transaction commits; a rollback forgets it."""
+    pending = db.info.setdefault(key, [])
+    if not pending:
+        event.listen(db, "after_commit", lambda s: flush(s.info.pop(key, [])), once=True)
+        event.listen(db, "after_soft_rollback", lambda s, _t: s.info.pop(key, None), once=True)
+    pending.append(item)
+
+
+def _flush_dispatches(items: list[Any]) -> None:
     from workers.dispatch import dispatch_attempt  # the broker client only where it is used
 
-    for attempt_id, token, placement in session.info.pop(_DISPATCH_KEY, []):
+    for attempt_id, token, placement in items:
         try:
             dispatch_attempt(attempt_id, token, placement)
         except Exception:  # the broker is away: the next pickup timeout tries again
             log.exception("re-dispatch of attempt %s failed", attempt_id)
 
 
-def _forget_dispatches(session: Session) -> None:
-    session.info.pop(_DISPATCH_KEY, None)
-
-
 def dispatch_after_commit(db: Session, attempt: Attempt) -> None:
-    pending = db.info.setdefault(_DISPATCH_KEY, [])
-    if not pending:
-        event.listen(db, "after_commit", _flush_dispatches, once=True)
-        event.listen(db, "after_soft_rollback", lambda s, _t: _forget_dispatches(s), once=True)
-    pending.append((attempt.id, attempt.fencing_token, list(attempt.placement or [])))
+    _after_commit(db, _DISPATCH_KEY, (attempt.id, attempt.fencing_token, list(attempt.placement or [])),
+                  _flush_dispatches)
+
+
+def _flush_revocations(items: list[Any]) -> None:
+    for checkpoint_dir, token in items:
+        try:
+            if revoke_fence(checkpoint_dir, token):
+                log.info("fence of %s revoked for lost token %s", checkpoint_dir, token)
+        except OSError:  # storage unreachable from here: the lease file still stops the lost attempt
+            log.exception("could not revoke the fence of %s for token %s", checkpoint_dir, token)
+
+
+def revoke_fence_after_commit(db: Session, attempt: Attempt, settings: Settings) -> None:
+    """Once the attempt is recorded as ended, take its right to commit away on the shared storage too: a trainer
+    the reconciler cannot see (its worker frozen or cut off) stops at its next commit, wherever it runs."""
+    item = (job_checkpoint_dir(settings.resolved_storage_dir, attempt.job_id), attempt.fencing_token)
+    _after_commit(db, _REVOKE_KEY, item, _flush_revocations)
 
 
 # ------------------------------------------------------------------------------------- database outage grace
@@ -294,7 +318,7 @@ def reconcile(*, db: Session, now: datetime, settings: Settings) -> list[str]:
     """One pass; returns what it did, one line per action. Does not commit."""
     grace_until, actions = _grace(db, now, settings)
     actions += _hosts(db, now, settings, grace_until)
-    actions += _expired_leases(db, now, grace_until)
+    actions += _expired_leases(db, now, settings, grace_until)
     actions += _unclaimed_attempts(db, now, settings, grace_until)
     actions += _recoveries(db)
     return actions
@@ -342,7 +366,7 @@ def _locked_job(db: Session, job_id: int) -> Job | None:
     return db.get(Job, job_id, with_for_update=True, populate_existing=True)
 
 
-def _expired_leases(db: Session, now: datetime, grace_until: datetime | None = None) -> list[str]:
+def _expired_leases(db: Session, now: datetime, settings: Settings, grace_until: datetime | None = None) -> list[str]:
     actions: list[str] = []
     if grace_until is not None and now < grace_until:
         return actions  # the database was away: the workers get one lease to renew before anything is LOST
@@ -358,6 +382,7 @@ def _expired_leases(db: Session, now: datetime, grace_until: datetime | None = N
             continue
         if attempt.lease_expires_at >= now:  # renewed while we waited for the lock
             continue
+        revoke_fence_after_commit(db, attempt, settings)  # it may still be alive: it must not commit
         if job.fencing_token != attempt.fencing_token or job.state not in ACTIVE:
             end_attempt(db, attempt, state="SUPERSEDED", reason="lease expired after the job moved on", now=now)
             actions.append(f"attempt {attempt.id}: superseded")

@@ -1,7 +1,8 @@
 """``python -m trainer --spec SPEC.json --run-dir DIR`` (under torchrun, one process per rank).
 
-Exit codes are ``core.trainer_protocol.ExitCode``: 0 done, 2 bad spec, 75 preempted (checkpoint committed),
-76 fenced, 77 too many loss spikes, 78 OOM, 79 NCCL error; anything else is a crash.
+Exit codes are ``core.trainer_protocol.ExitCode``: 0 done, 2 bad spec or a mistake in the user's settings or
+recipe, 75 preempted (checkpoint committed), 76 fenced, 77 too many loss spikes, 78 OOM, 79 NCCL error, 80 lease
+expired; anything else is a crash.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from core.spec import SpecError, parse_spec_text
-    from trainer.config import ConfigError
-    from trainer.recipes import RecipeError
 
     try:
         spec = parse_spec_text(args.spec.read_text())
@@ -40,10 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         compile_preload.start(cache)
     env = init_distributed()
     try:
-        return int(run(spec, args.run_dir, env))
-    except (ConfigError, RecipeError) as exc:
-        print(f"kiln trainer: bad hyperparameters: {exc}", file=sys.stderr)
-        return int(ExitCode.USER_ERROR)
+        return int(run(spec, args.run_dir, env))  # a mistake in the settings or recipe: USER_ERROR, with its line
     finally:
         shutdown(env)
 

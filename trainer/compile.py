@@ -40,6 +40,7 @@ from torch import nn
 from trainer import compile_preload
 from trainer.config import TestHooks
 from trainer.telemetry import Telemetry
+from trainer.user_error import user_code
 
 
 class _Trip(Exception):
@@ -165,7 +166,7 @@ def _is_unsupported(exc: BaseException) -> bool:
 
 
 def _slow_backend(delay_s: float) -> Callable[..., Any]:
-    """Test hook (inject_compile_timeout): Inductor, after a stall longer than the breaker's limit."""
+    """Test hook (TestHooks.compile_timeout): Inductor, after a stall longer than the breaker's limit."""
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._inductor.compile_fx import compile_fx
@@ -217,7 +218,8 @@ class Compiler:
         if self.hooks.unsupported_op:
             for b in blocks:
                 b.inject_unsupported = True  # type: ignore[assignment]
-        with torch.no_grad():
+        # The eager reference forward is the recipe's first run on the user's settings: what fails here is theirs.
+        with torch.no_grad(), user_code("the first forward"):
             report.eager_loss = float(loss_fn().item())
         key = cache_key(mode=self.mode, model_config=model_config, precision=precision, device=self.device)
         report.cache_key = key

@@ -1,60 +1,25 @@
 """Turn a JobSpec's free-form recipe hyperparameters into typed, validated settings.
 
 The trainer-level settings (optimiser, schedule, guards, telemetry cadence) are typed in
-``core.recipes.training``; this module turns them into the loop's configuration, with the test hooks.
+``core.recipes.training``; this module turns them into the loop's configuration. Test hooks are not
+hyperparameters: they come from the worker's test-only environment (``TestHooks.from_env``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from core.recipes import TrainingHyperparameters, validate
 from core.spec import JobSpec
+from core.trainer_protocol import ENV_TEST_HOOKS
 
 
 class ConfigError(ValueError):
     """A hyperparameter that is missing, of the wrong type or out of range (-> ExitCode.USER_ERROR)."""
-
-
-def hp_get(hp: dict[str, Any], key: str, default: Any, kind: type, *, lo: float | None = None,
-           hi: float | None = None) -> Any:
-    """Read ``hp[key]`` as ``kind`` (int/float/str/bool), with bounds; ``default`` when absent or None."""
-    value = hp.get(key, default)
-    if value is None:
-        return default
-    try:
-        if kind is bool:
-            value = value.strip().lower() in {"1", "true", "yes", "on"} if isinstance(value, str) else bool(value)
-        elif kind is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise TypeError
-            value = int(value)
-        elif kind is float:
-            if isinstance(value, bool):
-                raise TypeError
-            value = float(value)
-        else:
-            value = kind(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"hyperparameter {key!r}={value!r} is not a valid {kind.__name__}") from exc
-    if lo is not None and value < lo:
-        raise ConfigError(f"hyperparameter {key!r}={value!r} must be >= {lo}")
-    if hi is not None and value > hi:
-        raise ConfigError(f"hyperparameter {key!r}={value!r} must be <= {hi}")
-    return value
-
-
-def _int_list(hp: dict[str, Any], key: str) -> tuple[int, ...]:
-    value = hp.get(key)
-    if value is None:
-        return ()
-    items = value if isinstance(value, list) else [value]
-    try:
-        return tuple(int(v) for v in items)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"hyperparameter {key!r} must be an int or a list of ints") from exc
 
 
 def training_hyperparameters(spec: JobSpec) -> TrainingHyperparameters:
@@ -83,7 +48,9 @@ class GuardConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TestHooks:
-    """Fault injection for tests only.  Every hook is off unless a hyperparameter or env var turns it on."""
+    """Fault injection, for tests only.  Every hook is off unless ``KILN_TEST_HOOKS`` (a JSON object of these
+    fields) turns it on: a variable of the worker process that the test harness sets and the worker passes to the
+    ranks it launches.  Production never sets it, and no job spec reaches it."""
 
     loss_spike_at_step: tuple[int, ...] = ()  # batch indices whose targets are poisoned
     loss_spike_len: int = 1  # consecutive poisoned batches from each index
@@ -92,6 +59,20 @@ class TestHooks:
     unsupported_op: bool = False  # put an op Dynamo cannot trace (fullgraph) into the model's blocks
     nonfinite_at_step: tuple[int, ...] = ()  # batch indices whose loss is made NaN
     sleep_per_step_s: float = 0.0  # slow each step down so a test can signal mid-run
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> TestHooks:
+        raw = env.get(ENV_TEST_HOOKS)
+        if not raw:
+            return cls()
+        try:
+            fields: dict[str, Any] = json.loads(raw)
+            for key in ("loss_spike_at_step", "nonfinite_at_step"):
+                if key in fields:
+                    fields[key] = tuple(int(i) for i in fields[key])
+            return cls(**fields)
+        except (ValueError, TypeError, AttributeError) as exc:  # a test's typo must fail loudly, not be ignored
+            raise ConfigError(f"{ENV_TEST_HOOKS}={raw!r}: {exc}") from exc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,20 +95,6 @@ class TrainerConfig:
 
     @classmethod
     def from_spec(cls, spec: JobSpec) -> TrainerConfig:
-        hp = spec.recipe.hyperparameters
-        env = os.environ
-        hooks = TestHooks(
-            loss_spike_at_step=_int_list(hp, "inject_loss_spike_at_step")
-            or tuple(int(x) for x in env.get("KILN_TEST_INJECT_LOSS_SPIKE_AT_STEP", "").split(",") if x),
-            loss_spike_len=hp_get(hp, "inject_loss_spike_len", 1, int, lo=1, hi=1000),
-            compile_timeout=hp_get(hp, "inject_compile_timeout", env.get("KILN_TEST_INJECT_COMPILE_TIMEOUT", False),
-                                   bool),
-            compile_oom=hp_get(hp, "inject_compile_oom", False, bool),
-            unsupported_op=hp_get(hp, "inject_unsupported_op", env.get("KILN_TEST_INJECT_UNSUPPORTED_OP", False),
-                                  bool),
-            nonfinite_at_step=_int_list(hp, "inject_nonfinite_at_step"),
-            sleep_per_step_s=hp_get(hp, "test_sleep_per_step_s", 0.0, float, lo=0, hi=60),
-        )
         params = training_hyperparameters(spec)
         guard = GuardConfig(
             enabled=params.spike_guard, window=params.spike_window, factor=params.spike_factor,
@@ -140,5 +107,5 @@ class TrainerConfig:
             gpu_sample_s=params.gpu_sample_s, probe_every_steps=params.probe_every_steps,
             peak_flops=params.peak_flops,
             guard=guard,
-            hooks=hooks,
+            hooks=TestHooks.from_env(),
         )

@@ -14,9 +14,11 @@ import collections
 import contextlib
 import gc
 import hashlib
+import json
 import math
 import os
 import pathlib
+import sys
 import time
 from typing import Any
 
@@ -24,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from core import memory as memory_model
+from core.fence import fence_names
 from core.spec import JobSpec
 from core.trainer_protocol import (
     ENV_CHECKPOINT_DIR,
@@ -34,15 +37,17 @@ from core.trainer_protocol import (
     RecordKind,
 )
 from trainer import memory
-from trainer.checkpoint import Checkpointer, FencedError, fence_ok
+from trainer.checkpoint import MANIFEST, Checkpointer, FencedError, sha256_file
 from trainer.compile import Compiler, CompileReport
-from trainer.config import ConfigError, TrainerConfig
+from trainer.config import TrainerConfig
 from trainer.guards import Spike, SpikeGuard
+from trainer.lease import LeaseExpired, LeaseGuard
 from trainer.parallel import DistEnv, choose_strategy, device_capacity, wrap
 from trainer.precision import PrecisionContext, resolve
 from trainer.preemption import PreemptionFlag
-from trainer.recipes import RecipeError, load_recipe
+from trainer.recipes import load_recipe
 from trainer.telemetry import NvmlSampler, Telemetry
+from trainer.user_error import UserError, user_code
 
 # Dense bf16/fp16 tensor-core peaks (vendor datasheets) for the MFU estimate; override with peak_flops.
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
@@ -107,8 +112,10 @@ def _scalar(t: torch.Tensor) -> torch.Tensor:
 class Trainer:
     def __init__(self, spec: JobSpec, run_dir: pathlib.Path, env: DistEnv, tel: Telemetry) -> None:
         self.spec, self.run_dir, self.env, self.tel = spec, run_dir, env, tel
-        self.cfg = TrainerConfig.from_spec(spec)
-        self.recipe = load_recipe(spec.recipe.name, spec.recipe.hyperparameters)
+        with user_code("reading the hyperparameters"):
+            self.cfg = TrainerConfig.from_spec(spec)
+        with user_code(f"loading recipe {spec.recipe.name!r}"):
+            self.recipe = load_recipe(spec.recipe.name, spec.recipe.hyperparameters)
         self.device = env.device
         self.prec = PrecisionContext.create(resolve(spec.precision, self.device), self.device)
         token = os.environ.get(ENV_FENCING_TOKEN)
@@ -117,10 +124,15 @@ class Trainer:
         self.cache_dir = compile_cache_dir(run_dir)
         self.compile_mode = compile_mode(spec, self.device)
         persist_compiler_caches(self.cache_dir)
-        if not fence_ok(self.ckpt_root, self.token):
+        if not fence_names(self.ckpt_root, self.token):
             raise FencedError(f"fence does not name token {self.token} at start")
+        self.lease = LeaseGuard.from_env(token=self.token, fence_ok=lambda: fence_names(self.ckpt_root, self.token),
+                                         telemetry=tel)
         self.phase = "init"
         self.step = 0
+        # The loss of step ``self.step``: set by each step, and by a resume from the checkpoint's own record,
+        # so that a resumed attempt that trains no further step still reports its state's loss.
+        self.final_loss: float | None = None
         self.last_sync_latency: float | None = None
         self.report: CompileReport | None = None
 
@@ -129,17 +141,20 @@ class Trainer:
         spec, env, recipe = self.spec, self.env, self.recipe
         cap = memory.apply_memory_cap(self.device)
         torch.manual_seed(spec.seed)
-        model = recipe.build_model().to(self.device)
-        blocks = recipe.blocks(model)
+        with user_code("building the model"):
+            model = recipe.build_model()
+            blocks = recipe.blocks(model)
+            compiled = self.compile_mode != "off"
+            sizes = {"param_count": recipe.param_count(),
+                     "activation_bytes": recipe.activation_bytes(self.prec.precision, compiled),
+                     "check_bytes": recipe.eager_check_bytes(self.prec.precision) if compiled else 0}
+        model = model.to(self.device)
         largest = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=0)
-        compiled = self.compile_mode != "off"
 
         def prediction(strategy: str) -> dict[str, Any]:
-            return memory_model.predict(param_count=recipe.param_count(),
-                                  activation_bytes=recipe.activation_bytes(self.prec.precision, compiled),
-                                  precision=self.prec.precision, strategy=strategy, world_size=env.world_size,
-                                  largest_block_params=largest, grad_accum=self.cfg.grad_accum,
-                                  check_bytes=recipe.eager_check_bytes(self.prec.precision) if compiled else 0)
+            return memory_model.predict(precision=self.prec.precision, strategy=strategy,
+                                        world_size=env.world_size, largest_block_params=largest,
+                                        grad_accum=self.cfg.grad_accum, **sizes)
 
         capacity = device_capacity(self.device)
         if capacity is not None and cap is not None:
@@ -148,11 +163,13 @@ class Trainer:
             "predicted_peak_bytes"], capacity=capacity, world_size=env.world_size)
         self.prediction = prediction(self.strategy)
         self.tel.emit(RecordKind.MEMORY_PREDICTION, **self.prediction, device_capacity_bytes=capacity,
-                      memory_fraction=cap, param_count=recipe.param_count())
+                      memory_fraction=cap, param_count=sizes["param_count"])
 
-        self.data = recipe.make_data(rank=env.rank, world_size=env.world_size, seed=spec.seed)
+        with user_code("building the data"):
+            self.data = recipe.make_data(rank=env.rank, world_size=env.world_size, seed=spec.seed)
+            first_batch = self.data.batch(0)
         self.phase = "compiling"
-        warm_batch = recipe.batch_to(self.data.batch(0), self.device)
+        warm_batch = recipe.batch_to(first_batch, self.device)
         compiler = Compiler(mode=self.compile_mode, timeout_s=spec.compile.timeout_s,
                             max_rss_bytes=spec.compile.max_rss_bytes, check_allclose=spec.compile.check_allclose,
                             hooks=self.cfg.hooks, telemetry=self.tel, device=self.device, model_name=recipe.name,
@@ -177,7 +194,7 @@ class Trainer:
                                  sharded=sharded, group=env.ckpt,
                                  device=self.device, telemetry=self.tel,
                                  local_root=self._local_root(sharded),
-                                 persist_every=spec.checkpointing.persist_every)
+                                 persist_every=spec.checkpointing.persist_every, lease=self.lease.ensure)
         self.flops = peak_flops(self.device, self.prec.precision, self.cfg.peak_flops)
 
     def _local_root(self, sharded: bool) -> pathlib.Path | None:
@@ -221,12 +238,14 @@ class Trainer:
         rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        return {"step": self.step, "data": self.data.state_dict(), "guard": self.guard.state_dict(),
-                "precision": self.prec.state_dict(), "rng": rng, "seed": self.spec.seed}
+        return {"step": self.step, "loss": self.final_loss, "data": self.data.state_dict(),
+                "guard": self.guard.state_dict(), "precision": self.prec.state_dict(), "rng": rng,
+                "seed": self.spec.seed}
 
     def restore(self, path: pathlib.Path) -> dict[str, Any]:
         extra = self.ckpt.load(path, self.model, self.optimizer)
         self.step = int(extra["step"])
+        self.final_loss = extra.get("loss")  # None in checkpoints written before the loss was kept
         self.data.load_state_dict(extra["data"])
         self.guard.load_state_dict(extra["guard"])
         self.prec.load_state_dict(extra["precision"])
@@ -245,6 +264,7 @@ class Trainer:
         set_model_state_dict(self.model, fresh, options=StateDictOptions(full_state_dict=True))
         self.optimizer.state.clear()
         self.step = 0
+        self.final_loss = None
         self.data.load_state_dict({"cursor": 0, "skip": []})
         self.guard.load_state_dict({})
 
@@ -255,8 +275,7 @@ class Trainer:
         path = self.ckpt.choose()
         if path is not None:
             self.restore(path)
-            tel.emit(RecordKind.RESUMED, step=self.step, path=str(path), data=self.data.state_dict(),
-                     tier=self.ckpt.tier_of(path))
+            self._resumed(path)
         flag = PreemptionFlag()
         flag.install()
         tel.every(self.cfg.heartbeat_s, self._heartbeat, "heartbeat")
@@ -280,6 +299,16 @@ class Trainer:
             gc.enable()
             flag.restore()
 
+    def _resumed(self, path: pathlib.Path) -> None:
+        """Say which checkpoint this attempt continues from, as the control plane records a checkpoint: the
+        attempt that committed it may have been cut off before its worker could relay it."""
+        manifest = json.loads((path / MANIFEST).read_text())
+        self.tel.emit(RecordKind.RESUMED, step=self.step, path=str(path), data=self.data.state_dict(),
+                      tier=self.ckpt.tier_of(path), loss=self.final_loss, token=manifest.get("fencing_token"),
+                      created=manifest.get("created"),
+                      bytes=sum(int(f["bytes"]) for f in manifest["files"].values()),
+                      sha256=sha256_file(path / MANIFEST))
+
     def _loop(self, flag: PreemptionFlag) -> ExitCode:
         spec, env, tel, cfg = self.spec, self.env, self.tel, self.cfg
         lag = LOSS_LAG_STEPS if self.device.type == "cuda" else 0
@@ -293,12 +322,12 @@ class Trainer:
         self.items_per_step = self.recipe.items_per_batch() * cfg.grad_accum * env.world_size
         self.flops_per_item = self.recipe.flops_per_item()
         self.t_start = time.perf_counter()
-        self.final_loss: float | None = None
         self.phase = "training"
         params = [p for p in self.model.parameters() if p.requires_grad]
         staged = False
         self.overhead: str | None = "restore" if self.step else None  # kiln's own work since the last report
         while self.step < spec.steps:
+            self.lease.ensure(f"step {self.step + 1}")  # one clock read while the lease is valid
             if self.step % GC_EVERY_STEPS == 0:
                 gc.collect(1)
             self._note_overhead(self.ckpt.io_in_flight())
@@ -474,6 +503,8 @@ class Trainer:
         pred = self.prediction["predicted_peak_bytes"]
         err = (pred - meas["mem_peak_bytes"]) / meas["mem_peak_bytes"] if meas["mem_peak_bytes"] else None
         rep = self.report
+        # steps and final_loss are those of the last checkpoint (the final save, or the one resumed from when
+        # no step was left): what the job's record must equal.
         self.tel.emit(RecordKind.DONE, final_loss=self.final_loss, steps=self.step, elapsed_s=elapsed,
                       tokens_per_s=self.tokens_done / elapsed if elapsed > 0 else None,
                       strategy=self.strategy, precision=self.prec.precision,
@@ -497,9 +528,10 @@ def run(spec: JobSpec, run_dir: pathlib.Path, env: DistEnv) -> ExitCode:
     try:
         code = _run(spec, run_dir, env, tel)
         return ExitCode(code)
-    except (ConfigError, RecipeError) as exc:
-        code, error = ExitCode.USER_ERROR, repr(exc)[:2000]
-        raise
+    except UserError as exc:  # the job fails at once, with this line as its reason
+        code, error = ExitCode.USER_ERROR, exc.line
+        print(f"kiln trainer: {exc.line}", file=sys.stderr, flush=True)
+        return ExitCode.USER_ERROR
     except BaseException as exc:  # a crash: python exits 1 (re-raised below, after the record)
         code, error = 1, f"{type(exc).__name__}: {exc}"[:2000]
         raise
@@ -516,6 +548,9 @@ def _run(spec: JobSpec, run_dir: pathlib.Path, env: DistEnv, tel: Telemetry) -> 
     try:
         trainer = Trainer(spec, run_dir, env, tel)
         return trainer.train()
+    except LeaseExpired as exc:
+        tel.event("LEASE_EXPIRED_EXIT", str(exc))
+        return ExitCode.LEASE_EXPIRED
     except FencedError as exc:
         tel.event("FENCED", str(exc))
         return ExitCode.FENCED

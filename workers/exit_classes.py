@@ -1,7 +1,10 @@
 """Classify how an attempt ended, from the trainer's exit codes and what the supervisor itself did.
 
 The classes decide the job's next state (see ``workers.tasks``): only infrastructure failures are retried
-automatically; a user error or an OOM would fail again the same way.
+automatically; a user error or an OOM would fail again the same way. Who caused a crash is the trainer's to say
+(``trainer.user_error``): a mistake in the user's settings or recipe exits USER_ERROR with the user's own
+exception line, which becomes the job's reason; a crash it did not classify (a signal, an OOM kill, a host or
+link failure) is infrastructure.
 """
 
 from __future__ import annotations
@@ -51,10 +54,12 @@ def _describe(code: int) -> str:
         return f"exit code {code}"
 
 
-def classify(rank_codes: dict[int, int], launcher_code: int, stop: StopRequest | None) -> Outcome:
+def classify(rank_codes: dict[int, int], launcher_code: int, stop: StopRequest | None,
+             rank_errors: dict[int, str] | None = None) -> Outcome:
     """``rank_codes``: the exit code each rank recorded (a rank killed by a signal records none).
 
     ``launcher_code`` is torchrun's own code, which only says "some rank failed"; the ranks' codes say how.
+    ``rank_errors``: the exception line a rank gave in its last telemetry record, when it had one.
     """
     codes = set(rank_codes.values())
     worst = next((c for c in rank_codes.values() if c != 0), launcher_code)
@@ -74,9 +79,13 @@ def classify(rank_codes: dict[int, int], launcher_code: int, stop: StopRequest |
     if ExitCode.OOM in codes:
         return Outcome(ExitClass.OOM, f"out of memory ({detail})")
     if ExitCode.USER_ERROR in codes or ExitCode.TOO_MANY_SPIKES in codes:
-        return Outcome(ExitClass.USER_ERROR, f"user error ({detail})")
+        lines = [(rank_errors or {}).get(r) for r, c in sorted(rank_codes.items()) if c == ExitCode.USER_ERROR]
+        line = next((x for x in lines if x), None)
+        return Outcome(ExitClass.USER_ERROR, f"user error: {line}" if line else f"user error ({detail})")
     if ExitCode.NCCL_ERROR in codes:
         return Outcome(ExitClass.NCCL_ERROR, f"NCCL error ({detail})")
+    if ExitCode.LEASE_EXPIRED in codes:
+        return Outcome(ExitClass.INFRASTRUCTURE, f"lease expired: the worker could not renew it in time ({detail})")
     if ExitCode.PREEMPTED in codes:
         # SIGTERM that did not come from us (the host is shutting down): progress is checkpointed.
         return Outcome(ExitClass.DRAINED, f"stopped by an outside SIGTERM ({detail})")

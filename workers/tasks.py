@@ -24,6 +24,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
 from core.db import session_scope, utcnow
+from core.fence import Lease, job_checkpoint_dir, lease_clock, write_fence, write_lease
 from core.models import GPU, Attempt, Host, Job, QosClass, Usage
 from core.settings import Settings, get_settings
 from core.states import ACTIVE, JobState, record_event, transition
@@ -33,8 +34,11 @@ from core.trainer_protocol import (
     ENV_COMPILE_CACHE_DIR,
     ENV_FENCING_TOKEN,
     ENV_JOB_ID,
+    ENV_LEASE_FILE,
     ENV_MEMORY_FRACTION,
-    FENCE_FILE,
+    ENV_TEST_HOOKS,
+    LEASE_FILE,
+    RecordKind,
 )
 from scheduler.reconciler import end_attempt, requeue_after_failure
 from workers.celery_app import TASK_RUN_ATTEMPT, get_app
@@ -208,16 +212,18 @@ def _nccl_channels(qos: QosClass | None, links: dict[str, Any], gpus: list[GPU])
 
 
 def attempt_env(
-    claimed: Claimed, *, attempt_id: int, token: int, checkpoint_dir: Path, compile_dir: Path
+    claimed: Claimed, *, attempt_id: int, token: int, checkpoint_dir: Path, compile_dir: Path, lease_file: Path
 ) -> dict[str, str]:
     env = dict(os.environ)
-    # The worker's own settings are not the trainer's business (and a broker URL may carry a password).
-    for key in [k for k in env if k.startswith("KILN_")]:
+    # The worker's own settings are not the trainer's business (and a broker URL may carry a password). The
+    # one exception is the test harness's fault injection, which reaches the ranks only this way.
+    for key in [k for k in env if k.startswith("KILN_") and k != ENV_TEST_HOOKS]:
         del env[key]
     env.update({
         ENV_FENCING_TOKEN: str(token),
         ENV_CHECKPOINT_DIR: str(checkpoint_dir),
         ENV_COMPILE_CACHE_DIR: str(compile_dir),
+        ENV_LEASE_FILE: str(lease_file),
         ENV_JOB_ID: str(claimed.job_id),
         ENV_ATTEMPT_ID: str(attempt_id),
         "PYTHONUNBUFFERED": "1",  # the log streams live to `kiln logs -f`
@@ -246,22 +252,6 @@ def attempt_env(
     return env
 
 
-def write_fence(checkpoint_dir: Path, token: int) -> None:
-    """Name this attempt's token in the job's checkpoint directory before any rank starts (atomic replace)."""
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    tmp = checkpoint_dir / f".{FENCE_FILE}.{token}.tmp"
-    with open(tmp, "w") as f:
-        f.write(str(token))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, checkpoint_dir / FENCE_FILE)
-    dir_fd = os.open(checkpoint_dir, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 # ------------------------------------------------------------------------------------------------ supervision
 
 
@@ -270,6 +260,7 @@ class Directive:
     fenced: bool = False
     cancel: bool = False
     preempt: bool = False
+    renewed_at: float | None = None  # lease_clock() before the transaction that renewed the database lease
 
 
 class AttemptRunner:
@@ -290,9 +281,28 @@ class AttemptRunner:
         self.stop: StopRequest | None = None
         self.fenced = False
         self.last_telemetry = time.monotonic()
+        self.rank_errors: dict[int, str] = {}  # the exception line each rank's EXIT record gave, if any
+
+    def renew_lease(self, at: float) -> None:
+        """Hand the ranks the lease the database just granted (never longer: see ``core.fence``)."""
+        lease = Lease.renewed(token=self.token, at=at, lease_s=self.settings.lease_s)
+        try:
+            write_lease(self.proc.run_dir / LEASE_FILE, lease)
+        except OSError as exc:  # the ranks stop at the old expiry and wait: safe, and logged
+            log.warning("could not renew the lease file of attempt %s: %s", self.attempt_id, exc)
+
+    def read_telemetry(self) -> list[dict[str, Any]]:
+        records = self.tail.read_new()
+        for rec in records:
+            if rec.get("kind") == RecordKind.EVENT and rec.get("type") == "EXIT":
+                error = (rec.get("fields") or {}).get("error")
+                if error:
+                    self.rank_errors[int(rec.get("rank") or 0)] = str(error)
+        return records
 
     # One heartbeat transaction: check the token, renew the lease, relay telemetry, read cancel/preempt flags.
     def heartbeat(self) -> Directive:
+        started = lease_clock()
         now = utcnow()
         records, self.buffer = self.buffer, []
         try:
@@ -311,6 +321,7 @@ class AttemptRunner:
                 return Directive(
                     cancel=job.cancel_requested,
                     preempt=job.preempt_requested or job.state == JobState.PREEMPTING,
+                    renewed_at=started,  # committed on the way out of the block; a failed commit returns below
                 )
         except (OperationalError, DBAPIError) as exc:
             # PostgreSQL is away: keep training and keep the telemetry for the next heartbeat.
@@ -331,7 +342,7 @@ class AttemptRunner:
         deadline = None if self.claimed.time_left_s is None else time.monotonic() + max(0.0, self.claimed.time_left_s)
         while True:
             code = self.proc.poll()
-            new = self.tail.read_new()
+            new = self.read_telemetry()
             if new:
                 self.last_telemetry = time.monotonic()
                 self.buffer.extend(new)
@@ -342,6 +353,8 @@ class AttemptRunner:
             if mono >= next_beat:
                 next_beat = mono + hb
                 d = self.heartbeat()
+                if d.renewed_at is not None:
+                    self.renew_lease(d.renewed_at)
                 if d.fenced and not self.fenced:
                     self.fenced = True
                     self.request_stop(ExitClass.FENCED, "the fencing token moved on: another attempt owns the job")
@@ -372,8 +385,8 @@ class AttemptRunner:
         left = self.proc.reap_leftovers()
         if left:
             self.proc.log_line(f"killed ranks left behind by torchrun: {left}")
-        self.buffer.extend(self.tail.read_new())
-        outcome = forced or classify(self.proc.rank_exit_codes(), launcher_code, self.stop)
+        self.buffer.extend(self.read_telemetry())
+        outcome = forced or classify(self.proc.rank_exit_codes(), launcher_code, self.stop, self.rank_errors)
         if outcome.exit_class is ExitClass.INFRASTRUCTURE and self.relay_state.nccl_error:
             outcome = Outcome(ExitClass.NCCL_ERROR, f"NCCL error reported by a rank; {outcome.reason}")
         self.proc.log_line(f"trainer exited with {launcher_code}: {outcome.exit_class.value}: {outcome.reason}")
@@ -417,9 +430,15 @@ class AttemptRunner:
         if cls is ExitClass.SUCCEEDED:
             end_attempt(db, attempt, state="SUCCEEDED", reason=outcome.reason, now=now, exit_code=exit_code)
             job.exit_reason = None
-            final = (self.relay_state.done or {}).get("final_loss")
+            done = self.relay_state.done
+            if done is not None and done.get("steps") is not None:
+                # The trainer's final record is its last checkpoint's step and loss (also when it resumed from
+                # the final checkpoint and trained no step): the job's result is what its checkpoint holds.
+                job.last_step = int(done["steps"])
+                job.last_loss = done.get("final_loss")
+            data["last_step"] = job.last_step
             transition(db, job, JobState.SUCCEEDED, message=f"finished at step {job.last_step}",
-                       data={**data, "final_loss": final})  # fmt: skip
+                       data={**data, "final_loss": job.last_loss})  # fmt: skip
         elif cls is ExitClass.CANCELLED:
             end_attempt(db, attempt, state="CANCELLED", reason=outcome.reason, now=now, exit_code=exit_code)
             job.exit_reason = "cancelled"
@@ -436,12 +455,13 @@ class AttemptRunner:
             end_attempt(db, attempt, state="FAILED", reason=outcome.reason, now=now, exit_code=exit_code)
             job.exit_reason = outcome.reason[:512]
             transition(db, job, JobState.FAILED, message=outcome.reason, data=data)
-        elif cls in (ExitClass.INFRASTRUCTURE, ExitClass.NCCL_ERROR):
+        else:
+            # INFRASTRUCTURE, NCCL_ERROR, or FENCED by the fence file while the database still gives this attempt
+            # the job (a fence that lost its token some other way): either way the job must run again.
+            incident = cls.value if cls is not ExitClass.FENCED else "fence_lost"
             requeue_after_failure(db, job=job, attempt=attempt, reason=outcome.reason, now=now,
-                                  data={**data, "incident": cls.value})  # fmt: skip
+                                  data={**data, "incident": incident})  # fmt: skip
             attempt.exit_code = exit_code
-        else:  # FENCED by the trainer itself while we still hold the token in the DB: end this attempt only
-            end_attempt(db, attempt, state="FENCED", reason=outcome.reason, now=now, exit_code=exit_code)
 
 
 # ------------------------------------------------------------------------------------------------------- task
@@ -450,6 +470,7 @@ class AttemptRunner:
 def run_attempt_on_host(*, attempt_id: int, fencing_token: int, node_rank: int, host: str, delivery: str) -> str:
     settings = get_settings()
     refused: Refused | None = None
+    claimed_at = lease_clock()  # before the claim's transaction: the lease file never outlasts its lease
     with session_scope() as db:
         try:
             claimed = claim(db, attempt_id=attempt_id, token=fencing_token, node_rank=node_rank, host=host,
@@ -464,7 +485,7 @@ def run_attempt_on_host(*, attempt_id: int, fencing_token: int, node_rank: int, 
     suffix = "" if node_rank == 0 else f".node{node_rank}"
     run_dir = storage / "runs" / str(claimed.job_id) / f"{claimed.attempt_number}{suffix}"
     log_path = storage / "logs" / str(claimed.job_id) / f"{claimed.attempt_number}{suffix}.log"
-    checkpoint_dir = storage / "checkpoints" / str(claimed.job_id)
+    checkpoint_dir = job_checkpoint_dir(storage, claimed.job_id)
     compile_dir = storage / "compile_cache" / str(claimed.job_id)
     node = claimed.placement[node_rank]
     slots = len(node.get("gpus") or []) or int(node.get("slots") or 1)
@@ -472,7 +493,7 @@ def run_attempt_on_host(*, attempt_id: int, fencing_token: int, node_rank: int, 
     argv, launch_env = launch_command(nproc_per_node=slots, spec_path=spec_path, run_dir=run_dir,
                                       rendezvous=claimed.rendezvous)  # fmt: skip
     env = attempt_env(claimed, attempt_id=attempt_id, token=fencing_token, checkpoint_dir=checkpoint_dir,
-                      compile_dir=compile_dir) | launch_env  # fmt: skip
+                      compile_dir=compile_dir, lease_file=run_dir / LEASE_FILE) | launch_env  # fmt: skip
     proc = TrainerProcess(argv, env=env, log_path=log_path, run_dir=run_dir, cwd=run_dir)
     runner = AttemptRunner(attempt_id=attempt_id, token=fencing_token, node_rank=node_rank, host=host,
                            settings=settings, claimed=claimed, proc=proc)  # fmt: skip
@@ -482,8 +503,11 @@ def run_attempt_on_host(*, attempt_id: int, fencing_token: int, node_rank: int, 
         for d in (run_dir, log_path.parent, compile_dir):
             d.mkdir(parents=True, exist_ok=True)
         write_fence(checkpoint_dir, fencing_token)
+        runner.renew_lease(claimed_at)  # the lease the claim granted, before any rank starts
         spec_path.write_text(json.dumps(claimed.spec, indent=2, sort_keys=True))
         proc.log_line(f"attempt {claimed.attempt_number} (token {fencing_token}) node {node_rank} on {host}")
+        if ENV_TEST_HOOKS in env:
+            proc.log_line(f"TEST HOOKS ACTIVE ({ENV_TEST_HOOKS} is set on this worker): {env[ENV_TEST_HOOKS]}")
         proc.start()
     except Exception as exc:
         log.exception("could not launch attempt %s", attempt_id)

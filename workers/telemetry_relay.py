@@ -2,7 +2,13 @@
 
 The files are the trainer's only channel to the control plane (it never imports the database). The worker
 tails them and, in the heartbeat transaction that also proves it still holds the fencing token, writes step
-metrics, progress, checkpoints, events and the attempt's first-step time.
+metrics, progress, checkpoints, events and the attempt's first-step time. A fenced worker relays nothing, so a
+checkpoint committed by an attempt that lost the job never becomes a row.
+
+The job's checkpoint rows describe the checkpoints its state comes from: a resume records the checkpoint it
+resumed from (the attempt that committed it may have been cut off before relaying it) and forgets rows past it
+(a checkpoint that failed verification or that the attempt rolled back over), and sets the job's step and loss
+to that checkpoint's.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from core.models import Attempt, Checkpoint, Job, JobMetric
@@ -127,19 +133,14 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
                 message=str(rec.get("message") or ""),
                 data={"attempt": attempt.number, "rank": rank, **(fields or {})},
             )
+            if rec.get("type") == "ROLLED_BACK" and rank == 0 and fields:
+                _forget_checkpoints_after(session, job=job, step=_int(fields.get("to_step")) or 0)
         elif kind == RecordKind.CHECKPOINT:
             _checkpoint(session, job=job, attempt=attempt, rec=rec)
         elif kind == RecordKind.RESUMED:
             step = _int(rec.get("step")) or 0
             if rank == 0:
-                attempt.resumed_from_step = step
-                record_event(
-                    session,
-                    "RESUMED",
-                    job=job,
-                    message=f"resumed from the checkpoint of step {step}",
-                    data={"attempt": attempt.number, "step": step, "path": rec.get("path")},
-                )
+                _resumed(session, job=job, attempt=attempt, rec=rec, step=step)
         elif kind == RecordKind.GPU_SAMPLE:
             gpu_samples.append(rec)
         elif kind == RecordKind.MEMORY_PREDICTION and rank == 0:
@@ -195,26 +196,60 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
         )  # fmt: skip
 
 
-def _checkpoint(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any]) -> None:
-    step = _int(rec.get("step"))
-    if step is None:
-        return
+def _resumed(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any], step: int) -> None:
+    """The attempt continues from the checkpoint of ``step``: that is now the job's progress and its loss."""
+    attempt.resumed_from_step = step
+    job.last_step = step
+    job.last_loss = _float(rec.get("loss"))
+    _forget_checkpoints_after(session, job=job, step=step)
+    if rec.get("tier", "durable") == "durable" and rec.get("sha256"):
+        token = _int(rec.get("token"))
+        writer = session.scalars(
+            select(Attempt.id).where(Attempt.job_id == job.id, Attempt.fencing_token == token)
+        ).first()
+        row = {**rec, "verified": True, "ts": rec.get("created") or rec.get("ts")}  # when it was committed
+        _upsert_checkpoint(session, job=job, attempt_id=writer, rec=row, step=step)
+    record_event(
+        session,
+        "RESUMED",
+        job=job,
+        message=f"resumed from the checkpoint of step {step}",
+        data={"attempt": attempt.number, "step": step, "path": rec.get("path"), "loss": rec.get("loss"),
+              "checkpoint_token": rec.get("token")},
+    )  # fmt: skip
+
+
+def _forget_checkpoints_after(session: Session, *, job: Job, step: int) -> None:
+    """Rows past ``step`` describe no state the job has any more (it resumed or rolled back to ``step``)."""
+    session.execute(delete(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.step > step))
+
+
+def _upsert_checkpoint(session: Session, *, job: Job, attempt_id: int | None, rec: dict[str, Any], step: int) -> None:
     # A resumed attempt may commit the same step again (after a rollback or a lost relay): one row per step.
     row = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.step == step)).first()
     if row is None:
         row = Checkpoint(job_id=job.id, step=step, path="", bytes=0, sha256="")
         session.add(row)
-    row.attempt_id = attempt.id
+    row.attempt_id = attempt_id
     row.path = str(rec.get("path") or "")[:1024]
     row.bytes = _int(rec.get("bytes")) or 0
     row.sha256 = str(rec.get("sha256") or "")[:64]
     row.verified = bool(rec.get("verified", False))
     row.created_at = _ts(rec)
+
+
+def _checkpoint(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any]) -> None:
+    step = _int(rec.get("step"))
+    if step is None:
+        return
+    _upsert_checkpoint(session, job=job, attempt_id=attempt.id, rec=rec, step=step)
+    row_bytes = _int(rec.get("bytes")) or 0
+    verified = bool(rec.get("verified", False))
     record_event(
         session,
         "CHECKPOINT",
         job=job,
-        message=f"checkpoint at step {step} ({row.bytes} bytes)",
-        data={"attempt": attempt.number, "step": step, "bytes": row.bytes, "verified": row.verified,
-              "duration_s": rec.get("duration_s")},
+        message=f"checkpoint at step {step} ({row_bytes} bytes)",
+        data={"attempt": attempt.number, "step": step, "bytes": row_bytes, "verified": verified,
+              "loss": rec.get("loss"), "duration_s": rec.get("duration_s")},
     )  # fmt: skip

@@ -17,7 +17,15 @@ from core.states import JobState, record_event
 from core.trainer_protocol import ExitCode
 from tests.support.cluster_rows import job_events, job_row
 from tests.support.services import redis_url, temporary_database
-from tests.support.workers_cluster import Cluster, SchedulerThread, cluster, submit, tiny_spec, wait_for
+from tests.support.workers_cluster import (
+    Cluster,
+    SchedulerThread,
+    cluster,
+    slow_steps,
+    submit,
+    tiny_spec,
+    wait_for,
+)
 from workers.dispatch import dispatch_attempt
 from workers.tasks import STOP_GRACE_S
 
@@ -37,10 +45,10 @@ def one_host(tmp_path: Path) -> Iterator[Cluster]:
 
 def test_forced_redelivery_is_refused_and_exactly_one_attempt_trains(one_host: Cluster) -> None:
     c = one_host
-    host = c.start_worker("a", cpu_slots=1)
+    host = c.start_worker("a", cpu_slots=1, hooks=slow_steps(0.25))
     maker = c.sessionmaker()
     with maker() as db:
-        job_id = submit(db, tiny_spec("redelivered", steps=60, sleep_s=0.25)).id
+        job_id = submit(db, tiny_spec("redelivered", steps=60)).id
         db.commit()
     sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
     try:
@@ -78,10 +86,10 @@ def test_forced_redelivery_is_refused_and_exactly_one_attempt_trains(one_host: C
 
 def test_cancel_running_job_checkpoints_and_is_cancelled_within_grace(one_host: Cluster) -> None:
     c = one_host
-    c.start_worker("a", cpu_slots=1)
+    c.start_worker("a", cpu_slots=1, hooks=slow_steps(0.1))
     maker = c.sessionmaker()
     with maker() as db:
-        job_id = submit(db, tiny_spec("cancelled", steps=400, every_steps=100, sleep_s=0.1)).id
+        job_id = submit(db, tiny_spec("cancelled", steps=400, every_steps=100)).id
         db.commit()
     sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
     try:

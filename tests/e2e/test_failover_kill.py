@@ -18,7 +18,15 @@ from core.models import Attempt, Checkpoint, Event, Usage
 from core.settings import get_settings
 from tests.support.cluster_rows import job_events, job_row
 from tests.support.services import redis_url, temporary_database
-from tests.support.workers_cluster import Cluster, SchedulerThread, cluster, submit, tiny_spec, wait_for
+from tests.support.workers_cluster import (
+    Cluster,
+    SchedulerThread,
+    cluster,
+    slow_steps,
+    submit,
+    tiny_spec,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -41,10 +49,10 @@ def _terminal(c: Cluster, job_id: int) -> str | None:
 
 def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Cluster) -> None:
     c = two_hosts
-    host_a = c.start_worker("a", cpu_slots=1)
+    host_a = c.start_worker("a", cpu_slots=1, hooks=slow_steps(0.15))
     maker = c.sessionmaker()
     wait_for(lambda: len(_hosts_up(c)) == 1, 60, "host a registered")
-    spec = tiny_spec("victim", steps=60, every_steps=10, sleep_s=0.15)
+    spec = tiny_spec("victim", steps=60, every_steps=10)
     with maker() as db:
         victim = submit(db, spec, recovery_objective_s=60.0).id
         db.commit()
@@ -53,7 +61,7 @@ def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Clus
         # The real scheduler places the victim on a (the only host); host b comes up next and the reference, same
         # spec, lands there (a is full): an uninterrupted twin.
         wait_for(lambda: job_row(c, victim).state == "RUNNING", 60, "victim running")
-        host_b = c.start_worker("b", cpu_slots=2)
+        host_b = c.start_worker("b", cpu_slots=2, hooks=slow_steps(0.15))
         wait_for(lambda: len(_hosts_up(c)) == 2, 60, "host b registered")
         with maker() as db:
             reference = submit(db, {**spec, "name": "reference"}).id

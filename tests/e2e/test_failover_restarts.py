@@ -22,7 +22,15 @@ from core.models import Attempt, Event, Job
 from core.settings import get_settings
 from tests.support.cluster_rows import job_row
 from tests.support.services import REDIS_URL_BASE, redis_url, temporary_database
-from tests.support.workers_cluster import Cluster, SchedulerThread, cluster, submit, tiny_spec, wait_for
+from tests.support.workers_cluster import (
+    Cluster,
+    SchedulerThread,
+    cluster,
+    slow_steps,
+    submit,
+    tiny_spec,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -64,13 +72,14 @@ def test_redis_then_postgres_restart_loses_and_duplicates_nothing(two_hosts: Clu
     from api.app import create_app
 
     c = two_hosts
-    c.start_worker("a", cpu_slots=1)
-    c.start_worker("b", cpu_slots=1)
+    # Slow steps on both hosts: the long job must still be training when each server goes away.
+    c.start_worker("a", cpu_slots=1, hooks=slow_steps(0.2))
+    c.start_worker("b", cpu_slots=1, hooks=slow_steps(0.2))
     maker = c.sessionmaker()
     api = TestClient(create_app(get_settings()), raise_server_exceptions=False)
     assert api.get("/readyz").status_code == 200
     with maker() as db:
-        long_job = submit(db, tiny_spec("through-restarts", steps=120, every_steps=20, sleep_s=0.2)).id
+        long_job = submit(db, tiny_spec("through-restarts", steps=120, every_steps=20)).id
         db.commit()
     sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()  # the real scheduler
     try:
@@ -80,7 +89,7 @@ def test_redis_then_postgres_restart_loses_and_duplicates_nothing(two_hosts: Clu
         subprocess.run(["redis-cli", "-u", REDIS_URL_BASE, "shutdown", "nosave"], check=False, timeout=10)
         wait_for(lambda: not _redis_alive(), 10, "redis down")
         with maker() as db:
-            orphan = submit(db, tiny_spec("admitted-while-redis-down", steps=30, sleep_s=0.05)).id
+            orphan = submit(db, tiny_spec("admitted-while-redis-down", steps=30)).id
             db.commit()
         wait_for(lambda: job_row(c, orphan).state == "ADMITTED", 30, "admitted while the broker is down")
         time.sleep(1.0)

@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
 
-from core.trainer_protocol import ExitCode  # noqa: E402
+from core.trainer_protocol import ENV_TEST_HOOKS, ExitCode  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -79,10 +79,16 @@ def make_spec(
     return path
 
 
-def env() -> dict[str, str]:
+Hooks = dict[str, Any] | None  # the trainer's test hooks, set as a worker would: KILN_TEST_HOOKS
+
+
+def env(hooks: Hooks = None) -> dict[str, str]:
     e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    for k in ("KILN_CHECKPOINT_DIR", "KILN_COMPILE_CACHE_DIR", "KILN_FENCING_TOKEN"):
+    for k in ("KILN_CHECKPOINT_DIR", "KILN_COMPILE_CACHE_DIR", "KILN_FENCING_TOKEN", "KILN_LEASE_FILE",
+              ENV_TEST_HOOKS):
         e.pop(k, None)
+    if hooks:
+        e[ENV_TEST_HOOKS] = json.dumps(hooks)
     return e
 
 
@@ -93,9 +99,9 @@ def cmd(spec: pathlib.Path, run_dir: pathlib.Path, nproc: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *tail]
 
 
-def launch(spec: pathlib.Path, run_dir: pathlib.Path, nproc: int = 1, timeout: float = 240) -> int:
+def launch(spec: pathlib.Path, run_dir: pathlib.Path, nproc: int = 1, timeout: float = 240, hooks: Hooks = None) -> int:
     proc = subprocess.run(
-        cmd(spec, run_dir, nproc), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout
+        cmd(spec, run_dir, nproc), cwd=ROOT, env=env(hooks), capture_output=True, text=True, timeout=timeout
     )
     if proc.returncode not in (0, ExitCode.PREEMPTED):
         print(proc.stdout[-3000:], proc.stderr[-6000:])
@@ -120,10 +126,11 @@ def losses(recs: list[dict[str, Any]]) -> dict[int, float]:
 
 
 @contextlib.contextmanager
-def running(spec: pathlib.Path, run_dir: pathlib.Path, nproc: int) -> Iterator[subprocess.Popen[bytes]]:
+def running(spec: pathlib.Path, run_dir: pathlib.Path, nproc: int, hooks: Hooks = None
+            ) -> Iterator[subprocess.Popen[bytes]]:
     """The trainer launched in the background; killed on the way out if it is still running."""
     proc = subprocess.Popen(
-        cmd(spec, run_dir, nproc), cwd=ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        cmd(spec, run_dir, nproc), cwd=ROOT, env=env(hooks), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         yield proc
@@ -218,9 +225,9 @@ def _children_of(pid: int) -> list[Any]:
 
 @pytest.mark.timeout(400)
 def test_sigkill_rank_resumes_and_matches(tmp_path: pathlib.Path, ddp_run: pathlib.Path) -> None:
-    spec = make_spec(tmp_path, "ddp", slots=2, test_sleep_per_step_s=0.15)
+    spec = make_spec(tmp_path, "ddp", slots=2)
     run_dir = tmp_path / "run"
-    with running(spec, run_dir, 2) as proc:
+    with running(spec, run_dir, 2, hooks={"sleep_per_step_s": 0.15}) as proc:
         if not wait_for_records(run_dir, lambda recs: any(r["kind"] == "step" and r["step"] >= 26 for r in recs),
                                 rank=1, timeout=180, interval=0.2):  # fmt: skip
             pytest.fail("the run never reached step 26")
@@ -244,12 +251,12 @@ def test_sigkill_all_ranks_resumes_from_the_local_tier(tmp_path: pathlib.Path, d
     """Tiered checkpoints: every 5 steps to a host-local dir, every 4th (20 steps) persisted to the durable
     dir.  SIGKILL both ranks after the local commit of step 25: the relaunch on the same host resumes from
     the local step 25 (the durable tier only has 20) and follows the uninterrupted curve."""
-    spec = make_spec(tmp_path, "ddp", slots=2, every=5, test_sleep_per_step_s=0.15)
+    spec = make_spec(tmp_path, "ddp", slots=2, every=5)
     data = json.loads(spec.read_text())
     data["checkpointing"].update(local_dir=str(tmp_path / "shm"), persist_every=4)
     spec.write_text(json.dumps(data))
     run_dir = tmp_path / "run"
-    with running(spec, run_dir, 2) as proc:
+    with running(spec, run_dir, 2, hooks={"sleep_per_step_s": 0.15}) as proc:
         if not wait_for_records(run_dir, lambda recs: any(e["fields"]["step"] == 25
                                                           for e in events(recs, "CHECKPOINT_LOCAL")),
                                 timeout=180, interval=0.05):  # fmt: skip
@@ -303,15 +310,14 @@ def test_corrupt_newest_checkpoint_is_skipped(tmp_path: pathlib.Path) -> None:
 @pytest.mark.parametrize(
     ("hook", "event"),
     [
-        ("inject_compile_timeout", "FALLBACK_COMPILE_TIMEOUT"),
-        ("inject_unsupported_op", "FALLBACK_UNSUPPORTED_OP"),
-        ("inject_compile_oom", "FALLBACK_OOM_DETECTED"),
+        ("compile_timeout", "FALLBACK_COMPILE_TIMEOUT"),
+        ("unsupported_op", "FALLBACK_UNSUPPORTED_OP"),
+        ("compile_oom", "FALLBACK_OOM_DETECTED"),
     ],
 )
 def test_compile_breaker_falls_back_to_eager(tmp_path: pathlib.Path, hook: str, event: str) -> None:
-    hooks: dict[str, Any] = {hook: True}
-    spec = make_spec(tmp_path, "c", steps=5, every=None, compile_mode="regional", timeout_s=2.0, n_layer=1, **hooks)
-    assert launch(spec, tmp_path / "run") == 0
+    spec = make_spec(tmp_path, "c", steps=5, every=None, compile_mode="regional", timeout_s=2.0, n_layer=1)
+    assert launch(spec, tmp_path / "run", hooks={hook: True}) == 0
     recs = records(tmp_path / "run")
     ev = events(recs, event)
     assert ev, [r for r in recs if r["kind"] == "event"]
@@ -327,8 +333,8 @@ def test_compile_breaker_falls_back_to_eager(tmp_path: pathlib.Path, hook: str, 
 
 @pytest.mark.timeout(300)
 def test_loss_spike_is_rolled_back(tmp_path: pathlib.Path) -> None:
-    spec = make_spec(tmp_path, "s", steps=50, every=10, inject_loss_spike_at_step=35, inject_loss_spike_len=2)
-    assert launch(spec, tmp_path / "run") == 0
+    spec = make_spec(tmp_path, "s", steps=50, every=10)
+    assert launch(spec, tmp_path / "run", hooks={"loss_spike_at_step": [35], "loss_spike_len": 2}) == 0
     recs = records(tmp_path / "run")
     spike = events(recs, "LOSS_SPIKE")
     assert len(spike) == 1
@@ -345,18 +351,17 @@ def test_loss_spike_is_rolled_back(tmp_path: pathlib.Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_too_many_spikes_exits_with_its_code(tmp_path: pathlib.Path) -> None:
-    spec = make_spec(
-        tmp_path, "t", steps=50, every=10, inject_loss_spike_at_step=[30, 38], inject_loss_spike_len=2, max_spikes=1
-    )
-    assert launch(spec, tmp_path / "run") == ExitCode.TOO_MANY_SPIKES
+    spec = make_spec(tmp_path, "t", steps=50, every=10, max_spikes=1)
+    hooks = {"loss_spike_at_step": [30, 38], "loss_spike_len": 2}
+    assert launch(spec, tmp_path / "run", hooks=hooks) == ExitCode.TOO_MANY_SPIKES
     assert events(records(tmp_path / "run"), "TOO_MANY_SPIKES")
 
 
 @pytest.mark.timeout(300)
 def test_sigterm_checkpoints_and_exits_preempted(tmp_path: pathlib.Path) -> None:
     run_dir = tmp_path / "run"
-    spec = make_spec(tmp_path, "p", steps=200, every=None, test_sleep_per_step_s=0.05)
-    with running(spec, run_dir, 1) as proc:
+    spec = make_spec(tmp_path, "p", steps=200, every=None)
+    with running(spec, run_dir, 1, hooks={"sleep_per_step_s": 0.05}) as proc:
         wait_for_records(run_dir, lambda recs: any(r["kind"] == "step" and r["step"] >= 5 for r in recs),
                          timeout=120, interval=0.1)  # fmt: skip
         proc.send_signal(signal.SIGTERM)

@@ -12,6 +12,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
+from core.fence import job_checkpoint_dir, read_fence, write_fence
 from core.models import GPU, Attempt, Event, Host, Job, QosClass, Usage
 from core.settings import Settings
 from core.states import record_event
@@ -72,6 +73,34 @@ def test_expired_lease_requeues_with_backoff_and_frees_the_attempt(db: Session) 
     assert pending[job.id].avoid_hosts == frozenset({"rec-a"})
     usage = db.scalars(select(Usage).where(Usage.attempt_id == attempt.id)).one()
     assert usage.ended_at is not None and usage.gpu_type == "cpu"
+
+
+def test_a_lost_attempt_loses_its_fence_once_the_loss_is_committed(db: Session, tmp_path: Path) -> None:
+    """A trainer the reconciler cannot see (its worker frozen) must not commit once its attempt is LOST: the fence
+    on the shared storage is revoked after, and only after, the transaction that declared it lost commits."""
+    settings = Settings(lease_s=10.0, heartbeat_interval_s=1.0, storage_dir=tmp_path)
+    host = _host(db, "rec-f")
+    (job, attempt), (kept, kept_attempt) = _running(db, host), _running(db, host)
+    fence, kept_fence = job_checkpoint_dir(tmp_path, job.id), job_checkpoint_dir(tmp_path, kept.id)
+    write_fence(fence, attempt.fencing_token)
+    write_fence(kept_fence, kept_attempt.fencing_token)
+    later = utcnow() + timedelta(seconds=SETTINGS.lease_s + 1)
+    host.last_heartbeat_at = later
+    kept_attempt.lease_expires_at = later + timedelta(seconds=5)  # this one's worker renewed in time
+    reconcile(db=db, now=later, settings=settings)
+    assert attempt.state == "LOST" and kept_attempt.state == "RUNNING"
+    assert read_fence(fence) == str(attempt.fencing_token), "revoked before the loss was committed"
+    db.commit()
+    assert read_fence(fence) == f"revoked:{attempt.fencing_token}"
+    assert read_fence(kept_fence) == str(kept_attempt.fencing_token)
+
+    # A pass whose decision is rolled back revokes nothing.
+    later2 = later + timedelta(seconds=SETTINGS.lease_s)
+    host.last_heartbeat_at = later2
+    reconcile(db=db, now=later2, settings=settings)
+    assert kept_attempt.state == "LOST"
+    db.rollback()
+    assert read_fence(kept_fence) == str(kept_attempt.fencing_token)
 
 
 def test_past_max_restarts_fails_with_the_reason(db: Session) -> None:
@@ -203,14 +232,17 @@ def test_gpu_xid_error_excludes_the_host_until_its_time_is_served(db: Session, t
     assert host.state == "UP" and all(g.healthy for g in host.gpus)
 
 
-def test_attempt_env_enforces_the_qos_caps_on_gpus(db: Session) -> None:
+def test_attempt_env_enforces_the_qos_caps_on_gpus(db: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_TEST_HOOKS", '{"sleep_per_step_s": 0.1}')  # the test harness's, on this worker
+    monkeypatch.setenv("KILN_BROKER_URL", "redis://:secret@broker:6379")
     silver = db.scalars(select(QosClass).where(QosClass.name == "silver")).one()
     silver.gpu_memory_cap_bytes, silver.sm_percent = 4 * 10**9, 60  # an admin's caps (the seeded silver has none)
     gpus = [GPU(uuid=f"GPU-{i}", index=i, model="H200", memory_bytes=140 * 10**9, host_id=0,
                 nvlink_peers=["x"]) for i in range(2)]  # fmt: skip
     claimed = Claimed(job_id=5, attempt_number=2, spec={}, placement=[], gpus=gpus, qos=silver,
                       host_links={"pcie_bytes_per_s": 64 * 10**9}, rendezvous=None, time_left_s=None)  # fmt: skip
-    env = attempt_env(claimed, attempt_id=9, token=4, checkpoint_dir=Path("/c"), compile_dir=Path("/k"))
+    env = attempt_env(claimed, attempt_id=9, token=4, checkpoint_dir=Path("/c"), compile_dir=Path("/k"),
+                      lease_file=Path("/r/lease"))  # fmt: skip
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-0,GPU-1"
     assert env["KILN_FENCING_TOKEN"] == "4" and env["KILN_CHECKPOINT_DIR"] == "/c"
     assert float(env["KILN_GPU_MEMORY_FRACTION"]) == pytest.approx(4e9 / 140e9, rel=1e-4)  # silver: 4 GB
@@ -218,9 +250,10 @@ def test_attempt_env_enforces_the_qos_caps_on_gpus(db: Session) -> None:
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=3814M,1=3814M"
     assert env["NCCL_MAX_NCHANNELS"] == "8"  # 16 GB/s of a 64 GB/s link: a quarter of 32 channels
     assert env["NCCL_NVLS_ENABLE"] == "0"
+    assert env["KILN_LEASE_FILE"] == "/r/lease" and env["KILN_TEST_HOOKS"] == '{"sleep_per_step_s": 0.1}'
     assert not any(k.startswith("KILN_") and k not in (
         "KILN_FENCING_TOKEN", "KILN_CHECKPOINT_DIR", "KILN_COMPILE_CACHE_DIR", "KILN_JOB_ID", "KILN_ATTEMPT_ID",
-        "KILN_GPU_MEMORY_FRACTION") for k in env)  # fmt: skip
+        "KILN_GPU_MEMORY_FRACTION", "KILN_LEASE_FILE", "KILN_TEST_HOOKS") for k in env)  # fmt: skip
 
 
 def test_backoff_escalates_only_while_attempts_do_not_train(db: Session) -> None:

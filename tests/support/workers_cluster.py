@@ -6,6 +6,7 @@ running beside them in a thread.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -30,6 +31,7 @@ from core.models import Attempt, Host, Job, QosClass, SlaContract, Team, TeamQuo
 from core.settings import Settings, get_settings
 from core.spec import parse_spec_data
 from core.states import record_event
+from core.trainer_protocol import ENV_TEST_HOOKS
 from scheduler.apply import apply_all
 from scheduler.decisions import Admission, Decisions, PlacementEntry
 from scheduler.loop import CycleResult, run_cycle
@@ -40,17 +42,23 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
-# The main job, slowed down so that a test can act mid-run (the trainer's own test hook), and fast to restart.
-def tiny_spec(name: str, *, steps: int = 60, every_steps: int = 10, sleep_s: float = 0.15, **hp: Any) -> dict[str, Any]:
+# The main job, fast to restart. A test that acts mid-run slows its steps down on the worker, not in the spec:
+# ``start_worker(..., hooks=slow_steps(0.15))``.
+def tiny_spec(name: str, *, steps: int = 60, every_steps: int = 10, **hp: Any) -> dict[str, Any]:
     return {
         "name": name, "team": "default", "steps": steps, "seed": 1234,
         "recipe": {"name": "gpt", "hyperparameters": {
             "size": "tiny", "corpus": "stdlib", "batch_size": 8, "seq_len": 128, "lr": 0.003,
-            "test_sleep_per_step_s": sleep_s, "heartbeat_s": 0.5, **hp}},
+            "heartbeat_s": 0.5, **hp}},
         "resources": {"gpus": 0, "cpu_slots": 1}, "parallelism": "ddp", "compile": {"mode": "off"},
         "precision": "fp32", "checkpointing": {"every_steps": every_steps, "keep_last": 3, "asynchronous": False},
         "sla": {"qos": "silver"},
     }  # fmt: skip
+
+
+def slow_steps(seconds: float) -> dict[str, Any]:
+    """The trainer's test hooks (``KILN_TEST_HOOKS``) that make every step take ``seconds`` more."""
+    return {"sleep_per_step_s": seconds}
 
 
 def wait_for(predicate: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2) -> T:
@@ -124,13 +132,16 @@ class Cluster:
     def sessionmaker(self) -> sessionmaker[Session]:
         return core_db.get_sessionmaker()
 
-    def start_worker(self, label: str, *, cpu_slots: int = 1) -> str:
+    def start_worker(self, label: str, *, cpu_slots: int = 1, hooks: dict[str, Any] | None = None) -> str:
+        """``hooks``: the trainer's test hooks for every attempt this worker runs, set the one way they can be:
+        in the worker's own environment (``KILN_TEST_HOOKS``), which it passes to the ranks it launches."""
         name = self.host(label)
         log = self.tmp / f"worker-{label}.log"
         self.logs[name] = log
+        env = {**self.env, ENV_TEST_HOOKS: json.dumps(hooks)} if hooks else self.env
         self.workers[name] = subprocess.Popen(
             [sys.executable, "-m", "workers", "--host", name, "--cpu-slots", str(cpu_slots), "--address", "127.0.0.1"],
-            env=self.env, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+            env=env, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
             start_new_session=True,
         )
         return name

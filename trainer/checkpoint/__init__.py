@@ -7,13 +7,14 @@ Layout under the job's checkpoint directory (``KILN_CHECKPOINT_DIR``, shared by 
                                                           (replicated state, DDP or one process: "raw")
     step_00000040/model.pt, optim.pt, extra.pt            (replicated state of older attempts: "torch")
     step_00000040/*.distcp, .metadata, extra.pt           (sharded FSDP2 state through DCP)
-    fence                                                 (the current fencing token, written by the worker)
+    fence                                                 (the current fencing token: written by the worker,
+                                                           revoked by the reconciler when it declares an attempt lost)
 
 Saving: state is staged into reusable CPU buffers (pinned on CUDA, copied on a side stream so the next
 step's forward overlaps the copy), then a background thread writes ``.tmp-step_N-*``, fsyncs every file,
-writes the manifest with a sha256 per file and renames the directory into place - but only while the fence
-file still names this attempt's token.  Loading takes the newest directory whose manifest verifies; corrupt
-ones are skipped with an event.
+writes the manifest with a sha256 per file and renames the directory into place - but only while this
+attempt's lease is valid and the fence file still names its token (``core.fence``).  Loading takes the
+newest directory whose manifest verifies; corrupt ones are skipped with an event.
 
 One module per layer, each documenting its own:
 
@@ -31,7 +32,6 @@ from trainer.checkpoint.store import (
     MANIFEST,
     PREFIX,
     FencedError,
-    fence_ok,
     list_checkpoints,
     remove_checkpoint,
     sha256_file,
@@ -52,7 +52,6 @@ __all__ = [
     "TREE",
     "Checkpointer",
     "FencedError",
-    "fence_ok",
     "list_checkpoints",
     "load_raw",
     "remove_checkpoint",

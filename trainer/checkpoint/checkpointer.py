@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from core.fence import fence_names
 from core.trainer_protocol import RecordKind
 from trainer.checkpoint.raw import (
     TENSORS,
@@ -81,8 +82,10 @@ class Checkpointer:
 
     def __init__(self, root: pathlib.Path, *, rank: int, world_size: int, token: int | None, keep_last: int,
                  asynchronous: bool, sharded: bool, group: Any, device: torch.device,
-                 telemetry: Telemetry, local_root: pathlib.Path | None = None, persist_every: int = 1) -> None:
+                 telemetry: Telemetry, local_root: pathlib.Path | None = None, persist_every: int = 1,
+                 lease: Callable[[str], None] | None = None) -> None:
         self.root = root
+        self.lease = lease  # before every commit and deletion: returns only while this attempt may write
         self.local_root = local_root
         self.persist_every = max(1, persist_every)
         self.rank, self.world_size, self.token = rank, world_size, token
@@ -155,8 +158,11 @@ class Checkpointer:
         persist = self.local_root is not None and (blocking or self._count % self.persist_every == 0)
         extras = self._gather(extra)
         tmp = self.write_root / f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
+        # The loss of the step saved, readable without loading the state: what the job's record must show
+        # for it (a resumed attempt that trains no further step reports this one).
         meta = {"world_size": self.world_size, "format": "dcp" if self.sharded else "raw",
-                "torch": torch.__version__, "tier": LOCAL if self.local_root is not None else DURABLE}
+                "torch": torch.__version__, "tier": LOCAL if self.local_root is not None else DURABLE,
+                "loss": extra.get("loss")}
         if self.sharded:
             self._save_sharded(step, model, optimizer, extras, tmp, meta, persist)
         else:
@@ -231,13 +237,14 @@ class Checkpointer:
                 written: dict[str, tuple[int, str]] | None, t0: float, persist: bool) -> None:
         final = self.write_root / step_dir_name(step)
         manifest = write_manifest_and_commit(tmp, final, step=step, token=self.token, meta=meta, written=written,
-                                             fence_root=self.root)
+                                             fence_root=self.root, lease=self.lease)
         total = sum(f["bytes"] for f in manifest["files"].values())
         # stall_s: how long save() held the training loop (waiting for the previous write + staging);
         # write_s: staging copy, data files, fsyncs, manifest and rename, in the background.
         fields: dict[str, Any] = {
             "step": step, "path": str(final), "bytes": total, "sha256": sha256_file(final / MANIFEST),
-            "verified": True, "format": meta.get("format"), "tier": meta["tier"],
+            "verified": True, "format": meta.get("format"), "tier": meta["tier"], "loss": meta.get("loss"),
+            "token": self.token,
             "stall_s": self._stalls.pop(step, None),  # None if the write beat save()'s return
             "write_s": time.perf_counter() - t0}
         if self.local_root is None:
@@ -337,7 +344,7 @@ class Checkpointer:
             meta.update(tier=DURABLE, persisted_from=str(src), local_sha256=sha256_file(src / MANIFEST))
             final = self.root / src.name
             durable = write_manifest_and_commit(tmp, final, step=job.step, token=self.token, meta=meta,
-                                                written=written)
+                                                written=written, lease=self.lease)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -345,7 +352,8 @@ class Checkpointer:
         self.tel.emit(RecordKind.CHECKPOINT, step=job.step, path=str(final),
                       bytes=sum(f["bytes"] for f in durable["files"].values()),
                       sha256=sha256_file(final / MANIFEST), verified=True, format=durable.get("format"),
-                      tier=DURABLE, source=str(src), persist_s=time.perf_counter() - t0, stall_s=None)
+                      tier=DURABLE, source=str(src), persist_s=time.perf_counter() - t0, stall_s=None,
+                      loss=durable.get("loss"), token=self.token)
         self.prune(self.root)
 
     def io_in_flight(self) -> str | None:
@@ -404,6 +412,11 @@ class Checkpointer:
         self.wait_persist()
         removed: set[int] = set()
         if self.rank == 0:
+            # An attempt that may no longer commit must not delete what a newer attempt committed either.
+            if self.lease is not None:
+                self.lease(f"rollback to before step {step}")
+            if not fence_names(self.root, self.token):
+                raise FencedError(f"fence no longer names token {self.token}; rollback not done")
             for tier_root in self.roots():
                 for s, path in list_checkpoints(tier_root):
                     if s >= step:

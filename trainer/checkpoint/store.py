@@ -3,7 +3,8 @@
 A checkpoint is committed in one protocol: its files are written under ``.tmp-step_N-*`` (a name never
 listed), each is fsynced, ``manifest.json`` records every file's size and sha256 (plus the step, the writer's
 fencing token and the writer's metadata), and the directory is renamed to ``step_N`` - but only while the
-fence file still names the writer's token, so an attempt that lost its lease never commits state.  A listed
+writer's lease is valid and the fence file still names its token (``core.fence``), so an attempt that lost its
+lease never commits state.  A listed
 checkpoint is therefore complete or it is not there; ``verify`` re-hashes it against its manifest to catch
 what changed on disk since.  Removal renames out of the listed names first, for the same reason.
 """
@@ -18,9 +19,10 @@ import pathlib
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
-from core.trainer_protocol import FENCE_FILE
+from core.fence import fence_names
 
 PREFIX = "step_"
 MANIFEST = "manifest.json"
@@ -29,16 +31,6 @@ EXTRA = "extra.pt"
 
 class FencedError(RuntimeError):
     """The fence file names another attempt: this one may no longer commit state (-> ExitCode.FENCED)."""
-
-
-def fence_ok(root: pathlib.Path, token: int | None) -> bool:
-    if token is None:
-        return True
-    try:
-        current = (root / FENCE_FILE).read_text().strip()
-    except FileNotFoundError:
-        return True  # no control plane wrote a fence (standalone run): nothing to respect
-    return current == str(token)
 
 
 def sha256_file(path: pathlib.Path) -> str:
@@ -104,10 +96,13 @@ def verify(path: pathlib.Path) -> str | None:
 def write_manifest_and_commit(tmp: pathlib.Path, final: pathlib.Path, *, step: int, token: int | None,
                               meta: dict[str, Any],
                               written: dict[str, tuple[int, str]] | None = None,
-                              fence_root: pathlib.Path | None = None) -> dict[str, Any]:
+                              fence_root: pathlib.Path | None = None,
+                              lease: Callable[[str], None] | None = None) -> dict[str, Any]:
     """``written``: files the caller already fsynced and hashed while writing them (name -> bytes, sha256);
     every other file under ``tmp`` is fsynced and hashed here.  ``fence_root``: the directory holding the
-    fence file (the durable job dir; default ``final``'s parent) - a local-tier commit obeys it too."""
+    fence file (the durable job dir; default ``final``'s parent) - a local-tier commit obeys it too.
+    ``lease``: called just before the fence check and the rename (``trainer.lease.LeaseGuard.ensure``); it
+    returns only while this attempt holds its lease, and raises ``FencedError`` when it may no longer commit."""
     files = {}
     for f in sorted(tmp.rglob("*")):
         if f.is_file():
@@ -124,9 +119,14 @@ def write_manifest_and_commit(tmp: pathlib.Path, final: pathlib.Path, *, step: i
         fh.flush()
         os.fsync(fh.fileno())
     _fsync_dir(tmp)
-    if not fence_ok(fence_root or final.parent, token):
+    try:
+        if lease is not None:
+            lease(f"commit of step {step}")
+        if not fence_names(fence_root or final.parent, token):
+            raise FencedError(f"fence no longer names token {token}; checkpoint at step {step} not committed")
+    except FencedError:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise FencedError(f"fence no longer names token {token}; checkpoint at step {step} not committed")
+        raise
     if final.exists():  # a rolled-back run re-reaching a step: the new state replaces the old
         remove_checkpoint(final)
     os.rename(tmp, final)

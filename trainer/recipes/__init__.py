@@ -84,7 +84,7 @@ class Recipe(abc.ABC):
 
     def config_dict(self) -> dict[str, Any]:
         """What identifies the compiled graph (compile-cache key)."""
-        return {"recipe": self.name, **{k: v for k, v in sorted(self.hp.items()) if not k.startswith("inject_")}}
+        return {"recipe": self.name, **dict(sorted(self.hp.items()))}
 
     def batch_to(self, batch: Any, device: torch.device) -> Any:
         non_blocking = device.type == "cuda"

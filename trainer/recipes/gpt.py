@@ -46,7 +46,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd)
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=False)
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=False)
-        # Test hook (inject_unsupported_op): a data-dependent Python branch, which Dynamo cannot put in one
+        # Test hook (TestHooks.unsupported_op): a data-dependent Python branch, which Dynamo cannot put in one
         # graph; with fullgraph=True the compile fails the way a genuinely unsupported op does.
         self.inject_unsupported = False
 

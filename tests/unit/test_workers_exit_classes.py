@@ -1,0 +1,46 @@
+"""How an attempt's end is classified: who caused it decides whether the job restarts (table-driven)."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.trainer_protocol import ExitCode
+from workers.exit_classes import ExitClass, StopRequest, classify
+
+DATA_LINE = "building the data: ValueError: corpus shorter than one sequence"
+
+CASES: dict[str, tuple[dict[int, int], int, StopRequest | None, dict[int, str], ExitClass, str]] = {
+    # name: (rank codes, torchrun's code, stop the worker asked for, ranks' error lines, class, reason starts with)
+    "done": ({0: 0, 1: 0}, 0, None, {}, ExitClass.SUCCEEDED, "succeeded"),
+    "user mistake, with its own line": ({0: 2, 1: 2}, 1, None, {0: DATA_LINE, 1: DATA_LINE},
+                                        ExitClass.USER_ERROR, f"user error: {DATA_LINE}"),
+    "user mistake on one rank": ({0: 0, 1: 2}, 1, None, {1: DATA_LINE}, ExitClass.USER_ERROR,
+                                 f"user error: {DATA_LINE}"),
+    "user mistake, no line": ({0: 2}, 1, None, {}, ExitClass.USER_ERROR, "user error (rank 0: exit code 2"),
+    "spike guard gave up": ({0: 77}, 1, None, {}, ExitClass.USER_ERROR, "user error (rank 0: exit code 77"),
+    "crash the trainer did not blame on the user": ({0: 1}, 1, None, {0: "RuntimeError: boom"},
+                                                    ExitClass.INFRASTRUCTURE, "crashed: exit code 1"),
+    "killed (OOM killer, host loss)": ({}, -9, None, {}, ExitClass.INFRASTRUCTURE, "crashed: killed by SIGKILL"),
+    "collective failed": ({0: 79, 1: 1}, 1, None, {}, ExitClass.NCCL_ERROR, "NCCL error"),
+    "out of memory": ({0: 78}, 1, None, {}, ExitClass.OOM, "out of memory"),
+    "lease not renewed": ({0: 80}, 1, None, {}, ExitClass.INFRASTRUCTURE, "lease expired"),
+    "fenced": ({0: 76}, 1, None, {}, ExitClass.FENCED, "fenced"),
+    "outside SIGTERM": ({0: 75}, 1, None, {}, ExitClass.DRAINED, "stopped by an outside SIGTERM"),
+    "preempted by us": ({0: 75}, 1, StopRequest(ExitClass.PREEMPTED), {}, ExitClass.PREEMPTED, "preempted"),
+    "fenced stop by us": ({0: 80}, 1, StopRequest(ExitClass.FENCED), {}, ExitClass.FENCED, "fenced"),
+    "finished before our stop": ({0: 0}, 0, StopRequest(ExitClass.CANCELLED), {}, ExitClass.SUCCEEDED,
+                                 "finished before the stop"),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_classify(name: str) -> None:
+    codes, launcher, stop, errors, cls, reason = CASES[name]
+    outcome = classify(codes, launcher, stop, errors)
+    assert outcome.exit_class is cls, outcome
+    assert outcome.reason.startswith(reason), outcome.reason
+
+
+def test_every_trainer_exit_code_is_classified_on_purpose() -> None:
+    seen = {code for codes, *_ in CASES.values() for code in codes.values()}
+    assert set(ExitCode) <= seen
