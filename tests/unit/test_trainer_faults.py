@@ -72,6 +72,30 @@ def test_a_mistake_building_the_data_exits_user_error_with_its_line(tmp_path: pa
     assert last["fields"]["error"] == "building the data: ValueError: corpus shorter than one sequence"
 
 
+def test_a_resume_with_no_step_left_reports_its_checkpoints_step_and_loss(tmp_path: pathlib.Path) -> None:
+    # A lost attempt's trainer once committed the final checkpoint; the next attempt resumed from it, trained 0
+    # steps, and the job was recorded with a stale step and no loss. The final record is the checkpoint's.
+    from trainer.loop import run
+    from trainer.parallel import DistEnv
+
+    job = parse_spec_data({"name": "x", "team": "t", "steps": 3, "compile": {"mode": "off"}, "precision": "fp32",
+                           "checkpointing": {"every_steps": 3},
+                           "recipe": {"name": "gpt", "hyperparameters": {"size": "tiny", "corpus": "synthetic",
+                                                                         "batch_size": 2, "seq_len": 16}}})
+    env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
+    assert run(job, tmp_path / "run", env) == ExitCode.SUCCEEDED
+    assert run(job, tmp_path / "run", env) == ExitCode.SUCCEEDED  # the same job again: nothing left to train
+    recs = records(tmp_path)
+    first, second = [r for r in recs if r["kind"] == "done"]
+    (resumed,) = [r for r in recs if r["kind"] == "resumed"]
+    (ckpt,) = [r for r in recs if r["kind"] == "checkpoint"]
+    manifest = json.loads((tmp_path / "run" / "checkpoints" / "step_00000003" / "manifest.json").read_text())
+    assert first["final_loss"] is not None and first["steps"] == 3
+    assert (second["steps"], second["final_loss"]) == (3, first["final_loss"])
+    assert (resumed["step"], resumed["loss"], resumed["sha256"]) == (3, first["final_loss"], ckpt["sha256"])
+    assert manifest["loss"] == ckpt["loss"] == first["final_loss"]
+
+
 # ---- test hooks: the worker's environment, never the spec ----------------------------------------------
 def test_test_hooks_come_from_the_environment_only() -> None:
     assert config.TestHooks.from_env({}) == config.TestHooks()

@@ -1,0 +1,91 @@
+"""What the worker records when an attempt ends, against a real PostgreSQL (a rolled-back transaction per test):
+the job's result is what its checkpoints hold."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from core.db import utcnow
+from core.models import Checkpoint, Event
+from core.settings import Settings
+from scheduler.reconciler import requeue_after_failure
+from tests.support.workers_cluster import admit, submit, tiny_spec
+from workers.exit_classes import ExitClass, Outcome
+from workers.host_agent import HostAgent
+from workers.inventory import NoGpus
+from workers.supervisor import TrainerProcess
+from workers.tasks import AttemptRunner, claim
+from workers.telemetry_relay import RelayState, relay
+
+pytestmark = pytest.mark.integration
+
+SETTINGS = Settings(lease_s=10.0, heartbeat_interval_s=1.0)
+
+
+def _checkpoint(step: int, loss: float, **kw: Any) -> dict[str, Any]:
+    return {"kind": "checkpoint", "rank": 0, "ts": time.time(), "step": step, "path": f"/c/step_{step:08d}",
+            "bytes": 100, "sha256": f"{step:064d}", "verified": True, "loss": loss, **kw}  # fmt: skip
+
+
+def test_a_resume_that_trains_no_step_records_its_checkpoints_step_and_loss(db: Session, tmp_path: Path) -> None:
+    host = HostAgent(name="rep-a", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
+                     heartbeat_interval_s=1).register(db)  # fmt: skip
+    db.flush()
+    job = submit(db, tiny_spec("resumed-at-the-end", steps=60))
+    first = admit(db, job, host)
+    claim(db, attempt_id=first.id, token=first.fencing_token, node_rank=0, host=host.name, delivery="d1",
+          settings=SETTINGS)  # fmt: skip
+    # The first attempt relayed two checkpoints and a step past them; its worker froze, its trainer committed
+    # step 60 - the end - before its lease ran out, and the attempt was declared lost.
+    steps = [{"kind": "step", "rank": 0, "ts": time.time(), "step": 25, "loss": 3.0}]
+    relay(db, job=job, attempt=first, state=RelayState(), records=[_checkpoint(10, 4.0), _checkpoint(20, 3.5), *steps])
+    requeue_after_failure(db, job=job, attempt=first, reason="lease expired", now=utcnow())
+    assert job.last_step == 25 and job.state == "QUEUED"
+
+    second = admit(db, job, host)
+    claimed = claim(db, attempt_id=second.id, token=second.fencing_token, node_rank=0, host=host.name,
+                    delivery="d2", settings=SETTINGS)  # fmt: skip
+    proc = TrainerProcess([], env={}, log_path=tmp_path / "2.log", run_dir=tmp_path / "run", cwd=tmp_path)
+    runner = AttemptRunner(attempt_id=second.id, token=second.fencing_token, node_rank=0, host=host.name,
+                           settings=SETTINGS, claimed=claimed, proc=proc)  # fmt: skip
+    # It resumed from the lost attempt's final checkpoint, had no step left to train, and finished.
+    created = time.time() - 30
+    runner.buffer = [{"kind": "resumed", "rank": 0, "ts": time.time(), "step": 60, "loss": 2.5,
+                      "token": first.fencing_token, "path": "/c/step_00000060", "bytes": 100,
+                      "sha256": "f" * 64, "created": created, "tier": "durable"}]  # fmt: skip
+    runner.relay_state.done = {"kind": "done", "rank": 0, "steps": 60, "final_loss": 2.5}
+    runner._report(db, Outcome(ExitClass.SUCCEEDED, "succeeded"), 0)
+
+    assert job.state == "SUCCEEDED" and (job.last_step, job.last_loss) == (60, 2.5)
+    done = db.scalars(select(Event).where(Event.job_id == job.id, Event.type == "SUCCEEDED")).one()
+    assert done.data["final_loss"] == 2.5 and done.data["last_step"] == 60
+    rows = {r.step: r for r in db.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id))}
+    assert sorted(rows) == [10, 20, 60]  # 60, never relayed by its writer, is where the job's state comes from
+    assert rows[60].attempt_id == first.id and rows[60].sha256 == "f" * 64
+    assert rows[60].created_at.timestamp() == pytest.approx(created)
+    assert second.resumed_from_step == 60
+
+
+def test_rows_past_a_resume_or_a_rollback_are_forgotten(db: Session) -> None:
+    host = HostAgent(name="rep-b", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
+                     heartbeat_interval_s=1).register(db)  # fmt: skip
+    db.flush()
+    job = submit(db, tiny_spec("rolled-back", steps=60))
+    attempt = admit(db, job, host)
+    state = RelayState()
+    relay(db, job=job, attempt=attempt, state=state, records=[_checkpoint(s, 4.0 - s / 100) for s in (10, 20, 30)])
+    # The newest failed verification: the trainer resumed from 20, and the row of 30 describes nothing usable.
+    resumed = {"kind": "resumed", "rank": 0, "ts": time.time(), "step": 20, "loss": 3.8, "tier": "durable"}
+    relay(db, job=job, attempt=attempt, state=state, records=[resumed])
+    assert sorted(db.scalars(select(Checkpoint.step).where(Checkpoint.job_id == job.id))) == [10, 20]
+    assert (job.last_step, job.last_loss) == (20, 3.8)
+    rolled = {"kind": "event", "rank": 0, "ts": time.time(), "type": "ROLLED_BACK", "message": "rolled back",
+              "fields": {"to_step": 10, "removed_checkpoints": [20]}}  # fmt: skip
+    relay(db, job=job, attempt=attempt, state=state, records=[rolled])
+    assert sorted(db.scalars(select(Checkpoint.step).where(Checkpoint.job_id == job.id))) == [10]
