@@ -458,7 +458,7 @@ class AttemptRunner:
         else:
             # INFRASTRUCTURE, NCCL_ERROR, or FENCED by the fence file while the database still gives this attempt
             # the job (a fence that lost its token some other way): either way the job must run again.
-            incident = cls.value if cls is not ExitClass.FENCED else "fence_lost"
+            incident = cls.value if cls is not ExitClass.FENCED else ExitClass.INFRASTRUCTURE.value
             requeue_after_failure(db, job=job, attempt=attempt, reason=outcome.reason, now=now,
                                   data={**data, "incident": incident})  # fmt: skip
             attempt.exit_code = exit_code
