@@ -1,5 +1,5 @@
-"""Acceptance 2: restart Redis mid-run, then PostgreSQL mid-run: no job lost, none duplicated; the API answers
-503 while the database is away and recovers by itself.
+"""Acceptance 2: restart Redis mid-run, then PostgreSQL mid-run (down for a lease): no job lost, none duplicated,
+none restarted; the API answers 503 while the database is away and recovers by itself.
 
 These servers are shared with the rest of the suite: the outages are kept to seconds and this is the only test
 that causes them. Commands as in DEVELOPERS.md.
@@ -97,14 +97,15 @@ def test_redis_then_postgres_restart_loses_and_duplicates_nothing(two_hosts: Clu
         wait_for(_redis_alive, 10, "redis back")
         step_after_redis = job_row(c, long_job).last_step
 
-        # 2. PostgreSQL goes away: the API says 503 (problem+json), training goes on, and all recovers.
+        # 2. PostgreSQL goes away for a lease: the API says 503 (problem+json), training goes on until the
+        # trainer's lease (which no worker can renew meanwhile) runs out, waits, and all recovers.
         wait_for(lambda: job_row(c, long_job).last_step > step_after_redis, 30, "training after the Redis restart")
         _pg_cluster("stop")
         try:
             away = api.get("/readyz")
             assert away.status_code == 503
             assert away.headers["content-type"].startswith("application/problem+json")
-            time.sleep(1.0)
+            time.sleep(get_settings().lease_s)
         finally:
             _pg_cluster("start")
         wait_for(lambda: api.get("/readyz").status_code == 200, 30, "API ready again by itself")
@@ -133,3 +134,7 @@ def test_redis_then_postgres_restart_loses_and_duplicates_nothing(two_hosts: Clu
         assert back and back[0].data["grace_s"] == get_settings().lease_s
         assert not db.scalars(select(Event).where(Event.type == "HOST_DOWN")).all(), "no host DOWN for the outage"
         assert db.get(Job, long_job).last_step == 120  # type: ignore[union-attr]
+        # The trainer stopped (no step, no commit) when its lease ran out, and carried on once its worker renewed
+        # the lease after the database came back: an outage longer than the lease restarts nothing.
+        types = [e.type for e in db.scalars(select(Event).where(Event.job_id == long_job).order_by(Event.id))]
+        assert types.index("LEASE_EXPIRED") < types.index("LEASE_RENEWED"), types
