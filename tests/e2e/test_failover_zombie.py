@@ -47,7 +47,7 @@ from tests.support.workers_cluster import (
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(360)]
 
 LEASE_S = 8.0
-STEPS = 80
+STEPS = 60
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def test_a_lost_attempt_never_commits_and_the_result_is_its_checkpoints(hosts: C
         wait_for(lambda: all(job_row(c, j).last_step >= 12 for j in (zombie, frozen)), 120, "both jobs training")
         host_of = {j: _attempts(c, j)[0].placement[0]["host"] for j in (zombie, frozen)}
         assert sorted(host_of.values()) == sorted(names)
-        twin_host = c.start_worker("b", cpu_slots=3, hooks=slow)  # the twin now, both restarts later
+        c.start_worker("b", cpu_slots=3, hooks=slow)  # the twin now, and room for both restarts later
         with maker() as db:
             twin = submit(db, {**spec, "name": "twin"}).id
             db.commit()
@@ -144,7 +144,7 @@ def test_a_lost_attempt_never_commits_and_the_result_is_its_checkpoints(hosts: C
     ref = job_row(c, twin)
     assert ref.state == "SUCCEEDED" and ref.last_step == STEPS, ref.exit_reason
     for job_id in (zombie, frozen):
-        _check_lost_attempt_and_result(c, job_id, lost[job_id].created_at.timestamp(), twin_host, ref.last_loss)
+        _check_lost_attempt_and_result(c, job_id, lost[job_id].created_at.timestamp(), ref.last_loss)
 
     # The zombie's trainer stopped training by itself when the lease its frozen worker no longer renewed ran out.
     assert any(r["kind"] == "event" and r["type"] == "LEASE_EXPIRED" for r in _telemetry(zombie))
@@ -153,13 +153,11 @@ def test_a_lost_attempt_never_commits_and_the_result_is_its_checkpoints(hosts: C
     assert "grace period over" not in log_text and "torchrun exited with" in log_text
 
 
-def _check_lost_attempt_and_result(c: Cluster, job_id: int, lost_at: float, restart_host: str,
-                                   twin_loss: float | None) -> None:
+def _check_lost_attempt_and_result(c: Cluster, job_id: int, lost_at: float, twin_loss: float | None) -> None:
     job = job_row(c, job_id)
     assert job.state == "SUCCEEDED", job.exit_reason
     first, second = _attempts(c, job_id)
     assert (first.state, second.state) == ("LOST", "SUCCEEDED") and job.restart_count == 1
-    assert second.placement[0]["host"] == restart_host
 
     # Nothing was committed under the lost attempt's token after it was declared lost, on disk or in telemetry.
     manifests = _manifests(job_id)
