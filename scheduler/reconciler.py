@@ -29,6 +29,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, event, select, text
@@ -111,10 +112,15 @@ def end_attempt(
 
 
 def requeue_after_failure(
-    db: Session, *, job: Job, attempt: Attempt, reason: str, now: datetime, data: dict[str, Any] | None = None
+    db: Session, *, job: Job, attempt: Attempt, reason: str, now: datetime, storage_dir: Path,
+    data: dict[str, Any] | None = None,
 ) -> str:
-    """An infrastructure failure: LOST (an incident), then QUEUED with backoff or FAILED past max_restarts."""
+    """An infrastructure failure: LOST (an incident), then QUEUED with backoff or FAILED past max_restarts.
+
+    The lost attempt's trainer may still be alive (a frozen worker, a worker that died while its trainer saved a
+    last checkpoint): once this is committed, its fence under ``storage_dir`` is revoked."""
     host_names = [n.get("host") for n in attempt.placement or []]
+    revoke_fence_after_commit(db, attempt, storage_dir)
     transition(
         db, job, JobState.LOST, message=reason,
         data={"attempt": attempt.number, "attempt_id": attempt.id, "hosts": host_names, "reason": reason,
@@ -187,10 +193,10 @@ def _flush_revocations(items: list[Any]) -> None:
             log.exception("could not revoke the fence of %s for token %s", checkpoint_dir, token)
 
 
-def revoke_fence_after_commit(db: Session, attempt: Attempt, settings: Settings) -> None:
+def revoke_fence_after_commit(db: Session, attempt: Attempt, storage_dir: Path) -> None:
     """Once the attempt is recorded as ended, take its right to commit away on the shared storage too: a trainer
-    the reconciler cannot see (its worker frozen or cut off) stops at its next commit, wherever it runs."""
-    item = (job_checkpoint_dir(settings.resolved_storage_dir, attempt.job_id), attempt.fencing_token)
+    nobody supervises (its worker frozen, cut off or dead) stops at its next commit, wherever it runs."""
+    item = (job_checkpoint_dir(storage_dir, attempt.job_id), attempt.fencing_token)
     _after_commit(db, _REVOKE_KEY, item, _flush_revocations)
 
 
@@ -382,8 +388,8 @@ def _expired_leases(db: Session, now: datetime, settings: Settings, grace_until:
             continue
         if attempt.lease_expires_at >= now:  # renewed while we waited for the lock
             continue
-        revoke_fence_after_commit(db, attempt, settings)  # it may still be alive: it must not commit
         if job.fencing_token != attempt.fencing_token or job.state not in ACTIVE:
+            revoke_fence_after_commit(db, attempt, settings.resolved_storage_dir)  # it may still be alive
             end_attempt(db, attempt, state="SUPERSEDED", reason="lease expired after the job moved on", now=now)
             actions.append(f"attempt {attempt.id}: superseded")
             continue
@@ -392,7 +398,7 @@ def _expired_leases(db: Session, now: datetime, settings: Settings, grace_until:
         reason = f"lease expired: no heartbeat from {hosts} for {silent or 0:.1f} s"
         actions.append(
             requeue_after_failure(
-                db, job=job, attempt=attempt, reason=reason, now=now,
+                db, job=job, attempt=attempt, reason=reason, now=now, storage_dir=settings.resolved_storage_dir,
                 data={"silent_s": silent, "lease_expired_at": attempt.lease_expires_at.isoformat(),
                       "incident": "lease_expired"},
             )
@@ -432,7 +438,7 @@ def _unclaimed_attempts(
             actions.append(
                 requeue_after_failure(
                     db, job=job, attempt=attempt, reason=f"attempt {attempt.number} never started: {why}", now=now,
-                    data={"incident": "never_started"},
+                    storage_dir=settings.resolved_storage_dir, data={"incident": "never_started"},
                 )
             )  # fmt: skip
             continue

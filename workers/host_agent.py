@@ -18,6 +18,7 @@ from core.db import session_scope, utcnow
 from core.gpu_types import canonical
 from core.liveness import Pulse
 from core.models import GPU, Attempt, Host, Job
+from core.settings import get_settings
 from core.states import ACTIVE, record_event
 from scheduler.reconciler import requeue_after_failure
 from workers.celery_app import host_queue
@@ -93,7 +94,8 @@ class HostAgent:
         """Attempts a previous worker process on this host was supervising: that process is gone (a crash, a
         SIGKILL, a restart), and with it their supervision, so they are lost now -- at the new worker's start --
         instead of when their lease runs out (30 s on the H200 host, most of a restart's time). Their trainers
-        were told to stop when the worker died (parent-death signal) and the next attempt's token fences them."""
+        were told to stop when the worker died (parent-death signal); the one checkpoint each may still be saving on
+        its way out is not committed once this is: their fence is revoked (``requeue_after_failure``)."""
         now = utcnow()
         actions = []
         for attempt in db.scalars(select(Attempt).where(Attempt.state == "RUNNING").order_by(Attempt.id)).all():
@@ -109,7 +111,8 @@ class HostAgent:
             silent = (now - attempt.heartbeat_at).total_seconds() if attempt.heartbeat_at else None
             reason = f"the worker on {self.name} restarted; attempt {attempt.number} lost its supervisor"
             data = {"incident": "worker_restarted", "silent_s": silent}
-            actions.append(requeue_after_failure(db, job=job, attempt=attempt, reason=reason, now=now, data=data))
+            actions.append(requeue_after_failure(db, job=job, attempt=attempt, reason=reason, now=now, data=data,
+                                                 storage_dir=get_settings().resolved_storage_dir))
         return actions
 
     def heartbeat(self, db: Session) -> None:

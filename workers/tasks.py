@@ -460,6 +460,7 @@ class AttemptRunner:
             # the job (a fence that lost its token some other way): either way the job must run again.
             incident = cls.value if cls is not ExitClass.FENCED else ExitClass.INFRASTRUCTURE.value
             requeue_after_failure(db, job=job, attempt=attempt, reason=outcome.reason, now=now,
+                                  storage_dir=self.settings.resolved_storage_dir,
                                   data={**data, "incident": incident})  # fmt: skip
             attempt.exit_code = exit_code
 

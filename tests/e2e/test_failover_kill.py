@@ -160,17 +160,17 @@ def test_a_restarted_worker_ends_its_predecessors_attempt_without_waiting_for_th
         temporary_database("kiln_restart") as url,
         cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=120.0, heartbeat_s=1.0) as c,
     ):
-        host = c.start_worker("a", cpu_slots=1)
+        host = c.start_worker("a", cpu_slots=1, hooks=slow_steps(0.15))
         maker = c.sessionmaker()
         wait_for(lambda: len(_hosts_up(c)) == 1, 60, "host registered")
         with maker() as db:
-            job_id = submit(db, tiny_spec("restarted", steps=60, every_steps=10, sleep_s=0.15)).id
+            job_id = submit(db, tiny_spec("restarted", steps=60, every_steps=10)).id
             db.commit()
         sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
         try:
             wait_for(lambda: job_row(c, job_id).last_step >= 15, 90, "past step 15")
             c.kill_worker(host)
-            c.start_worker("a", cpu_slots=1)
+            c.start_worker("a", cpu_slots=1, hooks=slow_steps(0.15))
             wait_for(lambda: _terminal(c, job_id), 150, "finished after the restart")
         finally:
             sched.stop()

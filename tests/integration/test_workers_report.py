@@ -45,7 +45,7 @@ def test_a_resume_that_trains_no_step_records_its_checkpoints_step_and_loss(db: 
     # step 60 - the end - before its lease ran out, and the attempt was declared lost.
     steps = [{"kind": "step", "rank": 0, "ts": time.time(), "step": 25, "loss": 3.0}]
     relay(db, job=job, attempt=first, state=RelayState(), records=[_checkpoint(10, 4.0), _checkpoint(20, 3.5), *steps])
-    requeue_after_failure(db, job=job, attempt=first, reason="lease expired", now=utcnow())
+    requeue_after_failure(db, job=job, attempt=first, reason="lease expired", now=utcnow(), storage_dir=tmp_path)
     assert job.last_step == 25 and job.state == "QUEUED"
 
     second = admit(db, job, host)

@@ -270,7 +270,7 @@ def test_exit_record_is_the_last_line(tmp_path: pathlib.Path) -> None:
     last = json.loads((tmp_path / "telemetry" / "rank0.jsonl").read_text().splitlines()[-1])
     assert last["kind"] == "event" and last["type"] == "EXIT"
     assert last["fields"]["exit_code"] == 2 and last["fields"]["reason"] == "USER_ERROR"
-    assert last["fields"]["error"].startswith("loading recipe 'gpt': ConfigError: ")
+    assert last["fields"]["error"].startswith("reading the hyperparameters: ConfigError: recipe.hyperparameters.size")
 
 
 def test_rss_watch_is_cheap_and_kernels_load_in_process_on_local_hit() -> None:
