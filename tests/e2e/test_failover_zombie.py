@@ -150,7 +150,7 @@ def test_a_lost_attempt_never_commits_and_the_result_is_its_checkpoints(hosts: C
     assert any(r["kind"] == "event" and r["type"] == "LEASE_EXPIRED" for r in _telemetry(zombie))
     # The frozen node was stopped by its worker within the grace, not killed after it.
     log_text = (get_settings().resolved_storage_dir / "logs" / str(frozen) / "1.log").read_text()
-    assert "grace period over" not in log_text and "torchrun exited with" in log_text
+    assert "grace period over" not in log_text and "trainer exited with" in log_text
 
 
 def _check_lost_attempt_and_result(c: Cluster, job_id: int, lost_at: float, twin_loss: float | None) -> None:
