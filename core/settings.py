@@ -16,6 +16,11 @@ def _default_home() -> Path:
     return Path.cwd() / ".kiln"
 
 
+def _default_local_tier() -> Path | None:
+    shm = Path("/dev/shm")
+    return shm / "kiln" if shm.is_dir() else None
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KILN_", extra="ignore")
 
@@ -45,6 +50,21 @@ class Settings(BaseSettings):
 
     # Storage for checkpoints, compile caches and logs (a shared filesystem in multi-host deployments).
     storage_dir: Path | None = None
+    # A worker's fast host-local directory for tiered checkpoints (tmpfs or local NVMe); each job that asks for
+    # the tier (``checkpointing.local_tier``) gets its own directory under it. Default: /dev/shm/kiln where
+    # /dev/shm exists; "" turns the tier off on this host.
+    local_tier_dir: Path | None = Field(default_factory=_default_local_tier)
+
+    # Host-wide maxima for one attempt on a worker's host (workers/isolation.py). A job's own limit comes from its
+    # spec (``resources.host_memory_bytes``; default: the host's share per training process) within these.
+    attempt_max_memory_bytes: int | None = None  # None: 80% of the host's memory
+    attempt_max_pids: int = 16384  # processes and threads
+    attempt_pids_per_process: int = 512  # per training process (a compile's worker pool included)
+
+    @field_validator("local_tier_dir", mode="before")
+    @classmethod
+    def _empty_is_off(cls, v: object) -> object:
+        return None if v == "" else v
 
     # GPU types of hosts that will join later (comma-separated, e.g. "H100-80GB,H200"): jobs and quotas may name
     # them before any such host registers. Types the hosts have registered are known without this.

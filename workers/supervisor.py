@@ -21,6 +21,7 @@ from typing import IO
 
 import psutil
 
+from workers.isolation import Confinement, preexec
 from workers.rank_entry import EXIT_DIR, set_parent_death_signal
 
 
@@ -79,8 +80,10 @@ _parent_death_sigterm = functools.partial(set_parent_death_signal, signal.SIGTER
 class TrainerProcess:
     """One torchrun launcher and the ranks it starts."""
 
-    def __init__(self, argv: list[str], *, env: Mapping[str, str], log_path: Path, run_dir: Path, cwd: Path):
+    def __init__(self, argv: list[str], *, env: Mapping[str, str], log_path: Path, run_dir: Path, cwd: Path,
+                 confinement: Confinement | None = None):  # fmt: skip
         self.argv = argv
+        self.confinement = confinement  # the attempt's host memory and process limits (workers/isolation.py)
         self.env = dict(env)
         self.log_path = log_path
         self.run_dir = run_dir
@@ -115,7 +118,7 @@ class TrainerProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # signals to the worker (Ctrl-C) are not signals to the trainer
-            preexec_fn=_parent_death_sigterm,
+            preexec_fn=preexec(self.confinement, _parent_death_sigterm),
         )
         self._tree = {self._proc.pid: psutil.Process(self._proc.pid)}
 
