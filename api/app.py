@@ -18,7 +18,7 @@ from sqlalchemy.orm import sessionmaker
 
 from api import errors
 from api.middleware import BodyLimitMiddleware, MetricsMiddleware
-from api.ratelimit import make_limiter
+from api.ratelimit import FailedAuthentications, make_limiter
 from api.routers import cluster, health, jobs, qos, sla, teams, tokens, usage, users
 from api.routers.common import ERROR_CODES
 from api.routers.health import jobs_gauge
@@ -61,6 +61,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.sessionmaker = sessionmaker(bind=engine, expire_on_commit=False)
     app.state.limiter = make_limiter(settings.resolved_broker_url, settings.rate_limit_per_minute,
                                      settings.rate_limit_burst)
+    app.state.auth_failures = FailedAuthentications(make_limiter(
+        settings.resolved_broker_url, settings.auth_failures_per_minute, settings.auth_failures_burst,
+        prefix="kiln:authfail:"))  # fmt: skip
     app.state.registry = CollectorRegistry()
     app.state.jobs_gauge = jobs_gauge(app.state.registry)
 

@@ -1,7 +1,8 @@
 """Bearer tokens on each request: authenticate (core.services.auth), check the scope the method needs, rate-limit.
 
 GET/HEAD need ``read``; every other method needs ``write``. Admin powers additionally need the ``admin`` scope,
-which the services check through ``Principal.is_admin``.
+which the services check through ``Principal.is_admin``. The rate limit is per user, so minting tokens does not
+multiply it; failed authentications are limited per client address (``api.ratelimit.FailedAuthentications``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 from fastapi import HTTPException, Request
 from sqlalchemy.orm import Session
 
-from api.ratelimit import Limiter
+from api.ratelimit import FailedAuthentications, Limiter
 from core.services.auth import authenticate
 from core.services.errors import Forbidden, Unauthenticated
 from core.services.principal import Principal
@@ -31,14 +32,34 @@ def bearer_secret(request: Request, *, allow_query_token: bool = False) -> str:
     raise Unauthenticated("missing 'Authorization: Bearer <token>' header")
 
 
+def client_address(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
 def principal_for(request: Request, db: Session, *, allow_query_token: bool = False) -> Principal:
-    principal = authenticate(db=db, secret=bearer_secret(request, allow_query_token=allow_query_token))
+    secret = bearer_secret(request, allow_query_token=allow_query_token)
+    failures: FailedAuthentications = request.app.state.auth_failures
+    address = client_address(request)
+    wait = failures.blocked_for(address)
+    if wait > 0:
+        raise _too_many(wait, "too many failed authentications from this address")
+    try:
+        principal = authenticate(db=db, secret=secret)
+    except Unauthenticated:
+        wait = failures.failed(address)
+        if wait > 0:
+            raise _too_many(wait, "too many failed authentications from this address") from None
+        raise
     needed = "read" if request.method in READ_METHODS else "write"
     if needed not in principal.scopes:
         raise Forbidden(f"this token lacks the {needed!r} scope")
     limiter: Limiter = request.app.state.limiter
-    wait = limiter.take(principal.token_id or 0)
+    wait = limiter.take(f"user:{principal.user_id}")
     if wait > 0:
-        raise HTTPException(429, "rate limit exceeded for this token", headers={"Retry-After": str(math.ceil(wait))})
+        raise _too_many(wait, "rate limit exceeded for this user")
     request.state.principal = principal
     return principal
+
+
+def _too_many(wait: float, detail: str) -> HTTPException:
+    return HTTPException(429, detail, headers={"Retry-After": str(math.ceil(wait))})

@@ -37,8 +37,11 @@ class Settings(BaseSettings):
 
     # Limits that protect the API.
     max_body_bytes: int = 256 * 1024
-    rate_limit_per_minute: int = 6000
+    rate_limit_per_minute: int = 6000  # per user, whatever number of tokens they use
     rate_limit_burst: int = 600
+    max_tokens_per_user: int = 50  # live (unrevoked, unexpired) tokens one user may hold
+    auth_failures_per_minute: int = 10  # failed authentications per client address, then 429 until refilled
+    auth_failures_burst: int = 20
 
     # Scheduler and worker timing (seconds).
     scheduler_interval_s: float = 2.0

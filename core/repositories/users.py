@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from core.models import ApiToken, Membership, User
@@ -92,6 +92,19 @@ def touch_token(db: Session, token_id: int, when: datetime) -> None:
 
 def get_token(db: Session, token_id: int) -> ApiToken | None:
     return db.get(ApiToken, token_id)
+
+
+def count_active_tokens(db: Session, user_id: int, now: datetime) -> int:
+    return int(
+        db.scalar(
+            select(func.count(ApiToken.id)).where(
+                ApiToken.user_id == user_id,
+                ApiToken.revoked_at.is_(None),
+                or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > now),
+            )
+        )
+        or 0
+    )
 
 
 def list_tokens(db: Session, user_id: int | None) -> Sequence[ApiToken]:

@@ -34,4 +34,5 @@ def authenticate(*, db: Session, secret: str, now: datetime | None = None) -> Pr
         scopes=frozenset(str(s) for s in ident.scopes),
         token_id=ident.token_id,
         roles=ident.roles,
+        token_expires_at=ident.expires_at,
     )

@@ -52,6 +52,7 @@ def bootstrap_admin(*, db: Session, name: str, force: bool = False) -> tuple[Use
     principal = Principal(
         user_id=user.id, name=user.name, user_is_admin=True, scopes=frozenset({"read", "write", "admin"})
     )
+    # No cap on live tokens here: the operator re-arming the first admin must never be locked out.
     _, secret = issue(db=db, principal=principal, name="bootstrap", scopes=("read", "write", "admin"))
     return user, secret
 
