@@ -242,6 +242,8 @@ METRIC_COLUMNS: list[Column] = [
 TEAM_COLUMNS: list[Column] = [
     ("NAME", lambda t: t.get("name")),
     ("QUOTAS", lambda t: fmt_quotas(t.get("quotas"))),
+    ("QOS", lambda t: ",".join(t.get("qos_classes") or []) or "-"),
+    ("RESTARTS", lambda t: t.get("restart_limit")),
     ("COHORT", lambda t: t.get("cohort")),
     ("FAIR SHARE", lambda t: t.get("fair_share_weight")),
     ("BUDGET (GPU-H)", lambda t: t.get("gpu_hour_budget")),
