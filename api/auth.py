@@ -36,7 +36,11 @@ def client_address(request: Request) -> str:
     return request.client.host if request.client is not None else "unknown"
 
 
-def principal_for(request: Request, db: Session, *, allow_query_token: bool = False) -> Principal:
+def principal_for(
+    request: Request, db: Session, *, allow_query_token: bool = False, scope: str | None = None
+) -> Principal:
+    """The caller, authenticated, with the scope the request needs: ``scope`` when given (an admin's token
+    passes too), else ``read`` for reads and ``write`` for the rest; rate-limited per user."""
     secret = bearer_secret(request, allow_query_token=allow_query_token)
     failures: FailedAuthentications = request.app.state.auth_failures
     address = client_address(request)
@@ -50,8 +54,8 @@ def principal_for(request: Request, db: Session, *, allow_query_token: bool = Fa
         if wait > 0:
             raise _too_many(wait, "too many failed authentications from this address") from None
         raise
-    needed = "read" if request.method in READ_METHODS else "write"
-    if needed not in principal.scopes:
+    needed = scope or ("read" if request.method in READ_METHODS else "write")
+    if needed not in principal.scopes and not (scope is not None and principal.is_admin):
         raise Forbidden(f"this token lacks the {needed!r} scope")
     limiter: Limiter = request.app.state.limiter
     wait = limiter.take(f"user:{principal.user_id}")

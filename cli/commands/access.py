@@ -84,7 +84,10 @@ def tokens(ctx: typer.Context, output: OutputOpt = OutputFormat.table) -> None:
 @tokens_app.command("create")
 def tokens_create(
     name: str,
-    scope: Annotated[list[str] | None, typer.Option("--scope", help="read, write, admin (repeatable).")] = None,
+    scope: Annotated[
+        list[str] | None,
+        typer.Option("--scope", help="read, write, admin, metrics (repeatable; within your own token's)."),
+    ] = None,
     expires_in: Annotated[float | None, typer.Option("--expires-in", help="Lifetime in days.")] = None,
     user: Annotated[str | None, typer.Option("--user", help="Create it for another user (admin).")] = None,
     output: OutputOpt = OutputFormat.table,

@@ -46,7 +46,8 @@ def test_submit_json_creates_queued_job_with_event_and_contract(client: TestClie
 
 
 def test_effective_contract_merges_team_default_with_spec_overrides(client: TestClient, world: World) -> None:
-    granted = client.patch("/v1/teams/alpha", json={"qos_classes": ["gold", "silver", "bronze"]}, headers=world.h("admin"))
+    grant = {"qos_classes": ["gold", "silver", "bronze"]}
+    granted = client.patch("/v1/teams/alpha", json=grant, headers=world.h("admin"))
     assert granted.status_code == 200 and granted.json()["qos_classes"] == ["gold", "silver", "bronze"]
     r = client.put("/v1/teams/alpha/sla", json={"qos": "gold", "max_restarts": 5, "max_queue_wait_s": 900},
                    headers=world.h("team-admin"))  # fmt: skip

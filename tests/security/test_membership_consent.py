@@ -35,7 +35,8 @@ def test_a_team_admin_invites_and_only_the_user_makes_it_membership(client: Test
     assert r.status_code == 201 and r.json()["role"] == "viewer"
     assert client.get(alpha_job, headers=bob).status_code == 200
     # Only a team-admin invites; another user's invitation is not yours to accept.
-    assert client.put("/v1/teams/alpha/members/zoe", json={"role": "member"}, headers=world.h("member")).status_code == 403
+    by_member = client.put("/v1/teams/alpha/members/zoe", json={"role": "member"}, headers=world.h("member"))
+    assert by_member.status_code == 403
     client.put("/v1/teams/alpha/members/zoe", json={"role": "member"}, headers=ta)
     assert client.post("/v1/me/invitations/alpha/accept", headers=world.h("viewer")).status_code == 404
 
