@@ -37,6 +37,10 @@ class Settings(BaseSettings):
 
     # Limits that protect the API.
     max_body_bytes: int = 256 * 1024
+    # Server-Sent Events: a keepalive comment after this long without an event (proxies commonly close idle
+    # connections after 30-60 s), and how often an open stream checks its caller's token and team again.
+    sse_keepalive_s: float = 15.0
+    sse_recheck_s: float = 5.0
     rate_limit_per_minute: int = 6000  # per user, whatever number of tokens they use
     rate_limit_burst: int = 600
     max_tokens_per_user: int = 50  # live (unrevoked, unexpired) tokens one user may hold

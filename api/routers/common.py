@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Path
+from fastapi import Path, Query
 
 from api.schemas.common import INT64, problem_responses
 from core.spec import NAME_PATTERN
@@ -16,3 +16,14 @@ QosPath = Annotated[str, Path(pattern=r"^[a-z0-9][a-z0-9-]{0,31}$", description=
 
 ERROR_CODES = (400, 401, 403, 404, 409, 413, 415, 422, 429, 500, 503)
 ERRORS = problem_responses(*ERROR_CODES)
+
+# Stream endpoints: documented here, read by the stream dependency and api/sse.py.
+StreamTicketQuery = Annotated[
+    str | None,
+    Query(max_length=1024, description="A stream ticket for this path (POST /v1/stream-tickets), for EventSource, "
+          "which cannot send the Authorization header; a token is never accepted in a URL."),
+]  # fmt: skip
+LastEventIdQuery = Annotated[
+    str | None,
+    Query(max_length=64, description="Resume after this event id (as the Last-Event-ID header does)."),
+]

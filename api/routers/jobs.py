@@ -13,6 +13,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from api import sse
 from api.auth import principal_for
 from api.deps import (
     CurrentPrincipal,
@@ -24,8 +25,8 @@ from api.deps import (
     finish,
     run_hot,
 )
-from api.logstream import sse_log_stream
-from api.routers.common import ERRORS, JobIdPath
+from api.logstream import parse_position, sse_log_stream
+from api.routers.common import ERRORS, JobIdPath, LastEventIdQuery, StreamTicketQuery
 from api.schemas.common import INT32, INT64, InModel, Text
 from api.schemas.jobs import (
     AttemptOut,
@@ -60,8 +61,8 @@ SUBMIT_BODY: dict[str, Any] = {
 }
 
 
-# One Server-Sent Event: `log` (a line; id = byte offset after it), `attempt` (switched to a restart's log),
-# `end` (data: {"attempt": N, "state": "..."}).
+# One Server-Sent Event: `log` (a line; id = "<attempt>:<byte offset after it>"), `attempt` (switched to a
+# restart's log), `end` (data: {"attempt": N, "state": "..."}, or {"reason": "unauthorized"}).
 SSE_EVENT: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -230,7 +231,7 @@ def events(
 @router.get(
     "/{job_id}/logs",
     response_class=StreamingResponse,
-    summary="The attempt's log as Server-Sent Events",
+    summary="The attempt's log as Server-Sent Events (resumable with Last-Event-ID; ?ticket= for EventSource)",
     responses={200: {"content": {"text/event-stream": {"schema": SSE_EVENT}}}},
 )
 def logs(
@@ -242,15 +243,18 @@ def logs(
     sessions: SessionFactoryDep,
     attempt: Annotated[int | None, Query(ge=1, le=INT32, description="Default: the latest")] = None,
     follow: Annotated[bool, Query(description="Tail until the job is terminal")] = False,
+    ticket: StreamTicketQuery = None,
+    last_event_id: LastEventIdQuery = None,
 ) -> StreamingResponse:
     target = svc.log_target(
         db=db, principal=who, job_id=job_id, storage_dir=settings.resolved_storage_dir, attempt=attempt
     )
+    guard = sse.Guard(request, sessions, who, target.team_id)
+    resume = parse_position(sse.last_event_id(request))
     stream = sse_log_stream(request=request, target=target, follow=follow, sessions=sessions,
-                            storage_dir=settings.resolved_storage_dir, pinned=attempt is not None)  # fmt: skip
-    return StreamingResponse(
-        stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
+                            storage_dir=settings.resolved_storage_dir, pinned=attempt is not None, guard=guard,
+                            resume=resume)  # fmt: skip
+    return StreamingResponse(stream, media_type="text/event-stream", headers=sse.HEADERS)
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsOut, summary="Training telemetry, downsampled")

@@ -220,7 +220,11 @@ def logs(
         try:
             for event in api.stream_sse(f"/v1/jobs/{job_id}/logs", params=params):
                 if event.event in END_EVENTS:
-                    if _sse_json(event).get("attempt") is None:
+                    end = _sse_json(event)
+                    if end.get("reason") == "unauthorized":
+                        raise CliError("the stream was closed: this token was revoked or expired, or you are no "
+                                       "longer in the job's team", ExitCode.UNAUTHORIZED)  # fmt: skip
+                    if end.get("attempt") is None:
                         err_console.print(f"no logs yet: job {job_id} has not started an attempt")
                     break
                 if event.event == "attempt":

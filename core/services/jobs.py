@@ -225,6 +225,7 @@ def why(*, db: Session, principal: Principal, job_id: int) -> Job:
 @dataclass(frozen=True)
 class LogTarget:
     job_id: int
+    team_id: int
     attempt: int | None  # None: no attempt yet
     path: Path | None
     state: str
@@ -237,7 +238,7 @@ def log_target(
     job = _visible(db, principal, job_id)
     number = attempt if attempt is not None else jobs_repo.latest_attempt_number(db, job_id)
     path = None if number is None else storage_dir / "logs" / str(job_id) / f"{number}.log"
-    return LogTarget(job_id=job_id, attempt=number, path=path, state=job.state)
+    return LogTarget(job_id=job_id, team_id=job.team_id, attempt=number, path=path, state=job.state)
 
 
 def is_terminal(*, db: Session, job_id: int) -> bool:

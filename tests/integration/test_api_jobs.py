@@ -258,7 +258,7 @@ def test_unknown_job_is_404_problem(client: TestClient, world: World) -> None:
 
 def test_metrics_endpoint_counts_jobs_by_state(client: TestClient, world: World) -> None:
     client.get("/v1/jobs", headers=world.h("member"))
-    text = client.get("/metrics").text
+    text = client.get("/metrics", headers=world.h("admin")).text  # an admin's token may scrape
     assert 'kiln_jobs{state="QUEUED"} 2.0' in text
     assert 'kiln_http_requests_total{method="GET",route="/v1/jobs",status="200"}' in text
     assert "kiln_http_request_duration_seconds_bucket" in text
