@@ -186,7 +186,7 @@ def teams_remove_member(team: str, user: str) -> None:
     """Remove a user from a team."""
     with client() as api:
         api.delete(f"/v1/teams/{team}/members/{user}")
-    console.print(f"{user} removed from {team}")
+    console.print(out.text(f"{user} removed from {team}"))
 
 
 @app.command()

@@ -13,62 +13,15 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy.orm import Session
 
-from core.db import make_engine
-from core.models import Attempt
-from tests.e2e.dashboard_harness import ROOT, Kiln, running_kiln
+from tests.e2e.dashboard_harness import ROOT
+from tests.security.live import Live
 
 pytestmark = pytest.mark.e2e
-
-
-@dataclass
-class World:
-    kiln: Kiln
-    job: int
-    log: Path  # the job's attempt log, as a worker writes it
-
-    def headers(self, token: str | None = None) -> dict[str, str]:
-        return {"Authorization": f"Bearer {token or self.kiln.token}"}
-
-    def user_token(self, name: str) -> str:
-        """A member of the default team, with a token of their own."""
-        with self.kiln.api() as api:
-            assert api.post("/v1/users", json={"name": name}).status_code == 201
-            assert api.put(f"/v1/teams/default/members/{name}", json={"role": "member"}).status_code == 201
-            r = api.post("/v1/tokens", json={"name": "mine", "user": name, "scopes": ["read", "write"]})
-            return str(r.json()["secret"])
-
-    def ticket(self, path: str, token: str | None = None) -> str:
-        r = httpx.post(f"{self.kiln.url}/v1/stream-tickets", json={"path": path}, headers=self.headers(token))
-        assert r.status_code == 201, r.text
-        return str(r.json()["ticket"])
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    home = tmp_path_factory.mktemp("kiln-streams")
-    with running_kiln(home, KILN_SSE_KEEPALIVE_S="0.5", KILN_SSE_RECHECK_S="0.5") as kiln:
-        example = (Path(__file__).resolve().parents[2] / "examples" / "gpt-tiny.yaml").read_text()
-        with kiln.api() as api:
-            r = api.post("/v1/jobs", content=example, headers={"Content-Type": "application/yaml"})
-            assert r.status_code == 201, r.text
-        job = int(r.json()["id"])
-        engine = make_engine(kiln.env["KILN_DATABASE_URL"])
-        with Session(engine) as db:  # the job stays QUEUED (no scheduler) with an attempt to stream
-            db.add(Attempt(job_id=job, number=1, fencing_token=1, placement=[{"host": "h1", "slots": 1}]))
-            db.commit()
-        engine.dispose()
-        log = home / "storage" / "logs" / str(job) / "1.log"
-        log.parent.mkdir(parents=True)
-        log.write_text("".join(f"line {i}\n" for i in range(1, 4)))
-        yield World(kiln, job, log)
 
 
 def read_stream(
@@ -97,33 +50,33 @@ def read_stream(
     return events, comments
 
 
-def test_tokens_are_never_taken_from_a_url_and_tickets_open_one_stream(world: World) -> None:
-    logs = f"/v1/jobs/{world.job}/logs"
-    r = httpx.get(f"{world.kiln.url}{logs}", params={"access_token": world.kiln.token})
+def test_tokens_are_never_taken_from_a_url_and_tickets_open_one_stream(live: Live) -> None:
+    logs = f"/v1/jobs/{live.job}/logs"
+    r = httpx.get(f"{live.kiln.url}{logs}", params={"access_token": live.kiln.token})
     assert r.status_code == 401 and "never accepted in a URL" in r.json()["detail"]
-    ticket = world.ticket(logs)
-    events, _ = read_stream(f"{world.kiln.url}{logs}?ticket={ticket}", until=1)
+    ticket = live.ticket(logs)
+    events, _ = read_stream(f"{live.kiln.url}{logs}?ticket={ticket}", until=1)
     assert events[0]["data"] == "line 1"
-    for elsewhere in (f"/v1/dashboard/jobs/{world.job}/stream", "/v1/jobs", f"/v1/jobs/{world.job}"):
-        assert httpx.get(f"{world.kiln.url}{elsewhere}", params={"ticket": ticket}).status_code == 401
+    for elsewhere in (f"/v1/dashboard/jobs/{live.job}/stream", "/v1/jobs", f"/v1/jobs/{live.job}"):
+        assert httpx.get(f"{live.kiln.url}{elsewhere}", params={"ticket": ticket}).status_code == 401
     forged = ticket[:-4] + ("AAAA" if not ticket.endswith("AAAA") else "BBBB")
-    assert httpx.get(f"{world.kiln.url}{logs}", params={"ticket": forged}).status_code == 401
-    r = httpx.post(f"{world.kiln.url}/v1/stream-tickets", json={"path": "/v1/jobs"}, headers=world.headers())
+    assert httpx.get(f"{live.kiln.url}{logs}", params={"ticket": forged}).status_code == 401
+    r = httpx.post(f"{live.kiln.url}/v1/stream-tickets", json={"path": "/v1/jobs"}, headers=live.headers())
     assert r.status_code == 422  # only stream paths
 
 
-def test_keepalive_and_resume_miss_nothing(world: World) -> None:
-    url = f"{world.kiln.url}/v1/jobs/{world.job}/logs?follow=true"
-    first, _ = read_stream(url, headers=world.headers(), until=3)
+def test_keepalive_and_resume_miss_nothing(live: Live) -> None:
+    url = f"{live.kiln.url}/v1/jobs/{live.job}/logs?follow=true"
+    first, _ = read_stream(url, headers=live.headers(), until=3)
     assert [e["data"] for e in first] == ["line 1", "line 2", "line 3"]
-    _, comments = read_stream(url, headers=world.headers(), until=4)  # the 4th event never comes: keepalives do
+    _, comments = read_stream(url, headers=live.headers(), until=4)  # the 4th event never comes: keepalives do
     assert comments >= 1
-    with world.log.open("a") as f:  # the trainer writes on while the client is away
+    with live.log.open("a") as f:  # the trainer writes on while the client is away
         f.write("line 4\nline 5\n")
-    resumed, _ = read_stream(url, headers={**world.headers(), "Last-Event-ID": first[1]["id"]}, until=3)
+    resumed, _ = read_stream(url, headers={**live.headers(), "Last-Event-ID": first[1]["id"]}, until=3)
     assert [e["data"] for e in resumed] == ["line 3", "line 4", "line 5"]
     # The browser's way: a new ticket and the last id as a query parameter.
-    ticket = world.ticket(f"/v1/jobs/{world.job}/logs")
+    ticket = live.ticket(f"/v1/jobs/{live.job}/logs")
     resumed, _ = read_stream(f"{url}&ticket={ticket}&last_event_id={resumed[1]['id']}", until=1)
     assert [e["data"] for e in resumed] == ["line 5"]
 
@@ -144,7 +97,7 @@ def _follow_until_end(url: str, headers: dict[str, str], box: list[dict[str, str
             current[key] = value
 
 
-def _opened_then(world: World, url: str, headers: dict[str, str], act: object) -> dict[str, str]:
+def _opened_then(live: Live, url: str, headers: dict[str, str], act: object) -> dict[str, str]:
     """Follow ``url`` in a thread, do ``act`` once it is open, and return the stream's ``end`` event."""
     box: list[dict[str, str]] = []
     reader = threading.Thread(target=_follow_until_end, args=(url, headers, box), daemon=True)
@@ -157,19 +110,19 @@ def _opened_then(world: World, url: str, headers: dict[str, str], act: object) -
     return box[0]
 
 
-def test_a_revoked_token_or_a_removed_member_stops_receiving(world: World) -> None:
-    token = world.user_token("mia")
-    with world.kiln.api() as api:
+def test_a_revoked_token_or_a_removed_member_stops_receiving(live: Live) -> None:
+    token = live.user_token("mia")
+    with live.kiln.api() as api:
         token_id = next(t["id"] for t in api.get("/v1/tokens", params={"user": "mia"}).json() if t["name"] == "mine")
-        end = _opened_then(world, f"{world.kiln.url}/v1/jobs/{world.job}/logs?follow=true", world.headers(token),
+        end = _opened_then(live, f"{live.kiln.url}/v1/jobs/{live.job}/logs?follow=true", live.headers(token),
                            lambda: api.delete(f"/v1/tokens/{token_id}"))  # fmt: skip
     assert json.loads(end["data"]) == {"reason": "unauthorized"}
 
-    token = world.user_token("noah")
-    path = f"/v1/dashboard/jobs/{world.job}/stream"
-    ticket = world.ticket(path, token)
-    with world.kiln.api() as api:
-        end = _opened_then(world, f"{world.kiln.url}{path}?ticket={ticket}", {},
+    token = live.user_token("noah")
+    path = f"/v1/dashboard/jobs/{live.job}/stream"
+    ticket = live.ticket(path, token)
+    with live.kiln.api() as api:
+        end = _opened_then(live, f"{live.kiln.url}{path}?ticket={ticket}", {},
                            lambda: api.delete("/v1/teams/default/members/noah"))  # fmt: skip
     assert json.loads(end["data"]) == {"reason": "unauthorized"}
 
@@ -222,16 +175,16 @@ class CuttingProxy:
         self.server.close()
 
 
-def test_the_cli_resumes_a_broken_log_stream(world: World, tmp_path: Path) -> None:
-    port = int(world.kiln.url.rsplit(":", 1)[1])
+def test_the_cli_resumes_a_broken_log_stream(live: Live, tmp_path: Path) -> None:
+    port = int(live.kiln.url.rsplit(":", 1)[1])
     proxy = CuttingProxy(port, cut_after=60)  # past the first line, inside the second
     try:
-        env = {**os.environ, "KILN_API_URL": f"http://127.0.0.1:{proxy.port}", "KILN_TOKEN": world.kiln.token,
+        env = {**os.environ, "KILN_API_URL": f"http://127.0.0.1:{proxy.port}", "KILN_TOKEN": live.kiln.token,
                "XDG_CONFIG_HOME": str(tmp_path)}  # fmt: skip
-        out = subprocess.run([sys.executable, "-m", "cli.main", "logs", str(world.job)], cwd=ROOT, env=env,
+        out = subprocess.run([sys.executable, "-m", "cli.main", "logs", str(live.job)], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=60)  # fmt: skip
     finally:
         proxy.close()
     assert out.returncode == 0, out.stderr
     assert proxy.connections >= 2  # it was cut, and the CLI came back
-    assert out.stdout == world.log.read_text()  # every line once, in order
+    assert out.stdout == live.log.read_text()  # every line once, in order
