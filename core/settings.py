@@ -57,6 +57,9 @@ class Settings(BaseSettings):
 
     # Storage for checkpoints, compile caches and logs (a shared filesystem in multi-host deployments).
     storage_dir: Path | None = None
+    # The group that may read the attempt logs workers write (the API's, where it runs as another user); unset:
+    # owner-only (core/private.py).
+    storage_gid: int | None = None
     # A worker's fast host-local directory for tiered checkpoints (tmpfs or local NVMe); each job that asks for
     # the tier (``checkpointing.local_tier``) gets its own directory under it. Default: /dev/shm/kiln where
     # /dev/shm exists; "" turns the tier off on this host.

@@ -25,6 +25,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # Checkpoints, compile caches, run dirs and logs hold a team's work: nothing the worker or a trainer writes is
+    # readable by other users of the host (the logs the API reads: core/private.py).
+    os.umask(0o077)
     if args.broker:
         # Before anything reads the settings: the Celery app is built from them.
         os.environ["KILN_BROKER_URL"] = args.broker

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from core.db import session_scope, utcnow
 from core.models import GPU, Attempt, Host, Job, QosClass, Usage
+from core.private import private_dir
 from core.settings import Settings, get_settings
 from core.states import ACTIVE, JobState, record_event, transition
 from core.trainer_protocol import (
@@ -495,14 +496,14 @@ def run_attempt_on_host(*, attempt_id: int, fencing_token: int, node_rank: int, 
                       compile_dir=compile_dir, local_dir=local_dir) | launch_env  # fmt: skip
     host_isolation = isolation.current(host, settings)
     limits = host_isolation.limits(claimed.spec, slots)
-    proc = TrainerProcess(argv, env=env, log_path=log_path, run_dir=run_dir, cwd=run_dir)
+    proc = TrainerProcess(argv, env=env, log_path=log_path, run_dir=run_dir, cwd=run_dir, log_gid=settings.storage_gid)
     runner = AttemptRunner(attempt_id=attempt_id, token=fencing_token, node_rank=node_rank, host=host,
                            settings=settings, claimed=claimed, proc=proc)  # fmt: skip
     try:
         # Everything between the claim and a running trainer: a failure here must end the attempt now (as an
         # infrastructure failure on this host), not leave it RUNNING until its lease runs out.
-        for d in (run_dir, log_path.parent, compile_dir, *([local_dir] if local_dir else [])):
-            d.mkdir(parents=True, exist_ok=True)
+        for d in (run_dir, compile_dir, *([local_dir] if local_dir else [])):
+            private_dir(d)
         write_fence(checkpoint_dir, fencing_token)
         spec_path.write_text(json.dumps(claimed.spec, indent=2, sort_keys=True))
         proc.log_line(f"attempt {claimed.attempt_number} (token {fencing_token}) node {node_rank} on {host}")
