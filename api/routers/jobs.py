@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from typing import Annotated, Any
 
 import yaml
@@ -26,7 +23,7 @@ from api.deps import (
     run_hot,
 )
 from api.logstream import parse_position, sse_log_stream
-from api.routers.common import ERRORS, JobIdPath, LastEventIdQuery, StreamTicketQuery
+from api.routers.common import ERRORS, JobIdPath, LastEventIdQuery, StreamTicketQuery, decode_cursor, encode_cursor
 from api.schemas.common import INT32, INT64, InModel, Text
 from api.schemas.jobs import (
     AttemptOut,
@@ -42,7 +39,6 @@ from api.schemas.jobs import (
     page_json,
 )
 from core.services import jobs as svc
-from core.services.errors import InvalidInput
 from core.spec import NAME_PATTERN, JobSpec, SpecError, parse_spec_text, validation_errors
 from core.states import JobState
 
@@ -128,21 +124,6 @@ class JSONBytes(Response):
     media_type = "application/json"
 
 
-def _encode_cursor(before_id: int) -> str:
-    return base64.urlsafe_b64encode(json.dumps({"before": before_id}).encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> int:
-    try:
-        data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        before = data["before"]
-        if not isinstance(before, int) or not 0 < before <= INT64:
-            raise ValueError(before)
-        return before
-    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
-        raise InvalidInput.at("query.cursor", "not a cursor this API issued") from exc
-
-
 class CancelIn(InModel):
     reason: Text | None = None
 
@@ -193,9 +174,9 @@ def _list(
     who = principal_for(request, db)  # in this thread: one hop for the whole request (see submit)
     page = svc.list_jobs(
         db=db, principal=who, team=team, states=states, qos=qos, name=name, limit=limit,
-        before_id=_decode_cursor(cursor) if cursor else None,
+        before_id=decode_cursor(cursor, "before") if cursor else None,
     )  # fmt: skip
-    next_cursor = _encode_cursor(page.next_before_id) if page.next_before_id else None
+    next_cursor = encode_cursor("before", page.next_before_id) if page.next_before_id else None
     finish(db)
     return JSONBytes(page_json(page.items, next_cursor, utc=page.utc))
 
