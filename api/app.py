@@ -17,7 +17,7 @@ from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import sessionmaker
 
 from api import errors
-from api.middleware import BodyLimitMiddleware, MetricsMiddleware
+from api.middleware import BodyLimitMiddleware, MetricsMiddleware, SecurityHeadersMiddleware
 from api.ratelimit import FailedAuthentications, make_limiter
 from api.routers import cluster, health, jobs, qos, sla, streams, teams, tokens, usage, users
 from api.routers.common import ERROR_CODES
@@ -55,7 +55,10 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         if owns_engine:
             engine.dispose()
 
-    app = FastAPI(title="kiln", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    # /docs is kiln's own page over vendored Swagger UI (api/routers/dashboard/docs.py): FastAPI's loads it from a
+    # CDN. No ReDoc.
+    app = FastAPI(title="kiln", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, docs_url=None,
+                  redoc_url=None)  # fmt: skip
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = sessionmaker(bind=engine, expire_on_commit=False)
@@ -74,7 +77,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     _install_dashboard(app)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(MetricsMiddleware, registry=app.state.registry)  # outermost: counts 413s too
+    app.add_middleware(MetricsMiddleware, registry=app.state.registry)  # counts 413s too
+    app.add_middleware(SecurityHeadersMiddleware)  # outermost: on every response
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
