@@ -3,9 +3,9 @@
 Existing teams keep what they could use without an admin: silver, bronze and best-effort, plus the class of
 their default contract; the ``default`` team (the first admin's own, made by ``kiln up``) gets every class.
 
-Revision ID: 0003_security
-Revises: 0002
-Create Date: 2026-12-01 05:00:00+00:00
+Revision ID: 0004_security
+Revises: 0003
+Create Date: 2026-12-01 09:01:00+00:00
 """
 
 from collections.abc import Sequence
@@ -15,8 +15,8 @@ from alembic import op
 
 import core.db
 
-revision: str = "0003_security"
-down_revision: str | None = "0002"
+revision: str = "0004_security"
+down_revision: str | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
