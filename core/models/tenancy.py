@@ -47,7 +47,9 @@ class Team(Base):
     quotas: Mapped[list[TeamQuota]] = relationship(
         back_populates="team", cascade="all, delete-orphan", lazy="selectin"
     )
-    qos_classes: Mapped[list[QosClass]] = relationship(secondary=team_qos_classes, lazy="selectin")
+    qos_classes: Mapped[list[QosClass]] = relationship(
+        secondary=team_qos_classes, lazy="selectin", order_by="desc(QosClass.priority)"
+    )
 
     __table_args__ = (
         CheckConstraint("fair_share_weight > 0", name="weight_positive"),

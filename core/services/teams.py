@@ -62,7 +62,7 @@ def _qos_classes(db: Session, names: Sequence[str]) -> list[QosClass]:
             raise InvalidInput.at(f"qos_classes.{i}", f"unknown QoS class {name!r}")
         if qos not in rows:
             rows.append(qos)
-    return rows
+    return sorted(rows, key=lambda q: -q.priority)
 
 
 def list_teams(*, db: Session, principal: Principal) -> Sequence[Team]:

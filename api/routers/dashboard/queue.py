@@ -50,7 +50,8 @@ def context(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
     teams = session.scalars(select(Team).where(Team.id.in_(visible_team_ids(session, who))).order_by(Team.name))
     return {
         "user": {"name": who.name, "is_admin": who.is_admin},
-        "teams": [{"name": t.name, "role": roles.get(t.id, "admin")} for t in teams],
+        "teams": [{"name": t.name, "role": roles.get(t.id, "admin"), "qos_classes": [q.name for q in t.qos_classes]}
+                  for t in teams],  # fmt: skip
         "qos_classes": [
             {
                 "name": q.name,
