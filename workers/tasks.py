@@ -390,7 +390,7 @@ class AttemptRunner:
         self.buffer.extend(self.tail.read_new())
         outcome = forced or classify(self.proc.rank_exit_codes(), launcher_code, self.stop)
         confinement = self.proc.confinement
-        if outcome.exit_class is not ExitClass.SUCCEEDED and confinement is not None and confinement.oom_killed():
+        if outcome.exit_class is ExitClass.INFRASTRUCTURE and confinement is not None and confinement.oom_killed():
             limit = confinement.limits.memory_bytes
             outcome = Outcome(ExitClass.OOM, f"out of host memory: the job went over its limit of {limit} bytes "
                                              f"(resources.host_memory_bytes) and was killed ({outcome.reason})")
