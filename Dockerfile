@@ -28,7 +28,8 @@ FROM base AS control
 RUN python scripts/pyproject_deps.py > /tmp/requirements.txt && pip install -r /tmp/requirements.txt
 COPY --from=source /src/ ./
 RUN pip install --no-deps .
-RUN useradd --system --uid 10001 kiln
+# gid 10001: the group the worker (root) lets read the attempt logs it writes (KILN_STORAGE_GID in docker-compose.yml)
+RUN groupadd --system --gid 10001 kiln && useradd --system --uid 10001 --gid 10001 kiln
 USER kiln
 EXPOSE 8421
 

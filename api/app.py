@@ -17,9 +17,9 @@ from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import sessionmaker
 
 from api import errors
-from api.middleware import BodyLimitMiddleware, MetricsMiddleware
-from api.ratelimit import make_limiter
-from api.routers import cluster, health, jobs, qos, sla, teams, tokens, usage, users
+from api.middleware import BodyLimitMiddleware, MetricsMiddleware, SecurityHeadersMiddleware
+from api.ratelimit import FailedAuthentications, make_limiter
+from api.routers import cluster, health, jobs, qos, sla, streams, teams, tokens, usage, users
 from api.routers.common import ERROR_CODES
 from api.routers.health import jobs_gauge
 from api.schemas.common import Problem
@@ -55,23 +55,30 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         if owns_engine:
             engine.dispose()
 
-    app = FastAPI(title="kiln", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    # /docs is kiln's own page over vendored Swagger UI (api/routers/dashboard/docs.py): FastAPI's loads it from a
+    # CDN. No ReDoc.
+    app = FastAPI(title="kiln", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, docs_url=None,
+                  redoc_url=None)  # fmt: skip
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = sessionmaker(bind=engine, expire_on_commit=False)
     app.state.limiter = make_limiter(settings.resolved_broker_url, settings.rate_limit_per_minute,
                                      settings.rate_limit_burst)
+    app.state.auth_failures = FailedAuthentications(make_limiter(
+        settings.resolved_broker_url, settings.auth_failures_per_minute, settings.auth_failures_burst,
+        prefix="kiln:authfail:"))  # fmt: skip
     app.state.registry = CollectorRegistry()
     app.state.jobs_gauge = jobs_gauge(app.state.registry)
 
     errors.install(app)
     # jobs first: the router tries routes in order, and its two hot paths are most of the traffic
-    for module in (jobs, health, users, tokens, teams, qos, sla, cluster, usage):
+    for module in (jobs, health, users, tokens, streams, teams, qos, sla, cluster, usage):
         app.include_router(module.router)
     _install_dashboard(app)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(MetricsMiddleware, registry=app.state.registry)  # outermost: counts 413s too
+    app.add_middleware(MetricsMiddleware, registry=app.state.registry)  # counts 413s too
+    app.add_middleware(SecurityHeadersMiddleware)  # outermost: on every response
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

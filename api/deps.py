@@ -91,8 +91,9 @@ CurrentPrincipal = Annotated[Principal, Depends(get_principal)]
 
 
 def get_stream_principal(request: Request, db: SessionDep) -> Principal:
-    """For SSE endpoints: the token may also come as ``?access_token=`` (EventSource cannot send headers)."""
-    return principal_for(request, db, allow_query_token=True)
+    """For SSE endpoints: the header, or a stream ticket for this path as ``?ticket=`` (EventSource cannot send
+    headers; a token itself is never taken from a URL)."""
+    return principal_for(request, db, stream=True)
 
 
 StreamPrincipal = Annotated[Principal, Depends(get_stream_principal)]

@@ -1,4 +1,5 @@
-"""A token bucket per API token: shared by every API process through Redis, or in process memory.
+"""Token buckets: one per user (however many tokens they mint) and one per client address for failed
+authentications; shared by every API process through Redis, or in process memory.
 
 With Redis as the broker (every multi-process deployment: ``docker-compose.yml``), the buckets live in Redis and
 one Lua script refills and takes atomically on the server's clock, so N uvicorn workers or N API replicas share
@@ -19,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 class Limiter(Protocol):
-    def take(self, key: int) -> float:
+    def take(self, key: str) -> float:
         """0.0 if a request may pass (and takes a token), else the seconds until one is available."""
         ...
 
@@ -31,10 +32,10 @@ class TokenBucketLimiter:
         self.rate = per_minute / 60.0  # tokens per second
         self.burst = float(max(burst, 1))
         self.max_keys = max_keys
-        self._buckets: dict[int, tuple[float, float]] = {}  # key -> (tokens, last refill time)
+        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, last refill time)
         self._lock = threading.Lock()
 
-    def take(self, key: int, now: float | None = None) -> float:
+    def take(self, key: str, now: float | None = None) -> float:
         """0.0 if a request may pass (and takes a token), else the seconds until one is available."""
         now = time.monotonic() if now is None else now
         with self._lock:
@@ -98,7 +99,7 @@ class RedisTokenBucketLimiter:
         self.fallback = TokenBucketLimiter(per_minute, burst)
         self._warned = False
 
-    def take(self, key: int) -> float:
+    def take(self, key: str) -> float:
         try:
             wait = float(self.script(keys=[f"{self.prefix}{key}"], args=[self.rate, self.burst]))
         except self.unavailable as exc:
@@ -110,8 +111,42 @@ class RedisTokenBucketLimiter:
         return wait
 
 
-def make_limiter(broker_url: str, per_minute: int, burst: int) -> Limiter:
+def make_limiter(broker_url: str, per_minute: int, burst: int, *, prefix: str = "kiln:ratelimit:") -> Limiter:
     """Shared through Redis when Redis is the broker, else in this process."""
     if broker_url.startswith(("redis://", "rediss://")):
-        return RedisTokenBucketLimiter(broker_url, per_minute, burst)
+        return RedisTokenBucketLimiter(broker_url, per_minute, burst, prefix=prefix)
     return TokenBucketLimiter(per_minute, burst)
+
+
+class FailedAuthentications:
+    """Failed authentications per client address: a bucket shared like the others, and, once it is empty, a note
+    in this process so that the address's next requests are refused before any lookup (no database query and no
+    Redis call while it waits)."""
+
+    def __init__(self, limiter: Limiter, *, max_keys: int = 100_000):
+        self.limiter = limiter
+        self.max_keys = max_keys
+        self._until: dict[str, float] = {}  # address -> monotonic time its refusals end
+        self._lock = threading.Lock()
+
+    def blocked_for(self, address: str, now: float | None = None) -> float:
+        """Seconds this address must still wait (0.0: it may try)."""
+        until = self._until.get(address)
+        if until is None:
+            return 0.0
+        wait = until - (time.monotonic() if now is None else now)
+        if wait <= 0:
+            with self._lock:
+                self._until.pop(address, None)
+            return 0.0
+        return wait
+
+    def failed(self, address: str, now: float | None = None) -> float:
+        """Count a failure; the seconds to wait when the address has used up its failures, else 0.0."""
+        wait = self.limiter.take(f"auth-failure:{address}")
+        if wait > 0:
+            with self._lock:
+                if len(self._until) >= self.max_keys:
+                    self._until.clear()  # a flood of addresses: forget the notes, the shared bucket still counts
+                self._until[address] = (time.monotonic() if now is None else now) + wait
+        return wait

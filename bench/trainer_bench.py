@@ -19,9 +19,9 @@ trainer's own telemetry (step records' timestamps after warm-up).  Variants:
 * ``kiln_ckpt10``       plus an async checkpoint every 10 steps, durable tier only (same disk): the honest
                         disk figure, bound by the disk's bandwidth
 * ``kiln_ckpt10_tiered`` every 10 steps committed (atomic, sha256 manifest, fence) to the local tier
-                        (``local_dir`` /dev/shm), every 10th of them (= every 100 steps) copied in the background
-                        to the durable job dir on disk (``persist_every`` 10): the answer to the ">= 0.85 every
-                        10 steps" target (see docs/trainer.md)
+                        (``local_tier``: a dir in /dev/shm, as a worker names it), every 10th of them (= every 100
+                        steps) copied in the background to the durable job dir on disk (``persist_every`` 10):
+                        the answer to the ">= 0.85 every 10 steps" target (see docs/trainer.md)
 * ``kiln_ckpt10_shm``   every 10 steps with the whole checkpoint dir in /dev/shm (not durable; kept as an option)
 * ``compile_{cold,warm}[_regional]`` compile time with an empty compile-cache dir, then, in a fresh process
                         (as a restarted attempt), from what the cold run left there (kiln's artifacts and the
@@ -298,13 +298,14 @@ def main() -> None:
     default_mode = None if not args.smoke else "off"
     long = args.warmup + max(args.steps, 200)  # two checkpoints of every 100 steps inside the window
     shm = pathlib.Path("/dev/shm")
-    tiered = {"local_dir": str(shm / "kiln-bench-local"), "persist_every": 10}
+    tiered = {"local_tier": True, "persist_every": 10}
+    local_tier = {"KILN_LOCAL_CHECKPOINT_DIR": str(shm / "kiln-bench-local")}  # the job's dir a worker would name
     kiln_runs: dict[str, tuple[int, int | None, str | None, dict[str, str], dict[str, Any]]] = {
         "kiln": (total, None, default_mode, {}, {}),
         "kiln_ckpt10": (total, 10, default_mode, {}, {}),
         "kiln_ckpt100": (long, 100, default_mode, {}, {}),
         # Same length as ckpt100: its durable copies (every 100 steps) fall inside the measured window.
-        "kiln_ckpt10_tiered": (long, 10, default_mode, {}, tiered),
+        "kiln_ckpt10_tiered": (long, 10, default_mode, local_tier, tiered),
         "bare_regional": (0, None, None, {}, {}),
         "kiln_regional": (total, None, mode_regional, {}, {}),
         "kiln_ckpt10_shm": (total, 10, default_mode, {"KILN_CHECKPOINT_DIR": "/dev/shm/kiln-bench-ckpt"}, {}),
@@ -316,7 +317,8 @@ def main() -> None:
             continue
         if name in kiln_runs:
             steps, every, mode, env_extra, ckpt = kiln_runs[name]
-            scratch = [pathlib.Path(p) for p in (env_extra.get("KILN_CHECKPOINT_DIR"), ckpt.get("local_dir")) if p]
+            scratch = [pathlib.Path(p) for p in (env_extra.get("KILN_CHECKPOINT_DIR"),
+                                                 env_extra.get("KILN_LOCAL_CHECKPOINT_DIR")) if p]
             if scratch and not shm.is_dir():
                 continue
             for p in scratch:

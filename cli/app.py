@@ -40,9 +40,12 @@ class KilnGroup(TyperGroup):
 def report(exc: CliError) -> None:
     from rich.text import Text
 
-    err_console.print(Text.assemble(("error:", "bold red"), " ", exc.message))  # messages are text, not markup
+    from cli.output import safe
+
+    # Messages are text, not markup, and carry no terminal control (a problem's detail may echo the request).
+    err_console.print(Text.assemble(("error:", "bold red"), " ", safe(exc.message)))
     for line in exc.details:
-        err_console.print(f"  - {line}", markup=False, highlight=False)
+        err_console.print(Text(f"  - {safe(line)}"), highlight=False)
 
 
 app = typer.Typer(

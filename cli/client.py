@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ if TYPE_CHECKING:  # httpx costs ~150 ms to import; only commands that talk to t
     import httpx
 
 USER_AGENT = "kiln-cli/0.1"
+RESUME_FOR_S = 60.0  # how long a broken stream is tried again before the command gives up
 
 
 @dataclass
@@ -159,25 +161,41 @@ class KilnClient:
             if not cursor or not items:
                 return
 
-    def stream_sse(self, path: str, params: Any = None, *, read_timeout: float | None = None) -> Iterator[SseEvent]:
-        """Yield server-sent events until the server closes the stream."""
+    def stream_sse(
+        self, path: str, params: Any = None, *, read_timeout: float | None = None, resume_for_s: float = RESUME_FOR_S
+    ) -> Iterator[SseEvent]:
+        """Yield server-sent events until the server ends the stream. A connection that breaks is opened again
+        with ``Last-Event-ID`` (the last event id seen), so the stream goes on right after the last event: for
+        up to ``resume_for_s`` of trying before giving up."""
         import httpx
 
         timeout = httpx.Timeout(10.0, read=read_timeout)
-        try:
-            with self._http.stream(
-                "GET", path, params=params, headers={"Accept": "text/event-stream"}, timeout=timeout
-            ) as resp:
-                if not resp.is_success:
-                    resp.read()
-                    self._check(resp)
-                yield from parse_sse(resp.iter_lines())
-        except httpx.ConnectError as exc:
-            raise unreachable(self.base_url, _reason(exc)) from None
-        except httpx.RemoteProtocolError:
-            return  # the server went away mid-stream (e.g. `kiln up` stopped): end of the stream
-        except httpx.TimeoutException:
-            raise CliError(f"the log stream from {self.base_url} stalled", ExitCode.UNREACHABLE) from None
+        last_id: str | None = None
+        broke_at: float | None = None
+        delay = 0.5
+        while True:
+            headers = {"Accept": "text/event-stream", **({"Last-Event-ID": last_id} if last_id else {})}
+            try:
+                with self._http.stream("GET", path, params=params, headers=headers, timeout=timeout) as resp:
+                    if not resp.is_success:
+                        resp.read()
+                        self._check(resp)
+                    broke_at, delay = None, 0.5
+                    for event in parse_sse(resp.iter_lines()):
+                        last_id = event.id or last_id
+                        yield event
+                return
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+                if last_id is None and isinstance(exc, httpx.ConnectError):
+                    raise unreachable(self.base_url, _reason(exc)) from None
+                broke_at = broke_at or time.monotonic()
+                if time.monotonic() - broke_at > resume_for_s:
+                    raise CliError(f"the stream from {self.base_url} broke and did not come back in "
+                                   f"{resume_for_s:.0f} s", ExitCode.UNREACHABLE) from None  # fmt: skip
+            except httpx.TimeoutException:
+                raise CliError(f"the log stream from {self.base_url} stalled", ExitCode.UNREACHABLE) from None
+            time.sleep(delay)
+            delay = min(5.0, delay * 2)
 
 
 def _reason(exc: Exception) -> str:

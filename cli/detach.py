@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from cli.errors import CliError, ExitCode
-from cli.up import LOCK_FILE, TAG, api_ready, console, tail
+from cli.up import LOCK_FILE, TAG, api_ready, console, print_token, tail
+from core.private import open_private, private_dir
 
 LOG_FILE = "up.log"
 DOWN = "[dim]\\[kiln down][/]"
@@ -43,9 +44,8 @@ def start_detached(up_args: list[str], home: Path, api_url: str, timeout_s: floa
     pid = running_pid(home)
     if pid is not None:
         raise CliError(f"kiln is already up on {home} (pid {pid}); `kiln down` stops it", ExitCode.CONFLICT)
-    (home / "logs").mkdir(parents=True, exist_ok=True)
-    log_path = home / "logs" / LOG_FILE
-    with log_path.open("ab") as log:
+    log_path = private_dir(home / "logs") / LOG_FILE
+    with open(open_private(log_path), "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "cli.main", "up", *up_args],
             stdin=subprocess.DEVNULL,
@@ -66,7 +66,7 @@ def start_detached(up_args: list[str], home: Path, api_url: str, timeout_s: floa
             console.print(f"{TAG} [bold green]kiln is up[/] in the background: API {api_url}/v1, dashboard {api_url}/")
             token = load_file().get("token")  # kiln up saved the admin's token before it started the API
             if token:
-                console.print(f"{TAG} dashboard sign-in token (also in the CLI config): {token}", soft_wrap=True)
+                print_token(str(token))
             console.print(f"{TAG} stop it with: {os.environ.get('KILN_CLI_NAME', 'kiln')} down")
             return 0
         time.sleep(0.3)

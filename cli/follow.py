@@ -8,10 +8,11 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from cli.client import KilnClient, SseEvent
 from cli.errors import ExitCode
-from cli.output import TERMINAL_STATES, fmt_loss, fmt_time
+from cli.output import TERMINAL_STATES, fmt_loss, fmt_time, safe, text
 
 END_EVENTS = frozenset({"end"})
 
@@ -53,25 +54,24 @@ def follow_job(client: KilnClient, job_id: int | str, console: Console, *, poll_
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task(
-            "train", total=total, name=job.get("name", job_id), state=job.get("state", ""), loss="-"
-        )
+        task = progress.add_task(  # the fields go into markup columns: escaped
+            "train", total=total, name=escape(safe(job.get("name", job_id))), state=escape(safe(job.get("state", ""))),
+            loss="-",
+        )  # fmt: skip
         while True:
             state = job.get("state")
             for event in _new_events(client, job_id, event_cursor):
                 when = fmt_time(event.get("created_at"))
-                progress.console.print(
-                    f"[dim]{when}[/] {escape(str(event.get('type', '')))}: {escape(str(event.get('message', '')))}",
-                    markup=True,
-                )
+                progress.console.print(Text.assemble(
+                    (when, "dim"), " ", text(event.get("type", "")), ": ", text(event.get("message", ""))))  # fmt: skip
             progress.update(
                 task,
                 completed=int(job.get("last_step") or 0),
-                state=state or "",
+                state=escape(safe(state or "")),
                 loss=fmt_loss(job.get("last_loss")),
             )
             if state in TERMINAL_STATES:
-                progress.console.print(describe_transition(job), markup=False)
+                progress.console.print(text(describe_transition(job)))
                 return job
             time.sleep(poll_s)
             job = client.get(f"/v1/jobs/{job_id}")

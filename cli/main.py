@@ -14,7 +14,7 @@ from __future__ import annotations
 from cli.app import app, report
 from cli.commands.access import tokens_app
 from cli.commands.admin import admin_app
-from cli.commands.teams import sla_app, teams_app
+from cli.commands.teams import invitations_app, sla_app, teams_app
 
 __all__ = ["app", "report"]  # the entry point (pyproject's ``kiln = "cli.main:app"``) and its error reporter
 
@@ -22,6 +22,7 @@ __all__ = ["app", "report"]  # the entry point (pyproject's ``kiln = "cli.main:a
 app.add_typer(teams_app, name="teams")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(sla_app, name="sla")
+app.add_typer(invitations_app, name="invitations")
 app.add_typer(admin_app, name="admin")
 
 

@@ -1,10 +1,16 @@
-"""Rendering: rich tables for people, JSON for scripts (``--output json`` prints exactly what the API returned)."""
+"""Rendering: rich tables for people, JSON for scripts (``--output json`` prints exactly what the API returned).
+
+Whatever the API returns is text, never markup or terminal control: every value shown goes through ``safe``
+(control characters and direction overrides made visible as ``\\xNN``/``\\uNNNN``) into a rich ``Text`` (not
+parsed as markup), so an event message, a cancel reason or a job's log cannot become a link, restyle or clear
+the terminal, or crash the command with a markup error."""
 
 from __future__ import annotations
 
 import enum
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -45,6 +51,20 @@ STATE_STYLES: dict[str, str] = {
 }
 
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+
+
+# C0 controls but tab and newline, DEL, C1 controls (ESC-less CSI/OSC on some terminals), bidi overrides.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def safe(value: Any) -> str:
+    """Text from the API as a terminal may show it: control characters visible, never acting."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", str(value))
+
+
+def text(value: Any, style: str = "") -> Text:
+    """``safe`` text that rich does not parse as markup."""
+    return Text(safe(value), style=style)
 
 
 def print_json(data: Any) -> None:
@@ -134,7 +154,7 @@ def fmt_value(value: Any) -> str:
 
 def state_text(state: str | None) -> Text:
     state = state or "-"
-    return Text(state, style=STATE_STYLES.get(state, ""))
+    return text(state, STATE_STYLES.get(state, ""))
 
 
 def job_wait_or_runtime(job: dict[str, Any], now: datetime | None = None) -> str:
@@ -179,10 +199,10 @@ def table(columns: Sequence[Column], rows: Iterable[dict[str, Any]], *, title: s
         justify = "right" if header.isupper() and header in {"ID", "GPUS", "PRIO", "RESTARTS", "STEP"} else "left"
         t.add_column(header, justify=justify, overflow="fold")  # type: ignore[arg-type]
     for row in rows:
-        cells: list[Text | str] = []
+        cells: list[Text] = []
         for _, get in columns:
             value = get(row)
-            cells.append(value if isinstance(value, Text) else fmt_value(value))
+            cells.append(value if isinstance(value, Text) else text(fmt_value(value)))
         t.add_row(*cells)
     return t
 
@@ -242,6 +262,8 @@ METRIC_COLUMNS: list[Column] = [
 TEAM_COLUMNS: list[Column] = [
     ("NAME", lambda t: t.get("name")),
     ("QUOTAS", lambda t: fmt_quotas(t.get("quotas"))),
+    ("QOS", lambda t: ",".join(t.get("qos_classes") or []) or "-"),
+    ("RESTARTS", lambda t: t.get("restart_limit")),
     ("COHORT", lambda t: t.get("cohort")),
     ("FAIR SHARE", lambda t: t.get("fair_share_weight")),
     ("BUDGET (GPU-H)", lambda t: t.get("gpu_hour_budget")),
@@ -287,7 +309,8 @@ def render(data: Any, fmt: OutputFormat, make_table: Callable[[], Any]) -> None:
     if fmt is OutputFormat.json:
         print_json(data)
     else:
-        console.print(make_table())
+        shown = make_table()
+        console.print(text(shown) if isinstance(shown, str) else shown)
 
 
 def kv_table(pairs: Iterable[tuple[str, Any]], *, title: str | None = None) -> Table:
@@ -295,7 +318,7 @@ def kv_table(pairs: Iterable[tuple[str, Any]], *, title: str | None = None) -> T
     t.add_column(style="bold cyan", no_wrap=True)
     t.add_column(overflow="fold")
     for key, value in pairs:
-        t.add_row(key, value if isinstance(value, Text) else fmt_value(value))
+        t.add_row(text(key), value if isinstance(value, Text) else text(fmt_value(value)))
     return t
 
 

@@ -356,6 +356,20 @@ def _local_host(database_url: str) -> None:
         console.print(f"{TAG} team 'default' may use this host's GPUs: quota {', '.join(added)}")
 
 
+def keep_private(home: Path) -> Path:
+    """KILN_HOME holds the database (token hashes, every team's jobs), the broker, the logs and the checkpoints:
+    kiln up and everything it starts create files for their user alone (umask 077), and what an older version left
+    readable to others is narrowed. Returns the log directory."""
+    from core.private import narrow, private_dir
+
+    os.umask(0o077)  # inherited by the API, the scheduler, the worker and its trainers
+    private_dir(home)
+    log_dir = private_dir(home / "logs")
+    for path in [*home.glob("*.db*"), *log_dir.glob("*.log"), home / "storage"]:
+        narrow(path)
+    return log_dir
+
+
 def child_env(settings: Any, opts: UpOptions, api_url: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
@@ -386,9 +400,7 @@ def run_up(opts: UpOptions) -> int:
     settings = Settings()
     home = settings.home.resolve()
     settings = settings.model_copy(update={"home": home})
-    home.mkdir(parents=True, exist_ok=True)
-    log_dir = home / "logs"
-    log_dir.mkdir(exist_ok=True)
+    log_dir = keep_private(home)
     api_url = f"http://{connect_host(opts.host)}:{opts.port}"
 
     with home_lock(home):
@@ -459,10 +471,20 @@ def _banner(sup: Supervisor, api_url: str, token: str) -> None:
     cli = os.environ.get("KILN_CLI_NAME", "kiln")
     console.print(f"{TAG} [bold green]kiln is up[/]: API {api_url}/v1 (docs {api_url}/docs, dashboard {api_url}/)")
     console.print(f"{TAG} logs: {logs}")
-    # A local, single-user service: the admin's token is shown so the dashboard can be signed in to.
-    console.print(f"{TAG} dashboard sign-in token (also in the CLI config): {token}", soft_wrap=True)
+    print_token(token)
     console.print(f"{TAG} next, in another terminal:  {cli} submit examples/gpt-tiny.yaml --follow")
     console.print(f"{TAG} Ctrl-C stops everything")
+
+
+def print_token(token: str) -> None:
+    """A local, single-user service: the admin's token is shown so the dashboard can be signed in to -- on a
+    terminal only. Output that goes to a file (``--detach``'s log, a pipe) never holds it."""
+    if sys.stdout.isatty():
+        console.print(f"{TAG} dashboard sign-in token (also in the CLI config): {token}", soft_wrap=True)
+    else:
+        from cli.config import config_path
+
+        console.print(f"{TAG} dashboard sign-in token: in the CLI config, {config_path()} (not written to logs)")
 
 
 def _submit(path: str, api_url: str, token: str) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, Engine, MetaData, create_engine, event
@@ -13,6 +14,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
+from core.private import create_private_file
 from core.settings import get_settings
 
 NAMING_CONVENTION = {
@@ -57,6 +59,11 @@ class Base(DeclarativeBase):
 def make_engine(url: str, **kwargs: Any) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs)
+        path = engine.url.database
+        if path and path != ":memory:" and not path.startswith("file:"):
+            # The database holds token hashes and every team's jobs: owner-only from its first byte (SQLite gives
+            # its -wal and -shm files the same mode).
+            create_private_file(Path(path))
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

@@ -16,6 +16,11 @@ def _default_home() -> Path:
     return Path.cwd() / ".kiln"
 
 
+def _default_local_tier() -> Path | None:
+    shm = Path("/dev/shm")
+    return shm / "kiln" if shm.is_dir() else None
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KILN_", extra="ignore")
 
@@ -32,8 +37,15 @@ class Settings(BaseSettings):
 
     # Limits that protect the API.
     max_body_bytes: int = 256 * 1024
-    rate_limit_per_minute: int = 6000
+    # Server-Sent Events: a keepalive comment after this long without an event (proxies commonly close idle
+    # connections after 30-60 s), and how often an open stream checks its caller's token and team again.
+    sse_keepalive_s: float = 15.0
+    sse_recheck_s: float = 5.0
+    rate_limit_per_minute: int = 6000  # per user, whatever number of tokens they use
     rate_limit_burst: int = 600
+    max_tokens_per_user: int = 50  # live (unrevoked, unexpired) tokens one user may hold
+    auth_failures_per_minute: int = 10  # failed authentications per client address, then 429 until refilled
+    auth_failures_burst: int = 20
 
     # Scheduler and worker timing (seconds).
     scheduler_interval_s: float = 2.0
@@ -45,6 +57,24 @@ class Settings(BaseSettings):
 
     # Storage for checkpoints, compile caches and logs (a shared filesystem in multi-host deployments).
     storage_dir: Path | None = None
+    # The group that may read the attempt logs workers write (the API's, where it runs as another user); unset:
+    # owner-only (core/private.py).
+    storage_gid: int | None = None
+    # A worker's fast host-local directory for tiered checkpoints (tmpfs or local NVMe); each job that asks for
+    # the tier (``checkpointing.local_tier``) gets its own directory under it. Default: /dev/shm/kiln where
+    # /dev/shm exists; "" turns the tier off on this host.
+    local_tier_dir: Path | None = Field(default_factory=_default_local_tier)
+
+    # Host-wide maxima for one attempt on a worker's host (workers/isolation.py). A job's own limit comes from its
+    # spec (``resources.host_memory_bytes``; default: the host's share per training process) within these.
+    attempt_max_memory_bytes: int | None = None  # None: 80% of the host's memory
+    attempt_max_pids: int = 16384  # processes and threads
+    attempt_pids_per_process: int = 512  # per training process (a compile's worker pool included)
+
+    @field_validator("local_tier_dir", mode="before")
+    @classmethod
+    def _empty_is_off(cls, v: object) -> object:
+        return None if v == "" else v
 
     # GPU types of hosts that will join later (comma-separated, e.g. "H100-80GB,H200"): jobs and quotas may name
     # them before any such host registers. Types the hosts have registered are known without this.

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from core.recipes import HyperparameterError, TrainingHyperparameters
 from core.recipes import validate as validate_recipe
@@ -30,6 +31,11 @@ class Resources(StrictModel):
     gpus_per_node: Annotated[int | None, Field(ge=1, le=64)] = None
     gpu_type: Annotated[str | None, Field(max_length=64, description="e.g. 'H200'; None = any.")] = None
     cpu_slots: Annotated[int, Field(ge=1, le=1024, description="Processes when gpus == 0.")] = 1
+    host_memory_bytes: Annotated[
+        int | None,
+        Field(ge=64 * 2**20, le=2**50, description="Host memory on each host (default: the host's share per "
+              "process); the worker enforces it, within its host's maximum."),
+    ] = None  # fmt: skip
 
     @model_validator(mode="after")
     def _per_node_divides(self) -> Resources:
@@ -61,12 +67,25 @@ class Checkpointing(StrictModel):
     every_seconds: Annotated[float | None, Field(gt=0)] = None
     keep_last: Annotated[int, Field(ge=1, le=100)] = 3
     asynchronous: bool = True
-    # Tiered checkpoints: every checkpoint is committed to this fast host-local directory (e.g. /dev/shm or
-    # local NVMe; None = off, every checkpoint goes to the durable job checkpoint dir) and every
-    # ``persist_every``-th one is also copied, in the background, to the durable dir (the source of truth
-    # for restarts on another host).  The final and the preemption checkpoint are always made durable.
-    local_dir: Annotated[str | None, Field(max_length=1024)] = None
+    # Tiered checkpoints: every checkpoint is committed to the host's fast local tier (tmpfs or local NVMe, a
+    # worker setting: the spec names no path, so no job can aim a write outside kiln's own per-job
+    # directories) and every ``persist_every``-th one is also copied, in the background, to the durable dir
+    # (the source of truth for restarts on another host).  The final and the preemption checkpoint are
+    # always made durable.  A host without a local tier writes every checkpoint to the durable dir.
+    local_tier: Annotated[bool, Field(description="Commit every checkpoint to the host's fast local tier.")] = False
     persist_every: Annotated[int, Field(ge=1, le=1_000_000)] = 1
+    # The free path this replaced: refused with the name of its replacement (not "extra inputs").
+    local_dir: SkipJsonSchema[Any] = Field(default=None, exclude=True)
+
+    @field_validator("local_dir")
+    @classmethod
+    def _no_free_path(cls, v: Any) -> None:
+        if v is not None:
+            raise ValueError(
+                "a spec no longer names a directory; use `local_tier: true` (the host's fast local directory is "
+                "a worker setting, KILN_LOCAL_TIER_DIR)"
+            )
+        return None
 
 
 class SLAOverrides(StrictModel):

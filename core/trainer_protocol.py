@@ -16,6 +16,9 @@ import enum
 ENV_FENCING_TOKEN = "KILN_FENCING_TOKEN"  # int; the attempt's fencing token
 ENV_CHECKPOINT_DIR = "KILN_CHECKPOINT_DIR"  # the job's checkpoints, shared by all its attempts
 ENV_COMPILE_CACHE_DIR = "KILN_COMPILE_CACHE_DIR"  # compile artifacts, beside the checkpoints
+# The job's own directory in the host's fast local tier; set only when the spec asks for the tier
+# (``checkpointing.local_tier``) and the host has one.
+ENV_LOCAL_CHECKPOINT_DIR = "KILN_LOCAL_CHECKPOINT_DIR"
 ENV_MEMORY_FRACTION = "KILN_GPU_MEMORY_FRACTION"  # float in (0, 1]; QoS memory cap
 ENV_JOB_ID = "KILN_JOB_ID"
 ENV_ATTEMPT_ID = "KILN_ATTEMPT_ID"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
-import hashlib
 import json
 import math
 import os
@@ -32,6 +31,7 @@ from core.trainer_protocol import (
     ENV_CHECKPOINT_DIR,
     ENV_COMPILE_CACHE_DIR,
     ENV_FENCING_TOKEN,
+    ENV_LOCAL_CHECKPOINT_DIR,
     ENV_RANK_STARTED_AT,
     ExitCode,
     RecordKind,
@@ -198,20 +198,23 @@ class Trainer:
         self.flops = peak_flops(self.device, self.prec.precision, self.cfg.peak_flops)
 
     def _local_root(self, sharded: bool) -> pathlib.Path | None:
-        """This job's directory in the spec's local checkpoint tier: the same for every attempt of the job
-        on this host (named after the durable dir), so a restart here finds what the last attempt left."""
-        base = self.spec.checkpointing.local_dir
-        if base is None:
+        """This job's directory in the host's local checkpoint tier, named by the worker (the same for every
+        attempt of the job on this host, so a restart here finds what the last attempt left); None when the
+        spec does not ask for the tier or the host has none."""
+        if not self.spec.checkpointing.local_tier:
+            return None
+        local = os.environ.get(ENV_LOCAL_CHECKPOINT_DIR)
+        if not local:
+            self.tel.event("CHECKPOINT_LOCAL_TIER_OFF", "this host offers no local tier: durable checkpoints only")
             return None
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.env.world_size))
         if sharded and local_world != self.env.world_size:
             # DCP writes each rank's shards on its own host: a host-local tier would split one checkpoint
             # over several machines' local dirs, so sharded multi-host runs write to the durable dir only.
             self.tel.event("CHECKPOINT_LOCAL_TIER_OFF", "sharded state over several hosts: no local tier",
-                           local_dir=base, world_size=self.env.world_size, local_world_size=local_world)
+                           local_dir=local, world_size=self.env.world_size, local_world_size=local_world)
             return None
-        key = hashlib.sha256(str(self.ckpt_root.resolve()).encode()).hexdigest()[:12]
-        return pathlib.Path(base) / f"kiln-{self.spec.team}-{self.spec.name}-{key}"
+        return pathlib.Path(local)
 
     def _optimizer(self) -> tuple[torch.optim.Optimizer, bool]:
         decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]

@@ -25,6 +25,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # Checkpoints, compile caches, run dirs and logs hold a team's work: nothing the worker or a trainer writes is
+    # readable by other users of the host (the logs the API reads: core/private.py).
+    os.umask(0o077)
     if args.broker:
         # Before anything reads the settings: the Celery app is built from them.
         os.environ["KILN_BROKER_URL"] = args.broker
@@ -33,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     from core.db import session_scope
     from core.liveness import Pulse
     from core.settings import get_settings
-    from workers import tasks
+    from workers import isolation, tasks
     from workers.celery_app import declare_host_queue, get_app, host_queue
     from workers.host_agent import HostAgent
     from workers.inventory import detect_inventory
@@ -52,6 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     with session_scope() as db:
         agent.register(db)  # and ends the attempts a previous worker process on this host left behind
     tasks.CURRENT_HOST = args.host
+    host_isolation = isolation.configure(host=args.host, settings=settings, host_slots=agent.slots or cpu_slots)
+    logging.getLogger("kiln.worker").info(host_isolation.describe())
     os.environ["KILN_WORKER_HOST"] = args.host
     agent.start()
 
@@ -72,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         ])  # fmt: skip
     finally:
         agent.stop()
+        host_isolation.close()
 
 
 if __name__ == "__main__":

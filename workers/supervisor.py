@@ -21,6 +21,8 @@ from typing import IO
 
 import psutil
 
+from core.private import open_private, private_dir
+from workers.isolation import Confinement, preexec
 from workers.rank_entry import EXIT_DIR, set_parent_death_signal
 
 
@@ -79,8 +81,11 @@ _parent_death_sigterm = functools.partial(set_parent_death_signal, signal.SIGTER
 class TrainerProcess:
     """One torchrun launcher and the ranks it starts."""
 
-    def __init__(self, argv: list[str], *, env: Mapping[str, str], log_path: Path, run_dir: Path, cwd: Path):
+    def __init__(self, argv: list[str], *, env: Mapping[str, str], log_path: Path, run_dir: Path, cwd: Path,
+                 confinement: Confinement | None = None, log_gid: int | None = None):  # fmt: skip
         self.argv = argv
+        self.log_gid = log_gid  # the group that may read the log (KILN_STORAGE_GID), else owner-only
+        self.confinement = confinement  # the attempt's host memory and process limits (workers/isolation.py)
         self.env = dict(env)
         self.log_path = log_path
         self.run_dir = run_dir
@@ -99,14 +104,18 @@ class TrainerProcess:
     def log_line(self, message: str) -> None:
         """Supervisor notes interleaved with the trainer's output in the attempt's log."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        with open(self.log_path, "ab") as f:
+        with open(self._open_log(), "ab") as f:
             f.write(f"[kiln-worker {stamp}] {message}\n".encode())
 
+    def _open_log(self) -> int:
+        """The attempt's log: owner-only, or readable by the storage group only (core/private.py)."""
+        private_dir(self.log_path.parent, gid=self.log_gid)
+        return open_private(self.log_path, gid=self.log_gid)
+
     def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.run_dir)
         self.log_line("launching: " + " ".join(self.argv))
-        self._log = open(self.log_path, "ab", buffering=0)  # noqa: SIM115 - closed in wait()/close()
+        self._log = open(self._open_log(), "ab", buffering=0)  # noqa: SIM115 - closed in wait()/close()
         self._proc = subprocess.Popen(
             self.argv,
             env=self.env,
@@ -115,7 +124,7 @@ class TrainerProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # signals to the worker (Ctrl-C) are not signals to the trainer
-            preexec_fn=_parent_death_sigterm,
+            preexec_fn=preexec(self.confinement, _parent_death_sigterm),
         )
         self._tree = {self._proc.pid: psutil.Process(self._proc.pid)}
 

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from core.db import session_scope, utcnow
 from core.fence import Lease, job_checkpoint_dir, lease_clock, write_fence, write_lease
 from core.models import GPU, Attempt, Host, Job, QosClass, Usage
+from core.private import private_dir
 from core.settings import Settings, get_settings
 from core.states import ACTIVE, JobState, record_event, transition
 from core.trainer_protocol import (
@@ -35,12 +36,14 @@ from core.trainer_protocol import (
     ENV_FENCING_TOKEN,
     ENV_JOB_ID,
     ENV_LEASE_FILE,
+    ENV_LOCAL_CHECKPOINT_DIR,
     ENV_MEMORY_FRACTION,
     ENV_TEST_HOOKS,
     LEASE_FILE,
     RecordKind,
 )
 from scheduler.reconciler import end_attempt, requeue_after_failure
+from workers import isolation
 from workers.celery_app import TASK_RUN_ATTEMPT, get_app
 from workers.exit_classes import ExitClass, Outcome, StopRequest, classify
 from workers.supervisor import Rendezvous, TrainerProcess, launch_command
@@ -212,8 +215,9 @@ def _nccl_channels(qos: QosClass | None, links: dict[str, Any], gpus: list[GPU])
 
 
 def attempt_env(
-    claimed: Claimed, *, attempt_id: int, token: int, checkpoint_dir: Path, compile_dir: Path, lease_file: Path
-) -> dict[str, str]:
+    claimed: Claimed, *, attempt_id: int, token: int, checkpoint_dir: Path, compile_dir: Path, lease_file: Path,
+    local_dir: Path | None = None,
+) -> dict[str, str]:  # fmt: skip
     env = dict(os.environ)
     # The worker's own settings are not the trainer's business (and a broker URL may carry a password). The
     # one exception is the test harness's fault injection, which reaches the ranks only this way.
@@ -231,6 +235,8 @@ def attempt_env(
         "NCCL_NVLS_ENABLE": "0",  # NVLink SHARP multicast is not shared safely between tenants
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a failed peer raises (-> ExitCode.NCCL_ERROR), never hangs
     })  # fmt: skip
+    if local_dir is not None:
+        env[ENV_LOCAL_CHECKPOINT_DIR] = str(local_dir)
     if not claimed.gpus:
         # A CPU slot is one core: without this every rank starts a thread per core and they all fight.
         env["OMP_NUM_THREADS"] = "1"
@@ -250,6 +256,15 @@ def attempt_env(
         if channels is not None:
             env["NCCL_MAX_NCHANNELS"] = str(channels)
     return env
+
+
+def local_tier_dir(settings: Settings, claimed: Claimed) -> Path | None:
+    """The job's own directory in this host's fast local tier, when its spec asks for the tier and the host has
+    one: the worker names it (the spec names no path), the same for every attempt of the job on this host."""
+    wanted = bool(((claimed.spec or {}).get("checkpointing") or {}).get("local_tier"))
+    if not wanted or settings.local_tier_dir is None:
+        return None
+    return settings.local_tier_dir.resolve() / "jobs" / str(claimed.job_id)
 
 
 # ------------------------------------------------------------------------------------------------ supervision
@@ -387,6 +402,11 @@ class AttemptRunner:
             self.proc.log_line(f"killed ranks left behind by torchrun: {left}")
         self.buffer.extend(self.read_telemetry())
         outcome = forced or classify(self.proc.rank_exit_codes(), launcher_code, self.stop, self.rank_errors)
+        confinement = self.proc.confinement
+        if outcome.exit_class is ExitClass.INFRASTRUCTURE and confinement is not None and confinement.oom_killed():
+            limit = confinement.limits.memory_bytes
+            outcome = Outcome(ExitClass.OOM, f"out of host memory: the job went over its limit of {limit} bytes "
+                                             f"(resources.host_memory_bytes) and was killed ({outcome.reason})")
         if outcome.exit_class is ExitClass.INFRASTRUCTURE and self.relay_state.nccl_error:
             outcome = Outcome(ExitClass.NCCL_ERROR, f"NCCL error reported by a rank; {outcome.reason}")
         self.proc.log_line(f"trainer exited with {launcher_code}: {outcome.exit_class.value}: {outcome.reason}")
@@ -488,43 +508,60 @@ def run_attempt_on_host(*, attempt_id: int, fencing_token: int, node_rank: int, 
     log_path = storage / "logs" / str(claimed.job_id) / f"{claimed.attempt_number}{suffix}.log"
     checkpoint_dir = job_checkpoint_dir(storage, claimed.job_id)
     compile_dir = storage / "compile_cache" / str(claimed.job_id)
+    local_dir = local_tier_dir(settings, claimed)
     node = claimed.placement[node_rank]
     slots = len(node.get("gpus") or []) or int(node.get("slots") or 1)
     spec_path = run_dir / "spec.json"
     argv, launch_env = launch_command(nproc_per_node=slots, spec_path=spec_path, run_dir=run_dir,
                                       rendezvous=claimed.rendezvous)  # fmt: skip
     env = attempt_env(claimed, attempt_id=attempt_id, token=fencing_token, checkpoint_dir=checkpoint_dir,
-                      compile_dir=compile_dir, lease_file=run_dir / LEASE_FILE) | launch_env  # fmt: skip
-    proc = TrainerProcess(argv, env=env, log_path=log_path, run_dir=run_dir, cwd=run_dir)
+                      compile_dir=compile_dir, lease_file=run_dir / LEASE_FILE, local_dir=local_dir) | launch_env
+    host_isolation = isolation.current(host, settings)
+    limits = host_isolation.limits(claimed.spec, slots)
+    proc = TrainerProcess(argv, env=env, log_path=log_path, run_dir=run_dir, cwd=run_dir, log_gid=settings.storage_gid)
     runner = AttemptRunner(attempt_id=attempt_id, token=fencing_token, node_rank=node_rank, host=host,
                            settings=settings, claimed=claimed, proc=proc)  # fmt: skip
     try:
         # Everything between the claim and a running trainer: a failure here must end the attempt now (as an
         # infrastructure failure on this host), not leave it RUNNING until its lease runs out.
-        for d in (run_dir, log_path.parent, compile_dir):
-            d.mkdir(parents=True, exist_ok=True)
+        for d in (run_dir, compile_dir, *([local_dir] if local_dir else [])):
+            private_dir(d)
         write_fence(checkpoint_dir, fencing_token)
         runner.renew_lease(claimed_at)  # the lease the claim granted, before any rank starts
         spec_path.write_text(json.dumps(claimed.spec, indent=2, sort_keys=True))
         proc.log_line(f"attempt {claimed.attempt_number} (token {fencing_token}) node {node_rank} on {host}")
         if ENV_TEST_HOOKS in env:
             proc.log_line(f"TEST HOOKS ACTIVE ({ENV_TEST_HOOKS} is set on this worker): {env[ENV_TEST_HOOKS]}")
+        proc.confinement = host_isolation.confine(f"attempt-{attempt_id}{suffix}", limits)
+        proc.log_line(f"limits ({host_isolation.mechanism}): {limits.memory_bytes} bytes of host memory, "
+                      f"{limits.pids} processes")  # fmt: skip
         proc.start()
     except Exception as exc:
         log.exception("could not launch attempt %s", attempt_id)
         with contextlib.suppress(Exception):
             proc.log_line(f"could not launch the trainer: {exc!r}")
         forced = Outcome(ExitClass.INFRASTRUCTURE, f"launch failed on {host}: {exc!r}"[:480])
-        return runner.finish(127, forced).exit_class.value
+        try:
+            return runner.finish(127, forced).exit_class.value
+        finally:
+            _release(proc)
     try:
         code = runner.supervise()
     except BaseException:
         proc.kill_tree()
+        _release(proc)
         raise
     proc.wait()
     outcome = runner.finish(code)
+    _release(proc)
     log.info("attempt %s node %s: %s (%s)", attempt_id, node_rank, outcome.exit_class.value, outcome.reason)
     return outcome.exit_class.value
+
+
+def _release(proc: TrainerProcess) -> None:
+    if proc.confinement is not None:
+        with contextlib.suppress(Exception):
+            proc.confinement.release()
 
 
 @app.task(name=TASK_RUN_ATTEMPT, bind=True, acks_late=True, reject_on_worker_lost=True)

@@ -1,6 +1,9 @@
 """Liveness, readiness (the database answers) and Prometheus metrics: HTTP, jobs by state, and the operators'
 metrics (SLA attainment, queue wait, pending reasons, preemptions, restarts, recovery time, GPUs, hosts) computed
-from the database at scrape time by core/services/ops_metrics.py."""
+from the database at scrape time by core/services/ops_metrics.py.
+
+``/metrics`` names every team and runs aggregate queries: it answers only a token with the ``metrics`` scope (a
+scrape-only token an admin issues for Prometheus) or an admin's token; anyone else gets 401/403."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from sqlalchemy import text
 
+from api.auth import principal_for
 from api.deps import SessionDep
 from api.schemas.common import problem_responses
 from core.repositories import jobs as jobs_repo
@@ -37,11 +41,15 @@ def jobs_gauge(registry: CollectorRegistry) -> Gauge:
 
 @router.get(
     "/metrics",
-    summary="Prometheus metrics",
+    summary="Prometheus metrics (a token with the 'metrics' scope, or an admin's)",
     response_class=Response,
-    responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}}},
+    responses={
+        200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}},
+        **problem_responses(401, 403, 429),
+    },
 )
 def metrics(request: Request, db: SessionDep) -> Response:
+    principal_for(request, db, scope="metrics")
     gauge: Gauge = request.app.state.jobs_gauge
     counts = jobs_repo.count_by_state(db)
     for state in JobState:

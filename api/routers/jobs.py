@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from typing import Annotated, Any
 
 import yaml
@@ -13,6 +10,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from api import sse
 from api.auth import principal_for
 from api.deps import (
     CurrentPrincipal,
@@ -24,8 +22,8 @@ from api.deps import (
     finish,
     run_hot,
 )
-from api.logstream import sse_log_stream
-from api.routers.common import ERRORS, JobIdPath
+from api.logstream import parse_position, sse_log_stream
+from api.routers.common import ERRORS, JobIdPath, LastEventIdQuery, StreamTicketQuery, decode_cursor, encode_cursor
 from api.schemas.common import INT32, INT64, InModel, Text
 from api.schemas.jobs import (
     AttemptOut,
@@ -41,7 +39,6 @@ from api.schemas.jobs import (
     page_json,
 )
 from core.services import jobs as svc
-from core.services.errors import InvalidInput
 from core.spec import NAME_PATTERN, JobSpec, SpecError, parse_spec_text, validation_errors
 from core.states import JobState
 
@@ -60,8 +57,8 @@ SUBMIT_BODY: dict[str, Any] = {
 }
 
 
-# One Server-Sent Event: `log` (a line; id = byte offset after it), `attempt` (switched to a restart's log),
-# `end` (data: {"attempt": N, "state": "..."}).
+# One Server-Sent Event: `log` (a line; id = "<attempt>:<byte offset after it>"), `attempt` (switched to a
+# restart's log), `end` (data: {"attempt": N, "state": "..."}, or {"reason": "unauthorized"}).
 SSE_EVENT: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -127,21 +124,6 @@ class JSONBytes(Response):
     media_type = "application/json"
 
 
-def _encode_cursor(before_id: int) -> str:
-    return base64.urlsafe_b64encode(json.dumps({"before": before_id}).encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> int:
-    try:
-        data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        before = data["before"]
-        if not isinstance(before, int) or not 0 < before <= INT64:
-            raise ValueError(before)
-        return before
-    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
-        raise InvalidInput.at("query.cursor", "not a cursor this API issued") from exc
-
-
 class CancelIn(InModel):
     reason: Text | None = None
 
@@ -192,9 +174,9 @@ def _list(
     who = principal_for(request, db)  # in this thread: one hop for the whole request (see submit)
     page = svc.list_jobs(
         db=db, principal=who, team=team, states=states, qos=qos, name=name, limit=limit,
-        before_id=_decode_cursor(cursor) if cursor else None,
+        before_id=decode_cursor(cursor, "before") if cursor else None,
     )  # fmt: skip
-    next_cursor = _encode_cursor(page.next_before_id) if page.next_before_id else None
+    next_cursor = encode_cursor("before", page.next_before_id) if page.next_before_id else None
     finish(db)
     return JSONBytes(page_json(page.items, next_cursor, utc=page.utc))
 
@@ -230,7 +212,7 @@ def events(
 @router.get(
     "/{job_id}/logs",
     response_class=StreamingResponse,
-    summary="The attempt's log as Server-Sent Events",
+    summary="The attempt's log as Server-Sent Events (resumable with Last-Event-ID; ?ticket= for EventSource)",
     responses={200: {"content": {"text/event-stream": {"schema": SSE_EVENT}}}},
 )
 def logs(
@@ -242,15 +224,18 @@ def logs(
     sessions: SessionFactoryDep,
     attempt: Annotated[int | None, Query(ge=1, le=INT32, description="Default: the latest")] = None,
     follow: Annotated[bool, Query(description="Tail until the job is terminal")] = False,
+    ticket: StreamTicketQuery = None,
+    last_event_id: LastEventIdQuery = None,
 ) -> StreamingResponse:
     target = svc.log_target(
         db=db, principal=who, job_id=job_id, storage_dir=settings.resolved_storage_dir, attempt=attempt
     )
+    guard = sse.Guard(request, sessions, who, target.team_id)
+    resume = parse_position(sse.last_event_id(request))
     stream = sse_log_stream(request=request, target=target, follow=follow, sessions=sessions,
-                            storage_dir=settings.resolved_storage_dir, pinned=attempt is not None)  # fmt: skip
-    return StreamingResponse(
-        stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
+                            storage_dir=settings.resolved_storage_dir, pinned=attempt is not None, guard=guard,
+                            resume=resume)  # fmt: skip
+    return StreamingResponse(stream, media_type="text/event-stream", headers=sse.HEADERS)
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsOut, summary="Training telemetry, downsampled")

@@ -6,8 +6,10 @@ from fastapi import APIRouter, Response, status
 
 from api.deps import CurrentPrincipal, SessionDep
 from api.routers.common import ERRORS, TeamPath, UserPath
-from api.schemas.teams import MemberIn, MemberOut, QuotaIn, TeamCreate, TeamOut, TeamUpdate
-from core.models import Membership
+from api.schemas.teams import InvitationOut, MemberIn, MemberOut, QuotaIn, TeamCreate, TeamOut, TeamUpdate
+from core.models import Membership, TeamInvitation
+from core.repositories import users as users_repo
+from core.services import invitations
 from core.services import teams as svc
 
 router = APIRouter(prefix="/v1/teams", tags=["teams"], responses=ERRORS)
@@ -41,7 +43,7 @@ def get_team(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> TeamOut:
 @router.patch("/{team}", response_model=TeamOut, summary="Change quotas, cohort, weight, budget (admin)")
 def update_team(team: TeamPath, body: TeamUpdate, db: SessionDep, who: CurrentPrincipal) -> TeamOut:
     changes = body.model_dump(exclude_unset=True, exclude={"quotas"})
-    for key in ("fair_share_weight", "budget_period_s"):
+    for key in ("fair_share_weight", "budget_period_s", "restart_limit", "qos_classes"):
         if changes.get(key, 0) is None:
             changes.pop(key)  # not nullable: an explicit null means "leave as is"
     if body.quotas is not None:
@@ -63,15 +65,36 @@ def list_members(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> list[
 @router.put(
     "/{team}/members/{user}",
     response_model=MemberOut,
-    summary="Add a member or change their role (team-admin)",
-    responses={201: {"model": MemberOut, "description": "Added"}},
+    summary="Add a member (admin), change a member's role, or invite a user (team-admin)",
+    responses={
+        201: {"model": MemberOut, "description": "Added (admins)"},
+        202: {"model": MemberOut, "description": "Invited: the user joins by accepting"},
+    },
 )
 def put_member(
     team: TeamPath, user: UserPath, body: MemberIn, db: SessionDep, who: CurrentPrincipal, response: Response
 ) -> MemberOut:
-    membership, created = svc.put_member(db=db, principal=who, team=team, user=user, role=body.role)
-    response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
-    return _member(membership, team, user)
+    change = invitations.put_member_or_invite(db=db, principal=who, team=team, user=user, role=body.role)
+    response.status_code = {"added": 201, "invited": 202}.get(change.status, 200)
+    return MemberOut(team=team, user=user, role=change.role, created_at=change.created_at,
+                     status="invited" if change.status == "invited" else "member", expires_at=change.expires_at)
+
+
+def invitation_out(db: SessionDep, i: TeamInvitation) -> InvitationOut:
+    inviter = users_repo.names_by_id(db, [i.invited_by_user_id]).get(i.invited_by_user_id or 0)
+    return InvitationOut(team=i.team.name, user=i.user_name, role=i.role, invited_by=inviter, created_at=i.created_at,
+                         expires_at=i.expires_at)  # fmt: skip
+
+
+@router.get("/{team}/invitations", response_model=list[InvitationOut], summary="Pending invitations (team-admin)")
+def list_invitations(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> list[InvitationOut]:
+    return [invitation_out(db, i) for i in invitations.team_invitations(db=db, principal=who, team=team)]
+
+
+@router.delete("/{team}/invitations/{user}", status_code=status.HTTP_204_NO_CONTENT, summary="Withdraw an invitation")
+def withdraw_invitation(team: TeamPath, user: UserPath, db: SessionDep, who: CurrentPrincipal) -> Response:
+    invitations.withdraw(db=db, principal=who, team=team, user=user)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.delete("/{team}/members/{user}", status_code=status.HTTP_204_NO_CONTENT, summary="Remove a member")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, status
 
-from api.deps import CurrentPrincipal, SessionDep
+from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.routers.common import ERRORS
 from api.schemas.common import INT64
 from api.schemas.users import TokenCreate, TokenCreated, TokenOut
@@ -27,14 +27,15 @@ def token_out(t: ApiToken) -> TokenOut:
 
 
 @router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED, summary="Issue a token")
-def issue(body: TokenCreate, db: SessionDep, who: CurrentPrincipal) -> TokenCreated:
+def issue(body: TokenCreate, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep) -> TokenCreated:
     if body.expires_at is not None and body.expires_in_s is not None:
         raise InvalidInput.at("expires_in_s", "give expires_at or expires_in_s, not both")
     expires_at = body.expires_at
     if body.expires_in_s is not None:
         expires_at = utcnow() + timedelta(seconds=body.expires_in_s)
     token, secret = svc.issue(
-        db=db, principal=who, name=body.name, scopes=body.scopes, expires_at=expires_at, user=body.user
+        db=db, principal=who, name=body.name, scopes=body.scopes, expires_at=expires_at, user=body.user,
+        max_active=settings.max_tokens_per_user,
     )
     db.refresh(token)
     return TokenCreated(**token_out(token).model_dump(), secret=secret)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Response, status
 
 from api.deps import CurrentPrincipal, SessionDep
-from api.routers.common import ERRORS
+from api.routers.common import ERRORS, TeamPath
+from api.routers.teams import invitation_out
+from api.schemas.teams import InvitationOut, MemberOut
 from api.schemas.users import TeamRole, UserCreate, UserOut
 from core.models import User
+from core.services import invitations
 from core.services import users as svc
 
 router = APIRouter(prefix="/v1", tags=["users"], responses=ERRORS)
@@ -35,3 +38,23 @@ def create_user(body: UserCreate, db: SessionDep, who: CurrentPrincipal) -> User
     user = svc.create_user(db=db, principal=who, name=body.name, email=body.email, is_admin=body.is_admin)
     db.refresh(user)
     return user_out(user)
+
+
+@router.get("/me/invitations", response_model=list[InvitationOut], summary="Teams that invited you")
+def my_invitations(db: SessionDep, who: CurrentPrincipal) -> list[InvitationOut]:
+    return [invitation_out(db, i) for i in invitations.my_invitations(db=db, principal=who)]
+
+
+@router.post(
+    "/me/invitations/{team}/accept", response_model=MemberOut, status_code=status.HTTP_201_CREATED,
+    summary="Join a team that invited you",
+)  # fmt: skip
+def accept_invitation(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> MemberOut:
+    m = invitations.accept(db=db, principal=who, team=team)
+    return MemberOut(team=team, user=who.name, role=m.role, created_at=m.created_at)
+
+
+@router.post("/me/invitations/{team}/decline", status_code=status.HTTP_204_NO_CONTENT, summary="Decline")
+def decline_invitation(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> Response:
+    invitations.decline(db=db, principal=who, team=team)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from api.schemas.common import INT32, GpuType, InModel, Int32, OutModel, TeamName, UserName
 
@@ -13,6 +13,9 @@ MemberRole = Literal["team-admin", "member", "viewer"]
 Weight = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
 Budget = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]
 Cohort = Annotated[str, Field(pattern=r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$")]
+QosName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]{0,31}$", examples=["silver"])]
+QosNames = Annotated[list[QosName], Field(max_length=64)]
+RestartLimit = Annotated[int, Field(ge=0, le=1000, description="The most restarts a contract of the team may ask.")]
 
 
 class QuotaIn(InModel):
@@ -36,6 +39,10 @@ class TeamCreate(InModel):
     gpu_hour_budget: Budget | None = Field(default=None, description="GPU-hours per budget period; None = none.")
     budget_period_s: Annotated[int, Field(ge=3600, le=INT32)] = 30 * 86400
     quotas: Annotated[list[QuotaIn], Field(max_length=64)] = []
+    qos_classes: QosNames | None = Field(
+        default=None, description="The QoS classes the team may use; default silver, bronze and best-effort."
+    )
+    restart_limit: RestartLimit = 10
 
     model_config = InModel.model_config | {
         "json_schema_extra": {
@@ -60,6 +67,8 @@ class TeamUpdate(InModel):
     gpu_hour_budget: Budget | None = None
     budget_period_s: Annotated[int, Field(ge=3600, le=INT32)] | None = None
     quotas: Annotated[list[QuotaIn], Field(max_length=64)] | None = None
+    qos_classes: QosNames | None = Field(default=None, description="Replaces the classes the team may use.")
+    restart_limit: RestartLimit | None = None
 
 
 class TeamOut(OutModel):
@@ -70,7 +79,16 @@ class TeamOut(OutModel):
     gpu_hour_budget: float | None
     budget_period_s: int
     quotas: list[QuotaOut]
+    qos_classes: list[str] = Field(description="The QoS classes the team may use (an admin's decision).")
+    restart_limit: int
     created_at: datetime
+
+    @field_validator("qos_classes", mode="before")
+    @classmethod
+    def _names(cls, value: object) -> object:
+        if isinstance(value, list):
+            return [getattr(q, "name", q) for q in value]
+        return value
 
 
 class MemberIn(InModel):
@@ -82,3 +100,16 @@ class MemberOut(OutModel):
     user: UserName
     role: str
     created_at: datetime
+    status: Literal["member", "invited"] = Field(
+        default="member", description="invited: the user joins by accepting (POST /v1/me/invitations/{team}/accept)"
+    )
+    expires_at: datetime | None = Field(default=None, description="When an invitation lapses.")
+
+
+class InvitationOut(OutModel):
+    team: str
+    user: str
+    role: str
+    invited_by: str | None
+    created_at: datetime
+    expires_at: datetime

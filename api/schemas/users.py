@@ -9,7 +9,7 @@ from pydantic import Field
 
 from api.schemas.common import InModel, OutModel, UserName, UTCDatetime
 
-Scope = Literal["read", "write", "admin"]
+Scope = Literal["read", "write", "admin", "metrics"]
 TokenName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^\x00]*$")]
 
 
@@ -39,8 +39,12 @@ class UserOut(OutModel):
 
 class TokenCreate(InModel):
     name: TokenName = Field(examples=["laptop"])
-    scopes: Annotated[list[Scope], Field(min_length=1, max_length=3)] = ["read", "write"]
-    expires_at: UTCDatetime | None = Field(default=None, description="None = never expires.")
+    scopes: Annotated[list[Scope], Field(min_length=1, max_length=4)] | None = Field(
+        default=None, description="Within the calling token's own scopes; default: its read and write."
+    )
+    expires_at: UTCDatetime | None = Field(
+        default=None, description="No later than the calling token's own expiry; default: that expiry (none: never)."
+    )
     expires_in_s: Annotated[int, Field(ge=60, le=10 * 365 * 86400)] | None = Field(
         default=None, description="Alternative to expires_at: lifetime in seconds."
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich.text import Text
 
 from cli import output as out
 from cli.app import GLOBALS, OutputOpt, app, client, show_list
@@ -28,7 +29,7 @@ def login(
         me = api.get("/v1/me")
     path = save(url, token, config_path())
     name = me.get("name", "?") if isinstance(me, dict) else "?"
-    console.print(f"logged in to {url} as [bold]{name}[/]; saved to {path}")
+    console.print(Text.assemble(f"logged in to {url} as ", out.text(name, "bold"), f"; saved to {path}"))
 
 
 @app.command()
@@ -84,7 +85,10 @@ def tokens(ctx: typer.Context, output: OutputOpt = OutputFormat.table) -> None:
 @tokens_app.command("create")
 def tokens_create(
     name: str,
-    scope: Annotated[list[str] | None, typer.Option("--scope", help="read, write, admin (repeatable).")] = None,
+    scope: Annotated[
+        list[str] | None,
+        typer.Option("--scope", help="read, write, admin, metrics (repeatable; within your own token's)."),
+    ] = None,
     expires_in: Annotated[float | None, typer.Option("--expires-in", help="Lifetime in days.")] = None,
     user: Annotated[str | None, typer.Option("--user", help="Create it for another user (admin).")] = None,
     output: OutputOpt = OutputFormat.table,
@@ -102,7 +106,7 @@ def tokens_create(
     if output is OutputFormat.json:
         out.print_json(data)
         return
-    console.print(f"token {data.get('id')} ({name}) created; the secret is shown only this once:")
+    console.print(out.text(f"token {data.get('id')} ({name}) created; the secret is shown only this once:"))
     console.print(data.get("secret"), markup=False)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.text import Text
 
 from cli import output as out
 from cli.app import OutputOpt, app, client, flatten, page_items
@@ -50,10 +51,8 @@ def submit(
             out.print_json(job)
             return
         if output is OutputFormat.table:
-            console.print(
-                f"submitted job [bold]{job['id']}[/] ({job.get('name')}, team {job.get('team')}, "
-                f"qos {job.get('qos')}) — {job.get('state')}"
-            )
+            console.print(out.text(f"submitted job {job['id']} ({job.get('name')}, team {job.get('team')}, "
+                                   f"qos {job.get('qos')}) — {job.get('state')}"))  # fmt: skip
         if not follow:
             if output is OutputFormat.table and sys.stdout.isatty():
                 console.print(f"follow it with: kiln logs -f {job['id']}   or   kiln describe {job['id']}")
@@ -216,19 +215,24 @@ def logs(
     params: dict[str, Any] = {"follow": "true" if follow else "false"}
     if attempt is not None:
         params["attempt"] = attempt
+    tty = sys.stdout.isatty()
     with client() as api:
         try:
             for event in api.stream_sse(f"/v1/jobs/{job_id}/logs", params=params):
                 if event.event in END_EVENTS:
-                    if _sse_json(event).get("attempt") is None:
+                    end = _sse_json(event)
+                    if end.get("reason") == "unauthorized":
+                        raise CliError("the stream was closed: this token was revoked or expired, or you are no "
+                                       "longer in the job's team", ExitCode.UNAUTHORIZED)  # fmt: skip
+                    if end.get("attempt") is None:
                         err_console.print(f"no logs yet: job {job_id} has not started an attempt")
                     break
                 if event.event == "attempt":
-                    err_console.print(f"--- attempt {_sse_json(event).get('attempt')} ---")
+                    err_console.print(out.text(f"--- attempt {_sse_json(event).get('attempt')} ---"))
                     continue
                 line = log_line(event)
-                if line is not None:
-                    sys.stdout.write(line + "\n")
+                if line is not None:  # as written; on a terminal, with control characters made visible
+                    sys.stdout.write((out.safe(line) if tty else line) + "\n")
                     sys.stdout.flush()
         except KeyboardInterrupt:
             raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
@@ -254,7 +258,7 @@ def cancel(
     if output is OutputFormat.json:
         out.print_json(job)
     else:
-        console.print(f"job {job_id}: {job.get('state') if isinstance(job, dict) else 'cancel requested'}")
+        console.print(out.text(f"job {job_id}: {job.get('state') if isinstance(job, dict) else 'cancel requested'}"))
 
 
 @app.command()
@@ -269,9 +273,9 @@ def why(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         head = data.get("summary") or data.get("message") or data.get("pending_message")
         reason = data.get("reason") or data.get("pending_reason")
         if reason:
-            console.print(f"[bold]{reason}[/]" + (f": {head}" if head else ""))
+            console.print(Text.assemble(out.text(reason, "bold"), out.text(f": {head}" if head else "")))
         elif head:
-            console.print(head)
+            console.print(out.text(head))
         rest = [
             (k, v)
             for k, v in flatten(data)
@@ -280,7 +284,7 @@ def why(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         if rest:
             console.print(out.kv_table(rest))
     else:
-        console.print(str(data))
+        console.print(out.text(data))
 
 
 @app.command()

@@ -13,11 +13,13 @@ from cli.output import OutputFormat, console
 
 teams_app = typer.Typer(help="Teams, their quotas and members.", no_args_is_help=False)
 sla_app = typer.Typer(help="A team's default SLA contract.", no_args_is_help=False)
+invitations_app = typer.Typer(help="Teams that invited you: accept or decline.", no_args_is_help=False)
 
 
 @teams_app.callback(invoke_without_command=True)
 def teams(ctx: typer.Context, output: OutputOpt = OutputFormat.table) -> None:
-    """List the teams you can see (subcommands: show, create, members, add-member, remove-member)."""
+    """List the teams you can see (subcommands: show, create, set, members, add-member, remove-member,
+    invitations)."""
     if ctx.invoked_subcommand is not None:
         return
     show_list("/v1/teams", out.TEAM_COLUMNS, output)
@@ -67,20 +69,49 @@ def teams_create(
     cohort: Annotated[str | None, typer.Option(help="Cohort whose teams lend to each other.")] = None,
     gpu_hour_budget: Annotated[float | None, typer.Option(help="GPU-hours per budget period.")] = None,
     fair_share_weight: Annotated[float | None, typer.Option(help="Weight in fair share.")] = None,
+    qos: Annotated[
+        str | None, typer.Option("--qos", help="QoS classes it may use, comma-separated (silver,bronze,best-effort).")
+    ] = None,
+    restart_limit: Annotated[int | None, typer.Option("--restart-limit", min=0, help="Default 10.")] = None,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
     """Create a team (admin)."""
     body: dict[str, Any] = {"name": name, "quotas": [_parse_quota(q) for q in quota or []]}
+    if qos is not None:
+        body["qos_classes"] = [q.strip() for q in qos.split(",") if q.strip()]
     for key, value in (
         ("cohort", cohort),
         ("gpu_hour_budget", gpu_hour_budget),
         ("fair_share_weight", fair_share_weight),
+        ("restart_limit", restart_limit),
     ):
         if value is not None:
             body[key] = value
     with client() as api:
         data = api.post("/v1/teams", json=body)
     out.render(data, output, lambda: f"team {data.get('name', name)} created")
+
+
+@teams_app.command("set")
+def teams_set(
+    team: str,
+    qos: Annotated[str | None, typer.Option("--qos", help="The QoS classes the team may use, comma-separated.")] = None,
+    restart_limit: Annotated[
+        int | None, typer.Option("--restart-limit", min=0, help="The most restarts a contract may ask for.")
+    ] = None,
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """Change what a team may use (admin): its QoS classes and its restart limit."""
+    body: dict[str, Any] = {}
+    if qos is not None:
+        body["qos_classes"] = [q.strip() for q in qos.split(",") if q.strip()]
+    if restart_limit is not None:
+        body["restart_limit"] = restart_limit
+    if not body:
+        raise CliError("nothing to change: give --qos and/or --restart-limit", ExitCode.USAGE)
+    with client() as api:
+        data = api.patch(f"/v1/teams/{team}", json=body)
+    out.render(data, output, lambda: out.kv_table(_flatten_lists(data), title=f"Team {team}"))
 
 
 @teams_app.command("members")
@@ -101,10 +132,53 @@ def teams_add_member(
     role: Annotated[str, typer.Option(help="team-admin, member or viewer.")] = "member",
     output: OutputOpt = OutputFormat.table,
 ) -> None:
-    """Add a user to a team (or change their role); the user is created if new."""
+    """Add a user to a team (admin), change a member's role, or invite a user (team-admin): an invited user
+    joins with `kiln invitations accept TEAM`."""
     with client() as api:
         data = api.put(f"/v1/teams/{team}/members/{user}", json={"role": role})
-    out.render(data, output, lambda: f"{user} is {role} in {team}")
+    if data.get("status") == "invited":
+        text = f"invited {user} to {team} as {role}; they join with: kiln invitations accept {team}"
+    else:
+        text = f"{user} is {data.get('role', role)} in {team}"
+    out.render(data, output, lambda: text)
+
+
+@teams_app.command("invitations")
+def teams_invitations(team: str, output: OutputOpt = OutputFormat.table) -> None:
+    """A team's pending invitations (team-admin)."""
+    show_list(f"/v1/teams/{team}/invitations", INVITATION_COLUMNS, output)
+
+
+INVITATION_COLUMNS: list[out.Column] = [
+    ("TEAM", lambda i: i.get("team")),
+    ("USER", lambda i: i.get("user")),
+    ("ROLE", lambda i: i.get("role")),
+    ("INVITED BY", lambda i: i.get("invited_by")),
+    ("EXPIRES", lambda i: out.fmt_time(i.get("expires_at"))),
+]
+
+
+@invitations_app.callback(invoke_without_command=True)
+def invitations(ctx: typer.Context, output: OutputOpt = OutputFormat.table) -> None:
+    """Teams that invited you (subcommands: accept TEAM, decline TEAM)."""
+    if ctx.invoked_subcommand is None:
+        show_list("/v1/me/invitations", INVITATION_COLUMNS, output)
+
+
+@invitations_app.command("accept")
+def invitations_accept(team: str) -> None:
+    """Join a team that invited you."""
+    with client() as api:
+        data = api.post(f"/v1/me/invitations/{team}/accept")
+    console.print(f"you joined {team} as {data.get('role')}", markup=False)
+
+
+@invitations_app.command("decline")
+def invitations_decline(team: str) -> None:
+    """Decline a team's invitation."""
+    with client() as api:
+        api.post(f"/v1/me/invitations/{team}/decline")
+    console.print(f"declined the invitation to {team}", markup=False)
 
 
 @teams_app.command("remove-member")
@@ -112,7 +186,7 @@ def teams_remove_member(team: str, user: str) -> None:
     """Remove a user from a team."""
     with client() as api:
         api.delete(f"/v1/teams/{team}/members/{user}")
-    console.print(f"{user} removed from {team}")
+    console.print(out.text(f"{user} removed from {team}"))
 
 
 @app.command()

@@ -2,7 +2,18 @@
 
 from core.models.cluster import GPU, Host
 from core.models.jobs import Attempt, Checkpoint, Event, Job, JobDependency, JobMetric, Usage
-from core.models.tenancy import ApiToken, Membership, QosClass, Role, SlaContract, Team, TeamQuota, User
+from core.models.tenancy import (
+    ApiToken,
+    Membership,
+    QosClass,
+    Role,
+    SlaContract,
+    Team,
+    TeamInvitation,
+    TeamQuota,
+    User,
+    team_qos_classes,
+)
 
 __all__ = [
     "GPU",
@@ -19,7 +30,9 @@ __all__ = [
     "Role",
     "SlaContract",
     "Team",
+    "TeamInvitation",
     "TeamQuota",
     "Usage",
     "User",
+    "team_qos_classes",
 ]

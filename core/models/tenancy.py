@@ -6,7 +6,7 @@ import enum
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, CheckConstraint, ForeignKey, Index, String, UniqueConstraint
+from sqlalchemy import BigInteger, CheckConstraint, Column, ForeignKey, Index, String, Table, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from core.db import Base, utcnow
@@ -21,6 +21,15 @@ class Role(enum.StrEnum):
     VIEWER = "viewer"
 
 
+# The QoS classes a team may use: an admin's decision (a member cannot pick a class the team was not granted).
+team_qos_classes = Table(
+    "team_qos_classes",
+    Base.metadata,
+    Column("team_id", ForeignKey("teams.id", ondelete="CASCADE"), primary_key=True),
+    Column("qos_class_id", ForeignKey("qos_classes.id", ondelete="CASCADE"), primary_key=True),
+)
+
+
 class Team(Base):
     __tablename__ = "teams"
 
@@ -30,13 +39,22 @@ class Team(Base):
     fair_share_weight: Mapped[float] = mapped_column(default=1.0)
     gpu_hour_budget: Mapped[float | None] = mapped_column(comment="GPU-hours per budget period; NULL = none")
     budget_period_s: Mapped[int] = mapped_column(default=30 * 86400)
+    restart_limit: Mapped[int] = mapped_column(
+        default=10, server_default=text("10"), comment="the most restarts a contract of the team may ask for"
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     quotas: Mapped[list[TeamQuota]] = relationship(
         back_populates="team", cascade="all, delete-orphan", lazy="selectin"
     )
+    qos_classes: Mapped[list[QosClass]] = relationship(
+        secondary=team_qos_classes, lazy="selectin", order_by="desc(QosClass.priority)"
+    )
 
-    __table_args__ = (CheckConstraint("fair_share_weight > 0", name="weight_positive"),)
+    __table_args__ = (
+        CheckConstraint("fair_share_weight > 0", name="weight_positive"),
+        CheckConstraint("restart_limit >= 0", name="restart_limit_nonneg"),
+    )
 
 
 class TeamQuota(Base):
@@ -87,6 +105,28 @@ class Membership(Base):
 
     __table_args__ = (
         UniqueConstraint("user_id", "team_id"),
+        CheckConstraint("role IN ('team-admin', 'member', 'viewer')", name="role_known"),
+    )
+
+
+class TeamInvitation(Base):
+    """A team-admin's invitation: the invited user joins only by accepting it (an admin adds members directly).
+    Addressed by name, not by user id, so inviting reveals nothing about which user names exist."""
+
+    __tablename__ = "team_invitations"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"))
+    user_name: Mapped[str] = mapped_column(String(64), index=True)
+    role: Mapped[str] = mapped_column(String(16))
+    invited_by_user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column()
+
+    team: Mapped[Team] = relationship(lazy="joined")
+
+    __table_args__ = (
+        UniqueConstraint("team_id", "user_name"),
         CheckConstraint("role IN ('team-admin', 'member', 'viewer')", name="role_known"),
     )
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import String, and_, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from core.models import GPU, Job, Membership, QosClass, SlaContract, Team, User
+from core.models import GPU, Job, Membership, QosClass, SlaContract, Team, TeamInvitation, User, team_qos_classes
 
 
 def get_by_name(db: Session, name: str) -> Team | None:
@@ -23,25 +24,26 @@ def id_by_name(db: Session, name: str) -> int | None:
 def submission_context(
     db: Session, *, team: str, qos: str | None, default_qos: str, terms: Sequence[str], gpu_type: str | None
 ) -> Any:
-    """Everything a submission reads, in one statement (it runs on every submission): the team's id, its default
-    contract's ``terms`` (NULL ``sla_id``: none) and that contract's QoS name, the QoS class the job gets --
-    ``qos`` if given, else the default contract's, else ``default_qos`` (NULL ``qos_id``: no such class) -- with
-    its memory cap, and what the cluster has of ``gpu_type`` (any type when None): ``type_gpus`` GPUs, the largest
-    with ``type_max_memory`` bytes, out of ``cluster_gpus`` in all. None when there is no such team."""
+    """Everything a submission reads, in one statement (it runs on every submission): the team's id and restart
+    limit, its default contract's ``terms`` (NULL ``sla_id``: none) and that contract's QoS name, the QoS class the
+    job gets -- ``qos`` if given, else the default contract's, else ``default_qos`` (NULL ``qos_id``: no such
+    class) -- with its memory cap and whether the team may use it (``qos_allowed``), and what the cluster has of
+    ``gpu_type`` (any type when None): ``type_gpus`` GPUs, the largest with ``type_max_memory`` bytes, out of
+    ``cluster_gpus`` in all. None when there is no such team."""
     conn = db.connection()
     if conn.dialect.name == "postgresql":  # the same statement as plain SQL: nothing to build or compile per call
         params = {"team": team, "qos": qos, "default_qos": default_qos, "gpu_type": gpu_type}
         return conn.exec_driver_sql(_submission_context_pg(tuple(terms)), params).first()
-    t, s = Team.__table__, SlaContract.__table__
+    t, s, tq = Team.__table__, SlaContract.__table__, team_qos_classes
     dq, q = QosClass.__table__.alias("default_qos"), QosClass.__table__.alias("qos")
     wanted = func.coalesce(bindparam("qos", qos, type_=String), dq.c.name, default_qos)
     g = GPU.__table__
     of_type = g.c.model == gpu_type if gpu_type is not None else g.c.id.is_not(None)
     stmt = (
         select(
-            t.c.id.label("team_id"), s.c.id.label("sla_id"), *(s.c[k] for k in terms),
+            t.c.id.label("team_id"), t.c.restart_limit, s.c.id.label("sla_id"), *(s.c[k] for k in terms),
             dq.c.name.label("default_qos"), q.c.id.label("qos_id"), q.c.name.label("qos"), q.c.priority,
-            q.c.gpu_memory_cap_bytes,
+            q.c.gpu_memory_cap_bytes, tq.c.team_id.is_not(None).label("qos_allowed"),
             select(func.count()).select_from(g).where(of_type).scalar_subquery().label("type_gpus"),
             select(func.max(g.c.memory_bytes)).where(of_type).scalar_subquery().label("type_max_memory"),
             select(func.count()).select_from(g).scalar_subquery().label("cluster_gpus"),
@@ -50,6 +52,7 @@ def submission_context(
             t.outerjoin(s, and_(s.c.team_id == t.c.id, s.c.job_id.is_(None)))
             .outerjoin(dq, dq.c.id == s.c.qos_class_id)
             .outerjoin(q, q.c.name == wanted)
+            .outerjoin(tq, and_(tq.c.team_id == t.c.id, tq.c.qos_class_id == q.c.id))
         )
         .where(t.c.name == team)
         .limit(1)
@@ -63,8 +66,8 @@ def _submission_context_pg(terms: tuple[str, ...]) -> str:
     cols = "".join(f", s.{k}" for k in terms)
     of_type = "(CAST(%(gpu_type)s AS VARCHAR) IS NULL OR g.model = %(gpu_type)s)"
     return (
-        f"SELECT t.id AS team_id, s.id AS sla_id{cols}, dq.name AS default_qos, q.id AS qos_id, q.name AS qos,"
-        " q.priority, q.gpu_memory_cap_bytes,"
+        f"SELECT t.id AS team_id, t.restart_limit, s.id AS sla_id{cols}, dq.name AS default_qos, q.id AS qos_id,"
+        " q.name AS qos, q.priority, q.gpu_memory_cap_bytes, tq.team_id IS NOT NULL AS qos_allowed,"
         f" (SELECT count(*) FROM gpus AS g WHERE {of_type}) AS type_gpus,"
         f" (SELECT max(g.memory_bytes) FROM gpus AS g WHERE {of_type}) AS type_max_memory,"
         " (SELECT count(*) FROM gpus) AS cluster_gpus"
@@ -72,6 +75,7 @@ def _submission_context_pg(terms: tuple[str, ...]) -> str:
         " LEFT OUTER JOIN sla_contracts AS s ON s.team_id = t.id AND s.job_id IS NULL"
         " LEFT OUTER JOIN qos_classes AS dq ON dq.id = s.qos_class_id"
         " LEFT OUTER JOIN qos_classes AS q ON q.name = coalesce(CAST(%(qos)s AS VARCHAR), dq.name, %(default_qos)s)"
+        " LEFT OUTER JOIN team_qos_classes AS tq ON tq.team_id = t.id AND tq.qos_class_id = q.id"
         " WHERE t.name = %(team)s LIMIT 1"
     )
 
@@ -122,3 +126,35 @@ def default_sla(db: Session, team_id: int) -> SlaContract | None:
     return db.scalars(
         select(SlaContract).where(SlaContract.team_id == team_id, SlaContract.job_id.is_(None)).limit(1)
     ).first()
+
+
+def allowed_qos_names(db: Session, team_id: int) -> list[str]:
+    rows = db.scalars(
+        select(QosClass.name)
+        .join(team_qos_classes, team_qos_classes.c.qos_class_id == QosClass.id)
+        .where(team_qos_classes.c.team_id == team_id)
+        .order_by(QosClass.priority.desc())
+    )
+    return list(rows)
+
+
+def get_invitation(db: Session, *, team_id: int, user_name: str) -> TeamInvitation | None:
+    return db.scalars(
+        select(TeamInvitation).where(TeamInvitation.team_id == team_id, TeamInvitation.user_name == user_name)
+    ).one_or_none()
+
+
+def invitations_of_team(db: Session, team_id: int, now: datetime) -> Sequence[TeamInvitation]:
+    return db.scalars(
+        select(TeamInvitation)
+        .where(TeamInvitation.team_id == team_id, TeamInvitation.expires_at > now)
+        .order_by(TeamInvitation.user_name)
+    ).all()
+
+
+def invitations_for_user(db: Session, user_name: str, now: datetime) -> Sequence[TeamInvitation]:
+    return db.scalars(
+        select(TeamInvitation)
+        .where(TeamInvitation.user_name == user_name, TeamInvitation.expires_at > now)
+        .order_by(TeamInvitation.created_at)
+    ).all()

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from core.models import ApiToken, Membership, User
@@ -68,15 +68,31 @@ def identity_by_token_hash(db: Session, token_hash: str) -> TokenIdentity | None
         # timestamptz arrives aware (in the session's zone): only compared with now, never serialized
         rows: Sequence[Any] = conn.exec_driver_sql(_IDENTITY_PG, {"token_hash": token_hash}).all()
     else:
-        rows = conn.execute(  # Core: plain columns need none of the ORM's execution machinery
-            select(
-                ApiToken.id, ApiToken.scopes, ApiToken.expires_at, ApiToken.revoked_at, ApiToken.last_used_at,
-                User.id, User.name, User.is_admin, Membership.team_id, Membership.role,
-            )
-            .join(User, User.id == ApiToken.user_id)
-            .outerjoin(Membership, Membership.user_id == User.id)
-            .where(ApiToken.token_hash == token_hash)
-        ).all()  # fmt: skip
+        rows = conn.execute(_identity_select().where(ApiToken.token_hash == token_hash)).all()
+    return _identity(rows)
+
+
+def identity_by_token_id(db: Session, token_id: int) -> TokenIdentity | None:
+    """The same, by the token's id: an open stream re-reading its caller's token and memberships."""
+    return _identity(db.connection().execute(_identity_select().where(ApiToken.id == token_id)).all())
+
+
+def token_hash_of(db: Session, token_id: int) -> str | None:
+    return db.scalar(select(ApiToken.token_hash).where(ApiToken.id == token_id))
+
+
+def _identity_select() -> Any:
+    return (
+        select(
+            ApiToken.id, ApiToken.scopes, ApiToken.expires_at, ApiToken.revoked_at, ApiToken.last_used_at,
+            User.id, User.name, User.is_admin, Membership.team_id, Membership.role,
+        )
+        .join(User, User.id == ApiToken.user_id)
+        .outerjoin(Membership, Membership.user_id == User.id)
+    )  # fmt: skip
+
+
+def _identity(rows: Sequence[Any]) -> TokenIdentity | None:
     if not rows:
         return None
     token_id, scopes, expires_at, revoked_at, last_used_at, user_id, name, is_admin, _, _ = rows[0]
@@ -92,6 +108,19 @@ def touch_token(db: Session, token_id: int, when: datetime) -> None:
 
 def get_token(db: Session, token_id: int) -> ApiToken | None:
     return db.get(ApiToken, token_id)
+
+
+def count_active_tokens(db: Session, user_id: int, now: datetime) -> int:
+    return int(
+        db.scalar(
+            select(func.count(ApiToken.id)).where(
+                ApiToken.user_id == user_id,
+                ApiToken.revoked_at.is_(None),
+                or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > now),
+            )
+        )
+        or 0
+    )
 
 
 def list_tokens(db: Session, user_id: int | None) -> Sequence[ApiToken]:

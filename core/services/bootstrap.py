@@ -33,7 +33,9 @@ def bootstrap_admin(*, db: Session, name: str, force: bool = False) -> tuple[Use
     user.is_admin = True
     team = teams_repo.get_by_name(db, DEFAULT_TEAM)
     if team is None:
-        team = Team(name=DEFAULT_TEAM, quotas=[TeamQuota(gpu_type="cpu", nominal=DEFAULT_CPU_SLOTS)])
+        # The first admin's own team may use every class (the examples use gold, silver and best-effort).
+        team = Team(name=DEFAULT_TEAM, quotas=[TeamQuota(gpu_type="cpu", nominal=DEFAULT_CPU_SLOTS)],
+                    qos_classes=list(qos_repo.list_all(db)))  # fmt: skip
         db.add(team)
         db.flush()
         silver = qos_repo.get_by_name(db, "silver")
@@ -52,6 +54,7 @@ def bootstrap_admin(*, db: Session, name: str, force: bool = False) -> tuple[Use
     principal = Principal(
         user_id=user.id, name=user.name, user_is_admin=True, scopes=frozenset({"read", "write", "admin"})
     )
+    # No cap on live tokens here: the operator re-arming the first admin must never be locked out.
     _, secret = issue(db=db, principal=principal, name="bootstrap", scopes=("read", "write", "admin"))
     return user, secret
 

@@ -19,10 +19,10 @@ from core.repositories import jobs as jobs_repo
 from core.repositories import qos as qos_repo
 from core.repositories import teams as teams_repo
 from core.repositories.jobs import JobFilter
-from core.services.errors import Conflict, InvalidInput, NotFound
+from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.services.fit import canonical_gpu_type, check_submission
 from core.services.principal import Principal, require_team, require_team_id
-from core.services.sla import BASE_TERMS, DEFAULT_QOS, TERMS, effective_terms
+from core.services.sla import BASE_TERMS, DEFAULT_QOS, TERMS, effective_terms, qos_refusal, restart_refusal
 from core.spec import JobSpec
 from core.states import TERMINAL, JobState, record_event, transition
 
@@ -62,10 +62,14 @@ def submit(*, db: Session, principal: Principal, spec: JobSpec) -> JobView:
     if ctx.qos_id is None:
         loc = "sla.qos" if spec.sla.qos else "team.sla.qos"
         raise InvalidInput.at(loc, f"unknown QoS class {qos_name!r}")
+    if not ctx.qos_allowed:
+        raise Forbidden(qos_refusal(spec.team, qos_name, teams_repo.allowed_qos_names(db, team_id)))
     fitted = check_submission(db, spec=spec, ctx=ctx, qos_name=qos_name)
     depends_on = _dependencies(db, team_id=team_id, team=spec.team, refs=spec.depends_on)
     base = {k: getattr(ctx, k) for k in TERMS} if ctx.sla_id is not None else BASE_TERMS
     terms = effective_terms(base=base, overrides=spec.sla)
+    if terms["max_restarts"] > ctx.restart_limit:
+        raise Forbidden(restart_refusal(spec.team, terms["max_restarts"], ctx.restart_limit))
     now = utcnow()
     values: dict[str, Any] = {
         "name": spec.name, "team_id": team_id, "user_id": principal.user_id, "spec": spec.model_dump(mode="json"),
@@ -221,6 +225,7 @@ def why(*, db: Session, principal: Principal, job_id: int) -> Job:
 @dataclass(frozen=True)
 class LogTarget:
     job_id: int
+    team_id: int
     attempt: int | None  # None: no attempt yet
     path: Path | None
     state: str
@@ -233,7 +238,7 @@ def log_target(
     job = _visible(db, principal, job_id)
     number = attempt if attempt is not None else jobs_repo.latest_attempt_number(db, job_id)
     path = None if number is None else storage_dir / "logs" / str(job_id) / f"{number}.log"
-    return LogTarget(job_id=job_id, attempt=number, path=path, state=job.state)
+    return LogTarget(job_id=job_id, team_id=job.team_id, attempt=number, path=path, state=job.state)
 
 
 def is_terminal(*, db: Session, job_id: int) -> bool:

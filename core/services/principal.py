@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from core.models import Role, Team
 from core.services.errors import Forbidden, NotFound
 
 ROLE_RANK: Mapping[str, int] = {Role.VIEWER: 1, Role.MEMBER: 2, Role.TEAM_ADMIN: 3}
-SCOPES = ("read", "write", "admin")
+# ``metrics``: scrape /metrics and nothing else (for Prometheus); only an admin grants it.
+SCOPES = ("read", "write", "admin", "metrics")
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class Principal:
     scopes: frozenset[str] = frozenset({"read", "write"})
     token_id: int | None = None
     roles: Mapping[int, str] = field(default_factory=dict)  # team_id -> role
+    token_expires_at: datetime | None = None  # the calling token's own expiry: no token it mints outlives it
 
     @property
     def is_admin(self) -> bool:

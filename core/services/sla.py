@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -12,7 +12,7 @@ from core.models import Role, SlaContract, Team
 from core.repositories import jobs as jobs_repo
 from core.repositories import qos as qos_repo
 from core.repositories import teams as teams_repo
-from core.services.errors import InvalidInput, NotFound
+from core.services.errors import Forbidden, InvalidInput, NotFound
 from core.services.principal import Principal, require_team
 from core.spec import SLAOverrides
 
@@ -53,14 +53,31 @@ def get_team_default(*, db: Session, principal: Principal, team: str) -> SlaCont
     return default_contract(db=db, team=t)
 
 
+def qos_refusal(team: str, qos: str, allowed: Sequence[str]) -> str:
+    return (f"team {team!r} may not use QoS class {qos!r} (it may use: {', '.join(allowed) or 'none'}); "
+            "which classes a team may use is an admin's decision")  # fmt: skip
+
+
+def restart_refusal(team: str, asked: int, limit: int) -> str:
+    return f"max_restarts {asked} is above team {team!r}'s restart limit of {limit}, which an admin sets"
+
+
 def put_team_default(*, db: Session, principal: Principal, team: str, terms: Mapping[str, Any]) -> SlaContract:
-    """Replace the team's default terms (team-admins and admins). ``terms`` may carry ``qos`` by name."""
+    """Replace the team's default terms (team-admins and admins). ``terms`` may carry ``qos`` by name; the class
+    must be one the team may use, and ``max_restarts`` within the team's restart limit."""
     t = require_team(principal, teams_repo.get_by_name(db, team), team, Role.TEAM_ADMIN)
+    qos = terms.get("qos") or DEFAULT_QOS
+    qos_id = _qos_id(db, qos, "qos")
+    if qos_id not in {q.id for q in t.qos_classes}:
+        raise Forbidden(qos_refusal(team, qos, teams_repo.allowed_qos_names(db, t.id)))
+    max_restarts = terms.get("max_restarts", BASE_TERMS["max_restarts"])
+    if max_restarts > t.restart_limit:
+        raise Forbidden(restart_refusal(team, max_restarts, t.restart_limit))
     row = teams_repo.default_sla(db, t.id)
     if row is None:
-        row = SlaContract(team_id=t.id, job_id=None, qos_class_id=_qos_id(db, DEFAULT_QOS, "qos"))
+        row = SlaContract(team_id=t.id, job_id=None, qos_class_id=qos_id)
         db.add(row)
-    row.qos_class_id = _qos_id(db, terms.get("qos") or DEFAULT_QOS, "qos")
+    row.qos_class_id = qos_id
     for key in TERMS:
         setattr(row, key, terms.get(key, BASE_TERMS[key]))
     db.flush()

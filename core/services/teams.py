@@ -1,4 +1,6 @@
-"""Teams (quotas, cohort, fair share, budget) and memberships, with audit events for membership changes."""
+"""Teams (quotas, cohort, fair share, budget, the QoS classes and restart limit they may use) and memberships,
+with audit events for membership changes. A team-admin adds a new member by invitation only
+(``core.services.invitations``): the user joins by accepting it; an admin adds members directly."""
 
 from __future__ import annotations
 
@@ -8,17 +10,21 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from core.models import Membership, Role, SlaContract, Team, TeamQuota
+from core.models import Membership, QosClass, Role, SlaContract, Team, TeamQuota, User
 from core.repositories import qos as qos_repo
 from core.repositories import teams as teams_repo
 from core.repositories import users as users_repo
-from core.services.errors import Conflict, InvalidInput, NotFound
+from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.services.fit import check_quota_type
 from core.services.principal import Principal, require_admin, require_team
 from core.states import record_event
 
 DEFAULT_QOS = "silver"
-TEAM_FIELDS = ("cohort", "fair_share_weight", "gpu_hour_budget", "budget_period_s")
+# What a new team may use until an admin decides otherwise: the classes that take no capacity from others by
+# right (gold is never preempted by a lower class: granting it is an admin's decision).
+DEFAULT_TEAM_QOS = ("silver", "bronze", "best-effort")
+DEFAULT_RESTART_LIMIT = 10
+TEAM_FIELDS = ("cohort", "fair_share_weight", "gpu_hour_budget", "budget_period_s", "restart_limit")
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,17 @@ def _quota_rows(db: Session, quotas: Sequence[Quota]) -> list[TeamQuota]:
     return rows
 
 
+def _qos_classes(db: Session, names: Sequence[str]) -> list[QosClass]:
+    rows = []
+    for i, name in enumerate(names):
+        qos = qos_repo.get_by_name(db, name)
+        if qos is None:
+            raise InvalidInput.at(f"qos_classes.{i}", f"unknown QoS class {name!r}")
+        if qos not in rows:
+            rows.append(qos)
+    return sorted(rows, key=lambda q: -q.priority)
+
+
 def list_teams(*, db: Session, principal: Principal) -> Sequence[Team]:
     return teams_repo.list_teams(db, principal.visible_team_ids())
 
@@ -66,7 +83,10 @@ def create_team(
     fair_share_weight: float = 1.0,
     gpu_hour_budget: float | None = None,
     budget_period_s: int = 30 * 86400,
+    qos_classes: Sequence[str] | None = None,
+    restart_limit: int = DEFAULT_RESTART_LIMIT,
 ) -> Team:
+    """``qos_classes``: the classes the team may use (default ``DEFAULT_TEAM_QOS``)."""
     require_admin(principal, "creating a team")
     if teams_repo.get_by_name(db, name) is not None:
         raise Conflict(f"team {name!r} already exists")
@@ -76,7 +96,9 @@ def create_team(
         fair_share_weight=fair_share_weight,
         gpu_hour_budget=gpu_hour_budget,
         budget_period_s=budget_period_s,
+        restart_limit=restart_limit,
         quotas=_quota_rows(db, quotas),
+        qos_classes=_qos_classes(db, DEFAULT_TEAM_QOS if qos_classes is None else qos_classes),
     )
     db.add(team)
     db.flush()
@@ -88,12 +110,15 @@ def create_team(
 
 
 def update_team(*, db: Session, principal: Principal, name: str, changes: Mapping[str, Any]) -> Team:
-    """Admins change quotas, cohort, weight and budget; ``quotas``, when given, replaces the whole list."""
+    """Admins change quotas, cohort, weight, budget, the QoS classes and the restart limit; ``quotas`` and
+    ``qos_classes``, when given, replace the whole list."""
     team = get_team(db=db, principal=principal, name=name)
-    require_admin(principal, "changing a team's quotas, cohort, weight or budget")
+    require_admin(principal, "changing a team's quotas, cohort, weight, budget, QoS classes or restart limit")
     for key in TEAM_FIELDS:
         if key in changes:
             setattr(team, key, changes[key])
+    if changes.get("qos_classes") is not None:
+        team.qos_classes = _qos_classes(db, changes["qos_classes"])
     if changes.get("quotas") is not None:
         team.quotas.clear()
         db.flush()  # delete the old rows before inserting new ones with the same (team, gpu_type)
@@ -116,22 +141,21 @@ def list_members(*, db: Session, principal: Principal, team: str) -> Sequence[tu
 
 
 def put_member(*, db: Session, principal: Principal, team: str, user: str, role: str) -> tuple[Membership, bool]:
-    """Add ``user`` to ``team`` or change their role; returns (membership, created)."""
+    """Add ``user`` to ``team`` (admins) or change a member's role (team-admins too); returns (membership,
+    created). A team-admin's request for someone not yet in the team is an invitation instead
+    (``invitations.invite``): the router sends it there, so this answers NotFound for a non-member only to admins."""
     t = get_team(db=db, principal=principal, name=team, min_role=Role.TEAM_ADMIN)
     if role not in (Role.TEAM_ADMIN, Role.MEMBER, Role.VIEWER):
         raise InvalidInput.at("role", "must be one of team-admin, member, viewer")
     u = users_repo.get_by_name(db, user)
+    membership = None if u is None else teams_repo.get_membership(db, team_id=t.id, user_id=u.id)
+    if membership is None and not principal.is_admin:
+        raise Forbidden(f"{user!r} is not in team {team!r}: a team-admin invites, and the user accepts")
     if u is None:
         raise NotFound(f"user {user!r} not found")
-    membership = teams_repo.get_membership(db, team_id=t.id, user_id=u.id)
     created = membership is None
     if membership is None:
-        membership = Membership(user_id=u.id, team_id=t.id, role=role)
-        db.add(membership)
-        record_event(
-            db, "MEMBER_ADDED", team_id=t.id, actor_user_id=principal.user_id,
-            message=f"{user} joined {team} as {role}", data={"user": user, "role": role},
-        )  # fmt: skip
+        membership = add_membership(db, team=t, user=u, role=role, actor_user_id=principal.user_id)
     elif membership.role != role:
         old = membership.role
         membership.role = role
@@ -141,6 +165,25 @@ def put_member(*, db: Session, principal: Principal, team: str, user: str, role:
         )  # fmt: skip
     db.flush()
     return membership, created
+
+
+def add_membership(
+    db: Session, *, team: Team, user: User, role: str, actor_user_id: int, invited_by: str | None = None
+) -> Membership:
+    membership = Membership(user_id=user.id, team_id=team.id, role=role)
+    db.add(membership)
+    how = f" (invited by {invited_by})" if invited_by else ""
+    record_event(
+        db, "MEMBER_ADDED", team_id=team.id, actor_user_id=actor_user_id,
+        message=f"{user.name} joined {team.name} as {role}{how}",
+        data={"user": user.name, "role": role, **({"invited_by": invited_by} if invited_by else {})},
+    )  # fmt: skip
+    return membership
+
+
+def is_member(db: Session, *, team: Team, user: str) -> bool:
+    u = users_repo.get_by_name(db, user)
+    return u is not None and teams_repo.get_membership(db, team_id=team.id, user_id=u.id) is not None
 
 
 def remove_member(*, db: Session, principal: Principal, team: str, user: str) -> None:

@@ -11,9 +11,11 @@ from core.db import utcnow
 from core.models import ApiToken
 from core.repositories import users as users_repo
 from core.security import new_token
-from core.services.errors import Forbidden, InvalidInput, NotFound
+from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.services.principal import SCOPES, Principal
 from core.states import record_event
+
+ORDINARY_SCOPES = frozenset({"read", "write"})
 
 
 def issue(
@@ -21,18 +23,18 @@ def issue(
     db: Session,
     principal: Principal,
     name: str,
-    scopes: Sequence[str] = ("read", "write"),
+    scopes: Sequence[str] | None = None,
     expires_at: datetime | None = None,
     user: str | None = None,
+    max_active: int | None = None,
 ) -> tuple[ApiToken, str]:
-    """A new token for the caller, or (admins only) for ``user``; returns (row, secret)."""
-    unknown = sorted(set(scopes) - set(SCOPES))
-    if unknown:
-        raise InvalidInput.at("scopes", f"unknown scopes {unknown}; known: {list(SCOPES)}")
-    if not scopes:
-        raise InvalidInput.at("scopes", "at least one scope")
-    if expires_at is not None and expires_at <= utcnow():
-        raise InvalidInput.at("expires_at", "must be in the future")
+    """A new token for the caller, or (admins only) for ``user``; returns (row, secret). ``max_active``: the most
+    live tokens the owner may hold (the API passes ``KILN_MAX_TOKENS_PER_USER``; None: no cap).
+
+    A minted token never exceeds the one that mints it: its scopes are a subset of the caller's (default: the
+    caller's ``read``/``write``), and it expires no later (default: when the caller's token does)."""
+    scopes = _scopes(principal, scopes)
+    expires_at = _expiry(principal, expires_at)
     owner_id = principal.user_id
     if user is not None and user != principal.name:
         if not principal.is_admin:
@@ -46,10 +48,12 @@ def issue(
         owner_is_admin = principal.user_is_admin
     if "admin" in scopes and not (principal.is_admin and owner_is_admin):
         raise Forbidden("the 'admin' scope is issued only by an admin, to an admin")
+    active = users_repo.count_active_tokens(db, owner_id, utcnow()) if max_active is not None else 0
+    if max_active is not None and active >= max_active:
+        raise Conflict(f"{user or principal.name} has {active} live tokens, the most allowed; revoke one first")
     secret, prefix, digest = new_token()
-    token = ApiToken(
-        user_id=owner_id, name=name, prefix=prefix, token_hash=digest, scopes=sorted(set(scopes)), expires_at=expires_at
-    )
+    token = ApiToken(user_id=owner_id, name=name, prefix=prefix, token_hash=digest, scopes=scopes,
+                     expires_at=expires_at)  # fmt: skip
     db.add(token)
     db.flush()
     record_event(
@@ -57,6 +61,38 @@ def issue(
         data={"token_id": token.id, "user_id": owner_id, "scopes": token.scopes},
     )  # fmt: skip
     return token, secret
+
+
+def _scopes(principal: Principal, wanted: Sequence[str] | None) -> list[str]:
+    """The new token's scopes: within the caller's own (an admin may also grant ``metrics``)."""
+    if wanted is None:
+        wanted = sorted(principal.scopes & ORDINARY_SCOPES)
+    unknown = sorted(set(wanted) - set(SCOPES))
+    if unknown:
+        raise InvalidInput.at("scopes", f"unknown scopes {unknown}; known: {list(SCOPES)}")
+    if not wanted:
+        raise InvalidInput.at("scopes", "at least one scope")
+    grantable = set(principal.scopes) | ({"metrics"} if principal.is_admin else set())
+    beyond = sorted(set(wanted) - grantable)
+    if beyond:
+        raise Forbidden(f"a token cannot grant scopes it lacks: this one has {sorted(principal.scopes)}, "
+                        f"not {beyond}")  # fmt: skip
+    return sorted(set(wanted))
+
+
+def _expiry(principal: Principal, wanted: datetime | None) -> datetime | None:
+    """The new token's expiry: in the future, and never after the calling token's own."""
+    if wanted is not None and wanted <= utcnow():
+        raise InvalidInput.at("expires_at", "must be in the future")
+    ceiling = principal.token_expires_at
+    if ceiling is None:
+        return wanted
+    if wanted is None:
+        return ceiling
+    if wanted > ceiling:
+        raise InvalidInput.at("expires_at", f"must not be later than the calling token's own expiry "
+                                            f"({ceiling.isoformat()})")  # fmt: skip
+    return wanted
 
 
 def list_tokens(*, db: Session, principal: Principal, user: str | None = None) -> Sequence[ApiToken]:

@@ -1,4 +1,4 @@
-// The API client: bearer token from sessionStorage, problem+json errors, SSE with a polling fallback.
+// The API client: bearer token from sessionStorage, problem+json errors, SSE (stream tickets) with a polling fallback.
 
 const TOKEN_KEY = "kiln.token";
 
@@ -135,20 +135,18 @@ export async function api(path, opts = {}) {
 }
 
 /**
- * Follow a server-sent event stream. EventSource cannot send headers, so the token travels as the
- * `access_token` query parameter (accepted on SSE endpoints only).
+ * Follow a server-sent event stream. EventSource cannot send headers, and a token never goes into a URL (access
+ * logs keep URLs), so each connection first gets a short-lived ticket for this one stream
+ * (`POST /v1/stream-tickets`) and passes that as `?ticket=`. A connection that drops is opened again with a fresh
+ * ticket, resuming right after the last event id seen (`last_event_id`): nothing is missed or shown twice. The
+ * server ends a stream whose token was revoked, or whose user left the team, with `end` `{"reason":
+ * "unauthorized"}`: the app then signs out. If the stream cannot be opened at all, `poll` is called every
+ * `intervalMs` instead: live updates degrade to polling, never to nothing.
  *
- * A `resumable` stream honours Last-Event-ID, so the browser's own reconnection is left to do its job. A stream
- * that replays from the start is reopened by us after `onReset` (the caller clears what it showed). If the stream
- * cannot be opened at all, `poll` is called every `intervalMs` instead: live updates degrade to polling, never
- * to nothing.
- *
- * @param {string} path SSE endpoint
+ * @param {string} path SSE endpoint, with its own query string if any
  * @param {{
  *   onMessage: (type: string, data: string, lastEventId: string) => void,
  *   events?: string[],
- *   resumable?: boolean,
- *   onReset?: () => void,
  *   poll?: () => Promise<void>,
  *   intervalMs?: number,
  *   onModeChange?: (mode: "sse" | "polling" | "closed") => void,
@@ -156,10 +154,10 @@ export async function api(path, opts = {}) {
  * @returns {() => void} stop
  */
 export function follow(path, handlers) {
-  const { onMessage, events = [], resumable = true, onReset = () => {}, poll, intervalMs = 2000,
-    onModeChange = () => {} } = handlers;
+  const { onMessage, events = [], poll, intervalMs = 2000, onModeChange = () => {} } = handlers;
   let stopped = false;
   let opened = false;
+  let lastId = "";
   /** @type {EventSource | null} */
   let source = null;
   /** @type {number | undefined} */
@@ -180,49 +178,63 @@ export function follow(path, handlers) {
     tick();
   };
 
-  const open = () => {
+  const reopenLater = () => {
+    timer = window.setTimeout(() => {
+      timer = undefined;
+      open();
+    }, intervalMs);
+  };
+
+  const open = async () => {
+    if (stopped) return;
+    let ticket;
+    try {
+      ticket = (await api("/v1/stream-tickets", { json: { path: path.split("?")[0] } })).ticket;
+    } catch (err) {
+      if (err instanceof ApiError && err.status === 401) return; // signed out: the app has gone to sign-in
+      if (opened) reopenLater(); // the API is away for a moment: try again
+      else startPolling();
+      return;
+    }
     if (stopped) return;
     const sep = path.includes("?") ? "&" : "?";
-    const es = new EventSource(`${path}${sep}access_token=${encodeURIComponent(getToken() ?? "")}`);
+    const es = new EventSource(`${path}${sep}${qs({ ticket, last_event_id: lastId }).slice(1)}`);
     source = es;
     es.onopen = () => {
       opened = true;
       onModeChange("sse");
     };
     const handle = (/** @type {MessageEvent} */ ev) => {
-      if (!stopped) onMessage(ev.type, ev.data, ev.lastEventId);
+      if (stopped) return;
+      if (ev.lastEventId) lastId = ev.lastEventId;
+      if (ev.type === "end" && String(ev.data).includes('"reason":"unauthorized"')) {
+        stop();
+        onUnauthorized();
+        return;
+      }
+      onMessage(ev.type, ev.data, ev.lastEventId);
     };
     es.onmessage = handle;
     events.forEach((name) => es.addEventListener(name, handle));
     es.onerror = () => {
       if (stopped) return;
-      if (!opened || es.readyState === EventSource.CLOSED) {
-        // Never opened (refused, 401/404, no SSE) or closed for good: poll instead.
-        es.close();
-        source = null;
-        startPolling();
-      } else if (!resumable) {
-        // The server would replay from the start: start over cleanly rather than show lines twice.
-        es.close();
-        source = null;
-        timer = window.setTimeout(() => {
-          timer = undefined;
-          onReset();
-          open();
-        }, intervalMs);
-      }
+      es.close();
+      source = null;
+      if (!opened) startPolling(); // never opened (refused, 404, no SSE): poll instead
+      else reopenLater(); // dropped: a new ticket, resuming after the last event seen
     };
   };
 
-  if (typeof EventSource === "undefined") startPolling();
-  else open();
-
-  return () => {
+  const stop = () => {
     stopped = true;
     source?.close();
     if (timer !== undefined) window.clearTimeout(timer);
     onModeChange("closed");
   };
+
+  if (typeof EventSource === "undefined") startPolling();
+  else open();
+  return stop;
 }
 
 /**

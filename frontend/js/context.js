@@ -5,7 +5,7 @@ import { api } from "./api.js";
 /**
  * @typedef {{
  *   user: {name: string, is_admin: boolean},
- *   teams: Array<{name: string, role: string | null}>,
+ *   teams: Array<{name: string, role: string | null, qos_classes: string[]}>,
  *   qos_classes: Array<{name: string, priority: number, preemptible: boolean,
  *                       default_max_queue_wait_s: number | null, description: string}>,
  * }} Context

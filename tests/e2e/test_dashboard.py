@@ -134,6 +134,13 @@ def test_job_runs_live_logs_and_cancel(page: Any, kiln: Kiln) -> None:
         expect(page.locator("figure[data-chart='throughput']")).not_to_have_attribute("data-points", "0")
         # Logs follow.
         expect(page.locator("#logs")).not_to_be_empty(timeout=60_000)
+        # Both live streams hold (SSE, not the polling fallback), opened with stream tickets: the API's access log
+        # has the tickets and never the token.
+        expect(page.locator("#live-mode")).to_have_text("live")
+        expect(page.locator("#log-status")).to_have_text("streaming")
+        access_log = kiln.log("api", tail=10**8)
+        assert "/stream?after_id=0&ticket=kst_" in access_log and "/logs?follow=true&ticket=kst_" in access_log
+        assert kiln.token not in access_log and "access_token" not in access_log
         page.screenshot(path=str(SCREENSHOTS / "dashboard-job-running.png"))
         page.set_viewport_size(PHONE)
         page.screenshot(path=str(SCREENSHOTS / "dashboard-job-running-phone.png"))

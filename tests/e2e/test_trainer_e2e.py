@@ -24,7 +24,7 @@ import pytest
 pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
 
-from core.trainer_protocol import ENV_TEST_HOOKS, ExitCode  # noqa: E402
+from core.trainer_protocol import ENV_LOCAL_CHECKPOINT_DIR, ENV_TEST_HOOKS, ExitCode  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -82,14 +82,14 @@ def make_spec(
 Hooks = dict[str, Any] | None  # the trainer's test hooks, set as a worker would: KILN_TEST_HOOKS
 
 
-def env(hooks: Hooks = None) -> dict[str, str]:
+def env(hooks: Hooks = None, **extra: str) -> dict[str, str]:
     e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     for k in ("KILN_CHECKPOINT_DIR", "KILN_COMPILE_CACHE_DIR", "KILN_FENCING_TOKEN", "KILN_LEASE_FILE",
-              ENV_TEST_HOOKS):
+              ENV_TEST_HOOKS, ENV_LOCAL_CHECKPOINT_DIR):
         e.pop(k, None)
     if hooks:
         e[ENV_TEST_HOOKS] = json.dumps(hooks)
-    return e
+    return {**e, **extra}
 
 
 def cmd(spec: pathlib.Path, run_dir: pathlib.Path, nproc: int) -> list[str]:
@@ -99,10 +99,14 @@ def cmd(spec: pathlib.Path, run_dir: pathlib.Path, nproc: int) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *tail]
 
 
-def launch(spec: pathlib.Path, run_dir: pathlib.Path, nproc: int = 1, timeout: float = 240, hooks: Hooks = None) -> int:
+def launch(
+    spec: pathlib.Path, run_dir: pathlib.Path, nproc: int = 1, timeout: float = 240, hooks: Hooks = None,
+    extra_env: dict[str, str] | None = None,
+) -> int:  # fmt: skip
     proc = subprocess.run(
-        cmd(spec, run_dir, nproc), cwd=ROOT, env=env(hooks), capture_output=True, text=True, timeout=timeout
-    )
+        cmd(spec, run_dir, nproc), cwd=ROOT, env=env(hooks, **extra_env or {}), capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
     if proc.returncode not in (0, ExitCode.PREEMPTED):
         print(proc.stdout[-3000:], proc.stderr[-6000:])
     return proc.returncode
@@ -126,12 +130,15 @@ def losses(recs: list[dict[str, Any]]) -> dict[int, float]:
 
 
 @contextlib.contextmanager
-def running(spec: pathlib.Path, run_dir: pathlib.Path, nproc: int, hooks: Hooks = None
-            ) -> Iterator[subprocess.Popen[bytes]]:
+def running(
+    spec: pathlib.Path, run_dir: pathlib.Path, nproc: int, hooks: Hooks = None,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
     """The trainer launched in the background; killed on the way out if it is still running."""
     proc = subprocess.Popen(
-        cmd(spec, run_dir, nproc), cwd=ROOT, env=env(hooks), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+        cmd(spec, run_dir, nproc), cwd=ROOT, env=env(hooks, **extra_env or {}), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
     try:
         yield proc
     finally:
@@ -253,10 +260,12 @@ def test_sigkill_all_ranks_resumes_from_the_local_tier(tmp_path: pathlib.Path, d
     the local step 25 (the durable tier only has 20) and follows the uninterrupted curve."""
     spec = make_spec(tmp_path, "ddp", slots=2, every=5)
     data = json.loads(spec.read_text())
-    data["checkpointing"].update(local_dir=str(tmp_path / "shm"), persist_every=4)
+    data["checkpointing"].update(local_tier=True, persist_every=4)
     spec.write_text(json.dumps(data))
     run_dir = tmp_path / "run"
-    with running(spec, run_dir, 2, hooks={"sleep_per_step_s": 0.15}) as proc:
+    local = tmp_path / "shm" / "jobs" / "1"  # what a worker names for the job (workers.tasks.local_tier_dir)
+    tier = {ENV_LOCAL_CHECKPOINT_DIR: str(local)}
+    with running(spec, run_dir, 2, hooks={"sleep_per_step_s": 0.15}, extra_env=tier) as proc:
         if not wait_for_records(run_dir, lambda recs: any(e["fields"]["step"] == 25
                                                           for e in events(recs, "CHECKPOINT_LOCAL")),
                                 timeout=180, interval=0.05):  # fmt: skip
@@ -269,13 +278,12 @@ def test_sigkill_all_ranks_resumes_from_the_local_tier(tmp_path: pathlib.Path, d
     killed_at = max(losses(records(run_dir, 0)))
     assert killed_at < 30
     durable = run_dir / "checkpoints"
-    (local,) = (tmp_path / "shm").glob("kiln-test-ddp-*")
     durable_steps = [int(p.name[5:]) for p in durable.glob("step_*")]
     local_steps = sorted(int(p.name[5:]) for p in local.glob("step_*"))
     assert durable_steps == [20] and local_steps[-1] == 25
     for path in [*durable.glob("step_*"), *local.glob("step_*")]:  # nothing half-written is visible
         assert (path / "manifest.json").is_file()
-    assert launch(spec, run_dir, nproc=2) == 0
+    assert launch(spec, run_dir, nproc=2, extra_env=tier) == 0
     recs = records(run_dir, 0)
     resumed = kinds(recs, "resumed")
     assert resumed[-1]["step"] == 25 and resumed[-1]["tier"] == "local"

@@ -46,6 +46,9 @@ def test_submit_json_creates_queued_job_with_event_and_contract(client: TestClie
 
 
 def test_effective_contract_merges_team_default_with_spec_overrides(client: TestClient, world: World) -> None:
+    grant = {"qos_classes": ["gold", "silver", "bronze"]}
+    granted = client.patch("/v1/teams/alpha", json=grant, headers=world.h("admin"))
+    assert granted.status_code == 200 and granted.json()["qos_classes"] == ["gold", "silver", "bronze"]
     r = client.put("/v1/teams/alpha/sla", json={"qos": "gold", "max_restarts": 5, "max_queue_wait_s": 900},
                    headers=world.h("team-admin"))  # fmt: skip
     assert r.status_code == 200, r.text
@@ -255,7 +258,7 @@ def test_unknown_job_is_404_problem(client: TestClient, world: World) -> None:
 
 def test_metrics_endpoint_counts_jobs_by_state(client: TestClient, world: World) -> None:
     client.get("/v1/jobs", headers=world.h("member"))
-    text = client.get("/metrics").text
+    text = client.get("/metrics", headers=world.h("admin")).text  # an admin's token may scrape
     assert 'kiln_jobs{state="QUEUED"} 2.0' in text
     assert 'kiln_http_requests_total{method="GET",route="/v1/jobs",status="200"}' in text
     assert "kiln_http_request_duration_seconds_bucket" in text

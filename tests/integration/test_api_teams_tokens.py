@@ -50,7 +50,10 @@ def test_team_crud_and_quotas(client: TestClient, world: World, db: Session) -> 
 def test_memberships_with_audit_events(client: TestClient, world: World, db: Session) -> None:
     h = world.h("team-admin")
     r = client.put("/v1/teams/alpha/members/bob", json={"role": "viewer"}, headers=h)
-    assert r.status_code == 201 and r.json() == {**r.json(), "team": "alpha", "user": "bob", "role": "viewer"}
+    assert r.status_code == 202 and (r.json()["status"], r.json()["role"]) == ("invited", "viewer")
+    assert client.get(f"/v1/jobs/{world.jobs['alpha']}", headers=world.h("beta-member")).status_code == 404
+    r = client.post("/v1/me/invitations/alpha/accept", headers=world.h("beta-member"))
+    assert r.status_code == 201 and (r.json()["user"], r.json()["role"]) == ("bob", "viewer")
     r = client.put("/v1/teams/alpha/members/bob", json={"role": "member"}, headers=h)
     assert r.status_code == 200 and r.json()["role"] == "member"
     r = client.put("/v1/teams/alpha/members/bob", json={"role": "member"}, headers=h)
@@ -62,25 +65,28 @@ def test_memberships_with_audit_events(client: TestClient, world: World, db: Ses
     assert client.delete("/v1/teams/alpha/members/bob", headers=h).status_code == 204
     assert client.delete("/v1/teams/alpha/members/bob", headers=h).status_code == 404
     assert client.get(f"/v1/jobs/{world.jobs['alpha']}", headers=world.h("beta-member")).status_code == 404
-    assert client.put("/v1/teams/alpha/members/ghost", json={"role": "member"}, headers=h).status_code == 404
+    ghost = client.put("/v1/teams/alpha/members/ghost", json={"role": "member"}, headers=world.h("admin"))
+    assert ghost.status_code == 404  # an admin adds directly, so an unknown user is an error
     assert client.put("/v1/teams/alpha/members/bob", json={"role": "owner"}, headers=h).status_code == 422
     alpha_id = client.get("/v1/teams/alpha", headers=h).json()["id"]
     audit = [(e.type, e.data.get("user"), e.actor_user_id, e.team_id)
-             for e in _audit(db, "MEMBER_ADDED") + _audit(db, "MEMBER_ROLE_CHANGED") + _audit(db, "MEMBER_REMOVED")
+             for e in _audit(db, "MEMBER_INVITED") + _audit(db, "MEMBER_ADDED") + _audit(db, "MEMBER_ROLE_CHANGED")
+             + _audit(db, "MEMBER_REMOVED")
              if e.data.get("user") == "bob"]  # fmt: skip
-    alice = world.users["team-admin"].id
-    assert audit == [("MEMBER_ADDED", "bob", alice, alpha_id), ("MEMBER_ROLE_CHANGED", "bob", alice, alpha_id),
+    alice, bob = world.users["team-admin"].id, world.users["beta-member"].id
+    assert audit == [("MEMBER_INVITED", "bob", alice, alpha_id), ("MEMBER_ADDED", "bob", bob, alpha_id),
+                     ("MEMBER_ROLE_CHANGED", "bob", alice, alpha_id),
                      ("MEMBER_REMOVED", "bob", alice, alpha_id)]  # fmt: skip
 
 
 def test_team_default_sla(client: TestClient, world: World) -> None:
     r = client.get("/v1/teams/alpha/sla", headers=world.h("viewer"))
     assert r.status_code == 200 and (r.json()["qos"], r.json()["job_id"]) == ("silver", None)
-    terms = {"qos": "gold", "max_queue_wait_s": 120, "deadline": "2030-01-01T00:00:00+02:00", "max_restarts": 7}
+    terms = {"qos": "bronze", "max_queue_wait_s": 120, "deadline": "2030-01-01T00:00:00+02:00", "max_restarts": 7}
     r = client.put("/v1/teams/alpha/sla", json=terms, headers=world.h("team-admin"))
     assert r.status_code == 200, r.text
     got = client.get("/v1/teams/alpha/sla", headers=world.h("member")).json()
-    assert (got["qos"], got["max_queue_wait_s"], got["max_restarts"]) == ("gold", 120.0, 7)
+    assert (got["qos"], got["max_queue_wait_s"], got["max_restarts"]) == ("bronze", 120.0, 7)
     assert got["deadline"].startswith("2029-12-31T22:00:00")
     bad = client.put("/v1/teams/alpha/sla", json={"qos": "platinum"}, headers=world.h("team-admin"))
     assert bad.status_code == 422 and bad.json()["errors"][0]["loc"] == "qos"

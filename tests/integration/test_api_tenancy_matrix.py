@@ -61,15 +61,17 @@ CASES: dict[str, Case] = {
     ),
     "delete team (has jobs)": Case("DELETE", "/v1/teams/{team}", admin_only(409, 403), hidden(409)),
     "list members": Case("GET", "/v1/teams/{team}/members", same(200), hidden(200)),
-    "add member": Case(
-        "PUT", "/v1/teams/{team}/members/newbie", team_admin_up(201), hidden(201), lambda t: {"role": "viewer"}
+    "add member": Case(  # an admin adds; a team-admin invites (the user joins by accepting)
+        "PUT", "/v1/teams/{team}/members/newbie", {A: 201, TA: 202, M: 403, V: 403}, hidden(201),
+        lambda t: {"role": "viewer"},
     ),
+    "list invitations": Case("GET", "/v1/teams/{team}/invitations", team_admin_up(200), hidden(200)),
     "change role": Case(
         "PUT", "/v1/teams/{team}/members/zed", team_admin_up(200), hidden(200), lambda t: {"role": "viewer"}
     ),
     "remove member": Case("DELETE", "/v1/teams/{team}/members/zed", team_admin_up(204), hidden(204)),
     "get team sla": Case("GET", "/v1/teams/{team}/sla", same(200), hidden(200)),
-    "put team sla": Case("PUT", "/v1/teams/{team}/sla", team_admin_up(200), hidden(200), lambda t: {"qos": "gold"}),
+    "put team sla": Case("PUT", "/v1/teams/{team}/sla", team_admin_up(200), hidden(200), lambda t: {"qos": "bronze"}),
     # jobs
     "submit": Case("POST", "/v1/jobs", member_up(201), hidden(201), lambda t: spec(team=t, name="m")),
     "list jobs of team": Case("GET", "/v1/jobs?team={team}", same(200), hidden(200)),

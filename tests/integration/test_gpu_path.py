@@ -74,6 +74,13 @@ def example(**changes: Any) -> dict[str, Any]:
     return spec
 
 
+def grant_gold(client: TestClient, world: World) -> None:
+    """The shipped example asks for gold, which a team may use only when an admin grants it."""
+    r = client.patch("/v1/teams/alpha", json={"qos_classes": ["gold", "silver", "bronze", "best-effort"]},
+                     headers=world.h("admin"))  # fmt: skip
+    assert r.status_code == 200, r.text
+
+
 @pytest.mark.usefixtures("dispatched")
 def test_the_shipped_h200_example_is_placed_on_a_host_nvml_names_nvidia_h200(
     db: Session, tmp_path: Path, client: TestClient, world: World
@@ -102,6 +109,7 @@ def test_a_type_written_as_nvml_names_it_is_stored_as_the_type(
     db: Session, tmp_path: Path, client: TestClient, world: World
 ) -> None:
     register(db, tmp_path, "h100-host", "NVIDIA H100 80GB HBM3")
+    grant_gold(client, world)
     r = client.post("/v1/jobs", json=example(**{"resources.gpu_type": "NVIDIA H100 80GB HBM3", "team": "alpha"}),
                     headers=world.h("member"))  # fmt: skip
     assert r.status_code == 201, r.text
@@ -117,6 +125,7 @@ def test_a_type_no_host_has_is_refused_with_the_types_the_cluster_has(
     db: Session, tmp_path: Path, client: TestClient, world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Before any GPU host registers there is nothing to compare with: accepted (it waits for such a host).
+    grant_gold(client, world)
     r = client.post("/v1/jobs", json=example(**{"resources.gpu_type": "H20O", "team": "alpha", "name": "early"}),
                     headers=world.h("member"))  # fmt: skip
     assert r.status_code == 201, r.text

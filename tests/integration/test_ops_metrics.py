@@ -4,6 +4,7 @@ data (no N+1)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -14,24 +15,40 @@ from sqlalchemy import Engine, insert, select
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
-from core.models import GPU, Event, Host, Job, QosClass, SlaContract, Team
+from core.models import GPU, Event, Host, Job, QosClass, SlaContract, Team, User
+from core.services import tokens as tokens_svc
+from core.services.principal import Principal
 from tests.support.sql import statements
 
 pytestmark = pytest.mark.integration
 
-SCRAPE_BUDGET = 6  # kiln_jobs by state; attainment; queue wait; pending; event counters; hosts and GPUs
+# The scrape token's lookup; kiln_jobs by state; attainment; queue wait; pending; event counters; hosts and GPUs
+SCRAPE_BUDGET = 7
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+Scrape = Callable[[TestClient], Samples]
 
 
-def scrape(client: TestClient) -> Samples:
-    r = client.get("/metrics")
-    assert r.status_code == 200, r.text
-    out: Samples = {}
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
+@pytest.fixture
+def scrape(db: Session) -> Scrape:
+    """Scrape /metrics with a scrape-only token (the ``metrics`` scope), as an admin issues one for Prometheus."""
+    admin = User(name="metrics-admin")  # acts as an admin below; not one in the table (the tests bootstrap one)
+    db.add_all([admin, User(name="prometheus")])
+    db.flush()
+    root = Principal(user_id=admin.id, name=admin.name, user_is_admin=True, scopes=frozenset({"admin"}))
+    _, token = tokens_svc.issue(db=db, principal=root, name="prometheus", scopes=["metrics"], user="prometheus")
+    db.flush()
+
+    def get(client: TestClient) -> Samples:
+        r = client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200, r.text
+        out: Samples = {}
+        for family in text_string_to_metric_families(r.text):
+            for s in family.samples:
+                out[(s.name, frozenset(s.labels.items()))] = s.value
+        return out
+
+    return get
 
 
 def value(samples: Samples, name: str, **labels: str) -> float | None:
@@ -144,7 +161,7 @@ def build(db: Session) -> World:
     return w
 
 
-def test_ops_metrics_values(client: TestClient, db: Session) -> None:
+def test_ops_metrics_values(client: TestClient, db: Session, scrape: Scrape) -> None:
     build(db)
     s = scrape(client)
 
@@ -214,7 +231,7 @@ def test_ops_metrics_values(client: TestClient, db: Session) -> None:
     assert value(again, "kiln_http_requests_total", method="GET", route="/metrics", status="200") == 1
 
 
-def test_ops_metrics_agree_with_the_sla_page(client: TestClient, db: Session) -> None:
+def test_ops_metrics_agree_with_the_sla_page(client: TestClient, db: Session, scrape: Scrape) -> None:
     """The SLA page (GET /v1/sla/attainment) and kiln_sla_attainment_ratio count the same jobs as met."""
     from core.services.bootstrap import bootstrap_admin
 
@@ -272,7 +289,9 @@ def _bulk(db: Session, w: World, n: int) -> None:
     db.flush()
 
 
-def test_scrape_statements_do_not_grow_with_rows(client: TestClient, db: Session, pg_engine: Engine) -> None:
+def test_scrape_statements_do_not_grow_with_rows(
+    client: TestClient, db: Session, scrape: Scrape, pg_engine: Engine
+) -> None:
     w = build(db)
     scrape(client)
     with statements(pg_engine) as small:
@@ -287,7 +306,9 @@ def test_scrape_statements_do_not_grow_with_rows(client: TestClient, db: Session
     assert sum(series(s, "kiln_preemptions_total").values()) == 3 + 5000
 
 
-def test_grafana_dashboard_queries_match_the_exported_series(client: TestClient, db: Session) -> None:
+def test_grafana_dashboard_queries_match_the_exported_series(
+    client: TestClient, db: Session, scrape: Scrape
+) -> None:
     """Every series and label that ops/grafana/kiln-dashboard.json queries is on /metrics."""
     import json
     import re

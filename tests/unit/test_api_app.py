@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from api.app import create_app
 from api.ratelimit import TokenBucketLimiter
-from api.routers.jobs import _decode_cursor, _encode_cursor
+from api.routers.common import decode_cursor, encode_cursor
 from core.db import make_engine
 from core.migrate import upgrade
 from core.models import Attempt
@@ -167,10 +167,10 @@ def test_token_bucket() -> None:
 
 
 def test_cursor_round_trip_and_rejection() -> None:
-    assert _decode_cursor(_encode_cursor(12345)) == 12345
-    for bad in ("", "!!!", _encode_cursor(0), "eyJiZWZvcmUiOiAiMSJ9"):
+    assert decode_cursor(encode_cursor("before", 12345), "before") == 12345
+    for bad in ("", "!!!", encode_cursor("before", 0), "eyJiZWZvcmUiOiAiMSJ9", encode_cursor("pos", 7)):
         with pytest.raises(InvalidInput):
-            _decode_cursor(bad)
+            decode_cursor(bad, "before")
 
 
 def test_openapi_documents_problems_and_both_submit_media_types(client: TestClient) -> None:

@@ -511,6 +511,8 @@ class Checkpointer:
                 osd = torch.load(path / "optim.pt", map_location="cpu", weights_only=True)
             set_model_state_dict(model, msd, options=opts)
             set_optimizer_state_dict(model, optimizer, osd, options=opts)
-        extras = torch.load(path / EXTRA, map_location="cpu", weights_only=False)
+        # weights_only: the trainer's state is plain data and tensors; unpickling anything else from a directory a
+        # job shares with its earlier attempts would run whatever code a crafted file names.
+        extras = torch.load(path / EXTRA, map_location="cpu", weights_only=True)
         # A run resumed on a different world size keeps rank 0's trainer state for the new ranks.
         return extras[self.rank] if self.rank < len(extras) else extras[0]

@@ -11,13 +11,13 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from api.routers.dashboard import cluster, job, queue, sla, teams
+from api.routers.dashboard import cluster, docs, job, queue, sla, teams
 from api.routers.dashboard.common import FRONTEND_DIR, DashboardSettings
 
 
 def install(app: FastAPI) -> None:
     """Add the dashboard's routes and mount its static files (``/ui``) on ``app``."""
-    for module in (queue, job, teams, sla, cluster):
+    for module in (queue, job, teams, sla, cluster, docs):
         app.include_router(module.router)
     app.mount("/ui", StaticFiles(directory=FRONTEND_DIR), name="dashboard-static")
 

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import base64
-import json
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -20,7 +17,7 @@ from core.models import (
     SlaContract,
     Team,
 )
-from core.services.errors import InvalidInput, NotFound
+from core.services.errors import NotFound
 from core.services.principal import Principal
 
 FRONTEND_DIR = Path(__file__).resolve().parents[3] / "frontend"
@@ -88,21 +85,6 @@ def get_visible_job(session: Session, who: Principal, job_id: int) -> Job:
 
 def iso(dt: datetime | None) -> str | None:
     return dt.isoformat() if dt is not None else None
-
-
-def encode_cursor(data: dict[str, Any]) -> str:
-    return base64.urlsafe_b64encode(json.dumps(data, separators=(",", ":")).encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> dict[str, Any]:
-    try:
-        pad = "=" * (-len(cursor) % 4)
-        data = json.loads(base64.urlsafe_b64decode(cursor + pad))
-        if not isinstance(data, dict):
-            raise ValueError
-        return data
-    except (ValueError, json.JSONDecodeError) as exc:
-        raise InvalidInput.at("query.cursor", "malformed cursor") from exc
 
 
 def effective_max_wait(session: Session, jobs: list[Job], qos_by_id: dict[int, QosClass]) -> dict[int, float | None]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import json
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -13,13 +13,16 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from api.deps import CurrentPrincipal, SessionDep, StreamPrincipal
+from api import sse
+from api.deps import CurrentPrincipal, SessionDep, SessionFactoryDep, StreamPrincipal
+from api.routers.common import JobIdPath, LastEventIdQuery, StreamTicketQuery
 from api.routers.dashboard.common import (
     FINISHED_STATES,
     effective_max_wait,
     get_visible_job,
     iso,
 )
+from api.schemas.common import INT64
 from core.db import utcnow
 from core.models import (
     Attempt,
@@ -71,7 +74,7 @@ def restarts_with_recovery(attempts: list[Attempt]) -> list[dict[str, Any]]:
 
 
 @router.get("/v1/dashboard/jobs/{job_id}", summary="Job overview: contract, attempts, restarts, checkpoints, events")
-def job_overview(job_id: int, session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
+def job_overview(job_id: JobIdPath, session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
     return overview_of(session, get_visible_job(session, who, job_id))
 
 
@@ -151,10 +154,10 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
 
 @router.get("/v1/dashboard/jobs/{job_id}/metrics", summary="Training telemetry after a step (for live polling)")
 def job_metrics(
-    job_id: int,
+    job_id: JobIdPath,
     session: SessionDep,
     who: CurrentPrincipal,
-    after_id: Annotated[int, Query(ge=0)] = 0,
+    after_id: Annotated[int, Query(ge=0, le=INT64)] = 0,
     limit: Annotated[int, Query(ge=1, le=5000)] = 2000,
 ) -> dict[str, Any]:
     """Rows in insertion order after ``after_id`` (a restart may repeat steps: ids never repeat)."""
@@ -195,40 +198,42 @@ STREAM_TICK_S = 1.0
 METRICS_PER_TICK = 2000
 
 
-def _sse(event: str, data: Any, event_id: str | None = None) -> str:
-    head = f"id: {event_id}\n" if event_id else ""
-    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
-
-
 @router.get(
     "/v1/dashboard/jobs/{job_id}/stream",
     summary="Server-sent events: `overview` when the job changes, `metrics` as telemetry arrives, `end`",
     response_class=StreamingResponse,
 )
 async def job_stream(
-    job_id: int,
+    job_id: JobIdPath,
     request: Request,
     who: StreamPrincipal,
     session: SessionDep,
-    after_id: Annotated[int, Query(ge=0)] = 0,
+    sessions: SessionFactoryDep,
+    after_id: Annotated[int, Query(ge=0, le=INT64)] = 0,
+    ticket: StreamTicketQuery = None,
+    last_event_id: LastEventIdQuery = None,
 ) -> StreamingResponse:
-    """Accepts ``access_token`` as a query parameter (EventSource cannot send headers). Each tick opens its own
-    short session, so a long-lived stream holds no connection or transaction between ticks."""
-    get_visible_job(session, who, job_id)
+    """Takes a stream ticket as ``?ticket=`` (EventSource cannot send headers). Each tick opens its own short
+    session, so a long-lived stream holds no connection or transaction between ticks; the caller is checked
+    again while it runs, and ``Last-Event-ID`` (the last metric id) resumes it (api/sse.py)."""
+    job = get_visible_job(session, who, job_id)
+    guard = sse.Guard(request, sessions, who, job.team_id)
     session.close()
-    resume = request.headers.get("last-event-id")
-    last_id = int(resume) if resume and resume.isdigit() else after_id
+    resume = sse.last_event_id(request)
+    last_id = int(resume) if resume and resume.isdigit() and int(resume) <= INT64 else after_id
 
     def tick(last_metric: int, fingerprint: tuple[Any, ...] | None) -> tuple[list[str], int, tuple[Any, ...], bool]:
+        if not guard.allowed_now():
+            return [sse.UNAUTHORIZED], last_metric, (), True
         with request.app.state.sessionmaker() as s:
             job = s.get(Job, job_id)
             if job is None:
-                return [_sse("end", {"reason": "gone"})], last_metric, (), True
+                return [sse.event("end", {"reason": "gone"})], last_metric, (), True
             out = []
             metrics = metrics_after(s, job_id, last_metric, METRICS_PER_TICK)
             if metrics["items"]:
                 last_metric = metrics["last_id"]
-                out.append(_sse("metrics", metrics, str(last_metric)))
+                out.append(sse.event("metrics", metrics, str(last_metric)))
             fp = (
                 job.state,
                 job.updated_at,
@@ -237,24 +242,28 @@ async def job_stream(
                 s.scalar(select(func.count(Checkpoint.id)).where(Checkpoint.job_id == job_id)),
             )
             if fp != fingerprint:
-                out.append(_sse("overview", overview_of(s, job)))
+                out.append(sse.event("overview", overview_of(s, job)))
             done = job.state in FINISHED_STATES and len(metrics["items"]) < METRICS_PER_TICK
             if done:
-                out.append(_sse("end", {"state": job.state}))
+                out.append(sse.event("end", {"state": job.state}))
             return out, last_metric, fp, done
 
     async def events() -> AsyncIterator[str]:
         nonlocal last_id
         fingerprint: tuple[Any, ...] | None = None
         yield "retry: 2000\n\n"
+        last_sent = time.monotonic()
         while not await request.is_disconnected():
             chunks, last_id, fingerprint, done = await run_in_threadpool(tick, last_id, fingerprint)
             for chunk in chunks:
                 yield chunk
+            if chunks:
+                last_sent = time.monotonic()
+            elif time.monotonic() - last_sent >= sse.keepalive_s(request):
+                yield sse.KEEPALIVE
+                last_sent = time.monotonic()
             if done:
                 return
             await asyncio.sleep(STREAM_TICK_S)
 
-    return StreamingResponse(
-        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    )
+    return StreamingResponse(events(), media_type="text/event-stream", headers=sse.HEADERS)

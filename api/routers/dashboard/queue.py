@@ -10,15 +10,14 @@ from pydantic import BaseModel
 from sqlalchemy import ColumnElement, func, select
 
 from api.deps import CurrentPrincipal, SessionDep
+from api.routers.common import QosQuery, TeamQuery, decode_cursor, encode_cursor
 from api.routers.dashboard.common import (
     ACTIVE_STATES,
     FINISHED_STATES,
     FRONTEND_DIR,
     MAX_PAGE,
     DashboardSettings,
-    decode_cursor,
     effective_max_wait,
-    encode_cursor,
     iso,
     team_filter,
     visible_team_ids,
@@ -51,7 +50,8 @@ def context(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
     teams = session.scalars(select(Team).where(Team.id.in_(visible_team_ids(session, who))).order_by(Team.name))
     return {
         "user": {"name": who.name, "is_admin": who.is_admin},
-        "teams": [{"name": t.name, "role": roles.get(t.id, "admin")} for t in teams],
+        "teams": [{"name": t.name, "role": roles.get(t.id, "admin"), "qos_classes": [q.name for q in t.qos_classes]}
+                  for t in teams],  # fmt: skip
         "qos_classes": [
             {
                 "name": q.name,
@@ -98,10 +98,10 @@ def queue(
     session: SessionDep,
     who: CurrentPrincipal,
     view: Annotated[str, Query(pattern="^(waiting|active|finished)$")] = "waiting",
-    team: str | None = None,
-    qos: str | None = None,
+    team: TeamQuery = None,
+    qos: QosQuery = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
-    cursor: str | None = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> QueuePage:
     """``waiting``: QUEUED jobs in the scheduler's base order (QoS priority, job priority, submission), with the
     position in the whole queue; ``active``: admitted/running/preempting/paused; ``finished``: newest first.
@@ -118,7 +118,7 @@ def queue(
     conds: list[ColumnElement[bool]] = [Job.team_id.in_(teams)]
     if qos_id is not None:
         conds.append(Job.qos_class_id == qos_id)
-    after = decode_cursor(cursor) if cursor else None
+    after = decode_cursor(cursor, "pos" if view == "waiting" else "id") if cursor else None
     rows: list[tuple[Job, int | None]]
 
     if view == "waiting":
@@ -139,7 +139,7 @@ def queue(
         stmt = select(Job, ranked.c.pos).join(ranked, ranked.c.id == Job.id).where(*conds)
         total = session.scalar(select(func.count()).select_from(ranked).join(Job, Job.id == ranked.c.id).where(*conds))
         if after:
-            stmt = stmt.where(ranked.c.pos > int(after.get("pos", 0)))
+            stmt = stmt.where(ranked.c.pos > after)
         stmt = stmt.order_by(ranked.c.pos.asc()).limit(limit + 1)
         rows = [(j, int(p)) for j, p in session.execute(stmt).tuples()]
     else:
@@ -148,7 +148,7 @@ def queue(
         total = session.scalar(select(func.count(Job.id)).where(*conds))
         stmt = select(Job).where(*conds)
         if after:
-            stmt = stmt.where(Job.id < int(after.get("id", 0)))
+            stmt = stmt.where(Job.id < after)
         stmt = stmt.order_by(Job.id.desc()).limit(limit + 1)
         rows = [(j, None) for j in session.scalars(stmt)]
 
@@ -186,7 +186,8 @@ def queue(
     next_cursor = None
     if more and rows:
         last_job, last_pos = rows[-1]
-        next_cursor = encode_cursor({"pos": last_pos} if view == "waiting" else {"id": last_job.id})
+        key, value = ("pos", last_pos) if view == "waiting" and last_pos else ("id", last_job.id)
+        next_cursor = encode_cursor(key, value)
     return QueuePage(items=items, next_cursor=next_cursor, total=int(total or 0))
 
 

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query
 from sqlalchemy import select
 
 from api.deps import CurrentPrincipal, SessionDep
+from api.routers.common import TeamQuery
 from api.routers.dashboard.common import (
     effective_max_wait,
     iso,
@@ -33,7 +34,7 @@ def sla_attainment(
     who: CurrentPrincipal,
     days: Annotated[int, Query(ge=1, le=90)] = 7,
     bucket: Annotated[str, Query(pattern="^(hour|day)$")] = "day",
-    team: str | None = None,
+    team: TeamQuery = None,
 ) -> dict[str, Any]:
     """A job attains its SLA unless it waited longer than its contract's maximum queue wait or the SLA
     evaluator recorded a violation event (``SLA_*VIOLATION*``) on it. Jobs are bucketed by submission time."""

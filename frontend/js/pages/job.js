@@ -244,16 +244,14 @@ export async function jobPage(root, params) {
     logBox.textContent = logLines.join("\n");
     if (followBox.checked) logBox.scrollTop = logBox.scrollHeight;
   };
-  // The API streams the log file of the latest attempt, `event: log` per line, `event: end` when the job ends.
+  // The API streams the log file of the latest attempt, `event: log` per line, `event: end` when the job ends;
+  // a dropped connection resumes after the last line shown (follow() in api.js).
   /** @type {() => void} */
   let stopLogs = () => {};
   stopLogs = follow(`/v1/jobs/${id}/logs${qs({ follow: "true" })}`, {
-    events: ["log", "end"],
-    resumable: false,
-    onReset: () => {
-      logLines.length = 0;
-    },
+    events: ["log", "attempt", "end"],
     onMessage: (type, data) => {
+      if (type === "attempt") return; // the next lines are a restart's: the stream switched by itself
       if (type === "end") {
         stopLogs();
         logStatus.textContent = "ended";

@@ -167,6 +167,17 @@ export async function submitPage(root) {
     grid.append(h("div", { class: `field${def.type === "textarea" ? " wide" : ""}` },
       h("label", { for: id }, def.label), input, def.help ? h("p", { id: helpId, class: "help" }, def.help) : null, error));
   }
+  // A team may use only the QoS classes an admin granted it: the choice follows the team.
+  const teamSelect = /** @type {HTMLSelectElement} */ (controls.get("team")?.input);
+  const qosSelect = /** @type {HTMLSelectElement} */ (controls.get("sla.qos")?.input);
+  const fillQos = () => {
+    const granted = ctx.teams.find((t) => t.name === teamSelect.value)?.qos_classes ?? qosNames;
+    const allowed = qosNames.filter((n) => granted.includes(n));
+    const keep = allowed.includes(qosSelect.value) ? qosSelect.value : allowed.includes("silver") ? "silver" : allowed[0];
+    qosSelect.replaceChildren(...allowed.map((o) => h("option", { value: o, selected: o === keep }, o)));
+  };
+  teamSelect.addEventListener("change", fillQos);
+  fillQos();
   const submitBtn = h("button", { type: "submit", class: "primary", id: "submit-form-button" }, "Submit job");
   form.append(grid, h("div", { class: "actions" }, submitBtn));
 

@@ -1,0 +1,49 @@
+"""No path in a job spec may leave kiln's own per-job directories: the spec names no directory at all.
+
+Before: ``checkpointing.local_dir`` was used as given, so a member made the worker write checkpoints to an
+absolute path, through ``../../..``, and into another team's checkpoint directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from core.settings import Settings
+from core.trainer_protocol import ENV_LOCAL_CHECKPOINT_DIR
+from tests.support.api import World, spec
+from workers.tasks import Claimed, attempt_env, local_tier_dir
+
+pytestmark = pytest.mark.integration
+
+AIMED = ("/etc/kiln", "../../../../tmp/escape", "/var/lib/kiln/storage/checkpoints/2")
+
+
+@pytest.mark.parametrize("path", AIMED)
+def test_a_spec_cannot_name_a_checkpoint_directory(client: TestClient, world: World, path: str) -> None:
+    body = spec(name="aimed", checkpointing={"every_steps": 5, "local_dir": path})
+    r = client.post("/v1/jobs", json=body, headers=world.h("member"))
+    assert r.status_code == 422, r.text
+    (error,) = r.json()["errors"]
+    assert error["loc"] == "checkpointing.local_dir"
+    assert "local_tier: true" in error["msg"]  # the error names the replacement
+
+
+def _claimed(job_id: int, checkpointing: dict[str, Any]) -> Claimed:
+    return Claimed(job_id=job_id, attempt_number=1, spec={"checkpointing": checkpointing}, placement=[{}], gpus=[],
+                   qos=None, host_links={}, rendezvous=None, time_left_s=None)  # fmt: skip
+
+
+def test_the_local_tier_is_a_directory_the_worker_names_per_job(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path, local_tier_dir=tmp_path / "shm")
+    # A job spec stored before the change still carries the old field: the worker never reads it.
+    claimed = _claimed(7, {"local_tier": True, "local_dir": "/etc"})
+    local = local_tier_dir(settings, claimed)
+    assert local == (tmp_path / "shm").resolve() / "jobs" / "7"
+    env = attempt_env(claimed, attempt_id=1, token=1, checkpoint_dir=tmp_path / "c", compile_dir=tmp_path / "cc",
+                      lease_file=tmp_path / "lease", local_dir=local)  # fmt: skip
+    assert env[ENV_LOCAL_CHECKPOINT_DIR] == str(local)
+    assert local_tier_dir(settings, _claimed(7, {"local_dir": "/etc"})) is None  # not asked for: no tier
+    assert local_tier_dir(Settings(home=tmp_path, local_tier_dir=""), claimed) is None  # a host without one
