@@ -212,7 +212,7 @@ def recovery(kiln: Kiln, job_id: int, kill_t: float) -> dict[str, Any]:
     compile_ev = next((r for r in recs if r["kind"] == "event" and r["type"].startswith(("COMPILE_OK", "FALLBACK"))),
                       None)  # fmt: skip
     first_step = next((r for r in recs if r["kind"] == "step"), None)
-    started = next((r for r in recs if r["kind"] == "event" and r["type"] == "STARTED"), None)
+    started = next((r for r in recs if r["kind"] == "diagnostic" and r["type"] == "STARTED"), None)
     memory = next((r for r in recs if r["kind"] == "memory_prediction"), None)
     marks = {
         "kill": kill_t,

@@ -100,7 +100,8 @@ def run_kiln(name: str, spec_d: dict[str, Any], work: pathlib.Path, warmup: int,
     events = [r for r in recs if r["kind"] == "event"]
     ckpts = [r for r in recs if r["kind"] == "checkpoint"]
     local = [e["fields"] for e in events if e["type"] == "CHECKPOINT_LOCAL"]
-    staging = next((e["fields"] for e in events if e["type"] == "CHECKPOINT_STAGING"), None)
+    staging = next((r["fields"] for r in recs if r["kind"] == "diagnostic" and r["type"] == "CHECKPOINT_STAGING"),
+                   None)
     exit_ev = [e for e in events if e["type"] == "EXIT"]
     compile_ev = next((e for e in events if e["type"].startswith(("COMPILE_OK", "FALLBACK_"))), None)
     window = [s for s in steps if s["step"] > warmup]

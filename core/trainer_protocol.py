@@ -64,3 +64,6 @@ class RecordKind(enum.StrEnum):
     MEMORY_PREDICTION = "memory_prediction"  # predicted_peak_bytes, breakdown {...}
     RESUMED = "resumed"  # step resumed from (first training step after resume follows)
     DONE = "done"  # final_loss, steps
+    # type, message, fields {...}: the trainer's own measurements for benchmarks and post-mortems (when its
+    # start began, the checkpoint staging's size); kept in the telemetry file, not relayed to the job's timeline
+    DIAGNOSTIC = "diagnostic"

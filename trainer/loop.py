@@ -525,7 +525,7 @@ def run(spec: JobSpec, run_dir: pathlib.Path, env: DistEnv) -> ExitCode:
     tel = Telemetry(run_dir, env.rank)
     # Where a start's time goes (a restart is timed from the worker's launch to the first resumed step).
     started = os.environ.get(ENV_RANK_STARTED_AT)
-    tel.event("STARTED", "trainer started", process_start_ts=float(started) if started else None)
+    tel.diagnostic("STARTED", "trainer started", process_start_ts=float(started) if started else None)
     code: int = 1
     error: str | None = None
     try:

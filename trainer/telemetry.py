@@ -51,6 +51,9 @@ class Telemetry:
     def event(self, type_: str, message: str, **fields: Any) -> None:
         self.emit(RecordKind.EVENT, type=type_, message=message, fields=fields)
 
+    def diagnostic(self, type_: str, message: str, **fields: Any) -> None:
+        self.emit(RecordKind.DIAGNOSTIC, type=type_, message=message, fields=fields)
+
     def every(self, interval_s: float, fn: Callable[[], None], name: str) -> None:
         """Run ``fn`` every ``interval_s`` in a daemon thread until ``close``; errors become events."""
 

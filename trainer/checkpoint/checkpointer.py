@@ -143,7 +143,7 @@ class Checkpointer:
         self.stager.layout(leaves)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.stager.files, thread_name_prefix="kiln-ckpt-io")
-        self.tel.event("CHECKPOINT_STAGING", f"staging buffers: {self.stager.nbytes} bytes in "
+        self.tel.diagnostic("CHECKPOINT_STAGING", f"staging buffers: {self.stager.nbytes} bytes in "
                        f"{len(self.stager.buffers)} files, allocated in {self.stager.alloc_s:.2f}s",
                        bytes=self.stager.nbytes, files=len(self.stager.buffers), alloc_s=self.stager.alloc_s,
                        pinned=self.device.type == "cuda")
