@@ -114,10 +114,10 @@ def test_a_job_over_its_host_memory_fails_and_the_host_goes_on(one_host: Cluster
     host = c.start_worker("a")
     maker = c.sessionmaker()
     with maker() as db:
-        small = tiny_spec("small", steps=20, sleep_s=0.0)
+        small = tiny_spec("small", steps=20)
         small["resources"]["host_memory_bytes"] = 96 * MiB
         hungry = submit(db, small).id
-        normal = submit(db, tiny_spec("normal", steps=20, sleep_s=0.0)).id
+        normal = submit(db, tiny_spec("normal", steps=20)).id
         db.commit()
     sched = SchedulerThread(maker, settings, interval_s=0.5).start()
     try:
