@@ -1,7 +1,7 @@
 """Failover benchmark: SIGKILL the host running a job (worker + torchrun + ranks), again and again.
 
 Real PostgreSQL and Redis, two ``python -m workers`` processes acting as two hosts, the real trainer on CPU,
-the real scheduler (``scheduler.loop.run_cycle``: reconciler, policy, dispatch). For each kill it measures, from
+the real scheduler (``scheduler.live.loop.run_cycle``: reconciler, policy, dispatch). For each kill it measures, from
 PostgreSQL and the trainer's own telemetry:
 
 - detection: kill -> LOST (bounded by the lease),

@@ -24,11 +24,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scheduler.config import PolicyConfig  # noqa: E402
-from scheduler.decisions import Decisions  # noqa: E402
-from scheduler.policy import plan  # noqa: E402
-from scheduler.snapshot import ANY, PendingJob, PlacedHost, QuotaInfo, RunningJob, Snapshot, TeamInfo  # noqa: E402
-from scheduler.synthetic import gpu_cluster  # noqa: E402
+from scheduler.policy.config import PolicyConfig  # noqa: E402
+from scheduler.policy.decisions import Decisions  # noqa: E402
+from scheduler.policy.plan import plan  # noqa: E402
+from scheduler.policy.snapshot import ANY, PendingJob, PlacedHost, QuotaInfo, RunningJob, Snapshot, TeamInfo  # noqa: E402
+from scheduler.simulate.synthetic import gpu_cluster  # noqa: E402
 
 TARGET_MS = 100.0
 KUEUE_WORKLOADS_PER_S = 43.0

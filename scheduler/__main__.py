@@ -7,7 +7,7 @@ import signal
 import threading
 
 from core.settings import get_settings
-from scheduler.loop import run_forever
+from scheduler.live.loop import run_forever
 
 
 def main() -> None:

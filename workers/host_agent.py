@@ -20,7 +20,7 @@ from core.liveness import Pulse
 from core.models import GPU, Attempt, Host, Job
 from core.settings import get_settings
 from core.states import ACTIVE, record_event
-from scheduler.reconciler import requeue_after_failure
+from scheduler.live.reconciler import requeue_after_failure
 from workers.celery_app import host_queue
 from workers.inventory import Inventory
 

@@ -42,7 +42,7 @@ from core.trainer_protocol import (
     LEASE_FILE,
     RecordKind,
 )
-from scheduler.reconciler import end_attempt, requeue_after_failure
+from scheduler.live.reconciler import end_attempt, requeue_after_failure
 from workers import isolation
 from workers.celery_app import TASK_RUN_ATTEMPT, get_app
 from workers.exit_classes import ExitClass, Outcome, StopRequest, classify

@@ -68,7 +68,7 @@ def simulate(ctx: typer.Context) -> None:
     """Replay a trace through the very policy the live scheduler runs: kiln simulate TRACE [--hosts N ...]
     (`kiln simulate --help` lists the simulator's options)."""
     try:
-        from scheduler.simulate import main as simulate_main
+        from scheduler.simulate.replay import main as simulate_main
     except ImportError as exc:
         raise CliError(f"the simulator is not available: {exc}") from None
     try:

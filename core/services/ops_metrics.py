@@ -64,7 +64,7 @@ _VIOLATION_SUFFIXES = ("_VIOLATIONS", "_VIOLATION", "_VIOLATED", "_BREACHED", "_
 
 
 def is_violation_event(event_type: str) -> bool:
-    """Whether an event is an SLA violation (``scheduler.sla`` writes them); the SLA page and ``/metrics`` both
+    """Whether an event is an SLA violation (``scheduler.live.sla`` writes them); the SLA page and ``/metrics`` both
     use this. Its SQL twin is ``core.repositories.ops_metrics.is_violation_type``."""
     t = event_type.upper()
     return t.startswith("SLA") and ("VIOLAT" in t or "BREACH" in t or "MISS" in t or "EXCEED" in t)

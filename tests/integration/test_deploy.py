@@ -30,7 +30,7 @@ from core.liveness import check
 from core.migrate import upgrade
 from core.models import Host
 from core.settings import Settings
-from scheduler.loop import run_forever
+from scheduler.live.loop import run_forever
 from tests.support.services import temporary_database
 from tests.support.workers_cluster import wait_for
 

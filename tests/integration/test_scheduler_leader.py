@@ -19,8 +19,8 @@ from core.migrate import upgrade
 from core.models import Attempt, Job
 from core.notify import notify_jobs_changed
 from core.settings import Settings
-from scheduler.leader import LOCK_KEY, FileLeadership, psycopg_conninfo
-from scheduler.loop import run_cycle, run_forever
+from scheduler.live.leader import LOCK_KEY, FileLeadership, psycopg_conninfo
+from scheduler.live.loop import run_cycle, run_forever
 from tests.integration import test_scheduler_support as f
 from tests.support.services import temporary_database
 

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from core.models import Attempt, Event, Job
 from core.states import JobState
-from scheduler.loop import run_cycle
+from scheduler.live.loop import run_cycle
 from tests.integration import test_scheduler_support as f
 
 pytestmark = pytest.mark.integration

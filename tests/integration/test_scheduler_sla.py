@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from core.models import Attempt, Event, Job, JobMetric, SlaContract
 from core.states import JobState, transition
-from scheduler import sla
+from scheduler.live import sla
 from tests.integration import test_scheduler_support as f
 from tests.integration.test_scheduler_loop import cycle, dispatched  # noqa: F401  (fixture)
 from tests.support.sql import statements

@@ -16,9 +16,9 @@ from core.fence import job_checkpoint_dir, read_fence, write_fence
 from core.models import GPU, Attempt, Event, Host, Job, QosClass, Usage
 from core.settings import Settings
 from core.states import record_event
-from scheduler import reconciler
-from scheduler.loader import load
-from scheduler.reconciler import reconcile, restart_backoff_s
+from scheduler.live import reconciler
+from scheduler.live.loader import load
+from scheduler.live.reconciler import reconcile, restart_backoff_s
 from tests.support.nvml_replay import NVMLReplay
 from tests.support.workers_cluster import admit, submit, tiny_spec
 from workers import tasks

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from core.db import utcnow
 from core.models import Checkpoint, Event
 from core.settings import Settings
-from scheduler.reconciler import requeue_after_failure
+from scheduler.live.reconciler import requeue_after_failure
 from tests.support.workers_cluster import admit, submit, tiny_spec
 from workers.exit_classes import ExitClass, Outcome
 from workers.host_agent import HostAgent

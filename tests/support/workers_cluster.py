@@ -1,5 +1,5 @@
 """Several real worker processes (``python -m workers``) acting as hosts, for the failover and worker tests, and
-the real scheduler (``scheduler.loop.run_cycle``: reconcile -> snapshot -> plan -> apply -> commit -> dispatch)
+the real scheduler (``scheduler.live.loop.run_cycle``: reconcile -> snapshot -> plan -> apply -> commit -> dispatch)
 running beside them in a thread.
 """
 
@@ -32,9 +32,9 @@ from core.settings import Settings, get_settings
 from core.spec import parse_spec_data
 from core.states import record_event
 from core.trainer_protocol import ENV_TEST_HOOKS
-from scheduler.apply import apply_all
-from scheduler.decisions import Admission, Decisions, PlacementEntry
-from scheduler.loop import CycleResult, run_cycle
+from scheduler.live.apply import apply_all
+from scheduler.live.loop import CycleResult, run_cycle
+from scheduler.policy.decisions import Admission, Decisions, PlacementEntry
 from workers import celery_app
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ def submit(
 
 
 def admit(db: Session, job: Job, host: Host, *, slots: int | None = None) -> Attempt:
-    """Admit ``job`` onto ``host`` through the scheduler's own write path (``scheduler.apply.apply_all``), for
+    """Admit ``job`` onto ``host`` through the scheduler's own write path (``scheduler.live.apply.apply_all``), for
     tests that need an attempt on a chosen host without running a whole cycle. Nothing is dispatched."""
     n = slots or int((job.spec.get("resources") or {}).get("cpu_slots") or 1)
     gpus = tuple(g.uuid for g in host.gpus)[: job.gpus] if job.gpus else ()
@@ -255,7 +255,7 @@ def admit(db: Session, job: Job, host: Host, *, slots: int | None = None) -> Att
 
 
 class SchedulerThread:
-    """The real scheduler: ``scheduler.loop.run_cycle`` every ``interval_s`` (what ``python -m scheduler`` runs
+    """The real scheduler: ``scheduler.live.loop.run_cycle`` every ``interval_s`` (what ``python -m scheduler`` runs
     once it leads, minus the leader election, which a test with one scheduler does not need)."""
 
     def __init__(self, maker: Callable[[], Session], settings: Settings, *, interval_s: float = 0.5):

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from scheduler.config import PolicyConfig
-from scheduler.policy import plan
-from scheduler.reasons import Reason
-from scheduler.snapshot import (
+from scheduler.policy.config import PolicyConfig
+from scheduler.policy.plan import plan
+from scheduler.policy.reasons import Reason
+from scheduler.policy.snapshot import (
     ANY,
     CPU,
     HostInfo,
@@ -20,7 +20,7 @@ from scheduler.snapshot import (
     TeamInfo,
     quota_key_for,
 )
-from scheduler.synthetic import GIB, cpu_host, gpu_cluster, gpu_host
+from scheduler.simulate.synthetic import GIB, cpu_host, gpu_cluster, gpu_host
 
 NOW = 1_000_000.0
 QOS = {"gold": (1000, False), "silver": (500, False), "bronze": (200, True), "best-effort": (0, True)}
@@ -431,8 +431,8 @@ def test_identical_jobs_get_identical_answers() -> None:
 
 
 def test_choose_prefers_a_single_exact_fit() -> None:
-    from scheduler.preemption import choose
-    from scheduler.snapshot import RunningJob
+    from scheduler.policy.preemption import choose
+    from scheduler.policy.snapshot import RunningJob
 
     def job(i: int, gpus: int, started: float) -> RunningJob:
         return RunningJob(
@@ -451,8 +451,8 @@ def test_choose_prefers_a_single_exact_fit() -> None:
 
 
 def test_choose_takes_a_repeatedly_preempted_job_last() -> None:
-    from scheduler.preemption import choose
-    from scheduler.snapshot import RunningJob
+    from scheduler.policy.preemption import choose
+    from scheduler.policy.snapshot import RunningJob
 
     def job(i: int, started: float, preemptions: int) -> RunningJob:
         return RunningJob(

@@ -7,11 +7,11 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.config import PolicyConfig
-from scheduler.decisions import Decisions
-from scheduler.policy import plan
-from scheduler.reasons import Reason
-from scheduler.snapshot import (
+from scheduler.policy.config import PolicyConfig
+from scheduler.policy.decisions import Decisions
+from scheduler.policy.plan import plan
+from scheduler.policy.reasons import Reason
+from scheduler.policy.snapshot import (
     ANY,
     CPU,
     HostInfo,
@@ -23,7 +23,7 @@ from scheduler.snapshot import (
     TeamInfo,
     quota_key_for,
 )
-from scheduler.synthetic import cpu_host, gpu_host
+from scheduler.simulate.synthetic import cpu_host, gpu_host
 
 QOS = [("gold", 1000, False), ("silver", 500, False), ("bronze", 200, True), ("best-effort", 0, True)]
 NOW = 100_000.0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.simulate import main, qos_and_team, synthetic_trace
+from scheduler.simulate.replay import main, qos_and_team, synthetic_trace
 
 
 def test_qos_and_team_are_a_stable_hash() -> None:

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from core.secrets import SecretError
 from core.settings import Settings
-from scheduler.leader import psycopg_conninfo
+from scheduler.live.leader import psycopg_conninfo
 
 PG = "postgresql+psycopg://kiln@postgres:5432/kiln"
 REDIS = "redis://redis:6379/0"

@@ -9,8 +9,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from core.models import Attempt, Job, QosClass, SlaContract, Team, Usage
-from scheduler import repository as repo
-from scheduler.snapshot import (
+from scheduler.live import repository as repo
+from scheduler.policy.snapshot import (
     CPU,
     GpuInfo,
     HostInfo,

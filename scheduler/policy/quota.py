@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from scheduler.snapshot import QuotaInfo, RunningJob, TeamInfo
+from scheduler.policy.snapshot import QuotaInfo, RunningJob, TeamInfo
 
 Key = tuple[int, str]  # (team id, quota key)
 

@@ -14,7 +14,7 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scheduler.snapshot import CPU, HostInfo, RunningJob
+from scheduler.policy.snapshot import CPU, HostInfo, RunningJob
 
 INF = float("inf")
 

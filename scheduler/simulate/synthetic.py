@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduler.snapshot import GpuInfo, HostInfo
+from scheduler.policy.snapshot import GpuInfo, HostInfo
 
 GIB = 2**30
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from core.models import Attempt, Job
 from core.states import JobState, record_event, transition
-from scheduler.decisions import Decisions
+from scheduler.policy.decisions import Decisions
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.db import make_engine, utcnow
 from core.liveness import Pulse
 from core.settings import Settings, get_settings
-from scheduler import sla
-from scheduler.apply import Dispatch, apply_all
-from scheduler.config import PolicyConfig
-from scheduler.leader import LOCK_KEY, leadership_for
-from scheduler.policy import plan
-from scheduler.reconciler import reconcile
-from scheduler.snapshot import load_snapshot
+from scheduler.live import sla
+from scheduler.live.apply import Dispatch, apply_all
+from scheduler.live.leader import LOCK_KEY, leadership_for
+from scheduler.live.reconciler import reconcile
+from scheduler.policy.config import PolicyConfig
+from scheduler.policy.plan import plan
+from scheduler.policy.snapshot import load_snapshot
 
 log = logging.getLogger(__name__)
 

@@ -46,10 +46,10 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-from scheduler.config import PolicyConfig
-from scheduler.policy import plan
-from scheduler.snapshot import ANY, HostInfo, PendingJob, PlacedHost, QuotaInfo, RunningJob, Snapshot, TeamInfo
-from scheduler.synthetic import gpu_cluster
+from scheduler.policy.config import PolicyConfig
+from scheduler.policy.plan import plan
+from scheduler.policy.snapshot import ANY, HostInfo, PendingJob, PlacedHost, QuotaInfo, RunningJob, Snapshot, TeamInfo
+from scheduler.simulate.synthetic import gpu_cluster
 
 CLASSES = {"gold": (1000, False, 1800.0), "silver": (500, False, 7200.0), "bronze": (200, True, 28800.0),
            "best-effort": (0, True, None)}  # fmt: skip

@@ -13,14 +13,14 @@ import bisect
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from scheduler.config import PolicyConfig
-from scheduler.decisions import Admission, Decisions, Failure, Pending, PlacementEntry, Preemption, Reservation
-from scheduler.fairshare import JobOrder
-from scheduler.placement import INF, Chosen, ClusterState, Request
-from scheduler.preemption import choose, eligible
-from scheduler.quota import Key, QuotaLedger
-from scheduler.reasons import Reason
-from scheduler.snapshot import CPU, PendingJob, RunningJob, Snapshot
+from scheduler.policy.config import PolicyConfig
+from scheduler.policy.decisions import Admission, Decisions, Failure, Pending, PlacementEntry, Preemption, Reservation
+from scheduler.policy.fairshare import JobOrder
+from scheduler.policy.placement import INF, Chosen, ClusterState, Request
+from scheduler.policy.preemption import choose, eligible
+from scheduler.policy.quota import Key, QuotaLedger
+from scheduler.policy.reasons import Reason
+from scheduler.policy.snapshot import CPU, PendingJob, RunningJob, Snapshot
 
 DEP_FAILED = frozenset({"FAILED", "CANCELLED"})
 

@@ -18,8 +18,8 @@ import heapq
 import math
 from collections.abc import Iterator, Sequence
 
-from scheduler.config import PolicyConfig
-from scheduler.snapshot import PendingJob, TeamInfo
+from scheduler.policy.config import PolicyConfig
+from scheduler.policy.snapshot import PendingJob, TeamInfo
 
 
 def urgency(job: PendingJob, now: float, config: PolicyConfig) -> float | None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from scheduler.snapshot import RunningJob
+from scheduler.policy.snapshot import RunningJob
 
 
 def lost_work(job: RunningJob, now: float) -> float:

@@ -143,7 +143,7 @@ def quota_key_for(team: TeamInfo | None, gpus: int, gpu_type: str | None) -> str
 
 
 def load_snapshot(*, db: Any, now: datetime) -> Snapshot:
-    """Read the snapshot from the database (``scheduler.loader``; queries in ``scheduler.repository``)."""
-    from scheduler.loader import load
+    """Read the snapshot from the database (``scheduler.live.loader``; queries in ``scheduler.live.repository``)."""
+    from scheduler.live.loader import load
 
     return load(db=db, now=now)
