@@ -53,3 +53,8 @@ def canonical_key(name: str) -> str:
     if stripped == ANY or stripped.lower() == CPU:
         return stripped.lower()
     return canonical(stripped)
+
+
+# Clients one GPU's MPS server takes (48 on Volta and newer; kept lower so that each share stays worth having):
+# the scheduler puts at most this many fractional jobs on one GPU, and a worker runs at most this many per GPU.
+MPS_MAX_CLIENTS_PER_GPU = 16

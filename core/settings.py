@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     attempt_max_memory_bytes: int | None = None  # None: 80% of the host's memory
     attempt_max_pids: int = 16384  # processes and threads
     attempt_pids_per_process: int = 512  # per training process (a compile's worker pool included)
+
+    # GPU sharing (workers/mps.py): "auto" starts one MPS control daemon per GPU host when the binary is there;
+    # "off" never does (fractional jobs then wait: no host offers shares). The binary's name or path.
+    mps: Literal["auto", "off"] = "auto"
+    mps_control: str = "nvidia-cuda-mps-control"
 
     @field_validator("local_tier_dir", mode="before")
     @classmethod

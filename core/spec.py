@@ -26,6 +26,14 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class GpuShare(StrictModel):
+    """A fraction of one GPU, shared through MPS with other fractional jobs of the same team (docs/scheduler.md,
+    "GPU sharing"). A field left out takes the QoS class's value: its GPU memory cap, its SM percentage."""
+
+    memory_gb: Annotated[float | None, Field(gt=0, le=4096, description="GPU memory, GiB (MPS-enforced).")] = None
+    sm_percent: Annotated[int | None, Field(ge=1, le=100, description="Share of the GPU's SMs, percent.")] = None
+
+
 class Resources(StrictModel):
     gpus: Annotated[int, Field(ge=0, le=4096, description="Total GPUs (0 = CPU slots only).")] = 1
     gpus_per_node: Annotated[int | None, Field(ge=1, le=64)] = None
@@ -37,10 +45,17 @@ class Resources(StrictModel):
               "process); the worker enforces it, within its host's maximum."),
     ] = None  # fmt: skip
 
+    gpu_share: Annotated[
+        GpuShare | None,
+        Field(description="Run on a fraction of one GPU (needs gpus: 1); {} takes the QoS class's caps."),
+    ] = None
+
     @model_validator(mode="after")
     def _per_node_divides(self) -> Resources:
         if self.gpus_per_node is not None and self.gpus and self.gpus % self.gpus_per_node:
             raise ValueError("gpus must be a multiple of gpus_per_node")
+        if self.gpu_share is not None and self.gpus != 1:
+            raise ValueError(f"gpu_share is a fraction of one GPU: it needs gpus: 1 (got gpus: {self.gpus})")
         return self
 
     @property

@@ -34,9 +34,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from core.db import session_scope
+    from core.gpu_types import MPS_MAX_CLIENTS_PER_GPU
     from core.liveness import Pulse
     from core.settings import get_settings
-    from workers import isolation, tasks
+    from workers import isolation, mps, tasks
     from workers.celery_app import declare_host_queue, get_app, host_queue
     from workers.host_agent import HostAgent
     from workers.inventory import detect_inventory
@@ -53,7 +54,13 @@ def main(argv: list[str] | None = None) -> None:
     app = get_app()
     declare_host_queue(app, args.host)  # before the scheduler can see the host (and dispatch to its queue)
     with session_scope() as db:
-        agent.register(db)  # and ends the attempts a previous worker process on this host left behind
+        has_gpus = bool(agent.register(db).gpus)  # and ends the attempts a previous worker process left behind
+    daemon = None
+    if has_gpus:  # fractional jobs share GPUs through the host's MPS daemon (its state goes out with the heartbeat)
+        daemon = mps.configure(settings.mps, settings.mps_control, settings.resolved_storage_dir / "mps" / args.host)
+        logging.getLogger("kiln.worker").info(
+            "MPS: " + (f"daemon {daemon.state} ({daemon.control})" if daemon else "off or not installed: no shares")
+        )
     tasks.CURRENT_HOST = args.host
     host_isolation = isolation.configure(host=args.host, settings=settings, host_slots=agent.slots or cpu_slots)
     logging.getLogger("kiln.worker").info(host_isolation.describe())
@@ -62,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # One thread per slot, plus one: a redelivered or refused message must never queue behind running attempts
     # (refusing takes milliseconds; the scheduler, not Celery, decides how many attempts share the host).
-    concurrency = agent.slots + 1
+    concurrency = agent.slots * (MPS_MAX_CLIENTS_PER_GPU if daemon else 1) + 1
     try:
         app.worker_main([
             "worker",
@@ -78,6 +85,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         agent.stop()
         host_isolation.close()
+        if daemon is not None:
+            daemon.stop()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from core.models import GPU, Attempt, Host, Job
 from core.settings import get_settings
 from core.states import ACTIVE, record_event
 from scheduler.live.reconciler import requeue_after_failure
+from workers import mps
 from workers.celery_app import host_queue
 from workers.inventory import Inventory
 
@@ -122,10 +123,24 @@ class HostAgent:
             return
         now = utcnow()
         host.last_heartbeat_at = now
+        self.watch_mps(db, host)
         if host.state == "DOWN":
             # An exclusion outlives a restart of the host: bad GPUs are still bad after a reboot.
             host.state = "EXCLUDED" if host.excluded_until and host.excluded_until > now else "UP"
             record_event(db, "HOST_UP", message=f"host {self.name} is heartbeating again", data={"host": self.name})
+
+    def watch_mps(self, db: Session, host: Host) -> None:
+        """The host's MPS daemon, checked on every heartbeat and started again when it died; its clients are
+        stopped by their supervisors as infrastructure failures (``AttemptRunner``: the generation moved)."""
+        daemon = mps.DAEMON
+        if daemon is None:
+            host.mps = None
+            return
+        if daemon.ensure():
+            record_event(db, "MPS_RESTARTED", message=f"host {self.name}: the MPS daemon died and was started again; "
+                         "its clients restart from their checkpoints", data={"host": self.name,
+                         "generation": daemon.generation})  # fmt: skip
+        host.mps = daemon.state
 
     def sample(self, db: Session) -> None:
         samples = self.inventory.sample()

@@ -43,7 +43,7 @@ from core.trainer_protocol import (
     RecordKind,
 )
 from scheduler.live.reconciler import end_attempt, requeue_after_failure
-from workers import isolation
+from workers import isolation, mps
 from workers.celery_app import TASK_RUN_ATTEMPT, get_app
 from workers.exit_classes import ExitClass, Outcome, StopRequest, classify
 from workers.supervisor import Rendezvous, TrainerProcess, launch_command
@@ -242,7 +242,16 @@ def attempt_env(
         env["OMP_NUM_THREADS"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
     qos = claimed.qos
-    if claimed.gpus and qos is not None:
+    share = next((n["share"] for n in claimed.placement if n.get("share")), None)
+    if claimed.gpus and share is not None:
+        # A fractional job: its share is what MPS enforces (memory pinned, SMs capped), as this GPU's client.
+        memory = int(share["memory_bytes"])
+        env[ENV_MEMORY_FRACTION] = f"{min(1.0, memory / claimed.gpus[0].memory_bytes):.6f}"
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={memory // 2**20}M"
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(int(share["sm_percent"]))
+        if mps.DAEMON is not None:
+            env.update(mps.DAEMON.client_env())
+    elif claimed.gpus and qos is not None:
         smallest = min(g.memory_bytes for g in claimed.gpus)
         if qos.gpu_memory_cap_bytes:
             env[ENV_MEMORY_FRACTION] = f"{min(1.0, qos.gpu_memory_cap_bytes / smallest):.6f}"
@@ -297,6 +306,22 @@ class AttemptRunner:
         self.fenced = False
         self.last_telemetry = time.monotonic()
         self.rank_errors: dict[int, str] = {}  # the exception line each rank's EXIT record gave, if any
+        # A fractional job is a client of the host's MPS daemon of this generation (workers/mps.py).
+        shared = any(n.get("share") for n in claimed.placement)
+        self.mps_generation = mps.DAEMON.generation if shared and mps.DAEMON is not None else None
+
+    def mps_restarted(self) -> bool:
+        daemon = mps.DAEMON
+        return self.mps_generation is not None and daemon is not None and daemon.generation != self.mps_generation
+
+    def lost_mps_server(self, outcome: Outcome) -> bool:
+        """A share's attempt that ended badly while its MPS daemon died (or was restarted) failed with it: an
+        infrastructure failure whatever the trainer said (a CUDA error would otherwise read as the user's)."""
+        if self.mps_generation is None or outcome.exit_class in (ExitClass.SUCCEEDED, ExitClass.CANCELLED,
+                                                                 ExitClass.PREEMPTED, ExitClass.DRAINED):
+            return False  # fmt: skip
+        daemon = mps.DAEMON
+        return self.mps_restarted() or daemon is None or not daemon.healthy()
 
     def renew_lease(self, at: float) -> None:
         """Hand the ranks the lease the database just granted (never longer: see ``core.fence``)."""
@@ -381,6 +406,8 @@ class AttemptRunner:
                 self.request_stop(ExitClass.TIMEOUT, "time limit reached")
             if SHUTTING_DOWN.is_set():
                 self.request_stop(ExitClass.DRAINED, "the worker is shutting down")
+            if self.mps_restarted():
+                self.request_stop(ExitClass.INFRASTRUCTURE, "the host's MPS daemon died: this job's GPU share is gone")
             if (
                 self.stop is None
                 and self.relay_state.first_step_seen
@@ -407,6 +434,9 @@ class AttemptRunner:
             limit = confinement.limits.memory_bytes
             outcome = Outcome(ExitClass.OOM, f"out of host memory: the job went over its limit of {limit} bytes "
                                              f"(resources.host_memory_bytes) and was killed ({outcome.reason})")
+        if self.lost_mps_server(outcome):
+            why = f"the host's MPS daemon died and took this job's GPU share with it ({outcome.reason})"
+            outcome = Outcome(ExitClass.INFRASTRUCTURE, why)
         if outcome.exit_class is ExitClass.INFRASTRUCTURE and self.relay_state.nccl_error:
             outcome = Outcome(ExitClass.NCCL_ERROR, f"NCCL error reported by a rank; {outcome.reason}")
         self.proc.log_line(f"trainer exited with {launcher_code}: {outcome.exit_class.value}: {outcome.reason}")
@@ -526,6 +556,8 @@ def run_attempt_on_host(*, attempt_id: int, fencing_token: int, node_rank: int, 
         # infrastructure failure on this host), not leave it RUNNING until its lease runs out.
         for d in (run_dir, compile_dir, *([local_dir] if local_dir else [])):
             private_dir(d)
+        if node.get("share") and (mps.DAEMON is None or mps.DAEMON.state != "running"):
+            raise RuntimeError("this host's MPS daemon is not running: a GPU share cannot be enforced")
         write_fence(checkpoint_dir, fencing_token)
         runner.renew_lease(claimed_at)  # the lease the claim granted, before any rank starts
         spec_path.write_text(json.dumps(claimed.spec, indent=2, sort_keys=True))

@@ -27,6 +27,7 @@ def hosts(db: SessionDep, who: CurrentPrincipal) -> list[HostOut]:
             excluded_until=h.excluded_until,
             exclusion_reason=h.exclusion_reason,
             links=h.links,
+            mps=h.mps,
             last_heartbeat_at=h.last_heartbeat_at,
             registered_at=h.registered_at,
         )  # fmt: skip

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from pydantic import Field
+
 from api.schemas.common import OutModel
 
 
@@ -31,6 +33,8 @@ class HostOut(OutModel):
     excluded_until: datetime | None
     exclusion_reason: str | None
     links: dict[str, Any]
+    mps: str | None = Field(None, description="its MPS daemon for fractional jobs: running, restarting, failed; "
+                            "null: none (no GPU, no binary, or KILN_MPS=off)")  # fmt: skip
     last_heartbeat_at: datetime | None
     registered_at: datetime
 

@@ -314,6 +314,7 @@ def hosts(
             ("STATE", lambda h: h.get("state")),
             ("GPUS", lambda h: h.get("gpu_count")),
             ("CPU SLOTS", lambda h: h.get("cpu_slots")),
+            ("MPS", lambda h: h.get("mps") or "-"),
             ("HEARTBEAT", lambda h: out.fmt_age(h.get("last_heartbeat_at"))),
             ("EXCLUDED", lambda h: h.get("exclusion_reason") or ""),
         ]

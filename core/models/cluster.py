@@ -23,6 +23,9 @@ class Host(Base):
     excluded_until: Mapped[datetime | None] = mapped_column()
     exclusion_reason: Mapped[str | None] = mapped_column(String(256))
     links: Mapped[dict[str, Any]] = mapped_column(default=dict, comment="link capacities, bytes/s")
+    mps: Mapped[str | None] = mapped_column(
+        String(16), comment="its MPS daemon: running, restarting, failed; NULL: none (workers/mps.py)"
+    )
     last_heartbeat_at: Mapped[datetime | None] = mapped_column()
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -5,7 +5,9 @@ The rules, as a user meets them:
 - once any GPU host has registered, a type that no host has (and that the operator has not declared with
   ``KILN_GPU_TYPES`` for hosts that will join later) is refused, with the types the cluster has;
 - a job whose predicted per-GPU peak exceeds its QoS class's memory cap is refused, naming the classes whose cap
-  fits; one that exceeds the largest GPU of its type is refused with that GPU's size.
+  fits; one that exceeds the largest GPU of its type is refused with that GPU's size;
+- a fractional job's share (``resources.gpu_share``) stays within its class's caps and must hold its predicted
+  peak; a share needs a memory size, its own or its class's cap.
 """
 
 from __future__ import annotations
@@ -80,6 +82,41 @@ def check_quota_type(db: Session, name: str, *, loc: str) -> str:
     return key
 
 
+def share_of(asked: Any, cap: int | None, sm_percent: int) -> tuple[int | None, int] | None:
+    """A fractional job's (GPU memory bytes, SM percent): what ``resources.gpu_share`` asks, the class's cap and
+    SM percentage for what it leaves out; None for a job that is not fractional."""
+    if not isinstance(asked, dict):
+        return None
+    gb = asked.get("memory_gb")
+    memory = int(float(gb) * GIB) if gb is not None else cap
+    sm = asked.get("sm_percent")
+    return memory, int(sm) if sm is not None else sm_percent
+
+
+def _check_share(spec: JobSpec, cap: int | None, sm_percent: int, qos_name: str, predicted: int | None) -> None:
+    asked = spec.resources.gpu_share
+    resolved = share_of(asked.model_dump() if asked is not None else None, cap, sm_percent)
+    if resolved is None:
+        return
+    memory, sm = resolved
+    loc = "resources.gpu_share"
+    if memory is None:
+        raise InvalidInput.at(f"{loc}.memory_gb", f"the {qos_name} class has no GPU memory cap to share by: say how "
+                              "much GPU memory the job gets (memory_gb)")  # fmt: skip
+    if cap is not None and memory > cap:
+        raise InvalidInput.at(f"{loc}.memory_gb", f"{memory / GIB:.1f} GiB is over the {qos_name} class's memory cap "
+                              f"of {cap / GIB:.1f} GiB")  # fmt: skip
+    if sm > sm_percent:
+        raise InvalidInput.at(f"{loc}.sm_percent", f"{sm}% is over the {qos_name} class's SM share of {sm_percent}%")
+    if predicted is not None and predicted > memory:
+        raise InvalidInput.at(
+            f"{loc}.memory_gb",
+            f"predicted peak {predicted / GIB:.1f} GiB does not fit the share of {memory / GIB:.1f} GiB (a larger "
+            "share, or a lower batch_size)",
+            "memory_fit",
+        )
+
+
 def check_submission(db: Session, *, spec: JobSpec, ctx: Any, qos_name: str) -> Fitted:
     """``spec`` already has its canonical GPU type; ``ctx`` is the submission context (the QoS class's memory cap
     and what the cluster has of the type). Raises SpecError or InvalidInput."""
@@ -89,9 +126,12 @@ def check_submission(db: Session, *, spec: JobSpec, ctx: Any, qos_name: str) -> 
     if spec.resources.gpus and gpu_type is not None and known_nowhere and gpu_type not in declared_types():
         raise refuse_unknown_type(gpu_type, known_types(db), loc="resources.gpu_type")
     predicted = predict_for_spec(spec, hyperparameters) if hyperparameters is not None else None
+    cap = ctx.gpu_memory_cap_bytes
+    if spec.resources.gpu_share is not None:
+        qos = qos_repo.get_by_name(db, qos_name)
+        _check_share(spec, cap, qos.sm_percent if qos is not None else 100, qos_name, predicted)
     if predicted is None:
         return Fitted(spec, None)
-    cap = ctx.gpu_memory_cap_bytes
     if cap is not None and predicted > cap:
         fitting = [q.name for q in qos_repo.list_all(db) if (q.gpu_memory_cap_bytes or predicted) >= predicted]
         raise InvalidInput.at(

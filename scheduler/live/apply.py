@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 
 from core.models import Attempt, Job
 from core.states import JobState, record_event, transition
-from scheduler.policy.decisions import Decisions
+from scheduler.policy.decisions import Admission, Decisions
+from scheduler.policy.sharing import describe
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ def apply_all(*, db: Session, decisions: Decisions, now: datetime) -> Applied:
             db,
             job,
             JobState.ADMITTED,
-            message=f"admitted on {hosts}" + (" (backfill)" if adm.backfilled else ""),
+            message=f"admitted on {hosts}" + (" (backfill)" if adm.backfilled else "") + _shared(adm),
             data={"placement": placement, "fencing_token": job.fencing_token, "backfilled": adm.backfilled},
             now=now,
         )
@@ -108,6 +109,11 @@ def apply_all(*, db: Session, decisions: Decisions, now: datetime) -> Applied:
         out.killed.append(job.id)
     out.reasons_written = _write_reasons(db, decisions, now)
     return out
+
+
+def _shared(adm: Admission) -> str:
+    share = adm.placement[0].share if adm.placement else None
+    return f", sharing GPU {adm.placement[0].gpus[0]}: {describe(share)}" if share is not None else ""
 
 
 def _next_attempt_numbers(db: Session, job_ids: list[int]) -> dict[int, int]:

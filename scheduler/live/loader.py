@@ -9,10 +9,12 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from core.models import Attempt, Job, QosClass, SlaContract, Team, Usage
+from core.services.fit import share_of
 from scheduler.live import repository as repo
 from scheduler.policy.snapshot import (
     CPU,
     GpuInfo,
+    GpuShare,
     HostInfo,
     PendingJob,
     PlacedHost,
@@ -86,7 +88,7 @@ def _hosts(db: Session, now: datetime) -> tuple[HostInfo, ...]:
             )
             for g in h.gpus
         )
-        out.append(HostInfo(h.name, h.queue, gpus, h.cpu_slots, links, excluded))
+        out.append(HostInfo(h.name, h.queue, gpus, h.cpu_slots, links, excluded, mps=h.mps == "running"))
     return tuple(out)
 
 
@@ -165,6 +167,8 @@ def _running_job(
         gpu_type = CPU
         units = sum(p.slots for p in placement) or int(_resources(job).get("cpu_slots") or 1)
     return RunningJob(
+        share=next((_placed_share(p) for p in (attempt.placement or []) if isinstance(p, dict) and p.get("share")),
+                   None),  # fmt: skip
         id=job.id,
         team_id=job.team_id,
         qos=q.name if q else "",
@@ -214,8 +218,11 @@ def _pending(
             except ValueError:
                 deadline = None
         per_node = res.get("gpus_per_node")
+        share = requested_share(res, q)
+        cap = q.gpu_memory_cap_bytes if q else None
         out.append(
             PendingJob(
+                share=share,
                 id=job.id,
                 team_id=job.team_id,
                 qos=q.name if q else "",
@@ -232,7 +239,7 @@ def _pending(
                 deadline=_ts(deadline),
                 estimated_runtime_s=_time_limit(job),
                 memory_bytes=job.predicted_memory_bytes,
-                memory_cap_bytes=q.gpu_memory_cap_bytes if q else None,
+                memory_cap_bytes=share.memory_bytes if share is not None else cap,
                 bandwidth=_bandwidth(q),
                 depends_on=tuple(deps.get(job.id, ())),
                 not_before=_ts(job.not_before),
@@ -241,6 +248,21 @@ def _pending(
             )
         )
     return tuple(out)
+
+
+def requested_share(resources: dict[str, Any], qos: QosClass | None) -> GpuShare | None:
+    """A fractional job's share, what its spec leaves out taken from its class (``core.services.fit.share_of``)."""
+    resolved = share_of(resources.get("gpu_share"), qos.gpu_memory_cap_bytes if qos else None,
+                        qos.sm_percent if qos else 100)  # fmt: skip
+    if resolved is None:
+        return None
+    memory, sm = resolved
+    return GpuShare(memory_bytes=memory or 0, sm_percent=sm, guaranteed=not (qos and qos.preemptible))
+
+
+def _placed_share(node: dict[str, Any]) -> GpuShare:
+    share = node["share"]
+    return GpuShare(int(share["memory_bytes"]), int(share["sm_percent"]), bool(share["guaranteed"]))
 
 
 def load(*, db: Session, now: datetime, half_life_s: float = FAIRSHARE_HALF_LIFE_S) -> Snapshot:

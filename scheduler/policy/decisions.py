@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from scheduler.policy.reasons import Reason
+from scheduler.policy.snapshot import GpuShare
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,15 +15,20 @@ class PlacementEntry:
     gpus: tuple[str, ...]  # GPU uuids in local-rank order
     slots: int  # processes on this host
     node_rank: int
+    share: GpuShare | None = None  # a fractional job's part of its one GPU
 
     def as_json(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "host": self.host,
             "queue": self.queue,
             "gpus": list(self.gpus),
             "slots": self.slots,
             "node_rank": self.node_rank,
         }
+        if self.share is not None:
+            out["share"] = {"memory_bytes": self.share.memory_bytes, "sm_percent": self.share.sm_percent,
+                            "guaranteed": self.share.guaranteed}  # fmt: skip
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scheduler.policy.snapshot import CPU, HostInfo, RunningJob
+from scheduler.policy.sharing import SharedGpu, best_shared
+from scheduler.policy.snapshot import CPU, GpuShare, HostInfo, RunningJob
 
 INF = float("inf")
 
@@ -108,7 +109,8 @@ class ClusterState:
 
     def __init__(self, hosts: Iterable[HostInfo], running: Iterable[RunningJob], *, spread: bool = False) -> None:
         self.spread = spread
-        self.hosts: list[_Host] = [_Host(h) for h in sorted(hosts, key=lambda h: h.name)]
+        infos = sorted(hosts, key=lambda h: h.name)
+        self.hosts: list[_Host] = [_Host(h) for h in infos]
         self.by_name = {h.name: h for h in self.hosts}
         self.unit_host: dict[str, _Host] = {u: h for h in self.hosts for u in h.order}
         self.total: dict[str, int] = {}
@@ -126,9 +128,15 @@ class ClusterState:
         self.version = 0  # bumped by every change of free capacity or reservations
         self._failed: dict[tuple[object, ...], int] = {}  # request shape -> fewest units known not to fit
         self._fits: dict[tuple[object, ...], tuple[int, Chosen]] = {}  # shape -> most units known to fit
-        self.job_units: dict[int, tuple[str, ...]] = {}
+        self.job_units: dict[int, tuple[str, ...]] = {}  # whole units only: what a job's end or preemption frees
+        self.shared: dict[str, SharedGpu] = {}  # uuid -> the fractional jobs it holds (scheduler.policy.sharing)
+        self.mps_hosts = {h.name for h in infos if h.mps}  # hosts whose MPS daemon runs: shares go there only
         for job in running:
-            self.job_units[job.id] = self._take_running(job)
+            taken = self._take_running(job)
+            if job.share is not None:
+                self._share_running(job, job.share, taken)
+                taken = ()
+            self.job_units[job.id] = taken
             self._charge_links([p.host for p in job.placement], job.bandwidth, +1)
         # model -> indices (into self.hosts) of the hosts with a free unit of it: placement visits only these
         self.free_hosts: dict[str, set[int]] = {}
@@ -159,6 +167,14 @@ class ClusterState:
                 del slots[: p.slots]
                 taken.extend(take)
         return tuple(taken)
+
+    def _share_running(self, job: RunningJob, share: GpuShare, units: tuple[str, ...]) -> None:
+        for u in units:
+            h = self.unit_host[u]
+            gpu = self.shared.get(u)
+            if gpu is None:
+                gpu = self.shared[u] = SharedGpu(h.name, u, h.model_of[u], job.team_id, h.memory[u])
+            gpu.add(share)
 
     def _charge_links(self, hosts: Iterable[str], bandwidth: tuple[tuple[str, float], ...], sign: int) -> None:
         for name in hosts:
@@ -321,6 +337,36 @@ class ClusterState:
             else sorted(candidates, key=lambda c: (away(c), c[0], c[1]))
         )
         return tuple((h.name, _pick(h, units, per_node)) for _c, _i, h, units in ordered[:nodes])
+
+    def find_share(self, team_id: int, req: Request, share: GpuShare) -> tuple[str, str, bool] | None:
+        """(host, GPU uuid, whether the GPU is newly opened for sharing) for a fractional job, or None: a GPU its
+        team already shares when one has room, else a free GPU on a host that runs MPS (reservations respected,
+        the fullest such host first, so that whole hosts stay whole)."""
+        joined = best_shared(self.shared.values(), team_id, req.models, share, req.avoid)
+        if joined is not None:
+            return joined.host, joined.uuid, False
+        whole = Request(req.models, 1, min_memory=max(req.min_memory, share.memory_bytes), end=req.end)
+        best: tuple[bool, int, int, str, str] | None = None
+        for model in req.models:
+            for i in sorted(self.free_hosts.get(model, ())):
+                h = self.hosts[i]
+                if h.name not in self.mps_hosts:
+                    continue
+                units = self._usable(h, model, whole, True, None)
+                if units:
+                    option = (h.name in req.avoid, len(units), i, h.name, units[0])
+                    best = option if best is None or option < best else best
+        return (best[3], best[4], True) if best is not None else None
+
+    def allocate_share(self, job_id: int, team_id: int, host: str, uuid: str, share: GpuShare) -> None:
+        gpu = self.shared.get(uuid)
+        if gpu is None:
+            self.allocate(job_id, ((host, (uuid,)),), ())
+            h = self.by_name[host]
+            gpu = self.shared[uuid] = SharedGpu(host, uuid, h.model_of[uuid], team_id, h.memory[uuid])
+        gpu.add(share)
+        self.job_units[job_id] = ()
+        self.version += 1
 
     # -- mutations -----------------------------------------------------------------------------------------------
 

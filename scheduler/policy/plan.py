@@ -13,6 +13,7 @@ import bisect
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from scheduler.policy import sharing
 from scheduler.policy.config import PolicyConfig
 from scheduler.policy.decisions import Admission, Decisions, Failure, Pending, PlacementEntry, Preemption, Reservation
 from scheduler.policy.fairshare import JobOrder
@@ -20,7 +21,7 @@ from scheduler.policy.placement import INF, Chosen, ClusterState, Request
 from scheduler.policy.preemption import choose, eligible
 from scheduler.policy.quota import Key, QuotaLedger
 from scheduler.policy.reasons import Reason
-from scheduler.policy.snapshot import CPU, PendingJob, RunningJob, Snapshot
+from scheduler.policy.snapshot import CPU, GpuShare, PendingJob, RunningJob, Snapshot
 
 DEP_FAILED = frozenset({"FAILED", "CANCELLED"})
 
@@ -181,7 +182,7 @@ class _Planner:
             key = (
                 job.qos_priority, job.team_id, job.quota_key, job.gpus, job.cpu_slots, job.gpu_type,
                 job.gpus_per_node, job.memory_bytes, job.memory_cap_bytes, job.bandwidth, job.id in urgent,
-                self.state.end_class(end),
+                self.state.end_class(end), job.share,
             )  # fmt: skip
             version = self._version()
             if version != self.memo_version:
@@ -239,6 +240,8 @@ class _Planner:
             return False
         if self._over_budget(job):
             return False
+        if job.share is not None:
+            return self._consider_share(job, req, job.share)
         quota_msg = self.ledger.check(job.team_id, job.quota_key, job.demand)
         if quota_msg is None:
             chosen = self.state.find(req)
@@ -266,6 +269,33 @@ class _Planner:
             return False
         self._classify(job, req, allow_priority=True)
         return False
+
+    def _consider_share(self, job: PendingJob, req: Request, share: GpuShare) -> bool:
+        """A fractional job joins a GPU its team already shares, or opens a free one (which draws one GPU of
+        the team's quota: the GPU is the team's while it is shared). It neither preempts nor reserves."""
+        found = self.state.find_share(job.team_id, req, share)
+        if found is None:
+            self.placement_failed = True
+            self.wait(
+                job,
+                Reason.RESOURCES,
+                f"no GPU has room for a share of {sharing.describe(share)}: a fractional job shares a GPU only "
+                "with its own team's fractional jobs, and no whole GPU is free",
+            )
+            return False
+        host, uuid, opened = found
+        if opened:
+            quota_msg = self.ledger.check(job.team_id, job.quota_key, 1)
+            if quota_msg is not None:
+                self.wait(job, Reason.QUOTA, f"{quota_msg} (a fractional job opens a GPU of its own team)")
+                return False
+            self.ledger.charge(job.team_id, job.quota_key, 1)
+        self.state.allocate_share(job.id, job.team_id, host, uuid, share)
+        est = job.estimated_runtime_s
+        bisect.insort(self.ends, (self.now + est if est is not None else INF, job.id))
+        entry = PlacementEntry(host, self.state.queue_of(host), (uuid,), 1, 0, share=share)
+        self.admissions.append(Admission(job.id, (entry,), backfilled=False))
+        return True
 
     def _over_budget(self, job: PendingJob) -> bool:
         team = self.teams.get(job.team_id)
@@ -337,7 +367,8 @@ class _Planner:
         def promised(r: RunningJob) -> bool:  # its units are reserved for a job ahead: not ours to take
             return any(u in reserved for u in self.state.job_units.get(r.id, ()))
 
-        inflight = [r for r in self.inflight if r.id not in self.claimed and r.gpu_type in models and not promised(r)]
+        inflight = [r for r in self.inflight
+                    if r.id not in self.claimed and r.share is None and r.gpu_type in models and not promised(r)]
         within = self.ledger.within_nominal(job.team_id, job.quota_key, job.demand)
 
         def reclaim_from(v: RunningJob) -> bool:
@@ -351,6 +382,7 @@ class _Planner:
             r
             for r in self.s.running
             if r.id not in self.victimized
+            and r.share is None  # a fractional job's end frees no whole GPU
             and r.gpu_type in models
             and not promised(r)
             and eligible(

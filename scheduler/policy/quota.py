@@ -25,9 +25,15 @@ class QuotaLedger:
         self.enabled = enabled
         self.teams = {t.id: t for t in teams}
         self.usage: dict[Key, int] = {}
+        shared: set[str] = set()  # a shared GPU is one GPU of its team's, however many fractional jobs it holds
         for job in running:
             k = (job.team_id, job.quota_key)
-            self.usage[k] = self.usage.get(k, 0) + job.gpus
+            units = job.gpus
+            if job.share is not None:
+                gpus = {g for p in job.placement for g in p.gpus}
+                units = len(gpus - shared)
+                shared |= gpus
+            self.usage[k] = self.usage.get(k, 0) + units
         self.members: dict[str, list[int]] = {}
         for t in self.teams.values():
             self.members.setdefault(self.cohort(t.id), []).append(t.id)

@@ -33,6 +33,17 @@ class HostInfo:
     cpu_slots: int = 0
     links: tuple[tuple[str, float], ...] = ()  # link name -> capacity, bytes/s
     excluded: bool = False
+    mps: bool = False  # its MPS daemon runs: it may hold fractional jobs
+
+
+@dataclass(frozen=True, slots=True)
+class GpuShare:
+    """A fractional job's part of one GPU. ``guaranteed``: its SMs are promised (a non-preemptible class), so
+    the guaranteed shares on a GPU never add up past 100%; a best-effort share only fills what is left idle."""
+
+    memory_bytes: int
+    sm_percent: int
+    guaranteed: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +73,7 @@ class RunningJob:
     preempt_requested: bool = False
     state: str = "RUNNING"
     preemptions: int = 0  # times this job has been preempted before (PREEMPTING events; the simulator counts)
+    share: GpuShare | None = None  # a fractional job: its part of its one GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +102,7 @@ class PendingJob:
     # Hosts its last attempt was LOST on: a restart goes elsewhere when anywhere else fits (a soft preference:
     # a one-host cluster still restarts it there; DOWN and EXCLUDED hosts are avoided outright).
     avoid_hosts: frozenset[str] = frozenset()
+    share: GpuShare | None = None  # a fractional job (resources.gpu_share, resolved against its class)
 
     @property
     def demand(self) -> int:
