@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from core.models import Attempt, Job, QosClass, SlaContract, Team, Usage
+from core.states import HostState
 from scheduler.live import repository as repo
 from scheduler.policy.snapshot import (
     CPU,
@@ -71,7 +72,7 @@ def period_start(team: Team, now: float) -> float:
 def _hosts(db: Session, now: datetime) -> tuple[HostInfo, ...]:
     out = []
     for h in repo.hosts(db):
-        excluded = h.state != "UP" or (h.excluded_until is not None and h.excluded_until > now)
+        excluded = h.state != HostState.UP or (h.excluded_until is not None and h.excluded_until > now)
         links = tuple(
             sorted((str(k), float(v)) for k, v in (h.links or {}).items() if isinstance(v, (int, float)))
         )
@@ -243,7 +244,7 @@ def _pending(
     return tuple(out)
 
 
-def load(*, db: Session, now: datetime, half_life_s: float = FAIRSHARE_HALF_LIFE_S) -> Snapshot:
+def load_snapshot(*, db: Session, now: datetime, half_life_s: float = FAIRSHARE_HALF_LIFE_S) -> Snapshot:
     t = now.timestamp()
     hosts = _hosts(db, now)
     team_infos = _teams(db, t, half_life_s)
