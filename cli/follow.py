@@ -13,6 +13,7 @@ from rich.text import Text
 from cli.client import KilnClient, SseEvent
 from cli.errors import ExitCode
 from cli.output import TERMINAL_STATES, fmt_loss, fmt_time, safe, text
+from core.states import JobState
 
 END_EVENTS = frozenset({"end"})
 
@@ -25,17 +26,17 @@ def log_line(event: SseEvent) -> str | None:
 
 
 def exit_code_for_state(state: str | None) -> ExitCode:
-    return ExitCode.OK if state == "SUCCEEDED" else ExitCode.FAILURE
+    return ExitCode.OK if state == JobState.SUCCEEDED else ExitCode.FAILURE
 
 
 def describe_transition(job: dict[str, Any]) -> str:
     state = job.get("state")
     parts = [f"job {job.get('id')} {state}"]
-    if state == "QUEUED" and job.get("pending_reason"):
+    if state == JobState.QUEUED and job.get("pending_reason"):
         parts.append(f"({job['pending_reason']}: {job.get('pending_message') or ''})".replace(": )", ")"))
     if state in TERMINAL_STATES and job.get("exit_reason"):
         parts.append(f"({job['exit_reason']})")
-    if state == "SUCCEEDED" and job.get("last_loss") is not None:
+    if state == JobState.SUCCEEDED and job.get("last_loss") is not None:
         parts.append(f"final loss {fmt_loss(job.get('last_loss'))}")
     return " ".join(parts)
 

@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from core.states import TERMINAL, JobState
+
 
 def _width(stream: object) -> int | None:
     """A terminal's own width; piped output is not folded at 80 columns (``kiln ls | grep`` finds whole rows)."""
@@ -39,18 +41,18 @@ class OutputFormat(enum.StrEnum):
 
 
 STATE_STYLES: dict[str, str] = {
-    "QUEUED": "yellow",
-    "ADMITTED": "cyan",
-    "RUNNING": "bold green",
-    "PREEMPTING": "magenta",
-    "PAUSED": "magenta",
-    "SUCCEEDED": "green",
-    "FAILED": "bold red",
-    "CANCELLED": "dim",
-    "LOST": "red",
+    JobState.QUEUED: "yellow",
+    JobState.ADMITTED: "cyan",
+    JobState.RUNNING: "bold green",
+    JobState.PREEMPTING: "magenta",
+    JobState.PAUSED: "magenta",
+    JobState.SUCCEEDED: "green",
+    JobState.FAILED: "bold red",
+    JobState.CANCELLED: "dim",
+    JobState.LOST: "red",
 }
 
-TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+TERMINAL_STATES = frozenset(s.value for s in TERMINAL)
 
 
 # C0 controls but tab and newline, DEL, C1 controls (ESC-less CSI/OSC on some terminals), bidi overrides.
@@ -180,9 +182,9 @@ def job_progress(job: dict[str, Any]) -> str:
 
 def job_note(job: dict[str, Any]) -> str:
     state = job.get("state")
-    if state == "QUEUED" and job.get("pending_reason"):
+    if state == JobState.QUEUED and job.get("pending_reason"):
         return str(job["pending_reason"])
-    if state in {"FAILED", "CANCELLED", "LOST"} and job.get("exit_reason"):
+    if state in {JobState.FAILED, JobState.CANCELLED, JobState.LOST} and job.get("exit_reason"):
         return str(job["exit_reason"])
     return ""
 

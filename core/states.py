@@ -1,18 +1,21 @@
-"""The job state machine: the allowed transitions as data, and the one function that moves a job.
+"""The state machines of jobs, attempts and hosts: the states as enums, the allowed transitions as data, and the
+functions that move them. Also the one vocabulary of why a queued job waits (``Reason``).
 
-Every transition writes an event, so the timeline shown by the CLI and dashboard is complete by construction.
+Every job transition writes an event, so the timeline shown by the CLI and dashboard is complete by construction.
+An attempt's or a host's change writes the event its caller chooses (``core.lifecycle``, the reconciler, the host
+agent): the table here only says which changes can happen.
 """
 
 from __future__ import annotations
 
 import enum
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.orm import Session
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
-from core.db import utcnow
-from core.models import Event, Job
+    from core.models import Attempt, Event, Host, Job
 
 
 class JobState(enum.StrEnum):
@@ -45,9 +48,69 @@ TERMINAL: frozenset[JobState] = frozenset(s for s, targets in TRANSITIONS.items(
 ACTIVE: frozenset[JobState] = frozenset({S.ADMITTED, S.RUNNING, S.PREEMPTING, S.PAUSED})
 
 
+class AttemptState(enum.StrEnum):
+    """One run of a job on its placement, under one fencing token."""
+
+    PENDING = "PENDING"  # admitted and sent to its hosts; no worker has claimed it yet
+    RUNNING = "RUNNING"  # claimed by a worker under the current token; holds a lease
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"  # the user's error, an OOM or the time limit: the job fails with it
+    CANCELLED = "CANCELLED"
+    PREEMPTED = "PREEMPTED"  # stopped by the scheduler after a checkpoint; the job is back in the queue
+    DRAINED = "DRAINED"  # stopped by its host's shutdown after a checkpoint; the job is back in the queue
+    LOST = "LOST"  # an infrastructure failure: the job restarts elsewhere (or fails past max_restarts)
+    FENCED = "FENCED"  # ended by its own worker after a newer attempt took the job
+    SUPERSEDED = "SUPERSEDED"  # ended by the reconciler: the job had moved on while it was pending or silent
+
+
+A = AttemptState
+
+ATTEMPT_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
+    A.PENDING: frozenset({A.RUNNING, A.CANCELLED, A.LOST, A.SUPERSEDED}),
+    A.RUNNING: frozenset({A.SUCCEEDED, A.FAILED, A.CANCELLED, A.PREEMPTED, A.DRAINED, A.LOST, A.FENCED, A.SUPERSEDED}),
+    **{ended: frozenset() for ended in (A.SUCCEEDED, A.FAILED, A.CANCELLED, A.PREEMPTED, A.DRAINED, A.LOST, A.FENCED,
+                                        A.SUPERSEDED)},
+}  # fmt: skip
+
+# An attempt that has not ended: its GPUs are taken, and a worker may still claim or report it.
+ATTEMPT_LIVE: frozenset[AttemptState] = frozenset(s for s, targets in ATTEMPT_TRANSITIONS.items() if targets)
+
+
+class HostState(enum.StrEnum):
+    UP = "UP"  # heartbeating; its GPUs are placed on
+    DOWN = "DOWN"  # its heartbeat went stale; nothing is placed on it
+    EXCLUDED = "EXCLUDED"  # heartbeating, but a GPU raised a hardware error: it sits out until excluded_until
+
+
+H = HostState
+
+HOST_TRANSITIONS: dict[HostState, frozenset[HostState]] = {
+    H.UP: frozenset({H.DOWN, H.EXCLUDED}),  # heartbeat stale; a GPU's Xid/ECC error
+    H.DOWN: frozenset({H.UP, H.EXCLUDED}),  # heartbeating again (still EXCLUDED while its exclusion lasts)
+    H.EXCLUDED: frozenset({H.UP, H.DOWN}),  # served its exclusion; heartbeat stale
+}
+
+
+class Reason(enum.StrEnum):
+    """Why a queued job waits: Slurm's ``squeue`` REASON, kiln's vocabulary. The policy writes the first eight on
+    every cycle; the last three say how the job came back to the queue until the policy writes its own."""
+
+    QUOTA = "Quota"  # the team's quota (and what the cohort may lend) is used up
+    BUDGET = "Budget"  # the team's GPU-hour budget for the period is spent
+    RESOURCES = "Resources"  # not enough free GPUs / slots of the kind it needs (or a restart backoff)
+    PRIORITY = "Priority"  # the capacity it could use is held for a higher-priority job
+    DEPENDENCY = "Dependency"  # a job it depends on has not succeeded yet
+    BANDWIDTH_QUOTA = "BandwidthQuota"  # GPUs are free but the host links cannot carry its bandwidth quota
+    MEMORY_FIT = "MemoryFit"  # its predicted memory exceeds its QoS memory cap or every eligible GPU
+    RESERVATION = "Reservation"  # capacity is being reserved for it (SLA, head of queue, or preemption)
+    BACKOFF = "Backoff"  # requeued after an infrastructure failure; waits out its restart backoff
+    PREEMPTED = "Preempted"  # requeued after a preemption, progress kept
+    DRAINED = "Drained"  # requeued after its host shut down, progress kept
+
+
 class IllegalTransition(ValueError):
-    def __init__(self, job_id: int, current: str, target: str):
-        super().__init__(f"job {job_id}: {current} -> {target} is not allowed")
+    def __init__(self, subject: str, current: str, target: str):
+        super().__init__(f"{subject}: {current} -> {target} is not allowed")
         self.current = current
         self.target = target
 
@@ -71,7 +134,10 @@ def transition(
     ``now`` is the caller's clock where it has one (the scheduler's cycle time), else the wall clock."""
     current = job.state
     if not can_transition(current, target):
-        raise IllegalTransition(job.id, current, target)
+        raise IllegalTransition(f"job {job.id}", current, target)
+    from core.db import utcnow  # here, not at the top: the pure policy reads the states without the ORM
+    from core.models import Event
+
     now = now or utcnow()
     job.state = target.value
     job.updated_at = now
@@ -97,6 +163,22 @@ def transition(
     return event
 
 
+def move_attempt(attempt: Attempt, target: AttemptState) -> None:
+    """Move ``attempt`` to ``target``; raises IllegalTransition (an ended attempt never changes again)."""
+    current = AttemptState(attempt.state)
+    if target not in ATTEMPT_TRANSITIONS[current]:
+        raise IllegalTransition(f"attempt {attempt.id}", current, target)
+    attempt.state = target.value
+
+
+def move_host(host: Host, target: HostState) -> None:
+    """Move ``host`` to ``target`` (staying where it is is no change); raises IllegalTransition."""
+    current = HostState(host.state)
+    if target is not current and target not in HOST_TRANSITIONS[current]:
+        raise IllegalTransition(f"host {host.name}", current, target)
+    host.state = target.value
+
+
 def record_event(
     session: Session,
     type_: str,
@@ -108,6 +190,9 @@ def record_event(
     actor_user_id: int | None = None,
 ) -> Event:
     """A timeline or audit event that is not a state change (checkpoint, compile fallback, token issued...)."""
+    from core.db import utcnow  # see transition
+    from core.models import Event
+
     event = Event(
         job_id=job.id if job is not None else None,
         team_id=job.team_id if job is not None else team_id,

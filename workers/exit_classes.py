@@ -1,32 +1,19 @@
 """Classify how an attempt ended, from the trainer's exit codes and what the supervisor itself did.
 
-The classes decide the job's next state (see ``workers.tasks``): only infrastructure failures are retried
-automatically; a user error or an OOM would fail again the same way. Who caused a crash is the trainer's to say
-(``trainer.user_error``): a mistake in the user's settings or recipe exits USER_ERROR with the user's own
-exception line, which becomes the job's reason; a crash it did not classify (a signal, an OOM kill, a host or
-link failure) is infrastructure.
+The classes decide the attempt's end and the job's next state (``core.lifecycle.EXIT_CLASS_ENDS``): only
+infrastructure failures are retried automatically; a user error or an OOM would fail again the same way. Who caused
+a crash is the trainer's to say (``trainer.user_error``): a mistake in the user's settings or recipe exits
+USER_ERROR with the user's own exception line, which becomes the job's reason; a crash it did not classify (a
+signal, an OOM kill, a host or link failure) is infrastructure.
 """
 
 from __future__ import annotations
 
-import enum
 import signal
 from dataclasses import dataclass
 
+from core.lifecycle import ExitClass
 from core.trainer_protocol import ExitCode
-
-
-class ExitClass(enum.StrEnum):
-    SUCCEEDED = "succeeded"
-    USER_ERROR = "user_error"
-    INFRASTRUCTURE = "infrastructure"  # crash, signal, lost node: retry elsewhere (restart_count += 1)
-    PREEMPTED = "preempted"  # asked by the scheduler: requeue with progress, no restart counted
-    CANCELLED = "cancelled"
-    OOM = "oom"
-    NCCL_ERROR = "nccl_error"  # retried like infrastructure: a link or a peer failed, not the job
-    TIMEOUT = "timeout"  # spec.time_limit_s
-    FENCED = "fenced"  # another attempt owns the job; this one may not change its state
-    DRAINED = "drained"  # the worker shut down gracefully: requeue with progress, no restart counted
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,11 @@ from sqlalchemy.orm import Session
 
 from core.db import session_scope, utcnow
 from core.gpu_types import canonical
+from core.lifecycle import requeue_after_failure
 from core.liveness import Pulse
 from core.models import GPU, Attempt, Host, Job
 from core.settings import get_settings
-from core.states import ACTIVE, record_event
-from scheduler.live.reconciler import requeue_after_failure
+from core.states import ACTIVE, AttemptState, HostState, move_host, record_event
 from workers import mps
 from workers.celery_app import host_queue
 from workers.inventory import Inventory
@@ -52,13 +52,14 @@ class HostAgent:
         gpus = self.inventory.discover()
         host = db.scalars(select(Host).where(Host.name == self.name).with_for_update()).first()
         if host is None:
-            host = Host(name=self.name, queue=host_queue(self.name), links={}, registered_at=now)
+            host = Host(name=self.name, queue=host_queue(self.name), links={}, registered_at=now,
+                        state=HostState.UP.value)  # fmt: skip
             db.add(host)
         host.queue = host_queue(self.name)
         host.address = self.address
         host.cpu_slots = 0 if gpus else self.cpu_slots
         if not (host.excluded_until and host.excluded_until > now):
-            host.state = "UP"
+            move_host(host, HostState.UP)
         host.last_heartbeat_at = now
         db.flush()
         existing = {g.uuid: g for g in host.gpus}
@@ -99,13 +100,14 @@ class HostAgent:
         its way out is not committed once this is: their fence is revoked (``requeue_after_failure``)."""
         now = utcnow()
         actions = []
-        for attempt in db.scalars(select(Attempt).where(Attempt.state == "RUNNING").order_by(Attempt.id)).all():
+        running = select(Attempt).where(Attempt.state == AttemptState.RUNNING).order_by(Attempt.id)
+        for attempt in db.scalars(running).all():
             mine = [n for n in attempt.placement or [] if n.get("host") == self.name and n.get("claimed_by")]
             if not mine or all(n.get("worker") == self.incarnation for n in mine):
                 continue
             job = db.get(Job, attempt.job_id, with_for_update=True, populate_existing=True)  # the job row first
             db.refresh(attempt, with_for_update=True)
-            if job is None or attempt.state != "RUNNING" or job.fencing_token != attempt.fencing_token:
+            if job is None or attempt.state != AttemptState.RUNNING or job.fencing_token != attempt.fencing_token:
                 continue
             if job.state not in ACTIVE:
                 continue
@@ -124,9 +126,10 @@ class HostAgent:
         now = utcnow()
         host.last_heartbeat_at = now
         self.watch_mps(db, host)
-        if host.state == "DOWN":
+        if host.state == HostState.DOWN:
             # An exclusion outlives a restart of the host: bad GPUs are still bad after a reboot.
-            host.state = "EXCLUDED" if host.excluded_until and host.excluded_until > now else "UP"
+            excluded = host.excluded_until is not None and host.excluded_until > now
+            move_host(host, HostState.EXCLUDED if excluded else HostState.UP)
             record_event(db, "HOST_UP", message=f"host {self.name} is heartbeating again", data={"host": self.name})
 
     def watch_mps(self, db: Session, host: Host) -> None:

@@ -25,10 +25,11 @@ from sqlalchemy.orm import Session
 
 from core.db import session_scope, utcnow
 from core.fence import Lease, job_checkpoint_dir, lease_clock, write_fence, write_lease
+from core.lifecycle import ExitClass, end_attempt, end_attempt_as
 from core.models import GPU, Attempt, Host, Job, QosClass, Usage
 from core.private import private_dir
 from core.settings import Settings, get_settings
-from core.states import ACTIVE, JobState, record_event, transition
+from core.states import ACTIVE, ATTEMPT_LIVE, AttemptState, JobState, move_attempt, record_event, transition
 from core.trainer_protocol import (
     ENV_ATTEMPT_ID,
     ENV_CHECKPOINT_DIR,
@@ -42,10 +43,9 @@ from core.trainer_protocol import (
     LEASE_FILE,
     RecordKind,
 )
-from scheduler.live.reconciler import end_attempt, requeue_after_failure
 from workers import isolation, mps
 from workers.celery_app import TASK_RUN_ATTEMPT, get_app
-from workers.exit_classes import ExitClass, Outcome, StopRequest, classify
+from workers.exit_classes import Outcome, StopRequest, classify
 from workers.supervisor import Rendezvous, TrainerProcess, launch_command
 from workers.telemetry_relay import RelayState, TelemetryTail, relay
 
@@ -126,7 +126,7 @@ def claim(
 
     if attempt.fencing_token != token or job.fencing_token != token:
         raise refuse(f"stale fencing token {token} (current {job.fencing_token})")
-    if attempt.state not in ("PENDING", "RUNNING"):
+    if attempt.state not in ATTEMPT_LIVE:
         raise refuse(f"attempt already ended ({attempt.state})")
     placement = [dict(n) for n in attempt.placement or []]
     if not 0 <= node_rank < len(placement):
@@ -140,15 +140,15 @@ def claim(
         raise refuse(f"job is {job.state}")
     if job.cancel_requested:
         transition(db, job, JobState.CANCELLED, message="cancelled before it started", data={"attempt": attempt.number})
-        end_attempt(db, attempt, state="CANCELLED", reason="cancelled before it started", now=now)
+        end_attempt(db, attempt, state=AttemptState.CANCELLED, reason="cancelled before it started", now=now)
         raise Refused("cancelled before it started")
 
     node["claimed_by"] = delivery
     node["claimed_at"] = now.isoformat()
     node["worker"] = WORKER_INCARNATION
     attempt.placement = placement  # a new list, so the JSON column is written
-    if attempt.state == "PENDING":
-        attempt.state = "RUNNING"
+    if attempt.state == AttemptState.PENDING:
+        move_attempt(attempt, AttemptState.RUNNING)
         attempt.started_at = now
     attempt.heartbeat_at = now
     attempt.lease_expires_at = now + timedelta(seconds=settings.lease_s)
@@ -349,7 +349,9 @@ class AttemptRunner:
             with session_scope() as db:
                 job = db.get(Job, self.claimed.job_id, with_for_update=True, populate_existing=True)
                 attempt = db.get(Attempt, self.attempt_id, populate_existing=True)
-                if job is None or attempt is None or job.fencing_token != self.token or attempt.state != "RUNNING":
+                if job is None or attempt is None or job.fencing_token != self.token:
+                    return Directive(fenced=True)
+                if attempt.state != AttemptState.RUNNING:
                     return Directive(fenced=True)
                 attempt.heartbeat_at = now
                 attempt.lease_expires_at = now + timedelta(seconds=self.settings.lease_s)
@@ -463,11 +465,11 @@ class AttemptRunner:
         assert job is not None and attempt is not None
         rank_codes = self.proc.rank_exit_codes()
         exit_code = rank_codes.get(0, launcher_code) if rank_codes else launcher_code
-        owner = job.fencing_token == self.token and attempt.state == "RUNNING"
+        owner = job.fencing_token == self.token and attempt.state == AttemptState.RUNNING
         if not owner:
             # Fenced: only our own attempt row, and only if nobody ended it already.
             if attempt.ended_at is None:
-                end_attempt(db, attempt, state="FENCED", reason=outcome.reason, now=now, exit_code=exit_code)
+                end_attempt(db, attempt, state=AttemptState.FENCED, reason=outcome.reason, now=now, exit_code=exit_code)
             return
         relay(db, job=job, attempt=attempt, records=self.buffer, state=self.relay_state)
         self.buffer = []
@@ -477,42 +479,14 @@ class AttemptRunner:
         cls = outcome.exit_class
         data = {"attempt": attempt.number, "host": self.host, "exit_code": exit_code, "last_step": job.last_step,
                 "exit_class": cls.value}  # fmt: skip
-        if cls is ExitClass.SUCCEEDED:
-            end_attempt(db, attempt, state="SUCCEEDED", reason=outcome.reason, now=now, exit_code=exit_code)
-            job.exit_reason = None
-            done = self.relay_state.done
-            if done is not None and done.get("steps") is not None:
-                # The trainer's final record is its last checkpoint's step and loss (also when it resumed from
-                # the final checkpoint and trained no step): the job's result is what its checkpoint holds.
-                job.last_step = int(done["steps"])
-                job.last_loss = done.get("final_loss")
-            data["last_step"] = job.last_step
-            transition(db, job, JobState.SUCCEEDED, message=f"finished at step {job.last_step}",
-                       data={**data, "final_loss": job.last_loss})  # fmt: skip
-        elif cls is ExitClass.CANCELLED:
-            end_attempt(db, attempt, state="CANCELLED", reason=outcome.reason, now=now, exit_code=exit_code)
-            job.exit_reason = "cancelled"
-            transition(db, job, JobState.CANCELLED, message=f"cancelled at step {job.last_step}", data=data)
-        elif cls in (ExitClass.PREEMPTED, ExitClass.DRAINED):
-            end_attempt(db, attempt, state=cls.value.upper(), reason=outcome.reason, now=now, exit_code=exit_code)
-            job.preempt_requested = False
-            job.pending_reason = "Preempted" if cls is ExitClass.PREEMPTED else "Drained"
-            job.pending_message = outcome.reason[:512]
-            # Progress is kept (last_step, checkpoints); a preemption is not a restart.
-            transition(db, job, JobState.QUEUED, message=f"{cls.value} at step {job.last_step}; back in the queue",
-                       data=data)  # fmt: skip
-        elif cls in (ExitClass.USER_ERROR, ExitClass.OOM, ExitClass.TIMEOUT):
-            end_attempt(db, attempt, state="FAILED", reason=outcome.reason, now=now, exit_code=exit_code)
-            job.exit_reason = outcome.reason[:512]
-            transition(db, job, JobState.FAILED, message=outcome.reason, data=data)
-        else:
-            # INFRASTRUCTURE, NCCL_ERROR, or FENCED by the fence file while the database still gives this attempt
-            # the job (a fence that lost its token some other way): either way the job must run again.
-            incident = cls.value if cls is not ExitClass.FENCED else ExitClass.INFRASTRUCTURE.value
-            requeue_after_failure(db, job=job, attempt=attempt, reason=outcome.reason, now=now,
-                                  storage_dir=self.settings.resolved_storage_dir,
-                                  data={**data, "incident": incident})  # fmt: skip
-            attempt.exit_code = exit_code
+        done = self.relay_state.done
+        if cls is ExitClass.SUCCEEDED and done is not None and done.get("steps") is not None:
+            # The trainer's final record is its last checkpoint's step and loss (also when it resumed from
+            # the final checkpoint and trained no step): the job's result is what its checkpoint holds.
+            job.last_step = int(done["steps"])
+            job.last_loss = done.get("final_loss")
+        end_attempt_as(db, job=job, attempt=attempt, exit_class=cls, reason=outcome.reason, now=now,
+                       exit_code=exit_code, data=data, storage_dir=self.settings.resolved_storage_dir)
 
 
 # ------------------------------------------------------------------------------------------------------- task

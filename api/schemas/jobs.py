@@ -12,13 +12,14 @@ from pydantic_core import to_json
 from api.schemas.common import OutModel
 from core.repositories.jobs import LIST_COLUMNS
 from core.services.jobs import JobView
+from core.states import JobState
 
 JOB_EXAMPLE: dict[str, Any] = {
     "id": 42,
     "name": "gpt-tiny",
     "team": "default",
     "user": "admin",
-    "state": "QUEUED",
+    "state": JobState.QUEUED.value,
     "qos": "silver",
     "priority": 500,
     "gpus": 0,

@@ -13,6 +13,7 @@ from cli import output as out
 from cli.app import OutputOpt, app, client, flatten, page_items
 from cli.errors import CliError, ExitCode
 from cli.output import OutputFormat, console, err_console
+from core.states import TERMINAL, JobState
 
 JobArg = Annotated[int, typer.Argument(help="The job id.", min=1, show_default=False)]
 
@@ -101,7 +102,7 @@ def list_jobs(
     """List jobs, newest first."""
     states = [s.strip().upper() for chunk in state or [] for s in chunk.split(",") if s.strip()]
     if active:
-        states += [s for s in ("QUEUED", "ADMITTED", "RUNNING", "PREEMPTING", "PAUSED", "LOST") if s not in states]
+        states += [s.value for s in JobState if s not in TERMINAL and s.value not in states]
     params: dict[str, Any] = {"state": states} if states else {}
     for key, value in (("team", team), ("qos", qos), ("name", name)):
         if value:

@@ -16,12 +16,13 @@ from sqlalchemy.orm import Session, aliased
 
 from core.db import UTCDateTime
 from core.models import GPU, Event, Host, Job, QosClass, SlaContract, Team
+from core.states import JobState
 
 # Event types counted by ``event_counts``.
-PREEMPTING = "PREEMPTING"
+PREEMPTING = JobState.PREEMPTING.value
 RECOVERED = "RECOVERED"
-QUEUED = "QUEUED"
-LOST = "LOST"
+QUEUED = JobState.QUEUED.value
+LOST = JobState.LOST.value
 
 
 def _seconds(db: Session, later: SQLColumnExpression[Any], earlier: SQLColumnExpression[Any]) -> ColumnElement[Any]:
@@ -60,7 +61,7 @@ def attainment(db: Session, *, since: datetime, now: datetime) -> Sequence[tuple
         QosClass.default_max_queue_wait_s,
     )
     waited = _seconds(db, func.coalesce(Job.admitted_at, literal(now, UTCDateTime())), Job.submitted_at)
-    queue_violation = and_(limit.is_not(None), waited > limit, or_(Job.admitted_at.is_not(None), Job.state == "QUEUED"))
+    queue_violation = and_(limit.is_not(None), waited > limit, or_(Job.admitted_at.is_not(None), Job.state == QUEUED))
     event_violation = exists().where(Event.job_id == Job.id, Event.created_at >= since, is_violation_type(Event.type))
     met = case((or_(queue_violation, event_violation), 0), else_=1)
     stmt = (
@@ -100,7 +101,7 @@ def pending_by_reason(db: Session) -> Sequence[tuple[Any, ...]]:
         select(Job.pending_reason, QosClass.name, func.count())
         .select_from(Job)
         .join(QosClass, QosClass.id == Job.qos_class_id)
-        .where(Job.state == "QUEUED")
+        .where(Job.state == QUEUED)
         .group_by(Job.pending_reason, QosClass.name)
     )
     return db.execute(stmt).tuples().all()

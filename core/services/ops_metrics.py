@@ -51,12 +51,13 @@ from sqlalchemy.orm import Session
 
 from core.db import utcnow
 from core.repositories import ops_metrics as repo
+from core.states import HostState
 
 WINDOW = timedelta(hours=24)
 QUEUE_WAIT_BUCKETS: tuple[float, ...] = (10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 43200, 86400)
 RECOVERY_BUCKETS: tuple[float, ...] = (5, 10, 30, 60, 120, 180, 300, 600, 900, 1800, 3600)
 GPU_SAMPLE_MAX_AGE_S = 300.0  # an older sample (a silent host agent) is not exported as the current value
-HOST_STATES = ("UP", "DOWN", "EXCLUDED")
+HOST_STATES = tuple(s.value for s in HostState)
 NO_REASON = "None"  # Slurm's word for a pending job without a reason
 LINKS = (("pcie", "tx"), ("pcie", "rx"), ("nvlink", "tx"), ("nvlink", "rx"))
 _VIOLATION_SUFFIXES = ("_VIOLATIONS", "_VIOLATION", "_VIOLATED", "_BREACHED", "_BREACH", "_MISSED", "_MISS",
@@ -166,7 +167,7 @@ def snapshot(db: Session, *, now: datetime | None = None, window: timedelta = WI
         if host not in seen_hosts:
             seen_hosts.add(host)
             snap.hosts[state] = snap.hosts.get(state, 0) + 1
-        if gpu is None or not sample or state == "DOWN":
+        if gpu is None or not sample or state == HostState.DOWN:
             continue
         ts = _number(sample.get("ts"))
         if ts is None or now_epoch - ts > GPU_SAMPLE_MAX_AGE_S:

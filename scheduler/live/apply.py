@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.models import Attempt, Job
-from core.states import JobState, record_event, transition
+from core.states import AttemptState, JobState, record_event, transition
 from scheduler.policy.decisions import Admission, Decisions
 from scheduler.policy.sharing import describe
 
@@ -60,7 +60,7 @@ def apply_all(*, db: Session, decisions: Decisions, now: datetime) -> Applied:
             number=numbers.get(job.id, 1),
             fencing_token=job.fencing_token,
             placement=placement,
-            state="PENDING",
+            state=AttemptState.PENDING.value,
             created_at=now,
         )
         db.add(attempt)

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from core.models import Attempt, Job, QosClass, SlaContract, Team, Usage
 from core.services.fit import share_of
+from core.states import HostState
 from scheduler.live import repository as repo
 from scheduler.policy.snapshot import (
     CPU,
@@ -73,7 +74,7 @@ def period_start(team: Team, now: float) -> float:
 def _hosts(db: Session, now: datetime) -> tuple[HostInfo, ...]:
     out = []
     for h in repo.hosts(db):
-        excluded = h.state != "UP" or (h.excluded_until is not None and h.excluded_until > now)
+        excluded = h.state != HostState.UP or (h.excluded_until is not None and h.excluded_until > now)
         links = tuple(
             sorted((str(k), float(v)) for k, v in (h.links or {}).items() if isinstance(v, (int, float)))
         )
@@ -265,7 +266,7 @@ def _placed_share(node: dict[str, Any]) -> GpuShare:
     return GpuShare(int(share["memory_bytes"]), int(share["sm_percent"]), bool(share["guaranteed"]))
 
 
-def load(*, db: Session, now: datetime, half_life_s: float = FAIRSHARE_HALF_LIFE_S) -> Snapshot:
+def load_snapshot(*, db: Session, now: datetime, half_life_s: float = FAIRSHARE_HALF_LIFE_S) -> Snapshot:
     t = now.timestamp()
     hosts = _hosts(db, now)
     team_infos = _teams(db, t, half_life_s)

@@ -18,10 +18,10 @@ from core.settings import Settings, get_settings
 from scheduler.live import sla
 from scheduler.live.apply import Dispatch, apply_all
 from scheduler.live.leader import LOCK_KEY, leadership_for
-from scheduler.live.reconciler import reconcile
+from scheduler.live.loader import load_snapshot
+from scheduler.live.reconciler import DispatchAttempt, reconcile
 from scheduler.policy.config import PolicyConfig
 from scheduler.policy.plan import plan
-from scheduler.policy.snapshot import load_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +45,11 @@ class CycleResult:
     total_s: float = 0.0
 
 
-def _dispatch(dispatches: list[Dispatch]) -> tuple[int, int]:
-    if not dispatches:
-        return 0, 0
-    from workers.dispatch import dispatch_attempt  # lazily: the broker client only where it is used
-
+def _dispatch(dispatches: list[Dispatch], dispatch: DispatchAttempt) -> tuple[int, int]:
     ok = errors = 0
     for attempt_id, token, placement in dispatches:
         try:
-            dispatch_attempt(attempt_id, token, placement)
+            dispatch(attempt_id, token, placement)
             ok += 1
         except Exception:  # the broker is away: the reconciler re-dispatches attempts nobody picked up
             log.exception("dispatch of attempt %s failed", attempt_id)
@@ -64,11 +60,13 @@ def _dispatch(dispatches: list[Dispatch]) -> tuple[int, int]:
 def run_cycle(
     *,
     session_factory: Callable[[], Session],
+    dispatch: DispatchAttempt,
     now: datetime | None = None,
     config: PolicyConfig | None = None,
     settings: Settings | None = None,
 ) -> CycleResult:
-    """One scheduling cycle in one transaction; dispatches after the commit."""
+    """One scheduling cycle in one transaction; ``dispatch`` sends each new attempt to its hosts after the commit
+    (the process entry point passes the broker's: ``workers.dispatch.dispatch_attempt``)."""
     started = time.perf_counter()
     now = now or utcnow()
     result = CycleResult()
@@ -76,30 +74,38 @@ def run_cycle(
     try:
         if db.get_bind().dialect.name == "postgresql":
             db.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CYCLE_LOCK_KEY})
-        result.reconciled = reconcile(db=db, now=now, settings=settings or get_settings())
+        result.reconciled = reconcile(db=db, now=now, settings=settings or get_settings(), dispatch=dispatch)
         db.flush()
         snapshot = load_snapshot(db=db, now=now)
         t0 = time.perf_counter()
         decisions = plan(snapshot, config)
         result.plan_s = time.perf_counter() - t0
         applied = apply_all(db=db, decisions=decisions, now=now)
-        result.violations = [f"{v.type} job {v.job_id}" for v in sla.evaluate(db=db, now=now)]
+        violations = sla.evaluate(db=db, now=now)
+        enforced = apply_all(db=db, decisions=sla.enforcement(violations), now=now)
+        result.violations = [f"{v.type} job {v.job_id}" for v in violations]
         db.commit()
     except BaseException:
         db.rollback()
         raise
     finally:
         db.close()
-    result.admitted, result.preempted = applied.admitted, applied.preempted
+    result.admitted, result.preempted = applied.admitted, applied.preempted + enforced.preempted
     result.failed, result.killed = applied.failed, applied.killed
     result.pending = len(decisions.pending)
     result.reasons_written = applied.reasons_written
-    result.dispatched, result.dispatch_errors = _dispatch(applied.dispatches)
+    result.dispatched, result.dispatch_errors = _dispatch(applied.dispatches, dispatch)
     result.total_s = time.perf_counter() - started
     return result
 
 
-def run_forever(settings: Settings, *, stop: threading.Event | None = None, config: PolicyConfig | None = None) -> None:
+def run_forever(
+    settings: Settings,
+    *,
+    dispatch: DispatchAttempt,
+    stop: threading.Event | None = None,
+    config: PolicyConfig | None = None,
+) -> None:
     """Campaign for leadership; while leading, run a cycle on every NOTIFY and at least every interval."""
     stop = stop or threading.Event()
     url = settings.resolved_database_url
@@ -118,7 +124,7 @@ def run_forever(settings: Settings, *, stop: threading.Event | None = None, conf
             try:
                 while not stop.is_set():
                     try:
-                        result = run_cycle(session_factory=factory, settings=settings, config=config)
+                        result = run_cycle(session_factory=factory, dispatch=dispatch, settings=settings, config=config)
                         pulse.beat("leading")  # only a committed cycle: a leader failing every cycle goes stale
                         if result.admitted or result.preempted or result.failed or result.reconciled:
                             log.info(

@@ -29,31 +29,29 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, event, select, text
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.orm import Session
 
-from core.fence import job_checkpoint_dir, revoke_fence
-from core.models import Attempt, Event, Host, Job, Usage
-from core.repositories import jobs as jobs_repo
+from core.lifecycle import (
+    after_commit,
+    end_attempt,
+    recovery_objective_for,
+    requeue_after_failure,
+    revoke_fence_after_commit,
+)
+from core.models import Attempt, Event, Host, Job
 from core.settings import Settings
-from core.states import ACTIVE, JobState, record_event, transition
+from core.states import ACTIVE, AttemptState, HostState, JobState, move_host, record_event
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_RESTARTS = 3
-DEFAULT_RECOVERY_OBJECTIVE_S = 300.0
-BACKOFF_BASE_S = 1.0  # first restart waits 1 s: a lost host is usually a lost host, not a flapping job
-BACKOFF_CAP_S = 300.0
 EXCLUSION_S = 1800.0  # a GPU that raised an Xid/ECC error sits out half an hour before it is trusted again
 MAX_REDISPATCHES = 3
 
-# Attempt states (the job's own state machine lives in core.states).
-PENDING, RUNNING = "PENDING", "RUNNING"
-ATTEMPT_LIVE = frozenset({PENDING, RUNNING})
+DispatchAttempt = Callable[[int, int, list[dict[str, Any]]], None]  # (attempt id, fencing token, placement)
 
 
 def pickup_timeout_s(settings: Settings) -> float:
@@ -67,137 +65,20 @@ def host_stale_s(settings: Settings) -> float:
     return max(3 * settings.heartbeat_interval_s, settings.lease_s / 2)
 
 
-def restart_backoff_s(restart_count: int) -> float:
-    return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** max(0, restart_count - 1))
-
-
-def _spec_sla(job: Job, key: str) -> Any:
-    sla = (job.spec or {}).get("sla") or {}
-    return sla.get(key) if isinstance(sla, dict) else None
-
-
-def max_restarts_for(db: Session, job: Job) -> int:
-    contract = jobs_repo.effective_sla(db, job.id)
-    if contract is not None:
-        return contract.max_restarts
-    from_spec = _spec_sla(job, "max_restarts")
-    return int(from_spec) if from_spec is not None else DEFAULT_MAX_RESTARTS
-
-
-def recovery_objective_for(db: Session, job: Job) -> float:
-    contract = jobs_repo.effective_sla(db, job.id)
-    if contract is not None:
-        return contract.recovery_time_objective_s
-    from_spec = _spec_sla(job, "recovery_time_objective_s")
-    return float(from_spec) if from_spec is not None else DEFAULT_RECOVERY_OBJECTIVE_S
-
-
-def end_attempt(
-    db: Session, attempt: Attempt, *, state: str, reason: str, now: datetime, exit_code: int | None = None
-) -> None:
-    """End an attempt (its GPUs are free from now on) and close its usage record."""
-    if attempt.ended_at is None:
-        attempt.ended_at = now
-    attempt.state = state
-    attempt.exit_reason = reason[:512]
-    if exit_code is not None:
-        attempt.exit_code = exit_code
-    usage = db.scalars(select(Usage).where(Usage.attempt_id == attempt.id)).first()
-    if usage is not None and usage.ended_at is None:
-        # A dead worker's last heartbeat is the last moment the GPUs were known to be in use.
-        end = attempt.heartbeat_at if state == "LOST" and attempt.heartbeat_at else now
-        end = max(end, usage.started_at)
-        usage.ended_at = end
-        usage.gpu_seconds = usage.gpus * (end - usage.started_at).total_seconds()
-
-
-def requeue_after_failure(
-    db: Session, *, job: Job, attempt: Attempt, reason: str, now: datetime, storage_dir: Path,
-    data: dict[str, Any] | None = None,
-) -> str:
-    """An infrastructure failure: LOST (an incident), then QUEUED with backoff or FAILED past max_restarts.
-
-    The lost attempt's trainer may still be alive (a frozen worker, a worker that died while its trainer saved a
-    last checkpoint): once this is committed, its fence under ``storage_dir`` is revoked."""
-    host_names = [n.get("host") for n in attempt.placement or []]
-    revoke_fence_after_commit(db, attempt, storage_dir)
-    transition(
-        db, job, JobState.LOST, message=reason,
-        data={"attempt": attempt.number, "attempt_id": attempt.id, "hosts": host_names, "reason": reason,
-              "last_step": job.last_step, **(data or {})},
-    )  # fmt: skip
-    end_attempt(db, attempt, state="LOST", reason=reason, now=now)
-    limit = max_restarts_for(db, job)
-    if job.restart_count >= limit:
-        job.exit_reason = f"{reason}; gave up after {job.restart_count} restarts (max_restarts={limit})"[:512]
-        transition(db, job, JobState.FAILED, message=job.exit_reason, data={"restart_count": job.restart_count})
-        return f"job {job.id}: FAILED ({job.exit_reason})"
-    job.restart_count += 1
-    # The backoff escalates only while attempts die without training (a crash loop, a poisoned host);
-    # a job that trained and then lost its host starts again at the first level: it did nothing wrong.
-    progressed = attempt.first_step_at is not None and job.last_step > (attempt.resumed_from_step or 0)
-    previous = db.scalars(
-        select(Event).where(Event.job_id == job.id, Event.type == JobState.QUEUED.value).order_by(Event.id.desc())
-    ).first()
-    prev_level = int((previous.data or {}).get("backoff_level") or 0) if previous is not None else 0
-    level = 1 if progressed else prev_level + 1
-    backoff = restart_backoff_s(level)
-    job.not_before = now + timedelta(seconds=backoff)
-    job.pending_reason = "Backoff"
-    job.pending_message = f"restart {job.restart_count}/{limit} after: {reason}"[:512]
-    transition(
-        db, job, JobState.QUEUED,
-        message=f"requeued (restart {job.restart_count}/{limit}, backoff {backoff:.0f} s) from step {job.last_step}",
-        data={"restart_count": job.restart_count, "max_restarts": limit, "backoff_s": backoff, "backoff_level": level,
-              "not_before": job.not_before.isoformat(), "avoid_hosts": host_names},
-    )  # fmt: skip
-    return f"job {job.id}: LOST -> QUEUED (restart {job.restart_count}/{limit}): {reason}"
-
-
-# ------------------------------------------------------------------------------------------ after-commit hooks
+# --------------------------------------------------------------------------------------------- re-dispatch
 
 _DISPATCH_KEY = "kiln.redispatch"
-_REVOKE_KEY = "kiln.revoke_fence"
 
 
-def _after_commit(db: Session, key: str, item: Any, flush: Callable[[list[Any]], None]) -> None:
-    """Queue ``item`` for ``flush`` once the session's transaction commits; a rollback forgets it."""
-    pending = db.info.setdefault(key, [])
-    if not pending:
-        event.listen(db, "after_commit", lambda s: flush(s.info.pop(key, [])), once=True)
-        event.listen(db, "after_soft_rollback", lambda s, _t: s.info.pop(key, None), once=True)
-    pending.append(item)
+def dispatch_after_commit(db: Session, attempt: Attempt, dispatch: DispatchAttempt) -> None:
+    def flush(items: list[Any]) -> None:
+        for attempt_id, token, placement in items:
+            try:
+                dispatch(attempt_id, token, placement)
+            except Exception:  # the broker is away: the next pickup timeout tries again
+                log.exception("re-dispatch of attempt %s failed", attempt_id)
 
-
-def _flush_dispatches(items: list[Any]) -> None:
-    from workers.dispatch import dispatch_attempt  # the broker client only where it is used
-
-    for attempt_id, token, placement in items:
-        try:
-            dispatch_attempt(attempt_id, token, placement)
-        except Exception:  # the broker is away: the next pickup timeout tries again
-            log.exception("re-dispatch of attempt %s failed", attempt_id)
-
-
-def dispatch_after_commit(db: Session, attempt: Attempt) -> None:
-    _after_commit(db, _DISPATCH_KEY, (attempt.id, attempt.fencing_token, list(attempt.placement or [])),
-                  _flush_dispatches)
-
-
-def _flush_revocations(items: list[Any]) -> None:
-    for checkpoint_dir, token in items:
-        try:
-            if revoke_fence(checkpoint_dir, token):
-                log.info("fence of %s revoked for lost token %s", checkpoint_dir, token)
-        except OSError:  # storage unreachable from here: the lease file still stops the lost attempt
-            log.exception("could not revoke the fence of %s for token %s", checkpoint_dir, token)
-
-
-def revoke_fence_after_commit(db: Session, attempt: Attempt, storage_dir: Path) -> None:
-    """Once the attempt is recorded as ended, take its right to commit away on the shared storage too: a trainer
-    nobody supervises (its worker frozen, cut off or dead) stops at its next commit, wherever it runs."""
-    item = (job_checkpoint_dir(storage_dir, attempt.job_id), attempt.fencing_token)
-    _after_commit(db, _REVOKE_KEY, item, _flush_revocations)
+    after_commit(db, _DISPATCH_KEY, (attempt.id, attempt.fencing_token, list(attempt.placement or [])), flush)
 
 
 # ------------------------------------------------------------------------------------- database outage grace
@@ -320,12 +201,13 @@ def reset_outage_tracking() -> None:
 # ------------------------------------------------------------------------------------------------- reconcile
 
 
-def reconcile(*, db: Session, now: datetime, settings: Settings) -> list[str]:
-    """One pass; returns what it did, one line per action. Does not commit."""
+def reconcile(*, db: Session, now: datetime, settings: Settings, dispatch: DispatchAttempt) -> list[str]:
+    """One pass; returns what it did, one line per action. Does not commit; ``dispatch`` sends an attempt that
+    no worker picked up once more, after the caller's commit."""
     grace_until, actions = _grace(db, now, settings)
     actions += _hosts(db, now, settings, grace_until)
     actions += _expired_leases(db, now, settings, grace_until)
-    actions += _unclaimed_attempts(db, now, settings, grace_until)
+    actions += _unclaimed_attempts(db, now, settings, dispatch, grace_until)
     actions += _recoveries(db)
     return actions
 
@@ -338,29 +220,29 @@ def _hosts(db: Session, now: datetime, settings: Settings, grace_until: datetime
     for host in db.scalars(select(Host).order_by(Host.id).with_for_update()).all():
         bad = [g for g in host.gpus if not g.healthy]
         stale = host.last_heartbeat_at is None or host.last_heartbeat_at < stale_before
-        if host.state != "DOWN" and stale and not in_grace:
+        if host.state != HostState.DOWN and stale and not in_grace:
             silent = (now - host.last_heartbeat_at).total_seconds() if host.last_heartbeat_at else None
-            host.state = "DOWN"
+            move_host(host, HostState.DOWN)
             record_event(db, "HOST_DOWN", message=f"host {host.name}: no heartbeat for {silent or 0:.1f} s",
                          data={"host": host.name, "silent_s": silent})  # fmt: skip
             actions.append(f"host {host.name}: DOWN")
-        elif bad and host.state == "UP":
+        elif bad and host.state == HostState.UP:
             reasons = []
             for g in bad:
                 errors = (g.last_sample or {}).get("errors") or ["unhealthy"]
                 reasons.append(f"GPU {g.index} ({g.uuid}): {', '.join(str(e) for e in errors)}")
-            host.state = "EXCLUDED"
+            move_host(host, HostState.EXCLUDED)
             host.excluded_until = now + timedelta(seconds=EXCLUSION_S)
             host.exclusion_reason = "; ".join(reasons)[:256]
             record_event(db, "HOST_EXCLUDED", message=f"host {host.name} excluded: {host.exclusion_reason}",
                          data={"host": host.name, "until": host.excluded_until.isoformat(),
                                "gpus": [g.uuid for g in bad]})  # fmt: skip
             actions.append(f"host {host.name}: EXCLUDED ({host.exclusion_reason})")
-        elif host.state == "EXCLUDED" and host.excluded_until is not None and host.excluded_until <= now:
+        elif host.state == HostState.EXCLUDED and host.excluded_until is not None and host.excluded_until <= now:
             # Served its time: trusted again; a GPU that errs again is excluded again by the agent's report.
             for g in host.gpus:
                 g.healthy = True
-            host.state = "UP"
+            move_host(host, HostState.UP)
             host.excluded_until = None
             host.exclusion_reason = None
             record_event(db, "HOST_READMITTED", message=f"host {host.name} readmitted", data={"host": host.name})
@@ -377,20 +259,23 @@ def _expired_leases(db: Session, now: datetime, settings: Settings, grace_until:
     if grace_until is not None and now < grace_until:
         return actions  # the database was away: the workers get one lease to renew before anything is LOST
     expired = db.scalars(
-        select(Attempt.id).where(Attempt.state == RUNNING, Attempt.lease_expires_at < now).order_by(Attempt.id)
+        select(Attempt.id)
+        .where(Attempt.state == AttemptState.RUNNING, Attempt.lease_expires_at < now)
+        .order_by(Attempt.id)
     ).all()
     for attempt_id in expired:
         attempt = db.get(Attempt, attempt_id)
         assert attempt is not None
         job = _locked_job(db, attempt.job_id)
         db.refresh(attempt, with_for_update=True)
-        if job is None or attempt.state != RUNNING or attempt.lease_expires_at is None:
+        if job is None or attempt.state != AttemptState.RUNNING or attempt.lease_expires_at is None:
             continue
         if attempt.lease_expires_at >= now:  # renewed while we waited for the lock
             continue
         if job.fencing_token != attempt.fencing_token or job.state not in ACTIVE:
             revoke_fence_after_commit(db, attempt, settings.resolved_storage_dir)  # it may still be alive
-            end_attempt(db, attempt, state="SUPERSEDED", reason="lease expired after the job moved on", now=now)
+            why = "lease expired after the job moved on"
+            end_attempt(db, attempt, state=AttemptState.SUPERSEDED, reason=why, now=now)
             actions.append(f"attempt {attempt.id}: superseded")
             continue
         silent = (now - attempt.heartbeat_at).total_seconds() if attempt.heartbeat_at else None
@@ -407,11 +292,11 @@ def _expired_leases(db: Session, now: datetime, settings: Settings, grace_until:
 
 
 def _unclaimed_attempts(
-    db: Session, now: datetime, settings: Settings, grace_until: datetime | None = None
+    db: Session, now: datetime, settings: Settings, dispatch: DispatchAttempt, grace_until: datetime | None = None
 ) -> list[str]:
     actions: list[str] = []
     timeout = timedelta(seconds=pickup_timeout_s(settings))
-    pending = db.scalars(select(Attempt).where(Attempt.state == PENDING).order_by(Attempt.id)).all()
+    pending = db.scalars(select(Attempt).where(Attempt.state == AttemptState.PENDING).order_by(Attempt.id)).all()
     for attempt in pending:
         deadline = attempt.lease_expires_at or (attempt.created_at + timeout)
         if grace_until is not None:  # a worker may have claimed it and failed to write so while the DB was away
@@ -420,15 +305,15 @@ def _unclaimed_attempts(
             continue
         job = _locked_job(db, attempt.job_id)
         db.refresh(attempt, with_for_update=True)
-        if job is None or attempt.state != PENDING:
+        if job is None or attempt.state != AttemptState.PENDING:
             continue
         if job.fencing_token != attempt.fencing_token or job.state not in ACTIVE:
-            end_attempt(db, attempt, state="SUPERSEDED", reason="never started; the job moved on", now=now)
+            end_attempt(db, attempt, state=AttemptState.SUPERSEDED, reason="never started; the job moved on", now=now)
             actions.append(f"attempt {attempt.id}: superseded before it started")
             continue
         names = [str(n.get("host")) for n in attempt.placement or []]
         hosts = db.scalars(select(Host).where(Host.name.in_(names))).all()
-        gone = sorted(set(names) - {h.name for h in hosts if h.state == "UP"})
+        gone = sorted(set(names) - {h.name for h in hosts if h.state == HostState.UP})
         sent = [
             e for e in db.scalars(select(Event).where(Event.job_id == job.id, Event.type == "REDISPATCHED")).all()
             if (e.data or {}).get("attempt_id") == attempt.id
@@ -446,7 +331,7 @@ def _unclaimed_attempts(
         record_event(db, "REDISPATCHED", job=job,
                      message=f"attempt {attempt.number} not picked up in {timeout.total_seconds():.0f} s; sent again",
                      data={"attempt_id": attempt.id, "attempt": attempt.number, "hosts": names})  # fmt: skip
-        dispatch_after_commit(db, attempt)
+        dispatch_after_commit(db, attempt, dispatch)
         actions.append(f"attempt {attempt.id}: re-dispatched")
     return actions
 
@@ -466,7 +351,7 @@ def _recoveries(db: Session) -> list[str]:
         select(Event.job_id, Event)
         .where(
             Event.job_id.in_(select(Job.id).join(Attempt, current).where(*trained_again)),
-            Event.type.in_(("LOST", "RECOVERED")),
+            Event.type.in_((JobState.LOST.value, "RECOVERED")),
         )
         .order_by(Event.id)
     ).tuples():
@@ -475,7 +360,7 @@ def _recoveries(db: Session) -> list[str]:
         events = events_of.get(job.id, [])
         recovered_ids = {(e.data or {}).get("lost_event_id") for e in events if e.type == "RECOVERED"}
         assert attempt.first_step_at is not None
-        lost = [e for e in events if e.type == "LOST" and e.created_at <= attempt.first_step_at]
+        lost = [e for e in events if e.type == JobState.LOST and e.created_at <= attempt.first_step_at]
         if not lost or lost[-1].id in recovered_ids:
             continue
         incident = lost[-1]

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from core.models import Attempt, Checkpoint, Event, Job, JobDependency, QosClass, SlaContract, Team, Usage
 from core.repositories.cluster import list_hosts
-from core.states import ACTIVE, JobState
+from core.states import ACTIVE, AttemptState, JobState
 
 hosts = list_hosts  # every host by name, its GPUs loaded with it: the query the API lists hosts with
 
@@ -66,7 +66,7 @@ def preemption_counts(db: Session, job_ids: Sequence[int]) -> dict[int, int]:
         return {}
     stmt = (
         select(Event.job_id, func.count())
-        .where(Event.job_id.in_(job_ids), Event.type == "PREEMPTING")
+        .where(Event.job_id.in_(job_ids), Event.type == JobState.PREEMPTING.value)
         .group_by(Event.job_id)
     )
     return {int(job_id): int(n) for job_id, n in db.execute(stmt).tuples() if job_id is not None}
@@ -85,7 +85,7 @@ def lost_on_hosts(db: Session, job_ids: Sequence[int]) -> dict[int, frozenset[st
     rows = db.execute(
         select(Attempt.job_id, Attempt.placement)
         .join(latest, (Attempt.job_id == latest.c.job_id) & (Attempt.number == latest.c.number))
-        .where(Attempt.state == "LOST")
+        .where(Attempt.state == AttemptState.LOST)
     ).all()
     return {
         job_id: frozenset(str(p["host"]) for p in placement or [] if isinstance(p, dict) and p.get("host"))

@@ -12,7 +12,8 @@ written once per job (per attempt for step time), so the timeline and the counte
 | ``SLA_CHECKPOINT_RATE_VIOLATION`` | verified-checkpoint success rate < ``min_checkpoint_success_rate`` |
 | ``SLA_BANDWIDTH_VIOLATION`` | NVML's PCIe/NVLink throughput of a running attempt's GPUs above its QoS quota |
 
-A bandwidth violator whose class is preemptible is also preempted (checkpoint first, then back to the queue);
+A bandwidth violator whose class is preemptible is also preempted (checkpoint first, then back to the queue),
+through ``Decisions`` like every preemption (``enforcement``, applied by the loop);
 at launch the worker caps every job's NCCL channels in proportion to its quota, which is the throttle.
 
 Recovery time against the objective is measured by the reconciler (``RECOVERED`` with ``met``); restarts past
@@ -31,7 +32,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
 from core.models import Attempt, Event, Job, JobMetric, QosClass, SlaContract
-from core.states import ACTIVE, JobState, record_event, transition
+from core.states import ACTIVE, JobState, record_event
+from scheduler.policy.decisions import Decisions, Preemption
 
 QUEUE_WAIT = "SLA_QUEUE_WAIT_VIOLATION"
 DEADLINE_AT_RISK = "SLA_DEADLINE_AT_RISK"
@@ -90,11 +92,19 @@ def evaluate(*, db: Session, now: datetime) -> list[Violation]:
     for v in found:
         event = record_event(db, v.type, job=jobs[v.job_id], message=v.message, data=v.data)
         event.created_at = now
-        if v.type == BANDWIDTH and v.data.get("action") == "preempt":
-            job = jobs[v.job_id]
-            job.preempt_requested = True
-            transition(db, job, JobState.PREEMPTING, message=f"bandwidth quota: {v.message}", now=now)
     return found
+
+
+def enforcement(violations: Iterable[Violation]) -> Decisions:
+    """What the violations make the scheduler do, applied like the policy's own decisions: a preemptible bandwidth
+    violator is preempted (checkpoint first, then back to the queue)."""
+    return Decisions(
+        preemptions=tuple(
+            Preemption(v.job_id, reason=f"bandwidth quota: {v.message}")
+            for v in violations
+            if v.type == BANDWIDTH and v.data.get("action") == "preempt"
+        )
+    )
 
 
 LIVE = frozenset(s.value for s in (JobState.QUEUED, JobState.LOST, *ACTIVE))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler.policy.reasons import Reason
+from core.states import Reason
 from scheduler.policy.snapshot import GpuShare
 
 

@@ -18,6 +18,7 @@ import heapq
 import math
 from collections.abc import Iterator, Sequence
 
+from core.states import Reason
 from scheduler.policy.config import PolicyConfig
 from scheduler.policy.snapshot import PendingJob, TeamInfo
 
@@ -74,7 +75,7 @@ class JobOrder:
         per_team: dict[int, list[PendingJob]] = {}
         for j in jobs:
             u = urgency(j, self.now, self.config)
-            if self.config.keep_reservations and j.pending_reason == "Reservation":
+            if self.config.keep_reservations and j.pending_reason == Reason.RESERVATION:
                 u = -math.inf  # held capacity last cycle (or preempted for it): first, so the capacity is not lost
             if u is not None:
                 urgent.append((u, j.submitted_at, j.id, j))

@@ -13,6 +13,7 @@ import bisect
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from core.states import JobState, Reason
 from scheduler.policy import sharing
 from scheduler.policy.config import PolicyConfig
 from scheduler.policy.decisions import Admission, Decisions, Failure, Pending, PlacementEntry, Preemption, Reservation
@@ -20,10 +21,9 @@ from scheduler.policy.fairshare import JobOrder
 from scheduler.policy.placement import INF, Chosen, ClusterState, Request
 from scheduler.policy.preemption import choose, eligible
 from scheduler.policy.quota import Key, QuotaLedger
-from scheduler.policy.reasons import Reason
 from scheduler.policy.snapshot import CPU, GpuShare, PendingJob, RunningJob, Snapshot
 
-DEP_FAILED = frozenset({"FAILED", "CANCELLED"})
+DEP_FAILED = frozenset({JobState.FAILED, JobState.CANCELLED})
 
 
 def _at(ts: float) -> str:
@@ -102,7 +102,7 @@ class _Planner:
             for r in self.s.running
             if r.time_limit_s is not None
             and not r.preempt_requested
-            and r.state == "RUNNING"
+            and r.state == JobState.RUNNING
             and self.now - r.started_at > r.time_limit_s
         )
         order = JobOrder(self.s.pending, self.s.teams, self.now, self.c)
@@ -139,7 +139,7 @@ class _Planner:
         if failed:
             self.failures.append(Failure(job.id, f"dependency {failed[0]} did not succeed"))
             return False
-        waiting = [d for d, st in job.depends_on if st != "SUCCEEDED"]
+        waiting = [d for d, st in job.depends_on if st != JobState.SUCCEEDED]
         if waiting:
             self.wait(job, Reason.DEPENDENCY, "waiting for job(s) " + ", ".join(str(d) for d in waiting))
             return False

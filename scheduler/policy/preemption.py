@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from core.states import JobState
 from scheduler.policy.snapshot import RunningJob
 
 
@@ -43,7 +44,7 @@ def eligible(
     min_run_time_s: float,
     own_lower_classes: bool,
 ) -> bool:
-    if victim.preempt_requested or victim.state != "RUNNING":
+    if victim.preempt_requested or victim.state != JobState.RUNNING:
         return False
     if now - victim.started_at < min_run_time_s:
         return False

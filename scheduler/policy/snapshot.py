@@ -8,8 +8,8 @@ inner loops, and the loader converts the database's timezone-aware datetimes at 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+
+from core.states import JobState
 
 CPU = "cpu"  # the quota key and "GPU type" of CPU-slot jobs
 ANY = "*"  # the quota key that covers every GPU type
@@ -71,7 +71,7 @@ class RunningJob:
     expected_end: float | None = None  # started_at + time limit (or the simulator's knowledge)
     time_limit_s: float | None = None
     preempt_requested: bool = False
-    state: str = "RUNNING"
+    state: str = JobState.RUNNING.value
     preemptions: int = 0  # times this job has been preempted before (PREEMPTING events; the simulator counts)
     share: GpuShare | None = None  # a fractional job: its part of its one GPU
 
@@ -154,9 +154,3 @@ def quota_key_for(team: TeamInfo | None, gpus: int, gpu_type: str | None) -> str
         return gpu_type
     return ANY
 
-
-def load_snapshot(*, db: Any, now: datetime) -> Snapshot:
-    """Read the snapshot from the database (``scheduler.live.loader``; queries in ``scheduler.live.repository``)."""
-    from scheduler.live.loader import load
-
-    return load(db=db, now=now)

@@ -46,6 +46,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
+from core.states import JobState
 from scheduler.policy.config import PolicyConfig
 from scheduler.policy.plan import plan
 from scheduler.policy.snapshot import ANY, HostInfo, PendingJob, PlacedHost, QuotaInfo, RunningJob, Snapshot, TeamInfo
@@ -327,7 +328,7 @@ class Simulation:
                     self.pending[w.job_id] = replace(pj, pending_reason=str(w.reason))
             for pre in decisions.preemptions:
                 r = self.running[pre.job_id]
-                self.running[pre.job_id] = replace(r, preempt_requested=True, state="PREEMPTING")
+                self.running[pre.job_id] = replace(r, preempt_requested=True, state=JobState.PREEMPTING.value)
                 self.jobs[pre.job_id].preempted = True
                 self.jobs[pre.job_id].preemptions += 1
                 self.preemptions += 1

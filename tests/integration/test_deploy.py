@@ -33,6 +33,7 @@ from core.settings import Settings
 from scheduler.live.loop import run_forever
 from tests.support.services import temporary_database
 from tests.support.workers_cluster import wait_for
+from workers.dispatch import dispatch_attempt
 
 pytestmark = pytest.mark.integration
 
@@ -154,7 +155,8 @@ def test_the_gpu_worker_command_is_healthy_while_it_heartbeats(private_redis: Pr
 class Loop:
     def __init__(self, settings: Settings) -> None:
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=run_forever, args=(settings,), kwargs={"stop": self.stop}, daemon=True)
+        kwargs = {"stop": self.stop, "dispatch": dispatch_attempt}
+        self.thread = threading.Thread(target=run_forever, args=(settings,), kwargs=kwargs, daemon=True)
         self.thread.start()
 
     def halt(self) -> None:

@@ -34,13 +34,18 @@ def fresh_pg() -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-def no_dispatch(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    import workers.dispatch
+SENT: list[int] = []  # the attempts the loops dispatched (no broker in these tests)
 
-    sent: list[int] = []
-    monkeypatch.setattr(workers.dispatch, "dispatch_attempt", lambda a, t, p: sent.append(a))
-    return sent
+
+def record_dispatch(attempt_id: int, token: int, placement: list[Any]) -> None:
+    SENT.append(attempt_id)
+
+
+@pytest.fixture
+def no_dispatch() -> Iterator[list[int]]:
+    SENT.clear()
+    yield SENT
+    SENT.clear()
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 15.0) -> bool:
@@ -63,7 +68,8 @@ def leader_pid(url: str) -> int | None:
 class Loop:
     def __init__(self, settings: Settings) -> None:
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=run_forever, args=(settings,), kwargs={"stop": self.stop}, daemon=True)
+        kwargs = {"stop": self.stop, "dispatch": record_dispatch}
+        self.thread = threading.Thread(target=run_forever, args=(settings,), kwargs=kwargs, daemon=True)
         self.thread.start()
 
     def halt(self) -> None:
@@ -131,7 +137,7 @@ def test_run_cycle_on_sqlite(tmp_path: Path, no_dispatch: list[int]) -> None:
         ids = [f.job(db, t, f.qos(db, "silver"), gpus=0, name=f"cpu{i}", submitted_at=now).id for i in range(5)]
         db.commit()
         host_name = host.name
-    result: Any = run_cycle(session_factory=factory, now=now + timedelta(seconds=1))
+    result: Any = run_cycle(session_factory=factory, dispatch=record_dispatch, now=now + timedelta(seconds=1))
     assert result.admitted == ids[:4]  # four CPU slots, one each
     assert len(no_dispatch) == 4
     with factory() as db:

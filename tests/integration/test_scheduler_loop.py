@@ -20,13 +20,18 @@ pytestmark = pytest.mark.integration
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 
-@pytest.fixture
-def dispatched(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int, int, list[Any]]]]:
-    import workers.dispatch
+SENT: list[tuple[int, int, list[Any]]] = []  # what ``cycle`` dispatched (no broker in these tests)
 
-    sent: list[tuple[int, int, list[Any]]] = []
-    monkeypatch.setattr(workers.dispatch, "dispatch_attempt", lambda a, t, p: sent.append((a, t, p)))
-    yield sent
+
+def record_dispatch(attempt_id: int, token: int, placement: list[Any]) -> None:
+    SENT.append((attempt_id, token, placement))
+
+
+@pytest.fixture
+def dispatched() -> Iterator[list[tuple[int, int, list[Any]]]]:
+    SENT.clear()
+    yield SENT
+    SENT.clear()
 
 
 def cycle(db: Session, now: datetime) -> Any:
@@ -35,7 +40,7 @@ def cycle(db: Session, now: datetime) -> Any:
     close = db.close
     db.close = lambda: None  # type: ignore[method-assign]
     try:
-        result = run_cycle(session_factory=lambda: db, now=now)
+        result = run_cycle(session_factory=lambda: db, dispatch=record_dispatch, now=now)
     finally:
         db.close = close  # type: ignore[method-assign]
     db.expire_all()

@@ -13,15 +13,17 @@ from sqlalchemy.orm import Session
 
 from core.db import utcnow
 from core.fence import job_checkpoint_dir, read_fence, write_fence
+from core.lifecycle import BACKOFF_CAP_S, restart_backoff_s
 from core.models import GPU, Attempt, Event, Host, Job, QosClass, Usage
 from core.settings import Settings
 from core.states import record_event
 from scheduler.live import reconciler
-from scheduler.live.loader import load
-from scheduler.live.reconciler import reconcile, restart_backoff_s
+from scheduler.live.loader import load_snapshot
+from scheduler.live.reconciler import reconcile
 from tests.support.nvml_replay import NVMLReplay
 from tests.support.workers_cluster import admit, submit, tiny_spec
 from workers import tasks
+from workers.dispatch import dispatch_attempt
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus
 from workers.tasks import Claimed, Refused, attempt_env, claim
@@ -55,11 +57,11 @@ def test_expired_lease_requeues_with_backoff_and_frees_the_attempt(db: Session) 
     job, attempt = _running(db, host)
     assert job.state == "RUNNING" and attempt.state == "RUNNING"
     now = utcnow()
-    assert reconcile(db=db, now=now, settings=SETTINGS) == []  # the lease is fresh
+    assert reconcile(db=db, now=now, settings=SETTINGS, dispatch=dispatch_attempt) == []  # the lease is fresh
     host.last_heartbeat_at = now  # the host is alive, only the attempt went silent
     later = now + timedelta(seconds=SETTINGS.lease_s + 1)
     host.last_heartbeat_at = later
-    actions = reconcile(db=db, now=later, settings=SETTINGS)
+    actions = reconcile(db=db, now=later, settings=SETTINGS, dispatch=dispatch_attempt)
     assert any("LOST -> QUEUED" in a for a in actions), actions
     assert job.state == "QUEUED" and job.restart_count == 1
     assert job.not_before == later + timedelta(seconds=restart_backoff_s(1))
@@ -69,7 +71,7 @@ def test_expired_lease_requeues_with_backoff_and_frees_the_attempt(db: Session) 
     queued = _events(db, job, "QUEUED")[-1]
     assert queued.data["avoid_hosts"] == ["rec-a"] and queued.data["backoff_s"] == 1.0
     # The scheduler's snapshot carries that preference: the restart goes to another host where one fits.
-    pending = {p.id: p for p in load(db=db, now=later).pending}
+    pending = {p.id: p for p in load_snapshot(db=db, now=later).pending}
     assert pending[job.id].avoid_hosts == frozenset({"rec-a"})
     usage = db.scalars(select(Usage).where(Usage.attempt_id == attempt.id)).one()
     assert usage.ended_at is not None and usage.gpu_type == "cpu"
@@ -87,7 +89,7 @@ def test_a_lost_attempt_loses_its_fence_once_the_loss_is_committed(db: Session, 
     later = utcnow() + timedelta(seconds=SETTINGS.lease_s + 1)
     host.last_heartbeat_at = later
     kept_attempt.lease_expires_at = later + timedelta(seconds=5)  # this one's worker renewed in time
-    reconcile(db=db, now=later, settings=settings)
+    reconcile(db=db, now=later, settings=settings, dispatch=dispatch_attempt)
     assert attempt.state == "LOST" and kept_attempt.state == "RUNNING"
     assert read_fence(fence) == str(attempt.fencing_token), "revoked before the loss was committed"
     db.commit()
@@ -97,7 +99,7 @@ def test_a_lost_attempt_loses_its_fence_once_the_loss_is_committed(db: Session, 
     # A pass whose decision is rolled back revokes nothing.
     later2 = later + timedelta(seconds=SETTINGS.lease_s)
     host.last_heartbeat_at = later2
-    reconcile(db=db, now=later2, settings=settings)
+    reconcile(db=db, now=later2, settings=settings, dispatch=dispatch_attempt)
     assert kept_attempt.state == "LOST"
     db.rollback()
     assert read_fence(kept_fence) == str(kept_attempt.fencing_token)
@@ -108,7 +110,7 @@ def test_past_max_restarts_fails_with_the_reason(db: Session) -> None:
     job, attempt = _running(db, host, max_restarts=0)
     later = utcnow() + timedelta(seconds=60)
     host.last_heartbeat_at = later
-    reconcile(db=db, now=later, settings=SETTINGS)
+    reconcile(db=db, now=later, settings=SETTINGS, dispatch=dispatch_attempt)
     assert job.state == "FAILED"
     assert job.exit_reason is not None and "max_restarts=0" in job.exit_reason
 
@@ -134,7 +136,7 @@ def test_a_new_worker_process_ends_the_attempts_its_predecessor_claimed(
 
 def test_backoff_is_exponential_and_capped() -> None:
     assert [restart_backoff_s(n) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
-    assert restart_backoff_s(50) == reconciler.BACKOFF_CAP_S
+    assert restart_backoff_s(50) == BACKOFF_CAP_S
 
 
 def test_stale_host_goes_down_and_an_unclaimed_attempt_there_is_given_up(db: Session) -> None:
@@ -142,7 +144,7 @@ def test_stale_host_goes_down_and_an_unclaimed_attempt_there_is_given_up(db: Ses
     job = submit(db, tiny_spec("never-picked"))
     attempt = admit(db, job, host)
     later = utcnow() + timedelta(seconds=reconciler.pickup_timeout_s(SETTINGS) + 5)
-    actions = reconcile(db=db, now=later, settings=SETTINGS)
+    actions = reconcile(db=db, now=later, settings=SETTINGS, dispatch=dispatch_attempt)
     assert "host rec-c: DOWN" in actions
     assert attempt.state == "LOST" and job.state == "QUEUED"
     assert "hosts not available: rec-c" in _events(db, job, "LOST")[0].message
@@ -154,7 +156,7 @@ def test_unclaimed_attempt_on_a_live_host_is_dispatched_again_after_commit(db: S
     attempt = admit(db, job, host)
     later = utcnow() + timedelta(seconds=reconciler.pickup_timeout_s(SETTINGS) + 1)
     host.last_heartbeat_at = later
-    actions = reconcile(db=db, now=later, settings=SETTINGS)
+    actions = reconcile(db=db, now=later, settings=SETTINGS, dispatch=dispatch_attempt)
     assert f"attempt {attempt.id}: re-dispatched" in actions
     assert attempt.state == "PENDING" and attempt.lease_expires_at is not None
     assert db.info[reconciler._DISPATCH_KEY] == [(attempt.id, attempt.fencing_token, attempt.placement)]
@@ -186,7 +188,7 @@ def test_recovery_time_recorded_against_the_objective(db: Session) -> None:
     job, attempt = _running(db, host)
     t0 = utcnow() + timedelta(seconds=30)
     host.last_heartbeat_at = t0
-    reconcile(db=db, now=t0, settings=SETTINGS)
+    reconcile(db=db, now=t0, settings=SETTINGS, dispatch=dispatch_attempt)
     lost = _events(db, job, "LOST")[0]
     job.not_before = None
     second = admit(db, job, host)
@@ -194,12 +196,12 @@ def test_recovery_time_recorded_against_the_objective(db: Session) -> None:
           settings=SETTINGS)  # fmt: skip
     second.first_step_at = lost.created_at + timedelta(seconds=7.5)
     second.resumed_from_step = 20
-    reconcile(db=db, now=utcnow(), settings=SETTINGS)  # the second attempt's lease is fresh
+    reconcile(db=db, now=utcnow(), settings=SETTINGS, dispatch=dispatch_attempt)  # the second attempt's lease is fresh
     rec = _events(db, job, "RECOVERED")
     assert len(rec) == 1
     assert rec[0].data["recovery_time_s"] == pytest.approx(7.5)
     assert rec[0].data["objective_s"] == 60.0 and rec[0].data["met"] is True
-    reconcile(db=db, now=utcnow(), settings=SETTINGS)
+    reconcile(db=db, now=utcnow(), settings=SETTINGS, dispatch=dispatch_attempt)
     assert len(_events(db, job, "RECOVERED")) == 1  # once per incident
     assert len(_events(db, job, "LOST")) == 1
 
@@ -220,15 +222,15 @@ def test_gpu_xid_error_excludes_the_host_until_its_time_is_served(db: Session, t
     agent.sample(db)
     db.flush()
     now = utcnow()
-    assert reconcile(db=db, now=now, settings=SETTINGS) == []
+    assert reconcile(db=db, now=now, settings=SETTINGS, dispatch=dispatch_attempt) == []
     agent.sample(db)  # Xid 79: fallen off the bus
     db.flush()
-    actions = reconcile(db=db, now=now, settings=SETTINGS)
+    actions = reconcile(db=db, now=now, settings=SETTINGS, dispatch=dispatch_attempt)
     assert actions == [f"host rec-gpu: EXCLUDED ({host.exclusion_reason})"]
     assert host.state == "EXCLUDED" and "Xid 79" in (host.exclusion_reason or "")
     served = now + timedelta(seconds=reconciler.EXCLUSION_S + 1)
     host.last_heartbeat_at = served
-    assert reconcile(db=db, now=served, settings=SETTINGS) == ["host rec-gpu: readmitted"]
+    assert reconcile(db=db, now=served, settings=SETTINGS, dispatch=dispatch_attempt) == ["host rec-gpu: readmitted"]
     assert host.state == "UP" and all(g.healthy for g in host.gpus)
 
 
@@ -264,7 +266,7 @@ def test_backoff_escalates_only_while_attempts_do_not_train(db: Session) -> None
     for i in range(3):  # three attempts that die before their first step: a crash loop
         t += timedelta(seconds=60)
         host.last_heartbeat_at = t
-        reconcile(db=db, now=t, settings=SETTINGS)
+        reconcile(db=db, now=t, settings=SETTINGS, dispatch=dispatch_attempt)
         backoffs.append(_events(db, job, "QUEUED")[-1].data["backoff_s"])
         job.not_before = None
         attempt = admit(db, job, host)
@@ -275,7 +277,7 @@ def test_backoff_escalates_only_while_attempts_do_not_train(db: Session) -> None
     job.last_step = 5
     t += timedelta(seconds=60)
     host.last_heartbeat_at = t
-    reconcile(db=db, now=t, settings=SETTINGS)
+    reconcile(db=db, now=t, settings=SETTINGS, dispatch=dispatch_attempt)
     backoffs.append(_events(db, job, "QUEUED")[-1].data["backoff_s"])
     assert backoffs == [1.0, 2.0, 4.0, 1.0]
     assert job.restart_count == 4
@@ -298,12 +300,13 @@ def test_database_outage_gives_running_attempts_one_lease_of_grace(db: Session, 
     dead_job, dead = _running(db, dead_host)
     now = utcnow()
     try:
-        assert reconcile(db=db, now=now, settings=SETTINGS) == []  # from here on the engine's errors are watched
+        actions_now = reconcile(db=db, now=now, settings=SETTINGS, dispatch=dispatch_attempt)
+        assert actions_now == []  # from here on the engine's errors are watched
 
         # The database goes away for longer than a lease: no worker could renew, no host agent heartbeat.
         _drop_a_connection(pg_engine)
         back = now + timedelta(seconds=SETTINGS.lease_s + 5)
-        actions = reconcile(db=db, now=back, settings=SETTINGS)
+        actions = reconcile(db=db, now=back, settings=SETTINGS, dispatch=dispatch_attempt)
         assert actions == [f"database back: {SETTINGS.lease_s:.0f} s of grace for leases and hosts"]
         assert live.state == dead.state == "RUNNING" and live_job.state == dead_job.state == "RUNNING"
         assert live_host.state == dead_host.state == "UP"
@@ -314,12 +317,12 @@ def test_database_outage_gives_running_attempts_one_lease_of_grace(db: Session, 
         mid = back + timedelta(seconds=2)
         live.heartbeat_at, live.lease_expires_at = mid, mid + timedelta(seconds=SETTINGS.lease_s)
         live_host.last_heartbeat_at = mid
-        assert reconcile(db=db, now=mid + timedelta(seconds=1), settings=SETTINGS) == []
+        assert reconcile(db=db, now=mid + timedelta(seconds=1), settings=SETTINGS, dispatch=dispatch_attempt) == []
 
         # One lease after the database came back: the silent attempt is LOST, its host DOWN; the live one runs on.
         end = back + timedelta(seconds=SETTINGS.lease_s + 1)
         live_host.last_heartbeat_at = end
-        actions = reconcile(db=db, now=end, settings=SETTINGS)
+        actions = reconcile(db=db, now=end, settings=SETTINGS, dispatch=dispatch_attempt)
         assert "host rec-i: DOWN" in actions and "host rec-h: DOWN" not in actions
         assert any(f"job {dead_job.id}: LOST -> QUEUED" in a for a in actions), actions
         assert dead.state == "LOST" and dead_job.state == "QUEUED"
@@ -338,7 +341,7 @@ def test_a_scheduler_that_did_not_see_the_outage_honours_the_recorded_grace(db: 
     record_event(db, "DATABASE_BACK", message="recorded by the scheduler that saw it",
                  data={"grace_until": grace_until.isoformat(), "grace_s": 30.0})  # fmt: skip
     try:
-        actions = reconcile(db=db, now=now, settings=SETTINGS)
+        actions = reconcile(db=db, now=now, settings=SETTINGS, dispatch=dispatch_attempt)
         assert actions == [f"database back before this scheduler: grace for leases and hosts until "
                            f"{grace_until.isoformat(timespec='seconds')}"]  # fmt: skip
         assert attempt.state == "RUNNING" and job.state == "RUNNING"
@@ -346,7 +349,8 @@ def test_a_scheduler_that_did_not_see_the_outage_honours_the_recorded_grace(db: 
         assert len(db.scalars(select(Event).where(Event.type == "DATABASE_BACK")).all()) == 1  # not recorded again
         after = grace_until + timedelta(seconds=1)
         host.last_heartbeat_at = after
-        assert any("LOST -> QUEUED" in a for a in reconcile(db=db, now=after, settings=SETTINGS))
+        actions_now = reconcile(db=db, now=after, settings=SETTINGS, dispatch=dispatch_attempt)
+        assert any("LOST -> QUEUED" in a for a in actions_now)
         assert attempt.state == "LOST"
     finally:
         reconciler.reset_outage_tracking()
@@ -362,13 +366,14 @@ def test_a_postgresql_server_younger_than_a_lease_gives_grace(db: Session) -> No
         # A server up for longer than a lease proves nothing: an expired lease is LOST at once.
         reconciler.reset_outage_tracking()
         attempt_b.lease_expires_at = utcnow() + timedelta(hours=1)  # b is out of this pass
-        assert any(f"job {job_a.id}: LOST -> QUEUED" in a for a in reconcile(db=db, now=now, settings=SETTINGS))
+        actions_now = reconcile(db=db, now=now, settings=SETTINGS, dispatch=dispatch_attempt)
+        assert any(f"job {job_a.id}: LOST -> QUEUED" in a for a in actions_now)
         assert attempt_a.state == "LOST"
         # With a lease longer than the server's uptime, leases may have expired while it was down: grace.
         attempt_b.lease_expires_at = now - timedelta(seconds=5)
         long_lease = Settings(lease_s=(now - started).total_seconds() + 120, heartbeat_interval_s=1.0)
         reconciler.reset_outage_tracking()
-        actions = reconcile(db=db, now=now, settings=long_lease)
+        actions = reconcile(db=db, now=now, settings=long_lease, dispatch=dispatch_attempt)
         assert len(actions) == 1 and actions[0].startswith("database back before this scheduler"), actions
         assert attempt_b.state == "RUNNING" and job_b.state == "RUNNING"
         back = db.scalars(select(Event).where(Event.type == "DATABASE_BACK")).one()
@@ -382,11 +387,11 @@ def test_statement_errors_are_not_outages(db: Session) -> None:
     host = _host(db, "rec-j")
     job, attempt = _running(db, host)
     now = utcnow()
-    reconcile(db=db, now=now, settings=SETTINGS)
+    reconcile(db=db, now=now, settings=SETTINGS, dispatch=dispatch_attempt)
     with pytest.raises(DBAPIError), db.begin_nested():
         db.execute(text("SELECT 1 / 0"))  # the database answered: an error, not an outage
     later = now + timedelta(seconds=SETTINGS.lease_s + 1)
     host.last_heartbeat_at = later
-    actions = reconcile(db=db, now=later, settings=SETTINGS)
+    actions = reconcile(db=db, now=later, settings=SETTINGS, dispatch=dispatch_attempt)
     assert any("LOST -> QUEUED" in a for a in actions), actions
     assert attempt.state == "LOST"

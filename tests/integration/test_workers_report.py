@@ -12,11 +12,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
+from core.lifecycle import ExitClass, requeue_after_failure
 from core.models import Checkpoint, Event
 from core.settings import Settings
-from scheduler.live.reconciler import requeue_after_failure
 from tests.support.workers_cluster import admit, submit, tiny_spec
-from workers.exit_classes import ExitClass, Outcome
+from workers.exit_classes import Outcome
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus
 from workers.supervisor import TrainerProcess

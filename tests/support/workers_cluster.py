@@ -36,6 +36,7 @@ from scheduler.live.apply import apply_all
 from scheduler.live.loop import CycleResult, run_cycle
 from scheduler.policy.decisions import Admission, Decisions, PlacementEntry
 from workers import celery_app
+from workers.dispatch import dispatch_attempt
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +271,7 @@ class SchedulerThread:
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
     def cycle(self) -> CycleResult:
-        result = run_cycle(session_factory=self.maker, settings=self.settings)
+        result = run_cycle(session_factory=self.maker, dispatch=dispatch_attempt, settings=self.settings)
         self.actions += result.reconciled
         self.admitted += result.admitted
         return result

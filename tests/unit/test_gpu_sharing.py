@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.gpu_types import MPS_MAX_CLIENTS_PER_GPU
+from core.states import Reason
 from scheduler.policy.decisions import Decisions
 from scheduler.policy.plan import plan
-from scheduler.policy.reasons import Reason
 from scheduler.policy.snapshot import (
     ANY,
     GpuShare,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from core.states import Reason
 from scheduler.policy.config import PolicyConfig
 from scheduler.policy.plan import plan
-from scheduler.policy.reasons import Reason
 from scheduler.policy.snapshot import (
     ANY,
     CPU,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from core.lifecycle import ExitClass
 from core.trainer_protocol import ExitCode
-from workers.exit_classes import ExitClass, StopRequest, classify
+from workers.exit_classes import StopRequest, classify
 
 DATA_LINE = "building the data: ValueError: corpus shorter than one sequence"
 

@@ -25,6 +25,7 @@ from core.models import (
     Team,
     Usage,
 )
+from core.states import HostState
 
 router = APIRouter(tags=["dashboard"])
 
@@ -55,7 +56,7 @@ def cluster(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
                 "cpu_slots": h.cpu_slots,
                 "excluded_until": iso(h.excluded_until),
                 "exclusion_reason": h.exclusion_reason,
-                "excluded": h.state == "EXCLUDED" or (h.excluded_until is not None and h.excluded_until > now),
+                "excluded": h.state == HostState.EXCLUDED or (h.excluded_until is not None and h.excluded_until > now),
                 "last_heartbeat_at": iso(h.last_heartbeat_at),
                 "heartbeat_age_s": (now - h.last_heartbeat_at).total_seconds() if h.last_heartbeat_at else None,
                 "links": h.links,

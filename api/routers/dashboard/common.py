@@ -19,11 +19,12 @@ from core.models import (
 )
 from core.services.errors import NotFound
 from core.services.principal import Principal
+from core.states import ACTIVE, TERMINAL, JobState
 
 FRONTEND_DIR = Path(__file__).resolve().parents[3] / "frontend"
 
-ACTIVE_STATES = ("ADMITTED", "RUNNING", "PREEMPTING", "PAUSED")
-FINISHED_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")  # terminal; LOST is requeued by the reconciler
+ACTIVE_STATES = tuple(s.value for s in JobState if s in ACTIVE)
+FINISHED_STATES = tuple(s.value for s in JobState if s in TERMINAL)  # LOST is not: the reconciler requeues it
 MAX_PAGE = 200
 
 

@@ -29,6 +29,7 @@ from core.models import (
     Team,
 )
 from core.services.errors import NotFound
+from core.states import JobState
 
 router = APIRouter(tags=["dashboard"])
 
@@ -133,7 +134,7 @@ def queue(
                 .label("pos"),
             )
             .join(QosClass, QosClass.id == Job.qos_class_id)
-            .where(Job.state == "QUEUED")
+            .where(Job.state == JobState.QUEUED)
             .subquery()
         )
         stmt = select(Job, ranked.c.pos).join(ranked, ranked.c.id == Job.id).where(*conds)
@@ -143,7 +144,7 @@ def queue(
         stmt = stmt.order_by(ranked.c.pos.asc()).limit(limit + 1)
         rows = [(j, int(p)) for j, p in session.execute(stmt).tuples()]
     else:
-        states = (*ACTIVE_STATES, "LOST") if view == "active" else FINISHED_STATES
+        states = (*ACTIVE_STATES, JobState.LOST.value) if view == "active" else FINISHED_STATES
         conds.append(Job.state.in_(states))
         total = session.scalar(select(func.count(Job.id)).where(*conds))
         stmt = select(Job).where(*conds)
@@ -198,7 +199,7 @@ def queue_summary(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
         select(Team.name, QosClass.name, Job.state, func.count(Job.id), func.sum(Job.gpus), func.min(Job.submitted_at))
         .join(Team, Team.id == Job.team_id)
         .join(QosClass, QosClass.id == Job.qos_class_id)
-        .where(Job.team_id.in_(teams), Job.state.in_(("QUEUED", *ACTIVE_STATES)))
+        .where(Job.team_id.in_(teams), Job.state.in_((JobState.QUEUED.value, *ACTIVE_STATES)))
         .group_by(Team.name, QosClass.name, Job.state)
     )
     groups: dict[tuple[str, str], dict[str, Any]] = {}
@@ -206,7 +207,7 @@ def queue_summary(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
     for team, qos, state, count, gpus, oldest in session.execute(stmt).tuples():
         g = groups.setdefault((team, qos), {"team": team, "qos": qos, "waiting": 0, "active": 0,
                                             "gpus_waiting": 0, "gpus_active": 0, "oldest_wait_s": None})  # fmt: skip
-        if state == "QUEUED":
+        if state == JobState.QUEUED:
             g["waiting"] += count
             g["gpus_waiting"] += int(gpus or 0)
             if oldest is not None:
@@ -216,7 +217,7 @@ def queue_summary(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
             g["gpus_active"] += int(gpus or 0)
     reasons = session.execute(
         select(Job.pending_reason, func.count(Job.id))
-        .where(Job.team_id.in_(teams), Job.state == "QUEUED")
+        .where(Job.team_id.in_(teams), Job.state == JobState.QUEUED)
         .group_by(Job.pending_reason)
     ).tuples()
     return {

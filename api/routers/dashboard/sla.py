@@ -24,6 +24,7 @@ from core.models import (
     Team,
 )
 from core.services.ops_metrics import is_violation_event
+from core.states import JobState
 
 router = APIRouter(tags=["dashboard"])
 
@@ -62,7 +63,7 @@ def sla_attainment(
         waited = ((j.admitted_at or now) - j.submitted_at).total_seconds()
         limit = max_waits.get(j.id)
         reasons = []
-        if limit is not None and waited > limit and (j.admitted_at is not None or j.state == "QUEUED"):
+        if limit is not None and waited > limit and (j.admitted_at is not None or j.state == JobState.QUEUED):
             reasons.append({"type": "QUEUE_WAIT", "message": f"waited {waited:.0f}s > {limit:.0f}s",
                             "at": iso(j.submitted_at + timedelta(seconds=limit))})  # fmt: skip
         for e in violation_events.get(j.id, []):

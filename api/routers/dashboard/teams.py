@@ -22,6 +22,7 @@ from core.models import (
     Team,
     Usage,
 )
+from core.states import JobState
 
 router = APIRouter(tags=["dashboard"])
 
@@ -124,7 +125,9 @@ def teams_view(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
                     for r in quota_rows
                     if r["team_id"] == t.id
                 ],
-                "waiting": session.scalar(select(func.count(Job.id)).where(Job.team_id == t.id, Job.state == "QUEUED")),
+                "waiting": session.scalar(
+                    select(func.count(Job.id)).where(Job.team_id == t.id, Job.state == JobState.QUEUED)
+                ),
                 "active": session.scalar(
                     select(func.count(Job.id)).where(Job.team_id == t.id, Job.state.in_(ACTIVE_STATES))
                 ),
