@@ -82,6 +82,15 @@ class HostState(enum.StrEnum):
     EXCLUDED = "EXCLUDED"  # heartbeating, but a GPU raised a hardware error: it sits out until excluded_until
 
 
+class MpsState(enum.StrEnum):
+    """A GPU host's MPS daemon for fractional jobs (``hosts.mps``; NULL: the host runs none)."""
+
+    RUNNING = "running"  # answering: the scheduler may place shares on the host
+    RESTARTING = "restarting"  # found dead, being started again
+    FAILED = "failed"  # did not start: no shares until it does
+    STOPPED = "stopped"  # the worker stopped it on its way out
+
+
 H = HostState
 
 HOST_TRANSITIONS: dict[HostState, frozenset[HostState]] = {

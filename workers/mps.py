@@ -21,6 +21,8 @@ import subprocess
 import threading
 from pathlib import Path
 
+from core.states import MpsState
+
 log = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S = 5.0
@@ -32,7 +34,7 @@ class MpsDaemon:
         self.pipe_dir = root / "pipe"
         self.log_dir = root / "log"
         self.generation = 0  # goes up on every (re)start; attempts remember the one they started under
-        self.state = "stopped"  # running, restarting, failed, stopped
+        self.state = MpsState.STOPPED
         self.last_error: str | None = None
         self._lock = threading.Lock()
 
@@ -72,34 +74,34 @@ class MpsDaemon:
             if started.returncode != 0 or not self.healthy():
                 return self._failed(f"exit {started.returncode}: {(started.stderr or started.stdout).strip()[:200]}")
             self.generation += 1
-            self.state = "running"
+            self.state = MpsState.RUNNING
             self.last_error = None
             return True
 
     def _failed(self, why: str) -> bool:
-        self.state = "failed"
+        self.state = MpsState.FAILED
         self.last_error = why
         log.warning("MPS control daemon did not start: %s", why)
         return False
 
     def ensure(self) -> bool:
         """Called by the host agent on each heartbeat: True if the daemon had died and was started again."""
-        if self.state == "running" and self.healthy():
+        if self.state == MpsState.RUNNING and self.healthy():
             return False
-        was_running = self.state == "running"
-        self.state = "restarting"
+        was_running = self.state == MpsState.RUNNING
+        self.state = MpsState.RESTARTING
         log.warning("MPS control daemon %s; starting it again", "died" if was_running else "is not running")
         return self.start() and was_running
 
     def stop(self) -> None:
         """Ask the daemon to quit (it ends its servers once their clients are gone)."""
         with self._lock:
-            if self.state == "running":
+            if self.state == MpsState.RUNNING:
                 try:
                     self._run([], stdin="quit\n")
                 except (OSError, subprocess.TimeoutExpired) as exc:
                     log.warning("MPS control daemon did not quit: %r", exc)
-            self.state = "stopped"
+            self.state = MpsState.STOPPED
 
 
 # The worker process's daemon (None: this host offers no shares); set once by the worker at start-up.

@@ -29,7 +29,7 @@ from core.lifecycle import ExitClass, end_attempt, end_attempt_as
 from core.models import GPU, Attempt, Host, Job, QosClass, Usage
 from core.private import private_dir
 from core.settings import Settings, get_settings
-from core.states import ACTIVE, ATTEMPT_LIVE, AttemptState, JobState, move_attempt, record_event, transition
+from core.states import ACTIVE, ATTEMPT_LIVE, AttemptState, JobState, MpsState, move_attempt, record_event, transition
 from core.trainer_protocol import (
     ENV_ATTEMPT_ID,
     ENV_CHECKPOINT_DIR,
@@ -530,7 +530,7 @@ def run_attempt_on_host(*, attempt_id: int, fencing_token: int, node_rank: int, 
         # infrastructure failure on this host), not leave it RUNNING until its lease runs out.
         for d in (run_dir, compile_dir, *([local_dir] if local_dir else [])):
             private_dir(d)
-        if node.get("share") and (mps.DAEMON is None or mps.DAEMON.state != "running"):
+        if node.get("share") and (mps.DAEMON is None or mps.DAEMON.state != MpsState.RUNNING):
             raise RuntimeError("this host's MPS daemon is not running: a GPU share cannot be enforced")
         write_fence(checkpoint_dir, fencing_token)
         runner.renew_lease(claimed_at)  # the lease the claim granted, before any rank starts

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from core.models import Attempt, Job, QosClass, SlaContract, Team, Usage
 from core.services.fit import share_of
-from core.states import HostState
+from core.states import HostState, MpsState
 from scheduler.live import repository as repo
 from scheduler.policy.snapshot import (
     CPU,
@@ -89,7 +89,7 @@ def _hosts(db: Session, now: datetime) -> tuple[HostInfo, ...]:
             )
             for g in h.gpus
         )
-        out.append(HostInfo(h.name, h.queue, gpus, h.cpu_slots, links, excluded, mps=h.mps == "running"))
+        out.append(HostInfo(h.name, h.queue, gpus, h.cpu_slots, links, excluded, mps=h.mps == MpsState.RUNNING))
     return tuple(out)
 
 
