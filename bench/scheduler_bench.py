@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scheduler.policy.config import PolicyConfig  # noqa: E402
+from core.policy_config import PolicyConfig  # noqa: E402
 from scheduler.policy.decisions import Decisions  # noqa: E402
 from scheduler.policy.plan import plan  # noqa: E402
 from scheduler.policy.snapshot import ANY, PendingJob, PlacedHost, QuotaInfo, RunningJob, Snapshot, TeamInfo  # noqa: E402

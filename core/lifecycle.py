@@ -24,14 +24,13 @@ from sqlalchemy.orm import Session
 from core.fence import job_checkpoint_dir, revoke_fence
 from core.models import Attempt, Event, Job, Usage
 from core.repositories import jobs as jobs_repo
+from core.settings import Settings, Timings
 from core.states import AttemptState, JobState, Reason, move_attempt, transition
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_RECOVERY_OBJECTIVE_S = 300.0
-BACKOFF_BASE_S = 1.0  # first restart waits 1 s: a lost host is usually a lost host, not a flapping job
-BACKOFF_CAP_S = 300.0
 
 
 class ExitClass(enum.StrEnum):
@@ -86,8 +85,8 @@ EXIT_CLASS_ENDS: dict[ExitClass, AttemptEnd] = {
 # ------------------------------------------------------------------------------------- restart limits, backoff
 
 
-def restart_backoff_s(restart_count: int) -> float:
-    return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** max(0, restart_count - 1))
+def restart_backoff_s(restart_count: int, timings: Timings) -> float:
+    return min(timings.restart_backoff_cap_s, timings.restart_backoff_base_s * 2 ** max(0, restart_count - 1))
 
 
 def _spec_sla(job: Job, key: str) -> Any:
@@ -165,15 +164,16 @@ def end_attempt(
 
 
 def requeue_after_failure(
-    db: Session, *, job: Job, attempt: Attempt, reason: str, now: datetime, storage_dir: Path,
+    db: Session, *, job: Job, attempt: Attempt, reason: str, now: datetime, settings: Settings,
     data: dict[str, Any] | None = None,
 ) -> str:
     """An infrastructure failure: LOST (an incident), then QUEUED with backoff or FAILED past max_restarts.
 
     The lost attempt's trainer may still be alive (a frozen worker, a worker that died while its trainer saved a
-    last checkpoint): once this is committed, its fence under ``storage_dir`` is revoked."""
+    last checkpoint): once this is committed, its fence under the storage directory is revoked. The backoff is
+    the settings' (``restart_backoff_*``)."""
     host_names = [n.get("host") for n in attempt.placement or []]
-    revoke_fence_after_commit(db, attempt, storage_dir)
+    revoke_fence_after_commit(db, attempt, settings.resolved_storage_dir)
     transition(
         db, job, JobState.LOST, message=reason,
         data={"attempt": attempt.number, "attempt_id": attempt.id, "hosts": host_names, "reason": reason,
@@ -194,7 +194,7 @@ def requeue_after_failure(
     ).first()
     prev_level = int((previous.data or {}).get("backoff_level") or 0) if previous is not None else 0
     level = 1 if progressed else prev_level + 1
-    backoff = restart_backoff_s(level)
+    backoff = restart_backoff_s(level, settings)
     job.not_before = now + timedelta(seconds=backoff)
     job.pending_reason = Reason.BACKOFF.value
     job.pending_message = f"restart {job.restart_count}/{limit} after: {reason}"[:512]
@@ -209,7 +209,7 @@ def requeue_after_failure(
 
 def end_attempt_as(
     db: Session, *, job: Job, attempt: Attempt, exit_class: ExitClass, reason: str, now: datetime,
-    exit_code: int | None, data: dict[str, Any], storage_dir: Path,
+    exit_code: int | None, data: dict[str, Any], settings: Settings,
 ) -> None:
     """End the job's current attempt as ``exit_class`` says (``EXIT_CLASS_ENDS``) and move the job on.
 
@@ -218,7 +218,7 @@ def end_attempt_as(
     end = EXIT_CLASS_ENDS[exit_class]
     if end.requeue is Requeue.RESTART:
         incident = exit_class.value if exit_class is not ExitClass.FENCED else ExitClass.INFRASTRUCTURE.value
-        requeue_after_failure(db, job=job, attempt=attempt, reason=reason, now=now, storage_dir=storage_dir,
+        requeue_after_failure(db, job=job, attempt=attempt, reason=reason, now=now, settings=settings,
                               data={**data, "incident": incident})  # fmt: skip
         attempt.exit_code = exit_code
         return

@@ -1,4 +1,7 @@
-"""Settings from the environment (``KILN_`` prefix). The embedded default needs no server at all."""
+"""Settings from the environment (``KILN_`` prefix). The embedded default needs no server at all.
+
+Each group below is documented, field by field, in docs/configuration.md (generated: ``python -m core.settings_doc``).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ from typing import Annotated, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from core.gpu_types import canonical_key
+from core.policy_config import PolicyConfig, SettingsGroup
 from core.secrets import SecretError, read_secret, with_password
 
 
@@ -21,78 +26,180 @@ def _default_local_tier() -> Path | None:
     return shm / "kiln" if shm.is_dir() else None
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KILN_", extra="ignore")
+class ConnectionSettings(SettingsGroup):
+    """Where kiln keeps its state and how its processes reach each other."""
 
-    home: Path = Field(default_factory=_default_home, description="State of the embedded default.")
-    database_url: str = ""  # default: sqlite file under home
-    broker_url: str = ""  # default: kombu's SQLAlchemy transport on a sqlite file under home
-    # Files holding the password of the database and of the broker (Docker secrets, /run/secrets/...): it goes
-    # into the URL above, which names user, host and database only. See core.secrets.
-    database_password_file: Path | None = None
-    broker_password_file: Path | None = None
-    api_url: str = "http://127.0.0.1:8421"
-    host: str = "127.0.0.1"
-    port: int = 8421
-
-    # Limits that protect the API.
-    max_body_bytes: int = 256 * 1024
-    # Server-Sent Events: a keepalive comment after this long without an event (proxies commonly close idle
-    # connections after 30-60 s), and how often an open stream checks its caller's token and team again.
-    sse_keepalive_s: float = 15.0
-    sse_recheck_s: float = 5.0
-    rate_limit_per_minute: int = 6000  # per user, whatever number of tokens they use
-    rate_limit_burst: int = 600
-    max_tokens_per_user: int = 50  # live (unrevoked, unexpired) tokens one user may hold
-    auth_failures_per_minute: int = 10  # failed authentications per client address, then 429 until refilled
-    auth_failures_burst: int = 20
-
-    # Scheduler and worker timing (seconds).
-    scheduler_interval_s: float = 2.0
-    lease_s: float = 30.0
-    heartbeat_interval_s: float = 5.0
-    # Redis redelivers an unacknowledged task message after this long (None: the workers' default of 12 h, see
-    # workers.celery_app). Tests lower it to force a redelivery, which the fencing token then refuses.
-    broker_visibility_timeout_s: float | None = None
-
-    # Storage for checkpoints, compile caches and logs (a shared filesystem in multi-host deployments).
-    storage_dir: Path | None = None
-    # The group that may read the attempt logs workers write (the API's, where it runs as another user); unset:
-    # owner-only (core/private.py).
-    storage_gid: int | None = None
-    # A worker's fast host-local directory for tiered checkpoints (tmpfs or local NVMe); each job that asks for
-    # the tier (``checkpointing.local_tier``) gets its own directory under it. Default: /dev/shm/kiln where
-    # /dev/shm exists; "" turns the tier off on this host.
-    local_tier_dir: Path | None = Field(default_factory=_default_local_tier)
-
-    # Host-wide maxima for one attempt on a worker's host (workers/isolation.py). A job's own limit comes from its
-    # spec (``resources.host_memory_bytes``; default: the host's share per training process) within these.
-    attempt_max_memory_bytes: int | None = None  # None: 80% of the host's memory
-    attempt_max_pids: int = 16384  # processes and threads
-    attempt_pids_per_process: int = 512  # per training process (a compile's worker pool included)
-
-    # GPU sharing (workers/mps.py): "auto" starts one MPS control daemon per GPU host when the binary is there;
-    # "off" never does (fractional jobs then wait: no host offers shares). The binary's name or path.
-    mps: Literal["auto", "off"] = "auto"
-    mps_control: str = "nvidia-cuda-mps-control"
-
-    @field_validator("local_tier_dir", mode="before")
-    @classmethod
-    def _empty_is_off(cls, v: object) -> object:
-        return None if v == "" else v
-
-    # GPU types of hosts that will join later (comma-separated, e.g. "H100-80GB,H200"): jobs and quotas may name
-    # them before any such host registers. Types the hosts have registered are known without this.
-    gpu_types: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    home: Path = Field(
+        default_factory=_default_home,
+        description="State of the embedded default (SQLite files, the scheduler's lock, logs); default `./.kiln`.",
+    )
+    database_url: str = Field(
+        default="", description="SQLAlchemy URL of the database; empty: a SQLite file under `home`."
+    )
+    database_password_file: Path | None = Field(
+        default=None,
+        description="A file holding the database's password (a Docker secret, `/run/secrets/...`); it goes into "
+        "`database_url`, which then names user, host and database only.",
+    )
+    broker_url: str = Field(
+        default="", description="Celery broker URL; empty: kombu's SQLAlchemy transport on a SQLite file under `home`."
+    )
+    broker_password_file: Path | None = Field(
+        default=None, description="The same as `database_password_file`, for the broker."
+    )
+    api_url: str = Field(default="http://127.0.0.1:8421", description="Where the CLI and `kiln up` reach the API.")
+    host: str = Field(default="127.0.0.1", description="Address the API listens on.")
+    port: int = Field(default=8421, description="Port the API listens on.")
+    storage_dir: Path | None = Field(
+        default=None,
+        description="Checkpoints, compile caches and logs (a shared filesystem in multi-host deployments); "
+        "default `home/storage`.",
+    )
+    storage_gid: int | None = Field(
+        default=None,
+        description="The group that may read the attempt logs workers write (the API's, where it runs as another "
+        "user); empty: owner-only.",
+    )
+    gpu_types: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="GPU types of hosts that will join later (comma-separated, e.g. `H100-80GB,H200`): jobs and "
+        "quotas may name them before any such host registers.",
+    )
+    liveness_file: Path | None = Field(
+        default=None,
+        description="The scheduler loop and the worker's host agent write this file after each iteration that did "
+        "its work; a container healthcheck (`python -m core.liveness`) reads its age. Empty: nothing is written.",
+    )
 
     @field_validator("gpu_types", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return [t.strip() for t in value.split(",") if t.strip()] if isinstance(value, str) else value
 
-    # The scheduler loop and the worker's host agent write this file after each iteration that did its work; a
-    # container healthcheck (``python -m core.liveness``) reads its age. Unset: nothing is written.
-    liveness_file: Path | None = None
+
+class ApiLimits(SettingsGroup):
+    """Limits that protect the API."""
+
+    max_body_bytes: int = Field(default=256 * 1024, description="Largest request body; larger answers 413.")
+    sse_keepalive_s: float = Field(
+        default=15.0,
+        description="A Server-Sent Events stream sends a keepalive comment after this long without an event "
+        "(proxies commonly close idle connections after 30-60 s).",
+    )
+    sse_recheck_s: float = Field(
+        default=5.0, description="How often an open stream checks its caller's token and team again."
+    )
+    rate_limit_per_minute: int = Field(
+        default=6000, description="Requests per user per minute, whatever number of tokens."
+    )
+    rate_limit_burst: int = Field(default=600, description="Requests a user may make at once above the rate.")
+    max_tokens_per_user: int = Field(default=50, description="Live (unrevoked, unexpired) tokens one user may hold.")
+    auth_failures_per_minute: int = Field(
+        default=10, description="Failed authentications per client address per minute, then 429 until refilled."
+    )
+    auth_failures_burst: int = Field(
+        default=20, description="Failed authentications a client address may make at once."
+    )
+
+
+class Timings(SettingsGroup):
+    """The scheduler's, the reconciler's and the worker's clocks (seconds)."""
+
+    scheduler_interval_s: float = Field(
+        default=2.0, description="A scheduling cycle at least this often (and on each NOTIFY)."
+    )
+    lease_s: float = Field(
+        default=30.0,
+        description="An attempt's lease; a worker renews it while it runs, the reconciler declares an attempt "
+        "whose lease expired LOST. Also the grace leases and hosts get after a database outage.",
+    )
+    heartbeat_interval_s: float = Field(
+        default=5.0, description="How often a worker's host agent and its attempts report."
+    )
+    broker_visibility_timeout_s: float | None = Field(
+        default=None,
+        description="Redis redelivers an unacknowledged task message after this long; empty: 12 h. Tests lower "
+        "it to force a redelivery, which the fencing token then refuses.",
+    )
+    restart_backoff_base_s: float = Field(
+        default=1.0,
+        description="A requeued job waits this long before its first restart (a lost host is usually a lost "
+        "host, not a flapping job); doubled for each further restart that did not train.",
+    )
+    restart_backoff_cap_s: float = Field(default=300.0, description="The longest wait before a restart.")
+    gpu_exclusion_s: float = Field(
+        default=1800.0,
+        description="A GPU that raised an Xid or ECC error sits out this long before it is trusted again.",
+    )
+    max_redispatches: int = Field(
+        default=3, description="Times an admitted attempt no worker picked up is sent again before the job is requeued."
+    )
+    stop_grace_s: float = Field(
+        default=30.0,
+        description="SIGTERM -> SIGKILL of a trainer being stopped: one checkpoint of the model must fit in it. "
+        "Keep it under the worker's own graceful shutdown (120 s).",
+    )
+    hang_timeout_s: float = Field(
+        default=900.0, description="An attempt with no telemetry at all for this long after training started is hung."
+    )
+    report_retry_window_s: float = Field(
+        default=900.0,
+        description="How long a worker keeps retrying an attempt's final report through a database outage.",
+    )
+    gpu_sample_interval_s: float = Field(default=10.0, description="How often a worker samples its GPUs through NVML.")
+
+
+class WorkerHost(SettingsGroup):
+    """A worker's host: its local checkpoint tier, the host-wide maxima of one attempt, GPU sharing (MPS)."""
+
+    local_tier_dir: Path | None = Field(
+        default_factory=_default_local_tier,
+        description="A fast host-local directory for tiered checkpoints (tmpfs or local NVMe); each job that asks "
+        "for the tier gets its own directory under it. Default: `/dev/shm/kiln` where `/dev/shm` exists; empty "
+        "turns the tier off on this host.",
+    )
+    attempt_max_memory_bytes: int | None = Field(
+        default=None, description="Host memory one attempt may use at most; empty: 80% of the host's memory."
+    )
+    attempt_max_pids: int = Field(default=16384, description="Processes and threads one attempt may run at most.")
+    attempt_pids_per_process: int = Field(
+        default=512, description="Processes and threads per training process (a compile's worker pool included)."
+    )
+    mps: Literal["auto", "off"] = Field(
+        default="auto",
+        description="GPU sharing: `auto` starts one MPS control daemon per GPU host when the binary is there; `off` "
+        "never does (fractional jobs then wait: no host offers shares).",
+    )
+    mps_control: str = Field(default="nvidia-cuda-mps-control", description="The MPS control binary's name or path.")
+
+
+class DashboardSettings(SettingsGroup):
+    """What the dashboard shows about cost."""
+
+    gpu_prices: dict[str, float] = Field(
+        default_factory=lambda: {"H200": 4.5, "H100-80GB": 3.5, "A100-80GB": 2.0, "cpu": 0.05, "*": 2.0},
+        description="JSON object, price per GPU-hour (CPU slot-hour for `cpu`) by GPU type; `*` prices a type "
+        "not listed.",
+    )
+    currency: str = Field(default="USD", description="What the operator bills in.")
+
+    @field_validator("gpu_prices")
+    @classmethod
+    def _canonical(cls, prices: dict[str, float]) -> dict[str, float]:
+        """Priced by GPU type in kiln's vocabulary, whichever way the operator wrote it (``NVIDIA H200``)."""
+        return {canonical_key(name): price for name, price in prices.items()}
+
+
+class Settings(ConnectionSettings, ApiLimits, Timings, WorkerHost, DashboardSettings, BaseSettings):
+    """Every setting of every kiln process: ``KILN_<FIELD>``, and ``KILN_POLICY__<FIELD>`` for the policy.
+
+    Read once at a process's entry (``get_settings()``) and passed down; pure code (``plan()``) gets the part it
+    needs as a value. docs/configuration.md is generated from this tree (``python -m core.settings_doc``).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="KILN_", env_nested_delimiter="__", extra="ignore")
+
+    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="The scheduling policy.")
 
     _database_password: str | None = PrivateAttr(default=None)
     _broker_password: str | None = PrivateAttr(default=None)

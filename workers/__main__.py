@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     cpu_slots = args.cpu_slots if args.cpu_slots is not None else max(1, (os.cpu_count() or 2) // 2)
     agent = HostAgent(name=args.host, inventory=inventory, cpu_slots=cpu_slots,
                       address=args.address or socket.gethostname(),
-                      heartbeat_interval_s=settings.heartbeat_interval_s,
+                      settings=settings,
                       incarnation=tasks.WORKER_INCARNATION,
                       pulse=Pulse(settings.liveness_file, settings.heartbeat_interval_s))  # fmt: skip
     app = get_app()

@@ -19,7 +19,7 @@ from core.gpu_types import canonical
 from core.lifecycle import requeue_after_failure
 from core.liveness import Pulse
 from core.models import GPU, Attempt, Host, Job
-from core.settings import get_settings
+from core.settings import Settings
 from core.states import ACTIVE, AttemptState, HostState, move_host, record_event
 from workers import mps
 from workers.celery_app import host_queue
@@ -27,20 +27,18 @@ from workers.inventory import Inventory
 
 log = logging.getLogger(__name__)
 
-SAMPLE_INTERVAL_S = 10.0
-
 
 class HostAgent:
-    def __init__(self, *, name: str, inventory: Inventory, cpu_slots: int, address: str | None,
-                 heartbeat_interval_s: float, sample_interval_s: float = SAMPLE_INTERVAL_S,
+    def __init__(self, *, name: str, inventory: Inventory, cpu_slots: int, address: str | None, settings: Settings,
                  incarnation: str | None = None, pulse: Pulse | None = None):  # fmt: skip
         self.name = name
         self.inventory = inventory
         self.cpu_slots = cpu_slots
         self.address = address
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.sample_interval_s = sample_interval_s
-        self.pulse = pulse or Pulse(None, heartbeat_interval_s)  # beats after each committed heartbeat
+        self.settings = settings
+        self.heartbeat_interval_s = settings.heartbeat_interval_s
+        self.sample_interval_s = settings.gpu_sample_interval_s
+        self.pulse = pulse or Pulse(None, self.heartbeat_interval_s)  # beats after each committed heartbeat
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.slots = 0
@@ -115,7 +113,7 @@ class HostAgent:
             reason = f"the worker on {self.name} restarted; attempt {attempt.number} lost its supervisor"
             data = {"incident": "worker_restarted", "silent_s": silent}
             actions.append(requeue_after_failure(db, job=job, attempt=attempt, reason=reason, now=now, data=data,
-                                                 storage_dir=get_settings().resolved_storage_dir))
+                                                 settings=self.settings))
         return actions
 
     def heartbeat(self, db: Session) -> None:

@@ -60,9 +60,6 @@ WORKER_INCARNATION: str | None = None
 SHUTTING_DOWN = threading.Event()
 
 POLL_S = 0.25  # how often the supervisor looks at the trainer and its telemetry
-STOP_GRACE_S = 30.0  # SIGTERM -> SIGKILL: one checkpoint of the model must fit in it
-DB_RETRY_WINDOW_S = 900.0  # how long the final report keeps retrying through a database outage
-HANG_TIMEOUT_S = 900.0  # no telemetry at all for this long after training started: the attempt is hung
 RDZV_PORT_BASE = 29400  # gang jobs: node 0's c10d store listens on base + attempt_id % span
 RDZV_PORT_SPAN = 20000
 NCCL_MAX_CHANNELS = 32
@@ -375,7 +372,7 @@ class AttemptRunner:
         if self.stop is not None:
             return
         self.stop = StopRequest(reason)
-        self.proc.log_line(f"stopping the trainer ({why}): SIGTERM, SIGKILL after {STOP_GRACE_S:.0f} s")
+        self.proc.log_line(f"stopping the trainer ({why}): SIGTERM, SIGKILL after {self.settings.stop_grace_s:.0f} s")
         self.proc.terminate()
 
     def supervise(self) -> int:
@@ -413,13 +410,14 @@ class AttemptRunner:
             if (
                 self.stop is None
                 and self.relay_state.first_step_seen
-                and mono - self.last_telemetry > HANG_TIMEOUT_S
+                and mono - self.last_telemetry > self.settings.hang_timeout_s
             ):
-                self.request_stop(ExitClass.INFRASTRUCTURE, f"no telemetry for {HANG_TIMEOUT_S:.0f} s: hung")
+                hung = f"no telemetry for {self.settings.hang_timeout_s:.0f} s: hung"
+                self.request_stop(ExitClass.INFRASTRUCTURE, hung)
             if (
                 self.proc.term_sent_at is not None
                 and not self.proc.killed
-                and mono - self.proc.term_sent_at > STOP_GRACE_S
+                and mono - self.proc.term_sent_at > self.settings.stop_grace_s
             ):
                 self.proc.log_line("grace period over: SIGKILL")
                 self.proc.kill_tree()
@@ -442,7 +440,7 @@ class AttemptRunner:
         if outcome.exit_class is ExitClass.INFRASTRUCTURE and self.relay_state.nccl_error:
             outcome = Outcome(ExitClass.NCCL_ERROR, f"NCCL error reported by a rank; {outcome.reason}")
         self.proc.log_line(f"trainer exited with {launcher_code}: {outcome.exit_class.value}: {outcome.reason}")
-        give_up = time.monotonic() + DB_RETRY_WINDOW_S
+        give_up = time.monotonic() + self.settings.report_retry_window_s
         delay = 0.5
         while True:
             try:
@@ -486,7 +484,7 @@ class AttemptRunner:
             job.last_step = int(done["steps"])
             job.last_loss = done.get("final_loss")
         end_attempt_as(db, job=job, attempt=attempt, exit_class=cls, reason=outcome.reason, now=now,
-                       exit_code=exit_code, data=data, storage_dir=self.settings.resolved_storage_dir)
+                       exit_code=exit_code, data=data, settings=self.settings)
 
 
 # ------------------------------------------------------------------------------------------------------- task

@@ -14,13 +14,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import make_engine, utcnow
 from core.liveness import Pulse
+from core.policy_config import PolicyConfig
 from core.settings import Settings, get_settings
 from scheduler.live import sla
 from scheduler.live.apply import Dispatch, apply_all
 from scheduler.live.leader import LOCK_KEY, leadership_for
 from scheduler.live.loader import load_snapshot
 from scheduler.live.reconciler import DispatchAttempt, reconcile
-from scheduler.policy.config import PolicyConfig
 from scheduler.policy.plan import plan
 
 log = logging.getLogger(__name__)
@@ -66,19 +66,21 @@ def run_cycle(
     settings: Settings | None = None,
 ) -> CycleResult:
     """One scheduling cycle in one transaction; ``dispatch`` sends each new attempt to its hosts after the commit
-    (the process entry point passes the broker's: ``workers.dispatch.dispatch_attempt``)."""
+    (the process entry point passes the broker's: ``workers.dispatch.dispatch_attempt``). The policy is ``config``,
+    else the settings' (``KILN_POLICY__*``)."""
     started = time.perf_counter()
     now = now or utcnow()
+    settings = settings or get_settings()
     result = CycleResult()
     db = session_factory()
     try:
         if db.get_bind().dialect.name == "postgresql":
             db.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CYCLE_LOCK_KEY})
-        result.reconciled = reconcile(db=db, now=now, settings=settings or get_settings(), dispatch=dispatch)
+        result.reconciled = reconcile(db=db, now=now, settings=settings, dispatch=dispatch)
         db.flush()
         snapshot = load_snapshot(db=db, now=now)
         t0 = time.perf_counter()
-        decisions = plan(snapshot, config)
+        decisions = plan(snapshot, config or settings.policy)
         result.plan_s = time.perf_counter() - t0
         applied = apply_all(db=db, decisions=decisions, now=now)
         violations = sla.evaluate(db=db, now=now)
@@ -99,14 +101,9 @@ def run_cycle(
     return result
 
 
-def run_forever(
-    settings: Settings,
-    *,
-    dispatch: DispatchAttempt,
-    stop: threading.Event | None = None,
-    config: PolicyConfig | None = None,
-) -> None:
-    """Campaign for leadership; while leading, run a cycle on every NOTIFY and at least every interval."""
+def run_forever(settings: Settings, *, dispatch: DispatchAttempt, stop: threading.Event | None = None) -> None:
+    """Campaign for leadership; while leading, run a cycle on every NOTIFY and at least every interval, with the
+    settings' policy."""
     stop = stop or threading.Event()
     url = settings.resolved_database_url
     engine = make_engine(url)
@@ -124,7 +121,7 @@ def run_forever(
             try:
                 while not stop.is_set():
                     try:
-                        result = run_cycle(session_factory=factory, dispatch=dispatch, settings=settings, config=config)
+                        result = run_cycle(session_factory=factory, dispatch=dispatch, settings=settings)
                         pulse.beat("leading")  # only a committed cycle: a leader failing every cycle goes stale
                         if result.admitted or result.preempted or result.failed or result.reconciled:
                             log.info(

@@ -48,8 +48,6 @@ from core.states import ACTIVE, AttemptState, HostState, JobState, move_host, re
 
 log = logging.getLogger(__name__)
 
-EXCLUSION_S = 1800.0  # a GPU that raised an Xid/ECC error sits out half an hour before it is trusted again
-MAX_REDISPATCHES = 3
 
 DispatchAttempt = Callable[[int, int, list[dict[str, Any]]], None]  # (attempt id, fencing token, placement)
 
@@ -232,7 +230,7 @@ def _hosts(db: Session, now: datetime, settings: Settings, grace_until: datetime
                 errors = (g.last_sample or {}).get("errors") or ["unhealthy"]
                 reasons.append(f"GPU {g.index} ({g.uuid}): {', '.join(str(e) for e in errors)}")
             move_host(host, HostState.EXCLUDED)
-            host.excluded_until = now + timedelta(seconds=EXCLUSION_S)
+            host.excluded_until = now + timedelta(seconds=settings.gpu_exclusion_s)
             host.exclusion_reason = "; ".join(reasons)[:256]
             record_event(db, "HOST_EXCLUDED", message=f"host {host.name} excluded: {host.exclusion_reason}",
                          data={"host": host.name, "until": host.excluded_until.isoformat(),
@@ -283,7 +281,7 @@ def _expired_leases(db: Session, now: datetime, settings: Settings, grace_until:
         reason = f"lease expired: no heartbeat from {hosts} for {silent or 0:.1f} s"
         actions.append(
             requeue_after_failure(
-                db, job=job, attempt=attempt, reason=reason, now=now, storage_dir=settings.resolved_storage_dir,
+                db, job=job, attempt=attempt, reason=reason, now=now, settings=settings,
                 data={"silent_s": silent, "lease_expired_at": attempt.lease_expires_at.isoformat(),
                       "incident": "lease_expired"},
             )
@@ -318,12 +316,12 @@ def _unclaimed_attempts(
             e for e in db.scalars(select(Event).where(Event.job_id == job.id, Event.type == "REDISPATCHED")).all()
             if (e.data or {}).get("attempt_id") == attempt.id
         ]
-        if gone or len(sent) >= MAX_REDISPATCHES:
+        if gone or len(sent) >= settings.max_redispatches:
             why = f"hosts not available: {', '.join(gone)}" if gone else f"not picked up after {len(sent)} re-sends"
             actions.append(
                 requeue_after_failure(
                     db, job=job, attempt=attempt, reason=f"attempt {attempt.number} never started: {why}", now=now,
-                    storage_dir=settings.resolved_storage_dir, data={"incident": "never_started"},
+                    settings=settings, data={"incident": "never_started"},
                 )
             )  # fmt: skip
             continue

@@ -18,8 +18,8 @@ import heapq
 import math
 from collections.abc import Iterator, Sequence
 
+from core.policy_config import PolicyConfig
 from core.states import Reason
-from scheduler.policy.config import PolicyConfig
 from scheduler.policy.snapshot import PendingJob, TeamInfo
 
 

@@ -13,9 +13,9 @@ import bisect
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from core.policy_config import PolicyConfig
 from core.states import JobState, Reason
 from scheduler.policy import sharing
-from scheduler.policy.config import PolicyConfig
 from scheduler.policy.decisions import Admission, Decisions, Failure, Pending, PlacementEntry, Preemption, Reservation
 from scheduler.policy.fairshare import JobOrder
 from scheduler.policy.placement import INF, Chosen, ClusterState, Request

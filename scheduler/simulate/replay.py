@@ -22,8 +22,8 @@ Model (stated, so the figures can be judged):
   ``teams`` reports GPU-hours used and borrowed (above nominal) per team;
 * utilisation = busy GPU time / GPU time over the trace's submission window (both policies, same window);
   ``utilisation_to_makespan`` divides by each policy's own makespan instead;
-* FIFO: submission order, the head blocks everyone behind it, no preemption, no backfill, no quotas. kiln:
-  ``PolicyConfig()``.
+* FIFO: submission order, the head blocks everyone behind it, no preemption, no backfill, no quotas. kiln: the
+  policy the live loop runs, from the settings (``KILN_POLICY__*``; docs/configuration.md).
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
+from core.policy_config import PolicyConfig
+from core.settings import get_settings
 from core.states import JobState
-from scheduler.policy.config import PolicyConfig
 from scheduler.policy.plan import plan
 from scheduler.policy.snapshot import ANY, HostInfo, PendingJob, PlacedHost, QuotaInfo, RunningJob, Snapshot, TeamInfo
 from scheduler.simulate.synthetic import gpu_cluster
@@ -465,12 +466,15 @@ def offered_load(trace: Sequence[TraceJob], gpus: int) -> float:
     return demand / (gpus * window) if window > 0 and gpus else 0.0
 
 
-def replay(trace: Sequence[TraceJob], hosts: int, gpus_per_host: int, tick: float) -> list[Result]:
-    """FIFO and kiln over the same trace and cluster."""
+FIFO = PolicyConfig(ordering="fifo", backfill=False, preemption=False, enforce_quotas=False)
+
+
+def replay(
+    trace: Sequence[TraceJob], hosts: int, gpus_per_host: int, tick: float, policy: PolicyConfig
+) -> list[Result]:
+    """FIFO and kiln (``policy``) over the same trace and cluster."""
     cluster = gpu_cluster(hosts, gpus_per_host)
-    fifo = PolicyConfig(ordering="fifo", backfill=False, preemption=False, enforce_quotas=False)
-    return [Simulation(trace, cluster, fifo, tick).run("fifo"),
-            Simulation(trace, cluster, PolicyConfig(), tick).run("kiln")]
+    return [Simulation(trace, cluster, FIFO, tick).run("fifo"), Simulation(trace, cluster, policy, tick).run("kiln")]
 
 
 def sweep_row(hosts: int, gpus: int, load: float, summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -521,16 +525,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="simulate-out")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
+    policy = get_settings().policy  # the live loop's policy: this process's entry reads it, plan() gets it
     trace = load_trace(args.trace, args.jobs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     sizes: list[int] = args.hosts
     if len(sizes) == 1:
-        by_size = [replay(trace, sizes[0], args.gpus_per_host, args.tick)]
+        by_size = [replay(trace, sizes[0], args.gpus_per_host, args.tick, policy)]
     else:
         with ProcessPoolExecutor(max_workers=min(len(sizes), os.cpu_count() or 1)) as pool:
-            by_size = list(pool.map(replay, repeat(trace), sizes, repeat(args.gpus_per_host), repeat(args.tick)))
+            by_size = list(
+                pool.map(replay, repeat(trace), sizes, repeat(args.gpus_per_host), repeat(args.tick), repeat(policy))
+            )
     summaries_by_size = [[summarize(r) for r in rs] for rs in by_size]
     summaries = summaries_by_size[0]
     rows = [sweep_row(n, n * args.gpus_per_host, offered_load(trace, n * args.gpus_per_host), ss)
@@ -543,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         "hosts": sizes[0],
         "offered_load": rows[0]["offered_load"],
         "tick_s": args.tick,
+        "policy": policy.model_dump(),
         "wall_s": round(time.perf_counter() - started, 1),
         "results": summaries,
         "sweep": rows,

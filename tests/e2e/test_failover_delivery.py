@@ -27,7 +27,6 @@ from tests.support.workers_cluster import (
     wait_for,
 )
 from workers.dispatch import dispatch_attempt
-from workers.tasks import STOP_GRACE_S
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -100,7 +99,7 @@ def test_cancel_running_job_checkpoints_and_is_cancelled_within_grace(one_host: 
             job.cancel_requested = True
             record_event(db, "CANCEL_REQUESTED", job=job, message="cancel requested")
             db.commit()
-        wait_for(lambda: job_row(c, job_id).state == "CANCELLED", STOP_GRACE_S + 30, "cancelled")
+        wait_for(lambda: job_row(c, job_id).state == "CANCELLED", get_settings().stop_grace_s + 30, "cancelled")
     finally:
         sched.stop()
 

@@ -21,6 +21,7 @@ from core.db import utcnow
 from core.gpu_types import canonical
 from core.models import Job, QosClass, Team
 from core.services.bootstrap import give_default_team_gpus
+from core.settings import Settings
 from core.spec import parse_spec_text
 from tests.integration.test_scheduler_loop import cycle, dispatched  # noqa: F401  (fixture)
 from tests.support.api import World
@@ -58,7 +59,8 @@ def register(db: Session, tmp_path: Path, name: str, model: str, *, count: int =
              "pcie_gen": 5, "nvlink_peers": []} for i in range(count)]  # fmt: skip
     recording = tmp_path / f"{name}.json"
     recording.write_text(json.dumps({"gpus": gpus, "samples": []}))
-    agent = HostAgent(name=name, inventory=NVMLReplay(recording), cpu_slots=0, address=None, heartbeat_interval_s=1)
+    agent = HostAgent(name=name, inventory=NVMLReplay(recording), cpu_slots=0, address=None,
+                      settings=Settings(heartbeat_interval_s=1))
     agent.register(db)
     db.commit()  # a savepoint under the test's transaction: a refused request's rollback keeps the host
 

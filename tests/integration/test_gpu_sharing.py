@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from core.db import utcnow
 from core.models import Event, Host, Job
 from core.services.bootstrap import give_default_team_gpus
+from core.settings import get_settings
 from tests.integration.test_gpu_path import example, register
 from tests.integration.test_scheduler_loop import cycle, dispatched  # noqa: F401  (fixture)
 from tests.support.api import World
@@ -39,7 +40,7 @@ def daemon(tmp_path: Path) -> Iterator[mps.MpsDaemon]:
 
 def agent_of(tmp_path: Path, name: str) -> HostAgent:
     return HostAgent(name=name, inventory=NVMLReplay(tmp_path / f"{name}.json"), cpu_slots=0, address=None,
-                     heartbeat_interval_s=1)  # fmt: skip
+                     settings=get_settings().model_copy(update={"heartbeat_interval_s": 1}))  # fmt: skip
 
 
 @pytest.mark.usefixtures("dispatched")

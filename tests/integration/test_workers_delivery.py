@@ -34,7 +34,8 @@ def test_concurrent_deliveries_exactly_one_claims() -> None:
         engine = make_engine(url)
         maker = sessionmaker(bind=engine, expire_on_commit=False)
         with maker() as db:
-            host = HostAgent(name="race", inventory=NoGpus(), cpu_slots=1, address=None, heartbeat_interval_s=1)
+            host = HostAgent(name="race", inventory=NoGpus(), cpu_slots=1, address=None,
+                             settings=get_settings().model_copy(update={"heartbeat_interval_s": 1}))
             host_row = host.register(db)
             job = submit(db, yaml.safe_load((ROOT / "examples" / "gpt-tiny.yaml").read_text()))
             attempt = admit(db, job, host_row)

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from core.db import utcnow
 from core.fence import job_checkpoint_dir, read_fence, write_fence
-from core.lifecycle import BACKOFF_CAP_S, restart_backoff_s
+from core.lifecycle import restart_backoff_s
 from core.models import GPU, Attempt, Event, Host, Job, QosClass, Usage
 from core.settings import Settings
 from core.states import record_event
@@ -34,7 +34,7 @@ SETTINGS = Settings(lease_s=10.0, heartbeat_interval_s=1.0)
 
 
 def _host(db: Session, name: str, slots: int = 2) -> Host:
-    agent = HostAgent(name=name, inventory=NoGpus(), cpu_slots=slots, address="127.0.0.1", heartbeat_interval_s=1)
+    agent = HostAgent(name=name, inventory=NoGpus(), cpu_slots=slots, address="127.0.0.1", settings=SETTINGS)
     host = agent.register(db)
     db.flush()
     return host
@@ -64,7 +64,7 @@ def test_expired_lease_requeues_with_backoff_and_frees_the_attempt(db: Session) 
     actions = reconcile(db=db, now=later, settings=SETTINGS, dispatch=dispatch_attempt)
     assert any("LOST -> QUEUED" in a for a in actions), actions
     assert job.state == "QUEUED" and job.restart_count == 1
-    assert job.not_before == later + timedelta(seconds=restart_backoff_s(1))
+    assert job.not_before == later + timedelta(seconds=restart_backoff_s(1, SETTINGS))
     assert attempt.state == "LOST" and attempt.ended_at == later
     lost = _events(db, job, "LOST")
     assert len(lost) == 1 and "lease expired" in lost[0].message
@@ -122,10 +122,10 @@ def test_a_new_worker_process_ends_the_attempts_its_predecessor_claimed(
     host = _host(db, "rec-o")
     job, attempt = _running(db, host)
     assert attempt.placement[0]["worker"] == "first"
-    same = HostAgent(name="rec-o", inventory=NoGpus(), cpu_slots=2, address=None, heartbeat_interval_s=1,
+    same = HostAgent(name="rec-o", inventory=NoGpus(), cpu_slots=2, address=None, settings=SETTINGS,
                      incarnation="first")  # fmt: skip
     assert same.end_orphans(db) == []  # a re-registration by the same process ends nothing
-    restarted = HostAgent(name="rec-o", inventory=NoGpus(), cpu_slots=2, address=None, heartbeat_interval_s=1,
+    restarted = HostAgent(name="rec-o", inventory=NoGpus(), cpu_slots=2, address=None, settings=SETTINGS,
                           incarnation="second")  # fmt: skip
     restarted.register(db)
     db.flush()
@@ -135,8 +135,8 @@ def test_a_new_worker_process_ends_the_attempts_its_predecessor_claimed(
 
 
 def test_backoff_is_exponential_and_capped() -> None:
-    assert [restart_backoff_s(n) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
-    assert restart_backoff_s(50) == BACKOFF_CAP_S
+    assert [restart_backoff_s(n, SETTINGS) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
+    assert restart_backoff_s(50, SETTINGS) == SETTINGS.restart_backoff_cap_s
 
 
 def test_stale_host_goes_down_and_an_unclaimed_attempt_there_is_given_up(db: Session) -> None:
@@ -215,7 +215,7 @@ def test_gpu_xid_error_excludes_the_host_until_its_time_is_served(db: Session, t
     recording = tmp_path / "nvml.json"
     recording.write_text(json.dumps({"gpus": [gpu], "samples": [[clean], [{**clean, "xid_errors": [79]}]]}))
     agent = HostAgent(name="rec-gpu", inventory=NVMLReplay(recording), cpu_slots=0, address=None,
-                      heartbeat_interval_s=1)  # fmt: skip
+                      settings=SETTINGS)  # fmt: skip
     host = agent.register(db)
     db.flush()
     assert [(g.model, g.name) for g in host.gpus] == [("H200", "NVIDIA H200")] and host.cpu_slots == 0
@@ -228,7 +228,7 @@ def test_gpu_xid_error_excludes_the_host_until_its_time_is_served(db: Session, t
     actions = reconcile(db=db, now=now, settings=SETTINGS, dispatch=dispatch_attempt)
     assert actions == [f"host rec-gpu: EXCLUDED ({host.exclusion_reason})"]
     assert host.state == "EXCLUDED" and "Xid 79" in (host.exclusion_reason or "")
-    served = now + timedelta(seconds=reconciler.EXCLUSION_S + 1)
+    served = now + timedelta(seconds=SETTINGS.gpu_exclusion_s + 1)
     host.last_heartbeat_at = served
     assert reconcile(db=db, now=served, settings=SETTINGS, dispatch=dispatch_attempt) == ["host rec-gpu: readmitted"]
     assert host.state == "UP" and all(g.healthy for g in host.gpus)

@@ -35,7 +35,7 @@ def _checkpoint(step: int, loss: float, **kw: Any) -> dict[str, Any]:
 
 def test_a_resume_that_trains_no_step_records_its_checkpoints_step_and_loss(db: Session, tmp_path: Path) -> None:
     host = HostAgent(name="rep-a", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
-                     heartbeat_interval_s=1).register(db)  # fmt: skip
+                     settings=SETTINGS).register(db)  # fmt: skip
     db.flush()
     job = submit(db, tiny_spec("resumed-at-the-end", steps=60))
     first = admit(db, job, host)
@@ -45,7 +45,8 @@ def test_a_resume_that_trains_no_step_records_its_checkpoints_step_and_loss(db: 
     # step 60 - the end - before its lease ran out, and the attempt was declared lost.
     steps = [{"kind": "step", "rank": 0, "ts": time.time(), "step": 25, "loss": 3.0}]
     relay(db, job=job, attempt=first, state=RelayState(), records=[_checkpoint(10, 4.0), _checkpoint(20, 3.5), *steps])
-    requeue_after_failure(db, job=job, attempt=first, reason="lease expired", now=utcnow(), storage_dir=tmp_path)
+    requeue_after_failure(db, job=job, attempt=first, reason="lease expired", now=utcnow(),
+                          settings=SETTINGS.model_copy(update={"storage_dir": tmp_path}))
     assert job.last_step == 25 and job.state == "QUEUED"
 
     second = admit(db, job, host)
@@ -74,7 +75,7 @@ def test_a_resume_that_trains_no_step_records_its_checkpoints_step_and_loss(db: 
 
 def test_rows_past_a_resume_or_a_rollback_are_forgotten(db: Session) -> None:
     host = HostAgent(name="rep-b", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
-                     heartbeat_interval_s=1).register(db)  # fmt: skip
+                     settings=SETTINGS).register(db)  # fmt: skip
     db.flush()
     job = submit(db, tiny_spec("rolled-back", steps=60))
     attempt = admit(db, job, host)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from core.lifecycle import BACKOFF_CAP_S, EXIT_CLASS_ENDS, ExitClass, Requeue, restart_backoff_s
+from core.lifecycle import EXIT_CLASS_ENDS, ExitClass, Requeue, restart_backoff_s
 from core.models import Attempt, Host
+from core.settings import Timings
 from core.states import (
     ACTIVE,
     ATTEMPT_LIVE,
@@ -162,10 +163,15 @@ def test_a_restart_goes_lost_then_queued_or_failed() -> None:
 
 
 @pytest.mark.parametrize(
-    ("restart", "backoff_s"), [(0, 1.0), (1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (9, 256.0), (10, BACKOFF_CAP_S)]
+    ("restart", "backoff_s"), [(0, 1.0), (1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (9, 256.0), (10, 300.0)]
 )
 def test_restart_backoff_doubles_up_to_its_cap(restart: int, backoff_s: float) -> None:
-    assert restart_backoff_s(restart) == backoff_s
+    assert restart_backoff_s(restart, Timings()) == backoff_s
+
+
+def test_the_operator_sets_the_backoff() -> None:
+    timings = Timings(restart_backoff_base_s=2.0, restart_backoff_cap_s=5.0)
+    assert [restart_backoff_s(n, timings) for n in (1, 2, 3)] == [2.0, 4.0, 5.0]
 
 
 def test_reasons_are_one_vocabulary() -> None:

@@ -7,8 +7,8 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core.policy_config import PolicyConfig
 from core.states import Reason
-from scheduler.policy.config import PolicyConfig
 from scheduler.policy.decisions import Decisions
 from scheduler.policy.plan import plan
 from scheduler.policy.snapshot import (

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from api.routers.dashboard import cluster, docs, job, queue, sla, teams
-from api.routers.dashboard.common import FRONTEND_DIR, DashboardSettings
+from api.routers.dashboard.common import FRONTEND_DIR
 
 
 def install(app: FastAPI) -> None:
@@ -22,4 +22,4 @@ def install(app: FastAPI) -> None:
     app.mount("/ui", StaticFiles(directory=FRONTEND_DIR), name="dashboard-static")
 
 
-__all__ = ["DashboardSettings", "install"]
+__all__ = ["install"]

@@ -9,10 +9,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from sqlalchemy import or_, select
 
-from api.deps import CurrentPrincipal, SessionDep
+from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.routers.dashboard.common import (
     ACTIVE_STATES,
-    DashboardSettings,
     iso,
     price_for,
     visible_team_ids,
@@ -82,11 +81,11 @@ def cluster(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
 def cost(
     session: SessionDep,
     who: CurrentPrincipal,
+    settings: SettingsDep,
     days: Annotated[int, Query(ge=1, le=366)] = 30,
     bucket: Annotated[str, Query(pattern="^(hour|day)$")] = "day",
 ) -> dict[str, Any]:
     """Each usage row's GPU-seconds are spread evenly over its time span and cut into buckets."""
-    cfg = DashboardSettings()
     teams = visible_team_ids(session, who)
     team_names = dict(session.execute(select(Team.id, Team.name).where(Team.id.in_(teams))).tuples().all())
     now = utcnow()
@@ -104,7 +103,7 @@ def cost(
         end = end or now
         t0, t1 = max(start, since).timestamp(), min(end, now).timestamp()
         span = max((end - start).total_seconds(), 1e-9)
-        price = price_for(cfg.gpu_prices, gpu_type)
+        price = price_for(settings.gpu_prices, gpu_type)
         name = team_names.get(team_id, "?")
         b = int(t0) // step * step
         while b < t1:
@@ -124,8 +123,8 @@ def cost(
         series.append({"team": name, "gpu_hours": sum(v[0] for _, v in buckets), "cost": sum(v[1] for _, v in buckets),
                        "by_gpu_type": dict(by_type[name]), "points": points})  # fmt: skip
     return {
-        "currency": cfg.currency,
-        "prices": cfg.gpu_prices,
+        "currency": settings.currency,
+        "prices": settings.gpu_prices,
         "start": datetime.fromtimestamp(first, UTC).isoformat(),
         "bucket_s": step,
         "series": series,

@@ -1,16 +1,13 @@
-"""Shared by the dashboard's views: price configuration, tenancy helpers, cursors, effective max queue wait."""
+"""Shared by the dashboard's views: prices, tenancy helpers, cursors, effective max queue wait."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
 
-from pydantic import field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.gpu_types import canonical_key
 from core.models import (
     Job,
     QosClass,
@@ -26,27 +23,6 @@ FRONTEND_DIR = Path(__file__).resolve().parents[3] / "frontend"
 ACTIVE_STATES = tuple(s.value for s in JobState if s in ACTIVE)
 FINISHED_STATES = tuple(s.value for s in JobState if s in TERMINAL)  # LOST is not: the reconciler requeues it
 MAX_PAGE = 200
-
-
-# Configuration: price per GPU-hour per GPU type
-
-
-class DashboardSettings(BaseSettings):
-    """``KILN_GPU_PRICES``: JSON object, price per GPU-hour (CPU slot-hour for ``cpu``) by GPU type.
-
-    ``*`` is the price of a type not listed. Currency is whatever the operator bills in (``KILN_CURRENCY``).
-    """
-
-    model_config = SettingsConfigDict(env_prefix="KILN_", extra="ignore")
-
-    gpu_prices: dict[str, float] = {"H200": 4.5, "H100-80GB": 3.5, "A100-80GB": 2.0, "cpu": 0.05, "*": 2.0}
-    currency: str = "USD"
-
-    @field_validator("gpu_prices")
-    @classmethod
-    def _canonical(cls, prices: dict[str, float]) -> dict[str, float]:
-        """Priced by GPU type in kiln's vocabulary, whichever way the operator wrote it (``NVIDIA H200``)."""
-        return {canonical_key(name): price for name, price in prices.items()}
 
 
 def price_for(prices: dict[str, float], gpu_type: str | None) -> float:

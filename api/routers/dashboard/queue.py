@@ -9,14 +9,13 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel
 from sqlalchemy import ColumnElement, func, select
 
-from api.deps import CurrentPrincipal, SessionDep
+from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.routers.common import QosQuery, TeamQuery, decode_cursor, encode_cursor
 from api.routers.dashboard.common import (
     ACTIVE_STATES,
     FINISHED_STATES,
     FRONTEND_DIR,
     MAX_PAGE,
-    DashboardSettings,
     effective_max_wait,
     iso,
     team_filter,
@@ -40,9 +39,8 @@ def index() -> FileResponse:
 
 
 @router.get("/v1/config/prices", summary="Price per GPU-hour by GPU type (KILN_GPU_PRICES)")
-def prices(who: CurrentPrincipal) -> dict[str, Any]:
-    cfg = DashboardSettings()
-    return {"currency": cfg.currency, "prices": cfg.gpu_prices, "unit": "per GPU-hour (cpu: per slot-hour)"}
+def prices(who: CurrentPrincipal, settings: SettingsDep) -> dict[str, Any]:
+    return {"currency": settings.currency, "prices": settings.gpu_prices, "unit": "per GPU-hour (cpu: per slot-hour)"}
 
 
 @router.get("/v1/dashboard/context", summary="Who is signed in, their teams and the QoS classes")

@@ -1,0 +1,114 @@
+"""The scheduling policy's knobs: a frozen value passed to ``plan()``.
+
+The operator sets them as ``KILN_POLICY__<FIELD>`` (``core.settings``); the live loop and ``kiln simulate`` read them
+once at start-up and pass them in, so the pure policy never reads the environment.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+
+class SettingsGroup(BaseModel):
+    """A group of settings read from the environment: an empty value of an optional setting is "not set"."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if value == "" and field is not None and type(None) in get_args(field.annotation):
+            return None
+        return value
+
+
+class PolicyConfig(SettingsGroup):
+    """How the scheduler orders, places and preempts jobs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ordering: Literal["kiln", "fifo"] = Field(
+        default="kiln",
+        description="`kiln`: QoS classes, SLA urgency, fair share, quotas, backfill, reservations, preemption. "
+        "`fifo`: submission order, the head blocks everything behind it (the simulator's baseline).",
+    )
+    placement: Literal["pack", "spread"] = Field(
+        default="pack",
+        description="Where a job that fits on one host goes: `pack` the host it fits best (keeps whole hosts "
+        "free for gang jobs), `spread` the host with the most free GPUs.",
+    )
+    backfill: bool = Field(
+        default=True, description="Smaller jobs may run ahead of a blocked one where they do not delay it."
+    )
+    preemption: bool = Field(default=True, description="A job of a higher class may preempt jobs of lower classes.")
+    enforce_quotas: bool = Field(
+        default=True, description="Teams' GPU quotas (nominal, borrowing and lending limits) hold."
+    )
+    enforce_budgets: bool = Field(default=True, description="Teams' GPU-hour budgets hold.")
+    sla_reserve_fraction: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="A job is at risk once it has waited this fraction of its max queue wait: it sorts ahead of "
+        "its class and capacity is reserved for it.",
+    )
+    deadline_slack_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="A job whose projected finish leaves less slack than this before its deadline is urgent.",
+    )
+    max_reservations: int = Field(
+        default=8, ge=0, description="Jobs that hold a reservation in one cycle (class heads and at-risk jobs)."
+    )
+    reserve_per_class: bool = Field(
+        default=True,
+        description="The first job of each QoS class that cannot be placed holds a reservation (not only "
+        "the first overall), so a large low-class job is not starved by a stream of small jobs of its own class.",
+    )
+    starvation_age_s: float | None = Field(
+        default=86400.0,
+        ge=0,
+        description="Jobs without an SLA count as at risk once they have waited this long "
+        "(aging within a class). Empty: no aging.",
+    )
+    keep_reservations: bool = Field(
+        default=True,
+        description="A job that held a reservation (or preempted for it) last cycle goes first in its "
+        "class, so the capacity its victims free is not handed to another job, which would preempt anew.",
+    )
+    preempt_patience_s: float | None = Field(
+        default=86400.0,
+        ge=0,
+        description="Preempt only when waiting would be too late: when the job's projected start "
+        "(from running jobs' time limits) is after its queue-wait SLA or deadline, after now + this for a job "
+        "without one, or unknown. Empty: preempt whenever a job of a higher class cannot be placed.",
+    )
+    max_preemptors: int = Field(default=8, ge=0, description="Jobs that may trigger preemption in one cycle.")
+    max_preempt_searches: int = Field(
+        default=32, ge=0, description="Victim searches per cycle (each costs placement trials)."
+    )
+    max_victim_candidates: int = Field(
+        default=64, ge=0, description="Running jobs considered as victims in one search."
+    )
+    min_run_time_s: float = Field(
+        default=300.0, ge=0, description="A job is not preempted before it has run this long."
+    )
+    preempt_own_lower_classes: bool = Field(
+        default=True,
+        description="A job may preempt its own team's jobs of a strictly lower class, preemptible or not, "
+        "so a team over its quota trades its own lower-class work for its higher-class job. Other teams' "
+        "non-preemptible jobs are taken only as reclaim victims (borrowed quota).",
+    )
+    victim_preempted_penalty_s: float = Field(
+        default=900.0,
+        ge=0,
+        description="In victim order, each earlier preemption of a candidate counts as this many "
+        "seconds of lost work on each of its GPUs, so the same long job is not pushed back again and again.",
+    )
+    fairshare_admit_charge_s: float = Field(
+        default=3600.0,
+        ge=0,
+        description="Fair-share usage charged per GPU a team is admitted within one cycle "
+        "(ordering only), so one team does not take the whole cycle's capacity.",
+    )
