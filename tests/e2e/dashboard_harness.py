@@ -4,11 +4,12 @@ HTTP, the scheduler and a worker run as their own processes."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
-import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,26 +17,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import pytest
+
+from tests.support.deps import missing
+from tests.support.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("KILN_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-SCREENSHOTS = ROOT / "docs" / "img"
+DOCS_IMG = ROOT / "docs" / "img"
+REFRESH_SCREENSHOTS = "KILN_REFRESH_SCREENSHOTS"  # =1: the screenshots replace the docs' own (docs/img)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@functools.cache
+def screenshot_dir() -> Path:
+    """Where the browser tests save screenshots: docs/img only when asked (``KILN_REFRESH_SCREENSHOTS=1``), else a
+    temporary directory, so a test run never rewrites tracked files."""
+    if os.environ.get(REFRESH_SCREENSHOTS) == "1":
+        return DOCS_IMG
+    return Path(tempfile.mkdtemp(prefix="kiln-screenshots-"))
 
 
 def require_chromium() -> None:
-    if Path(CHROMIUM).exists():
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"{CHROMIUM} is missing (apt-get install -y chromium)")
-    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
+    if not Path(CHROMIUM).exists():
+        missing(f"{CHROMIUM} is missing (apt-get install -y chromium)")
 
 
 @dataclass

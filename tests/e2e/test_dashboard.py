@@ -3,8 +3,9 @@
 1. Sign in, validation errors beside the field (form and YAML), submit through the form, the job queues up with
    its position and wait against the contract (API alone: nothing admits it yet).
 2. The scheduler and a worker start: the job runs, loss/throughput points appear, logs follow, cancel stops it.
-3. Every page at 1280x800 and at a phone width (375px): screenshots into docs/img/, labels on every control,
-   no horizontal overflow of the page, no failed request or script error.
+3. Every page at 1280x800 and at a phone width (375px): screenshots (into docs/img/ only with
+   KILN_REFRESH_SCREENSHOTS=1, else a temp dir), labels on every control, no horizontal overflow of the page,
+   no failed request or script error.
 
     .venv/bin/pytest tests/e2e/test_dashboard.py -v
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.dashboard_harness import SCREENSHOTS, Kiln, chromium, running_kiln
+from tests.e2e.dashboard_harness import Kiln, chromium, running_kiln, screenshot_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -141,9 +142,9 @@ def test_job_runs_live_logs_and_cancel(page: Any, kiln: Kiln) -> None:
         access_log = kiln.log("api", tail=10**8)
         assert "/stream?after_id=0&ticket=kst_" in access_log and "/logs?follow=true&ticket=kst_" in access_log
         assert kiln.token not in access_log and "access_token" not in access_log
-        page.screenshot(path=str(SCREENSHOTS / "dashboard-job-running.png"))
+        page.screenshot(path=str(screenshot_dir() / "dashboard-job-running.png"))
         page.set_viewport_size(PHONE)
-        page.screenshot(path=str(SCREENSHOTS / "dashboard-job-running-phone.png"))
+        page.screenshot(path=str(screenshot_dir() / "dashboard-job-running-phone.png"))
         page.set_viewport_size(DESKTOP)
 
         page.once("dialog", lambda d: d.accept())
@@ -192,7 +193,7 @@ def test_every_page_screenshots_labels_and_fit(page: Any, kiln: Kiln, viewport: 
         assert page.evaluate(LABEL_CHECK) == [], f"unlabelled controls on {name}"
         overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 1, f"{name} overflows the {size['width']}px viewport by {overflow}px"
-        page.screenshot(path=str(SCREENSHOTS / f"dashboard-{name}{suffix}.png"))
+        page.screenshot(path=str(screenshot_dir() / f"dashboard-{name}{suffix}.png"))
 
     # Keyboard: after a navigation the focus is on the page's heading; Shift+Tab walks back through the header
     # (sign out, then the navigation); Enter follows a link and the new page's heading takes the focus.

@@ -1,4 +1,4 @@
-"""Acceptance 3 and 4: a forced Redis redelivery is refused by the fencing token; a cancel checkpoints and stops.
+"""A forced Redis redelivery is refused by the fencing token; a cancel checkpoints and stops.
 
 Real PostgreSQL, real Redis, real worker processes and the real trainer on CPU.
 """

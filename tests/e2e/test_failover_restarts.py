@@ -1,4 +1,4 @@
-"""Acceptance 2: restart Redis mid-run, then PostgreSQL mid-run (down for a lease): no job lost, none duplicated,
+"""Restart Redis mid-run, then PostgreSQL mid-run (down for a lease): no job lost, none duplicated,
 none restarted; the API answers 503 while the database is away and recovers by itself.
 
 These servers are shared with the rest of the suite: the outages are kept to seconds and this is the only test
@@ -21,6 +21,7 @@ from sqlalchemy import select
 from core.models import Attempt, Event, Job
 from core.settings import get_settings
 from tests.support.cluster_rows import job_row
+from tests.support.deps import missing
 from tests.support.services import REDIS_URL_BASE, redis_url, temporary_database
 from tests.support.workers_cluster import (
     Cluster,
@@ -53,7 +54,7 @@ def _redis_alive() -> bool:
 @pytest.fixture
 def two_hosts(tmp_path: Path) -> Iterator[Cluster]:
     if not Path("/etc/postgresql").is_dir():
-        pytest.skip("needs a local PostgreSQL cluster managed by pg_ctlcluster")
+        missing("needs a local PostgreSQL cluster managed by pg_ctlcluster")
     with (
         temporary_database("kiln_restarts") as url,
         cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=10.0, heartbeat_s=1.0) as c,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,17 +18,13 @@ import httpx
 import psutil
 import pytest
 
+from tests.support.services import free_port
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 KILN = [sys.executable, "-m", "cli.main"]
 JOB_TIMEOUT_S = float(os.environ.get("KILN_E2E_JOB_TIMEOUT_S", "480"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

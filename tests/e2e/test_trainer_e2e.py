@@ -1,6 +1,6 @@
 """The trainer as the worker runs it: real subprocesses, ``torchrun --nproc-per-node 2`` with gloo on CPU.
 
-Acceptance (issue 3): (1) DDP and FSDP2 learn the stdlib corpus below a stated loss, compiled == eager over the
+What the trainer must do: (1) DDP and FSDP2 learn the stdlib corpus below a stated loss, compiled == eager over the
 first steps; (2) SIGKILL a rank, relaunch, the curve matches an uninterrupted run; (3) a corrupt newest
 checkpoint is skipped with an event; (4) compile timeout / unsupported op fall back to eager with the event;
 (5) a poisoned batch is detected and rolled back.  Plus SIGTERM -> checkpoint -> exit PREEMPTED.
@@ -21,8 +21,10 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
-psutil = pytest.importorskip("psutil")
+from tests.support.deps import require_module
+
+require_module("torch")
+psutil = require_module("psutil")
 
 from core.trainer_protocol import ENV_LOCAL_CHECKPOINT_DIR, ENV_TEST_HOOKS, ExitCode  # noqa: E402
 

@@ -31,7 +31,7 @@ from core.migrate import upgrade
 from core.models import Host
 from core.settings import Settings
 from scheduler.live.loop import run_forever
-from tests.support.services import temporary_database
+from tests.support.services import free_port, temporary_database
 from tests.support.workers_cluster import wait_for
 from workers.dispatch import dispatch_attempt
 
@@ -40,12 +40,6 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
 PASSWORD = "0b5c1d2e3f4a5b6c7d8e9f00112233445566778899aabbccddeeff0011223344"  # as `openssl rand -hex 32`
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def unescape(text: str, tmp: Path) -> str:

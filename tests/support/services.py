@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
-import pytest
+
+from tests.support.deps import missing
 
 PG_ADMIN_URL = os.environ.get("KILN_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL_BASE = os.environ.get("KILN_TEST_REDIS", "redis://127.0.0.1:6379")
@@ -28,11 +30,8 @@ def postgres_available() -> bool:
 
 
 def require_postgres() -> None:
-    if postgres_available():
-        return
-    if os.environ.get("CI"):
-        pytest.fail("PostgreSQL is not reachable at 127.0.0.1:5432 (.ci/run should have started it)")
-    pytest.skip("PostgreSQL is not running")
+    if not postgres_available():
+        missing(f"PostgreSQL is not reachable at {PG_ADMIN_URL}")
 
 
 @contextmanager
@@ -57,8 +56,13 @@ def redis_url(db: int | None = None) -> str:
     try:
         client.ping()
     except redis.exceptions.ConnectionError:
-        if os.environ.get("CI"):
-            pytest.fail("Redis is not reachable at 127.0.0.1:6379 (.ci/run should have started it)")
-        pytest.skip("Redis is not running")
+        missing(f"Redis is not reachable at {REDIS_URL_BASE}")
     index = db if db is not None else 1 + os.getpid() % 15
     return f"{REDIS_URL_BASE}/{index}"
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -22,15 +22,18 @@ from typing import Any, TypeVar
 
 import psutil
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from core import db as core_db
 from core.db import utcnow
 from core.migrate import upgrade
-from core.models import Attempt, Host, Job, QosClass, SlaContract, Team, TeamQuota
+from core.models import Attempt, Host, Job, QosClass, Team, TeamQuota, User
+from core.services import jobs as jobs_service
+from core.services.bootstrap import bootstrap_admin
+from core.services.principal import Principal
 from core.settings import Settings, get_settings
 from core.spec import parse_spec_data
-from core.states import record_event
 from core.trainer_protocol import ENV_TEST_HOOKS
 from scheduler.live.apply import apply_all
 from scheduler.live.loop import CycleResult, run_cycle
@@ -63,16 +66,20 @@ def slow_steps(seconds: float) -> dict[str, Any]:
 
 
 def wait_for(predicate: Callable[[], T | None], timeout: float, what: str, interval: float = 0.2) -> T:
+    """Poll ``predicate`` until it returns something true. A database error (a test that restarts PostgreSQL)
+    counts as "not yet" and is named if time runs out; any other error is the test's and propagates."""
     deadline = time.monotonic() + timeout
+    last_error: DBAPIError | None = None
     while True:
         try:
             value = predicate()
-        except Exception:  # the database may be restarting: keep looking
-            value = None
+        except DBAPIError as exc:
+            value, last_error = None, exc
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            cause = f" (last database error: {last_error.orig!r})" if last_error is not None else ""
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}{cause}")
         time.sleep(interval)
 
 
@@ -123,8 +130,7 @@ class Cluster:
 
     @staticmethod
     def _clear_caches() -> None:
-        with contextlib.suppress(Exception):
-            core_db.get_engine().dispose()
+        core_db.get_engine().dispose()
         get_settings.cache_clear()
         core_db.get_engine.cache_clear()
         core_db.get_sessionmaker.cache_clear()
@@ -210,35 +216,45 @@ def cluster(tmp: Path, *, database_url: str, broker_url: str, **kw: Any) -> Iter
 # ------------------------------------------------------------------------------------- submission and admission
 
 CPU_QUOTA = 8  # CPU slots the test teams may use (their quota row for gpu_type "cpu")
+CLUSTER_ADMIN = "cluster-admin"
 
 
 def submit(
     db: Session, spec: dict[str, Any], *, max_restarts: int = 3, recovery_objective_s: float = 60.0,
     checkpoint_interval_s: float = 600.0, cpu_quota: int = CPU_QUOTA,
 ) -> Job:
-    """A QUEUED job with its SLA contract, as the API's submit writes it; the team gets a CPU quota if it has none
-    (the scheduler admits CPU jobs against the team's ``cpu`` quota and the hosts' CPU slots)."""
-    parsed = parse_spec_data(spec)
-    team = db.scalars(select(Team).where(Team.name == parsed.team)).first()
+    """Submit ``spec`` through the API's own submission service (``core.services.jobs.submit``), as the cluster's
+    admin, with these SLA terms; the team gets at least ``cpu_quota`` CPU slots (the scheduler admits CPU jobs
+    against the team's ``cpu`` quota and the hosts' CPU slots) and a restart limit that allows ``max_restarts``."""
+    principal = _cluster_admin(db)
+    team_name = spec.get("team", "default")
+    team = db.scalars(select(Team).where(Team.name == team_name)).first()
     if team is None:
-        team = Team(name=parsed.team)
+        team = Team(name=team_name, qos_classes=list(db.scalars(select(QosClass))))
         db.add(team)
         db.flush()
-    if db.scalars(select(TeamQuota).where(TeamQuota.team_id == team.id, TeamQuota.gpu_type == "cpu")).first() is None:
+    quota = db.scalars(select(TeamQuota).where(TeamQuota.team_id == team.id, TeamQuota.gpu_type == "cpu")).first()
+    if quota is None:
         db.add(TeamQuota(team_id=team.id, gpu_type="cpu", nominal=cpu_quota))
-    qos = db.scalars(select(QosClass).where(QosClass.name == (parsed.sla.qos or "silver"))).one()
-    now = utcnow()
-    job = Job(name=parsed.name, team_id=team.id, spec=parsed.model_dump(mode="json"), state="QUEUED",
-              qos_class_id=qos.id, priority=qos.priority, gpus=parsed.resources.gpus,
-              gpu_type=parsed.resources.gpu_type if parsed.resources.gpus else "cpu", submitted_at=now,
-              updated_at=now)  # fmt: skip
-    db.add(job)
+    else:
+        quota.nominal = max(quota.nominal, cpu_quota)
+    team.restart_limit = max(team.restart_limit, max_restarts)  # an admin's setting, which submit enforces
     db.flush()
-    db.add(SlaContract(team_id=team.id, job_id=job.id, qos_class_id=qos.id, max_restarts=max_restarts,
-                       recovery_time_objective_s=recovery_objective_s,
-                       checkpoint_interval_s=checkpoint_interval_s))  # fmt: skip
-    record_event(db, "SUBMITTED", job=job, message="submitted")
+    terms = {"max_restarts": max_restarts, "recovery_time_objective_s": recovery_objective_s,
+             "checkpoint_interval_s": checkpoint_interval_s}  # fmt: skip
+    parsed = parse_spec_data({**spec, "sla": {**(spec.get("sla") or {}), **terms}})
+    view = jobs_service.submit(db=db, principal=principal, spec=parsed)
+    job = db.get(Job, view.job.id)
+    assert job is not None
     return job
+
+
+def _cluster_admin(db: Session) -> Principal:
+    """The admin the tests act as: bootstrapped (with the ``default`` team) the way ``kiln up`` does, once."""
+    user = db.scalars(select(User).where(User.name == CLUSTER_ADMIN)).first()
+    if user is None:
+        user, _ = bootstrap_admin(db=db, name=CLUSTER_ADMIN, force=True)
+    return Principal(user_id=user.id, name=user.name, user_is_admin=True, scopes=frozenset({"read", "write", "admin"}))
 
 
 def admit(db: Session, job: Job, host: Host, *, slots: int | None = None) -> Attempt:
@@ -257,33 +273,34 @@ def admit(db: Session, job: Job, host: Host, *, slots: int | None = None) -> Att
 
 class SchedulerThread:
     """The real scheduler: ``scheduler.live.loop.run_cycle`` every ``interval_s`` (what ``python -m scheduler`` runs
-    once it leads, minus the leader election, which a test with one scheduler does not need)."""
+    once it leads, minus the leader election, which a test with one scheduler does not need).
+
+    A cycle that fails on a database error is retried at the next tick, as the live loop does (tests restart
+    PostgreSQL); any other error stops the thread and ``stop()`` raises it, so a broken cycle fails the test."""
 
     def __init__(self, maker: Callable[[], Session], settings: Settings, *, interval_s: float = 0.5):
         self.maker = maker
         self.settings = settings
         self.interval_s = interval_s
-        self.actions: list[str] = []
-        self.admitted: list[int] = []
-        self.errors = 0
-        self.last_error: str | None = None
+        self.database_errors = 0
+        self.failure: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
     def cycle(self) -> CycleResult:
-        result = run_cycle(session_factory=self.maker, dispatch=dispatch_attempt, settings=self.settings)
-        self.actions += result.reconciled
-        self.admitted += result.admitted
-        return result
+        return run_cycle(session_factory=self.maker, dispatch=dispatch_attempt, settings=self.settings)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
                 self.cycle()
-            except Exception as exc:  # the database is restarting: the next cycle tries again
-                self.errors += 1
-                self.last_error = repr(exc)
+            except DBAPIError as exc:  # the database is restarting: the next cycle tries again
+                self.database_errors += 1
                 log.warning("scheduling cycle failed: %s", exc)
+            except Exception as exc:
+                self.failure = exc
+                log.exception("scheduling cycle failed")
+                return
             self._stop.wait(self.interval_s)
 
     def start(self) -> SchedulerThread:
@@ -293,3 +310,5 @@ class SchedulerThread:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
+        if self.failure is not None:
+            raise AssertionError(f"the scheduler thread failed: {self.failure!r}") from self.failure

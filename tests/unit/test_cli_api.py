@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from cli.config import CliConfig
 from cli.errors import ExitCode
 from cli.main import app
 from core.migrate import upgrade
+from tests.support.services import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "gpt-tiny.yaml"
@@ -38,12 +38,6 @@ class Server:
     url: str
     token: str
     home: Path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

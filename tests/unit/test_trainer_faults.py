@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.support.deps import require_module
+
+torch = require_module("torch")
 
 import torch.distributed as dist  # noqa: E402
 

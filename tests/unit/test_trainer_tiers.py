@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.support.deps import require_module
+
+torch = require_module("torch")
 
 from trainer.checkpoint import (  # noqa: E402
     MANIFEST,

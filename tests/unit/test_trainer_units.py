@@ -7,7 +7,9 @@ import pathlib
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.support.deps import require_module
+
+torch = require_module("torch")
 
 from core import memory  # noqa: E402
 from core.spec import JobSpec  # noqa: E402
