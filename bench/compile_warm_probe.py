@@ -1,4 +1,4 @@
-"""Where a warm compile's time goes (issue 3, acceptance 6: warm compile from the cache <= 20% of cold).
+"""Where a warm compile's time goes (the target: a warm compile from the cache takes <= 20% of a cold one).
 
 Each measurement is its own fresh process running kiln's ``trainer.compile.Compiler`` on the same model,
 batch and precision as ``bench/trainer_bench.py`` (GPT-2 124M, 32 x 1024, bf16 on a GPU), with the compile

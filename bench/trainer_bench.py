@@ -1,4 +1,4 @@
-"""Bare compiled loop vs kiln's trainer on the same GPT, in one run (issue 3, acceptance 6).
+"""Bare compiled loop vs kiln's trainer on the same GPT, in one run: what kiln's guarantees cost per step.
 
     python bench/trainer_bench.py                 # H200: GPT-2 124M, batch 32 x 1024, bf16
     python bench/trainer_bench.py --smoke         # CPU: tiny sizes, checks the harness end to end
@@ -27,7 +27,7 @@ trainer's own telemetry (step records' timestamps after warm-up).  Variants:
                         (as a restarted attempt), from what the cold run left there (kiln's artifacts and the
                         Inductor/Triton caches it keeps in that dir)
 
-Targets (issue 3): kiln/bare >= 0.97; ckpt100 >= 0.95; ckpt10 >= 0.85 (answered by the tiered variant; the
+Targets: kiln/bare >= 0.97; ckpt100 >= 0.95; ckpt10 >= 0.85 (answered by the tiered variant; the
 durable-only figure is reported beside it); warm <= 20% of cold;
 predicted peak memory within 10% of measured.  Results are written as JSON to ``--out``.
 """

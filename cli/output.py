@@ -322,14 +322,3 @@ def kv_table(pairs: Iterable[tuple[str, Any]], *, title: str | None = None) -> T
     for key, value in pairs:
         t.add_row(text(key), value if isinstance(value, Text) else text(fmt_value(value)))
     return t
-
-
-def generic_columns(rows: Sequence[dict[str, Any]], *, skip: Iterable[str] = ()) -> list[Column]:
-    """Columns for rows whose shape the CLI does not know in detail: every scalar field, in order."""
-    skipped = set(skip)
-    keys: list[str] = []
-    for row in rows:
-        for key, value in row.items():
-            if key not in keys and key not in skipped and not isinstance(value, dict | list):
-                keys.append(key)
-    return [(k.upper(), (lambda r, k=k: r.get(k))) for k in keys]  # type: ignore[misc]

@@ -1,4 +1,5 @@
-"""torch.compile behind a circuit breaker (seed 004, SLA 1), with a persistent compile cache (seed 001).
+"""torch.compile behind a circuit breaker (a compile that hangs, runs out of memory or fails falls back to eager,
+so a job always starts), with a persistent compile cache (a restarted job does not pay the compile again).
 
 Regional compile (each repeated block, ``fullgraph=True``) is the default: identical blocks share one graph,
 so compile time does not grow with depth.  Whole-model compile is an option.  Compilation is lazy in
@@ -107,10 +108,6 @@ class _RssTree:
             with contextlib.suppress(psutil.Error):
                 total += child.memory_info().rss
         return total
-
-
-def _rss_tree() -> int:
-    return _RssTree()()
 
 
 @contextlib.contextmanager

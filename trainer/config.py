@@ -40,7 +40,7 @@ def training_hyperparameters(spec: JobSpec) -> TrainingHyperparameters:
 class GuardConfig:
     enabled: bool = True
     window: int = 20  # rolling window of accepted steps for the moving average / z-score
-    factor: float = 2.0  # seed 004: loss > 2x moving average is a suspect step
+    factor: float = 2.0  # a loss above 2x its moving average is a suspect step
     grad_z: float = 8.0  # or grad-norm z-score above this *and* grad norm > factor x its average
     confirm_steps: int = 2  # consecutive suspect steps before acting (a lone blip is not a spike)
     max_spikes: int = 3  # rollbacks allowed before giving up with TOO_MANY_SPIKES

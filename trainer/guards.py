@@ -1,4 +1,5 @@
-"""Loss-spike guard (seed 004; rolling statistics in the manner of llm.c's outlier detector).
+"""Loss-spike guard: a spiking loss is rolled back, not trained through (rolling statistics in the manner of llm.c's
+outlier detector).
 
 Each finished step reports its (globally averaged) loss and the global grad norm.  A step is *suspect* when
 its loss exceeds ``factor`` x the moving average of the last ``window`` accepted steps, or when its grad

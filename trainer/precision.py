@@ -1,7 +1,7 @@
 """Mixed precision: bf16 autocast where the hardware supports it, fp16 with a GradScaler, or plain fp32.
 
 Master weights, gradients and optimizer state stay fp32 in every mode; only the forward/backward math is
-cast.  fp16 uses the seed's GradScaler settings and reports the share of steps skipped for overflow.
+cast.  fp16 uses torch's default GradScaler schedule and reports the share of steps skipped for overflow.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 Precision = Literal["bf16", "fp16", "fp32"]
 
-# seed 000: init 65536, growth 2, backoff 0.5, interval 2000
+# The GradScaler's schedule for fp16: init 65536, growth 2, backoff 0.5, interval 2000 (torch's defaults).
 SCALER_INIT = 65536.0
 SCALER_GROWTH = 2.0
 SCALER_BACKOFF = 0.5

@@ -125,22 +125,17 @@ def job_json(view: JobView) -> bytes:
 
 
 def page_json(items: Sequence[JobView], next_cursor: str | None, *, utc: bool = True) -> bytes:
-    """A ``JobPageOut`` document. Items that are PostgreSQL list rows (``LIST_COLUMNS``: the fields in order, the
-    spec as text) are dumped straight from the row; ``utc=False``: their datetimes are in another zone (the
-    session's) and are converted first. Other items go through ``JobOut``."""
+    """A ``JobPageOut`` document from list rows (``LIST_COLUMNS``: the fields in order, the spec as text), dumped
+    straight from the row; ``utc=False``: their datetimes are in another zone (the session's), converted first."""
     parts: list[bytes] = []
-    # One query's rows share their columns: the shape is checked once per page.
-    if items and getattr(items[0].job, "_fields", None) == LIST_COLUMNS:
-        for view in items:
-            row: Any = view.job
-            fields = dict(zip(_FIELDS, row, strict=False))  # the row's last column is the spec
-            if not utc:
-                for key in _DATETIMES:
-                    if fields[key] is not None:
-                        fields[key] = fields[key].astimezone(UTC)
-            parts.append(_with_spec(fields, row[-1].encode()))
-    else:
-        parts = [JobOut.from_view(view).model_dump_json().encode() for view in items]
+    for view in items:
+        row: Any = view.job
+        fields = dict(zip(_FIELDS, row, strict=False))  # the row's last column is the spec
+        if not utc:
+            for key in _DATETIMES:
+                if fields[key] is not None:
+                    fields[key] = fields[key].astimezone(UTC)
+        parts.append(_with_spec(fields, row[-1].encode()))
     return b'{"items":[' + b",".join(parts) + b'],"next_cursor":' + to_json(next_cursor) + b"}"
 
 

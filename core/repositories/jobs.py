@@ -6,12 +6,14 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Row, Select, func, select, text
+from sqlalchemy import BigInteger, Integer, Row, Select, String, Text, bindparam, cast, false, func, select, text
+from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
 from sqlalchemy.orm import Session
 
-from core.models import Attempt, Checkpoint, Event, Job, JobDependency, JobMetric, QosClass, SlaContract, Team, User
+from core.models import Attempt, Checkpoint, Event, Job, JobMetric, QosClass, SlaContract, Team, User
 
 # (job, team name, user name, qos name): what a JobOut needs, in one query.
 JobRow = tuple[Job, str, str | None, str]
@@ -96,69 +98,102 @@ def get(db: Session, job_id: int, *, for_update: bool = False) -> Job | None:
     return db.scalars(stmt).one_or_none()
 
 
-def list_rows(db: Session, flt: JobFilter, limit: int) -> Sequence[Row[Any]]:
-    """Newest first; ``limit`` rows at most (callers ask for one more to know whether a next page exists).
-    Plain rows (no ORM identity map): the ``jobs`` columns by name, plus ``team``, ``user`` and ``qos``.
-
-    On PostgreSQL the rows are ``LIST_COLUMNS`` instead (the page's fields in ``JobOut`` order; ``steps`` read
-    from the spec; ``spec_json`` the spec as JSON text, not parsed), from ``list_sql_pg``, as driver SQL."""
-    conn = db.connection()
-    if conn.dialect.name == "postgresql":
-        sql, params = list_sql_pg(flt, limit)
-        return conn.exec_driver_sql(sql, params).all()
-    return conn.execute(list_statement(flt, limit)).all()
-
-
-# What the PostgreSQL list returns per row, in this order (``JobOut``'s fields, the spec last and as JSON text).
+# The job list's columns, in this order: ``JobOut``'s fields, ``steps`` read from the spec, the spec last and as
+# JSON text (the API splices it into its answer unparsed).
 LIST_COLUMNS = (
     "id", "name", "team", "user", "state", "qos", "priority", "gpus", "gpu_type", "pending_reason",
     "pending_message", "restart_count", "last_step", "last_loss", "steps", "exit_reason", "cancel_requested",
     "submitted_at", "admitted_at", "started_at", "finished_at", "spec_json",
 )  # fmt: skip
-_LIST_PG_SELECT = (
-    'SELECT jobs.id, jobs.name, teams.name AS team, users.name AS "user", jobs.state, qos_classes.name AS qos,'
-    " jobs.priority, jobs.gpus, jobs.gpu_type, jobs.pending_reason, jobs.pending_message, jobs.restart_count,"
-    " jobs.last_step, jobs.last_loss,"
-    " CASE WHEN jsonb_typeof(jobs.spec -> 'steps') = 'number'"
-    " THEN CAST(trunc(CAST(jobs.spec ->> 'steps' AS NUMERIC)) AS BIGINT) ELSE 0 END AS steps,"
-    " jobs.exit_reason, jobs.cancel_requested, jobs.submitted_at, jobs.admitted_at, jobs.started_at,"
-    " jobs.finished_at, CAST(jobs.spec AS TEXT) AS spec_json"
-    " FROM jobs JOIN teams ON teams.id = jobs.team_id LEFT OUTER JOIN users ON users.id = jobs.user_id"
-    " JOIN qos_classes ON qos_classes.id = jobs.qos_class_id"
-)
+
+
+@dataclass(frozen=True)
+class _ListShape:
+    """What a filter sets (and how many teams and states), not its values: one statement per shape."""
+
+    teams: int | None  # how many visible teams; None = all teams
+    team: bool
+    states: int
+    qos: bool
+    name: bool
+    before: bool
+
+
+def list_rows(db: Session, flt: JobFilter, limit: int) -> Sequence[Row[Any]]:
+    """Newest first; ``limit`` rows at most (callers ask for one more to know whether a next page exists); rows
+    of ``LIST_COLUMNS``, on every database.
+
+    One statement (``_list_statement``). On PostgreSQL it runs as driver SQL compiled once per filter shape, so a
+    request builds, cache-keys and compiles nothing, and psycopg prepares the same text each time; elsewhere
+    (SQLite) through SQLAlchemy, whose types turn its stored text back into datetimes."""
+    shape, params = _bound(flt, limit)
+    conn = db.connection()
+    if conn.dialect.name == "postgresql":
+        sql, own = _list_sql_pg(shape)
+        return conn.exec_driver_sql(sql, {**own, **params}).all()
+    return conn.execute(_list_statement(shape), params).all()
 
 
 def list_sql_pg(flt: JobFilter, limit: int) -> tuple[str, dict[str, Any]]:
-    """``list_statement`` as PostgreSQL SQL text and parameters (no statement to build, cache-key or compile per
-    request; the same text for the same filter shape, so psycopg prepares it). Same plan: a backward keyset scan
-    of ``ix_jobs_team_id_id`` (or of the primary key) joined with the team, user and QoS names."""
-    where: list[str] = []
+    """The SQL text and parameters ``list_rows`` runs on PostgreSQL for ``flt`` (the bench EXPLAINs it)."""
+    shape, params = _bound(flt, limit)
+    sql, own = _list_sql_pg(shape)
+    return sql, {**own, **params}
+
+
+def _bound(flt: JobFilter, limit: int) -> tuple[_ListShape, dict[str, Any]]:
+    shape = _ListShape(
+        teams=None if flt.team_ids is None else len(flt.team_ids), team=flt.team_id is not None,
+        states=len(flt.states), qos=flt.qos_id is not None, name=flt.name is not None,
+        before=flt.before_id is not None,
+    )  # fmt: skip
     params: dict[str, Any] = {"limit": limit}
-    if flt.team_ids is not None:
-        if flt.team_ids:
-            names = [f"t{i}" for i in range(len(flt.team_ids))]
-            params.update(zip(names, flt.team_ids, strict=True))
-            where.append("jobs.team_id IN (" + ", ".join(f"%({n})s" for n in names) + ")")
-        else:
-            where.append("false")
-    if flt.team_id is not None:
-        where.append("jobs.team_id = %(team_id)s")
-        params["team_id"] = flt.team_id
-    if flt.states:
-        names = [f"s{i}" for i in range(len(flt.states))]
-        params.update(zip(names, flt.states, strict=True))
-        where.append("jobs.state IN (" + ", ".join(f"%({n})s" for n in names) + ")")
-    if flt.qos_id is not None:
-        where.append("jobs.qos_class_id = %(qos_id)s")
-        params["qos_id"] = flt.qos_id
-    if flt.name is not None:
-        where.append("jobs.name = %(name)s")
-        params["name"] = flt.name
-    if flt.before_id is not None:
-        where.append("jobs.id < %(before_id)s")
-        params["before_id"] = flt.before_id
-    sql = _LIST_PG_SELECT + (" WHERE " + " AND ".join(where) if where else "")
-    return sql + " ORDER BY jobs.id DESC LIMIT %(limit)s", params
+    params.update((f"t{i}", team_id) for i, team_id in enumerate(flt.team_ids or ()))
+    params.update((f"s{i}", state) for i, state in enumerate(flt.states))
+    named = {"team_id": flt.team_id, "qos_id": flt.qos_id, "name": flt.name, "before_id": flt.before_id}
+    params.update((key, value) for key, value in named.items() if value is not None)
+    return shape, params
+
+
+@lru_cache(maxsize=256)
+def _list_statement(shape: _ListShape) -> Select[Any]:
+    """The list query: a backward keyset scan of ``ix_jobs_team_id_id`` (team filter + ``ORDER BY id DESC``)
+    joined with the team, user and QoS names. Every value is a named parameter (``list_rows`` binds them)."""
+    jobs = Job.__table__
+    columns = {
+        "team": Team.name, "user": User.name, "qos": QosClass.name,
+        "steps": func.coalesce(jobs.c.spec["steps"].as_integer(), 0),
+        "spec_json": cast(jobs.c.spec, Text),
+    }  # fmt: skip
+    stmt = (
+        select(*(columns[name].label(name) if name in columns else jobs.c[name] for name in LIST_COLUMNS))
+        .join_from(jobs, Team, Team.id == jobs.c.team_id)
+        .outerjoin(User, User.id == jobs.c.user_id)
+        .join(QosClass, QosClass.id == jobs.c.qos_class_id)
+    )
+    if shape.teams is not None:
+        teams = [bindparam(f"t{i}", type_=BigInteger) for i in range(shape.teams)]
+        stmt = stmt.where(jobs.c.team_id.in_(teams) if teams else false())
+    if shape.team:
+        stmt = stmt.where(jobs.c.team_id == bindparam("team_id"))
+    if shape.states:
+        stmt = stmt.where(jobs.c.state.in_([bindparam(f"s{i}", type_=String) for i in range(shape.states)]))
+    if shape.qos:
+        stmt = stmt.where(jobs.c.qos_class_id == bindparam("qos_id"))
+    if shape.name:
+        stmt = stmt.where(jobs.c.name == bindparam("name"))
+    if shape.before:
+        stmt = stmt.where(jobs.c.id < bindparam("before_id"))
+    return stmt.order_by(jobs.c.id.desc()).limit(bindparam("limit", type_=Integer))
+
+
+@lru_cache(maxsize=256)
+def _list_sql_pg(shape: _ListShape) -> tuple[str, dict[str, Any]]:
+    """``_list_statement`` as PostgreSQL driver SQL (psycopg's ``%(name)s`` placeholders), and the values of the
+    parameters the statement holds itself (the spec's key, the default of ``steps``)."""
+    compiled = _list_statement(shape).compile(dialect=postgresql_psycopg.dialect())
+    own = {name: bind.value for bind, name in compiled.bind_names.items() if not bind.required}
+    return str(compiled), own
 
 
 UTC_ZONES = frozenset({"UTC", "Etc/UTC", "UCT", "Etc/UCT", "Universal", "Etc/Universal", "Zulu", "Etc/Zulu"})
@@ -172,40 +207,10 @@ def session_is_utc(db: Session) -> bool:
     return getattr(tz, "key", None) in UTC_ZONES
 
 
-def list_statement(flt: JobFilter, limit: int) -> Select[Any]:
-    """The list query, one statement: a backward keyset scan of ``ix_jobs_team_id_id`` (team filter +
-    ``ORDER BY id DESC``) joined with the team, user and QoS names."""
-    jobs = Job.__table__
-    stmt = (
-        select(jobs, Team.name.label("team"), User.name.label("user"), QosClass.name.label("qos"))
-        .join(Team, Team.id == jobs.c.team_id)
-        .outerjoin(User, User.id == jobs.c.user_id)
-        .join(QosClass, QosClass.id == jobs.c.qos_class_id)
-    )
-    if flt.team_ids is not None:
-        stmt = stmt.where(jobs.c.team_id.in_(flt.team_ids))
-    if flt.team_id is not None:
-        stmt = stmt.where(jobs.c.team_id == flt.team_id)
-    if flt.states:
-        stmt = stmt.where(jobs.c.state.in_(flt.states))
-    if flt.qos_id is not None:
-        stmt = stmt.where(jobs.c.qos_class_id == flt.qos_id)
-    if flt.name is not None:
-        stmt = stmt.where(jobs.c.name == flt.name)
-    if flt.before_id is not None:
-        stmt = stmt.where(jobs.c.id < flt.before_id)
-    return stmt.order_by(jobs.c.id.desc()).limit(limit)
-
-
 def existing_ids_in_team(db: Session, *, team_id: int, job_ids: Sequence[int]) -> set[int]:
     if not job_ids:
         return set()
     return set(db.scalars(select(Job.id).where(Job.team_id == team_id, Job.id.in_(job_ids))))
-
-
-def dependency_ids(db: Session, job_id: int) -> list[int]:
-    stmt = select(JobDependency.depends_on_id).where(JobDependency.job_id == job_id)
-    return list(db.scalars(stmt.order_by(JobDependency.depends_on_id)))
 
 
 def effective_sla(db: Session, job_id: int) -> SlaContract | None:

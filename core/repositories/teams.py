@@ -117,11 +117,6 @@ def list_members(db: Session, team_id: int) -> Sequence[tuple[Membership, str]]:
     return rows.tuples().all()
 
 
-def roles_of_user(db: Session, user_id: int) -> dict[int, str]:
-    rows = db.execute(select(Membership.team_id, Membership.role).where(Membership.user_id == user_id))
-    return dict(rows.tuples().all())
-
-
 def default_sla(db: Session, team_id: int) -> SlaContract | None:
     return db.scalars(
         select(SlaContract).where(SlaContract.team_id == team_id, SlaContract.job_id.is_(None)).limit(1)

@@ -30,8 +30,8 @@ from core.states import TERMINAL, JobState, record_event, transition
 @dataclass(frozen=True)
 class JobView:
     """A job with the names a reader wants instead of ids. ``job`` is the ORM row, or (a submission on
-    PostgreSQL) the values written, or (lists) a plain row (``jobs_repo.list_rows``), which read the same by
-    attribute. ``spec_json``, when set, is ``job.spec`` already serialized (the API answers it as it is)."""
+    PostgreSQL) the values written, or (lists) a row of ``jobs_repo.LIST_COLUMNS``. ``spec_json``, when set, is
+    ``job.spec`` already serialized (the API answers it as it is)."""
 
     job: Job | Row[Any] | SimpleNamespace
     team: str
@@ -162,10 +162,7 @@ def list_jobs(
     )  # fmt: skip
     rows = jobs_repo.list_rows(db, flt, limit + 1)
     page: Sequence[Any] = rows[:limit]
-    if rows and rows[0]._fields == jobs_repo.LIST_COLUMNS:  # PostgreSQL: by position (no name lookups per row)
-        items = [JobView(job=r, team=r[2], user=r[3], qos=r[5]) for r in page]
-    else:
-        items = [JobView(job=r, team=r.team, user=r.user, qos=r.qos) for r in page]
+    items = [JobView(job=r, team=r[2], user=r[3], qos=r[5]) for r in page]  # LIST_COLUMNS, by position
     utc = db.get_bind().dialect.name != "postgresql" or jobs_repo.session_is_utc(db)
     return JobPage(items=items, next_before_id=items[-1].job.id if len(rows) > limit else None, utc=utc)
 
@@ -239,8 +236,3 @@ def log_target(
     number = attempt if attempt is not None else jobs_repo.latest_attempt_number(db, job_id)
     path = None if number is None else storage_dir / "logs" / str(job_id) / f"{number}.log"
     return LogTarget(job_id=job_id, team_id=job.team_id, attempt=number, path=path, state=job.state)
-
-
-def is_terminal(*, db: Session, job_id: int) -> bool:
-    job = jobs_repo.get(db, job_id)
-    return job is None or JobState(job.state) in TERMINAL

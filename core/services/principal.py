@@ -34,9 +34,6 @@ class Principal:
         """Global admin powers need both the user flag and a token carrying the ``admin`` scope."""
         return self.user_is_admin and "admin" in self.scopes
 
-    def role_in(self, team_id: int) -> str | None:
-        return self.roles.get(team_id)
-
     def can_see(self, team_id: int) -> bool:
         return self.is_admin or team_id in self.roles
 

@@ -101,8 +101,3 @@ def test_follow_exit_codes_and_summary() -> None:
     assert line == "job 3 SUCCEEDED final loss 1.5000"
     assert "(QUOTA: full)" in describe_transition({"id": 3, "state": "QUEUED", "pending_reason": "QUOTA",
                                                    "pending_message": "full"})  # fmt: skip
-
-
-def test_generic_columns_skip_nested_values() -> None:
-    rows: list[dict[str, object]] = [{"a": 1, "b": {"x": 1}}, {"c": "z"}]
-    assert [h for h, _ in out.generic_columns(rows)] == ["A", "C"]
