@@ -530,6 +530,12 @@ class AttemptRunner:
             # Another node of the same gang reported first.
             return
         cls = outcome.exit_class
+        if cls is ExitClass.SUCCEEDED and len(self.claimed.placement) > 1 and self.relay_state.done is None:
+            # A gang's global ranks are assigned at the rendezvous, not by node: another node ran rank 0, whose
+            # final record (step, loss) is the job's result. Its report ends the attempt; if it never comes, the
+            # lease does, and the restart resumes from the final checkpoint and trains no step.
+            self.proc.log_line("this node's ranks finished; the node that ran rank 0 reports the job's result")
+            return
         data = {"attempt": attempt.number, "host": self.host, "exit_code": exit_code, "last_step": job.last_step,
                 "exit_class": cls.value}  # fmt: skip
         done = self.relay_state.done
