@@ -137,7 +137,12 @@ class Timings(SettingsGroup):
     stop_grace_s: float = Field(
         default=30.0,
         description="SIGTERM -> SIGKILL of a trainer being stopped: one checkpoint of the model must fit in it. "
-        "Keep it under the worker's own graceful shutdown (120 s).",
+        "Keep it under the worker's own graceful shutdown (drain_timeout_s).",
+    )
+    drain_timeout_s: float = Field(
+        default=120.0,
+        description="A worker's warm shutdown waits this long for its running attempts to checkpoint, stop and "
+        "report (DRAINED) before the process exits: the stop grace, then the report.",
     )
     hang_timeout_s: float = Field(
         default=900.0, description="An attempt with no telemetry at all for this long after training started is hung."

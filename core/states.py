@@ -77,7 +77,10 @@ ATTEMPT_LIVE: frozenset[AttemptState] = frozenset(s for s, targets in ATTEMPT_TR
 
 
 class HostState(enum.StrEnum):
-    UP = "UP"  # heartbeating; its GPUs are placed on
+    UP = "UP"  # heartbeating and consuming its queue; its GPUs are placed on
+    # heartbeating, but its worker has consumed nothing from its queue lately (the broker is away, or its Celery
+    # consumer stopped): nothing is placed on it (workers/consumer_probe.py)
+    UNREACHABLE = "UNREACHABLE"
     DOWN = "DOWN"  # its heartbeat went stale; nothing is placed on it
     EXCLUDED = "EXCLUDED"  # heartbeating, but a GPU raised a hardware error: it sits out until excluded_until
 
@@ -94,8 +97,10 @@ class MpsState(enum.StrEnum):
 H = HostState
 
 HOST_TRANSITIONS: dict[HostState, frozenset[HostState]] = {
-    H.UP: frozenset({H.DOWN, H.EXCLUDED}),  # heartbeat stale; a GPU's Xid/ECC error
-    H.DOWN: frozenset({H.UP, H.EXCLUDED}),  # heartbeating again (still EXCLUDED while its exclusion lasts)
+    H.UP: frozenset({H.DOWN, H.EXCLUDED, H.UNREACHABLE}),  # heartbeat stale; a GPU's Xid/ECC error; consumer silent
+    H.UNREACHABLE: frozenset({H.UP, H.DOWN, H.EXCLUDED}),  # consuming again; heartbeat stale; a GPU's error
+    # heartbeating again (still EXCLUDED while its exclusion lasts; UNREACHABLE until its consumer is seen)
+    H.DOWN: frozenset({H.UP, H.EXCLUDED, H.UNREACHABLE}),
     H.EXCLUDED: frozenset({H.UP, H.DOWN}),  # served its exclusion; heartbeat stale
 }
 

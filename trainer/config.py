@@ -59,6 +59,10 @@ class TestHooks:
     unsupported_op: bool = False  # put an op Dynamo cannot trace (fullgraph) into the model's blocks
     nonfinite_at_step: tuple[int, ...] = ()  # batch indices whose loss is made NaN
     sleep_per_step_s: float = 0.0  # slow each step down so a test can signal mid-run
+    # The worker's, not the trainer's (read by ``workers.tasks``, accepted here so the shared variable parses):
+    # hold each delivered message this long before claiming, so a test can crash the broker while a worker holds
+    # an unacknowledged message.
+    hold_delivery_s: float = 0.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> TestHooks:

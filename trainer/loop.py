@@ -47,7 +47,7 @@ from trainer.precision import PrecisionContext, resolve
 from trainer.preemption import PreemptionFlag
 from trainer.recipes import load_recipe
 from trainer.telemetry import NvmlSampler, Telemetry
-from trainer.user_error import UserError, user_code
+from trainer.user_error import UserError, is_collective_failure, user_code
 
 # Dense bf16/fp16 tensor-core peaks (vendor datasheets) for the MFU estimate; override with peak_flops.
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
@@ -562,6 +562,8 @@ def _run(spec: JobSpec, run_dir: pathlib.Path, env: DistEnv, tel: Telemetry) -> 
     except torch.OutOfMemoryError as exc:
         tel.event("OOM", f"out of memory: {exc}"[:2000])
         return ExitCode.OOM
-    except dist.DistBackendError as exc:
+    except RuntimeError as exc:  # DistBackendError is one
+        if not is_collective_failure(exc):
+            raise
         tel.event("NCCL_ERROR", f"collective failed: {exc}"[:2000])
         return ExitCode.NCCL_ERROR

@@ -35,8 +35,16 @@ class UserError(Exception):
         super().__init__(self.line)
 
 
+def is_collective_failure(exc: BaseException) -> bool:
+    """The distributed layer failed: a peer died, hung up or timed out, or the rendezvous store went away. NCCL
+    raises ``DistBackendError`` and the store ``DistNetworkError``/``DistStoreError`` (all ``DistError``); gloo (CPU)
+    raises a bare ``RuntimeError`` naming its transport, e.g. ``[.../gloo/transport/tcp/pair.cc:537] Read error
+    [127.0.0.1]:17841: Connection reset by peer`` when the other host's rank was killed."""
+    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and "gloo/transport" in str(exc))
+
+
 def is_infrastructure(exc: BaseException) -> bool:
-    return isinstance(exc, INFRASTRUCTURE)
+    return isinstance(exc, INFRASTRUCTURE) or is_collective_failure(exc)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,9 @@
 """``python -m workers --host NAME [--cpu-slots N] [--broker URL]``: one worker process per host.
 
-It registers the host (and its GPUs through NVML; none -> CPU slots), starts the host agent's heartbeat, and
-consumes the host's own queue with a thread pool: each running attempt is one thread supervising a torchrun.
+It registers the host (and its GPUs through NVML; none -> CPU slots), starts the host agent's heartbeat and the
+consumer probe, and consumes the host's own queue: a task claims an attempt and hands it to a thread of this
+process that supervises its torchrun. A Celery consumer that stops on its own (a broker crash can kill it) is
+started again in this same process: the attempts' supervision threads, and so their trainers, carry on.
 """
 
 from __future__ import annotations
@@ -11,6 +13,13 @@ import logging
 import os
 import secrets
 import socket
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+log = logging.getLogger("kiln.worker")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,11 +43,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from core.db import session_scope
-    from core.gpu_types import MPS_MAX_CLIENTS_PER_GPU
     from core.liveness import Pulse
     from core.settings import get_settings
     from workers import isolation, mps, tasks
-    from workers.celery_app import declare_host_queue, get_app, host_queue
+    from workers.celery_app import declare_host_queue, get_app
+    from workers.consumer_probe import ConsumerProbe, quiet_probe_logs
     from workers.host_agent import HostAgent
     from workers.inventory import detect_inventory
 
@@ -46,47 +55,72 @@ def main(argv: list[str] | None = None) -> None:
     inventory = detect_inventory()
     tasks.WORKER_INCARNATION = secrets.token_hex(6)
     cpu_slots = args.cpu_slots if args.cpu_slots is not None else max(1, (os.cpu_count() or 2) // 2)
+    app = get_app()
+    quiet_probe_logs()
+    probe = tasks.CONSUMER_PROBE = ConsumerProbe(app=app, host=args.host,
+                                                 heartbeat_interval_s=settings.heartbeat_interval_s)  # fmt: skip
     agent = HostAgent(name=args.host, inventory=inventory, cpu_slots=cpu_slots,
                       address=args.address or socket.gethostname(),
                       settings=settings,
                       incarnation=tasks.WORKER_INCARNATION,
-                      pulse=Pulse(settings.liveness_file, settings.heartbeat_interval_s))  # fmt: skip
-    app = get_app()
+                      pulse=Pulse(settings.liveness_file, settings.heartbeat_interval_s),
+                      consumer=probe)  # fmt: skip
     declare_host_queue(app, args.host)  # before the scheduler can see the host (and dispatch to its queue)
     with session_scope() as db:
         has_gpus = bool(agent.register(db).gpus)  # and ends the attempts a previous worker process left behind
     daemon = None
     if has_gpus:  # fractional jobs share GPUs through the host's MPS daemon (its state goes out with the heartbeat)
         daemon = mps.configure(settings.mps, settings.mps_control, settings.resolved_storage_dir / "mps" / args.host)
-        logging.getLogger("kiln.worker").info(
+        log.info(
             "MPS: " + (f"daemon {daemon.state} ({daemon.control})" if daemon else "off or not installed: no shares")
         )
     tasks.CURRENT_HOST = args.host
     host_isolation = isolation.configure(host=args.host, settings=settings, host_slots=agent.slots or cpu_slots)
-    logging.getLogger("kiln.worker").info(host_isolation.describe())
+    log.info(host_isolation.describe())
     os.environ["KILN_WORKER_HOST"] = args.host
     agent.start()
-
-    # One thread per slot, plus one: a redelivered or refused message must never queue behind running attempts
-    # (refusing takes milliseconds; the scheduler, not Celery, decides how many attempts share the host).
-    concurrency = agent.slots * (MPS_MAX_CLIENTS_PER_GPU if daemon else 1) + 1
+    probe.start()
     try:
-        app.worker_main([
-            "worker",
-            "--queues", host_queue(args.host),
-            "--hostname", f"{args.host}@%h",
-            "--pool", "threads",  # attempts are supervision loops around subprocesses: threads are enough
-            "--concurrency", str(concurrency),
-            "--loglevel", args.loglevel,
-            # Liveness is the host agent's heartbeat in PostgreSQL; Celery's broadcast chatter is not needed
-            # (and the embedded SQLAlchemy transport has no fanout exchange for it).
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-        ])  # fmt: skip
+        consume(app, host=args.host, loglevel=args.loglevel)
+        # A warm shutdown: the supervisions saw SHUTTING_DOWN and are stopping their trainers (checkpoint, exit
+        # PREEMPTED -> DRAINED, back to the queue with progress); wait for their reports before exiting.
+        if not tasks.SUPERVISIONS.join(settings.drain_timeout_s):
+            log.error("%d attempts still running after %.0f s of shutdown; exiting", tasks.SUPERVISIONS.running(),
+                      settings.drain_timeout_s)  # fmt: skip
     finally:
+        probe.stop()
         agent.stop()
         host_isolation.close()
         if daemon is not None:
             daemon.stop()
+
+
+def consume(app: Celery, *, host: str, loglevel: str) -> None:
+    """Run the Celery worker on the host's queue until a shutdown is asked for (SIGTERM, SIGINT): a worker that
+    returns without one has lost its consumer (an unrecoverable error, e.g. kombu's on a broker crash) and is
+    started again, in this process, while the supervision threads go on."""
+    from workers import tasks
+    from workers.celery_app import host_queue
+
+    while True:
+        app.worker_main([
+            "worker",
+            "--queues", host_queue(host),
+            "--hostname", f"{host}@%h",
+            "--pool", "threads",  # a task only claims; the attempts run in this process's supervision threads
+            # A claim (milliseconds, one transaction), a redelivered copy of it and a consumer probe never wait for
+            # one another. How many attempts share the host is the scheduler's decision, not Celery's.
+            "--concurrency", "3",
+            "--loglevel", loglevel,
+            # Liveness is the host agent's heartbeat in PostgreSQL and the consumer probe; Celery's broadcast
+            # chatter is not needed (and the embedded SQLAlchemy transport has no fanout exchange for it).
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ])  # fmt: skip
+        if tasks.SHUTTING_DOWN.is_set():
+            return
+        log.error("the Celery consumer of %s stopped on its own; starting it again (%d attempts keep running)",
+                  host, tasks.SUPERVISIONS.running())  # fmt: skip
+        time.sleep(1.0)  # a broker still away: Celery's own start-up retries the connection from here
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from celery import Celery
 from core.settings import get_settings
 
 TASK_RUN_ATTEMPT = "kiln.run_attempt"
+TASK_PROBE_CONSUMER = "kiln.probe_consumer"  # workers.consumer_probe: the host consumes its queue
 
 
 def host_queue(host_name: str) -> str:
@@ -45,21 +46,19 @@ def make_celery(broker_url: str, *, visibility_timeout_s: float | None = None) -
         # One message at a time per free thread: a worker must not reserve a second training task that
         # would wait behind a running one for hours while another host sits idle.
         worker_prefetch_multiplier=1,
-        # Acknowledge after the attempt ends, not when it starts: a worker killed mid-run leaves the message
-        # to be redelivered (the fencing token then decides whether it may still run).
+        # Acknowledge once the task has returned, that is once the attempt's claim is committed (or refused): a
+        # worker killed before then leaves the message to be redelivered. After the claim the message is worth
+        # nothing (every later delivery of it is refused by the claim) and the attempt is supervised outside the
+        # task (workers.tasks), so the consumer holds no unacknowledged message while training runs: a broker
+        # crash then finds nothing to restore, which is where kombu's consumer died (workers.consumer_probe).
         task_acks_late=True,
-        # ...and the same when the executing process itself dies (OOM killer, SIGKILL).
+        # ...and the same when the executing process itself dies (OOM killer, SIGKILL) during a claim.
         task_reject_on_worker_lost=True,
         # A broker restart must not kill hours of training: the attempt keeps running and its lease lives in
         # PostgreSQL, not in the broker connection.
         worker_cancel_long_running_tasks_on_connection_loss=False,
         broker_connection_retry_on_startup=True,
         broker_connection_max_retries=None,  # keep reconnecting through a Redis restart, forever
-        # Soft shutdown (Celery >= 5.5): on a warm shutdown the supervisor is told to checkpoint and stop its
-        # trainer (see workers.tasks: worker_shutting_down); give it this long before the cold shutdown that
-        # requeues the unacknowledged messages. Long enough for one checkpoint of a large model.
-        worker_soft_shutdown_timeout=120.0,
-        worker_enable_soft_shutdown_on_idle=True,
         # Results live in PostgreSQL (attempt exit code and reason); there is no result backend.
         task_ignore_result=True,
         task_store_errors_even_if_ignored=False,

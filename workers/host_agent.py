@@ -1,7 +1,9 @@
 """The host agent: registers the host and its GPUs, heartbeats, and samples GPU health, in a thread of the worker.
 
 The heartbeat is what the reconciler reads to declare a host DOWN; GPU errors it records (``gpus.healthy``,
-``gpus.last_sample.errors``) are what make the reconciler exclude the host.
+``gpus.last_sample.errors``) are what make the reconciler exclude the host. A heartbeat says the process lives, not
+that it takes work: the host is UP only while its Celery consumer consumes (``workers.consumer_probe``), else
+UNREACHABLE, and the scheduler places nothing on it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from core.settings import Settings
 from core.states import ACTIVE, AttemptState, HostState, move_host, record_event
 from workers import mps
 from workers.celery_app import host_queue
+from workers.consumer_probe import ConsumerProbe
 from workers.inventory import Inventory
 
 log = logging.getLogger(__name__)
@@ -30,7 +33,8 @@ log = logging.getLogger(__name__)
 
 class HostAgent:
     def __init__(self, *, name: str, inventory: Inventory, cpu_slots: int, address: str | None, settings: Settings,
-                 incarnation: str | None = None, pulse: Pulse | None = None):  # fmt: skip
+                 incarnation: str | None = None, pulse: Pulse | None = None,
+                 consumer: ConsumerProbe | None = None):  # fmt: skip
         self.name = name
         self.inventory = inventory
         self.cpu_slots = cpu_slots
@@ -43,6 +47,7 @@ class HostAgent:
         self._thread: threading.Thread | None = None
         self.slots = 0
         self.incarnation = incarnation  # this worker process (tasks.WORKER_INCARNATION)
+        self.consumer = consumer  # None: nothing to probe (a test's agent without a Celery worker)
 
     def register(self, db: Session) -> Host:
         """Create or update the host row and its GPUs (GPUs that disappeared are removed)."""
@@ -124,11 +129,25 @@ class HostAgent:
         now = utcnow()
         host.last_heartbeat_at = now
         self.watch_mps(db, host)
+        consuming = self.consumer is None or self.consumer.consuming()
         if host.state == HostState.DOWN:
             # An exclusion outlives a restart of the host: bad GPUs are still bad after a reboot.
             excluded = host.excluded_until is not None and host.excluded_until > now
-            move_host(host, HostState.EXCLUDED if excluded else HostState.UP)
+            move_host(host, HostState.EXCLUDED if excluded else HostState.UP if consuming else HostState.UNREACHABLE)
             record_event(db, "HOST_UP", message=f"host {self.name} is heartbeating again", data={"host": self.name})
+        elif host.state == HostState.UP and not consuming:
+            assert self.consumer is not None
+            silent = self.consumer.silent_s()
+            move_host(host, HostState.UNREACHABLE)
+            record_event(db, "HOST_UNREACHABLE",
+                         message=f"host {self.name}: its worker runs but has consumed nothing from its queue for "
+                                 f"{silent:.0f} s (broker away, or its Celery consumer stopped); nothing is placed "
+                                 f"on it until it consumes again",
+                         data={"host": self.name, "silent_s": round(silent, 1)})  # fmt: skip
+        elif host.state == HostState.UNREACHABLE and consuming:
+            move_host(host, HostState.UP)
+            record_event(db, "HOST_REACHABLE", message=f"host {self.name} consumes its queue again",
+                         data={"host": self.name})  # fmt: skip
 
     def watch_mps(self, db: Session, host: Host) -> None:
         """The host's MPS daemon, checked on every heartbeat and started again when it died; its clients are

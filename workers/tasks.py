@@ -8,17 +8,19 @@ attempt row. This is what makes Redis redelivery harmless and "no job runs twice
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from celery.signals import worker_shutting_down
+from celery.signals import worker_ready, worker_shutting_down
 from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
@@ -44,7 +46,8 @@ from core.trainer_protocol import (
     RecordKind,
 )
 from workers import isolation, mps
-from workers.celery_app import TASK_RUN_ATTEMPT, get_app
+from workers.celery_app import TASK_PROBE_CONSUMER, TASK_RUN_ATTEMPT, get_app
+from workers.consumer_probe import ConsumerProbe
 from workers.exit_classes import Outcome, StopRequest, classify
 from workers.supervisor import Rendezvous, TrainerProcess, launch_command
 from workers.telemetry_relay import RelayState, TelemetryTail, relay
@@ -58,6 +61,8 @@ CURRENT_HOST: str | None = None
 WORKER_INCARNATION: str | None = None
 # Set when the worker starts a warm shutdown: running attempts checkpoint and go back to the queue.
 SHUTTING_DOWN = threading.Event()
+# Set by ``python -m workers``: the probe that tells the host agent whether this process's consumer consumes.
+CONSUMER_PROBE: ConsumerProbe | None = None
 
 POLL_S = 0.25  # how often the supervisor looks at the trainer and its telemetry
 RDZV_PORT_BASE = 29400  # gang jobs: node 0's c10d store listens on base + attempt_id % span
@@ -69,6 +74,51 @@ DEFAULT_LINK_BYTES_PER_S = {"pcie": 64 * 10**9, "nvlink": 900 * 10**9}  # PCIe 5
 @worker_shutting_down.connect
 def _on_worker_shutting_down(**_: Any) -> None:
     SHUTTING_DOWN.set()
+
+
+@worker_ready.connect
+def _on_worker_ready(**_: Any) -> None:
+    if CONSUMER_PROBE is not None:  # the consumer has connected and consumes from now on
+        CONSUMER_PROBE.seen()
+
+
+class Supervisions:
+    """The threads supervising this process's running attempts. They belong to the worker process, not to Celery's
+    pool: a Celery consumer that dies (and is started again, ``python -m workers``) leaves them running, and a
+    warm shutdown waits for them (``join``) after the consumer has stopped."""
+
+    def __init__(self) -> None:
+        self._threads: set[threading.Thread] = set()
+        self._lock = threading.Lock()
+
+    def start(self, name: str, target: Callable[[], object]) -> None:
+        def run() -> None:
+            try:
+                target()
+            except Exception:
+                log.exception("supervision %s failed", name)
+            finally:
+                with self._lock:
+                    self._threads.discard(threading.current_thread())
+
+        thread = threading.Thread(target=run, name=name, daemon=True)
+        with self._lock:
+            self._threads.add(thread)
+        thread.start()
+
+    def running(self) -> int:
+        with self._lock:
+            return len(self._threads)
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for every supervision to end (at most ``timeout_s``); True when none is left."""
+        deadline = time.monotonic() + timeout_s
+        while self.running() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        return self.running() == 0
+
+
+SUPERVISIONS = Supervisions()
 
 
 @dataclass
@@ -475,6 +525,12 @@ class AttemptRunner:
             # Another node of the same gang reported first.
             return
         cls = outcome.exit_class
+        if cls is ExitClass.SUCCEEDED and len(self.claimed.placement) > 1 and self.relay_state.done is None:
+            # A gang's global ranks are assigned at the rendezvous, not by node: another node ran rank 0, whose
+            # final record (step, loss) is the job's result. Its report ends the attempt; if it never comes, the
+            # lease does, and the restart resumes from the final checkpoint and trains no step.
+            self.proc.log_line("this node's ranks finished; the node that ran rank 0 reports the job's result")
+            return
         data = {"attempt": attempt.number, "host": self.host, "exit_code": exit_code, "last_step": job.last_step,
                 "exit_class": cls.value}  # fmt: skip
         done = self.relay_state.done
@@ -490,8 +546,10 @@ class AttemptRunner:
 # ------------------------------------------------------------------------------------------------------- task
 
 
-def run_attempt_on_host(*, attempt_id: int, fencing_token: int, node_rank: int, host: str, delivery: str) -> str:
-    settings = get_settings()
+def claim_delivery(
+    *, attempt_id: int, fencing_token: int, node_rank: int, host: str, delivery: str, settings: Settings
+) -> tuple[Claimed, float] | None:
+    """Claim in its own committed transaction: the claim and the lease clock read before it, or None if refused."""
     refused: Refused | None = None
     claimed_at = lease_clock()  # before the claim's transaction: the lease file never outlasts its lease
     with session_scope() as db:
@@ -502,8 +560,15 @@ def run_attempt_on_host(*, attempt_id: int, fencing_token: int, node_rank: int, 
             refused = exc  # caught inside the transaction: the refusal's event (or cancel) is committed
     if refused is not None:
         log.warning("attempt %s node %s refused on %s: %s", attempt_id, node_rank, host, refused)
-        return f"refused: {refused}"
+        return None
+    return claimed, claimed_at
 
+
+def run_claimed(
+    *, claimed: Claimed, claimed_at: float, attempt_id: int, fencing_token: int, node_rank: int, host: str,
+    settings: Settings,
+) -> str:  # fmt: skip
+    """Launch the claimed node's trainer, supervise it to its end and report; returns the exit class."""
     storage = settings.resolved_storage_dir.resolve()
     suffix = "" if node_rank == 0 else f".node{node_rank}"
     run_dir = storage / "runs" / str(claimed.job_id) / f"{claimed.attempt_number}{suffix}"
@@ -570,11 +635,41 @@ def _release(proc: TrainerProcess) -> None:
 
 @app.task(name=TASK_RUN_ATTEMPT, bind=True, acks_late=True, reject_on_worker_lost=True)
 def run_attempt(self: Any, attempt_id: int, fencing_token: int, node_rank: int = 0) -> str:
+    """Claim, then hand the attempt to a supervision thread of the worker process and return: the message is
+    acknowledged once the claim is committed (see ``workers.celery_app``), and the consumer's life is no longer
+    tied to the attempt's (hours)."""
     host = CURRENT_HOST or os.environ.get("KILN_WORKER_HOST") or ""
     delivery = str(getattr(self.request, "id", "") or "")
     redelivered = bool((getattr(self.request, "delivery_info", None) or {}).get("redelivered"))
     if redelivered:
         delivery += ":redelivered"
-    return run_attempt_on_host(
-        attempt_id=attempt_id, fencing_token=fencing_token, node_rank=node_rank, host=host, delivery=delivery
-    )
+    settings = get_settings()
+    _hold_delivery_for_a_test(attempt_id)
+    won = claim_delivery(attempt_id=attempt_id, fencing_token=fencing_token, node_rank=node_rank, host=host,
+                         delivery=delivery, settings=settings)  # fmt: skip
+    if won is None:
+        return "refused"
+    claimed, claimed_at = won
+    SUPERVISIONS.start(
+        f"attempt-{attempt_id}-node{node_rank}",
+        functools.partial(run_claimed, claimed=claimed, claimed_at=claimed_at, attempt_id=attempt_id,
+                          fencing_token=fencing_token, node_rank=node_rank, host=host, settings=settings),
+    )  # fmt: skip
+    return "started"
+
+
+def _hold_delivery_for_a_test(attempt_id: int) -> None:
+    """``KILN_TEST_HOOKS={"hold_delivery_s": S}`` (tests only, see docs/workers.md): keep the message unacknowledged
+    S seconds before the claim, the window in which a broker crash kills kombu's consumer."""
+    raw = os.environ.get(ENV_TEST_HOOKS)
+    hold = float(json.loads(raw).get("hold_delivery_s") or 0.0) if raw else 0.0
+    if hold > 0:
+        log.warning("TEST HOOK: holding the delivery of attempt %s for %.1f s before its claim", attempt_id, hold)
+        time.sleep(hold)
+
+
+@app.task(name=TASK_PROBE_CONSUMER, ignore_result=True)
+def probe_consumer() -> None:
+    """Run by the consumer: it consumes the host's queue (``workers.consumer_probe``)."""
+    if CONSUMER_PROBE is not None:
+        CONSUMER_PROBE.seen()

@@ -18,7 +18,7 @@ class Host(Base):
     name: Mapped[str] = mapped_column(String(128), unique=True)
     queue: Mapped[str] = mapped_column(String(160), comment="the host's own Celery queue")
     address: Mapped[str | None] = mapped_column(String(256), comment="where other hosts reach it (rendezvous)")
-    state: Mapped[str] = mapped_column(String(16), default="UP", comment="UP, DOWN, EXCLUDED")
+    state: Mapped[str] = mapped_column(String(16), default="UP", comment="UP, UNREACHABLE, DOWN, EXCLUDED")
     cpu_slots: Mapped[int] = mapped_column(default=0, comment="training processes when it has no GPUs")
     excluded_until: Mapped[datetime | None] = mapped_column()
     exclusion_reason: Mapped[str | None] = mapped_column(String(256))

@@ -224,7 +224,7 @@ def _hosts(db: Session, now: datetime, settings: Settings, grace_until: datetime
             record_event(db, "HOST_DOWN", message=f"host {host.name}: no heartbeat for {silent or 0:.1f} s",
                          data={"host": host.name, "silent_s": silent})  # fmt: skip
             actions.append(f"host {host.name}: DOWN")
-        elif bad and host.state == HostState.UP:
+        elif bad and host.state in (HostState.UP, HostState.UNREACHABLE):
             reasons = []
             for g in bad:
                 errors = (g.last_sample or {}).get("errors") or ["unhealthy"]

@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 @pytest.fixture
 def one_host(tmp_path: Path) -> Iterator[Cluster]:
-    # Visibility timeout 2 s: Redis hands the running attempt's unacknowledged message out again mid-run.
+    # Visibility timeout 2 s: Redis hands an unacknowledged message out again after 2 s.
     with (
         temporary_database("kiln_delivery") as url,
         cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=8.0, heartbeat_s=1.0,
@@ -44,7 +44,9 @@ def one_host(tmp_path: Path) -> Iterator[Cluster]:
 
 def test_forced_redelivery_is_refused_and_exactly_one_attempt_trains(one_host: Cluster) -> None:
     c = one_host
-    host = c.start_worker("a", cpu_slots=1, hooks=slow_steps(0.25))
+    # A message is acknowledged once its claim is committed; the worker holds each delivery 4 s before claiming
+    # (a test hook), longer than the visibility timeout, so Redis hands the same message out a second time.
+    host = c.start_worker("a", cpu_slots=1, hooks={**slow_steps(0.25), "hold_delivery_s": 4.0})
     maker = c.sessionmaker()
     with maker() as db:
         job_id = submit(db, tiny_spec("redelivered", steps=60)).id
@@ -52,7 +54,7 @@ def test_forced_redelivery_is_refused_and_exactly_one_attempt_trains(one_host: C
     sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
     try:
         wait_for(lambda: job_row(c, job_id).state == "RUNNING", 60, "running")
-        # Redis redelivers the unacknowledged message (visibility timeout 2 s) while the attempt trains.
+        # Redis redelivers the unacknowledged message (visibility timeout 2 s) while the first delivery is held.
         refused = wait_for(lambda: job_events(c, job_id, "DELIVERY_REFUSED"), 60, "the redelivery refused")
         # And a message carrying a token that was never current for this attempt: refused as stale.
         with maker() as db:

@@ -90,3 +90,38 @@ def test_rows_past_a_resume_or_a_rollback_are_forgotten(db: Session) -> None:
               "fields": {"to_step": 10, "removed_checkpoints": [20]}}  # fmt: skip
     relay(db, job=job, attempt=attempt, state=state, records=[rolled])
     assert sorted(db.scalars(select(Checkpoint.step).where(Checkpoint.job_id == job.id))) == [10]
+
+
+def test_a_gang_succeeds_with_the_result_of_the_node_that_ran_rank_0(db: Session, tmp_path: Path) -> None:
+    """Global ranks are assigned at the rendezvous, not by node: rank 0 (whose final record is the job's step and
+    loss) ran on node 1 in the gang e2e test. Node 0 reporting its success first must not end the job with the
+    last step a heartbeat happened to relay."""
+    from scheduler.live.apply import apply_all
+    from scheduler.policy.decisions import Admission, Decisions, PlacementEntry
+
+    hosts = [HostAgent(name=f"rep-gang-{i}", inventory=NoGpus(), cpu_slots=1, address="127.0.0.1",
+                       heartbeat_interval_s=1).register(db) for i in range(2)]  # fmt: skip
+    db.flush()
+    spec = {**tiny_spec("gang", steps=40), "resources": {"gpus": 0, "cpu_slots": 2}}
+    job = submit(db, spec)
+    entries = tuple(PlacementEntry(host=h.name, queue=h.queue, gpus=(), slots=1, node_rank=i)
+                    for i, h in enumerate(hosts))
+    assert apply_all(db=db, decisions=Decisions(admissions=(Admission(job.id, entries),)), now=utcnow()).admitted
+    attempt = job.attempts[-1]
+    runners = []
+    for i, h in enumerate(hosts):
+        claimed = claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=i, host=h.name,
+                        delivery=f"d{i}", settings=SETTINGS)  # fmt: skip
+        proc = TrainerProcess([], env={}, log_path=tmp_path / f"{i}.log", run_dir=tmp_path / f"run{i}", cwd=tmp_path)
+        runners.append(AttemptRunner(attempt_id=attempt.id, token=attempt.fencing_token, node_rank=i, host=h.name,
+                                     settings=SETTINGS, claimed=claimed, proc=proc))  # fmt: skip
+    # A heartbeat of node 1 relayed rank 0's step 38; then both ranks finished. Node 0 (rank 1) reports first.
+    relay(db, job=job, attempt=attempt, state=runners[1].relay_state,
+          records=[{"kind": "step", "rank": 0, "ts": time.time(), "step": 38, "loss": 2.2}])
+    runners[0]._report(db, Outcome(ExitClass.SUCCEEDED, "succeeded"), 0)
+    assert job.state == "RUNNING" and attempt.state == "RUNNING", "decided by the node without rank 0's result"
+
+    runners[1].relay_state.done = {"kind": "done", "rank": 0, "steps": 40, "final_loss": 2.0}
+    runners[1]._report(db, Outcome(ExitClass.SUCCEEDED, "succeeded"), 0)
+    assert job.state == "SUCCEEDED" and attempt.state == "SUCCEEDED"
+    assert (job.last_step, job.last_loss) == (40, 2.0)

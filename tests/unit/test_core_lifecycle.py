@@ -113,6 +113,11 @@ HOST_CASES: dict[str, tuple[HostState, HostState, bool]] = {
     "heartbeating again while still excluded": (H.DOWN, H.EXCLUDED, True),
     "exclusion served": (H.EXCLUDED, H.UP, True),
     "excluded and then silent": (H.EXCLUDED, H.DOWN, True),
+    "its consumer went silent": (H.UP, H.UNREACHABLE, True),
+    "consuming again": (H.UNREACHABLE, H.UP, True),
+    "unreachable and then silent": (H.UNREACHABLE, H.DOWN, True),
+    "a GPU error while unreachable": (H.UNREACHABLE, H.EXCLUDED, True),
+    "heartbeating again before its consumer is seen": (H.DOWN, H.UNREACHABLE, True),
 }
 
 

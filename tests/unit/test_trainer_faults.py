@@ -48,6 +48,9 @@ def records(tmp: pathlib.Path) -> list[dict[str, Any]]:
         (MemoryError(), False),
         (torch.OutOfMemoryError("CUDA out of memory"), False),
         (dist.DistBackendError("NCCL communicator was aborted"), False),
+        # What gloo raised on CPU when the other host's rank was SIGKILLed during a gang job (tests/e2e/test_gang_e2e).
+        (RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+                      "[127.0.0.1]:17841: Connection reset by peer."), False),  # fmt: skip
         (torch.AcceleratorError("CUDA error: an illegal memory access was encountered"), False),
     ],
 )
