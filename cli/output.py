@@ -209,6 +209,15 @@ def table(columns: Sequence[Column], rows: Iterable[dict[str, Any]], *, title: s
     return t
 
 
+def job_gpus(j: dict[str, Any]) -> Any:
+    """GPUs, or a fractional job's share of one: ``share 40G/50%`` (what the spec leaves out is its class's)."""
+    share = ((j.get("spec") or {}).get("resources") or {}).get("gpu_share")
+    if share is None:
+        return j.get("gpus")
+    memory, sm = share.get("memory_gb"), share.get("sm_percent")
+    return "share " + "/".join([f"{memory:g}G" if memory else "class", f"{sm}%" if sm else "class"])
+
+
 JOB_COLUMNS: list[Column] = [
     ("ID", lambda j: j.get("id")),
     ("NAME", lambda j: j.get("name")),
@@ -216,7 +225,7 @@ JOB_COLUMNS: list[Column] = [
     ("USER", lambda j: j.get("user")),
     ("QOS", lambda j: j.get("qos")),
     ("STATE", lambda j: state_text(j.get("state"))),
-    ("GPUS", lambda j: j.get("gpus")),
+    ("GPUS", job_gpus),
     ("STEP", job_progress),
     ("LOSS", lambda j: fmt_loss(j.get("last_loss"))),
     ("TIME", job_wait_or_runtime),

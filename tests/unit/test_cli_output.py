@@ -84,6 +84,14 @@ def test_job_table_renders_every_column() -> None:
     assert "gpt-tiny" in text and "20/60" in text and "2.3457" in text and "QUOTA" in text
 
 
+def test_a_fractional_job_shows_its_share_of_one_gpu() -> None:
+    assert out.job_gpus(JOB | {"gpus": 2}) == 2
+    shared = JOB | {"gpus": 1, "spec": {"resources": {"gpus": 1, "gpu_share": {"memory_gb": 40, "sm_percent": 50}}}}
+    assert out.job_gpus(shared) == "share 40G/50%"
+    from_class = JOB | {"spec": {"resources": {"gpu_share": {"memory_gb": 20.5, "sm_percent": None}}}}
+    assert out.job_gpus(from_class) == "share 20.5G/class"
+
+
 def test_placement_and_quotas() -> None:
     placement = [{"host": "n1", "gpus": ["a", "b"], "slots": 0}, {"host": "n2", "gpus": [], "slots": 2}]
     assert out.fmt_placement(placement) == "n1: 2 GPU, n2: 2 slot(s)"

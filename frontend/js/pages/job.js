@@ -59,6 +59,22 @@ export function gpuSeries(rows) {
   return { util: toSeries(util), mem: toSeries(mem), bw: toSeries(bw) };
 }
 
+/**
+ * What the job runs on: GPUs, a fractional job's share of one GPU (its class's caps where the spec leaves them
+ * out), or CPU slots.
+ * @param {any} j
+ */
+function resources(j) {
+  const share = j.spec?.resources?.gpu_share;
+  const type = j.gpu_type ? ` × ${j.gpu_type}` : "";
+  if (share) {
+    const memory = share.memory_gb ? `${share.memory_gb} GiB` : "the class's memory cap";
+    const sm = share.sm_percent ? `${share.sm_percent}% of the SMs` : "the class's SM share";
+    return `a share of one GPU${type}: ${memory}, ${sm} (MPS)`;
+  }
+  return j.gpus ? `${j.gpus} GPU${j.gpus > 1 ? "s" : ""}${type}` : "CPU";
+}
+
 const clock = (/** @type {number} */ ms) => new Date(ms).toLocaleTimeString(undefined, { hour12: false });
 
 /** @type {import("../router.js").Page} */
@@ -135,7 +151,7 @@ export async function jobPage(root, params) {
       ["Job", `#${j.id}`],
       ["Team", j.team],
       ["QoS class", j.qos],
-      ["Resources", j.gpus ? `${j.gpus} GPU${j.gpus > 1 ? "s" : ""}${j.gpu_type ? ` × ${j.gpu_type}` : ""}` : "CPU"],
+      ["Resources", resources(j)],
       ["Progress", j.steps ? `step ${j.last_step} of ${j.steps}` : `step ${j.last_step}`],
       ["Last loss", fmtNumber(j.last_loss, 4)],
       ["Queue wait", bar(j.wait_s, j.max_wait_s, waitText, "Queue wait against the contract")],
