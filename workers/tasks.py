@@ -354,8 +354,8 @@ class AttemptRunner:
         self.last_telemetry = time.monotonic()
         self.rank_errors: dict[int, str] = {}  # the exception line each rank's EXIT record gave, if any
         # A fractional job is a client of the host's MPS daemon of this generation (workers/mps.py).
-        shared = any(n.get("share") for n in claimed.placement)
-        self.mps_generation = mps.DAEMON.generation if shared and mps.DAEMON is not None else None
+        self.share: dict[str, Any] | None = next((n["share"] for n in claimed.placement if n.get("share")), None)
+        self.mps_generation = mps.DAEMON.generation if self.share and mps.DAEMON is not None else None
 
     def mps_restarted(self) -> bool:
         daemon = mps.DAEMON
@@ -487,6 +487,11 @@ class AttemptRunner:
         if self.lost_mps_server(outcome):
             why = f"the host's MPS daemon died and took this job's GPU share with it ({outcome.reason})"
             outcome = Outcome(ExitClass.INFRASTRUCTURE, why)
+        elif self.share is not None and outcome.exit_class is ExitClass.OOM and outcome.reason.startswith("out of mem"):
+            # MPS pins a share's memory: the job that went over it fails alone, its neighbours train on.
+            gib = int(self.share["memory_bytes"]) / 2**30
+            outcome = Outcome(ExitClass.OOM, f"out of GPU memory: over its share of {gib:.1f} GiB "
+                                             f"(resources.gpu_share.memory_gb) ({outcome.reason})")  # fmt: skip
         if outcome.exit_class is ExitClass.INFRASTRUCTURE and self.relay_state.nccl_error:
             outcome = Outcome(ExitClass.NCCL_ERROR, f"NCCL error reported by a rank; {outcome.reason}")
         self.proc.log_line(f"trainer exited with {launcher_code}: {outcome.exit_class.value}: {outcome.reason}")
