@@ -89,25 +89,23 @@ def restart_backoff_s(restart_count: int, timings: Timings) -> float:
     return min(timings.restart_backoff_cap_s, timings.restart_backoff_base_s * 2 ** max(0, restart_count - 1))
 
 
-def _spec_sla(job: Job, key: str) -> Any:
+def _sla_term(db: Session, job: Job, key: str) -> Any:
+    """A term of the job's SLA contract, else of its spec's ``sla`` section (None: neither says)."""
+    contract = jobs_repo.effective_sla(db, job.id)
+    if contract is not None:
+        return getattr(contract, key)
     sla = (job.spec or {}).get("sla") or {}
     return sla.get(key) if isinstance(sla, dict) else None
 
 
 def max_restarts_for(db: Session, job: Job) -> int:
-    contract = jobs_repo.effective_sla(db, job.id)
-    if contract is not None:
-        return contract.max_restarts
-    from_spec = _spec_sla(job, "max_restarts")
-    return int(from_spec) if from_spec is not None else DEFAULT_MAX_RESTARTS
+    term = _sla_term(db, job, "max_restarts")
+    return int(term) if term is not None else DEFAULT_MAX_RESTARTS
 
 
 def recovery_objective_for(db: Session, job: Job) -> float:
-    contract = jobs_repo.effective_sla(db, job.id)
-    if contract is not None:
-        return contract.recovery_time_objective_s
-    from_spec = _spec_sla(job, "recovery_time_objective_s")
-    return float(from_spec) if from_spec is not None else DEFAULT_RECOVERY_OBJECTIVE_S
+    term = _sla_term(db, job, "recovery_time_objective_s")
+    return float(term) if term is not None else DEFAULT_RECOVERY_OBJECTIVE_S
 
 
 # ------------------------------------------------------------------------------------------ after-commit hooks

@@ -16,9 +16,10 @@
   (``DATABASE_BACK`` event); a scheduler that starts after the outage keeps a recorded grace that has not ended,
   and gives one when the PostgreSQL server itself is younger than a lease.
 
-``reconcile`` only reads and writes through the session it is given; the loop that calls it commits. Messages
-to the broker and fence revocations happen only after that commit (a session ``after_commit`` hook), never for a
-rolled-back decision.
+Attempts end and jobs are requeued through ``core.lifecycle``, as in the workers. ``reconcile`` only reads and
+writes through the session it is given; the loop that calls it commits. Messages to the broker (through the
+``dispatch`` callable it is handed) and fence revocations happen only after that commit (a session
+``after_commit`` hook), never for a rolled-back decision.
 """
 
 from __future__ import annotations
