@@ -72,7 +72,7 @@ def autocommit(db: Session) -> None:
     sends each as a command of its own), 3 round trips per submission instead of 5 and 2 per list instead of 4.
     Only for handlers whose writes are each one statement (atomic on its own) and whose reads need no common
     snapshot -- under READ COMMITTED each statement takes its own snapshot anyway: submit (its write is one
-    statement, ``jobs_repo.insert_submitted_pg``) and list. The pool puts the connection back in transaction mode
+    statement, ``jobs_repo.insert_submitted``) and list. The pool puts the connection back in transaction mode
     when it is returned. A no-op on SQLite and for a session bound to a connection (the tests' rolled-back one)."""
     bind = db.get_bind()
     if isinstance(bind, Engine) and bind.dialect.name == "postgresql" and not db.in_transaction():

@@ -183,13 +183,14 @@ def _list(
 
 @router.get("/{job_id}", response_model=JobOut, summary="One job")
 def get_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> Response:
-    return JSONBytes(JobOut.from_view(svc.get(db=db, principal=who, job_id=job_id)).model_dump_json())
+    return JSONBytes(job_json(svc.get(db=db, principal=who, job_id=job_id)))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, status_code=status.HTTP_202_ACCEPTED, summary="Cancel a job")
-def cancel(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, body: CancelIn | None = None) -> JobOut:
+def cancel(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, body: CancelIn | None = None) -> Response:
     reason = body.reason if body is not None else None
-    return JobOut.from_view(svc.cancel(db=db, principal=who, job_id=job_id, reason=reason))
+    view = svc.cancel(db=db, principal=who, job_id=job_id, reason=reason)
+    return JSONBytes(job_json(view), status_code=status.HTTP_202_ACCEPTED)
 
 
 @router.get("/{job_id}/events", response_model=EventPageOut, summary="The job's timeline, oldest first")

@@ -10,7 +10,6 @@ from pydantic import Field
 from pydantic_core import to_json
 
 from api.schemas.common import OutModel
-from core.repositories.jobs import LIST_COLUMNS
 from core.services.jobs import JobView
 from core.states import JobState
 
@@ -66,77 +65,35 @@ class JobOut(OutModel):
 
     model_config = OutModel.model_config | {"json_schema_extra": {"examples": [JOB_EXAMPLE]}}
 
-    @classmethod
-    def from_view(cls, view: JobView) -> JobOut:
-        j = view.job
-        return cls.model_construct(  # trusted database values: no re-validation on the hot path
-            id=j.id,
-            name=j.name,
-            team=view.team,
-            user=view.user,
-            state=j.state,
-            qos=view.qos,
-            priority=j.priority,
-            gpus=j.gpus,
-            gpu_type=j.gpu_type,
-            pending_reason=j.pending_reason,
-            pending_message=j.pending_message,
-            restart_count=j.restart_count,
-            last_step=j.last_step,
-            last_loss=j.last_loss,
-            steps=int(j.spec.get("steps", 0)),
-            exit_reason=j.exit_reason,
-            cancel_requested=j.cancel_requested,
-            submitted_at=j.submitted_at,
-            admitted_at=j.admitted_at,
-            started_at=j.started_at,
-            finished_at=j.finished_at,
-            spec=j.spec,
-        )
 
-
-# The hot paths' answers are built as bytes, once: the fields other than ``spec`` dumped by pydantic-core (as
-# ``JobOut.model_dump_json`` would: ISO datetimes, NaN as null) and the spec spliced in as the JSON text it already
-# is (the submission serialized it for the write; PostgreSQL hands the list's back as text). ``spec`` is JobOut's
-# last field, so the document has JobOut's field order.
-_FIELDS = LIST_COLUMNS[:-1]
+# A job's answer is built as bytes, once, from a ``JobView``: the fields other than ``spec`` dumped by pydantic-core
+# (as ``JobOut.model_dump_json`` would: ISO datetimes, NaN as null) and the spec spliced in as the JSON text it
+# already is (the submission serialized it for the write; the database hands it back as text). ``spec`` is
+# JobOut's last field, so the document has JobOut's field order.
+_FIELDS = JobView._fields[:-1]
 _DATETIMES = ("submitted_at", "admitted_at", "started_at", "finished_at")
-assert (*_FIELDS, "spec") == tuple(JobOut.model_fields), "LIST_COLUMNS must follow JobOut's fields"
+assert (*_FIELDS, "spec") == tuple(JobOut.model_fields), "JobView must follow JobOut's fields"
 
 
-def _with_spec(fields: dict[str, Any], spec_json: bytes) -> bytes:
-    return to_json(fields, inf_nan_mode="null")[:-1] + b',"spec":' + spec_json + b"}"
+def _document(view: JobView, utc: bool) -> bytes:
+    """``utc=False``: the view's datetimes are in another zone (PostgreSQL's session zone), converted first."""
+    fields: dict[str, Any] = dict(zip(_FIELDS, view, strict=False))  # the view's last field is the spec
+    if not utc:
+        for key in _DATETIMES:
+            if fields[key] is not None:
+                fields[key] = fields[key].astimezone(UTC)
+    return to_json(fields, inf_nan_mode="null")[:-1] + b',"spec":' + view.spec_json.encode() + b"}"
 
 
 def job_json(view: JobView) -> bytes:
-    """``JobOut.from_view(view).model_dump_json()``, splicing ``view.spec_json`` when the view carries it."""
-    if view.spec_json is None:
-        return JobOut.from_view(view).model_dump_json().encode()
-    j = view.job
-    fields = {
-        "id": j.id, "name": j.name, "team": view.team, "user": view.user, "state": j.state, "qos": view.qos,
-        "priority": j.priority, "gpus": j.gpus, "gpu_type": j.gpu_type, "pending_reason": j.pending_reason,
-        "pending_message": j.pending_message, "restart_count": j.restart_count, "last_step": j.last_step,
-        "last_loss": j.last_loss, "steps": int(j.spec.get("steps", 0)), "exit_reason": j.exit_reason,
-        "cancel_requested": j.cancel_requested, "submitted_at": j.submitted_at, "admitted_at": j.admitted_at,
-        "started_at": j.started_at, "finished_at": j.finished_at,
-    }  # fmt: skip
-    return _with_spec(fields, view.spec_json.encode())
+    """One ``JobOut`` document."""
+    return _document(view, utc=False)
 
 
 def page_json(items: Sequence[JobView], next_cursor: str | None, *, utc: bool = True) -> bytes:
-    """A ``JobPageOut`` document from list rows (``LIST_COLUMNS``: the fields in order, the spec as text), dumped
-    straight from the row; ``utc=False``: their datetimes are in another zone (the session's), converted first."""
-    parts: list[bytes] = []
-    for view in items:
-        row: Any = view.job
-        fields = dict(zip(_FIELDS, row, strict=False))  # the row's last column is the spec
-        if not utc:
-            for key in _DATETIMES:
-                if fields[key] is not None:
-                    fields[key] = fields[key].astimezone(UTC)
-        parts.append(_with_spec(fields, row[-1].encode()))
-    return b'{"items":[' + b",".join(parts) + b'],"next_cursor":' + to_json(next_cursor) + b"}"
+    """A ``JobPageOut`` document; ``utc``: the page's datetimes are UTC already (no conversion per row)."""
+    parts = b",".join(_document(view, utc) for view in items)
+    return b'{"items":[' + parts + b'],"next_cursor":' + to_json(next_cursor) + b"}"
 
 
 class JobPageOut(OutModel):

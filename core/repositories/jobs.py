@@ -9,14 +9,25 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import BigInteger, Integer, Row, Select, String, Text, bindparam, cast, false, func, select, text
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    Row,
+    Select,
+    String,
+    Text,
+    bindparam,
+    cast,
+    false,
+    func,
+    insert,
+    select,
+    text,
+)
 from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
 from sqlalchemy.orm import Session
 
-from core.models import Attempt, Checkpoint, Event, Job, JobMetric, QosClass, SlaContract, Team, User
-
-# (job, team name, user name, qos name): what a JobOut needs, in one query.
-JobRow = tuple[Job, str, str | None, str]
+from core.models import Attempt, Checkpoint, Event, Job, JobDependency, JobMetric, QosClass, SlaContract, Team, User
 
 
 @dataclass(frozen=True)
@@ -27,15 +38,7 @@ class JobFilter:
     qos_id: int | None = None
     name: str | None = None
     before_id: int | None = None  # keyset: strictly older than this id
-
-
-def _job_select() -> Select[Job, str, str | None, str]:
-    return (
-        select(Job, Team.name, User.name, QosClass.name)
-        .join(Team, Team.id == Job.team_id)
-        .outerjoin(User, User.id == Job.user_id)
-        .join(QosClass, QosClass.id == Job.qos_class_id)
-    )
+    job_id: int | None = None  # one job
 
 
 # A submission on PostgreSQL: the job, its dependencies, its effective contract, its SUBMITTED event and the
@@ -70,25 +73,36 @@ SELECT job.id, pg_notify(:channel, CAST(job.id AS TEXT)) FROM job
 _SUBMIT_PG_SQL = re.sub(r"(?<!:):(\w+)", r"%(\1)s", _SUBMIT_PG.text)
 
 
-def insert_submitted_pg(
-    db: Session, *, job: Mapping[str, Any], depends_on: Sequence[int], contract: Mapping[str, Any],
-    event_type: str, event_message: str, event_data: Mapping[str, Any], channel: str, spec_json: str | None = None,
+def insert_submitted(
+    db: Session, *, job: Mapping[str, Any], spec_json: str, depends_on: Sequence[int], contract: Mapping[str, Any],
+    event_type: str, event_message: str, event_data: Mapping[str, Any], channel: str,
 ) -> int:  # fmt: skip
-    """PostgreSQL only: ``job`` holds every NOT NULL column of ``jobs`` (``_SUBMIT_PG``); returns the new id.
-    ``spec_json``: ``job["spec"]`` already serialized, if the caller has it. ``NOTIFY channel, '<id>'`` is sent
-    when the transaction commits."""
+    """Write a submission: the job (``job`` holds every NOT NULL column of ``jobs``; ``spec_json`` is its spec,
+    serialized), its dependencies, its effective contract, its event; returns the new id. PostgreSQL: one statement
+    (``_SUBMIT_PG``), whose ``NOTIFY channel, '<id>'`` is sent when the transaction commits. Elsewhere (SQLite,
+    which has no NOTIFY) the same rows, one insert each."""
     params = {
-        **job, "spec": spec_json if spec_json is not None else json.dumps(job["spec"]),
-        "depends_on": list(depends_on), **contract,
+        **job, "spec": spec_json, "depends_on": list(depends_on), **contract,
         "event_type": event_type, "event_message": event_message, "event_data": json.dumps(event_data),
         "channel": channel,
     }  # fmt: skip
-    job_id: int = db.connection().exec_driver_sql(_SUBMIT_PG_SQL, params).scalar_one()
+    conn = db.connection()
+    if conn.dialect.name == "postgresql":
+        job_id: int = conn.exec_driver_sql(_SUBMIT_PG_SQL, params).scalar_one()
+        return job_id
+    created = job["submitted_at"]
+    job_id = conn.execute(insert(Job).values(**job).returning(Job.id)).scalar_one()
+    if depends_on:
+        conn.execute(insert(JobDependency), [{"job_id": job_id, "depends_on_id": dep} for dep in depends_on])
+    conn.execute(
+        insert(SlaContract).values(team_id=job["team_id"], job_id=job_id, qos_class_id=job["qos_class_id"],
+                                   created_at=created, updated_at=created, **contract)
+    )  # fmt: skip
+    conn.execute(
+        insert(Event).values(job_id=job_id, team_id=job["team_id"], actor_user_id=job["user_id"], type=event_type,
+                             message=event_message, data=dict(event_data), created_at=created)
+    )  # fmt: skip
     return job_id
-
-
-def get_row(db: Session, job_id: int) -> JobRow | None:
-    return db.execute(_job_select().where(Job.id == job_id)).tuples().one_or_none()
 
 
 def get(db: Session, job_id: int, *, for_update: bool = False) -> Job | None:
@@ -117,6 +131,7 @@ class _ListShape:
     qos: bool
     name: bool
     before: bool
+    job: bool
 
 
 def list_rows(db: Session, flt: JobFilter, limit: int) -> Sequence[Row[Any]]:
@@ -145,12 +160,13 @@ def _bound(flt: JobFilter, limit: int) -> tuple[_ListShape, dict[str, Any]]:
     shape = _ListShape(
         teams=None if flt.team_ids is None else len(flt.team_ids), team=flt.team_id is not None,
         states=len(flt.states), qos=flt.qos_id is not None, name=flt.name is not None,
-        before=flt.before_id is not None,
+        before=flt.before_id is not None, job=flt.job_id is not None,
     )  # fmt: skip
     params: dict[str, Any] = {"limit": limit}
     params.update((f"t{i}", team_id) for i, team_id in enumerate(flt.team_ids or ()))
     params.update((f"s{i}", state) for i, state in enumerate(flt.states))
-    named = {"team_id": flt.team_id, "qos_id": flt.qos_id, "name": flt.name, "before_id": flt.before_id}
+    named = {"team_id": flt.team_id, "qos_id": flt.qos_id, "name": flt.name, "before_id": flt.before_id,
+             "job_id": flt.job_id}  # fmt: skip
     params.update((key, value) for key, value in named.items() if value is not None)
     return shape, params
 
@@ -184,6 +200,8 @@ def _list_statement(shape: _ListShape) -> Select[Any]:
         stmt = stmt.where(jobs.c.name == bindparam("name"))
     if shape.before:
         stmt = stmt.where(jobs.c.id < bindparam("before_id"))
+    if shape.job:
+        stmt = stmt.where(jobs.c.id == bindparam("job_id"))
     return stmt.order_by(jobs.c.id.desc()).limit(bindparam("limit", type_=Integer))
 
 

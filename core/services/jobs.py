@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
-from core.models import Attempt, Checkpoint, Event, Job, JobDependency, JobMetric, Role, SlaContract
+from core.models import Attempt, Checkpoint, Event, Job, JobMetric, Role
 from core.notify import CHANNEL, notify_jobs_changed
 from core.repositories import jobs as jobs_repo
 from core.repositories import qos as qos_repo
@@ -27,17 +26,36 @@ from core.spec import JobSpec
 from core.states import TERMINAL, JobState, record_event, transition
 
 
-@dataclass(frozen=True)
-class JobView:
-    """A job with the names a reader wants instead of ids. ``job`` is the ORM row, or (a submission on
-    PostgreSQL) the values written, or (lists) a row of ``jobs_repo.LIST_COLUMNS``. ``spec_json``, when set, is
-    ``job.spec`` already serialized (the API answers it as it is)."""
+class JobView(NamedTuple):
+    """A job as readers see it: names instead of ids, ``steps`` from the spec, the spec as the JSON text it is
+    stored as. Every read and the submission answer with this shape (the list rows have these very fields:
+    ``jobs_repo.LIST_COLUMNS``)."""
 
-    job: Job | Row[Any] | SimpleNamespace
+    id: int
+    name: str
     team: str
     user: str | None
+    state: str
     qos: str
-    spec_json: str | None = None
+    priority: int
+    gpus: int
+    gpu_type: str | None
+    pending_reason: str | None
+    pending_message: str | None
+    restart_count: int
+    last_step: int
+    last_loss: float | None
+    steps: int
+    exit_reason: str | None
+    cancel_requested: bool
+    submitted_at: datetime
+    admitted_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    spec_json: str
+
+
+assert JobView._fields == jobs_repo.LIST_COLUMNS, "JobView and the list query must have the same fields"
 
 
 @dataclass(frozen=True)
@@ -81,29 +99,18 @@ def submit(*, db: Session, principal: Principal, spec: JobSpec) -> JobView:
     }  # fmt: skip
     message = f"submitted by {principal.name} (qos {ctx.qos}, priority {ctx.priority})"
     data = {"qos": ctx.qos, "priority": ctx.priority, "gpus": values["gpus"], "depends_on": depends_on}
-    if db.get_bind().dialect.name == "postgresql":
-        spec_json = json.dumps(values["spec"])  # serialized once: the write and the answer
-        job_id = jobs_repo.insert_submitted_pg(
-            db, job=values, spec_json=spec_json, depends_on=depends_on, contract=terms, event_type="SUBMITTED",
-            event_message=message, event_data=data, channel=CHANNEL,
-        )  # fmt: skip
-        written = SimpleNamespace(id=job_id, **values, **_UNSET)  # the answer needs no ORM object
-        return JobView(job=written, team=spec.team, user=principal.name, qos=ctx.qos, spec_json=spec_json)
-    job = Job(**values)  # the embedded default (SQLite): the unit of work, one flush
-    db.add(job)
-    db.flush()
-    db.add_all(JobDependency(job_id=job.id, depends_on_id=dep) for dep in depends_on)
-    db.add(SlaContract(team_id=team_id, job_id=job.id, qos_class_id=ctx.qos_id, **terms))
-    record_event(db, "SUBMITTED", job=job, actor_user_id=principal.user_id, message=message, data=data)
-    notify_jobs_changed(db, str(job.id))
-    return JobView(job=job, team=spec.team, user=principal.name, qos=ctx.qos)
-
-
-# The columns of a new job that a submission does not set (NULL until the scheduler or a worker sets them).
-_UNSET: dict[str, Any] = dict.fromkeys(
-    ("pending_reason", "pending_message", "last_loss", "exit_reason", "admitted_at", "started_at", "finished_at",
-     "not_before")
-)  # fmt: skip
+    spec_json = json.dumps(values["spec"])  # serialized once: the write and the answer
+    job_id = jobs_repo.insert_submitted(
+        db, job=values, spec_json=spec_json, depends_on=depends_on, contract=terms, event_type="SUBMITTED",
+        event_message=message, event_data=data, channel=CHANNEL,
+    )  # fmt: skip
+    return JobView(
+        id=job_id, name=spec.name, team=spec.team, user=principal.name, state=values["state"], qos=ctx.qos,
+        priority=ctx.priority, gpus=values["gpus"], gpu_type=values["gpu_type"], pending_reason=None,
+        pending_message=None, restart_count=0, last_step=0, last_loss=None, steps=spec.steps, exit_reason=None,
+        cancel_requested=False, submitted_at=now, admitted_at=None, started_at=None, finished_at=None,
+        spec_json=spec_json,
+    )  # fmt: skip
 
 
 def _dependencies(db: Session, *, team_id: int, team: str, refs: Sequence[str]) -> list[int]:
@@ -127,10 +134,11 @@ def _visible(db: Session, principal: Principal, job_id: int, *, for_update: bool
 
 
 def get(*, db: Session, principal: Principal, job_id: int) -> JobView:
-    row = jobs_repo.get_row(db, job_id)
-    if row is None or not principal.can_see(row[0].team_id):
+    """The job, if the principal may see it (the visibility is part of the query)."""
+    rows = jobs_repo.list_rows(db, JobFilter(team_ids=principal.visible_team_ids(), job_id=job_id), 1)
+    if not rows:
         raise NotFound(f"job {job_id} not found")
-    return JobView(*row)
+    return JobView._make(rows[0])
 
 
 def list_jobs(
@@ -162,9 +170,9 @@ def list_jobs(
     )  # fmt: skip
     rows = jobs_repo.list_rows(db, flt, limit + 1)
     page: Sequence[Any] = rows[:limit]
-    items = [JobView(job=r, team=r[2], user=r[3], qos=r[5]) for r in page]  # LIST_COLUMNS, by position
+    items = [JobView._make(r) for r in page]
     utc = db.get_bind().dialect.name != "postgresql" or jobs_repo.session_is_utc(db)
-    return JobPage(items=items, next_before_id=items[-1].job.id if len(rows) > limit else None, utc=utc)
+    return JobPage(items=items, next_before_id=items[-1].id if len(rows) > limit else None, utc=utc)
 
 
 def cancel(*, db: Session, principal: Principal, job_id: int, reason: str | None = None) -> JobView:

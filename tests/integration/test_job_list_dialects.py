@@ -1,5 +1,6 @@
-"""The job list is one query: PostgreSQL (driver SQL, its fast path) and SQLite (the embedded default, through
-SQLAlchemy) answer the same JSON for the same jobs and filters."""
+"""The job list is one query and a job one shape: PostgreSQL (driver SQL, its fast path) and SQLite (the embedded
+default, through SQLAlchemy) answer the same JSON for the same jobs and filters, and a submission answers what a
+later read shows."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
-from api.schemas.jobs import JobOut, page_json
+from api.schemas.jobs import JobOut, job_json, page_json
 from core.db import make_engine
 from core.migrate import upgrade
 from core.services import jobs as jobs_svc
@@ -42,7 +43,10 @@ def sqlite_db(tmp_path: Path) -> Iterator[Session]:
 def _submit_all(db: Session) -> tuple[Principal, list[int]]:
     user, _ = bootstrap_admin(db=db, name="list-admin", force=True)
     admin = Principal(user_id=user.id, name=user.name, user_is_admin=True, scopes=frozenset({"read", "write", "admin"}))
-    ids = [jobs_svc.submit(db=db, principal=admin, spec=parse_spec_data(s)).job.id for s in JOBS]
+    submitted = [jobs_svc.submit(db=db, principal=admin, spec=parse_spec_data(s)) for s in JOBS]
+    for view in submitted:  # the submission's answer is the job as any later read shows it
+        assert json.loads(job_json(view)) == json.loads(job_json(jobs_svc.get(db=db, principal=admin, job_id=view.id)))
+    ids = [view.id for view in submitted]
     jobs_svc.cancel(db=db, principal=admin, job_id=ids[0], reason="not needed")
     db.flush()
     return admin, ids

@@ -100,7 +100,7 @@ def test_a_gang_succeeds_with_the_result_of_the_node_that_ran_rank_0(db: Session
     from scheduler.policy.decisions import Admission, Decisions, PlacementEntry
 
     hosts = [HostAgent(name=f"rep-gang-{i}", inventory=NoGpus(), cpu_slots=1, address="127.0.0.1",
-                       heartbeat_interval_s=1).register(db) for i in range(2)]  # fmt: skip
+                       settings=SETTINGS).register(db) for i in range(2)]  # fmt: skip
     db.flush()
     spec = {**tiny_spec("gang", steps=40), "resources": {"gpus": 0, "cpu_slots": 2}}
     job = submit(db, spec)

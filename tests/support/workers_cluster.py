@@ -244,7 +244,7 @@ def submit(
              "checkpoint_interval_s": checkpoint_interval_s}  # fmt: skip
     parsed = parse_spec_data({**spec, "sla": {**(spec.get("sla") or {}), **terms}})
     view = jobs_service.submit(db=db, principal=principal, spec=parsed)
-    job = db.get(Job, view.job.id)
+    job = db.get(Job, view.id)
     assert job is not None
     return job
 
