@@ -32,7 +32,7 @@ from core.fence import job_checkpoint_dir
 from core.models import Attempt
 from core.services.bootstrap import bootstrap_admin
 from core.settings import get_settings
-from scheduler.config import PolicyConfig
+from scheduler.policy.config import PolicyConfig
 from tests.support.cluster_rows import job_events, job_row
 from tests.support.services import redis_url, temporary_database
 from tests.support.workers_cluster import (
