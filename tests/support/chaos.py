@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -70,6 +71,10 @@ class Chaos:
         self.worker_hooks = worker_hooks
         self.t0 = time.monotonic()
         self.timeline: list[FaultRecord] = []
+        self._held: set[str] = set()  # processes down on purpose: the supervisor leaves them alone
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._supervisor = threading.Thread(target=self._supervise, name="chaos-supervisor", daemon=True)
 
     # ------------------------------------------------------------------------------------------- processes
 
@@ -84,6 +89,45 @@ class Chaos:
 
     def start_worker(self, label: str) -> str:
         return self.c.start_worker(label, cpu_slots=self.worker_slots, hooks=self.worker_hooks)
+
+    def _restart(self, name: str) -> None:
+        if name == "api":
+            self.c.start_api()
+        elif name in self.c.services:
+            self.start_scheduler(name)
+        else:
+            self.start_worker(name.rsplit("-", 1)[0])
+
+    def _supervise(self) -> None:
+        """What systemd or compose's ``restart: unless-stopped`` do: a process that exits on its own (a worker
+        that started while PostgreSQL was away exits at its registration) is started again."""
+        while not self._stop.wait(1.0):
+            with self._lock:
+                procs = {**self.c.services, **self.c.workers}
+                for name, proc in procs.items():
+                    if name not in self._held and proc.poll() is not None:
+                        self.record("exited by itself; restarted by its supervisor", name, exit_code=proc.returncode)
+                        self._restart(name)
+
+    def start_supervisor(self) -> None:
+        self._supervisor.start()
+
+    def stop_supervisor(self) -> None:
+        self._stop.set()
+        self._supervisor.join(timeout=150)
+
+    @contextmanager
+    def down(self, name: str, down_s: float) -> Iterator[None]:
+        """Keep ``name`` down (the caller kills it) for ``down_s``, then start it again as its supervisor would."""
+        with self._lock:
+            self._held.add(name)
+        try:
+            yield
+            time.sleep(down_s)
+        finally:
+            with self._lock:
+                self._held.discard(name)
+                self._restart(name)
 
     def schedulers(self) -> list[str]:
         return sorted(k for k in self.c.services if k.startswith("scheduler"))
@@ -180,15 +224,14 @@ class Chaos:
         (past the lease: the reconciler, not the restarted worker, declares the loss)."""
         victims = self.wait_for_victims(host)
         since = self.elapsed()
-        if whole_node:
-            killed = self.c.kill_worker(host)
-        else:
-            proc = self.c.workers[host]
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-            killed = [proc.pid]
-        time.sleep(down_s)
-        self.start_worker(host.rsplit("-", 1)[0])  # as its supervisor would
+        with self.down(host, down_s):
+            if whole_node:
+                killed = self.c.kill_worker(host)
+            else:
+                proc = self.c.workers[host]
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+                killed = [proc.pid]
         self.record("SIGKILL worker" + (" and trainers" if whole_node else ""), host, jobs=victims, pids=killed,
                     down_s=down_s, lost=self._lost_after(since))  # fmt: skip
 
@@ -204,21 +247,19 @@ class Chaos:
         self.record("SIGKILL trainer", host, jobs=victims, pid=target, lost=self._lost_after(since))
 
     def sigkill_leader(self, *, down_s: float) -> None:
-        leader = wait_for(self.leader, 30, "a leading scheduler")
-        os.kill(self.c.services[leader].pid, signal.SIGKILL)
-        self.c.services[leader].wait(10)
+        leader = wait_for(self.leader, 60, "a leading scheduler")
         others = [s for s in self.schedulers() if s != leader]
-        new = wait_for(lambda: (lead := self.leader()) in others and lead, 60, "a standby taking the lead")
-        time.sleep(down_s)
-        self.start_scheduler(leader)  # as its supervisor would
+        with self.down(leader, down_s):
+            os.kill(self.c.services[leader].pid, signal.SIGKILL)
+            self.c.services[leader].wait(10)
+            new = wait_for(lambda: (lead := self.leader()) in others and lead, 60, "a standby taking the lead")
         self.record("SIGKILL leader scheduler", leader, new_leader=new, down_s=down_s)
 
     def sigkill_api(self, *, down_s: float) -> None:
-        proc = self.c.services["api"]
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-        time.sleep(down_s)
-        self.c.start_api()
+        with self.down("api", down_s):
+            proc = self.c.services["api"]
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
         self.record("SIGKILL API", "api", down_s=down_s)
 
     def sigkill_redis(self, *, down_s: float) -> None:
@@ -233,10 +274,10 @@ class Chaos:
         self.pg.start()
         self.record("PostgreSQL stop -m immediate", "postgres", down_s=down_s)
 
-    def consumer_alive(self, host: str) -> bool:
-        """Whether the worker's log shows its Celery consumer dead (kombu's restore_unacked_once, issue 12
-        item 2): it then heartbeats but consumes nothing."""
-        return "restore_unacked_once" not in self.c.log_text(host)
+    def consumer_died(self, host: str) -> bool:
+        """Whether a worker process of ``host`` lost its Celery consumer in kombu's ``restore_unacked_once`` after
+        a Redis crash (issue 12 item 2): it then heartbeats but consumes nothing."""
+        return "restore_unacked_once" in self.c.log_text(host)
 
 
 def _signal(pids: list[int], sig: signal.Signals) -> None:
@@ -278,6 +319,8 @@ def chaos_cluster(tmp: Path, *, lease_s: float, heartbeat_s: float = 1.0, schedu
         chaos.start_scheduler("scheduler-2")
         for label in ("a", "b"):
             chaos.start_worker(label)
+        chaos.start_supervisor()
+        stack.callback(chaos.stop_supervisor)  # before the cluster stops its processes (callbacks run last-in first)
         yield chaos
 
 
