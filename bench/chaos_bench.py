@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 from sqlalchemy import select  # noqa: E402
 
 from core.models import Attempt, Event, Job  # noqa: E402
+from core.states import JobState  # noqa: E402
 from tests.support.chaos import Chaos, chaos_cluster, chaos_spec, check_invariants, job_summaries  # noqa: E402
 from trainer.checkpoint.store import verify  # noqa: E402
 
@@ -47,7 +48,7 @@ def wall_s(chaos: Chaos, job_id: int) -> float | None:
     with chaos.c.sessionmaker()() as db:
         job = db.get(Job, job_id)
         first = db.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)).first()
-        end = db.scalars(select(Event).where(Event.job_id == job_id, Event.type == "SUCCEEDED")).first()
+        end = db.scalars(select(Event).where(Event.job_id == job_id, Event.type == JobState.SUCCEEDED)).first()
     if job is None or first is None or first.started_at is None or end is None:
         return None
     return (end.created_at - first.started_at).total_seconds()
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "restarts_total": sum(j["restarts"] for j in job_summaries(chaos, jobs)),
             # Issue 12 item 2: a Redis SIGKILL can kill Celery's consumer (kombu restore_unacked_once).
             "celery_consumer_died_after_redis_kill": consumer_died,
-            "lost_incidents": _count(chaos, "LOST"),
+            "lost_incidents": _count(chaos, JobState.LOST),
             "recovered_events": _count(chaos, "RECOVERED"),
             "database_back_events": _count(chaos, "DATABASE_BACK"),
         })  # fmt: skip

@@ -32,11 +32,10 @@ from core.db import session_scope
 from core.fence import job_checkpoint_dir
 from core.models import Attempt, Checkpoint, Event, Job, Team, TeamQuota
 from core.services.bootstrap import bootstrap_admin
+from core.states import TERMINAL, AttemptState, JobState
 from scheduler.live.leader import LOCK_KEY
 from tests.support.private_servers import PrivatePostgres, PrivateRedis
 from tests.support.workers_cluster import Cluster, cluster, slow_steps, tiny_spec, wait_for
-
-FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
 def chaos_spec(name: str, *, seed: int, steps: int, every_steps: int) -> dict[str, Any]:
@@ -177,15 +176,15 @@ class Chaos:
         with self.c.sessionmaker()() as db:
             rows = db.execute(
                 select(Job.id, Attempt.placement).join(Attempt, Attempt.job_id == Job.id)
-                .where(Job.state == "RUNNING", Attempt.fencing_token == Job.fencing_token,
-                       Attempt.state == "RUNNING", Attempt.first_step_at.is_not(None))
+                .where(Job.state == JobState.RUNNING, Attempt.fencing_token == Job.fencing_token,
+                       Attempt.state == AttemptState.RUNNING, Attempt.first_step_at.is_not(None))
             ).all()  # fmt: skip
         return [job_id for job_id, placement in rows if any(n.get("host") == host for n in placement or [])]
 
     def wait_final(self, job_ids: list[int], timeout_s: float) -> None:
         def done() -> bool:
             states = {j.id: j.state for j in self.jobs()}
-            return all(states.get(j) in FINAL for j in job_ids)
+            return all(states.get(j) in TERMINAL for j in job_ids)
 
         wait_for(done, timeout_s, f"jobs {job_ids} final", interval=1.0)
 
@@ -195,7 +194,7 @@ class Chaos:
         """Jobs with a LOST event since ``since`` (seconds of the harness)."""
         cutoff = time.time() - (self.elapsed() - since)
         with self.c.sessionmaker()() as db:
-            events = db.scalars(select(Event).where(Event.type == "LOST")).all()
+            events = db.scalars(select(Event).where(Event.type == JobState.LOST)).all()
         return sorted({e.job_id for e in events if e.job_id is not None and e.created_at.timestamp() >= cutoff})
 
     def wait_for_victims(self, host: str, timeout_s: float = 90) -> list[int]:
@@ -375,14 +374,14 @@ def check_invariants(chaos: Chaos, job_ids: list[int], twin_of: dict[int, int],
     twins = Verdict("final loss equals the fault-free twin's", True)
     for j in job_ids + sorted(set(twin_of.values())):
         job = jobs[j]
-        if job.state != "SUCCEEDED":
+        if job.state != JobState.SUCCEEDED:
             final.failures.append(f"job {j} ended {job.state}: {job.exit_reason}")
         spec_steps = int(job.spec["steps"])
         manifests = _manifests(storage_dir, j)
         by_token = {a.fencing_token: a for a in attempts[j]}
         # 2. Nothing after LOST: on disk (manifests), in the database (checkpoint rows), in the telemetry.
         for a in attempts[j]:
-            if a.state != "LOST" or a.ended_at is None:
+            if a.state != AttemptState.LOST or a.ended_at is None:
                 continue
             lost_at = a.ended_at.timestamp()
             for step, (m, _p) in manifests.items():
