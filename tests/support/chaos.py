@@ -50,7 +50,7 @@ def chaos_spec(name: str, *, seed: int, steps: int, every_steps: int) -> dict[st
 
 @dataclass
 class FaultRecord:
-    at_s: float  # since the harness started
+    at_s: float  # when the fault struck, in seconds since the timeline began
     fault: str
     target: str
     detail: dict[str, Any] = field(default_factory=dict)
@@ -80,8 +80,10 @@ class Chaos:
     def elapsed(self) -> float:
         return round(time.monotonic() - self.t0, 2)
 
-    def record(self, fault: str, target: str, **detail: Any) -> None:
-        self.timeline.append(FaultRecord(self.elapsed(), fault, target, detail))
+    def record(self, fault: str, target: str, *, at: float | None = None, **detail: Any) -> None:
+        """A timeline entry: ``at`` when the fault struck (default now); ``done_s`` when it was over."""
+        self.timeline.append(FaultRecord(self.elapsed() if at is None else at, fault, target,
+                                         {**detail, "done_s": self.elapsed()}))  # fmt: skip
 
     def start_scheduler(self, label: str) -> None:
         self.c.start_scheduler(label, interval_s=self.scheduler_interval_s)
@@ -215,7 +217,7 @@ class Chaos:
             time.sleep(1.0)
             _signal(trainers, signal.SIGCONT)
         self.record("SIGSTOP worker" + (" and trainers" if whole_node else ""), host, jobs=victims,
-                    stopped_s=for_s, lost=self._lost_after(since))  # fmt: skip
+                    stopped_s=for_s, lost=self._lost_after(since), at=since)  # fmt: skip
 
     def sigkill_worker(self, host: str, *, down_s: float, whole_node: bool = False) -> None:
         """SIGKILL the worker process (its trainers get SIGTERM from the parent-death signal), or with
@@ -232,7 +234,7 @@ class Chaos:
                 proc.wait(10)
                 killed = [proc.pid]
         self.record("SIGKILL worker" + (" and trainers" if whole_node else ""), host, jobs=victims, pids=killed,
-                    down_s=down_s, lost=self._lost_after(since))  # fmt: skip
+                    down_s=down_s, lost=self._lost_after(since), at=since)  # fmt: skip
 
     def sigkill_trainer(self, host: str) -> None:
         """SIGKILL one training process on ``host``: its worker reports the crash, the job restarts."""
@@ -243,35 +245,39 @@ class Chaos:
         assert target is not None, f"no rank found under the worker of {host}"
         os.kill(target, signal.SIGKILL)
         wait_for(lambda: self._lost_after(since), 60, "the killed trainer's job LOST")
-        self.record("SIGKILL trainer", host, jobs=victims, pid=target, lost=self._lost_after(since))
+        self.record("SIGKILL trainer", host, jobs=victims, pid=target, lost=self._lost_after(since), at=since)
 
     def sigkill_leader(self, *, down_s: float) -> None:
         leader = wait_for(self.leader, 60, "a leading scheduler")
         others = [s for s in self.schedulers() if s != leader]
+        since = self.elapsed()
         with self.down(leader, down_s):
             os.kill(self.c.services[leader].pid, signal.SIGKILL)
             self.c.services[leader].wait(10)
             new = wait_for(lambda: (lead := self.leader()) in others and lead, 60, "a standby taking the lead")
-        self.record("SIGKILL leader scheduler", leader, new_leader=new, down_s=down_s)
+        self.record("SIGKILL leader scheduler", leader, new_leader=new, down_s=down_s, at=since)
 
     def sigkill_api(self, *, down_s: float) -> None:
+        since = self.elapsed()
         with self.down("api", down_s):
             proc = self.c.services["api"]
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(10)
-        self.record("SIGKILL API", "api", down_s=down_s)
+        self.record("SIGKILL API", "api", down_s=down_s, at=since)
 
     def sigkill_redis(self, *, down_s: float) -> None:
+        since = self.elapsed()
         self.redis.kill()
         time.sleep(down_s)
         self.redis.start()
-        self.record("SIGKILL Redis", "redis", down_s=down_s)
+        self.record("SIGKILL Redis", "redis", down_s=down_s, at=since)
 
     def postgres_immediate_stop(self, *, down_s: float) -> None:
+        since = self.elapsed()
         self.pg.stop_immediate()
         time.sleep(down_s)
         self.pg.start()
-        self.record("PostgreSQL stop -m immediate", "postgres", down_s=down_s)
+        self.record("PostgreSQL stop -m immediate", "postgres", down_s=down_s, at=since)
 
     def consumer_died(self, host: str) -> bool:
         """Whether a worker process of ``host`` lost its Celery consumer in kombu's ``restore_unacked_once`` after
