@@ -30,9 +30,9 @@ from sqlalchemy import select
 from core.db import session_scope
 from core.fence import job_checkpoint_dir
 from core.models import Attempt
+from core.policy_config import PolicyConfig
 from core.services.bootstrap import bootstrap_admin
 from core.settings import get_settings
-from scheduler.policy.config import PolicyConfig
 from tests.support.cluster_rows import job_events, job_row
 from tests.support.services import redis_url, temporary_database
 from tests.support.workers_cluster import (

@@ -34,7 +34,8 @@ from core.models import Attempt, Checkpoint, Event, Job, Team, TeamQuota
 from core.services.bootstrap import bootstrap_admin
 from core.states import TERMINAL, AttemptState, JobState
 from scheduler.live.leader import LOCK_KEY
-from tests.support.private_servers import PrivatePostgres, PrivateRedis
+from tests.support.private_servers import PrivatePostgres
+from tests.support.redis_server import RedisServer
 from tests.support.workers_cluster import Cluster, cluster, slow_steps, tiny_spec, wait_for
 
 
@@ -59,7 +60,7 @@ class FaultRecord:
 class Chaos:
     """The processes, their faults and the timeline. Use through :func:`chaos_cluster`."""
 
-    def __init__(self, c: Cluster, pg: PrivatePostgres, redis: PrivateRedis, *, token: str,
+    def __init__(self, c: Cluster, pg: PrivatePostgres, redis: RedisServer, *, token: str,
                  scheduler_interval_s: float, worker_slots: int, worker_hooks: dict[str, Any]) -> None:  # fmt: skip
         self.c = c
         self.pg = pg
@@ -306,11 +307,11 @@ def chaos_cluster(tmp: Path, *, lease_s: float, heartbeat_s: float = 1.0, schedu
         pg = PrivatePostgres().init()
         stack.callback(pg.remove)
         pg.start()
-        redis = PrivateRedis(tmp / "redis")
+        redis = RedisServer(tmp / "redis")
         stack.callback(redis.stop)
         redis.start()
         url = pg.create_database("kiln")
-        c = stack.enter_context(cluster(tmp, database_url=url, broker_url=redis.url, lease_s=lease_s,
+        c = stack.enter_context(cluster(tmp, database_url=url, broker_url=redis.url(), lease_s=lease_s,
                                         heartbeat_s=heartbeat_s))  # fmt: skip
         with session_scope() as db:
             _user, token = bootstrap_admin(db=db, name="admin")

@@ -1,5 +1,5 @@
-"""PostgreSQL and Redis servers of a test's own, on free ports under its temporary directory, for faults that the
-shared servers (5432, 6379) must never see: SIGKILL of Redis, ``pg_ctl stop -m immediate`` of PostgreSQL.
+"""A PostgreSQL server of a test's own, on a free port, for faults the shared server (5432) must never see:
+``pg_ctl stop -m immediate``. Its Redis counterpart is ``tests/support/redis_server.py``.
 
 PostgreSQL refuses to run as root: where the tests run as root, the cluster belongs to the ``postgres`` user
 (``runuser``), as the distribution's own cluster does.
@@ -11,23 +11,15 @@ import contextlib
 import os
 import pwd
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import psycopg
-import redis
+
+from tests.support.services import free_port
 
 PG_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pg_tool(name: str) -> str:
@@ -41,7 +33,7 @@ def _pg_tool(name: str) -> str:
 
 
 def private_servers_available() -> str | None:
-    """None when a private PostgreSQL and Redis can be started here, else why not."""
+    """None when a private PostgreSQL (and ``redis-server``) can be started here, else why not."""
     try:
         _pg_tool("initdb")
         _pg_tool("pg_ctl")
@@ -119,50 +111,3 @@ class PrivatePostgres:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
-
-
-class PrivateRedis:
-    """``redis-server`` on a free port, no persistence: ``kill`` (SIGKILL) loses every message it held."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.port = free_port()
-        self.log = root / "redis.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.root)],
-            stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, start_new_session=True,  # noqa: SIM115
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while not self.alive():
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server did not start on port {self.port}: see {self.log}")
-            time.sleep(0.1)
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown, no save."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def alive(self) -> bool:
-        try:
-            return bool(redis.Redis.from_url(self.url, socket_connect_timeout=1).ping())
-        except redis.exceptions.ConnectionError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()

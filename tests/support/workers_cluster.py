@@ -30,6 +30,7 @@ from core import db as core_db
 from core.db import utcnow
 from core.migrate import upgrade
 from core.models import Attempt, Host, Job, QosClass, Team, TeamQuota, User
+from core.policy_config import PolicyConfig
 from core.services import jobs as jobs_service
 from core.services.bootstrap import bootstrap_admin
 from core.services.principal import Principal
@@ -38,9 +39,8 @@ from core.spec import parse_spec_data
 from core.trainer_protocol import ENV_TEST_HOOKS
 from scheduler.live.apply import apply_all
 from scheduler.live.loop import CycleResult, run_cycle
-from scheduler.policy.config import PolicyConfig
 from scheduler.policy.decisions import Admission, Decisions, PlacementEntry
-from tests.support.private_servers import free_port
+from tests.support.services import free_port
 from workers import celery_app
 from workers.dispatch import dispatch_attempt
 
