@@ -145,7 +145,11 @@ class Timings(SettingsGroup):
         "report (DRAINED) before the process exits: the stop grace, then the report.",
     )
     hang_timeout_s: float = Field(
-        default=900.0, description="An attempt with no telemetry at all for this long after training started is hung."
+        default=900.0,
+        gt=0,
+        description="An attempt that makes no training progress (no new step, checkpoint or event) for this long "
+        "once it trained a step is hung and stopped. The trainer's heartbeat thread alone is not progress: a loop "
+        "stuck in a collective keeps it ticking. Longer than any one checkpoint save or restore of a large model.",
     )
     report_retry_window_s: float = Field(
         default=900.0,

@@ -63,6 +63,7 @@ class TestHooks:
     # hold each delivered message this long before claiming, so a test can crash the broker while a worker holds
     # an unacknowledged message.
     hold_delivery_s: float = 0.0
+    hang_at_step: int = 0  # after this step the loop blocks for good, deaf to SIGTERM (a hung collective)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> TestHooks:

@@ -375,6 +375,8 @@ class Trainer:
             pending.append((self.step, index, loss_sum, gn.detach()))
             if cfg.hooks.sleep_per_step_s:
                 time.sleep(cfg.hooks.sleep_per_step_s)
+            if cfg.hooks.hang_at_step and self.step == cfg.hooks.hang_at_step:
+                _hang_forever()
             if self._drain(pending, lag):
                 continue  # rolled back: self.step and the data position were restored
             if env.distributed and self.step % cfg.probe_every_steps == 0:
@@ -567,3 +569,10 @@ def _run(spec: JobSpec, run_dir: pathlib.Path, env: DistEnv, tel: Telemetry) -> 
             raise
         tel.event("NCCL_ERROR", f"collective failed: {exc}"[:2000])
         return ExitCode.NCCL_ERROR
+
+
+def _hang_forever() -> None:
+    """The ``hang_at_step`` test hook: a loop stuck as in a collective that never returns. The heartbeat thread
+    ticks on and the SIGTERM handler only sets a flag nobody reads; only SIGKILL ends it."""
+    while True:
+        time.sleep(3600)

@@ -18,9 +18,10 @@ from core.trainer_protocol import ExitCode
 
 @dataclass(frozen=True)
 class StopRequest:
-    """Why the supervisor sent SIGTERM (None: it did not)."""
+    """Why the supervisor sent SIGTERM (None: it did not): the class, and in words (the job's reason says it)."""
 
     reason: ExitClass
+    why: str = ""
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,8 @@ def classify(rank_codes: dict[int, int], launcher_code: int, stop: StopRequest |
         # checkpoint).
         if launcher_code == 0 and codes <= {ExitCode.SUCCEEDED} and rank_codes:
             return Outcome(ExitClass.SUCCEEDED, f"finished before the stop took effect ({detail})")
-        return Outcome(stop.reason, f"{stop.reason.value} ({detail})")
+        said = f"{stop.reason.value}: {stop.why}" if stop.why else stop.reason.value
+        return Outcome(stop.reason, f"{said} ({detail})")
     if launcher_code == 0 and (not rank_codes or codes == {ExitCode.SUCCEEDED}):
         return Outcome(ExitClass.SUCCEEDED, "succeeded")
     if ExitCode.OOM in codes:

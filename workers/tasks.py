@@ -351,7 +351,8 @@ class AttemptRunner:
         self.buffer: list[dict[str, Any]] = []
         self.stop: StopRequest | None = None
         self.fenced = False
-        self.last_telemetry = time.monotonic()
+        self.progress_step = -1  # the furthest step any record showed (see ``note_progress``)
+        self.last_progress = time.monotonic()
         self.rank_errors: dict[int, str] = {}  # the exception line each rank's EXIT record gave, if any
         # A fractional job is a client of the host's MPS daemon of this generation (workers/mps.py).
         self.share: dict[str, Any] | None = next((n["share"] for n in claimed.placement if n.get("share")), None)
@@ -387,6 +388,19 @@ class AttemptRunner:
                     self.rank_errors[int(rec.get("rank") or 0)] = str(error)
         return records
 
+    def note_progress(self, records: list[dict[str, Any]]) -> None:
+        """Training moves while a record other than a heartbeat or a GPU sample arrives (a step, a checkpoint, an
+        event) or a heartbeat shows a further step. A heartbeat that repeats its step is the trainer's heartbeat
+        thread ticking beside a loop that may be stuck (a hung collective keeps it alive): not progress."""
+        for rec in records:
+            kind = rec.get("kind")
+            step = rec.get("step")
+            further = isinstance(step, int) and step > self.progress_step
+            if isinstance(step, int) and further:
+                self.progress_step = step
+            if further or kind not in (RecordKind.HEARTBEAT, RecordKind.GPU_SAMPLE):
+                self.last_progress = time.monotonic()
+
     # One heartbeat transaction: check the token, renew the lease, relay telemetry, read cancel/preempt flags.
     def heartbeat(self) -> Directive:
         started = lease_clock()
@@ -421,7 +435,7 @@ class AttemptRunner:
     def request_stop(self, reason: ExitClass, why: str) -> None:
         if self.stop is not None:
             return
-        self.stop = StopRequest(reason)
+        self.stop = StopRequest(reason, why)
         self.proc.log_line(f"stopping the trainer ({why}): SIGTERM, SIGKILL after {self.settings.stop_grace_s:.0f} s")
         self.proc.terminate()
 
@@ -433,7 +447,7 @@ class AttemptRunner:
             code = self.proc.poll()
             new = self.read_telemetry()
             if new:
-                self.last_telemetry = time.monotonic()
+                self.note_progress(new)
                 self.buffer.extend(new)
             if code is not None:
                 return code
@@ -457,13 +471,9 @@ class AttemptRunner:
                 self.request_stop(ExitClass.DRAINED, "the worker is shutting down")
             if self.mps_restarted():
                 self.request_stop(ExitClass.INFRASTRUCTURE, "the host's MPS daemon died: this job's GPU share is gone")
-            if (
-                self.stop is None
-                and self.relay_state.first_step_seen
-                and mono - self.last_telemetry > self.settings.hang_timeout_s
-            ):
-                hung = f"no telemetry for {self.settings.hang_timeout_s:.0f} s: hung"
-                self.request_stop(ExitClass.INFRASTRUCTURE, hung)
+            hang_s = self.settings.hang_timeout_s
+            if self.stop is None and self.relay_state.first_step_seen and mono - self.last_progress > hang_s:
+                self.request_stop(ExitClass.INFRASTRUCTURE, f"no training progress for {hang_s:g} s: hung")
             if (
                 self.proc.term_sent_at is not None
                 and not self.proc.killed

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import psutil
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
@@ -29,6 +30,7 @@ from core import db as core_db
 from core.db import utcnow
 from core.migrate import upgrade
 from core.models import Attempt, Host, Job, QosClass, Team, TeamQuota, User
+from core.policy_config import PolicyConfig
 from core.services import jobs as jobs_service
 from core.services.bootstrap import bootstrap_admin
 from core.services.principal import Principal
@@ -38,6 +40,7 @@ from core.trainer_protocol import ENV_TEST_HOOKS
 from scheduler.live.apply import apply_all
 from scheduler.live.loop import CycleResult, run_cycle
 from scheduler.policy.decisions import Admission, Decisions, PlacementEntry
+from tests.support.services import free_port
 from workers import celery_app
 from workers.dispatch import dispatch_attempt
 
@@ -103,6 +106,8 @@ class Cluster:
         if visibility_timeout_s is not None:
             self.env["KILN_BROKER_VISIBILITY_TIMEOUT_S"] = str(visibility_timeout_s)
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.services: dict[str, subprocess.Popen[bytes]] = {}  # the API, schedulers: see start_service
+        self.api_url: str | None = None
         self.logs: dict[str, Path] = {}
         self._saved: dict[str, str | None] = {}
 
@@ -139,19 +144,55 @@ class Cluster:
     def sessionmaker(self) -> sessionmaker[Session]:
         return core_db.get_sessionmaker()
 
-    def start_worker(self, label: str, *, cpu_slots: int = 1, hooks: dict[str, Any] | None = None) -> str:
+    def start_worker(self, label: str, *, cpu_slots: int = 1, hooks: dict[str, Any] | None = None,
+                     **settings: str) -> str:  # fmt: skip
         """``hooks``: the trainer's test hooks for every attempt this worker runs, set the one way they can be:
-        in the worker's own environment (``KILN_TEST_HOOKS``), which it passes to the ranks it launches."""
+        in the worker's own environment (``KILN_TEST_HOOKS``), which it passes to the ranks it launches.
+        ``settings``: more of this worker's own environment (e.g. ``KILN_HANG_TIMEOUT_S``)."""
         name = self.host(label)
         log = self.tmp / f"worker-{label}.log"
         self.logs[name] = log
-        env = {**self.env, ENV_TEST_HOOKS: json.dumps(hooks)} if hooks else self.env
+        env = {**self.env, **settings, **({ENV_TEST_HOOKS: json.dumps(hooks)} if hooks else {})}
         self.workers[name] = subprocess.Popen(
             [sys.executable, "-m", "workers", "--host", name, "--cpu-slots", str(cpu_slots), "--address", "127.0.0.1"],
             env=env, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
             start_new_session=True,
         )
         return name
+
+    def start_service(self, label: str, argv: list[str], **env: str) -> subprocess.Popen[bytes]:
+        """Another kiln process (the API, a scheduler) with the cluster's environment plus ``env``; its output
+        goes to ``<label>.log`` in the cluster's directory."""
+        log = self.tmp / f"{label}.log"
+        self.logs[label] = log
+        self.services[label] = subprocess.Popen(
+            argv, env={**self.env, **env, "PYTHONUNBUFFERED": "1"}, cwd=ROOT, stdout=open(log, "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        return self.services[label]
+
+    def start_api(self, label: str = "api") -> str:
+        """The API under uvicorn, as ``kiln up`` and the compose file run it; back on the same port after a
+        restart. Returns its URL once ``/readyz`` answers."""
+        if self.api_url is None:
+            self.api_url = f"http://127.0.0.1:{free_port()}"
+        port = self.api_url.rsplit(":", 1)[1]
+        self.start_service(label, [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host",
+                                   "127.0.0.1", "--port", port, "--no-access-log"])  # fmt: skip
+        wait_for(self.api_ready, 120, "the API ready")
+        return self.api_url
+
+    def api_ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.api_url}/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def start_scheduler(self, label: str, *, interval_s: float, **env: str) -> subprocess.Popen[bytes]:
+        """``python -m scheduler``: campaigns for the lead, then runs a cycle on each NOTIFY and every
+        ``interval_s``."""
+        return self.start_service(label, [sys.executable, "-m", "scheduler"],
+                                  KILN_SCHEDULER_INTERVAL_S=str(interval_s), **env)  # fmt: skip
 
     def kill_worker(self, name: str) -> list[int]:
         """SIGKILL the worker and every process under it (torchrun, the ranks), all at once."""
@@ -178,10 +219,15 @@ class Cluster:
             return []
 
     def stop_all(self) -> None:
-        for _name, proc in list(self.workers.items()):
+        for proc in [*self.services.values(), *self.workers.values()]:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGTERM)
+        for proc in self.services.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
         for name, proc in list(self.workers.items()):
             try:
                 proc.wait(20)
@@ -278,8 +324,10 @@ class SchedulerThread:
     A cycle that fails on a database error is retried at the next tick, as the live loop does (tests restart
     PostgreSQL); any other error stops the thread and ``stop()`` raises it, so a broken cycle fails the test."""
 
-    def __init__(self, maker: Callable[[], Session], settings: Settings, *, interval_s: float = 0.5):
+    def __init__(self, maker: Callable[[], Session], settings: Settings, *, interval_s: float = 0.5,
+                 config: PolicyConfig | None = None):  # fmt: skip
         self.maker = maker
+        self.config = config
         self.settings = settings
         self.interval_s = interval_s
         self.database_errors = 0
@@ -288,7 +336,8 @@ class SchedulerThread:
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
     def cycle(self) -> CycleResult:
-        return run_cycle(session_factory=self.maker, dispatch=dispatch_attempt, settings=self.settings)
+        return run_cycle(session_factory=self.maker, dispatch=dispatch_attempt, settings=self.settings,
+                         config=self.config)  # fmt: skip
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -8,6 +8,7 @@ from core.lifecycle import ExitClass
 from core.trainer_protocol import ExitCode
 from workers.exit_classes import StopRequest, classify
 
+HUNG = "no training progress for 900 s: hung"
 DATA_LINE = "building the data: ValueError: corpus shorter than one sequence"
 
 CASES: dict[str, tuple[dict[int, int], int, StopRequest | None, dict[int, str], ExitClass, str]] = {
@@ -29,6 +30,10 @@ CASES: dict[str, tuple[dict[int, int], int, StopRequest | None, dict[int, str], 
     "outside SIGTERM": ({0: 75}, 1, None, {}, ExitClass.DRAINED, "stopped by an outside SIGTERM"),
     "preempted by us": ({0: 75}, 1, StopRequest(ExitClass.PREEMPTED), {}, ExitClass.PREEMPTED, "preempted"),
     "fenced stop by us": ({0: 80}, 1, StopRequest(ExitClass.FENCED), {}, ExitClass.FENCED, "fenced"),
+    "hung, stopped by us, says why": ({}, -9, StopRequest(ExitClass.INFRASTRUCTURE, HUNG), {},
+                                      ExitClass.INFRASTRUCTURE, f"infrastructure: {HUNG} (killed by SIGKILL)"),
+    "time limit, says why": ({0: 75}, 1, StopRequest(ExitClass.TIMEOUT, "time limit reached"), {}, ExitClass.TIMEOUT,
+                             "timeout: time limit reached (rank 0: exit code 75"),
     "finished before our stop": ({0: 0}, 0, StopRequest(ExitClass.CANCELLED), {}, ExitClass.SUCCEEDED,
                                  "finished before the stop"),
 }
