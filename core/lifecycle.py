@@ -82,6 +82,37 @@ EXIT_CLASS_ENDS: dict[ExitClass, AttemptEnd] = {
 }
 
 
+# ------------------------------------------------------------------------------------------------------ leases
+
+
+def renew_lease(attempt: Attempt, *, node_rank: int, now: datetime, lease_s: float) -> None:
+    """The lease of one node of an attempt, renewed by that node's worker (at its claim and each heartbeat).
+
+    A gang's attempt lives only while every node it started lives: each claimed node keeps its own lease in the
+    placement, and the attempt's lease is the earliest of them. Otherwise a host that froze (or lost its network)
+    would leave its gang RUNNING for as long as the other hosts' workers renewed the one lease, their ranks blocked
+    in a collective with a peer that never answers (gloo and NCCL wait 10 minutes before they give up)."""
+    attempt.heartbeat_at = now
+    expires = now + timedelta(seconds=lease_s)
+    placement = attempt.placement or []
+    if len(placement) <= 1:
+        attempt.lease_expires_at = expires
+        return
+    nodes = [dict(n) for n in placement]
+    nodes[node_rank]["lease_expires_at"] = expires.isoformat()
+    attempt.placement = nodes  # a new list, so the JSON column is written
+    attempt.lease_expires_at = min(datetime.fromisoformat(n["lease_expires_at"]) for n in nodes
+                                   if n.get("lease_expires_at"))  # fmt: skip
+
+
+def silent_hosts(attempt: Attempt, now: datetime) -> list[str]:
+    """The hosts whose node lease has run out (every host of a one-node attempt whose lease has)."""
+    nodes = attempt.placement or []
+    expired = [str(n.get("host")) for n in nodes
+               if n.get("lease_expires_at") and datetime.fromisoformat(n["lease_expires_at"]) < now]  # fmt: skip
+    return expired or [str(n.get("host")) for n in nodes]
+
+
 # ------------------------------------------------------------------------------------- restart limits, backoff
 
 

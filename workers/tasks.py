@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from core.db import session_scope, utcnow
 from core.fence import Lease, job_checkpoint_dir, lease_clock, write_fence, write_lease
-from core.lifecycle import ExitClass, end_attempt, end_attempt_as
+from core.lifecycle import ExitClass, end_attempt, end_attempt_as, renew_lease
 from core.models import GPU, Attempt, Host, Job, QosClass, Usage
 from core.private import private_dir
 from core.settings import Settings, get_settings
@@ -197,8 +196,7 @@ def claim(
     if attempt.state == AttemptState.PENDING:
         move_attempt(attempt, AttemptState.RUNNING)
         attempt.started_at = now
-    attempt.heartbeat_at = now
-    attempt.lease_expires_at = now + timedelta(seconds=settings.lease_s)
+    renew_lease(attempt, node_rank=node_rank, now=now, lease_s=settings.lease_s)
     if job.state == JobState.ADMITTED:
         transition(db, job, JobState.RUNNING, message=f"attempt {attempt.number} started on {host}",
                    data={"attempt": attempt.number, "host": host, "token": token})  # fmt: skip
@@ -414,8 +412,7 @@ class AttemptRunner:
                     return Directive(fenced=True)
                 if attempt.state != AttemptState.RUNNING:
                     return Directive(fenced=True)
-                attempt.heartbeat_at = now
-                attempt.lease_expires_at = now + timedelta(seconds=self.settings.lease_s)
+                renew_lease(attempt, node_rank=self.node_rank, now=now, lease_s=self.settings.lease_s)
                 relay(db, job=job, attempt=attempt, records=records, state=self.relay_state)
                 if self.node_rank == 0:
                     usage = db.scalars(select(Usage).where(Usage.attempt_id == attempt.id)).first()

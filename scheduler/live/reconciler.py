@@ -42,6 +42,7 @@ from core.lifecycle import (
     recovery_objective_for,
     requeue_after_failure,
     revoke_fence_after_commit,
+    silent_hosts,
 )
 from core.models import Attempt, Event, Host, Job
 from core.settings import Settings
@@ -277,9 +278,10 @@ def _expired_leases(db: Session, now: datetime, settings: Settings, grace_until:
             end_attempt(db, attempt, state=AttemptState.SUPERSEDED, reason=why, now=now)
             actions.append(f"attempt {attempt.id}: superseded")
             continue
-        silent = (now - attempt.heartbeat_at).total_seconds() if attempt.heartbeat_at else None
-        hosts = ", ".join(str(n.get("host")) for n in attempt.placement or [])
-        reason = f"lease expired: no heartbeat from {hosts} for {silent or 0:.1f} s"
+        # A gang's lease is its earliest node's: name the hosts that went silent, timed from their own lease.
+        silent = (now - attempt.lease_expires_at).total_seconds() + settings.lease_s
+        hosts = ", ".join(silent_hosts(attempt, now))
+        reason = f"lease expired: no heartbeat from {hosts} for {silent:.1f} s"
         actions.append(
             requeue_after_failure(
                 db, job=job, attempt=attempt, reason=reason, now=now, settings=settings,

@@ -3,7 +3,8 @@
 Two ``python -m workers`` processes act as two hosts with one CPU slot each; the job asks for two slots, so the
 real scheduler places one node on each, node 0 hosts the c10d rendezvous and the two ranks train as one DDP job
 over gloo. SIGKILL of one host's worker and everything under it mid-run restarts the whole gang from the last
-verified checkpoint, and the job ends with the loss of an uninterrupted twin.
+verified checkpoint, and the job ends with the loss of an uninterrupted twin. So does a host that freezes: its
+node's lease runs out while the other host's worker renews its own.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tests.support.cluster_rows import job_events, job_row
 from tests.support.services import redis_url, temporary_database
 from tests.support.workers_cluster import Cluster, SchedulerThread, cluster, slow_steps, submit, tiny_spec, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 STEPS = 40
 EVERY = 10
@@ -72,6 +73,20 @@ def test_a_gang_trains_across_two_hosts_and_survives_the_loss_of_one(two_hosts: 
         c.kill_worker(head)  # the worker and everything under it, at once
         c.start_worker(head.rsplit("-", 1)[0], cpu_slots=1, hooks=hooks)  # its supervisor starts it again
         wait_for(lambda: _finished(c, victim), 240, "the gang finished after the restart")
+
+        # A host that freezes (SIGSTOP of its worker and everything under it: no connection is reset) while the
+        # other host's worker, healthy, renews its own node's lease and its rank waits in a collective.
+        with maker() as db:
+            frozen_job = submit(db, _gang_spec("gang-frozen")).id
+            db.commit()
+        wait_for(lambda: job_row(c, frozen_job).last_step >= EVERY + 5, 180, "the second gang past a checkpoint")
+        node1 = _attempts(c, frozen_job)[0].placement[1]["host"]
+        tree = c.freeze_worker(node1)
+        try:
+            wait_for(lambda: job_events(c, frozen_job, "LOST"), 60, "the gang LOST by its frozen node's lease")
+        finally:
+            c.thaw(tree)
+        wait_for(lambda: _finished(c, frozen_job), 300, "the frozen gang finished after the thaw")
     finally:
         sched.stop()
 
@@ -100,3 +115,9 @@ def test_a_gang_trains_across_two_hosts_and_survives_the_loss_of_one(two_hosts: 
     for name in ("2.log", "2.node1.log"):
         text = (logs / name).read_text()
         assert "/2 local 0] exit code 0" in text, text[-3000:]
+
+    frozen = job_row(c, frozen_job)
+    assert frozen.state == "SUCCEEDED" and frozen.restart_count == 1, frozen.exit_reason
+    assert frozen.last_step == STEPS and frozen.last_loss == pytest.approx(ref.last_loss, rel=1e-6, abs=1e-6)
+    lost = job_events(c, frozen_job, "LOST")
+    assert len(lost) == 1 and f"lease expired: no heartbeat from {node1} for" in lost[0].message, lost[0].message

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from core.db import utcnow
 from core.fence import job_checkpoint_dir, read_fence, write_fence
-from core.lifecycle import restart_backoff_s
+from core.lifecycle import renew_lease, restart_backoff_s
 from core.models import GPU, Attempt, Event, Host, Job, QosClass, Usage
 from core.settings import Settings
 from core.states import record_event
@@ -395,3 +395,30 @@ def test_statement_errors_are_not_outages(db: Session) -> None:
     actions = reconcile(db=db, now=later, settings=SETTINGS, dispatch=dispatch_attempt)
     assert any("LOST -> QUEUED" in a for a in actions), actions
     assert attempt.state == "LOST"
+
+
+def test_a_gang_is_lost_when_one_node_goes_silent_though_the_other_renews(db: Session) -> None:
+    """Each node of a gang renews its own lease and the attempt's is the earliest: a frozen host's node ends the
+    gang's lease while the other host's worker, healthy, keeps renewing its own (its rank waits in a collective for
+    a peer that never answers)."""
+    from scheduler.live.apply import apply_all
+    from scheduler.policy.decisions import Admission, Decisions, PlacementEntry
+
+    hosts = [_host(db, f"rec-gang-{i}", slots=1) for i in range(2)]
+    job = submit(db, {**tiny_spec("gang"), "resources": {"gpus": 0, "cpu_slots": 2}})
+    entries = tuple(PlacementEntry(host=h.name, queue=h.queue, gpus=(), slots=1, node_rank=i)
+                    for i, h in enumerate(hosts))  # fmt: skip
+    assert apply_all(db=db, decisions=Decisions(admissions=(Admission(job.id, entries),)), now=utcnow()).admitted
+    attempt = job.attempts[-1]
+    t0 = utcnow()
+    for i, h in enumerate(hosts):
+        claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=i, host=h.name, delivery=f"d{i}",
+              settings=SETTINGS)  # fmt: skip
+    # Node 0's worker goes on renewing (its heartbeat calls this) for 15 s; node 1's host went silent at its claim.
+    for dt in range(1, 16):
+        renew_lease(attempt, node_rank=0, now=t0 + timedelta(seconds=dt), lease_s=SETTINGS.lease_s)
+    assert attempt.lease_expires_at is not None and attempt.lease_expires_at < t0 + timedelta(seconds=12)
+    actions = reconcile(db=db, now=t0 + timedelta(seconds=15), settings=SETTINGS, dispatch=dispatch_attempt)
+    assert attempt.state == "LOST" and job.state == "QUEUED", actions
+    lost = _events(db, job, "LOST")[-1]
+    assert f"no heartbeat from {hosts[1].name} for" in lost.message and hosts[0].name not in lost.message

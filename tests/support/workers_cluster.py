@@ -211,6 +211,22 @@ class Cluster:
         proc.wait(10)
         return killed
 
+    def freeze_worker(self, name: str) -> list[psutil.Process]:
+        """SIGSTOP the worker and every process under it (a frozen VM, a host that stopped answering): no
+        connection is reset, nothing exits. Returns the processes for :meth:`thaw`."""
+        root = psutil.Process(self.workers[name].pid)
+        tree = [root, *root.children(recursive=True)]
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.suspend()
+        return tree
+
+    @staticmethod
+    def thaw(tree: list[psutil.Process]) -> None:
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.resume()
+
     def trainer_pids(self, name: str) -> list[int]:
         proc = self.workers[name]
         try:
