@@ -2,14 +2,12 @@
 lease): no job lost, none duplicated, none restarted; the API answers 503 while the database is away and recovers
 by itself.
 
-Redis is a private server on a port of its own (``tests.support.redis_server``). PostgreSQL is shared with the
-rest of the suite: its outage is kept to seconds and this is the only test that causes it.
+Redis and PostgreSQL are servers of the test's own, on free ports (``tests.support.redis_server``,
+``tests.support.private_servers``): the shared ones never see these outages.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +20,8 @@ from core.models import Attempt, Event, Job
 from core.settings import get_settings
 from tests.support.cluster_rows import job_row
 from tests.support.deps import missing
+from tests.support.private_servers import PrivatePostgres, private_servers_available
 from tests.support.redis_server import RedisServer, private_redis
-from tests.support.services import temporary_database
 from tests.support.workers_cluster import (
     Cluster,
     SchedulerThread,
@@ -34,34 +32,33 @@ from tests.support.workers_cluster import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
-
-def _pg_cluster(action: str) -> None:
-    version = sorted(os.listdir("/etc/postgresql"))[-1]
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action], check=True, timeout=60)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
 @pytest.fixture
-def two_hosts(tmp_path: Path) -> Iterator[tuple[RedisServer, Cluster]]:
-    if not Path("/etc/postgresql").is_dir():
-        missing("needs a local PostgreSQL cluster managed by pg_ctlcluster")
-    with (
-        private_redis(tmp_path / "redis") as broker,
-        temporary_database("kiln_restarts") as url,
-        cluster(tmp_path, database_url=url, broker_url=broker.url(), lease_s=10.0, heartbeat_s=1.0) as c,
-    ):
-        try:
-            yield broker, c
-        finally:
-            # Whatever happened, leave the shared PostgreSQL running.
-            subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect",
-                            sorted(os.listdir("/etc/postgresql"))[-1], "main", "start"], check=False)  # fmt: skip
+def two_hosts(tmp_path: Path) -> Iterator[tuple[RedisServer, PrivatePostgres, Cluster]]:
+    unavailable = private_servers_available()
+    if unavailable is not None:
+        missing(f"a private PostgreSQL: {unavailable}")
+    pg = PrivatePostgres().init()
+    try:
+        pg.start()
+        url = pg.create_database("kiln_restarts")
+        with (
+            private_redis(tmp_path / "redis") as broker,
+            cluster(tmp_path, database_url=url, broker_url=broker.url(), lease_s=10.0, heartbeat_s=1.0) as c,
+        ):
+            yield broker, pg, c
+    finally:
+        pg.remove()
 
 
-def test_redis_then_postgres_restart_loses_and_duplicates_nothing(two_hosts: tuple[RedisServer, Cluster]) -> None:
+def test_redis_then_postgres_restart_loses_and_duplicates_nothing(
+    two_hosts: tuple[RedisServer, PrivatePostgres, Cluster],
+) -> None:
     from api.app import create_app
 
-    broker, c = two_hosts
+    broker, pg, c = two_hosts
     # Slow steps on both hosts: the long job must still be training when each server goes away.
     hosts = [c.start_worker(label, cpu_slots=1, hooks=slow_steps(0.2)) for label in ("a", "b")]
     maker = c.sessionmaker()
@@ -95,14 +92,14 @@ def test_redis_then_postgres_restart_loses_and_duplicates_nothing(two_hosts: tup
         # 2. PostgreSQL goes away for a lease: the API says 503 (problem+json), training goes on until the
         # trainer's lease (which no worker can renew meanwhile) runs out, waits, and all recovers.
         wait_for(lambda: job_row(c, long_job).last_step > step_after_redis, 30, "training after the Redis restart")
-        _pg_cluster("stop")
+        pg.stop()
         try:
             away = api.get("/readyz")
             assert away.status_code == 503
             assert away.headers["content-type"].startswith("application/problem+json")
             time.sleep(get_settings().lease_s)
         finally:
-            _pg_cluster("start")
+            pg.start()
         wait_for(lambda: api.get("/readyz").status_code == 200, 30, "API ready again by itself")
 
         wait_for(lambda: job_row(c, long_job).state in ("SUCCEEDED", "FAILED"), 150, "long job finished")
