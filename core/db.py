@@ -74,6 +74,15 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cur.close()
 
         return engine
+    # A session frozen inside a transaction (its process SIGSTOPped, its VM paused) holds its row locks until the
+    # server ends it: the reconciler, which locks every host row and the jobs it ends, would wait for it with the
+    # whole scheduler, and the frozen attempt's lease would never be declared expired (the chaos bench found it).
+    settings = get_settings()
+    idle_s = settings.idle_in_transaction_timeout_s or settings.lease_s / 2
+    connect_args = dict(kwargs.pop("connect_args", {}))
+    options = connect_args.get("options", "")
+    connect_args["options"] = f"{options} -c idle_in_transaction_session_timeout={int(idle_s * 1000)}".strip()
+    kwargs["connect_args"] = connect_args
     if "poolclass" not in kwargs:
         kwargs.setdefault("pool_size", 20)
         kwargs.setdefault("max_overflow", 20)

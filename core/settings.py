@@ -151,6 +151,14 @@ class Timings(SettingsGroup):
         "once it trained a step is hung and stopped. The trainer's heartbeat thread alone is not progress: a loop "
         "stuck in a collective keeps it ticking. Longer than any one checkpoint save or restore of a large model.",
     )
+    idle_in_transaction_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="PostgreSQL ends a session that keeps a transaction open without a statement for this long "
+        "(`idle_in_transaction_session_timeout`), which releases its row locks. A process frozen inside a "
+        "transaction (SIGSTOP, a paused VM) otherwise holds the host and job rows the reconciler locks, and the "
+        "whole scheduler waits for it: no lease expires, nothing is admitted. Empty: half of `lease_s`.",
+    )
     report_retry_window_s: float = Field(
         default=900.0,
         description="How long a worker keeps retrying an attempt's final report through a database outage.",

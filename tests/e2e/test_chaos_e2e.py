@@ -2,11 +2,11 @@
 
 A PostgreSQL and a Redis of the test's own (free ports: the shared servers never see these faults), the API, two
 schedulers, two workers, the tiny GPT on CPU. One fault-free twin first, then four jobs through the API under: a
-worker frozen past its lease while its trainers train on, a trainer SIGKILLed, the leading scheduler SIGKILLed,
-the API SIGKILLed, PostgreSQL stopped with ``pg_ctl stop -m immediate``. Then the acceptance's invariants, from the
-database and the checkpoints on disk: every job SUCCEEDED with no manual restart; no checkpoint committed by an
-attempt after it was declared LOST; each job's step, loss and checkpoint list are its last checkpoint's; each
-final loss is the twin's.
+worker frozen past its lease while its trainers train on, a trainer SIGKILLed, the leading scheduler SIGKILLed, the
+API SIGKILLed, Redis SIGKILLed, PostgreSQL stopped with ``pg_ctl stop -m immediate``. Then the acceptance's
+invariants, from the database and the checkpoints on disk: every job SUCCEEDED with no manual restart; no
+checkpoint committed by an attempt after it was declared LOST; each job's step, loss and checkpoint list are its
+last checkpoint's; each final loss is the twin's.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def test_jobs_survive_the_faults_and_their_results_are_their_checkpoints(tmp_pat
         chaos.sigkill_trainer(b)
         chaos.sigkill_leader(down_s=1.0)
         chaos.sigkill_api(down_s=1.0)
+        chaos.sigkill_redis(down_s=1.0)
         chaos.postgres_immediate_stop(down_s=LEASE_S / 2)
         chaos.wait_final(jobs, 240)
         verdicts = check_invariants(chaos, jobs, {j: twin for j in jobs}, verify=verify)

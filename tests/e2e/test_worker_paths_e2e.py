@@ -9,16 +9,21 @@ Real PostgreSQL and Redis, real worker processes as hosts, the trainer on CPU, t
   hour, so only the notification can have admitted the job;
 - the time limit: stopped, checkpointed, FAILED with the reason; the recorded step is its checkpoint's;
 - a hang (the training loop stuck, its heartbeat thread ticking on): stopped, and restarted elsewhere;
-- a worker's warm shutdown (SIGTERM): its attempts checkpoint and go back to the queue (DRAINED), and resume.
+- a worker's warm shutdown (SIGTERM): its attempts checkpoint and go back to the queue (DRAINED), and resume;
+- a worker frozen in the middle of a transaction (its host's and its job's rows locked): PostgreSQL ends the idle
+  transaction, so the reconciler still declares the attempt LOST instead of waiting for it with the whole scheduler.
 
 The lease expiring while a trainer is alive (the worker's fenced stop) is walked in ``test_failover_zombie.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +41,7 @@ from core.settings import get_settings
 from tests.support.cluster_rows import job_events, job_row
 from tests.support.services import redis_url, temporary_database
 from tests.support.workers_cluster import (
+    ROOT,
     Cluster,
     SchedulerThread,
     cluster,
@@ -159,22 +165,17 @@ def test_a_submit_through_the_api_wakes_the_scheduler_through_notify(hosts: Clus
     c.start_scheduler("scheduler", interval_s=3600.0, KILN_LIVENESS_FILE=str(alive))
     wait_for(lambda: alive.exists() and json.loads(alive.read_text())["state"] == "leading", 90,
              "the scheduler leading, its first cycle committed")  # fmt: skip
-    # Written straight into the database, as no client would: no NOTIFY, so it waits for the next cycle.
-    silent = _submit(c, _spec("no-notify", steps=10, every_steps=10))
     api = c.start_api()
-    assert job_row(c, silent).state == "QUEUED"
     r = httpx.post(f"{api}/v1/jobs", json=_spec("through-the-api", steps=10, every_steps=10),
                    headers={"Authorization": f"Bearer {token}"}, timeout=30)  # fmt: skip
     assert r.status_code == 201, r.text
     job_id = int(r.json()["id"])
     admitted = wait_for(lambda: job_events(c, job_id, "ADMITTED"), 60, "the job admitted")[0]
-    # The cycle the notification started served the silent job too.
-    assert job_events(c, silent, "ADMITTED")
     submitted = job_events(c, job_id, "SUBMITTED")[0]
     latency = (admitted.created_at - submitted.created_at).total_seconds()
     print(f"submit -> ADMITTED through NOTIFY: {latency:.2f} s (timer: 3600 s)")
-    _wait_final(c, job_id, silent, timeout=120)
-    assert job_row(c, job_id).state == "SUCCEEDED" and job_row(c, silent).state == "SUCCEEDED"
+    _wait_final(c, job_id, timeout=120)
+    assert job_row(c, job_id).state == "SUCCEEDED"
 
 
 # ------------------------------------------------------------------------------------------------ time limit
@@ -257,3 +258,47 @@ def test_a_worker_shutting_down_drains_its_attempts_back_to_the_queue(hosts: Clu
     assert any("drained at step" in e.message for e in job_events(c, drained, "QUEUED"))
     assert "the worker is shutting down" in _log(drained, 1)
     assert job.last_loss == pytest.approx(job_row(c, twin).last_loss, rel=1e-6, abs=1e-6)
+
+
+# ------------------------------------------------------------------------------- frozen inside a transaction
+
+# What a worker SIGSTOPped in the middle of its host heartbeat or an attempt's heartbeat leaves in PostgreSQL: a
+# transaction holding its host's row and its job's row, open for as long as the process is frozen.
+FROZEN_IN_A_TRANSACTION = """
+import os, signal, sys
+from sqlalchemy import text
+from core.db import get_sessionmaker
+db = get_sessionmaker()()
+db.execute(text("SELECT id FROM hosts FOR UPDATE"))
+db.execute(text("SELECT id FROM jobs WHERE id = :j FOR UPDATE"), {"j": int(sys.argv[1])})
+print("locked", flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+
+def test_a_worker_frozen_inside_a_transaction_does_not_hold_up_the_scheduler(hosts: Cluster) -> None:
+    c = hosts
+    host = c.start_worker("a", hooks=slow_steps(0.15))
+    job_id = _submit(c, _spec("frozen-mid-transaction", every_steps=10))
+    sched = SchedulerThread(c.sessionmaker(), get_settings(), interval_s=0.5).start()
+    frozen = [c.workers[host].pid]
+    locker: subprocess.Popen[bytes] | None = None
+    try:
+        wait_for(lambda: job_row(c, job_id).last_step >= 5, 120, "training under way")
+        frozen += c.trainer_pids(host)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        locker = subprocess.Popen([sys.executable, "-c", FROZEN_IN_A_TRANSACTION, str(job_id)], env=c.env,
+                                  cwd=ROOT, stdout=subprocess.PIPE)  # fmt: skip
+        assert locker.stdout is not None and locker.stdout.readline().strip() == b"locked"
+        # The reconciler locks every host row, then the job it ends: it must not wait for the frozen transaction.
+        lost = wait_for(lambda: job_events(c, job_id, "LOST"), 90, "the frozen attempt declared LOST")[0]
+    finally:
+        if locker is not None:
+            locker.kill()
+            locker.wait(10)
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        sched.stop()
+    assert "lease expired" in lost.message, lost.message
