@@ -135,7 +135,7 @@ class CancelIn(InModel):
     summary="Submit a job (JSON or YAML spec)",
     openapi_extra=SUBMIT_BODY,
 )
-async def submit(request: Request, db: SessionDep) -> Response:
+async def submit_job(request: Request, db: SessionDep) -> Response:
     # The hot path: the spec validated from the body bytes on the event loop (no thread hop, no dependency of its
     # own), then authentication, the submission, the commit and the JSON in one worker thread (one hop); the
     # answer built once from what was written (no read-back, no response-model revalidation).
@@ -187,14 +187,15 @@ def get_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> Respons
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, status_code=status.HTTP_202_ACCEPTED, summary="Cancel a job")
-def cancel(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, body: CancelIn | None = None) -> Response:
-    reason = body.reason if body is not None else None
-    view = svc.cancel(db=db, principal=who, job_id=job_id, reason=reason)
+def cancel_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, body: CancelIn = CancelIn()) -> Response:
+    # The body is optional (no body = no reason) and typed as the model, not ``CancelIn | None``: generated clients
+    # cannot build a request body that is "a CancelIn or null".
+    view = svc.cancel(db=db, principal=who, job_id=job_id, reason=body.reason)
     return JSONBytes(job_json(view), status_code=status.HTTP_202_ACCEPTED)
 
 
 @router.get("/{job_id}/events", response_model=EventPageOut, summary="The job's timeline, oldest first")
-def events(
+def list_job_events(
     job_id: JobIdPath,
     db: SessionDep,
     who: CurrentPrincipal,
@@ -216,7 +217,7 @@ def events(
     summary="The attempt's log as Server-Sent Events (resumable with Last-Event-ID; ?ticket= for EventSource)",
     responses={200: {"content": {"text/event-stream": {"schema": SSE_EVENT}}}},
 )
-def logs(
+def stream_job_logs(
     job_id: JobIdPath,
     request: Request,
     db: SessionDep,
@@ -240,7 +241,7 @@ def logs(
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsOut, summary="Training telemetry, downsampled")
-def metrics(
+def get_job_metrics(
     job_id: JobIdPath,
     db: SessionDep,
     who: CurrentPrincipal,
@@ -252,16 +253,16 @@ def metrics(
 
 
 @router.get("/{job_id}/attempts", response_model=list[AttemptOut], summary="The job's attempts")
-def attempts(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> list[AttemptOut]:
+def list_job_attempts(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> list[AttemptOut]:
     return [AttemptOut.model_validate(a) for a in svc.attempts(db=db, principal=who, job_id=job_id)]
 
 
 @router.get("/{job_id}/checkpoints", response_model=list[CheckpointOut], summary="The job's checkpoints")
-def checkpoints(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> list[CheckpointOut]:
+def list_job_checkpoints(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> list[CheckpointOut]:
     return [CheckpointOut.model_validate(c) for c in svc.checkpoints(db=db, principal=who, job_id=job_id)]
 
 
 @router.get("/{job_id}/why", response_model=WhyOut, summary="Why the job is (not) running")
-def why(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> WhyOut:
+def get_job_pending_reason(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> WhyOut:
     job = svc.why(db=db, principal=who, job_id=job_id)
-    return WhyOut(state=job.state, pending_reason=job.pending_reason, pending_message=job.pending_message)
+    return WhyOut(state=JobState(job.state), pending_reason=job.pending_reason, pending_message=job.pending_message)

@@ -58,7 +58,7 @@ def delete_team(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> Respon
 
 
 @router.get("/{team}/members", response_model=list[MemberOut], summary="Members and their roles")
-def list_members(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> list[MemberOut]:
+def list_team_members(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> list[MemberOut]:
     return [_member(m, team, name) for m, name in svc.list_members(db=db, principal=who, team=team)]
 
 
@@ -71,7 +71,7 @@ def list_members(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> list[
         202: {"model": MemberOut, "description": "Invited: the user joins by accepting"},
     },
 )
-def put_member(
+def put_team_member(
     team: TeamPath, user: UserPath, body: MemberIn, db: SessionDep, who: CurrentPrincipal, response: Response
 ) -> MemberOut:
     change = invitations.put_member_or_invite(db=db, principal=who, team=team, user=user, role=body.role)
@@ -87,7 +87,7 @@ def invitation_out(db: SessionDep, i: TeamInvitation) -> InvitationOut:
 
 
 @router.get("/{team}/invitations", response_model=list[InvitationOut], summary="Pending invitations (team-admin)")
-def list_invitations(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> list[InvitationOut]:
+def list_team_invitations(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> list[InvitationOut]:
     return [invitation_out(db, i) for i in invitations.team_invitations(db=db, principal=who, team=team)]
 
 
@@ -98,6 +98,6 @@ def withdraw_invitation(team: TeamPath, user: UserPath, db: SessionDep, who: Cur
 
 
 @router.delete("/{team}/members/{user}", status_code=status.HTTP_204_NO_CONTENT, summary="Remove a member")
-def remove_member(team: TeamPath, user: UserPath, db: SessionDep, who: CurrentPrincipal) -> Response:
+def remove_team_member(team: TeamPath, user: UserPath, db: SessionDep, who: CurrentPrincipal) -> Response:
     svc.remove_member(db=db, principal=who, team=team, user=user)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

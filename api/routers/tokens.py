@@ -27,7 +27,7 @@ def token_out(t: ApiToken) -> TokenOut:
 
 
 @router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED, summary="Issue a token")
-def issue(body: TokenCreate, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep) -> TokenCreated:
+def issue_token(body: TokenCreate, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep) -> TokenCreated:
     if body.expires_at is not None and body.expires_in_s is not None:
         raise InvalidInput.at("expires_in_s", "give expires_at or expires_in_s, not both")
     expires_at = body.expires_at
@@ -49,5 +49,5 @@ def list_tokens(
 
 
 @router.delete("/{token_id}", response_model=TokenOut, summary="Revoke a token")
-def revoke(token_id: Annotated[int, Path(ge=1, le=INT64)], db: SessionDep, who: CurrentPrincipal) -> TokenOut:
+def revoke_token(token_id: Annotated[int, Path(ge=1, le=INT64)], db: SessionDep, who: CurrentPrincipal) -> TokenOut:
     return token_out(svc.revoke(db=db, principal=who, token_id=token_id))

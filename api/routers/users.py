@@ -24,7 +24,7 @@ def user_out(user: User) -> UserOut:
 
 
 @router.get("/me", response_model=UserOut, summary="Who the token belongs to, and their teams")
-def me(db: SessionDep, who: CurrentPrincipal) -> UserOut:
+def get_me(db: SessionDep, who: CurrentPrincipal) -> UserOut:
     return user_out(svc.me(db=db, principal=who))
 
 
@@ -41,7 +41,7 @@ def create_user(body: UserCreate, db: SessionDep, who: CurrentPrincipal) -> User
 
 
 @router.get("/me/invitations", response_model=list[InvitationOut], summary="Teams that invited you")
-def my_invitations(db: SessionDep, who: CurrentPrincipal) -> list[InvitationOut]:
+def list_my_invitations(db: SessionDep, who: CurrentPrincipal) -> list[InvitationOut]:
     return [invitation_out(db, i) for i in invitations.my_invitations(db=db, principal=who)]
 
 
