@@ -67,7 +67,8 @@ class _Globals:
 GLOBALS = _Globals()
 
 OutputOpt = Annotated[
-    OutputFormat, typer.Option("--output", "-o", help="table for people, json for scripts.", case_sensitive=False)
+    OutputFormat,
+    typer.Option("--output", "-o", help="table for people; json or yaml for scripts.", case_sensitive=False),
 ]
 
 

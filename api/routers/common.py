@@ -14,7 +14,8 @@ from core.services.errors import InvalidInput
 from core.spec import NAME_PATTERN
 
 TeamPath = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64, description="Team name", examples=["default"])]
-UserPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$", description="User name")]
+USER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$"
+UserPath = Annotated[str, Path(pattern=USER_PATTERN, description="User name")]
 JobIdPath = Annotated[int, Path(ge=1, le=INT64, description="Job id")]
 QosPath = Annotated[str, Path(pattern=r"^[a-z0-9][a-z0-9-]{0,31}$", description="QoS class name")]
 TeamQuery = Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=64, description="Only this team")]

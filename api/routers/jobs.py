@@ -23,7 +23,15 @@ from api.deps import (
     run_hot,
 )
 from api.logstream import parse_position, sse_log_stream
-from api.routers.common import ERRORS, JobIdPath, LastEventIdQuery, StreamTicketQuery, decode_cursor, encode_cursor
+from api.routers.common import (
+    ERRORS,
+    USER_PATTERN,
+    JobIdPath,
+    LastEventIdQuery,
+    StreamTicketQuery,
+    decode_cursor,
+    encode_cursor,
+)
 from api.schemas.common import INT32, INT64, InModel, Text
 from api.schemas.jobs import (
     AttemptOut,
@@ -159,21 +167,22 @@ async def list_jobs(
     state: Annotated[list[JobState] | None, Query(description="Repeatable")] = None,
     qos: Annotated[str | None, Query(max_length=32, pattern=r"^[a-z0-9-]+$")] = None,
     name: Annotated[str | None, Query(max_length=64, pattern=NAME_PATTERN)] = None,
+    user: Annotated[str | None, Query(pattern=USER_PATTERN, description="Only jobs this user submitted")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Response:
     states = [s.value for s in state or ()]
-    return await run_hot(_list, request, db, team, states, qos, name, limit, cursor)
+    return await run_hot(_list, request, db, team, states, qos, name, user, limit, cursor)
 
 
 def _list(
     request: Request, db: Session, team: str | None, states: list[str], qos: str | None, name: str | None,
-    limit: int, cursor: str | None,
+    user: str | None, limit: int, cursor: str | None,
 ) -> Response:  # fmt: skip
     autocommit(db)
     who = principal_for(request, db)  # in this thread: one hop for the whole request (see submit)
     page = svc.list_jobs(
-        db=db, principal=who, team=team, states=states, qos=qos, name=name, limit=limit,
+        db=db, principal=who, team=team, states=states, qos=qos, name=name, user=user, limit=limit,
         before_id=decode_cursor(cursor, "before") if cursor else None,
     )  # fmt: skip
     next_cursor = encode_cursor("before", page.next_before_id) if page.next_before_id else None
@@ -262,7 +271,9 @@ def list_job_checkpoints(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipa
     return [CheckpointOut.model_validate(c) for c in svc.checkpoints(db=db, principal=who, job_id=job_id)]
 
 
-@router.get("/{job_id}/why", response_model=WhyOut, summary="Why the job is (not) running")
+@router.get("/{job_id}/why", response_model=WhyOut, summary="Why the job is (not) running, and what would let it start")
 def get_job_pending_reason(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> WhyOut:
-    job = svc.why(db=db, principal=who, job_id=job_id)
-    return WhyOut(state=JobState(job.state), pending_reason=job.pending_reason, pending_message=job.pending_message)
+    why = svc.why(db=db, principal=who, job_id=job_id)
+    job = why.job
+    return WhyOut(state=JobState(job.state), pending_reason=job.pending_reason, pending_message=job.pending_message,
+                  unblock=why.unblock)  # fmt: skip

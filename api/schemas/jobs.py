@@ -181,5 +181,13 @@ class MetricsOut(OutModel):
 
 class WhyOut(OutModel):
     state: JobState
-    pending_reason: str | None = Field(examples=["QUOTA"])
+    pending_reason: str | None = Field(
+        description="The scheduler's reason: Quota, Budget, Resources, Unschedulable, Priority, Dependency, "
+        "BandwidthQuota, MemoryFit, Reservation.",
+        examples=["Quota"],
+    )
     pending_message: str | None = Field(examples=["team default: 4/4 cpu slots in use"])
+    unblock: list[str] = Field(
+        description="What would let it start (fewer GPUs, another GPU type or class, the team's quota...).",
+        examples=[["fewer GPUs: the whole cluster has 2 H200 GPUs"]],
+    )

@@ -37,6 +37,7 @@ class JobFilter:
     states: Sequence[str] = ()
     qos_id: int | None = None
     name: str | None = None
+    user: str | None = None  # the submitter's name
     before_id: int | None = None  # keyset: strictly older than this id
     job_id: int | None = None  # one job
 
@@ -130,6 +131,7 @@ class _ListShape:
     states: int
     qos: bool
     name: bool
+    user: bool
     before: bool
     job: bool
 
@@ -159,14 +161,14 @@ def list_sql_pg(flt: JobFilter, limit: int) -> tuple[str, dict[str, Any]]:
 def _bound(flt: JobFilter, limit: int) -> tuple[_ListShape, dict[str, Any]]:
     shape = _ListShape(
         teams=None if flt.team_ids is None else len(flt.team_ids), team=flt.team_id is not None,
-        states=len(flt.states), qos=flt.qos_id is not None, name=flt.name is not None,
+        states=len(flt.states), qos=flt.qos_id is not None, name=flt.name is not None, user=flt.user is not None,
         before=flt.before_id is not None, job=flt.job_id is not None,
     )  # fmt: skip
     params: dict[str, Any] = {"limit": limit}
     params.update((f"t{i}", team_id) for i, team_id in enumerate(flt.team_ids or ()))
     params.update((f"s{i}", state) for i, state in enumerate(flt.states))
-    named = {"team_id": flt.team_id, "qos_id": flt.qos_id, "name": flt.name, "before_id": flt.before_id,
-             "job_id": flt.job_id}  # fmt: skip
+    named = {"team_id": flt.team_id, "qos_id": flt.qos_id, "name": flt.name, "user": flt.user,
+             "before_id": flt.before_id, "job_id": flt.job_id}  # fmt: skip
     params.update((key, value) for key, value in named.items() if value is not None)
     return shape, params
 
@@ -198,6 +200,8 @@ def _list_statement(shape: _ListShape) -> Select[Any]:
         stmt = stmt.where(jobs.c.qos_class_id == bindparam("qos_id"))
     if shape.name:
         stmt = stmt.where(jobs.c.name == bindparam("name"))
+    if shape.user:
+        stmt = stmt.where(User.name == bindparam("user"))
     if shape.before:
         stmt = stmt.where(jobs.c.id < bindparam("before_id"))
     if shape.job:
@@ -223,6 +227,11 @@ def session_is_utc(db: Session) -> bool:
     raw = db.connection().connection.driver_connection
     tz = getattr(getattr(raw, "info", None), "timezone", None)
     return getattr(tz, "key", None) in UTC_ZONES
+
+
+def dependency_ids(db: Session, job_id: int) -> list[int]:
+    stmt = select(JobDependency.depends_on_id).where(JobDependency.job_id == job_id)
+    return list(db.scalars(stmt.order_by(JobDependency.depends_on_id)))
 
 
 def existing_ids_in_team(db: Session, *, team_id: int, job_ids: Sequence[int]) -> set[int]:

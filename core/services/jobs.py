@@ -22,6 +22,7 @@ from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.services.fit import canonical_gpu_type, check_submission
 from core.services.principal import Principal, require_team, require_team_id
 from core.services.sla import BASE_TERMS, DEFAULT_QOS, TERMS, effective_terms, qos_refusal, restart_refusal
+from core.services.why import Why, explain
 from core.spec import JobSpec
 from core.states import TERMINAL, JobState, record_event, transition
 
@@ -149,6 +150,7 @@ def list_jobs(
     states: Sequence[str] = (),
     qos: str | None = None,
     name: str | None = None,
+    user: str | None = None,
     limit: int = 50,
     before_id: int | None = None,
 ) -> JobPage:
@@ -166,7 +168,7 @@ def list_jobs(
         qos_id = q.id
     flt = JobFilter(
         team_ids=principal.visible_team_ids(), team_id=team_id, states=tuple(states), qos_id=qos_id, name=name,
-        before_id=before_id,
+        user=user, before_id=before_id,
     )  # fmt: skip
     rows = jobs_repo.list_rows(db, flt, limit + 1)
     page: Sequence[Any] = rows[:limit]
@@ -192,7 +194,7 @@ def cancel(*, db: Session, principal: Principal, job_id: int, reason: str | None
         job.cancel_requested = True
         record_event(
             db, "CANCEL_REQUESTED", job=job, actor_user_id=principal.user_id,
-            message=f"{why} (while {state.value}; the worker stops it)", data={"reason": reason},
+            message=f"{why}: stopping, checkpoint first (while {state.value})", data={"reason": reason},
         )  # fmt: skip
     db.flush()
     notify_jobs_changed(db, str(job_id))
@@ -223,8 +225,8 @@ def metrics(
     return jobs_repo.metrics(db, job_id=job_id, after_step=after_step, max_points=max_points)
 
 
-def why(*, db: Session, principal: Principal, job_id: int) -> Job:
-    return _visible(db, principal, job_id)
+def why(*, db: Session, principal: Principal, job_id: int) -> Why:
+    return explain(db=db, job=_visible(db, principal, job_id))
 
 
 @dataclass(frozen=True)

@@ -236,7 +236,12 @@ class _Planner:
                 return False
         if capacity < job.demand:
             kind = "CPU slots" if job.gpus == 0 else f"{job.gpu_type or 'any'} GPUs"
-            self.wait(job, Reason.RESOURCES, f"requests {job.demand} {kind}; the cluster has {capacity}")
+            self.wait(
+                job,
+                Reason.UNSCHEDULABLE,
+                f"requests {job.demand} {kind}; the whole cluster has {capacity}: it starts only once hosts with "
+                "more join",
+            )
             return False
         if self._over_budget(job):
             return False

@@ -279,3 +279,40 @@ def test_teams_qos_sla_tokens_hosts_usage(kiln: Any) -> None:
     usage = as_json(kiln("usage", "-o", "json"))
     assert "default" in [t["team"] for t in usage["teams"]]
     assert kiln("usage").exit_code == 0
+
+
+def test_cancel_several_jobs_or_a_filter(kiln: Any, server: Server, tmp_path: Path) -> None:
+    named = spec_file(tmp_path, **{"name: gpt-tiny": "name: batch-cancel"})
+    ids = [submit(kiln, named) for _ in range(3)]
+    both = kiln("cancel", str(ids[0]), str(ids[1]), "--reason", "wrong lr")
+    assert both.exit_code == 0, both.output
+    assert both.stdout.splitlines() == [f"job {ids[0]} CANCELLED", f"job {ids[1]} CANCELLED"]
+    # Already cancelled: that one is reported, the others still go ahead, and the exit code says so.
+    mixed = kiln("cancel", str(ids[0]), str(ids[2]))
+    assert mixed.exit_code == ExitCode.CONFLICT and f"job {ids[2]} CANCELLED" in mixed.stdout
+    assert f"job {ids[0]}:" in mixed.stderr
+    left = submit(kiln, named)
+    by_filter = kiln("cancel", "--name", "batch-cancel", "--mine")
+    assert by_filter.exit_code == 0 and by_filter.stdout.splitlines() == [f"job {left} CANCELLED"]
+    assert kiln("cancel", "--name", "batch-cancel").stderr.strip() == "no active job matches"
+    assert kiln("cancel").exit_code == ExitCode.USAGE
+
+
+def test_ls_mine_and_user_and_yaml_output(kiln: Any, server: Server) -> None:
+    job_id = submit(kiln)
+    mine = as_json(kiln("ls", "--mine", "-o", "json"))
+    assert job_id in [j["id"] for j in mine] and {j["user"] for j in mine} == {"admin"}
+    assert as_json(kiln("ls", "--user", "nobody-here", "-o", "json")) == []
+    shown = kiln("describe", str(job_id), "-o", "yaml")
+    assert shown.exit_code == 0, shown.output
+    import yaml
+
+    assert yaml.safe_load(shown.stdout)["job"]["id"] == job_id
+
+
+def test_why_says_what_the_job_waits_for(kiln: Any) -> None:
+    job_id = submit(kiln)  # no scheduler runs here: never planned
+    result = kiln("why", str(job_id))
+    assert result.exit_code == 0, result.output
+    assert "QUEUED and not planned yet" in result.stdout
+    assert as_json(kiln("why", str(job_id), "-o", "json"))["unblock"] == []

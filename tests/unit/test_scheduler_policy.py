@@ -67,9 +67,9 @@ def admitted(s: Snapshot, config: PolicyConfig | None = None) -> list[int]:
 # -- pending reasons -----------------------------------------------------------------------------------------------
 
 
-def test_reason_resources_when_the_cluster_is_too_small() -> None:
+def test_reason_unschedulable_when_the_cluster_is_too_small() -> None:
     d = plan(snap(pending=(pj(1, 16),)))
-    assert d.pending[0].reason == Reason.RESOURCES and "the cluster has 8" in d.pending[0].message
+    assert d.pending[0].reason == Reason.UNSCHEDULABLE and "the whole cluster has 8" in d.pending[0].message
 
 
 def test_reason_quota() -> None:
