@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Annotated, Any
 
 import yaml
@@ -25,6 +27,7 @@ from api.deps import (
 from api.logstream import parse_position, sse_log_stream
 from api.routers.common import (
     ERRORS,
+    LOCATION,
     USER_PATTERN,
     JobIdPath,
     LastEventIdQuery,
@@ -47,6 +50,7 @@ from api.schemas.jobs import (
     page_json,
 )
 from core.services import jobs as svc
+from core.services.errors import InvalidInput
 from core.spec import NAME_PATTERN, JobSpec, SpecError, parse_spec_text, validation_errors
 from core.states import JobState
 
@@ -54,7 +58,15 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS)
 
 JSON_TYPES = frozenset({"application/json"})
 YAML_TYPES = frozenset({"application/yaml", "application/x-yaml", "text/yaml"})
+IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,128}$")
 SUBMIT_BODY: dict[str, Any] = {
+    "parameters": [{
+        "name": "Idempotency-Key", "in": "header", "required": False,
+        "description": "A key of yours for this submission (e.g. a UUID): a retry with the same key and body answers "
+        "the job the first one made (header Idempotent-Replayed: true) instead of starting another; the same key "
+        "with another body is a 422. Keys are kept per team.",
+        "schema": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[!-~]+$"},
+    }],
     "requestBody": {
         "required": True,
         "content": {
@@ -142,21 +154,39 @@ class CancelIn(InModel):
     status_code=status.HTTP_201_CREATED,
     summary="Submit a job (JSON or YAML spec)",
     openapi_extra=SUBMIT_BODY,
+    responses=LOCATION,
 )
 async def submit_job(request: Request, db: SessionDep) -> Response:
     # The hot path: the spec validated from the body bytes on the event loop (no thread hop, no dependency of its
     # own), then authentication, the submission, the commit and the JSON in one worker thread (one hop); the
     # answer built once from what was written (no read-back, no response-model revalidation).
     spec = await spec_from_body(request)
-    return await run_hot(_submit, request, db, spec)
+    return await run_hot(_submit, request, db, spec, await idempotency_of(request))
 
 
-def _submit(request: Request, db: Session, spec: JobSpec) -> Response:
+def _submit(request: Request, db: Session, spec: JobSpec, idempotency: svc.Idempotency | None) -> Response:
     autocommit(db)
     who = principal_for(request, db)
-    view = svc.submit(db=db, principal=who, spec=spec)
+    replayed = False
+    if idempotency is None:
+        view = svc.submit(db=db, principal=who, spec=spec)
+    else:
+        view, replayed = svc.submit_once(db=db, principal=who, spec=spec, idempotency=idempotency)
     finish(db)
-    return JSONBytes(job_json(view), status_code=status.HTTP_201_CREATED)
+    headers = {"Location": f"/v1/jobs/{view.id}"}
+    if replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return JSONBytes(job_json(view), status_code=status.HTTP_201_CREATED, headers=headers)
+
+
+async def idempotency_of(request: Request) -> svc.Idempotency | None:
+    """The ``Idempotency-Key`` header and the hash of the body it names (the bytes as sent)."""
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return None
+    if not IDEMPOTENCY_KEY.match(key):
+        raise InvalidInput.at("header.Idempotency-Key", "1 to 128 printable ASCII characters, no spaces")
+    return svc.Idempotency(key=key, request_sha256=hashlib.sha256(await request.body()).hexdigest())
 
 
 @router.get("", response_model=JobPageOut, summary="Jobs you can see, newest first")

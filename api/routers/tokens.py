@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, status
+from fastapi import APIRouter, Path, Query, Response, status
 
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
-from api.routers.common import ERRORS
+from api.routers.common import ERRORS, LOCATION
 from api.schemas.common import INT64
 from api.schemas.users import TokenCreate, TokenCreated, TokenOut
 from core.db import utcnow
@@ -26,8 +26,11 @@ def token_out(t: ApiToken) -> TokenOut:
     )  # fmt: skip
 
 
-@router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED, summary="Issue a token")
-def issue_token(body: TokenCreate, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep) -> TokenCreated:
+@router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED, summary="Issue a token",
+             responses=LOCATION)  # fmt: skip
+def issue_token(
+    body: TokenCreate, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep, response: Response
+) -> TokenCreated:
     if body.expires_at is not None and body.expires_in_s is not None:
         raise InvalidInput.at("expires_in_s", "give expires_at or expires_in_s, not both")
     expires_at = body.expires_at
@@ -38,6 +41,7 @@ def issue_token(body: TokenCreate, db: SessionDep, who: CurrentPrincipal, settin
         max_active=settings.max_tokens_per_user,
     )
     db.refresh(token)
+    response.headers["Location"] = f"/v1/tokens/{token.id}"
     return TokenCreated(**token_out(token).model_dump(), secret=secret)
 
 

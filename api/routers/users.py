@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 
 from api.deps import CurrentPrincipal, SessionDep
-from api.routers.common import ERRORS, TeamPath
+from api.routers.common import ERRORS, LOCATION, TeamPath
 from api.routers.teams import invitation_out
 from api.schemas.teams import InvitationOut, MemberOut
 from api.schemas.users import TeamRole, UserCreate, UserOut
@@ -47,10 +47,11 @@ def list_my_invitations(db: SessionDep, who: CurrentPrincipal) -> list[Invitatio
 
 @router.post(
     "/me/invitations/{team}/accept", response_model=MemberOut, status_code=status.HTTP_201_CREATED,
-    summary="Join a team that invited you",
+    summary="Join a team that invited you", responses=LOCATION,
 )  # fmt: skip
-def accept_invitation(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> MemberOut:
+def accept_invitation(team: TeamPath, db: SessionDep, who: CurrentPrincipal, response: Response) -> MemberOut:
     m = invitations.accept(db=db, principal=who, team=team)
+    response.headers["Location"] = f"/v1/teams/{team}/members/{who.name}"
     return MemberOut(team=team, user=who.name, role=m.role, created_at=m.created_at)
 
 

@@ -47,18 +47,22 @@ def submit(
     """Submit a job and print its id. With --follow, exit 0 on SUCCEEDED and 1 on FAILED or CANCELLED."""
     text = read_spec_file(file)
     with client() as api:
-        job = submit_text(api, text)
-        if output is not OutputFormat.table and not follow:
-            out.print_data(job, output)
-            return
-        if output is OutputFormat.table:
-            console.print(out.text(f"submitted job {job['id']} ({job.get('name')}, team {job.get('team')}, "
-                                   f"qos {job.get('qos')}) — {job.get('state')}"))  # fmt: skip
-        if not follow:
-            if output is OutputFormat.table and sys.stdout.isatty():
-                console.print(f"follow it with: kiln logs -f {job['id']}   or   kiln describe {job['id']}")
-            return
-        final = _follow(api, job["id"])
+        report_submitted(api, submit_text(api, text), follow=follow, output=output)
+
+
+def report_submitted(api: Any, job: dict[str, Any], *, follow: bool, output: OutputFormat) -> None:
+    """Say what was submitted; with ``follow``, follow it to its end and exit with its outcome."""
+    if output is not OutputFormat.table and not follow:
+        out.print_data(job, output)
+        return
+    if output is OutputFormat.table:
+        console.print(out.text(f"submitted job {job['id']} ({job.get('name')}, team {job.get('team')}, "
+                               f"qos {job.get('qos')}) — {job.get('state')}"))  # fmt: skip
+    if not follow:
+        if output is OutputFormat.table and sys.stdout.isatty():
+            console.print(f"follow it with: kiln logs -f {job['id']}   or   kiln describe {job['id']}")
+        return
+    final = _follow(api, job["id"])
     if output is not OutputFormat.table:
         out.print_data(final, output)
     raise typer.Exit(int(_state_exit(final.get("state"))))

@@ -48,14 +48,15 @@ _SUBMIT_PG = text("""
 WITH job AS (
     INSERT INTO jobs (name, team_id, user_id, spec, state, qos_class_id, priority, gpus, gpu_type,
                       predicted_memory_bytes, restart_count, fencing_token, cancel_requested, preempt_requested,
-                      last_step, submitted_at, updated_at)
+                      last_step, submitted_at, updated_at, idempotency_key, request_sha256, sweep_id)
     VALUES (:name, :team_id, :user_id, CAST(:spec AS JSONB), :state, :qos_class_id, :priority, :gpus, :gpu_type,
             :predicted_memory_bytes, :restart_count, :fencing_token, :cancel_requested, :preempt_requested,
-            :last_step, :submitted_at, :updated_at)
+            :last_step, :submitted_at, :updated_at, :idempotency_key, :request_sha256, :sweep_id)
     RETURNING id
 ), deps AS (
-    INSERT INTO job_dependencies (job_id, depends_on_id)
-    SELECT job.id, dep FROM job, unnest(CAST(:depends_on AS BIGINT[])) AS dep
+    INSERT INTO job_dependencies (job_id, depends_on_id, condition)
+    SELECT job.id, d.dep, d.cond FROM job,
+           unnest(CAST(:depends_on AS BIGINT[]), CAST(:dep_conditions AS VARCHAR[])) AS d(dep, cond)
 ), sla AS (
     INSERT INTO sla_contracts (team_id, job_id, qos_class_id, max_queue_wait_s, deadline, max_restarts,
                                recovery_time_objective_s, checkpoint_interval_s, min_checkpoint_success_rate,
@@ -75,15 +76,18 @@ _SUBMIT_PG_SQL = re.sub(r"(?<!:):(\w+)", r"%(\1)s", _SUBMIT_PG.text)
 
 
 def insert_submitted(
-    db: Session, *, job: Mapping[str, Any], spec_json: str, depends_on: Sequence[int], contract: Mapping[str, Any],
+    db: Session, *, job: Mapping[str, Any], spec_json: str, depends_on: Sequence[tuple[int, str]],
+    contract: Mapping[str, Any],
     event_type: str, event_message: str, event_data: Mapping[str, Any], channel: str,
 ) -> int:  # fmt: skip
     """Write a submission: the job (``job`` holds every NOT NULL column of ``jobs``; ``spec_json`` is its spec,
-    serialized), its dependencies, its effective contract, its event; returns the new id. PostgreSQL: one statement
+    serialized), its dependencies ((job id, condition) pairs), its effective contract, its event; returns the new
+    id. PostgreSQL: one statement
     (``_SUBMIT_PG``), whose ``NOTIFY channel, '<id>'`` is sent when the transaction commits. Elsewhere (SQLite,
     which has no NOTIFY) the same rows, one insert each."""
     params = {
-        **job, "spec": spec_json, "depends_on": list(depends_on), **contract,
+        **job, "spec": spec_json, "depends_on": [d for d, _ in depends_on],
+        "dep_conditions": [c for _, c in depends_on], **contract,
         "event_type": event_type, "event_message": event_message, "event_data": json.dumps(event_data),
         "channel": channel,
     }  # fmt: skip
@@ -94,7 +98,8 @@ def insert_submitted(
     created = job["submitted_at"]
     job_id = conn.execute(insert(Job).values(**job).returning(Job.id)).scalar_one()
     if depends_on:
-        conn.execute(insert(JobDependency), [{"job_id": job_id, "depends_on_id": dep} for dep in depends_on])
+        conn.execute(insert(JobDependency),
+                     [{"job_id": job_id, "depends_on_id": dep, "condition": cond} for dep, cond in depends_on])
     conn.execute(
         insert(SlaContract).values(team_id=job["team_id"], job_id=job_id, qos_class_id=job["qos_class_id"],
                                    created_at=created, updated_at=created, **contract)
@@ -104,6 +109,10 @@ def insert_submitted(
                              message=event_message, data=dict(event_data), created_at=created)
     )  # fmt: skip
     return job_id
+
+
+def by_idempotency_key(db: Session, *, team_id: int, key: str) -> Job | None:
+    return db.scalars(select(Job).where(Job.team_id == team_id, Job.idempotency_key == key)).one_or_none()
 
 
 def get(db: Session, job_id: int, *, for_update: bool = False) -> Job | None:

@@ -87,10 +87,10 @@ def _quota_hints(db: Session, job: Job, team: str) -> list[str]:
     key = "cpu" if not job.gpus else (job.gpu_type or "*")
     quotas = db.scalars(select(TeamQuota).where(TeamQuota.team_id == job.team_id, TeamQuota.gpu_type.in_([key, "*"])))
     nominal = sum(q.nominal for q in quotas)
-    used_stmt = select(func.coalesce(func.sum(Job.gpus), 0)).where(
+    running = db.scalars(select(Job).where(
         Job.team_id == job.team_id, Job.state.in_([s.value for s in ACTIVE]), Job.gpu_type == job.gpu_type
-    )
-    used = int(db.scalar(used_stmt) or 0)
+    ))  # fmt: skip
+    used = sum(j.gpus or int((j.spec.get("resources") or {}).get("cpu_slots") or 1) for j in running)
     unit = "CPU slots" if key == "cpu" else f"{key} GPUs"
     hints = [f"the team's quota: {team} uses {used} of its {nominal} {unit}; an admin raises it "
              f"(kiln teams set {team} --quota {key}=N), or its running jobs end"]  # fmt: skip

@@ -264,6 +264,8 @@ def test_teams_qos_sla_tokens_hosts_usage(kiln: Any) -> None:
     }
     assert "research" in kiln("teams").stdout
     assert kiln("teams", "create", "research").exit_code == ExitCode.CONFLICT
+    raised = kiln("teams", "set", "research", "--quota", "h200=16", "-o", "json")  # one type, the others kept
+    assert {(q["gpu_type"], q["nominal"]) for q in as_json(raised)["quotas"]} == {("cpu", 2), ("H200", 16)}
 
     before = as_json(kiln("sla", "show", "default", "-o", "json"))
     after = as_json(kiln("sla", "set", "default", "--max-queue-wait", "120", "--max-restarts", "5", "-o", "json"))
