@@ -41,6 +41,7 @@ SPEC_EXAMPLE: dict[str, Any] = {
 
 TAGS: list[dict[str, str]] = [
     {"name": "jobs", "description": "Submit, list, follow and cancel training jobs."},
+    {"name": "sweeps", "description": "Sweeps: one submission expanded over a grid or list of settings."},
     {"name": "sla", "description": "SLA contracts: a team's default and a job's effective terms."},
     {"name": "teams", "description": "Teams, their quotas, members and invitations."},
     {"name": "users", "description": "Users, the caller (`/v1/me`) and the caller's invitations."},

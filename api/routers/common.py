@@ -18,6 +18,7 @@ TeamPath = Annotated[str, Path(pattern=NAME_PATTERN, max_length=64, description=
 USER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$"
 UserPath = Annotated[str, Path(pattern=USER_PATTERN, description="User name")]
 JobIdPath = Annotated[int, Path(ge=1, le=INT64, description="Job id")]
+SweepIdPath = Annotated[int, Path(ge=1, le=INT64, description="Sweep id")]
 QosPath = Annotated[str, Path(pattern=r"^[a-z0-9][a-z0-9-]{0,31}$", description="QoS class name")]
 TeamQuery = Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=64, description="Only this team")]
 QosQuery = Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9-]{0,31}$", description="Only this QoS class")]

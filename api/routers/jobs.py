@@ -90,7 +90,7 @@ SSE_EVENT: dict[str, Any] = {
 }
 
 
-def _has_yaml_alias(text: str) -> bool:
+def has_yaml_alias(text: str) -> bool:
     """Aliases let a small document expand exponentially once traversed; specs never need them."""
     if "*" not in text:
         return False
@@ -124,7 +124,7 @@ async def spec_from_body(request: Request) -> JobSpec:
         if ctype in YAML_TYPES:
             try:
                 text = body.decode("utf-8")
-                if _has_yaml_alias(text):
+                if has_yaml_alias(text):
                     raise SpecError("YAML aliases are not accepted", [{"loc": "$", "msg": "alias", "type": "yaml"}])
             except UnicodeDecodeError as exc:
                 raise SpecError("the body is not UTF-8", [{"loc": "$", "msg": str(exc), "type": "encoding"}]) from exc

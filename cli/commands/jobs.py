@@ -18,14 +18,19 @@ from core.states import TERMINAL, JobState
 JobArg = Annotated[int, typer.Argument(help="The job id.", min=1, show_default=False)]
 
 
+def read_text(path: str) -> str:
+    """A file's text ('-': stdin), or a usage error naming it."""
+    try:
+        return sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}", ExitCode.USAGE) from None
+
+
 def read_spec_file(path: str) -> str:
     """Read a job spec and validate it locally (quick, precise errors; the server validates again)."""
     from core.spec import SpecError, parse_spec_text
 
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}", ExitCode.USAGE) from None
+    text = read_text(path)
     try:
         parse_spec_text(text)
     except SpecError as exc:

@@ -27,7 +27,19 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
 from sqlalchemy.orm import Session
 
-from core.models import Attempt, Checkpoint, Event, Job, JobDependency, JobMetric, QosClass, SlaContract, Team, User
+from core.models import (
+    Attempt,
+    Checkpoint,
+    Event,
+    Job,
+    JobDependency,
+    JobMetric,
+    QosClass,
+    SlaContract,
+    Sweep,
+    Team,
+    User,
+)
 
 
 @dataclass(frozen=True)
@@ -109,6 +121,20 @@ def insert_submitted(
                              message=event_message, data=dict(event_data), created_at=created)
     )  # fmt: skip
     return job_id
+
+
+def of_sweep(db: Session, sweep_id: int) -> Sequence[Job]:
+    return db.scalars(select(Job).where(Job.sweep_id == sweep_id).order_by(Job.id)).all()
+
+
+def sweeps(db: Session, *, team_ids: Sequence[int] | None, limit: int, before_id: int | None) -> Sequence[Sweep]:
+    """Newest first, in the visible teams (None: all), older than ``before_id`` (keyset)."""
+    stmt = select(Sweep)
+    if team_ids is not None:
+        stmt = stmt.where(Sweep.team_id.in_(team_ids))
+    if before_id is not None:
+        stmt = stmt.where(Sweep.id < before_id)
+    return db.scalars(stmt.order_by(Sweep.id.desc()).limit(limit)).all()
 
 
 def by_idempotency_key(db: Session, *, team_id: int, key: str) -> Job | None:

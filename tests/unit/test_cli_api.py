@@ -318,3 +318,31 @@ def test_why_says_what_the_job_waits_for(kiln: Any) -> None:
     assert result.exit_code == 0, result.output
     assert "QUEUED and not planned yet" in result.stdout
     assert as_json(kiln("why", str(job_id), "-o", "json"))["unblock"] == []
+
+
+def test_clone_with_changes(kiln: Any) -> None:
+    job_id = submit(kiln)
+    cloned = kiln("clone", str(job_id), "--set", "recipe.hyperparameters.lr=0.001", "-s", "steps=30",
+                  "--name", "tiny-clone", "-o", "json")  # fmt: skip
+    job = as_json(cloned)
+    assert job["id"] != job_id and job["name"] == "tiny-clone" and job["steps"] == 30
+    assert job["spec"]["recipe"]["hyperparameters"]["lr"] == 0.001
+    bad = kiln("clone", str(job_id), "--set", "resources.gpus=-1")
+    assert bad.exit_code == ExitCode.INVALID and "resources.gpus" in bad.output
+    assert kiln("clone", str(job_id), "--set", "nokey").exit_code == ExitCode.USAGE
+
+
+def test_sweep_submit_show_and_ls(kiln: Any, tmp_path: Path) -> None:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(EXAMPLE.read_text() + "sweep:\n  grid: {lr: [0.001, 0.003], steps: [5, 6]}\n  max_concurrent: 2\n")
+    made = kiln("sweep", "submit", str(path))
+    assert made.exit_code == 0, made.output
+    assert "4 jobs, at most 2 at once" in made.stdout
+    sweep_id = int(made.stdout.split()[2])
+    shown = kiln("sweep", "show", str(sweep_id))
+    assert shown.exit_code == 0, shown.output
+    header = shown.stdout.splitlines()[1].split()
+    assert header[:4] == ["RANK", "ID", "NAME", "STATE"] and {"LR", "STEPS", "LOSS"} <= set(header)
+    data = as_json(kiln("sweep", "show", str(sweep_id), "-o", "json"))
+    assert len(data["jobs"]) == 4 and data["keys"] == ["lr", "steps"]
+    assert sweep_id in [s["id"] for s in as_json(kiln("sweep", "ls", "-o", "json"))]
