@@ -55,7 +55,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,  # locals may hold the API token
     context_settings={"help_option_names": ["-h", "--help"]},
-    add_completion=False,
+    add_completion=True,  # kiln --install-completion (bash, zsh, fish, PowerShell)
 )
 
 

@@ -68,7 +68,9 @@ def save(api_url: str, token: str | None, path: Path | None = None, **extra: Any
 
 
 def normalize_url(url: str) -> str:
-    url = url.strip().rstrip("/")
+    """The API's base URL as the client joins paths to it: the URL ``kiln up`` prints (``.../v1``) and the bare
+    one both work."""
+    url = url.strip().rstrip("/").removesuffix("/v1")
     if not url.startswith(("http://", "https://")):
         url = "http://" + url
     return url

@@ -24,7 +24,7 @@ from api.deps import (
     finish,
     run_hot,
 )
-from api.logstream import parse_position, sse_log_stream
+from api.logstream import parse_position, sse_log_stream, tail_offset
 from api.routers.common import (
     ERRORS,
     LOCATION,
@@ -265,6 +265,7 @@ def stream_job_logs(
     sessions: SessionFactoryDep,
     attempt: Annotated[int | None, Query(ge=1, le=INT32, description="Default: the latest")] = None,
     follow: Annotated[bool, Query(description="Tail until the job is terminal")] = False,
+    tail: Annotated[int | None, Query(ge=0, le=1_000_000, description="Begin with the last N lines only")] = None,
     ticket: StreamTicketQuery = None,
     last_event_id: LastEventIdQuery = None,
 ) -> StreamingResponse:
@@ -273,6 +274,8 @@ def stream_job_logs(
     )
     guard = sse.Guard(request, sessions, who, target.team_id)
     resume = parse_position(sse.last_event_id(request))
+    if resume is None and tail is not None and target.attempt is not None:
+        resume = (target.attempt, tail_offset(target.path, tail))
     stream = sse_log_stream(request=request, target=target, follow=follow, sessions=sessions,
                             storage_dir=settings.resolved_storage_dir, pinned=attempt is not None, guard=guard,
                             resume=resume)  # fmt: skip

@@ -234,13 +234,19 @@ def logs(
     job_id: JobArg,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until the job ends.")] = False,
     attempt: Annotated[int | None, typer.Option("--attempt", min=1, help="Default: the latest attempt.")] = None,
+    tail: Annotated[int | None, typer.Option("--tail", "-n", min=0, help="Begin with the last N lines.")] = None,
 ) -> None:
-    """A job's training logs (server-sent events); -f follows them live until the job ends."""
+    """A job's training logs (server-sent events); -f follows them live until the job ends.
+
+    Examples: kiln logs 7;  kiln logs -f --tail 20 7;  kiln logs --attempt 1 7
+    """
     from cli.follow import END_EVENTS, log_line
 
     params: dict[str, Any] = {"follow": "true" if follow else "false"}
     if attempt is not None:
         params["attempt"] = attempt
+    if tail is not None:
+        params["tail"] = tail
     tty = sys.stdout.isatty()
     with client() as api:
         try:

@@ -53,12 +53,29 @@ def upgrade() -> None:
                       comment="afterok (the other succeeded), afterany (it ended), afternotok (it failed or was "
                       "cancelled)")
         )  # fmt: skip
+    _describe_requirements()
     for table, what in (("teams", "the team's settings"), ("sla_contracts", "the contract")):
         with op.batch_alter_table(table, schema=None) as batch_op:
             batch_op.add_column(
                 sa.Column("version", sa.Integer(), server_default=sa.text("1"), nullable=False,
                           comment=f"bumped by every change: the ETag of {what}")
             )  # fmt: skip
+
+
+# Descriptions that cite a document users do not have ("seed 004's Gold") say the requirement instead; 0003 did so
+# only for classes still at their first caps.
+DESCRIPTIONS = {
+    "gold": "Never preempted by a lower class; the shortest queue-wait objective",
+    "silver": "Never preempted by a lower class; the default class",
+}
+
+
+def _describe_requirements() -> None:
+    for name, description in DESCRIPTIONS.items():
+        op.execute(
+            sa.text("UPDATE qos_classes SET description = :d WHERE name = :n AND lower(description) LIKE '%seed 0%'")
+            .bindparams(d=description, n=name)
+        )
 
 
 def downgrade() -> None:
