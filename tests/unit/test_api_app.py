@@ -136,7 +136,9 @@ def test_logs_follow_switches_to_a_restarted_attempt_and_ends(
     assert client.get(f"/v1/jobs/{job_id}/logs", params={"attempt": 2}, headers=h).text.startswith("event: end")
 
 
-def test_logs_tail_begins_with_the_last_lines(client: TestClient, admin_secret: str, engine: Engine, home: Path) -> None:
+def test_logs_tail_begins_with_the_last_lines(
+    client: TestClient, admin_secret: str, engine: Engine, home: Path
+) -> None:
     h = auth(admin_secret)
     job_id = client.post("/v1/jobs", json=SPEC, headers=h).json()["id"]
     with Session(engine) as db:
