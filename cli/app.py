@@ -62,6 +62,7 @@ app = typer.Typer(
 class _Globals:
     api_url: str | None = None
     token: str | None = None
+    profile: str | None = None
 
 
 GLOBALS = _Globals()
@@ -78,9 +79,13 @@ def main(
         str | None, typer.Option("--api-url", help="API base URL (default: KILN_API_URL, then the config file).")
     ] = None,
     token: Annotated[str | None, typer.Option("--token", help="API token (default: KILN_TOKEN, then config).")] = None,
+    profile: Annotated[
+        str | None, typer.Option("--profile", help="A named entry of the CLI config (default: KILN_PROFILE).")
+    ] = None,
 ) -> None:
     GLOBALS.api_url = api_url
     GLOBALS.token = token
+    GLOBALS.profile = profile
 
 
 def client() -> Any:
@@ -88,7 +93,7 @@ def client() -> Any:
     from cli.config import ConfigError, resolve
 
     try:
-        cfg = resolve(url_flag=GLOBALS.api_url, token_flag=GLOBALS.token)
+        cfg = resolve(url_flag=GLOBALS.api_url, token_flag=GLOBALS.token, profile_flag=GLOBALS.profile)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
     return KilnClient(cfg)
