@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from core.db import utcnow
 from core.models import Job
+from core.settings import Settings
 from tests.integration.test_scheduler_loop import cycle, dispatched  # noqa: F401  (fixture)
 from tests.support.api import World, spec
 from workers.host_agent import HostAgent
@@ -60,7 +61,7 @@ def test_bad_sweeps_are_refused_with_the_field(client: TestClient, world: World)
 @pytest.mark.usefixtures("dispatched")
 def test_at_most_max_concurrent_run_and_the_best_comes_first(db: Session, client: TestClient, world: World) -> None:
     HostAgent(name="sweep-host", inventory=NoGpus(), cpu_slots=4, address="127.0.0.1",
-              heartbeat_interval_s=1).register(db)  # fmt: skip
+              settings=Settings(heartbeat_interval_s=1)).register(db)  # fmt: skip
     db.commit()
     r = client.post("/v1/sweeps", json=sweep_doc(list=[{"lr": 0.1}, {"lr": 0.01}, {"lr": 0.001}], max_concurrent=2),
                     headers=world.h("member"))  # fmt: skip
