@@ -346,3 +346,17 @@ def test_sweep_submit_show_and_ls(kiln: Any, tmp_path: Path) -> None:
     data = as_json(kiln("sweep", "show", str(sweep_id), "-o", "json"))
     assert len(data["jobs"]) == 4 and data["keys"] == ["lr", "steps"]
     assert sweep_id in [s["id"] for s in as_json(kiln("sweep", "ls", "-o", "json"))]
+
+
+def test_cancelling_a_running_job_says_it_stops_after_a_checkpoint(kiln: Any, server: Server) -> None:
+    import sqlite3
+
+    job_id = submit(kiln)
+    with sqlite3.connect(server.home / "kiln.db") as db:  # no worker here: the job is put where a worker would
+        db.execute("UPDATE jobs SET state = 'RUNNING' WHERE id = ?", (job_id,))
+    result = kiln("cancel", str(job_id))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == f"cancelling job {job_id}: stopping, checkpoint first"
+    events = as_json(kiln("events", str(job_id), "-o", "json"))
+    assert events[-1]["type"] == "CANCEL_REQUESTED"
+    assert events[-1]["message"] == "cancelled by admin: stopping, checkpoint first (while RUNNING)"
