@@ -6,42 +6,26 @@ import logging
 import select
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, event
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import sessionmaker
 
-from api import errors
+from api import errors, openapi
 from api.middleware import BodyLimitMiddleware, MetricsMiddleware, SecurityHeadersMiddleware
 from api.ratelimit import FailedAuthentications, make_limiter
-from api.routers import cluster, health, jobs, qos, sla, streams, teams, tokens, usage, users
-from api.routers.common import ERROR_CODES
+from api.routers import cluster, health, jobs, qos, sla, streams, sweeps, teams, tokens, usage, users
 from api.routers.health import jobs_gauge
-from api.schemas.common import Problem
 from core.db import make_engine
 from core.settings import Settings, get_settings
-from core.spec import JobSpec
 
 log = logging.getLogger("kiln.api")
 
 DESCRIPTION = """GPU training jobs under SLA contracts. Bearer tokens (`Authorization: Bearer kiln_...`);
 every error is RFC 9457 `application/problem+json`. See docs/api.md."""
-
-SPEC_EXAMPLE: dict[str, Any] = {
-    "name": "gpt-tiny",
-    "team": "default",
-    "recipe": {"name": "gpt", "hyperparameters": {"size": "tiny", "corpus": "stdlib", "lr": 0.003}},
-    "steps": 60,
-    "resources": {"gpus": 0, "cpu_slots": 1},
-    "parallelism": "ddp",
-    "precision": "fp32",
-    "sla": {"qos": "silver", "max_queue_wait_s": 600},
-}
 
 
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
@@ -58,7 +42,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     # /docs is kiln's own page over vendored Swagger UI (api/routers/dashboard/docs.py): FastAPI's loads it from a
     # CDN. No ReDoc.
     app = FastAPI(title="kiln", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, docs_url=None,
-                  redoc_url=None)  # fmt: skip
+                  redoc_url=None, generate_unique_id_function=openapi.operation_id)  # fmt: skip
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = sessionmaker(bind=engine, expire_on_commit=False)
@@ -72,14 +56,14 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
 
     errors.install(app)
     # jobs first: the router tries routes in order, and its two hot paths are most of the traffic
-    for module in (jobs, health, users, tokens, streams, teams, qos, sla, cluster, usage):
+    for module in (jobs, health, users, tokens, streams, teams, qos, sla, sweeps, cluster, usage):
         app.include_router(module.router)
     _install_dashboard(app)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, registry=app.state.registry)  # counts 413s too
     app.add_middleware(SecurityHeadersMiddleware)  # outermost: on every response
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.openapi = lambda: openapi.document(app)  # type: ignore[method-assign]
     return app
 
 
@@ -114,33 +98,3 @@ def _install_dashboard(app: FastAPI) -> None:
     except ImportError:  # pragma: no cover - the dashboard is optional
         return
     dashboard.install(app)
-
-
-def _openapi(app: FastAPI) -> dict[str, Any]:
-    """The generated document, plus the JobSpec schema that POST /v1/jobs reads by hand (JSON or YAML)."""
-    if app.openapi_schema:
-        return app.openapi_schema
-    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-    spec = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
-    components = schema.setdefault("components", {}).setdefault("schemas", {})
-    components.update(spec.pop("$defs", {}))
-    spec["examples"] = [SPEC_EXAMPLE]
-    components["JobSpec"] = spec
-    # The middlewares and handlers can answer these on any route (auth, body limit, rate limit, database down):
-    # document them everywhere, the dashboard's routes included.
-    components["Problem"] = Problem.model_json_schema()
-    problem = {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
-    for path, operations in schema.get("paths", {}).items():
-        codes = ERROR_CODES if path.startswith("/v1/") else (413, 500, 503)
-        for operation in operations.values():
-            responses = operation.setdefault("responses", {})
-            for code in codes:
-                responses.setdefault(str(code), {"description": HTTPStatus(code).phrase, "content": problem})
-            responses["422"] = {"description": "Validation error", "content": problem}  # not FastAPI's default
-    schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
-        "type": "http",
-        "scheme": "bearer",
-        "description": "An API token: kiln_...",
-    }
-    app.openapi_schema = schema
-    return schema

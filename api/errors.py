@@ -18,7 +18,15 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalErr
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound, ServiceError, Unauthenticated
+from core.services.errors import (
+    Conflict,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    PreconditionFailed,
+    ServiceError,
+    Unauthenticated,
+)
 from core.spec import SpecError
 
 log = logging.getLogger("kiln.api")
@@ -35,6 +43,7 @@ SLUGS: Mapping[int, str] = {
     405: "method-not-allowed",
     406: "not-acceptable",
     409: "conflict",
+    412: "precondition-failed",
     413: "payload-too-large",
     415: "unsupported-media-type",
     422: "validation-error",
@@ -104,7 +113,7 @@ async def _service(request: Request, exc: Exception) -> ProblemResponse:
         return problem(401, exc.detail, request=request, headers={"WWW-Authenticate": "Bearer"})
     if isinstance(exc, InvalidInput):
         return problem(422, exc.detail, request=request, title="Request validation failed", errors=exc.errors)
-    status = {NotFound: 404, Forbidden: 403, Conflict: 409}.get(type(exc), 400)
+    status = {NotFound: 404, Forbidden: 403, Conflict: 409, PreconditionFailed: 412}.get(type(exc), 400)
     return problem(status, exc.detail, request=request)
 
 

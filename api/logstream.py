@@ -37,6 +37,33 @@ def parse_position(value: str | None) -> tuple[int, int] | None:
     return (a, o) if 1 <= a <= MAX_ATTEMPT and o <= MAX_OFFSET else None
 
 
+def tail_offset(path: Path | None, lines: int, *, block: int = 64 * 1024) -> int:
+    """Where the last ``lines`` lines of the file begin (0 for a shorter file), reading back from the end a block
+    at a time, never the whole file."""
+    if path is None:
+        return 0
+    try:
+        with path.open("rb") as f:
+            end = pos = f.seek(0, 2)
+            if lines <= 0:
+                return end
+            count = 0
+            while pos > 0:
+                step = min(block, pos)
+                pos -= step
+                f.seek(pos)
+                chunk = f.read(step)
+                i = len(chunk)
+                while (i := chunk.rfind(b"\n", 0, i)) >= 0:
+                    if pos + i != end - 1:  # the newline that ends the last line starts nothing
+                        count += 1
+                        if count == lines:
+                            return pos + i + 1
+            return 0
+    except FileNotFoundError:
+        return 0
+
+
 def _read_from(path: Path | None, offset: int) -> bytes:
     if path is None:
         return b""

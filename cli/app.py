@@ -55,19 +55,21 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,  # locals may hold the API token
     context_settings={"help_option_names": ["-h", "--help"]},
-    add_completion=False,
+    add_completion=True,  # kiln --install-completion (bash, zsh, fish, PowerShell)
 )
 
 
 class _Globals:
     api_url: str | None = None
     token: str | None = None
+    profile: str | None = None
 
 
 GLOBALS = _Globals()
 
 OutputOpt = Annotated[
-    OutputFormat, typer.Option("--output", "-o", help="table for people, json for scripts.", case_sensitive=False)
+    OutputFormat,
+    typer.Option("--output", "-o", help="table for people; json or yaml for scripts.", case_sensitive=False),
 ]
 
 
@@ -77,9 +79,13 @@ def main(
         str | None, typer.Option("--api-url", help="API base URL (default: KILN_API_URL, then the config file).")
     ] = None,
     token: Annotated[str | None, typer.Option("--token", help="API token (default: KILN_TOKEN, then config).")] = None,
+    profile: Annotated[
+        str | None, typer.Option("--profile", help="A named entry of the CLI config (default: KILN_PROFILE).")
+    ] = None,
 ) -> None:
     GLOBALS.api_url = api_url
     GLOBALS.token = token
+    GLOBALS.profile = profile
 
 
 def client() -> Any:
@@ -87,7 +93,7 @@ def client() -> Any:
     from cli.config import ConfigError, resolve
 
     try:
-        cfg = resolve(url_flag=GLOBALS.api_url, token_flag=GLOBALS.token)
+        cfg = resolve(url_flag=GLOBALS.api_url, token_flag=GLOBALS.token, profile_flag=GLOBALS.profile)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
     return KilnClient(cfg)

@@ -127,14 +127,20 @@ class KilnClient:
     def get(self, path: str, params: Any = None) -> Any:
         return self.request("GET", path, params=params)
 
+    def get_versioned(self, path: str) -> tuple[Any, str | None]:
+        """A representation and its ETag, to send back as ``If-Match`` with a change of it."""
+        resp = self._send("GET", path)
+        self._check(resp)
+        return resp.json(), resp.headers.get("ETag")
+
     def post(self, path: str, json: Any = None, **kwargs: Any) -> Any:
         return self.request("POST", path, json=json, **kwargs)
 
     def put(self, path: str, json: Any = None) -> Any:
         return self.request("PUT", path, json=json)
 
-    def patch(self, path: str, json: Any = None) -> Any:
-        return self.request("PATCH", path, json=json)
+    def patch(self, path: str, json: Any = None, *, if_match: str | None = None) -> Any:
+        return self.request("PATCH", path, json=json, headers={"If-Match": if_match} if if_match else None)
 
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)

@@ -3,6 +3,9 @@
 Order of precedence: command-line flags, then ``KILN_API_URL`` / ``KILN_TOKEN``, then the config file
 (``$XDG_CONFIG_HOME/kiln/config.json``, default ``~/.config/kiln/config.json``), then the local default URL.
 The file holds a secret, so it is written atomically with mode 0600.
+
+The file's top-level ``api_url`` and ``token`` are the default; ``profiles`` holds others by name, chosen with
+``kiln --profile NAME`` or ``KILN_PROFILE`` (``kiln up`` adds one rather than overwrite another kiln's default).
 """
 
 from __future__ import annotations
@@ -49,11 +52,21 @@ class ConfigError(Exception):
     pass
 
 
-def save(api_url: str, token: str | None, path: Path | None = None, **extra: Any) -> Path:
-    """Write the config atomically, readable by its owner only."""
+def save(api_url: str, token: str | None, path: Path | None = None, *, profile: str | None = None) -> Path:
+    """Write the default entry, or the ``profile`` entry, keeping the rest of the file; atomically, readable by
+    its owner only."""
     path = path or config_path()
+    try:
+        current = load_file(path)
+    except ConfigError:
+        current = {}
+    entry: dict[str, Any] = {"api_url": normalize_url(api_url), "token": token}
+    profiles = current.get("profiles") if isinstance(current.get("profiles"), dict) else None
+    if profile is not None:
+        data: dict[str, Any] = {**current, "profiles": {**(profiles or {}), profile: entry}}
+    else:
+        data = {**entry, **({"profiles": profiles} if profiles else {})}
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    data: dict[str, Any] = {"api_url": normalize_url(api_url), "token": token, **extra}
     fd, tmp = tempfile.mkstemp(prefix=".config.", dir=path.parent)
     try:
         os.fchmod(fd, 0o600)
@@ -68,7 +81,9 @@ def save(api_url: str, token: str | None, path: Path | None = None, **extra: Any
 
 
 def normalize_url(url: str) -> str:
-    url = url.strip().rstrip("/")
+    """The API's base URL as the client joins paths to it: the URL ``kiln up`` prints (``.../v1``) and the bare
+    one both work."""
+    url = url.strip().rstrip("/").removesuffix("/v1")
     if not url.startswith(("http://", "https://")):
         url = "http://" + url
     return url
@@ -78,11 +93,20 @@ def resolve(
     *,
     url_flag: str | None = None,
     token_flag: str | None = None,
+    profile_flag: str | None = None,
     environ: dict[str, str] | None = None,
     path: Path | None = None,
 ) -> CliConfig:
     env = os.environ if environ is None else environ
     file = load_file(path or config_path(dict(env)))
+    profile = profile_flag or env.get("KILN_PROFILE")
+    if profile:
+        found = file.get("profiles")
+        profiles: dict[str, Any] = found if isinstance(found, dict) else {}
+        if profile not in profiles:
+            known = ", ".join(sorted(profiles)) or "none"
+            raise ConfigError(f"no CLI profile {profile!r} in {path or config_path(dict(env))} (profiles: {known})")
+        file = profiles[profile]
     url, url_source = _first((url_flag, "flag"), (env.get("KILN_API_URL"), "env"), (file.get("api_url"), "file"))
     url = url or DEFAULT_API_URL
     url_source = url_source if url_source != "none" else "default"

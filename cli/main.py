@@ -14,11 +14,13 @@ from __future__ import annotations
 from cli.app import app, report
 from cli.commands.access import tokens_app
 from cli.commands.admin import admin_app
+from cli.commands.reuse import sweep_app
 from cli.commands.teams import invitations_app, sla_app, teams_app
 
 __all__ = ["app", "report"]  # the entry point (pyproject's ``kiln = "cli.main:app"``) and its error reporter
 
 # `kiln --help` lists the sub-apps after the commands, in the order they are added.
+app.add_typer(sweep_app, name="sweep")
 app.add_typer(teams_app, name="teams")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(sla_app, name="sla")

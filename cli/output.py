@@ -38,6 +38,7 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True, width=_width
 class OutputFormat(enum.StrEnum):
     table = "table"
     json = "json"
+    yaml = "yaml"
 
 
 STATE_STYLES: dict[str, str] = {
@@ -72,6 +73,17 @@ def text(value: Any, style: str = "") -> Text:
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     sys.stdout.flush()
+
+
+def print_data(data: Any, fmt: OutputFormat) -> None:
+    """``-o json`` or ``-o yaml``: the API's answer as it is, for scripts."""
+    if fmt is OutputFormat.yaml:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(json.loads(json.dumps(data, default=str)), sort_keys=False))
+        sys.stdout.flush()
+    else:
+        print_json(data)
 
 
 # -- value formatting (pure) ------------------------------------------------------------------------------------
@@ -317,8 +329,8 @@ def fmt_quotas(quotas: Any) -> str:
 
 
 def render(data: Any, fmt: OutputFormat, make_table: Callable[[], Any]) -> None:
-    if fmt is OutputFormat.json:
-        print_json(data)
+    if fmt is not OutputFormat.table:
+        print_data(data, fmt)
     else:
         shown = make_table()
         console.print(text(shown) if isinstance(shown, str) else shown)

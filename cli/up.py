@@ -287,12 +287,13 @@ class Credentials:
     user: str
     config_path: Path
     note: str
+    profile: str | None = None  # the CLI config's profile for this kiln, when the default is another kiln's
 
 
 def prepare(database_url: str, api_url: str) -> Credentials:
     """Migrate, bootstrap on first run, and make sure the CLI config holds a live token for ``api_url``."""
     from cli.bootstrap import BootstrapError, bootstrap, existing_admin, token_owner
-    from cli.config import ConfigError, config_path, load_file, save
+    from cli.config import ConfigError, config_path, load_file, normalize_url, save
     from core.migrate import upgrade
 
     try:
@@ -313,7 +314,7 @@ def prepare(database_url: str, api_url: str) -> Credentials:
             token = saved.get("token")
             owner = token_owner(database_url, str(token)) if token else None
             if owner is not None:  # a live token of this very database
-                if saved.get("api_url") != api_url:
+                if saved.get("api_url") != normalize_url(api_url):
                     save(api_url, str(token), path)
                 note = f"bootstrap skipped (admin '{admin}' exists); the saved token of '{owner}' is still valid"
                 return Credentials(api_url, str(token), owner, path, note)
@@ -321,10 +322,24 @@ def prepare(database_url: str, api_url: str) -> Credentials:
             note = f"admin '{admin}' exists; issued a fresh token (the saved one was missing, revoked or another's)"
     except BootstrapError as exc:
         raise CliError(f"bootstrap failed: {exc}") from None
-    if saved.get("api_url") not in (None, api_url):
-        note += f"; the CLI config pointed at {saved['api_url']} and now points here"
+    other = saved.get("api_url")
+    if other not in (None, normalize_url(api_url)):
+        # Another kiln's entry: kept as it is; this one is added as a profile beside it.
+        profile = profile_name(api_url)
+        save(api_url, result.token, path, profile=profile)
+        note += (f"; the CLI config's default is another kiln ({other}), kept: this one is profile {profile!r} "
+                 f"(kiln --profile {profile} ..., or KILN_PROFILE={profile})")  # fmt: skip
+        return Credentials(api_url, result.token, result.user, path, note, profile)
     save(api_url, result.token, path)
     return Credentials(api_url, result.token, result.user, path, note)
+
+
+def profile_name(api_url: str) -> str:
+    """``http://127.0.0.1:8421`` -> ``local-8421``."""
+    from cli.config import normalize_url
+
+    port = normalize_url(api_url).rsplit(":", 1)[-1]
+    return f"local-{port}" if port.isdigit() else "local"
 
 
 def _local_host(database_url: str) -> None:
@@ -433,7 +448,7 @@ def run_up(opts: UpOptions) -> int:
             sup.start_all()
             for child in sup.children:
                 console.print(f"{TAG} {child.name:<9} pid {child.pid:<7} log {child.log_path}")
-            _supervise(sup, opts, api_url, creds.token, stop)
+            _supervise(sup, opts, api_url, creds.token, stop, profile=creds.profile)
         finally:
             console.print(f"{TAG} stopping (Ctrl-C again to kill at once)")
             codes = sup.stop(opts.grace_s, force)
@@ -444,7 +459,9 @@ def run_up(opts: UpOptions) -> int:
     return 0
 
 
-def _supervise(sup: Supervisor, opts: UpOptions, api_url: str, token: str, stop: threading.Event) -> None:
+def _supervise(
+    sup: Supervisor, opts: UpOptions, api_url: str, token: str, stop: threading.Event, *, profile: str | None = None
+) -> None:
     started = time.monotonic()
     ready = False
     warned = False
@@ -453,7 +470,7 @@ def _supervise(sup: Supervisor, opts: UpOptions, api_url: str, token: str, stop:
         if not ready:
             if api_ready(api_url):
                 ready = True
-                _banner(sup, api_url, token)
+                _banner(sup, api_url, token, profile)
                 if opts.submit_file:
                     _submit(opts.submit_file, api_url, token)
             elif not warned and time.monotonic() - started > READY_WARN_AFTER_S:
@@ -465,10 +482,10 @@ def _supervise(sup: Supervisor, opts: UpOptions, api_url: str, token: str, stop:
         stop.wait(0.5 if ready else 0.2)
 
 
-def _banner(sup: Supervisor, api_url: str, token: str) -> None:
+def _banner(sup: Supervisor, api_url: str, token: str, profile: str | None = None) -> None:
     logs = ", ".join(str(c.log_path) for c in sup.children)
     # The ./kiln wrapper of a fresh clone sets KILN_CLI_NAME, so the hint can be pasted as it is.
-    cli = os.environ.get("KILN_CLI_NAME", "kiln")
+    cli = os.environ.get("KILN_CLI_NAME", "kiln") + (f" --profile {profile}" if profile else "")
     console.print(f"{TAG} [bold green]kiln is up[/]: API {api_url}/v1 (docs {api_url}/docs, dashboard {api_url}/)")
     console.print(f"{TAG} logs: {logs}")
     print_token(token)

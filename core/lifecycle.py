@@ -236,6 +236,14 @@ def requeue_after_failure(
     return f"job {job.id}: LOST -> QUEUED (restart {job.restart_count}/{limit}): {reason}"
 
 
+def stop_cause(job: Job) -> str | None:
+    """Why a job the worker was asked to stop stops: the time limit (the scheduler set the reason), else the
+    user's cancel. None when nobody asked."""
+    if not job.cancel_requested:
+        return None
+    return job.exit_reason or "cancelled by the user"
+
+
 def end_attempt_as(
     db: Session, *, job: Job, attempt: Attempt, exit_class: ExitClass, reason: str, now: datetime,
     exit_code: int | None, data: dict[str, Any], settings: Settings,
@@ -263,8 +271,8 @@ def end_attempt_as(
         data = {**data, "last_step": job.last_step, "final_loss": job.last_loss}
         message = f"finished at step {job.last_step}"
     elif end.job is JobState.CANCELLED:
-        job.exit_reason = "cancelled"
-        message = f"cancelled at step {job.last_step}"
+        job.exit_reason = stop_cause(job) or "cancelled"
+        message = f"{job.exit_reason} at step {job.last_step}"
     else:
         job.exit_reason = reason[:512]
         message = reason

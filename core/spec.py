@@ -6,7 +6,9 @@ Sizes are bytes, durations seconds.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import difflib
+import re
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -173,11 +175,61 @@ class SpecError(ValueError):
         self.errors = errors
 
 
+NAME_RULE = (
+    "1 to 64 characters: lowercase letters, digits, '.', '_' and '-', beginning and ending with a letter or digit"
+)
+YAML_BOOLEAN_HINT = "YAML reads unquoted off, no, on and yes as booleans: quote the word"
+
+
 def validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    """pydantic's errors, each saying the field (``loc``), the value it got and, where one is close, the name that
+    was probably meant."""
     return [
-        {"loc": ".".join(str(p) for p in err["loc"]) or "$", "msg": err["msg"], "type": err["type"]}
+        {"loc": ".".join(str(p) for p in err["loc"]) or "$", "msg": _explain(err), "type": err["type"]}
         for err in exc.errors()
     ]
+
+
+def _explain(err: Any) -> str:
+    kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        name = str(err["loc"][-1])
+        known = fields_at(err["loc"][:-1])
+        return f"unknown field {name!r}{did_you_mean(name, known)}" + (
+            f" (fields here: {', '.join(known)})" if known else ""
+        )
+    if kind == "string_pattern_mismatch" and ctx.get("pattern") == NAME_PATTERN:
+        return f"{value!r} is not a valid name: {NAME_RULE}"
+    if isinstance(value, bool) and kind in ("literal_error", "string_type", "enum"):
+        field = err["loc"][-1] if err["loc"] else "value"
+        return f"{err['msg']}, got the boolean {str(value).lower()}: {YAML_BOOLEAN_HINT} ({field}: 'off')"
+    if kind == "literal_error":
+        allowed = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
+        return f"{err['msg']}, got {value!r}{did_you_mean(str(value), allowed)}"
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool) and len(repr(value)) <= 80:
+        return f"{err['msg']}, got {value!r}"
+    return str(err["msg"])
+
+
+def did_you_mean(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def fields_at(loc: tuple[Any, ...] | list[Any]) -> list[str]:
+    """The fields a spec accepts at ``loc`` (``()`` = the top level), or [] where it is not a section."""
+    model: Any = JobSpec
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        model = _model_in(field.annotation) if field is not None else None
+        if model is None:
+            return []
+    return [name for name, f in model.model_fields.items() if not f.exclude]
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    candidates = (annotation, *get_args(annotation))
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
 
 
 def parse_spec_text(text: str) -> JobSpec:

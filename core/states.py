@@ -106,14 +106,16 @@ HOST_TRANSITIONS: dict[HostState, frozenset[HostState]] = {
 
 
 class Reason(enum.StrEnum):
-    """Why a queued job waits: Slurm's ``squeue`` REASON, kiln's vocabulary. The policy writes the first eight on
+    """Why a queued job waits: Slurm's ``squeue`` REASON, kiln's vocabulary. The policy writes the first ten on
     every cycle; the last three say how the job came back to the queue until the policy writes its own."""
 
     QUOTA = "Quota"  # the team's quota (and what the cohort may lend) is used up
     BUDGET = "Budget"  # the team's GPU-hour budget for the period is spent
     RESOURCES = "Resources"  # not enough free GPUs / slots of the kind it needs (or a restart backoff)
+    UNSCHEDULABLE = "Unschedulable"  # more than every host together has: it can start only once hosts join
     PRIORITY = "Priority"  # the capacity it could use is held for a higher-priority job
-    DEPENDENCY = "Dependency"  # a job it depends on has not succeeded yet
+    DEPENDENCY = "Dependency"  # a job it depends on has not ended as its condition asks yet
+    SWEEP_LIMIT = "SweepLimit"  # its sweep runs max_concurrent jobs already (Slurm's JobArrayTaskLimit)
     BANDWIDTH_QUOTA = "BandwidthQuota"  # GPUs are free but the host links cannot carry its bandwidth quota
     MEMORY_FIT = "MemoryFit"  # its predicted memory exceeds its QoS memory cap or every eligible GPU
     RESERVATION = "Reservation"  # capacity is being reserved for it (SLA, head of queue, or preemption)

@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from core.lifecycle import stop_cause
 from core.models import Attempt, Checkpoint, Job, JobMetric
 from core.states import record_event
 from core.trainer_protocol import TELEMETRY_DIR, RecordKind
@@ -111,6 +112,19 @@ class RelayState:
     done: dict[str, Any] | None = None
 
 
+def _as_asked(job: Job, type_: str, message: str) -> tuple[str, str]:
+    """The trainer calls every stop on SIGTERM a preemption (it cannot know why it was signalled); a stop the job
+    was asked for is recorded as what it is, so a cancelled job's timeline never says PREEMPTED."""
+    cause = stop_cause(job)
+    if cause is None:
+        return type_, message
+    if type_ == "PREEMPTED":
+        return "STOPPING", f"{message} ({cause})"
+    if type_ == "EXIT":
+        return type_, message.replace("(PREEMPTED)", f"(stopped: {cause})")
+    return type_, message
+
+
 def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[str, Any]], state: RelayState) -> None:
     """Write ``records`` for ``job``/``attempt``. The caller holds the job row and has checked the token."""
     steps: list[dict[str, Any]] = []
@@ -126,11 +140,12 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
                 state.nccl_error = True
         elif kind == RecordKind.EVENT:
             fields = rec.get("fields") if isinstance(rec.get("fields"), dict) else {}
+            type_, message = _as_asked(job, str(rec.get("type") or "TRAINER_EVENT"), str(rec.get("message") or ""))
             record_event(
                 session,
-                str(rec.get("type") or "TRAINER_EVENT")[:48],
+                type_[:48],
                 job=job,
-                message=str(rec.get("message") or ""),
+                message=message,
                 data={"attempt": attempt.number, "rank": rank, **(fields or {})},
             )
             if rec.get("type") == "ROLLED_BACK" and rank == 0 and fields:

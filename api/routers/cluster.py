@@ -15,7 +15,7 @@ router = APIRouter(prefix="/v1/cluster", tags=["cluster"], responses=ERRORS)
 
 
 @router.get("/hosts", response_model=list[HostOut], summary="Registered hosts")
-def hosts(db: SessionDep, who: CurrentPrincipal) -> list[HostOut]:
+def list_hosts(db: SessionDep, who: CurrentPrincipal) -> list[HostOut]:
     return [
         HostOut(
             id=h.id,
@@ -36,7 +36,7 @@ def hosts(db: SessionDep, who: CurrentPrincipal) -> list[HostOut]:
 
 
 @router.get("/gpus", response_model=list[GpuOut], summary="GPUs of every host")
-def gpus(
+def list_gpus(
     db: SessionDep,
     who: CurrentPrincipal,
     host: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,

@@ -22,12 +22,12 @@ router = APIRouter(tags=["health"], responses=problem_responses(500, 503))
 
 
 @router.get("/healthz", summary="The process is alive")
-def healthz() -> dict[str, str]:
+def get_health() -> dict[str, str]:
     return {"status": "ok"}
 
 
 @router.get("/readyz", summary="The database answers (503 otherwise)")
-def readyz(db: SessionDep) -> dict[str, str]:
+def get_readiness(db: SessionDep) -> dict[str, str]:
     db.execute(text("SELECT 1"))
     return {"status": "ready"}
 
@@ -48,7 +48,7 @@ def jobs_gauge(registry: CollectorRegistry) -> Gauge:
         **problem_responses(401, 403, 429),
     },
 )
-def metrics(request: Request, db: SessionDep) -> Response:
+def get_prometheus_metrics(request: Request, db: SessionDep) -> Response:
     principal_for(request, db, scope="metrics")
     gauge: Gauge = request.app.state.jobs_gauge
     counts = jobs_repo.count_by_state(db)

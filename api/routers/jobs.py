@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Annotated, Any
 
 import yaml
@@ -22,8 +24,17 @@ from api.deps import (
     finish,
     run_hot,
 )
-from api.logstream import parse_position, sse_log_stream
-from api.routers.common import ERRORS, JobIdPath, LastEventIdQuery, StreamTicketQuery, decode_cursor, encode_cursor
+from api.logstream import parse_position, sse_log_stream, tail_offset
+from api.routers.common import (
+    ERRORS,
+    LOCATION,
+    USER_PATTERN,
+    JobIdPath,
+    LastEventIdQuery,
+    StreamTicketQuery,
+    decode_cursor,
+    encode_cursor,
+)
 from api.schemas.common import INT32, INT64, InModel, Text
 from api.schemas.jobs import (
     AttemptOut,
@@ -39,6 +50,7 @@ from api.schemas.jobs import (
     page_json,
 )
 from core.services import jobs as svc
+from core.services.errors import InvalidInput
 from core.spec import NAME_PATTERN, JobSpec, SpecError, parse_spec_text, validation_errors
 from core.states import JobState
 
@@ -46,7 +58,15 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS)
 
 JSON_TYPES = frozenset({"application/json"})
 YAML_TYPES = frozenset({"application/yaml", "application/x-yaml", "text/yaml"})
+IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,128}$")
 SUBMIT_BODY: dict[str, Any] = {
+    "parameters": [{
+        "name": "Idempotency-Key", "in": "header", "required": False,
+        "description": "A key of yours for this submission (e.g. a UUID): a retry with the same key and body answers "
+        "the job the first one made (header Idempotent-Replayed: true) instead of starting another; the same key "
+        "with another body is a 422. Keys are kept per team.",
+        "schema": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[!-~]+$"},
+    }],
     "requestBody": {
         "required": True,
         "content": {
@@ -70,7 +90,7 @@ SSE_EVENT: dict[str, Any] = {
 }
 
 
-def _has_yaml_alias(text: str) -> bool:
+def has_yaml_alias(text: str) -> bool:
     """Aliases let a small document expand exponentially once traversed; specs never need them."""
     if "*" not in text:
         return False
@@ -104,7 +124,7 @@ async def spec_from_body(request: Request) -> JobSpec:
         if ctype in YAML_TYPES:
             try:
                 text = body.decode("utf-8")
-                if _has_yaml_alias(text):
+                if has_yaml_alias(text):
                     raise SpecError("YAML aliases are not accepted", [{"loc": "$", "msg": "alias", "type": "yaml"}])
             except UnicodeDecodeError as exc:
                 raise SpecError("the body is not UTF-8", [{"loc": "$", "msg": str(exc), "type": "encoding"}]) from exc
@@ -134,21 +154,39 @@ class CancelIn(InModel):
     status_code=status.HTTP_201_CREATED,
     summary="Submit a job (JSON or YAML spec)",
     openapi_extra=SUBMIT_BODY,
+    responses=LOCATION,
 )
-async def submit(request: Request, db: SessionDep) -> Response:
+async def submit_job(request: Request, db: SessionDep) -> Response:
     # The hot path: the spec validated from the body bytes on the event loop (no thread hop, no dependency of its
     # own), then authentication, the submission, the commit and the JSON in one worker thread (one hop); the
     # answer built once from what was written (no read-back, no response-model revalidation).
     spec = await spec_from_body(request)
-    return await run_hot(_submit, request, db, spec)
+    return await run_hot(_submit, request, db, spec, await idempotency_of(request))
 
 
-def _submit(request: Request, db: Session, spec: JobSpec) -> Response:
+def _submit(request: Request, db: Session, spec: JobSpec, idempotency: svc.Idempotency | None) -> Response:
     autocommit(db)
     who = principal_for(request, db)
-    view = svc.submit(db=db, principal=who, spec=spec)
+    replayed = False
+    if idempotency is None:
+        view = svc.submit(db=db, principal=who, spec=spec)
+    else:
+        view, replayed = svc.submit_once(db=db, principal=who, spec=spec, idempotency=idempotency)
     finish(db)
-    return JSONBytes(job_json(view), status_code=status.HTTP_201_CREATED)
+    headers = {"Location": f"/v1/jobs/{view.id}"}
+    if replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return JSONBytes(job_json(view), status_code=status.HTTP_201_CREATED, headers=headers)
+
+
+async def idempotency_of(request: Request) -> svc.Idempotency | None:
+    """The ``Idempotency-Key`` header and the hash of the body it names (the bytes as sent)."""
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return None
+    if not IDEMPOTENCY_KEY.match(key):
+        raise InvalidInput.at("header.Idempotency-Key", "1 to 128 printable ASCII characters, no spaces")
+    return svc.Idempotency(key=key, request_sha256=hashlib.sha256(await request.body()).hexdigest())
 
 
 @router.get("", response_model=JobPageOut, summary="Jobs you can see, newest first")
@@ -159,21 +197,22 @@ async def list_jobs(
     state: Annotated[list[JobState] | None, Query(description="Repeatable")] = None,
     qos: Annotated[str | None, Query(max_length=32, pattern=r"^[a-z0-9-]+$")] = None,
     name: Annotated[str | None, Query(max_length=64, pattern=NAME_PATTERN)] = None,
+    user: Annotated[str | None, Query(pattern=USER_PATTERN, description="Only jobs this user submitted")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Response:
     states = [s.value for s in state or ()]
-    return await run_hot(_list, request, db, team, states, qos, name, limit, cursor)
+    return await run_hot(_list, request, db, team, states, qos, name, user, limit, cursor)
 
 
 def _list(
     request: Request, db: Session, team: str | None, states: list[str], qos: str | None, name: str | None,
-    limit: int, cursor: str | None,
+    user: str | None, limit: int, cursor: str | None,
 ) -> Response:  # fmt: skip
     autocommit(db)
     who = principal_for(request, db)  # in this thread: one hop for the whole request (see submit)
     page = svc.list_jobs(
-        db=db, principal=who, team=team, states=states, qos=qos, name=name, limit=limit,
+        db=db, principal=who, team=team, states=states, qos=qos, name=name, user=user, limit=limit,
         before_id=decode_cursor(cursor, "before") if cursor else None,
     )  # fmt: skip
     next_cursor = encode_cursor("before", page.next_before_id) if page.next_before_id else None
@@ -187,14 +226,15 @@ def get_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> Respons
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, status_code=status.HTTP_202_ACCEPTED, summary="Cancel a job")
-def cancel(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, body: CancelIn | None = None) -> Response:
-    reason = body.reason if body is not None else None
-    view = svc.cancel(db=db, principal=who, job_id=job_id, reason=reason)
+def cancel_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, body: CancelIn = CancelIn()) -> Response:
+    # The body is optional (no body = no reason) and typed as the model, not ``CancelIn | None``: generated clients
+    # cannot build a request body that is "a CancelIn or null".
+    view = svc.cancel(db=db, principal=who, job_id=job_id, reason=body.reason)
     return JSONBytes(job_json(view), status_code=status.HTTP_202_ACCEPTED)
 
 
 @router.get("/{job_id}/events", response_model=EventPageOut, summary="The job's timeline, oldest first")
-def events(
+def list_job_events(
     job_id: JobIdPath,
     db: SessionDep,
     who: CurrentPrincipal,
@@ -216,7 +256,7 @@ def events(
     summary="The attempt's log as Server-Sent Events (resumable with Last-Event-ID; ?ticket= for EventSource)",
     responses={200: {"content": {"text/event-stream": {"schema": SSE_EVENT}}}},
 )
-def logs(
+def stream_job_logs(
     job_id: JobIdPath,
     request: Request,
     db: SessionDep,
@@ -225,6 +265,7 @@ def logs(
     sessions: SessionFactoryDep,
     attempt: Annotated[int | None, Query(ge=1, le=INT32, description="Default: the latest")] = None,
     follow: Annotated[bool, Query(description="Tail until the job is terminal")] = False,
+    tail: Annotated[int | None, Query(ge=0, le=1_000_000, description="Begin with the last N lines only")] = None,
     ticket: StreamTicketQuery = None,
     last_event_id: LastEventIdQuery = None,
 ) -> StreamingResponse:
@@ -233,6 +274,8 @@ def logs(
     )
     guard = sse.Guard(request, sessions, who, target.team_id)
     resume = parse_position(sse.last_event_id(request))
+    if resume is None and tail is not None and target.attempt is not None:
+        resume = (target.attempt, tail_offset(target.path, tail))
     stream = sse_log_stream(request=request, target=target, follow=follow, sessions=sessions,
                             storage_dir=settings.resolved_storage_dir, pinned=attempt is not None, guard=guard,
                             resume=resume)  # fmt: skip
@@ -240,7 +283,7 @@ def logs(
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsOut, summary="Training telemetry, downsampled")
-def metrics(
+def get_job_metrics(
     job_id: JobIdPath,
     db: SessionDep,
     who: CurrentPrincipal,
@@ -252,16 +295,18 @@ def metrics(
 
 
 @router.get("/{job_id}/attempts", response_model=list[AttemptOut], summary="The job's attempts")
-def attempts(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> list[AttemptOut]:
+def list_job_attempts(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> list[AttemptOut]:
     return [AttemptOut.model_validate(a) for a in svc.attempts(db=db, principal=who, job_id=job_id)]
 
 
 @router.get("/{job_id}/checkpoints", response_model=list[CheckpointOut], summary="The job's checkpoints")
-def checkpoints(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> list[CheckpointOut]:
+def list_job_checkpoints(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> list[CheckpointOut]:
     return [CheckpointOut.model_validate(c) for c in svc.checkpoints(db=db, principal=who, job_id=job_id)]
 
 
-@router.get("/{job_id}/why", response_model=WhyOut, summary="Why the job is (not) running")
-def why(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> WhyOut:
-    job = svc.why(db=db, principal=who, job_id=job_id)
-    return WhyOut(state=job.state, pending_reason=job.pending_reason, pending_message=job.pending_message)
+@router.get("/{job_id}/why", response_model=WhyOut, summary="Why the job is (not) running, and what would let it start")
+def get_job_pending_reason(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> WhyOut:
+    why = svc.why(db=db, principal=who, job_id=job_id)
+    job = why.job
+    return WhyOut(state=JobState(job.state), pending_reason=job.pending_reason, pending_message=job.pending_message,
+                  unblock=why.unblock)  # fmt: skip

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from api.deps import CurrentPrincipal, SessionDep
-from api.routers.common import ERRORS, JobIdPath, TeamPath
+from api.routers.common import ERRORS, ETAG, IfMatchHeader, JobIdPath, TeamPath, etag, if_match_version
 from api.schemas.sla import SlaIn, SlaOut
 from core.models import SlaContract
 from core.services import sla as svc
@@ -22,14 +22,23 @@ def sla_out(c: SlaContract, team: str) -> SlaOut:
     )  # fmt: skip
 
 
-@router.get("/teams/{team}/sla", response_model=SlaOut, summary="The team's default contract")
-def get_team_sla(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> SlaOut:
-    return sla_out(svc.get_team_default(db=db, principal=who, team=team), team)
+@router.get("/teams/{team}/sla", response_model=SlaOut, summary="The team's default contract", responses=ETAG)
+def get_team_sla(team: TeamPath, db: SessionDep, who: CurrentPrincipal, response: Response) -> SlaOut:
+    contract = svc.get_team_default(db=db, principal=who, team=team)
+    response.headers["ETag"] = etag("sla", contract.version)
+    return sla_out(contract, team)
 
 
-@router.put("/teams/{team}/sla", response_model=SlaOut, summary="Set the team's default contract (team-admin)")
-def put_team_sla(team: TeamPath, body: SlaIn, db: SessionDep, who: CurrentPrincipal) -> SlaOut:
-    return sla_out(svc.put_team_default(db=db, principal=who, team=team, terms=body.model_dump()), team)
+@router.put("/teams/{team}/sla", response_model=SlaOut, summary="Set the team's default contract (team-admin)",
+            responses=ETAG)  # fmt: skip
+def put_team_sla(
+    team: TeamPath, body: SlaIn, db: SessionDep, who: CurrentPrincipal, response: Response,
+    if_match: IfMatchHeader = None,
+) -> SlaOut:  # fmt: skip
+    version = if_match_version(if_match, "sla")
+    contract = svc.put_team_default(db=db, principal=who, team=team, terms=body.model_dump(), if_version=version)
+    response.headers["ETag"] = etag("sla", contract.version)
+    return sla_out(contract, team)
 
 
 @router.get("/jobs/{job_id}/sla", response_model=SlaOut, summary="A job's effective contract")

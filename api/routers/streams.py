@@ -35,6 +35,6 @@ class TicketOut(OutModel):
 
 
 @router.post("", response_model=TicketOut, status_code=status.HTTP_201_CREATED, summary="A ticket for one stream")
-def issue(body: TicketIn, db: SessionDep, who: CurrentPrincipal) -> TicketOut:
+def issue_stream_ticket(body: TicketIn, db: SessionDep, who: CurrentPrincipal) -> TicketOut:
     ticket, expires = auth.issue_ticket(db=db, principal=who, path=body.path)
     return TicketOut(ticket=ticket, path=body.path, expires_at=expires)

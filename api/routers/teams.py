@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 
 from api.deps import CurrentPrincipal, SessionDep
-from api.routers.common import ERRORS, TeamPath, UserPath
+from api.routers.common import ERRORS, ETAG, LOCATION, IfMatchHeader, TeamPath, UserPath, etag, if_match_version
 from api.schemas.teams import InvitationOut, MemberIn, MemberOut, QuotaIn, TeamCreate, TeamOut, TeamUpdate
 from core.models import Membership, TeamInvitation
 from core.repositories import users as users_repo
@@ -28,27 +28,38 @@ def list_teams(db: SessionDep, who: CurrentPrincipal) -> list[TeamOut]:
     return [TeamOut.model_validate(t) for t in svc.list_teams(db=db, principal=who)]
 
 
-@router.post("", response_model=TeamOut, status_code=status.HTTP_201_CREATED, summary="Create a team (admin)")
-def create_team(body: TeamCreate, db: SessionDep, who: CurrentPrincipal) -> TeamOut:
+@router.post("", response_model=TeamOut, status_code=status.HTTP_201_CREATED, summary="Create a team (admin)",
+             responses=LOCATION)  # fmt: skip
+def create_team(body: TeamCreate, db: SessionDep, who: CurrentPrincipal, response: Response) -> TeamOut:
     fields = body.model_dump(exclude={"quotas"})
     team = svc.create_team(db=db, principal=who, quotas=_quotas(body.quotas), **fields)
+    response.headers["Location"] = f"/v1/teams/{team.name}"
     return TeamOut.model_validate(team)
 
 
-@router.get("/{team}", response_model=TeamOut, summary="One team")
-def get_team(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> TeamOut:
-    return TeamOut.model_validate(svc.get_team(db=db, principal=who, name=team))
+@router.get("/{team}", response_model=TeamOut, summary="One team", responses=ETAG)
+def get_team(team: TeamPath, db: SessionDep, who: CurrentPrincipal, response: Response) -> TeamOut:
+    row = svc.get_team(db=db, principal=who, name=team)
+    response.headers["ETag"] = etag("team", row.version)
+    return TeamOut.model_validate(row)
 
 
-@router.patch("/{team}", response_model=TeamOut, summary="Change quotas, cohort, weight, budget (admin)")
-def update_team(team: TeamPath, body: TeamUpdate, db: SessionDep, who: CurrentPrincipal) -> TeamOut:
+@router.patch("/{team}", response_model=TeamOut, summary="Change quotas, cohort, weight, budget (admin)",
+              responses=ETAG)  # fmt: skip
+def update_team(
+    team: TeamPath, body: TeamUpdate, db: SessionDep, who: CurrentPrincipal, response: Response,
+    if_match: IfMatchHeader = None,
+) -> TeamOut:  # fmt: skip
     changes = body.model_dump(exclude_unset=True, exclude={"quotas"})
     for key in ("fair_share_weight", "budget_period_s", "restart_limit", "qos_classes"):
         if changes.get(key, 0) is None:
             changes.pop(key)  # not nullable: an explicit null means "leave as is"
     if body.quotas is not None:
         changes["quotas"] = _quotas(body.quotas)
-    return TeamOut.model_validate(svc.update_team(db=db, principal=who, name=team, changes=changes))
+    version = if_match_version(if_match, "team")
+    row = svc.update_team(db=db, principal=who, name=team, changes=changes, if_version=version)
+    response.headers["ETag"] = etag("team", row.version)
+    return TeamOut.model_validate(row)
 
 
 @router.delete("/{team}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a team without jobs (admin)")
@@ -58,7 +69,7 @@ def delete_team(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> Respon
 
 
 @router.get("/{team}/members", response_model=list[MemberOut], summary="Members and their roles")
-def list_members(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> list[MemberOut]:
+def list_team_members(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> list[MemberOut]:
     return [_member(m, team, name) for m, name in svc.list_members(db=db, principal=who, team=team)]
 
 
@@ -67,15 +78,17 @@ def list_members(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> list[
     response_model=MemberOut,
     summary="Add a member (admin), change a member's role, or invite a user (team-admin)",
     responses={
-        201: {"model": MemberOut, "description": "Added (admins)"},
+        201: {"model": MemberOut, "description": "Added (admins)", **LOCATION[201]},
         202: {"model": MemberOut, "description": "Invited: the user joins by accepting"},
     },
 )
-def put_member(
+def put_team_member(
     team: TeamPath, user: UserPath, body: MemberIn, db: SessionDep, who: CurrentPrincipal, response: Response
 ) -> MemberOut:
     change = invitations.put_member_or_invite(db=db, principal=who, team=team, user=user, role=body.role)
     response.status_code = {"added": 201, "invited": 202}.get(change.status, 200)
+    if response.status_code == 201:
+        response.headers["Location"] = f"/v1/teams/{team}/members/{user}"
     return MemberOut(team=team, user=user, role=change.role, created_at=change.created_at,
                      status="invited" if change.status == "invited" else "member", expires_at=change.expires_at)
 
@@ -87,7 +100,7 @@ def invitation_out(db: SessionDep, i: TeamInvitation) -> InvitationOut:
 
 
 @router.get("/{team}/invitations", response_model=list[InvitationOut], summary="Pending invitations (team-admin)")
-def list_invitations(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> list[InvitationOut]:
+def list_team_invitations(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> list[InvitationOut]:
     return [invitation_out(db, i) for i in invitations.team_invitations(db=db, principal=who, team=team)]
 
 
@@ -98,6 +111,6 @@ def withdraw_invitation(team: TeamPath, user: UserPath, db: SessionDep, who: Cur
 
 
 @router.delete("/{team}/members/{user}", status_code=status.HTTP_204_NO_CONTENT, summary="Remove a member")
-def remove_member(team: TeamPath, user: UserPath, db: SessionDep, who: CurrentPrincipal) -> Response:
+def remove_team_member(team: TeamPath, user: UserPath, db: SessionDep, who: CurrentPrincipal) -> Response:
     svc.remove_member(db=db, principal=who, team=team, user=user)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, status
+from fastapi import APIRouter, Path, Query, Response, status
 
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
-from api.routers.common import ERRORS
+from api.routers.common import ERRORS, LOCATION
 from api.schemas.common import INT64
 from api.schemas.users import TokenCreate, TokenCreated, TokenOut
 from core.db import utcnow
@@ -26,8 +26,11 @@ def token_out(t: ApiToken) -> TokenOut:
     )  # fmt: skip
 
 
-@router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED, summary="Issue a token")
-def issue(body: TokenCreate, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep) -> TokenCreated:
+@router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED, summary="Issue a token",
+             responses=LOCATION)  # fmt: skip
+def issue_token(
+    body: TokenCreate, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep, response: Response
+) -> TokenCreated:
     if body.expires_at is not None and body.expires_in_s is not None:
         raise InvalidInput.at("expires_in_s", "give expires_at or expires_in_s, not both")
     expires_at = body.expires_at
@@ -38,6 +41,7 @@ def issue(body: TokenCreate, db: SessionDep, who: CurrentPrincipal, settings: Se
         max_active=settings.max_tokens_per_user,
     )
     db.refresh(token)
+    response.headers["Location"] = f"/v1/tokens/{token.id}"
     return TokenCreated(**token_out(token).model_dump(), secret=secret)
 
 
@@ -49,5 +53,5 @@ def list_tokens(
 
 
 @router.delete("/{token_id}", response_model=TokenOut, summary="Revoke a token")
-def revoke(token_id: Annotated[int, Path(ge=1, le=INT64)], db: SessionDep, who: CurrentPrincipal) -> TokenOut:
+def revoke_token(token_id: Annotated[int, Path(ge=1, le=INT64)], db: SessionDep, who: CurrentPrincipal) -> TokenOut:
     return token_out(svc.revoke(db=db, principal=who, token_id=token_id))

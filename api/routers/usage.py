@@ -17,7 +17,7 @@ router = APIRouter(prefix="/v1/usage", tags=["usage"], responses=ERRORS)
 
 
 @router.get("", response_model=UsageOut, summary="GPU-hours per team and GPU type (default: the last 30 days)")
-def usage(
+def get_usage(
     db: SessionDep,
     who: CurrentPrincipal,
     team: Annotated[str | None, Query(pattern=NAME_PATTERN, max_length=64)] = None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 
 from api.deps import CurrentPrincipal, SessionDep
-from api.routers.common import ERRORS, TeamPath
+from api.routers.common import ERRORS, LOCATION, TeamPath
 from api.routers.teams import invitation_out
 from api.schemas.teams import InvitationOut, MemberOut
 from api.schemas.users import TeamRole, UserCreate, UserOut
@@ -24,7 +24,7 @@ def user_out(user: User) -> UserOut:
 
 
 @router.get("/me", response_model=UserOut, summary="Who the token belongs to, and their teams")
-def me(db: SessionDep, who: CurrentPrincipal) -> UserOut:
+def get_me(db: SessionDep, who: CurrentPrincipal) -> UserOut:
     return user_out(svc.me(db=db, principal=who))
 
 
@@ -41,16 +41,17 @@ def create_user(body: UserCreate, db: SessionDep, who: CurrentPrincipal) -> User
 
 
 @router.get("/me/invitations", response_model=list[InvitationOut], summary="Teams that invited you")
-def my_invitations(db: SessionDep, who: CurrentPrincipal) -> list[InvitationOut]:
+def list_my_invitations(db: SessionDep, who: CurrentPrincipal) -> list[InvitationOut]:
     return [invitation_out(db, i) for i in invitations.my_invitations(db=db, principal=who)]
 
 
 @router.post(
     "/me/invitations/{team}/accept", response_model=MemberOut, status_code=status.HTTP_201_CREATED,
-    summary="Join a team that invited you",
+    summary="Join a team that invited you", responses=LOCATION,
 )  # fmt: skip
-def accept_invitation(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> MemberOut:
+def accept_invitation(team: TeamPath, db: SessionDep, who: CurrentPrincipal, response: Response) -> MemberOut:
     m = invitations.accept(db=db, principal=who, team=team)
+    response.headers["Location"] = f"/v1/teams/{team}/members/{who.name}"
     return MemberOut(team=team, user=who.name, role=m.role, created_at=m.created_at)
 
 

@@ -68,9 +68,10 @@ class Problem(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
+
+
 def problem_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI entries for error statuses, all documented as problem+json."""
-    return {
-        code: {"model": Problem, "content": {"application/problem+json": {"schema": Problem.model_json_schema()}}}
-        for code in codes
-    }
+    """OpenAPI entries for error statuses, all problem+json pointing at the one ``Problem`` component (which
+    ``api.openapi`` adds to the document)."""
+    return {code: {"content": {"application/problem+json": {"schema": PROBLEM_REF}}} for code in codes}

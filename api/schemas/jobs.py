@@ -4,14 +4,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, WithJsonSchema
 from pydantic_core import to_json
 
 from api.schemas.common import OutModel
 from core.services.jobs import JobView
 from core.states import JobState
+
+# The spec is served as stored (the validated spec, defaults filled in), without a second validation; the
+# document shows it as the JobSpec component that POST /v1/jobs reads (api.openapi points this field there).
+StoredSpec = Annotated[dict[str, Any], Field(description="The validated spec, defaults filled in.")]
+
+
+# An event's data: free-form per event type; a state change carries the states it moved between.
+EventData = Annotated[
+    dict[str, Any],
+    WithJsonSchema({
+        "type": "object",
+        "description": "Details by event type; a state change (type = the new state) has `from` and `to`.",
+        "properties": {
+            "from": {"$ref": "#/components/schemas/JobState"},
+            "to": {"$ref": "#/components/schemas/JobState"},
+        },
+        "additionalProperties": True,
+    }),
+]  # fmt: skip
 
 JOB_EXAMPLE: dict[str, Any] = {
     "id": 42,
@@ -44,7 +63,7 @@ class JobOut(OutModel):
     name: str
     team: str
     user: str | None
-    state: str = Field(description="QUEUED ADMITTED RUNNING PREEMPTING PAUSED SUCCEEDED FAILED CANCELLED LOST")
+    state: JobState
     qos: str
     priority: int
     gpus: int
@@ -61,7 +80,7 @@ class JobOut(OutModel):
     admitted_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
-    spec: dict[str, Any] = Field(description="The validated spec, defaults filled in.")
+    spec: StoredSpec
 
     model_config = OutModel.model_config | {"json_schema_extra": {"examples": [JOB_EXAMPLE]}}
 
@@ -106,7 +125,7 @@ class EventOut(OutModel):
     job_id: int | None
     type: str = Field(examples=["SUBMITTED"])
     message: str
-    data: dict[str, Any]
+    data: EventData
     actor: str | None
     created_at: datetime
 
@@ -161,6 +180,14 @@ class MetricsOut(OutModel):
 
 
 class WhyOut(OutModel):
-    state: str
-    pending_reason: str | None = Field(examples=["QUOTA"])
+    state: JobState
+    pending_reason: str | None = Field(
+        description="The scheduler's reason: Quota, Budget, Resources, Unschedulable, Priority, Dependency, "
+        "BandwidthQuota, MemoryFit, Reservation.",
+        examples=["Quota"],
+    )
     pending_message: str | None = Field(examples=["team default: 4/4 cpu slots in use"])
+    unblock: list[str] = Field(
+        description="What would let it start (fewer GPUs, another GPU type or class, the team's quota...).",
+        examples=[["fewer GPUs: the whole cluster has 2 H200 GPUs"]],
+    )

@@ -103,8 +103,8 @@ def tokens_create(
         body["user"] = user
     with client() as api:
         data = api.post("/v1/tokens", json=body)
-    if output is OutputFormat.json:
-        out.print_json(data)
+    if output is not OutputFormat.table:
+        out.print_data(data, output)
         return
     console.print(out.text(f"token {data.get('id')} ({name}) created; the secret is shown only this once:"))
     console.print(data.get("secret"), markup=False)

@@ -18,14 +18,19 @@ from core.states import TERMINAL, JobState
 JobArg = Annotated[int, typer.Argument(help="The job id.", min=1, show_default=False)]
 
 
+def read_text(path: str) -> str:
+    """A file's text ('-': stdin), or a usage error naming it."""
+    try:
+        return sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}", ExitCode.USAGE) from None
+
+
 def read_spec_file(path: str) -> str:
     """Read a job spec and validate it locally (quick, precise errors; the server validates again)."""
     from core.spec import SpecError, parse_spec_text
 
-    try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}", ExitCode.USAGE) from None
+    text = read_text(path)
     try:
         parse_spec_text(text)
     except SpecError as exc:
@@ -47,21 +52,42 @@ def submit(
     """Submit a job and print its id. With --follow, exit 0 on SUCCEEDED and 1 on FAILED or CANCELLED."""
     text = read_spec_file(file)
     with client() as api:
-        job = submit_text(api, text)
-        if output is OutputFormat.json and not follow:
-            out.print_json(job)
-            return
-        if output is OutputFormat.table:
-            console.print(out.text(f"submitted job {job['id']} ({job.get('name')}, team {job.get('team')}, "
-                                   f"qos {job.get('qos')}) — {job.get('state')}"))  # fmt: skip
-        if not follow:
-            if output is OutputFormat.table and sys.stdout.isatty():
-                console.print(f"follow it with: kiln logs -f {job['id']}   or   kiln describe {job['id']}")
-            return
-        final = _follow(api, job["id"])
-    if output is OutputFormat.json:
-        out.print_json(final)
+        report_submitted(api, submit_text(api, text), follow=follow, output=output)
+
+
+def report_submitted(api: Any, job: dict[str, Any], *, follow: bool, output: OutputFormat) -> None:
+    """Say what was submitted; with ``follow``, follow it to its end and exit with its outcome."""
+    if output is not OutputFormat.table and not follow:
+        out.print_data(job, output)
+        return
+    if output is OutputFormat.table:
+        console.print(out.text(f"submitted job {job['id']} ({job.get('name')}, team {job.get('team')}, "
+                               f"qos {job.get('qos')}) — {job.get('state')}"))  # fmt: skip
+    if not follow:
+        if output is OutputFormat.table and sys.stdout.isatty():
+            console.print(f"follow it with: kiln logs -f {job['id']}   or   kiln describe {job['id']}")
+        return
+    final = _follow(api, job["id"])
+    if output is not OutputFormat.table:
+        out.print_data(final, output)
     raise typer.Exit(int(_state_exit(final.get("state"))))
+
+
+def job_filter(
+    api: Any, *, team: str | None = None, state: list[str] | None = None, qos: str | None = None,
+    name: str | None = None, user: str | None = None, mine: bool = False, active: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """The query of ``GET /v1/jobs`` for the CLI's filter options (``--mine``: the token's own user)."""
+    states = [s.strip().upper() for chunk in state or [] for s in chunk.split(",") if s.strip()]
+    if active:
+        states += [s.value for s in JobState if s not in TERMINAL and s.value not in states]
+    if mine:
+        user = api.get("/v1/me")["name"]
+    params: dict[str, Any] = {"state": states} if states else {}
+    for key, value in (("team", team), ("qos", qos), ("name", name), ("user", user)):
+        if value:
+            params[key] = value
+    return params
 
 
 def submit_text(api: Any, text: str) -> dict[str, Any]:
@@ -94,23 +120,22 @@ def list_jobs(
     ] = None,
     qos: Annotated[str | None, typer.Option("--qos", help="Only this QoS class.")] = None,
     name: Annotated[str | None, typer.Option("--name", help="Only jobs with this name.")] = None,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only jobs this user submitted.")] = None,
+    mine: Annotated[bool, typer.Option("--mine", help="Only jobs you submitted.")] = False,
     active: Annotated[bool, typer.Option("--active", help="Only jobs that have not finished.")] = False,
     all_: Annotated[bool, typer.Option("--all", "-a", help="Every matching job (follows all pages).")] = False,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many jobs.")] = 20,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
-    """List jobs, newest first."""
-    states = [s.strip().upper() for chunk in state or [] for s in chunk.split(",") if s.strip()]
-    if active:
-        states += [s.value for s in JobState if s not in TERMINAL and s.value not in states]
-    params: dict[str, Any] = {"state": states} if states else {}
-    for key, value in (("team", team), ("qos", qos), ("name", name)):
-        if value:
-            params[key] = value
+    """List jobs, newest first.
+
+    Examples: kiln ls --mine --active;  kiln ls -t vision -s FAILED -n 5;  kiln ls -o yaml
+    """
     with client() as api:
+        params = job_filter(api, team=team, state=state, qos=qos, name=name, user=user, mine=mine, active=active)
         jobs = list(api.paginate("/v1/jobs", params, limit=None if all_ else limit))
-    if output is OutputFormat.json:
-        out.print_json(jobs)
+    if output is not OutputFormat.table:
+        out.print_data(jobs, output)
     elif not jobs:
         err_console.print("no jobs")
     else:
@@ -127,8 +152,8 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         checkpoints = page_items(_optional(api, f"/v1/jobs/{job_id}/checkpoints"))
         events = job_events(api, job_id)
     data = {"job": job, "sla": sla, "attempts": attempts, "checkpoints": checkpoints, "events": events}
-    if output is OutputFormat.json:
-        out.print_json(data)
+    if output is not OutputFormat.table:
+        out.print_data(data, output)
         return
     spec = job.get("spec") or {}
     resources = spec.get("resources") or {}
@@ -209,13 +234,19 @@ def logs(
     job_id: JobArg,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until the job ends.")] = False,
     attempt: Annotated[int | None, typer.Option("--attempt", min=1, help="Default: the latest attempt.")] = None,
+    tail: Annotated[int | None, typer.Option("--tail", "-n", min=0, help="Begin with the last N lines.")] = None,
 ) -> None:
-    """A job's training logs (server-sent events); -f follows them live until the job ends."""
+    """A job's training logs (server-sent events); -f follows them live until the job ends.
+
+    Examples: kiln logs 7;  kiln logs -f --tail 20 7;  kiln logs --attempt 1 7
+    """
     from cli.follow import END_EVENTS, log_line
 
     params: dict[str, Any] = {"follow": "true" if follow else "false"}
     if attempt is not None:
         params["attempt"] = attempt
+    if tail is not None:
+        params["tail"] = tail
     tty = sys.stdout.isatty()
     with client() as api:
         try:
@@ -249,43 +280,75 @@ def _sse_json(event: Any) -> dict[str, Any]:
 
 @app.command()
 def cancel(
-    job_id: JobArg,
+    job_ids: Annotated[list[int] | None, typer.Argument(help="Job ids.", min=1, show_default=False)] = None,
+    team: Annotated[str | None, typer.Option("--team", "-t", help="Every active job of this team...")] = None,
+    name: Annotated[str | None, typer.Option("--name", help="...with this name.")] = None,
+    state: Annotated[list[str] | None, typer.Option("--state", "-s", help="...in these states.")] = None,
+    mine: Annotated[bool, typer.Option("--mine", help="...that you submitted.")] = False,
     reason: Annotated[str | None, typer.Option("--reason", help="Recorded in the job's events.")] = None,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
-    """Cancel a job: a queued one at once; a running one is asked to stop (it checkpoints first)."""
+    """Cancel jobs: a queued one at once; a running one is asked to stop (it checkpoints first).
+
+    Give job ids, or a filter over the active jobs you can see.
+
+    Examples: kiln cancel 7;  kiln cancel 7 8 9 --reason "wrong lr";  kiln cancel --mine --name sweep-lr
+    """
     with client() as api:
-        job = api.post(f"/v1/jobs/{job_id}/cancel", json={"reason": reason} if reason else None)
-    if output is OutputFormat.json:
-        out.print_json(job)
+        ids = list(job_ids or [])
+        if not ids and any((team, name, state, mine)):
+            params = job_filter(api, team=team, name=name, state=state, mine=mine, active=not state)
+            ids = [int(j["id"]) for j in api.paginate("/v1/jobs", params, limit=None)]
+            if not ids:
+                err_console.print("no active job matches")
+                return
+        if not ids:
+            raise CliError("give job ids, or a filter (--team, --name, --state, --mine)", ExitCode.USAGE)
+        say = console if output is OutputFormat.table else err_console  # stdout stays the data with -o json/yaml
+        results = [_cancel_one(api, job_id, reason, alone=len(ids) == 1, say=say) for job_id in ids]
+    if output is not OutputFormat.table:
+        out.print_data(results[0] if len(ids) == 1 else results, output)
+    codes = [r["exit_code"] for r in results if "exit_code" in r]
+    if codes:
+        raise typer.Exit(codes[0])
+
+
+def _cancel_one(api: Any, job_id: int, reason: str | None, *, alone: bool, say: Any) -> dict[str, Any]:
+    """Cancel one job and say what happens to it. With several, an error is reported and the others go ahead."""
+    try:
+        job: dict[str, Any] = api.post(f"/v1/jobs/{job_id}/cancel", json={"reason": reason} if reason else None)
+    except CliError as exc:
+        if alone:
+            raise
+        err_console.print(out.text(f"job {job_id}: {exc.message}"))
+        return {"id": job_id, "error": exc.message, "exit_code": int(exc.code)}
+    if job.get("state") == "CANCELLED":
+        say.print(out.text(f"job {job_id} CANCELLED"))
     else:
-        console.print(out.text(f"job {job_id}: {job.get('state') if isinstance(job, dict) else 'cancel requested'}"))
+        say.print(out.text(f"cancelling job {job_id}: stopping, checkpoint first"))
+    return job
 
 
 @app.command()
 def why(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
-    """Why a job is waiting (or where it stands): the scheduler's pending reason and what would unblock it."""
+    """Why a job is waiting (the scheduler's pending reason) and what would let it start."""
     with client() as api:
         data = api.get(f"/v1/jobs/{job_id}/why")
-    if output is OutputFormat.json:
-        out.print_json(data)
+    if output is not OutputFormat.table:
+        out.print_data(data, output)
         return
-    if isinstance(data, dict):
-        head = data.get("summary") or data.get("message") or data.get("pending_message")
-        reason = data.get("reason") or data.get("pending_reason")
-        if reason:
-            console.print(Text.assemble(out.text(reason, "bold"), out.text(f": {head}" if head else "")))
-        elif head:
-            console.print(out.text(head))
-        rest = [
-            (k, v)
-            for k, v in flatten(data)
-            if k not in {"summary", "message", "reason", "pending_reason", "pending_message"}
-        ]
-        if rest:
-            console.print(out.kv_table(rest))
+    reason, message = data.get("pending_reason"), data.get("pending_message")
+    if reason:
+        console.print(Text.assemble(out.text(reason, "bold"), out.text(f": {message}" if message else "")))
+    elif data.get("state") == "QUEUED":
+        console.print(out.text(f"job {job_id} is QUEUED and not planned yet (the scheduler runs every few seconds)"))
     else:
-        console.print(out.text(data))
+        console.print(out.text(f"job {job_id} is {data.get('state')}: not waiting"))
+    hints = data.get("unblock") or []
+    if hints:
+        console.print("what would let it start:")
+        for hint in hints:
+            console.print(out.text(f"  - {hint}"))
 
 
 @app.command()

@@ -99,18 +99,33 @@ def teams_set(
     restart_limit: Annotated[
         int | None, typer.Option("--restart-limit", min=0, help="The most restarts a contract may ask for.")
     ] = None,
+    quota: Annotated[
+        list[str] | None,
+        typer.Option("--quota", help="TYPE=N[:borrow=N][:lend=N], repeatable: sets that type's quota only."),
+    ] = None,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
-    """Change what a team may use (admin): its QoS classes and its restart limit."""
+    """Change what a team may use (admin): its QoS classes, restart limit and quotas.
+
+    Examples: kiln teams set vision --quota H200=8;  kiln teams set vision --qos gold,silver --restart-limit 5
+    """
     body: dict[str, Any] = {}
     if qos is not None:
         body["qos_classes"] = [q.strip() for q in qos.split(",") if q.strip()]
     if restart_limit is not None:
         body["restart_limit"] = restart_limit
-    if not body:
-        raise CliError("nothing to change: give --qos and/or --restart-limit", ExitCode.USAGE)
+    changed = [_parse_quota(q) for q in quota or []]
+    if not body and not changed:
+        raise CliError("nothing to change: give --qos, --restart-limit and/or --quota", ExitCode.USAGE)
     with client() as api:
-        data = api.patch(f"/v1/teams/{team}", json=body)
+        tag = None
+        if changed:  # the whole list is replaced: merge with what is there, and only if nobody changed it since
+            current, tag = api.get_versioned(f"/v1/teams/{team}")
+            replaced = {c["gpu_type"].lower() for c in changed}
+            kept = [{k: q[k] for k in ("gpu_type", "nominal", "borrowing_limit", "lending_limit")}
+                    for q in current.get("quotas", []) if q["gpu_type"].lower() not in replaced]  # fmt: skip
+            body["quotas"] = kept + changed
+        data = api.patch(f"/v1/teams/{team}", json=body, if_match=tag)
     out.render(data, output, lambda: out.kv_table(_flatten_lists(data), title=f"Team {team}"))
 
 

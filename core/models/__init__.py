@@ -1,7 +1,7 @@
 """ORM models, one module per domain; importing this package registers every table on ``Base.metadata``."""
 
 from core.models.cluster import GPU, Host
-from core.models.jobs import Attempt, Checkpoint, Event, Job, JobDependency, JobMetric, Usage
+from core.models.jobs import Attempt, Checkpoint, Event, Job, JobDependency, JobMetric, Sweep, Usage
 from core.models.tenancy import (
     ApiToken,
     Membership,
@@ -29,6 +29,7 @@ __all__ = [
     "QosClass",
     "Role",
     "SlaContract",
+    "Sweep",
     "Team",
     "TeamInvitation",
     "TeamQuota",

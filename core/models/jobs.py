@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, ForeignKey, Index, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from core.db import Base, utcnow
@@ -40,6 +40,9 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    idempotency_key: Mapped[str | None] = mapped_column(String(128), comment="the submission's Idempotency-Key")
+    request_sha256: Mapped[str | None] = mapped_column(String(64), comment="the keyed submission's body, hashed")
+    sweep_id: Mapped[int | None] = mapped_column(ForeignKey("sweeps.id", ondelete="CASCADE"), index=True)
 
     attempts: Mapped[list[Attempt]] = relationship(
         back_populates="job", order_by="Attempt.number", cascade="all, delete-orphan"
@@ -51,6 +54,8 @@ class Job(Base):
         # /metrics and the SLA page read windows of recent submissions and admissions
         Index("ix_jobs_submitted_at", "submitted_at"),
         Index("ix_jobs_admitted_at", "admitted_at"),
+        # a retried submission finds the job its key made (per team; NULL keys never clash)
+        UniqueConstraint("team_id", "idempotency_key"),
     )
 
 
@@ -59,6 +64,24 @@ class JobDependency(Base):
 
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     depends_on_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    condition: Mapped[str] = mapped_column(
+        String(16), default="afterok", server_default=text("'afterok'"),
+        comment="afterok (the other succeeded), afterany (it ended), afternotok (it failed or was cancelled)",
+    )  # fmt: skip
+
+
+class Sweep(Base):
+    """One submission expanded over a grid or a list of hyperparameters: its jobs share it (``jobs.sweep_id``)."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    parameters: Mapped[dict[str, Any]] = mapped_column(comment="the grid or list it expanded, as submitted")
+    max_concurrent: Mapped[int | None] = mapped_column(comment="at most this many of its jobs run at once")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Attempt(Base):

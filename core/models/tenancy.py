@@ -42,6 +42,9 @@ class Team(Base):
     restart_limit: Mapped[int] = mapped_column(
         default=10, server_default=text("10"), comment="the most restarts a contract of the team may ask for"
     )
+    version: Mapped[int] = mapped_column(
+        default=1, server_default=text("1"), comment="bumped by every change: the ETag of the team's settings"
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     quotas: Mapped[list[TeamQuota]] = relationship(
@@ -183,6 +186,9 @@ class SlaContract(Base):
     checkpoint_interval_s: Mapped[float] = mapped_column(default=600.0)
     min_checkpoint_success_rate: Mapped[float] = mapped_column(default=0.999)
     step_time_tolerance: Mapped[float] = mapped_column(default=1.3)
+    version: Mapped[int] = mapped_column(
+        default=1, server_default=text("1"), comment="bumped by every change: the ETag of the contract"
+    )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 

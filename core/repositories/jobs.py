@@ -27,7 +27,19 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
 from sqlalchemy.orm import Session
 
-from core.models import Attempt, Checkpoint, Event, Job, JobDependency, JobMetric, QosClass, SlaContract, Team, User
+from core.models import (
+    Attempt,
+    Checkpoint,
+    Event,
+    Job,
+    JobDependency,
+    JobMetric,
+    QosClass,
+    SlaContract,
+    Sweep,
+    Team,
+    User,
+)
 
 
 @dataclass(frozen=True)
@@ -37,6 +49,7 @@ class JobFilter:
     states: Sequence[str] = ()
     qos_id: int | None = None
     name: str | None = None
+    user: str | None = None  # the submitter's name
     before_id: int | None = None  # keyset: strictly older than this id
     job_id: int | None = None  # one job
 
@@ -47,14 +60,15 @@ _SUBMIT_PG = text("""
 WITH job AS (
     INSERT INTO jobs (name, team_id, user_id, spec, state, qos_class_id, priority, gpus, gpu_type,
                       predicted_memory_bytes, restart_count, fencing_token, cancel_requested, preempt_requested,
-                      last_step, submitted_at, updated_at)
+                      last_step, submitted_at, updated_at, idempotency_key, request_sha256, sweep_id)
     VALUES (:name, :team_id, :user_id, CAST(:spec AS JSONB), :state, :qos_class_id, :priority, :gpus, :gpu_type,
             :predicted_memory_bytes, :restart_count, :fencing_token, :cancel_requested, :preempt_requested,
-            :last_step, :submitted_at, :updated_at)
+            :last_step, :submitted_at, :updated_at, :idempotency_key, :request_sha256, :sweep_id)
     RETURNING id
 ), deps AS (
-    INSERT INTO job_dependencies (job_id, depends_on_id)
-    SELECT job.id, dep FROM job, unnest(CAST(:depends_on AS BIGINT[])) AS dep
+    INSERT INTO job_dependencies (job_id, depends_on_id, condition)
+    SELECT job.id, d.dep, d.cond FROM job,
+           unnest(CAST(:depends_on AS BIGINT[]), CAST(:dep_conditions AS VARCHAR[])) AS d(dep, cond)
 ), sla AS (
     INSERT INTO sla_contracts (team_id, job_id, qos_class_id, max_queue_wait_s, deadline, max_restarts,
                                recovery_time_objective_s, checkpoint_interval_s, min_checkpoint_success_rate,
@@ -74,15 +88,18 @@ _SUBMIT_PG_SQL = re.sub(r"(?<!:):(\w+)", r"%(\1)s", _SUBMIT_PG.text)
 
 
 def insert_submitted(
-    db: Session, *, job: Mapping[str, Any], spec_json: str, depends_on: Sequence[int], contract: Mapping[str, Any],
+    db: Session, *, job: Mapping[str, Any], spec_json: str, depends_on: Sequence[tuple[int, str]],
+    contract: Mapping[str, Any],
     event_type: str, event_message: str, event_data: Mapping[str, Any], channel: str,
 ) -> int:  # fmt: skip
     """Write a submission: the job (``job`` holds every NOT NULL column of ``jobs``; ``spec_json`` is its spec,
-    serialized), its dependencies, its effective contract, its event; returns the new id. PostgreSQL: one statement
+    serialized), its dependencies ((job id, condition) pairs), its effective contract, its event; returns the new
+    id. PostgreSQL: one statement
     (``_SUBMIT_PG``), whose ``NOTIFY channel, '<id>'`` is sent when the transaction commits. Elsewhere (SQLite,
     which has no NOTIFY) the same rows, one insert each."""
     params = {
-        **job, "spec": spec_json, "depends_on": list(depends_on), **contract,
+        **job, "spec": spec_json, "depends_on": [d for d, _ in depends_on],
+        "dep_conditions": [c for _, c in depends_on], **contract,
         "event_type": event_type, "event_message": event_message, "event_data": json.dumps(event_data),
         "channel": channel,
     }  # fmt: skip
@@ -93,7 +110,8 @@ def insert_submitted(
     created = job["submitted_at"]
     job_id = conn.execute(insert(Job).values(**job).returning(Job.id)).scalar_one()
     if depends_on:
-        conn.execute(insert(JobDependency), [{"job_id": job_id, "depends_on_id": dep} for dep in depends_on])
+        conn.execute(insert(JobDependency),
+                     [{"job_id": job_id, "depends_on_id": dep, "condition": cond} for dep, cond in depends_on])
     conn.execute(
         insert(SlaContract).values(team_id=job["team_id"], job_id=job_id, qos_class_id=job["qos_class_id"],
                                    created_at=created, updated_at=created, **contract)
@@ -103,6 +121,24 @@ def insert_submitted(
                              message=event_message, data=dict(event_data), created_at=created)
     )  # fmt: skip
     return job_id
+
+
+def of_sweep(db: Session, sweep_id: int) -> Sequence[Job]:
+    return db.scalars(select(Job).where(Job.sweep_id == sweep_id).order_by(Job.id)).all()
+
+
+def sweeps(db: Session, *, team_ids: Sequence[int] | None, limit: int, before_id: int | None) -> Sequence[Sweep]:
+    """Newest first, in the visible teams (None: all), older than ``before_id`` (keyset)."""
+    stmt = select(Sweep)
+    if team_ids is not None:
+        stmt = stmt.where(Sweep.team_id.in_(team_ids))
+    if before_id is not None:
+        stmt = stmt.where(Sweep.id < before_id)
+    return db.scalars(stmt.order_by(Sweep.id.desc()).limit(limit)).all()
+
+
+def by_idempotency_key(db: Session, *, team_id: int, key: str) -> Job | None:
+    return db.scalars(select(Job).where(Job.team_id == team_id, Job.idempotency_key == key)).one_or_none()
 
 
 def get(db: Session, job_id: int, *, for_update: bool = False) -> Job | None:
@@ -130,6 +166,7 @@ class _ListShape:
     states: int
     qos: bool
     name: bool
+    user: bool
     before: bool
     job: bool
 
@@ -159,14 +196,14 @@ def list_sql_pg(flt: JobFilter, limit: int) -> tuple[str, dict[str, Any]]:
 def _bound(flt: JobFilter, limit: int) -> tuple[_ListShape, dict[str, Any]]:
     shape = _ListShape(
         teams=None if flt.team_ids is None else len(flt.team_ids), team=flt.team_id is not None,
-        states=len(flt.states), qos=flt.qos_id is not None, name=flt.name is not None,
+        states=len(flt.states), qos=flt.qos_id is not None, name=flt.name is not None, user=flt.user is not None,
         before=flt.before_id is not None, job=flt.job_id is not None,
     )  # fmt: skip
     params: dict[str, Any] = {"limit": limit}
     params.update((f"t{i}", team_id) for i, team_id in enumerate(flt.team_ids or ()))
     params.update((f"s{i}", state) for i, state in enumerate(flt.states))
-    named = {"team_id": flt.team_id, "qos_id": flt.qos_id, "name": flt.name, "before_id": flt.before_id,
-             "job_id": flt.job_id}  # fmt: skip
+    named = {"team_id": flt.team_id, "qos_id": flt.qos_id, "name": flt.name, "user": flt.user,
+             "before_id": flt.before_id, "job_id": flt.job_id}  # fmt: skip
     params.update((key, value) for key, value in named.items() if value is not None)
     return shape, params
 
@@ -198,6 +235,8 @@ def _list_statement(shape: _ListShape) -> Select[Any]:
         stmt = stmt.where(jobs.c.qos_class_id == bindparam("qos_id"))
     if shape.name:
         stmt = stmt.where(jobs.c.name == bindparam("name"))
+    if shape.user:
+        stmt = stmt.where(User.name == bindparam("user"))
     if shape.before:
         stmt = stmt.where(jobs.c.id < bindparam("before_id"))
     if shape.job:
@@ -223,6 +262,11 @@ def session_is_utc(db: Session) -> bool:
     raw = db.connection().connection.driver_connection
     tz = getattr(getattr(raw, "info", None), "timezone", None)
     return getattr(tz, "key", None) in UTC_ZONES
+
+
+def dependency_ids(db: Session, job_id: int) -> list[int]:
+    stmt = select(JobDependency.depends_on_id).where(JobDependency.job_id == job_id)
+    return list(db.scalars(stmt.order_by(JobDependency.depends_on_id)))
 
 
 def existing_ids_in_team(db: Session, *, team_id: int, job_ids: Sequence[int]) -> set[int]:

@@ -7,8 +7,9 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import String, and_, bindparam, func, select
+from sqlalchemy import String, and_, bindparam, func, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from core.models import GPU, Job, Membership, QosClass, SlaContract, Team, TeamInvitation, User, team_qos_classes
 
@@ -78,6 +79,21 @@ def _submission_context_pg(terms: tuple[str, ...]) -> str:
         " LEFT OUTER JOIN team_qos_classes AS tq ON tq.team_id = t.id AND tq.qos_class_id = q.id"
         " WHERE t.name = %(team)s LIMIT 1"
     )
+
+
+def bump_version(db: Session, row: Team | SlaContract, *, expected: int | None) -> bool:
+    """Count one more change of ``row`` in the database, only if its version there is still ``expected`` (None:
+    whatever it is), in one statement: two writers that read the same version cannot both win. False when it
+    moved on; on success ``row.version`` is the new version."""
+    model = type(row)
+    stmt = update(model).where(model.id == row.id).values(version=model.version + 1).returning(model.version)
+    if expected is not None:
+        stmt = stmt.where(model.version == expected)
+    version = db.execute(stmt.execution_options(synchronize_session=False)).scalar_one_or_none()
+    if version is None:
+        return False
+    set_committed_value(row, "version", version)
+    return True
 
 
 def get_by_id(db: Session, team_id: int) -> Team | None:

@@ -76,5 +76,6 @@ def give_default_team_gpus(*, db: Session, gpus_by_type: dict[str, int]) -> list
     if added:
         message = f"default team: the local host's GPUs ({', '.join(added)})"
         record_event(db, "TEAM_UPDATED", team_id=team.id, message=message, data={"added": added})
+        teams_repo.bump_version(db, team, expected=None)  # a change of its settings: a new ETag
     db.flush()
     return added

@@ -25,6 +25,15 @@ class Conflict(ServiceError):
     """The request clashes with the current state (duplicate name, job already finished...)."""
 
 
+class PreconditionFailed(ServiceError):
+    """The caller's ``If-Match`` names a version that is no longer current: someone else changed it first."""
+
+    @classmethod
+    def stale(cls, what: str, expected: int | None, current: int) -> PreconditionFailed:
+        return cls(f"{what} changed since you read it (you sent version {expected}, it is at {current}): read it "
+                   "again and re-apply your change")  # fmt: skip
+
+
 class InvalidInput(ServiceError):
     """Semantically invalid input; ``errors`` carry field paths like ``sla.qos``."""
 

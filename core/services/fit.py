@@ -4,6 +4,8 @@ The rules, as a user meets them:
 - a GPU type is written either way (``H200``, ``NVIDIA H200``, ``h100-80gb``) and stored as its canonical type;
 - once any GPU host has registered, a type that no host has (and that the operator has not declared with
   ``KILN_GPU_TYPES`` for hosts that will join later) is refused, with the types the cluster has;
+- once any GPU host has registered, a job asking more GPUs of its type than all the hosts together have is
+  refused, unless the operator declared that type for hosts that will join (it then waits as ``Unschedulable``);
 - a job whose predicted per-GPU peak exceeds its QoS class's memory cap is refused, naming the classes whose cap
   fits; one that exceeds the largest GPU of its type is refused with that GPU's size;
 - a fractional job's share (``resources.gpu_share``) stays within its class's caps and must hold its predicted
@@ -117,6 +119,25 @@ def _check_share(spec: JobSpec, cap: int | None, sm_percent: int, qos_name: str,
         )
 
 
+def _check_gpu_count(spec: JobSpec, ctx: Any) -> None:
+    """More GPUs than every registered host together has: refused, unless hosts that may join are declared
+    (``KILN_GPU_TYPES``; then the job waits as ``Unschedulable`` until they do) or none has registered yet."""
+    wanted, have = spec.resources.gpus, ctx.type_gpus or 0
+    if not wanted or not ctx.cluster_gpus or wanted <= have:
+        return
+    gpu_type = spec.resources.gpu_type
+    declared = declared_types()
+    if (gpu_type in declared) if gpu_type is not None else bool(declared):
+        return
+    kind = f"{gpu_type} GPUs" if gpu_type else "GPUs"
+    raise InvalidInput.at(
+        "resources.gpus",
+        f"requests {wanted} {kind}; the whole cluster has {have} (ask for at most {have}, or an operator declares "
+        "hosts that will join in KILN_GPU_TYPES: the job then waits as Unschedulable until they do)",
+        "unschedulable",
+    )
+
+
 def check_submission(db: Session, *, spec: JobSpec, ctx: Any, qos_name: str) -> Fitted:
     """``spec`` already has its canonical GPU type; ``ctx`` is the submission context (the QoS class's memory cap
     and what the cluster has of the type). Raises SpecError or InvalidInput."""
@@ -125,6 +146,7 @@ def check_submission(db: Session, *, spec: JobSpec, ctx: Any, qos_name: str) -> 
     known_nowhere = ctx.cluster_gpus and not ctx.type_gpus
     if spec.resources.gpus and gpu_type is not None and known_nowhere and gpu_type not in declared_types():
         raise refuse_unknown_type(gpu_type, known_types(db), loc="resources.gpu_type")
+    _check_gpu_count(spec, ctx)
     predicted = predict_for_spec(spec, hyperparameters) if hyperparameters is not None else None
     cap = ctx.gpu_memory_cap_bytes
     if spec.resources.gpu_share is not None:

@@ -22,7 +22,8 @@ from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.services.fit import canonical_gpu_type, check_submission
 from core.services.principal import Principal, require_team, require_team_id
 from core.services.sla import BASE_TERMS, DEFAULT_QOS, TERMS, effective_terms, qos_refusal, restart_refusal
-from core.spec import JobSpec
+from core.services.why import Why, explain
+from core.spec import JobSpec, did_you_mean
 from core.states import TERMINAL, JobState, record_event, transition
 
 
@@ -59,17 +60,28 @@ assert JobView._fields == jobs_repo.LIST_COLUMNS, "JobView and the list query mu
 
 
 @dataclass(frozen=True)
+class Idempotency:
+    """A submission's ``Idempotency-Key`` and the hash of its body: a retry finds the job the first one made."""
+
+    key: str
+    request_sha256: str
+
+
+@dataclass(frozen=True)
 class JobPage:
     items: list[JobView]
     next_before_id: int | None
     utc: bool = True  # False: the rows' datetimes are in the database session's zone (not UTC)
 
 
-def submit(*, db: Session, principal: Principal, spec: JobSpec) -> JobView:
+def submit(
+    *, db: Session, principal: Principal, spec: JobSpec, idempotency: Idempotency | None = None,
+    sweep_id: int | None = None,
+) -> JobView:  # fmt: skip
     """Statements: one read (team, default contract, QoS, what the cluster has of the GPU type:
-    ``teams_repo.submission_context``), one more only when ``depends_on`` is set or the request cannot fit,
-    and on PostgreSQL one write (job, dependencies, contract, event and NOTIFY together).
-    The answer is built from what was written: nothing is read back."""
+    ``teams_repo.submission_context``), one more only when ``depends_on`` is set or the request cannot fit, and
+    on PostgreSQL one write (job, dependencies, contract, event and NOTIFY together). The answer is built from
+    what was written: nothing is read back. ``idempotency``: the key is stored with the job (``submit_once``)."""
     spec = canonical_gpu_type(spec)
     ctx = teams_repo.submission_context(
         db, team=spec.team, qos=spec.sla.qos, default_qos=DEFAULT_QOS, terms=TERMS, gpu_type=spec.resources.gpu_type
@@ -95,10 +107,12 @@ def submit(*, db: Session, principal: Principal, spec: JobSpec) -> JobView:
         "gpus": spec.resources.gpus, "gpu_type": spec.resources.gpu_type if spec.resources.gpus else "cpu",
         "predicted_memory_bytes": fitted.predicted_memory_bytes,
         "restart_count": 0, "fencing_token": 0, "cancel_requested": False, "preempt_requested": False,
-        "last_step": 0, "submitted_at": now, "updated_at": now,
+        "last_step": 0, "submitted_at": now, "updated_at": now, "sweep_id": sweep_id,
+        "idempotency_key": idempotency.key if idempotency else None,
+        "request_sha256": idempotency.request_sha256 if idempotency else None,
     }  # fmt: skip
     message = f"submitted by {principal.name} (qos {ctx.qos}, priority {ctx.priority})"
-    data = {"qos": ctx.qos, "priority": ctx.priority, "gpus": values["gpus"], "depends_on": depends_on}
+    data = {"qos": ctx.qos, "priority": ctx.priority, "gpus": values["gpus"], "depends_on": [d for d, _ in depends_on]}
     spec_json = json.dumps(values["spec"])  # serialized once: the write and the answer
     job_id = jobs_repo.insert_submitted(
         db, job=values, spec_json=spec_json, depends_on=depends_on, contract=terms, event_type="SUBMITTED",
@@ -113,17 +127,54 @@ def submit(*, db: Session, principal: Principal, spec: JobSpec) -> JobView:
     )  # fmt: skip
 
 
-def _dependencies(db: Session, *, team_id: int, team: str, refs: Sequence[str]) -> list[int]:
-    ids: list[int] = []
+def submit_once(
+    *, db: Session, principal: Principal, spec: JobSpec, idempotency: Idempotency
+) -> tuple[JobView, bool]:  # fmt: skip
+    """A keyed submission: (the job an earlier submission with this key made in the team, True) when the request
+    is the same, else (a new job, False). The same key with another request is refused: a key names one request.
+    A concurrent twin loses at the unique (team, key) index: 409, and its retry finds the job."""
+    team_id = require_team_id(principal, teams_repo.id_by_name(db, spec.team), spec.team, Role.MEMBER)
+    job = jobs_repo.by_idempotency_key(db, team_id=team_id, key=idempotency.key)
+    if job is None:
+        return submit(db=db, principal=principal, spec=spec, idempotency=idempotency), False
+    if job.request_sha256 != idempotency.request_sha256:
+        raise InvalidInput.at(
+            "header.Idempotency-Key",
+            f"already used for another request (it made job {job.id}); a retry must send the same body, a new "
+            "request a new key",
+            "idempotency_key_reused",
+        )
+    return get(db=db, principal=principal, job_id=job.id), True
+
+
+# A dependency: "12" (after job 12 succeeds) or "CONDITION:12"; Slurm's names and kiln's own.
+DEPENDENCY_CONDITIONS = {
+    "afterok": "afterok", "after_success": "afterok",
+    "afterany": "afterany", "after_any": "afterany",
+    "afternotok": "afternotok", "after_failure": "afternotok",
+}  # fmt: skip
+
+
+def _dependencies(db: Session, *, team_id: int, team: str, refs: Sequence[str]) -> list[tuple[int, str]]:
+    """(job id, condition) pairs: afterok (it succeeded), afterany (it ended), afternotok (it failed or was
+    cancelled)."""
+    deps: dict[int, str] = {}
     for i, ref in enumerate(refs):
-        if not ref.isdigit() or len(ref) > 18:
-            raise InvalidInput.at(f"depends_on.{i}", f"{ref!r} is not a job id")
-        ids.append(int(ref))
-    found = jobs_repo.existing_ids_in_team(db, team_id=team_id, job_ids=ids)
-    for i, dep in enumerate(ids):
+        word, _, number = ref.rpartition(":")
+        condition = DEPENDENCY_CONDITIONS.get(word.strip().lower() or "afterok")
+        if condition is None:
+            hint = did_you_mean(word, sorted(DEPENDENCY_CONDITIONS))
+            raise InvalidInput.at(f"depends_on.{i}", f"unknown condition {word!r}{hint} (write JOB, or "
+                                  "afterok:JOB, afterany:JOB, afternotok:JOB)")  # fmt: skip
+        number = number.strip()
+        if not number.isdigit() or len(number) > 18:
+            raise InvalidInput.at(f"depends_on.{i}", f"{ref!r} is not a job id (write JOB or CONDITION:JOB)")
+        deps[int(number)] = condition
+    found = jobs_repo.existing_ids_in_team(db, team_id=team_id, job_ids=list(deps))
+    for i, dep in enumerate(deps):
         if dep not in found:
             raise InvalidInput.at(f"depends_on.{i}", f"no job {dep} in team {team!r}")
-    return sorted(set(ids))
+    return sorted(deps.items())
 
 
 def _visible(db: Session, principal: Principal, job_id: int, *, for_update: bool = False) -> Job:
@@ -149,6 +200,7 @@ def list_jobs(
     states: Sequence[str] = (),
     qos: str | None = None,
     name: str | None = None,
+    user: str | None = None,
     limit: int = 50,
     before_id: int | None = None,
 ) -> JobPage:
@@ -166,7 +218,7 @@ def list_jobs(
         qos_id = q.id
     flt = JobFilter(
         team_ids=principal.visible_team_ids(), team_id=team_id, states=tuple(states), qos_id=qos_id, name=name,
-        before_id=before_id,
+        user=user, before_id=before_id,
     )  # fmt: skip
     rows = jobs_repo.list_rows(db, flt, limit + 1)
     page: Sequence[Any] = rows[:limit]
@@ -192,7 +244,7 @@ def cancel(*, db: Session, principal: Principal, job_id: int, reason: str | None
         job.cancel_requested = True
         record_event(
             db, "CANCEL_REQUESTED", job=job, actor_user_id=principal.user_id,
-            message=f"{why} (while {state.value}; the worker stops it)", data={"reason": reason},
+            message=f"{why}: stopping, checkpoint first (while {state.value})", data={"reason": reason},
         )  # fmt: skip
     db.flush()
     notify_jobs_changed(db, str(job_id))
@@ -223,8 +275,8 @@ def metrics(
     return jobs_repo.metrics(db, job_id=job_id, after_step=after_step, max_points=max_points)
 
 
-def why(*, db: Session, principal: Principal, job_id: int) -> Job:
-    return _visible(db, principal, job_id)
+def why(*, db: Session, principal: Principal, job_id: int) -> Why:
+    return explain(db=db, job=_visible(db, principal, job_id))
 
 
 @dataclass(frozen=True)

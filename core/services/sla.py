@@ -12,7 +12,7 @@ from core.models import Role, SlaContract, Team
 from core.repositories import jobs as jobs_repo
 from core.repositories import qos as qos_repo
 from core.repositories import teams as teams_repo
-from core.services.errors import Forbidden, InvalidInput, NotFound
+from core.services.errors import Forbidden, InvalidInput, NotFound, PreconditionFailed
 from core.services.principal import Principal, require_team
 from core.spec import SLAOverrides
 
@@ -43,7 +43,8 @@ def default_contract(*, db: Session, team: Team) -> SlaContract:
     row = teams_repo.default_sla(db, team.id)
     if row is not None:
         return row
-    contract = SlaContract(team_id=team.id, job_id=None, qos_class_id=_qos_id(db, DEFAULT_QOS, "qos"), **BASE_TERMS)
+    contract = SlaContract(team_id=team.id, job_id=None, qos_class_id=_qos_id(db, DEFAULT_QOS, "qos"), version=0,
+                           **BASE_TERMS)  # fmt: skip
     contract.qos_class = qos_repo.get_by_name(db, DEFAULT_QOS)  # type: ignore[assignment]
     return contract
 
@@ -62,9 +63,12 @@ def restart_refusal(team: str, asked: int, limit: int) -> str:
     return f"max_restarts {asked} is above team {team!r}'s restart limit of {limit}, which an admin sets"
 
 
-def put_team_default(*, db: Session, principal: Principal, team: str, terms: Mapping[str, Any]) -> SlaContract:
+def put_team_default(
+    *, db: Session, principal: Principal, team: str, terms: Mapping[str, Any], if_version: int | None = None
+) -> SlaContract:
     """Replace the team's default terms (team-admins and admins). ``terms`` may carry ``qos`` by name; the class
-    must be one the team may use, and ``max_restarts`` within the team's restart limit."""
+    must be one the team may use, and ``max_restarts`` within the team's restart limit. ``if_version``: only if
+    the contract is still at that version (0: the built-in terms, never set), as ``If-Match`` asks."""
     t = require_team(principal, teams_repo.get_by_name(db, team), team, Role.TEAM_ADMIN)
     qos = terms.get("qos") or DEFAULT_QOS
     qos_id = _qos_id(db, qos, "qos")
@@ -75,8 +79,12 @@ def put_team_default(*, db: Session, principal: Principal, team: str, terms: Map
         raise Forbidden(restart_refusal(team, max_restarts, t.restart_limit))
     row = teams_repo.default_sla(db, t.id)
     if row is None:
+        if if_version not in (None, 0):
+            raise PreconditionFailed.stale(f"team {team!r}'s contract", if_version, 0)
         row = SlaContract(team_id=t.id, job_id=None, qos_class_id=qos_id)
         db.add(row)
+    elif not teams_repo.bump_version(db, row, expected=if_version):
+        raise PreconditionFailed.stale(f"team {team!r}'s contract", if_version, row.version)
     row.qos_class_id = qos_id
     for key in TERMS:
         setattr(row, key, terms.get(key, BASE_TERMS[key]))

@@ -14,7 +14,7 @@ from core.models import Membership, QosClass, Role, SlaContract, Team, TeamQuota
 from core.repositories import qos as qos_repo
 from core.repositories import teams as teams_repo
 from core.repositories import users as users_repo
-from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound
+from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound, PreconditionFailed
 from core.services.fit import check_quota_type
 from core.services.principal import Principal, require_admin, require_team
 from core.states import record_event
@@ -109,11 +109,16 @@ def create_team(
     return team
 
 
-def update_team(*, db: Session, principal: Principal, name: str, changes: Mapping[str, Any]) -> Team:
+def update_team(
+    *, db: Session, principal: Principal, name: str, changes: Mapping[str, Any], if_version: int | None = None
+) -> Team:
     """Admins change quotas, cohort, weight, budget, the QoS classes and the restart limit; ``quotas`` and
-    ``qos_classes``, when given, replace the whole list."""
+    ``qos_classes``, when given, replace the whole list. ``if_version``: only if the team is still at that
+    version (``If-Match``), so that two admins editing at once do not lose an update."""
     team = get_team(db=db, principal=principal, name=name)
     require_admin(principal, "changing a team's quotas, cohort, weight, budget, QoS classes or restart limit")
+    if not teams_repo.bump_version(db, team, expected=if_version):
+        raise PreconditionFailed.stale(f"team {name!r}", if_version, team.version)
     for key in TEAM_FIELDS:
         if key in changes:
             setattr(team, key, changes[key])

@@ -188,6 +188,7 @@ def _running_job(
         preempt_requested=job.preempt_requested,
         state=job.state,
         preemptions=preemptions,
+        sweep_id=job.sweep_id,
     )
 
 
@@ -201,6 +202,7 @@ def _pending(
     ids = [j.id for j, _ in rows]
     deps = repo.dependencies(db, ids)
     lost_on = repo.lost_on_hosts(db, [j.id for j, _ in rows if j.restart_count > 0])
+    sweep_limits = repo.sweep_limits(db, {j.sweep_id for j, _ in rows if j.sweep_id is not None})
     out = []
     for job, own in rows:
         contract = own or defaults.get(job.team_id)
@@ -246,6 +248,8 @@ def _pending(
                 not_before=_ts(job.not_before),
                 pending_reason=job.pending_reason,
                 avoid_hosts=lost_on.get(job.id, frozenset()),
+                sweep_id=job.sweep_id,
+                sweep_limit=sweep_limits.get(job.sweep_id) if job.sweep_id is not None else None,
             )
         )
     return tuple(out)

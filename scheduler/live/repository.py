@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from core.models import Attempt, Checkpoint, Event, Job, JobDependency, QosClass, SlaContract, Team, Usage
+from core.models import Attempt, Checkpoint, Event, Job, JobDependency, QosClass, SlaContract, Sweep, Team, Usage
 from core.repositories.cluster import list_hosts
 from core.states import ACTIVE, AttemptState, JobState
 
@@ -93,19 +93,27 @@ def lost_on_hosts(db: Session, job_ids: Sequence[int]) -> dict[int, frozenset[st
     }
 
 
-def dependencies(db: Session, job_ids: Sequence[int]) -> dict[int, list[tuple[int, str]]]:
+def dependencies(db: Session, job_ids: Sequence[int]) -> dict[int, list[tuple[int, str, str]]]:
     if not job_ids:
         return {}
     stmt = (
-        select(JobDependency.job_id, JobDependency.depends_on_id, Job.state)
+        select(JobDependency.job_id, JobDependency.depends_on_id, Job.state, JobDependency.condition)
         .join(Job, Job.id == JobDependency.depends_on_id)
         .where(JobDependency.job_id.in_(job_ids))
         .order_by(JobDependency.job_id, JobDependency.depends_on_id)
     )
-    out: dict[int, list[tuple[int, str]]] = {}
-    for jid, dep, state in db.execute(stmt).tuples():
-        out.setdefault(jid, []).append((dep, state))
+    out: dict[int, list[tuple[int, str, str]]] = {}
+    for jid, dep, state, condition in db.execute(stmt).tuples():
+        out.setdefault(jid, []).append((dep, state, condition))
     return out
+
+
+def sweep_limits(db: Session, sweep_ids: Collection[int]) -> dict[int, int]:
+    """The ``max_concurrent`` of each of these sweeps that has one."""
+    if not sweep_ids:
+        return {}
+    stmt = select(Sweep.id, Sweep.max_concurrent).where(Sweep.id.in_(sweep_ids), Sweep.max_concurrent.is_not(None))
+    return {sid: limit for sid, limit in db.execute(stmt).tuples() if limit is not None}
 
 
 def usage_since(db: Session, since: datetime) -> Sequence[Usage]:

@@ -10,6 +10,7 @@ risk of breaking their SLA); later jobs backfill only where they do not delay a 
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -24,6 +25,17 @@ from scheduler.policy.quota import Key, QuotaLedger
 from scheduler.policy.snapshot import CPU, GpuShare, PendingJob, RunningJob, Snapshot
 
 DEP_FAILED = frozenset({JobState.FAILED, JobState.CANCELLED})
+DEP_ENDED = DEP_FAILED | {JobState.SUCCEEDED}
+
+
+def _never_met(dep: int, state: str, condition: str) -> str | None:
+    """Why a dependency can no longer be met (the job then fails), or None. Conditions as Slurm names them:
+    afterok (the other job succeeded), afterany (it ended, however), afternotok (it failed or was cancelled)."""
+    if condition == "afterok" and state in DEP_FAILED:
+        return f"dependency {dep} did not succeed"
+    if condition == "afternotok" and state == JobState.SUCCEEDED:
+        return f"dependency {dep} succeeded; this job was to run only if it failed (afternotok)"
+    return None
 
 
 def _at(ts: float) -> str:
@@ -85,6 +97,8 @@ class _Planner:
         self.earliest_memo: dict[tuple[object, ...], tuple[Chosen | None, float]] = {}
         self.reserved_classes: set[int] = set()  # classes whose first unplaceable job holds a reservation
         self.memo_version: tuple[int, int, int, int, int] = (-1, -1, -1, -1, -1)
+        # jobs of each sweep running now (and admitted this cycle): a sweep's max_concurrent caps it
+        self.sweep_running = Counter(r.sweep_id for r in snapshot.running if r.sweep_id is not None)
 
     def _end_of(self, r: RunningJob) -> float:
         if r.preempt_requested:
@@ -116,6 +130,8 @@ class _Planner:
             if not self.kiln or self.c.backfill or not self.reservations:
                 if self._consider(job, order.urgent):
                     order.charge(job.team_id, job.demand)
+                    if job.sweep_id is not None:
+                        self.sweep_running[job.sweep_id] += 1
                     continue
             else:
                 holder = self.reservations[0].job_id
@@ -133,13 +149,22 @@ class _Planner:
         )
 
     def _eligible(self, job: PendingJob) -> bool:
+        if job.sweep_id is not None and job.sweep_limit is not None:
+            running = self.sweep_running[job.sweep_id]
+            if running >= job.sweep_limit:
+                self.wait(job, Reason.SWEEP_LIMIT, f"sweep {job.sweep_id} runs {running} of its jobs at once "
+                          f"(max_concurrent {job.sweep_limit})")  # fmt: skip
+                return False
         if not job.depends_on and job.not_before is None:
             return True
-        failed = [d for d, st in job.depends_on if st in DEP_FAILED]
-        if failed:
-            self.failures.append(Failure(job.id, f"dependency {failed[0]} did not succeed"))
-            return False
-        waiting = [d for d, st in job.depends_on if st != JobState.SUCCEEDED]
+        waiting: list[int] = []
+        for dep, state, condition in job.depends_on:
+            never = _never_met(dep, state, condition)
+            if never is not None:
+                self.failures.append(Failure(job.id, never))
+                return False
+            if state not in DEP_ENDED or (condition == "afterok" and state != JobState.SUCCEEDED):
+                waiting.append(dep)
         if waiting:
             self.wait(job, Reason.DEPENDENCY, "waiting for job(s) " + ", ".join(str(d) for d in waiting))
             return False
@@ -236,7 +261,12 @@ class _Planner:
                 return False
         if capacity < job.demand:
             kind = "CPU slots" if job.gpus == 0 else f"{job.gpu_type or 'any'} GPUs"
-            self.wait(job, Reason.RESOURCES, f"requests {job.demand} {kind}; the cluster has {capacity}")
+            self.wait(
+                job,
+                Reason.UNSCHEDULABLE,
+                f"requests {job.demand} {kind}; the whole cluster has {capacity}: it starts only once hosts with "
+                "more join",
+            )
             return False
         if self._over_budget(job):
             return False

@@ -74,6 +74,7 @@ class RunningJob:
     state: str = JobState.RUNNING.value
     preemptions: int = 0  # times this job has been preempted before (PREEMPTING events; the simulator counts)
     share: GpuShare | None = None  # a fractional job: its part of its one GPU
+    sweep_id: int | None = None  # the sweep it belongs to, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,13 +97,15 @@ class PendingJob:
     memory_bytes: int | None = None  # the memory predictor's peak per rank, when known
     memory_cap_bytes: int | None = None  # the QoS class's GPU memory cap
     bandwidth: tuple[tuple[str, float], ...] = ()
-    depends_on: tuple[tuple[int, str], ...] = ()  # (job id, its state)
+    depends_on: tuple[tuple[int, str, str], ...] = ()  # (job id, its state, condition: afterok/afterany/afternotok)
     not_before: float | None = None
     pending_reason: str | None = None  # as stored, so that apply writes only changes
     # Hosts its last attempt was LOST on: a restart goes elsewhere when anywhere else fits (a soft preference:
     # a one-host cluster still restarts it there; DOWN and EXCLUDED hosts are avoided outright).
     avoid_hosts: frozenset[str] = frozenset()
     share: GpuShare | None = None  # a fractional job (resources.gpu_share, resolved against its class)
+    sweep_id: int | None = None  # the sweep it belongs to, if any...
+    sweep_limit: int | None = None  # ...and how many of that sweep's jobs may run at once (None: no limit)
 
     @property
     def demand(self) -> int:

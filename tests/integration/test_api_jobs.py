@@ -199,7 +199,7 @@ def test_attempts_checkpoints_metrics_why(client: TestClient, world: World, db: 
     db.add_all(JobMetric(job_id=job_id, attempt_id=attempt.id, step=s, loss=10.0 - s / 100) for s in range(1, 101))
     job = db.get(Job, job_id)
     assert job is not None
-    job.pending_reason, job.pending_message = "QUOTA", "alpha: 4/4 cpu slots in use"
+    job.pending_reason, job.pending_message = "Quota", "alpha: 4/4 cpu slots in use"
     db.flush()
     attempts = client.get(f"/v1/jobs/{job_id}/attempts", headers=h).json()
     assert [(a["number"], a["state"]) for a in attempts] == [(1, "PENDING")]
@@ -215,7 +215,9 @@ def test_attempts_checkpoints_metrics_why(client: TestClient, world: World, db: 
     one = client.get(f"/v1/jobs/{job_id}/metrics", params={"max_points": 1}, headers=h).json()["items"]
     assert [p["step"] for p in one] == [100]
     why = client.get(f"/v1/jobs/{job_id}/why", headers=h).json()
-    assert why == {"state": "QUEUED", "pending_reason": "QUOTA", "pending_message": "alpha: 4/4 cpu slots in use"}
+    assert why == {"state": "QUEUED", "pending_reason": "Quota", "pending_message": "alpha: 4/4 cpu slots in use",
+                   "unblock": ["the team's quota: alpha uses 0 of its 4 CPU slots; an admin raises it (kiln teams set "
+                               "alpha --quota cpu=N), or its running jobs end"]}  # fmt: skip
 
 
 def _sse_events(text: str) -> list[tuple[str, str]]:

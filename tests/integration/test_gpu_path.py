@@ -181,3 +181,39 @@ def test_a_job_larger_than_every_gpu_of_its_type_is_refused(
     assert err["loc"] == "resources" and "the largest RTX-3070 GPU has 8.0 GiB" in err["msg"]
     spec["recipe"]["hyperparameters"]["batch_size"] = 8  # a quarter of the activations: it fits
     assert client.post("/v1/jobs", json=spec, headers=world.h("admin")).status_code == 201
+
+
+@pytest.mark.usefixtures("dispatched")
+def test_more_gpus_than_the_cluster_has_is_refused_or_waits_unschedulable_with_what_would_unblock_it(
+    db: Session, tmp_path: Path, client: TestClient, world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    register(db, tmp_path, "h200-host", "NVIDIA H200", count=2)
+    register(db, tmp_path, "h100-host", "NVIDIA H100 80GB HBM3", count=8)
+    grant_gold(client, world)
+    eight = example(**{"resources.gpus": 8, "team": "alpha", "name": "eight"})
+    r = client.post("/v1/jobs", json=eight, headers=world.h("member"))
+    assert r.status_code == 422, r.text
+    err = r.json()["errors"][0]
+    assert err["loc"] == "resources.gpus" and err["type"] == "unschedulable"
+    assert "requests 8 H200 GPUs; the whole cluster has 2 (ask for at most 2" in err["msg"]
+
+    # The operator declares that H200 hosts will join: accepted, and it waits as Unschedulable until they do.
+    from core.settings import get_settings
+
+    monkeypatch.setattr(get_settings(), "gpu_types", ["H200"])
+    r = client.post("/v1/jobs", json=eight, headers=world.h("member"))
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    cycle(db, utcnow() + timedelta(seconds=1))
+    job = db.get(Job, job_id)
+    assert job is not None and job.state == "QUEUED" and job.pending_reason == "Unschedulable", job.pending_message
+    assert "the whole cluster has 2" in (job.pending_message or "")
+
+    listed = client.get("/v1/jobs", params={"team": "alpha", "state": "QUEUED"}, headers=world.h("member")).json()
+    assert {j["id"]: j["pending_reason"] for j in listed["items"]}[job_id] == "Unschedulable"
+    why = client.get(f"/v1/jobs/{job_id}/why", headers=world.h("member")).json()
+    assert why["pending_reason"] == "Unschedulable"
+    assert why["unblock"] == [
+        "fewer GPUs: the whole cluster has 2 H200 GPUs",
+        "another GPU type: H100-80GB (8 in the cluster)",
+    ]

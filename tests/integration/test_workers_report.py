@@ -125,3 +125,34 @@ def test_a_gang_succeeds_with_the_result_of_the_node_that_ran_rank_0(db: Session
     runners[1]._report(db, Outcome(ExitClass.SUCCEEDED, "succeeded"), 0)
     assert job.state == "SUCCEEDED" and attempt.state == "SUCCEEDED"
     assert (job.last_step, job.last_loss) == (40, 2.0)
+
+
+def test_a_cancelled_running_job_says_cancelled_by_the_user_never_preempted(db: Session, tmp_path: Path) -> None:
+    """The trainer calls every SIGTERM stop PREEMPTED (it cannot know why); the cancel the user asked for is what
+    the job's timeline says."""
+    host = HostAgent(name="rep-c", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
+                     settings=SETTINGS).register(db)  # fmt: skip
+    db.flush()
+    job = submit(db, tiny_spec("cancelled-running", steps=60))
+    attempt = admit(db, job, host)
+    claimed = claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
+                    delivery="d1", settings=SETTINGS)  # fmt: skip
+    job.cancel_requested = True  # what POST /v1/jobs/{id}/cancel does to a running job
+    proc = TrainerProcess([], env={}, log_path=tmp_path / "1.log", run_dir=tmp_path / "run", cwd=tmp_path)
+    runner = AttemptRunner(attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
+                           settings=SETTINGS, claimed=claimed, proc=proc)  # fmt: skip
+    now = time.time()
+    runner.buffer = [
+        {"kind": "event", "rank": 0, "ts": now, "type": "PREEMPTED",
+         "message": "signal 15: checkpointed step 17, exiting", "fields": {"step": 17, "signal": 15}},
+        {"kind": "event", "rank": 0, "ts": now, "type": "EXIT", "message": "exiting with 75 (PREEMPTED)",
+         "fields": {"exit_code": 75, "reason": "PREEMPTED"}},
+    ]  # fmt: skip
+    runner._report(db, Outcome(ExitClass.CANCELLED, "cancel requested"), 75)
+
+    assert job.state == "CANCELLED" and job.exit_reason == "cancelled by the user"
+    timeline = [(e.type, e.message) for e in db.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id))]
+    assert "PREEMPTED" not in [t for t, _ in timeline], timeline
+    assert ("STOPPING", "signal 15: checkpointed step 17, exiting (cancelled by the user)") in timeline
+    assert ("EXIT", "exiting with 75 (stopped: cancelled by the user)") in timeline
+    assert timeline[-1][0] == "CANCELLED" and timeline[-1][1].startswith("cancelled by the user at step")

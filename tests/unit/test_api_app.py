@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from api.app import create_app
+from api.logstream import tail_offset
 from api.ratelimit import TokenBucketLimiter
 from api.routers.common import decode_cursor, encode_cursor
 from core.db import make_engine
@@ -133,6 +134,28 @@ def test_logs_follow_switches_to_a_restarted_attempt_and_ends(
     r = client.get(f"/v1/jobs/{job_id}/logs", headers=h)
     assert "data: one\n" in r.text and "data: two\n" in r.text and r.text.rstrip().endswith('"state": "QUEUED"}')
     assert client.get(f"/v1/jobs/{job_id}/logs", params={"attempt": 2}, headers=h).text.startswith("event: end")
+
+
+def test_logs_tail_begins_with_the_last_lines(
+    client: TestClient, admin_secret: str, engine: Engine, home: Path
+) -> None:
+    h = auth(admin_secret)
+    job_id = client.post("/v1/jobs", json=SPEC, headers=h).json()["id"]
+    with Session(engine) as db:
+        db.add(Attempt(job_id=job_id, number=1, fencing_token=1, placement=[]))
+        db.commit()
+    logs = home / "storage" / "logs" / str(job_id)
+    logs.mkdir(parents=True)
+    (logs / "1.log").write_text("".join(f"line {i}\n" for i in range(1, 2001)))
+
+    def lines(**params: int) -> list[str]:
+        body = client.get(f"/v1/jobs/{job_id}/logs", params=params, headers=h).text
+        return [x.removeprefix("data: ") for x in body.splitlines() if x.startswith("data: line")]
+
+    assert lines(tail=3) == ["line 1998", "line 1999", "line 2000"]
+    assert lines(tail=0) == [] and len(lines(tail=5000)) == 2000 and len(lines()) == 2000
+    assert [tail_offset(logs / "1.log", n, block=7) for n in (1, 2)] == [
+        tail_offset(logs / "1.log", 1), tail_offset(logs / "1.log", 2)]  # the same across block boundaries
 
 
 def test_database_unreachable_is_503_with_retry_after(tmp_path: Path, admin_secret: str) -> None:

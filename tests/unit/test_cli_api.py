@@ -264,6 +264,8 @@ def test_teams_qos_sla_tokens_hosts_usage(kiln: Any) -> None:
     }
     assert "research" in kiln("teams").stdout
     assert kiln("teams", "create", "research").exit_code == ExitCode.CONFLICT
+    raised = kiln("teams", "set", "research", "--quota", "h200=16", "-o", "json")  # one type, the others kept
+    assert {(q["gpu_type"], q["nominal"]) for q in as_json(raised)["quotas"]} == {("cpu", 2), ("H200", 16)}
 
     before = as_json(kiln("sla", "show", "default", "-o", "json"))
     after = as_json(kiln("sla", "set", "default", "--max-queue-wait", "120", "--max-restarts", "5", "-o", "json"))
@@ -279,3 +281,82 @@ def test_teams_qos_sla_tokens_hosts_usage(kiln: Any) -> None:
     usage = as_json(kiln("usage", "-o", "json"))
     assert "default" in [t["team"] for t in usage["teams"]]
     assert kiln("usage").exit_code == 0
+
+
+def test_cancel_several_jobs_or_a_filter(kiln: Any, server: Server, tmp_path: Path) -> None:
+    named = spec_file(tmp_path, **{"name: gpt-tiny": "name: batch-cancel"})
+    ids = [submit(kiln, named) for _ in range(3)]
+    both = kiln("cancel", str(ids[0]), str(ids[1]), "--reason", "wrong lr")
+    assert both.exit_code == 0, both.output
+    assert both.stdout.splitlines() == [f"job {ids[0]} CANCELLED", f"job {ids[1]} CANCELLED"]
+    # Already cancelled: that one is reported, the others still go ahead, and the exit code says so.
+    mixed = kiln("cancel", str(ids[0]), str(ids[2]))
+    assert mixed.exit_code == ExitCode.CONFLICT and f"job {ids[2]} CANCELLED" in mixed.stdout
+    assert f"job {ids[0]}:" in mixed.stderr
+    left = submit(kiln, named)
+    by_filter = kiln("cancel", "--name", "batch-cancel", "--mine")
+    assert by_filter.exit_code == 0 and by_filter.stdout.splitlines() == [f"job {left} CANCELLED"]
+    assert kiln("cancel", "--name", "batch-cancel").stderr.strip() == "no active job matches"
+    assert kiln("cancel").exit_code == ExitCode.USAGE
+
+
+def test_ls_mine_and_user_and_yaml_output(kiln: Any, server: Server) -> None:
+    job_id = submit(kiln)
+    mine = as_json(kiln("ls", "--mine", "-o", "json"))
+    assert job_id in [j["id"] for j in mine] and {j["user"] for j in mine} == {"admin"}
+    assert as_json(kiln("ls", "--user", "nobody-here", "-o", "json")) == []
+    shown = kiln("describe", str(job_id), "-o", "yaml")
+    assert shown.exit_code == 0, shown.output
+    import yaml
+
+    assert yaml.safe_load(shown.stdout)["job"]["id"] == job_id
+
+
+def test_why_says_what_the_job_waits_for(kiln: Any) -> None:
+    job_id = submit(kiln)  # no scheduler runs here: never planned
+    result = kiln("why", str(job_id))
+    assert result.exit_code == 0, result.output
+    assert "QUEUED and not planned yet" in result.stdout
+    assert as_json(kiln("why", str(job_id), "-o", "json"))["unblock"] == []
+
+
+def test_clone_with_changes(kiln: Any) -> None:
+    job_id = submit(kiln)
+    cloned = kiln("clone", str(job_id), "--set", "recipe.hyperparameters.lr=0.001", "-s", "steps=30",
+                  "--name", "tiny-clone", "-o", "json")  # fmt: skip
+    job = as_json(cloned)
+    assert job["id"] != job_id and job["name"] == "tiny-clone" and job["steps"] == 30
+    assert job["spec"]["recipe"]["hyperparameters"]["lr"] == 0.001
+    bad = kiln("clone", str(job_id), "--set", "resources.gpus=-1")
+    assert bad.exit_code == ExitCode.INVALID and "resources.gpus" in bad.output
+    assert kiln("clone", str(job_id), "--set", "nokey").exit_code == ExitCode.USAGE
+
+
+def test_sweep_submit_show_and_ls(kiln: Any, tmp_path: Path) -> None:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(EXAMPLE.read_text() + "sweep:\n  grid: {lr: [0.001, 0.003], steps: [5, 6]}\n  max_concurrent: 2\n")
+    made = kiln("sweep", "submit", str(path))
+    assert made.exit_code == 0, made.output
+    assert "4 jobs, at most 2 at once" in made.stdout
+    sweep_id = int(made.stdout.split()[2])
+    shown = kiln("sweep", "show", str(sweep_id))
+    assert shown.exit_code == 0, shown.output
+    header = shown.stdout.splitlines()[1].split()
+    assert header[:4] == ["RANK", "ID", "NAME", "STATE"] and {"LR", "STEPS", "LOSS"} <= set(header)
+    data = as_json(kiln("sweep", "show", str(sweep_id), "-o", "json"))
+    assert len(data["jobs"]) == 4 and data["keys"] == ["lr", "steps"]
+    assert sweep_id in [s["id"] for s in as_json(kiln("sweep", "ls", "-o", "json"))]
+
+
+def test_cancelling_a_running_job_says_it_stops_after_a_checkpoint(kiln: Any, server: Server) -> None:
+    import sqlite3
+
+    job_id = submit(kiln)
+    with sqlite3.connect(server.home / "kiln.db") as db:  # no worker here: the job is put where a worker would
+        db.execute("UPDATE jobs SET state = 'RUNNING' WHERE id = ?", (job_id,))
+    result = kiln("cancel", str(job_id))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == f"cancelling job {job_id}: stopping, checkpoint first"
+    events = as_json(kiln("events", str(job_id), "-o", "json"))
+    assert events[-1]["type"] == "CANCEL_REQUESTED"
+    assert events[-1]["message"] == "cancelled by admin: stopping, checkpoint first (while RUNNING)"

@@ -73,7 +73,7 @@ def test_missing_file_is_a_usage_error(tmp_path: Path) -> None:
 
 def test_bad_arguments_are_usage_errors() -> None:
     assert runner.invoke(app, ["describe", "not-a-number"]).exit_code == ExitCode.USAGE
-    assert runner.invoke(app, ["ls", "--output", "yaml"]).exit_code == ExitCode.USAGE
+    assert runner.invoke(app, ["ls", "--output", "xml"]).exit_code == ExitCode.USAGE
     assert runner.invoke(app, ["teams", "create", "x", "--quota", "H200"]).exit_code == ExitCode.USAGE
 
 

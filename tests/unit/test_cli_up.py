@@ -165,3 +165,26 @@ def test_prepare_bootstraps_once_then_reuses_or_reissues_the_token(
     assert "fresh token" in third.note and third.token != first.token
     assert token_owner(db, third.token) == "admin" and token_owner(db, first.token) == "admin"
     assert token_owner(db, "kiln_bogus") is None
+
+
+def test_kiln_up_adds_a_profile_instead_of_rewriting_another_kilns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from cli.config import resolve, save
+    from cli.up import prepare
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    config = tmp_path / "xdg" / "kiln" / "config.json"
+    save("https://kiln.example.com", "kiln_theirs", config)  # the CLI already points at another kiln
+    mine = prepare(f"sqlite:///{tmp_path / 'kiln.db'}", "http://127.0.0.1:8421")
+    assert mine.profile == "local-8421" and "another kiln (https://kiln.example.com), kept" in mine.note
+    saved = json.loads(config.read_text())
+    assert (saved["api_url"], saved["token"]) == ("https://kiln.example.com", "kiln_theirs")
+    assert saved["profiles"]["local-8421"] == {"api_url": "http://127.0.0.1:8421", "token": mine.token}
+    chosen = resolve(profile_flag="local-8421", environ={"XDG_CONFIG_HOME": str(tmp_path / "xdg")})
+    assert (chosen.api_url, chosen.token) == ("http://127.0.0.1:8421", mine.token)
+    assert resolve(environ={"XDG_CONFIG_HOME": str(tmp_path / "xdg")}).token == "kiln_theirs"
+    save("https://kiln.example.com", "kiln_rotated", config)  # the default changes: the profile stays
+    assert json.loads(config.read_text())["profiles"]["local-8421"]["token"] == mine.token

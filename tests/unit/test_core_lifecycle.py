@@ -184,4 +184,4 @@ def test_reasons_are_one_vocabulary() -> None:
     assert len(values) == len(set(values))
     # What the jobs table already holds keeps its meaning: the words are the ones written before the enum.
     assert {"Quota", "Budget", "Resources", "Priority", "Dependency", "BandwidthQuota", "MemoryFit", "Reservation",
-            "Backoff", "Preempted", "Drained"} == set(values)  # fmt: skip
+            "Backoff", "Preempted", "Drained", "Unschedulable", "SweepLimit"} == set(values)  # fmt: skip

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from core.policy_config import PolicyConfig
 from core.states import Reason
 from scheduler.policy.plan import plan
@@ -67,9 +69,9 @@ def admitted(s: Snapshot, config: PolicyConfig | None = None) -> list[int]:
 # -- pending reasons -----------------------------------------------------------------------------------------------
 
 
-def test_reason_resources_when_the_cluster_is_too_small() -> None:
+def test_reason_unschedulable_when_the_cluster_is_too_small() -> None:
     d = plan(snap(pending=(pj(1, 16),)))
-    assert d.pending[0].reason == Reason.RESOURCES and "the cluster has 8" in d.pending[0].message
+    assert d.pending[0].reason == Reason.UNSCHEDULABLE and "the whole cluster has 8" in d.pending[0].message
 
 
 def test_reason_quota() -> None:
@@ -89,12 +91,42 @@ def test_reason_budget_spent_and_projected() -> None:
 
 
 def test_reason_dependency_and_failed_dependency() -> None:
-    s = snap(pending=(pj(1, depends_on=((7, "RUNNING"),)), pj(2, depends_on=((8, "FAILED"),)),
-                      pj(3, depends_on=((9, "SUCCEEDED"),))))  # fmt: skip
+    s = snap(pending=(pj(1, depends_on=((7, "RUNNING", "afterok"),)), pj(2, depends_on=((8, "FAILED", "afterok"),)),
+                      pj(3, depends_on=((9, "SUCCEEDED", "afterok"),))))  # fmt: skip
     d = plan(s)
     assert {p.job_id: p.reason for p in d.pending} == {1: Reason.DEPENDENCY}
     assert [f.job_id for f in d.failures] == [2] and "8" in d.failures[0].message
     assert [a.job_id for a in d.admissions] == [3]
+
+
+@pytest.mark.parametrize(
+    ("condition", "state", "outcome"),
+    [
+        ("afterany", "RUNNING", "waits"), ("afterany", "SUCCEEDED", "runs"), ("afterany", "FAILED", "runs"),
+        ("afterany", "CANCELLED", "runs"), ("afternotok", "RUNNING", "waits"), ("afternotok", "FAILED", "runs"),
+        ("afternotok", "CANCELLED", "runs"), ("afternotok", "SUCCEEDED", "fails"), ("afterok", "QUEUED", "waits"),
+        ("afterok", "CANCELLED", "fails"),
+    ],
+)  # fmt: skip
+def test_dependency_conditions(condition: str, state: str, outcome: str) -> None:
+    d = plan(snap(pending=(pj(1, depends_on=((7, state, condition),)),)))
+    got = "runs" if d.admissions else "fails" if d.failures else "waits"
+    assert got == outcome, d
+    if outcome == "waits":
+        assert d.pending[0].reason == Reason.DEPENDENCY
+
+
+def test_a_sweep_runs_at_most_max_concurrent_of_its_jobs() -> None:
+    """Slurm's %N: room for four jobs, a sweep of four with a limit of 2, one of them already running."""
+    sweep = [pj(i, 1, sweep_id=5, sweep_limit=2, age=10 - i) for i in (1, 2, 3)]
+    running = (rj(9, "h0", [0], sweep_id=5),)
+    d = plan(snap(pending=(*sweep, pj(4, 1)), running=running))
+    assert sorted(a.job_id for a in d.admissions) == [1, 4]  # one more of the sweep, and the job outside it
+    waiting = {p.job_id: p for p in d.pending}
+    assert {j: p.reason for j, p in waiting.items()} == {2: Reason.SWEEP_LIMIT, 3: Reason.SWEEP_LIMIT}
+    assert "sweep 5 runs 2 of its jobs at once (max_concurrent 2)" in waiting[2].message
+    unlimited = plan(snap(pending=tuple(pj(i, 1, sweep_id=6, age=10 - i) for i in (1, 2, 3))))
+    assert len(unlimited.admissions) == 3
 
 
 def test_reason_memory_fit_against_qos_cap_and_gpu() -> None:

@@ -122,7 +122,8 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
                 memory_bytes=draw(st.one_of(st.none(), st.none(), st.sampled_from([2**30, 100 * 2**30]))),
                 bandwidth=(("pcie", 16e9),) if draw(st.booleans()) else (),
                 depends_on=tuple(draw(st.lists(st.tuples(st.integers(1, 3), st.sampled_from(
-                    ["SUCCEEDED", "SUCCEEDED", "SUCCEEDED", "RUNNING", "FAILED"])), max_size=1))),
+                    ["SUCCEEDED", "SUCCEEDED", "SUCCEEDED", "RUNNING", "FAILED"]), st.sampled_from(
+                    ["afterok", "afterok", "afterany", "afternotok"])), max_size=1))),
             )
         )  # fmt: skip
         jid += 1

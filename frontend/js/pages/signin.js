@@ -27,7 +27,7 @@ export function signInPage(root, _params, query) {
     query.get("expired") ? h("p", { class: "notice" }, "Your session ended; sign in again.") : null,
     h("label", { for: "token" }, "API token"),
     input,
-    h("p", { id: "token-help", class: "help" }, "Create one with `kiln admin bootstrap` or `kiln token create`."),
+    h("p", { id: "token-help", class: "help" }, "Create one with `kiln tokens create` (or `kiln admin bootstrap` for the first admin); `kiln up` prints one."),
     error,
     button,
   );

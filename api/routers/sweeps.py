@@ -1,0 +1,78 @@
+"""Sweeps: submit a job spec with a ``sweep`` section (grid or list), read its jobs best first."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import yaml
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import CurrentPrincipal, SessionDep
+from api.routers.common import ERRORS, LOCATION, SweepIdPath, decode_cursor, encode_cursor
+from api.routers.jobs import JSON_TYPES, YAML_TYPES, has_yaml_alias
+from api.schemas.sweeps import SweepOut, SweepPageOut
+from core.services import sweeps as svc
+from core.spec import SpecError
+
+router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], responses=ERRORS)
+
+SWEEP_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"type": "object", "description": "A job spec with a sweep section: "
+                                            "{grid: {key: [values]}} or {list: [{key: value}]}, max_concurrent"}},
+            **{t: {"schema": {"type": "string", "description": "The same, as YAML"}} for t in sorted(YAML_TYPES)},
+        },
+    }
+}  # fmt: skip
+
+
+async def document_from_body(request: Request) -> dict[str, Any]:
+    ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    body = await request.body()
+    try:
+        if ctype in JSON_TYPES:
+            data = json.loads(body)
+        elif ctype in YAML_TYPES:
+            text = body.decode("utf-8")
+            if has_yaml_alias(text):
+                raise SpecError("YAML aliases are not accepted", [{"loc": "$", "msg": "alias", "type": "yaml"}])
+            data = yaml.safe_load(text)
+        else:
+            raise HTTPException(415, f"submit the sweep as application/json or YAML ({', '.join(sorted(YAML_TYPES))})")
+    except (ValueError, yaml.YAMLError, RecursionError) as exc:
+        raise SpecError("the body is not a readable JSON or YAML document",
+                        [{"loc": "$", "msg": str(exc)[:200], "type": "parse"}]) from exc  # fmt: skip
+    if not isinstance(data, dict):
+        raise SpecError("a sweep is a mapping", [{"loc": "$", "msg": "expected a mapping", "type": "type"}])
+    return data
+
+
+@router.post("", response_model=SweepOut, status_code=status.HTTP_201_CREATED, openapi_extra=SWEEP_BODY,
+             summary="Submit a sweep: one job per point of its grid or list", responses=LOCATION)  # fmt: skip
+async def submit_sweep(request: Request, db: SessionDep, who: CurrentPrincipal, response: Response) -> SweepOut:
+    document = await document_from_body(request)
+    view = await run_in_threadpool(svc.submit_sweep, db=db, principal=who, document=document)
+    response.headers["Location"] = f"/v1/sweeps/{view.sweep.id}"
+    return SweepOut.from_view(view)
+
+
+@router.get("", response_model=SweepPageOut, summary="Sweeps you can see, newest first")
+def list_sweeps(
+    db: SessionDep,
+    who: CurrentPrincipal,
+    limit: Annotated[int, Query(ge=1, le=50)] = 20,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> SweepPageOut:
+    before = decode_cursor(cursor, "before") if cursor else None
+    rows, more = svc.list_sweeps(db=db, principal=who, limit=limit, before_id=before)
+    items = [SweepOut.from_view(svc.get(db=db, principal=who, sweep_id=s.id)) for s in rows]
+    return SweepPageOut(items=items, next_cursor=encode_cursor("before", rows[-1].id) if more else None)
+
+
+@router.get("/{sweep_id}", response_model=SweepOut, summary="A sweep and its jobs, best first")
+def get_sweep(sweep_id: SweepIdPath, db: SessionDep, who: CurrentPrincipal) -> SweepOut:
+    return SweepOut.from_view(svc.get(db=db, principal=who, sweep_id=sweep_id))

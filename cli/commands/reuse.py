@@ -1,0 +1,145 @@
+"""Reusing a job: ``kiln clone`` (a job's spec again, with changes) and ``kiln sweep`` (one spec over a grid)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from cli import output as out
+from cli.app import OutputOpt, app, client
+from cli.commands.jobs import JobArg, read_text, report_submitted, submit_text
+from cli.errors import CliError, ExitCode
+from cli.output import Column, OutputFormat, console, err_console
+
+sweep_app = typer.Typer(help="Sweeps: one spec over a grid or a list of settings, a job each.",
+                        no_args_is_help=True)  # fmt: skip
+
+
+def apply_override(spec: dict[str, Any], item: str) -> None:
+    """``KEY=VALUE`` into ``spec``: KEY a dotted path (``recipe.hyperparameters.lr``), VALUE read as YAML (``0.1``,
+    ``true``, ``[1, 2]``; quote a word YAML would read otherwise: ``mode='off'``)."""
+    import yaml
+
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip():
+        raise CliError(f"--set {item!r}: expected KEY=VALUE, e.g. recipe.hyperparameters.lr=0.001", ExitCode.USAGE)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    *parents, leaf = key.strip().split(".")
+    node = spec
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise CliError(f"--set {item!r}: {part!r} is not a section of the spec", ExitCode.USAGE)
+        node = child
+    node[leaf] = value
+
+
+@app.command()
+def clone(
+    job_id: JobArg,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", "-s", help="KEY=VALUE in the spec (a dotted path), repeatable.")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="The new job's name (default: the same).")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Follow the new job until it ends.")] = False,
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """Submit a job's spec again, with changes.
+
+    Examples: kiln clone 7 --set recipe.hyperparameters.lr=0.001;  kiln clone 7 -s steps=2000 --name longer -f
+    """
+    import yaml
+
+    with client() as api:
+        spec = api.get(f"/v1/jobs/{job_id}")["spec"]
+        for item in set_ or []:
+            apply_override(spec, item)
+        if name:
+            spec["name"] = name
+        text = yaml.safe_dump(spec, sort_keys=False)
+        validate_locally(text, f"job {job_id}'s spec with your changes")
+        report_submitted(api, submit_text(api, text), follow=follow, output=output)
+
+
+def validate_locally(text: str, what: str) -> None:
+    from core.spec import SpecError, parse_spec_text
+
+    try:
+        parse_spec_text(text)
+    except SpecError as exc:
+        details = [f"{e['loc']}: {e['msg']}" for e in exc.errors]
+        raise CliError(f"{what}: invalid job spec ({len(details)} error(s))", ExitCode.INVALID, details) from None
+
+
+def sweep_rows(sweep: dict[str, Any]) -> tuple[list[Column], list[dict[str, Any]]]:
+    """The sweep's jobs as table rows, best first (the API's order), with a column per setting it varies."""
+    rows = [{**j, "rank": i + 1} for i, j in enumerate(sweep.get("jobs", []))]
+    columns: list[Column] = [("RANK", lambda r: r["rank"]), ("ID", lambda r: r["id"]), ("NAME", lambda r: r["name"]),
+                             ("STATE", lambda r: out.state_text(r["state"]))]  # fmt: skip
+    columns += [(key.upper(), _setting(key)) for key in sweep.get("keys", [])]
+    columns += [("STEP", lambda r: f"{r['last_step']}/{r['steps']}"), ("LOSS", lambda r: out.fmt_loss(r["last_loss"])),
+                ("REASON", lambda r: r.get("pending_reason") or "-")]  # fmt: skip
+    return columns, rows
+
+
+def _setting(key: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda row: (row.get("settings") or {}).get(key)
+
+
+@sweep_app.command("submit")
+def sweep_submit(
+    file: Annotated[str, typer.Argument(help="A job spec with a sweep section (YAML or JSON; '-' reads stdin).")],
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """Submit a sweep: one job per point of its grid (every combination) or list.
+
+    Example file: a job spec plus
+      sweep: {grid: {lr: [0.001, 0.003], batch_size: [8, 16]}, max_concurrent: 2}
+    """
+    text = read_text(file)
+    with client() as api:
+        sweep = api.post("/v1/sweeps", content=text.encode(), headers={"Content-Type": "application/yaml"})
+    if output is not OutputFormat.table:
+        out.print_data(sweep, output)
+        return
+    limit = sweep.get("max_concurrent")
+    console.print(out.text(f"submitted sweep {sweep['id']} ({sweep['name']}, team {sweep['team']}): "
+                           f"{len(sweep['jobs'])} jobs" + (f", at most {limit} at once" if limit else "")))  # fmt: skip
+    console.print(out.text(f"see it with: kiln sweep show {sweep['id']}"))
+
+
+@sweep_app.command("show")
+def sweep_show(
+    sweep_id: Annotated[int, typer.Argument(help="The sweep id.", min=1, show_default=False)],
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """A sweep's jobs, best first: succeeded ones by final loss, then the others."""
+    with client() as api:
+        sweep = api.get(f"/v1/sweeps/{sweep_id}")
+    columns, rows = sweep_rows(sweep)
+    title = f"Sweep {sweep['id']} {sweep['name']} (team {sweep['team']})"
+    out.render(sweep, output, lambda: out.table(columns, rows, title=title))
+
+
+@sweep_app.command("ls")
+def sweep_ls(output: OutputOpt = OutputFormat.table) -> None:
+    """Sweeps you can see, newest first."""
+    with client() as api:
+        items = list(api.paginate("/v1/sweeps", {}, limit=None, page_size=50))
+    if output is not OutputFormat.table:
+        out.print_data(items, output)
+        return
+    if not items:
+        err_console.print("no sweeps")
+        return
+    cols: list[Column] = [
+        ("ID", lambda s: s["id"]), ("NAME", lambda s: s["name"]), ("TEAM", lambda s: s["team"]),
+        ("JOBS", lambda s: len(s["jobs"])), ("SUCCEEDED", lambda s: sum(j["state"] == "SUCCEEDED" for j in s["jobs"])),
+        ("BEST LOSS", lambda s: out.fmt_loss((s["jobs"] or [{}])[0].get("last_loss"))),
+    ]  # fmt: skip
+    console.print(out.table(cols, items))

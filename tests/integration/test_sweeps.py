@@ -1,0 +1,83 @@
+"""Sweeps on PostgreSQL: one submission becomes a job per point of its grid, the scheduler runs at most
+max_concurrent of them at once (SweepLimit), and the sweep reads best first."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+
+from core.db import utcnow
+from core.models import Job
+from core.settings import Settings
+from tests.integration.test_scheduler_loop import cycle, dispatched  # noqa: F401  (fixture)
+from tests.support.api import World, spec
+from workers.host_agent import HostAgent
+from workers.inventory import NoGpus
+
+pytestmark = pytest.mark.integration
+
+
+def sweep_doc(**section: object) -> dict[str, object]:
+    return {**spec(team="alpha", name="lr"), "sweep": section}
+
+
+def test_a_grid_becomes_one_job_per_combination(client: TestClient, world: World) -> None:
+    doc = sweep_doc(grid={"lr": [0.001, 0.003], "steps": [10, 20]}, max_concurrent=2)
+    r = client.post("/v1/sweeps", content=yaml.safe_dump(doc), headers={**world.h("member"),
+                    "Content-Type": "application/yaml"})  # fmt: skip
+    assert r.status_code == 201, r.text
+    sweep = r.json()
+    assert r.headers["location"] == f"/v1/sweeps/{sweep['id']}"
+    assert sweep["keys"] == ["lr", "steps"] and sweep["max_concurrent"] == 2
+    assert sorted(j["name"] for j in sweep["jobs"]) == ["lr-0", "lr-1", "lr-2", "lr-3"]
+    assert sorted((j["settings"]["lr"], j["settings"]["steps"]) for j in sweep["jobs"]) == [
+        (0.001, 10), (0.001, 20), (0.003, 10), (0.003, 20)]  # fmt: skip
+    one = client.get(f"/v1/jobs/{sweep['jobs'][0]['id']}", headers=world.h("member")).json()
+    assert one["spec"]["recipe"]["hyperparameters"]["lr"] == sweep["jobs"][0]["settings"]["lr"]
+    listed = client.get("/v1/sweeps", headers=world.h("viewer")).json()
+    assert [s["id"] for s in listed["items"]] == [sweep["id"]] and listed["next_cursor"] is None
+    assert client.get(f"/v1/sweeps/{sweep['id']}", headers=world.h("beta-member")).status_code == 404
+
+
+def test_bad_sweeps_are_refused_with_the_field(client: TestClient, world: World) -> None:
+    h = world.h("member")
+    for doc, loc in (
+        (sweep_doc(), "sweep"),
+        (sweep_doc(grid={"lr": [0.1]}, list=[{"lr": 0.2}]), "sweep"),
+        (sweep_doc(grid={"lr": []}), "sweep.grid.lr"),
+        (sweep_doc(grid={"lrr": [0.1]}), "recipe.hyperparameters.lrr"),
+        (sweep_doc(grid={"lr": [0.1]}, max_concurent=2), "sweep.max_concurent"),
+        (sweep_doc(grid={"a": list(range(20)), "b": list(range(20))}), "sweep.grid"),
+    ):
+        r = client.post("/v1/sweeps", json=doc, headers=h)
+        assert r.status_code == 422, (doc, r.text)
+        assert r.json()["errors"][0]["loc"] == loc, r.json()
+
+
+@pytest.mark.usefixtures("dispatched")
+def test_at_most_max_concurrent_run_and_the_best_comes_first(db: Session, client: TestClient, world: World) -> None:
+    HostAgent(name="sweep-host", inventory=NoGpus(), cpu_slots=4, address="127.0.0.1",
+              settings=Settings(heartbeat_interval_s=1)).register(db)  # fmt: skip
+    db.commit()
+    r = client.post("/v1/sweeps", json=sweep_doc(list=[{"lr": 0.1}, {"lr": 0.01}, {"lr": 0.001}], max_concurrent=2),
+                    headers=world.h("member"))  # fmt: skip
+    assert r.status_code == 201, r.text
+    ids = [j["id"] for j in r.json()["jobs"]]
+    cycle(db, utcnow() + timedelta(seconds=1))
+    jobs = {i: db.get(Job, i) for i in ids}
+    assert sorted(j.state for j in jobs.values() if j is not None) == ["ADMITTED", "ADMITTED", "QUEUED"]
+    waiting = next(j for j in jobs.values() if j is not None and j.state == "QUEUED")
+    assert waiting.pending_reason == "SweepLimit", waiting.pending_message
+
+    for job, (state, loss) in zip(jobs.values(), (("SUCCEEDED", 2.5), ("SUCCEEDED", 1.9), ("QUEUED", None)),
+                                  strict=True):  # fmt: skip
+        assert job is not None
+        job.state, job.last_loss = state, loss
+    db.flush()
+    shown = client.get(f"/v1/sweeps/{r.json()['id']}", headers=world.h("member")).json()
+    assert [(j["state"], j["last_loss"]) for j in shown["jobs"]] == [
+        ("SUCCEEDED", 1.9), ("SUCCEEDED", 2.5), ("QUEUED", None)]  # fmt: skip
