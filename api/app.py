@@ -19,7 +19,7 @@ from sqlalchemy.orm import sessionmaker
 from api import errors
 from api.middleware import BodyLimitMiddleware, MetricsMiddleware, SecurityHeadersMiddleware
 from api.ratelimit import FailedAuthentications, make_limiter
-from api.routers import cluster, health, jobs, qos, sla, streams, teams, tokens, usage, users
+from api.routers import cluster, health, jobs, qos, sla, streams, teams, tokens, usage, users, webhooks
 from api.routers.common import ERROR_CODES
 from api.routers.health import jobs_gauge
 from api.schemas.common import Problem
@@ -72,7 +72,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
 
     errors.install(app)
     # jobs first: the router tries routes in order, and its two hot paths are most of the traffic
-    for module in (jobs, health, users, tokens, streams, teams, qos, sla, cluster, usage):
+    for module in (jobs, health, users, tokens, streams, teams, qos, sla, cluster, usage, webhooks):
         app.include_router(module.router)
     _install_dashboard(app)
 

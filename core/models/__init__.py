@@ -14,6 +14,7 @@ from core.models.tenancy import (
     User,
     team_qos_classes,
 )
+from core.models.webhooks import Webhook, WebhookDelivery
 
 __all__ = [
     "GPU",
@@ -34,5 +35,7 @@ __all__ = [
     "TeamQuota",
     "Usage",
     "User",
+    "Webhook",
+    "WebhookDelivery",
     "team_qos_classes",
 ]
