@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from core.db import session_scope
     from core.liveness import Pulse
+    from core.process_metrics import serve
     from core.settings import get_settings
     from workers import isolation, mps, tasks
     from workers.celery_app import declare_host_queue, get_app
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
                       settings=settings,
                       incarnation=tasks.WORKER_INCARNATION,
                       pulse=Pulse(settings.liveness_file, settings.heartbeat_interval_s),
-                      consumer=probe)  # fmt: skip
+                      consumer=probe, metrics=tasks.METRICS)  # fmt: skip
+    serve(tasks.METRICS.registry, port=settings.worker_metrics_port, bind=settings.metrics_bind, what="worker")
     declare_host_queue(app, args.host)  # before the scheduler can see the host (and dispatch to its queue)
     with session_scope() as db:
         has_gpus = bool(agent.register(db).gpus)  # and ends the attempts a previous worker process left behind

@@ -27,6 +27,7 @@ from workers import mps
 from workers.celery_app import host_queue
 from workers.consumer_probe import ConsumerProbe
 from workers.inventory import Inventory
+from workers.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 class HostAgent:
     def __init__(self, *, name: str, inventory: Inventory, cpu_slots: int, address: str | None, settings: Settings,
                  incarnation: str | None = None, pulse: Pulse | None = None,
-                 consumer: ConsumerProbe | None = None):  # fmt: skip
+                 consumer: ConsumerProbe | None = None, metrics: WorkerMetrics | None = None):  # fmt: skip
         self.name = name
         self.inventory = inventory
         self.cpu_slots = cpu_slots
@@ -48,6 +49,7 @@ class HostAgent:
         self.slots = 0
         self.incarnation = incarnation  # this worker process (tasks.WORKER_INCARNATION)
         self.consumer = consumer  # None: nothing to probe (a test's agent without a Celery worker)
+        self.metrics = metrics or WorkerMetrics()
 
     def register(self, db: Session) -> Host:
         """Create or update the host row and its GPUs (GPUs that disappeared are removed)."""
@@ -163,7 +165,9 @@ class HostAgent:
         host.mps = daemon.state
 
     def sample(self, db: Session) -> None:
+        started = time.perf_counter()
         samples = self.inventory.sample()
+        self.metrics.gpu_sample_seconds.observe(time.perf_counter() - started)
         if not samples:
             return
         rows = {g.uuid: g for g in db.scalars(select(GPU).join(Host).where(Host.name == self.name)).all()}
@@ -172,6 +176,9 @@ class HostAgent:
             if row is None:
                 continue
             row.last_sample = s.as_dict()
+            if s.errors:
+                self.metrics.gpu_errors.inc()
+            self.metrics.gpu_healthy.labels(str(row.index)).set(0 if s.errors or not row.healthy else 1)
             if s.errors:
                 row.healthy = False
                 record_event(db, "GPU_ERROR", message=f"host {self.name} GPU {row.index}: {', '.join(s.errors)}",
@@ -190,9 +197,13 @@ class HostAgent:
                         next_sample = start + self.sample_interval_s
                         self.sample(db)
                 self.pulse.beat("heartbeat")  # after the commit: the reconciler sees this host alive
+                self.metrics.heartbeat_seconds.observe(time.monotonic() - start)
+                self.metrics.last_heartbeat.set_to_current_time()
             except (OperationalError, DBAPIError) as exc:
+                self.metrics.heartbeat_failures.inc()
                 log.warning("host heartbeat failed (database unavailable?): %s", exc)
             except Exception:
+                self.metrics.heartbeat_failures.inc()
                 log.exception("host agent iteration failed")
             self._stop.wait(max(0.0, self.heartbeat_interval_s - (time.monotonic() - start)))
 

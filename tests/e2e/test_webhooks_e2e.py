@@ -31,10 +31,14 @@ from tests.support.workers_cluster import wait_for
 pytestmark = pytest.mark.e2e
 
 
+SCHEDULER_METRICS_PORT = free_port()
+
+
 @pytest.fixture(scope="module")
 def kiln(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kiln]:
     env = {"KILN_WEBHOOK_ALLOW_PRIVATE_TARGETS": "1", "KILN_WEBHOOK_BACKOFF_BASE_S": "0.3",
-           "KILN_WEBHOOK_BACKOFF_MAX_S": "1", "KILN_WEBHOOK_POLL_S": "0.2"}  # fmt: skip
+           "KILN_WEBHOOK_BACKOFF_MAX_S": "1", "KILN_WEBHOOK_POLL_S": "0.2",
+           "KILN_SCHEDULER_METRICS_PORT": str(SCHEDULER_METRICS_PORT)}  # fmt: skip
     with running_kiln(tmp_path_factory.mktemp("kiln-webhooks"), **env) as k:
         k.start_scheduler()
         yield k
@@ -109,6 +113,13 @@ def test_a_receiver_down_for_a_while_gets_every_delivery_in_order(
         receiver.terminate()
         receiver.wait(timeout=10)
     delivered["hook_id"] = hook["id"]
+
+    # The scheduler process's own listener counts what its notifier did, and its cycles.
+    scraped = httpx.get(f"http://127.0.0.1:{SCHEDULER_METRICS_PORT}/metrics").text
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in scraped.splitlines() if line[:1] != "#"}
+    assert values['kiln_webhook_deliveries_total{outcome="delivered"}'] == 6  # 3 jobs x 2 hooks
+    assert values['kiln_webhook_deliveries_total{outcome="retry"}'] >= 3
+    assert values["kiln_scheduler_leader"] == 1 and values["kiln_scheduler_cycle_seconds_count"] >= 1
 
 
 def test_the_dashboard_shows_the_delivery_log(kiln: Kiln, delivered: dict[str, Any]) -> None:
