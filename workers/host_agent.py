@@ -21,6 +21,7 @@ from core.gpu_types import canonical
 from core.lifecycle import requeue_after_failure
 from core.liveness import Pulse
 from core.models import GPU, Attempt, Host, Job
+from core.retention import prune_job_files
 from core.settings import Settings
 from core.states import ACTIVE, AttemptState, HostState, move_host, record_event
 from workers import mps
@@ -186,8 +187,18 @@ class HostAgent:
             # Unhealthy is sticky: the reconciler clears it when the host's exclusion ends (a clean sample
             # must not erase an error before the reconciler has seen it).
 
+    def prune_files(self) -> int:
+        """Delete the log and run directories of jobs finished longer ago than the retention allows."""
+        settings = self.settings
+        with session_scope() as db:
+            gone = prune_job_files(db, settings.resolved_storage_dir, settings, utcnow())
+        if gone:
+            log.info("retention: removed the logs and run directories of %d finished job(s)", gone)
+        return gone
+
     def _loop(self) -> None:
         next_sample = 0.0
+        next_retention = 0.0  # the log files of long-finished jobs: core/retention.py
         while not self._stop.is_set():
             start = time.monotonic()
             try:
@@ -196,6 +207,9 @@ class HostAgent:
                     if start >= next_sample:
                         next_sample = start + self.sample_interval_s
                         self.sample(db)
+                if start >= next_retention:
+                    next_retention = start + self.settings.retention_interval_s
+                    self.prune_files()
                 self.pulse.beat("heartbeat")  # after the commit: the reconciler sees this host alive
                 self.metrics.heartbeat_seconds.observe(time.monotonic() - start)
                 self.metrics.last_heartbeat.set_to_current_time()

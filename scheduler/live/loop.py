@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.db import make_engine, utcnow
 from core.liveness import Pulse
 from core.policy_config import PolicyConfig
+from core.retention import RetentionReport, prune_database
 from core.settings import Settings, get_settings
 from scheduler.live import sla
 from scheduler.live.apply import Dispatch, apply_all
@@ -106,6 +107,20 @@ def run_cycle(
     return result
 
 
+def retain(*, session_factory: Callable[[], Session], settings: Settings, now: datetime) -> RetentionReport:
+    """One retention pass (core/retention.py) in a transaction of its own, outside the scheduling cycle."""
+    db = session_factory()
+    try:
+        report = prune_database(db, settings, now)
+        db.commit()
+        return report
+    except BaseException:
+        db.rollback()
+        raise
+    finally:
+        db.close()
+
+
 def observe(metrics: SchedulerMetrics, result: CycleResult) -> None:
     metrics.cycle_seconds.observe(result.total_s)
     metrics.plan_seconds.observe(result.plan_s)
@@ -119,6 +134,19 @@ def observe(metrics: SchedulerMetrics, result: CycleResult) -> None:
         metrics.dispatch_seconds.observe(seconds)
     if result.dispatch_errors:
         metrics.dispatch_errors.inc(result.dispatch_errors)
+
+
+def _retain_logged(factory: Callable[[], Session], settings: Settings, metrics: SchedulerMetrics) -> None:
+    try:
+        report = retain(session_factory=factory, settings=settings, now=utcnow())
+    except Exception:
+        log.exception("retention pass failed; retrying after the next interval")
+        return
+    for what, n in vars(report).items():
+        if n:
+            metrics.retention_deleted.labels(what).inc(n)
+    if report:
+        log.info("retention: %s", report)
 
 
 def run_forever(
@@ -135,6 +163,7 @@ def run_forever(
     leadership = leadership_for(url, settings.home)
     interval = settings.scheduler_interval_s
     pulse = Pulse(settings.liveness_file, interval)  # the container healthcheck reads it
+    next_retention = 0.0  # monotonic; the leader prunes at its start, then every retention_interval_s
     try:
         while not stop.is_set():
             if not leadership.try_acquire():
@@ -158,6 +187,9 @@ def run_forever(
                     except Exception:
                         metrics.cycle_failures.inc()
                         log.exception("scheduling cycle failed; retrying on the next tick")
+                    if time.monotonic() >= next_retention:
+                        next_retention = time.monotonic() + settings.retention_interval_s
+                        _retain_logged(factory, settings, metrics)
                     leadership.wait(interval, stop)
             except Exception:
                 log.exception("scheduler: lost leadership")

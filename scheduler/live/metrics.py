@@ -12,6 +12,7 @@
 | ``kiln_scheduler_dispatch_errors_total`` | counter | messages the broker refused (the reconciler re-dispatches) |
 | ``kiln_webhook_deliveries_total`` | counter | by ``outcome``: delivered, retry, failed |
 | ``kiln_webhook_delivery_seconds`` | histogram | one POST to a receiver, answered or not |
+| ``kiln_retention_deleted_total`` | counter | rows retention removed, by ``what`` (core/retention.py) |
 """
 
 from __future__ import annotations
@@ -44,5 +45,7 @@ class SchedulerMetrics:
                                           ["outcome"], registry=r)  # fmt: skip
         for outcome in ("delivered", "retry", "failed"):
             self.webhook_deliveries.labels(outcome)
+        self.retention_deleted = Counter("kiln_retention_deleted", "Rows retention removed, by kind", ["what"],
+                                         registry=r)  # fmt: skip
         self.webhook_seconds = Histogram("kiln_webhook_delivery_seconds", "One POST to a webhook receiver",
                                          buckets=FAST_BUCKETS, registry=r)  # fmt: skip
