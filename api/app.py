@@ -20,7 +20,7 @@ from api import errors
 from api.metrics import http_metrics_registry
 from api.middleware import BodyLimitMiddleware, MetricsMiddleware, SecurityHeadersMiddleware
 from api.ratelimit import FailedAuthentications, make_limiter
-from api.routers import cluster, health, jobs, qos, sla, streams, teams, tokens, usage, users, webhooks
+from api.routers import cluster, exports, health, jobs, qos, sla, streams, teams, tokens, usage, users, webhooks
 from api.routers.common import ERROR_CODES
 from api.routers.health import register_collectors
 from api.schemas.common import Problem
@@ -73,7 +73,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
 
     errors.install(app)
     # jobs first: the router tries routes in order, and its two hot paths are most of the traffic
-    for module in (jobs, health, users, tokens, streams, teams, qos, sla, cluster, usage, webhooks):
+    for module in (jobs, health, users, tokens, streams, teams, qos, sla, cluster, usage, webhooks, exports):
         app.include_router(module.router)
     _install_dashboard(app)
 

@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     from workers import isolation, mps, tasks
     from workers.celery_app import declare_host_queue, get_app
     from workers.consumer_probe import ConsumerProbe, quiet_probe_logs
+    from workers.exports import ExportRunner
     from workers.host_agent import HostAgent
     from workers.inventory import detect_inventory
 
@@ -82,6 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["KILN_WORKER_HOST"] = args.host
     agent.start()
     probe.start()
+    exporter = ExportRunner(worker=f"{args.host}:{tasks.WORKER_INCARNATION}",
+                            storage_dir=settings.resolved_storage_dir)  # fmt: skip
+    exporter.start()
     try:
         consume(app, host=args.host, loglevel=args.loglevel)
         # A warm shutdown: the supervisions saw SHUTTING_DOWN and are stopping their trainers (checkpoint, exit
@@ -91,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
                       settings.drain_timeout_s)  # fmt: skip
     finally:
         probe.stop()
+        exporter.stop()
         agent.stop()
         host_isolation.close()
         if daemon is not None:

@@ -1,7 +1,7 @@
 """ORM models, one module per domain; importing this package registers every table on ``Base.metadata``."""
 
 from core.models.cluster import GPU, Host
-from core.models.jobs import Attempt, Checkpoint, Event, Job, JobDependency, JobMetric, Usage
+from core.models.jobs import Attempt, Checkpoint, CheckpointExport, Event, Job, JobDependency, JobMetric, Usage
 from core.models.tenancy import (
     ApiToken,
     Membership,
@@ -21,6 +21,7 @@ __all__ = [
     "ApiToken",
     "Attempt",
     "Checkpoint",
+    "CheckpointExport",
     "Event",
     "Host",
     "Job",

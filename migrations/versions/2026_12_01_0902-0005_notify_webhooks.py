@@ -1,4 +1,4 @@
-"""webhooks (per team or per job) and their outbox of deliveries
+"""webhooks (per team or per job) and their outbox of deliveries; checkpoint export requests
 
 Revision ID: 0005_notify
 Revises: 0004_security
@@ -66,8 +66,31 @@ def upgrade() -> None:
     op.create_index("ix_webhook_deliveries_webhook_id_status_id", "webhook_deliveries", ["webhook_id", "status", "id"])
     op.create_index("ix_webhook_deliveries_status_next_attempt_at", "webhook_deliveries",
                     ["status", "next_attempt_at"])  # fmt: skip
+    op.create_table(
+        "checkpoint_exports",
+        sa.Column("id", sa.Integer(), nullable=False),
+        sa.Column("job_id", sa.Integer(), nullable=False),
+        sa.Column("step", sa.Integer(), nullable=False),
+        sa.Column("state", sa.String(length=16), nullable=False, comment="requested, running, ready, failed"),
+        sa.Column("requested_by_user_id", sa.Integer(), nullable=True),
+        sa.Column("requested_at", core.db.UTCDateTime(timezone=True), nullable=False),
+        sa.Column("claimed_by", sa.String(length=128), nullable=True, comment="the worker converting it"),
+        sa.Column("claimed_at", core.db.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("finished_at", core.db.UTCDateTime(timezone=True), nullable=True),
+        sa.Column("bytes", sa.BigInteger(), nullable=True),
+        sa.Column("sha256", sa.String(length=64), nullable=True),
+        sa.Column("error", sa.String(length=1024), nullable=True),
+        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name=op.f("fk_checkpoint_exports_job_id_jobs"),
+                                ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(["requested_by_user_id"], ["users.id"],
+                                name=op.f("fk_checkpoint_exports_requested_by_user_id_users"), ondelete="SET NULL"),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_checkpoint_exports")),
+        sa.UniqueConstraint("job_id", "step", name=op.f("uq_checkpoint_exports_job_id_step")),
+    )  # fmt: skip
+    op.create_index("ix_checkpoint_exports_state_id", "checkpoint_exports", ["state", "id"])
 
 
 def downgrade() -> None:
+    op.drop_table("checkpoint_exports")
     op.drop_table("webhook_deliveries")
     op.drop_table("webhooks")
