@@ -1,8 +1,8 @@
 """webhooks (per team or per job) and their outbox of deliveries; checkpoint export requests
 
 Revision ID: 0005_notify
-Revises: 0004_security
-Create Date: 2026-12-01 09:02:00+00:00
+Revises: 0005_mps
+Create Date: 2026-12-01 09:11:00+00:00
 """
 
 from collections.abc import Sequence
@@ -13,7 +13,7 @@ from alembic import op
 import core.db
 
 revision: str = "0005_notify"
-down_revision: str | None = "0004_security"
+down_revision: str | None = "0005_mps"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
