@@ -43,8 +43,12 @@ class Receiver(BaseHTTPRequestHandler):
             return
         event = json.loads(body)
         job = event.get("job") or {}
-        print(f"delivery {self.headers.get('Kiln-Delivery')}: {event.get('kind')} job {job.get('id')} "
-              f"({job.get('name')}, {job.get('state')}): {event['event']['message']}", flush=True)
+        if job.get("id"):
+            subject = f"job {job['id']} ({job.get('name')}, {job.get('state')})"
+        else:  # a test delivery of a team's hook
+            subject = f"team {job.get('team')}"
+        print(f"delivery {self.headers.get('Kiln-Delivery')}: {event.get('kind')} {subject}: "
+              f"{event['event']['message']}", flush=True)
 
     def log_message(self, *args: object) -> None:
         pass

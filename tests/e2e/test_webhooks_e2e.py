@@ -142,5 +142,5 @@ def test_the_dashboard_shows_the_delivery_log(kiln: Kiln, delivered: dict[str, A
         expect(rows.first.locator(".badge")).to_have_text("delivered")
         expect(page.locator("#deliveries")).to_contain_text("cancelled")
         shots = SCREENSHOTS if os.environ.get("KILN_REFRESH_DOCS_IMG") else Path(tempfile.mkdtemp())
-        page.screenshot(path=str(shots / "dashboard-webhooks.png"), full_page=True)
+        page.screenshot(path=str(shots / "dashboard-webhooks-deliveries.png"), full_page=True)
         assert not errors, errors
