@@ -159,7 +159,10 @@ class HostAgent:
         if daemon is None:
             host.mps = None
             return
-        if daemon.ensure():
+        restarted = daemon.ensure()
+        self.metrics.mps_running.set(1 if daemon.state == "running" else 0)
+        if restarted:
+            self.metrics.mps_restarts.inc()
             record_event(db, "MPS_RESTARTED", message=f"host {self.name}: the MPS daemon died and was started again; "
                          "its clients restart from their checkpoints", data={"host": self.name,
                          "generation": daemon.generation})  # fmt: skip

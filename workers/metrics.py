@@ -8,6 +8,8 @@
 | ``kiln_worker_gpu_sample_seconds`` | histogram | one NVML sample of every GPU of the host |
 | ``kiln_worker_gpu_healthy`` | gauge | per ``gpu`` (index): 0 once NVML reported an Xid or uncorrected ECC error |
 | ``kiln_worker_gpu_errors_total`` | counter | NVML error reports |
+| ``kiln_worker_mps_running`` | gauge | 1 while the host's MPS daemon runs (hosts that offer GPU shares) |
+| ``kiln_worker_mps_restarts_total`` | counter | times the MPS daemon died and was started again |
 | ``kiln_worker_attempts_running`` | gauge | attempts this worker supervises now |
 | ``kiln_worker_attempts_total`` | counter | attempts ended, by ``outcome`` (succeeded, preempted, refused...) |
 """
@@ -33,5 +35,7 @@ class WorkerMetrics:
         self.gpu_healthy = Gauge("kiln_worker_gpu_healthy", "1 while NVML reports no error for the GPU", ["gpu"],
                                  registry=r)  # fmt: skip
         self.gpu_errors = Counter("kiln_worker_gpu_errors", "NVML error reports (Xid, uncorrected ECC)", registry=r)
+        self.mps_running = Gauge("kiln_worker_mps_running", "1 while the host's MPS daemon runs", registry=r)
+        self.mps_restarts = Counter("kiln_worker_mps_restarts", "MPS daemon restarts", registry=r)
         self.attempts_running = Gauge("kiln_worker_attempts_running", "Attempts supervised now", registry=r)
         self.attempts = Counter("kiln_worker_attempts", "Attempts ended, by outcome", ["outcome"], registry=r)
