@@ -23,7 +23,7 @@ from workers.metrics import WorkerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "ops" / "prometheus" / "alerts.yml"
-DASHBOARD = ROOT / "ops" / "grafana" / "kiln-dashboard.json"
+DASHBOARDS = sorted((ROOT / "ops" / "grafana").glob("*.json"))
 SUFFIXES = {
     "counter": ("_total", "_created"),
     "histogram": ("_bucket", "_sum", "_count", "_created"),
@@ -74,9 +74,10 @@ def test_every_alert_is_complete_and_names_exported_metrics() -> None:
     assert len(seen) >= 10
 
 
-def test_the_grafana_dashboard_names_exported_metrics() -> None:
+def test_the_grafana_dashboards_name_exported_metrics() -> None:
     exported = exported_series()
-    exprs = re.findall(r'"expr":\s*"((?:[^"\\]|\\.)*)"', DASHBOARD.read_text())
+    assert len(DASHBOARDS) >= 2  # the API's (kiln-dashboard.json) and the processes' (kiln-processes.json)
+    exprs = [e for board in DASHBOARDS for e in re.findall(r'"expr":\s*"((?:[^"\\]|\\.)*)"', board.read_text())]
     assert exprs
     for expr in exprs:
         unknown = names_in(json.loads(f'"{expr}"')) - exported
