@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import json
 import socket
 from typing import Any
 from urllib.parse import urlsplit
@@ -87,8 +88,6 @@ def payload(kind: str, event: Event, job: Job, team: str) -> dict[str, Any]:
 def body_bytes(fmt: str, delivery_id: int, payload: dict[str, Any]) -> bytes:
     """The request body: kiln's JSON (with the delivery's id, a receiver's idempotency key), or Slack's
     ``{"text": ...}`` for an incoming-webhook URL."""
-    import json
-
     if fmt == "slack":
         return json.dumps({"text": slack_text(payload)}).encode()
     return json.dumps({"id": delivery_id, **payload}, separators=(",", ":"), sort_keys=True).encode()
