@@ -136,6 +136,8 @@ def test_the_dashboard_shows_the_delivery_log(kiln: Kiln, delivered: dict[str, A
         page.get_by_role("button", name="Sign in").click()
         page.wait_for_selector("#queue-list table")
         page.get_by_role("link", name="Webhooks", exact=True).click()
+        expect(page.locator("#webhooks tbody tr")).to_have_count(2)
+        assert "null" not in page.locator("main").inner_text()
         page.get_by_role("link", name=str(hook["id"]), exact=True).click()
         rows = page.locator("#deliveries tbody tr")
         expect(rows).to_have_count(3)

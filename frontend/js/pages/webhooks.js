@@ -17,8 +17,8 @@ export async function webhooksPage(root, params) {
       "Signed notifications when a job finishes, fails, is preempted or restarted, or breaks its SLA. "
       + "Create them with kiln webhooks create (docs/notifications.md)."),
     h("section", { class: "card", "aria-labelledby": "hooks-title" }, h("h2", { id: "hooks-title" }, "Webhooks"), listEl),
-    selected ? h("section", { class: "card", "aria-labelledby": "log-title" },
-      h("h2", { id: "log-title" }, `Deliveries of webhook ${selected}`), logEl) : null,
+    ...(selected ? [h("section", { class: "card", "aria-labelledby": "log-title" },
+      h("h2", { id: "log-title" }, `Deliveries of webhook ${selected}`), logEl)] : []),
   );
 
   const load = async () => {
