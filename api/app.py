@@ -15,10 +15,25 @@ from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import sessionmaker
 
 from api import errors, openapi
+from api.metrics import http_metrics_registry
 from api.middleware import BodyLimitMiddleware, MetricsMiddleware, SecurityHeadersMiddleware
 from api.ratelimit import FailedAuthentications, make_limiter
-from api.routers import cluster, health, jobs, qos, sla, streams, sweeps, teams, tokens, usage, users
-from api.routers.health import jobs_gauge
+from api.routers import (
+    cluster,
+    exports,
+    health,
+    jobs,
+    qos,
+    sla,
+    streams,
+    sweeps,
+    teams,
+    tokens,
+    usage,
+    users,
+    webhooks,
+)
+from api.routers.health import register_collectors
 from core.db import make_engine
 from core.settings import Settings, get_settings
 
@@ -52,16 +67,16 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         settings.resolved_broker_url, settings.auth_failures_per_minute, settings.auth_failures_burst,
         prefix="kiln:authfail:"))  # fmt: skip
     app.state.registry = CollectorRegistry()
-    app.state.jobs_gauge = jobs_gauge(app.state.registry)
+    register_collectors(app.state.registry)
 
     errors.install(app)
     # jobs first: the router tries routes in order, and its two hot paths are most of the traffic
-    for module in (jobs, health, users, tokens, streams, teams, qos, sla, sweeps, cluster, usage):
+    for module in (jobs, health, users, tokens, streams, teams, qos, sla, sweeps, cluster, usage, webhooks, exports):
         app.include_router(module.router)
     _install_dashboard(app)
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.add_middleware(MetricsMiddleware, registry=app.state.registry)  # counts 413s too
+    app.add_middleware(MetricsMiddleware, registry=http_metrics_registry(app.state.registry))  # counts 413s too
     app.add_middleware(SecurityHeadersMiddleware)  # outermost: on every response
     app.openapi = lambda: openapi.document(app)  # type: ignore[method-assign]
     return app

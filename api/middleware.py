@@ -75,7 +75,8 @@ class BodyLimitMiddleware:
 class MetricsMiddleware:
     """Request counts and latency per method, route template and status (the template keeps cardinality low)."""
 
-    def __init__(self, app: ASGIApp, registry: CollectorRegistry) -> None:
+    def __init__(self, app: ASGIApp, registry: CollectorRegistry | None) -> None:
+        """``registry`` None: registered nowhere, counted in prometheus_client's multiprocess files (api/metrics.py)."""
         self.app = app
         self.requests = Counter("kiln_http_requests", "HTTP requests", ["method", "route", "status"], registry=registry)
         self.latency = Histogram(

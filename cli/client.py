@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cli.config import CliConfig
@@ -132,6 +133,30 @@ class KilnClient:
         resp = self._send("GET", path)
         self._check(resp)
         return resp.json(), resp.headers.get("ETag")
+
+    def download(self, path: str, dest: Path) -> int:
+        """Stream a file from the API to ``dest`` (written under a temporary name, then renamed); its size."""
+        import httpx
+
+        tmp = dest.with_name(f".{dest.name}.part")
+        size = 0
+        try:
+            with self._http.stream("GET", path) as resp:
+                if not resp.is_success:
+                    resp.read()
+                    self._check(resp)
+                with open(tmp, "wb") as f:
+                    for chunk in resp.iter_bytes(1 << 20):
+                        f.write(chunk)
+                        size += len(chunk)
+        except httpx.TransportError as exc:
+            tmp.unlink(missing_ok=True)
+            raise unreachable(self.base_url, _reason(exc)) from None
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        tmp.replace(dest)
+        return size
 
     def post(self, path: str, json: Any = None, **kwargs: Any) -> Any:
         return self.request("POST", path, json=json, **kwargs)

@@ -14,8 +14,10 @@ from __future__ import annotations
 from cli.app import app, report
 from cli.commands.access import tokens_app
 from cli.commands.admin import admin_app
+from cli.commands.checkpoints import checkpoint_app
 from cli.commands.reuse import sweep_app
 from cli.commands.teams import invitations_app, sla_app, teams_app
+from cli.commands.webhooks import webhooks_app
 
 __all__ = ["app", "report"]  # the entry point (pyproject's ``kiln = "cli.main:app"``) and its error reporter
 
@@ -25,6 +27,8 @@ app.add_typer(teams_app, name="teams")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(sla_app, name="sla")
 app.add_typer(invitations_app, name="invitations")
+app.add_typer(webhooks_app, name="webhooks")
+app.add_typer(checkpoint_app, name="checkpoint")
 app.add_typer(admin_app, name="admin")
 
 

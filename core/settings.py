@@ -207,7 +207,60 @@ class DashboardSettings(SettingsGroup):
         return {canonical_key(name): price for name, price in prices.items()}
 
 
-class Settings(ConnectionSettings, ApiLimits, Timings, WorkerHost, DashboardSettings, BaseSettings):
+class NotificationSettings(SettingsGroup):
+    """Webhooks: how the scheduler process's notifier delivers them (docs/notifications.md)."""
+
+    webhook_timeout_s: float = Field(default=10.0, description="The longest one POST to a receiver may take.")
+    webhook_backoff_base_s: float = Field(
+        default=5.0,
+        description="A failed delivery is retried after base x 2^(attempts-1) seconds; the hook's later deliveries "
+        "wait behind it, so they arrive in order.",
+    )
+    webhook_backoff_max_s: float = Field(default=3600.0, description="The longest wait between two tries.")
+    webhook_max_attempts: int = Field(
+        default=15, description="Tries before a delivery is marked failed (the defaults keep trying ~10 hours)."
+    )
+    webhook_poll_s: float = Field(default=1.0, description="How often an idle notifier looks for due deliveries.")
+    webhook_allow_private_targets: bool = Field(
+        default=False,
+        description="Allow hooks to loopback, private and link-local addresses (refused otherwise: a hook must "
+        "not be a way into the control plane's own network); set it for a receiver on this machine or network.",
+    )
+
+
+class MetricsSettings(SettingsGroup):
+    """The scheduler's and each worker's own Prometheus listener (the API's metrics are on its `/metrics`)."""
+
+    scheduler_metrics_port: int = Field(default=0, description="The scheduler process's metrics port; 0: none.")
+    worker_metrics_port: int = Field(default=0, description="A worker process's metrics port; 0: none.")
+    metrics_bind: str = Field(
+        default="127.0.0.1", description="The address those listeners bind (they take no token: keep it private)."
+    )
+
+
+class RetentionSettings(SettingsGroup):
+    """What a finished job leaves behind is thinned, then pruned, after these ages from its end (days; 0: never)."""
+
+    retention_interval_s: float = Field(default=3600.0, description="How often the scheduler's leader prunes.")
+    retention_metrics_downsample_days: float = Field(
+        default=7.0, description="Per-step metrics are thinned to `retention_metric_points` per job after this."
+    )
+    retention_metric_points: int = Field(default=500, description="Per-step metric rows kept per thinned job.")
+    retention_metrics_days: float = Field(default=90.0, description="Per-step metrics are deleted after this.")
+    retention_events_days: float = Field(
+        default=180.0,
+        description="A job's events are deleted after this, except those `/metrics` counts for all time.",
+    )
+    retention_logs_days: float = Field(
+        default=30.0, description="Log files and run directories are removed from storage (by the workers)."
+    )
+    retention_deliveries_days: float = Field(
+        default=30.0, description="Delivered or given-up webhook deliveries are deleted after this."
+    )
+
+
+class Settings(ConnectionSettings, ApiLimits, Timings, WorkerHost, DashboardSettings, NotificationSettings,
+               MetricsSettings, RetentionSettings, BaseSettings):
     """Every setting of every kiln process: ``KILN_<FIELD>``, and ``KILN_POLICY__<FIELD>`` for the policy.
 
     Read once at a process's entry (``get_settings()``) and passed down; pure code (``plan()``) gets the part it

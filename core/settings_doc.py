@@ -15,7 +15,16 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from core.policy_config import PolicyConfig
-from core.settings import ApiLimits, ConnectionSettings, DashboardSettings, Timings, WorkerHost
+from core.settings import (
+    ApiLimits,
+    ConnectionSettings,
+    DashboardSettings,
+    MetricsSettings,
+    NotificationSettings,
+    RetentionSettings,
+    Timings,
+    WorkerHost,
+)
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 
@@ -41,6 +50,9 @@ GROUPS: tuple[tuple[str, str, type[BaseModel]], ...] = (
     ("Timings", "KILN_", Timings),
     ("Worker host", "KILN_", WorkerHost),
     ("Dashboard", "KILN_", DashboardSettings),
+    ("Notifications", "KILN_", NotificationSettings),
+    ("Process metrics", "KILN_", MetricsSettings),
+    ("Retention", "KILN_", RetentionSettings),
     ("Scheduling policy", "KILN_POLICY__", PolicyConfig),
 )
 

@@ -153,6 +153,7 @@ def transition(
         raise IllegalTransition(f"job {job.id}", current, target)
     from core.db import utcnow  # here, not at the top: the pure policy reads the states without the ORM
     from core.models import Event
+    from core.webhooks import enqueue_for_event
 
     now = now or utcnow()
     job.state = target.value
@@ -176,6 +177,7 @@ def transition(
         created_at=now,
     )
     session.add(event)
+    enqueue_for_event(session, event, job)
     return event
 
 
@@ -208,6 +210,7 @@ def record_event(
     """A timeline or audit event that is not a state change (checkpoint, compile fallback, token issued...)."""
     from core.db import utcnow  # see transition
     from core.models import Event
+    from core.webhooks import enqueue_for_event
 
     event = Event(
         job_id=job.id if job is not None else None,
@@ -219,4 +222,6 @@ def record_event(
         created_at=utcnow(),
     )
     session.add(event)
+    if job is not None:
+        enqueue_for_event(session, event, job)
     return event

@@ -44,10 +44,12 @@ def main(argv: list[str] | None = None) -> None:
 
     from core.db import session_scope
     from core.liveness import Pulse
+    from core.process_metrics import serve
     from core.settings import get_settings
     from workers import isolation, mps, tasks
     from workers.celery_app import declare_host_queue, get_app
     from workers.consumer_probe import ConsumerProbe, quiet_probe_logs
+    from workers.exports import ExportRunner
     from workers.host_agent import HostAgent
     from workers.inventory import detect_inventory
 
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
                       settings=settings,
                       incarnation=tasks.WORKER_INCARNATION,
                       pulse=Pulse(settings.liveness_file, settings.heartbeat_interval_s),
-                      consumer=probe)  # fmt: skip
+                      consumer=probe, metrics=tasks.METRICS)  # fmt: skip
+    serve(tasks.METRICS.registry, port=settings.worker_metrics_port, bind=settings.metrics_bind, what="worker")
     declare_host_queue(app, args.host)  # before the scheduler can see the host (and dispatch to its queue)
     with session_scope() as db:
         has_gpus = bool(agent.register(db).gpus)  # and ends the attempts a previous worker process left behind
@@ -80,6 +83,9 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["KILN_WORKER_HOST"] = args.host
     agent.start()
     probe.start()
+    exporter = ExportRunner(worker=f"{args.host}:{tasks.WORKER_INCARNATION}",
+                            storage_dir=settings.resolved_storage_dir)  # fmt: skip
+    exporter.start()
     try:
         consume(app, host=args.host, loglevel=args.loglevel)
         # A warm shutdown: the supervisions saw SHUTTING_DOWN and are stopping their trainers (checkpoint, exit
@@ -89,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
                       settings.drain_timeout_s)  # fmt: skip
     finally:
         probe.stop()
+        exporter.stop()
         agent.stop()
         host_isolation.close()
         if daemon is not None:

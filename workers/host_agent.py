@@ -21,12 +21,14 @@ from core.gpu_types import canonical
 from core.lifecycle import requeue_after_failure
 from core.liveness import Pulse
 from core.models import GPU, Attempt, Host, Job
+from core.retention import prune_job_files
 from core.settings import Settings
 from core.states import ACTIVE, AttemptState, HostState, move_host, record_event
 from workers import mps
 from workers.celery_app import host_queue
 from workers.consumer_probe import ConsumerProbe
 from workers.inventory import Inventory
+from workers.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ log = logging.getLogger(__name__)
 class HostAgent:
     def __init__(self, *, name: str, inventory: Inventory, cpu_slots: int, address: str | None, settings: Settings,
                  incarnation: str | None = None, pulse: Pulse | None = None,
-                 consumer: ConsumerProbe | None = None):  # fmt: skip
+                 consumer: ConsumerProbe | None = None, metrics: WorkerMetrics | None = None):  # fmt: skip
         self.name = name
         self.inventory = inventory
         self.cpu_slots = cpu_slots
@@ -48,6 +50,7 @@ class HostAgent:
         self.slots = 0
         self.incarnation = incarnation  # this worker process (tasks.WORKER_INCARNATION)
         self.consumer = consumer  # None: nothing to probe (a test's agent without a Celery worker)
+        self.metrics = metrics or WorkerMetrics()
 
     def register(self, db: Session) -> Host:
         """Create or update the host row and its GPUs (GPUs that disappeared are removed)."""
@@ -156,14 +159,19 @@ class HostAgent:
         if daemon is None:
             host.mps = None
             return
-        if daemon.ensure():
+        restarted = daemon.ensure()
+        self.metrics.mps_running.set(1 if daemon.state == "running" else 0)
+        if restarted:
+            self.metrics.mps_restarts.inc()
             record_event(db, "MPS_RESTARTED", message=f"host {self.name}: the MPS daemon died and was started again; "
                          "its clients restart from their checkpoints", data={"host": self.name,
                          "generation": daemon.generation})  # fmt: skip
         host.mps = daemon.state
 
     def sample(self, db: Session) -> None:
+        started = time.perf_counter()
         samples = self.inventory.sample()
+        self.metrics.gpu_sample_seconds.observe(time.perf_counter() - started)
         if not samples:
             return
         rows = {g.uuid: g for g in db.scalars(select(GPU).join(Host).where(Host.name == self.name)).all()}
@@ -173,14 +181,27 @@ class HostAgent:
                 continue
             row.last_sample = s.as_dict()
             if s.errors:
+                self.metrics.gpu_errors.inc()
+            self.metrics.gpu_healthy.labels(str(row.index)).set(0 if s.errors or not row.healthy else 1)
+            if s.errors:
                 row.healthy = False
                 record_event(db, "GPU_ERROR", message=f"host {self.name} GPU {row.index}: {', '.join(s.errors)}",
                              data={"host": self.name, "gpu": s.uuid, "errors": s.errors})  # fmt: skip
             # Unhealthy is sticky: the reconciler clears it when the host's exclusion ends (a clean sample
             # must not erase an error before the reconciler has seen it).
 
+    def prune_files(self) -> int:
+        """Delete the log and run directories of jobs finished longer ago than the retention allows."""
+        settings = self.settings
+        with session_scope() as db:
+            gone = prune_job_files(db, settings.resolved_storage_dir, settings, utcnow())
+        if gone:
+            log.info("retention: removed the logs and run directories of %d finished job(s)", gone)
+        return gone
+
     def _loop(self) -> None:
         next_sample = 0.0
+        next_retention = 0.0  # the log files of long-finished jobs: core/retention.py
         while not self._stop.is_set():
             start = time.monotonic()
             try:
@@ -189,10 +210,17 @@ class HostAgent:
                     if start >= next_sample:
                         next_sample = start + self.sample_interval_s
                         self.sample(db)
+                if start >= next_retention:
+                    next_retention = start + self.settings.retention_interval_s
+                    self.prune_files()
                 self.pulse.beat("heartbeat")  # after the commit: the reconciler sees this host alive
+                self.metrics.heartbeat_seconds.observe(time.monotonic() - start)
+                self.metrics.last_heartbeat.set_to_current_time()
             except (OperationalError, DBAPIError) as exc:
+                self.metrics.heartbeat_failures.inc()
                 log.warning("host heartbeat failed (database unavailable?): %s", exc)
             except Exception:
+                self.metrics.heartbeat_failures.inc()
                 log.exception("host agent iteration failed")
             self._stop.wait(max(0.0, self.heartbeat_interval_s - (time.monotonic() - start)))
 

@@ -48,6 +48,7 @@ from workers import isolation, mps
 from workers.celery_app import TASK_PROBE_CONSUMER, TASK_RUN_ATTEMPT, get_app
 from workers.consumer_probe import ConsumerProbe
 from workers.exit_classes import Outcome, StopRequest, classify
+from workers.metrics import WorkerMetrics
 from workers.supervisor import Rendezvous, TrainerProcess, launch_command
 from workers.telemetry_relay import RelayState, TelemetryTail, relay
 
@@ -58,6 +59,7 @@ app = get_app()
 # incarnation (recorded on each node it claims: a later worker process on the host knows it was not its own).
 CURRENT_HOST: str | None = None
 WORKER_INCARNATION: str | None = None
+METRICS = WorkerMetrics()  # this worker process's (its host agent's too); served by workers.__main__
 # Set when the worker starts a warm shutdown: running attempts checkpoint and go back to the queue.
 SHUTTING_DOWN = threading.Event()
 # Set by ``python -m workers``: the probe that tells the host agent whether this process's consumer consumes.
@@ -580,7 +582,24 @@ def run_claimed(
     *, claimed: Claimed, claimed_at: float, attempt_id: int, fencing_token: int, node_rank: int, host: str,
     settings: Settings,
 ) -> str:  # fmt: skip
-    """Launch the claimed node's trainer, supervise it to its end and report; returns the exit class."""
+    """Launch the claimed node's trainer, supervise it to its end and report; returns the exit class. Counted in
+    the worker's metrics (attempts running, and ended by outcome)."""
+    METRICS.attempts_running.inc()
+    outcome = "error"
+    try:
+        outcome = _run_claimed(claimed=claimed, claimed_at=claimed_at, attempt_id=attempt_id,
+                               fencing_token=fencing_token, node_rank=node_rank, host=host,
+                               settings=settings)  # fmt: skip
+        return outcome
+    finally:
+        METRICS.attempts_running.dec()
+        METRICS.attempts.labels(outcome).inc()
+
+
+def _run_claimed(
+    *, claimed: Claimed, claimed_at: float, attempt_id: int, fencing_token: int, node_rank: int, host: str,
+    settings: Settings,
+) -> str:  # fmt: skip
     storage = settings.resolved_storage_dir.resolve()
     suffix = "" if node_rank == 0 else f".node{node_rank}"
     run_dir = storage / "runs" / str(claimed.job_id) / f"{claimed.attempt_number}{suffix}"

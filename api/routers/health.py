@@ -7,12 +7,17 @@ scrape-only token an admin issues for Prometheus) or an admin's token; anyone el
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from sqlalchemy import text
 
 from api.auth import principal_for
 from api.deps import SessionDep
+from api.metrics import scrape_registry
 from api.schemas.common import problem_responses
 from core.repositories import jobs as jobs_repo
 from core.services import ops_metrics
@@ -32,11 +37,27 @@ def get_readiness(db: SessionDep) -> dict[str, str]:
     return {"status": "ready"}
 
 
-def jobs_gauge(registry: CollectorRegistry) -> Gauge:
-    """The ``kiln_jobs`` gauge; also registers the operators' collector on ``registry`` (create_app calls this
-    once per app with the app's registry)."""
+class JobsByStateCollector(Collector):
+    """``kiln_jobs`` by state, counted in the database at scrape time (so every API process reports the same)."""
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily("kiln_jobs", "Jobs by state", labels=["state"])
+        session = ops_metrics.scrape_session()
+        if session is None:
+            return []
+        counts = jobs_repo.count_by_state(session)
+        for state in JobState:
+            family.add_metric([state.value], counts.get(state.value, 0))
+        return [family]
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily("kiln_jobs", "Jobs by state", labels=["state"])]
+
+
+def register_collectors(registry: CollectorRegistry) -> None:
+    """The database's metrics on the app's registry (create_app calls this once per app)."""
+    registry.register(JobsByStateCollector())
     registry.register(ops_metrics.OpsMetricsCollector())
-    return Gauge("kiln_jobs", "Jobs by state", ["state"], registry=registry)
 
 
 @router.get(
@@ -50,10 +71,6 @@ def jobs_gauge(registry: CollectorRegistry) -> Gauge:
 )
 def get_prometheus_metrics(request: Request, db: SessionDep) -> Response:
     principal_for(request, db, scope="metrics")
-    gauge: Gauge = request.app.state.jobs_gauge
-    counts = jobs_repo.count_by_state(db)
-    for state in JobState:
-        gauge.labels(state.value).set(counts.get(state.value, 0))
     with ops_metrics.scraping(db):
-        body = generate_latest(request.app.state.registry)
+        body = generate_latest(scrape_registry(request.app.state.registry))
     return Response(body, media_type=CONTENT_TYPE_LATEST)

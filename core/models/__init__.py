@@ -1,7 +1,17 @@
 """ORM models, one module per domain; importing this package registers every table on ``Base.metadata``."""
 
 from core.models.cluster import GPU, Host
-from core.models.jobs import Attempt, Checkpoint, Event, Job, JobDependency, JobMetric, Sweep, Usage
+from core.models.jobs import (
+    Attempt,
+    Checkpoint,
+    CheckpointExport,
+    Event,
+    Job,
+    JobDependency,
+    JobMetric,
+    Sweep,
+    Usage,
+)
 from core.models.tenancy import (
     ApiToken,
     Membership,
@@ -14,12 +24,14 @@ from core.models.tenancy import (
     User,
     team_qos_classes,
 )
+from core.models.webhooks import Webhook, WebhookDelivery
 
 __all__ = [
     "GPU",
     "ApiToken",
     "Attempt",
     "Checkpoint",
+    "CheckpointExport",
     "Event",
     "Host",
     "Job",
@@ -35,5 +47,7 @@ __all__ = [
     "TeamQuota",
     "Usage",
     "User",
+    "Webhook",
+    "WebhookDelivery",
     "team_qos_classes",
 ]

@@ -185,3 +185,25 @@ class JobMetric(Base):
     extra: Mapped[dict[str, Any]] = mapped_column(default=dict, comment="GPU samples, bandwidth, ...")
 
     __table_args__ = (Index("ix_job_metrics_job_id_step", "job_id", "step"),)
+
+
+class CheckpointExport(Base):
+    """A request to export a checkpoint's weights (safetensors + manifest), done by a worker (workers/exports.py);
+    the files live in storage under ``exports/<job>/<step>/``."""
+
+    __tablename__ = "checkpoint_exports"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column()
+    state: Mapped[str] = mapped_column(String(16), default="requested", comment="requested, running, ready, failed")
+    requested_by_user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    requested_at: Mapped[datetime] = mapped_column(default=utcnow)
+    claimed_by: Mapped[str | None] = mapped_column(String(128), comment="the worker converting it")
+    claimed_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column()
+    bytes: Mapped[int | None] = mapped_column(BigInteger)
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    error: Mapped[str | None] = mapped_column(String(1024))
+
+    __table_args__ = (UniqueConstraint("job_id", "step"), Index("ix_checkpoint_exports_state_id", "state", "id"))

@@ -307,6 +307,11 @@ def scraping(session: Session) -> Iterator[None]:
         _SCRAPE_SESSION.reset(token)
 
 
+def scrape_session() -> Session | None:
+    """The session of the scrape in progress (inside ``scraping``), else None."""
+    return _SCRAPE_SESSION.get()
+
+
 class OpsMetricsCollector(Collector):
     """A prometheus_client collector over ``snapshot``; outside ``scraping`` it yields nothing."""
 

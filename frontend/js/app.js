@@ -11,6 +11,7 @@ import { teamsPage } from "./pages/teams.js";
 import { slaPage } from "./pages/sla.js";
 import { clusterPage } from "./pages/cluster.js";
 import { costPage } from "./pages/cost.js";
+import { webhooksPage } from "./pages/webhooks.js";
 
 const root = /** @type {HTMLElement} */ (document.getElementById("main"));
 const nav = /** @type {HTMLElement} */ (document.getElementById("nav"));
@@ -27,6 +28,8 @@ const router = new Router(
     { path: "/sla", page: slaPage, title: "SLA", nav: "sla" },
     { path: "/cluster", page: clusterPage, title: "Cluster", nav: "cluster" },
     { path: "/cost", page: costPage, title: "Cost", nav: "cost" },
+    { path: "/webhooks", page: webhooksPage, title: "Webhooks", nav: "webhooks" },
+    { path: "/webhooks/:id", page: webhooksPage, title: "Webhook", nav: "webhooks" },
   ],
   {
     isSignedIn: () => getToken() !== null,

@@ -15,11 +15,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.db import make_engine, utcnow
 from core.liveness import Pulse
 from core.policy_config import PolicyConfig
+from core.retention import RetentionReport, prune_database
 from core.settings import Settings, get_settings
 from scheduler.live import sla
 from scheduler.live.apply import Dispatch, apply_all
 from scheduler.live.leader import LOCK_KEY, leadership_for
 from scheduler.live.loader import load_snapshot
+from scheduler.live.metrics import SchedulerMetrics
 from scheduler.live.reconciler import DispatchAttempt, reconcile
 from scheduler.policy.plan import plan
 
@@ -41,19 +43,23 @@ class CycleResult:
     violations: list[str] = field(default_factory=list)
     dispatched: int = 0
     dispatch_errors: int = 0
+    dispatch_s: list[float] = field(default_factory=list)  # each message's send time
     plan_s: float = 0.0
     total_s: float = 0.0
 
 
-def _dispatch(dispatches: list[Dispatch], dispatch: DispatchAttempt) -> tuple[int, int]:
+def _dispatch(dispatches: list[Dispatch], dispatch: DispatchAttempt, times: list[float]) -> tuple[int, int]:
+    """Send each attempt's task message; appends each send's duration to ``times``."""
     ok = errors = 0
     for attempt_id, token, placement in dispatches:
+        t0 = time.perf_counter()
         try:
             dispatch(attempt_id, token, placement)
             ok += 1
         except Exception:  # the broker is away: the reconciler re-dispatches attempts nobody picked up
             log.exception("dispatch of attempt %s failed", attempt_id)
             errors += 1
+        times.append(time.perf_counter() - t0)
     return ok, errors
 
 
@@ -96,21 +102,68 @@ def run_cycle(
     result.failed, result.killed = applied.failed, applied.killed
     result.pending = len(decisions.pending)
     result.reasons_written = applied.reasons_written
-    result.dispatched, result.dispatch_errors = _dispatch(applied.dispatches, dispatch)
+    result.dispatched, result.dispatch_errors = _dispatch(applied.dispatches, dispatch, result.dispatch_s)
     result.total_s = time.perf_counter() - started
     return result
 
 
-def run_forever(settings: Settings, *, dispatch: DispatchAttempt, stop: threading.Event | None = None) -> None:
+def retain(*, session_factory: Callable[[], Session], settings: Settings, now: datetime) -> RetentionReport:
+    """One retention pass (core/retention.py) in a transaction of its own, outside the scheduling cycle."""
+    db = session_factory()
+    try:
+        report = prune_database(db, settings, now)
+        db.commit()
+        return report
+    except BaseException:
+        db.rollback()
+        raise
+    finally:
+        db.close()
+
+
+def observe(metrics: SchedulerMetrics, result: CycleResult) -> None:
+    metrics.cycle_seconds.observe(result.total_s)
+    metrics.plan_seconds.observe(result.plan_s)
+    for kind, n in (("admitted", len(result.admitted)), ("preempted", len(result.preempted)),
+                    ("failed", len(result.failed)), ("killed", len(result.killed)),
+                    ("reconciled", len(result.reconciled))):  # fmt: skip
+        if n:
+            metrics.decisions.labels(kind).inc(n)
+    metrics.pending.set(result.pending)
+    for seconds in result.dispatch_s:
+        metrics.dispatch_seconds.observe(seconds)
+    if result.dispatch_errors:
+        metrics.dispatch_errors.inc(result.dispatch_errors)
+
+
+def _retain_logged(factory: Callable[[], Session], settings: Settings, metrics: SchedulerMetrics) -> None:
+    try:
+        report = retain(session_factory=factory, settings=settings, now=utcnow())
+    except Exception:
+        log.exception("retention pass failed; retrying after the next interval")
+        return
+    for what, n in vars(report).items():
+        if n:
+            metrics.retention_deleted.labels(what).inc(n)
+    if report:
+        log.info("retention: %s", report)
+
+
+def run_forever(
+    settings: Settings, *, dispatch: DispatchAttempt, stop: threading.Event | None = None,
+    metrics: SchedulerMetrics | None = None,
+) -> None:  # fmt: skip
     """Campaign for leadership; while leading, run a cycle on every NOTIFY and at least every interval, with the
     settings' policy."""
     stop = stop or threading.Event()
+    metrics = metrics or SchedulerMetrics()
     url = settings.resolved_database_url
     engine = make_engine(url)
     factory = sessionmaker(bind=engine, expire_on_commit=False)
     leadership = leadership_for(url, settings.home)
     interval = settings.scheduler_interval_s
     pulse = Pulse(settings.liveness_file, interval)  # the container healthcheck reads it
+    next_retention = 0.0  # monotonic; the leader prunes at its start, then every retention_interval_s
     try:
         while not stop.is_set():
             if not leadership.try_acquire():
@@ -118,11 +171,13 @@ def run_forever(settings: Settings, *, dispatch: DispatchAttempt, stop: threadin
                 stop.wait(min(interval, STANDBY_RETRY_S))  # a standby takes over within seconds
                 continue
             log.info("scheduler: leading")
+            metrics.leader.set(1)
             try:
                 while not stop.is_set():
                     try:
                         result = run_cycle(session_factory=factory, dispatch=dispatch, settings=settings)
                         pulse.beat("leading")  # only a committed cycle: a leader failing every cycle goes stale
+                        observe(metrics, result)
                         if result.admitted or result.preempted or result.failed or result.reconciled:
                             log.info(
                                 "cycle: admitted %s preempted %s failed %s reconciled %d (plan %.1f ms)",
@@ -130,11 +185,16 @@ def run_forever(settings: Settings, *, dispatch: DispatchAttempt, stop: threadin
                                 result.plan_s * 1000,
                             )  # fmt: skip
                     except Exception:
+                        metrics.cycle_failures.inc()
                         log.exception("scheduling cycle failed; retrying on the next tick")
+                    if time.monotonic() >= next_retention:
+                        next_retention = time.monotonic() + settings.retention_interval_s
+                        _retain_logged(factory, settings, metrics)
                     leadership.wait(interval, stop)
             except Exception:
                 log.exception("scheduler: lost leadership")
             finally:
+                metrics.leader.set(0)
                 leadership.release()
     finally:
         leadership.release()

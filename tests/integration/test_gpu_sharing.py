@@ -111,6 +111,8 @@ def test_a_dead_daemon_is_restarted_and_said_so(
     event = db.scalars(select(Event).where(Event.type == "MPS_RESTARTED")).one()
     assert "the MPS daemon died and was started again" in event.message
     assert db.scalars(select(Host).where(Host.name == "h200-host")).one().mps == "running"
+    assert agent.metrics.registry.get_sample_value("kiln_worker_mps_restarts_total") == 1
+    assert agent.metrics.registry.get_sample_value("kiln_worker_mps_running") == 1
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,76 @@
+"""Checkpoint exports: request (a worker converts the weights to safetensors), follow, download. The job's team
+only (core/services/exports.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Response, status
+from fastapi.responses import FileResponse
+from pydantic import Field
+
+from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.routers.common import ERRORS, JobIdPath
+from api.schemas.common import INT32, InModel, OutModel
+from core.models import CheckpointExport
+from core.services import exports as svc
+
+router = APIRouter(prefix="/v1/jobs/{job_id}/exports", tags=["exports"], responses=ERRORS)
+
+StepPath = Annotated[int, Path(ge=0, le=INT32, description="The checkpoint's step")]
+FilePath = Annotated[Literal["model.safetensors", "manifest.json"], Path(description="Which file of the export")]
+
+
+class ExportIn(InModel):
+    step: int | None = Field(default=None, ge=0, le=INT32, description="Default: the latest verified checkpoint.")
+
+
+class ExportOut(OutModel):
+    job_id: int
+    step: int
+    state: Literal["requested", "running", "ready", "failed"]
+    requested_at: datetime
+    finished_at: datetime | None
+    bytes: int | None
+    sha256: str | None
+    error: str | None
+    files: list[str] = Field(description="Download paths, once ready.")
+
+
+def export_out(e: CheckpointExport) -> ExportOut:
+    files = [f"/v1/jobs/{e.job_id}/exports/{e.step}/{name}" for name in svc.FILES] if e.state == "ready" else []
+    return ExportOut(job_id=e.job_id, step=e.step, state=e.state, requested_at=e.requested_at,  # type: ignore[arg-type]
+                     finished_at=e.finished_at, bytes=e.bytes, sha256=e.sha256, error=e.error, files=files)  # fmt: skip
+
+
+@router.post("", response_model=ExportOut, status_code=status.HTTP_202_ACCEPTED,
+             summary="Export a checkpoint's weights as safetensors (the job's team)",
+             responses={200: {"model": ExportOut, "description": "Already exported"}})  # fmt: skip
+def request_export(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, response: Response,
+                   body: ExportIn | None = None) -> ExportOut:  # fmt: skip
+    export = svc.request(db=db, principal=who, job_id=job_id, step=body.step if body else None)
+    if export.state == "ready":
+        response.status_code = status.HTTP_200_OK
+    response.headers["Location"] = f"/v1/jobs/{job_id}/exports/{export.step}"
+    return export_out(export)
+
+
+@router.get("", response_model=list[ExportOut], summary="The job's exports")
+def list_exports(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> list[ExportOut]:
+    return [export_out(e) for e in svc.list_exports(db=db, principal=who, job_id=job_id)]
+
+
+@router.get("/{step}", response_model=ExportOut, summary="One export")
+def get_export(job_id: JobIdPath, step: StepPath, db: SessionDep, who: CurrentPrincipal) -> ExportOut:
+    return export_out(svc.get(db=db, principal=who, job_id=job_id, step=step))
+
+
+@router.get("/{step}/{name}", response_class=FileResponse, summary="Download a file of a ready export",
+            responses={200: {"content": {"application/octet-stream": {}, "application/json": {}}}})  # fmt: skip
+def download(job_id: JobIdPath, step: StepPath, name: FilePath, db: SessionDep, who: CurrentPrincipal,
+             settings: SettingsDep) -> FileResponse:  # fmt: skip
+    path = svc.file_path(db=db, principal=who, job_id=job_id, step=step, name=name,
+                         storage_dir=settings.resolved_storage_dir)  # fmt: skip
+    media = "application/json" if name.endswith(".json") else "application/octet-stream"
+    return FileResponse(path, media_type=media, filename=f"job{job_id}-step{step}-{name}")

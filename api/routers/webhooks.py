@@ -1,0 +1,69 @@
+"""Webhooks: create (the signing secret is shown once), list, delete, send a test, read the delivery log."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response, status
+
+from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.routers.common import ERRORS, TeamQuery
+from api.schemas.common import INT64
+from api.schemas.webhooks import DeliveryOut, WebhookCreate, WebhookCreated, WebhookOut
+from core.models import Webhook
+from core.services import webhooks as svc
+
+router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"], responses=ERRORS)
+
+HookPath = Annotated[int, Path(ge=1, le=INT64, description="Webhook id")]
+
+
+def webhook_out(hook: Webhook, team: str) -> WebhookOut:
+    return WebhookOut(id=hook.id, team=team, job_id=hook.job_id, url=hook.url, events=list(hook.events or []),
+                      format=hook.format, description=hook.description, created_at=hook.created_at)  # fmt: skip
+
+
+@router.post("", response_model=WebhookCreated, status_code=status.HTTP_201_CREATED,
+             summary="Create a webhook on a team's jobs (team-admin) or on one job (member)")  # fmt: skip
+def create(body: WebhookCreate, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep,
+           response: Response) -> WebhookCreated:  # fmt: skip
+    new = svc.create(db=db, principal=who, team=body.team, job_id=body.job_id, url=body.url, events=body.events,
+                     fmt=body.format, description=body.description,
+                     allow_private=settings.webhook_allow_private_targets)  # fmt: skip
+    response.headers["Location"] = f"/v1/webhooks/{new.hook.id}"
+    return WebhookCreated(**webhook_out(new.hook, new.team).model_dump(), secret=new.secret)
+
+
+@router.get("", response_model=list[WebhookOut], summary="Webhooks you manage")
+def list_webhooks(
+    db: SessionDep, who: CurrentPrincipal, team: TeamQuery = None,
+    job_id: Annotated[int | None, Query(ge=1, le=INT64, description="Only this job's")] = None,
+) -> list[WebhookOut]:  # fmt: skip
+    return [webhook_out(h, t) for h, t in svc.list_hooks(db=db, principal=who, team=team, job_id=job_id)]
+
+
+@router.get("/{hook_id}", response_model=WebhookOut, summary="One webhook")
+def get_webhook(hook_id: HookPath, db: SessionDep, who: CurrentPrincipal) -> WebhookOut:
+    return webhook_out(*svc.get(db=db, principal=who, hook_id=hook_id))
+
+
+@router.delete("/{hook_id}", status_code=status.HTTP_204_NO_CONTENT, summary="Delete a webhook and its log")
+def delete_webhook(hook_id: HookPath, db: SessionDep, who: CurrentPrincipal) -> Response:
+    svc.delete(db=db, principal=who, hook_id=hook_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{hook_id}/test", response_model=DeliveryOut, status_code=status.HTTP_202_ACCEPTED,
+             summary="Queue a signed test delivery")  # fmt: skip
+def test_webhook(hook_id: HookPath, db: SessionDep, who: CurrentPrincipal) -> DeliveryOut:
+    return DeliveryOut.model_validate(svc.send_test(db=db, principal=who, hook_id=hook_id))
+
+
+@router.get("/{hook_id}/deliveries", response_model=list[DeliveryOut], summary="The delivery log, newest first")
+def list_deliveries(
+    hook_id: HookPath, db: SessionDep, who: CurrentPrincipal,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    before_id: Annotated[int | None, Query(ge=1, le=INT64, description="Older than this delivery")] = None,
+) -> list[DeliveryOut]:  # fmt: skip
+    rows = svc.deliveries(db=db, principal=who, hook_id=hook_id, limit=limit, before_id=before_id)
+    return [DeliveryOut.model_validate(d) for d in rows]

@@ -1,0 +1,143 @@
+"""Webhooks, the part every process shares: which events notify, the outbox rows written with the event, the
+signature and the bodies. The notifier (scheduler/live/notifier.py) sends; core/services/webhooks.py manages hooks.
+
+A hook hears the event kinds it asked for, of one job or of every job of its team:
+
+| kind | the event |
+|---|---|
+| ``finished`` | the job SUCCEEDED |
+| ``failed`` | the job FAILED |
+| ``cancelled`` | the job was CANCELLED |
+| ``preempted`` | the scheduler preempts it (PREEMPTING: checkpoint, then back in the queue) |
+| ``restarted`` | it was LOST and is QUEUED again to restart from its last checkpoint |
+| ``sla_violation`` | the SLA evaluator recorded a violation (``SLA_*``) |
+| ``test`` | sent on request (``kiln webhooks test``) |
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import json
+import socket
+from typing import Any
+from urllib.parse import urlsplit
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from core.models import Event, Job, Team, Webhook, WebhookDelivery
+
+KINDS = ("finished", "failed", "cancelled", "preempted", "restarted", "sla_violation")
+TEST_KIND = "test"
+FORMATS = ("json", "slack")
+SIGNATURE_HEADER = "Kiln-Signature"
+# A receiver refuses a signature whose timestamp is further than this from its own clock (a replayed request).
+SIGNATURE_TOLERANCE_S = 300
+
+_BY_TYPE = {"SUCCEEDED": "finished", "FAILED": "failed", "CANCELLED": "cancelled", "PREEMPTING": "preempted"}
+
+
+def kind_of(event: Event) -> str | None:
+    """The webhook kind of a job's event, or None when no hook hears it."""
+    if event.job_id is None:
+        return None
+    if event.type in _BY_TYPE:
+        return _BY_TYPE[event.type]
+    if event.type == "QUEUED" and (event.data or {}).get("from") == "LOST":
+        return "restarted"
+    if event.type.startswith("SLA_"):
+        return "sla_violation"
+    return None
+
+
+def enqueue_for_event(db: Session, event: Event, job: Job) -> list[WebhookDelivery]:
+    """Write one pending delivery per hook that hears ``event``, in the caller's transaction (no commit).
+
+    Events no hook can hear cost nothing; the others one indexed read of the team's hooks."""
+    kind = kind_of(event)
+    if kind is None:
+        return []
+    hooks = db.scalars(
+        select(Webhook)
+        .where(Webhook.team_id == job.team_id, or_(Webhook.job_id.is_(None), Webhook.job_id == job.id))
+        .order_by(Webhook.id)
+    ).all()
+    hooks = [h for h in hooks if kind in (h.events or [])]
+    if not hooks:
+        return []
+    team = db.get(Team, job.team_id)
+    body = payload(kind, event, job, team.name if team is not None else "")
+    out = [WebhookDelivery(webhook_id=h.id, event=event, kind=kind, payload=body, created_at=event.created_at)
+           for h in hooks]  # fmt: skip
+    db.add_all(out)
+    return out
+
+
+def payload(kind: str, event: Event, job: Job, team: str) -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "event": {"type": event.type, "message": event.message,
+                  "created_at": event.created_at.isoformat() if event.created_at else None},
+        "job": {"id": job.id, "name": job.name, "team": team, "state": job.state, "last_step": job.last_step,
+                "last_loss": job.last_loss, "restart_count": job.restart_count, "exit_reason": job.exit_reason},
+    }  # fmt: skip
+
+
+def body_bytes(fmt: str, delivery_id: int, payload: dict[str, Any]) -> bytes:
+    """The request body: kiln's JSON (with the delivery's id, a receiver's idempotency key), or Slack's
+    ``{"text": ...}`` for an incoming-webhook URL."""
+    if fmt == "slack":
+        return json.dumps({"text": slack_text(payload)}).encode()
+    return json.dumps({"id": delivery_id, **payload}, separators=(",", ":"), sort_keys=True).encode()
+
+
+def slack_text(payload: dict[str, Any]) -> str:
+    job = payload.get("job") or {}
+    event = payload.get("event") or {}
+    head = f"kiln: job {job.get('id')} ({job.get('name')}, team {job.get('team')}) {payload.get('kind')}"
+    message = event.get("message") or ""
+    return f"{head}: {message}" if message else head
+
+
+def sign(secret: str, timestamp: int, body: bytes) -> str:
+    """``t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>" under the hook's secret>`` (Stripe's scheme): the
+    timestamp is inside what is signed, so an old request cannot be replayed with a fresh one."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={timestamp},v1={mac}"
+
+
+def verify(secret: str, header: str, body: bytes, now: float, tolerance_s: float = SIGNATURE_TOLERANCE_S) -> bool:
+    """What a receiver does (docs/notifications.md has it to copy): the timestamp is recent and the MAC matches."""
+    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
+    try:
+        timestamp = int(parts["t"])
+    except (KeyError, ValueError):
+        return False
+    if abs(now - timestamp) > tolerance_s:
+        return False
+    expected = sign(secret, timestamp, body).split("v1=", 1)[1]
+    return hmac.compare_digest(expected, parts.get("v1", ""))
+
+
+def target_refusal(url: str, *, allow_private: bool) -> str | None:
+    """Why kiln will not send to ``url``, or None. Checked when a hook is created and again before each delivery
+    (a name may resolve elsewhere later)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "the URL must be http:// or https:// with a host"
+    if parts.username or parts.password:
+        return "the URL must not carry a user name or password (the signature authenticates kiln)"
+    if allow_private:
+        return None
+    try:
+        infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    except (socket.gaierror, UnicodeError):
+        return f"the host {parts.hostname!r} does not resolve"
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0])
+        if not address.is_global:
+            return (f"{parts.hostname} resolves to {address}, a private, loopback or link-local address "
+                    "(KILN_WEBHOOK_ALLOW_PRIVATE_TARGETS allows them)")  # fmt: skip
+    return None

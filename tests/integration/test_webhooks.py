@@ -1,0 +1,331 @@
+"""Webhooks on PostgreSQL: the API's rules, the outbox written with its event, and the notifier against a real
+HTTP receiver (a server thread): signed, in order per hook, retried with backoff, given up at the limit."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.db import make_engine, utcnow
+from core.migrate import upgrade
+from core.models import Event, Job, QosClass, Team, Webhook, WebhookDelivery
+from core.settings import Settings
+from core.states import JobState, record_event, transition
+from core.webhooks import SIGNATURE_HEADER, sign, verify
+from scheduler.live.notifier import Notifier, backoff_s
+from tests.support.api import World, build_world, make_app
+from tests.support.services import temporary_database
+
+pytestmark = pytest.mark.integration
+
+
+# ------------------------------------------------------------------------------------------------- the API
+
+
+@pytest.fixture
+def hooks_client(db: Session, pg_engine: Engine, tmp_path: Path) -> Iterator[TestClient]:
+    app = make_app(pg_engine, tmp_path, db, webhook_allow_private_targets=True)
+    with TestClient(app) as c:
+        yield c
+
+
+@pytest.fixture
+def hooks_world(db: Session, hooks_client: TestClient) -> World:
+    return build_world(db, hooks_client)
+
+
+def test_secret_is_shown_once_and_hooks_list_without_it(hooks_client: TestClient, hooks_world: World) -> None:
+    body = {"team": "alpha", "url": "http://127.0.0.1:9/kiln", "events": ["failed", "finished"]}
+    r = hooks_client.post("/v1/webhooks", json=body, headers=hooks_world.h("team-admin"))
+    assert r.status_code == 201, r.text
+    created = r.json()
+    assert created["secret"].startswith("whsec_") and created["events"] == ["finished", "failed"]
+    assert r.headers["Location"] == f"/v1/webhooks/{created['id']}"
+    listed = hooks_client.get("/v1/webhooks?team=alpha", headers=hooks_world.h("team-admin")).json()
+    assert [h["id"] for h in listed] == [created["id"]] and "secret" not in listed[0]
+    one = hooks_client.get(f"/v1/webhooks/{created['id']}", headers=hooks_world.h("team-admin")).json()
+    assert "secret" not in one
+    assert hooks_client.delete(f"/v1/webhooks/{created['id']}", headers=hooks_world.h("team-admin")).status_code == 204
+    assert hooks_client.get("/v1/webhooks", headers=hooks_world.h("team-admin")).json() == []
+
+
+@pytest.mark.parametrize(
+    ("role", "target", "status"),
+    [
+        ("member", {"team": "alpha"}, 403),  # a team's hooks are its team-admins'
+        ("member", {"job": "alpha"}, 201),  # a job's, any member's
+        ("viewer", {"job": "alpha"}, 403),
+        ("beta-member", {"job": "alpha"}, 404),  # another team's job does not exist for them
+        ("beta-member", {"team": "alpha"}, 404),
+        ("admin", {"team": "beta"}, 201),
+    ],
+)
+def test_who_may_create_which_hook(
+    hooks_client: TestClient, hooks_world: World, role: str, target: dict[str, str], status: int
+) -> None:
+    body: dict[str, Any] = {"url": "http://127.0.0.1:9/kiln", "events": ["failed"]}
+    if "team" in target:
+        body["team"] = target["team"]
+    else:
+        body["job_id"] = hooks_world.jobs[target["job"]]
+    r = hooks_client.post("/v1/webhooks", json=body, headers=hooks_world.h(role))
+    assert r.status_code == status, r.text
+
+
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ({"team": "alpha", "url": "ftp://example.com/x", "events": ["failed"]}, "url"),
+        ({"team": "alpha", "url": "http://127.0.0.1/x", "events": ["exploded"]}, "events"),
+        ({"team": "alpha", "url": "http://u:p@127.0.0.1/x", "events": ["failed"]}, "url"),
+        ({"url": "http://127.0.0.1/x", "events": ["failed"]}, "team"),
+    ],
+)
+def test_bad_hooks_are_a_problem_naming_the_field(
+    hooks_client: TestClient, hooks_world: World, body: dict[str, Any], loc: str
+) -> None:
+    r = hooks_client.post("/v1/webhooks", json=body, headers=hooks_world.h("team-admin"))
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert any(loc in json.dumps(e.get("loc")) for e in r.json()["errors"]), r.json()
+
+
+def test_private_targets_are_refused_unless_allowed(client: TestClient, world: World) -> None:
+    """The default settings: a hook cannot point kiln at its own network (loopback here)."""
+    body = {"team": "alpha", "url": "http://127.0.0.1:8421/v1/teams", "events": ["failed"]}
+    r = client.post("/v1/webhooks", json=body, headers=world.h("team-admin"))
+    assert r.status_code == 422 and "loopback" in r.text, r.text
+
+
+def test_cancel_writes_the_delivery_with_its_event(hooks_client: TestClient, hooks_world: World, db: Session) -> None:
+    alpha_job = hooks_world.jobs["alpha"]
+    hook = hooks_client.post("/v1/webhooks", json={"team": "alpha", "url": "http://127.0.0.1:9/k",
+                                                   "events": ["cancelled"]},
+                             headers=hooks_world.h("team-admin")).json()  # fmt: skip
+    other = hooks_client.post("/v1/webhooks", json={"team": "alpha", "url": "http://127.0.0.1:9/k",
+                                                    "events": ["finished"]},
+                              headers=hooks_world.h("team-admin")).json()  # fmt: skip
+    assert hooks_client.post(f"/v1/jobs/{alpha_job}/cancel", headers=hooks_world.h("member")).status_code == 202
+    rows = hooks_client.get(f"/v1/webhooks/{hook['id']}/deliveries", headers=hooks_world.h("team-admin")).json()
+    assert [(d["kind"], d["status"], d["payload"]["job"]["id"]) for d in rows] == [("cancelled", "pending", alpha_job)]
+    event = db.get(Event, db.get(WebhookDelivery, rows[0]["id"]).event_id)  # type: ignore[union-attr]
+    assert event is not None and event.type == "CANCELLED" and event.job_id == alpha_job
+    assert hooks_client.get(f"/v1/webhooks/{other['id']}/deliveries", headers=hooks_world.h("team-admin")).json() == []
+    test = hooks_client.post(f"/v1/webhooks/{hook['id']}/test", headers=hooks_world.h("team-admin"))
+    assert test.status_code == 202 and test.json()["kind"] == "test"
+
+
+def test_a_rolled_back_event_leaves_no_delivery(hooks_client: TestClient, hooks_world: World, db: Session) -> None:
+    """The outbox row and its event commit or vanish together."""
+    hooks_client.post("/v1/webhooks", json={"team": "alpha", "url": "http://127.0.0.1:9/k", "events": ["failed"]},
+                      headers=hooks_world.h("team-admin"))  # fmt: skip
+    job = db.get(Job, hooks_world.jobs["alpha"])
+    assert job is not None
+    before = db.scalars(select(WebhookDelivery.id)).all()
+    nested = db.begin_nested()
+    transition(db, job, JobState.FAILED, message="boom")
+    db.flush()
+    assert len(db.scalars(select(WebhookDelivery.id)).all()) == len(before) + 1
+    nested.rollback()
+    assert db.scalars(select(WebhookDelivery.id)).all() == before
+
+
+# --------------------------------------------------------------------------------------- the notifier
+
+
+class Receiver:
+    """A real HTTP server on a thread: answers each request with the next of ``statuses`` (then 200)."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[dict[str, str], bytes]] = []
+        self.statuses: list[int] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                receiver.requests.append((dict(self.headers), body))
+                self.send_response(receiver.statuses.pop(0) if receiver.statuses else 200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [json.loads(b) for _, b in self.requests]
+
+
+@pytest.fixture(scope="module")
+def outbox_db() -> Iterator[sessionmaker[Session]]:
+    """A database of its own: the notifier commits."""
+    with temporary_database("kiln_webhooks") as url:
+        upgrade(url)
+        engine = make_engine(url)
+        yield sessionmaker(bind=engine, expire_on_commit=False)
+        engine.dispose()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    r = Receiver()
+    yield r
+    r.server.shutdown()
+
+
+def _hook_with_jobs(factory: sessionmaker[Session], url: str, n: int, fmt: str = "json") -> tuple[int, str, list[int]]:
+    """A team with a hook on ``failed``, and ``n`` jobs that fail in order (one delivery each)."""
+    with factory() as db:
+        team = Team(name=f"t{time.monotonic_ns()}")
+        db.add(team)
+        db.flush()
+        hook = Webhook(team_id=team.id, url=url, secret="whsec_test", events=["failed"], format=fmt)
+        db.add(hook)
+        qos = db.scalars(select(QosClass)).first()
+        assert qos is not None
+        ids = []
+        for i in range(n):
+            job = Job(name=f"j{i}", team_id=team.id, spec={}, qos_class_id=qos.id)
+            db.add(job)
+            db.flush()
+            transition(db, job, JobState.FAILED, message=f"failure {i}")
+            ids.append(job.id)
+        db.commit()
+        return hook.id, team.name, ids
+
+
+def _deliveries(factory: sessionmaker[Session], hook_id: int) -> list[WebhookDelivery]:
+    with factory() as db:
+        return list(db.scalars(select(WebhookDelivery).where(WebhookDelivery.webhook_id == hook_id)
+                               .order_by(WebhookDelivery.id)).all())  # fmt: skip
+
+
+def _make_due(factory: sessionmaker[Session], hook_id: int) -> None:
+    """Time passes: the hook's waiting deliveries are due now (no test waits on the wall clock)."""
+    with factory() as db:
+        db.execute(update(WebhookDelivery).where(WebhookDelivery.webhook_id == hook_id)
+                   .values(next_attempt_at=utcnow() - timedelta(seconds=1)))  # fmt: skip
+        db.commit()
+
+
+def _notifier(factory: sessionmaker[Session], **settings: Any) -> Notifier:
+    return Notifier(settings=Settings(webhook_allow_private_targets=True, **settings), session_factory=factory)
+
+
+def test_deliveries_are_signed_and_go_in_order(outbox_db: sessionmaker[Session], receiver: Receiver) -> None:
+    hook_id, team, jobs = _hook_with_jobs(outbox_db, receiver.url, 3)
+    assert _notifier(outbox_db).deliver_due() == 3
+    assert [b["job"]["id"] for b in receiver.bodies()] == jobs
+    for headers, body in receiver.requests:
+        assert verify("whsec_test", headers[SIGNATURE_HEADER], body, time.time())
+        assert not verify("whsec_test", headers[SIGNATURE_HEADER], body.replace(b"failure", b"success"), time.time())
+        assert not verify("whsec_other", headers[SIGNATURE_HEADER], body, time.time())
+        assert headers["Kiln-Event"] == "failed"
+    first = receiver.bodies()[0]
+    assert first["kind"] == "failed" and first["job"]["team"] == team and first["event"]["message"] == "failure 0"
+    assert all(d.status == "delivered" and d.attempts == 1 and d.last_status_code == 200
+               for d in _deliveries(outbox_db, hook_id))  # fmt: skip
+
+
+def test_a_replayed_signature_is_refused() -> None:
+    body = b'{"id":1}'
+    old = int(time.time()) - 3600
+    assert not verify("s", sign("s", old, body), body, time.time())
+    assert verify("s", sign("s", old, body), body, old + 10)
+
+
+def test_a_failing_receiver_holds_the_hooks_later_deliveries(
+    outbox_db: sessionmaker[Session], receiver: Receiver
+) -> None:
+    hook_id, _, jobs = _hook_with_jobs(outbox_db, receiver.url, 3)
+    receiver.statuses = [503, 500]
+    notifier = _notifier(outbox_db, webhook_backoff_base_s=60.0)
+    assert notifier.deliver_due() == 1  # the head failed; the others wait behind it
+    head, *rest = _deliveries(outbox_db, hook_id)
+    assert (head.status, head.attempts, head.last_status_code) == ("pending", 1, 503)
+    assert head.last_attempt_at is not None
+    assert head.next_attempt_at - head.last_attempt_at == timedelta(seconds=60)
+    assert all(d.attempts == 0 for d in rest)
+    assert notifier.deliver_due() == 0  # not due yet
+    _make_due(outbox_db, hook_id)
+    assert notifier.deliver_due() == 1  # 500: the backoff doubles
+    head = _deliveries(outbox_db, hook_id)[0]
+    assert head.next_attempt_at - head.last_attempt_at == timedelta(seconds=120)  # type: ignore[operator]
+    _make_due(outbox_db, hook_id)
+    assert notifier.deliver_due() == 3
+    assert [b["job"]["id"] for b in receiver.bodies()] == [jobs[0], jobs[0], jobs[0], jobs[1], jobs[2]]
+    assert [d.status for d in _deliveries(outbox_db, hook_id)] == ["delivered"] * 3
+
+
+def test_gives_up_at_the_limit_then_sends_the_next(outbox_db: sessionmaker[Session], receiver: Receiver) -> None:
+    hook_id, _, jobs = _hook_with_jobs(outbox_db, receiver.url, 2)
+    receiver.statuses = [500, 500]
+    notifier = _notifier(outbox_db, webhook_max_attempts=2)
+    notifier.deliver_due()
+    _make_due(outbox_db, hook_id)
+    notifier.deliver_due()
+    first, second = _deliveries(outbox_db, hook_id)
+    assert first.status == "failed" and first.attempts == 2 and "gave up after 2 attempts" in (first.last_error or "")
+    assert second.status == "delivered"
+
+
+def test_a_hook_locked_by_another_notifier_is_skipped(outbox_db: sessionmaker[Session], receiver: Receiver) -> None:
+    """Two scheduler replicas never send one hook's deliveries at once."""
+    hook_id, _, _ = _hook_with_jobs(outbox_db, receiver.url, 1)
+    with outbox_db() as other:
+        other.scalars(select(Webhook).where(Webhook.id == hook_id).with_for_update()).one()
+        assert _notifier(outbox_db).deliver_due() == 0
+        other.rollback()
+    assert _notifier(outbox_db).deliver_due() == 1
+
+
+def test_slack_format_and_an_unreachable_receiver(outbox_db: sessionmaker[Session], receiver: Receiver) -> None:
+    hook_id, team, jobs = _hook_with_jobs(outbox_db, receiver.url, 1, fmt="slack")
+    _notifier(outbox_db).deliver_due()
+    assert receiver.bodies() == [{"text": f"kiln: job {jobs[0]} (j0, team {team}) failed: failure 0"}]
+    down_id, _, _ = _hook_with_jobs(outbox_db, "http://127.0.0.1:9/nothing-listens", 1)
+    _notifier(outbox_db).deliver_due()
+    (down,) = _deliveries(outbox_db, down_id)
+    assert down.status == "pending" and down.last_status_code is None and "ConnectError" in (down.last_error or "")
+
+
+def test_sla_violations_and_restarts_notify(outbox_db: sessionmaker[Session]) -> None:
+    with outbox_db() as db:
+        team = Team(name=f"s{time.monotonic_ns()}")
+        db.add(team)
+        db.flush()
+        db.add(Webhook(team_id=team.id, url="http://127.0.0.1:9/", secret="s", events=["sla_violation", "restarted"]))
+        qos = db.scalars(select(QosClass)).first()
+        assert qos is not None
+        job = Job(name="j", team_id=team.id, spec={}, qos_class_id=qos.id, state="RUNNING")
+        db.add(job)
+        db.flush()
+        record_event(db, "SLA_STEP_TIME_VIOLATION", job=job, message="slow")
+        record_event(db, "CHECKPOINT", job=job, message="not notified")
+        transition(db, job, JobState.LOST, message="host died")
+        transition(db, job, JobState.QUEUED, message="requeued")
+        db.flush()
+        kinds = db.scalars(select(WebhookDelivery.kind).join(Webhook).where(Webhook.team_id == team.id)
+                           .order_by(WebhookDelivery.id)).all()  # fmt: skip
+        assert kinds == ["sla_violation", "restarted"]
+        db.rollback()
+
+
+def test_backoff_doubles_up_to_the_cap() -> None:
+    s = Settings(webhook_backoff_base_s=5, webhook_backoff_max_s=60)
+    assert [backoff_s(n, s) for n in (1, 2, 3, 4, 5, 6)] == [5, 10, 20, 40, 60, 60]
