@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.dashboard_harness import ROOT, free_port, prepare_home
+from tests.e2e.dashboard_harness import ROOT, prepare_home
+from tests.support.services import free_port
 
 pytestmark = pytest.mark.e2e
 

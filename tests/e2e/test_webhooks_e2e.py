@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +23,9 @@ import httpx
 import pytest
 
 from core.webhooks import SIGNATURE_HEADER, sign
-from tests.e2e.dashboard_harness import ROOT, SCREENSHOTS, Kiln, chromium, free_port, running_kiln
+from tests.e2e.dashboard_harness import ROOT, Kiln, chromium, running_kiln, screenshot_dir
 from tests.support.api import spec
+from tests.support.services import free_port
 from tests.support.workers_cluster import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -143,6 +143,5 @@ def test_the_dashboard_shows_the_delivery_log(kiln: Kiln, delivered: dict[str, A
         expect(rows).to_have_count(3)
         expect(rows.first.locator(".badge")).to_have_text("delivered")
         expect(page.locator("#deliveries")).to_contain_text("cancelled")
-        shots = SCREENSHOTS if os.environ.get("KILN_REFRESH_DOCS_IMG") else Path(tempfile.mkdtemp())
-        page.screenshot(path=str(shots / "dashboard-webhooks-deliveries.png"), full_page=True)
+        page.screenshot(path=str(screenshot_dir() / "dashboard-webhooks-deliveries.png"), full_page=True)
         assert not errors, errors
