@@ -188,6 +188,12 @@ class WorkerHost(SettingsGroup):
         "never does (fractional jobs then wait: no host offers shares).",
     )
     mps_control: str = Field(default="nvidia-cuda-mps-control", description="The MPS control binary's name or path.")
+    rendezvous_port_base: int = Field(
+        default=29400, ge=1024, le=65535 - 20000,
+        description="Gang jobs: node 0's rendezvous store listens on this port plus the attempt's id modulo 20000 "
+        "(a restart is a new attempt, so a new port). The range must be open between the hosts and free of other "
+        "services; a port found in use fails that attempt as an infrastructure failure, and the next one moves on.",
+    )
 
 
 class DashboardSettings(SettingsGroup):

@@ -66,8 +66,7 @@ SHUTTING_DOWN = threading.Event()
 CONSUMER_PROBE: ConsumerProbe | None = None
 
 POLL_S = 0.25  # how often the supervisor looks at the trainer and its telemetry
-RDZV_PORT_BASE = 29400  # gang jobs: node 0's c10d store listens on base + attempt_id % span
-RDZV_PORT_SPAN = 20000
+RDZV_PORT_SPAN = 20000  # gang jobs: node 0's c10d store listens on settings.rendezvous_port_base + id % span
 NCCL_MAX_CHANNELS = 32
 DEFAULT_LINK_BYTES_PER_S = {"pcie": 64 * 10**9, "nvlink": 900 * 10**9}  # PCIe 5 x16; H100/H200 NVLink 4
 
@@ -220,7 +219,7 @@ def claim(
         head = placement[0]
         head_host = db.scalars(select(Host).where(Host.name == head.get("host"))).first()
         address = head.get("address") or (head_host.address if head_host and head_host.address else head["host"])
-        port = RDZV_PORT_BASE + attempt.id % RDZV_PORT_SPAN
+        port = settings.rendezvous_port_base + attempt.id % RDZV_PORT_SPAN
         rendezvous = Rendezvous(nnodes=len(placement), node_rank=node_rank, endpoint=f"{address}:{port}",
                                 run_id=f"kiln-{job.id}-{attempt.number}")  # fmt: skip
 

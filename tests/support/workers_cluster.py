@@ -101,6 +101,9 @@ class Cluster:
             "KILN_STORAGE_DIR": str(tmp / "storage"),
             "KILN_LEASE_S": str(lease_s),
             "KILN_HEARTBEAT_INTERVAL_S": str(heartbeat_s),
+            # Gang tests of several runs share this machine: each cluster its own rendezvous ports (attempt ids
+            # start at 1 in every test database, so the default base would collide).
+            "KILN_RENDEZVOUS_PORT_BASE": str(20000 + secrets.randbelow(1200) * 10),
             "PYTHONPATH": str(ROOT),
         }
         if visibility_timeout_s is not None:
