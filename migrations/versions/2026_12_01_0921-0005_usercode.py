@@ -1,7 +1,7 @@
 """a team's own code: the artifacts table (archives by SHA-256), the job's code digest and last evaluation
 
 Revision ID: 0005_usercode
-Revises: 0005_notify
+Revises: 0006_host_unreachable
 Create Date: 2026-12-01 09:13:00+00:00
 """
 
@@ -14,7 +14,7 @@ from sqlalchemy.dialects import postgresql
 import core.db
 
 revision: str = "0005_usercode"
-down_revision: str | None = "0005_notify"  # after main's notify migration (all began at 0004_security)
+down_revision: str | None = "0006_host_unreachable"  # after main's latest (all began at 0004_security)
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
