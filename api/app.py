@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import select
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ from api.metrics import http_metrics_registry
 from api.middleware import BodyLimitMiddleware, MetricsMiddleware, SecurityHeadersMiddleware
 from api.ratelimit import FailedAuthentications, make_limiter
 from api.routers import (
+    artifacts,
     cluster,
     exports,
     health,
@@ -71,11 +73,13 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
 
     errors.install(app)
     # jobs first: the router tries routes in order, and its two hot paths are most of the traffic
-    for module in (jobs, health, users, tokens, streams, teams, qos, sla, sweeps, cluster, usage, webhooks, exports):
+    for module in (jobs, health, users, tokens, streams, teams, artifacts, qos, sla, sweeps, cluster, usage, webhooks,
+                   exports):
         app.include_router(module.router)
     _install_dashboard(app)
 
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
+                       streamed=re.compile(artifacts.UPLOAD_PATH))
     app.add_middleware(MetricsMiddleware, registry=http_metrics_registry(app.state.registry))  # counts 413s too
     app.add_middleware(SecurityHeadersMiddleware)  # outermost: on every response
     app.openapi = lambda: openapi.document(app)  # type: ignore[method-assign]

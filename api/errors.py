@@ -18,6 +18,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalErr
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from core.services.artifacts import TooLarge
 from core.services.errors import (
     Conflict,
     Forbidden,
@@ -113,7 +114,7 @@ async def _service(request: Request, exc: Exception) -> ProblemResponse:
         return problem(401, exc.detail, request=request, headers={"WWW-Authenticate": "Bearer"})
     if isinstance(exc, InvalidInput):
         return problem(422, exc.detail, request=request, title="Request validation failed", errors=exc.errors)
-    status = {NotFound: 404, Forbidden: 403, Conflict: 409, PreconditionFailed: 412}.get(type(exc), 400)
+    status = {NotFound: 404, Forbidden: 403, Conflict: 409, PreconditionFailed: 412, TooLarge: 413}.get(type(exc), 400)
     return problem(status, exc.detail, request=request)
 
 

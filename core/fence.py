@@ -41,6 +41,7 @@ def _replace_durably(path: Path, content: str) -> None:
         f.write(content)
         f.flush()
         os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)  # a token, no secret: the attempt's own user reads it (workers/attempt_user.py)
     os.replace(tmp, path)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
@@ -119,6 +120,7 @@ def write_lease(path: Path, lease: Lease) -> None:
     """Atomically replace the lease file (no fsync: it is renewed every heartbeat and read on this host only)."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps({"token": lease.token, "expires": lease.expires, "lease_s": lease.lease_s}))
+    os.chmod(tmp, 0o644)  # read by the attempt's own user (workers/attempt_user.py), written only by the worker
     os.replace(tmp, path)
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from core.code_archive import ArchiveLimits
 from core.gpu_types import canonical_key
 from core.policy_config import PolicyConfig, SettingsGroup
 from core.secrets import SecretError, read_secret, with_password
@@ -196,6 +197,30 @@ class WorkerHost(SettingsGroup):
     )
 
 
+class UserCodeSettings(SettingsGroup):
+    """A team's own code (docs/user-code.md): archives in `{storage}/artifacts`, content-addressed by SHA-256."""
+
+    artifact_max_upload_bytes: int = Field(default=64 * 2**20, description="One archive as sent (gzip); larger: 413.")
+    artifact_max_unpacked_bytes: int = Field(default=512 * 2**20, description="One archive, unpacked.")
+    artifact_max_entries: int = Field(default=20_000, description="Files, directories and links in one archive.")
+    artifact_team_quota_bytes: int = Field(default=2 * 2**30, description="All of a team's archives together.")
+    artifact_retention_s: float = Field(
+        default=7 * 86400.0,
+        description="An archive no active job names is deleted once its last use (upload or submit) is this old.",
+    )
+
+    attempt_uid_base: int | None = Field(
+        default=None, ge=1000,
+        description="Each team's attempts run as uid and gid base + team id (workers/attempt_user.py; the worker must "
+        "be root). Empty: attempts run as the worker's user, and the worker says so when it starts.",
+    )
+    attempt_uid_count: int = Field(default=100_000, ge=1, description="Team ids below this have an attempt user.")
+
+    @property
+    def archive_limits(self) -> ArchiveLimits:
+        return ArchiveLimits(max_unpacked_bytes=self.artifact_max_unpacked_bytes, max_entries=self.artifact_max_entries)
+
+
 class DashboardSettings(SettingsGroup):
     """What the dashboard shows about cost."""
 
@@ -265,8 +290,8 @@ class RetentionSettings(SettingsGroup):
     )
 
 
-class Settings(ConnectionSettings, ApiLimits, Timings, WorkerHost, DashboardSettings, NotificationSettings,
-               MetricsSettings, RetentionSettings, BaseSettings):
+class Settings(ConnectionSettings, ApiLimits, Timings, WorkerHost, UserCodeSettings, DashboardSettings,
+               NotificationSettings, MetricsSettings, RetentionSettings, BaseSettings):
     """Every setting of every kiln process: ``KILN_<FIELD>``, and ``KILN_POLICY__<FIELD>`` for the policy.
 
     Read once at a process's entry (``get_settings()``) and passed down; pure code (``plan()``) gets the part it

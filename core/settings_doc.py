@@ -23,6 +23,7 @@ from core.settings import (
     NotificationSettings,
     RetentionSettings,
     Timings,
+    UserCodeSettings,
     WorkerHost,
 )
 
@@ -49,6 +50,7 @@ GROUPS: tuple[tuple[str, str, type[BaseModel]], ...] = (
     ("API limits", "KILN_", ApiLimits),
     ("Timings", "KILN_", Timings),
     ("Worker host", "KILN_", WorkerHost),
+    ("A team's own code", "KILN_", UserCodeSettings),
     ("Dashboard", "KILN_", DashboardSettings),
     ("Notifications", "KILN_", NotificationSettings),
     ("Process metrics", "KILN_", MetricsSettings),

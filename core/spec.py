@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from core.code_archive import DIGEST_PATTERN
 from core.recipes import HyperparameterError, TrainingHyperparameters
 from core.recipes import validate as validate_recipe
 
@@ -148,10 +149,26 @@ class Recipe(StrictModel):
         return v
 
 
+MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+
+
+class Code(StrictModel):
+    """The team's own code (docs/user-code.md): an uploaded archive, named by its SHA-256, and the module in it
+    that implements the recipe protocol. ``kiln submit --workdir DIR`` uploads DIR and fills in the digest."""
+
+    digest: Annotated[
+        str | None, Field(pattern=DIGEST_PATTERN, description="SHA-256 of the uploaded archive (hex).")
+    ] = None
+    entry_point: Annotated[
+        str, Field(pattern=MODULE_PATTERN, max_length=200, description="The recipe module, e.g. 'digits'.")
+    ]
+
+
 class JobSpec(StrictModel):
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     team: Annotated[str, Field(pattern=NAME_PATTERN)]
     recipe: Recipe
+    code: Code | None = None
     steps: Annotated[int, Field(ge=1, le=10_000_000)] = 100
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
     resources: Resources = Resources()
@@ -257,7 +274,16 @@ def parse_spec_data(data: object) -> JobSpec:
 
 
 def check_recipe(spec: JobSpec) -> TrainingHyperparameters | None:
-    """The recipe's name and typed hyperparameters (None for a recipe another package installs)."""
+    """The recipe's name and typed hyperparameters (None for a recipe another package installs, or the team's own
+    code: its hyperparameter model is in its archive, checked by ``kiln submit --check`` and by the trainer)."""
+    if spec.code is not None:
+        ours = {k: v for k, v in spec.recipe.hyperparameters.items() if k in TrainingHyperparameters.model_fields}
+        try:
+            TrainingHyperparameters.model_validate(ours)
+        except ValidationError as exc:
+            errors = [{**e, "loc": f"recipe.hyperparameters.{e['loc']}"} for e in validation_errors(exc)]
+            raise SpecError(f"invalid job spec: {errors[0]['loc']}: {errors[0]['msg']}", errors) from None
+        return None
     try:
         return validate_recipe(spec.recipe.name, spec.recipe.hyperparameters)
     except HyperparameterError as exc:

@@ -23,6 +23,8 @@ ENV_MEMORY_FRACTION = "KILN_GPU_MEMORY_FRACTION"  # float in (0, 1]; QoS memory 
 ENV_JOB_ID = "KILN_JOB_ID"
 ENV_ATTEMPT_ID = "KILN_ATTEMPT_ID"
 ENV_RANK_STARTED_AT = "KILN_RANK_STARTED_AT"  # unix time the rank's entry point began (set by the rank itself)
+# The team's own code (spec ``code``), unpacked and verified by the worker: the trainer imports its entry point.
+ENV_CODE_DIR = "KILN_CODE_DIR"
 ENV_LEASE_FILE = "KILN_LEASE_FILE"  # RUN_DIR/lease: this node's lease, renewed by its worker (core.fence)
 # Tests only: fault injection (a JSON object of ``trainer.config.TestHooks`` fields). Set in a worker's own
 # environment by the test harness, passed by that worker to the ranks it launches; production never sets it, and
@@ -63,7 +65,8 @@ class RecordKind(enum.StrEnum):
     GPU_SAMPLE = "gpu_sample"  # NVML: gpu uuid, util, mem, pcie/nvlink rx/tx bytes/s (absent -> null)
     MEMORY_PREDICTION = "memory_prediction"  # predicted_peak_bytes, breakdown {...}
     RESUMED = "resumed"  # step resumed from (first training step after resume follows)
-    DONE = "done"  # final_loss, steps
+    DONE = "done"  # final_loss, steps, eval (the last evaluation's metrics, or null)
+    EVAL = "eval"  # step, metrics {name: value}: the user's evaluation (team code that defines ``evaluate``)
     # type, message, fields {...}: the trainer's own measurements for benchmarks and post-mortems (when its
     # start began, the checkpoint staging's size); kept in the telemetry file, not relayed to the job's timeline
     DIAGNOSTIC = "diagnostic"

@@ -23,11 +23,11 @@ class ConfigError(ValueError):
 
 
 def training_hyperparameters(spec: JobSpec) -> TrainingHyperparameters:
-    """A built-in recipe's typed hyperparameters; for a recipe installed by another package, the trainer's own
-    settings read from its mapping (the rest is that recipe's)."""
+    """A built-in recipe's typed hyperparameters; for a recipe installed by another package or the team's own code,
+    the trainer's own settings read from its mapping (the rest is that recipe's)."""
     hp = spec.recipe.hyperparameters
     try:
-        params = validate(spec.recipe.name, hp)
+        params = None if spec.code is not None else validate(spec.recipe.name, hp)
         if params is None:
             ours = {k: v for k, v in hp.items() if k in TrainingHyperparameters.model_fields}
             params = TrainingHyperparameters.model_validate(ours)

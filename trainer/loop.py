@@ -45,9 +45,10 @@ from trainer.lease import LeaseExpired, LeaseGuard
 from trainer.parallel import DistEnv, choose_strategy, device_capacity, wrap
 from trainer.precision import PrecisionContext, resolve
 from trainer.preemption import PreemptionFlag
-from trainer.recipes import load_recipe
+from trainer.recipes import Recipe, load_recipe
 from trainer.telemetry import NvmlSampler, Telemetry
 from trainer.user_error import UserError, is_collective_failure, user_code
+from trainer.user_recipe import UserRecipe
 
 # Dense bf16/fp16 tensor-core peaks (vendor datasheets) for the MFU estimate; override with peak_flops.
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
@@ -114,8 +115,13 @@ class Trainer:
         self.spec, self.run_dir, self.env, self.tel = spec, run_dir, env, tel
         with user_code("reading the hyperparameters"):
             self.cfg = TrainerConfig.from_spec(spec)
-        with user_code(f"loading recipe {spec.recipe.name!r}"):
-            self.recipe = load_recipe(spec.recipe.name, spec.recipe.hyperparameters)
+        self.recipe: Recipe
+        if spec.code is not None:  # the team's own code: its module's errors are its own (UserError)
+            self.recipe = UserRecipe(spec, run_dir)
+        else:
+            with user_code(f"loading recipe {spec.recipe.name!r}"):
+                self.recipe = load_recipe(spec.recipe.name, spec.recipe.hyperparameters)
+        self.eval_metrics: dict[str, float] | None = None  # the last evaluation's (user code with ``evaluate``)
         self.device = env.device
         self.prec = PrecisionContext.create(resolve(spec.precision, self.device), self.device)
         token = os.environ.get(ENV_FENCING_TOKEN)
@@ -168,6 +174,8 @@ class Trainer:
         with user_code("building the data"):
             self.data = recipe.make_data(rank=env.rank, world_size=env.world_size, seed=spec.seed)
             first_batch = self.data.batch(0)
+        if isinstance(recipe, UserRecipe):
+            recipe.note_batch(first_batch)
         self.phase = "compiling"
         warm_batch = recipe.batch_to(first_batch, self.device)
         compiler = Compiler(mode=self.compile_mode, timeout_s=spec.compile.timeout_s,
@@ -243,12 +251,13 @@ class Trainer:
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
         return {"step": self.step, "loss": self.final_loss, "data": self.data.state_dict(),
                 "guard": self.guard.state_dict(), "precision": self.prec.state_dict(), "rng": rng,
-                "seed": self.spec.seed}
+                "seed": self.spec.seed, "eval": self.eval_metrics}
 
     def restore(self, path: pathlib.Path) -> dict[str, Any]:
         extra = self.ckpt.load(path, self.model, self.optimizer)
         self.step = int(extra["step"])
         self.final_loss = extra.get("loss")  # None in checkpoints written before the loss was kept
+        self.eval_metrics = extra.get("eval")
         self.data.load_state_dict(extra["data"])
         self.guard.load_state_dict(extra["guard"])
         self.prec.load_state_dict(extra["precision"])
@@ -386,6 +395,8 @@ class Trainer:
             if stop or due or timed or self.step == spec.steps:
                 if self._drain(pending, 0):  # the guard sees every step before its state is saved
                     continue
+                if not stop:  # a preemption checkpoints at once; the next attempt evaluates
+                    self._evaluate()
                 self.phase = "checkpointing"
                 self.ckpt.save(self.step, self.model, self.optimizer, self.extra_state(),
                                blocking=stop or self.step == spec.steps)
@@ -401,6 +412,19 @@ class Trainer:
         self.phase = "done"
         self._done()
         return ExitCode.SUCCEEDED
+
+    def _evaluate(self) -> None:
+        """The user's evaluation, before each checkpoint (so the metrics are saved with the state they score)."""
+        recipe = self.recipe
+        if not (isinstance(recipe, UserRecipe) and recipe.evaluates):
+            return
+        self.phase = "evaluating"
+        model = self.model if self.strategy == "fsdp" and self.env.distributed else self.raw_model
+        with self.prec.autocast():
+            self.eval_metrics = recipe.evaluate(model, rank=self.env.rank, world_size=self.env.world_size,
+                                                group=self.env.ctrl)
+        self.tel.emit(RecordKind.EVAL, step=self.step, metrics=self.eval_metrics)
+        self._note_overhead("save")
 
     def _note_overhead(self, kind: str | None) -> None:
         """Remember the heaviest of kiln's own work seen since the last reported step (persist > save > write)."""
@@ -518,6 +542,7 @@ class Trainer:
                       predicted_peak_bytes=pred, measured_peak_bytes=meas["mem_peak_bytes"],
                       memory_prediction_error=err, overflow_rate=self.prec.overflow_rate,
                       spikes=self.guard.spikes, checkpoints=self.ckpt.saves, exit_code=int(ExitCode.SUCCEEDED),
+                      eval=self.eval_metrics,
                       checkpoints_persisted=self.ckpt.persisted, checkpoint_failures=self.ckpt.failures)
 
 

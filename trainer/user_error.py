@@ -15,6 +15,8 @@ ran once is far likelier to fail because of the machine than because of the spec
 from __future__ import annotations
 
 import contextlib
+import os
+import traceback
 from collections.abc import Iterator
 
 import torch
@@ -26,12 +28,32 @@ INFRASTRUCTURE: tuple[type[BaseException], ...] = (
 )
 
 
+# Directories of the team's own code (``trainer.user_recipe``): a failure's reason names its deepest frame there,
+# the user's own file and line, and none of kiln's or torch's frames.
+USER_CODE_ROOTS: list[str] = []
+
+
+def user_frame(exc: BaseException) -> str | None:
+    """``file.py:LINE`` of the deepest frame of ``exc``'s traceback inside the team's code, if any."""
+    roots = [os.path.join(os.path.realpath(r), "") for r in USER_CODE_ROOTS]
+    if not roots:
+        return None
+    where = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        path = os.path.realpath(frame.filename)
+        for root in roots:
+            if path.startswith(root):
+                where = f"{os.path.relpath(path, root)}:{frame.lineno}"
+    return where
+
+
 class UserError(Exception):
     """A mistake in the job's settings or recipe; ``line`` is what the user is shown."""
 
     def __init__(self, what: str, cause: BaseException) -> None:
         first = (str(cause).strip().splitlines() or [""])[0]
-        self.line = f"{what}: {type(cause).__name__}: {first}"[:480]
+        where = user_frame(cause)
+        self.line = f"{what}: {type(cause).__name__}: {first}"[:440] + (f" ({where})" if where else "")
         super().__init__(self.line)
 
 
@@ -43,7 +65,16 @@ def is_collective_failure(exc: BaseException) -> bool:
     return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and "gloo/transport" in str(exc))
 
 
+# Among OSErrors, a path the job may not touch (its own user is denied: workers/attempt_user.py) or that does not
+# exist is the job's own doing, the same on every host.
+THE_JOBS_OWN: tuple[type[BaseException], ...] = (
+    PermissionError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError,
+)
+
+
 def is_infrastructure(exc: BaseException) -> bool:
+    if isinstance(exc, THE_JOBS_OWN):
+        return False
     return isinstance(exc, INFRASTRUCTURE) or is_collective_failure(exc)
 
 

@@ -16,7 +16,8 @@ the worker starts, and said in its log:
   attempt's memory divided among its processes; no per-attempt process limit (``RLIMIT_NPROC`` counts every
   process of the worker's user, and root ignores it).
 
-Per-team users (each attempt under an unprivileged uid of its team) are the next step of the same module.
+Each team's attempts also run as an unprivileged user of its own where the worker can switch users
+(``workers/attempt_user.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any, Protocol
 import psutil
 
 from core.settings import Settings
+from workers.attempt_user import AttemptUsers
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +167,7 @@ class Isolation:
         self.settings = settings
         self.host_slots = max(1, host_slots)
         self.cgroup_bases = cgroup_bases  # None: rlimits
+        self.users = AttemptUsers(settings)
 
     @classmethod
     def detect(cls, *, host: str, settings: Settings, host_slots: int, root: Path = CGROUP_ROOT) -> Isolation:
@@ -187,6 +190,9 @@ class Isolation:
         return "cgroup" if self.cgroup_bases is not None else "rlimit"
 
     def describe(self) -> str:
+        return f"{self._describe_limits()}; {self.users.describe()}"
+
+    def _describe_limits(self) -> str:
         ceiling = host_max_memory(self.settings)
         if self.cgroup_bases is not None:
             where = ", ".join(str(b) for b in self.cgroup_bases)

@@ -24,6 +24,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
+from core.code_archive import artifact_path, extract
 from core.db import session_scope, utcnow
 from core.fence import Lease, job_checkpoint_dir, lease_clock, write_fence, write_lease
 from core.lifecycle import ExitClass, end_attempt, end_attempt_as, renew_lease
@@ -34,6 +35,7 @@ from core.states import ACTIVE, ATTEMPT_LIVE, AttemptState, JobState, MpsState, 
 from core.trainer_protocol import (
     ENV_ATTEMPT_ID,
     ENV_CHECKPOINT_DIR,
+    ENV_CODE_DIR,
     ENV_COMPILE_CACHE_DIR,
     ENV_FENCING_TOKEN,
     ENV_JOB_ID,
@@ -41,10 +43,12 @@ from core.trainer_protocol import (
     ENV_LOCAL_CHECKPOINT_DIR,
     ENV_MEMORY_FRACTION,
     ENV_TEST_HOOKS,
+    FENCE_FILE,
     LEASE_FILE,
     RecordKind,
 )
 from workers import isolation, mps
+from workers.attempt_user import AttemptUser
 from workers.celery_app import TASK_PROBE_CONSUMER, TASK_RUN_ATTEMPT, get_app
 from workers.consumer_probe import ConsumerProbe
 from workers.exit_classes import Outcome, StopRequest, classify
@@ -124,6 +128,7 @@ SUPERVISIONS = Supervisions()
 @dataclass
 class Claimed:
     job_id: int
+    team_id: int
     attempt_number: int
     spec: dict[str, Any]
     placement: list[dict[str, Any]]
@@ -234,7 +239,8 @@ def claim(
         time_left = float(limit) - used
 
     return Claimed(
-        job_id=job.id, attempt_number=attempt.number, spec=dict(job.spec or {}), placement=placement, gpus=gpus,
+        job_id=job.id, team_id=job.team_id, attempt_number=attempt.number, spec=dict(job.spec or {}),
+        placement=placement, gpus=gpus,
         qos=qos, host_links=dict(host_row.links or {}) if host_row else {}, rendezvous=rendezvous,
         time_left_s=time_left,
     )  # fmt: skip
@@ -628,6 +634,11 @@ def _run_claimed(
         write_fence(checkpoint_dir, fencing_token)
         runner.renew_lease(claimed_at)  # the lease the claim granted, before any rank starts
         spec_path.write_text(json.dumps(claimed.spec, indent=2, sort_keys=True))
+        fetch_code(claimed, storage=storage, run_dir=run_dir, proc=proc, settings=settings)
+        user = host_isolation.users.for_team(claimed.team_id)
+        if user is not None:
+            run_as(user, proc, storage=storage, checkpoint_dir=checkpoint_dir, compile_dir=compile_dir,
+                   local_dir=local_dir, settings=settings)
         proc.log_line(f"attempt {claimed.attempt_number} (token {fencing_token}) node {node_rank} on {host}")
         if ENV_TEST_HOOKS in env:
             proc.log_line(f"TEST HOOKS ACTIVE ({ENV_TEST_HOOKS} is set on this worker): {env[ENV_TEST_HOOKS]}")
@@ -655,6 +666,37 @@ def _run_claimed(
     _release(proc)
     log.info("attempt %s node %s: %s (%s)", attempt_id, node_rank, outcome.exit_class.value, outcome.reason)
     return outcome.exit_class.value
+
+
+def fetch_code(claimed: Claimed, *, storage: Path, run_dir: Path, proc: TrainerProcess, settings: Settings) -> None:
+    """The team's own code (spec ``code``): its archive from the artifact store, its digest and entries verified,
+    unpacked into the attempt's run directory, where the trainer imports it (``KILN_CODE_DIR``)."""
+    code = claimed.spec.get("code") or {}
+    digest = code.get("digest")
+    if not digest:
+        return
+    dest = run_dir / "code"
+    summary = extract(artifact_path(storage, claimed.team_id, digest), digest, dest, settings.archive_limits)
+    proc.env[ENV_CODE_DIR] = str(dest)
+    proc.log_line(f"code {digest[:12]} ({summary.entries} entries, {summary.unpacked_bytes} bytes) verified and "
+                  f"unpacked; entry point {code.get('entry_point')}")
+
+
+def run_as(user: AttemptUser, proc: TrainerProcess, *, storage: Path, checkpoint_dir: Path, compile_dir: Path,
+           local_dir: Path | None, settings: Settings) -> None:
+    """The attempt as its team's own unprivileged user: its directories its own (0700), what the worker wrote for
+    it (spec, code, fence, lease) readable and not writable, launched through setpriv."""
+    run_dir = proc.run_dir
+    (run_dir / "tmp").mkdir(exist_ok=True)
+    for directory in (run_dir, checkpoint_dir, compile_dir):
+        user.take(directory, stop=storage)
+    if local_dir is not None and settings.local_tier_dir is not None:
+        user.take(local_dir, stop=settings.local_tier_dir.resolve())
+    for path in (run_dir / "spec.json", run_dir / "code", run_dir / LEASE_FILE, checkpoint_dir / FENCE_FILE):
+        user.readable(path)
+    proc.argv = user.command(proc.argv)
+    proc.env.update(user.env(run_dir))
+    proc.log_line(f"running as uid {user.uid} gid {user.gid}: no capabilities, no_new_privs")
 
 
 def _release(proc: TrainerProcess) -> None:

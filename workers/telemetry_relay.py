@@ -168,6 +168,8 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
                 message=f"predicted peak memory {rec.get('predicted_peak_bytes')} bytes",
                 data={k: v for k, v in rec.items() if k not in ("kind", "ts")},
             )
+        elif kind == RecordKind.EVAL and rank == 0:
+            _evaluation(session, job=job, attempt=attempt, rec=rec)
         elif kind == RecordKind.DONE and rank == 0:
             state.done = rec
 
@@ -209,6 +211,17 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
                 extra={"gpu": gpu_samples[-8:]},
             )
         )  # fmt: skip
+
+
+def _evaluation(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any]) -> None:
+    """The team code's evaluation: the job's latest metrics, and an event on its timeline (CLI, dashboard)."""
+    raw = rec.get("metrics") if isinstance(rec.get("metrics"), dict) else {}
+    metrics = {str(k)[:64]: _float(v) for k, v in list((raw or {}).items())[:32]}
+    step = _int(rec.get("step")) or 0
+    job.eval_metrics = {"step": step, "metrics": metrics}
+    shown = ", ".join(f"{k} {v:.4f}" if v is not None else f"{k} -" for k, v in metrics.items())
+    record_event(session, "EVALUATION", job=job, message=f"step {step}: {shown}"[:1000],
+                 data={"attempt": attempt.number, "step": step, "metrics": metrics})
 
 
 def _resumed(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any], step: int) -> None:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import yaml
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 from sqlalchemy.orm import Session
 
 from api import sse
@@ -35,7 +35,7 @@ from api.routers.common import (
     decode_cursor,
     encode_cursor,
 )
-from api.schemas.common import INT32, INT64, InModel, Text
+from api.schemas.common import INT32, INT64, InModel, OutModel, Text
 from api.schemas.jobs import (
     AttemptOut,
     CheckpointOut,
@@ -302,6 +302,24 @@ def list_job_attempts(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) 
 @router.get("/{job_id}/checkpoints", response_model=list[CheckpointOut], summary="The job's checkpoints")
 def list_job_checkpoints(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> list[CheckpointOut]:
     return [CheckpointOut.model_validate(c) for c in svc.checkpoints(db=db, principal=who, job_id=job_id)]
+
+
+class CodeOut(OutModel):
+    """The team's own code a job runs (spec ``code``) and its last evaluation."""
+
+    digest: str | None
+    entry_point: str | None
+    download: str | None = Field(description="The archive (GET, .tar.gz)")
+    evaluation: dict[str, Any] | None = Field(description="{step, metrics: {name: value}}, or null before the first")
+
+
+@router.get("/{job_id}/code", response_model=CodeOut, summary="The job's own code and its last evaluation")
+def code(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> CodeOut:
+    found = svc.code(db=db, principal=who, job_id=job_id)
+    return CodeOut(digest=found.digest, entry_point=found.entry_point,
+                   download=f"/v1/teams/{found.team}/artifacts/{found.digest}/archive" if found.digest else None,
+                   evaluation=found.evaluation)
+
 
 
 @router.get("/{job_id}/why", response_model=WhyOut, summary="Why the job is (not) running, and what would let it start")

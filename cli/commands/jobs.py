@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
 from rich.text import Text
 
 from cli import output as out
@@ -47,12 +48,31 @@ def submit(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Show progress and live loss until the job ends.")
     ] = False,
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", "-w", help="Your code: packed (.gitignore/.kilnignore honoured), uploaded once by "
+                     "its SHA-256, named in the spec's code.digest.", file_okay=False, exists=True),
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--check", help="Before uploading: validate the spec and hyperparameters and run one "
+                           "forward/backward step on the CPU (needs torch); submit only if it passes.")
+    ] = False,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
     """Submit a job and print its id. With --follow, exit 0 on SUCCEEDED and 1 on FAILED or CANCELLED."""
+    from cli import code as user_code
+
     text = read_spec_file(file)
+    data = user_code.with_code(text, file) if workdir is not None else None
+    if check:
+        user_code.check(data if data is not None else yaml.safe_load(text), workdir)
     with client() as api:
-        report_submitted(api, submit_text(api, text), follow=follow, output=output)
+        if workdir is not None and data is not None:
+            user_code.upload(api, data, workdir)
+            job = api.post("/v1/jobs", json=data)
+        else:
+            job = submit_text(api, text)
+        report_submitted(api, job, follow=follow, output=output)
 
 
 def report_submitted(api: Any, job: dict[str, Any], *, follow: bool, output: OutputFormat) -> None:
@@ -151,7 +171,9 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         attempts = page_items(_optional(api, f"/v1/jobs/{job_id}/attempts"))
         checkpoints = page_items(_optional(api, f"/v1/jobs/{job_id}/checkpoints"))
         events = job_events(api, job_id)
-    data = {"job": job, "sla": sla, "attempts": attempts, "checkpoints": checkpoints, "events": events}
+        code = _optional(api, f"/v1/jobs/{job_id}/code") if (job.get("spec") or {}).get("code") else None
+        base = str(api.base_url)
+    data = {"job": job, "sla": sla, "attempts": attempts, "checkpoints": checkpoints, "events": events, "code": code}
     if output is not OutputFormat.table:
         out.print_data(data, output)
         return
@@ -178,6 +200,8 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         pairs.append(("waiting", f"{job['pending_reason']}: {job.get('pending_message') or ''}"))
     if job.get("exit_reason"):
         pairs.append(("exit reason", job["exit_reason"]))
+    if isinstance(code, dict):
+        pairs += _code_pairs(base, code)
     console.print(out.kv_table(pairs, title=f"Job {job_id}"))
     if isinstance(sla, dict):
         console.print()
@@ -191,6 +215,19 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
     if events:
         console.print()
         console.print(out.table(out.EVENT_COLUMNS, events[-15:], title="Recent events"))
+
+
+def _code_pairs(base: str, code: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The team's own code: digest, entry point, where to download it, and its last evaluation."""
+    pairs: list[tuple[str, Any]] = [("code", f"sha256:{code.get('digest')}"), ("entry point", code.get("entry_point"))]
+    if code.get("download"):
+        pairs.append(("download", f"{base.rstrip('/')}{code['download']}"))
+    evaluation = code.get("evaluation")
+    if isinstance(evaluation, dict):
+        metrics = evaluation.get("metrics") or {}
+        shown = ", ".join(f"{k} {v:.4f}" if isinstance(v, (int, float)) else f"{k} -" for k, v in metrics.items())
+        pairs.append(("evaluation", f"step {evaluation.get('step')}: {shown}"))
+    return pairs
 
 
 def job_events(api: Any, job_id: int, *, limit: int | None = None) -> list[dict[str, Any]]:

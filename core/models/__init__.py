@@ -1,5 +1,6 @@
 """ORM models, one module per domain; importing this package registers every table on ``Base.metadata``."""
 
+from core.models.artifacts import Artifact
 from core.models.cluster import GPU, Host
 from core.models.jobs import (
     Attempt,
@@ -29,6 +30,7 @@ from core.models.webhooks import Webhook, WebhookDelivery
 __all__ = [
     "GPU",
     "ApiToken",
+    "Artifact",
     "Attempt",
     "Checkpoint",
     "CheckpointExport",

@@ -35,6 +35,10 @@ class Job(Base):
     last_step: Mapped[int] = mapped_column(default=0)
     last_loss: Mapped[float | None] = mapped_column()
     exit_reason: Mapped[str | None] = mapped_column(String(512))
+    # The team's own code (spec ``code.digest``): kept in a column so the artifact collector finds what is in use.
+    code_digest: Mapped[str | None] = mapped_column(String(64))
+    # The last evaluation of the team's code ({"step": N, "metrics": {name: value}}), shown by ls/describe.
+    eval_metrics: Mapped[dict[str, Any] | None] = mapped_column()
     submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
     admitted_at: Mapped[datetime | None] = mapped_column()
     started_at: Mapped[datetime | None] = mapped_column()
@@ -56,6 +60,7 @@ class Job(Base):
         Index("ix_jobs_admitted_at", "admitted_at"),
         # a retried submission finds the job its key made (per team; NULL keys never clash)
         UniqueConstraint("team_id", "idempotency_key"),
+        Index("ix_jobs_team_id_code_digest", "team_id", "code_digest"),
     )
 
 

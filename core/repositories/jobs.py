@@ -60,10 +60,12 @@ _SUBMIT_PG = text("""
 WITH job AS (
     INSERT INTO jobs (name, team_id, user_id, spec, state, qos_class_id, priority, gpus, gpu_type,
                       predicted_memory_bytes, restart_count, fencing_token, cancel_requested, preempt_requested,
-                      last_step, submitted_at, updated_at, idempotency_key, request_sha256, sweep_id)
+                      last_step, submitted_at, updated_at, idempotency_key, request_sha256, sweep_id,
+                      code_digest)
     VALUES (:name, :team_id, :user_id, CAST(:spec AS JSONB), :state, :qos_class_id, :priority, :gpus, :gpu_type,
             :predicted_memory_bytes, :restart_count, :fencing_token, :cancel_requested, :preempt_requested,
-            :last_step, :submitted_at, :updated_at, :idempotency_key, :request_sha256, :sweep_id)
+            :last_step, :submitted_at, :updated_at, :idempotency_key, :request_sha256, :sweep_id,
+            :code_digest)
     RETURNING id
 ), deps AS (
     INSERT INTO job_dependencies (job_id, depends_on_id, condition)

@@ -165,3 +165,15 @@ def hosts_and_gpus(db: Session) -> Sequence[tuple[Any, ...]]:
         .order_by(Host.name, GPU.index)
     )
     return db.execute(stmt).tuples().all()
+
+
+def evaluations(db: Session, *, since: datetime) -> Sequence[tuple[Any, ...]]:
+    """(team, job id, job name, eval_metrics) of the jobs with an evaluation that are active or ended since
+    ``since`` (a team's own code: ``{"step", "metrics"}``)."""
+    active = [JobState.ADMITTED.value, JobState.RUNNING.value, JobState.PREEMPTING.value, JobState.PAUSED.value]
+    stmt = (
+        select(Team.name, Job.id, Job.name, Job.eval_metrics)
+        .join(Team, Team.id == Job.team_id)
+        .where(Job.eval_metrics.is_not(None), or_(Job.state.in_(active), Job.finished_at >= since))
+    )
+    return db.execute(stmt).all()

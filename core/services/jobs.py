@@ -18,6 +18,7 @@ from core.repositories import jobs as jobs_repo
 from core.repositories import qos as qos_repo
 from core.repositories import teams as teams_repo
 from core.repositories.jobs import JobFilter
+from core.services import artifacts
 from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.services.fit import canonical_gpu_type, check_submission
 from core.services.principal import Principal, require_team, require_team_id
@@ -95,6 +96,7 @@ def submit(
     if not ctx.qos_allowed:
         raise Forbidden(qos_refusal(spec.team, qos_name, teams_repo.allowed_qos_names(db, team_id)))
     fitted = check_submission(db, spec=spec, ctx=ctx, qos_name=qos_name)
+    code_digest = _code_digest(db, team_id=team_id, spec=spec)
     depends_on = _dependencies(db, team_id=team_id, team=spec.team, refs=spec.depends_on)
     base = {k: getattr(ctx, k) for k in TERMS} if ctx.sla_id is not None else BASE_TERMS
     terms = effective_terms(base=base, overrides=spec.sla)
@@ -108,6 +110,7 @@ def submit(
         "predicted_memory_bytes": fitted.predicted_memory_bytes,
         "restart_count": 0, "fencing_token": 0, "cancel_requested": False, "preempt_requested": False,
         "last_step": 0, "submitted_at": now, "updated_at": now, "sweep_id": sweep_id,
+        "code_digest": code_digest,
         "idempotency_key": idempotency.key if idempotency else None,
         "request_sha256": idempotency.request_sha256 if idempotency else None,
     }  # fmt: skip
@@ -177,6 +180,16 @@ def _dependencies(db: Session, *, team_id: int, team: str, refs: Sequence[str]) 
     return sorted(deps.items())
 
 
+def _code_digest(db: Session, *, team_id: int, spec: JobSpec) -> str | None:
+    """The team's uploaded archive a spec's ``code`` names (it must exist: workers fetch it)."""
+    if spec.code is None:
+        return None
+    if spec.code.digest is None:
+        raise InvalidInput.at("code.digest", "no code uploaded: submit with kiln submit --workdir DIR")
+    artifacts.use(db, team_id=team_id, digest=spec.code.digest)
+    return spec.code.digest
+
+
 def _visible(db: Session, principal: Principal, job_id: int, *, for_update: bool = False) -> Job:
     job = jobs_repo.get(db, job_id, for_update=for_update)
     if job is None or not principal.can_see(job.team_id):
@@ -190,6 +203,24 @@ def get(*, db: Session, principal: Principal, job_id: int) -> JobView:
     if not rows:
         raise NotFound(f"job {job_id} not found")
     return JobView._make(rows[0])
+
+
+@dataclass(frozen=True)
+class CodeView:
+    """The team's own code a job runs (spec ``code``) and the last evaluation its worker relayed."""
+
+    team: str
+    digest: str | None
+    entry_point: str | None
+    evaluation: dict[str, Any] | None
+
+
+def code(*, db: Session, principal: Principal, job_id: int) -> CodeView:
+    view = get(db=db, principal=principal, job_id=job_id)
+    spec_code = (json.loads(view.spec_json) or {}).get("code") or {}
+    job = jobs_repo.get(db, job_id)
+    return CodeView(team=view.team, digest=spec_code.get("digest"), entry_point=spec_code.get("entry_point"),
+                    evaluation=job.eval_metrics if job is not None else None)
 
 
 def list_jobs(

@@ -124,10 +124,11 @@ class OpsSnapshot:
     gpu_memory: dict[tuple[str, str], float] = field(default_factory=dict)
     gpu_links: dict[tuple[str, str, str, str], float] = field(default_factory=dict)  # host, gpu, link, direction
     hosts: dict[str, int] = field(default_factory=dict)  # state
+    evaluation: dict[tuple[str, str, str, str], float] = field(default_factory=dict)  # team, job, name, metric
 
 
 def snapshot(db: Session, *, now: datetime | None = None, window: timedelta = WINDOW) -> OpsSnapshot:
-    """Everything the collector exports, in five statements."""
+    """Everything the collector exports, in six statements."""
     now = now or utcnow()
     since = now - window
     snap = OpsSnapshot(window_s=window.total_seconds())
@@ -159,6 +160,13 @@ def snapshot(db: Session, *, now: datetime | None = None, window: timedelta = WI
                 snap.violations[(team, qos, "recovery_time")] += n
         elif is_violation_event(type_):
             snap.violations[(team, qos, violation_kind(type_, label))] += n
+
+    for team, job_id, name, evaluation in repo.evaluations(db, since=since):
+        metrics = evaluation.get("metrics") if isinstance(evaluation, dict) else None
+        for metric, value in (metrics or {}).items():
+            number = _number(value)
+            if number is not None:
+                snap.evaluation[(team, str(job_id), name, str(metric))] = number
 
     snap.hosts = dict.fromkeys(HOST_STATES, 0)
     seen_hosts: set[str] = set()
@@ -291,6 +299,14 @@ def families(snap: OpsSnapshot) -> list[Metric]:
             snap.gpu_links,
         ),
         _with_samples(GaugeMetricFamily("kiln_hosts", "Hosts by state", labels=["state"]), snap.hosts),
+        _with_samples(
+            GaugeMetricFamily(
+                "kiln_job_evaluation",
+                "The last evaluation of a team's own code (its evaluate()), per job active or ended in the window",
+                labels=["team", "job", "name", "metric"],
+            ),
+            snap.evaluation,
+        ),
     ]
 
 

@@ -16,6 +16,7 @@ from core.db import make_engine, utcnow
 from core.liveness import Pulse
 from core.policy_config import PolicyConfig
 from core.retention import RetentionReport, prune_database
+from core.services import artifacts
 from core.settings import Settings, get_settings
 from scheduler.live import sla
 from scheduler.live.apply import Dispatch, apply_all
@@ -149,6 +150,21 @@ def _retain_logged(factory: Callable[[], Session], settings: Settings, metrics: 
         log.info("retention: %s", report)
 
 
+ARTIFACT_GC_INTERVAL_S = 600.0  # how often the leader collects unused code archives (their age is a setting)
+
+
+def collect_artifacts(session_factory: Callable[[], Session], settings: Settings) -> int:
+    """Delete the archives no active job names whose last use is older than ``artifact_retention_s``: the rows in
+    one transaction, the files after it committed."""
+    with session_factory() as db:
+        files = artifacts.collect(db, storage=settings.resolved_storage_dir, retention_s=settings.artifact_retention_s)
+        db.commit()
+    artifacts.remove_files(files)
+    if files:
+        log.info("collected %d unused code archives", len(files))
+    return len(files)
+
+
 def run_forever(
     settings: Settings, *, dispatch: DispatchAttempt, stop: threading.Event | None = None,
     metrics: SchedulerMetrics | None = None,
@@ -172,8 +188,15 @@ def run_forever(
                 continue
             log.info("scheduler: leading")
             metrics.leader.set(1)
+            next_gc = time.monotonic()
             try:
                 while not stop.is_set():
+                    if time.monotonic() >= next_gc:
+                        next_gc = time.monotonic() + ARTIFACT_GC_INTERVAL_S
+                        try:
+                            collect_artifacts(factory, settings)
+                        except Exception:
+                            log.exception("collecting unused code archives failed; retrying later")
                     try:
                         result = run_cycle(session_factory=factory, dispatch=dispatch, settings=settings)
                         pulse.beat("leading")  # only a committed cycle: a leader failing every cycle goes stale

@@ -22,8 +22,9 @@ from tests.support.sql import statements
 
 pytestmark = pytest.mark.integration
 
-# The scrape token's lookup; kiln_jobs by state; attainment; queue wait; pending; event counters; hosts and GPUs
-SCRAPE_BUDGET = 7
+# The scrape token's lookup; kiln_jobs by state; attainment; queue wait; pending; event counters; hosts and GPUs;
+# the evaluations of teams' own code
+SCRAPE_BUDGET = 8
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 Scrape = Callable[[TestClient], Samples]
@@ -333,3 +334,21 @@ def test_grafana_dashboard_queries_match_the_exported_series(
             assert wanted <= labels_of[name], f"{expr!r}: {name} has labels {labels_of[name]}"
             checked += 1
     assert checked >= 17
+
+
+def test_the_last_evaluation_of_a_teams_code_is_exported(client: TestClient, db: Session, scrape: Scrape) -> None:
+    build(db)
+    running = db.scalars(select(Job).where(Job.state == "RUNNING").order_by(Job.id)).first()
+    old = db.scalars(select(Job).where(Job.state == "SUCCEEDED").order_by(Job.id)).first()
+    assert running is not None and old is not None
+    running.eval_metrics = {"step": 200, "metrics": {"accuracy": 0.975, "heldout_loss": 0.12}}
+    old.eval_metrics = {"step": 10, "metrics": {"accuracy": 0.5}}  # ended outside the window: not exported
+    db.flush()
+    team = db.get(Team, running.team_id)
+    assert team is not None
+    got = series(scrape(client), "kiln_job_evaluation")
+    labels = {"team": team.name, "job": str(running.id), "name": running.name}
+    assert got == {
+        frozenset({**labels, "metric": "accuracy"}.items()): 0.975,
+        frozenset({**labels, "metric": "heldout_loss"}.items()): 0.12,
+    }

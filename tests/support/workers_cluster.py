@@ -6,6 +6,7 @@ running beside them in a thread.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -27,10 +28,12 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from core import db as core_db
+from core.code_archive import pack_bytes
 from core.db import utcnow
 from core.migrate import upgrade
 from core.models import Attempt, Host, Job, QosClass, Team, TeamQuota, User
 from core.policy_config import PolicyConfig
+from core.services import artifacts as artifacts_service
 from core.services import jobs as jobs_service
 from core.services.bootstrap import bootstrap_admin
 from core.services.principal import Principal
@@ -90,7 +93,8 @@ class Cluster:
     """Environment shared by the test process and its workers; the test process uses the same settings."""
 
     def __init__(self, tmp: Path, *, database_url: str, broker_url: str, lease_s: float = 8.0,
-                 heartbeat_s: float = 1.0, visibility_timeout_s: float | None = None):  # fmt: skip
+                 heartbeat_s: float = 1.0, visibility_timeout_s: float | None = None,
+                 extra_env: dict[str, str] | None = None):  # fmt: skip
         self.tmp = tmp
         self.suffix = secrets.token_hex(3)
         self.env = {
@@ -108,6 +112,7 @@ class Cluster:
         }
         if visibility_timeout_s is not None:
             self.env["KILN_BROKER_VISIBILITY_TIMEOUT_S"] = str(visibility_timeout_s)
+        self.env.update(extra_env or {})
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.services: dict[str, subprocess.Popen[bytes]] = {}  # the API, schedulers: see start_service
         self.api_url: str | None = None
@@ -292,12 +297,7 @@ def submit(
     admin, with these SLA terms; the team gets at least ``cpu_quota`` CPU slots (the scheduler admits CPU jobs
     against the team's ``cpu`` quota and the hosts' CPU slots) and a restart limit that allows ``max_restarts``."""
     principal = _cluster_admin(db)
-    team_name = spec.get("team", "default")
-    team = db.scalars(select(Team).where(Team.name == team_name)).first()
-    if team is None:
-        team = Team(name=team_name, qos_classes=list(db.scalars(select(QosClass))))
-        db.add(team)
-        db.flush()
+    team = _team(db, spec.get("team", "default"))
     quota = db.scalars(select(TeamQuota).where(TeamQuota.team_id == team.id, TeamQuota.gpu_type == "cpu")).first()
     if quota is None:
         db.add(TeamQuota(team_id=team.id, gpu_type="cpu", nominal=cpu_quota))
@@ -312,6 +312,29 @@ def submit(
     job = db.get(Job, view.id)
     assert job is not None
     return job
+
+
+def _team(db: Session, name: str) -> Team:
+    team = db.scalars(select(Team).where(Team.name == name)).first()
+    if team is None:
+        team = Team(name=name, qos_classes=list(db.scalars(select(QosClass))))
+        db.add(team)
+        db.flush()
+    return team
+
+
+def upload_code(db: Session, team: str, directory: Path) -> str:
+    """Pack ``directory`` and store it as ``team``'s archive through the API's own service, as ``kiln submit
+    --workdir`` does; returns its digest for the spec's ``code.digest``."""
+    _team(db, team)
+    blob, _ = pack_bytes(directory)
+    digest = hashlib.sha256(blob).hexdigest()
+    settings = get_settings()
+    upload = artifacts_service.tmp_dir(settings.resolved_storage_dir) / f"test-upload-{digest}"
+    upload.write_bytes(blob)
+    artifacts_service.store(db=db, principal=_cluster_admin(db), team=team, digest=digest, upload=upload,
+                            settings=settings)
+    return digest
 
 
 def _cluster_admin(db: Session) -> Principal:

@@ -78,6 +78,16 @@ def job_overview(job_id: JobIdPath, session: SessionDep, who: CurrentPrincipal) 
     return overview_of(session, get_visible_job(session, who, job_id))
 
 
+def _code(job: Job, team: str) -> dict[str, Any] | None:
+    """The team's own code a job runs: digest, entry point, and the archive's API path (docs/user-code.md)."""
+    code = (job.spec or {}).get("code") or {}
+    digest = code.get("digest")
+    if not digest:
+        return None
+    return {"digest": digest, "entry_point": code.get("entry_point"),
+            "download": f"/v1/teams/{team}/artifacts/{digest}/archive"}
+
+
 def overview_of(session: Session, job: Job) -> dict[str, Any]:
     team = session.get(Team, job.team_id)
     qos_rows = {q.id: q for q in session.scalars(select(QosClass))}
@@ -111,8 +121,15 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
             "finished_at": iso(job.finished_at),
             "wait_s": max(0.0, (end - job.submitted_at).total_seconds()),
             "max_wait_s": effective_max_wait(session, [job], qos_rows).get(job.id),
+            "evaluation": job.eval_metrics,
             "spec": job.spec,
         },
+        "code": _code(job, team.name if team else ""),
+        "evaluations": [
+            {"step": e.data.get("step"), "metrics": e.data.get("metrics") or {}, "attempt": e.data.get("attempt")}
+            for e in events
+            if e.type == "EVALUATION"
+        ],
         "contract": None
         if contract is None
         else {

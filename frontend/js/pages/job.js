@@ -1,7 +1,7 @@
 // One job: state, wait against the contract, curves (loss, throughput, GPU), timeline, live logs, checkpoints,
 // restarts with their recovery times, compile fallbacks and loss spikes.
 
-import { ApiError, api, follow, parseEventStream, qs } from "../api.js";
+import { ApiError, api, follow, getToken, parseEventStream, qs } from "../api.js";
 import { LineChart } from "../chart.js";
 import {
   bar, fmtBytes, fmtDuration, fmtNumber, h, pageHeader, replace, showError, stateBadge, table, timeEl, toast,
@@ -15,7 +15,7 @@ const MAX_LOG_LINES = 5000;
  *   tokens_per_s: number | null, step_time_s: number | null, mfu: number | null, mem_peak_bytes: number | null,
  *   extra: Record<string, any>}} MetricRow
  * @typedef {{job: any, contract: any, attempts: any[], restarts: any[], checkpoints: any[], events: any[],
- *   compile_fallbacks: any[], loss_spikes: any[]}} Overview
+ *   compile_fallbacks: any[], loss_spikes: any[], code: any, evaluations: any[]}} Overview
  */
 
 /**
@@ -77,6 +77,25 @@ function resources(j) {
 
 const clock = (/** @type {number} */ ms) => new Date(ms).toLocaleTimeString(undefined, { hour12: false });
 
+/**
+ * A link that downloads an API path with the session's token (a plain href would carry no Authorization header).
+ * @param {string} path
+ * @param {string} filename
+ */
+function downloadLink(path, filename) {
+  const link = h("a", { href: "#", id: "code-download" }, "download (.tar.gz)");
+  link.addEventListener("click", async (event) => {
+    event.preventDefault();
+    const resp = await fetch(path, { headers: { Authorization: `Bearer ${getToken() || ""}` } });
+    if (!resp.ok) return;
+    const url = URL.createObjectURL(await resp.blob());
+    const a = h("a", { href: url, download: filename });
+    a.click();
+    setTimeout(() => URL.revokeObjectURL(url), 1000);
+  });
+  return link;
+}
+
 /** @type {import("../router.js").Page} */
 export async function jobPage(root, params) {
   const id = Number(params.id);
@@ -110,6 +129,8 @@ export async function jobPage(root, params) {
       empty: "No GPU samples (a CPU job, or none yet)" }),
     bw: new LineChart({ id: "gpu-bw", title: "Interconnect bandwidth (bytes/s)", xFormat: clock, yMin: 0,
       empty: "No PCIe/NVLink samples yet" }),
+    evaluation: new LineChart({ id: "evaluation", title: "Evaluation metrics over steps", xLabel: "step",
+      empty: "No evaluation (a built-in recipe, or a team's code without evaluate())" }),
   };
 
   const timeline = h("ol", { class: "timeline", id: "timeline", "aria-label": "Events, oldest first" });
@@ -162,6 +183,15 @@ export async function jobPage(root, params) {
     ];
     if (j.state === "QUEUED") rows.splice(4, 0, ["Pending reason", j.pending_reason ? `${j.pending_reason}${j.pending_message ? `: ${j.pending_message}` : ""}` : "not yet planned"]);
     if (j.exit_reason) rows.push(["Exit reason", j.exit_reason]);
+    if (ov.code) {
+      rows.push(["Code", h("code", { id: "code-digest", title: ov.code.digest }, `sha256:${ov.code.digest}`)]);
+      rows.push(["Entry point", h("code", {}, ov.code.entry_point || "")]);
+      rows.push(["Archive", downloadLink(ov.code.download, `${j.team}-${ov.code.digest.slice(0, 12)}.tar.gz`)]);
+    }
+    if (j.evaluation) {
+      const shown = Object.entries(j.evaluation.metrics || {}).map(([k, v]) => `${k} ${fmtNumber(v, 4)}`).join(", ");
+      rows.push(["Evaluation", `step ${j.evaluation.step}: ${shown}`]);
+    }
     if (j.cancel_requested && !FINISHED.has(j.state)) rows.push(["Cancel", "requested"]);
     replace(facts, rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
 
@@ -191,6 +221,16 @@ export async function jobPage(root, params) {
       h("p", {}, h("strong", {}, "Loss spikes: "), ov.loss_spikes.length ? "" : "none"),
       ov.loss_spikes.length ? h("ul", {}, ov.loss_spikes.map((s) => h("li", {}, timeEl(s.created_at), ` ${s.message}`))) : null,
     );
+    /** @type {Map<string, [number, number][]>} */
+    const evalSeries = new Map();
+    for (const ev of ov.evaluations || []) {
+      for (const [name, value] of Object.entries(ev.metrics || {})) {
+        if (typeof value !== "number" || typeof ev.step !== "number") continue;
+        if (!evalSeries.has(name)) evalSeries.set(name, []);
+        evalSeries.get(name)?.push([ev.step, value]);
+      }
+    }
+    charts.evaluation.setSeries([...evalSeries.entries()].map(([name, points]) => ({ name, points })));
     charts.loss.setMarkers(ov.loss_spikes
       .filter((s) => typeof s.data?.step === "number")
       .map((s) => ({ x: s.data.step, label: `loss spike: ${s.message}` })));

@@ -1,0 +1,156 @@
+"""A team's own model through kiln's trainer vs the same model in a hand-written compiled loop, in one run.
+
+    python bench/usercode_bench.py            # H200: examples/gpt-user at GPT-2 124M size, batch 32 x 1024, bf16
+    python bench/usercode_bench.py --smoke    # CPU: a tiny size, checks the harness end to end
+
+The model is ``examples/gpt-user/model.py``, written outside kiln (not the built-in ``gpt`` recipe). Each row is its
+own process: ``bare`` is this file's ``--bare`` mode (whole-model compile, bf16 autocast, fused AdamW, clip, the
+module's own batches); ``kiln`` is ``python -m trainer`` on a spec with ``code`` (the module loaded through the
+recipe protocol from ``KILN_CODE_DIR``, as a worker unpacks it), with kiln's telemetry, spike guard and default
+compile mode, no periodic checkpoint. Throughput is items (tokens) per second over the steps after the warm-up,
+from the trainer's own step records. Prints kiln/bare and writes JSON under bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CODE = ROOT / "examples" / "gpt-user"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+PYPATH = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+
+sys.path.insert(0, str(ROOT / "bench"))
+from trainer_bench import read_records  # noqa: E402  (one reader of the trainer's telemetry for every bench)
+
+
+def hyperparameters(smoke: bool) -> dict[str, Any]:
+    if smoke:
+        return {"layers": 1, "width": 64, "heads": 2, "vocab": 256, "context": 32, "batch_size": 4}
+    return {"layers": 12, "width": 768, "heads": 12, "vocab": 50304, "context": 1024, "batch_size": 32}
+
+
+def bare(args: argparse.Namespace) -> None:
+    """The baseline: the user's model in the loop a careful engineer writes by hand."""
+    import torch
+
+    sys.path.insert(0, str(CODE))
+    import model as user  # type: ignore[import-not-found]
+
+    hp = user.Hyperparameters(**hyperparameters(args.smoke))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    net = user.build_model(hp).to(device)
+    net.compile(fullgraph=True, dynamic=False)
+    decay = [p for p in net.parameters() if p.dim() >= 2]
+    no_decay = [p for p in net.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=6e-4, betas=(0.9, 0.95), fused=device.type == "cuda")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    data = user.batches(hp, rank=0, world_size=1, seed=0, start=0)
+
+    def step() -> torch.Tensor:
+        x, y = (t.to(device, non_blocking=True) for t in next(data))
+        with torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda"):
+            loss = user.loss(net, (x, y))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    for _ in range(args.warmup):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        last = step()
+    last.item()
+    dt = time.perf_counter() - t0
+    print(json.dumps({"tokens_per_s": user.items_per_batch(hp) * args.steps / dt, "measured_steps": args.steps,
+                      "loss": float(last.item())}))
+
+
+def run_bare(args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--bare", "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    proc = subprocess.run(cmd + (["--smoke"] if args.smoke else []), cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": PYPATH}, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bare loop failed:\n{proc.stderr[-4000:]}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def run_kiln(args: argparse.Namespace, work: pathlib.Path) -> dict[str, Any]:
+    hp = hyperparameters(args.smoke)
+    spec = {
+        "name": "usercode-bench", "team": "bench", "steps": args.warmup + args.steps, "seed": 0,
+        "code": {"entry_point": "model", "digest": "0" * 64},
+        "recipe": {"name": "gpt-user", "hyperparameters": {**hp, "lr": 6e-4, "log_every": 1, "heartbeat_s": 5.0}},
+        "precision": "bf16" if not args.smoke else "fp32", "parallelism": "ddp",
+        "checkpointing": {"every_steps": None, "keep_last": 1},
+    }  # fmt: skip
+    run_dir = work / "kiln"
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": PYPATH, "KILN_CODE_DIR": str(CODE)}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "trainer", "--spec", str(run_dir / "spec.json"), "--run-dir",
+                           str(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"kiln: trainer exited {proc.returncode}\n{proc.stderr[-4000:]}")
+    recs = read_records(run_dir)
+    window = [r for r in recs if r["kind"] == "step" and r["step"] > args.warmup]
+    compile_ev = next((r for r in recs if r["kind"] == "event" and r["type"].startswith(("COMPILE_OK", "FALLBACK_"))),
+                      None)
+    done = next(r for r in recs if r["kind"] == "done")
+    items = hp["batch_size"] * hp["context"]
+    span = window[-1]["ts"] - window[0]["ts"]
+    return {"tokens_per_s": items * (len(window) - 1) / span, "measured_steps": len(window) - 1,
+            "mfu": window[-1].get("mfu"), "compile_event": compile_ev["type"] if compile_ev else None,
+            "final_loss": done["final_loss"], "wall_s": time.perf_counter() - t0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="tiny CPU-sized run to check the harness")
+    ap.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--steps", type=int, default=None, help="measured steps (default 100; 8 with --smoke)")
+    ap.add_argument("--warmup", type=int, default=None, help="steps before measuring (default 10; 3 with --smoke)")
+    ap.add_argument("--out", type=pathlib.Path, default=None)
+    args = ap.parse_args()
+    args.steps = args.steps or (8 if args.smoke else 100)
+    args.warmup = args.warmup or (3 if args.smoke else 10)
+    if args.bare:
+        bare(args)
+        return
+    with tempfile.TemporaryDirectory(prefix="kiln-usercode-bench-") as tmp:
+        rows = {"bare": run_bare(args), "kiln": run_kiln(args, pathlib.Path(tmp))}
+    ratio = rows["kiln"]["tokens_per_s"] / rows["bare"]["tokens_per_s"]
+    for name, row in rows.items():
+        print(f"{name:6s} tokens/s={row['tokens_per_s']:12.0f}", flush=True)
+    print(f"kiln/bare = {ratio:.3f} (target >= 0.95 on the H200)")
+    import torch
+
+    result = {"model": "examples/gpt-user", "hyperparameters": hyperparameters(args.smoke), "smoke": args.smoke,
+              "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+              "torch": torch.__version__, "warmup_steps": args.warmup, "measured_steps": args.steps,
+              "rows": rows, "kiln_over_bare": ratio}  # fmt: skip
+    name = "usercode_bench_smoke.json" if args.smoke else "usercode_bench.json"
+    out = args.out or ROOT / "bench" / "results" / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""``kiln submit --workdir DIR`` and ``--check``: the team's own code, packed, checked and uploaded once.
+
+The CLI never imports torch: ``--check`` runs ``python -m trainer.check`` in a child process when torch is
+installed, and says what it could not check when it is not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cli.errors import CliError, ExitCode
+from cli.output import err_console
+from cli.output import text as safe_text
+from core.code_archive import ArchiveError, pack_bytes
+
+
+def with_code(text: str, path: str) -> dict[str, Any]:
+    """The spec as a mapping, checked to have a ``code`` section (``--workdir`` uploads what it names)."""
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict) or not isinstance(data.get("code"), dict):
+        raise CliError(f"{path}: --workdir needs a `code:` section naming the entry point "
+                       "(code: {entry_point: MODULE}; docs/user-code.md)", ExitCode.INVALID)
+    return data
+
+
+def upload(api: Any, data: dict[str, Any], workdir: Path) -> str:
+    """Pack ``workdir``, upload it unless the team has it already, and put its digest into the spec."""
+    try:
+        blob, summary = pack_bytes(workdir)
+    except (ArchiveError, OSError) as exc:
+        raise CliError(f"cannot pack {workdir}: {exc}", ExitCode.INVALID) from None
+    digest = hashlib.sha256(blob).hexdigest()
+    team = data.get("team")
+    path = f"/v1/teams/{team}/artifacts/{digest}"
+    try:
+        api.get(path)
+        sent = 0
+    except CliError as exc:
+        if exc.code is not ExitCode.NOT_FOUND:
+            raise
+        api.request("PUT", path, content=blob, headers={"Content-Type": "application/gzip"})
+        sent = len(blob)
+    what = "already uploaded, 0 bytes sent" if sent == 0 else f"uploaded {sent} bytes"
+    err_console.print(safe_text(f"code {digest[:12]} ({summary.entries} files and directories, "
+                                f"{summary.unpacked_bytes} bytes): {what}"))
+    data["code"]["digest"] = digest
+    return digest
+
+
+def check(data: dict[str, Any], workdir: Path | None) -> None:
+    """One forward and backward step of the spec's model on the CPU, in a child process (torch stays out of the
+    CLI); without torch, says what was not checked."""
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("trainer") is None:
+        err_console.print("check: spec and hyperparameters valid; torch is not installed here, so the model was not "
+                          "run (pip install 'kiln[trainer]')")
+        return
+    with tempfile.TemporaryDirectory(prefix="kiln-check-") as tmp:
+        spec_path = Path(tmp) / "spec.json"
+        spec_path.write_text(json.dumps(data))
+        argv = [sys.executable, "-m", "trainer.check", "--spec", str(spec_path)]
+        if workdir is not None:
+            argv += ["--code", str(workdir)]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    line = (proc.stdout.strip().splitlines() or [""])[-1]
+    if proc.returncode != 0:
+        reason = line or (proc.stderr.strip().splitlines() or ["the check crashed"])[-1]
+        raise CliError(f"check failed: {reason.removeprefix('check: ')}", ExitCode.INVALID)
+    err_console.print(safe_text(line))

@@ -1,0 +1,149 @@
+"""A team's own code end to end on the embedded default (issue: bring your own training code): `kiln submit
+--workdir` packs and uploads examples/digits once, the worker fetches and verifies it, kiln's trainer runs the
+user's CNN to a held-out accuracy >= 0.95 and the CLI prints it; a second submit of the same code sends 0 bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.test_kiln_up import JOB_TIMEOUT_S, Up, start_up, stop_up
+
+pytestmark = pytest.mark.e2e
+
+DIGITS = "examples/digits"
+
+
+@pytest.fixture
+def kiln_up(tmp_path: Path) -> Iterator[Up]:
+    up = start_up(tmp_path)
+    try:
+        yield up
+    finally:
+        if up.proc.poll() is None:
+            stop_up(up)
+
+
+def test_digits_trains_from_uploaded_code_and_a_second_submit_sends_nothing(kiln_up: Up, tmp_path: Path) -> None:
+    up = kiln_up
+    followed = up.kiln("submit", f"{DIGITS}/job.yaml", "--workdir", DIGITS, "--follow", timeout=JOB_TIMEOUT_S)
+    assert followed.returncode == 0, f"{followed.stdout}\n{followed.stderr}\n{up.logs()}"
+    uploaded = re.search(r"code ([0-9a-f]{12}) .*: uploaded (\d+) bytes", followed.stderr)
+    assert uploaded is not None and int(uploaded.group(2)) > 0, followed.stderr
+    accuracies = [float(a) for a in re.findall(r"accuracy (\d\.\d+)", followed.stdout + followed.stderr)]
+    assert accuracies and accuracies[-1] >= 0.95, followed.stdout
+    job_id = re.search(r"submitted job (\d+)", followed.stdout).group(1)  # type: ignore[union-attr]
+
+    shown = json.loads(up.kiln("describe", job_id, "-o", "json").stdout)
+    digest = shown["job"]["spec"]["code"]["digest"]
+    assert digest.startswith(uploaded.group(1))
+    assert shown["code"]["evaluation"]["metrics"]["accuracy"] == pytest.approx(accuracies[-1], abs=1e-4)
+    described = up.kiln("describe", job_id).stdout
+    for fragment in (f"sha256:{digest}", "digits", f"/v1/teams/default/artifacts/{digest}/archive", "accuracy"):
+        assert fragment in described, described
+
+    token = json.loads((tmp_path / "xdg" / "kiln" / "config.json").read_text())["token"]
+    archive = httpx.get(f"{up.url}/v1/teams/default/artifacts/{digest}/archive",
+                        headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    assert archive.status_code == 200 and hashlib.sha256(archive.content).hexdigest() == digest
+
+    dashboard_shows_code_and_evaluation(up.url, token, job_id, digest, tmp_path)
+
+    again = up.kiln("submit", f"{DIGITS}/job.yaml", "--workdir", DIGITS)
+    assert again.returncode == 0, again.stderr
+    assert f"code {digest[:12]}" in again.stderr and "already uploaded, 0 bytes sent" in again.stderr
+    second = re.search(r"submitted job (\d+)", again.stdout).group(1)  # type: ignore[union-attr]
+    assert json.loads(up.kiln("describe", second, "-o", "json").stdout)["job"]["spec"]["code"]["digest"] == digest
+    assert up.kiln("cancel", second).returncode == 0
+
+
+def dashboard_shows_code_and_evaluation(url: str, token: str, job_id: str, digest: str, tmp: Path) -> None:
+    """The job page: the code's digest and entry point, its archive downloadable, the evaluation plotted."""
+    from playwright.sync_api import expect
+
+    from tests.e2e.dashboard_harness import chromium
+
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 900}, accept_downloads=True)  # type: ignore[attr-defined]
+        page.goto(f"{url}/")
+        page.get_by_label("API token").fill(token)
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_selector("#queue-list table")
+        page.goto(f"{url}/#/jobs/{job_id}")
+        expect(page.locator("#code-digest")).to_have_text(f"sha256:{digest}")
+        expect(page.locator("#job-facts")).to_contain_text("accuracy")
+        expect(page.locator("[data-chart=evaluation]")).to_be_visible()
+        with page.expect_download() as info:
+            page.locator("#code-download").click()
+        saved = tmp / "downloaded.tar.gz"
+        info.value.save_as(saved)
+        assert hashlib.sha256(saved.read_bytes()).hexdigest() == digest
+        page.screenshot(path=str(tmp / "job-user-code.png"), full_page=True)
+
+
+BROKEN = '''
+KILN_PROTOCOL = 1
+import torch
+from pydantic import BaseModel
+
+
+class Hyperparameters(BaseModel):
+    width: int = 8
+
+
+def build_model(hp):
+    return torch.nn.Linear(hp.width, 10)
+
+
+def batches(hp, *, rank, world_size, seed, start):
+    while True:
+        yield torch.randn(4, hp.width + 1), torch.zeros(4, dtype=torch.long)  # one column too many
+
+
+def loss(model, batch):
+    x, y = batch
+    return torch.nn.functional.cross_entropy(model(x), y)
+'''
+JOB = """
+name: broken
+team: default
+code: {entry_point: mymodel}
+recipe: {name: mine, hyperparameters: {width: 8}}
+steps: 20
+resources: {gpus: 0, cpu_slots: 1}
+compile: {mode: "off"}
+precision: fp32
+"""
+
+
+def test_a_mistake_in_the_code_fails_once_with_the_users_own_line(kiln_up: Up, tmp_path: Path) -> None:
+    up = kiln_up
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "mymodel.py").write_text(BROKEN)
+    (tmp_path / "job.yaml").write_text(JOB)
+    line_no = BROKEN.splitlines().index("    return torch.nn.functional.cross_entropy(model(x), y)") + 1
+
+    checked = up.kiln("submit", str(tmp_path / "job.yaml"), "--workdir", str(work), "--check", timeout=120)
+    assert checked.returncode == 7, checked.stdout + checked.stderr
+    assert "check failed: your loss(): RuntimeError: mat1 and mat2 shapes cannot be multiplied" in checked.stderr
+    assert f"(mymodel.py:{line_no})" in checked.stderr
+    assert json.loads(up.kiln("ls", "-o", "json").stdout) == []  # nothing submitted ...
+    token = json.loads((tmp_path / "xdg" / "kiln" / "config.json").read_text())["token"]
+    stored = httpx.get(f"{up.url}/v1/teams/default/artifacts", headers={"Authorization": f"Bearer {token}"})
+    assert stored.json() == []  # ... and nothing uploaded
+
+    followed = up.kiln("submit", str(tmp_path / "job.yaml"), "--workdir", str(work), "--follow", timeout=300)
+    assert followed.returncode == 1, followed.stdout + followed.stderr
+    job_id = re.search(r"submitted job (\d+)", followed.stdout).group(1)  # type: ignore[union-attr]
+    job = json.loads(up.kiln("describe", job_id, "-o", "json").stdout)["job"]
+    assert job["state"] == "FAILED" and job["restart_count"] == 0
+    assert "RuntimeError" in job["exit_reason"] and f"(mymodel.py:{line_no})" in job["exit_reason"], job
+    listed = up.kiln("ls").stdout
+    assert "FAILED" in listed and "mymodel.py" in listed, listed
