@@ -28,10 +28,12 @@ class PolicyConfig(SettingsGroup):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    ordering: Literal["kiln", "fifo"] = Field(
+    ordering: Literal["kiln", "fifo", "priority", "sjf"] = Field(
         default="kiln",
-        description="`kiln`: QoS classes, SLA urgency, fair share, quotas, backfill, reservations, preemption. "
-        "`fifo`: submission order, the head blocks everything behind it (the simulator's baseline).",
+        description="`kiln`: QoS classes, SLA urgency, service classes, fair share, quotas, backfill, "
+        "reservations, preemption. The simulator's baselines: `fifo` (submission order; without backfill the head "
+        "blocks everything behind it, with backfill EASY), `priority` (class, fair share, age: Slurm's multifactor "
+        "order), `sjf` (shortest time limit first; the oracle bound when given true run times).",
     )
     placement: Literal["pack", "spread"] = Field(
         default="pack",
@@ -91,6 +93,21 @@ class PolicyConfig(SettingsGroup):
     max_victim_candidates: int = Field(
         default=64, ge=0, description="Running jobs considered as victims in one search."
     )
+    preempt_only_at_risk: bool = Field(
+        default=True,
+        description="A preemption budget: only a job at risk of its queue-wait SLA (or holding a reservation "
+        "since the last cycle) preempts; the others wait for capacity to free up.",
+    )
+    max_preemptions_per_job: int | None = Field(
+        default=1,
+        ge=0,
+        description="A job already preempted this many times is not taken again. Empty: no cap.",
+    )
+    uncapped_preemptor_priority: int | None = Field(
+        default=1000,
+        description="Jobs of this class priority or higher are not held to `max_preemptions_per_job` as "
+        "preemptors (gold's queue wait first). Empty: everyone is.",
+    )
     min_run_time_s: float = Field(
         default=300.0, ge=0, description="A job is not preempted before it has run this long."
     )
@@ -106,6 +123,24 @@ class PolicyConfig(SettingsGroup):
         description="In victim order, each earlier preemption of a candidate counts as this many "
         "seconds of lost work on each of its GPUs, so the same long job is not pushed back again and again.",
     )
+    sla_urgency: bool = Field(
+        default=True, description="SLA urgency (queue-wait and deadline risk, aging) in the order."
+    )
+    urgent_after_breach: bool = Field(
+        default=False,
+        description="A job whose queue-wait SLA is already broken stays urgent (most overdue first). Off: "
+        "under a lasting backlog every late job would be urgent and its class would run oldest first.",
+    )
+    service_classes: bool = Field(
+        default=True,
+        description="Within a class, order by discretised expected remaining service (the user's time limit, "
+        "the attained service, the team's finished jobs; never the true run time), and project running jobs "
+        "without a time limit to end when the team's history expects.",
+    )
+    service_base_gpu_s: float = Field(
+        default=4 * 3600.0, gt=0, description="Expected GPU-seconds below which a job is in service class 0."
+    )
+    service_factor: float = Field(default=4.0, gt=1, description="Each further service class is this many times more.")
     fairshare_admit_charge_s: float = Field(
         default=3600.0,
         ge=0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -27,6 +28,7 @@ from scheduler.policy.snapshot import (
 )
 
 FAIRSHARE_HALF_LIFE_S = 7 * 86400.0
+HISTORY_PER_TEAM = 200  # finished jobs per team the policy learns run times from (scheduler.estimate)
 
 
 def _ts(value: datetime | None) -> float | None:
@@ -93,8 +95,18 @@ def _hosts(db: Session, now: datetime) -> tuple[HostInfo, ...]:
     return tuple(out)
 
 
+def _history(db: Session) -> dict[int, tuple[tuple[float, ...], float | None]]:
+    """Per team: its finished jobs' run times (ascending) and the median share of their time limits they used."""
+    out: dict[int, tuple[tuple[float, ...], float | None]] = {}
+    for team_id, rows in repo.finished_history(db, HISTORY_PER_TEAM).items():
+        ratios = sorted(ran / limit for ran, limit in rows if limit)
+        out[team_id] = (tuple(sorted(ran for ran, _ in rows)), ratios[len(ratios) // 2] if ratios else None)
+    return out
+
+
 def _teams(db: Session, now: float, half_life_s: float) -> tuple[TeamInfo, ...]:
     rows = repo.teams(db)
+    history = _history(db)
     since = repo.horizon(datetime.fromtimestamp(now).astimezone(), half_life_s, rows)
     usage: dict[int, float] = {}
     used_hours: dict[int, float] = {}
@@ -118,6 +130,8 @@ def _teams(db: Session, now: float, half_life_s: float) -> tuple[TeamInfo, ...]:
             decayed_usage=usage.get(t.id, 0.0),
             budget_gpu_hours=t.gpu_hour_budget,
             used_gpu_hours=used_hours.get(t.id, 0.0),
+            finished_runtimes_s=history.get(t.id, ((), None))[0],
+            limit_use_ratio=history.get(t.id, ((), None))[1],
         )
         for t in rows
     )
@@ -133,8 +147,12 @@ def _running(
     rows = [(j, a) for j, a in repo.active_jobs(db) if a is not None and a.ended_at is None]
     ckpts = repo.last_checkpoints(db, [j.id for j, _ in rows])
     preempted = repo.preemption_counts(db, [j.id for j, _ in rows])
+    attained = repo.attained_seconds(db, [j.id for j, _ in rows if j.restart_count > 0 or preempted.get(j.id)])
     return tuple(
-        _running_job(job, attempt, teams, qos, model_of, ckpts.get(job.id), preempted.get(job.id, 0))
+        replace(
+            _running_job(job, attempt, teams, qos, model_of, ckpts.get(job.id), preempted.get(job.id, 0)),
+            attained_s=attained.get(job.id, 0.0),
+        )
         for job, attempt in rows
     )
 
@@ -203,6 +221,7 @@ def _pending(
     deps = repo.dependencies(db, ids)
     lost_on = repo.lost_on_hosts(db, [j.id for j, _ in rows if j.restart_count > 0])
     sweep_limits = repo.sweep_limits(db, {j.sweep_id for j, _ in rows if j.sweep_id is not None})
+    attained = repo.attained_seconds(db, [j.id for j, _ in rows if j.admitted_at is not None])
     out = []
     for job, own in rows:
         contract = own or defaults.get(job.team_id)
@@ -250,6 +269,7 @@ def _pending(
                 avoid_hosts=lost_on.get(job.id, frozenset()),
                 sweep_id=job.sweep_id,
                 sweep_limit=sweep_limits.get(job.sweep_id) if job.sweep_id is not None else None,
+                attained_s=attained.get(job.id, 0.0),
             )
         )
     return tuple(out)

@@ -125,3 +125,43 @@ def horizon(now: datetime, half_life_s: float, teams_: Sequence[Team]) -> dateti
     """How far back usage matters: eight half-lives of decay, or the longest budget period."""
     longest = max((t.budget_period_s for t in teams_), default=0)
     return now - timedelta(seconds=max(8 * half_life_s, float(longest)))
+
+
+def attained_seconds(db: Session, job_ids: Sequence[int]) -> dict[int, float]:
+    """Seconds each job's ended attempts ran (its attained service; the running attempt is not included)."""
+    if not job_ids:
+        return {}
+    stmt = select(Attempt.job_id, Attempt.started_at, Attempt.ended_at).where(
+        Attempt.job_id.in_(job_ids), Attempt.started_at.is_not(None), Attempt.ended_at.is_not(None)
+    )
+    out: dict[int, float] = {}
+    for job_id, started, ended in db.execute(stmt).tuples():
+        if started is None or ended is None:
+            continue
+        out[job_id] = out.get(job_id, 0.0) + max(0.0, (ended - started).total_seconds())
+    return out
+
+
+def finished_history(db: Session, per_team: int) -> dict[int, list[tuple[float, float | None]]]:
+    """Each team's most recently succeeded jobs (up to ``per_team``): (seconds its attempts ran, its time limit)."""
+    recent = (
+        select(Job.id, Job.team_id, Job.spec["time_limit_s"].as_float().label("limit"),
+               func.row_number().over(partition_by=Job.team_id, order_by=Job.finished_at.desc()).label("n"))
+        .where(Job.state == JobState.SUCCEEDED.value, Job.finished_at.is_not(None))
+        .subquery()
+    )  # fmt: skip
+    stmt = (
+        select(recent.c.team_id, recent.c.limit, Attempt.job_id, Attempt.started_at, Attempt.ended_at)
+        .join(Attempt, Attempt.job_id == recent.c.id)
+        .where(recent.c.n <= per_team, Attempt.started_at.is_not(None), Attempt.ended_at.is_not(None))
+    )
+    ran: dict[int, tuple[int, float | None, float]] = {}
+    for team_id, limit, job_id, started, ended in db.execute(stmt).tuples():
+        if started is None or ended is None:
+            continue
+        seconds = ran[job_id][2] if job_id in ran else 0.0
+        ran[job_id] = (team_id, limit, seconds + max(0.0, (ended - started).total_seconds()))
+    out: dict[int, list[tuple[float, float | None]]] = {}
+    for team_id, limit, seconds in ran.values():
+        out.setdefault(team_id, []).append((seconds, limit if limit and limit > 0 else None))
+    return out

@@ -9,7 +9,14 @@ another). The rest are merged across teams by fair share: the team with the leas
 next, where usage is the decayed GPU-seconds of the snapshot plus what this cycle has admitted so far (so one
 team's long queue does not take a whole cycle); within a team, by user priority, then submission time.
 
-``fifo``: submission time, then id.
+Within a class and after the jobs at risk, ``kiln`` orders by discretised expected remaining service
+(``scheduler.policy.estimate``: GPUs x the run time still expected from the user's time limit, the attained service and
+the team's history; Tiresias' least-attained-service queues with the estimates kiln really has), then by fair
+share and age within one service class.
+
+``priority`` (the Slurm multifactor / Kueue baseline): QoS class, then fair share, then age; no SLA urgency.
+``fifo``: submission time, then id. ``sjf``: shortest ``estimated_runtime_s`` first (with the true run time as the
+estimate, the simulator's oracle bound).
 """
 
 from __future__ import annotations
@@ -20,16 +27,20 @@ from collections.abc import Iterator, Sequence
 
 from core.policy_config import PolicyConfig
 from core.states import Reason
+from scheduler.policy.estimate import Estimator, service_class
 from scheduler.policy.snapshot import PendingJob, TeamInfo
 
 
 def urgency(job: PendingJob, now: float, config: PolicyConfig) -> float | None:
     """Seconds until the job's SLA breaks, when it is at risk; None otherwise."""
     best: float | None = None
-    if job.max_queue_wait_s is not None:
-        waited = now - job.submitted_at
-        if waited >= config.sla_reserve_fraction * job.max_queue_wait_s:
-            best = job.submitted_at + job.max_queue_wait_s - now
+    if not config.sla_urgency:
+        return None
+    due = job.queue_wait_due
+    wait = job.max_queue_wait_s
+    at_risk = due is not None and wait is not None and due - now <= (1 - config.sla_reserve_fraction) * wait
+    if at_risk and due is not None and (config.urgent_after_breach or due > now):
+        best = due - now  # a job whose SLA is already broken is not urgent (triage): it has nothing left to save
     if best is None and job.max_queue_wait_s is None and config.starvation_age_s is not None:
         waited = now - job.submitted_at
         if waited >= config.starvation_age_s:
@@ -53,6 +64,7 @@ class JobOrder:
         self.usage = {t.id: t.decayed_usage for t in teams}
         self.weight = {t.id: t.weight for t in teams}
         self.urgent: set[int] = set()
+        self.estimator = Estimator(teams) if config.ordering == "kiln" and config.service_classes else None
 
     def score(self, team_id: int) -> float:
         return self.usage.get(team_id, 0.0) / max(self.weight.get(team_id, 1.0), 1e-9)
@@ -63,6 +75,10 @@ class JobOrder:
     def __iter__(self) -> Iterator[PendingJob]:
         if self.config.ordering == "fifo":
             yield from sorted(self.jobs, key=lambda j: (j.submitted_at, j.id))
+            return
+        if self.config.ordering == "sjf":
+            inf = float("inf")
+            yield from sorted(self.jobs, key=lambda j: (j.estimated_runtime_s or inf, j.submitted_at, j.id))
             return
         by_class: dict[int, list[PendingJob]] = {}
         for j in self.jobs:
@@ -85,6 +101,24 @@ class JobOrder:
         urgent.sort(key=lambda t: t[:3])
         for item in urgent:
             yield item[3]
+        if self.estimator is None:
+            yield from self._fair(per_team)
+            return
+        by_service: dict[int, dict[int, list[PendingJob]]] = {}
+        for tid, queue in per_team.items():
+            for j in queue:
+                sc = self.service_class(j)
+                by_service.setdefault(sc, {}).setdefault(tid, []).append(j)
+        for sc in sorted(by_service):
+            yield from self._fair(by_service[sc])
+
+    def service_class(self, job: PendingJob) -> int:
+        assert self.estimator is not None
+        remaining = self.estimator.remaining_s(job.team_id, job.estimated_runtime_s, job.attained_s)
+        return service_class(job.demand * remaining, self.config.service_base_gpu_s, self.config.service_factor)
+
+    def _fair(self, per_team: dict[int, list[PendingJob]]) -> Iterator[PendingJob]:
+        """Merge the teams' queues: the team with the least usage per unit of weight goes next."""
         for queue in per_team.values():
             queue.sort(key=lambda j: (-j.priority, j.submitted_at, j.id), reverse=True)  # pop() from the end
         heap = [(self.score(tid), tid) for tid in per_team]

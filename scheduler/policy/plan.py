@@ -18,6 +18,7 @@ from core.policy_config import PolicyConfig
 from core.states import JobState, Reason
 from scheduler.policy import sharing
 from scheduler.policy.decisions import Admission, Decisions, Failure, Pending, PlacementEntry, Preemption, Reservation
+from scheduler.policy.estimate import Estimator
 from scheduler.policy.fairshare import JobOrder
 from scheduler.policy.placement import INF, Chosen, ClusterState, Request
 from scheduler.policy.preemption import choose, eligible
@@ -75,7 +76,10 @@ class _Planner:
         self.state = ClusterState(snapshot.hosts, snapshot.running, spread=config.placement == "spread")
         self.ledger = QuotaLedger(snapshot.teams, snapshot.running, enabled=config.enforce_quotas)
         self.teams = {t.id: t for t in snapshot.teams}
-        self.kiln = config.ordering == "kiln"
+        # Strict FIFO: the first job that cannot be placed blocks everything behind it (no reservations, no
+        # backfill). Every other ordering reserves for the head(s) and backfills behind them.
+        self.strict_fifo = config.ordering == "fifo" and not config.backfill
+        self.estimator = Estimator(snapshot.teams) if config.ordering == "kiln" and config.service_classes else None
         self.admissions: list[Admission] = []
         self.preemptions: list[Preemption] = []
         self.pending: list[Pending] = []
@@ -99,11 +103,20 @@ class _Planner:
         self.memo_version: tuple[int, int, int, int, int] = (-1, -1, -1, -1, -1)
         # jobs of each sweep running now (and admitted this cycle): a sweep's max_concurrent caps it
         self.sweep_running = Counter(r.sweep_id for r in snapshot.running if r.sweep_id is not None)
+        self.promised_ids: set[int] = set()  # running jobs whose units are reserved, as of ``promised_version``
+        self.promised_version = 0
 
     def _end_of(self, r: RunningJob) -> float:
+        """When a running job is projected to end: its time limit's end; without one, kiln's own estimate (its
+        team's history given what it has attained), else unknown."""
         if r.preempt_requested:
             return self.now
-        return r.expected_end if r.expected_end is not None else INF
+        if r.expected_end is not None:
+            return r.expected_end
+        if self.estimator is not None:
+            attained = r.attained_s + max(0.0, self.now - r.started_at)
+            return self.now + self.estimator.remaining_s(r.team_id, None, attained)
+        return INF
 
     def wait(self, job: PendingJob, reason: Reason, message: str) -> None:
         self.pending.append(Pending(job.id, reason, message))
@@ -127,7 +140,7 @@ class _Planner:
             if fifo_blocker is not None:
                 self.wait(job, Reason.PRIORITY, f"behind job {fifo_blocker}, first in line (FIFO)")
                 continue
-            if not self.kiln or self.c.backfill or not self.reservations:
+            if self.strict_fifo or self.c.backfill or not self.reservations:
                 if self._consider(job, order.urgent):
                     order.charge(job.team_id, job.demand)
                     if job.sweep_id is not None:
@@ -137,7 +150,7 @@ class _Planner:
                 holder = self.reservations[0].job_id
                 self.wait(job, Reason.PRIORITY, f"behind job {holder}, which holds a reservation (no backfill)")
                 continue
-            if not self.kiln and self.placement_failed:
+            if self.strict_fifo and self.placement_failed:
                 fifo_blocker = job.id
         return Decisions(
             admissions=tuple(self.admissions),
@@ -230,8 +243,9 @@ class _Planner:
 
     def _preempt_limit(self, job: PendingJob) -> float:
         limit = self.now + (self.c.preempt_patience_s or 0.0)
-        if job.max_queue_wait_s is not None:
-            limit = job.submitted_at + job.max_queue_wait_s
+        due = job.queue_wait_due
+        if due is not None:
+            limit = due
         if job.deadline is not None and job.estimated_runtime_s is not None:
             limit = min(limit, job.deadline - job.estimated_runtime_s)
         return limit
@@ -279,15 +293,15 @@ class _Planner:
                 self._admit(job, chosen, backfilled=bool(self.reservations))
                 return True
             self.placement_failed = True
-            if not self.kiln:
+            if self.strict_fifo:
                 self._classify(job, req, allow_priority=False)
                 return False
-        elif not self.kiln:
-            self.wait(job, Reason.QUOTA, quota_msg)
-            return False
         # Over quota: within its nominal a team reclaims what it lent; beyond, it may still take the place of
         # lower-class preemptible jobs when their release brings the cohort back within quota (checked per set).
-        if self.c.preemption and self.preemptors < self.c.max_preemptors and self._preempt_for(job, req):
+        may_preempt = self.c.preemption and self.preemptors < self.c.max_preemptors
+        if self.c.preempt_only_at_risk and (job.id not in urgent or job.queue_wait_due is None):
+            may_preempt = False  # a preemption budget: only for a job whose queue-wait SLA is at stake
+        if may_preempt and self._preempt_for(job, req):
             self.reserved_classes.add(job.qos_priority)
             return False
         if quota_msg is not None:
@@ -353,7 +367,13 @@ class _Planner:
         est = job.estimated_runtime_s
         if est is not None:
             self.spent[job.team_id] = self.spent.get(job.team_id, 0.0) + job.demand * est / 3600.0
-        bisect.insort(self.ends, (self.now + est if est is not None else INF, job.id))
+        if est is not None:
+            end = self.now + est
+        elif self.estimator is not None:
+            end = self.now + self.estimator.remaining_s(job.team_id, None, job.attained_s)
+        else:
+            end = INF
+        bisect.insort(self.ends, (end, job.id))
         self.admissions.append(Admission(job.id, placement_entries(self.state, chosen, job.gpus == 0), backfilled))
 
     def _classify(self, job: PendingJob, req: Request, *, allow_priority: bool) -> None:
@@ -382,9 +402,6 @@ class _Planner:
             return False
         if self.preempt_attempts >= self.c.max_preempt_searches:
             return False
-        if not self._should_preempt(job, req):
-            return False
-        self.preempt_attempts += 1
         found_victims = self._search_victims(job, req)
         if not found_victims:
             self.no_victims[shape] = (version, req.units)
@@ -394,8 +411,15 @@ class _Planner:
         models = set(req.models)
         reserved = self.state.reserved
 
+        if self.promised_version != len(self.reservations):
+            self.promised_ids = {
+                jid for jid, units in self.state.job_units.items() if any(u in reserved for u in units)
+            }
+            self.promised_version = len(self.reservations)
+        promised_ids = self.promised_ids
+
         def promised(r: RunningJob) -> bool:  # its units are reserved for a job ahead: not ours to take
-            return any(u in reserved for u in self.state.job_units.get(r.id, ()))
+            return r.id in promised_ids
 
         inflight = [r for r in self.inflight
                     if r.id not in self.claimed and r.share is None and r.gpu_type in models and not promised(r)]
@@ -408,6 +432,10 @@ class _Planner:
                 and self.ledger.borrowed(v.team_id, v.quota_key) > 0
             )
 
+        capped = self.c.max_preemptions_per_job
+        top = self.c.uncapped_preemptor_priority
+        if top is not None and job.qos_priority >= top:
+            capped = None
         candidates = [
             r
             for r in self.s.running
@@ -415,6 +443,7 @@ class _Planner:
             and r.share is None  # a fractional job's end frees no whole GPU
             and r.gpu_type in models
             and not promised(r)
+            and (capped is None or r.preemptions < capped)
             and eligible(
                 r,
                 requester_priority=job.qos_priority,
@@ -428,6 +457,10 @@ class _Planner:
         ]
         if not candidates and not inflight:
             return False
+        # Only now, with victims to take, ask whether waiting would be too late (the projection costs placements).
+        if not self._should_preempt(job, req):
+            return False
+        self.preempt_attempts += 1
         found: dict[str, Chosen] = {}
 
         def fits(victims: Sequence[RunningJob]) -> bool:

@@ -75,6 +75,7 @@ class RunningJob:
     preemptions: int = 0  # times this job has been preempted before (PREEMPTING events; the simulator counts)
     share: GpuShare | None = None  # a fractional job: its part of its one GPU
     sweep_id: int | None = None  # the sweep it belongs to, if any
+    attained_s: float = 0.0  # seconds its earlier attempts ran (attained service, before this attempt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +94,9 @@ class PendingJob:
     priority: int = 0  # the user's priority within the class
     max_queue_wait_s: float | None = None
     deadline: float | None = None
+    # The user's time limit (spec.time_limit_s), None when not given: an upper bound a user chose, usually several
+    # times too long. Never the true run time: nothing that plan() sees carries it (the simulator's oracle
+    # baseline is the one exception, labelled as such).
     estimated_runtime_s: float | None = None
     memory_bytes: int | None = None  # the memory predictor's peak per rank, when known
     memory_cap_bytes: int | None = None  # the QoS class's GPU memory cap
@@ -100,12 +104,24 @@ class PendingJob:
     depends_on: tuple[tuple[int, str, str], ...] = ()  # (job id, its state, condition: afterok/afterany/afternotok)
     not_before: float | None = None
     pending_reason: str | None = None  # as stored, so that apply writes only changes
+    attained_s: float = 0.0  # seconds its earlier attempts ran (attained service; 0 for a job never started)
+    # When this wait began (None: at submission). ``max_queue_wait_s`` is the queue-wait budget left for it, so a
+    # requeued job's earlier waits count against its SLA.
+    wait_started_at: float | None = None
     # Hosts its last attempt was LOST on: a restart goes elsewhere when anywhere else fits (a soft preference:
     # a one-host cluster still restarts it there; DOWN and EXCLUDED hosts are avoided outright).
     avoid_hosts: frozenset[str] = frozenset()
     share: GpuShare | None = None  # a fractional job (resources.gpu_share, resolved against its class)
     sweep_id: int | None = None  # the sweep it belongs to, if any...
     sweep_limit: int | None = None  # ...and how many of that sweep's jobs may run at once (None: no limit)
+
+    @property
+    def queue_wait_due(self) -> float | None:
+        """When its queue-wait SLA breaks, if it has one."""
+        if self.max_queue_wait_s is None:
+            return None
+        start = self.wait_started_at if self.wait_started_at is not None else self.submitted_at
+        return start + self.max_queue_wait_s
 
     @property
     def demand(self) -> int:
@@ -131,6 +147,10 @@ class TeamInfo:
     decayed_usage: float = 0.0  # GPU-seconds, decayed with the fair-share half-life
     budget_gpu_hours: float | None = None
     used_gpu_hours: float = 0.0  # in the current budget period
+    # kiln's own history of the team's recently finished jobs: their run times in seconds (sorted ascending), and
+    # the median of run time / time limit over those that had a limit (None: no such job yet).
+    finished_runtimes_s: tuple[float, ...] = ()
+    limit_use_ratio: float | None = None
 
     def quota(self, key: str) -> QuotaInfo | None:
         for q in self.quotas:

@@ -1,29 +1,43 @@
-"""Trace replay in simulated time, through the very same ``plan()`` as the live loop, against FIFO.
+"""Trace replay in simulated time, through the very same ``plan()`` as the live loop, against the baselines.
 
-``python -m scheduler.simulate TRACE [--hosts N[,M...]] [--gpus-per-host 8] [--tick 300] [--jobs N] [--out DIR]``
-(``TRACE`` = a Philly-format JSON file, or ``synthetic:N`` for a generated one.)
+``python -m scheduler.simulate TRACE [--hosts N[,M...]] [--gpus-per-host 8] [--period 3600] [--jobs N] [--out DIR]``
+(``TRACE`` = a Philly-format JSON file, or ``synthetic:N`` for a generated one.) Every policy and baseline replays
+the same trace on the same cluster under the same model, each size and policy in its own process.
 
 Model (stated, so the figures can be judged):
 
+* **work** = the trace's ``runtime`` (first attempt's start to last attempt's end). The trace's failed attempts
+  are inside it and are not replayed (not on top of it, not as separate failures): a job runs its runtime once,
+  unless preempted. So the live loop's restart backoff and ``max_restarts``, which apply to failures, never
+  trigger; a preemption is not a restart there either (requeued with its progress, no backoff, not counted).
+* **a preemption costs** what it costs in kiln: the job keeps its GPUs ``STOP_S`` (60 s) to checkpoint on SIGTERM
+  and exit; it keeps only the progress of its last periodic checkpoint (every ``CHECKPOINT_S`` = 30 min of
+  training; conservatively, as if the SIGTERM checkpoint were lost); on restart it holds its GPUs ``RESTORE_S`` +
+  ``WARM_COMPILE_S`` (120 + 60 s) before it trains again. All of that is GPU time lost (``lost_gpu_h``).
+* **what the policy knows** (``Submission`` and the observed state only; no job view carries the trace's
+  runtime): the user's time limit, modelled as users give them: none for 40% of jobs; otherwise the run time
+  times a log-normal overestimate (median 3x, sigma 0.8, at least 1.1x), rounded up to 1, 2, 4, 8, 12 h, 1, 2, 3,
+  5, 7, 14, 30 or 60 days (seeded per job id, ``user_time_limit``); the job's attained service (seconds its
+  earlier attempts ran); the team's finished jobs (their run times and the share of their limits they used).
+  The one exception is the ``sjf-oracle`` baseline, given each job's true runtime as its limit: a bound, not a
+  policy one can run.
 * each trace job gets a team and a QoS class from SHA-256 of its id: byte 0 picks the class (15% gold, 30% silver,
   30% bronze, 25% best-effort), byte 1 the team (``team0``..``team5``); max queue wait gold 30 min, silver 2 h,
-  bronze 8 h, best-effort none;
-* work = the trace's ``runtime`` (minutes of useful run time); every attempt but the last one of the trace failed:
-  it holds its GPUs for its recorded duration, its work is lost, and the job is requeued at once;
-* the scheduler knows each job's remaining useful run time (a perfect time-limit estimate) but not its failures;
-* a cycle runs on every arrival, end and stop, and when a waiting job reaches half and 90% of its max queue
-  wait (or its aging age): event-driven, as the live loop on NOTIFY (``--tick N`` rounds cycles up to N seconds);
-* a preempted job checkpoints on SIGTERM (60 s: the trainer commits a checkpoint and exits 75) and stops, keeping
-  its progress; those 60 s on its GPUs are counted as lost work (``preemption_lost_gpu_h``); the policy ranks
-  victims by the work since their last periodic checkpoint (every 30 min); a requeued job's queue-wait SLA is not
-  counted again;
-* team quotas: each team's nominal is an even share of the GPUs, all six in one cohort, all of it lendable and
-  borrowing unlimited, so an idle team's share is lent and reclaimed (``reclaim_preemptions``) when it needs it;
-  ``teams`` reports GPU-hours used and borrowed (above nominal) per team;
-* utilisation = busy GPU time / GPU time over the trace's submission window (both policies, same window);
-  ``utilisation_to_makespan`` divides by each policy's own makespan instead;
-* FIFO: submission order, the head blocks everyone behind it, no preemption, no backfill, no quotas. kiln: the
-  policy the live loop runs, from the settings (``KILN_POLICY__*``; docs/configuration.md).
+  bronze 8 h, best-effort none. **Wait** = all time queued (the first wait and every requeue after a
+  preemption); a job meets its queue-wait SLA when all of its waits add up to at most its max wait, and the
+  policy is told the budget left.
+* team quotas (kiln and the priority baseline): each team's nominal is an even share of the GPUs, one cohort, all
+  lendable, borrowing unlimited: an idle team's share is lent and reclaimed when that team needs it.
+* a cycle runs on every arrival, end and stop, when a waiting job reaches 50%, 90% and 100% of its max wait (or
+  its aging age), and every ``--period`` seconds while jobs wait (the live loop's timer).
+* utilisation: ``util_makespan`` = useful GPU time (the trace's work, the same for every policy) over each
+  policy's own makespan; ``busy_window`` = GPU time held (useful or lost) over the submission window.
+
+Policies: ``fifo`` (strict, the head blocks); ``easy`` (EASY backfill: FIFO, the head reserves, later jobs
+backfill on their time limits; jobs without one do not backfill into a reservation); ``priority`` (Slurm
+multifactor / Kueue ClusterQueue: QoS class, fair share, age; backfill; lower classes preempted at once, quotas
+with reclaim); ``kiln`` (the live loop's policy, from the ``KILN_POLICY__*`` settings); ``sjf-oracle`` (shortest
+true runtime first, with backfill on true runtimes: the ORACLE BOUND).
 """
 
 from __future__ import annotations
@@ -39,16 +53,15 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from itertools import repeat
 from pathlib import Path
 from typing import Any
 
 from core.policy_config import PolicyConfig
 from core.settings import get_settings
-from core.states import JobState
+from core.states import JobState, Reason
 from scheduler.policy.plan import plan
 from scheduler.policy.snapshot import ANY, HostInfo, PendingJob, PlacedHost, QuotaInfo, RunningJob, Snapshot, TeamInfo
 from scheduler.simulate.synthetic import gpu_cluster
@@ -56,10 +69,37 @@ from scheduler.simulate.synthetic import gpu_cluster
 CLASSES = {"gold": (1000, False, 1800.0), "silver": (500, False, 7200.0), "bronze": (200, True, 28800.0),
            "best-effort": (0, True, None)}  # fmt: skip
 TEAMS = 6
+COHORT = "philly"
+HALF_LIFE_S = 7 * 86400.0
 CHECKPOINT_S = 1800.0  # the trainers' checkpoint interval
 STOP_S = 60.0  # SIGTERM -> checkpoint -> exit
-HALF_LIFE_S = 7 * 86400.0
-COHORT = "philly"
+RESTORE_S = 120.0  # a restarted attempt loads its checkpoint
+WARM_COMPILE_S = 60.0  # and compiles from the warm cache (bench/results/compile_warm_probe_v3.json: 17 s ready)
+RESTART_S = RESTORE_S + WARM_COMPILE_S
+CYCLE_S = 3600.0  # a cycle at least this often while jobs wait
+HISTORY = 200  # finished jobs per team the policy is told about
+LIMIT_SEED = 16
+NO_LIMIT_SHARE = 0.4
+OVERESTIMATE_MEDIAN = 3.0
+OVERESTIMATE_SIGMA = 0.8
+LIMIT_LADDER_H = (1, 2, 4, 8, 12, 24, 48, 72, 120, 168, 336, 720, 1440)
+ORACLE = "sjf-oracle"
+
+
+def policies() -> dict[str, tuple[PolicyConfig, bool]]:
+    """Every policy replayed: name -> (config, given the true runtimes?)."""
+    plain = PolicyConfig(ordering="fifo", backfill=False, enforce_quotas=False, preemption=False)
+    head_only = plain.model_copy(update={"backfill": True, "max_reservations": 1, "reserve_per_class": False})
+    return {
+        "fifo": (plain, False),
+        "easy": (head_only, False),
+        "priority": (PolicyConfig(ordering="priority", sla_urgency=False, starvation_age_s=None,
+                                  preempt_patience_s=None, preempt_only_at_risk=False, max_preemptions_per_job=None,
+                                  service_classes=False),
+                     False),  # fmt: skip
+        "kiln": (get_settings().policy, False),  # the live loop's policy, from the same KILN_POLICY__* settings
+        ORACLE: (head_only.model_copy(update={"ordering": "sjf"}), True),
+    }
 
 
 @dataclass(frozen=True)
@@ -67,8 +107,24 @@ class TraceJob:
     id: str
     gpus: int
     submit: float
-    work: float  # useful seconds
-    failures: tuple[float, ...]  # durations of failed attempts before the one that finished
+    work: float  # the trace's runtime, seconds: failed attempts and the gaps between them are inside it
+    attempts: int = 1  # scheduling attempts in the trace (informational: they are not replayed on top of work)
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What a user hands kiln for a trace job, and so all the policy ever learns about it up front.
+
+    There is no run-time field: the job views given to ``plan()`` are built from this and from what the replay
+    observed (attained service, checkpoints, waits), never from the trace's runtime (``Simulation._work``)."""
+
+    key: int
+    name: str
+    gpus: int
+    submit: float
+    qos: str
+    team: int
+    time_limit_s: float | None
 
 
 def qos_and_team(job_id: str) -> tuple[str, int]:
@@ -76,6 +132,20 @@ def qos_and_team(job_id: str) -> tuple[str, int]:
     pct = digest[0] * 100 // 256
     qos = "gold" if pct < 15 else "silver" if pct < 45 else "bronze" if pct < 75 else "best-effort"
     return qos, digest[1] % TEAMS
+
+
+def user_time_limit(job_id: str, work: float, seed: int = LIMIT_SEED) -> float | None:
+    """The time limit a user gives: none for ``NO_LIMIT_SHARE`` of jobs; otherwise the run time times a
+    log-normal overestimate (median ``OVERESTIMATE_MEDIAN``, at least 1.1: a limit below the run time would have
+    killed a job that, in the trace, finished), rounded up to the round figures users type. Seeded per job id."""
+    rng = random.Random(f"{seed}:{job_id}")
+    if rng.random() < NO_LIMIT_SHARE:
+        return None
+    want = work * max(1.1, rng.lognormvariate(math.log(OVERESTIMATE_MEDIAN), OVERESTIMATE_SIGMA))
+    for hours in LIMIT_LADDER_H:
+        if hours * 3600.0 >= want:
+            return hours * 3600.0
+    return math.ceil(want / 86400.0) * 86400.0
 
 
 def _parse_ts(text: str) -> float:
@@ -86,19 +156,11 @@ def load_trace(path: str, limit: int | None = None) -> list[TraceJob]:
     if path.startswith("synthetic:"):
         return synthetic_trace(int(path.split(":", 1)[1]))
     raw = json.loads(Path(path).read_text())
-    jobs = []
-    for entry in raw:
-        atts = entry.get("attempts") or []
-        fails = []
-        for a in atts[:-1]:
-            try:
-                fails.append(max(0.0, _parse_ts(a["end_time"]) - _parse_ts(a["start_time"])))
-            except (KeyError, TypeError, ValueError):
-                continue
-        jobs.append(
-            TraceJob(str(entry["id"]), int(entry["num_gpus"]), _parse_ts(entry["submitted_time"]),
-                     float(entry["runtime"]) * 60.0, tuple(fails))
-        )  # fmt: skip
+    jobs = [
+        TraceJob(str(e["id"]), int(e["num_gpus"]), _parse_ts(e["submitted_time"]), float(e["runtime"]) * 60.0,
+                 max(1, len(e.get("attempts") or ())))
+        for e in raw
+    ]  # fmt: skip
     jobs.sort(key=lambda j: (j.submit, j.id))
     if limit:
         jobs = jobs[:limit]
@@ -106,8 +168,8 @@ def load_trace(path: str, limit: int | None = None) -> list[TraceJob]:
     return [replace(j, submit=j.submit - t0) for j in jobs]
 
 
-def synthetic_trace(n: int, *, seed: int = 7, load_gpus: float = 48.0) -> list[TraceJob]:
-    """Philly-like: 4/8 GPU jobs mostly, some 16/32, heavy-tailed run times, ~25% with a failed attempt."""
+def synthetic_trace(n: int, *, seed: int = 7, load_gpus: float = 40.0) -> list[TraceJob]:
+    """Philly-like: 4/8 GPU jobs mostly, some 16/32, heavy-tailed run times."""
     rng = random.Random(seed)
     sizes = [4] * 48 + [8] * 44 + [16] * 5 + [32] * 3
     mean_work = 4 * 3600.0
@@ -118,44 +180,49 @@ def synthetic_trace(n: int, *, seed: int = 7, load_gpus: float = 48.0) -> list[T
     for i in range(n):
         t += rng.expovariate(rate)
         work = min(rng.lognormvariate(math.log(mean_work) - 0.5, 1.0), 40 * 3600.0)
-        fails = tuple(rng.uniform(60, work) for _ in range(1 if rng.random() < 0.25 else 0))
-        out.append(TraceJob(f"synthetic_{i:05d}", rng.choice(sizes), t, max(600.0, work), fails))
+        out.append(TraceJob(f"synthetic_{i:05d}", rng.choice(sizes), t, max(600.0, work)))
     return out
 
 
 @dataclass
 class SimJob:
-    trace: TraceJob
-    qos: str
-    team: int
-    remaining_work: float
-    failures: list[float]
+    """A job as the replay observes it (no run time: that is ``Simulation._work``)."""
+
+    sub: Submission
+    queued_since: float | None = None  # in the queue since (None: not arrived, running or done)
+    queued_s: float = 0.0  # all time queued so far: the first wait and every requeue
     first_start: float | None = None
     finish: float | None = None
-    started: float = 0.0
-    segment: float = 0.0  # length of the current attempt (a failure's duration or the remaining work)
-    failing: bool = False
-    preempted: bool = False
-    preemptions: int = 0  # times preempted so far (the snapshot's RunningJob.preemptions)
+    failed: str | None = None
+    attempt: int = 0  # attempts started
+    attempt_start: float = 0.0
+    overhead: float = 0.0  # restore + warm compile at the start of this attempt (0 for the first)
+    progress: float = 0.0  # useful seconds done, as of the last checkpoint kept (the restart point)
+    kept: float = 0.0  # progress a requested preemption keeps (the last periodic checkpoint)
+    attained_s: float = 0.0  # seconds its ended attempts held their GPUs
+    preemptions: int = 0
+    preempting: bool = False
+    miss_reason: str | None = None  # its pending reason when its waits went past its max queue wait
     placement: tuple[PlacedHost, ...] = ()
-    miss_reason: str | None = None  # the pending reason it last had, when its first start broke its max wait
 
 
 @dataclass
 class Result:
     name: str
     jobs: list[SimJob]
-    busy_gpu_s: float
+    work_gpu_s: float  # useful GPU time: the trace's work, the same for every policy
+    busy_gpu_s: float  # GPU time held by jobs, useful or lost
+    lost_gpu_s: float  # held without lasting progress: stops, restores and compiles, steps since the checkpoint
     makespan: float
     gpus: int
     preemptions: int
+    reclaims: int
     cycles: int
-    plan_s: float
+    plan_s: list[float]
     series: list[tuple[float, int, int]] = field(default_factory=list)  # (t, queue length, busy GPUs)
-    window: float = 0.0  # the trace's submission window: utilisation is measured over it, the same for both
-    reclaims: int = 0  # preemptions that reclaimed lent quota (the rest: a higher class)
-    lost_gpu_s: float = 0.0  # GPU time of preempted jobs spent checkpointing and stopping
+    window: float = 0.0
     teams: list[tuple[float, float]] = field(default_factory=list)  # per team: (GPU-seconds used, borrowed)
+    oracle: bool = False
 
 
 def window_utilisation(r: Result) -> float:
@@ -170,60 +237,115 @@ def window_utilisation(r: Result) -> float:
     return area / (r.gpus * r.window)
 
 
-def idle_and_tail_gpu_h(r: Result) -> tuple[float, float]:
-    """GPU-hours idle while jobs were queued, and GPU-hours busy after the submission window: the two terms that
-    separate two policies' window utilisation when they do the same work."""
-    idle = tail = 0.0
+def idle_while_queued_gpu_h(r: Result) -> float:
+    idle = 0.0
     for (t, queued, busy), (t_next, _q, _b) in zip(r.series, [*r.series[1:], (r.makespan, 0, 0)], strict=True):
-        span = max(0.0, t_next - t)
         if queued:
-            idle += (r.gpus - busy) * span
-        tail += busy * max(0.0, t_next - max(t, r.window)) if t_next > r.window else 0.0
-    return idle / 3600, tail / 3600
+            idle += (r.gpus - busy) * max(0.0, t_next - t)
+    return idle / 3600
 
 
 class Simulation:
-    def __init__(self, trace: Sequence[TraceJob], hosts: tuple[HostInfo, ...], config: PolicyConfig, tick: float):
+    def __init__(self, trace: Sequence[TraceJob], hosts: tuple[HostInfo, ...], config: PolicyConfig, *,
+                 tick: float = 0.0, period: float = CYCLE_S, oracle: bool = False) -> None:  # fmt: skip
         self.hosts = hosts
         self.gpus = sum(len(h.gpus) for h in hosts)
         self.config = config
         self.tick = tick
+        self.period = period
+        self.oracle = oracle
         # Team quotas: the cluster split evenly (the remainder to the first teams), all in one cohort, everything
         # lendable and borrowable: an idle team's share is lent, and reclaimed when that team needs it.
         self.nominal = [self.gpus // TEAMS + (1 if i < self.gpus % TEAMS else 0) for i in range(TEAMS)]
         self.borrowed_gpu_s = [0.0] * TEAMS
         self.used_gpu_s = [0.0] * TEAMS
-        self.reclaims = 0
-        self.lost_gpu_s = 0.0  # GPU time of preempted jobs between the request and the stop (no progress)
         self.jobs: dict[int, SimJob] = {}
-        self.arrivals = []
+        self._work: dict[int, float] = {}  # the trace's runtime: the truth, read only to end jobs (and by the oracle)
+        self.arrivals: list[tuple[float, int]] = []
         for i, tj in enumerate(trace, 1):
             qos, team = qos_and_team(tj.id)
-            self.jobs[i] = SimJob(tj, qos, team, tj.work, list(tj.failures))
+            # The oracle baseline is told each job's true run time as its time limit: an exact estimate.
+            limit = tj.work if oracle else user_time_limit(tj.id, tj.work)
+            self.jobs[i] = SimJob(Submission(i, tj.id, tj.gpus, tj.submit, qos, team, limit))
+            self._work[i] = tj.work
             self.arrivals.append((tj.submit, i))
         self.pending: dict[int, PendingJob] = {}
         self.running: dict[int, RunningJob] = {}
-        self.events: list[tuple[float, int, int, str]] = []  # (time, seq, job, kind)
+        self.events: list[tuple[float, int, int, str, int]] = []  # (time, seq, job, kind, attempt)
         self.seq = 0
         self.usage = [0.0] * TEAMS
         self.usage_t = 0.0
-        self.preemptions = 0
-        self.busy_gpu_s = 0.0
-        self.views: dict[int, tuple[RunningJob, RunningJob]] = {}  # running job -> its snapshot copy (checkpoint)
+        self.preemptions = self.reclaims = 0
+        self.busy_gpu_s = self.lost_gpu_s = 0.0
+        self.history: list[list[tuple[float, float | None]]] = [[] for _ in range(TEAMS)]  # (run time, limit)
+        self.teams_view: tuple[TeamInfo, ...] | None = None
+        self.views: dict[int, tuple[int, float | None, RunningJob]] = {}  # job -> (attempt, checkpoint, view)
 
-    def push(self, t: float, job: int, kind: str) -> None:
+    def push(self, t: float, job: int, kind: str, attempt: int = 0) -> None:
         self.seq += 1
-        heapq.heappush(self.events, (t, self.seq, job, kind))
+        heapq.heappush(self.events, (t, self.seq, job, kind, attempt))
 
-    def _pending_job(self, jid: int, now: float) -> PendingJob:
+    # -- what plan() sees ----------------------------------------------------------------------------------------
+
+    def _pending_view(self, jid: int, now: float) -> PendingJob:
         sj = self.jobs[jid]
-        prio, pre, wait = CLASSES[sj.qos]
-        gpus = sj.trace.gpus
+        sub = sj.sub
+        prio, pre, max_wait = CLASSES[sub.qos]
+        budget = None if max_wait is None else max(0.0, max_wait - sj.queued_s)  # all waits count
         return PendingJob(
-            id=jid, team_id=sj.team, qos=sj.qos, qos_priority=prio, preemptible=pre, gpus=gpus,
-            submitted_at=sj.trace.submit, gpus_per_node=8 if gpus > 8 and gpus % 8 == 0 else None, quota_key=ANY,
-            max_queue_wait_s=wait if sj.first_start is None else None, estimated_runtime_s=sj.remaining_work,
+            id=jid, team_id=sub.team, qos=sub.qos, qos_priority=prio, preemptible=pre, gpus=sub.gpus,
+            submitted_at=sub.submit, gpus_per_node=8 if sub.gpus > 8 and sub.gpus % 8 == 0 else None,
+            quota_key=ANY, max_queue_wait_s=budget, estimated_runtime_s=sub.time_limit_s, attained_s=sj.attained_s,
+            wait_started_at=now, pending_reason=Reason.PREEMPTED.value if sj.preemptions else None,
         )  # fmt: skip
+
+    def _running_view(self, jid: int, now: float) -> RunningJob:
+        sj = self.jobs[jid]
+        ckpt = self._checkpoint_at(sj, now)
+        seen = self.views.get(jid)
+        if seen is not None and seen[0] == sj.attempt and seen[1] == ckpt and not sj.preempting:
+            return seen[2]
+        sub = sj.sub
+        prio, pre, _ = CLASSES[sub.qos]
+        limit = sub.time_limit_s
+        view = RunningJob(
+            id=jid, team_id=sub.team, qos=sub.qos, qos_priority=prio, preemptible=pre, gpus=sub.gpus,
+            gpu_type="H100", quota_key=ANY, placement=sj.placement, started_at=sj.attempt_start,
+            last_checkpoint_at=ckpt, expected_end=None if limit is None else sj.attempt_start + limit,
+            time_limit_s=limit, preemptions=sj.preemptions, attained_s=sj.attained_s,
+            preempt_requested=sj.preempting, state=(JobState.PREEMPTING if sj.preempting else JobState.RUNNING).value,
+        )  # fmt: skip
+        self.views[jid] = (sj.attempt, ckpt, view)
+        return view
+
+    @staticmethod
+    def _checkpoint_at(sj: SimJob, now: float) -> float | None:
+        """The attempt's last periodic checkpoint (every CHECKPOINT_S of training, after restore and compile)."""
+        trained = now - sj.attempt_start - sj.overhead
+        if trained < CHECKPOINT_S:
+            return None
+        return sj.attempt_start + sj.overhead + math.floor(trained / CHECKPOINT_S) * CHECKPOINT_S
+
+    def _teams(self) -> tuple[TeamInfo, ...]:
+        if self.teams_view is None or any(t.decayed_usage != self.usage[t.id] for t in self.teams_view):
+            infos = []
+            for i, n in enumerate(self.nominal):
+                hist = self.history[i][-HISTORY:]
+                ratios = sorted(rt / lim for rt, lim in hist if lim)
+                infos.append(TeamInfo(
+                    i, f"team{i}", cohort=COHORT, quotas=(QuotaInfo(ANY, n),), decayed_usage=self.usage[i],
+                    finished_runtimes_s=tuple(sorted(rt for rt, _ in hist)),
+                    limit_use_ratio=ratios[len(ratios) // 2] if ratios else None,
+                ))  # fmt: skip
+            self.teams_view = tuple(infos)
+        return self.teams_view
+
+    def snapshot(self, now: float) -> Snapshot:
+        running = tuple(self._running_view(jid, now) for jid in self.running)
+        return Snapshot(now=now, hosts=self.hosts, running=running, pending=tuple(self.pending.values()),
+                        teams=self._teams())  # fmt: skip
+
+    # -- the replay ----------------------------------------------------------------------------------------------
 
     def _decay(self, now: float) -> None:
         dt = now - self.usage_t
@@ -231,150 +353,163 @@ class Simulation:
             return
         f = 0.5 ** (dt / HALF_LIFE_S)
         per_team = [0] * TEAMS
-        for r in self.running.values():
-            per_team[r.team_id] += r.gpus
+        for jid in self.running:
+            per_team[self.jobs[jid].sub.team] += self.jobs[jid].sub.gpus
         self.usage = [u * f + per_team[i] * dt for i, u in enumerate(self.usage)]
         for i in range(TEAMS):
             self.used_gpu_s[i] += per_team[i] * dt
             self.borrowed_gpu_s[i] += max(0, per_team[i] - self.nominal[i]) * dt
         self.usage_t = now
 
-    def _snapshot(self, now: float) -> Snapshot:
-        running = []
-        for jid, r in self.running.items():
-            ckpt = r.started_at + math.floor((now - r.started_at) / CHECKPOINT_S) * CHECKPOINT_S
-            seen = self.views.get(jid)
-            if seen is None or seen[0] is not r or seen[1].last_checkpoint_at != ckpt:
-                seen = self.views[jid] = (r, replace(r, last_checkpoint_at=ckpt))
-            running.append(seen[1])
-        teams = tuple(
-            TeamInfo(i, f"team{i}", cohort=COHORT, quotas=(QuotaInfo(ANY, n),), decayed_usage=self.usage[i])
-            for i, n in enumerate(self.nominal)
-        )
-        pending = tuple(self.pending.values())
-        return Snapshot(now=now, hosts=self.hosts, running=tuple(running), pending=pending, teams=teams)
-
-    def _start(self, jid: int, placement: tuple[PlacedHost, ...], now: float) -> None:
+    def _enqueue(self, jid: int, now: float) -> None:
         sj = self.jobs[jid]
-        waited = self.pending.pop(jid)
+        sj.queued_since = now
+        self.pending[jid] = self._pending_view(jid, now)
+        sub = sj.sub
+        max_wait = CLASSES[sub.qos][2]
+        if max_wait is not None:  # cycles when its standing changes: at risk of its SLA, near breach
+            budget = max(0.0, max_wait - sj.queued_s)
+            for frac in (self.config.sla_reserve_fraction, 0.9):
+                self.push(now + frac * budget, jid, "wake", sj.attempt)
+        elif self.config.starvation_age_s is not None and sj.attempt == 0:
+            self.push(sub.submit + self.config.starvation_age_s, jid, "wake", sj.attempt)
+
+    def _start(self, jid: int, placement: tuple[PlacedHost, ...], now: float, reason: str | None) -> None:
+        sj = self.jobs[jid]
+        del self.pending[jid]
+        assert sj.queued_since is not None
+        before = sj.queued_s
+        sj.queued_s += now - sj.queued_since
+        sj.queued_since = None
+        max_wait = CLASSES[sj.sub.qos][2]
+        if max_wait is not None and before <= max_wait < sj.queued_s:
+            sj.miss_reason = reason or "none"
         if sj.first_start is None:
             sj.first_start = now
-            max_wait = CLASSES[sj.qos][2]
-            if max_wait is not None and now - sj.trace.submit > max_wait:
-                sj.miss_reason = waited.pending_reason or "none"
-        sj.started = now
-        sj.failing = bool(sj.failures)
-        sj.segment = sj.failures[0] if sj.failing else sj.remaining_work
-        prio, pre, _ = CLASSES[sj.qos]
-        self.running[jid] = RunningJob(
-            id=jid, team_id=sj.team, qos=sj.qos, qos_priority=prio, preemptible=pre, gpus=sj.trace.gpus,
-            gpu_type="H100", quota_key=ANY, placement=placement, started_at=now,
-            expected_end=now + sj.remaining_work, preemptions=sj.preemptions,
-        )  # fmt: skip
-        self.push(now + sj.segment, jid, "end")
+        sj.attempt += 1
+        sj.attempt_start = now
+        sj.overhead = RESTART_S if sj.attempt > 1 else 0.0  # a restart restores its checkpoint, compiles warm
+        sj.placement = placement
+        sj.preempting = False
+        self.running[jid] = self._running_view(jid, now)
+        self.push(now + sj.overhead + self._work[jid] - sj.progress, jid, "end", sj.attempt)
 
-    def _stop(self, jid: int, now: float) -> SimJob:
+    def _release(self, jid: int, now: float, useful: float) -> None:
+        """The attempt ends at ``now`` having added ``useful`` seconds of lasting progress."""
         sj = self.jobs[jid]
-        r = self.running.pop(jid)
-        self.busy_gpu_s += r.gpus * (now - sj.started)
-        return sj
+        del self.running[jid]
+        self.views.pop(jid, None)
+        held = now - sj.attempt_start
+        self.busy_gpu_s += sj.sub.gpus * held
+        self.lost_gpu_s += sj.sub.gpus * max(0.0, held - useful)
+        sj.attained_s += held
+        sj.progress += useful
 
-    def _wakes(self, jid: int) -> None:
-        """Cycles at the moments a waiting job's standing changes: at risk of its SLA, near breach, aged."""
+    def _event(self, t: float, jid: int, kind: str, attempt: int) -> None:
         sj = self.jobs[jid]
-        wait = CLASSES[sj.qos][2]
-        submit = sj.trace.submit
-        if wait is not None:
-            for frac in (self.config.sla_reserve_fraction, 0.9):
-                self.push(submit + frac * wait, jid, "wake")
-        elif self.config.starvation_age_s is not None:
-            self.push(submit + self.config.starvation_age_s, jid, "wake")
+        if kind == "wake" or jid not in self.running or attempt != sj.attempt:
+            return
+        if kind == "end":  # finished (also when a preemption was asked too late to matter)
+            self._release(jid, t, self._work[jid] - sj.progress)
+            sj.finish = t
+            self.history[sj.sub.team].append((sj.attained_s, sj.sub.time_limit_s))
+            self.teams_view = None
+        elif kind == "stopped" and sj.preempting:  # checkpointed on SIGTERM and exited: back in the queue
+            self._release(jid, t, sj.kept - sj.progress)
+            self._enqueue(jid, t)
+
+    def _stale(self, event: tuple[float, int, int, str, int]) -> bool:
+        _t, _seq, jid, kind, attempt = event
+        sj = self.jobs[jid]
+        if attempt != sj.attempt:
+            return True
+        if kind == "wake":
+            return sj.queued_since is None
+        return jid not in self.running
+
+    def _preempt(self, jid: int, now: float, reclaim: bool) -> None:
+        sj = self.jobs[jid]
+        sj.preempting = True
+        sj.preemptions += 1
+        self.preemptions += 1
+        self.reclaims += reclaim
+        # Conservatively, the steps since the last periodic checkpoint are lost (as if the SIGTERM checkpoint
+        # failed or timed out); the STOP_S it takes to stop are lost too.
+        ckpt = self._checkpoint_at(sj, now)
+        trained = 0.0 if ckpt is None else ckpt - sj.attempt_start - sj.overhead
+        sj.kept = min(self._work[jid], sj.progress + trained)
+        self.running[jid] = self._running_view(jid, now)
+        self.push(now + STOP_S, jid, "stopped", sj.attempt)
+
+    def _fail(self, jid: int, now: float, message: str) -> None:
+        sj = self.jobs[jid]
+        self._release(jid, now, 0.0)
+        sj.failed = message
 
     def run(self, name: str) -> Result:
         arrivals = sorted(self.arrivals)
         ai = 0
         now = 0.0
         cycles = 0
-        plan_s = 0.0
+        plan_s: list[float] = []
         series: list[tuple[float, int, int]] = []
-        while ai < len(arrivals) or self.events or self.pending:
-            while self.events and self.events[0][3] == "wake" and self.jobs[self.events[0][2]].first_start is not None:
-                heapq.heappop(self.events)  # the job has started: nothing to wake for
+        last_cycle = -math.inf
+        while ai < len(arrivals) or self.running or self.pending:
+            while self.events and self._stale(self.events[0]):
+                # Superseded (an end of an attempt that was preempted, a wake for a wait that is over): no cycle for
+                # it, or the cycles' timing would tell plan() when a preempted attempt would have ended.
+                heapq.heappop(self.events)
             next_arrival = arrivals[ai][0] if ai < len(arrivals) else math.inf
-            nxt = min(next_arrival, self.events[0][0] if self.events else math.inf)
+            next_event = self.events[0][0] if self.events else math.inf
+            periodic = last_cycle + self.period if self.pending and self.period > 0 else math.inf
+            nxt = min(next_arrival, next_event, periodic)
             if nxt == math.inf:
                 break  # pending jobs that can never run (larger than the cluster)
             # Event-driven (tick 0): a cycle at every arrival, end, stop and SLA wake-up, as the live loop runs
-            # one on every NOTIFY. With a tick, cycles are rounded up to the next multiple of it.
+            # one on every NOTIFY, and every ``period`` while jobs wait, as its timer does.
             now = max(now, math.ceil(nxt / self.tick) * self.tick if self.tick > 0 else nxt)
             while ai < len(arrivals) and arrivals[ai][0] <= now:
-                jid = arrivals[ai][1]
-                self.pending[jid] = self._pending_job(jid, now)
-                self._wakes(jid)
+                self._enqueue(arrivals[ai][1], now)
                 ai += 1
             while self.events and self.events[0][0] <= now:
-                t, _s, jid, kind = heapq.heappop(self.events)
-                self._event(t, jid, kind)
+                t, _s, jid, kind, attempt = heapq.heappop(self.events)
+                self._event(t, jid, kind, attempt)
             self._decay(now)
+            snap = self.snapshot(now)
             t0 = time.perf_counter()
-            decisions = plan(self._snapshot(now), self.config)
-            plan_s += time.perf_counter() - t0
+            decisions = plan(snap, self.config)
+            plan_s.append(time.perf_counter() - t0)
             cycles += 1
+            last_cycle = now
+            for kill in decisions.time_limit_kills:
+                self._fail(kill.job_id, now, kill.message)
+            reasons = {w.job_id: w.reason for w in decisions.pending}
             for adm in decisions.admissions:
                 place = tuple(PlacedHost(p.host, p.gpus) for p in adm.placement)
-                self._start(adm.job_id, place, now)
-            for w in decisions.pending:  # stored as the live loop's apply does: the next cycle sees it
-                pj = self.pending.get(w.job_id)
-                if pj is not None and pj.pending_reason != w.reason:
-                    self.pending[w.job_id] = replace(pj, pending_reason=str(w.reason))
+                self._start(adm.job_id, place, now, self.pending[adm.job_id].pending_reason)
+            for jid, reason in reasons.items():  # stored as the live loop's apply does: the next cycle sees it
+                pj = self.pending.get(jid)
+                if pj is not None and pj.pending_reason != reason:
+                    self.pending[jid] = replace(pj, pending_reason=str(reason))
             for pre in decisions.preemptions:
-                r = self.running[pre.job_id]
-                self.running[pre.job_id] = replace(r, preempt_requested=True, state=JobState.PREEMPTING.value)
-                self.jobs[pre.job_id].preempted = True
-                self.jobs[pre.job_id].preemptions += 1
-                self.preemptions += 1
-                self.reclaims += "reclaimed" in pre.reason
-                self.lost_gpu_s += r.gpus * STOP_S
-                self.push(now + STOP_S, pre.job_id, "preempted")
-            busy = sum(r.gpus for r in self.running.values())
+                self._preempt(pre.job_id, now, "reclaimed" in pre.reason)
+            busy = sum(self.jobs[j].sub.gpus for j in self.running)
             if series and series[-1][0] == now:
                 series.pop()
             series.append((now, len(self.pending), busy))
-        done = [j for j in self.jobs.values() if j.finish is not None]
-        makespan = max((j.finish for j in done if j.finish is not None), default=now)
+        finished = [j.finish for j in self.jobs.values() if j.finish is not None]
+        makespan = max(finished, default=now)
         window = max((a[0] for a in arrivals), default=0.0)
-        return Result(name, list(self.jobs.values()), self.busy_gpu_s, makespan, self.gpus, self.preemptions,
-                      cycles, plan_s, series, window, self.reclaims, self.lost_gpu_s,
-                      list(zip(self.used_gpu_s, self.borrowed_gpu_s, strict=True)))  # fmt: skip
-
-    def _event(self, t: float, jid: int, kind: str) -> None:
-        sj = self.jobs[jid]
-        if jid not in self.running:
-            return
-        if kind == "end":
-            if self.running[jid].preempt_requested or abs(t - (sj.started + sj.segment)) > 1e-6:
-                return  # superseded by a preemption
-            self._stop(jid, t)
-            if sj.failing:
-                sj.failures.pop(0)  # a failed attempt: its work is lost; requeued at once
-                self.pending[jid] = self._pending_job(jid, t)
-            else:
-                sj.finish = t
-                sj.remaining_work = 0.0
-        elif kind == "preempted":
-            self._stop(jid, t)
-            ran = max(0.0, t - STOP_S - sj.started)  # checkpointed when asked: progress kept
-            if sj.failing:
-                sj.failures[0] = max(0.0, sj.failures[0] - ran)
-            else:
-                sj.remaining_work = max(1.0, sj.remaining_work - ran)
-            self.pending[jid] = self._pending_job(jid, t)
+        work = sum(self._work[i] * j.sub.gpus for i, j in self.jobs.items() if j.finish is not None)
+        return Result(name, list(self.jobs.values()), work, self.busy_gpu_s, self.lost_gpu_s, makespan, self.gpus,
+                      self.preemptions, self.reclaims, cycles, plan_s, series, window,
+                      list(zip(self.used_gpu_s, self.borrowed_gpu_s, strict=True)), self.oracle)  # fmt: skip
 
 
 def summarize(r: Result) -> dict[str, Any]:
-    done = [j for j in r.jobs if j.finish is not None and j.first_start is not None]
-    jct = [j.finish - j.trace.submit for j in done]  # type: ignore[operator]
-    wait = [j.first_start - j.trace.submit for j in done]  # type: ignore[operator]
+    done = [j for j in r.jobs if j.finish is not None]
+    jct = [j.finish - j.sub.submit for j in done]  # type: ignore[operator]
+    wait = [j.queued_s for j in done]
 
     def stats(xs: list[float]) -> dict[str, float]:
         if not xs:
@@ -388,32 +523,56 @@ def summarize(r: Result) -> dict[str, Any]:
 
     sla: dict[str, dict[str, Any]] = {}
     for qos, (_p, _pre, max_wait) in CLASSES.items():
-        js = [j for j in done if j.qos == qos]
-        met = sum(1 for j in js if max_wait is None or (j.first_start or 0.0) - j.trace.submit <= max_wait)
-        sla[qos] = {"jobs": len(js), "attainment": round(met / len(js), 4) if js else 1.0,  # fmt: skip
-                    "mean_wait_h": round(statistics.fmean([(j.first_start or 0) - j.trace.submit for j in js]) / 3600,
-                                         3) if js else 0.0,
-                    # what the jobs that broke their max wait were waiting with (the live loop's pending reasons)
+        js = [j for j in r.jobs if j.sub.qos == qos]
+        met = sum(1 for j in js if j.finish is not None and (max_wait is None or j.queued_s <= max_wait))
+        sla[qos] = {"jobs": len(js), "attainment": round(met / len(js), 4) if js else 1.0,
+                    "mean_wait_h": round(statistics.fmean([j.queued_s for j in js]) / 3600, 3) if js else 0.0,
                     "missed_by_reason": dict(sorted(Counter(j.miss_reason for j in js if j.miss_reason).items()))}
+    plans = sorted(r.plan_s)
     return {
         "policy": r.name,
+        "oracle": r.oracle,
         "jobs_finished": len(done),
         "jobs_total": len(r.jobs),
+        "jobs_failed": sum(1 for j in r.jobs if j.failed),
         "jct": stats(jct),
-        "queueing_delay": stats(wait),
-        "utilisation": round(window_utilisation(r), 4),
-        "utilisation_to_makespan": round(r.busy_gpu_s / (r.gpus * r.makespan), 4) if r.makespan else 0.0,
-        "idle_while_queued_gpu_h": round(idle_and_tail_gpu_h(r)[0]),
-        "gpu_h_after_window": round(idle_and_tail_gpu_h(r)[1]),
+        "wait": stats(wait),
+        "util_makespan": round(r.work_gpu_s / (r.gpus * r.makespan), 4) if r.makespan else 0.0,
+        "busy_window": round(window_utilisation(r), 4),
         "makespan_days": round(r.makespan / 86400, 2),
+        "idle_while_queued_gpu_h": round(idle_while_queued_gpu_h(r)),
         "sla_attainment": sla,
         "preemptions": r.preemptions,
+        "preemptions_per_job": round(r.preemptions / max(1, len(r.jobs)), 3),
         "reclaim_preemptions": r.reclaims,
-        "preemption_lost_gpu_h": round(r.lost_gpu_s / 3600, 1),
+        "lost_gpu_h": round(r.lost_gpu_s / 3600, 1),
         "teams": [{"team": f"team{i}", "gpu_h": round(u / 3600), "borrowed_gpu_h": round(b / 3600)}
                   for i, (u, b) in enumerate(r.teams)],  # fmt: skip
         "cycles": r.cycles,
-        "plan_ms_mean": round(1000 * r.plan_s / max(1, r.cycles), 3),
+        "plan_ms_mean": round(1000 * statistics.fmean(plans), 3) if plans else 0.0,
+        "plan_ms_p95": round(1000 * plans[min(len(plans) - 1, int(0.95 * len(plans)))], 3) if plans else 0.0,
+    }
+
+
+def acceptance(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 16's targets for kiln against the best baseline that does not know true runtimes."""
+    kiln = next(s for s in summaries if s["policy"] == "kiln")
+    base = [s for s in summaries if s["policy"] != "kiln" and not s["oracle"]]
+    best_jct = min(base, key=lambda s: s["jct"]["mean_h"])
+    best_util = max(base, key=lambda s: s["util_makespan"])
+    cut = 1 - kiln["jct"]["mean_h"] / best_jct["jct"]["mean_h"] if best_jct["jct"]["mean_h"] else 0.0
+    return {
+        "gold_sla": kiln["sla_attainment"]["gold"]["attainment"],
+        "gold_sla_ok": kiln["sla_attainment"]["gold"]["attainment"] >= 0.99,
+        "best_baseline_jct": best_jct["policy"],
+        "jct_cut_vs_best_baseline": round(cut, 4),
+        "jct_ok": cut >= 0.20,
+        "best_baseline_util": best_util["policy"],
+        "util_makespan_gap_points": round(100 * (kiln["util_makespan"] - best_util["util_makespan"]), 2),
+        "util_ok": kiln["util_makespan"] >= best_util["util_makespan"] - 0.01,
+        "preemptions_per_job": kiln["preemptions_per_job"],
+        "preemptions_ok": kiln["preemptions_per_job"] <= 0.5,
+        "lost_gpu_h": kiln["lost_gpu_h"],
     }
 
 
@@ -443,63 +602,33 @@ def plot(results: list[Result], out: Path) -> list[str]:
 
 
 def table(summaries: list[dict[str, Any]]) -> str:
-    head = "| policy | mean JCT h | p50 JCT h | p95 JCT h | mean wait h | p50 wait h | p95 wait h | util | " \
-           "gold SLA | silver SLA | bronze SLA | preemptions (reclaim) | lost GPU-h |"  # fmt: skip
+    head = "| policy | mean JCT h | p50 JCT h | p95 JCT h | mean wait h | p95 wait h | util (makespan) | " \
+           "makespan d | gold SLA | silver SLA | bronze SLA | preemptions / job | lost GPU-h |"  # fmt: skip
     lines = [head, "|" + "---|" * 13]
     for s in summaries:
         sla = s["sla_attainment"]
+        name = f"{s['policy']} (ORACLE BOUND)" if s["oracle"] else s["policy"]
         lines.append(
-            f"| {s['policy']} | {s['jct']['mean_h']} | {s['jct']['p50_h']} | {s['jct']['p95_h']} | "
-            f"{s['queueing_delay']['mean_h']} | {s['queueing_delay']['p50_h']} | {s['queueing_delay']['p95_h']} | "
-            f"{s['utilisation']:.1%} | {sla['gold']['attainment']:.1%} | {sla['silver']['attainment']:.1%} | "
-            f"{sla['bronze']['attainment']:.1%} | {s['preemptions']} ({s['reclaim_preemptions']}) | "
-            f"{s['preemption_lost_gpu_h']} |"
+            f"| {name} | {s['jct']['mean_h']:.1f} | {s['jct']['p50_h']:.1f} | {s['jct']['p95_h']:.1f} | "
+            f"{s['wait']['mean_h']:.1f} | {s['wait']['p95_h']:.1f} | {s['util_makespan']:.1%} | "
+            f"{s['makespan_days']:.1f} | {sla['gold']['attainment']:.1%} | {sla['silver']['attainment']:.1%} | "
+            f"{sla['bronze']['attainment']:.1%} | {s['preemptions_per_job']:.3f} | {s['lost_gpu_h']:,.0f} |"
         )
     return "\n".join(lines)
 
 
 def offered_load(trace: Sequence[TraceJob], gpus: int) -> float:
-    """GPU time the trace asks for (work and failed attempts) over the GPU time of its submission window: above 1
-    the cluster cannot keep up on average; below, a backlog exists only where the policy lets it build."""
+    """GPU time the trace asks for (its runtimes) over the GPU time of its submission window."""
     window = max((j.submit for j in trace), default=0.0)
-    demand = sum(j.gpus * (j.work + sum(j.failures)) for j in trace)
+    demand = sum(j.gpus * j.work for j in trace)
     return demand / (gpus * window) if window > 0 and gpus else 0.0
 
 
-FIFO = PolicyConfig(ordering="fifo", backfill=False, preemption=False, enforce_quotas=False)
-
-
-def replay(
-    trace: Sequence[TraceJob], hosts: int, gpus_per_host: int, tick: float, policy: PolicyConfig
-) -> list[Result]:
-    """FIFO and kiln (``policy``) over the same trace and cluster."""
-    cluster = gpu_cluster(hosts, gpus_per_host)
-    return [Simulation(trace, cluster, FIFO, tick).run("fifo"), Simulation(trace, cluster, policy, tick).run("kiln")]
-
-
-def sweep_row(hosts: int, gpus: int, load: float, summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    row: dict[str, Any] = {"hosts": hosts, "gpus": gpus, "offered_load": round(load, 3)}
-    for s in summaries:
-        row[s["policy"]] = {"utilisation": s["utilisation"], "jct_mean_h": s["jct"]["mean_h"],
-                            "gold_sla": s["sla_attainment"]["gold"]["attainment"],
-                            "gold_missed_by_reason": s["sla_attainment"]["gold"]["missed_by_reason"],
-                            "gpu_h_after_window": s["gpu_h_after_window"],
-                            "idle_while_queued_gpu_h": s["idle_while_queued_gpu_h"]}  # fmt: skip
-    return row
-
-
-def sweep_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| hosts (GPUs) | offered load | util FIFO / kiln | mean JCT h FIFO / kiln | gold SLA FIFO / kiln | "
-             "GPU-h after window FIFO / kiln |", "|" + "---|" * 6]  # fmt: skip
-    for r in rows:
-        f, k = r["fifo"], r["kiln"]
-        lines.append(
-            f"| {r['hosts']} ({r['gpus']}) | {r['offered_load']:.2f} | "
-            f"{f['utilisation']:.2%} / {k['utilisation']:.2%} | "
-            f"{f['jct_mean_h']:.1f} / {k['jct_mean_h']:.1f} | {f['gold_sla']:.1%} / {k['gold_sla']:.1%} | "
-            f"{f['gpu_h_after_window']:,} / {k['gpu_h_after_window']:,} |"
-        )
-    return "\n".join(lines)
+def replay_one(trace: Sequence[TraceJob], hosts: int, gpus_per_host: int, name: str, tick: float,
+               period: float) -> Result:  # fmt: skip
+    config, oracle = policies()[name]
+    sim = Simulation(trace, gpu_cluster(hosts, gpus_per_host), config, tick=tick, period=period, oracle=oracle)
+    return sim.run(name)
 
 
 def _hosts(text: str) -> list[int]:
@@ -512,59 +641,80 @@ def _hosts(text: str) -> list[int]:
     return sizes
 
 
+def _policy_names(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [n for n in names if n not in policies()]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown policy {unknown or text!r}; choose from {', '.join(policies())}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kiln simulate", description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", help="Philly-format JSON, or synthetic:N")
     ap.add_argument("--hosts", type=_hosts, default=[40],
-                    help="hosts (default 40); a list (52,40,64) replays each size, in parallel: the table, JSON "
-                         "results and plots are for the first, the sweep table for all")  # fmt: skip
+                    help="hosts (default 40); a list (40,48,52) replays each size: one table per size")
     ap.add_argument("--gpus-per-host", type=int, default=8)
+    ap.add_argument("--policies", type=_policy_names, default=list(policies()),
+                    help=f"comma-separated subset of {', '.join(policies())} (default: all)")
     ap.add_argument("--tick", type=float, default=0.0,
                     help="0: a cycle on every event (default); else cycles rounded up to multiples of this (s)")
+    ap.add_argument("--period", type=float, default=CYCLE_S, help="a cycle at least this often while jobs wait (s)")
     ap.add_argument("--jobs", type=int, default=None, help="replay only the first N jobs")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes replaying in parallel")
     ap.add_argument("--out", default="simulate-out")
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
-    policy = get_settings().policy  # the live loop's policy: this process's entry reads it, plan() gets it
+    policy = get_settings().policy  # the live loop's policy (each replay process reads the same settings)
     trace = load_trace(args.trace, args.jobs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     sizes: list[int] = args.hosts
-    if len(sizes) == 1:
-        by_size = [replay(trace, sizes[0], args.gpus_per_host, args.tick, policy)]
+    names: list[str] = args.policies
+    tasks = [(n, p) for p in names for n in sizes]  # policy by policy, so the first finish first
+    argsets = [(trace, n, args.gpus_per_host, p, args.tick, args.period) for n, p in tasks]
+    done: dict[tuple[int, str], Result] = {}
+
+    def finished(task: tuple[int, str], result: Result) -> None:
+        # Each replay's summary as soon as it is done (a long run can be read, or resumed by hand, part-way).
+        done[task] = result
+        (out / f"replay_{task[0]}_{task[1]}.json").write_text(json.dumps(summarize(result), indent=2) + "\n")
+        print(f"done: {task[0]} hosts, {task[1]}", flush=True)
+
+    if args.workers <= 1 or len(tasks) == 1:
+        for task, a in zip(tasks, argsets, strict=True):
+            finished(task, replay_one(*a))
     else:
-        with ProcessPoolExecutor(max_workers=min(len(sizes), os.cpu_count() or 1)) as pool:
-            by_size = list(
-                pool.map(replay, repeat(trace), sizes, repeat(args.gpus_per_host), repeat(args.tick), repeat(policy))
-            )
-    summaries_by_size = [[summarize(r) for r in rs] for rs in by_size]
-    summaries = summaries_by_size[0]
-    rows = [sweep_row(n, n * args.gpus_per_host, offered_load(trace, n * args.gpus_per_host), ss)
-            for n, ss in zip(sizes, summaries_by_size, strict=True)]  # fmt: skip
-    plots = [] if args.no_plots else plot(by_size[0], out)
-    report = {
-        "trace": args.trace,
-        "jobs": len(trace),
-        "gpus": sizes[0] * args.gpus_per_host,
-        "hosts": sizes[0],
-        "offered_load": rows[0]["offered_load"],
-        "tick_s": args.tick,
-        "policy": policy.model_dump(),
-        "wall_s": round(time.perf_counter() - started, 1),
-        "results": summaries,
-        "sweep": rows,
-        "plots": plots,
-    }
+        with ProcessPoolExecutor(max_workers=min(len(tasks), args.workers)) as pool:
+            futures = {pool.submit(replay_one, *a): task for task, a in zip(tasks, argsets, strict=True)}
+            for future in as_completed(futures):
+                finished(futures[future], future.result())
+    by_size: dict[int, list[Result]] = {n: [done[(n, p)] for p in names] for n in sizes}
+    report: dict[str, Any] = {"trace": args.trace, "jobs": len(trace), "gpus_per_host": args.gpus_per_host,
+                              "tick_s": args.tick, "period_s": args.period,
+                              "wall_s": round(time.perf_counter() - started, 1), "policy": policy.model_dump(),
+                              "sizes": []}  # fmt: skip
+    print(f"{len(trace)} jobs; {len(tasks)} replays took {report['wall_s']} s")
+    plots: list[str] = []
+    for n in sizes:
+        summaries = [summarize(r) for r in by_size[n]]
+        load = offered_load(trace, n * args.gpus_per_host)
+        entry: dict[str, Any] = {"hosts": n, "gpus": n * args.gpus_per_host, "offered_load": round(load, 3),
+                                 "results": summaries}  # fmt: skip
+        if "kiln" in names and len(names) > 1 and any(p != "kiln" and p != ORACLE for p in names):
+            entry["acceptance"] = acceptance(summaries)
+        report["sizes"].append(entry)
+        print(f"\n{n} hosts x {args.gpus_per_host} GPUs ({n * args.gpus_per_host} GPUs, offered load {load:.2f})")
+        print(table(summaries))
+        if "acceptance" in entry:
+            print("acceptance:", json.dumps(entry["acceptance"]))
+    if not args.no_plots:
+        plots = plot(by_size[sizes[0]], out)
+        for p in plots:
+            print("plot:", p)
+    report["plots"] = plots
     (out / "simulate.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"{len(trace)} jobs on {sizes[0]} hosts x {args.gpus_per_host} GPUs (offered load "
-          f"{rows[0]['offered_load']:.2f}); replay took {report['wall_s']} s")  # fmt: skip
-    print(table(summaries))
-    if len(sizes) > 1:
-        print()
-        print(sweep_table(rows))
-    for p in plots:
-        print("plot:", p)
     return 0
 
 

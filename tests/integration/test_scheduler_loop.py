@@ -64,7 +64,7 @@ def test_admits_with_gang_placement_and_fencing_token(db: Session, dispatched: l
     f.host(db, "a1", 8, now=T0)
     f.host(db, "a2", 8, now=T0)
     j1 = f.job(db, t, f.qos(db, "silver"), gpus=16, submitted_at=T0)
-    j2 = f.job(db, t, f.qos(db, "silver"), gpus=4, submitted_at=T0 + timedelta(seconds=1))
+    j2 = f.job(db, t, f.qos(db, "silver"), gpus=16, submitted_at=T0 + timedelta(seconds=1))
     result = cycle(db, T0 + timedelta(seconds=5))
     assert result.admitted == [j1.id]
     db.refresh(j1)
@@ -89,6 +89,10 @@ def test_preempts_lower_class_then_readmits_it(db: Session, dispatched: list[Any
     later = T0 + timedelta(minutes=30)
     heartbeat(db, later)
     gold = f.job(db, t, f.qos(db, "gold"), gpus=8, submitted_at=later)
+    # The preemption budget: a job preempts only at risk of its SLA or once it holds a reservation (the head of
+    # its class, from the cycle before).
+    first = cycle(db, later + timedelta(milliseconds=500))
+    assert first.preempted == [] and db.get(Job, gold.id).pending_reason == "Reservation"  # type: ignore[union-attr]
     result = cycle(db, later + timedelta(seconds=1))
     assert result.preempted == [low.id] and result.admitted == []
     db.refresh(low)
@@ -139,6 +143,10 @@ def test_reclaims_lent_quota_from_a_borrower(db: Session, dispatched: list[Any])
     later = T0 + timedelta(hours=1)
     heartbeat(db, later)
     mine = f.job(db, lender, silver, gpus=8, submitted_at=later)
+    # The preemption budget: it waits (Quota) until half its max queue wait (silver: 30 min) has passed.
+    assert cycle(db, later + timedelta(seconds=1)).preempted == []
+    later += timedelta(seconds=901)
+    heartbeat(db, later)
     result = cycle(db, later + timedelta(seconds=1))
     assert len(result.preempted) == 1 and result.preempted[0] in (b1.id, b2.id)
     victim = db.get(Job, result.preempted[0])
@@ -166,6 +174,10 @@ def test_a_team_at_its_quota_gives_its_own_silver_way_to_its_gold(db: Session, d
     later = T0 + timedelta(minutes=30)
     heartbeat(db, later)
     gold = f.job(db, solo, f.qos(db, "gold"), gpus=8, submitted_at=later)
+    # The preemption budget: it waits (Quota) until half its max queue wait (gold: 5 min) has passed.
+    assert cycle(db, later + timedelta(seconds=1)).preempted == []
+    later += timedelta(seconds=151)
+    heartbeat(db, later)
     result = cycle(db, later + timedelta(seconds=1))
     assert result.preempted == [mine.id] and result.admitted == []
     event = db.scalars(select(Event).where(Event.job_id == mine.id, Event.type == "PREEMPTING")).one()
@@ -218,3 +230,33 @@ def test_failed_dependency_fails_the_job(db: Session, dispatched: list[Any]) -> 
     db.refresh(second)
     assert result.failed == [second.id] and second.state == JobState.FAILED
     assert second.exit_reason and str(first.id) in second.exit_reason
+
+
+def test_the_snapshot_carries_attained_service_and_the_teams_history(db: Session, dispatched: list[Any]) -> None:
+    """What kiln's service classes read in the live loop: the run time of a job's ended attempts, and the team's
+    finished jobs (their run times and how much of their time limits they used). Never a true run time."""
+    from scheduler.live.loader import load_snapshot
+
+    t = f.team(db, "history")
+    f.host(db, "h1", 8, now=T0)
+    silver = f.qos(db, "silver")
+    done = f.job(db, t, silver, gpus=8, submitted_at=T0, time_limit_s=4 * 3600.0)
+    assert cycle(db, T0).admitted == [done.id]
+    f.start(db, done, now=T0)
+    row = db.get(Job, done.id)
+    assert row is not None
+    from core.states import transition
+
+    transition(db, row, JobState.SUCCEEDED)
+    row.finished_at = T0 + timedelta(hours=1)
+    for a in db.scalars(select(Attempt).where(Attempt.job_id == done.id)):
+        a.ended_at = T0 + timedelta(hours=1)
+    again = f.job(db, t, silver, gpus=8, submitted_at=T0 + timedelta(hours=1))
+    assert cycle(db, T0 + timedelta(hours=1, seconds=1)).admitted == [again.id]
+    f.start(db, again, now=T0 + timedelta(hours=1, seconds=2))
+    f.requeue_preempted(db, again, now=T0 + timedelta(hours=1, minutes=31), step=10)
+    snap = load_snapshot(db=db, now=T0 + timedelta(hours=2))
+    team = next(ti for ti in snap.teams if ti.id == t.id)
+    assert team.finished_runtimes_s == (3600.0,) and team.limit_use_ratio == 0.25
+    (pending,) = [p for p in snap.pending if p.id == again.id]
+    assert abs(pending.attained_s - (31 * 60 - 2)) < 1e-6 and pending.estimated_runtime_s is None

@@ -9,7 +9,8 @@ import pytest
 
 from core.policy_config import PolicyConfig
 from core.states import Reason
-from scheduler.policy.plan import plan
+from scheduler.policy.decisions import Decisions
+from scheduler.policy.plan import plan as policy_plan
 from scheduler.policy.snapshot import (
     ANY,
     CPU,
@@ -26,6 +27,17 @@ from scheduler.simulate.synthetic import GIB, cpu_host, gpu_cluster, gpu_host
 
 NOW = 1_000_000.0
 QOS = {"gold": (1000, False), "silver": (500, False), "bronze": (200, True), "best-effort": (0, True)}
+
+# These tests pin the policy's mechanisms (reasons, reservations, backfill, victims, quotas) on hand-built
+# snapshots; they run without kiln's service classes and estimated ends, which would reorder their jobs and
+# project their running jobs' ends, and without the preemption budget, which would keep jobs that are not at
+# risk from preempting (those are tested in tests/unit/test_scheduler_estimate.py).
+MECHANISMS = PolicyConfig(service_classes=False, preempt_only_at_risk=False, max_preemptions_per_job=None)
+
+
+def plan(s: Snapshot, config: PolicyConfig | None = None) -> Decisions:
+    mechanisms = {"service_classes": False, "preempt_only_at_risk": False, "max_preemptions_per_job": None}
+    return policy_plan(s, (config or MECHANISMS).model_copy(update=mechanisms))
 
 
 def pj(id: int, gpus: int = 1, *, team: int = 1, qos: str = "silver", age: float = 0.0, **kw: Any) -> PendingJob:
@@ -235,7 +247,7 @@ def test_deadline_aware_ordering() -> None:
 def test_fifo_baseline_blocks_behind_the_head() -> None:
     running = (rj(1, "h0000", list(range(6)), qos="silver", expected_end=NOW + 1000),)
     s = snap(running=running, pending=(pj(2, 4, age=10), pj(3, 1, qos="gold")))
-    assert admitted(s, PolicyConfig(ordering="fifo")) == []
+    assert admitted(s, PolicyConfig(ordering="fifo", backfill=False)) == []
     assert admitted(s) == [3]
 
 

@@ -67,7 +67,7 @@ def test_the_dashboard_prices_are_canonical_gpu_types(monkeypatch: pytest.Monkey
 def test_simulate_replays_the_operators_policy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_settings: None
 ) -> None:
-    args = ["synthetic:60", "--hosts", "4", "--no-plots", "--tick", "300"]
+    args = ["synthetic:60", "--hosts", "4", "--no-plots", "--tick", "300", "--policies", "fifo,kiln", "--workers", "1"]
     assert simulate([*args, "--out", str(tmp_path / "default")]) == 0
     monkeypatch.setenv("KILN_POLICY__PREEMPTION", "false")
     get_settings.cache_clear()
@@ -75,5 +75,5 @@ def test_simulate_replays_the_operators_policy(
     default = json.loads((tmp_path / "default" / "simulate.json").read_text())
     operator = json.loads((tmp_path / "operator" / "simulate.json").read_text())
     assert default["policy"]["preemption"] is True and operator["policy"]["preemption"] is False
-    kiln = {r["policy"]: r for r in operator["results"]}["kiln"]
+    kiln = {r["policy"]: r for r in operator["sizes"][0]["results"]}["kiln"]
     assert kiln["preemptions"] == 0

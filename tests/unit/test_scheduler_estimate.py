@@ -1,0 +1,139 @@
+"""kiln's estimates of remaining service, the service classes they order a QoS class by, and what they may read."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.policy_config import PolicyConfig
+from scheduler.policy.estimate import DEFAULT_UNKNOWN_S, Estimator, service_class
+from scheduler.policy.fairshare import JobOrder
+from scheduler.policy.plan import plan
+from scheduler.policy.snapshot import ANY, PendingJob, PlacedHost, RunningJob, Snapshot, TeamInfo
+from scheduler.simulate.synthetic import gpu_cluster
+
+NOW = 1_000_000.0
+H = 3600.0
+
+
+def pj(id: int, gpus: int = 4, *, limit: float | None = None, attained: float = 0.0, age: float = 0.0,
+       qos: str = "silver", prio: int = 500, team: int = 1, **kw: object) -> PendingJob:  # fmt: skip
+    return PendingJob(id=id, team_id=team, qos=qos, qos_priority=prio, preemptible=False, gpus=gpus,
+                      submitted_at=NOW - age, estimated_runtime_s=limit, attained_s=attained, **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+def team(history: tuple[float, ...] = (), ratio: float | None = None) -> TeamInfo:
+    return TeamInfo(1, "a", finished_runtimes_s=tuple(sorted(history)), limit_use_ratio=ratio)
+
+
+def test_a_time_limit_is_scaled_by_how_much_of_their_limits_the_team_uses() -> None:
+    est = Estimator([team(ratio=0.25)])
+    assert est.remaining_s(1, 8 * H, 0.0) == 2 * H
+    assert est.remaining_s(1, 8 * H, 4 * H) == 1 * H  # a quarter of what is left of the limit
+    assert est.remaining_s(1, 8 * H, 6 * H) == 0.5 * H  # never below a minute:
+    assert est.remaining_s(1, 8 * H, 8 * H) == 60.0
+
+
+def test_without_a_limit_the_mean_residual_life_of_the_teams_history() -> None:
+    est = Estimator([team(history=(1 * H, 2 * H, 9 * H))])
+    assert est.remaining_s(1, None, 0.0) == 4 * H  # the mean run time
+    assert est.remaining_s(1, None, 1.5 * H) == 4 * H  # (2 + 9) / 2 - 1.5: it outlived the shortest
+    assert est.remaining_s(1, None, 10 * H) == 10 * H  # past all of history: as long again
+    assert Estimator([team()]).remaining_s(1, None, 0.0) == DEFAULT_UNKNOWN_S  # no history yet
+
+
+@given(st.lists(st.floats(60, 1e6), min_size=1, max_size=40), st.floats(0, 2e6), st.floats(0, 2e6))
+def test_the_longer_a_job_has_run_the_longer_it_is_expected_to_need_in_total(
+    history: list[float], a: float, b: float
+) -> None:
+    est = Estimator([team(history=tuple(history))])
+    lo, hi = sorted((a, b))
+    assert est.remaining_s(1, None, lo) + lo <= est.remaining_s(1, None, hi) + hi + 1e-6
+
+
+def test_service_classes_are_discretised_geometrically() -> None:
+    assert service_class(3 * H, 4 * H, 4.0) == 0
+    assert service_class(5 * H, 4 * H, 4.0) == service_class(15 * H, 4 * H, 4.0) == 1
+    assert service_class(17 * H, 4 * H, 4.0) == 2
+
+
+def test_within_a_qos_class_less_expected_service_goes_first_whatever_the_age() -> None:
+    jobs = (pj(1, 8, limit=48 * H, age=5000), pj(2, 4, limit=2 * H, age=10), pj(3, 4, age=100))
+    order = [j.id for j in JobOrder(jobs, (team(ratio=0.5),), NOW, PolicyConfig())]
+    assert order == [2, 3, 1]  # 4 GPU-h, 16 GPU-h (no limit, no history: 4 h), 192 GPU-h
+    off = [j.id for j in JobOrder(jobs, (team(ratio=0.5),), NOW, PolicyConfig(service_classes=False))]
+    assert off == [1, 3, 2]  # age only
+
+
+def test_sla_risk_still_goes_ahead_of_service_classes() -> None:
+    urgent = pj(1, 32, limit=100 * H, age=1000, max_queue_wait_s=1800.0)
+    order = [j.id for j in JobOrder((pj(2, 4, limit=H), urgent), (team(),), NOW, PolicyConfig())]
+    assert order == [1, 2]
+
+
+def test_a_requeued_job_has_only_the_rest_of_its_queue_wait_budget() -> None:
+    # Waited 20 of its 30 minutes before a preemption; requeued 6 minutes ago: 4 minutes left, so at risk.
+    job = pj(1, 4, age=7200, max_queue_wait_s=600.0, wait_started_at=NOW - 360)
+    assert job.queue_wait_due == NOW + 240
+    assert [j.id for j in JobOrder((pj(2, 1, limit=60.0), job), (team(),), NOW, PolicyConfig())] == [1, 2]
+
+
+def test_running_jobs_without_a_limit_end_when_kiln_expects_not_never() -> None:
+    # One host, fully busy with a job without a time limit that has run 1 h; the team's jobs ran 3 h.
+    busy = RunningJob(id=9, team_id=1, qos="silver", qos_priority=500, preemptible=False, gpus=8, gpu_type="H100",
+                      quota_key=ANY, placement=(PlacedHost("h0000", tuple(f"GPU-h0000-{i}" for i in range(8))),),
+                      started_at=NOW - H)  # fmt: skip
+    s = Snapshot(now=NOW, hosts=gpu_cluster(1), running=(busy,), pending=(pj(1, 8),),
+                 teams=(team(history=(3 * H, 3 * H)),))  # fmt: skip
+    reservation = plan(s).reservations[0]
+    assert reservation.start == NOW + 2 * H
+    assert plan(s, PolicyConfig(service_classes=False)).reservations[0].start is None  # unknown without it
+
+
+# -- what the policy may see --------------------------------------------------------------------------------------
+
+TRUTH = {"runtime", "work", "remaining_work", "true_runtime", "duration", "runtime_s"}
+
+
+def test_no_job_view_has_a_run_time_field() -> None:
+    from scheduler.simulate.replay import SimJob, Submission
+
+    for cls in (PendingJob, RunningJob, Submission, SimJob, TeamInfo):
+        names = {f.name for f in dataclasses.fields(cls)}
+        assert not names & TRUTH, (cls.__name__, names & TRUTH)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([4, 8, 16]), st.floats(0, 20 * H), st.floats(600, 30 * H),
+                          st.floats(0.05, 20.0)), min_size=3, max_size=25))  # fmt: skip
+def test_the_replay_shows_plan_nothing_of_the_true_run_times(jobs: list[tuple[int, float, float, float]]) -> None:
+    """Two traces that differ only in their true run times (the users' limits the same) hand plan() the very same
+    snapshots until the first job ends: what a job will really take reaches the policy through nothing else."""
+    from scheduler.simulate.replay import Simulation, TraceJob
+
+    def snapshots(scale_of: list[float]) -> tuple[list[Snapshot], float]:
+        trace = [TraceJob(f"j{i}", g, t, w * k) for i, ((g, t, w, _), k) in enumerate(zip(jobs, scale_of, strict=True))]
+        sim = Simulation(sorted(trace, key=lambda j: j.submit), gpu_cluster(4), PolicyConfig())
+        for i, (g, _t, w, _) in enumerate(sorted(jobs, key=lambda j: j[1]), 1):  # the same limits in both
+            sim.jobs[i].sub = dataclasses.replace(sim.jobs[i].sub, time_limit_s=None if g == 16 else 10 * w)
+        seen: list[Snapshot] = []
+        original = sim.snapshot
+
+        def recording(now: float) -> Snapshot:
+            snap = original(now)
+            seen.append(snap)
+            return snap
+
+        sim.snapshot = recording  # type: ignore[method-assign]
+        sim.run("kiln")
+        first_end = min((j.finish for j in sim.jobs.values() if j.finish is not None), default=float("inf"))
+        return seen, first_end
+
+    a, end_a = snapshots([1.0] * len(jobs))
+    b, end_b = snapshots([k for *_, k in jobs])
+    horizon = min(end_a, end_b)
+    before_a = [s for s in a if s.now < horizon]
+    before_b = [s for s in b if s.now < horizon]
+    assert before_a == before_b
