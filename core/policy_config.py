@@ -147,3 +147,9 @@ class PolicyConfig(SettingsGroup):
         description="Fair-share usage charged per GPU a team is admitted within one cycle "
         "(ordering only), so one team does not take the whole cycle's capacity.",
     )
+    fairshare_half_life_s: float = Field(
+        default=7 * 86400.0,
+        gt=0,
+        description="Fair share weighs a team's past GPU usage halved for every this many seconds since it ended, "
+        "so last week's heavy user is not penalised forever; the dashboard's fair share uses the same.",
+    )

@@ -109,6 +109,12 @@ class Timings(SettingsGroup):
     scheduler_interval_s: float = Field(
         default=2.0, description="A scheduling cycle at least this often (and on each NOTIFY)."
     )
+    standby_retry_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="A standby scheduler tries to take the leadership this often (or each cycle's interval, if "
+        "shorter), so a standby takes over within seconds of the leader's death.",
+    )
     lease_s: float = Field(
         default=30.0,
         description="An attempt's lease; a worker renews it while it runs, the reconciler declares an attempt "

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from core.models import Attempt, Job, QosClass, SlaContract, Team, Usage
+from core.policy_config import PolicyConfig
 from core.services.fit import share_of
 from core.states import HostState, MpsState
 from scheduler.live import repository as repo
@@ -27,7 +28,6 @@ from scheduler.policy.snapshot import (
     quota_key_for,
 )
 
-FAIRSHARE_HALF_LIFE_S = 7 * 86400.0
 HISTORY_PER_TEAM = 200  # finished jobs per team the policy learns run times from (scheduler.estimate)
 
 
@@ -290,7 +290,9 @@ def _placed_share(node: dict[str, Any]) -> GpuShare:
     return GpuShare(int(share["memory_bytes"]), int(share["sm_percent"]), bool(share["guaranteed"]))
 
 
-def load_snapshot(*, db: Session, now: datetime, half_life_s: float = FAIRSHARE_HALF_LIFE_S) -> Snapshot:
+def load_snapshot(
+    *, db: Session, now: datetime, half_life_s: float = PolicyConfig().fairshare_half_life_s
+) -> Snapshot:
     t = now.timestamp()
     hosts = _hosts(db, now)
     team_infos = _teams(db, t, half_life_s)

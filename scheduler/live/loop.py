@@ -28,7 +28,6 @@ from scheduler.policy.plan import plan
 
 log = logging.getLogger(__name__)
 
-STANDBY_RETRY_S = 2.0
 CYCLE_LOCK_KEY = LOCK_KEY + 1  # serialises cycles inside PostgreSQL even if two loops ever overlap
 
 
@@ -85,9 +84,10 @@ def run_cycle(
             db.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CYCLE_LOCK_KEY})
         result.reconciled = reconcile(db=db, now=now, settings=settings, dispatch=dispatch)
         db.flush()
-        snapshot = load_snapshot(db=db, now=now)
+        policy = config or settings.policy
+        snapshot = load_snapshot(db=db, now=now, half_life_s=policy.fairshare_half_life_s)
         t0 = time.perf_counter()
-        decisions = plan(snapshot, config or settings.policy)
+        decisions = plan(snapshot, policy)
         result.plan_s = time.perf_counter() - t0
         applied = apply_all(db=db, decisions=decisions, now=now)
         violations = sla.evaluate(db=db, now=now)
@@ -184,7 +184,7 @@ def run_forever(
         while not stop.is_set():
             if not leadership.try_acquire():
                 pulse.beat("standby")
-                stop.wait(min(interval, STANDBY_RETRY_S))  # a standby takes over within seconds
+                stop.wait(min(interval, settings.standby_retry_s))  # a standby takes over within seconds
                 continue
             log.info("scheduler: leading")
             metrics.leader.set(1)
