@@ -1,4 +1,4 @@
-"""seed the four QoS classes (seed 004's figures; a deployment edits them through the API)
+"""seed the four QoS classes (the figures kiln first shipped with; a deployment edits them through the API)
 
 Revision ID: 0002
 Revises: 0001

@@ -40,3 +40,27 @@ def test_sqlite_upgrade_runs(tmp_path: pytest.TempPathFactory) -> None:
     with engine.connect() as conn:
         assert "jobs" in inspect(conn).get_table_names()
     engine.dispose()
+
+
+def test_no_qos_description_cites_the_seed_after_upgrade(tmp_path: pytest.TempPathFactory) -> None:
+    """0003 rewrote the seeded descriptions only where the GPU caps were untouched; 0005_surface catches the rest
+    and leaves a description an admin wrote as it is."""
+    url = f"sqlite:///{tmp_path}/kiln.db"
+    upgrade(url, "0002")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:  # an admin changed gold's cap, so 0003 passed it over
+            conn.execute(text("UPDATE qos_classes SET gpu_memory_cap_bytes = 1 WHERE name = 'gold'"))
+        upgrade(url, "0005_mps")
+        with engine.begin() as conn:  # and wrote silver's text
+            conn.execute(text("UPDATE qos_classes SET description = 'Ours: ask #gpu-ops' WHERE name = 'silver'"))
+            before = dict(conn.execute(text("SELECT name, description FROM qos_classes")).tuples().all())
+        assert "seed 004" in before["gold"]
+        upgrade(url)
+        with engine.connect() as conn:
+            after = dict(conn.execute(text("SELECT name, description FROM qos_classes")).tuples().all())
+        assert after["gold"] == "Never preempted by a lower class; the shortest queue-wait objective"
+        assert after["silver"] == "Ours: ask #gpu-ops"
+        assert not [d for d in after.values() if "seed" in d.lower()], after
+    finally:
+        engine.dispose()
