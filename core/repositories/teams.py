@@ -22,6 +22,10 @@ def id_by_name(db: Session, name: str) -> int | None:
     return db.scalar(select(Team.id).where(Team.name == name))
 
 
+def all_ids(db: Session) -> list[int]:
+    return list(db.scalars(select(Team.id)))
+
+
 def submission_context(
     db: Session, *, team: str, qos: str | None, default_qos: str, terms: Sequence[str], gpu_type: str | None
 ) -> Any:

@@ -7,6 +7,8 @@ bodies included, read with ``ast``):
   to the loop as a callable;
 - the control plane (``api``, ``core``, ``scheduler``, ``cli``) never imports ``trainer`` or torch;
 - the pure policy (``scheduler.policy``) reads no database: it imports neither SQLAlchemy nor ``scheduler.live``;
+- the API's routers build no queries: they parse input, call a service and shape output, so no module under
+  ``api.routers`` imports SQLAlchemy's ``select`` (nor SQLAlchemy whole) or calls a ``select(...)``;
 - no import cycle inside a package.
 """
 
@@ -22,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("api", "core", "scheduler", "workers", "cli", "trainer")
 CONTROL_PLANE = ("api", "core", "scheduler", "cli")
 COMPOSITION_ROOTS = {("scheduler.__main__", "workers.dispatch")}
+QUERY_BUILDERS = ("sqlalchemy", "sqlalchemy.select", "sqlalchemy.sql.select", "sqlalchemy.future.select")
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,21 @@ def violations(root: Path) -> list[str]:
             target == "sqlalchemy" or _within(imp.target, "scheduler.live") or _within(imp.target, "core.models")
         ):
             found.append(f"the pure policy must not read the database: {where}")
+        if _within(imp.module, "api.routers") and imp.target in QUERY_BUILDERS:
+            found.append(f"a router must leave queries to core's repositories: {where}")
+    return found + queries_in_routers(root)
+
+
+def queries_in_routers(root: Path) -> list[str]:
+    """Calls of a ``select(...)`` (a bare name or an attribute) in a module under ``api/routers``."""
+    found: list[str] = []
+    for path in sorted((root / "api" / "routers").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Call):
+                name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None)
+                if name == "select":
+                    where = f"{_module_name(path, root)}:{node.lineno} calls select()"
+                    found.append(f"a router must leave queries to core's repositories: {where}")
     return found
 
 
@@ -163,6 +181,9 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
         ({"api/x.py": "import torch\n"}, "the control plane must not import torch"),
         ({"cli/x.py": "from trainer.recipes import gpt\n"}, "the control plane must not import trainer"),
         ({"scheduler/policy/p.py": "from sqlalchemy import select\n"}, "the pure policy must not read the database"),
+        ({"api/routers/q.py": "from sqlalchemy import func, select\n"}, "a router must leave queries to core's"),
+        ({"api/routers/d/q.py": "import sqlalchemy as sa\n"}, "a router must leave queries to core's"),
+        ({"api/routers/q.py": "def f(m):\n    return m.select(1)\n"}, "a router must leave queries to core's"),
     ],
 )
 def test_a_wrong_arrow_is_found(tmp_path: Path, files: dict[str, str], expected: str) -> None:

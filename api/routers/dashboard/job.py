@@ -10,30 +10,17 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from api import sse
 from api.deps import CurrentPrincipal, SessionDep, SessionFactoryDep, StreamPrincipal
 from api.routers.common import JobIdPath, LastEventIdQuery, StreamTicketQuery
-from api.routers.dashboard.common import (
-    FINISHED_STATES,
-    effective_max_wait,
-    get_visible_job,
-    iso,
-)
+from api.routers.dashboard.common import iso
 from api.schemas.common import INT64
 from core.db import utcnow
-from core.models import (
-    Attempt,
-    Checkpoint,
-    Event,
-    Job,
-    JobMetric,
-    QosClass,
-    SlaContract,
-    Team,
-)
+from core.models import Attempt, Job
+from core.services import dashboard
+from core.services.dashboard import FINISHED_STATES, get_visible_job
 
 router = APIRouter(tags=["dashboard"])
 
@@ -89,13 +76,8 @@ def _code(job: Job, team: str) -> dict[str, Any] | None:
 
 
 def overview_of(session: Session, job: Job) -> dict[str, Any]:
-    team = session.get(Team, job.team_id)
-    qos_rows = {q.id: q for q in session.scalars(select(QosClass))}
-    qos = qos_rows.get(job.qos_class_id)
-    contract = session.scalar(select(SlaContract).where(SlaContract.job_id == job.id))
-    attempts = list(session.scalars(select(Attempt).where(Attempt.job_id == job.id).order_by(Attempt.number)))
-    checkpoints = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step))
-    events = list(session.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id)))
+    view = dashboard.job_overview(session, job)
+    team, qos, contract, attempts, events = view.team, view.qos, view.contract, view.attempts, view.events
     now = utcnow()
     end = job.admitted_at or job.finished_at or now
     return {
@@ -120,7 +102,7 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
             "started_at": iso(job.started_at),
             "finished_at": iso(job.finished_at),
             "wait_s": max(0.0, (end - job.submitted_at).total_seconds()),
-            "max_wait_s": effective_max_wait(session, [job], qos_rows).get(job.id),
+            "max_wait_s": view.max_wait_s,
             "evaluation": job.eval_metrics,
             "spec": job.spec,
         },
@@ -149,8 +131,8 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
                 "sha256": c.sha256,
                 "verified": c.verified,
                 "created_at": iso(c.created_at),
-            }  # fmt: skip
-            for c in checkpoints
+            }
+            for c in view.checkpoints
         ],
         "events": [
             {"id": e.id, "type": e.type, "message": e.message, "data": e.data, "created_at": iso(e.created_at)}
@@ -183,14 +165,7 @@ def job_metrics(
 
 
 def metrics_after(session: Session, job_id: int, after_id: int, limit: int = 2000) -> dict[str, Any]:
-    rows = list(
-        session.scalars(
-            select(JobMetric)
-            .where(JobMetric.job_id == job_id, JobMetric.id > after_id)
-            .order_by(JobMetric.id)
-            .limit(limit)
-        )
-    )
+    rows = dashboard.metrics_after(session, job_id, after_id, limit)
     return {
         "items": [
             {
@@ -204,7 +179,7 @@ def metrics_after(session: Session, job_id: int, after_id: int, limit: int = 200
                 "mfu": m.mfu,
                 "mem_peak_bytes": m.mem_peak_bytes,
                 "extra": m.extra,
-            }  # fmt: skip
+            }
             for m in rows
         ],
         "last_id": rows[-1].id if rows else after_id,
@@ -243,7 +218,7 @@ async def job_stream(
         if not guard.allowed_now():
             return [sse.UNAUTHORIZED], last_metric, (), True
         with request.app.state.sessionmaker() as s:
-            job = s.get(Job, job_id)
+            job = dashboard.job_or_none(s, job_id)  # the guard above rechecked the caller
             if job is None:
                 return [sse.event("end", {"reason": "gone"})], last_metric, (), True
             out = []
@@ -251,13 +226,7 @@ async def job_stream(
             if metrics["items"]:
                 last_metric = metrics["last_id"]
                 out.append(sse.event("metrics", metrics, str(last_metric)))
-            fp = (
-                job.state,
-                job.updated_at,
-                job.last_step,
-                s.scalar(select(func.max(Event.id)).where(Event.job_id == job_id)),
-                s.scalar(select(func.count(Checkpoint.id)).where(Checkpoint.job_id == job_id)),
-            )
+            fp = dashboard.job_fingerprint(s, job)
             if fp != fingerprint:
                 out.append(sse.event("overview", overview_of(s, job)))
             done = job.state in FINISHED_STATES and len(metrics["items"]) < METRICS_PER_TICK

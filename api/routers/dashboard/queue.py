@@ -7,27 +7,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse
 from pydantic import BaseModel
-from sqlalchemy import ColumnElement, func, select
 
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.routers.common import QosQuery, TeamQuery, decode_cursor, encode_cursor
-from api.routers.dashboard.common import (
-    ACTIVE_STATES,
-    FINISHED_STATES,
-    FRONTEND_DIR,
-    MAX_PAGE,
-    effective_max_wait,
-    iso,
-    team_filter,
-    visible_team_ids,
-)
+from api.routers.dashboard.common import FRONTEND_DIR, MAX_PAGE, iso
 from core.db import utcnow
-from core.models import (
-    Job,
-    QosClass,
-    Team,
-)
-from core.services.errors import NotFound
+from core.services import dashboard
+from core.services.dashboard import FINISHED_STATES
 from core.states import JobState
 
 router = APIRouter(tags=["dashboard"])
@@ -46,11 +32,13 @@ def prices(who: CurrentPrincipal, settings: SettingsDep) -> dict[str, Any]:
 @router.get("/v1/dashboard/context", summary="Who is signed in, their teams and the QoS classes")
 def context(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
     roles = who.roles
-    teams = session.scalars(select(Team).where(Team.id.in_(visible_team_ids(session, who))).order_by(Team.name))
+    teams = dashboard.visible_teams(session, who)
     return {
         "user": {"name": who.name, "is_admin": who.is_admin},
-        "teams": [{"name": t.name, "role": roles.get(t.id, "admin"), "qos_classes": [q.name for q in t.qos_classes]}
-                  for t in teams],  # fmt: skip
+        "teams": [
+            {"name": t.name, "role": roles.get(t.id, "admin"), "qos_classes": [q.name for q in t.qos_classes]}
+            for t in teams
+        ],
         "qos_classes": [
             {
                 "name": q.name,
@@ -58,8 +46,8 @@ def context(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
                 "preemptible": q.preemptible,
                 "default_max_queue_wait_s": q.default_max_queue_wait_s,
                 "description": q.description,
-            }  # fmt: skip
-            for q in session.scalars(select(QosClass).order_by(QosClass.priority.desc()))
+            }
+            for q in dashboard.qos_classes(session)
         ],
     }
 
@@ -105,65 +93,18 @@ def queue(
     """``waiting``: QUEUED jobs in the scheduler's base order (QoS priority, job priority, submission), with the
     position in the whole queue; ``active``: admitted/running/preempting/paused; ``finished``: newest first.
     Keyset pagination: ``next_cursor`` holds the last row's sort key."""
-    teams = team_filter(session, who, team)
-    qos_rows = {q.id: q for q in session.scalars(select(QosClass))}
-    qos_id = None
-    if qos is not None:
-        qos_id = next((q.id for q in qos_rows.values() if q.name == qos), None)
-        if qos_id is None:
-            raise NotFound(f"QoS class {qos!r} not found")
-    team_names = dict(session.execute(select(Team.id, Team.name).where(Team.id.in_(teams))).tuples().all())
-
-    conds: list[ColumnElement[bool]] = [Job.team_id.in_(teams)]
-    if qos_id is not None:
-        conds.append(Job.qos_class_id == qos_id)
     after = decode_cursor(cursor, "pos" if view == "waiting" else "id") if cursor else None
-    rows: list[tuple[Job, int | None]]
-
-    if view == "waiting":
-        # Position is over the whole queue (every team): "you are 57th", not "57th among what you can see".
-        ranked = (
-            select(
-                Job.id.label("id"),
-                QosClass.priority.label("qp"),
-                Job.priority.label("jp"),
-                func.row_number()
-                .over(order_by=(QosClass.priority.desc(), Job.priority.desc(), Job.id.asc()))
-                .label("pos"),
-            )
-            .join(QosClass, QosClass.id == Job.qos_class_id)
-            .where(Job.state == JobState.QUEUED)
-            .subquery()
-        )
-        stmt = select(Job, ranked.c.pos).join(ranked, ranked.c.id == Job.id).where(*conds)
-        total = session.scalar(select(func.count()).select_from(ranked).join(Job, Job.id == ranked.c.id).where(*conds))
-        if after:
-            stmt = stmt.where(ranked.c.pos > after)
-        stmt = stmt.order_by(ranked.c.pos.asc()).limit(limit + 1)
-        rows = [(j, int(p)) for j, p in session.execute(stmt).tuples()]
-    else:
-        states = (*ACTIVE_STATES, JobState.LOST.value) if view == "active" else FINISHED_STATES
-        conds.append(Job.state.in_(states))
-        total = session.scalar(select(func.count(Job.id)).where(*conds))
-        stmt = select(Job).where(*conds)
-        if after:
-            stmt = stmt.where(Job.id < after)
-        stmt = stmt.order_by(Job.id.desc()).limit(limit + 1)
-        rows = [(j, None) for j in session.scalars(stmt)]
-
-    more = len(rows) > limit
-    rows = rows[:limit]
-    max_waits = effective_max_wait(session, [j for j, _ in rows], qos_rows)
+    page = dashboard.queue_page(session, who, view=view, team=team, qos=qos, after=after, limit=limit)
     now = utcnow()
     items = []
-    for j, pos in rows:
+    for j, pos in page.rows:
         end = j.admitted_at or (j.finished_at if j.state in FINISHED_STATES else None) or now
-        qos_row = qos_rows.get(j.qos_class_id)
+        qos_row = page.qos_by_id.get(j.qos_class_id)
         items.append(
             QueueRow(
                 id=j.id,
                 name=j.name,
-                team=team_names.get(j.team_id, str(j.team_id)),
+                team=page.team_names.get(j.team_id, str(j.team_id)),
                 qos=qos_row.name if qos_row else "?",
                 state=j.state,
                 position=pos,
@@ -175,7 +116,7 @@ def queue(
                 started_at=iso(j.started_at),
                 finished_at=iso(j.finished_at),
                 wait_s=max(0.0, (end - j.submitted_at).total_seconds()),
-                max_wait_s=max_waits.get(j.id),
+                max_wait_s=page.max_waits.get(j.id),
                 last_step=j.last_step,
                 steps=(j.spec or {}).get("steps"),
                 last_loss=j.last_loss,
@@ -183,26 +124,19 @@ def queue(
             )
         )
     next_cursor = None
-    if more and rows:
-        last_job, last_pos = rows[-1]
+    if page.more and page.rows:
+        last_job, last_pos = page.rows[-1]
         key, value = ("pos", last_pos) if view == "waiting" and last_pos else ("id", last_job.id)
         next_cursor = encode_cursor(key, value)
-    return QueuePage(items=items, next_cursor=next_cursor, total=int(total or 0))
+    return QueuePage(items=items, next_cursor=next_cursor, total=page.total)
 
 
 @router.get("/v1/dashboard/queue/summary", summary="Jobs waiting and running, by team and QoS class")
 def queue_summary(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
-    teams = visible_team_ids(session, who)
-    stmt = (
-        select(Team.name, QosClass.name, Job.state, func.count(Job.id), func.sum(Job.gpus), func.min(Job.submitted_at))
-        .join(Team, Team.id == Job.team_id)
-        .join(QosClass, QosClass.id == Job.qos_class_id)
-        .where(Job.team_id.in_(teams), Job.state.in_((JobState.QUEUED.value, *ACTIVE_STATES)))
-        .group_by(Team.name, QosClass.name, Job.state)
-    )
+    rows, reasons = dashboard.queue_groups(session, who)
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     now = utcnow()
-    for team, qos, state, count, gpus, oldest in session.execute(stmt).tuples():
+    for team, qos, state, count, gpus, oldest in rows:
         g = groups.setdefault((team, qos), {"team": team, "qos": qos, "waiting": 0, "active": 0,
                                             "gpus_waiting": 0, "gpus_active": 0, "oldest_wait_s": None})  # fmt: skip
         if state == JobState.QUEUED:
@@ -213,11 +147,6 @@ def queue_summary(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
         else:
             g["active"] += count
             g["gpus_active"] += int(gpus or 0)
-    reasons = session.execute(
-        select(Job.pending_reason, func.count(Job.id))
-        .where(Job.team_id.in_(teams), Job.state == JobState.QUEUED)
-        .group_by(Job.pending_reason)
-    ).tuples()
     return {
         "groups": sorted(groups.values(), key=lambda g: (g["team"], g["qos"])),
         "pending_reasons": {(r or "NONE"): c for r, c in reasons},

@@ -1,0 +1,179 @@
+"""The dashboard's read-only queries: queue order and position, job overview, usage windows, cluster occupancy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, func, or_, select
+from sqlalchemy.orm import Session
+
+from core.models import (
+    Attempt,
+    Checkpoint,
+    Event,
+    Host,
+    Job,
+    JobMetric,
+    QosClass,
+    SlaContract,
+    Team,
+    Usage,
+)
+from core.states import JobState
+
+# ---------------------------------------------------------------------------------------------------------------
+# The queue
+
+
+def _job_conditions(team_ids: Sequence[int], qos_class_id: int | None) -> list[ColumnElement[bool]]:
+    conds: list[ColumnElement[bool]] = [Job.team_id.in_(team_ids)]
+    if qos_class_id is not None:
+        conds.append(Job.qos_class_id == qos_class_id)
+    return conds
+
+
+def waiting_page(
+    db: Session, *, team_ids: Sequence[int], qos_class_id: int | None, after_pos: int | None, limit: int
+) -> tuple[list[tuple[Job, int]], int]:
+    """QUEUED jobs in the scheduler's base order (QoS priority, job priority, submission) with their position in
+    the whole queue, after ``after_pos``: up to ``limit`` rows, and how many match in all."""
+    # Position is over the whole queue (every team): "you are 57th", not "57th among what you can see".
+    ranked = (
+        select(
+            Job.id.label("id"),
+            func.row_number().over(order_by=(QosClass.priority.desc(), Job.priority.desc(), Job.id.asc())).label("pos"),
+        )
+        .join(QosClass, QosClass.id == Job.qos_class_id)
+        .where(Job.state == JobState.QUEUED)
+        .subquery()
+    )
+    conds = _job_conditions(team_ids, qos_class_id)
+    total = db.scalar(select(func.count()).select_from(ranked).join(Job, Job.id == ranked.c.id).where(*conds))
+    stmt = select(Job, ranked.c.pos).join(ranked, ranked.c.id == Job.id).where(*conds)
+    if after_pos:
+        stmt = stmt.where(ranked.c.pos > after_pos)
+    stmt = stmt.order_by(ranked.c.pos.asc()).limit(limit)
+    return [(j, int(p)) for j, p in db.execute(stmt).tuples()], int(total or 0)
+
+
+def jobs_page_newest_first(
+    db: Session,
+    *,
+    team_ids: Sequence[int],
+    qos_class_id: int | None,
+    states: Sequence[str],
+    before_id: int | None,
+    limit: int,
+) -> tuple[list[Job], int]:
+    """Jobs in ``states``, newest first, below ``before_id``: up to ``limit`` rows, and how many match in all."""
+    conds = [*_job_conditions(team_ids, qos_class_id), Job.state.in_(states)]
+    total = db.scalar(select(func.count(Job.id)).where(*conds))
+    stmt = select(Job).where(*conds)
+    if before_id:
+        stmt = stmt.where(Job.id < before_id)
+    return list(db.scalars(stmt.order_by(Job.id.desc()).limit(limit))), int(total or 0)
+
+
+def queue_groups(db: Session, *, team_ids: Sequence[int], states: Sequence[str]) -> Sequence[tuple[Any, ...]]:
+    """(team name, QoS name, state, jobs, GPUs, oldest submission) of the jobs in ``states``."""
+    stmt = (
+        select(Team.name, QosClass.name, Job.state, func.count(Job.id), func.sum(Job.gpus), func.min(Job.submitted_at))
+        .join(Team, Team.id == Job.team_id)
+        .join(QosClass, QosClass.id == Job.qos_class_id)
+        .where(Job.team_id.in_(team_ids), Job.state.in_(states))
+        .group_by(Team.name, QosClass.name, Job.state)
+    )
+    return db.execute(stmt).tuples().all()
+
+
+def pending_reason_counts(db: Session, *, team_ids: Sequence[int]) -> list[tuple[str | None, int]]:
+    stmt = (
+        select(Job.pending_reason, func.count(Job.id))
+        .where(Job.team_id.in_(team_ids), Job.state == JobState.QUEUED)
+        .group_by(Job.pending_reason)
+    )
+    return [(r, int(c)) for r, c in db.execute(stmt).tuples()]
+
+
+def count_jobs(db: Session, *, team_id: int, states: Sequence[str]) -> int:
+    return int(db.scalar(select(func.count(Job.id)).where(Job.team_id == team_id, Job.state.in_(states))) or 0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Contracts, jobs and events
+
+
+def job_contracts(db: Session, job_ids: Sequence[int]) -> Sequence[SlaContract]:
+    return db.scalars(select(SlaContract).where(SlaContract.job_id.in_(job_ids))).all()
+
+
+def team_default_contracts(db: Session, team_ids: Sequence[int]) -> Sequence[SlaContract]:
+    return db.scalars(select(SlaContract).where(SlaContract.team_id.in_(team_ids), SlaContract.job_id.is_(None))).all()
+
+
+def job_contract(db: Session, job_id: int) -> SlaContract | None:
+    return db.scalar(select(SlaContract).where(SlaContract.job_id == job_id))
+
+
+def jobs_submitted_since(db: Session, *, team_ids: Sequence[int], since: datetime) -> list[Job]:
+    return list(db.scalars(select(Job).where(Job.team_id.in_(team_ids), Job.submitted_at >= since)))
+
+
+def sla_events_since(db: Session, *, team_ids: Sequence[int], since: datetime) -> Sequence[Event]:
+    return db.scalars(
+        select(Event).where(Event.team_id.in_(team_ids), Event.created_at >= since, Event.type.like("SLA%"))
+    ).all()
+
+
+def job_events(db: Session, job_id: int) -> list[Event]:
+    return list(db.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id)))
+
+
+def metrics_after(db: Session, *, job_id: int, after_id: int, limit: int) -> list[JobMetric]:
+    """Telemetry rows in insertion order after ``after_id`` (a restart may repeat steps: ids never repeat)."""
+    stmt = select(JobMetric).where(JobMetric.job_id == job_id, JobMetric.id > after_id).order_by(JobMetric.id)
+    return list(db.scalars(stmt.limit(limit)))
+
+
+def job_change_marks(db: Session, job_id: int) -> tuple[int | None, int]:
+    """The job's newest event id and its checkpoint count: what moves when the job's page must be redrawn."""
+    last_event = db.scalar(select(func.max(Event.id)).where(Event.job_id == job_id))
+    checkpoints = db.scalar(select(func.count(Checkpoint.id)).where(Checkpoint.job_id == job_id))
+    return last_event, int(checkpoints or 0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cluster and usage
+
+
+def current_attempts_of_jobs(db: Session, states: Sequence[str]) -> Sequence[tuple[Attempt, Job]]:
+    """Each job in ``states`` with its current attempt (the one holding the job's fencing token)."""
+    stmt = (
+        select(Attempt, Job)
+        .join(Job, Job.id == Attempt.job_id)
+        .where(Job.state.in_(states), Attempt.fencing_token == Job.fencing_token)
+    )
+    return db.execute(stmt).tuples().all()
+
+
+def hosts(db: Session) -> Sequence[Host]:
+    return db.scalars(select(Host).order_by(Host.name)).all()
+
+
+def job_resources(db: Session, states: Sequence[str]) -> Sequence[tuple[int, int, str | None, dict[str, Any] | None]]:
+    """(team id, GPUs, GPU type, spec) of every job in ``states``."""
+    return db.execute(select(Job.team_id, Job.gpus, Job.gpu_type, Job.spec).where(Job.state.in_(states))).tuples().all()
+
+
+def usage_overlapping(
+    db: Session, *, since: datetime, team_ids: Sequence[int] | None = None
+) -> Sequence[tuple[int, str, float, datetime, datetime | None]]:
+    """(team id, GPU type, GPU-seconds, start, end) of usage rows still open or ended at or after ``since``."""
+    stmt = select(Usage.team_id, Usage.gpu_type, Usage.gpu_seconds, Usage.started_at, Usage.ended_at).where(
+        or_(Usage.ended_at.is_(None), Usage.ended_at >= since)
+    )
+    if team_ids is not None:
+        stmt = stmt.where(Usage.team_id.in_(team_ids))
+    return db.execute(stmt).tuples().all()

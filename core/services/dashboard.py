@@ -1,0 +1,226 @@
+"""The dashboard's read-only views: tenancy (who sees which teams and jobs), the queue in scheduling order, one
+job's overview, and the SLA each job is held to. Queries live in ``core.repositories.dashboard``."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from core.models import Attempt, Checkpoint, Event, Job, JobMetric, QosClass, SlaContract, Team
+from core.repositories import dashboard as repo
+from core.repositories import jobs as jobs_repo
+from core.repositories import qos as qos_repo
+from core.repositories import teams as teams_repo
+from core.services.errors import NotFound
+from core.services.ops_metrics import is_violation_event
+from core.services.principal import Principal
+from core.states import ACTIVE, TERMINAL, JobState
+
+ACTIVE_STATES = tuple(s.value for s in JobState if s in ACTIVE)
+FINISHED_STATES = tuple(s.value for s in JobState if s in TERMINAL)  # LOST is not: the reconciler requeues it
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tenancy: a member sees only their teams, an admin all; an invisible team or job is as absent as a missing one
+
+
+def visible_team_ids(db: Session, who: Principal) -> list[int]:
+    ids = who.visible_team_ids()
+    return teams_repo.all_ids(db) if ids is None else ids
+
+
+def team_filter(db: Session, who: Principal, team: str | None) -> list[int]:
+    """Teams in view, narrowed to ``team`` when given."""
+    ids = visible_team_ids(db, who)
+    if team is None:
+        return ids
+    tid = teams_repo.id_by_name(db, team)
+    if tid is None or tid not in ids:
+        raise NotFound(f"team {team!r} not found")
+    return [tid]
+
+
+def get_visible_job(db: Session, who: Principal, job_id: int) -> Job:
+    job = jobs_repo.get(db, job_id)
+    if job is None or not who.can_see(job.team_id):
+        raise NotFound(f"job {job_id} not found")
+    return job
+
+
+def job_or_none(db: Session, job_id: int) -> Job | None:
+    """The job, with no tenancy check: for a caller that checked it already (a stream's guard)."""
+    return jobs_repo.get(db, job_id)
+
+
+def visible_teams(db: Session, who: Principal) -> Sequence[Team]:
+    return teams_repo.list_teams(db, visible_team_ids(db, who))
+
+
+def qos_classes(db: Session) -> Sequence[QosClass]:
+    return qos_repo.list_all(db)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The SLA each job is held to
+
+
+def effective_max_wait(db: Session, jobs: Sequence[Job], qos_by_id: Mapping[int, QosClass]) -> dict[int, float | None]:
+    """The contract's maximum queue wait of each job: its own contract, its spec, the team's, the QoS default."""
+    if not jobs:
+        return {}
+    own = {c.job_id: c.max_queue_wait_s for c in repo.job_contracts(db, [j.id for j in jobs])}
+    team_default = {
+        c.team_id: c.max_queue_wait_s for c in repo.team_default_contracts(db, sorted({j.team_id for j in jobs}))
+    }
+    out: dict[int, float | None] = {}
+    for j in jobs:
+        spec_wait = ((j.spec or {}).get("sla") or {}).get("max_queue_wait_s")
+        qos = qos_by_id.get(j.qos_class_id)
+        for candidate in (own.get(j.id), spec_wait, team_default.get(j.team_id),
+                          qos.default_max_queue_wait_s if qos else None):  # fmt: skip
+            if candidate is not None:
+                out[j.id] = float(candidate)
+                break
+        else:
+            out[j.id] = None
+    return out
+
+
+@dataclass(frozen=True)
+class JobSla:
+    """A job, and why it missed its SLA (no reasons: it met it)."""
+
+    job: Job
+    team: str
+    qos: str
+    reasons: list[dict[str, str | None]]
+
+
+def sla_of_jobs_since(db: Session, who: Principal, *, team: str | None, since: datetime, now: datetime) -> list[JobSla]:
+    """The jobs of the teams in view submitted since ``since``. A job attains its SLA unless it waited longer than
+    its contract's maximum queue wait or the SLA evaluator recorded a violation event (``SLA_*VIOLATION*``) on it."""
+    teams = team_filter(db, who, team)
+    qos_by_id = {q.id: q for q in qos_repo.list_all(db)}
+    team_names = teams_repo.names_by_id(db, teams)
+    jobs = repo.jobs_submitted_since(db, team_ids=teams, since=since)
+    max_waits = effective_max_wait(db, jobs, qos_by_id)
+    violation_events: dict[int, list[Event]] = defaultdict(list)
+    for e in repo.sla_events_since(db, team_ids=teams, since=since):
+        if e.job_id is not None and is_violation_event(e.type):
+            violation_events[e.job_id].append(e)
+    out = []
+    for j in jobs:
+        waited = ((j.admitted_at or now) - j.submitted_at).total_seconds()
+        limit = max_waits.get(j.id)
+        reasons: list[dict[str, str | None]] = []
+        if limit is not None and waited > limit and (j.admitted_at is not None or j.state == JobState.QUEUED):
+            reasons.append({"type": "QUEUE_WAIT", "message": f"waited {waited:.0f}s > {limit:.0f}s",
+                            "at": (j.submitted_at + timedelta(seconds=limit)).isoformat()})  # fmt: skip
+        for e in violation_events.get(j.id, []):
+            reasons.append({"type": e.type, "message": e.message, "at": e.created_at.isoformat()})
+        qos = qos_by_id.get(j.qos_class_id)
+        out.append(JobSla(j, team_names.get(j.team_id, "?"), qos.name if qos else "?", reasons))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The queue
+
+
+@dataclass(frozen=True)
+class QueueSlice:
+    """One page of the queue: each job with its position (waiting jobs only), and what its row shows."""
+
+    rows: list[tuple[Job, int | None]]
+    more: bool
+    total: int
+    team_names: dict[int, str]
+    qos_by_id: dict[int, QosClass]
+    max_waits: dict[int, float | None]
+
+
+def queue_page(
+    db: Session,
+    who: Principal,
+    *,
+    view: str,
+    team: str | None,
+    qos: str | None,
+    after: int | None,
+    limit: int,
+) -> QueueSlice:
+    """``waiting``: QUEUED jobs in the scheduler's base order, ``after`` a position; ``active``:
+    admitted/running/preempting/paused (and LOST, about to be requeued); ``finished``: newest first, ``after``
+    an id (keyset pagination)."""
+    teams = team_filter(db, who, team)
+    qos_by_id = {q.id: q for q in qos_repo.list_all(db)}
+    qos_id = None
+    if qos is not None:
+        qos_id = next((q.id for q in qos_by_id.values() if q.name == qos), None)
+        if qos_id is None:
+            raise NotFound(f"QoS class {qos!r} not found")
+    team_names = teams_repo.names_by_id(db, teams)
+    rows: list[tuple[Job, int | None]]
+    if view == "waiting":
+        ranked, total = repo.waiting_page(db, team_ids=teams, qos_class_id=qos_id, after_pos=after, limit=limit + 1)
+        rows = list(ranked)
+    else:
+        states = (*ACTIVE_STATES, JobState.LOST.value) if view == "active" else FINISHED_STATES
+        jobs, total = repo.jobs_page_newest_first(
+            db, team_ids=teams, qos_class_id=qos_id, states=states, before_id=after, limit=limit + 1
+        )
+        rows = [(j, None) for j in jobs]
+    more = len(rows) > limit
+    rows = rows[:limit]
+    max_waits = effective_max_wait(db, [j for j, _ in rows], qos_by_id)
+    return QueueSlice(rows, more, total, team_names, qos_by_id, max_waits)
+
+
+def queue_groups(db: Session, who: Principal) -> tuple[Sequence[tuple[Any, ...]], list[tuple[str | None, int]]]:
+    """Waiting and active jobs of the teams in view by (team, QoS, state), and the waiting ones by reason."""
+    teams = visible_team_ids(db, who)
+    groups = repo.queue_groups(db, team_ids=teams, states=(JobState.QUEUED.value, *ACTIVE_STATES))
+    return groups, repo.pending_reason_counts(db, team_ids=teams)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One job
+
+
+@dataclass(frozen=True)
+class JobOverview:
+    job: Job
+    team: Team | None
+    qos: QosClass | None
+    max_wait_s: float | None
+    contract: SlaContract | None
+    attempts: list[Attempt]
+    checkpoints: Sequence[Checkpoint]
+    events: list[Event]
+
+
+def job_overview(db: Session, job: Job) -> JobOverview:
+    qos_by_id = {q.id: q for q in qos_repo.list_all(db)}
+    return JobOverview(
+        job=job,
+        team=teams_repo.get_by_id(db, job.team_id),
+        qos=qos_by_id.get(job.qos_class_id),
+        max_wait_s=effective_max_wait(db, [job], qos_by_id).get(job.id),
+        contract=repo.job_contract(db, job.id),
+        attempts=list(jobs_repo.attempts(db, job.id)),
+        checkpoints=jobs_repo.checkpoints(db, job.id),
+        events=repo.job_events(db, job.id),
+    )
+
+
+def metrics_after(db: Session, job_id: int, after_id: int, limit: int) -> list[JobMetric]:
+    return repo.metrics_after(db, job_id=job_id, after_id=after_id, limit=limit)
+
+
+def job_fingerprint(db: Session, job: Job) -> tuple[Any, ...]:
+    """Changes whenever the job's overview would: its state, its row, its events, its checkpoints."""
+    return (job.state, job.updated_at, job.last_step, *repo.job_change_marks(db, job.id))
