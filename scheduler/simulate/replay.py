@@ -70,7 +70,6 @@ CLASSES = {"gold": (1000, False, 1800.0), "silver": (500, False, 7200.0), "bronz
            "best-effort": (0, True, None)}  # fmt: skip
 TEAMS = 6
 COHORT = "philly"
-HALF_LIFE_S = 7 * 86400.0
 CHECKPOINT_S = 1800.0  # the trainers' checkpoint interval
 STOP_S = 60.0  # SIGTERM -> checkpoint -> exit
 RESTORE_S = 120.0  # a restarted attempt loads its checkpoint
@@ -351,7 +350,7 @@ class Simulation:
         dt = now - self.usage_t
         if dt <= 0:
             return
-        f = 0.5 ** (dt / HALF_LIFE_S)
+        f = 0.5 ** (dt / self.config.fairshare_half_life_s)
         per_team = [0] * TEAMS
         for jid in self.running:
             per_team[self.jobs[jid].sub.team] += self.jobs[jid].sub.gpus
