@@ -80,7 +80,7 @@ def test_sign_in_validation_submit_and_queue(page: Any, kiln: Kiln) -> None:
     page.get_by_label("Name", exact=True).fill("Not A Valid Name!")
     page.get_by_label("Steps", exact=True).fill("0")
     page.get_by_role("button", name="Submit job").click()
-    expect(page.locator("#f-name-error")).to_contain_text("pattern")
+    expect(page.locator("#f-name-error")).to_contain_text("lowercase letters, digits")
     expect(page.locator("#f-steps-error")).to_contain_text("greater than or equal to 1")
     expect(page.get_by_label("Name", exact=True)).to_have_attribute("aria-invalid", "true")
     expect(page.locator("#f-time-limit-s-error")).to_be_empty()  # only the fields at fault

@@ -32,8 +32,8 @@ def test_a_spec_cannot_name_a_checkpoint_directory(client: TestClient, world: Wo
 
 
 def _claimed(job_id: int, checkpointing: dict[str, Any]) -> Claimed:
-    return Claimed(job_id=job_id, attempt_number=1, spec={"checkpointing": checkpointing}, placement=[{}], gpus=[],
-                   qos=None, host_links={}, rendezvous=None, time_left_s=None)  # fmt: skip
+    return Claimed(job_id=job_id, team_id=1, attempt_number=1, spec={"checkpointing": checkpointing}, placement=[{}],
+                   gpus=[], qos=None, host_links={}, rendezvous=None, time_left_s=None)  # fmt: skip
 
 
 def test_the_local_tier_is_a_directory_the_worker_names_per_job(tmp_path: Path) -> None:
