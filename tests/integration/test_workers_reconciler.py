@@ -241,7 +241,7 @@ def test_attempt_env_enforces_the_qos_caps_on_gpus(db: Session, monkeypatch: pyt
     silver.gpu_memory_cap_bytes, silver.sm_percent = 4 * 10**9, 60  # an admin's caps (the seeded silver has none)
     gpus = [GPU(uuid=f"GPU-{i}", index=i, model="H200", memory_bytes=140 * 10**9, host_id=0,
                 nvlink_peers=["x"]) for i in range(2)]  # fmt: skip
-    claimed = Claimed(job_id=5, attempt_number=2, spec={}, placement=[], gpus=gpus, qos=silver,
+    claimed = Claimed(job_id=5, team_id=1, attempt_number=2, spec={}, placement=[], gpus=gpus, qos=silver,
                       host_links={"pcie_bytes_per_s": 64 * 10**9}, rendezvous=None, time_left_s=None)  # fmt: skip
     env = attempt_env(claimed, attempt_id=9, token=4, checkpoint_dir=Path("/c"), compile_dir=Path("/k"),
                       lease_file=Path("/r/lease"))  # fmt: skip
