@@ -19,14 +19,15 @@ Pure Python, no database: the worker, the reconciler and the trainer all import 
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from core.private import read_regular, replace_file
 from core.trainer_protocol import FENCE_FILE
 
 REVOKED = "revoked:"  # the fence of a lost attempt: matches no token until the next attempt claims the job
+UNREADABLE = "unreadable"  # a fence that is not a regular file: matches no token
 
 
 def job_checkpoint_dir(storage_dir: Path, job_id: int) -> Path:
@@ -34,28 +35,15 @@ def job_checkpoint_dir(storage_dir: Path, job_id: int) -> Path:
     return storage_dir / "checkpoints" / str(job_id)
 
 
-def _replace_durably(path: Path, content: str) -> None:
-    """Write ``content`` to ``path`` atomically (temporary file, fsync, rename, fsync of the directory)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(content)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)  # a token, no secret: the attempt's own user reads it (workers/attempt_user.py)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def read_fence(checkpoint_dir: Path) -> str | None:
-    """The fence's content (a token in decimal, or ``revoked:<token>``); None when no control plane wrote one."""
+    """The fence's content (a token in decimal, or ``revoked:<token>``); None when no control plane wrote one.
+    Anything but a regular file there (a job's own doing: the directory is its user's) names no token."""
     try:
-        return (checkpoint_dir / FENCE_FILE).read_text().strip()
+        return read_regular(checkpoint_dir / FENCE_FILE).decode(errors="replace").strip()
     except FileNotFoundError:
         return None
+    except OSError:
+        return UNREADABLE
 
 
 def fence_names(checkpoint_dir: Path, token: int | None) -> bool:
@@ -69,7 +57,7 @@ def fence_names(checkpoint_dir: Path, token: int | None) -> bool:
 def write_fence(checkpoint_dir: Path, token: int) -> None:
     """Name ``token`` in the job's checkpoint directory before any rank of its attempt starts."""
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    _replace_durably(checkpoint_dir / FENCE_FILE, str(token))
+    replace_file(checkpoint_dir / FENCE_FILE, str(token), durable=True)
 
 
 def revoke_fence(checkpoint_dir: Path, token: int) -> bool:
@@ -81,7 +69,7 @@ def revoke_fence(checkpoint_dir: Path, token: int) -> bool:
     """
     if read_fence(checkpoint_dir) != str(token):
         return False
-    _replace_durably(checkpoint_dir / FENCE_FILE, f"{REVOKED}{token}")
+    replace_file(checkpoint_dir / FENCE_FILE, f"{REVOKED}{token}", durable=True)
     return True
 
 
@@ -118,10 +106,9 @@ class Lease:
 
 def write_lease(path: Path, lease: Lease) -> None:
     """Atomically replace the lease file (no fsync: it is renewed every heartbeat and read on this host only)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"token": lease.token, "expires": lease.expires, "lease_s": lease.lease_s}))
-    os.chmod(tmp, 0o644)  # read by the attempt's own user (workers/attempt_user.py), written only by the worker
-    os.replace(tmp, path)
+    # 0644, the worker's: the attempt's own user reads it (workers/attempt_user.py) in its 0700 run directory, where
+    # it could plant a link at a predictable temporary name; replace_file never writes through one.
+    replace_file(path, json.dumps({"token": lease.token, "expires": lease.expires, "lease_s": lease.lease_s}))
 
 
 def read_lease(path: Path) -> Lease | None:

@@ -71,15 +71,16 @@ def main(argv: list[str] | None = None) -> None:
     declare_host_queue(app, args.host)  # before the scheduler can see the host (and dispatch to its queue)
     with session_scope() as db:
         has_gpus = bool(agent.register(db).gpus)  # and ends the attempts a previous worker process left behind
-    daemon = None
-    if has_gpus:  # fractional jobs share GPUs through the host's MPS daemon (its state goes out with the heartbeat)
-        daemon = mps.configure(settings.mps, settings.mps_control, settings.resolved_storage_dir / "mps" / args.host)
-        log.info(
-            "MPS: " + (f"daemon {daemon.state} ({daemon.control})" if daemon else "off or not installed: no shares")
-        )
     tasks.CURRENT_HOST = args.host
     host_isolation = isolation.configure(host=args.host, settings=settings, host_slots=agent.slots or cpu_slots)
     log.info(host_isolation.describe())
+    daemon = None
+    if has_gpus:  # fractional jobs share GPUs through the host's MPS daemon (its state goes out with the heartbeat)
+        daemon = mps.configure(settings.mps, settings.mps_control, settings.resolved_storage_dir / "mps" / args.host,
+                               for_team_users=host_isolation.users.enabled)  # fmt: skip
+        log.info(
+            "MPS: " + (f"daemon {daemon.state} ({daemon.control})" if daemon else "off or not installed: no shares")
+        )
     os.environ["KILN_WORKER_HOST"] = args.host
     agent.start()
     probe.start()

@@ -41,9 +41,13 @@ class AttemptUser:
         """``directory`` becomes this user's (0700, as is every file already in it); its ancestors below ``stop``
         (a kiln directory) become traversable, not listable, by others."""
         directory.mkdir(parents=True, exist_ok=True)
-        for root, dirs, files in os.walk(directory):
-            for name in [*dirs, *files]:
-                os.lchown(os.path.join(root, name), self.uid, self.gid)
+        if os.lstat(directory).st_uid != self.uid:
+            # Walked only while the worker still owns it (nothing of the user's can be in it yet): in a directory
+            # the user owns, another of its processes could swap a subdirectory for a link mid-walk and have root
+            # hand it any file of the host.
+            for root, dirs, files in os.walk(directory):
+                for name in [*dirs, *files]:
+                    os.lchown(os.path.join(root, name), self.uid, self.gid)
         os.chown(directory, self.uid, self.gid)
         os.chmod(directory, 0o700)
         parent = directory.parent

@@ -31,6 +31,10 @@ HEALTH_TIMEOUT_S = 5.0
 class MpsDaemon:
     def __init__(self, control: str, root: Path) -> None:
         self.control = control
+        self.root = root
+        # Attempts run as their teams' users (workers/isolation.py): MPS starts a server as each client's user,
+        # so the pipe directory must be enterable and the daemon's pipes and logs open to them.
+        self.for_team_users = False
         self.pipe_dir = root / "pipe"
         self.log_dir = root / "log"
         self.generation = 0  # goes up on every (re)start; attempts remember the one they started under
@@ -52,9 +56,9 @@ class MpsDaemon:
 
     def _run(self, args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, **self.client_env()}
-        return subprocess.run(
-            [self.control, *args], input=stdin, env=env, capture_output=True, text=True, timeout=HEALTH_TIMEOUT_S
-        )
+        umask = 0o022 if self.for_team_users else -1  # -1: the worker's (077)
+        return subprocess.run([self.control, *args], input=stdin, env=env, capture_output=True, text=True,
+                              timeout=HEALTH_TIMEOUT_S, umask=umask)  # fmt: skip
 
     def healthy(self) -> bool:
         try:
@@ -67,6 +71,10 @@ class MpsDaemon:
         with self._lock:
             self.pipe_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if self.for_team_users:  # enterable, not listable, from the storage directory's mps/ down to the pipes
+                for d in (self.root.parent, self.root, self.pipe_dir):
+                    os.chmod(d, 0o711)
+                os.chmod(self.log_dir, 0o1733)  # servers of every team's user write their logs; none lists them
             try:
                 started = self._run(["-d"])
             except (OSError, subprocess.TimeoutExpired) as exc:
@@ -108,9 +116,10 @@ class MpsDaemon:
 DAEMON: MpsDaemon | None = None
 
 
-def configure(mode: str, control: str, root: Path) -> MpsDaemon | None:
+def configure(mode: str, control: str, root: Path, *, for_team_users: bool = False) -> MpsDaemon | None:
     global DAEMON
     DAEMON = MpsDaemon.find(mode, control, root)
     if DAEMON is not None:
+        DAEMON.for_team_users = for_team_users
         DAEMON.start()
     return DAEMON

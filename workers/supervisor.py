@@ -21,7 +21,7 @@ from typing import IO
 
 import psutil
 
-from core.private import open_private, private_dir
+from core.private import open_private, private_dir, read_regular
 from workers.isolation import Confinement, preexec
 from workers.rank_entry import EXIT_DIR, set_parent_death_signal
 
@@ -183,7 +183,7 @@ class TrainerProcess:
             if path.suffix == ".tmp":
                 continue
             with contextlib.suppress(ValueError, OSError):
-                codes[int(path.name.removeprefix("rank"))] = int(path.read_text().strip())
+                codes[int(path.name.removeprefix("rank"))] = int(read_regular(path).decode().strip())
         return codes
 
     def reap_leftovers(self) -> list[int]:

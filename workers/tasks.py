@@ -29,7 +29,7 @@ from core.db import session_scope, utcnow
 from core.fence import Lease, job_checkpoint_dir, lease_clock, write_fence, write_lease
 from core.lifecycle import ExitClass, end_attempt, end_attempt_as, renew_lease
 from core.models import GPU, Attempt, Host, Job, QosClass, Usage
-from core.private import private_dir
+from core.private import private_dir, replace_file
 from core.settings import Settings, get_settings
 from core.states import ACTIVE, ATTEMPT_LIVE, AttemptState, JobState, MpsState, move_attempt, record_event, transition
 from core.trainer_protocol import (
@@ -43,7 +43,6 @@ from core.trainer_protocol import (
     ENV_LOCAL_CHECKPOINT_DIR,
     ENV_MEMORY_FRACTION,
     ENV_TEST_HOOKS,
-    FENCE_FILE,
     LEASE_FILE,
     RecordKind,
 )
@@ -633,7 +632,7 @@ def _run_claimed(
             raise RuntimeError("this host's MPS daemon is not running: a GPU share cannot be enforced")
         write_fence(checkpoint_dir, fencing_token)
         runner.renew_lease(claimed_at)  # the lease the claim granted, before any rank starts
-        spec_path.write_text(json.dumps(claimed.spec, indent=2, sort_keys=True))
+        replace_file(spec_path, json.dumps(claimed.spec, indent=2, sort_keys=True))
         fetch_code(claimed, storage=storage, run_dir=run_dir, proc=proc, settings=settings)
         user = host_isolation.users.for_team(claimed.team_id)
         if user is not None:
@@ -692,8 +691,10 @@ def run_as(user: AttemptUser, proc: TrainerProcess, *, storage: Path, checkpoint
         user.take(directory, stop=storage)
     if local_dir is not None and settings.local_tier_dir is not None:
         user.take(local_dir, stop=settings.local_tier_dir.resolve())
-    for path in (run_dir / "spec.json", run_dir / "code", run_dir / LEASE_FILE, checkpoint_dir / FENCE_FILE):
-        user.readable(path)
+    # The spec, lease and fence are written 0644 through core.private.replace_file (readable by the user, who owns
+    # their directories and so could replace them whoever owns the files); changing their owner or mode here, in a
+    # directory the user may be writing to, would follow a link it planted.
+    user.readable(run_dir / "code")
     proc.argv = user.command(proc.argv)
     proc.env.update(user.env(run_dir))
     proc.log_line(f"running as uid {user.uid} gid {user.gid}: no capabilities, no_new_privs")

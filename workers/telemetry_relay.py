@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from core.lifecycle import stop_cause
 from core.models import Attempt, Checkpoint, Job, JobMetric
+from core.private import read_regular
 from core.states import record_event
 from core.trainer_protocol import TELEMETRY_DIR, RecordKind
 
@@ -49,9 +50,7 @@ class TelemetryTail:
         for path in sorted(self.dir.glob("rank*.jsonl")):
             offset = self._offsets.get(path, 0)
             try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    chunk = f.read()
+                chunk = read_regular(path, offset)  # the rank's user wrote the directory: no link, no FIFO
             except OSError:
                 continue
             end = chunk.rfind(b"\n")

@@ -78,3 +78,14 @@ def test_a_daemon_that_does_not_start_is_reported_failed(tmp_path: Path) -> None
     assert d is not None
     assert not d.start()
     assert d.state == "failed" and d.last_error is not None and "exit 1" in d.last_error
+
+
+def test_for_team_users_the_pipes_are_reachable_and_not_listable(daemon: MpsDaemon, tmp_path: Path) -> None:
+    """Attempts run as their teams' users (workers/attempt_user.py) and MPS starts a server as each client's user:
+    they must reach the pipes (0711 down to them, the daemon's files created under umask 022) and write the
+    server logs (1733), and list neither. Before, both were the worker's 0700: no team's client could connect."""
+    daemon.for_team_users = True
+    assert daemon.start() and daemon.healthy()
+    modes = {p: oct(p.stat().st_mode & 0o7777) for p in (tmp_path / "mps", daemon.pipe_dir, daemon.log_dir)}
+    assert modes == {tmp_path / "mps": "0o711", daemon.pipe_dir: "0o711", daemon.log_dir: "0o1733"}
+    assert oct((daemon.pipe_dir / "standin-daemon.pid").stat().st_mode & 0o777) == "0o644"  # umask 022
