@@ -8,4 +8,4 @@ up:
 	./kiln up
 
 lint:
-	scripts/bootstrap trainer,dev && .venv/bin/ruff check . && .venv/bin/mypy api core scheduler workers cli trainer
+	scripts/bootstrap trainer,dev && .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy api core scheduler workers cli trainer

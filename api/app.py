@@ -63,8 +63,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.settings = settings
     app.state.engine = engine
     app.state.sessionmaker = sessionmaker(bind=engine, expire_on_commit=False)
-    app.state.limiter = make_limiter(settings.resolved_broker_url, settings.rate_limit_per_minute,
-                                     settings.rate_limit_burst)
+    app.state.limiter = make_limiter(
+        settings.resolved_broker_url, settings.rate_limit_per_minute, settings.rate_limit_burst
+    )
     app.state.auth_failures = FailedAuthentications(make_limiter(
         settings.resolved_broker_url, settings.auth_failures_per_minute, settings.auth_failures_burst,
         prefix="kiln:authfail:"))  # fmt: skip
@@ -73,13 +74,28 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
 
     errors.install(app)
     # jobs first: the router tries routes in order, and its two hot paths are most of the traffic
-    for module in (jobs, health, users, tokens, streams, teams, artifacts, qos, sla, sweeps, cluster, usage, webhooks,
-                   exports):
+    for module in (
+        jobs,
+        health,
+        users,
+        tokens,
+        streams,
+        teams,
+        artifacts,
+        qos,
+        sla,
+        sweeps,
+        cluster,
+        usage,
+        webhooks,
+        exports,
+    ):
         app.include_router(module.router)
     _install_dashboard(app)
 
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes,
-                       streamed=re.compile(artifacts.UPLOAD_PATH))
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=settings.max_body_bytes, streamed=re.compile(artifacts.UPLOAD_PATH)
+    )
     app.add_middleware(MetricsMiddleware, registry=http_metrics_registry(app.state.registry))  # counts 413s too
     app.add_middleware(SecurityHeadersMiddleware)  # outermost: on every response
     app.openapi = lambda: openapi.document(app)  # type: ignore[method-assign]

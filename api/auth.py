@@ -35,9 +35,7 @@ def client_address(request: Request) -> str:
     return request.client.host if request.client is not None else "unknown"
 
 
-def principal_for(
-    request: Request, db: Session, *, stream: bool = False, scope: str | None = None
-) -> Principal:
+def principal_for(request: Request, db: Session, *, stream: bool = False, scope: str | None = None) -> Principal:
     """The caller, authenticated, with the scope the request needs: ``scope`` when given (an admin's token
     passes too), else ``read`` for reads and ``write`` for the rest; rate-limited per user. ``stream``: the
     route is a stream, which also takes a ticket (``?ticket=``) for its own path."""
@@ -45,8 +43,10 @@ def principal_for(
     ticket = request.query_params.get("ticket") if stream and secret is None else None
     if secret is None and not ticket:
         if request.query_params.get("access_token"):
-            raise Unauthenticated("a token is never accepted in a URL; send 'Authorization: Bearer <token>'"
-                                  + (" or a stream ticket (POST /v1/stream-tickets) as ?ticket=" if stream else ""))
+            raise Unauthenticated(
+                "a token is never accepted in a URL; send 'Authorization: Bearer <token>'"
+                + (" or a stream ticket (POST /v1/stream-tickets) as ?ticket=" if stream else "")
+            )
         raise Unauthenticated("missing 'Authorization: Bearer <token>' header")
     failures: FailedAuthentications = request.app.state.auth_failures
     address = client_address(request)

@@ -76,9 +76,7 @@ def document(app: FastAPI) -> dict[str, Any]:
     """The app's OpenAPI document (built once per app)."""
     if app.openapi_schema:
         return app.openapi_schema
-    doc = get_openapi(
-        title=app.title, version=app.version, description=app.description, routes=app.routes, tags=TAGS
-    )
+    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes, tags=TAGS)
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     _add_model(schemas, "JobSpec", JobSpec.model_json_schema(ref_template="#/components/schemas/{model}"))
     schemas["JobSpec"]["examples"] = [SPEC_EXAMPLE]

@@ -90,9 +90,20 @@ def child(args: argparse.Namespace) -> None:
             return recipe.loss(model, batch)
 
     tel = Telemetry(tempfile.mkdtemp(prefix="kiln-probe-tel-"), 0)
-    compiler = Compiler(mode=args.mode, timeout_s=900, max_rss_bytes=None, check_allclose=True, hooks=TestHooks(),
-                        telemetry=tel, device=device, model_name="gpt", cache_dir=cache, rank=0, world_size=1,
-                        group=None)
+    compiler = Compiler(
+        mode=args.mode,
+        timeout_s=900,
+        max_rss_bytes=None,
+        check_allclose=True,
+        hooks=TestHooks(),
+        telemetry=tel,
+        device=device,
+        model_name="gpt",
+        cache_dir=cache,
+        rank=0,
+        world_size=1,
+        group=None,
+    )
     rtol, atol = ALLCLOSE[prec.precision]
     prof = None
     if args.profile:
@@ -100,8 +111,15 @@ def child(args: argparse.Namespace) -> None:
 
         prof = cProfile.Profile()
         prof.enable()
-    report = compiler.compile(model, recipe.compile_regions(model), loss_fn=loss_fn, precision=prec.precision,
-                              model_config=recipe.config_dict(), rtol=rtol, atol=atol)
+    report = compiler.compile(
+        model,
+        recipe.compile_regions(model),
+        loss_fn=loss_fn,
+        precision=prec.precision,
+        model_config=recipe.config_dict(),
+        rtol=rtol,
+        atol=atol,
+    )
     if prof is not None:
         prof.disable()
     t2 = time.perf_counter()
@@ -113,16 +131,29 @@ def child(args: argparse.Namespace) -> None:
     from torch._dynamo.utils import counters
 
     out: dict[str, Any] = {
-        "mode": args.mode, "active": report.active, "reason": report.reason, "error": report.error,
-        "elapsed_s": report.elapsed_s, "cache_hit": report.cache_hit, "cache_source": report.cache_source,
-        "load_s": report.load_s, "phases": report.phases, "second_step_s": round(second, 3),
-        "recompiles": dict(counters["recompiles"]), "unique_graphs": counters["stats"].get("unique_graphs"),
-        "import_s": round(t_import - T_START, 3), "cuda_init_s": round(t_cuda - t0, 3),
-        "model_s": round(t_model - t_cuda, 3), "eager_loss": report.eager_loss,
-        "compiled_loss": report.compiled_loss, "torch": torch.__version__,
+        "mode": args.mode,
+        "active": report.active,
+        "reason": report.reason,
+        "error": report.error,
+        "elapsed_s": report.elapsed_s,
+        "cache_hit": report.cache_hit,
+        "cache_source": report.cache_source,
+        "load_s": report.load_s,
+        "phases": report.phases,
+        "second_step_s": round(second, 3),
+        "recompiles": dict(counters["recompiles"]),
+        "unique_graphs": counters["stats"].get("unique_graphs"),
+        "import_s": round(t_import - T_START, 3),
+        "cuda_init_s": round(t_cuda - t0, 3),
+        "model_s": round(t_model - t_cuda, 3),
+        "eager_loss": report.eager_loss,
+        "compiled_loss": report.compiled_loss,
+        "torch": torch.__version__,
         "caching_precompile": bool(getattr(torch._dynamo.config, "caching_precompile", False)),
         "compile_threads": torch._inductor.config.compile_threads,
-        "ready_s": round(ready_s, 3), "preload": not args.no_preload, "bytecode": _bytecode_state(torch),
+        "ready_s": round(ready_s, 3),
+        "preload": not args.no_preload,
+        "bytecode": _bytecode_state(torch),
     }
     if prof is not None:
         import pstats
@@ -130,10 +161,15 @@ def child(args: argparse.Namespace) -> None:
         rows: dict[str, list[Any]] = {}
         stats = pstats.Stats(prof)
         for key in ("cumulative", "tottime"):
-            entries = sorted(stats.stats.items(), key=lambda kv: kv[1][3] if key == "cumulative" else kv[1][2],  # type: ignore[attr-defined]
-                             reverse=True)[:40]
-            rows[key] = [[f"{pathlib.Path(f).name}:{line}:{fn}", round(tt, 3), round(ct, 3), nc]
-                         for (f, line, fn), (_cc, nc, tt, ct, _callers) in entries]
+            entries = sorted(
+                stats.stats.items(),
+                key=lambda kv: kv[1][3] if key == "cumulative" else kv[1][2],  # type: ignore[attr-defined]
+                reverse=True,
+            )[:40]
+            rows[key] = [
+                [f"{pathlib.Path(f).name}:{line}:{fn}", round(tt, 3), round(ct, 3), nc]
+                for (f, line, fn), (_cc, nc, tt, ct, _callers) in entries
+            ]
         out["profile"] = rows
     print(json.dumps(out, default=str))
 
@@ -142,19 +178,35 @@ def _bytecode_state(torch: Any) -> dict[str, Any]:
     """Whether this torch's modules load from cached bytecode: an install without .pyc files in a read-only
     directory recompiles every imported module's source in every process (start-up cost, cold and warm)."""
     pkg = pathlib.Path(torch.__file__).parent / "_dynamo"
-    return {"pycache": (pkg / "__pycache__").is_dir() and any((pkg / "__pycache__").iterdir()),
-            "writable": os.access(pkg, os.W_OK), "dont_write": sys.dont_write_bytecode,
-            "prefix": sys.pycache_prefix}
+    return {
+        "pycache": (pkg / "__pycache__").is_dir() and any((pkg / "__pycache__").iterdir()),
+        "writable": os.access(pkg, os.W_OK),
+        "dont_write": sys.dont_write_bytecode,
+        "prefix": sys.pycache_prefix,
+    }
 
 
-def run_child(mode: str, cache: pathlib.Path, *, smoke: bool, env_extra: dict[str, str] | None = None,
-              profile: bool = False, timeout: float = 900, preload: bool = True) -> dict[str, Any]:
+def run_child(
+    mode: str,
+    cache: pathlib.Path,
+    *,
+    smoke: bool,
+    env_extra: dict[str, str] | None = None,
+    profile: bool = False,
+    timeout: float = 900,
+    preload: bool = True,
+) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", "--mode", mode, "--cache", str(cache)]
     cmd += ["--smoke"] if smoke else []
     cmd += [] if preload else ["--no-preload"]
     cmd += ["--profile"] if profile else []
-    env = {**os.environ, "PYTHONPATH": PYPATH, "TORCHINDUCTOR_CACHE_DIR": "", "TRITON_CACHE_DIR": "",
-           **(env_extra or {})}
+    env = {
+        **os.environ,
+        "PYTHONPATH": PYPATH,
+        "TORCHINDUCTOR_CACHE_DIR": "",
+        "TRITON_CACHE_DIR": "",
+        **(env_extra or {}),
+    }
     for k in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):  # the trainer puts them inside the kiln dir
         if not env[k]:
             del env[k]
@@ -173,12 +225,14 @@ def summary_line(name: str, r: dict[str, Any]) -> str:
         return f"{name:28s} FAILED {r.get('error', '')[:300]}"
     ph = r.get("phases") or {}
     sec = ph.get("seconds") or {}
-    return (f"{name:28s} elapsed={r['elapsed_s']:7.2f}s fwd1={ph.get('first_forward_s')} "
-            f"bwd1={ph.get('first_backward_s')} dynamo={sec.get('_compile.compile_inner')} "
-            f"trace={sec.get('bytecode_tracing')} user_compiler={sec.get('OutputGraph.call_user_compiler')} "
-            f"bw_compile={sec.get('compile_fx.<locals>.bw_compiler')} step2={r.get('second_step_s')} "
-            f"hit={r.get('cache_hit')}/{r.get('cache_source')} rss_poll={ph.get('rss_poll_s')} "
-            f"counters={ph.get('counters')} recompiles={r.get('recompiles')} active={r.get('active')}")
+    return (
+        f"{name:28s} elapsed={r['elapsed_s']:7.2f}s fwd1={ph.get('first_forward_s')} "
+        f"bwd1={ph.get('first_backward_s')} dynamo={sec.get('_compile.compile_inner')} "
+        f"trace={sec.get('bytecode_tracing')} user_compiler={sec.get('OutputGraph.call_user_compiler')} "
+        f"bw_compile={sec.get('compile_fx.<locals>.bw_compiler')} step2={r.get('second_step_s')} "
+        f"hit={r.get('cache_hit')}/{r.get('cache_source')} rss_poll={ph.get('rss_poll_s')} "
+        f"counters={ph.get('counters')} recompiles={r.get('recompiles')} active={r.get('active')}"
+    )
 
 
 def main() -> None:
@@ -207,9 +261,12 @@ def main() -> None:
         out.write_text(json.dumps({"runs": results, "smoke": args.smoke}, indent=1, default=str))  # partial
 
     variants = args.variants.split(",")
-    runs = [("whole", "whole", {}, True), ("regional", "regional", {}, True),
-            ("whole_nopreload", "whole", {}, False),
-            ("whole_precompile", "whole", {"TORCH_CACHING_PRECOMPILE": "1"}, True)]
+    runs = [
+        ("whole", "whole", {}, True),
+        ("regional", "regional", {}, True),
+        ("whole_nopreload", "whole", {}, False),
+        ("whole_precompile", "whole", {"TORCH_CACHING_PRECOMPILE": "1"}, True),
+    ]
     for name, mode, env, preload in runs:
         if name not in variants:
             continue
@@ -226,14 +283,20 @@ def main() -> None:
             c, w = cold.get(key), warm.get(key)
             return round(w / c, 4) if c and w else None
 
-        return {"cold_s": cold.get("elapsed_s"), "warm_s": warm.get("elapsed_s"),
-                "warm_over_cold": ratio("elapsed_s"),
-                "preload_wait_s": [(r.get("phases") or {}).get("preload_wait_s") for r in (cold, warm)],
-                "ready_cold_s": cold.get("ready_s"), "ready_warm_s": warm.get("ready_s"),
-                "ready_warm_over_cold": ratio("ready_s")}
+        return {
+            "cold_s": cold.get("elapsed_s"),
+            "warm_s": warm.get("elapsed_s"),
+            "warm_over_cold": ratio("elapsed_s"),
+            "preload_wait_s": [(r.get("phases") or {}).get("preload_wait_s") for r in (cold, warm)],
+            "ready_cold_s": cold.get("ready_s"),
+            "ready_warm_s": warm.get("ready_s"),
+            "ready_warm_over_cold": ratio("ready_s"),
+        }
 
-    summary = {**{name: pair(name) for name, *_ in runs if name in variants},
-               "target": "warm <= 0.20 x cold (elapsed_s: cache lookup -> first compiled step done)"}
+    summary = {
+        **{name: pair(name) for name, *_ in runs if name in variants},
+        "target": "warm <= 0.20 x cold (elapsed_s: cache lookup -> first compiled step done)",
+    }
     print(json.dumps(summary, indent=1), flush=True)
     out.write_text(json.dumps({"summary": summary, "runs": results, "smoke": args.smoke}, indent=1, default=str))
     shutil.rmtree(work, ignore_errors=True)

@@ -113,6 +113,7 @@ def run(args: argparse.Namespace, scenario: str = "other_host") -> dict[str, Any
         storage = get_settings().resolved_storage_dir
         try:
             for i in range(args.kills):
+
                 def trained_enough() -> Attempt | None:
                     job, attempt = current_attempt(c, job_id)
                     if job.state != "RUNNING" or attempt is None or attempt.first_step_at is None:
@@ -148,8 +149,9 @@ def run(args: argparse.Namespace, scenario: str = "other_host") -> dict[str, Any
 
                 rec = wait_for(recovered, 120, f"recovery {i + 1}")
                 with maker() as db:
-                    nxt = db.scalars(select(Attempt).where(Attempt.job_id == job_id,
-                                                           Attempt.number == rec.data["attempt"])).one()
+                    nxt = db.scalars(
+                        select(Attempt).where(Attempt.job_id == job_id, Attempt.number == rec.data["attempt"])
+                    ).one()
                     compile_s = sum(
                         float((e.data or {}).get("elapsed_s") or 0.0)
                         for e in db.scalars(select(Event).where(Event.job_id == job_id, Event.type == "COMPILE_OK"))
@@ -236,16 +238,22 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> None:
     s = result["summary"]
     print(f"\nfailover bench, {result['scenario']} ({result['description']}): {s['kills']} kills")
     r = s["recovery_s"]
-    print(f"  recovery (LOST -> first step)  median {r['median']:.2f} s  p95 {r['p95']:.2f} s"
-          f"   target <= {s['target']['recovery_s']:.1f} s  p95/target {s['ratio']['recovery_p95_vs_target']:.2f}")
+    print(
+        f"  recovery (LOST -> first step)  median {r['median']:.2f} s  p95 {r['p95']:.2f} s"
+        f"   target <= {s['target']['recovery_s']:.1f} s  p95/target {s['ratio']['recovery_p95_vs_target']:.2f}"
+    )
     print(f"  detection (kill -> LOST)       median {s['detection_s']['median']:.2f} s  (lease {args.lease:.0f} s)")
     d = s["downtime_s"]
     print(f"  downtime (kill -> first step)  median {d['median']:.2f} s  p95 {d['p95']:.2f} s")
-    print(f"  startup incl. compile          median {s['startup_s']['median']:.2f} s; compile apart "
-          f"{s['compile_s']['median']:.2f} s ({args.compile})")
+    print(
+        f"  startup incl. compile          median {s['startup_s']['median']:.2f} s; compile apart "
+        f"{s['compile_s']['median']:.2f} s ({args.compile})"
+    )
     ls = s["lost_steps"]
-    print(f"  lost steps                     median {ls['median']:.1f}  max {ls['max']:.0f}"
-          f"   target <= {args.checkpoint_every} (max/target {s['ratio']['lost_steps_max_vs_interval']:.2f})")
+    print(
+        f"  lost steps                     median {ls['median']:.1f}  max {ls['max']:.0f}"
+        f"   target <= {args.checkpoint_every} (max/target {s['ratio']['lost_steps_max_vs_interval']:.2f})"
+    )
     print(f"  incidents not caused by a kill {s['incidents_not_caused_by_a_kill']}")  # fmt: skip
 
 
@@ -259,8 +267,11 @@ def main() -> None:
     p.add_argument("--sleep", type=float, default=0.1, help="trainer test hook: seconds per step")
     p.add_argument("--compile", default="off", choices=["off", "regional", "whole"])
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "failover_bench.json")
-    p.add_argument("--scenarios", default="other_host,host_returns_at_once",
-                   help=f"comma-separated, of: {', '.join(SCENARIOS)}; the first is the headline summary")
+    p.add_argument(
+        "--scenarios",
+        default="other_host,host_returns_at_once",
+        help=f"comma-separated, of: {', '.join(SCENARIOS)}; the first is the headline summary",
+    )
     args = p.parse_args()
     results = [run(args, name) for name in args.scenarios.split(",")]
     for result in results:

@@ -161,8 +161,12 @@ def run_summary(recs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
 
 def curve(recs: list[dict[str, Any]]) -> dict[str, list[Any]]:
     steps = [r for r in recs if r["kind"] == "step"]
-    return {"step": [s["step"] for s in steps], "loss": [s["loss"] for s in steps],
-            "step_time_s": [round(s["step_time_s"], 5) for s in steps], "overhead": [s.get("overhead") for s in steps]}
+    return {
+        "step": [s["step"] for s in steps],
+        "loss": [s["loss"] for s in steps],
+        "step_time_s": [round(s["step_time_s"], 5) for s in steps],
+        "overhead": [s.get("overhead") for s in steps],
+    }
 
 
 def agreement(curves: dict[str, dict[str, list[Any]]], resumed_from: int | None) -> dict[str, Any]:
@@ -174,14 +178,20 @@ def agreement(curves: dict[str, dict[str, list[Any]]], resumed_from: int | None)
         pairs = [(s, loss) for s, loss in zip(curves[name]["step"], curves[name]["loss"], strict=True)
                  if lo <= s <= hi and s in twin]  # fmt: skip
         rel = [abs(loss - twin[s]) / abs(twin[s]) for s, loss in pairs if twin[s]]
-        return {"steps": len(rel), "first_step": pairs[0][0] if pairs else None,
-                "max_rel": max(rel) if rel else None, "median_rel": statistics.median(rel) if rel else None}
+        return {
+            "steps": len(rel),
+            "first_step": pairs[0][0] if pairs else None,
+            "max_rel": max(rel) if rel else None,
+            "median_rel": statistics.median(rel) if rel else None,
+        }
 
     end = max(curves["twin"]["step"] or [0])
     start = (resumed_from or 0) + 1
-    return {"before_kill": diffs("victim_1", 1, start - 1),
-            "first_10_after_resume": diffs("victim_2", start, start + 9),
-            "after_resume": diffs("victim_2", start, end)}
+    return {
+        "before_kill": diffs("victim_1", 1, start - 1),
+        "first_10_after_resume": diffs("victim_2", start, start + 9),
+        "after_resume": diffs("victim_2", start, end),
+    }
 
 
 def bare(kiln: Kiln, spec: pathlib.Path, smoke: bool, steps: int) -> dict[str, Any]:
@@ -255,8 +265,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true", help="CPU: a tiny spec instead of the shipped GPU example")
     ap.add_argument("--kill-at", type=float, default=0.4, help="fraction of the steps at which the worker dies")
-    ap.add_argument("--bare-steps", type=int, default=None,
-                    help="steps of the bare loop (default: as many as the job, so both see the same GPU clocks)")
+    ap.add_argument(
+        "--bare-steps",
+        type=int,
+        default=None,
+        help="steps of the bare loop (default: as many as the job, so both see the same GPU clocks)",
+    )
     ap.add_argument("--no-victim", action="store_true", help="only the bare loop and the uninterrupted job")
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "gpu_path_bench.json")
     args = ap.parse_args()
@@ -307,8 +321,9 @@ def main() -> None:
         result["bare_after"] = bare(kiln, spec, args.smoke, bare_steps)
         log(f"bare loop after the job: {result['bare_after']['tokens_per_s']:.0f} tokens/s")
         bound = max(result["bare"]["tokens_per_s"], result["bare_after"]["tokens_per_s"])
-        result["ratio_vs_bare"] = {k: (result["twin"][f"tokens_per_s_{k}"] or 0) / bound
-                                   for k in ("steady", "run", "median_step")}
+        result["ratio_vs_bare"] = {
+            k: (result["twin"][f"tokens_per_s_{k}"] or 0) / bound for k in ("steady", "run", "median_step")
+        }
         log(f"through the worker / the faster bare loop: {result['ratio_vs_bare']}")
         save()
         if args.no_victim:
@@ -330,8 +345,14 @@ def main() -> None:
             "resumed_attempt": run_summary(kiln.telemetry(victim, attempts[-1]["number"]), warmup=20),
         }  # fmt: skip
         log(f"victim recovered: {json.dumps(result['victim']['recovery']['parts_s'])}")
-        result["curves"] = {name: curve(kiln.telemetry(job, attempt)) for name, job, attempt in
-                            (("twin", twin, 1), ("victim_1", victim, 1), ("victim_2", victim, attempts[-1]["number"]))}
+        result["curves"] = {
+            name: curve(kiln.telemetry(job, attempt))
+            for name, job, attempt in (
+                ("twin", twin, 1),
+                ("victim_1", victim, 1),
+                ("victim_2", victim, attempts[-1]["number"]),
+            )
+        }
         result["loss_agreement"] = agreement(result["curves"], result["victim"]["recovery"]["resumed_from_step"])
         twin_loss, victim_loss = result["twin"]["job"]["last_loss"], final["last_loss"]
         result["final_loss"] = {"twin": twin_loss, "victim": victim_loss,
@@ -342,9 +363,11 @@ def main() -> None:
                      if e["type"].startswith("SLA_")]
             for j in (twin, victim)
         }  # fmt: skip
-        log(f"through the worker / bare: {result['ratio_vs_bare']}; kill -> first resumed step "
+        log(
+            f"through the worker / bare: {result['ratio_vs_bare']}; kill -> first resumed step "
             f"{result['victim']['recovery']['kill_to_first_resumed_step_s']} s; final loss {result['final_loss']}; "
-            f"SLA events {result['sla_events']}")
+            f"SLA events {result['sla_events']}"
+        )
     except Exception as exc:
         result["error"] = repr(exc)
         with contextlib.suppress(OSError):

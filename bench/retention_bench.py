@@ -100,7 +100,7 @@ def prepare(url: str) -> tuple[Engine, int, int]:
 
 
 def growth_per_day(series: list[dict[str, Any]], key: str) -> float:
-    tail = series[len(series) * 2 // 3:]
+    tail = series[len(series) * 2 // 3 :]
     return (tail[-1][key] - tail[0][key]) / max(len(tail) - 1, 1)
 
 
@@ -129,8 +129,10 @@ def main() -> None:
             for name, engine in (("baseline", base), ("retention", ret)):
                 series[name].append({"day": day + 1, **sizes(engine)})
             last = series["retention"][-1]
-            print(f"day {day + 1:3d}: baseline {series['baseline'][-1]['database'] / 2**20:7.1f} MiB, "
-                  f"retention {last['database'] / 2**20:7.1f} MiB ({last['metric_rows']} metric rows; {report})")
+            print(
+                f"day {day + 1:3d}: baseline {series['baseline'][-1]['database'] / 2**20:7.1f} MiB, "
+                f"retention {last['database'] / 2**20:7.1f} MiB ({last['metric_rows']} metric rows; {report})"
+            )
         base.dispose()
         ret.dispose()
     final_base, final_ret = series["baseline"][-1], series["retention"][-1]

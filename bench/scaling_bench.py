@@ -69,8 +69,16 @@ def allreduce_worker(mib: int, iters: int) -> None:
     nbytes = x.numel() * x.element_size()
     if rank == 0:
         # nccl-tests' convention: bus bandwidth = algorithm bandwidth x 2(n-1)/n for an all-reduce.
-        print(json.dumps({"bytes": nbytes, "seconds": dt, "algbw_gb_s": nbytes / dt / 1e9,
-                          "busbw_gb_s": nbytes / dt / 1e9 * 2 * (world - 1) / world}))
+        print(
+            json.dumps(
+                {
+                    "bytes": nbytes,
+                    "seconds": dt,
+                    "algbw_gb_s": nbytes / dt / 1e9,
+                    "busbw_gb_s": nbytes / dt / 1e9 * 2 * (world - 1) / world,
+                }
+            )
+        )
     dist.destroy_process_group()
 
 
@@ -78,8 +86,19 @@ def run_allreduce(nproc: int, channels: int | None, mib: int, iters: int) -> dic
     env = {**os.environ, "PYTHONPATH": PYPATH, **SAFE_ENV}
     if channels is not None:
         env["NCCL_MAX_NCHANNELS"] = str(channels)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", __file__,
-           "--allreduce-worker", "--mib", str(mib), "--iters", str(iters)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        __file__,
+        "--allreduce-worker",
+        "--mib",
+        str(mib),
+        "--iters",
+        str(iters),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"all-reduce with channels={channels} failed:\n{proc.stderr[-3000:]}")
@@ -93,18 +112,24 @@ def links_and_sync(run_dir: pathlib.Path, warmup: int) -> dict[str, Any]:
     steps = [r for r in recs if r["kind"] == "step" and r["step"] > warmup]
     start = steps[0]["ts"] if steps else float("inf")
     samples = [r for r in recs if r["kind"] == "gpu_sample" and r["ts"] >= start]
-    probes = [r["grad_sync_latency_s"] for r in recs
-              if r["kind"] == "heartbeat" and r["ts"] >= start and r.get("grad_sync_latency_s") is not None]
+    probes = [
+        r["grad_sync_latency_s"]
+        for r in recs
+        if r["kind"] == "heartbeat" and r["ts"] >= start and r.get("grad_sync_latency_s") is not None
+    ]
 
     def mean(key: str) -> float | None:
         vals = [s[key] for s in samples if s.get(key) is not None]
         return statistics.fmean(vals) if vals else None
 
-    return {"gpu_samples": len(samples), "nvlink_present": any(s.get("nvlink_present") for s in samples),
-            "nvlink_tx_bytes_per_s": mean("nvlink_tx_bytes_per_s"),
-            "nvlink_rx_bytes_per_s": mean("nvlink_rx_bytes_per_s"),
-            "util_gpu": mean("util_gpu"),
-            "grad_sync_latency_s": statistics.median(probes) if probes else None}
+    return {
+        "gpu_samples": len(samples),
+        "nvlink_present": any(s.get("nvlink_present") for s in samples),
+        "nvlink_tx_bytes_per_s": mean("nvlink_tx_bytes_per_s"),
+        "nvlink_rx_bytes_per_s": mean("nvlink_rx_bytes_per_s"),
+        "util_gpu": mean("util_gpu"),
+        "grad_sync_latency_s": statistics.median(probes) if probes else None,
+    }
 
 
 def main() -> None:
@@ -146,9 +171,19 @@ def main() -> None:
     peak = next((v for k, v in PEAK_BF16.items() if k in gpu), None)
     precision = "bf16" if cuda else "fp32"
     work = pathlib.Path(tempfile.mkdtemp(prefix="kiln-scaling-"))
-    res: dict[str, Any] = {"device": gpu, "gpus": nproc, "torch": torch.__version__, "smoke": args.smoke,
-                           "config": hp, "precision": precision, "steps": args.steps, "warmup": args.warmup,
-                           "tokens_per_step_per_gpu": per_gpu, "peak_flops_per_gpu": peak, "variants": {}}
+    res: dict[str, Any] = {
+        "device": gpu,
+        "gpus": nproc,
+        "torch": torch.__version__,
+        "smoke": args.smoke,
+        "config": hp,
+        "precision": precision,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "tokens_per_step_per_gpu": per_gpu,
+        "peak_flops_per_gpu": peak,
+        "variants": {},
+    }
 
     def save() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -162,8 +197,10 @@ def main() -> None:
             except RuntimeError as exc:
                 r = {"channels": cap, "error": str(exc)[-3000:]}
             res["allreduce"].append(r)
-            print(f"all-reduce {args.mib} MiB channels={cap or 'default':>7} busbw={r.get('busbw_gb_s', 0):8.1f} GB/s",
-                  flush=True)
+            print(
+                f"all-reduce {args.mib} MiB channels={cap or 'default':>7} busbw={r.get('busbw_gb_s', 0):8.1f} GB/s",
+                flush=True,
+            )
             save()
 
     # Smoke runs stay eager (a CPU compile costs minutes on a shared 2-core box); on GPUs the trainer's default.
@@ -177,8 +214,10 @@ def main() -> None:
     }
     for name in [v for v in variants if v in runs]:
         n, parallelism, env_extra = runs[name]
-        s = {**spec(hp, steps=args.warmup + args.steps, every=None, compile_mode=mode, precision=precision,
-                    timeout=600), "parallelism": parallelism}
+        s = {
+            **spec(hp, steps=args.warmup + args.steps, every=None, compile_mode=mode, precision=precision, timeout=600),
+            "parallelism": parallelism,
+        }
         s["recipe"]["hyperparameters"]["heartbeat_s"] = 0.5  # a gradient-sync probe reading every half second
         try:
             r = run_kiln(name, s, work, args.warmup, per_gpu * n, {**shared, **env_extra}, nproc=n)
@@ -194,10 +233,12 @@ def main() -> None:
         r["scaling_efficiency"] = tps / (n * base) if tps and base and n > 1 else None
         res["variants"][name] = r
         nvl = r["nvlink_tx_bytes_per_s"]
-        print(f"{name:16s} gpus={n} tokens/s={tps or 0:10.0f} efficiency={r['scaling_efficiency'] or 0:.3f} "
-              f"nvlink_tx={'-' if nvl is None else f'{nvl / 1e9:.1f} GB/s'} "
-              f"sync={r['grad_sync_latency_s'] or 0:.4f}s mem_err={r['memory_prediction_error'] or 0:+.3f}",
-              flush=True)
+        print(
+            f"{name:16s} gpus={n} tokens/s={tps or 0:10.0f} efficiency={r['scaling_efficiency'] or 0:.3f} "
+            f"nvlink_tx={'-' if nvl is None else f'{nvl / 1e9:.1f} GB/s'} "
+            f"sync={r['grad_sync_latency_s'] or 0:.4f}s mem_err={r['memory_prediction_error'] or 0:+.3f}",
+            flush=True,
+        )
         save()
     print(f"wrote {args.out}")
 

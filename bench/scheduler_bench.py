@@ -167,5 +167,6 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps({"results": results, "target_met": ok, "meta": meta}, indent=2) + "\n")
     return 0
 
+
 if __name__ == "__main__":
     raise SystemExit(main())

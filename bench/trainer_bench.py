@@ -59,14 +59,27 @@ def sizes(smoke: bool) -> dict[str, Any]:
     return {"size": "gpt2", "corpus": "synthetic", "batch_size": 32, "seq_len": 1024}
 
 
-def spec(hp: dict[str, Any], *, steps: int, every: int | None, compile_mode: str | None, precision: str,
-         timeout: float, ckpt: dict[str, Any] | None = None) -> dict[str, Any]:
+def spec(
+    hp: dict[str, Any],
+    *,
+    steps: int,
+    every: int | None,
+    compile_mode: str | None,
+    precision: str,
+    timeout: float,
+    ckpt: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """``compile_mode`` None leaves the mode out of the spec: the trainer picks its default."""
     compile_opts: dict[str, Any] = {"timeout_s": timeout, **({"mode": compile_mode} if compile_mode else {})}
     return {
-        "name": "bench", "team": "bench", "steps": steps, "seed": 0, "parallelism": "ddp",
+        "name": "bench",
+        "team": "bench",
+        "steps": steps,
+        "seed": 0,
+        "parallelism": "ddp",
         "recipe": {"name": "gpt", "hyperparameters": {**hp, "lr": 6e-4, "log_every": 1, "heartbeat_s": 5.0}},
-        "compile": compile_opts, "precision": precision,
+        "compile": compile_opts,
+        "precision": precision,
         "checkpointing": {"every_steps": every, "keep_last": 2, "asynchronous": True, **(ckpt or {})},
     }
 
@@ -76,8 +89,15 @@ def read_records(run_dir: pathlib.Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_kiln(name: str, spec_d: dict[str, Any], work: pathlib.Path, warmup: int, items_per_step: int,
-             env_extra: dict[str, str] | None = None, nproc: int = 0) -> dict[str, Any]:
+def run_kiln(
+    name: str,
+    spec_d: dict[str, Any],
+    work: pathlib.Path,
+    warmup: int,
+    items_per_step: int,
+    env_extra: dict[str, str] | None = None,
+    nproc: int = 0,
+) -> dict[str, Any]:
     """``nproc`` 0: ``python -m trainer`` alone; else under ``torchrun --standalone`` with that many ranks,
     as a worker starts it (``items_per_step`` is then the global batch)."""
     run_dir = work / name
@@ -89,8 +109,13 @@ def run_kiln(name: str, spec_d: dict[str, Any], work: pathlib.Path, warmup: int,
         del env[key]  # an empty value in env_extra means: unset it for this run
     t0 = time.perf_counter()
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc else []
-    proc = subprocess.run([sys.executable, *launcher, "-m", "trainer", "--spec", str(run_dir / "spec.json"),
-                           "--run-dir", str(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, *launcher, "-m", "trainer", "--spec", str(run_dir / "spec.json"), "--run-dir", str(run_dir)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{name}: trainer exited {proc.returncode}\n{proc.stderr[-4000:]}")
@@ -100,22 +125,24 @@ def run_kiln(name: str, spec_d: dict[str, Any], work: pathlib.Path, warmup: int,
     events = [r for r in recs if r["kind"] == "event"]
     ckpts = [r for r in recs if r["kind"] == "checkpoint"]
     local = [e["fields"] for e in events if e["type"] == "CHECKPOINT_LOCAL"]
-    staging = next((r["fields"] for r in recs if r["kind"] == "diagnostic" and r["type"] == "CHECKPOINT_STAGING"),
-                   None)
+    staging = next((r["fields"] for r in recs if r["kind"] == "diagnostic" and r["type"] == "CHECKPOINT_STAGING"), None)
     exit_ev = [e for e in events if e["type"] == "EXIT"]
     compile_ev = next((e for e in events if e["type"].startswith(("COMPILE_OK", "FALLBACK_"))), None)
     window = [s for s in steps if s["step"] > warmup]
-    out: dict[str, Any] = {"wall_s": wall, "steps": len(steps), "final_loss": done["final_loss"],
-                           "predicted_peak_bytes": done["predicted_peak_bytes"],
-                           "measured_peak_bytes": done["measured_peak_bytes"],
-                           "memory_prediction_error": done["memory_prediction_error"],
-                           "checkpoints": done["checkpoints"],
-                           "compile": compile_ev["fields"] if compile_ev else None,
-                           "compile_event": compile_ev["type"] if compile_ev else None,
-                           "memory_breakdown": next((r for r in recs if r["kind"] == "memory_prediction"),
-                                                    {}).get("breakdown"),
-                           "staging": staging,
-                           "last_record_exit_code": exit_ev[-1]["fields"]["exit_code"] if exit_ev else None}
+    out: dict[str, Any] = {
+        "wall_s": wall,
+        "steps": len(steps),
+        "final_loss": done["final_loss"],
+        "predicted_peak_bytes": done["predicted_peak_bytes"],
+        "measured_peak_bytes": done["measured_peak_bytes"],
+        "memory_prediction_error": done["memory_prediction_error"],
+        "checkpoints": done["checkpoints"],
+        "compile": compile_ev["fields"] if compile_ev else None,
+        "compile_event": compile_ev["type"] if compile_ev else None,
+        "memory_breakdown": next((r for r in recs if r["kind"] == "memory_prediction"), {}).get("breakdown"),
+        "staging": staging,
+        "last_record_exit_code": exit_ev[-1]["fields"]["exit_code"] if exit_ev else None,
+    }
     # Saves the loop made: local-tier commits when tiered, else the durable checkpoint records.
     saves = local or ckpts
     if saves:
@@ -129,8 +156,9 @@ def run_kiln(name: str, spec_d: dict[str, Any], work: pathlib.Path, warmup: int,
         out["checkpoint_write_s"] = {"mean": sum(writes) / len(writes), "max": max(writes)}
     if local:
         persists = [c.get("persist_s") or 0.0 for c in ckpts]
-        out["durable_checkpoints"] = [{"step": c["step"], "tier": c.get("tier"), "persist_s": c.get("persist_s")}
-                                      for c in ckpts]
+        out["durable_checkpoints"] = [
+            {"step": c["step"], "tier": c.get("tier"), "persist_s": c.get("persist_s")} for c in ckpts
+        ]
         if persists:
             out["persist_s"] = {"mean": sum(persists) / len(persists), "max": max(persists)}
         out["checkpoints_persisted"] = done.get("checkpoints_persisted")
@@ -165,8 +193,12 @@ def bare(args: argparse.Namespace) -> None:
             region.compile(fullgraph=True, dynamic=False)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=6e-4, betas=(0.9, 0.95), fused=True)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=6e-4,
+        betas=(0.9, 0.95),
+        fused=True,
+    )
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     b, t, v = recipe.batch_size, recipe.cfg.seq_len, recipe.cfg.vocab_size
 
@@ -190,13 +222,23 @@ def bare(args: argparse.Namespace) -> None:
         last = step()
     last.item()
     dt = time.perf_counter() - t0
-    print(json.dumps({"tokens_per_s": b * t * args.steps / dt, "measured_steps": args.steps,
-                      "loss": float(last.item())}))
+    print(
+        json.dumps({"tokens_per_s": b * t * args.steps / dt, "measured_steps": args.steps, "loss": float(last.item())})
+    )
 
 
 def run_bare(args: argparse.Namespace, mode: str) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "--bare", "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--compile", mode] + (["--smoke"] if args.smoke else [])
+    cmd = [
+        sys.executable,
+        __file__,
+        "--bare",
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--compile",
+        mode,
+    ] + (["--smoke"] if args.smoke else [])
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": PYPATH}, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"bare loop failed:\n{proc.stderr[-4000:]}")
@@ -228,8 +270,13 @@ def disk_bandwidth(directory: pathlib.Path, total: int, threads: int) -> dict[st
     dt = time.perf_counter() - t0
     for i in range(threads):
         (directory / f"bw_{i}.bin").unlink()
-    return {"dir": str(directory), "bytes": per * threads, "threads": threads, "seconds": dt,
-            "gb_per_s": per * threads / dt / 1e9}
+    return {
+        "dir": str(directory),
+        "bytes": per * threads,
+        "threads": threads,
+        "seconds": dt,
+        "gb_per_s": per * threads / dt / 1e9,
+    }
 
 
 def main() -> None:
@@ -240,9 +287,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--compile", default=None, choices=["regional", "whole", "off"], help="(--bare mode)")
     ap.add_argument("--hp-from-spec", type=pathlib.Path, default=None, help="(--bare mode) a job spec's model")
-    ap.add_argument("--variants", default="disk,bare,kiln,kiln_ckpt100,kiln_ckpt10,kiln_ckpt10_tiered,"
-                                          "compile_cache",
-                    help="also: bare_regional, kiln_regional, kiln_ckpt10_shm, compile_cache_regional")
+    ap.add_argument(
+        "--variants",
+        default="disk,bare,kiln,kiln_ckpt100,kiln_ckpt10,kiln_ckpt10_tiered,compile_cache",
+        help="also: bare_regional, kiln_regional, kiln_ckpt10_shm, compile_cache_regional",
+    )
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "trainer_bench.json")
     ap.add_argument("--workdir", type=pathlib.Path, default=None)
     args = ap.parse_args()
@@ -269,10 +318,18 @@ def main() -> None:
     total = args.warmup + args.steps
     # Smoke runs stay eager (CPU compile of even the tiny model costs minutes on a shared 2-core box).
     mode_whole, mode_regional = ("off", "off") if args.smoke else ("whole", "regional")
-    res: dict[str, Any] = {"device": gpu, "torch": torch.__version__, "smoke": args.smoke, "config": hp,
-                           "precision": precision, "steps": args.steps,
-                           "warmup": args.warmup, "flops_per_token": recipe.flops_per_item(),
-                           "peak_flops": peak, "variants": {}}
+    res: dict[str, Any] = {
+        "device": gpu,
+        "torch": torch.__version__,
+        "smoke": args.smoke,
+        "config": hp,
+        "precision": precision,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "flops_per_token": recipe.flops_per_item(),
+        "peak_flops": peak,
+        "variants": {},
+    }
 
     def mfu(tps: float | None) -> float | None:
         return tps * recipe.flops_per_item() / peak if tps and peak else None
@@ -288,8 +345,12 @@ def main() -> None:
         from trainer.checkpoint import writer_count
 
         size = (64 << 20) if args.smoke else (2 << 30)
-        res["disk"] = [disk_bandwidth(d, size, n) for d in (work / "bw", pathlib.Path("/dev/shm/kiln-bw"))
-                       for n in (1, writer_count()) if d.parent.is_dir()]
+        res["disk"] = [
+            disk_bandwidth(d, size, n)
+            for d in (work / "bw", pathlib.Path("/dev/shm/kiln-bw"))
+            for n in (1, writer_count())
+            if d.parent.is_dir()
+        ]
         print(json.dumps(res["disk"]), flush=True)
     if "bare" in variants:
         record("bare", run_bare(args, mode_whole))
@@ -318,8 +379,11 @@ def main() -> None:
             continue
         if name in kiln_runs:
             steps, every, mode, env_extra, ckpt = kiln_runs[name]
-            scratch = [pathlib.Path(p) for p in (env_extra.get("KILN_CHECKPOINT_DIR"),
-                                                 env_extra.get("KILN_LOCAL_CHECKPOINT_DIR")) if p]
+            scratch = [
+                pathlib.Path(p)
+                for p in (env_extra.get("KILN_CHECKPOINT_DIR"), env_extra.get("KILN_LOCAL_CHECKPOINT_DIR"))
+                if p
+            ]
             if scratch and not shm.is_dir():
                 continue
             for p in scratch:
@@ -335,8 +399,9 @@ def main() -> None:
                 # What a host loss would leave: the durable dir alone.  Every checkpoint there must verify.
                 from trainer.checkpoint import list_checkpoints, verify
 
-                r["durable_dir_verified"] = {str(st): verify(p) is None
-                                             for st, p in list_checkpoints(work / name / "checkpoints")}
+                r["durable_dir_verified"] = {
+                    str(st): verify(p) is None for st, p in list_checkpoints(work / name / "checkpoints")
+                }
             record(name, r)
             for p in scratch:
                 shutil.rmtree(p, ignore_errors=True)
@@ -373,15 +438,19 @@ def main() -> None:
         "ratio_ckpt10_shm_vs_bare": ratio("kiln_ckpt10_shm", "bare"),
         "ratio_bare_regional_vs_bare": ratio("bare_regional", "bare"),
         "ratio_kiln_regional_vs_bare_regional": ratio("kiln_regional", "bare_regional"),
-        "compile_cold_s": cold, "compile_warm_s": warm,
+        "compile_cold_s": cold,
+        "compile_warm_s": warm,
         "warm_over_cold": warm / cold if warm and cold else None,
         "warm_cache_hit": (v.get("compile_warm", {}).get("compile") or {}).get("cache_hit"),
         # torch's compiler modules import in the background from process start (trainer.compile_preload);
         # what the compile still had to wait for is outside its figure, so it is reported here.
-        "compile_preload_wait_s": [((v.get(n, {}).get("compile") or {}).get("phases") or {}).get("preload_wait_s")
-                                   for n in ("compile_cold", "compile_warm")],
+        "compile_preload_wait_s": [
+            ((v.get(n, {}).get("compile") or {}).get("phases") or {}).get("preload_wait_s")
+            for n in ("compile_cold", "compile_warm")
+        ],
         "compile_process_wall_s": [v.get(n, {}).get("wall_s") for n in ("compile_cold", "compile_warm")],
-        "compile_cold_regional_s": cold_r, "compile_warm_regional_s": warm_r,
+        "compile_cold_regional_s": cold_r,
+        "compile_warm_regional_s": warm_r,
         "warm_over_cold_regional": warm_r / cold_r if warm_r and cold_r else None,
         "predicted_peak_bytes": mem.get("predicted_peak_bytes"),
         "measured_peak_bytes": mem.get("measured_peak_bytes"),
@@ -390,18 +459,24 @@ def main() -> None:
         "disk_gb_per_s": {f"{d['dir']}x{d['threads']}": d["gb_per_s"] for d in res.get("disk", [])},
         "ckpt10_durable_stall_s_mean": (v.get("kiln_ckpt10", {}).get("checkpoint_stall_s") or {}).get("mean"),
         "ckpt10_tiered_stall_s_mean": (v.get("kiln_ckpt10_tiered", {}).get("checkpoint_stall_s") or {}).get("mean"),
-        "ckpt10_tiered_local_write_s_mean": (v.get("kiln_ckpt10_tiered", {}).get("checkpoint_write_s")
-                                             or {}).get("mean"),
+        "ckpt10_tiered_local_write_s_mean": (v.get("kiln_ckpt10_tiered", {}).get("checkpoint_write_s") or {}).get(
+            "mean"
+        ),
         "ckpt10_tiered_persist_s_mean": (v.get("kiln_ckpt10_tiered", {}).get("persist_s") or {}).get("mean"),
-        "ckpt10_tiered_durable_steps": [c["step"] for c in v.get("kiln_ckpt10_tiered", {}).get(
-            "durable_checkpoints", [])],
+        "ckpt10_tiered_durable_steps": [
+            c["step"] for c in v.get("kiln_ckpt10_tiered", {}).get("durable_checkpoints", [])
+        ],
         "ckpt10_tiered_durable_dir_verified": v.get("kiln_ckpt10_tiered", {}).get("durable_dir_verified"),
     }
     # "every 10 steps >= 0.85" is answered by the tiered run (a verified checkpoint every 10 steps, a durable
     # one every 100); the durable-only every-10 figure is judged too, against the same bar, and reported.
-    targets = {"ratio_kiln_vs_bare": (">=", 0.97), "ratio_ckpt100_vs_bare": (">=", 0.95),
-               "ratio_ckpt10_tiered_vs_bare": (">=", 0.85), "ratio_ckpt10_vs_bare": (">=", 0.85),
-               "warm_over_cold": ("<=", 0.20)}
+    targets = {
+        "ratio_kiln_vs_bare": (">=", 0.97),
+        "ratio_ckpt100_vs_bare": (">=", 0.95),
+        "ratio_ckpt10_tiered_vs_bare": (">=", 0.85),
+        "ratio_ckpt10_vs_bare": (">=", 0.85),
+        "warm_over_cold": ("<=", 0.20),
+    }
     verdict = {}
     for k, (op, t) in targets.items():
         val = res["summary"][k]

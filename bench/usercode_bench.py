@@ -53,8 +53,12 @@ def bare(args: argparse.Namespace) -> None:
     net.compile(fullgraph=True, dynamic=False)
     decay = [p for p in net.parameters() if p.dim() >= 2]
     no_decay = [p for p in net.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=6e-4, betas=(0.9, 0.95), fused=device.type == "cuda")
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=6e-4,
+        betas=(0.9, 0.95),
+        fused=device.type == "cuda",
+    )
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     data = user.batches(hp, rank=0, world_size=1, seed=0, start=0)
 
@@ -77,14 +81,26 @@ def bare(args: argparse.Namespace) -> None:
         last = step()
     last.item()
     dt = time.perf_counter() - t0
-    print(json.dumps({"tokens_per_s": user.items_per_batch(hp) * args.steps / dt, "measured_steps": args.steps,
-                      "loss": float(last.item())}))
+    print(
+        json.dumps(
+            {
+                "tokens_per_s": user.items_per_batch(hp) * args.steps / dt,
+                "measured_steps": args.steps,
+                "loss": float(last.item()),
+            }
+        )
+    )
 
 
 def run_bare(args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--bare", "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    proc = subprocess.run(cmd + (["--smoke"] if args.smoke else []), cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": PYPATH}, capture_output=True, text=True)
+    proc = subprocess.run(
+        cmd + (["--smoke"] if args.smoke else []),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": PYPATH},
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"bare loop failed:\n{proc.stderr[-4000:]}")
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -104,20 +120,31 @@ def run_kiln(args: argparse.Namespace, work: pathlib.Path) -> dict[str, Any]:
     (run_dir / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": PYPATH, "KILN_CODE_DIR": str(CODE)}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "trainer", "--spec", str(run_dir / "spec.json"), "--run-dir",
-                           str(run_dir)], cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "--spec", str(run_dir / "spec.json"), "--run-dir", str(run_dir)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"kiln: trainer exited {proc.returncode}\n{proc.stderr[-4000:]}")
     recs = read_records(run_dir)
     window = [r for r in recs if r["kind"] == "step" and r["step"] > args.warmup]
-    compile_ev = next((r for r in recs if r["kind"] == "event" and r["type"].startswith(("COMPILE_OK", "FALLBACK_"))),
-                      None)
+    compile_ev = next(
+        (r for r in recs if r["kind"] == "event" and r["type"].startswith(("COMPILE_OK", "FALLBACK_"))), None
+    )
     done = next(r for r in recs if r["kind"] == "done")
     items = hp["batch_size"] * hp["context"]
     span = window[-1]["ts"] - window[0]["ts"]
-    return {"tokens_per_s": items * (len(window) - 1) / span, "measured_steps": len(window) - 1,
-            "mfu": window[-1].get("mfu"), "compile_event": compile_ev["type"] if compile_ev else None,
-            "final_loss": done["final_loss"], "wall_s": time.perf_counter() - t0}
+    return {
+        "tokens_per_s": items * (len(window) - 1) / span,
+        "measured_steps": len(window) - 1,
+        "mfu": window[-1].get("mfu"),
+        "compile_event": compile_ev["type"] if compile_ev else None,
+        "final_loss": done["final_loss"],
+        "wall_s": time.perf_counter() - t0,
+    }
 
 
 def main() -> None:

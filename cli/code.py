@@ -27,8 +27,11 @@ def with_code(text: str, path: str) -> dict[str, Any]:
     """The spec as a mapping, checked to have a ``code`` section (``--workdir`` uploads what it names)."""
     data = yaml.safe_load(text)
     if not isinstance(data, dict) or not isinstance(data.get("code"), dict):
-        raise CliError(f"{path}: --workdir needs a `code:` section naming the entry point "
-                       "(code: {entry_point: MODULE}; docs/user-code.md)", ExitCode.INVALID)
+        raise CliError(
+            f"{path}: --workdir needs a `code:` section naming the entry point "
+            "(code: {entry_point: MODULE}; docs/user-code.md)",
+            ExitCode.INVALID,
+        )
     return data
 
 
@@ -50,8 +53,11 @@ def upload(api: Any, data: dict[str, Any], workdir: Path) -> str:
         api.request("PUT", path, content=blob, headers={"Content-Type": "application/gzip"})
         sent = len(blob)
     what = "already uploaded, 0 bytes sent" if sent == 0 else f"uploaded {sent} bytes"
-    err_console.print(safe_text(f"code {digest[:12]} ({summary.entries} files and directories, "
-                                f"{summary.unpacked_bytes} bytes): {what}"))
+    err_console.print(
+        safe_text(
+            f"code {digest[:12]} ({summary.entries} files and directories, {summary.unpacked_bytes} bytes): {what}"
+        )
+    )
     data["code"]["digest"] = digest
     return digest
 
@@ -60,8 +66,10 @@ def check(data: dict[str, Any], workdir: Path | None) -> None:
     """One forward and backward step of the spec's model on the CPU, in a child process (torch stays out of the
     CLI); without torch, says what was not checked."""
     if importlib.util.find_spec("torch") is None or importlib.util.find_spec("trainer") is None:
-        err_console.print("check: spec and hyperparameters valid; torch is not installed here, so the model was not "
-                          "run (pip install 'kiln[trainer]')")
+        err_console.print(
+            "check: spec and hyperparameters valid; torch is not installed here, so the model was not "
+            "run (pip install 'kiln[trainer]')"
+        )
         return
     with tempfile.TemporaryDirectory(prefix="kiln-check-") as tmp:
         spec_path = Path(tmp) / "spec.json"

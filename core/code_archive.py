@@ -83,9 +83,9 @@ def _glob_regex(pattern: str) -> str:
         elif pattern[i] == "?":
             out.append("[^/]")
             i += 1
-        elif pattern[i] == "[" and "]" in pattern[i + 1:]:
+        elif pattern[i] == "[" and "]" in pattern[i + 1 :]:
             close = pattern.index("]", i + 1)
-            body = pattern[i + 1:close].replace("\\", "\\\\")
+            body = pattern[i + 1 : close].replace("\\", "\\\\")
             out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
             i = close + 1
         else:
@@ -172,9 +172,10 @@ def pack(root: Path, out: BinaryIO, limits: ArchiveLimits | None = None) -> Arch
         raise ArchiveError(f"{root} is not a directory")
     entries = 0
     unpacked = 0
-    with gzip.GzipFile(fileobj=out, mode="wb", mtime=0, compresslevel=6) as gz, tarfile.open(
-        fileobj=gz, mode="w", format=tarfile.PAX_FORMAT
-    ) as tar:
+    with (
+        gzip.GzipFile(fileobj=out, mode="wb", mtime=0, compresslevel=6) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
         for name, path in _walk(root):
             st = path.lstat()
             info = tarfile.TarInfo(name)

@@ -193,7 +193,13 @@ def end_attempt(
 
 
 def requeue_after_failure(
-    db: Session, *, job: Job, attempt: Attempt, reason: str, now: datetime, settings: Settings,
+    db: Session,
+    *,
+    job: Job,
+    attempt: Attempt,
+    reason: str,
+    now: datetime,
+    settings: Settings,
     data: dict[str, Any] | None = None,
 ) -> str:
     """An infrastructure failure: LOST (an incident), then QUEUED with backoff or FAILED past max_restarts.
@@ -245,8 +251,16 @@ def stop_cause(job: Job) -> str | None:
 
 
 def end_attempt_as(
-    db: Session, *, job: Job, attempt: Attempt, exit_class: ExitClass, reason: str, now: datetime,
-    exit_code: int | None, data: dict[str, Any], settings: Settings,
+    db: Session,
+    *,
+    job: Job,
+    attempt: Attempt,
+    exit_class: ExitClass,
+    reason: str,
+    now: datetime,
+    exit_code: int | None,
+    data: dict[str, Any],
+    settings: Settings,
 ) -> None:
     """End the job's current attempt as ``exit_class`` says (``EXIT_CLASS_ENDS``) and move the job on.
 

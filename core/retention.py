@@ -115,4 +115,3 @@ def prune_job_files(db: Session, storage_dir: Path, settings: Settings, now: dat
             shutil.rmtree(d, ignore_errors=True)
             gone += 1
     return gone
-

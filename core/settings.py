@@ -196,7 +196,9 @@ class WorkerHost(SettingsGroup):
     )
     mps_control: str = Field(default="nvidia-cuda-mps-control", description="The MPS control binary's name or path.")
     rendezvous_port_base: int = Field(
-        default=29400, ge=1024, le=65535 - 20000,
+        default=29400,
+        ge=1024,
+        le=65535 - 20000,
         description="Gang jobs: node 0's rendezvous store listens on this port plus the attempt's id modulo 20000 "
         "(a restart is a new attempt, so a new port). The range must be open between the hosts and free of other "
         "services; a port found in use fails that attempt as an infrastructure failure, and the next one moves on.",
@@ -216,7 +218,8 @@ class UserCodeSettings(SettingsGroup):
     )
 
     attempt_uid_base: int | None = Field(
-        default=None, ge=1000,
+        default=None,
+        ge=1000,
         description="Each team's attempts run as uid and gid base + team id (workers/attempt_user.py; the worker must "
         "be root). Empty: attempts run as the worker's user, and the worker says so when it starts.",
     )
@@ -296,8 +299,18 @@ class RetentionSettings(SettingsGroup):
     )
 
 
-class Settings(ConnectionSettings, ApiLimits, Timings, WorkerHost, UserCodeSettings, DashboardSettings,
-               NotificationSettings, MetricsSettings, RetentionSettings, BaseSettings):
+class Settings(
+    ConnectionSettings,
+    ApiLimits,
+    Timings,
+    WorkerHost,
+    UserCodeSettings,
+    DashboardSettings,
+    NotificationSettings,
+    MetricsSettings,
+    RetentionSettings,
+    BaseSettings,
+):
     """Every setting of every kiln process: ``KILN_<FIELD>``, and ``KILN_POLICY__<FIELD>`` for the policy.
 
     Read once at a process's entry (``get_settings()``) and passed down; pure code (``plan()``) gets the part it

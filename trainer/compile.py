@@ -65,8 +65,14 @@ class CompileReport:
     phases: dict[str, Any] = dataclasses.field(default_factory=dict)  # where the compile time went
 
 
-def cache_key(*, mode: str, model_config: dict[str, Any], precision: str, device: torch.device,
-              extra: dict[str, Any] | None = None) -> str:
+def cache_key(
+    *,
+    mode: str,
+    model_config: dict[str, Any],
+    precision: str,
+    device: torch.device,
+    extra: dict[str, Any] | None = None,
+) -> str:
     """Compile artifacts are only reusable on the same torch/Triton/CUDA, the same GPU architecture, the same
     compile options and the same model; the key names all of them."""
     try:
@@ -77,10 +83,21 @@ def cache_key(*, mode: str, model_config: dict[str, Any], precision: str, device
         triton_version = None
     gpu: dict[str, Any] = {}
     if device.type == "cuda":
-        gpu = {"name": torch.cuda.get_device_name(device),
-               "capability": list(torch.cuda.get_device_capability(device)), "cuda": torch.version.cuda}
-    payload = {"torch": torch.__version__, "triton": triton_version, "device": device.type, "gpu": gpu,
-               "mode": mode, "precision": precision, "model": model_config, **(extra or {})}
+        gpu = {
+            "name": torch.cuda.get_device_name(device),
+            "capability": list(torch.cuda.get_device_capability(device)),
+            "cuda": torch.version.cuda,
+        }
+    payload = {
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "device": device.type,
+        "gpu": gpu,
+        "mode": mode,
+        "precision": precision,
+        "model": model_config,
+        **(extra or {}),
+    }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -175,9 +192,22 @@ def _slow_backend(delay_s: float) -> Callable[..., Any]:
 
 
 class Compiler:
-    def __init__(self, *, mode: str, timeout_s: float, max_rss_bytes: int | None, check_allclose: bool,
-                 hooks: TestHooks, telemetry: Telemetry, device: torch.device, model_name: str,
-                 cache_dir: pathlib.Path | None, rank: int, world_size: int, group: Any) -> None:
+    def __init__(
+        self,
+        *,
+        mode: str,
+        timeout_s: float,
+        max_rss_bytes: int | None,
+        check_allclose: bool,
+        hooks: TestHooks,
+        telemetry: Telemetry,
+        device: torch.device,
+        model_name: str,
+        cache_dir: pathlib.Path | None,
+        rank: int,
+        world_size: int,
+        group: Any,
+    ) -> None:
         self.mode = mode
         self.timeout_s = timeout_s
         self.max_rss = 1 if hooks.compile_oom else max_rss_bytes
@@ -206,8 +236,17 @@ class Compiler:
                 m._compiled_call_impl = None
         torch._dynamo.reset()
 
-    def compile(self, model: nn.Module, blocks: list[nn.Module], *, loss_fn: Callable[[], torch.Tensor],
-                precision: str, model_config: dict[str, Any], rtol: float, atol: float) -> CompileReport:
+    def compile(
+        self,
+        model: nn.Module,
+        blocks: list[nn.Module],
+        *,
+        loss_fn: Callable[[], torch.Tensor],
+        precision: str,
+        model_config: dict[str, Any],
+        rtol: float,
+        atol: float,
+    ) -> CompileReport:
         """Compile ``model`` in place (on the bare module, before DDP/FSDP wrapping) or leave it eager."""
         report = CompileReport(mode=self.mode, active=False)
         if self.mode == "off":
@@ -228,8 +267,13 @@ class Compiler:
         # The compile time reported (and compared cold vs warm) includes loading the cached artifacts.
         t0 = time.perf_counter()
         marker = self.cache_dir / f"{key}.local" if self.cache_dir else None
-        if cache_file is not None and cache_file.is_file() and marker is not None and self._local_caches_here() \
-                and marker.is_file():
+        if (
+            cache_file is not None
+            and cache_file.is_file()
+            and marker is not None
+            and self._local_caches_here()
+            and marker.is_file()
+        ):
             # Inductor's and Triton's own caches in this directory already hold this graph (a run with this
             # key completed here): installing the portable artifacts again only rewrites the same entries
             # (1.8 s of the 6.6 s warm start on the H200).  If they were pruned, this is a cold compile.
@@ -241,8 +285,9 @@ class Compiler:
                 report.cache_hit = True
                 report.cache_source = "artifacts"
             except Exception as exc:  # a bad cache costs a cold compile, nothing more
-                self.tel.event("COMPILE_CACHE_INVALID", f"ignoring compile cache {cache_file.name}: {exc!r}",
-                               path=str(cache_file))
+                self.tel.event(
+                    "COMPILE_CACHE_INVALID", f"ignoring compile cache {cache_file.name}: {exc!r}", path=str(cache_file)
+                )
         report.load_s = time.perf_counter() - t0
         self._apply(model, blocks)
         failure: str | None = None
@@ -257,18 +302,22 @@ class Compiler:
                 loss.backward()
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
-                split = {"first_forward_s": round(t2 - t1, 3),
-                         "first_backward_s": round(time.perf_counter() - t2, 3)}
+                split = {"first_forward_s": round(t2 - t1, 3), "first_backward_s": round(time.perf_counter() - t2, 3)}
             report.compiled_loss = float(loss.detach().item())
         except _Trip:
             failure = state["reason"]
         except Exception as exc:
-            failure = state["reason"] or ("FALLBACK_UNSUPPORTED_OP" if _is_unsupported(exc)
-                                          else "FALLBACK_COMPILE_ERROR")
+            failure = state["reason"] or (
+                "FALLBACK_UNSUPPORTED_OP" if _is_unsupported(exc) else "FALLBACK_COMPILE_ERROR"
+            )
             report.error = f"{type(exc).__name__}: {str(exc)[:2000]}"
         report.elapsed_s = time.perf_counter() - t0
-        report.phases = {**_compile_phases(), **(split if failure is None else {}),
-                         "rss_poll_s": round(state["poll_s"], 3), **preload}
+        report.phases = {
+            **_compile_phases(),
+            **(split if failure is None else {}),
+            "rss_poll_s": round(state["poll_s"], 3),
+            **preload,
+        }
         report.peak_rss_bytes = int(state["peak_rss"])
         for p in model.parameters():
             p.grad = None
@@ -283,11 +332,21 @@ class Compiler:
                 for b in blocks:
                     b.inject_unsupported = False  # type: ignore[assignment]
             report.reason = failure
-            self.tel.event(failure, f"compile fell back to eager: {failure}", model=self.model_name,
-                           graph=f"{self.mode}:{key}", elapsed_s=report.elapsed_s,
-                           timeout_s=self.timeout_s, peak_rss_bytes=report.peak_rss_bytes,
-                           max_rss_bytes=self.max_rss, device=str(self.device), device_name=_device_name(self.device),
-                           eager_loss=report.eager_loss, compiled_loss=report.compiled_loss, error=report.error)
+            self.tel.event(
+                failure,
+                f"compile fell back to eager: {failure}",
+                model=self.model_name,
+                graph=f"{self.mode}:{key}",
+                elapsed_s=report.elapsed_s,
+                timeout_s=self.timeout_s,
+                peak_rss_bytes=report.peak_rss_bytes,
+                max_rss_bytes=self.max_rss,
+                device=str(self.device),
+                device_name=_device_name(self.device),
+                eager_loss=report.eager_loss,
+                compiled_loss=report.compiled_loss,
+                error=report.error,
+            )
             return report
         report.active = True
         if cache_file is not None and not report.cache_hit and self.rank == 0:
@@ -298,11 +357,21 @@ class Compiler:
             with contextlib.suppress(OSError):
                 marker.parent.mkdir(parents=True, exist_ok=True)
                 marker.write_text(json.dumps({"key": key, "created": time.time()}))
-        self.tel.event("COMPILE_OK", f"{self.mode} compile in {report.elapsed_s:.2f}s", model=self.model_name,
-                       graph=f"{self.mode}:{key}", elapsed_s=report.elapsed_s,
-                       peak_rss_bytes=report.peak_rss_bytes, cache_hit=report.cache_hit,
-                       cache_source=report.cache_source, load_s=report.load_s, phases=report.phases,
-                       eager_loss=report.eager_loss, compiled_loss=report.compiled_loss, device=str(self.device))
+        self.tel.event(
+            "COMPILE_OK",
+            f"{self.mode} compile in {report.elapsed_s:.2f}s",
+            model=self.model_name,
+            graph=f"{self.mode}:{key}",
+            elapsed_s=report.elapsed_s,
+            peak_rss_bytes=report.peak_rss_bytes,
+            cache_hit=report.cache_hit,
+            cache_source=report.cache_source,
+            load_s=report.load_s,
+            phases=report.phases,
+            eager_loss=report.eager_loss,
+            compiled_loss=report.compiled_loss,
+            device=str(self.device),
+        )
         return report
 
     def _local_caches_here(self) -> bool:
@@ -357,8 +426,12 @@ def _compile_phases() -> dict[str, Any]:
 
         metrics = getattr(dutils, "compilation_time_metrics", {})
         out["seconds"] = {k: round(sum(v), 3) for k, v in metrics.items() if v and sum(v) >= 0.01}
-        out["counters"] = {f"{group}.{name}": n for group in ("inductor", "aot_autograd")
-                           for name, n in dutils.counters[group].items() if "cache" in name}
+        out["counters"] = {
+            f"{group}.{name}": n
+            for group in ("inductor", "aot_autograd")
+            for name, n in dutils.counters[group].items()
+            if "cache" in name
+        }
     return out
 
 

@@ -77,8 +77,12 @@ def wait() -> dict[str, float | int]:
         return {"preload_wait_s": 0.0}
     t = time.perf_counter()
     active.thread.join()
-    return {"preload_wait_s": round(time.perf_counter() - t, 3), "preload_s": round(active.elapsed_s, 3),
-            "preload_modules": active.imported, "preload_failed": active.failed}
+    return {
+        "preload_wait_s": round(time.perf_counter() - t, 3),
+        "preload_s": round(active.elapsed_s, 3),
+        "preload_modules": active.imported,
+        "preload_failed": active.failed,
+    }
 
 
 def recorded(cache_dir: pathlib.Path | None) -> list[str]:

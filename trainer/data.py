@@ -101,8 +101,17 @@ class TokenBatches(IndexedBatches):
     but the same shapes and data path).
     """
 
-    def __init__(self, *, tokens: torch.Tensor | None, vocab_size: int, batch_size: int, seq_len: int,
-                 rank: int, world_size: int, seed: int) -> None:
+    def __init__(
+        self,
+        *,
+        tokens: torch.Tensor | None,
+        vocab_size: int,
+        batch_size: int,
+        seq_len: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+    ) -> None:
         if tokens is not None and tokens.numel() <= seq_len + 1:
             raise ValueError("corpus shorter than one sequence")
         super().__init__(batch_size=batch_size, rank=rank, world_size=world_size, seed=seed)
@@ -114,12 +123,13 @@ class TokenBatches(IndexedBatches):
         gen = self.generator(index)
         lo = self.rank * self.batch_size
         if self.tokens is None:
-            full = torch.randint(0, self.vocab_size, (self.world_size * self.batch_size, self.seq_len + 1),
-                                 generator=gen)
-            seqs = full[lo:lo + self.batch_size]
+            full = torch.randint(
+                0, self.vocab_size, (self.world_size * self.batch_size, self.seq_len + 1), generator=gen
+            )
+            seqs = full[lo : lo + self.batch_size]
         else:
             n = self.tokens.numel() - self.seq_len - 1
-            starts = torch.randint(0, n, (self.world_size * self.batch_size,), generator=gen)[lo:lo + self.batch_size]
+            starts = torch.randint(0, n, (self.world_size * self.batch_size,), generator=gen)[lo : lo + self.batch_size]
             idx = starts[:, None] + torch.arange(self.seq_len + 1)[None, :]
             seqs = self.tokens[idx].long()
         return seqs[:, :-1].contiguous(), seqs[:, 1:].contiguous()

@@ -66,8 +66,12 @@ class SpikeGuard:
         if loss > self.cfg.factor * self.loss.mean():
             return True
         g_mean, g_std = self.grad.mean(), self.grad.std()
-        return (math.isfinite(g_std) and g_std > 0 and (grad_norm - g_mean) / g_std > self.cfg.grad_z
-                and grad_norm > self.cfg.factor * g_mean)
+        return (
+            math.isfinite(g_std)
+            and g_std > 0
+            and (grad_norm - g_mean) / g_std > self.cfg.grad_z
+            and grad_norm > self.cfg.factor * g_mean
+        )
 
     def observe(self, step: int, batch: int, loss: float, grad_norm: float) -> Spike | None:
         """Feed one finished step; returns the Spike once confirmed."""
@@ -76,10 +80,15 @@ class SpikeGuard:
         if self.suspect(loss, grad_norm):
             self.pending.append((step, batch, loss, grad_norm))
             if len(self.pending) >= self.cfg.confirm_steps:
-                spike = Spike(first_step=self.pending[0][0], steps=tuple(p[0] for p in self.pending),
-                              batches=tuple(p[1] for p in self.pending), loss=max(p[2] for p in self.pending),
-                              loss_mean=self.loss.mean(), grad_norm=max(p[3] for p in self.pending),
-                              grad_mean=self.grad.mean())
+                spike = Spike(
+                    first_step=self.pending[0][0],
+                    steps=tuple(p[0] for p in self.pending),
+                    batches=tuple(p[1] for p in self.pending),
+                    loss=max(p[2] for p in self.pending),
+                    loss_mean=self.loss.mean(),
+                    grad_norm=max(p[3] for p in self.pending),
+                    grad_mean=self.grad.mean(),
+                )
                 self.pending.clear()
                 self.spikes += 1
                 return spike

@@ -38,8 +38,9 @@ class LeaseExpired(FencedError):
 class LeaseGuard:
     """``path`` None: no worker holds a lease for this run (a standalone ``python -m trainer``): always valid."""
 
-    def __init__(self, path: pathlib.Path | None, *, token: int | None, fence_ok: Callable[[], bool],
-                 telemetry: Telemetry) -> None:
+    def __init__(
+        self, path: pathlib.Path | None, *, token: int | None, fence_ok: Callable[[], bool], telemetry: Telemetry
+    ) -> None:
         self.path, self.token, self.fence_ok, self.tel = path, token, fence_ok, telemetry
         self._expires = float("-inf")  # cached: the file is read again only once this has passed
         self._lock = threading.Lock()  # the loop and the checkpoint writer may both wait
@@ -72,16 +73,23 @@ class LeaseGuard:
         assert self.path is not None
         last = read_lease(self.path)
         lease_s = last.lease_s if last is not None else DEFAULT_LEASE_S
-        self.tel.event("LEASE_EXPIRED", f"lease of token {self.token} expired: not training or committing "
-                       f"({what}) until the worker renews it", what=what, lease_s=lease_s,
-                       expired_s_ago=-last.remaining() if last is not None else None)
+        self.tel.event(
+            "LEASE_EXPIRED",
+            f"lease of token {self.token} expired: not training or committing ({what}) until the worker renews it",
+            what=what,
+            lease_s=lease_s,
+            expired_s_ago=-last.remaining() if last is not None else None,
+        )
         t0 = time.monotonic()
         while True:
             if not self.fence_ok():
                 raise FencedError(f"the fence no longer names token {self.token} (while waiting for the lease)")
             if self._valid():
-                self.tel.event("LEASE_RENEWED", f"lease renewed after {time.monotonic() - t0:.1f} s: carrying on",
-                               waited_s=time.monotonic() - t0)
+                self.tel.event(
+                    "LEASE_RENEWED",
+                    f"lease renewed after {time.monotonic() - t0:.1f} s: carrying on",
+                    waited_s=time.monotonic() - t0,
+                )
                 return
             if time.monotonic() - t0 > lease_s:
                 raise LeaseExpired(f"lease of token {self.token} not renewed for {lease_s:.0f} s after it expired")

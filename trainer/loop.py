@@ -132,8 +132,9 @@ class Trainer:
         persist_compiler_caches(self.cache_dir)
         if not fence_names(self.ckpt_root, self.token):
             raise FencedError(f"fence does not name token {self.token} at start")
-        self.lease = LeaseGuard.from_env(token=self.token, fence_ok=lambda: fence_names(self.ckpt_root, self.token),
-                                         telemetry=tel)
+        self.lease = LeaseGuard.from_env(
+            token=self.token, fence_ok=lambda: fence_names(self.ckpt_root, self.token), telemetry=tel
+        )
         self.phase = "init"
         self.step = 0
         # The loss of step ``self.step``: set by each step, and by a resume from the checkpoint's own record,
@@ -151,25 +152,41 @@ class Trainer:
             model = recipe.build_model()
             blocks = recipe.blocks(model)
             compiled = self.compile_mode != "off"
-            sizes = {"param_count": recipe.param_count(),
-                     "activation_bytes": recipe.activation_bytes(self.prec.precision, compiled),
-                     "check_bytes": recipe.eager_check_bytes(self.prec.precision) if compiled else 0}
+            sizes = {
+                "param_count": recipe.param_count(),
+                "activation_bytes": recipe.activation_bytes(self.prec.precision, compiled),
+                "check_bytes": recipe.eager_check_bytes(self.prec.precision) if compiled else 0,
+            }
         model = model.to(self.device)
         largest = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=0)
 
         def prediction(strategy: str) -> dict[str, Any]:
-            return memory_model.predict(precision=self.prec.precision, strategy=strategy,
-                                        world_size=env.world_size, largest_block_params=largest,
-                                        grad_accum=self.cfg.grad_accum, **sizes)
+            return memory_model.predict(
+                precision=self.prec.precision,
+                strategy=strategy,
+                world_size=env.world_size,
+                largest_block_params=largest,
+                grad_accum=self.cfg.grad_accum,
+                **sizes,
+            )
 
         capacity = device_capacity(self.device)
         if capacity is not None and cap is not None:
             capacity = int(capacity * cap)
-        self.strategy = choose_strategy(spec.parallelism, predicted_ddp_bytes=prediction("ddp")[
-            "predicted_peak_bytes"], capacity=capacity, world_size=env.world_size)
+        self.strategy = choose_strategy(
+            spec.parallelism,
+            predicted_ddp_bytes=prediction("ddp")["predicted_peak_bytes"],
+            capacity=capacity,
+            world_size=env.world_size,
+        )
         self.prediction = prediction(self.strategy)
-        self.tel.emit(RecordKind.MEMORY_PREDICTION, **self.prediction, device_capacity_bytes=capacity,
-                      memory_fraction=cap, param_count=sizes["param_count"])
+        self.tel.emit(
+            RecordKind.MEMORY_PREDICTION,
+            **self.prediction,
+            device_capacity_bytes=capacity,
+            memory_fraction=cap,
+            param_count=sizes["param_count"],
+        )
 
         with user_code("building the data"):
             self.data = recipe.make_data(rank=env.rank, world_size=env.world_size, seed=spec.seed)
@@ -178,31 +195,56 @@ class Trainer:
             recipe.note_batch(first_batch)
         self.phase = "compiling"
         warm_batch = recipe.batch_to(first_batch, self.device)
-        compiler = Compiler(mode=self.compile_mode, timeout_s=spec.compile.timeout_s,
-                            max_rss_bytes=spec.compile.max_rss_bytes, check_allclose=spec.compile.check_allclose,
-                            hooks=self.cfg.hooks, telemetry=self.tel, device=self.device, model_name=recipe.name,
-                            cache_dir=self.cache_dir, rank=env.rank, world_size=env.world_size, group=env.ctrl)
+        compiler = Compiler(
+            mode=self.compile_mode,
+            timeout_s=spec.compile.timeout_s,
+            max_rss_bytes=spec.compile.max_rss_bytes,
+            check_allclose=spec.compile.check_allclose,
+            hooks=self.cfg.hooks,
+            telemetry=self.tel,
+            device=self.device,
+            model_name=recipe.name,
+            cache_dir=self.cache_dir,
+            rank=env.rank,
+            world_size=env.world_size,
+            group=env.ctrl,
+        )
         rtol, atol = ALLCLOSE[self.prec.precision]
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+
             def warm_loss() -> torch.Tensor:
                 with self.prec.autocast():
                     return recipe.loss(model, warm_batch)
 
-            self.report = compiler.compile(model, recipe.compile_regions(model), loss_fn=warm_loss,
-                                           precision=self.prec.precision, model_config=recipe.config_dict(),
-                                           rtol=rtol, atol=atol)
+            self.report = compiler.compile(
+                model,
+                recipe.compile_regions(model),
+                loss_fn=warm_loss,
+                precision=self.prec.precision,
+                model_config=recipe.config_dict(),
+                rtol=rtol,
+                atol=atol,
+            )
         self.raw_model = model
         self.model = wrap(model, blocks, strategy=self.strategy, env=env, precision=self.prec)
         self.optimizer, self.fused = self._optimizer()
         self.guard = SpikeGuard(self.cfg.guard)
         sharded = self.strategy == "fsdp" and env.distributed
-        self.ckpt = Checkpointer(self.ckpt_root, rank=env.rank, world_size=env.world_size, token=self.token,
-                                 keep_last=spec.checkpointing.keep_last,
-                                 asynchronous=spec.checkpointing.asynchronous,
-                                 sharded=sharded, group=env.ckpt,
-                                 device=self.device, telemetry=self.tel,
-                                 local_root=self._local_root(sharded),
-                                 persist_every=spec.checkpointing.persist_every, lease=self.lease.ensure)
+        self.ckpt = Checkpointer(
+            self.ckpt_root,
+            rank=env.rank,
+            world_size=env.world_size,
+            token=self.token,
+            keep_last=spec.checkpointing.keep_last,
+            asynchronous=spec.checkpointing.asynchronous,
+            sharded=sharded,
+            group=env.ckpt,
+            device=self.device,
+            telemetry=self.tel,
+            local_root=self._local_root(sharded),
+            persist_every=spec.checkpointing.persist_every,
+            lease=self.lease.ensure,
+        )
         self.flops = peak_flops(self.device, self.prec.precision, self.cfg.peak_flops)
 
     def _local_root(self, sharded: bool) -> pathlib.Path | None:
@@ -219,16 +261,20 @@ class Trainer:
         if sharded and local_world != self.env.world_size:
             # DCP writes each rank's shards on its own host: a host-local tier would split one checkpoint
             # over several machines' local dirs, so sharded multi-host runs write to the durable dir only.
-            self.tel.event("CHECKPOINT_LOCAL_TIER_OFF", "sharded state over several hosts: no local tier",
-                           local_dir=local, world_size=self.env.world_size, local_world_size=local_world)
+            self.tel.event(
+                "CHECKPOINT_LOCAL_TIER_OFF",
+                "sharded state over several hosts: no local tier",
+                local_dir=local,
+                world_size=self.env.world_size,
+                local_world_size=local_world,
+            )
             return None
         return pathlib.Path(local)
 
     def _optimizer(self) -> tuple[torch.optim.Optimizer, bool]:
         decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": self.cfg.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
+        groups = [{"params": decay, "weight_decay": self.cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         kw: dict[str, Any] = {"lr": self.cfg.lr, "betas": (self.cfg.beta1, self.cfg.beta2)}
         try:
             # fused: one kernel per step, and it can skip a non-finite update on the device (found_inf)
@@ -249,9 +295,16 @@ class Trainer:
         rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        return {"step": self.step, "loss": self.final_loss, "data": self.data.state_dict(),
-                "guard": self.guard.state_dict(), "precision": self.prec.state_dict(), "rng": rng,
-                "seed": self.spec.seed, "eval": self.eval_metrics}
+        return {
+            "step": self.step,
+            "loss": self.final_loss,
+            "data": self.data.state_dict(),
+            "guard": self.guard.state_dict(),
+            "precision": self.prec.state_dict(),
+            "rng": rng,
+            "seed": self.spec.seed,
+            "eval": self.eval_metrics,
+        }
 
     def restore(self, path: pathlib.Path) -> dict[str, Any]:
         extra = self.ckpt.load(path, self.model, self.optimizer)
@@ -295,8 +348,7 @@ class Trainer:
         if self.device.type == "cuda":
             try:
                 sampler = NvmlSampler(self.device.index or 0)
-                tel.every(self.cfg.gpu_sample_s, lambda: tel.emit(RecordKind.GPU_SAMPLE, **sampler.sample()),
-                          "nvml")
+                tel.every(self.cfg.gpu_sample_s, lambda: tel.emit(RecordKind.GPU_SAMPLE, **sampler.sample()), "nvml")
             except Exception as exc:
                 tel.event("NVML_UNAVAILABLE", f"no NVML samples: {exc!r}")
         # Python's automatic collector walks the compiler's millions of objects at moments of its choosing, each
@@ -315,11 +367,18 @@ class Trainer:
         """Say which checkpoint this attempt continues from, as the control plane records a checkpoint: the
         attempt that committed it may have been cut off before its worker could relay it."""
         manifest = json.loads((path / MANIFEST).read_text())
-        self.tel.emit(RecordKind.RESUMED, step=self.step, path=str(path), data=self.data.state_dict(),
-                      tier=self.ckpt.tier_of(path), loss=self.final_loss, token=manifest.get("fencing_token"),
-                      created=manifest.get("created"),
-                      bytes=sum(int(f["bytes"]) for f in manifest["files"].values()),
-                      sha256=sha256_file(path / MANIFEST))
+        self.tel.emit(
+            RecordKind.RESUMED,
+            step=self.step,
+            path=str(path),
+            data=self.data.state_dict(),
+            tier=self.ckpt.tier_of(path),
+            loss=self.final_loss,
+            token=manifest.get("fencing_token"),
+            created=manifest.get("created"),
+            bytes=sum(int(f["bytes"]) for f in manifest["files"].values()),
+            sha256=sha256_file(path / MANIFEST),
+        )
 
     def _loop(self, flag: PreemptionFlag) -> ExitCode:
         spec, env, tel, cfg = self.spec, self.env, self.tel, self.cfg
@@ -359,8 +418,11 @@ class Trainer:
             for g in self.optimizer.param_groups:
                 g["lr"] = self.lr_at(self.step)
             self.prec.unscale(self.optimizer)
-            gn = _scalar(torch.nn.utils.clip_grad_norm_(
-                params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"), foreach=True))
+            gn = _scalar(
+                torch.nn.utils.clip_grad_norm_(
+                    params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"), foreach=True
+                )
+            )
             self.ckpt.before_optimizer_step()
             if self.prec.scaler is None:
                 if self.fused:
@@ -398,14 +460,19 @@ class Trainer:
                 if not stop:  # a preemption checkpoints at once; the next attempt evaluates
                     self._evaluate()
                 self.phase = "checkpointing"
-                self.ckpt.save(self.step, self.model, self.optimizer, self.extra_state(),
-                               blocking=stop or self.step == spec.steps)
+                self.ckpt.save(
+                    self.step, self.model, self.optimizer, self.extra_state(), blocking=stop or self.step == spec.steps
+                )
                 self._note_overhead("save")  # the save's stall falls into the next reported step's time
                 last_ckpt_t = time.monotonic()
                 self.phase = "training"
                 if stop:
-                    tel.event("PREEMPTED", f"signal {flag.signum}: checkpointed step {self.step}, exiting",
-                              step=self.step, signal=flag.signum)
+                    tel.event(
+                        "PREEMPTED",
+                        f"signal {flag.signum}: checkpointed step {self.step}, exiting",
+                        step=self.step,
+                        signal=flag.signum,
+                    )
                     return ExitCode.PREEMPTED
         self._drain(pending, 0)
         self.ckpt.finish()
@@ -421,8 +488,9 @@ class Trainer:
         self.phase = "evaluating"
         model = self.model if self.strategy == "fsdp" and self.env.distributed else self.raw_model
         with self.prec.autocast():
-            self.eval_metrics = recipe.evaluate(model, rank=self.env.rank, world_size=self.env.world_size,
-                                                group=self.env.ctrl)
+            self.eval_metrics = recipe.evaluate(
+                model, rank=self.env.rank, world_size=self.env.world_size, group=self.env.ctrl
+            )
         self.tel.emit(RecordKind.EVAL, step=self.step, metrics=self.eval_metrics)
         self._note_overhead("save")
 
@@ -472,14 +540,30 @@ class Trainer:
             rate = items / dt if dt > 0 else None
             mfu = self.flops_per_item * rate / (self.flops * self.env.world_size) if rate and self.flops else None
             if not (math.isfinite(loss) and math.isfinite(gn)):
-                self.tel.event("NONFINITE_SKIPPED", f"step {step}: non-finite loss/grad norm, update skipped",
-                               step=step, batch=index, loss=loss, grad_norm=gn)
+                self.tel.event(
+                    "NONFINITE_SKIPPED",
+                    f"step {step}: non-finite loss/grad norm, update skipped",
+                    step=step,
+                    batch=index,
+                    loss=loss,
+                    grad_norm=gn,
+                )
                 continue
             overhead, self.overhead = self.overhead, None
             if step % cfg.log_every == 0 or step == self.spec.steps:
-                self.tel.emit(RecordKind.STEP, step=step, batch=index, loss=loss, grad_norm=gn,
-                              tokens_per_s=rate, step_time_s=dt, mfu=mfu, lr=self.lr_at(step - 1),
-                              overhead=overhead, **memory.measured(self.device))
+                self.tel.emit(
+                    RecordKind.STEP,
+                    step=step,
+                    batch=index,
+                    loss=loss,
+                    grad_norm=gn,
+                    tokens_per_s=rate,
+                    step_time_s=dt,
+                    mfu=mfu,
+                    lr=self.lr_at(step - 1),
+                    overhead=overhead,
+                    **memory.measured(self.device),
+                )
             self.final_loss = loss
             spike = self.guard.observe(step, index, loss, gn)
             if spike is not None:
@@ -490,13 +574,25 @@ class Trainer:
 
     def _rollback(self, spike: Spike) -> None:
         tel = self.tel
-        tel.event("LOSS_SPIKE", f"loss spike confirmed over steps {list(spike.steps)}", step=spike.first_step,
-                  steps=list(spike.steps), batches=list(spike.batches), loss=spike.loss,
-                  loss_moving_avg=spike.loss_mean, grad_norm=spike.grad_norm, grad_norm_moving_avg=spike.grad_mean,
-                  factor=self.cfg.guard.factor, spikes=self.guard.spikes)
+        tel.event(
+            "LOSS_SPIKE",
+            f"loss spike confirmed over steps {list(spike.steps)}",
+            step=spike.first_step,
+            steps=list(spike.steps),
+            batches=list(spike.batches),
+            loss=spike.loss,
+            loss_moving_avg=spike.loss_mean,
+            grad_norm=spike.grad_norm,
+            grad_norm_moving_avg=spike.grad_mean,
+            factor=self.cfg.guard.factor,
+            spikes=self.guard.spikes,
+        )
         if self.guard.spikes > self.cfg.guard.max_spikes:
-            tel.event("TOO_MANY_SPIKES", f"{self.guard.spikes} spikes > max_spikes={self.cfg.guard.max_spikes}",
-                      spikes=self.guard.spikes)
+            tel.event(
+                "TOO_MANY_SPIKES",
+                f"{self.guard.spikes} spikes > max_spikes={self.cfg.guard.max_spikes}",
+                spikes=self.guard.spikes,
+            )
             raise TooManySpikes(f"{self.guard.spikes} loss spikes")
         self.phase = "rolling_back"
         skip = set(self.data.skip) | set(spike.batches)
@@ -509,9 +605,15 @@ class Trainer:
         self.data.skip |= skip
         self.last_done_t = time.perf_counter()
         self._note_overhead("restore")
-        tel.event("ROLLED_BACK", f"rolled back to step {self.step}; skipping batches {sorted(spike.batches)}",
-                  to_step=self.step, path=str(path) if path else None, skipped_batches=sorted(spike.batches),
-                  removed_checkpoints=removed, tier=self.ckpt.tier_of(path) if path else None)
+        tel.event(
+            "ROLLED_BACK",
+            f"rolled back to step {self.step}; skipping batches {sorted(spike.batches)}",
+            to_step=self.step,
+            path=str(path) if path else None,
+            skipped_batches=sorted(spike.batches),
+            removed_checkpoints=removed,
+            tier=self.ckpt.tier_of(path) if path else None,
+        )
         self.phase = "training"
 
     def _heartbeat(self) -> None:
@@ -522,9 +624,16 @@ class Trainer:
                 cuda_ok = True
             except Exception:
                 cuda_ok = False
-        self.tel.emit(RecordKind.HEARTBEAT, alive=True, step=self.step, phase=self.phase, cuda_ok=cuda_ok,
-                      nccl_error=None, grad_sync_latency_s=self.last_sync_latency,
-                      backend=self.env.backend)
+        self.tel.emit(
+            RecordKind.HEARTBEAT,
+            alive=True,
+            step=self.step,
+            phase=self.phase,
+            cuda_ok=cuda_ok,
+            nccl_error=None,
+            grad_sync_latency_s=self.last_sync_latency,
+            backend=self.env.backend,
+        )
 
     def _done(self) -> None:
         elapsed = time.perf_counter() - self.t_start
@@ -534,16 +643,34 @@ class Trainer:
         rep = self.report
         # steps and final_loss are those of the last checkpoint (the final save, or the one resumed from when
         # no step was left): what the job's record must equal.
-        self.tel.emit(RecordKind.DONE, final_loss=self.final_loss, steps=self.step, elapsed_s=elapsed,
-                      tokens_per_s=self.tokens_done / elapsed if elapsed > 0 else None,
-                      strategy=self.strategy, precision=self.prec.precision,
-                      compile={"mode": rep.mode, "active": rep.active, "reason": rep.reason,
-                               "elapsed_s": rep.elapsed_s, "cache_hit": rep.cache_hit} if rep else None,
-                      predicted_peak_bytes=pred, measured_peak_bytes=meas["mem_peak_bytes"],
-                      memory_prediction_error=err, overflow_rate=self.prec.overflow_rate,
-                      spikes=self.guard.spikes, checkpoints=self.ckpt.saves, exit_code=int(ExitCode.SUCCEEDED),
-                      eval=self.eval_metrics,
-                      checkpoints_persisted=self.ckpt.persisted, checkpoint_failures=self.ckpt.failures)
+        self.tel.emit(
+            RecordKind.DONE,
+            final_loss=self.final_loss,
+            steps=self.step,
+            elapsed_s=elapsed,
+            tokens_per_s=self.tokens_done / elapsed if elapsed > 0 else None,
+            strategy=self.strategy,
+            precision=self.prec.precision,
+            compile={
+                "mode": rep.mode,
+                "active": rep.active,
+                "reason": rep.reason,
+                "elapsed_s": rep.elapsed_s,
+                "cache_hit": rep.cache_hit,
+            }
+            if rep
+            else None,
+            predicted_peak_bytes=pred,
+            measured_peak_bytes=meas["mem_peak_bytes"],
+            memory_prediction_error=err,
+            overflow_rate=self.prec.overflow_rate,
+            spikes=self.guard.spikes,
+            checkpoints=self.ckpt.saves,
+            exit_code=int(ExitCode.SUCCEEDED),
+            eval=self.eval_metrics,
+            checkpoints_persisted=self.ckpt.persisted,
+            checkpoint_failures=self.ckpt.failures,
+        )
 
 
 def run(spec: JobSpec, run_dir: pathlib.Path, env: DistEnv) -> ExitCode:

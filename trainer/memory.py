@@ -24,5 +24,7 @@ def apply_memory_cap(device: torch.device) -> float | None:
 def measured(device: torch.device) -> dict[str, int | None]:
     if device.type != "cuda":
         return {"mem_allocated_bytes": None, "mem_peak_bytes": None}
-    return {"mem_allocated_bytes": int(torch.cuda.memory_allocated(device)),
-            "mem_peak_bytes": int(torch.cuda.max_memory_allocated(device))}
+    return {
+        "mem_allocated_bytes": int(torch.cuda.memory_allocated(device)),
+        "mem_peak_bytes": int(torch.cuda.max_memory_allocated(device)),
+    }

@@ -69,8 +69,9 @@ def device_capacity(device: torch.device) -> int | None:
     return int(torch.cuda.get_device_properties(device).total_memory)
 
 
-def choose_strategy(requested: str, *, predicted_ddp_bytes: int, capacity: int | None, world_size: int,
-                    headroom: float = 0.85) -> str:
+def choose_strategy(
+    requested: str, *, predicted_ddp_bytes: int, capacity: int | None, world_size: int, headroom: float = 0.85
+) -> str:
     """``auto``: replicate (DDP) while a full replica fits in ``headroom`` of the GPU, else shard (FSDP2).
     On CPU there is no device limit to fit, so DDP."""
     if requested in ("ddp", "fsdp"):
@@ -80,8 +81,9 @@ def choose_strategy(requested: str, *, predicted_ddp_bytes: int, capacity: int |
     return "ddp"
 
 
-def wrap(model: nn.Module, blocks: list[nn.Module], *, strategy: str, env: DistEnv,
-         precision: PrecisionContext) -> nn.Module:
+def wrap(
+    model: nn.Module, blocks: list[nn.Module], *, strategy: str, env: DistEnv, precision: PrecisionContext
+) -> nn.Module:
     """Apply data parallelism.  One process needs none: the bare module trains alone (no DDP overhead)."""
     if not env.distributed:
         return model
@@ -97,5 +99,9 @@ def wrap(model: nn.Module, blocks: list[nn.Module], *, strategy: str, env: DistE
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    return DDP(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None,
-               gradient_as_bucket_view=True, static_graph=False)
+    return DDP(
+        model,
+        device_ids=[env.local_rank] if env.device.type == "cuda" else None,
+        gradient_as_bucket_view=True,
+        static_graph=False,
+    )

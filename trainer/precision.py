@@ -47,8 +47,11 @@ class PrecisionContext:
         scaler = None
         if precision == "fp16":
             scaler = torch.amp.GradScaler(
-                device.type, init_scale=SCALER_INIT, growth_factor=SCALER_GROWTH,
-                backoff_factor=SCALER_BACKOFF, growth_interval=SCALER_INTERVAL,
+                device.type,
+                init_scale=SCALER_INIT,
+                growth_factor=SCALER_GROWTH,
+                backoff_factor=SCALER_BACKOFF,
+                growth_interval=SCALER_INTERVAL,
             )
         return cls(precision=precision, device=device, scaler=scaler)
 
@@ -85,8 +88,11 @@ class PrecisionContext:
         return self.overflows / self.steps if self.scaler is not None and self.steps else None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scaler": self.scaler.state_dict() if self.scaler else None,
-                "steps": self.steps, "overflows": self.overflows}
+        return {
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "steps": self.steps,
+            "overflows": self.overflows,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.scaler is not None and state.get("scaler"):

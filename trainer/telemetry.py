@@ -103,7 +103,8 @@ class NvmlSampler:
         nv = self.nv
         try:
             values = nv.nvmlDeviceGetFieldValues(
-                self.handle, [nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX])
+                self.handle, [nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX]
+            )
         except (nv.NVMLError, AttributeError):
             return None
         out = []

@@ -24,7 +24,11 @@ import torch.distributed as dist
 
 # What a host, a link or a device causes, whatever code was running when it happened.
 INFRASTRUCTURE: tuple[type[BaseException], ...] = (
-    OSError, MemoryError, torch.OutOfMemoryError, dist.DistError, torch.AcceleratorError,
+    OSError,
+    MemoryError,
+    torch.OutOfMemoryError,
+    dist.DistError,
+    torch.AcceleratorError,
 )
 
 
@@ -68,7 +72,11 @@ def is_collective_failure(exc: BaseException) -> bool:
 # Among OSErrors, a path the job may not touch (its own user is denied: workers/attempt_user.py) or that does not
 # exist is the job's own doing, the same on every host.
 THE_JOBS_OWN: tuple[type[BaseException], ...] = (
-    PermissionError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError,
+    PermissionError,
+    FileNotFoundError,
+    NotADirectoryError,
+    IsADirectoryError,
+    FileExistsError,
 )
 
 

@@ -63,15 +63,20 @@ def import_entry_point(entry_point: str, directory: pathlib.Path) -> ModuleType:
         module = importlib.import_module(entry_point)
     version = getattr(module, "KILN_PROTOCOL", None)
     if version != PROTOCOL_VERSION:
-        raise UserError(f"importing your code ({entry_point})", ValueError(
-            f"KILN_PROTOCOL = {version!r}; this kiln speaks recipe protocol {PROTOCOL_VERSION}"))
+        raise UserError(
+            f"importing your code ({entry_point})",
+            ValueError(f"KILN_PROTOCOL = {version!r}; this kiln speaks recipe protocol {PROTOCOL_VERSION}"),
+        )
     missing = [name for name in REQUIRED if not hasattr(module, name)]
     if missing:
-        raise UserError(f"importing your code ({entry_point})",
-                        AttributeError(f"the module has no {', '.join(missing)} (docs/user-code.md)"))
+        raise UserError(
+            f"importing your code ({entry_point})",
+            AttributeError(f"the module has no {', '.join(missing)} (docs/user-code.md)"),
+        )
     if not (isinstance(module.Hyperparameters, type) and issubclass(module.Hyperparameters, BaseModel)):
-        raise UserError(f"importing your code ({entry_point})",
-                        TypeError("Hyperparameters must be a pydantic BaseModel subclass"))
+        raise UserError(
+            f"importing your code ({entry_point})", TypeError("Hyperparameters must be a pydantic BaseModel subclass")
+        )
     return module
 
 
@@ -84,15 +89,17 @@ def user_hyperparameters(module: ModuleType, hyperparameters: Mapping[str, Any])
         if key not in model.model_fields:
             close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise UserError("reading the hyperparameters",
-                            ValueError(f"recipe.hyperparameters.{key}: unknown hyperparameter{hint}"))
+            raise UserError(
+                "reading the hyperparameters", ValueError(f"recipe.hyperparameters.{key}: unknown hyperparameter{hint}")
+            )
     try:
         hp: BaseModel = module.Hyperparameters.model_validate(theirs)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise UserError("reading the hyperparameters",
-                        ValueError(f"recipe.hyperparameters.{where}: {first['msg']}")) from None
+        raise UserError(
+            "reading the hyperparameters", ValueError(f"recipe.hyperparameters.{where}: {first['msg']}")
+        ) from None
     return hp
 
 
@@ -110,8 +117,9 @@ class UserBatches:
 
     def _open(self, start: int) -> Iterator[Any]:
         with user_code("your batches()"):
-            return iter(self.module.batches(self.hp, rank=self.rank, world_size=self.world_size, seed=self.seed,
-                                            start=start))
+            return iter(
+                self.module.batches(self.hp, rank=self.rank, world_size=self.world_size, seed=self.seed, start=start)
+            )
 
     def _draw(self, it: Iterator[Any], index: int) -> Any:
         with user_code("your batches()"):
@@ -219,8 +227,9 @@ class UserRecipe(Recipe):
     def evaluates(self) -> bool:
         return hasattr(self.module, "evaluate")
 
-    def evaluate(self, model: nn.Module, *, rank: int, world_size: int,
-                 group: dist.ProcessGroup | None = None) -> dict[str, float]:
+    def evaluate(
+        self, model: nn.Module, *, rank: int, world_size: int, group: dist.ProcessGroup | None = None
+    ) -> dict[str, float]:
         """The user's metrics, averaged over the ranks (each evaluates its own share, or all of it)."""
         was_training = model.training
         model.eval()

@@ -30,8 +30,17 @@ class AttemptUser:
     gid: int
 
     def command(self, argv: list[str]) -> list[str]:
-        return [SETPRIV, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--no-new-privs",
-                "--inh-caps=-all", "--bounding-set=-all", "--", *argv]
+        return [
+            SETPRIV,
+            f"--reuid={self.uid}",
+            f"--regid={self.gid}",
+            "--clear-groups",
+            "--no-new-privs",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--",
+            *argv,
+        ]
 
     def env(self, run_dir: Path) -> dict[str, str]:
         name = f"kiln-{self.uid}"
@@ -110,10 +119,19 @@ class AttemptUsers:
         if self.enabled:
             assert self.base is not None
             closed = closed_ancestor(Path(os.path.realpath(sys.executable)))
-            warning = "" if closed is None else (
-                f"; WARNING: the interpreter {os.path.realpath(sys.executable)} lies under {closed}, which other "
-                "users cannot enter: an attempt of several processes (torchrun) cannot start its ranks")
-            return (f"attempt users: each team's attempts run as uid/gid {self.base} + team id (setpriv, no "
-                    f"capabilities, no_new_privs, 0700 directories){warning}")
-        return (f"attempt users: OFF ({self.why_not}): every attempt runs as the worker's own user, so one team's "
-                "attempt can read another's files on this host")
+            warning = (
+                ""
+                if closed is None
+                else (
+                    f"; WARNING: the interpreter {os.path.realpath(sys.executable)} lies under {closed}, which other "
+                    "users cannot enter: an attempt of several processes (torchrun) cannot start its ranks"
+                )
+            )
+            return (
+                f"attempt users: each team's attempts run as uid/gid {self.base} + team id (setpriv, no "
+                f"capabilities, no_new_privs, 0700 directories){warning}"
+            )
+        return (
+            f"attempt users: OFF ({self.why_not}): every attempt runs as the worker's own user, so one team's "
+            "attempt can read another's files on this host"
+        )

@@ -42,8 +42,9 @@ def _describe(code: int) -> str:
         return f"exit code {code}"
 
 
-def classify(rank_codes: dict[int, int], launcher_code: int, stop: StopRequest | None,
-             rank_errors: dict[int, str] | None = None) -> Outcome:
+def classify(
+    rank_codes: dict[int, int], launcher_code: int, stop: StopRequest | None, rank_errors: dict[int, str] | None = None
+) -> Outcome:
     """``rank_codes``: the exit code each rank recorded (a rank killed by a signal records none).
 
     ``launcher_code`` is torchrun's own code, which only says "some rank failed"; the ranks' codes say how.

@@ -120,8 +120,11 @@ class HostAgent:
             silent = (now - attempt.heartbeat_at).total_seconds() if attempt.heartbeat_at else None
             reason = f"the worker on {self.name} restarted; attempt {attempt.number} lost its supervisor"
             data = {"incident": "worker_restarted", "silent_s": silent}
-            actions.append(requeue_after_failure(db, job=job, attempt=attempt, reason=reason, now=now, data=data,
-                                                 settings=self.settings))
+            actions.append(
+                requeue_after_failure(
+                    db, job=job, attempt=attempt, reason=reason, now=now, data=data, settings=self.settings
+                )
+            )
         return actions
 
     def heartbeat(self, db: Session) -> None:

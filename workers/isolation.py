@@ -224,7 +224,6 @@ class Isolation:
                 with contextlib.suppress(OSError):
                     group.rmdir()
 
-
     def close(self) -> None:
         """At worker exit: the host's own (empty) groups go too."""
         self.sweep()

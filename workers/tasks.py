@@ -369,8 +369,12 @@ class AttemptRunner:
     def lost_mps_server(self, outcome: Outcome) -> bool:
         """A share's attempt that ended badly while its MPS daemon died (or was restarted) failed with it: an
         infrastructure failure whatever the trainer said (a CUDA error would otherwise read as the user's)."""
-        if self.mps_generation is None or outcome.exit_class in (ExitClass.SUCCEEDED, ExitClass.CANCELLED,
-                                                                 ExitClass.PREEMPTED, ExitClass.DRAINED):
+        if self.mps_generation is None or outcome.exit_class in (
+            ExitClass.SUCCEEDED,
+            ExitClass.CANCELLED,
+            ExitClass.PREEMPTED,
+            ExitClass.DRAINED,
+        ):
             return False  # fmt: skip
         daemon = mps.DAEMON
         return self.mps_restarted() or daemon is None or not daemon.healthy()
@@ -495,8 +499,11 @@ class AttemptRunner:
         confinement = self.proc.confinement
         if outcome.exit_class is ExitClass.INFRASTRUCTURE and confinement is not None and confinement.oom_killed():
             limit = confinement.limits.memory_bytes
-            outcome = Outcome(ExitClass.OOM, f"out of host memory: the job went over its limit of {limit} bytes "
-                                             f"(resources.host_memory_bytes) and was killed ({outcome.reason})")
+            outcome = Outcome(
+                ExitClass.OOM,
+                f"out of host memory: the job went over its limit of {limit} bytes "
+                f"(resources.host_memory_bytes) and was killed ({outcome.reason})",
+            )
         if self.lost_mps_server(outcome):
             why = f"the host's MPS daemon died and took this job's GPU share with it ({outcome.reason})"
             outcome = Outcome(ExitClass.INFRASTRUCTURE, why)
@@ -557,8 +564,17 @@ class AttemptRunner:
             # the final checkpoint and trained no step): the job's result is what its checkpoint holds.
             job.last_step = int(done["steps"])
             job.last_loss = done.get("final_loss")
-        end_attempt_as(db, job=job, attempt=attempt, exit_class=cls, reason=outcome.reason, now=now,
-                       exit_code=exit_code, data=data, settings=self.settings)
+        end_attempt_as(
+            db,
+            job=job,
+            attempt=attempt,
+            exit_class=cls,
+            reason=outcome.reason,
+            now=now,
+            exit_code=exit_code,
+            data=data,
+            settings=self.settings,
+        )
 
 
 # ------------------------------------------------------------------------------------------------------- task
@@ -616,8 +632,18 @@ def _run_claimed(
     spec_path = run_dir / "spec.json"
     argv, launch_env = launch_command(nproc_per_node=slots, spec_path=spec_path, run_dir=run_dir,
                                       rendezvous=claimed.rendezvous)  # fmt: skip
-    env = attempt_env(claimed, attempt_id=attempt_id, token=fencing_token, checkpoint_dir=checkpoint_dir,
-                      compile_dir=compile_dir, lease_file=run_dir / LEASE_FILE, local_dir=local_dir) | launch_env
+    env = (
+        attempt_env(
+            claimed,
+            attempt_id=attempt_id,
+            token=fencing_token,
+            checkpoint_dir=checkpoint_dir,
+            compile_dir=compile_dir,
+            lease_file=run_dir / LEASE_FILE,
+            local_dir=local_dir,
+        )
+        | launch_env
+    )
     host_isolation = isolation.current(host, settings)
     limits = host_isolation.limits(claimed.spec, slots)
     proc = TrainerProcess(argv, env=env, log_path=log_path, run_dir=run_dir, cwd=run_dir, log_gid=settings.storage_gid)
@@ -636,8 +662,15 @@ def _run_claimed(
         fetch_code(claimed, storage=storage, run_dir=run_dir, proc=proc, settings=settings)
         user = host_isolation.users.for_team(claimed.team_id)
         if user is not None:
-            run_as(user, proc, storage=storage, checkpoint_dir=checkpoint_dir, compile_dir=compile_dir,
-                   local_dir=local_dir, settings=settings)
+            run_as(
+                user,
+                proc,
+                storage=storage,
+                checkpoint_dir=checkpoint_dir,
+                compile_dir=compile_dir,
+                local_dir=local_dir,
+                settings=settings,
+            )
         proc.log_line(f"attempt {claimed.attempt_number} (token {fencing_token}) node {node_rank} on {host}")
         if ENV_TEST_HOOKS in env:
             proc.log_line(f"TEST HOOKS ACTIVE ({ENV_TEST_HOOKS} is set on this worker): {env[ENV_TEST_HOOKS]}")
@@ -677,12 +710,22 @@ def fetch_code(claimed: Claimed, *, storage: Path, run_dir: Path, proc: TrainerP
     dest = run_dir / "code"
     summary = extract(artifact_path(storage, claimed.team_id, digest), digest, dest, settings.archive_limits)
     proc.env[ENV_CODE_DIR] = str(dest)
-    proc.log_line(f"code {digest[:12]} ({summary.entries} entries, {summary.unpacked_bytes} bytes) verified and "
-                  f"unpacked; entry point {code.get('entry_point')}")
+    proc.log_line(
+        f"code {digest[:12]} ({summary.entries} entries, {summary.unpacked_bytes} bytes) verified and "
+        f"unpacked; entry point {code.get('entry_point')}"
+    )
 
 
-def run_as(user: AttemptUser, proc: TrainerProcess, *, storage: Path, checkpoint_dir: Path, compile_dir: Path,
-           local_dir: Path | None, settings: Settings) -> None:
+def run_as(
+    user: AttemptUser,
+    proc: TrainerProcess,
+    *,
+    storage: Path,
+    checkpoint_dir: Path,
+    compile_dir: Path,
+    local_dir: Path | None,
+    settings: Settings,
+) -> None:
     """The attempt as its team's own unprivileged user: its directories its own (0700), what the worker wrote for
     it (spec, code, fence, lease) readable and not writable, launched through setpriv."""
     run_dir = proc.run_dir

@@ -219,8 +219,13 @@ def _evaluation(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, 
     step = _int(rec.get("step")) or 0
     job.eval_metrics = {"step": step, "metrics": metrics}
     shown = ", ".join(f"{k} {v:.4f}" if v is not None else f"{k} -" for k, v in metrics.items())
-    record_event(session, "EVALUATION", job=job, message=f"step {step}: {shown}"[:1000],
-                 data={"attempt": attempt.number, "step": step, "metrics": metrics})
+    record_event(
+        session,
+        "EVALUATION",
+        job=job,
+        message=f"step {step}: {shown}"[:1000],
+        data={"attempt": attempt.number, "step": step, "metrics": metrics},
+    )
 
 
 def _resumed(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any], step: int) -> None:

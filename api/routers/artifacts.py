@@ -40,9 +40,17 @@ class ArtifactOut(OutModel):
 
 
 def _out(a: Artifact, team: str, created: bool = False) -> ArtifactOut:
-    return ArtifactOut(team=team, digest=a.digest, bytes=a.bytes, unpacked_bytes=a.unpacked_bytes, entries=a.entries,
-                       created_at=a.created_at, last_used_at=a.last_used_at, created=created,
-                       download=f"/v1/teams/{team}/artifacts/{a.digest}/archive")
+    return ArtifactOut(
+        team=team,
+        digest=a.digest,
+        bytes=a.bytes,
+        unpacked_bytes=a.unpacked_bytes,
+        entries=a.entries,
+        created_at=a.created_at,
+        last_used_at=a.last_used_at,
+        created=created,
+        download=f"/v1/teams/{team}/artifacts/{a.digest}/archive",
+    )
 
 
 @router.get("", response_model=list[ArtifactOut], summary="The team's code archives, newest first")
@@ -55,21 +63,40 @@ def get_artifact(team: TeamPath, digest: DigestPath, db: SessionDep, who: Curren
     return _out(svc.get(db=db, principal=who, team=team, digest=digest), team)
 
 
-@router.get("/{digest}/archive", summary="Download the archive (.tar.gz)",
-            responses={200: {"content": {"application/gzip": {}}}})
-def download_artifact(team: TeamPath, digest: DigestPath, db: SessionDep, who: CurrentPrincipal,
-                      settings: SettingsDep) -> FileResponse:
+@router.get(
+    "/{digest}/archive",
+    summary="Download the archive (.tar.gz)",
+    responses={200: {"content": {"application/gzip": {}}}},
+)
+def download_artifact(
+    team: TeamPath, digest: DigestPath, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep
+) -> FileResponse:
     artifact = svc.get(db=db, principal=who, team=team, digest=digest)
     path = artifact_path(settings.resolved_storage_dir, artifact.team_id, digest)
     return FileResponse(path, media_type="application/gzip", filename=f"{team}-{digest[:12]}.tar.gz")
 
 
-@router.put("/{digest}", response_model=ArtifactOut, summary="Upload an archive (.tar.gz) under its SHA-256",
-            responses={201: {"model": ArtifactOut}},
-            openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
-                "schema": {"type": "string", "format": "binary"}}}}})
-async def upload_artifact(team: TeamPath, digest: DigestPath, request: Request, db: SessionDep,
-                          who: CurrentPrincipal, settings: SettingsDep, response: Response) -> ArtifactOut:
+@router.put(
+    "/{digest}",
+    response_model=ArtifactOut,
+    summary="Upload an archive (.tar.gz) under its SHA-256",
+    responses={201: {"model": ArtifactOut}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }
+    },
+)
+async def upload_artifact(
+    team: TeamPath,
+    digest: DigestPath,
+    request: Request,
+    db: SessionDep,
+    who: CurrentPrincipal,
+    settings: SettingsDep,
+    response: Response,
+) -> ArtifactOut:
     limit = settings.artifact_max_upload_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -85,8 +112,9 @@ async def upload_artifact(team: TeamPath, digest: DigestPath, request: Request, 
                 if size > limit:
                     raise svc.TooLarge(f"the archive is over the limit of {limit} bytes")
                 fh.write(chunk)
-        stored = await run_in_threadpool(svc.store, db=db, principal=who, team=team, digest=digest, upload=upload,
-                                         settings=settings)
+        stored = await run_in_threadpool(
+            svc.store, db=db, principal=who, team=team, digest=digest, upload=upload, settings=settings
+        )
     finally:
         upload.unlink(missing_ok=True)
     response.status_code = status.HTTP_201_CREATED if stored.created else status.HTTP_200_OK

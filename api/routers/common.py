@@ -69,8 +69,14 @@ IfMatchHeader = Annotated[
            "otherwise). Without it the change is made whatever the version."),
 ]  # fmt: skip
 ETAG: dict[int | str, dict[str, Any]] = {
-    200: {"headers": {"ETag": {"description": "The version of what is shown (send it as If-Match to change it)",
-                               "schema": {"type": "string"}}}}  # fmt: skip
+    200: {
+        "headers": {
+            "ETag": {
+                "description": "The version of what is shown (send it as If-Match to change it)",
+                "schema": {"type": "string"},
+            }
+        }
+    }  # fmt: skip
 }
 
 

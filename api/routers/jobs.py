@@ -60,20 +60,24 @@ JSON_TYPES = frozenset({"application/json"})
 YAML_TYPES = frozenset({"application/yaml", "application/x-yaml", "text/yaml"})
 IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,128}$")
 SUBMIT_BODY: dict[str, Any] = {
-    "parameters": [{
-        "name": "Idempotency-Key", "in": "header", "required": False,
-        "description": "A key of yours for this submission (e.g. a UUID): a retry with the same key and body answers "
-        "the job the first one made (header Idempotent-Replayed: true) instead of starting another; the same key "
-        "with another body is a 422. Keys are kept per team.",
-        "schema": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[!-~]+$"},
-    }],
+    "parameters": [
+        {
+            "name": "Idempotency-Key",
+            "in": "header",
+            "required": False,
+            "description": "A key of yours for this submission (e.g. a UUID): a retry with the same key and body "
+            "answers the job the first one made (header Idempotent-Replayed: true) instead of starting another; the "
+            "same key with another body is a 422. Keys are kept per team.",
+            "schema": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[!-~]+$"},
+        }
+    ],
     "requestBody": {
         "required": True,
         "content": {
             "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
             **{t: {"schema": {"type": "string", "description": "The job spec as YAML"}} for t in sorted(YAML_TYPES)},
         },
-    }
+    },
 }
 
 
@@ -316,10 +320,12 @@ class CodeOut(OutModel):
 @router.get("/{job_id}/code", response_model=CodeOut, summary="The job's own code and its last evaluation")
 def code(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> CodeOut:
     found = svc.code(db=db, principal=who, job_id=job_id)
-    return CodeOut(digest=found.digest, entry_point=found.entry_point,
-                   download=f"/v1/teams/{found.team}/artifacts/{found.digest}/archive" if found.digest else None,
-                   evaluation=found.evaluation)
-
+    return CodeOut(
+        digest=found.digest,
+        entry_point=found.entry_point,
+        download=f"/v1/teams/{found.team}/artifacts/{found.digest}/archive" if found.digest else None,
+        evaluation=found.evaluation,
+    )
 
 
 @router.get("/{job_id}/why", response_model=WhyOut, summary="Why the job is (not) running, and what would let it start")

@@ -89,8 +89,14 @@ def put_team_member(
     response.status_code = {"added": 201, "invited": 202}.get(change.status, 200)
     if response.status_code == 201:
         response.headers["Location"] = f"/v1/teams/{team}/members/{user}"
-    return MemberOut(team=team, user=user, role=change.role, created_at=change.created_at,
-                     status="invited" if change.status == "invited" else "member", expires_at=change.expires_at)
+    return MemberOut(
+        team=team,
+        user=user,
+        role=change.role,
+        created_at=change.created_at,
+        status="invited" if change.status == "invited" else "member",
+        expires_at=change.expires_at,
+    )
 
 
 def invitation_out(db: SessionDep, i: TeamInvitation) -> InvitationOut:

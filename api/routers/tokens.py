@@ -37,7 +37,12 @@ def issue_token(
     if body.expires_in_s is not None:
         expires_at = utcnow() + timedelta(seconds=body.expires_in_s)
     token, secret = svc.issue(
-        db=db, principal=who, name=body.name, scopes=body.scopes, expires_at=expires_at, user=body.user,
+        db=db,
+        principal=who,
+        name=body.name,
+        scopes=body.scopes,
+        expires_at=expires_at,
+        user=body.user,
         max_active=settings.max_tokens_per_user,
     )
     db.refresh(token)

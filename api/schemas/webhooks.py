@@ -24,8 +24,15 @@ class WebhookCreate(InModel):
     description: Text = ""
 
     model_config = InModel.model_config | {
-        "json_schema_extra": {"examples": [{"team": "default", "url": "https://hooks.example.com/kiln",
-                                            "events": ["finished", "failed", "sla_violation"]}]}  # fmt: skip
+        "json_schema_extra": {
+            "examples": [
+                {
+                    "team": "default",
+                    "url": "https://hooks.example.com/kiln",
+                    "events": ["finished", "failed", "sla_violation"],
+                }
+            ]
+        }  # fmt: skip
     }
 
 

@@ -50,12 +50,22 @@ def submit(
     ] = False,
     workdir: Annotated[
         Path | None,
-        typer.Option("--workdir", "-w", help="Your code: packed (.gitignore/.kilnignore honoured), uploaded once by "
-                     "its SHA-256, named in the spec's code.digest.", file_okay=False, exists=True),
+        typer.Option(
+            "--workdir",
+            "-w",
+            help="Your code: packed (.gitignore/.kilnignore honoured), uploaded once by "
+            "its SHA-256, named in the spec's code.digest.",
+            file_okay=False,
+            exists=True,
+        ),
     ] = None,
     check: Annotated[
-        bool, typer.Option("--check", help="Before uploading: validate the spec and hyperparameters and run one "
-                           "forward/backward step on the CPU (needs torch); submit only if it passes.")
+        bool,
+        typer.Option(
+            "--check",
+            help="Before uploading: validate the spec and hyperparameters and run one "
+            "forward/backward step on the CPU (needs torch); submit only if it passes.",
+        ),
     ] = False,
     output: OutputOpt = OutputFormat.table,
 ) -> None:

@@ -47,7 +47,7 @@ def create(
     team: Annotated[str | None, typer.Option("--team", help="Every job of this team (team-admins).")] = None,
     job: Annotated[int | None, typer.Option("--job", help="Only this job (members of its team).")] = None,
     events: Annotated[str, typer.Option("--events", help=f"Comma-separated: {', '.join(KINDS)}.")] = "finished,failed",
-    slack: Annotated[bool, typer.Option("--slack", help="Send Slack's {\"text\": ...} body.")] = False,
+    slack: Annotated[bool, typer.Option("--slack", help='Send Slack\'s {"text": ...} body.')] = False,
     description: Annotated[str, typer.Option("--description", help="A note for the list.")] = "",
     output: OutputOpt = OutputFormat.table,
 ) -> None:
@@ -94,8 +94,9 @@ def test(hook_id: int, output: OutputOpt = OutputFormat.table) -> None:
     if output is OutputFormat.json:
         out.print_json(data)
         return
-    console.print(f"test delivery {data.get('id')} queued for webhook {hook_id}; "
-                  f"see: kiln webhooks deliveries {hook_id}")
+    console.print(
+        f"test delivery {data.get('id')} queued for webhook {hook_id}; see: kiln webhooks deliveries {hook_id}"
+    )
 
 
 @webhooks_app.command("deliveries")

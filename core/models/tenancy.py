@@ -47,9 +47,7 @@ class Team(Base):
     )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    quotas: Mapped[list[TeamQuota]] = relationship(
-        back_populates="team", cascade="all, delete-orphan", lazy="selectin"
-    )
+    quotas: Mapped[list[TeamQuota]] = relationship(back_populates="team", cascade="all, delete-orphan", lazy="selectin")
     qos_classes: Mapped[list[QosClass]] = relationship(
         secondary=team_qos_classes, lazy="selectin", order_by="desc(QosClass.priority)"
     )

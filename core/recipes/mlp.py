@@ -37,8 +37,10 @@ class MLPShape:
 
     def activation_bytes(self, precision: str, compiled: bool) -> int:
         e = 4 if precision == "fp32" else 2
-        per_sample = self.in_dim * 4 + self.depth * (4 * self.width + e * (self.width + 8 * self.width)) + (
-            self.classes * (e + 8)
+        per_sample = (
+            self.in_dim * 4
+            + self.depth * (4 * self.width + e * (self.width + 8 * self.width))
+            + (self.classes * (e + 8))
         )
         return self.batch_size * per_sample
 

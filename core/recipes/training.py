@@ -19,9 +19,7 @@ class TrainingHyperparameters(BaseModel):
 
     lr: Annotated[float, Finite, Field(ge=0.0, le=10.0, description="Peak learning rate (AdamW).")] = 3e-4
     min_lr_ratio: Annotated[float, Finite, Field(ge=0.0, le=1.0, description="Cosine floor, of lr.")] = 0.1
-    warmup_steps: Annotated[int | None, Field(ge=0, le=10_000_000, description="Default: 10% of steps, <= 100.")] = (
-        None
-    )
+    warmup_steps: Annotated[int | None, Field(ge=0, le=10_000_000, description="Default: 10% of steps, <= 100.")] = None
     weight_decay: Annotated[float, Finite, Field(ge=0.0, le=10.0)] = 0.1
     beta1: Annotated[float, Finite, Field(ge=0.0, le=1.0)] = 0.9
     beta2: Annotated[float, Finite, Field(ge=0.0, le=1.0)] = 0.95

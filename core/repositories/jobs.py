@@ -112,8 +112,10 @@ def insert_submitted(
     created = job["submitted_at"]
     job_id = conn.execute(insert(Job).values(**job).returning(Job.id)).scalar_one()
     if depends_on:
-        conn.execute(insert(JobDependency),
-                     [{"job_id": job_id, "depends_on_id": dep, "condition": cond} for dep, cond in depends_on])
+        conn.execute(
+            insert(JobDependency),
+            [{"job_id": job_id, "depends_on_id": dep, "condition": cond} for dep, cond in depends_on],
+        )
     conn.execute(
         insert(SlaContract).values(team_id=job["team_id"], job_id=job_id, qos_class_id=job["qos_class_id"],
                                    created_at=created, updated_at=created, **contract)

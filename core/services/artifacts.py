@@ -79,9 +79,11 @@ def store(*, db: Session, principal: Principal, team: str, digest: str, upload: 
             raise TooLarge(f"the archive is {size} bytes; the limit is {settings.artifact_max_upload_bytes}")
         used = team_usage(db, team_id)
         if used + size > settings.artifact_team_quota_bytes:
-            raise TooLarge(f"team {team!r} stores {used} bytes of code; {size} more would pass its quota of "
-                           f"{settings.artifact_team_quota_bytes} bytes (unused archives are collected after "
-                           f"{settings.artifact_retention_s:.0f} s)")
+            raise TooLarge(
+                f"team {team!r} stores {used} bytes of code; {size} more would pass its quota of "
+                f"{settings.artifact_team_quota_bytes} bytes (unused archives are collected after "
+                f"{settings.artifact_retention_s:.0f} s)"
+            )
         actual = sha256_of(upload)
         if actual != digest:
             raise InvalidInput.at("digest", f"the body's SHA-256 is {actual}, not {digest}")
@@ -93,9 +95,16 @@ def store(*, db: Session, principal: Principal, team: str, digest: str, upload: 
         final.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.replace(upload, final)
         now = utcnow()
-        artifact = Artifact(team_id=team_id, digest=digest, bytes=size, unpacked_bytes=summary.unpacked_bytes,
-                            entries=summary.entries, uploaded_by_user_id=principal.user_id, created_at=now,
-                            last_used_at=now)
+        artifact = Artifact(
+            team_id=team_id,
+            digest=digest,
+            bytes=size,
+            unpacked_bytes=summary.unpacked_bytes,
+            entries=summary.entries,
+            uploaded_by_user_id=principal.user_id,
+            created_at=now,
+            last_used_at=now,
+        )
         db.add(artifact)
         db.flush()
         return Stored(artifact, created=True)
@@ -117,8 +126,9 @@ def collect(db: Session, *, storage: Path, now: datetime | None = None, retentio
     """Delete the rows of archives no active job names whose last use is older than ``retention_s``; returns the
     files to remove once the caller has committed (a rolled-back collection leaves every file in place)."""
     cutoff = (now or utcnow()) - timedelta(seconds=retention_s)
-    in_use = select(Job.id).where(Job.team_id == Artifact.team_id, Job.code_digest == Artifact.digest,
-                                  Job.state.in_([s.value for s in ACTIVE]))
+    in_use = select(Job.id).where(
+        Job.team_id == Artifact.team_id, Job.code_digest == Artifact.digest, Job.state.in_([s.value for s in ACTIVE])
+    )
     stale = list(db.scalars(select(Artifact).where(Artifact.last_used_at < cutoff, ~in_use.exists())))
     files = [artifact_path(storage, a.team_id, a.digest) for a in stale]
     for artifact in stale:

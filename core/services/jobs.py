@@ -219,8 +219,12 @@ def code(*, db: Session, principal: Principal, job_id: int) -> CodeView:
     view = get(db=db, principal=principal, job_id=job_id)
     spec_code = (json.loads(view.spec_json) or {}).get("code") or {}
     job = jobs_repo.get(db, job_id)
-    return CodeView(team=view.team, digest=spec_code.get("digest"), entry_point=spec_code.get("entry_point"),
-                    evaluation=job.eval_metrics if job is not None else None)
+    return CodeView(
+        team=view.team,
+        digest=spec_code.get("digest"),
+        entry_point=spec_code.get("entry_point"),
+        evaluation=job.eval_metrics if job is not None else None,
+    )
 
 
 def list_jobs(

@@ -116,8 +116,13 @@ def submit_sweep(*, db: Session, principal: Principal, document: dict[str, Any])
     section, specs, base = parse(document)
     team = specs[0].team
     team_id = require_team_id(principal, teams_repo.id_by_name(db, team), team, Role.MEMBER)
-    sweep = Sweep(name=specs[0].name.rsplit("-", 1)[0], team_id=team_id, user_id=principal.user_id,
-                  parameters=section.model_dump(mode="json", by_alias=True), max_concurrent=section.max_concurrent)
+    sweep = Sweep(
+        name=specs[0].name.rsplit("-", 1)[0],
+        team_id=team_id,
+        user_id=principal.user_id,
+        parameters=section.model_dump(mode="json", by_alias=True),
+        max_concurrent=section.max_concurrent,
+    )
     db.add(sweep)
     db.flush()
     for spec in specs:

@@ -58,15 +58,16 @@ def build_model(hp: Hyperparameters) -> nn.Module:
     return DigitsCNN(hp.channels, hp.hidden)
 
 
-def batches(hp: Hyperparameters, *, rank: int, world_size: int, seed: int, start: int) -> Iterator[
-        tuple[torch.Tensor, torch.Tensor]]:
+def batches(
+    hp: Hyperparameters, *, rank: int, world_size: int, seed: int, start: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Batch i is drawn with a generator seeded by (seed, i): resuming at ``start`` replays the same batches."""
     x, y, _, _ = _split()
     i = start
     while True:
         gen = torch.Generator().manual_seed(seed * 1_000_003 + i)
         pick = torch.randint(0, len(y), (world_size * hp.batch_size,), generator=gen)
-        mine = pick[rank * hp.batch_size:(rank + 1) * hp.batch_size]
+        mine = pick[rank * hp.batch_size : (rank + 1) * hp.batch_size]
         yield x[mine], y[mine]
         i += 1
 

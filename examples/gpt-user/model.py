@@ -77,13 +77,14 @@ def blocks(model: TinyGPT) -> list[nn.Module]:
     return list(model.blocks)
 
 
-def batches(hp: Hyperparameters, *, rank: int, world_size: int, seed: int, start: int) -> Iterator[
-        tuple[torch.Tensor, torch.Tensor]]:
+def batches(
+    hp: Hyperparameters, *, rank: int, world_size: int, seed: int, start: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     i = start
     while True:
         gen = torch.Generator().manual_seed(seed * 1_000_003 + i)
         full = torch.randint(0, hp.vocab, (world_size * hp.batch_size, hp.context + 1), generator=gen)
-        mine = full[rank * hp.batch_size:(rank + 1) * hp.batch_size]
+        mine = full[rank * hp.batch_size : (rank + 1) * hp.batch_size]
         yield mine[:, :-1].contiguous(), mine[:, 1:].contiguous()
         i += 1
 

@@ -73,8 +73,9 @@ DESCRIPTIONS = {
 def _describe_requirements() -> None:
     for name, description in DESCRIPTIONS.items():
         op.execute(
-            sa.text("UPDATE qos_classes SET description = :d WHERE name = :n AND lower(description) LIKE '%seed 0%'")
-            .bindparams(d=description, n=name)
+            sa.text(
+                "UPDATE qos_classes SET description = :d WHERE name = :n AND lower(description) LIKE '%seed 0%'"
+            ).bindparams(d=description, n=name)
         )
 
 

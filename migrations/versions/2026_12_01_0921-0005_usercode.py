@@ -43,9 +43,13 @@ def upgrade() -> None:
     )  # fmt: skip
     with op.batch_alter_table("jobs", schema=None) as batch_op:
         batch_op.add_column(sa.Column("code_digest", sa.String(length=64), nullable=True))
-        batch_op.add_column(sa.Column(
-            "eval_metrics", sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"), nullable=True
-        ))
+        batch_op.add_column(
+            sa.Column(
+                "eval_metrics",
+                sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+                nullable=True,
+            )
+        )
         batch_op.create_index("ix_jobs_team_id_code_digest", ["team_id", "code_digest"], unique=False)
 
 

@@ -47,8 +47,10 @@ class Receiver(BaseHTTPRequestHandler):
             subject = f"job {job['id']} ({job.get('name')}, {job.get('state')})"
         else:  # a test delivery of a team's hook
             subject = f"team {job.get('team')}"
-        print(f"delivery {self.headers.get('Kiln-Delivery')}: {event.get('kind')} {subject}: "
-              f"{event['event']['message']}", flush=True)
+        print(
+            f"delivery {self.headers.get('Kiln-Delivery')}: {event.get('kind')} {subject}: {event['event']['message']}",
+            flush=True,
+        )
 
     def log_message(self, *args: object) -> None:
         pass

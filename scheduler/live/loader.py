@@ -77,9 +77,7 @@ def _hosts(db: Session, now: datetime) -> tuple[HostInfo, ...]:
     out = []
     for h in repo.hosts(db):
         excluded = h.state != HostState.UP or (h.excluded_until is not None and h.excluded_until > now)
-        links = tuple(
-            sorted((str(k), float(v)) for k, v in (h.links or {}).items() if isinstance(v, (int, float)))
-        )
+        links = tuple(sorted((str(k), float(v)) for k, v in (h.links or {}).items() if isinstance(v, (int, float))))
         gpus = tuple(
             GpuInfo(
                 uuid=g.uuid,
@@ -186,8 +184,9 @@ def _running_job(
         gpu_type = CPU
         units = sum(p.slots for p in placement) or int(_resources(job).get("cpu_slots") or 1)
     return RunningJob(
-        share=next((_placed_share(p) for p in (attempt.placement or []) if isinstance(p, dict) and p.get("share")),
-                   None),  # fmt: skip
+        share=next(
+            (_placed_share(p) for p in (attempt.placement or []) if isinstance(p, dict) and p.get("share")), None
+        ),  # fmt: skip
         id=job.id,
         team_id=job.team_id,
         qos=q.name if q else "",
@@ -290,9 +289,7 @@ def _placed_share(node: dict[str, Any]) -> GpuShare:
     return GpuShare(int(share["memory_bytes"]), int(share["sm_percent"]), bool(share["guaranteed"]))
 
 
-def load_snapshot(
-    *, db: Session, now: datetime, half_life_s: float = PolicyConfig().fairshare_half_life_s
-) -> Snapshot:
+def load_snapshot(*, db: Session, now: datetime, half_life_s: float = PolicyConfig().fairshare_half_life_s) -> Snapshot:
     t = now.timestamp()
     hosts = _hosts(db, now)
     team_infos = _teams(db, t, half_life_s)

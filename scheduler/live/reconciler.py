@@ -316,7 +316,8 @@ def _unclaimed_attempts(
         hosts = db.scalars(select(Host).where(Host.name.in_(names))).all()
         gone = sorted(set(names) - {h.name for h in hosts if h.state == HostState.UP})
         sent = [
-            e for e in db.scalars(select(Event).where(Event.job_id == job.id, Event.type == "REDISPATCHED")).all()
+            e
+            for e in db.scalars(select(Event).where(Event.job_id == job.id, Event.type == "REDISPATCHED")).all()
             if (e.data or {}).get("attempt_id") == attempt.id
         ]
         if gone or len(sent) >= settings.max_redispatches:

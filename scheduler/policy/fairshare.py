@@ -55,9 +55,7 @@ def urgency(job: PendingJob, now: float, config: PolicyConfig) -> float | None:
 class JobOrder:
     """Iterates pending jobs in policy order; ``charge`` tells it what an admission cost its team."""
 
-    def __init__(
-        self, jobs: Sequence[PendingJob], teams: Sequence[TeamInfo], now: float, config: PolicyConfig
-    ) -> None:
+    def __init__(self, jobs: Sequence[PendingJob], teams: Sequence[TeamInfo], now: float, config: PolicyConfig) -> None:
         self.config = config
         self.now = now
         self.jobs = jobs

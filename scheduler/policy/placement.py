@@ -197,11 +197,7 @@ class ClusterState:
         units = h.free.get(model, [])
         if respect and h.name in self.reserved_hosts:
             end = req.end
-            units = [
-                u
-                for u in units
-                if (r := self.reserved.get(u)) is None or (end is not None and end <= r.until)
-            ]
+            units = [u for u in units if (r := self.reserved.get(u)) is None or (end is not None and end <= r.until)]
         if req.min_memory:
             units = [u for u in units if h.memory[u] >= req.min_memory]
         if extra:

@@ -421,8 +421,11 @@ class _Planner:
         def promised(r: RunningJob) -> bool:  # its units are reserved for a job ahead: not ours to take
             return r.id in promised_ids
 
-        inflight = [r for r in self.inflight
-                    if r.id not in self.claimed and r.share is None and r.gpu_type in models and not promised(r)]
+        inflight = [
+            r
+            for r in self.inflight
+            if r.id not in self.claimed and r.share is None and r.gpu_type in models and not promised(r)
+        ]
         within = self.ledger.within_nominal(job.team_id, job.quota_key, job.demand)
 
         def reclaim_from(v: RunningJob) -> bool:

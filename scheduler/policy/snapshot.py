@@ -176,4 +176,3 @@ def quota_key_for(team: TeamInfo | None, gpus: int, gpu_type: str | None) -> str
     if team is not None and gpu_type is not None and team.quota(gpu_type) is not None:
         return gpu_type
     return ANY
-

@@ -92,10 +92,18 @@ def policies() -> dict[str, tuple[PolicyConfig, bool]]:
     return {
         "fifo": (plain, False),
         "easy": (head_only, False),
-        "priority": (PolicyConfig(ordering="priority", sla_urgency=False, starvation_age_s=None,
-                                  preempt_patience_s=None, preempt_only_at_risk=False, max_preemptions_per_job=None,
-                                  service_classes=False),
-                     False),  # fmt: skip
+        "priority": (
+            PolicyConfig(
+                ordering="priority",
+                sla_urgency=False,
+                starvation_age_s=None,
+                preempt_patience_s=None,
+                preempt_only_at_risk=False,
+                max_preemptions_per_job=None,
+                service_classes=False,
+            ),
+            False,
+        ),  # fmt: skip
         "kiln": (get_settings().policy, False),  # the live loop's policy, from the same KILN_POLICY__* settings
         ORACLE: (head_only.model_copy(update={"ordering": "sjf"}), True),
     }
@@ -524,9 +532,12 @@ def summarize(r: Result) -> dict[str, Any]:
     for qos, (_p, _pre, max_wait) in CLASSES.items():
         js = [j for j in r.jobs if j.sub.qos == qos]
         met = sum(1 for j in js if j.finish is not None and (max_wait is None or j.queued_s <= max_wait))
-        sla[qos] = {"jobs": len(js), "attainment": round(met / len(js), 4) if js else 1.0,
-                    "mean_wait_h": round(statistics.fmean([j.queued_s for j in js]) / 3600, 3) if js else 0.0,
-                    "missed_by_reason": dict(sorted(Counter(j.miss_reason for j in js if j.miss_reason).items()))}
+        sla[qos] = {
+            "jobs": len(js),
+            "attainment": round(met / len(js), 4) if js else 1.0,
+            "mean_wait_h": round(statistics.fmean([j.queued_s for j in js]) / 3600, 3) if js else 0.0,
+            "missed_by_reason": dict(sorted(Counter(j.miss_reason for j in js if j.miss_reason).items())),
+        }
     plans = sorted(r.plan_s)
     return {
         "policy": r.name,
@@ -545,8 +556,10 @@ def summarize(r: Result) -> dict[str, Any]:
         "preemptions_per_job": round(r.preemptions / max(1, len(r.jobs)), 3),
         "reclaim_preemptions": r.reclaims,
         "lost_gpu_h": round(r.lost_gpu_s / 3600, 1),
-        "teams": [{"team": f"team{i}", "gpu_h": round(u / 3600), "borrowed_gpu_h": round(b / 3600)}
-                  for i, (u, b) in enumerate(r.teams)],  # fmt: skip
+        "teams": [
+            {"team": f"team{i}", "gpu_h": round(u / 3600), "borrowed_gpu_h": round(b / 3600)}
+            for i, (u, b) in enumerate(r.teams)
+        ],  # fmt: skip
         "cycles": r.cycles,
         "plan_ms_mean": round(1000 * statistics.fmean(plans), 3) if plans else 0.0,
         "plan_ms_p95": round(1000 * plans[min(len(plans) - 1, int(0.95 * len(plans)))], 3) if plans else 0.0,
@@ -651,13 +664,25 @@ def _policy_names(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="kiln simulate", description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", help="Philly-format JSON, or synthetic:N")
-    ap.add_argument("--hosts", type=_hosts, default=[40],
-                    help="hosts (default 40); a list (40,48,52) replays each size: one table per size")
+    ap.add_argument(
+        "--hosts",
+        type=_hosts,
+        default=[40],
+        help="hosts (default 40); a list (40,48,52) replays each size: one table per size",
+    )
     ap.add_argument("--gpus-per-host", type=int, default=8)
-    ap.add_argument("--policies", type=_policy_names, default=list(policies()),
-                    help=f"comma-separated subset of {', '.join(policies())} (default: all)")
-    ap.add_argument("--tick", type=float, default=0.0,
-                    help="0: a cycle on every event (default); else cycles rounded up to multiples of this (s)")
+    ap.add_argument(
+        "--policies",
+        type=_policy_names,
+        default=list(policies()),
+        help=f"comma-separated subset of {', '.join(policies())} (default: all)",
+    )
+    ap.add_argument(
+        "--tick",
+        type=float,
+        default=0.0,
+        help="0: a cycle on every event (default); else cycles rounded up to multiples of this (s)",
+    )
     ap.add_argument("--period", type=float, default=CYCLE_S, help="a cycle at least this often while jobs wait (s)")
     ap.add_argument("--jobs", type=int, default=None, help="replay only the first N jobs")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes replaying in parallel")

@@ -78,6 +78,7 @@ def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Clus
         assert trainers, "the worker should be running torchrun and a rank"
         killed_at = utcnow()
         c.kill_worker(host_a)
+
         def gone(pid: int) -> bool:
             try:
                 return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

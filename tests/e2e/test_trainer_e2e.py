@@ -86,8 +86,14 @@ Hooks = dict[str, Any] | None  # the trainer's test hooks, set as a worker would
 
 def env(hooks: Hooks = None, **extra: str) -> dict[str, str]:
     e = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    for k in ("KILN_CHECKPOINT_DIR", "KILN_COMPILE_CACHE_DIR", "KILN_FENCING_TOKEN", "KILN_LEASE_FILE",
-              ENV_TEST_HOOKS, ENV_LOCAL_CHECKPOINT_DIR):
+    for k in (
+        "KILN_CHECKPOINT_DIR",
+        "KILN_COMPILE_CACHE_DIR",
+        "KILN_FENCING_TOKEN",
+        "KILN_LEASE_FILE",
+        ENV_TEST_HOOKS,
+        ENV_LOCAL_CHECKPOINT_DIR,
+    ):
         e.pop(k, None)
     if hooks:
         e[ENV_TEST_HOOKS] = json.dumps(hooks)
@@ -133,7 +139,10 @@ def losses(recs: list[dict[str, Any]]) -> dict[int, float]:
 
 @contextlib.contextmanager
 def running(
-    spec: pathlib.Path, run_dir: pathlib.Path, nproc: int, hooks: Hooks = None,
+    spec: pathlib.Path,
+    run_dir: pathlib.Path,
+    nproc: int,
+    hooks: Hooks = None,
     extra_env: dict[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """The trainer launched in the background; killed on the way out if it is still running."""

@@ -49,8 +49,11 @@ def test_digits_trains_from_uploaded_code_and_a_second_submit_sends_nothing(kiln
         assert fragment in described, described
 
     token = json.loads((tmp_path / "xdg" / "kiln" / "config.json").read_text())["token"]
-    archive = httpx.get(f"{up.url}/v1/teams/default/artifacts/{digest}/archive",
-                        headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    archive = httpx.get(
+        f"{up.url}/v1/teams/default/artifacts/{digest}/archive",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
     assert archive.status_code == 200 and hashlib.sha256(archive.content).hexdigest() == digest
 
     dashboard_shows_code_and_evaluation(up.url, token, job_id, digest, tmp_path)
@@ -87,7 +90,7 @@ def dashboard_shows_code_and_evaluation(url: str, token: str, job_id: str, diges
         page.screenshot(path=str(tmp / "job-user-code.png"), full_page=True)
 
 
-BROKEN = '''
+BROKEN = """
 KILN_PROTOCOL = 1
 import torch
 from pydantic import BaseModel
@@ -109,7 +112,7 @@ def batches(hp, *, rank, world_size, seed, start):
 def loss(model, batch):
     x, y = batch
     return torch.nn.functional.cross_entropy(model(x), y)
-'''
+"""
 JOB = """
 name: broken
 team: default

@@ -62,7 +62,10 @@ CASES: dict[str, Case] = {
     "delete team (has jobs)": Case("DELETE", "/v1/teams/{team}", admin_only(409, 403), hidden(409)),
     "list members": Case("GET", "/v1/teams/{team}/members", same(200), hidden(200)),
     "add member": Case(  # an admin adds; a team-admin invites (the user joins by accepting)
-        "PUT", "/v1/teams/{team}/members/newbie", {A: 201, TA: 202, M: 403, V: 403}, hidden(201),
+        "PUT",
+        "/v1/teams/{team}/members/newbie",
+        {A: 201, TA: 202, M: 403, V: 403},
+        hidden(201),
         lambda t: {"role": "viewer"},
     ),
     "list invitations": Case("GET", "/v1/teams/{team}/invitations", team_admin_up(200), hidden(200)),

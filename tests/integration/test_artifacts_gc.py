@@ -24,8 +24,9 @@ pytestmark = pytest.mark.integration
 DAY = 86400.0
 
 
-def test_old_unreferenced_archives_go_and_the_rest_stay(client: TestClient, world: World, db: Session,
-                                                        tmp_path: Path) -> None:
+def test_old_unreferenced_archives_go_and_the_rest_stay(
+    client: TestClient, world: World, db: Session, tmp_path: Path
+) -> None:
     job = db.get(Job, world.jobs["alpha"])
     assert job is not None
     now = utcnow()
@@ -35,8 +36,15 @@ def test_old_unreferenced_archives_go_and_the_rest_stay(client: TestClient, worl
         path = artifact_path(tmp_path, job.team_id, digest)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"x")
-        rows[name] = Artifact(team_id=job.team_id, digest=digest, bytes=1, unpacked_bytes=1, entries=1,
-                              created_at=now - timedelta(days=age_days), last_used_at=now - timedelta(days=age_days))
+        rows[name] = Artifact(
+            team_id=job.team_id,
+            digest=digest,
+            bytes=1,
+            unpacked_bytes=1,
+            entries=1,
+            created_at=now - timedelta(days=age_days),
+            last_used_at=now - timedelta(days=age_days),
+        )
         db.add(rows[name])
     job.state, job.code_digest = "RUNNING", rows["running"].digest
     db.flush()
@@ -52,4 +60,5 @@ def test_old_unreferenced_archives_go_and_the_rest_stay(client: TestClient, worl
     job.state = "SUCCEEDED"  # once no active job names it, an old archive goes too
     db.flush()
     assert artifacts.collect(db, storage=tmp_path, now=now, retention_s=7 * DAY) == [
-        artifact_path(tmp_path, job.team_id, rows["running"].digest)]
+        artifact_path(tmp_path, job.team_id, rows["running"].digest)
+    ]

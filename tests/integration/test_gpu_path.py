@@ -59,8 +59,9 @@ def register(db: Session, tmp_path: Path, name: str, model: str, *, count: int =
              "pcie_gen": 5, "nvlink_peers": []} for i in range(count)]  # fmt: skip
     recording = tmp_path / f"{name}.json"
     recording.write_text(json.dumps({"gpus": gpus, "samples": []}))
-    agent = HostAgent(name=name, inventory=NVMLReplay(recording), cpu_slots=0, address=None,
-                      settings=Settings(heartbeat_interval_s=1))
+    agent = HostAgent(
+        name=name, inventory=NVMLReplay(recording), cpu_slots=0, address=None, settings=Settings(heartbeat_interval_s=1)
+    )
     agent.register(db)
     db.commit()  # a savepoint under the test's transaction: a refused request's rollback keeps the host
 

@@ -94,9 +94,7 @@ def test_shares_go_only_to_hosts_whose_mps_daemon_runs(
     assert job is not None and job.state == "QUEUED" and "no GPU has room" in (job.pending_message or "")
 
 
-def test_a_dead_daemon_is_restarted_and_said_so(
-    db: Session, tmp_path: Path, daemon: mps.MpsDaemon
-) -> None:
+def test_a_dead_daemon_is_restarted_and_said_so(db: Session, tmp_path: Path, daemon: mps.MpsDaemon) -> None:
     import os
     import signal
 

@@ -90,4 +90,3 @@ def test_sqlite_and_postgresql_answer_the_same_job_list(db: Session, sqlite_db: 
     assert [j["steps"] for j in on_sqlite["all"]["items"]] == [30, 20, 10]
     assert on_sqlite["all"]["items"][2]["state"] == "CANCELLED"
     assert on_sqlite["none"]["items"] == []
-

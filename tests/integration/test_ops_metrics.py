@@ -307,9 +307,7 @@ def test_scrape_statements_do_not_grow_with_rows(
     assert sum(series(s, "kiln_preemptions_total").values()) == 3 + 5000
 
 
-def test_grafana_dashboard_queries_match_the_exported_series(
-    client: TestClient, db: Session, scrape: Scrape
-) -> None:
+def test_grafana_dashboard_queries_match_the_exported_series(client: TestClient, db: Session, scrape: Scrape) -> None:
     """Every series and label that ops/grafana/kiln-dashboard.json queries is on /metrics."""
     import json
     import re

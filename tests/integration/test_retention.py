@@ -77,7 +77,11 @@ def test_retention_by_age(db: Session, tmp_path: Path) -> None:
     statuses = db.scalars(select(WebhookDelivery.status).where(WebhookDelivery.webhook_id == hook.id)).all()
     assert list(statuses) == ["pending"]  # a pending one is never dropped
     assert (report.metrics_deleted, report.metrics_thinned, report.events_deleted, report.deliveries_deleted) == (
-        50, 1000 - len(thinned), len(EVENT_TYPES) - 4, 1)
+        50,
+        1000 - len(thinned),
+        len(EVENT_TYPES) - 4,
+        1,
+    )
 
     again = prune_database(db, SETTINGS, now)  # idempotent
     assert not again and _metrics(db, old) == thinned

@@ -115,9 +115,7 @@ def test_two_loops_one_leader_and_failover(fresh_pg: str, no_dispatch: list[int]
         j2 = submit(factory, "two")
         assert wait_for(lambda: admitted(j2), timeout=10)
         with factory() as db:
-            counts = dict(
-                db.execute(select(Attempt.job_id, func.count()).group_by(Attempt.job_id)).tuples().all()
-            )
+            counts = dict(db.execute(select(Attempt.job_id, func.count()).group_by(Attempt.job_id)).tuples().all())
         assert counts == {j1: 1, j2: 1}  # exactly one attempt each: never admitted twice
     finally:
         a.stop.set()

@@ -89,9 +89,7 @@ def job(
 
 def start(db: Session, j: Job, *, now: datetime) -> Attempt:
     """The worker's side: the admitted attempt starts running (and its usage is recorded)."""
-    attempt = db.scalars(
-        select(Attempt).where(Attempt.job_id == j.id, Attempt.fencing_token == j.fencing_token)
-    ).one()
+    attempt = db.scalars(select(Attempt).where(Attempt.job_id == j.id, Attempt.fencing_token == j.fencing_token)).one()
     attempt.state = "RUNNING"
     attempt.started_at = now
     attempt.lease_expires_at = now + timedelta(hours=1)
@@ -105,9 +103,7 @@ def start(db: Session, j: Job, *, now: datetime) -> Attempt:
 
 def requeue_preempted(db: Session, j: Job, *, now: datetime, step: int) -> None:
     """The worker's side of a preemption: the trainer checkpointed at ``step`` and exited; requeue it."""
-    attempt = db.scalars(
-        select(Attempt).where(Attempt.job_id == j.id, Attempt.fencing_token == j.fencing_token)
-    ).one()
+    attempt = db.scalars(select(Attempt).where(Attempt.job_id == j.id, Attempt.fencing_token == j.fencing_token)).one()
     attempt.state = "PREEMPTED"
     attempt.ended_at = now
     for u in db.scalars(select(Usage).where(Usage.attempt_id == attempt.id)):

@@ -34,8 +34,13 @@ def test_concurrent_deliveries_exactly_one_claims() -> None:
         engine = make_engine(url)
         maker = sessionmaker(bind=engine, expire_on_commit=False)
         with maker() as db:
-            host = HostAgent(name="race", inventory=NoGpus(), cpu_slots=1, address=None,
-                             settings=get_settings().model_copy(update={"heartbeat_interval_s": 1}))
+            host = HostAgent(
+                name="race",
+                inventory=NoGpus(),
+                cpu_slots=1,
+                address=None,
+                settings=get_settings().model_copy(update={"heartbeat_interval_s": 1}),
+            )
             host_row = host.register(db)
             job = submit(db, yaml.safe_load((ROOT / "examples" / "gpt-tiny.yaml").read_text()))
             attempt = admit(db, job, host_row)
@@ -84,6 +89,7 @@ def test_embedded_default_runs_the_main_job(tmp_path: Path) -> None:
             db.commit()
         sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
         try:
+
             def finished() -> str | None:
                 with maker() as db:
                     job = db.get(Job, job_id)

@@ -45,8 +45,14 @@ def test_a_resume_that_trains_no_step_records_its_checkpoints_step_and_loss(db: 
     # step 60 - the end - before its lease ran out, and the attempt was declared lost.
     steps = [{"kind": "step", "rank": 0, "ts": time.time(), "step": 25, "loss": 3.0}]
     relay(db, job=job, attempt=first, state=RelayState(), records=[_checkpoint(10, 4.0), _checkpoint(20, 3.5), *steps])
-    requeue_after_failure(db, job=job, attempt=first, reason="lease expired", now=utcnow(),
-                          settings=SETTINGS.model_copy(update={"storage_dir": tmp_path}))
+    requeue_after_failure(
+        db,
+        job=job,
+        attempt=first,
+        reason="lease expired",
+        now=utcnow(),
+        settings=SETTINGS.model_copy(update={"storage_dir": tmp_path}),
+    )
     assert job.last_step == 25 and job.state == "QUEUED"
 
     second = admit(db, job, host)
@@ -104,8 +110,9 @@ def test_a_gang_succeeds_with_the_result_of_the_node_that_ran_rank_0(db: Session
     db.flush()
     spec = {**tiny_spec("gang", steps=40), "resources": {"gpus": 0, "cpu_slots": 2}}
     job = submit(db, spec)
-    entries = tuple(PlacementEntry(host=h.name, queue=h.queue, gpus=(), slots=1, node_rank=i)
-                    for i, h in enumerate(hosts))
+    entries = tuple(
+        PlacementEntry(host=h.name, queue=h.queue, gpus=(), slots=1, node_rank=i) for i, h in enumerate(hosts)
+    )
     assert apply_all(db=db, decisions=Decisions(admissions=(Admission(job.id, entries),)), now=utcnow()).admitted
     attempt = job.attempts[-1]
     runners = []
@@ -116,8 +123,13 @@ def test_a_gang_succeeds_with_the_result_of_the_node_that_ran_rank_0(db: Session
         runners.append(AttemptRunner(attempt_id=attempt.id, token=attempt.fencing_token, node_rank=i, host=h.name,
                                      settings=SETTINGS, claimed=claimed, proc=proc))  # fmt: skip
     # A heartbeat of node 1 relayed rank 0's step 38; then both ranks finished. Node 0 (rank 1) reports first.
-    relay(db, job=job, attempt=attempt, state=runners[1].relay_state,
-          records=[{"kind": "step", "rank": 0, "ts": time.time(), "step": 38, "loss": 2.2}])
+    relay(
+        db,
+        job=job,
+        attempt=attempt,
+        state=runners[1].relay_state,
+        records=[{"kind": "step", "rank": 0, "ts": time.time(), "step": 38, "loss": 2.2}],
+    )
     runners[0]._report(db, Outcome(ExitClass.SUCCEEDED, "succeeded"), 0)
     assert job.state == "RUNNING" and attempt.state == "RUNNING", "decided by the node without rank 0's result"
 

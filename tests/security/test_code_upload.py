@@ -27,8 +27,9 @@ UPLOAD_LIMIT = 2048
 
 @pytest.fixture
 def small(db: Session, pg_engine: Engine, tmp_path: Path) -> Iterator[tuple[TestClient, World]]:
-    app = make_app(pg_engine, tmp_path / "home", db, artifact_team_quota_bytes=QUOTA,
-                   artifact_max_upload_bytes=UPLOAD_LIMIT)
+    app = make_app(
+        pg_engine, tmp_path / "home", db, artifact_team_quota_bytes=QUOTA, artifact_max_upload_bytes=UPLOAD_LIMIT
+    )
     with TestClient(app) as c:
         yield c, build_world(db, c)
 
@@ -48,8 +49,9 @@ def tarball(*members: tuple[str, bytes, str]) -> bytes:
 
 def put(client: TestClient, team: str, blob: bytes, headers: dict[str, str], digest: str | None = None) -> object:
     digest = digest or hashlib.sha256(blob).hexdigest()
-    return client.put(f"/v1/teams/{team}/artifacts/{digest}", content=blob,
-                      headers={**headers, "Content-Type": "application/gzip"})
+    return client.put(
+        f"/v1/teams/{team}/artifacts/{digest}", content=blob, headers={**headers, "Content-Type": "application/gzip"}
+    )
 
 
 def files_under(root: Path) -> set[str]:
@@ -68,8 +70,9 @@ CRAFTED = {
 
 
 @pytest.mark.parametrize("case", sorted(CRAFTED))
-def test_a_crafted_archive_is_refused_and_nothing_is_written(small: tuple[TestClient, World], tmp_path: Path,
-                                                             case: str) -> None:
+def test_a_crafted_archive_is_refused_and_nothing_is_written(
+    small: tuple[TestClient, World], tmp_path: Path, case: str
+) -> None:
     client, world = small
     before = files_under(tmp_path)
     r = put(client, "alpha", tarball(("ok.py", tarfile.REGTYPE, ""), CRAFTED[case]), world.h("member"))

@@ -49,13 +49,13 @@ def host(tmp_path: Path) -> Iterator[Cluster]:
     # The attempts' user must be able to reach the storage: a directory under /tmp (pytest's own is root's 0700).
     base = Path(tempfile.mkdtemp(prefix="kiln-hostile-"))
     os.chmod(base, 0o711)
-    env = {"KILN_ATTEMPT_UID_BASE": str(UID_BASE), "KILN_STORAGE_DIR": str(base / "storage"),
-           "KILN_LOCAL_TIER_DIR": ""}
+    env = {"KILN_ATTEMPT_UID_BASE": str(UID_BASE), "KILN_STORAGE_DIR": str(base / "storage"), "KILN_LOCAL_TIER_DIR": ""}
     try:
         with (
             temporary_database("kiln_hostile") as url,
-            cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=8.0, heartbeat_s=1.0,
-                    extra_env=env) as c,
+            cluster(
+                tmp_path, database_url=url, broker_url=redis_url(), lease_s=8.0, heartbeat_s=1.0, extra_env=env
+            ) as c,
         ):
             yield c
     finally:
@@ -63,8 +63,11 @@ def host(tmp_path: Path) -> Iterator[Cluster]:
 
 
 def tree_digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def hostile_job(c: Cluster, name: str, attack: str, target: str = "", **resources: Any) -> int:

@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
+
 # The main job, fast to restart. A test that acts mid-run slows its steps down on the worker, not in the spec:
 # ``start_worker(..., hooks=slow_steps(0.15))``.
 def tiny_spec(name: str, *, steps: int = 60, every_steps: int = 10, **hp: Any) -> dict[str, Any]:
@@ -163,7 +164,10 @@ class Cluster:
         env = {**self.env, **settings, **({ENV_TEST_HOOKS: json.dumps(hooks)} if hooks else {})}
         self.workers[name] = subprocess.Popen(
             [sys.executable, "-m", "workers", "--host", name, "--cpu-slots", str(cpu_slots), "--address", "127.0.0.1"],
-            env=env, cwd=ROOT, stdout=open(log, "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+            env=env,
+            cwd=ROOT,
+            stdout=open(log, "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         return name
@@ -290,8 +294,13 @@ CLUSTER_ADMIN = "cluster-admin"
 
 
 def submit(
-    db: Session, spec: dict[str, Any], *, max_restarts: int = 3, recovery_objective_s: float = 60.0,
-    checkpoint_interval_s: float = 600.0, cpu_quota: int = CPU_QUOTA,
+    db: Session,
+    spec: dict[str, Any],
+    *,
+    max_restarts: int = 3,
+    recovery_objective_s: float = 60.0,
+    checkpoint_interval_s: float = 600.0,
+    cpu_quota: int = CPU_QUOTA,
 ) -> Job:
     """Submit ``spec`` through the API's own submission service (``core.services.jobs.submit``), as the cluster's
     admin, with these SLA terms; the team gets at least ``cpu_quota`` CPU slots (the scheduler admits CPU jobs
@@ -332,8 +341,9 @@ def upload_code(db: Session, team: str, directory: Path) -> str:
     settings = get_settings()
     upload = artifacts_service.tmp_dir(settings.resolved_storage_dir) / f"test-upload-{digest}"
     upload.write_bytes(blob)
-    artifacts_service.store(db=db, principal=_cluster_admin(db), team=team, digest=digest, upload=upload,
-                            settings=settings)
+    artifacts_service.store(
+        db=db, principal=_cluster_admin(db), team=team, digest=digest, upload=upload, settings=settings
+    )
     return digest
 
 

@@ -155,7 +155,9 @@ def test_logs_tail_begins_with_the_last_lines(
     assert lines(tail=3) == ["line 1998", "line 1999", "line 2000"]
     assert lines(tail=0) == [] and len(lines(tail=5000)) == 2000 and len(lines()) == 2000
     assert [tail_offset(logs / "1.log", n, block=7) for n in (1, 2)] == [
-        tail_offset(logs / "1.log", 1), tail_offset(logs / "1.log", 2)]  # the same across block boundaries
+        tail_offset(logs / "1.log", 1),
+        tail_offset(logs / "1.log", 2),
+    ]  # the same across block boundaries
 
 
 def test_database_unreachable_is_503_with_retry_after(tmp_path: Path, admin_secret: str) -> None:

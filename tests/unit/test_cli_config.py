@@ -51,5 +51,8 @@ def test_normalize_url() -> None:
     assert normalize_url(" https://kiln.example.com/ ") == "https://kiln.example.com"
     assert normalize_url("localhost:8421") == "http://localhost:8421"
     # what `kiln up` prints (the API's /v1 URL) works as --api-url, as does the bare one
-    assert normalize_url("http://127.0.0.1:8421/v1") == normalize_url("http://127.0.0.1:8421/v1/") == (
-        "http://127.0.0.1:8421")
+    assert (
+        normalize_url("http://127.0.0.1:8421/v1")
+        == normalize_url("http://127.0.0.1:8421/v1/")
+        == ("http://127.0.0.1:8421")
+    )

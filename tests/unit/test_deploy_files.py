@@ -176,4 +176,3 @@ def test_scheduler_and_worker_healthchecks_read_their_liveness_file(service: str
 
 def test_the_api_keeps_its_readiness_healthcheck() -> None:
     assert "/readyz" in " ".join(SERVICES["api"]["healthcheck"]["test"])
-

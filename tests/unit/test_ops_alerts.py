@@ -98,4 +98,3 @@ def test_promtool_accepts_the_rules_where_it_is_installed() -> None:
         return
     result = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-

@@ -49,8 +49,13 @@ def records(tmp: pathlib.Path) -> list[dict[str, Any]]:
         (torch.OutOfMemoryError("CUDA out of memory"), False),
         (dist.DistBackendError("NCCL communicator was aborted"), False),
         # What gloo raised on CPU when the other host's rank was SIGKILLed during a gang job (tests/e2e/test_gang_e2e).
-        (RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
-                      "[127.0.0.1]:17841: Connection reset by peer."), False),  # fmt: skip
+        (
+            RuntimeError(
+                "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+                "[127.0.0.1]:17841: Connection reset by peer."
+            ),
+            False,
+        ),  # fmt: skip
         (torch.AcceleratorError("CUDA error: an illegal memory access was encountered"), False),
     ],
 )
@@ -83,10 +88,20 @@ def test_a_resume_with_no_step_left_reports_its_checkpoints_step_and_loss(tmp_pa
     from trainer.loop import run
     from trainer.parallel import DistEnv
 
-    job = parse_spec_data({"name": "x", "team": "t", "steps": 3, "compile": {"mode": "off"}, "precision": "fp32",
-                           "checkpointing": {"every_steps": 3},
-                           "recipe": {"name": "gpt", "hyperparameters": {"size": "tiny", "corpus": "synthetic",
-                                                                         "batch_size": 2, "seq_len": 16}}})
+    job = parse_spec_data(
+        {
+            "name": "x",
+            "team": "t",
+            "steps": 3,
+            "compile": {"mode": "off"},
+            "precision": "fp32",
+            "checkpointing": {"every_steps": 3},
+            "recipe": {
+                "name": "gpt",
+                "hyperparameters": {"size": "tiny", "corpus": "synthetic", "batch_size": 2, "seq_len": 16},
+            },
+        }
+    )
     env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
     assert run(job, tmp_path / "run", env) == ExitCode.SUCCEEDED
     assert run(job, tmp_path / "run", env) == ExitCode.SUCCEEDED  # the same job again: nothing left to train
@@ -219,6 +234,6 @@ def test_no_commit_without_the_lease(tmp_path: pathlib.Path) -> None:
     assert list_checkpoints(run.ckpt) == []
     run.lease(60.0)
     ck.save(2, model, opt, {"step": 2, "loss": 2.25}, blocking=True)
-    (step, path), = list_checkpoints(run.ckpt)
+    ((step, path),) = list_checkpoints(run.ckpt)
     manifest = json.loads((path / "manifest.json").read_text())
     assert (step, manifest["loss"], manifest["fencing_token"]) == (2, 2.25, run.token)

@@ -32,11 +32,23 @@ class Setup:
         self.model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=0.1)
 
-    def checkpointer(self, local: str = "local", *, persist_every: int = 4, token: int | None = None,
-                     keep_last: int = 3) -> Checkpointer:
-        return Checkpointer(self.tmp / "durable", rank=0, world_size=1, token=token, keep_last=keep_last,
-                            asynchronous=True, sharded=False, group=None, device=torch.device("cpu"),
-                            telemetry=self.tel, local_root=self.tmp / local, persist_every=persist_every)
+    def checkpointer(
+        self, local: str = "local", *, persist_every: int = 4, token: int | None = None, keep_last: int = 3
+    ) -> Checkpointer:
+        return Checkpointer(
+            self.tmp / "durable",
+            rank=0,
+            world_size=1,
+            token=token,
+            keep_last=keep_last,
+            asynchronous=True,
+            sharded=False,
+            group=None,
+            device=torch.device("cpu"),
+            telemetry=self.tel,
+            local_root=self.tmp / local,
+            persist_every=persist_every,
+        )
 
     def train_and_save(self, ck: Checkpointer, steps: range) -> None:
         for step in steps:

@@ -79,8 +79,9 @@ def test_batches_are_a_function_of_index_and_resume_exactly() -> None:
 
 
 def test_ranks_take_disjoint_slices_of_the_global_batch() -> None:
-    mk = lambda r: TokenBatches(tokens=None, vocab_size=64, batch_size=2, seq_len=8, rank=r,  # noqa: E731
-                                world_size=2, seed=0)
+    def mk(r: int) -> TokenBatches:
+        return TokenBatches(tokens=None, vocab_size=64, batch_size=2, seq_len=8, rank=r, world_size=2, seed=0)
+
     x0, _ = mk(0).batch(7)
     x1, _ = mk(1).batch(7)
     assert not torch.equal(x0, x1)
@@ -136,13 +137,25 @@ def test_unknown_recipe_is_a_user_error() -> None:
 
 
 def test_memory_prediction_terms() -> None:
-    p = memory.predict(param_count=1000, activation_bytes=50_000, precision="bf16", strategy="ddp", world_size=2,
-                       largest_block_params=100)
+    p = memory.predict(
+        param_count=1000,
+        activation_bytes=50_000,
+        precision="bf16",
+        strategy="ddp",
+        world_size=2,
+        largest_block_params=100,
+    )
     b = p["breakdown"]
     assert (b["weights"], b["optimizer"], b["autocast_copies"]) == (4000, 8000, 2000)
     assert p["predicted_peak_bytes"] == 4000 + 8000 + 2000 + 50_000
-    sharded = memory.predict(param_count=1000, activation_bytes=50_000, precision="fp32", strategy="fsdp",
-                             world_size=4, largest_block_params=100)
+    sharded = memory.predict(
+        param_count=1000,
+        activation_bytes=50_000,
+        precision="fp32",
+        strategy="fsdp",
+        world_size=4,
+        largest_block_params=100,
+    )
     assert sharded["breakdown"]["weights"] == 1000 and sharded["breakdown"]["fsdp_unsharded"] == 800
 
 
@@ -188,8 +201,18 @@ def test_checkpointer_roundtrip_and_keep_last(tmp_path: pathlib.Path) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    ck = Checkpointer(tmp_path / "ckpt", rank=0, world_size=1, token=None, keep_last=2, asynchronous=True,
-                      sharded=False, group=None, device=torch.device("cpu"), telemetry=tel)
+    ck = Checkpointer(
+        tmp_path / "ckpt",
+        rank=0,
+        world_size=1,
+        token=None,
+        keep_last=2,
+        asynchronous=True,
+        sharded=False,
+        group=None,
+        device=torch.device("cpu"),
+        telemetry=tel,
+    )
     for step in (1, 2, 3):
         model(torch.randn(3, 4)).sum().backward()
         opt.step()
@@ -221,29 +244,40 @@ def test_telemetry_reports_nonfinite_as_null(tmp_path: pathlib.Path) -> None:
     assert rec["loss"] is None and rec["grad_norm"] is None and rec["rank"] == 0 and rec["kind"] == "step"
 
 
-def test_raw_checkpoint_keeps_tied_weights_scalars_and_layout(tmp_path: pathlib.Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_raw_checkpoint_keeps_tied_weights_scalars_and_layout(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The raw format: several data files hashed while written, tied weights stored once, exact restore."""
     monkeypatch.setenv("KILN_CKPT_WRITERS", "3")
     tel = _tel(tmp_path)
     torch.manual_seed(0)
-    recipe = GPTRecipe({"size": "tiny", "n_layer": 1, "batch_size": 2, "seq_len": 16, "corpus": "synthetic",
-                        "vocab_size": 64})
+    recipe = GPTRecipe(
+        {"size": "tiny", "n_layer": 1, "batch_size": 2, "seq_len": 16, "corpus": "synthetic", "vocab_size": 64}
+    )
     model = recipe.build_model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     x = torch.randint(0, 64, (2, 16))
     model(x, x).backward()
     opt.step()
-    ck = Checkpointer(tmp_path / "ckpt", rank=0, world_size=1, token=None, keep_last=2, asynchronous=True,
-                      sharded=False, group=None, device=torch.device("cpu"), telemetry=tel)
+    ck = Checkpointer(
+        tmp_path / "ckpt",
+        rank=0,
+        world_size=1,
+        token=None,
+        keep_last=2,
+        asynchronous=True,
+        sharded=False,
+        group=None,
+        device=torch.device("cpu"),
+        telemetry=tel,
+    )
     ck.prepare(model, opt)
     ck.save(1, model, opt, {"step": 1}, blocking=True)
     path = ck.choose()
     assert path is not None and verify(path) is None
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["format"] == "raw"
-    assert sorted(f for f in manifest["files"] if f.startswith("data_")) == ["data_0.bin", "data_1.bin",
-                                                                              "data_2.bin"]
+    assert sorted(f for f in manifest["files"] if f.startswith("data_")) == ["data_0.bin", "data_1.bin", "data_2.bin"]
     entries = json.loads((path / "tensors.json").read_text())
     wte = model.wte.weight
     assert sum(e["shape"] == list(wte.shape) and e["dtype"] == "float32" for e in entries) == 3  # w, m, v
@@ -265,8 +299,9 @@ def test_exit_record_is_the_last_line(tmp_path: pathlib.Path) -> None:
     from trainer.parallel import DistEnv
 
     # A spec file the API never checked (written by hand): the trainer refuses it as a user error all the same.
-    spec = JobSpec.model_validate({"name": "x", "team": "t", "steps": 1,
-                                   "recipe": {"name": "gpt", "hyperparameters": {"size": "nope"}}})
+    spec = JobSpec.model_validate(
+        {"name": "x", "team": "t", "steps": 1, "recipe": {"name": "gpt", "hyperparameters": {"size": "nope"}}}
+    )
     env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
     assert run(spec, tmp_path, env) == 2
     last = json.loads((tmp_path / "telemetry" / "rank0.jsonl").read_text().splitlines()[-1])
@@ -292,8 +327,9 @@ def test_rss_watch_is_cheap_and_kernels_load_in_process_on_local_hit() -> None:
         assert inductor_config.compile_threads == before
 
 
-def test_compile_preload_records_package_modules_and_imports_them_back(tmp_path: pathlib.Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compile_preload_records_package_modules_and_imports_them_back(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import sys
     import types
 

@@ -77,27 +77,49 @@ CASES = {
     "import error": ("import no_such_package_kiln\n" + GOOD, {}, "importing your code", "ModuleNotFoundError"),
     "no protocol": (GOOD.replace("KILN_PROTOCOL = 1", ""), {}, "importing your code", "KILN_PROTOCOL = None"),
     "missing loss": (GOOD.replace("def loss(", "def not_loss("), {}, "importing your code", "has no loss"),
-    "unknown hyperparameter": (GOOD, {"widht": 3}, "reading the hyperparameters",
-                               "recipe.hyperparameters.widht: unknown hyperparameter; did you mean 'width'?"),
-    "bad hyperparameter type": (GOOD, {"width": "wide"}, "reading the hyperparameters",
-                                "recipe.hyperparameters.width: Input should be a valid integer"),
-    "build_model raises": (GOOD.replace("return torch.nn.Linear(hp.width, 2)",
-                                        "raise ValueError('no such layer size')"),
-                           {}, "your build_model(): ValueError: no such layer size", "raise ValueError"),
-    "batches raise mid-run": (GOOD.replace("        i += 1",
-                                           "        i += 1\n        if i == 3: raise KeyError('shard 3')"),
-                              {}, "your batches(): KeyError: 'shard 3'", "raise KeyError"),
-    "loss shape mismatch": (GOOD.replace("return torch.nn.functional.cross_entropy(model(x), y)",
-                                         "return model(x[:, :1]).sum()"),
-                            {}, "your loss(): RuntimeError", "x[:, :1]"),
-    "evaluate raises": (GOOD.replace('return {"bias_norm"', 'return 1 / 0 or {"bias_norm"'),
-                        {}, "your evaluate(): ZeroDivisionError", "1 / 0"),
+    "unknown hyperparameter": (
+        GOOD,
+        {"widht": 3},
+        "reading the hyperparameters",
+        "recipe.hyperparameters.widht: unknown hyperparameter; did you mean 'width'?",
+    ),
+    "bad hyperparameter type": (
+        GOOD,
+        {"width": "wide"},
+        "reading the hyperparameters",
+        "recipe.hyperparameters.width: Input should be a valid integer",
+    ),
+    "build_model raises": (
+        GOOD.replace("return torch.nn.Linear(hp.width, 2)", "raise ValueError('no such layer size')"),
+        {},
+        "your build_model(): ValueError: no such layer size",
+        "raise ValueError",
+    ),
+    "batches raise mid-run": (
+        GOOD.replace("        i += 1", "        i += 1\n        if i == 3: raise KeyError('shard 3')"),
+        {},
+        "your batches(): KeyError: 'shard 3'",
+        "raise KeyError",
+    ),
+    "loss shape mismatch": (
+        GOOD.replace("return torch.nn.functional.cross_entropy(model(x), y)", "return model(x[:, :1]).sum()"),
+        {},
+        "your loss(): RuntimeError",
+        "x[:, :1]",
+    ),
+    "evaluate raises": (
+        GOOD.replace('return {"bias_norm"', 'return 1 / 0 or {"bias_norm"'),
+        {},
+        "your evaluate(): ZeroDivisionError",
+        "1 / 0",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_mistake_in_the_code_is_a_user_error_with_its_own_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                 case: str) -> None:
+def test_a_mistake_in_the_code_is_a_user_error_with_its_own_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
     source, hp, what, marker = CASES[case]
     rc, error = run_code(tmp_path, monkeypatch, source, **hp)
     assert rc == ExitCode.USER_ERROR, error

@@ -80,10 +80,23 @@ class Checkpointer:
     copied and compared with the local manifest, then committed with its own manifest and rename.  The
     training loop never waits for a persist except at a blocking save, a rollback and the end of the run."""
 
-    def __init__(self, root: pathlib.Path, *, rank: int, world_size: int, token: int | None, keep_last: int,
-                 asynchronous: bool, sharded: bool, group: Any, device: torch.device,
-                 telemetry: Telemetry, local_root: pathlib.Path | None = None, persist_every: int = 1,
-                 lease: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        root: pathlib.Path,
+        *,
+        rank: int,
+        world_size: int,
+        token: int | None,
+        keep_last: int,
+        asynchronous: bool,
+        sharded: bool,
+        group: Any,
+        device: torch.device,
+        telemetry: Telemetry,
+        local_root: pathlib.Path | None = None,
+        persist_every: int = 1,
+        lease: Callable[[str], None] | None = None,
+    ) -> None:
         self.root = root
         self.lease = lease  # before every commit and deletion: returns only while this attempt may write
         self.local_root = local_root
@@ -143,13 +156,25 @@ class Checkpointer:
         self.stager.layout(leaves)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.stager.files, thread_name_prefix="kiln-ckpt-io")
-        self.tel.diagnostic("CHECKPOINT_STAGING", f"staging buffers: {self.stager.nbytes} bytes in "
-                       f"{len(self.stager.buffers)} files, allocated in {self.stager.alloc_s:.2f}s",
-                       bytes=self.stager.nbytes, files=len(self.stager.buffers), alloc_s=self.stager.alloc_s,
-                       pinned=self.device.type == "cuda")
+        self.tel.diagnostic(
+            "CHECKPOINT_STAGING",
+            f"staging buffers: {self.stager.nbytes} bytes in "
+            f"{len(self.stager.buffers)} files, allocated in {self.stager.alloc_s:.2f}s",
+            bytes=self.stager.nbytes,
+            files=len(self.stager.buffers),
+            alloc_s=self.stager.alloc_s,
+            pinned=self.device.type == "cuda",
+        )
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, extra: dict[str, Any],
-             *, blocking: bool = False) -> None:
+    def save(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        extra: dict[str, Any],
+        *,
+        blocking: bool = False,
+    ) -> None:
         """Collective: every rank calls it at the same step.  Returns once the state is staged; with
         ``blocking`` (or a synchronous spec) once it is committed - and, when tiered, durable too."""
         t0 = time.perf_counter()
@@ -160,9 +185,13 @@ class Checkpointer:
         tmp = self.write_root / f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
         # The loss of the step saved, readable without loading the state: what the job's record must show
         # for it (a resumed attempt that trains no further step reports this one).
-        meta = {"world_size": self.world_size, "format": "dcp" if self.sharded else "raw",
-                "torch": torch.__version__, "tier": LOCAL if self.local_root is not None else DURABLE,
-                "loss": extra.get("loss")}
+        meta = {
+            "world_size": self.world_size,
+            "format": "dcp" if self.sharded else "raw",
+            "torch": torch.__version__,
+            "tier": LOCAL if self.local_root is not None else DURABLE,
+            "loss": extra.get("loss"),
+        }
         if self.sharded:
             self._save_sharded(step, model, optimizer, extras, tmp, meta, persist)
         else:
@@ -181,9 +210,16 @@ class Checkpointer:
         dist.all_gather_object(out, extra, group=self.group)
         return out
 
-    def _save_replicated(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                         extras: list[dict[str, Any]], tmp: pathlib.Path, meta: dict[str, Any],
-                         persist: bool) -> None:
+    def _save_replicated(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        extras: list[dict[str, Any]],
+        tmp: pathlib.Path,
+        meta: dict[str, Any],
+        persist: bool,
+    ) -> None:
         if self.rank != 0:
             return  # replicated state: rank 0 holds all of it
         if self._pool is None:
@@ -196,11 +232,14 @@ class Checkpointer:
             t0 = time.perf_counter()
             self.stager.wait_copy()
             tmp.mkdir(parents=True)
-            jobs = {f"data_{i}.bin": pool.submit(_write_hashed, tmp / f"data_{i}.bin", buf)
-                    for i, buf in enumerate(self.stager.buffers)}
+            jobs = {
+                f"data_{i}.bin": pool.submit(_write_hashed, tmp / f"data_{i}.bin", buf)
+                for i, buf in enumerate(self.stager.buffers)
+            }
             # The small files go out while the data files stream; the commit fsyncs and hashes them.
-            (tmp / TENSORS).write_text(json.dumps(
-                [{k: v for k, v in e.items() if k != "index"} for e in self.stager.entries]))
+            (tmp / TENSORS).write_text(
+                json.dumps([{k: v for k, v in e.items() if k != "index"} for e in self.stager.entries])
+            )
             torch.save(tree, tmp / TREE)
             torch.save(extras, tmp / EXTRA)
             written = {name: job.result() for name, job in jobs.items()}
@@ -208,14 +247,23 @@ class Checkpointer:
 
         self._start(write)
 
-    def _save_sharded(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                      extras: list[dict[str, Any]], tmp: pathlib.Path, meta: dict[str, Any],
-                      persist: bool) -> None:
+    def _save_sharded(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        extras: list[dict[str, Any]],
+        tmp: pathlib.Path,
+        meta: dict[str, Any],
+        persist: bool,
+    ) -> None:
         import torch.distributed.checkpoint as dcp
 
         opts = StateDictOptions(cpu_offload=True)  # a CPU snapshot of this rank's shards
-        state = {"model": get_model_state_dict(model, options=opts),
-                 "optim": get_optimizer_state_dict(model, optimizer, options=opts)}
+        state = {
+            "model": get_model_state_dict(model, options=opts),
+            "optim": get_optimizer_state_dict(model, optimizer, options=opts),
+        }
         if self.rank == 0:
             tmp.mkdir(parents=True)
         tmp_name = [tmp.name]
@@ -233,28 +281,47 @@ class Checkpointer:
 
         self._start(write)
 
-    def _commit(self, step: int, tmp: pathlib.Path, meta: dict[str, Any],
-                written: dict[str, tuple[int, str]] | None, t0: float, persist: bool) -> None:
+    def _commit(
+        self,
+        step: int,
+        tmp: pathlib.Path,
+        meta: dict[str, Any],
+        written: dict[str, tuple[int, str]] | None,
+        t0: float,
+        persist: bool,
+    ) -> None:
         final = self.write_root / step_dir_name(step)
-        manifest = write_manifest_and_commit(tmp, final, step=step, token=self.token, meta=meta, written=written,
-                                             fence_root=self.root, lease=self.lease)
+        manifest = write_manifest_and_commit(
+            tmp, final, step=step, token=self.token, meta=meta, written=written, fence_root=self.root, lease=self.lease
+        )
         total = sum(f["bytes"] for f in manifest["files"].values())
         # stall_s: how long save() held the training loop (waiting for the previous write + staging);
         # write_s: staging copy, data files, fsyncs, manifest and rename, in the background.
         fields: dict[str, Any] = {
-            "step": step, "path": str(final), "bytes": total, "sha256": sha256_file(final / MANIFEST),
-            "verified": True, "format": meta.get("format"), "tier": meta["tier"], "loss": meta.get("loss"),
+            "step": step,
+            "path": str(final),
+            "bytes": total,
+            "sha256": sha256_file(final / MANIFEST),
+            "verified": True,
+            "format": meta.get("format"),
+            "tier": meta["tier"],
+            "loss": meta.get("loss"),
             "token": self.token,
             "stall_s": self._stalls.pop(step, None),  # None if the write beat save()'s return
-            "write_s": time.perf_counter() - t0}
+            "write_s": time.perf_counter() - t0,
+        }
         if self.local_root is None:
             self.tel.emit(RecordKind.CHECKPOINT, **fields)
             self.prune(self.root)
             return
         # Local commits are events, not ``checkpoint`` records: the control plane counts a ``checkpoint``
         # record as the job's progress on durable storage (what survives a move to another host).
-        self.tel.event("CHECKPOINT_LOCAL", f"checkpoint at step {step} committed to the local tier"
-                       + (" (to be persisted)" if persist else ""), persist=persist, **fields)
+        self.tel.event(
+            "CHECKPOINT_LOCAL",
+            f"checkpoint at step {step} committed to the local tier" + (" (to be persisted)" if persist else ""),
+            persist=persist,
+            **fields,
+        )
         if persist:
             self._enqueue_persist(step, final)
         self.prune(self.local_root)
@@ -281,8 +348,12 @@ class Checkpointer:
             if isinstance(err, FencedError):
                 raise err
             self.failures += 1
-            self.tel.event("CHECKPOINT_FAILED", f"checkpoint write failed: {err!r}", error=repr(err),
-                           tier=LOCAL if self.local_root is not None else DURABLE)
+            self.tel.event(
+                "CHECKPOINT_FAILED",
+                f"checkpoint write failed: {err!r}",
+                error=repr(err),
+                tier=LOCAL if self.local_root is not None else DURABLE,
+            )
         self._raise_persist_error()
 
     # ---- persisting (local tier -> durable tier) ------------------------------------------------------
@@ -290,15 +361,20 @@ class Checkpointer:
         with self._cv:
             if self._pending is not None:
                 old = self._pending
-                self.tel.event("CHECKPOINT_PERSIST_SUPERSEDED",
-                               f"step {old.step} not yet copied to the durable tier when step {step} was due: "
-                               "the newer one goes instead", step=old.step, superseded_by=step, tier=DURABLE)
+                self.tel.event(
+                    "CHECKPOINT_PERSIST_SUPERSEDED",
+                    f"step {old.step} not yet copied to the durable tier when step {step} was due: "
+                    "the newer one goes instead",
+                    step=old.step,
+                    superseded_by=step,
+                    tier=DURABLE,
+                )
             self._pending = _Persist(step, path)
             if self._persister is None:
-                self._copy_pool = ThreadPoolExecutor(max_workers=writer_count(),
-                                                     thread_name_prefix="kiln-ckpt-persist-io")
-                self._persister = threading.Thread(target=self._persist_loop, name="kiln-ckpt-persister",
-                                                   daemon=True)
+                self._copy_pool = ThreadPoolExecutor(
+                    max_workers=writer_count(), thread_name_prefix="kiln-ckpt-persist-io"
+                )
+                self._persister = threading.Thread(target=self._persist_loop, name="kiln-ckpt-persister", daemon=True)
                 self._persister.start()
             self._cv.notify_all()
 
@@ -333,27 +409,42 @@ class Checkpointer:
             names = sorted(files, key=lambda n: -int(files[n]["bytes"]))
             jobs = {n: pool.submit(_copy_hashed, src / n, tmp / n) for n in names}
             written = {n: j.result() for n, j in jobs.items()}
-            bad = [n for n, (size, sha) in written.items()
-                   if size != files[n]["bytes"] or sha != files[n]["sha256"]]
+            bad = [n for n, (size, sha) in written.items() if size != files[n]["bytes"] or sha != files[n]["sha256"]]
             if bad:
-                self.tel.event("CHECKPOINT_CORRUPT", f"local checkpoint {src.name} changed after its commit "
-                               f"({bad[0]}): not persisted", step=job.step, path=str(src),
-                               reason=f"sha256 mismatch in {bad[0]}", tier=LOCAL)
+                self.tel.event(
+                    "CHECKPOINT_CORRUPT",
+                    f"local checkpoint {src.name} changed after its commit ({bad[0]}): not persisted",
+                    step=job.step,
+                    path=str(src),
+                    reason=f"sha256 mismatch in {bad[0]}",
+                    tier=LOCAL,
+                )
                 raise RuntimeError(f"local checkpoint {src} no longer matches its manifest")
             meta = {k: v for k, v in manifest.items() if k not in ("step", "fencing_token", "created", "files")}
             meta.update(tier=DURABLE, persisted_from=str(src), local_sha256=sha256_file(src / MANIFEST))
             final = self.root / src.name
-            durable = write_manifest_and_commit(tmp, final, step=job.step, token=self.token, meta=meta,
-                                                written=written, lease=self.lease)
+            durable = write_manifest_and_commit(
+                tmp, final, step=job.step, token=self.token, meta=meta, written=written, lease=self.lease
+            )
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         self.persisted += 1
-        self.tel.emit(RecordKind.CHECKPOINT, step=job.step, path=str(final),
-                      bytes=sum(f["bytes"] for f in durable["files"].values()),
-                      sha256=sha256_file(final / MANIFEST), verified=True, format=durable.get("format"),
-                      tier=DURABLE, source=str(src), persist_s=time.perf_counter() - t0, stall_s=None,
-                      loss=durable.get("loss"), token=self.token)
+        self.tel.emit(
+            RecordKind.CHECKPOINT,
+            step=job.step,
+            path=str(final),
+            bytes=sum(f["bytes"] for f in durable["files"].values()),
+            sha256=sha256_file(final / MANIFEST),
+            verified=True,
+            format=durable.get("format"),
+            tier=DURABLE,
+            source=str(src),
+            persist_s=time.perf_counter() - t0,
+            stall_s=None,
+            loss=durable.get("loss"),
+            token=self.token,
+        )
         self.prune(self.root)
 
     def io_in_flight(self) -> str | None:
@@ -382,8 +473,7 @@ class Checkpointer:
         if isinstance(err, FencedError):
             raise err
         self.failures += 1
-        self.tel.event("CHECKPOINT_FAILED", f"copy to the durable tier failed: {err!r}", error=repr(err),
-                       tier=DURABLE)
+        self.tel.event("CHECKPOINT_FAILED", f"copy to the durable tier failed: {err!r}", error=repr(err), tier=DURABLE)
 
     def finish(self) -> None:
         """End of the run: every write committed, every persist durable."""
@@ -448,14 +538,27 @@ class Checkpointer:
             if why is None and tier == LOCAL:
                 tok = json.loads((path / MANIFEST).read_text()).get("fencing_token")
                 if (tok if tok is not None else -1) < durable_token:
-                    self.tel.event("CHECKPOINT_STALE_LOCAL", f"skipping local checkpoint {path.name}: written "
-                                   f"under token {tok}, the durable tier has token {durable_token}",
-                                   step=step, path=str(path), token=tok, durable_token=durable_token, tier=tier)
+                    self.tel.event(
+                        "CHECKPOINT_STALE_LOCAL",
+                        f"skipping local checkpoint {path.name}: written "
+                        f"under token {tok}, the durable tier has token {durable_token}",
+                        step=step,
+                        path=str(path),
+                        token=tok,
+                        durable_token=durable_token,
+                        tier=tier,
+                    )
                     continue
             if why is None:
                 return str(path)
-            self.tel.event("CHECKPOINT_CORRUPT", f"skipping {tier} checkpoint {path.name}: {why}",
-                           step=step, path=str(path), reason=why, tier=tier)
+            self.tel.event(
+                "CHECKPOINT_CORRUPT",
+                f"skipping {tier} checkpoint {path.name}: {why}",
+                step=step,
+                path=str(path),
+                reason=why,
+                tier=tier,
+            )
         return None
 
     def choose(self, *, before_step: int | None = None) -> pathlib.Path | None:
@@ -477,9 +580,13 @@ class Checkpointer:
             if bool(seen[0]):
                 return path
             if self.rank == 0:
-                self.tel.event("CHECKPOINT_LOCAL_UNREACHABLE", f"{path} is not visible to every rank: "
-                               "resuming from the durable tier", step=int(path.name[len(PREFIX):]),
-                               path=str(path), tier=LOCAL)
+                self.tel.event(
+                    "CHECKPOINT_LOCAL_UNREACHABLE",
+                    f"{path} is not visible to every rank: resuming from the durable tier",
+                    step=int(path.name[len(PREFIX) :]),
+                    path=str(path),
+                    tier=LOCAL,
+                )
             local_ok = False
 
     def load(self, path: pathlib.Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -102,15 +102,21 @@ class _FlatStager:
         # Largest first onto the least-filled file: the files (and so the writer threads) stay balanced.
         for i in sorted(range(len(leaves)), key=lambda i: -sizes[i]):
             f = min(range(files), key=fill.__getitem__)
-            self.entries[i] = {"file": f"data_{f}.bin", "index": f, "offset": fill[f], "bytes": sizes[i],
-                               "dtype": _dtype_name(leaves[i].dtype), "shape": list(leaves[i].shape)}
+            self.entries[i] = {
+                "file": f"data_{f}.bin",
+                "index": f,
+                "offset": fill[f],
+                "bytes": sizes[i],
+                "dtype": _dtype_name(leaves[i].dtype),
+                "shape": list(leaves[i].shape),
+            }
             fill[f] += -(-sizes[i] // ALIGN) * ALIGN
         pin = self.device.type == "cuda"
         self.buffers = [torch.zeros(n, dtype=torch.uint8, pin_memory=pin) for n in fill]
         self.views = []
         for e, t in zip(self.entries, leaves, strict=True):
             buf = self.buffers[e["index"]]
-            self.views.append(buf[e["offset"]:e["offset"] + e["bytes"]].view(t.dtype).view(t.shape))
+            self.views.append(buf[e["offset"] : e["offset"] + e["bytes"]].view(t.dtype).view(t.shape))
         self.signature = sig
         self.alloc_s = time.perf_counter() - t0
 
@@ -148,7 +154,7 @@ def _write_hashed(path: pathlib.Path, buf: torch.Tensor) -> tuple[int, str]:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         for off in range(0, len(mv), CHUNK):
-            chunk = mv[off:off + CHUNK]
+            chunk = mv[off : off + CHUNK]
             h.update(chunk)
             while chunk:
                 n = os.write(fd, chunk)
@@ -200,6 +206,6 @@ def load_raw(path: pathlib.Path) -> Any:
         if e["bytes"] == 0:
             tensors.append(torch.empty(e["shape"], dtype=dtype))
             continue
-        raw = data[e["file"]][e["offset"]:e["offset"] + e["bytes"]]
+        raw = data[e["file"]][e["offset"] : e["offset"] + e["bytes"]]
         tensors.append(raw.view(dtype).view(e["shape"]))
     return _unflatten(torch.load(path / TREE, map_location="cpu", weights_only=True), tensors)

@@ -71,7 +71,7 @@ def list_checkpoints(root: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
         for p in root.iterdir():
             if p.is_dir() and p.name.startswith(PREFIX):
                 with contextlib.suppress(ValueError):
-                    out.append((int(p.name[len(PREFIX):]), p))
+                    out.append((int(p.name[len(PREFIX) :]), p))
     return sorted(out)
 
 
@@ -93,11 +93,17 @@ def verify(path: pathlib.Path) -> str | None:
     return None
 
 
-def write_manifest_and_commit(tmp: pathlib.Path, final: pathlib.Path, *, step: int, token: int | None,
-                              meta: dict[str, Any],
-                              written: dict[str, tuple[int, str]] | None = None,
-                              fence_root: pathlib.Path | None = None,
-                              lease: Callable[[str], None] | None = None) -> dict[str, Any]:
+def write_manifest_and_commit(
+    tmp: pathlib.Path,
+    final: pathlib.Path,
+    *,
+    step: int,
+    token: int | None,
+    meta: dict[str, Any],
+    written: dict[str, tuple[int, str]] | None = None,
+    fence_root: pathlib.Path | None = None,
+    lease: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """``written``: files the caller already fsynced and hashed while writing them (name -> bytes, sha256);
     every other file under ``tmp`` is fsynced and hashed here.  ``fence_root``: the directory holding the
     fence file (the durable job dir; default ``final``'s parent) - a local-tier commit obeys it too.

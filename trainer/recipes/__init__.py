@@ -89,9 +89,7 @@ class Recipe(abc.ABC):
     def batch_to(self, batch: Any, device: torch.device) -> Any:
         non_blocking = device.type == "cuda"
         if isinstance(batch, tuple):
-            return tuple(
-                (t.pin_memory() if non_blocking else t).to(device, non_blocking=non_blocking) for t in batch
-            )
+            return tuple((t.pin_memory() if non_blocking else t).to(device, non_blocking=non_blocking) for t in batch)
         return batch.to(device, non_blocking=non_blocking)
 
 

@@ -33,8 +33,7 @@ class CausalSelfAttention(nn.Module):
         q = q.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
         k = k.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
         v = v.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
 
 
@@ -62,8 +61,9 @@ class HeadLoss(nn.Module):
     passed in, so the state dict is unchanged): regional compile gives it its own graph, so Inductor fuses
     the fp32 upcast, log-softmax and NLL instead of materialising [tokens, vocab] fp32 tensors."""
 
-    def forward(self, x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, head_w: torch.Tensor,
-                targets: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, ln_w: torch.Tensor, ln_b: torch.Tensor, head_w: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
         logits = F.linear(F.layer_norm(x, (x.size(-1),), ln_w, ln_b), head_w)
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
@@ -132,8 +132,15 @@ class GPTRecipe(ShapedRecipe):
 
     def make_data(self, *, rank: int, world_size: int, seed: int) -> TokenBatches:
         tokens = build_stdlib_corpus(self.corpus_bytes) if self.corpus == "stdlib" else None
-        return TokenBatches(tokens=tokens, vocab_size=self.cfg.vocab_size, batch_size=self.batch_size,
-                            seq_len=self.cfg.seq_len, rank=rank, world_size=world_size, seed=seed)
+        return TokenBatches(
+            tokens=tokens,
+            vocab_size=self.cfg.vocab_size,
+            batch_size=self.batch_size,
+            seq_len=self.cfg.seq_len,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+        )
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         x, y = batch

@@ -43,8 +43,9 @@ class MLP(nn.Module):
 
 
 class MixtureBatches(IndexedBatches):
-    def __init__(self, *, in_dim: int, classes: int, batch_size: int, rank: int, world_size: int,
-                 seed: int, noise: float) -> None:
+    def __init__(
+        self, *, in_dim: int, classes: int, batch_size: int, rank: int, world_size: int, seed: int, noise: float
+    ) -> None:
         super().__init__(batch_size=batch_size, rank=rank, world_size=world_size, seed=seed)
         gen = torch.Generator().manual_seed(seed)
         self.means = torch.randn(classes, in_dim, generator=gen) * 2.0
@@ -56,7 +57,7 @@ class MixtureBatches(IndexedBatches):
         y = torch.randint(0, self.means.shape[0], (n,), generator=gen)
         x = self.means[y] + self.noise * torch.randn(n, self.means.shape[1], generator=gen)
         lo = self.rank * self.batch_size
-        return x[lo:lo + self.batch_size], y[lo:lo + self.batch_size]
+        return x[lo : lo + self.batch_size], y[lo : lo + self.batch_size]
 
 
 class MLPRecipe(ShapedRecipe):
@@ -78,8 +79,15 @@ class MLPRecipe(ShapedRecipe):
         return list(model.blocks)
 
     def make_data(self, *, rank: int, world_size: int, seed: int) -> MixtureBatches:
-        return MixtureBatches(in_dim=self.in_dim, classes=self.classes, batch_size=self.batch_size, rank=rank,
-                              world_size=world_size, seed=seed, noise=self.noise)
+        return MixtureBatches(
+            in_dim=self.in_dim,
+            classes=self.classes,
+            batch_size=self.batch_size,
+            rank=rank,
+            world_size=world_size,
+            seed=seed,
+            noise=self.noise,
+        )
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         x, y = batch

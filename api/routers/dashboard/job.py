@@ -71,8 +71,11 @@ def _code(job: Job, team: str) -> dict[str, Any] | None:
     digest = code.get("digest")
     if not digest:
         return None
-    return {"digest": digest, "entry_point": code.get("entry_point"),
-            "download": f"/v1/teams/{team}/artifacts/{digest}/archive"}
+    return {
+        "digest": digest,
+        "entry_point": code.get("entry_point"),
+        "download": f"/v1/teams/{team}/artifacts/{digest}/archive",
+    }
 
 
 def overview_of(session: Session, job: Job) -> dict[str, Any]:
