@@ -107,10 +107,14 @@ def test_redis_then_postgres_restart_loses_and_duplicates_nothing(
     finally:
         sched.stop()
 
-    # Training held no message (acknowledged at the claim): the SIGKILL found nothing to restore, where kombu's
-    # consumer used to die (AttributeError in restore_unacked_once) while the worker went on heartbeating.
+    # Training holds no message (acknowledged at the claim), so the SIGKILL finds no attempt's message to restore.
+    # A consumer probe in flight at that moment can still make kombu's consumer die (AttributeError in
+    # restore_unacked_once); then the worker must have started its consumer again in place, trainers untouched
+    # (the attempts below: none restarted).
     for host in hosts:
-        assert "Unrecoverable error" not in c.log_text(host), c.log_text(host)[-3000:]
+        log = c.log_text(host)
+        if "Unrecoverable error" in log:
+            assert "stopped on its own; starting it again" in log, log[-3000:]
     storage = get_settings().resolved_storage_dir
     with maker() as db:
         for job_id in (long_job, orphan):
