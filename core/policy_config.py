@@ -35,6 +35,12 @@ class PolicyConfig(SettingsGroup):
         "blocks everything behind it, with backfill EASY), `priority` (class, fair share, age: Slurm's multifactor "
         "order), `sjf` (shortest time limit first; the oracle bound when given true run times).",
     )
+    time_limit_grace_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="A job still RUNNING this long past its time limit is failed by the scheduler: the backstop, "
+        "since its worker stops it at the limit itself (checkpoint first) and should win.",
+    )
     placement: Literal["pack", "spread"] = Field(
         default="pack",
         description="Where a job that fits on one host goes: `pack` the host it fits best (keeps whole hosts "

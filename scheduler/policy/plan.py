@@ -130,7 +130,7 @@ class _Planner:
             if r.time_limit_s is not None
             and not r.preempt_requested
             and r.state == JobState.RUNNING
-            and self.now - r.started_at > r.time_limit_s
+            and self.now - r.started_at > r.time_limit_s + self.c.time_limit_grace_s
         )
         order = JobOrder(self.s.pending, self.s.teams, self.now, self.c)
         fifo_blocker: int | None = None
