@@ -105,11 +105,12 @@ def test_a_gang_trains_across_two_hosts_and_survives_the_loss_of_one(two_hosts: 
     assert job.last_step == ref.last_step == STEPS
     assert job.last_loss == pytest.approx(ref.last_loss, rel=1e-6, abs=1e-6)
     assert len(job_events(c, victim, "LOST")) == 1
-    # The rank on the surviving host failed in its next collective, a failure of the gang's links (restarted),
-    # never a crash blamed on the user's recipe.
+    # The rank on the surviving host failed in its next collective (nccl_error), or in torchrun's rendezvous when
+    # the loss reached that first, or was stopped when the attempt was declared LOST (which one depends on the
+    # machine's load): a failure of the gang, restarted, never a crash blamed on the user's recipe.
     survivor = next(i for i, n in enumerate(attempts[0].placement) if n["host"] != head)
     first_log = (get_settings().resolved_storage_dir / "logs" / str(victim) / f"1.node{survivor}.log").read_text()
-    assert "nccl_error" in first_log, first_log[-3000:]
+    assert "trainer exited with" in first_log and ": user_error:" not in first_log, first_log[-3000:]
     # Both nodes of each attempt ran a rank of a world of two.
     logs = get_settings().resolved_storage_dir / "logs" / str(victim)
     for name in ("2.log", "2.node1.log"):
