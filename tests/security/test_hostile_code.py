@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from core.settings import get_settings
 from tests.support.cluster_rows import job_row
 from tests.support.services import redis_url, temporary_database
 from tests.support.workers_cluster import (
+    ROOT,
     Cluster,
     SchedulerThread,
     cluster,
@@ -46,7 +48,10 @@ def host(tmp_path: Path) -> Iterator[Cluster]:
         if os.environ.get("CI") == "true":
             pytest.fail("the hostile-code tests run as root on a host with cgroup v1 memory and pids controllers")
         pytest.skip("needs root and cgroup v1 memory/pids controllers")
-    # The attempts' user must be able to reach the storage: a directory under /tmp (pytest's own is root's 0700).
+    # The attempts' user must be able to reach the storage: a directory under /tmp (pytest's own is root's 0700);
+    # and kiln's interpreter and code: a fresh clone may sit under a 0700 directory (mkdtemp), which a production
+    # host would not do. Traverse-only (o+x) for the test, put back afterwards.
+    opened = _traversable([Path(sys.executable), Path(sys.executable).resolve(), Path(sys.base_prefix), ROOT])
     base = Path(tempfile.mkdtemp(prefix="kiln-hostile-"))
     os.chmod(base, 0o711)
     env = {"KILN_ATTEMPT_UID_BASE": str(UID_BASE), "KILN_STORAGE_DIR": str(base / "storage"), "KILN_LOCAL_TIER_DIR": ""}
@@ -60,6 +65,20 @@ def host(tmp_path: Path) -> Iterator[Cluster]:
             yield c
     finally:
         shutil.rmtree(base, ignore_errors=True)
+        for directory, mode in opened:
+            os.chmod(directory, mode)
+
+
+def _traversable(paths: list[Path]) -> list[tuple[Path, int]]:
+    """Give others traverse (not read) permission on every ancestor directory of ``paths`` that lacks it."""
+    opened: list[tuple[Path, int]] = []
+    for path in paths:
+        for directory in [path, *path.parents] if path.is_dir() else path.parents:
+            mode = directory.stat().st_mode & 0o7777
+            if not mode & 0o001 and directory not in {d for d, _ in opened}:
+                os.chmod(directory, mode | 0o001)
+                opened.append((directory, mode))
+    return opened
 
 
 def tree_digest(root: Path) -> dict[str, str]:
