@@ -1,7 +1,8 @@
 """``kiln up --detach`` and ``kiln down``: kiln in the background, found again through its home lock.
 
 ``--detach`` starts the same ``kiln up`` (without ``--detach``) in a session of its own, its output in
-``KILN_HOME/logs/up.log``, and returns once the API answers, or with the log's last lines if it died first.
+``KILN_HOME/logs/up.log``, and returns once that ``kiln up`` has said it is up (its API answers and its whole banner is
+in the log), or with the log's last lines if it died first.
 ``kiln down`` finds that process through ``KILN_HOME/up.lock`` (held with ``flock`` while kiln up runs, the pid
 written in it) and asks it to stop as Ctrl-C would: SIGTERM, so the supervisor stops the worker (whose trainers
 checkpoint), then the scheduler and the API; a second SIGTERM after ``--timeout`` kills what is left.
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 from cli.errors import CliError, ExitCode
-from cli.up import LOCK_FILE, TAG, api_ready, console, print_token, tail
+from cli.up import BANNER_END, LOCK_FILE, TAG, api_ready, console, print_token, tail
 from core.private import open_private, private_dir
 
 LOG_FILE = "up.log"
@@ -60,7 +61,7 @@ def start_detached(up_args: list[str], home: Path, api_url: str, timeout_s: floa
         if code is not None:
             raise CliError(f"kiln up exited with code {code} before it was ready; last lines of {log_path}:",
                            details=tail(log_path, 15))  # fmt: skip
-        if api_ready(api_url):
+        if api_ready(api_url) and BANNER_END in log_path.read_text(errors="replace"):
             from cli.config import load_file
 
             console.print(f"{TAG} [bold green]kiln is up[/] in the background: API {api_url}/v1, dashboard {api_url}/")

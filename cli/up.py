@@ -38,6 +38,8 @@ TAG = "[dim]\\[kiln up][/]"
 MAX_BACKOFF_S = 30.0
 STABLE_AFTER_S = 30.0  # a child that ran this long before dying starts its backoff afresh
 READY_WARN_AFTER_S = 90.0
+# The banner's last line: `kiln up --detach` returns once it is in the log, the whole banner before it.
+BANNER_END = "Ctrl-C stops everything"
 LOCK_FILE = "up.lock"  # in KILN_HOME: held (flock) by the running kiln up, its pid written in it
 
 
@@ -490,7 +492,7 @@ def _banner(sup: Supervisor, api_url: str, token: str, profile: str | None = Non
     console.print(f"{TAG} logs: {logs}")
     print_token(token)
     console.print(f"{TAG} next, in another terminal:  {cli} submit examples/gpt-tiny.yaml --follow")
-    console.print(f"{TAG} Ctrl-C stops everything")
+    console.print(f"{TAG} {BANNER_END}")
 
 
 def print_token(token: str) -> None:
