@@ -25,7 +25,8 @@ from core.fence import job_checkpoint_dir, revoke_fence
 from core.models import Attempt, Event, Job, Usage
 from core.repositories import jobs as jobs_repo
 from core.settings import Settings, Timings
-from core.states import AttemptState, JobState, Reason, move_attempt, transition
+from core.states import AttemptState, JobState, Reason
+from core.transitions import move_attempt, transition
 
 log = logging.getLogger(__name__)
 

@@ -1,21 +1,11 @@
-"""The state machines of jobs, attempts and hosts: the states as enums, the allowed transitions as data, and the
-functions that move them. Also the one vocabulary of why a queued job waits (``Reason``).
-
-Every job transition writes an event, so the timeline shown by the CLI and dashboard is complete by construction.
-An attempt's or a host's change writes the event its caller chooses (``core.lifecycle``, the reconciler, the host
-agent): the table here only says which changes can happen.
+"""The state machines of jobs, attempts and hosts: the states as enums and the allowed transitions as data; also
+the one vocabulary of why a queued job waits (``Reason``). Pure: the ORM's models take their defaults from here and
+the policy reads it without a database. The functions that move a row from state to state are ``core.transitions``.
 """
 
 from __future__ import annotations
 
 import enum
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-
-    from core.models import Attempt, Event, Host, Job
 
 
 class JobState(enum.StrEnum):
@@ -124,104 +114,5 @@ class Reason(enum.StrEnum):
     DRAINED = "Drained"  # requeued after its host shut down, progress kept
 
 
-class IllegalTransition(ValueError):
-    def __init__(self, subject: str, current: str, target: str):
-        super().__init__(f"{subject}: {current} -> {target} is not allowed")
-        self.current = current
-        self.target = target
-
-
 def can_transition(current: str, target: JobState) -> bool:
     return target in TRANSITIONS[JobState(current)]
-
-
-def transition(
-    session: Session,
-    job: Job,
-    target: JobState,
-    *,
-    message: str = "",
-    data: dict[str, Any] | None = None,
-    actor_user_id: int | None = None,
-    now: datetime | None = None,
-) -> Event:
-    """Move ``job`` to ``target`` and record the event; raises IllegalTransition. Does not commit.
-
-    ``now`` is the caller's clock where it has one (the scheduler's cycle time), else the wall clock."""
-    current = job.state
-    if not can_transition(current, target):
-        raise IllegalTransition(f"job {job.id}", current, target)
-    from core.db import utcnow  # here, not at the top: the pure policy reads the states without the ORM
-    from core.models import Event
-    from core.webhooks import enqueue_for_event
-
-    now = now or utcnow()
-    job.state = target.value
-    job.updated_at = now
-    if target is S.ADMITTED:
-        job.admitted_at = now
-        job.pending_reason = None
-        job.pending_message = None
-    elif target is S.RUNNING and job.started_at is None:
-        job.started_at = now
-    elif target in TERMINAL:
-        job.finished_at = now
-        job.pending_reason = None
-    event = Event(
-        job_id=job.id,
-        team_id=job.team_id,
-        actor_user_id=actor_user_id,
-        type=target.value,
-        message=message or f"{current} -> {target.value}",
-        data={"from": current, "to": target.value, **(data or {})},
-        created_at=now,
-    )
-    session.add(event)
-    enqueue_for_event(session, event, job)
-    return event
-
-
-def move_attempt(attempt: Attempt, target: AttemptState) -> None:
-    """Move ``attempt`` to ``target``; raises IllegalTransition (an ended attempt never changes again)."""
-    current = AttemptState(attempt.state)
-    if target not in ATTEMPT_TRANSITIONS[current]:
-        raise IllegalTransition(f"attempt {attempt.id}", current, target)
-    attempt.state = target.value
-
-
-def move_host(host: Host, target: HostState) -> None:
-    """Move ``host`` to ``target`` (staying where it is is no change); raises IllegalTransition."""
-    current = HostState(host.state)
-    if target is not current and target not in HOST_TRANSITIONS[current]:
-        raise IllegalTransition(f"host {host.name}", current, target)
-    host.state = target.value
-
-
-def record_event(
-    session: Session,
-    type_: str,
-    *,
-    job: Job | None = None,
-    team_id: int | None = None,
-    message: str = "",
-    data: dict[str, Any] | None = None,
-    actor_user_id: int | None = None,
-) -> Event:
-    """A timeline or audit event that is not a state change (checkpoint, compile fallback, token issued...)."""
-    from core.db import utcnow  # see transition
-    from core.models import Event
-    from core.webhooks import enqueue_for_event
-
-    event = Event(
-        job_id=job.id if job is not None else None,
-        team_id=job.team_id if job is not None else team_id,
-        actor_user_id=actor_user_id,
-        type=type_,
-        message=message,
-        data=data or {},
-        created_at=utcnow(),
-    )
-    session.add(event)
-    if job is not None:
-        enqueue_for_event(session, event, job)
-    return event

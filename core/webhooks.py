@@ -28,6 +28,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from core.models import Event, Job, Team, Webhook, WebhookDelivery
+from core.states import JobState
 
 KINDS = ("finished", "failed", "cancelled", "preempted", "restarted", "sla_violation")
 TEST_KIND = "test"
@@ -45,7 +46,7 @@ def kind_of(event: Event) -> str | None:
         return None
     if event.type in _BY_TYPE:
         return _BY_TYPE[event.type]
-    if event.type == "QUEUED" and (event.data or {}).get("from") == "LOST":
+    if event.type == "QUEUED" and (event.data or {}).get("from") == JobState.LOST:
         return "restarted"
     if event.type.startswith("SLA_"):
         return "sla_violation"

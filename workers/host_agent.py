@@ -23,7 +23,8 @@ from core.liveness import Pulse
 from core.models import GPU, Attempt, Host, Job
 from core.retention import prune_job_files
 from core.settings import Settings
-from core.states import ACTIVE, AttemptState, HostState, move_host, record_event
+from core.states import ACTIVE, AttemptState, HostState
+from core.transitions import move_host, record_event
 from workers import mps
 from workers.celery_app import host_queue
 from workers.consumer_probe import ConsumerProbe

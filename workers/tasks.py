@@ -31,7 +31,7 @@ from core.lifecycle import ExitClass, end_attempt, end_attempt_as, renew_lease
 from core.models import GPU, Attempt, Host, Job, QosClass, Usage
 from core.private import private_dir, replace_file
 from core.settings import Settings, get_settings
-from core.states import ACTIVE, ATTEMPT_LIVE, AttemptState, JobState, MpsState, move_attempt, record_event, transition
+from core.states import ACTIVE, ATTEMPT_LIVE, AttemptState, JobState, MpsState
 from core.trainer_protocol import (
     ENV_ATTEMPT_ID,
     ENV_CHECKPOINT_DIR,
@@ -46,6 +46,7 @@ from core.trainer_protocol import (
     LEASE_FILE,
     RecordKind,
 )
+from core.transitions import move_attempt, record_event, transition
 from workers import isolation, mps
 from workers.attempt_user import AttemptUser
 from workers.celery_app import TASK_PROBE_CONSUMER, TASK_RUN_ATTEMPT, get_app

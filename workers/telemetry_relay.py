@@ -26,8 +26,8 @@ from sqlalchemy.orm import Session
 from core.lifecycle import stop_cause
 from core.models import Attempt, Checkpoint, Job, JobMetric
 from core.private import read_regular
-from core.states import record_event
 from core.trainer_protocol import TELEMETRY_DIR, RecordKind
+from core.transitions import record_event
 
 log = logging.getLogger(__name__)
 

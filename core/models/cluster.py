@@ -9,6 +9,7 @@ from sqlalchemy import BigInteger, ForeignKey, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from core.db import Base, utcnow
+from core.states import HostState
 
 
 class Host(Base):
@@ -18,7 +19,7 @@ class Host(Base):
     name: Mapped[str] = mapped_column(String(128), unique=True)
     queue: Mapped[str] = mapped_column(String(160), comment="the host's own Celery queue")
     address: Mapped[str | None] = mapped_column(String(256), comment="where other hosts reach it (rendezvous)")
-    state: Mapped[str] = mapped_column(String(16), default="UP", comment="UP, UNREACHABLE, DOWN, EXCLUDED")
+    state: Mapped[str] = mapped_column(String(16), default=HostState.UP.value, comment=", ".join(HostState))
     cpu_slots: Mapped[int] = mapped_column(default=0, comment="training processes when it has no GPUs")
     excluded_until: Mapped[datetime | None] = mapped_column()
     exclusion_reason: Mapped[str | None] = mapped_column(String(256))

@@ -9,6 +9,7 @@ from sqlalchemy import BigInteger, ForeignKey, Index, String, Text, UniqueConstr
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from core.db import Base, utcnow
+from core.states import AttemptState, JobState
 
 
 class Job(Base):
@@ -19,7 +20,7 @@ class Job(Base):
     team_id: Mapped[int] = mapped_column(ForeignKey("teams.id"))
     user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
     spec: Mapped[dict[str, Any]] = mapped_column()
-    state: Mapped[str] = mapped_column(String(16), default="QUEUED")
+    state: Mapped[str] = mapped_column(String(16), default=JobState.QUEUED.value)
     qos_class_id: Mapped[int] = mapped_column(ForeignKey("qos_classes.id"))
     priority: Mapped[int] = mapped_column(default=0)
     gpus: Mapped[int] = mapped_column(default=0)
@@ -99,7 +100,7 @@ class Attempt(Base):
     number: Mapped[int] = mapped_column()
     fencing_token: Mapped[int] = mapped_column(BigInteger)
     placement: Mapped[list[Any]] = mapped_column(comment="[{host, gpus: [uuid], slots}]")
-    state: Mapped[str] = mapped_column(String(16), default="PENDING")
+    state: Mapped[str] = mapped_column(String(16), default=AttemptState.PENDING.value)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column()
     lease_expires_at: Mapped[datetime | None] = mapped_column()

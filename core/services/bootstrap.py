@@ -12,7 +12,7 @@ from core.repositories import users as users_repo
 from core.services.errors import Conflict
 from core.services.principal import Principal
 from core.services.tokens import issue
-from core.states import record_event
+from core.transitions import record_event
 
 DEFAULT_TEAM = "default"
 DEFAULT_CPU_SLOTS = 4

@@ -20,7 +20,7 @@ from core.repositories import users as users_repo
 from core.services import teams as teams_svc
 from core.services.errors import InvalidInput, NotFound
 from core.services.principal import Principal
-from core.states import record_event
+from core.transitions import record_event
 
 INVITATION_TTL = timedelta(days=7)
 ROLES = (Role.TEAM_ADMIN, Role.MEMBER, Role.VIEWER)

@@ -25,7 +25,8 @@ from core.services.principal import Principal, require_team, require_team_id
 from core.services.sla import BASE_TERMS, DEFAULT_QOS, TERMS, effective_terms, qos_refusal, restart_refusal
 from core.services.why import Why, explain
 from core.spec import JobSpec, did_you_mean
-from core.states import TERMINAL, JobState, record_event, transition
+from core.states import TERMINAL, JobState
+from core.transitions import record_event, transition
 
 
 class JobView(NamedTuple):

@@ -17,7 +17,7 @@ from core.repositories import users as users_repo
 from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound, PreconditionFailed
 from core.services.fit import check_quota_type
 from core.services.principal import Principal, require_admin, require_team
-from core.states import record_event
+from core.transitions import record_event
 
 DEFAULT_QOS = "silver"
 # What a new team may use until an admin decides otherwise: the classes that take no capacity from others by

@@ -13,7 +13,7 @@ from core.repositories import users as users_repo
 from core.security import new_token
 from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.services.principal import SCOPES, Principal
-from core.states import record_event
+from core.transitions import record_event
 
 ORDINARY_SCOPES = frozenset({"read", "write"})
 

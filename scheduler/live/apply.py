@@ -16,7 +16,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.models import Attempt, Job
-from core.states import AttemptState, JobState, record_event, transition
+from core.states import AttemptState, JobState
+from core.transitions import record_event, transition
 from scheduler.policy.decisions import Admission, Decisions
 from scheduler.policy.sharing import describe
 

@@ -46,7 +46,8 @@ from core.lifecycle import (
 )
 from core.models import Attempt, Event, Host, Job
 from core.settings import Settings
-from core.states import ACTIVE, AttemptState, HostState, JobState, move_host, record_event
+from core.states import ACTIVE, AttemptState, HostState, JobState
+from core.transitions import move_host, record_event
 
 log = logging.getLogger(__name__)
 

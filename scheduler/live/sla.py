@@ -32,7 +32,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
 from core.models import Attempt, Event, Job, JobMetric, QosClass, SlaContract
-from core.states import ACTIVE, JobState, record_event
+from core.states import ACTIVE, JobState
+from core.transitions import record_event
 from scheduler.policy.decisions import Decisions, Preemption
 
 QUEUE_WAIT = "SLA_QUEUE_WAIT_VIOLATION"

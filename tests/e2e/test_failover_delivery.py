@@ -13,8 +13,9 @@ from sqlalchemy import select
 
 from core.models import Attempt, Checkpoint, Event, Job
 from core.settings import get_settings
-from core.states import JobState, record_event
+from core.states import JobState
 from core.trainer_protocol import ExitCode
+from core.transitions import record_event
 from tests.support.cluster_rows import job_events, job_row
 from tests.support.services import redis_url, temporary_database
 from tests.support.workers_cluster import (

@@ -13,7 +13,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.models import Attempt, Checkpoint, Event, Job, JobDependency, JobMetric, SlaContract
-from core.states import JobState, transition
+from core.states import JobState
+from core.transitions import transition
 from tests.support.api import World, spec
 
 pytestmark = pytest.mark.integration

@@ -112,7 +112,7 @@ def test_preempts_lower_class_then_readmits_it(db: Session, dispatched: list[Any
     f.start(db, gold, now=later + timedelta(seconds=22))
     gold_row = db.get(Job, gold.id)
     assert gold_row is not None
-    from core.states import transition
+    from core.transitions import transition
 
     transition(db, gold_row, JobState.SUCCEEDED)
     for a in db.scalars(select(Attempt).where(Attempt.job_id == gold.id)):
@@ -212,7 +212,7 @@ def test_over_budget_job_waits_with_budget_reason(db: Session, dispatched: list[
 
 def test_failed_dependency_fails_the_job(db: Session, dispatched: list[Any]) -> None:
     from core.models import JobDependency
-    from core.states import transition
+    from core.transitions import transition
 
     t = f.team(db, "deps")
     f.host(db, "e1", 8, now=T0)
@@ -245,7 +245,7 @@ def test_the_snapshot_carries_attained_service_and_the_teams_history(db: Session
     f.start(db, done, now=T0)
     row = db.get(Job, done.id)
     assert row is not None
-    from core.states import transition
+    from core.transitions import transition
 
     transition(db, row, JobState.SUCCEEDED)
     row.finished_at = T0 + timedelta(hours=1)

@@ -10,7 +10,8 @@ from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import Session
 
 from core.models import Attempt, Event, Job, JobMetric, SlaContract
-from core.states import JobState, transition
+from core.states import JobState
+from core.transitions import transition
 from scheduler.live import sla
 from tests.integration import test_scheduler_support as f
 from tests.integration.test_scheduler_loop import cycle, dispatched  # noqa: F401  (fixture)

@@ -8,7 +8,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.models import GPU, Attempt, Host, Job, QosClass, Team, TeamQuota, Usage
-from core.states import JobState, transition
+from core.states import JobState
+from core.transitions import transition
 
 GIB = 2**30
 

@@ -21,7 +21,8 @@ from core.db import make_engine, utcnow
 from core.migrate import upgrade
 from core.models import Event, Job, QosClass, Team, Webhook, WebhookDelivery
 from core.settings import Settings
-from core.states import JobState, record_event, transition
+from core.states import JobState
+from core.transitions import record_event, transition
 from core.webhooks import SIGNATURE_HEADER, sign, verify
 from scheduler.live.notifier import Notifier, backoff_s
 from tests.support.api import World, build_world, make_app

@@ -16,7 +16,7 @@ from core.fence import job_checkpoint_dir, read_fence, write_fence
 from core.lifecycle import renew_lease, restart_backoff_s
 from core.models import GPU, Attempt, Event, Host, Job, QosClass, Usage
 from core.settings import Settings
-from core.states import record_event
+from core.transitions import record_event
 from scheduler.live import reconciler
 from scheduler.live.loader import load_snapshot
 from scheduler.live.reconciler import reconcile

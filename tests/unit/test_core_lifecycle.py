@@ -17,13 +17,11 @@ from core.states import (
     TRANSITIONS,
     AttemptState,
     HostState,
-    IllegalTransition,
     JobState,
     Reason,
     can_transition,
-    move_attempt,
-    move_host,
 )
+from core.transitions import IllegalTransition, move_attempt, move_host
 
 J, A, H = JobState, AttemptState, HostState
 

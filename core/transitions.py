@@ -1,0 +1,118 @@
+"""The functions that move jobs, attempts and hosts from state to state along ``core.states``' tables, and the
+events they write.
+
+Every job transition writes an event, so the timeline shown by the CLI and dashboard is complete by construction.
+An attempt's or a host's change writes the event its caller chooses (``core.lifecycle``, the reconciler, the host
+agent): the tables only say which changes can happen. Nothing here commits.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from core.db import utcnow
+from core.models import Attempt, Event, Host, Job
+from core.states import (
+    ATTEMPT_TRANSITIONS,
+    HOST_TRANSITIONS,
+    TERMINAL,
+    AttemptState,
+    HostState,
+    JobState,
+    can_transition,
+)
+from core.webhooks import enqueue_for_event
+
+
+class IllegalTransition(ValueError):
+    def __init__(self, subject: str, current: str, target: str):
+        super().__init__(f"{subject}: {current} -> {target} is not allowed")
+        self.current = current
+        self.target = target
+
+
+def transition(
+    session: Session,
+    job: Job,
+    target: JobState,
+    *,
+    message: str = "",
+    data: dict[str, Any] | None = None,
+    actor_user_id: int | None = None,
+    now: datetime | None = None,
+) -> Event:
+    """Move ``job`` to ``target`` and record the event; raises IllegalTransition. Does not commit.
+
+    ``now`` is the caller's clock where it has one (the scheduler's cycle time), else the wall clock."""
+    current = job.state
+    if not can_transition(current, target):
+        raise IllegalTransition(f"job {job.id}", current, target)
+    now = now or utcnow()
+    job.state = target.value
+    job.updated_at = now
+    if target is JobState.ADMITTED:
+        job.admitted_at = now
+        job.pending_reason = None
+        job.pending_message = None
+    elif target is JobState.RUNNING and job.started_at is None:
+        job.started_at = now
+    elif target in TERMINAL:
+        job.finished_at = now
+        job.pending_reason = None
+    event = Event(
+        job_id=job.id,
+        team_id=job.team_id,
+        actor_user_id=actor_user_id,
+        type=target.value,
+        message=message or f"{current} -> {target.value}",
+        data={"from": current, "to": target.value, **(data or {})},
+        created_at=now,
+    )
+    session.add(event)
+    enqueue_for_event(session, event, job)
+    return event
+
+
+def move_attempt(attempt: Attempt, target: AttemptState) -> None:
+    """Move ``attempt`` to ``target``; raises IllegalTransition (an ended attempt never changes again)."""
+    current = AttemptState(attempt.state)
+    if target not in ATTEMPT_TRANSITIONS[current]:
+        raise IllegalTransition(f"attempt {attempt.id}", current, target)
+    attempt.state = target.value
+
+
+def move_host(host: Host, target: HostState) -> None:
+    """Move ``host`` to ``target`` (staying where it is is no change); raises IllegalTransition."""
+    current = HostState(host.state)
+    if target is not current and target not in HOST_TRANSITIONS[current]:
+        raise IllegalTransition(f"host {host.name}", current, target)
+    host.state = target.value
+
+
+def record_event(
+    session: Session,
+    type_: str,
+    *,
+    job: Job | None = None,
+    team_id: int | None = None,
+    message: str = "",
+    data: dict[str, Any] | None = None,
+    actor_user_id: int | None = None,
+) -> Event:
+    """A timeline or audit event that is not a state change (checkpoint, compile fallback, token issued...)."""
+    event = Event(
+        job_id=job.id if job is not None else None,
+        team_id=job.team_id if job is not None else team_id,
+        actor_user_id=actor_user_id,
+        type=type_,
+        message=message,
+        data=data or {},
+        created_at=utcnow(),
+    )
+    session.add(event)
+    if job is not None:
+        enqueue_for_event(session, event, job)
+    return event
