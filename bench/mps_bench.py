@@ -1,0 +1,372 @@
+"""GPU sharing under MPS as a user meets it: kiln jobs with ``resources.gpu_share`` on one H200 (issue 15).
+
+    python3 bench/mps_bench.py                      # on the GPU host, as root (MPS serves root's clients there)
+    python3 bench/mps_bench.py --phases caps,packing   # a subset (each phase is its own part of the JSON)
+
+``./kiln up --detach`` on a new KILN_HOME (the embedded default, ``KILN_MPS=auto``: the worker starts the host's MPS
+control daemon), then each phase submits kiln jobs through the CLI and reads what the worker ran from the trainer's
+own telemetry and the API:
+
+- ``bound``: the gold job's model in the hand-written compiled loop (``bench/trainer_bench.py --bare``) alone, two
+  of them side by side without MPS (plain time-slicing), and two as MPS clients of kiln's daemon with SM caps
+  100/30: the same workload under each regime, in the same run (the loops are started directly: the bound);
+- ``caps``: the gold job (its class's share: 8 GiB, 100% SM) alone through kiln, then beside a best-effort job
+  capped at 30% SM that was already running: gold's tokens/s beside it / alone (target >= 0.75);
+- ``packing``: four small jobs sharing one GPU at once against the same four one after another: total tokens
+  over the wall time from the first submit to the last end (target >= 2x), and every SLA event of each;
+- ``overcap``: a job whose own code allocates past its share beside the gold job: it must fail alone, as over its
+  share, and the gold job's loss curve must equal its curve alone (``caps``) step for step;
+- ``mps_kill``: SIGKILL of the MPS control daemon and server with two shared jobs running: both end as
+  infrastructure failures, restart from their last verified checkpoints and succeed; the daemon is back.
+
+Only the standard library here: the CLI does the rest. JSON to ``--out`` (and to $OUT when set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from gpu_path_bench import ROOT, Kiln, curve, log, run_summary  # noqa: E402  (one driver of ./kiln for the benches)
+
+PHASES = ("bound", "caps", "packing", "overcap", "mps_kill")
+
+
+def spec_text(name: str, qos: str, steps: int, share: str, *, size: str = "small", batch: int = 64,
+              every: int = 200) -> str:  # fmt: skip
+    return f"""name: {name}
+team: default
+recipe: {{name: gpt, hyperparameters: {{size: {size}, corpus: stdlib, batch_size: {batch}, seq_len: 256, lr: 0.001}}}}
+steps: {steps}
+resources: {{gpus: 1, gpu_share: {share}}}
+compile: {{mode: whole}}
+precision: bf16
+checkpointing: {{every_steps: {every}, keep_last: 2}}
+sla: {{qos: {qos}}}
+"""
+
+
+# A team's own code that goes over its share on purpose: a buffer past the share at step ``grab_at``.
+OVERCAP_CODE = """KILN_PROTOCOL = 1
+import pydantic
+import torch
+
+HELD: list[torch.Tensor] = []
+STATE = {"grab_gb": 0.0, "grab_at": 0, "calls": 0}
+
+
+class Hyperparameters(pydantic.BaseModel):
+    width: int = 512
+    grab_gb: float = 0.0
+    grab_at: int = 30
+
+
+def build_model(hp: Hyperparameters) -> torch.nn.Module:
+    STATE.update(grab_gb=hp.grab_gb, grab_at=hp.grab_at)
+    return torch.nn.Sequential(torch.nn.Linear(hp.width, hp.width), torch.nn.ReLU(), torch.nn.Linear(hp.width, 1))
+
+
+def batches(hp: Hyperparameters, *, rank: int, world_size: int, seed: int, start: int):
+    i = start
+    while True:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + i * world_size + rank)
+        x = torch.randn(256, hp.width, generator=g)
+        yield x, x.sum(dim=1, keepdim=True)
+        i += 1
+
+
+def loss(model: torch.nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    STATE["calls"] += 1
+    if STATE["grab_gb"] and STATE["calls"] >= STATE["grab_at"]:
+        HELD.append(torch.empty(int(STATE["grab_gb"] * 2**30), dtype=torch.uint8, device=x.device))
+    return torch.nn.functional.mse_loss(model(x), y)
+"""
+
+OVERCAP_SPEC = """name: overcap
+team: default
+recipe: {name: overcap, hyperparameters: {grab_gb: 24, grab_at: 30}}
+code: {entry_point: overcap}
+steps: 400
+resources: {gpus: 1, gpu_share: {memory_gb: 8, sm_percent: 30}}
+compile: {mode: "off"}
+precision: fp32
+checkpointing: {every_steps: 100, keep_last: 2}
+sla: {qos: best-effort}
+"""
+
+
+class Bench:
+    def __init__(self, kiln: Kiln, work: pathlib.Path, steps: int) -> None:
+        self.kiln, self.work, self.steps = kiln, work, steps
+
+    def write(self, name: str, text: str) -> pathlib.Path:
+        path = self.work / f"{name}.yaml"
+        path.write_text(text)
+        return path
+
+    def gold(self, name: str = "gold") -> pathlib.Path:
+        return self.write(name, spec_text(name, "gold", self.steps, "{}"))
+
+    def best_effort(self, name: str = "best-effort", steps: int | None = None) -> pathlib.Path:
+        return self.write(
+            name, spec_text(name, "best-effort", steps or 3 * self.steps, "{memory_gb: 16, sm_percent: 30}")
+        )
+
+    def done(self, job_id: int, timeout: float = 900) -> dict[str, Any]:
+        return self.kiln.wait(job_id, lambda j: j["state"] == "SUCCEEDED", timeout, "SUCCEEDED")
+
+    def running_at(self, job_id: int, step: int, timeout: float = 600) -> None:
+        self.kiln.wait(job_id, lambda j: j["state"] == "RUNNING" and j["last_step"] >= step, timeout, f"step {step}")
+
+    def summary(self, job_id: int, attempt: int = 1) -> dict[str, Any]:
+        out = run_summary(self.kiln.telemetry(job_id, attempt), warmup=20)
+        out["job_id"] = job_id
+        out["sla_events"] = [{k: e[k] for k in ("type", "message")} for e in self.kiln.events(job_id)
+                             if e["type"].startswith("SLA_")]  # fmt: skip
+        return out
+
+    def placement(self, job_id: int) -> Any:
+        return self.kiln.get(f"/v1/jobs/{job_id}/attempts")[-1].get("placement")
+
+    def cancel(self, job_id: int) -> None:
+        self.kiln.cli("cancel", str(job_id))
+
+    def pipe_dir(self) -> pathlib.Path:
+        found = sorted((self.kiln.home / "storage" / "mps").glob("*/pipe"))
+        if not found:
+            raise RuntimeError("no MPS pipe directory under the storage: did the worker start the daemon?")
+        return found[0]
+
+    # -- phases --------------------------------------------------------------------------------------------------
+
+    def bound(self) -> dict[str, Any]:
+        """The gold job's model in the bare compiled loop: alone, two time-sliced, two under MPS with caps 100/30."""
+        spec = self.gold("bound")
+        steps = str(max(200, self.steps // 2))
+
+        def loops(envs: list[dict[str, str]]) -> list[dict[str, Any]]:
+            cmd = [str(ROOT / ".venv" / "bin" / "python"), str(ROOT / "bench" / "trainer_bench.py"), "--bare",
+                   "--hp-from-spec", str(spec), "--steps", steps, "--warmup", "20", "--compile", "whole"]  # fmt: skip
+            procs = [subprocess.Popen(cmd, cwd=ROOT, env={**self.kiln.env, **e}, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True) for e in envs]  # fmt: skip
+            out = []
+            for p in procs:
+                stdout, stderr = p.communicate(timeout=600)
+                if p.returncode != 0:
+                    raise RuntimeError(f"bare loop failed:\n{stderr[-2000:]}")
+                out.append(json.loads(stdout.strip().splitlines()[-1]))
+            return out
+
+        pipe = {
+            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir()),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.pipe_dir().parent / "log"),
+        }
+        alone = loops([{}])[0]["tokens_per_s"]
+        sliced = [r["tokens_per_s"] for r in loops([{}, {}])]
+        capped = [r["tokens_per_s"] for r in loops([{**pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"},
+                                                    {**pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}])]  # fmt: skip
+        result = {"alone": alone, "time_sliced": sliced, "mps_caps_100_30": capped,
+                  "first_vs_alone": {"time_sliced": sliced[0] / alone, "mps_caps": capped[0] / alone}}  # fmt: skip
+        log(f"bound: alone {alone:.0f} tokens/s; time-sliced {sliced}; MPS 100/30 {capped}")
+        return result
+
+    def caps(self) -> dict[str, Any]:
+        alone_id = self.kiln.submit(self.gold("gold-alone"))
+        self.done(alone_id)
+        alone = self.summary(alone_id)
+        be = self.kiln.submit(self.best_effort())
+        self.running_at(be, 50)
+        beside_id = self.kiln.submit(self.gold("gold-beside"))
+        self.done(beside_id)
+        beside = self.summary(beside_id)
+        be_state = self.kiln.get(f"/v1/jobs/{be}")
+        self.cancel(be)
+        ratio = {k: (beside[f"tokens_per_s_{k}"] or 0) / (alone[f"tokens_per_s_{k}"] or 1) for k in ("steady", "run")}
+        log(f"caps: gold beside a 30% best-effort job / alone: {ratio}")
+        return {
+            "alone": alone,
+            "beside": beside,
+            "best_effort": {
+                "job_id": be,
+                "state_when_gold_ended": be_state["state"],
+                "last_step": be_state["last_step"],
+            },
+            "placements": {"gold": self.placement(beside_id), "best_effort": self.placement(be)},
+            "gold_beside_over_alone": ratio,
+            "curves": {
+                "alone": curve(self.kiln.telemetry(alone_id, 1)),
+                "beside": curve(self.kiln.telemetry(beside_id, 1)),
+            },
+        }
+
+    def packing(self) -> dict[str, Any]:
+        specs = [self.write(f"pack-{i}", spec_text(f"pack-{i}", "bronze", self.steps, "{memory_gb: 16}", size="mini",
+                                                   batch=16, every=500)) for i in range(4)]  # fmt: skip
+
+        def run(together: bool) -> dict[str, Any]:
+            t0 = time.time()
+            ids: list[int] = []
+            for spec in specs:
+                ids.append(self.kiln.submit(spec))
+                if not together:
+                    self.done(ids[-1])
+            jobs = [self.done(i) for i in ids]
+            wall = time.time() - t0
+            summaries = [self.summary(i) for i in ids]
+            tokens = sum(int(j["steps"]) * 16 * 256 for j in jobs)
+            return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "jobs": summaries,
+                    "placements": [self.placement(i) for i in ids]}  # fmt: skip
+
+        one_by_one = run(False)
+        together = run(True)
+        ratio = together["tokens_per_s"] / one_by_one["tokens_per_s"]
+        log(f"packing: four at once / one after another: {ratio:.2f}x")
+        return {"one_after_another": one_by_one, "together": together, "aggregate_ratio": ratio}
+
+    def overcap(self, gold_alone: dict[str, Any] | None) -> dict[str, Any]:
+        code = self.work / "overcap-code"
+        code.mkdir(exist_ok=True)
+        (code / "overcap.py").write_text(OVERCAP_CODE)
+        spec = self.write("overcap", OVERCAP_SPEC)
+        gold_id = self.kiln.submit(self.gold("gold-neighbour"))
+        self.running_at(gold_id, 20)
+        proc = self.kiln.cli("submit", str(spec), "--workdir", str(code), "--output", "json")
+        if proc.returncode != 0:
+            raise RuntimeError(f"overcap submit failed: {proc.stdout}{proc.stderr}")
+        bad = int(json.loads(proc.stdout)["id"])
+        bad_job = self.kiln.wait(bad, lambda j: j["state"] in ("FAILED", "SUCCEEDED", "CANCELLED"), 600, "an end")
+        gold = self.done(gold_id)
+        neighbour = curve(self.kiln.telemetry(gold_id, 1))
+        result: dict[str, Any] = {
+            "overcap_job": {k: bad_job.get(k) for k in ("id", "state", "exit_reason", "restart_count")},
+            "overcap_attempts": [
+                {k: a.get(k) for k in ("number", "state", "exit_reason")}
+                for a in self.kiln.get(f"/v1/jobs/{bad}/attempts")
+            ],  # fmt: skip
+            "neighbour": {
+                "job_id": gold_id,
+                "state": gold["state"],
+                "attempts": len(self.kiln.get(f"/v1/jobs/{gold_id}/attempts")),
+            },
+        }
+        if gold_alone is not None:
+            alone = dict(zip(gold_alone["step"], gold_alone["loss"], strict=True))
+            pairs = [
+                (loss, alone[s]) for s, loss in zip(neighbour["step"], neighbour["loss"], strict=True) if s in alone
+            ]
+            result["neighbour_vs_alone"] = {
+                "steps_compared": len(pairs),
+                "identical_steps": sum(1 for a, b in pairs if a == b),
+                "max_abs_diff": max((abs(a - b) for a, b in pairs), default=None),
+            }
+        log(f"overcap: {result['overcap_job']}; neighbour {result['neighbour']}; {result.get('neighbour_vs_alone')}")
+        return result
+
+    def mps_kill(self) -> dict[str, Any]:
+        gold = self.kiln.submit(self.gold("gold-mps-kill"))
+        be = self.kiln.submit(self.best_effort("be-mps-kill", steps=self.steps))
+        self.running_at(gold, self.steps // 3)
+        self.running_at(be, 50)
+        pids = subprocess.run(
+            ["pgrep", "-f", "nvidia-cuda-mps-(control|server)"], capture_output=True, text=True
+        ).stdout.split()
+        kill_t = time.time()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        log(f"SIGKILL of the MPS daemon and server (pids {pids})")
+        ends = {name: self.done(job, 900) for name, job in (("gold", gold), ("best_effort", be))}
+        attempts = {
+            name: self.kiln.get(f"/v1/jobs/{job}/attempts") for name, job in (("gold", gold), ("best_effort", be))
+        }
+        hosts = self.kiln.get("/v1/hosts")
+        result = {
+            "killed_pids": pids,
+            "jobs": {
+                name: {
+                    "state": j["state"],
+                    "restart_count": j.get("restart_count"),
+                    "attempts": [
+                        {k: a.get(k) for k in ("number", "state", "exit_reason", "resumed_from_step")}
+                        for a in attempts[name]
+                    ],
+                }
+                for name, j in ends.items()
+            },  # fmt: skip
+            "seconds_to_both_succeeded": time.time() - kill_t,
+            "hosts_after": [
+                {k: h.get(k) for k in ("name", "state", "mps")}
+                for h in (hosts.get("items", hosts) if isinstance(hosts, dict) else hosts)
+            ],
+        }
+        log(f"mps_kill: {json.dumps(result['jobs'])}; hosts {result['hosts_after']}")
+        return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}")
+    ap.add_argument("--steps", type=int, default=2000, help="steps of the gold job (best-effort runs 3x as many)")
+    ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "mps_bench.json")
+    args = ap.parse_args()
+    phases = [p for p in args.phases.split(",") if p]
+    if unknown := set(phases) - set(PHASES):
+        ap.error(f"unknown phases {sorted(unknown)}; known: {', '.join(PHASES)}")
+    home = pathlib.Path(tempfile.mkdtemp(prefix="kiln-mps-"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kiln = Kiln(home, port)
+    kiln.env["KILN_MPS"] = "auto"
+    bench = Bench(kiln, home, args.steps)
+    result: dict[str, Any] = {"steps": args.steps, "phases": phases}
+
+    def save() -> None:
+        text = json.dumps(result, indent=2, default=str) + "\n"
+        args.out.write_text(text)
+        if os.environ.get("OUT"):
+            pathlib.Path(os.environ["OUT"], args.out.name).write_text(text)
+
+    runs: dict[str, Callable[[], dict[str, Any]]] = {
+        "bound": bench.bound,
+        "caps": bench.caps,
+        "packing": bench.packing,
+        "overcap": lambda: bench.overcap((result.get("caps") or {}).get("curves", {}).get("alone")),
+        "mps_kill": bench.mps_kill,
+    }
+    try:
+        result["kiln_up"] = kiln.up()
+        result["hosts"] = kiln.cli("hosts").stdout
+        log(result["hosts"])
+        for phase in phases:
+            try:
+                result[phase] = runs[phase]()
+            except Exception as exc:  # one phase's failure is recorded; the next ones still run
+                result[phase] = {"error": repr(exc)}
+                log(f"{phase} FAILED: {exc!r}")
+            save()
+    finally:
+        if any("error" in (result.get(p) or {}) for p in phases):
+            with contextlib.suppress(OSError):
+                for name in ("up.log", "worker.log", "scheduler.log"):
+                    result.setdefault("logs", {})[name] = (home / "logs" / name).read_text()[-6000:]
+        down = kiln.cli("down", timeout=120)
+        result["kiln_down"] = (down.stdout + down.stderr)[-500:]
+        save()
+
+
+if __name__ == "__main__":
+    main()
