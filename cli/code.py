@@ -26,10 +26,12 @@ from core.code_archive import ArchiveError, pack_bytes
 def with_code(text: str, path: str) -> dict[str, Any]:
     """The spec as a mapping, checked to have a ``code`` section (``--workdir`` uploads what it names)."""
     data = yaml.safe_load(text)
+    if isinstance(data, dict) and data.get("command") is not None and data.get("code") is None:
+        data["code"] = {}  # script mode: the command runs from the uploaded directory, whose digest goes here
     if not isinstance(data, dict) or not isinstance(data.get("code"), dict):
         raise CliError(
             f"{path}: --workdir needs a `code:` section naming the entry point "
-            "(code: {entry_point: MODULE}; docs/user-code.md)",
+            "(code: {entry_point: MODULE}) or a `command:` (docs/user-code.md)",
             ExitCode.INVALID,
         )
     return data

@@ -160,14 +160,28 @@ class Code(StrictModel):
         str | None, Field(pattern=DIGEST_PATTERN, description="SHA-256 of the uploaded archive (hex).")
     ] = None
     entry_point: Annotated[
-        str, Field(pattern=MODULE_PATTERN, max_length=200, description="The recipe module, e.g. 'digits'.")
-    ]
+        str | None,
+        Field(pattern=MODULE_PATTERN, max_length=200, description="The recipe module, e.g. 'digits' (a `recipe:` "
+              "job; a `command:` job names none)."),
+    ] = None  # fmt: skip
+
+
+MAX_COMMAND_ARGS = 256
+MAX_COMMAND_ARG = 4096
 
 
 class JobSpec(StrictModel):
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     team: Annotated[str, Field(pattern=NAME_PATTERN)]
-    recipe: Recipe
+    recipe: Recipe | None = None
+    # Script mode (docs/user-code.md): an argv run from the uploaded code's directory under torchrun, one process
+    # per GPU (or per CPU slot), instead of a recipe run by kiln's trainer. Exactly one of `recipe` and `command`.
+    command: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=MAX_COMMAND_ARG)]] | None,
+        Field(min_length=1, max_length=MAX_COMMAND_ARGS,
+              description="Script mode: an argv run from the uploaded code's directory (kiln submit --workdir), "
+                          "e.g. ['python', 'train.py']; the alternative to `recipe`."),
+    ] = None  # fmt: skip
     code: Code | None = None
     steps: Annotated[int, Field(ge=1, le=10_000_000)] = 100
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
@@ -182,6 +196,31 @@ class JobSpec(StrictModel):
     labels: Annotated[dict[str, Annotated[str, Field(max_length=128)]], Field(max_length=32)] = Field(
         default_factory=dict
     )
+
+    @model_validator(mode="after")
+    def _recipe_or_command(self) -> JobSpec:
+        if self.recipe is None and self.command is None:
+            raise ValueError(
+                "a job runs either a `recipe:` (a built-in one, or your module through `code.entry_point`) or a "
+                "`command:` (your script, from the directory kiln submit --workdir uploads): give one"
+            )
+        if self.recipe is not None and self.command is not None:
+            raise ValueError('give either `recipe:` or `command:`, not both (docs/user-code.md, "Script mode")')
+        if self.command is not None and self.code is not None and self.code.entry_point is not None:
+            raise ValueError("code.entry_point names a recipe module; a `command:` job runs its command instead")
+        if self.recipe is not None and self.code is not None and self.code.entry_point is None:
+            raise ValueError("code.entry_point is required with `recipe:` (the module of your code that is the recipe)")
+        return self
+
+    @property
+    def is_script(self) -> bool:
+        """Script mode: the job runs its own ``command`` (not kiln's trainer)."""
+        return self.command is not None
+
+    @property
+    def recipe_name(self) -> str:
+        """The recipe's name, or ``script`` for a job that runs its own command."""
+        return self.recipe.name if self.recipe is not None else "script"
 
 
 class SpecError(ValueError):
@@ -275,7 +314,10 @@ def parse_spec_data(data: object) -> JobSpec:
 
 def check_recipe(spec: JobSpec) -> TrainingHyperparameters | None:
     """The recipe's name and typed hyperparameters (None for a recipe another package installs, or the team's own
-    code: its hyperparameter model is in its archive, checked by ``kiln submit --check`` and by the trainer)."""
+    code: its hyperparameter model is in its archive, checked by ``kiln submit --check`` and by the trainer; or a
+    script, which has none)."""
+    if spec.recipe is None:
+        return None
     if spec.code is not None:
         ours = {k: v for k, v in spec.recipe.hyperparameters.items() if k in TrainingHyperparameters.model_fields}
         try:

@@ -26,6 +26,11 @@ ENV_RANK_STARTED_AT = "KILN_RANK_STARTED_AT"  # unix time the rank's entry point
 # The team's own code (spec ``code``), unpacked and verified by the worker: the trainer imports its entry point.
 ENV_CODE_DIR = "KILN_CODE_DIR"
 ENV_LEASE_FILE = "KILN_LEASE_FILE"  # RUN_DIR/lease: this node's lease, renewed by its worker (core.fence)
+# Script mode (spec ``command``, trainer.script_client): what kiln's trainer reads from the spec, given to a script.
+ENV_RUN_DIR = "KILN_RUN_DIR"  # the attempt's run directory (telemetry, exit codes); the script's cwd is the code
+ENV_SEED = "KILN_SEED"  # the spec's seed
+ENV_STEPS = "KILN_STEPS"  # the spec's steps: how far the script is asked to train
+ENV_KEEP_LAST = "KILN_CHECKPOINT_KEEP_LAST"  # the spec's checkpointing.keep_last
 # Tests only: fault injection (a JSON object of ``trainer.config.TestHooks`` fields). Set in a worker's own
 # environment by the test harness, passed by that worker to the ranks it launches; production never sets it, and
 # no job spec can reach it.
@@ -38,6 +43,10 @@ FENCE_FILE = "fence"
 LEASE_FILE = "lease"
 
 TELEMETRY_DIR = "telemetry"  # RUN_DIR/telemetry/rank{R}.jsonl, one JSON object per line
+# Script mode: RUN_DIR/exit/script-rank{R} holds the exit code kiln's client chose for the script (FENCED,
+# LEASE_EXPIRED, PREEMPTED) just before it made the script exit with it; any other exit is the script's own.
+EXIT_DIR = "exit"  # RUN_DIR/exit/rank{R}: each rank's exit code, written by workers.rank_entry
+SCRIPT_INTENT_PREFIX = "script-rank"
 
 
 class ExitCode(enum.IntEnum):

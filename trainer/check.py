@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, SpecError) as exc:
         print(f"check: bad spec: {exc}")
         return int(ExitCode.USER_ERROR)
+    if spec.command is not None:  # script mode: kiln cannot run one step of a script without running the script
+        print("check: ok - the spec is valid; script mode (command:) runs no model check: try your script locally")
+        return int(ExitCode.SUCCEEDED)
     if args.code is not None:
         os.environ[ENV_CODE_DIR] = str(args.code.resolve())
 
@@ -44,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             with user_code("reading the hyperparameters"):
                 TrainerConfig.from_spec(spec)
             recipe: Recipe
+            assert spec.recipe is not None  # TrainerConfig.from_spec refused a script's spec
             if spec.code is not None:
                 recipe = UserRecipe(spec, pathlib.Path(run_dir))
             else:

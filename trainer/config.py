@@ -25,6 +25,8 @@ class ConfigError(ValueError):
 def training_hyperparameters(spec: JobSpec) -> TrainingHyperparameters:
     """A built-in recipe's typed hyperparameters; for a recipe installed by another package or the team's own code,
     the trainer's own settings read from its mapping (the rest is that recipe's)."""
+    if spec.recipe is None:
+        raise ConfigError("a `command:` job runs its own script (script mode), not kiln's trainer")
     hp = spec.recipe.hyperparameters
     try:
         params = None if spec.code is not None else validate(spec.recipe.name, hp)

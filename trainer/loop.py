@@ -116,6 +116,7 @@ class Trainer:
         with user_code("reading the hyperparameters"):
             self.cfg = TrainerConfig.from_spec(spec)
         self.recipe: Recipe
+        assert spec.recipe is not None  # TrainerConfig.from_spec refused a script's spec
         if spec.code is not None:  # the team's own code: its module's errors are its own (UserError)
             self.recipe = UserRecipe(spec, run_dir)
         else:

@@ -154,8 +154,8 @@ class UserRecipe(Recipe):
     """A ``Recipe`` over a module that follows the protocol above."""
 
     def __init__(self, spec: JobSpec, run_dir: pathlib.Path) -> None:
+        assert spec.code is not None and spec.code.entry_point is not None and spec.recipe is not None
         super().__init__(spec.recipe.hyperparameters)
-        assert spec.code is not None
         self.name = spec.recipe.name
         self.digest = spec.code.digest
         self.module = import_entry_point(spec.code.entry_point, code_dir(run_dir))

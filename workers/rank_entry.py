@@ -25,10 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-from core.trainer_protocol import ENV_RANK_STARTED_AT
+from core.trainer_protocol import ENV_RANK_STARTED_AT, EXIT_DIR
 
 PR_SET_PDEATHSIG = 1
-EXIT_DIR = "exit"
 
 
 def set_parent_death_signal(sig: int) -> None:
@@ -63,12 +62,38 @@ def _who() -> str:
     return f"[rank {env.get('RANK', '0')}/{env.get('WORLD_SIZE', '1')} local {env.get('LOCAL_RANK', '0')}]"
 
 
+def _spec_path(argv: list[str]) -> Path | None:
+    for i, arg in enumerate(argv):
+        if arg == "--spec" and i + 1 < len(argv):
+            return Path(argv[i + 1])
+    return None
+
+
+def script_main(argv: list[str]) -> None:
+    """Script mode (``--script``): the spec's command instead of the trainer (``workers.script_rank``). A command
+    killed by a signal records no code (the worker reads "killed"), as a killed trainer does."""
+    from workers import script_rank
+
+    run_dir, spec_path = _run_dir(argv), _spec_path(argv)
+    if run_dir is None or spec_path is None:
+        print("usage: python -m workers.rank_entry --script --spec SPEC --run-dir RUN_DIR", file=sys.stderr)
+        sys.exit(2)
+    code, _ = script_rank.run(spec_path, run_dir, set_death_signal=set_parent_death_signal)
+    if code is not None:
+        _record(run_dir, code)
+    print(f"{_who()} exit code {code if code is not None else 'none (killed)'}", file=sys.stderr, flush=True)
+    sys.exit(code if code is not None else 128 + int(signal.SIGKILL))
+
+
 def main() -> None:
     os.environ[ENV_RANK_STARTED_AT] = repr(time.time())  # before the trainer's imports: a start's time is reported
     argv = sys.argv[1:]
     set_parent_death_signal(signal.SIGTERM)
     if os.getppid() == 1:  # torchrun already died between fork and prctl
         sys.exit(int(signal.SIGTERM) + 128)
+    if argv[:1] == ["--script"]:
+        script_main(argv[1:])
+        return
     run_dir = _run_dir(argv)
     print(f"{_who()} pid {os.getpid()}: python -m trainer {' '.join(argv)}", flush=True)
     sys.argv = ["trainer", *argv]

@@ -22,8 +22,9 @@ from typing import IO
 import psutil
 
 from core.private import open_private, private_dir, read_regular
+from core.trainer_protocol import EXIT_DIR
 from workers.isolation import Confinement, preexec
-from workers.rank_entry import EXIT_DIR, set_parent_death_signal
+from workers.rank_entry import set_parent_death_signal
 
 
 @dataclass(frozen=True)
@@ -37,13 +38,15 @@ class Rendezvous:
 
 
 def launch_command(
-    *, nproc_per_node: int, spec_path: Path, run_dir: Path, rendezvous: Rendezvous | None
+    *, nproc_per_node: int, spec_path: Path, run_dir: Path, rendezvous: Rendezvous | None, script: bool = False
 ) -> tuple[list[str], dict[str, str]]:
     """The command for one node of an attempt, and the environment it adds. One process on one node is the rank
     itself, started directly with the environment torchrun would give it: torchrun's own interpreter and torch
     import add seconds to every start and restart (a restart on the H200 host spent 15.7 s from launch to the
-    first telemetry record). Several ranks, or several nodes, go through torchrun."""
-    entry = ["-m", "workers.rank_entry", "--spec", str(spec_path), "--run-dir", str(run_dir)]
+    first telemetry record). Several ranks, or several nodes, go through torchrun. ``script``: each rank runs the
+    spec's ``command`` (script mode, ``workers.script_rank``) instead of kiln's trainer."""
+    mode = ["--script"] if script else []
+    entry = ["-m", "workers.rank_entry", *mode, "--spec", str(spec_path), "--run-dir", str(run_dir)]
     if nproc_per_node == 1 and (rendezvous is None or rendezvous.nnodes == 1):
         env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0"}
         return [sys.executable, *entry], env

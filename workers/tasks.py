@@ -632,7 +632,8 @@ def _run_claimed(
     slots = len(node.get("gpus") or []) or int(node.get("slots") or 1)
     spec_path = run_dir / "spec.json"
     argv, launch_env = launch_command(nproc_per_node=slots, spec_path=spec_path, run_dir=run_dir,
-                                      rendezvous=claimed.rendezvous)  # fmt: skip
+                                      rendezvous=claimed.rendezvous,
+                                      script=bool(claimed.spec.get("command")))  # fmt: skip
     env = (
         attempt_env(
             claimed,
@@ -713,7 +714,11 @@ def fetch_code(claimed: Claimed, *, storage: Path, run_dir: Path, proc: TrainerP
     proc.env[ENV_CODE_DIR] = str(dest)
     proc.log_line(
         f"code {digest[:12]} ({summary.entries} entries, {summary.unpacked_bytes} bytes) verified and "
-        f"unpacked; entry point {code.get('entry_point')}"
+        + (
+            f"unpacked; command {json.dumps(claimed.spec['command'])}"
+            if claimed.spec.get("command")
+            else f"unpacked; entry point {code.get('entry_point')}"
+        )
     )
 
 

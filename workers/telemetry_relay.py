@@ -184,7 +184,10 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
             job.last_loss = loss
         kept = downsample(steps)
         for i, rec in enumerate(kept):
-            extra: dict[str, Any] = {k: rec[k] for k in ("mem_allocated_bytes", "lr", "skipped") if k in rec}
+            # metrics: a script's named numbers of the step (trainer.script_client.report)
+            extra: dict[str, Any] = {
+                k: rec[k] for k in ("mem_allocated_bytes", "lr", "skipped", "metrics", "source") if k in rec
+            }
             if i == len(kept) - 1 and gpu_samples:
                 extra["gpu"] = gpu_samples[-8:]
             session.add(

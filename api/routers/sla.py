@@ -13,8 +13,9 @@ from core.services import sla as svc
 router = APIRouter(prefix="/v1", tags=["sla"], responses=ERRORS)
 
 
-def sla_out(c: SlaContract, team: str) -> SlaOut:
+def sla_out(c: SlaContract, team: str, standing: dict[str, svc.Standing] | None = None) -> SlaOut:
     return SlaOut(
+        standing=standing,
         team=team, job_id=c.job_id, qos=c.qos_class.name, max_queue_wait_s=c.max_queue_wait_s, deadline=c.deadline,
         max_restarts=c.max_restarts, recovery_time_objective_s=c.recovery_time_objective_s,
         checkpoint_interval_s=c.checkpoint_interval_s, min_checkpoint_success_rate=c.min_checkpoint_success_rate,
@@ -43,5 +44,5 @@ def put_team_sla(
 
 @router.get("/jobs/{job_id}/sla", response_model=SlaOut, summary="A job's effective contract")
 def get_job_sla(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> SlaOut:
-    contract, team = svc.get_job_contract(db=db, principal=who, job_id=job_id)
-    return sla_out(contract, team)
+    contract, team, standing = svc.get_job_contract(db=db, principal=who, job_id=job_id)
+    return sla_out(contract, team, standing)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -41,3 +41,9 @@ class SlaOut(OutModel):
     min_checkpoint_success_rate: float
     step_time_tolerance: float
     updated_at: datetime | None
+    standing: dict[str, Literal["met", "violated", "unmeasured"]] | None = Field(
+        default=None,
+        description="A job's contract only: how it stands on the terms measured from its reported steps "
+        "(step_time_tolerance, and deadline when set); 'unmeasured' while it reported no step time (a script "
+        "that reports no steps).",
+    )

@@ -198,7 +198,9 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         ("state", out.state_text(job.get("state"))),
         ("qos / priority", f"{job.get('qos')} / {job.get('priority')}"),
         ("resources", res),
-        ("recipe", (spec.get("recipe") or {}).get("name")),
+        ("recipe", (spec.get("recipe") or {}).get("name"))
+        if spec.get("recipe") is not None
+        else ("command", " ".join(str(a) for a in spec.get("command") or [])),
         ("progress", f"step {out.job_progress(job)}, loss {out.fmt_loss(job.get('last_loss'))}"),
         ("restarts", job.get("restart_count")),
         ("submitted", out.fmt_time(job.get("submitted_at"))),

@@ -328,3 +328,16 @@ def metrics(db: Session, *, job_id: int, after_step: int, max_points: int) -> Se
 
 def count_by_state(db: Session) -> dict[str, int]:
     return dict(db.execute(select(Job.state, func.count()).group_by(Job.state)).tuples().all())
+
+
+def has_step_times(db: Session, job_id: int) -> bool:
+    """Whether any step of the job was reported with its step time (what the SLA's step-time term is measured on)."""
+    row = db.scalars(
+        select(JobMetric.id).where(JobMetric.job_id == job_id, JobMetric.step_time_s.is_not(None)).limit(1)
+    ).first()
+    return row is not None
+
+
+def event_types_of(db: Session, job_id: int, types: Sequence[str]) -> set[str]:
+    """Which of ``types`` the job's timeline has."""
+    return set(db.scalars(select(Event.type).where(Event.job_id == job_id, Event.type.in_(types)).distinct()).all())

@@ -183,6 +183,10 @@ def _dependencies(db: Session, *, team_id: int, team: str, refs: Sequence[str]) 
 
 def _code_digest(db: Session, *, team_id: int, spec: JobSpec) -> str | None:
     """The team's uploaded archive a spec's ``code`` names (it must exist: workers fetch it)."""
+    if spec.code is None and spec.command is not None:
+        raise InvalidInput.at(
+            "code.digest", "a `command:` runs your uploaded code: submit with kiln submit --workdir DIR"
+        )
     if spec.code is None:
         return None
     if spec.code.digest is None:

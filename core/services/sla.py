@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
-from core.models import Role, SlaContract, Team
+from core.models import Job, Role, SlaContract, Team
 from core.repositories import jobs as jobs_repo
 from core.repositories import qos as qos_repo
 from core.repositories import teams as teams_repo
 from core.services.errors import Forbidden, InvalidInput, NotFound, PreconditionFailed
 from core.services.principal import Principal, require_team
 from core.spec import SLAOverrides
+from core.states import JobState
 
 DEFAULT_QOS = "silver"
 # The contract's terms are the spec's SLA overrides less the QoS class (a column of its own).
@@ -106,8 +107,36 @@ def effective_terms(*, base: SlaContract | Mapping[str, Any], overrides: SLAOver
     return terms
 
 
-def get_job_contract(*, db: Session, principal: Principal, job_id: int) -> tuple[SlaContract, str]:
-    """(the job's effective contract, its team's name)."""
+# What the SLA evaluator (scheduler.live.sla) measures from a job's reported steps, and the violation it records.
+STEP_TERMS = {"step_time_tolerance": "SLA_STEP_TIME_VIOLATION", "deadline": "SLA_DEADLINE_VIOLATION"}
+Standing = Literal["met", "violated", "unmeasured"]
+MET: Standing = "met"
+VIOLATED: Standing = "violated"
+UNMEASURED: Standing = "unmeasured"
+
+
+def step_standing(db: Session, *, job: Job, contract: SlaContract) -> dict[str, Standing]:
+    """How the job stands on the terms measured from its steps: ``violated`` (the evaluator recorded it), ``met``,
+    or ``unmeasured`` while it reported no step with a step time (a script in script mode that reports none, or a
+    job that has not trained yet): never ``met`` for what nobody measured. The deadline's own violation (not done
+    by then) needs no step; its projection while the job runs does."""
+    violated = jobs_repo.event_types_of(db, job.id, list(STEP_TERMS.values()))
+    measured = jobs_repo.has_step_times(db, job.id)
+    out: dict[str, Standing] = {}
+    for term, event in STEP_TERMS.items():
+        if term == "deadline" and contract.deadline is None:
+            continue
+        if event in violated:
+            out[term] = VIOLATED
+        elif term == "deadline" and job.state == JobState.SUCCEEDED:
+            out[term] = MET
+        else:
+            out[term] = MET if measured else UNMEASURED
+    return out
+
+
+def get_job_contract(*, db: Session, principal: Principal, job_id: int) -> tuple[SlaContract, str, dict[str, Standing]]:
+    """(the job's effective contract, its team's name, its standing on the terms measured from steps)."""
     job = jobs_repo.get(db, job_id)
     if job is None or not principal.can_see(job.team_id):
         raise NotFound(f"job {job_id} not found")
@@ -116,4 +145,4 @@ def get_job_contract(*, db: Session, principal: Principal, job_id: int) -> tuple
     contract = jobs_repo.effective_sla(db, job_id)
     if contract is None:  # a job written by something other than submit(): its team's default applies
         contract = default_contract(db=db, team=team)
-    return contract, team.name
+    return contract, team.name, step_standing(db, job=job, contract=contract)

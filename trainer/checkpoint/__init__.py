@@ -7,6 +7,7 @@ Layout under the job's checkpoint directory (``KILN_CHECKPOINT_DIR``, shared by 
                                                           (replicated state, DDP or one process: "raw")
     step_00000040/model.pt, optim.pt, extra.pt            (replicated state of older attempts: "torch")
     step_00000040/*.distcp, .metadata, extra.pt           (sharded FSDP2 state through DCP)
+    step_00000040/...                                     (a script's own files: "script", trainer.script_client)
     fence                                                 (the current fencing token: written by the worker,
                                                            revoked by the reconciler when it declares an attempt lost)
 
@@ -19,14 +20,18 @@ newest directory whose manifest verifies; corrupt ones are skipped with an event
 One module per layer, each documenting its own:
 
 - ``store``: the directory format and its integrity - commit under the fence, manifest, verify, list, remove.
+  It imports no torch: a script's client (``trainer.script_client``) commits through it too.
 - ``raw``: the "raw" format of replicated state - staging buffers, data files hashed as written, ``load_raw``.
 - ``checkpointer``: ``Checkpointer`` - asynchronous saves, the local and durable tiers, prune, choose, load.
+
+``raw`` and ``checkpointer`` (torch) load on first use of one of their names.
 """
 
 from __future__ import annotations
 
-from trainer.checkpoint.checkpointer import DURABLE, LOCAL, Checkpointer
-from trainer.checkpoint.raw import ALIGN, CHUNK, TENSORS, TREE, load_raw, writer_count
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from trainer.checkpoint.store import (
     EXTRA,
     MANIFEST,
@@ -39,6 +44,30 @@ from trainer.checkpoint.store import (
     verify,
     write_manifest_and_commit,
 )
+
+if TYPE_CHECKING:
+    from trainer.checkpoint.checkpointer import DURABLE, LOCAL, Checkpointer
+    from trainer.checkpoint.raw import ALIGN, CHUNK, TENSORS, TREE, load_raw, writer_count
+
+_LAZY = {
+    "DURABLE": "checkpointer",
+    "LOCAL": "checkpointer",
+    "Checkpointer": "checkpointer",
+    "ALIGN": "raw",
+    "CHUNK": "raw",
+    "TENSORS": "raw",
+    "TREE": "raw",
+    "load_raw": "raw",
+    "writer_count": "raw",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
 
 __all__ = [
     "ALIGN",

@@ -21,6 +21,7 @@ from core.db import utcnow
 from core.models import Attempt, Job
 from core.services import dashboard
 from core.services.dashboard import FINISHED_STATES, get_visible_job
+from core.services.sla import step_standing
 
 router = APIRouter(tags=["dashboard"])
 
@@ -123,6 +124,8 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
             "max_restarts": contract.max_restarts,
             "recovery_time_objective_s": contract.recovery_time_objective_s,
             "checkpoint_interval_s": contract.checkpoint_interval_s,
+            # the terms measured from the job's steps: met, violated, or unmeasured (a script that reports none)
+            "standing": step_standing(session, job=job, contract=contract),
         },
         "attempts": [_attempt_dict(a) for a in attempts],
         "restarts": restarts_with_recovery(attempts),

@@ -183,9 +183,14 @@ export async function jobPage(root, params) {
     ];
     if (j.state === "QUEUED") rows.splice(4, 0, ["Pending reason", j.pending_reason ? `${j.pending_reason}${j.pending_message ? `: ${j.pending_message}` : ""}` : "not yet planned"]);
     if (j.exit_reason) rows.push(["Exit reason", j.exit_reason]);
+    if (ov.contract?.standing) {
+      const terms = Object.entries(ov.contract.standing).map(([k, v]) => `${k === "step_time_tolerance" ? "step time" : k} ${v}`);
+      if (terms.length) rows.push(["SLA (steps)", h("span", { id: "sla-standing" }, terms.join(", "))]);
+    }
+    if (j.spec?.command) rows.push(["Command", h("code", { id: "job-command" }, j.spec.command.join(" "))]);
     if (ov.code) {
       rows.push(["Code", h("code", { id: "code-digest", title: ov.code.digest }, `sha256:${ov.code.digest}`)]);
-      rows.push(["Entry point", h("code", {}, ov.code.entry_point || "")]);
+      if (ov.code.entry_point) rows.push(["Entry point", h("code", {}, ov.code.entry_point)]);
       rows.push(["Archive", downloadLink(ov.code.download, `${j.team}-${ov.code.digest.slice(0, 12)}.tar.gz`)]);
     }
     if (j.evaluation) {

@@ -1,0 +1,98 @@
+"""Script mode end to end on the embedded default (`kiln up`): `kiln submit --workdir` uploads a plain PyTorch
+script (examples/digits-script), the worker runs it under kiln's launcher from the unpacked code, and its reported
+steps, checkpoints and evaluation show in `kiln ls` and `describe`; a script that raises ends FAILED with its own
+exception line and no restart; a script that reports no step shows the SLA's step terms as unmeasured, not met."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_kiln_up import JOB_TIMEOUT_S, Up, start_up, stop_up
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLE = "examples/digits-script"
+
+
+@pytest.fixture
+def kiln_up(tmp_path: Path) -> Iterator[Up]:
+    up = start_up(tmp_path)
+    try:
+        yield up
+    finally:
+        if up.proc.poll() is None:
+            stop_up(up)
+
+
+def script_dir(tmp_path: Path, name: str, body: str, *, steps: int = 5) -> tuple[Path, Path]:
+    """A team's directory holding ``train.py`` and a job.yaml that runs it."""
+    d = tmp_path / name
+    d.mkdir()
+    (d / "train.py").write_text(body)
+    spec = d / "job.yaml"
+    spec.write_text(
+        f"name: {name}\nteam: default\ncommand: [python, train.py]\nsteps: {steps}\n"
+        "resources: {gpus: 0, cpu_slots: 1}\n"
+    )
+    return d, spec
+
+
+def describe(up: Up, job_id: str) -> dict[str, object]:
+    shown = up.kiln("describe", job_id, "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)  # type: ignore[no-any-return]
+
+
+def test_script_mode_runs_reports_fails_as_the_user_and_leaves_unreported_terms_unmeasured(
+    kiln_up: Up, tmp_path: Path
+) -> None:
+    up = kiln_up
+    # 1. The shipped example: trains, reports its steps, commits checkpoints, evaluates.
+    followed = up.kiln("submit", f"{EXAMPLE}/job.yaml", "--workdir", EXAMPLE, "--follow", timeout=JOB_TIMEOUT_S)
+    assert followed.returncode == 0, f"{followed.stdout}\n{followed.stderr}\n{up.logs()}"
+    assert re.search(r"code [0-9a-f]{12} .*: uploaded \d+ bytes", followed.stderr), followed.stderr
+    job_id = re.search(r"submitted job (\d+)", followed.stdout).group(1)  # type: ignore[union-attr]
+    text = followed.stdout + followed.stderr
+    assert "CHECKPOINT: checkpoint at step 300" in text and "SUCCEEDED" in text
+    accuracy = [float(a) for a in re.findall(r"accuracy (\d\.\d+)", text)]
+    assert accuracy and accuracy[-1] >= 0.9, text
+    shown = describe(up, job_id)
+    job = shown["job"]
+    assert isinstance(job, dict) and job["state"] == "SUCCEEDED" and job["last_step"] == 300
+    assert isinstance(job["last_loss"], float) and job["last_loss"] < 0.5
+    assert job["restart_count"] == 0
+    sla = shown["sla"]
+    assert isinstance(sla, dict) and sla["standing"]["step_time_tolerance"] == "met"
+    assert [c["step"] for c in shown["checkpoints"]][-2:] == [250, 300]  # type: ignore[union-attr, index]
+    table = up.kiln("describe", job_id).stdout
+    assert "python train.py --every 50" in table and "standing.step_time_tolerance" in table, table
+    listed = up.kiln("ls").stdout
+    assert "digits-script" in listed and "300/300" in listed, listed
+    logs = up.kiln("logs", job_id).stdout
+    assert "held-out accuracy" in logs and "[rank 0]" in logs, logs
+
+    # 2. A script that raises: FAILED at once, its own exception line as the reason, no restart.
+    d, spec = script_dir(tmp_path, "raises", "import sys\nprint('starting')\nraise ValueError('lr must be > 0')\n")
+    failed = up.kiln("submit", str(spec), "--workdir", str(d), "--follow", timeout=JOB_TIMEOUT_S)
+    assert failed.returncode == 1, f"{failed.stdout}\n{failed.stderr}"
+    fid = re.search(r"submitted job (\d+)", failed.stdout).group(1)  # type: ignore[union-attr]
+    job = describe(up, fid)["job"]
+    assert isinstance(job, dict) and job["state"] == "FAILED" and job["restart_count"] == 0
+    assert job["exit_reason"] == "user error: ValueError: lr must be > 0 (exit code 1)"
+    assert "ValueError: lr must be > 0" in up.kiln("ls").stdout
+    assert len(describe(up, fid)["attempts"]) == 1  # type: ignore[arg-type]
+
+    # 3. A script that reports no step: it succeeds, and the step-time term is unmeasured, not met.
+    d, spec = script_dir(tmp_path, "silent", "print('training without telling kiln')\n")
+    silent = up.kiln("submit", str(spec), "--workdir", str(d), "--follow", timeout=JOB_TIMEOUT_S)
+    assert silent.returncode == 0, f"{silent.stdout}\n{silent.stderr}"
+    sid = re.search(r"submitted job (\d+)", silent.stdout).group(1)  # type: ignore[union-attr]
+    shown = describe(up, sid)
+    assert shown["job"]["state"] == "SUCCEEDED"  # type: ignore[index]
+    assert shown["sla"]["standing"] == {"step_time_tolerance": "unmeasured"}  # type: ignore[index]
+    assert "unmeasured" in up.kiln("describe", sid).stdout
