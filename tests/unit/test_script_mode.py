@@ -279,3 +279,8 @@ def test_sigterm_reaches_the_script_which_checkpoints_and_exits_preempted(tmp_pa
     rc, run_dir = launch(tmp_path, script, term_after=True)
     assert rc == ExitCode.PREEMPTED and (run_dir / EXIT_DIR / "rank0").read_text() == str(int(ExitCode.PREEMPTED))
     assert [s for s, _ in list_checkpoints(tmp_path / "ckpt")] == [1]
+
+
+def test_the_shipped_example_is_a_valid_script_spec() -> None:
+    spec = parse_spec_text((ROOT / "examples" / "digits-script" / "job.yaml").read_text())
+    assert spec.command is not None and spec.command[:2] == ["python", "train.py"] and spec.code is None
