@@ -265,3 +265,38 @@ def test_metrics_endpoint_counts_jobs_by_state(client: TestClient, world: World)
     assert 'kiln_jobs{state="QUEUED"} 2.0' in text
     assert 'kiln_http_requests_total{method="GET",route="/v1/jobs",status="200"}' in text
     assert "kiln_http_request_duration_seconds_bucket" in text
+
+
+def test_script_mode_submissions_are_checked_with_field_paths(client: TestClient, world: World) -> None:
+    h = world.h("member")
+    base = {k: v for k, v in spec().items() if k != "recipe"}
+    body = _problem(client.post("/v1/jobs", json=base, headers=h), 422)
+    assert "either a `recipe:`" in body["errors"][0]["msg"] and "or a `command:`" in body["errors"][0]["msg"]
+    body = _problem(client.post("/v1/jobs", json={**spec(), "command": ["python", "t.py"]}, headers=h), 422)
+    assert "not both" in body["errors"][0]["msg"]
+    body = _problem(client.post("/v1/jobs", json={**base, "command": ["python", "t.py"]}, headers=h), 422)
+    assert body["errors"][0]["loc"] == "code.digest" and "kiln submit --workdir" in body["errors"][0]["msg"]
+    body = _problem(client.post("/v1/jobs", json={**base, "command": []}, headers=h), 422)
+    assert body["errors"][0]["loc"] == "command"
+
+
+def test_the_step_time_term_is_unmeasured_until_a_step_time_is_reported(
+    client: TestClient, world: World, db: Session
+) -> None:
+    h = world.h("viewer")
+    job_id = world.jobs["alpha"]
+    assert client.get(f"/v1/jobs/{job_id}/sla", headers=h).json()["standing"] == {"step_time_tolerance": "unmeasured"}
+    attempt = _attempt(db, job_id)
+    db.add(JobMetric(job_id=job_id, attempt_id=attempt.id, step=1, loss=1.0))  # a step without its time
+    db.flush()
+    assert client.get(f"/v1/jobs/{job_id}/sla", headers=h).json()["standing"] == {"step_time_tolerance": "unmeasured"}
+    db.add(JobMetric(job_id=job_id, attempt_id=attempt.id, step=2, loss=1.0, step_time_s=0.1))
+    db.flush()
+    assert client.get(f"/v1/jobs/{job_id}/sla", headers=h).json()["standing"] == {"step_time_tolerance": "met"}
+    job = db.get(Job, job_id)
+    assert job is not None
+    db.add(Event(job_id=job_id, team_id=job.team_id, type="SLA_STEP_TIME_VIOLATION", message="slow"))
+    db.flush()
+    assert client.get(f"/v1/jobs/{job_id}/sla", headers=h).json()["standing"] == {"step_time_tolerance": "violated"}
+    overview = client.get(f"/v1/dashboard/jobs/{job_id}", headers=h).json()
+    assert overview["contract"]["standing"] == {"step_time_tolerance": "violated"}
