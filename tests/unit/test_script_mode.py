@@ -284,3 +284,29 @@ def test_sigterm_reaches_the_script_which_checkpoints_and_exits_preempted(tmp_pa
 def test_the_shipped_example_is_a_valid_script_spec() -> None:
     spec = parse_spec_text((ROOT / "examples" / "digits-script" / "job.yaml").read_text())
     assert spec.command is not None and spec.command[:2] == ["python", "train.py"] and spec.code is None
+
+
+def test_two_cpu_processes_run_the_example_under_torchrun(tmp_path: Path) -> None:
+    """The launcher the worker builds for two CPU slots: torchrun, two ranks of the example script (DDP over
+    gloo), rank 0 commits, both report, both exit 0."""
+    from workers.supervisor import launch_command
+
+    code, run_dir, ckpt = ROOT / "examples" / "digits-script", tmp_path / "run", tmp_path / "ckpt"
+    run_dir.mkdir()
+    spec = {"command": ["python", "train.py", "--every", "5"], "steps": 10, "seed": 3, "checkpointing": {}}
+    (run_dir / "spec.json").write_text(json.dumps(spec))
+    write_fence(ckpt, 4)
+    write_lease(run_dir / "lease", Lease.renewed(token=4, at=lease_clock(), lease_s=600))
+    argv, extra = launch_command(nproc_per_node=2, spec_path=run_dir / "spec.json", run_dir=run_dir,
+                                 rendezvous=None, script=True)  # fmt: skip
+    assert argv[1:3] == ["-m", "torch.distributed.run"] and "--script" in argv and extra == {}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    env |= {ENV_CODE_DIR: str(code), ENV_CHECKPOINT_DIR: str(ckpt), ENV_FENCING_TOKEN: "4",
+            ENV_LEASE_FILE: str(run_dir / "lease"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}  # fmt: skip
+    out = subprocess.run(argv, env=env, cwd=run_dir, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert {p.name: p.read_text() for p in (run_dir / EXIT_DIR).glob("rank*")} == {"rank0": "0", "rank1": "0"}
+    for rank in (0, 1):
+        lines = (run_dir / TELEMETRY_DIR / f"rank{rank}.jsonl").read_text().splitlines()
+        assert [json.loads(x)["step"] for x in lines if json.loads(x)["kind"] == "step"] == list(range(1, 11))
+    assert [s for s, _ in list_checkpoints(ckpt)] == [5, 10]
