@@ -231,7 +231,9 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
 
 def _code_pairs(base: str, code: dict[str, Any]) -> list[tuple[str, Any]]:
     """The team's own code: digest, entry point, where to download it, and its last evaluation."""
-    pairs: list[tuple[str, Any]] = [("code", f"sha256:{code.get('digest')}"), ("entry point", code.get("entry_point"))]
+    pairs: list[tuple[str, Any]] = [("code", f"sha256:{code.get('digest')}")]
+    if code.get("entry_point"):  # a script (command:) has none
+        pairs.append(("entry point", code.get("entry_point")))
     if code.get("download"):
         pairs.append(("download", f"{base.rstrip('/')}{code['download']}"))
     evaluation = code.get("evaluation")
