@@ -97,3 +97,28 @@ def test_script_mode_runs_reports_fails_as_the_user_and_leaves_unreported_terms_
     assert shown["job"]["state"] == "SUCCEEDED"  # type: ignore[index]
     assert shown["sla"]["standing"] == {"step_time_tolerance": "unmeasured"}  # type: ignore[index]
     assert "unmeasured" in up.kiln("describe", sid).stdout
+
+    token = json.loads((tmp_path / "xdg" / "kiln" / "config.json").read_text())["token"]
+    dashboard_shows_the_script(up.url, token, job_id, sid, tmp_path)
+
+
+def dashboard_shows_the_script(url: str, token: str, job_id: str, silent_id: str, tmp: Path) -> None:
+    """The job page: the command, the loss the script reported plotted, and the step-time term's standing."""
+    from playwright.sync_api import expect
+
+    from tests.e2e.dashboard_harness import chromium
+
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
+        page.goto(f"{url}/")
+        page.get_by_label("API token").fill(token)
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_selector("#queue-list table")
+        page.goto(f"{url}/#/jobs/{job_id}")
+        expect(page.locator("#job-command")).to_have_text("python train.py --every 50")
+        expect(page.locator("#job-facts")).to_contain_text("accuracy")
+        expect(page.locator("figure[data-chart='loss'] path.series")).to_have_count(1)
+        expect(page.locator("figure[data-chart='loss']")).not_to_have_attribute("data-points", "0")
+        page.screenshot(path=str(tmp / "job-script.png"), full_page=True)
+        page.goto(f"{url}/#/jobs/{silent_id}")
+        expect(page.locator("#sla-standing")).to_have_text("step time unmeasured")
