@@ -42,6 +42,7 @@ from core.trainer_protocol import (
     EXIT_DIR,
     SCRIPT_INTENT_PREFIX,
     ExitCode,
+    RecordKind,
 )
 
 KILN_ROOT = pathlib.Path(__file__).resolve().parent.parent  # the directory holding kiln's packages
@@ -159,6 +160,10 @@ def run(spec_path: pathlib.Path, run_dir: pathlib.Path, *, set_death_signal: Any
         reason = ExitCode(shown).name if code is not None else "KILLED"
     except ValueError:
         reason = "CRASH"
+    if code == ExitCode.SUCCEEDED and rank == "0":
+        # The job's result comes from rank 0's node (a gang's other nodes wait for it, workers.tasks); a script's
+        # progress and loss are what it reported, so the record carries no step of its own.
+        tel.emit(RecordKind.DONE, steps=None, final_loss=None, exit_code=0, source="script", eval=None)
     tel.event(
         "EXIT",
         f"the command exited with {returncode} ({reason})",

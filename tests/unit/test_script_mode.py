@@ -260,6 +260,8 @@ def test_a_script_reports_steps_and_succeeds(tmp_path: Path) -> None:
     assert rc == 0 and (run_dir / EXIT_DIR / "rank0").read_text() == "0"
     steps = [r["step"] for r in records(run_dir) if r["kind"] == "step"]
     assert steps == [1, 2, 3]
+    # rank 0's end is the job's result (a gang's other nodes leave the report to the node that ran rank 0)
+    assert [r["steps"] for r in records(run_dir) if r["kind"] == "done"] == [None]
     assert list_checkpoints(tmp_path / "ckpt")[0][0] == 3
 
 
@@ -310,3 +312,10 @@ def test_two_cpu_processes_run_the_example_under_torchrun(tmp_path: Path) -> Non
         lines = (run_dir / TELEMETRY_DIR / f"rank{rank}.jsonl").read_text().splitlines()
         assert [json.loads(x)["step"] for x in lines if json.loads(x)["kind"] == "step"] == list(range(1, 11))
     assert [s for s, _ in list_checkpoints(ckpt)] == [5, 10]
+
+
+def test_submit_workdir_adds_the_code_section_a_script_spec_leaves_out() -> None:
+    from cli.code import with_code
+
+    data = with_code(SCRIPT, "job.yaml")
+    assert data["code"] == {} and data["command"] == ["python", "train.py"]
