@@ -98,6 +98,8 @@ class JobSla:
     team: str
     qos: str
     reasons: list[dict[str, str | None]]
+    # It ran and reported no step time (a script that reports no steps): its step-time term is unmeasured, not met.
+    unmeasured: bool = False
 
 
 def sla_of_jobs_since(db: Session, who: Principal, *, team: str | None, since: datetime, now: datetime) -> list[JobSla]:
@@ -112,6 +114,7 @@ def sla_of_jobs_since(db: Session, who: Principal, *, team: str | None, since: d
     for e in repo.sla_events_since(db, team_ids=teams, since=since):
         if e.job_id is not None and is_violation_event(e.type):
             violation_events[e.job_id].append(e)
+    measured = repo.with_step_times(db, [j.id for j in jobs if j.started_at is not None])
     out = []
     for j in jobs:
         waited = ((j.admitted_at or now) - j.submitted_at).total_seconds()
@@ -123,7 +126,8 @@ def sla_of_jobs_since(db: Session, who: Principal, *, team: str | None, since: d
         for e in violation_events.get(j.id, []):
             reasons.append({"type": e.type, "message": e.message, "at": e.created_at.isoformat()})
         qos = qos_by_id.get(j.qos_class_id)
-        out.append(JobSla(j, team_names.get(j.team_id, "?"), qos.name if qos else "?", reasons))
+        unmeasured = j.started_at is not None and j.id not in measured
+        out.append(JobSla(j, team_names.get(j.team_id, "?"), qos.name if qos else "?", reasons, unmeasured))
     return out
 
 

@@ -286,6 +286,17 @@ def test_the_step_time_term_is_unmeasured_until_a_step_time_is_reported(
     h = world.h("viewer")
     job_id = world.jobs["alpha"]
     assert client.get(f"/v1/jobs/{job_id}/sla", headers=h).json()["standing"] == {"step_time_tolerance": "unmeasured"}
+
+    def unmeasured_on_the_sla_page() -> int:
+        page = client.get("/v1/sla/attainment", params={"days": 1}, headers=h).json()
+        return sum(s["step_time_unmeasured"] for s in page["series"] if s["team"] == "alpha")
+
+    assert unmeasured_on_the_sla_page() == 0  # not started: nothing to measure yet
+    started = db.get(Job, job_id)
+    assert started is not None
+    started.started_at = started.submitted_at
+    db.flush()
+    assert unmeasured_on_the_sla_page() == 1  # it ran, and reported no step time
     attempt = _attempt(db, job_id)
     db.add(JobMetric(job_id=job_id, attempt_id=attempt.id, step=1, loss=1.0))  # a step without its time
     db.flush()
@@ -293,6 +304,7 @@ def test_the_step_time_term_is_unmeasured_until_a_step_time_is_reported(
     db.add(JobMetric(job_id=job_id, attempt_id=attempt.id, step=2, loss=1.0, step_time_s=0.1))
     db.flush()
     assert client.get(f"/v1/jobs/{job_id}/sla", headers=h).json()["standing"] == {"step_time_tolerance": "met"}
+    assert unmeasured_on_the_sla_page() == 0
     job = db.get(Job, job_id)
     assert job is not None
     db.add(Event(job_id=job_id, team_id=job.team_id, type="SLA_STEP_TIME_VIOLATION", message="slow"))

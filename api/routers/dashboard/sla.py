@@ -33,13 +33,14 @@ def sla_attainment(
     jobs = dashboard.sla_of_jobs_since(session, who, team=team, since=since, now=now)
 
     start_epoch = int(since.timestamp()) // step * step
-    series: dict[tuple[str, str], dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    series: dict[tuple[str, str], dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0]))
     violations = []
     for js in jobs:
         b = int(js.job.submitted_at.timestamp()) // step * step
         cell = series[(js.team, js.qos)][b]
         cell[0] += 1
         cell[1] += 0 if js.reasons else 1
+        cell[2] += 1 if js.unmeasured else 0
         for r in js.reasons:
             violations.append({"job_id": js.job.id, "job": js.job.name, "team": js.team, "qos": js.qos, **r})
     out_series = []
@@ -49,7 +50,11 @@ def sla_attainment(
         ]
         jobs_n = sum(c[0] for c in cells.values())
         met_n = sum(c[1] for c in cells.values())
+        # jobs that ran and reported no step time: their step-time term was never measured (met counts them only
+        # for the terms that were)
+        unmeasured_n = sum(c[2] for c in cells.values())
         out_series.append({"team": team_name, "qos": qos_name, "jobs": jobs_n, "met": met_n,
+                           "step_time_unmeasured": unmeasured_n,
                            "attainment": met_n / jobs_n if jobs_n else None, "points": points})  # fmt: skip
     violations.sort(key=lambda v: v["at"] or "", reverse=True)
     return {

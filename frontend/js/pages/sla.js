@@ -20,7 +20,8 @@ export async function slaPage(root) {
     filters,
     h("section", { class: "card" }, chart.el,
       h("p", { class: "muted" }, "A job meets its SLA unless it waited past its contract's maximum queue wait, or the SLA "
-        + "evaluator recorded a violation (deadline, restarts, recovery time, checkpoints, step time).")),
+        + "evaluator recorded a violation (deadline, restarts, recovery time, checkpoints, step time). A job that ran "
+        + "and reported no step time (a script that reports no steps) is counted as step time unmeasured.")),
     h("section", { class: "card", "aria-labelledby": "att-title" }, h("h2", { id: "att-title" }, "By team and QoS class"), totals),
     h("section", { class: "card", "aria-labelledby": "vio-title" }, h("h2", { id: "vio-title" }, "Violations"), violations),
   );
@@ -38,6 +39,7 @@ export async function slaPage(root) {
         { title: "QoS", cell: (/** @type {any} */ s) => s.qos },
         { title: "Jobs", cell: (/** @type {any} */ s) => s.jobs, class: "num" },
         { title: "Met", cell: (/** @type {any} */ s) => s.met, class: "num" },
+        { title: "Step time unmeasured", cell: (/** @type {any} */ s) => s.step_time_unmeasured ?? 0, class: "num" },
         { title: "Attainment", cell: (/** @type {any} */ s) => h("span", { class: s.attainment < 0.99 ? "bad" : "ok" }, fmtPercent(s.attainment)), class: "num" },
       ], data.series, "No job in this window."));
       replace(violations, table("SLA violations", [
