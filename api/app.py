@@ -22,6 +22,7 @@ from api.ratelimit import FailedAuthentications, make_limiter
 from api.routers import (
     artifacts,
     cluster,
+    datasets,
     exports,
     health,
     jobs,
@@ -82,6 +83,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         streams,
         teams,
         artifacts,
+        datasets,
         qos,
         sla,
         sweeps,

@@ -44,6 +44,11 @@ TAGS: list[dict[str, str]] = [
     {"name": "sweeps", "description": "Sweeps: one submission expanded over a grid or list of settings."},
     {"name": "exports", "description": "A checkpoint's weights exported as safetensors, with a manifest."},
     {"name": "artifacts", "description": "A team's code archives, content-addressed by SHA-256 (docs/user-code.md)."},
+    {
+        "name": "datasets",
+        "description": "A team's registered datasets: names for read-only data directories of "
+        "kiln's storage (docs/user-code.md).",
+    },
     {"name": "webhooks", "description": "Signed notifications of a team's or a job's events, and their delivery log."},
     {"name": "sla", "description": "SLA contracts: a team's default and a job's effective terms."},
     {"name": "teams", "description": "Teams, their quotas, members and invitations."},

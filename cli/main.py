@@ -15,6 +15,7 @@ from cli.app import app, report
 from cli.commands.access import tokens_app
 from cli.commands.admin import admin_app
 from cli.commands.checkpoints import checkpoint_app
+from cli.commands.datasets import datasets_app
 from cli.commands.reuse import sweep_app
 from cli.commands.teams import invitations_app, sla_app, teams_app
 from cli.commands.webhooks import webhooks_app
@@ -24,6 +25,7 @@ __all__ = ["app", "report"]  # the entry point (pyproject's ``kiln = "cli.main:a
 # `kiln --help` lists the sub-apps after the commands, in the order they are added.
 app.add_typer(sweep_app, name="sweep")
 app.add_typer(teams_app, name="teams")
+app.add_typer(datasets_app, name="datasets")
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(sla_app, name="sla")
 app.add_typer(invitations_app, name="invitations")

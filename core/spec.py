@@ -191,6 +191,11 @@ class JobSpec(StrictModel):
     precision: Precision = "auto"
     checkpointing: Checkpointing = Checkpointing()
     sla: SLAOverrides = SLAOverrides()
+    datasets: Annotated[
+        list[Annotated[str, Field(pattern=NAME_PATTERN)]],
+        Field(max_length=16, description="The team's registered datasets the job reads, by name (kiln datasets ls): "
+              "each is mounted read-only for the attempt. A spec never names a host path."),
+    ] = Field(default_factory=list)  # fmt: skip
     depends_on: Annotated[list[str], Field(max_length=32)] = Field(default_factory=list)
     time_limit_s: Annotated[float | None, Field(gt=0, le=30 * 86400)] = None
     labels: Annotated[dict[str, Annotated[str, Field(max_length=128)]], Field(max_length=32)] = Field(
@@ -221,6 +226,14 @@ class JobSpec(StrictModel):
     def recipe_name(self) -> str:
         """The recipe's name, or ``script`` for a job that runs its own command."""
         return self.recipe.name if self.recipe is not None else "script"
+
+    @field_validator("datasets")
+    @classmethod
+    def _unique_datasets(cls, v: list[str]) -> list[str]:
+        twice = sorted({n for n in v if v.count(n) > 1})
+        if twice:
+            raise ValueError(f"a dataset is named once: {', '.join(twice)} appears more than once")
+        return v
 
 
 class SpecError(ValueError):

@@ -25,6 +25,9 @@ ENV_ATTEMPT_ID = "KILN_ATTEMPT_ID"
 ENV_RANK_STARTED_AT = "KILN_RANK_STARTED_AT"  # unix time the rank's entry point began (set by the rank itself)
 # The team's own code (spec ``code``), unpacked and verified by the worker: the trainer imports its entry point.
 ENV_CODE_DIR = "KILN_CODE_DIR"
+# The job's datasets (spec ``datasets``): a JSON object, name -> the directory the attempt reads it at (read-only
+# where the worker can mount it so: workers/datasets.py).
+ENV_DATASETS = "KILN_DATASETS"
 ENV_LEASE_FILE = "KILN_LEASE_FILE"  # RUN_DIR/lease: this node's lease, renewed by its worker (core.fence)
 # Script mode (spec ``command``, trainer.script_client): what kiln's trainer reads from the spec, given to a script.
 ENV_RUN_DIR = "KILN_RUN_DIR"  # the attempt's run directory (telemetry, exit codes); the script's cwd is the code

@@ -12,6 +12,8 @@ into the attempt's run directory (``KILN_CODE_DIR``). The module gives:
     def loss(model, batch) -> torch.Tensor                  # the scalar mean loss (batch already on the device)
     # optional
     def evaluate(model, hp, *, rank, world_size) -> Mapping[str, float]   # named metrics, e.g. held-out accuracy
+    # any of build_model, batches, evaluate may take a keyword ``datasets``: the job's datasets (spec ``datasets``),
+    # a read-only mapping name -> pathlib.Path of the directory (mounted read-only by the worker, KILN_DATASETS)
     def items_per_batch(hp) -> int                          # samples or tokens per batch (default: batch's dim 0)
     def flops_per_item(hp) -> float                         # training FLOPs per item for MFU (default 6 x params)
     def blocks(model) -> list[torch.nn.Module]              # repeated regions: regional compile, FSDP2 units
@@ -26,11 +28,13 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
+import json
 import os
 import pathlib
 import sys
-from collections.abc import Iterator, Mapping
-from types import ModuleType
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType, ModuleType
 from typing import Any
 
 import torch
@@ -40,7 +44,7 @@ from torch import nn
 
 from core.recipes import TrainingHyperparameters
 from core.spec import JobSpec
-from core.trainer_protocol import ENV_CODE_DIR
+from core.trainer_protocol import ENV_CODE_DIR, ENV_DATASETS
 from trainer.precision import Precision
 from trainer.recipes import Recipe
 from trainer.user_error import USER_CODE_ROOTS, UserError, user_code
@@ -51,6 +55,28 @@ REQUIRED = ("Hyperparameters", "build_model", "batches", "loss")
 
 def code_dir(run_dir: pathlib.Path) -> pathlib.Path:
     return pathlib.Path(os.environ.get(ENV_CODE_DIR) or run_dir / "code")
+
+
+def job_datasets(spec: JobSpec) -> Mapping[str, pathlib.Path]:
+    """The job's datasets as the worker made them available (``KILN_DATASETS``): name -> directory, read-only."""
+    raw = os.environ.get(ENV_DATASETS)
+    given = {str(k): pathlib.Path(v) for k, v in (json.loads(raw) if raw else {}).items()}
+    missing = [n for n in spec.datasets if n not in given]
+    if missing:
+        raise UserError(
+            "reading the datasets",
+            LookupError(f"the spec names datasets {', '.join(missing)} but {ENV_DATASETS} does not give them "
+                        f"(outside a worker, set {ENV_DATASETS}='{{\"NAME\": \"DIR\"}}' to try them locally)"),
+        )  # fmt: skip
+    return MappingProxyType(given)
+
+
+def takes_datasets(fn: Callable[..., Any]) -> bool:
+    """Whether a function of the user's asks for the datasets (a parameter named ``datasets``)."""
+    try:
+        return "datasets" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def import_entry_point(entry_point: str, directory: pathlib.Path) -> ModuleType:
@@ -107,8 +133,12 @@ class UserBatches:
     """kiln's data position (``cursor``, ``skip``) over the user's resumable iterator: the iterator is asked again
     (``start=cursor``) whenever the position moves other than by one (a resume, a rollback, a skipped batch)."""
 
-    def __init__(self, module: ModuleType, hp: BaseModel, *, rank: int, world_size: int, seed: int) -> None:
+    def __init__(
+        self, module: ModuleType, hp: BaseModel, *, rank: int, world_size: int, seed: int,
+        datasets: Mapping[str, pathlib.Path] | None = None,
+    ) -> None:  # fmt: skip
         self.module, self.hp = module, hp
+        self.extra: dict[str, Any] = {"datasets": datasets} if takes_datasets(module.batches) else {}
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.cursor = 0
         self.skip: set[int] = set()
@@ -118,7 +148,9 @@ class UserBatches:
     def _open(self, start: int) -> Iterator[Any]:
         with user_code("your batches()"):
             return iter(
-                self.module.batches(self.hp, rank=self.rank, world_size=self.world_size, seed=self.seed, start=start)
+                self.module.batches(
+                    self.hp, rank=self.rank, world_size=self.world_size, seed=self.seed, start=start, **self.extra
+                )
             )
 
     def _draw(self, it: Iterator[Any], index: int) -> Any:
@@ -160,12 +192,13 @@ class UserRecipe(Recipe):
         self.digest = spec.code.digest
         self.module = import_entry_point(spec.code.entry_point, code_dir(run_dir))
         self.params = user_hyperparameters(self.module, spec.recipe.hyperparameters)
+        self.datasets = job_datasets(spec)
         self._param_count = 0
         self._items: int | None = None
 
     def build_model(self) -> nn.Module:
         with user_code("your build_model()"):
-            model = self.module.build_model(self.params)
+            model = self.module.build_model(self.params, **self._extra(self.module.build_model))
             if not isinstance(model, nn.Module):
                 raise TypeError(f"build_model returned {type(model).__name__}, not a torch.nn.Module")
         self._param_count = sum(p.numel() for p in model.parameters())
@@ -181,7 +214,11 @@ class UserRecipe(Recipe):
         return self.blocks(model) or [model]  # no blocks named: the model is one region
 
     def make_data(self, *, rank: int, world_size: int, seed: int) -> UserBatches:
-        return UserBatches(self.module, self.params, rank=rank, world_size=world_size, seed=seed)
+        return UserBatches(self.module, self.params, rank=rank, world_size=world_size, seed=seed,
+                           datasets=self.datasets)  # fmt: skip
+
+    def _extra(self, fn: Callable[..., Any]) -> dict[str, Any]:
+        return {"datasets": self.datasets} if takes_datasets(fn) else {}
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         with user_code("your loss()"):
@@ -235,7 +272,8 @@ class UserRecipe(Recipe):
         model.eval()
         try:
             with torch.no_grad(), user_code("your evaluate()"):
-                raw = self.module.evaluate(model, self.params, rank=rank, world_size=world_size)
+                extra = self._extra(self.module.evaluate)
+                raw = self.module.evaluate(model, self.params, rank=rank, world_size=world_size, **extra)
                 metrics = {str(k)[:64]: float(v) for k, v in dict(raw).items()}
         finally:
             model.train(was_training)

@@ -38,6 +38,7 @@ import psutil
 
 from core.settings import Settings
 from workers.attempt_user import AttemptUsers
+from workers.datasets import DatasetAccess
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +169,7 @@ class Isolation:
         self.host_slots = max(1, host_slots)
         self.cgroup_bases = cgroup_bases  # None: rlimits
         self.users = AttemptUsers(settings)
+        self.datasets = DatasetAccess(self.users)  # how datasets are made read-only (probed on first use)
 
     @classmethod
     def detect(cls, *, host: str, settings: Settings, host_slots: int, root: Path = CGROUP_ROOT) -> Isolation:
@@ -190,7 +192,7 @@ class Isolation:
         return "cgroup" if self.cgroup_bases is not None else "rlimit"
 
     def describe(self) -> str:
-        return f"{self._describe_limits()}; {self.users.describe()}"
+        return f"{self._describe_limits()}; {self.users.describe()}; {self.datasets.describe()}"
 
     def _describe_limits(self) -> str:
         ceiling = host_max_memory(self.settings)

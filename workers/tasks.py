@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,9 @@ from core.code_archive import artifact_path, extract
 from core.db import session_scope, utcnow
 from core.fence import Lease, job_checkpoint_dir, lease_clock, write_fence, write_lease
 from core.lifecycle import ExitClass, end_attempt, end_attempt_as, renew_lease
-from core.models import GPU, Attempt, Host, Job, QosClass, Usage
+from core.models import GPU, Attempt, Host, Job, QosClass, Team, Usage
 from core.private import private_dir, replace_file
+from core.services import datasets as datasets_svc
 from core.settings import Settings, get_settings
 from core.states import ACTIVE, ATTEMPT_LIVE, AttemptState, JobState, MpsState
 from core.trainer_protocol import (
@@ -51,6 +52,7 @@ from workers import isolation, mps
 from workers.attempt_user import AttemptUser
 from workers.celery_app import TASK_PROBE_CONSUMER, TASK_RUN_ATTEMPT, get_app
 from workers.consumer_probe import ConsumerProbe
+from workers.datasets import DatasetUnavailable, resolve_all
 from workers.exit_classes import Outcome, StopRequest, classify
 from workers.metrics import WorkerMetrics
 from workers.supervisor import Rendezvous, TrainerProcess, launch_command
@@ -137,6 +139,8 @@ class Claimed:
     host_links: dict[str, Any]
     rendezvous: Rendezvous | None
     time_left_s: float | None
+    team: str = ""
+    datasets: dict[str, str] = field(default_factory=dict)  # name -> registered path, of those still registered
 
 
 class Refused(Exception):
@@ -238,11 +242,14 @@ def claim(
         )
         time_left = float(limit) - used
 
+    names = [str(n) for n in (job.spec or {}).get("datasets") or []]
+    team = db.get(Team, job.team_id)
     return Claimed(
         job_id=job.id, team_id=job.team_id, attempt_number=attempt.number, spec=dict(job.spec or {}),
         placement=placement, gpus=gpus,
         qos=qos, host_links=dict(host_row.links or {}) if host_row else {}, rendezvous=rendezvous,
-        time_left_s=time_left,
+        time_left_s=time_left, team=team.name if team is not None else "",
+        datasets=datasets_svc.paths_for(db, team_id=job.team_id, names=names),
     )  # fmt: skip
 
 
@@ -662,6 +669,8 @@ def _run_claimed(
         runner.renew_lease(claimed_at)  # the lease the claim granted, before any rank starts
         replace_file(spec_path, json.dumps(claimed.spec, indent=2, sort_keys=True))
         fetch_code(claimed, storage=storage, run_dir=run_dir, proc=proc, settings=settings)
+        datasets = resolve_all(names=[str(n) for n in claimed.spec.get("datasets") or []],
+                               registered=claimed.datasets, storage=storage, team=claimed.team)  # fmt: skip
         user = host_isolation.users.for_team(claimed.team_id)
         if user is not None:
             run_as(
@@ -673,6 +682,11 @@ def _run_claimed(
                 local_dir=local_dir,
                 settings=settings,
             )
+        proc.argv, dataset_env, said = host_isolation.datasets.prepare(datasets, run_dir=run_dir, argv=proc.argv,
+                                                                       user=user)  # fmt: skip
+        proc.env.update(dataset_env)
+        if said:
+            proc.log_line(said)
         proc.log_line(f"attempt {claimed.attempt_number} (token {fencing_token}) node {node_rank} on {host}")
         if ENV_TEST_HOOKS in env:
             proc.log_line(f"TEST HOOKS ACTIVE ({ENV_TEST_HOOKS} is set on this worker): {env[ENV_TEST_HOOKS]}")
@@ -681,10 +695,13 @@ def _run_claimed(
                       f"{limits.pids} processes")  # fmt: skip
         proc.start()
     except Exception as exc:
-        log.exception("could not launch attempt %s", attempt_id)
+        if isinstance(exc, DatasetUnavailable):  # the user's (or team-admin's) to fix: a restart fails the same way
+            forced = Outcome(ExitClass.USER_ERROR, f"user error: {exc}"[:480])
+        else:
+            log.exception("could not launch attempt %s", attempt_id)
+            forced = Outcome(ExitClass.INFRASTRUCTURE, f"launch failed on {host}: {exc!r}"[:480])
         with contextlib.suppress(Exception):
-            proc.log_line(f"could not launch the trainer: {exc!r}")
-        forced = Outcome(ExitClass.INFRASTRUCTURE, f"launch failed on {host}: {exc!r}"[:480])
+            proc.log_line(f"could not launch the trainer: {forced.reason}")
         try:
             return runner.finish(127, forced).exit_class.value
         finally:

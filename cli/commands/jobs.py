@@ -214,6 +214,8 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         pairs.append(("exit reason", job["exit_reason"]))
     if isinstance(code, dict):
         pairs += _code_pairs(base, code)
+    if spec.get("datasets"):
+        pairs.append(("datasets", ", ".join(str(n) for n in spec["datasets"]) + " (read-only)"))
     console.print(out.kv_table(pairs, title=f"Job {job_id}"))
     if isinstance(sla, dict):
         console.print()

@@ -2,6 +2,7 @@
 
 from core.models.artifacts import Artifact
 from core.models.cluster import GPU, Host
+from core.models.datasets import Dataset
 from core.models.jobs import (
     Attempt,
     Checkpoint,
@@ -34,6 +35,7 @@ __all__ = [
     "Attempt",
     "Checkpoint",
     "CheckpointExport",
+    "Dataset",
     "Event",
     "Host",
     "Job",

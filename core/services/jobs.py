@@ -19,6 +19,7 @@ from core.repositories import qos as qos_repo
 from core.repositories import teams as teams_repo
 from core.repositories.jobs import JobFilter
 from core.services import artifacts
+from core.services import datasets as datasets_svc
 from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.services.fit import canonical_gpu_type, check_submission
 from core.services.principal import Principal, require_team, require_team_id
@@ -98,6 +99,7 @@ def submit(
         raise Forbidden(qos_refusal(spec.team, qos_name, teams_repo.allowed_qos_names(db, team_id)))
     fitted = check_submission(db, spec=spec, ctx=ctx, qos_name=qos_name)
     code_digest = _code_digest(db, team_id=team_id, spec=spec)
+    datasets_svc.check_names(db, team_id=team_id, team=spec.team, names=spec.datasets)
     depends_on = _dependencies(db, team_id=team_id, team=spec.team, refs=spec.depends_on)
     base = {k: getattr(ctx, k) for k in TERMS} if ctx.sla_id is not None else BASE_TERMS
     terms = effective_terms(base=base, overrides=spec.sla)

@@ -20,6 +20,7 @@ from api.schemas.common import INT64
 from core.db import utcnow
 from core.models import Attempt, Job
 from core.services import dashboard
+from core.services import datasets as datasets_svc
 from core.services.dashboard import FINISHED_STATES, get_visible_job
 from core.services.sla import step_standing
 
@@ -79,6 +80,13 @@ def _code(job: Job, team: str) -> dict[str, Any] | None:
     }
 
 
+def _datasets(session: Session, job: Job) -> list[dict[str, Any]]:
+    """The datasets a job's spec names, each with its registered path (None: removed since the submit)."""
+    names = [str(n) for n in (job.spec or {}).get("datasets") or []]
+    paths = datasets_svc.paths_for(session, team_id=job.team_id, names=names)
+    return [{"name": n, "path": paths.get(n), "read_only": True} for n in names]
+
+
 def overview_of(session: Session, job: Job) -> dict[str, Any]:
     view = dashboard.job_overview(session, job)
     team, qos, contract, attempts, events = view.team, view.qos, view.contract, view.attempts, view.events
@@ -111,6 +119,7 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
             "spec": job.spec,
         },
         "code": _code(job, team.name if team else ""),
+        "datasets": _datasets(session, job),
         "evaluations": [
             {"step": e.data.get("step"), "metrics": e.data.get("metrics") or {}, "attempt": e.data.get("attempt")}
             for e in events

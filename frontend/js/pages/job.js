@@ -15,7 +15,8 @@ const MAX_LOG_LINES = 5000;
  *   tokens_per_s: number | null, step_time_s: number | null, mfu: number | null, mem_peak_bytes: number | null,
  *   extra: Record<string, any>}} MetricRow
  * @typedef {{job: any, contract: any, attempts: any[], restarts: any[], checkpoints: any[], events: any[],
- *   compile_fallbacks: any[], loss_spikes: any[], code: any, evaluations: any[]}} Overview
+ *   compile_fallbacks: any[], loss_spikes: any[], code: any, evaluations: any[],
+ *   datasets?: Array<{name: string, path: string | null}>}} Overview
  */
 
 /**
@@ -192,6 +193,13 @@ export async function jobPage(root, params) {
       rows.push(["Code", h("code", { id: "code-digest", title: ov.code.digest }, `sha256:${ov.code.digest}`)]);
       if (ov.code.entry_point) rows.push(["Entry point", h("code", {}, ov.code.entry_point)]);
       rows.push(["Archive", downloadLink(ov.code.download, `${j.team}-${ov.code.digest.slice(0, 12)}.tar.gz`)]);
+    }
+    if (ov.datasets && ov.datasets.length) {
+      rows.push(["Datasets", h("span", { id: "job-datasets" }, ov.datasets.flatMap((d, i) => [
+        i ? ", " : "",
+        h("code", { title: d.path ? `storage: ${d.path}` : "no longer registered" }, d.name),
+        d.path ? " (read-only)" : " (removed)",
+      ]))]);
     }
     if (j.evaluation) {
       const shown = Object.entries(j.evaluation.metrics || {}).map(([k, v]) => `${k} ${fmtNumber(v, 4)}`).join(", ");

@@ -1,0 +1,148 @@
+"""A registered dataset end to end on the embedded default (`kiln up`, the tests' root): a team-admin registers a
+directory of .npz shards under the storage root, a job of the team's own code names it, a real worker mounts it
+read-only in the attempt's own mount namespace and the user's recipe trains on it to a held-out accuracy; a write
+into it from the job fails with EROFS and changes nothing on disk. A dataset that vanished ends its job FAILED
+with the reason, without a restart."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_kiln_up import JOB_TIMEOUT_S, Up, start_up, stop_up
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(os.geteuid() != 0, reason="read-only mounts need a root worker (the CI runs as root)"),
+]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "digits-npz"
+
+# The example's recipe, plus a write into the dataset when the model is built: the write must fail with EROFS
+# (reported as an evaluation metric); if it succeeded the job fails.
+PROBE = """
+import errno
+import npzdigits
+from npzdigits import Hyperparameters, batches, loss, items_per_batch
+
+KILN_PROTOCOL = 1
+WRITE_ERRNO = [0]
+
+
+def build_model(hp, *, datasets):
+    try:
+        with open(datasets["digits-npz"] / "written-by-the-job", "w") as f:
+            f.write("x")
+    except OSError as exc:
+        WRITE_ERRNO[0] = exc.errno
+    else:
+        raise RuntimeError("the dataset is writable")
+    return npzdigits.build_model(hp)
+
+
+def evaluate(model, hp, *, rank, world_size, datasets):
+    metrics = npzdigits.evaluate(model, hp, rank=rank, world_size=world_size, datasets=datasets)
+    metrics["write_errno"] = float(WRITE_ERRNO[0])
+    return metrics
+"""
+
+
+@pytest.fixture
+def kiln_up(tmp_path: Path) -> Iterator[Up]:
+    up = start_up(tmp_path)
+    try:
+        yield up
+    finally:
+        if up.proc.poll() is None:
+            stop_up(up)
+
+
+def _make_dataset(up: Up) -> Path:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_dataset", EXAMPLE / "make_dataset.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    directory = up.home / "storage" / "datasets" / "default" / "digits-npz"
+    module.write(directory)
+    return directory
+
+
+def _job_id(out: str) -> str:
+    found = re.search(r"submitted job (\d+)", out)
+    assert found is not None, out
+    return found.group(1)
+
+
+def test_a_job_trains_on_a_read_only_dataset(kiln_up: Up, tmp_path: Path) -> None:
+    up = kiln_up
+    assert "datasets: read-only bind mounts in a private mount namespace" in up.output(), up.output()
+    directory = _make_dataset(up)
+    before = {p.name: p.read_bytes() for p in directory.iterdir()}
+
+    typo = up.kiln("datasets", "add", "digits-npz", "datasets/default/../../checkpoints")
+    assert typo.returncode == 7 and "contains '..'" in typo.stderr, typo.stderr
+    added = up.kiln("datasets", "add", "digits-npz", "datasets/default/digits-npz", "-d", "digits as .npz shards")
+    assert added.returncode == 0, added.stderr
+    assert "dataset digits-npz registered in team default" in added.stdout
+    listed = json.loads(up.kiln("datasets", "ls", "-o", "json").stdout)
+    assert [(d["name"], d["available"]) for d in listed] == [("digits-npz", True)]
+
+    work = tmp_path / "work"
+    shutil.copytree(EXAMPLE, work)
+    (work / "probe.py").write_text(PROBE)
+    job = (EXAMPLE / "job.yaml").read_text().replace("entry_point: npzdigits", "entry_point: probe")
+    (tmp_path / "job.yaml").write_text(job)
+
+    (tmp_path / "typo.yaml").write_text(job.replace("datasets: [digits-npz]", "datasets: [digits-np]"))
+    wrong = up.kiln("submit", str(tmp_path / "typo.yaml"), "--workdir", str(work))
+    assert wrong.returncode == 7, wrong.stdout + wrong.stderr
+    assert "datasets.0" in wrong.stderr and "did you mean 'digits-npz'?" in wrong.stderr, wrong.stderr
+
+    followed = up.kiln("submit", str(tmp_path / "job.yaml"), "--workdir", str(work), "--follow",
+                       timeout=JOB_TIMEOUT_S)  # fmt: skip
+    assert followed.returncode == 0, f"{followed.stdout}\n{followed.stderr}\n{up.logs()}"
+    job_id = _job_id(followed.stdout)
+    shown = json.loads(up.kiln("describe", job_id, "-o", "json").stdout)
+    metrics = shown["code"]["evaluation"]["metrics"]
+    assert metrics["write_errno"] == errno.EROFS, metrics  # the write was refused as read-only
+    assert metrics["accuracy"] >= 0.9, metrics  # it trained on the dataset's shards
+    assert {p.name: p.read_bytes() for p in directory.iterdir()} == before  # nothing changed on disk
+    described = up.kiln("describe", job_id).stdout
+    assert "digits-npz (read-only)" in described, described
+    log = next((up.home / "storage" / "logs" / job_id).glob("*.log")).read_text()
+    assert "datasets digits-npz mounted read-only at" in log, log
+    assert "1 dataset(s) mounted read-only in a private mount namespace" in log, log
+
+    busy_rm = up.kiln("datasets", "rm", "digits-npz")
+    assert busy_rm.returncode == 0, busy_rm.stderr  # the job ended: nothing names it any more
+    assert "its files were not touched" in busy_rm.stdout and directory.is_dir()
+
+
+def test_a_dataset_that_vanished_fails_the_job_without_restarts(kiln_up: Up, tmp_path: Path) -> None:
+    up = kiln_up
+    directory = _make_dataset(up)
+    assert up.kiln("datasets", "add", "digits-npz", "datasets/default/digits-npz").returncode == 0
+    held = directory.with_name("digits-npz.away")
+    os.rename(directory, held)  # gone between the submit and the attempt
+    submitted = up.kiln("submit", str(EXAMPLE / "job.yaml"), "--workdir", str(EXAMPLE))
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = _job_id(submitted.stdout)
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while True:
+        job = json.loads(up.kiln("describe", job_id, "-o", "json").stdout)["job"]
+        if job["state"] in ("FAILED", "SUCCEEDED", "CANCELLED"):
+            break
+        assert time.monotonic() < deadline, job
+        time.sleep(1)
+    assert job["state"] == "FAILED" and job["restart_count"] == 0, job
+    assert "dataset 'digits-npz'" in job["exit_reason"] and "does not exist" in job["exit_reason"], job

@@ -1,0 +1,229 @@
+"""Datasets: the path rules (``core.datasets``), the spec's field, the worker's resolution at attempt start, the
+read-only mount (``workers.mount_entry``, as root where the host allows mount namespaces) and the recipe's
+``datasets=`` keyword."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from core.datasets import DatasetPathError, check_relative, resolve
+from core.spec import JobSpec, SpecError, parse_spec_data
+from core.trainer_protocol import ENV_DATASETS
+from workers.datasets import DatasetUnavailable, Resolved, resolve_all
+from workers.mount_entry import probe
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("path", "says"),
+    [
+        ("", "1 to 1024"),
+        ("x" * 1025, "1 to 1024"),
+        ("/etc", "absolute"),
+        ("//etc", "absolute"),
+        ("../etc", "'..'"),
+        ("datasets/default/../../checkpoints", "'..'"),
+        ("datasets/default/a/..", "'..'"),
+        ("datasets\\default\\x", "backslash"),
+        ("datasets/default/x\x00", "NUL"),
+        ("checkpoints/1", "not in the data area"),
+        ("runs/1/1", "not in the data area"),
+        ("kiln.db", "not in the data area"),
+        ("datasets", "not in the data area"),
+        ("datasets/other-team/x", "not in the data area"),
+        ("Datasets/default/x", "not in the data area"),
+    ],
+)
+def test_lexical_rules_refuse(path: str, says: str) -> None:
+    with pytest.raises(DatasetPathError, match=None) as caught:
+        check_relative(path, "default")
+    assert says in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("path", "normal"),
+    [
+        ("datasets/default/digits", "datasets/default/digits"),
+        ("./datasets//default/digits/", "datasets/default/digits"),
+        ("datasets/_shared/imagenet/train", "datasets/_shared/imagenet/train"),
+        ("datasets/default", "datasets/default"),
+    ],
+)
+def test_lexical_rules_accept(path: str, normal: str) -> None:
+    assert str(check_relative(path, "default")) == normal
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Path:
+    root = tmp_path / "storage"
+    (root / "datasets" / "default" / "digits").mkdir(parents=True)
+    (root / "datasets" / "default" / "digits" / "a.npz").write_bytes(b"x")
+    (root / "datasets" / "other").mkdir(parents=True)
+    (root / "checkpoints" / "3").mkdir(parents=True)
+    return root
+
+
+def test_resolve_follows_links_only_inside_the_area(storage: Path, tmp_path: Path) -> None:
+    area = storage / "datasets" / "default"
+    assert resolve(storage, "datasets/default/digits", "default") == area.resolve() / "digits"
+    (area / "current").symlink_to(area / "digits")
+    assert resolve(storage, "datasets/default/current", "default") == area.resolve() / "digits"
+    for name, target in (("out", tmp_path), ("ckpt", storage / "checkpoints" / "3"), ("peer", storage / "datasets"
+                         / "other"), ("root", Path("/"))):  # fmt: skip
+        (area / name).symlink_to(target)
+        with pytest.raises(DatasetPathError, match="leads out of datasets/default/"):
+            resolve(storage, f"datasets/default/{name}", "default")
+    with pytest.raises(DatasetPathError, match="does not exist"):
+        resolve(storage, "datasets/default/missing", "default")
+    with pytest.raises(DatasetPathError, match="not a directory"):
+        resolve(storage, "datasets/default/digits/a.npz", "default")
+
+
+def test_an_area_that_is_itself_a_link_out_is_refused(tmp_path: Path) -> None:
+    storage = tmp_path / "storage"
+    (storage / "datasets").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "x").mkdir(parents=True)
+    (storage / "datasets" / "default").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(DatasetPathError, match="leads out of"):
+        resolve(storage, "datasets/default/x", "default")
+
+
+def test_resolve_all_says_what_vanished_or_escaped(storage: Path, tmp_path: Path) -> None:
+    got = resolve_all(names=["d"], registered={"d": "datasets/default/digits"}, storage=storage, team="default")
+    area = (storage / "datasets" / "default").resolve()
+    assert got == [Resolved("d", area / "digits", area)]
+    with pytest.raises(DatasetUnavailable, match="'gone' is no longer registered in team 'default'"):
+        resolve_all(names=["gone"], registered={}, storage=storage, team="default")
+    (storage / "datasets" / "default" / "digits" / "a.npz").unlink()
+    (storage / "datasets" / "default" / "digits").rmdir()
+    with pytest.raises(DatasetUnavailable, match="dataset 'd': .* does not exist"):
+        resolve_all(names=["d"], registered={"d": "datasets/default/digits"}, storage=storage, team="default")
+    (storage / "datasets" / "default" / "digits").symlink_to(tmp_path)  # swapped for a link out after registration
+    with pytest.raises(DatasetUnavailable, match="leads out of"):
+        resolve_all(names=["d"], registered={"d": "datasets/default/digits"}, storage=storage, team="default")
+
+
+BASE = {"name": "j", "team": "default", "recipe": {"name": "gpt", "hyperparameters": {"size": "tiny"}}}
+
+
+def test_the_spec_names_datasets_by_name_only() -> None:
+    assert parse_spec_data({**BASE, "datasets": ["digits-npz", "imagenet"]}).datasets == ["digits-npz", "imagenet"]
+    assert parse_spec_data(BASE).datasets == []
+    for bad, says in (
+        (["/etc/passwd"], "not a valid name"),
+        (["../escape"], "not a valid name"),
+        (["a", "a"], "appears more than once"),
+        ({"a": "/data"}, "list"),
+        ([f"d{i}" for i in range(17)], "at most 16"),
+    ):
+        with pytest.raises(SpecError) as caught:
+            parse_spec_data({**BASE, "datasets": bad})
+        assert caught.value.errors[0]["loc"].startswith("datasets"), caught.value.errors
+        assert says in caught.value.errors[0]["msg"], caught.value.errors
+
+
+# What a spec field may be called where it would name a place on a host. Every one of them must be refused or
+# named by the worker, never used as given: a new field with such a name fails here until it is confined.
+PATH_WORDS = ("path", "dir", "directory", "file", "mount", "root", "volume", "location")
+CONFINED = {"checkpointing.local_dir": "refused with the name of its replacement (local_tier: true)"}
+
+
+def _fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for name, field in model.model_fields.items():
+        out.append((prefix + name, field))
+        for arg in (field.annotation, *getattr(field.annotation, "__args__", ())):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                out.extend(_fields(arg, f"{prefix}{name}."))
+    return out
+
+
+def test_no_spec_field_names_a_host_path() -> None:
+    suspicious = [p for p, _ in _fields(JobSpec) if any(w in p.rsplit(".", 1)[-1] for w in PATH_WORDS)]
+    assert sorted(suspicious) == sorted(CONFINED), (
+        f"a spec field that may name a host path: {set(suspicious) - set(CONFINED)}; confine it under kiln's own "
+        "directories (the worker names them) and list it in CONFINED"
+    )
+    with pytest.raises(SpecError, match="local_tier: true"):
+        parse_spec_data({**BASE, "checkpointing": {"local_dir": "/etc"}})
+
+
+def _mounts_work() -> bool:
+    return os.geteuid() == 0 and probe_in_child() is None
+
+
+def probe_in_child() -> str | None:
+    r = subprocess.run([sys.executable, "-m", "workers.mount_entry", "--probe"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    return None if r.returncode == 0 else r.stderr.strip() or "failed"
+
+
+needs_mounts = pytest.mark.skipif(not _mounts_work(), reason="needs root and mount namespaces (the CI runs as root)")
+
+
+@needs_mounts
+def test_a_write_into_a_mounted_dataset_fails_with_erofs(storage: Path, tmp_path: Path) -> None:
+    source = (storage / "datasets" / "default" / "digits").resolve()
+    area = source.parent
+    target = tmp_path / "run" / "datasets" / "digits"
+    target.mkdir(parents=True)
+    script = f"import os; print(open({str(target / 'a.npz')!r}, 'rb').read());open({str(target / 'new')!r}, 'w')"
+    r = subprocess.run(
+        [sys.executable, "-m", "workers.mount_entry", "--bind", str(source), str(area), str(target), "--",
+         sys.executable, "-c", script],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "b'x'" in r.stdout  # read through the mount
+    assert "OSError: [Errno 30] Read-only file system" in r.stderr, r.stderr
+    assert not (source / "new").exists()
+    assert not os.path.ismount(target)  # the mount lived in the attempt's namespace only
+    assert os.listdir(target) == []
+
+
+@needs_mounts
+def test_the_mount_helper_refuses_a_source_outside_its_area(storage: Path, tmp_path: Path) -> None:
+    target = tmp_path / "t"
+    target.mkdir()
+    r = subprocess.run(
+        [sys.executable, "-m", "workers.mount_entry", "--bind", str(storage / "checkpoints" / "3"),
+         str((storage / "datasets" / "default").resolve()), str(target), "--", "true"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 70 and "outside" in r.stderr, r.stderr
+
+
+def test_probe_says_why_not_when_not_root() -> None:
+    if os.geteuid() == 0:
+        assert probe_in_child() is None or isinstance(probe_in_child(), str)
+    else:
+        assert probe() is not None
+
+
+def test_the_recipe_gets_datasets_where_it_asks_for_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    from trainer.user_error import UserError
+    from trainer.user_recipe import job_datasets, takes_datasets
+
+    def plain(hp: object) -> None: ...
+    def asks(hp: object, *, datasets: object) -> None: ...
+
+    assert not takes_datasets(plain) and takes_datasets(asks)
+    spec = JobSpec.model_validate({**BASE, "datasets": ["digits"]})
+    monkeypatch.setenv(ENV_DATASETS, json.dumps({"digits": str(tmp_path)}))
+    got = job_datasets(spec)
+    assert got == {"digits": tmp_path}
+    with pytest.raises(TypeError):
+        got["x"] = tmp_path  # type: ignore[index]
+    monkeypatch.delenv(ENV_DATASETS)
+    with pytest.raises(UserError, match="names datasets digits but KILN_DATASETS does not give them"):
+        job_datasets(spec)
