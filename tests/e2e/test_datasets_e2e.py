@@ -85,7 +85,8 @@ def _job_id(out: str) -> str:
 
 def test_a_job_trains_on_a_read_only_dataset(kiln_up: Up, tmp_path: Path) -> None:
     up = kiln_up
-    assert "datasets: read-only bind mounts in a private mount namespace" in up.output(), up.output()
+    started = "\n".join(p.read_text() for p in (up.home / "logs").glob("*.log")) + up.output()
+    assert "datasets: read-only bind mounts in a private mount namespace" in started, up.logs()
     directory = _make_dataset(up)
     before = {p.name: p.read_bytes() for p in directory.iterdir()}
 
