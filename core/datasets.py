@@ -59,7 +59,7 @@ def resolve(storage: Path, path: str, team: str) -> Path:
     if not within(target, area):
         raise DatasetPathError(f"{path!r} leads out of {DATA_AREA}/{relative.parts[1]}/ (a symbolic link?)")
     if not target.exists():
-        raise DatasetPathError(f"{path!r} does not exist under the storage root ({target})")
+        raise DatasetPathError(f"{path!r} does not exist under kiln's storage root")
     if not target.is_dir():
         raise DatasetPathError(f"{path!r} is not a directory")
     return target

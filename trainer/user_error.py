@@ -15,12 +15,16 @@ ran once is far likelier to fail because of the machine than because of the spec
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
 import traceback
 from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+
+from core.trainer_protocol import ENV_DATASETS
 
 # What a host, a link or a device causes, whatever code was running when it happened.
 INFRASTRUCTURE: tuple[type[BaseException], ...] = (
@@ -80,8 +84,23 @@ THE_JOBS_OWN: tuple[type[BaseException], ...] = (
 )
 
 
+def writes_a_dataset(exc: BaseException) -> bool:
+    """A write into one of the job's datasets, which the worker mounts read-only (EROFS): the job's own doing. A
+    read-only file system anywhere else (a disk the kernel remounted read-only after errors) is the host's."""
+    if not isinstance(exc, OSError) or exc.errno != errno.EROFS or not exc.filename:
+        return False
+    try:
+        mounts = [
+            os.path.join(os.path.realpath(p), "") for p in json.loads(os.environ.get(ENV_DATASETS) or "{}").values()
+        ]
+    except (ValueError, AttributeError, TypeError):
+        return False
+    path = os.path.realpath(os.fsdecode(exc.filename))
+    return any(os.path.join(path, "").startswith(m) for m in mounts)
+
+
 def is_infrastructure(exc: BaseException) -> bool:
-    if isinstance(exc, THE_JOBS_OWN):
+    if isinstance(exc, THE_JOBS_OWN) or writes_a_dataset(exc):
         return False
     return isinstance(exc, INFRASTRUCTURE) or is_collective_failure(exc)
 

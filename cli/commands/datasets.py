@@ -21,7 +21,7 @@ DATASET_COLUMNS: list[out.Column] = [
     ("PATH", lambda d: d.get("path")),
     ("AVAILABLE", lambda d: "yes" if d.get("available") else f"NO: {d.get('problem')}"),
     ("DESCRIPTION", lambda d: d.get("description") or "-"),
-    ("CREATED", lambda d: d.get("created_at")),
+    ("CREATED", lambda d: out.fmt_time(d.get("created_at"))),
 ]
 
 

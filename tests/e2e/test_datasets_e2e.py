@@ -55,6 +55,32 @@ def evaluate(model, hp, *, rank, world_size, datasets):
 """
 
 
+WRITER = """from npzdigits import KILN_PROTOCOL, Hyperparameters, batches, loss, build_model as _build
+
+
+def build_model(hp, *, datasets):
+    (datasets["digits-npz"] / "train-0.npz").write_bytes(b"overwritten")
+    return _build(hp)
+"""
+
+
+def dashboard_shows_the_datasets(up: Up, job_id: str) -> None:
+    from playwright.sync_api import expect
+
+    from tests.e2e.dashboard_harness import chromium
+
+    token = json.loads((up.home.parent / "xdg" / "kiln" / "config.json").read_text())["token"]
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
+        page.goto(f"{up.url}/")
+        page.get_by_label("API token").fill(token)
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_selector("#queue-list table")
+        page.goto(f"{up.url}/#/jobs/{job_id}")
+        expect(page.locator("#job-datasets")).to_have_text("digits-npz (read-only)")
+        expect(page.locator("#job-datasets code")).to_have_attribute("title", "storage: datasets/default/digits-npz")
+
+
 @pytest.fixture
 def kiln_up(tmp_path: Path) -> Iterator[Up]:
     up = start_up(tmp_path)
@@ -123,6 +149,19 @@ def test_a_job_trains_on_a_read_only_dataset(kiln_up: Up, tmp_path: Path) -> Non
     log = next((up.home / "storage" / "logs" / job_id).glob("*.log")).read_text()
     assert "datasets digits-npz mounted read-only at" in log, log
     assert "1 dataset(s) mounted read-only in a private mount namespace" in log, log
+
+    dashboard_shows_the_datasets(up, job_id)
+
+    # A write the recipe does not catch: the user's error (its own line), FAILED at once, not a host's I/O error.
+    (work / "writer.py").write_text(WRITER)
+    (tmp_path / "writer.yaml").write_text(job.replace("entry_point: probe", "entry_point: writer"))
+    wrote = up.kiln("submit", str(tmp_path / "writer.yaml"), "--workdir", str(work), "--follow",
+                    timeout=JOB_TIMEOUT_S)  # fmt: skip
+    writer = json.loads(up.kiln("describe", _job_id(wrote.stdout), "-o", "json").stdout)["job"]
+    assert writer["state"] == "FAILED" and writer["restart_count"] == 0, writer
+    assert "your build_model(): OSError: [Errno 30] Read-only file system" in writer["exit_reason"], writer
+    assert "(writer.py:5)" in writer["exit_reason"], writer
+    assert {p.name: p.read_bytes() for p in directory.iterdir()} == before
 
     busy_rm = up.kiln("datasets", "rm", "digits-npz")
     assert busy_rm.returncode == 0, busy_rm.stderr  # the job ended: nothing names it any more

@@ -227,3 +227,26 @@ def test_the_recipe_gets_datasets_where_it_asks_for_them(tmp_path: Path, monkeyp
     monkeypatch.delenv(ENV_DATASETS)
     with pytest.raises(UserError, match="names datasets digits but KILN_DATASETS does not give them"):
         job_datasets(spec)
+
+
+def test_a_write_into_a_dataset_is_the_users_error_a_read_only_disk_the_hosts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the EROFS of a write into a dataset read as an I/O error of the host, and the job was restarted until
+    its restarts ran out."""
+    pytest.importorskip("torch")
+    import errno
+
+    from trainer.user_error import UserError, is_infrastructure, user_code
+
+    mounted = tmp_path / "run" / "datasets" / "digits"
+    mounted.mkdir(parents=True)
+    monkeypatch.setenv(ENV_DATASETS, json.dumps({"digits": str(mounted)}))
+    into = OSError(errno.EROFS, "Read-only file system", str(mounted / "train-0.npz"))
+    elsewhere = OSError(errno.EROFS, "Read-only file system", str(tmp_path / "run" / "out.bin"))
+    assert not is_infrastructure(into)
+    assert is_infrastructure(elsewhere)
+    assert is_infrastructure(OSError(errno.EIO, "Input/output error", str(mounted / "train-0.npz")))
+    erofs = r"your build_model\(\): OSError: \[Errno 30\] Read-only file system"
+    with pytest.raises(UserError, match=erofs), user_code("your build_model()"):
+        raise into
