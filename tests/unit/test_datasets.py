@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from core.datasets import DatasetPathError, check_relative, resolve
 from core.spec import JobSpec, SpecError, parse_spec_data
 from core.trainer_protocol import ENV_DATASETS
+from tests.support.deps import missing, require_module
 from workers.datasets import DatasetUnavailable, Resolved, resolve_all
 from workers.mount_entry import probe
 
@@ -167,10 +168,13 @@ def probe_in_child() -> str | None:
     return None if r.returncode == 0 else r.stderr.strip() or "failed"
 
 
-needs_mounts = pytest.mark.skipif(not _mounts_work(), reason="needs root and mount namespaces (the CI runs as root)")
+@pytest.fixture
+def needs_mounts() -> None:
+    if not _mounts_work():
+        missing("needs root and mount namespaces (the CI runs as root)")
 
 
-@needs_mounts
+@pytest.mark.usefixtures("needs_mounts")
 def test_a_write_into_a_mounted_dataset_fails_with_erofs(storage: Path, tmp_path: Path) -> None:
     source = (storage / "datasets" / "default" / "digits").resolve()
     area = source.parent
@@ -190,7 +194,7 @@ def test_a_write_into_a_mounted_dataset_fails_with_erofs(storage: Path, tmp_path
     assert os.listdir(target) == []
 
 
-@needs_mounts
+@pytest.mark.usefixtures("needs_mounts")
 def test_the_mount_helper_refuses_a_source_outside_its_area(storage: Path, tmp_path: Path) -> None:
     target = tmp_path / "t"
     target.mkdir()
@@ -210,7 +214,7 @@ def test_probe_says_why_not_when_not_root() -> None:
 
 
 def test_the_recipe_gets_datasets_where_it_asks_for_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("torch")
+    require_module("torch")
     from trainer.user_error import UserError
     from trainer.user_recipe import job_datasets, takes_datasets
 
@@ -234,7 +238,7 @@ def test_a_write_into_a_dataset_is_the_users_error_a_read_only_disk_the_hosts(
 ) -> None:
     """Before: the EROFS of a write into a dataset read as an I/O error of the host, and the job was restarted until
     its restarts ran out."""
-    pytest.importorskip("torch")
+    require_module("torch")
     import errno
 
     from trainer.user_error import UserError, is_infrastructure, user_code
