@@ -55,13 +55,16 @@ def resolve(storage: Path, path: str, team: str) -> Path:
     symbolic link followed) stays in its area of the storage root."""
     relative = check_relative(path, team)
     area = area_of(storage, relative)
-    target = Path(os.path.realpath(Path(os.path.realpath(storage)) / relative))
-    if not within(target, area):
-        raise DatasetPathError(f"{path!r} leads out of {DATA_AREA}/{relative.parts[1]}/ (a symbolic link?)")
-    if not target.exists():
-        raise DatasetPathError(f"{path!r} does not exist under kiln's storage root")
-    if not target.is_dir():
-        raise DatasetPathError(f"{path!r} is not a directory")
+    try:
+        target = Path(os.path.realpath(Path(os.path.realpath(storage)) / relative))
+        if not within(target, area):
+            raise DatasetPathError(f"{path!r} leads out of {DATA_AREA}/{relative.parts[1]}/ (a symbolic link?)")
+        if not target.exists():
+            raise DatasetPathError(f"{path!r} does not exist under kiln's storage root")
+        if not target.is_dir():
+            raise DatasetPathError(f"{path!r} is not a directory")
+    except OSError as exc:  # a name too long, a loop of links, a directory it may not search
+        raise DatasetPathError(f"{path!r} cannot be resolved: {exc.strerror}") from None
     return target
 
 

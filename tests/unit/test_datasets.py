@@ -87,6 +87,11 @@ def test_resolve_follows_links_only_inside_the_area(storage: Path, tmp_path: Pat
         resolve(storage, "datasets/default/missing", "default")
     with pytest.raises(DatasetPathError, match="not a directory"):
         resolve(storage, "datasets/default/digits/a.npz", "default")
+    with pytest.raises(DatasetPathError, match="cannot be resolved: File name too long"):
+        resolve(storage, "datasets/default/" + "x" * 300, "default")
+    (area / "loop").symlink_to(area / "loop")
+    with pytest.raises(DatasetPathError, match="leads out of|cannot be resolved|does not exist"):
+        resolve(storage, "datasets/default/loop", "default")
 
 
 def test_an_area_that_is_itself_a_link_out_is_refused(tmp_path: Path) -> None:
