@@ -2,7 +2,7 @@
 directory of .npz shards under the storage root, a job of the team's own code names it, a real worker mounts it
 read-only in the attempt's own mount namespace and the user's recipe trains on it to a held-out accuracy; a write
 into it from the job fails with EROFS and changes nothing on disk. A dataset that vanished ends its job FAILED
-with the reason, without a restart."""
+with the reason, without a restart. A `command:` script finds its datasets in KILN_DATASETS, read-only too."""
 
 from __future__ import annotations
 
@@ -186,3 +186,36 @@ def test_a_dataset_that_vanished_fails_the_job_without_restarts(kiln_up: Up, tmp
         time.sleep(1)
     assert job["state"] == "FAILED" and job["restart_count"] == 0, job
     assert "dataset 'digits-npz'" in job["exit_reason"] and "does not exist" in job["exit_reason"], job
+
+
+SCRIPT = """import errno, json, os, pathlib, sys
+import numpy as np
+
+paths = json.loads(os.environ["KILN_DATASETS"])
+root = pathlib.Path(paths["digits-npz"])
+images = sum(len(np.load(p)["y"]) for p in sorted(root.glob("train-*.npz")))
+try:
+    (root / "written-by-the-script").write_text("x")
+except OSError as exc:
+    print(f"script: read {images} training images; the write failed with {errno.errorcode[exc.errno]}", flush=True)
+    sys.exit(0)
+sys.exit("script: the dataset is writable")
+"""
+
+
+def test_a_script_reads_its_datasets_from_the_environment_read_only(kiln_up: Up, tmp_path: Path) -> None:
+    up = kiln_up
+    directory = _make_dataset(up)
+    assert up.kiln("datasets", "add", "digits-npz", "datasets/default/digits-npz").returncode == 0
+    work = tmp_path / "script"
+    work.mkdir()
+    (work / "read.py").write_text(SCRIPT)
+    (tmp_path / "job.yaml").write_text(
+        "name: reads\nteam: default\ncommand: [python, read.py]\ndatasets: [digits-npz]\nsteps: 1\n"
+        "resources: {gpus: 0, cpu_slots: 1}\n"
+    )
+    done = up.kiln("submit", str(tmp_path / "job.yaml"), "--workdir", str(work), "--follow", timeout=JOB_TIMEOUT_S)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{up.logs()}"
+    log = next((up.home / "storage" / "logs" / _job_id(done.stdout)).glob("*.log")).read_text()
+    assert "script: read 1437 training images; the write failed with EROFS" in log, log
+    assert not (directory / "written-by-the-script").exists()
