@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import Field, WithJsonSchema
 from pydantic_core import to_json
 
-from api.schemas.common import OutModel
+from api.schemas.common import NEXT_CURSOR_DOC, OutModel
 from core.services.jobs import JobView
 from core.states import JobState
 
@@ -133,6 +133,7 @@ class EventOut(OutModel):
 class EventPageOut(OutModel):
     items: list[EventOut]
     next_after: int | None = Field(description="Pass as ?after= to read on; None when no more events now.")
+    next_cursor: str | None = Field(default=None, description=NEXT_CURSOR_DOC)
 
 
 class AttemptOut(OutModel):
@@ -191,3 +192,13 @@ class WhyOut(OutModel):
         description="What would let it start (fewer GPUs, another GPU type or class, the team's quota...).",
         examples=[["fewer GPUs: the whole cluster has 2 H200 GPUs"]],
     )
+
+
+class AttemptPageOut(OutModel):
+    items: list[AttemptOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)
+
+
+class CheckpointPageOut(OutModel):
+    items: list[CheckpointOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)
