@@ -353,8 +353,9 @@ def code(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> CodeOut:
 
 
 @router.get("/{job_id}/why", response_model=WhyOut, summary="Why the job is (not) running, and what would let it start")
-def get_job_pending_reason(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> WhyOut:
-    why = svc.why(db=db, principal=who, job_id=job_id)
+def get_job_pending_reason(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep) -> WhyOut:
+    why = svc.why(db=db, principal=who, job_id=job_id, grace_s=settings.policy.time_limit_grace_s)
     job = why.job
     return WhyOut(state=JobState(job.state), pending_reason=job.pending_reason, pending_message=job.pending_message,
-                  unblock=why.unblock)  # fmt: skip
+                  unblock=why.unblock, expected_start=why.expected_start,
+                  expected_start_basis=why.expected_start_basis)  # fmt: skip

@@ -192,6 +192,17 @@ class WhyOut(OutModel):
         description="What would let it start (fewer GPUs, another GPU type or class, the team's quota...).",
         examples=[["fewer GPUs: the whole cluster has 2 H200 GPUs"]],
     )
+    expected_start: datetime | None = Field(
+        default=None,
+        description="It can start at the latest then: once running jobs reach their time limits (and the "
+        "scheduler's grace), never from how long jobs ran. Null when that cannot be known honestly.",
+    )
+    expected_start_basis: str | None = Field(
+        default=None,
+        description="How expected_start is known, or why it cannot be (null when the job is not queued).",
+        examples=["cannot be known: running job(s) 3 have no time limit (time_limit_s), and kiln does not guess "
+                  "how long a job runs"],
+    )  # fmt: skip
 
 
 class AttemptPageOut(OutModel):

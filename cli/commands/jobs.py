@@ -405,6 +405,11 @@ def why(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         console.print(out.text(f"job {job_id} is QUEUED and not planned yet (the scheduler runs every few seconds)"))
     else:
         console.print(out.text(f"job {job_id} is {data.get('state')}: not waiting"))
+    if data.get("expected_start"):
+        when = out.fmt_time(data["expected_start"])
+        console.print(out.text(f"expected start: {when}, {data.get('expected_start_basis') or ''}".rstrip(", ")))
+    elif data.get("expected_start_basis"):
+        console.print(out.text(f"expected start: {data['expected_start_basis']}"))
     hints = data.get("unblock") or []
     if hints:
         console.print("what would let it start:")
