@@ -218,7 +218,10 @@ def test_attempts_checkpoints_metrics_why(client: TestClient, world: World, db: 
     why = client.get(f"/v1/jobs/{job_id}/why", headers=h).json()
     assert why == {"state": "QUEUED", "pending_reason": "Quota", "pending_message": "alpha: 4/4 cpu slots in use",
                    "unblock": ["the team's quota: alpha uses 0 of its 4 CPU slots; an admin raises it (kiln teams set "
-                               "alpha --quota cpu=N), or its running jobs end"]}  # fmt: skip
+                               "alpha --quota cpu=N), or its running jobs end"],
+                   "expected_start": None,
+                   "expected_start_basis": "cannot be known: it waits for the team's quota, which frees as the "
+                                           "team's own jobs end or an admin raises it"}  # fmt: skip
 
 
 def _sse_events(text: str) -> list[tuple[str, str]]:
