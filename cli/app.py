@@ -106,12 +106,16 @@ def page_items(page: Any) -> list[dict[str, Any]]:
     return list(page or [])
 
 
-def show_list(path: str, columns: Sequence[Column], output: OutputFormat) -> None:
-    """GET a list endpoint and print its items: a table, or JSON with ``-o json``."""
+def show_list(
+    path: str, columns: Sequence[Column], output: OutputFormat, params: dict[str, Any] | None = None,
+    limit: int | None = None,
+) -> None:  # fmt: skip
+    """GET a list endpoint, following its pages (``next_cursor``) to the end or to ``limit`` items, and print the
+    items: a table, or JSON with ``-o json``."""
     from cli import output as out
 
     with client() as api:
-        items = page_items(api.get(path))
+        items = list(api.paginate(path, params or {}, limit=limit, page_size=min(limit or 500, 500)))
     out.render(items, output, lambda: out.table(columns, items))
 
 

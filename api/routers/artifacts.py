@@ -10,11 +10,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response, status
 from fastapi.responses import FileResponse
+from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
-from api.routers.common import ERRORS, TeamPath
-from api.schemas.common import OutModel
+from api.routers.common import ERRORS, PAGE_DEFAULT, CursorQuery, LimitQuery, TeamPath, paged
+from api.schemas.common import NEXT_CURSOR_DOC, OutModel
 from core.code_archive import DIGEST_PATTERN, artifact_path
 from core.models import Artifact
 from core.services import artifacts as svc
@@ -53,9 +54,17 @@ def _out(a: Artifact, team: str, created: bool = False) -> ArtifactOut:
     )
 
 
-@router.get("", response_model=list[ArtifactOut], summary="The team's code archives, newest first")
-def list_artifacts(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> list[ArtifactOut]:
-    return [_out(a, team) for a in svc.list_for_team(db=db, principal=who, team=team)]
+class ArtifactPageOut(OutModel):
+    items: list[ArtifactOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)
+
+
+@router.get("", response_model=ArtifactPageOut, summary="The team's code archives, newest first")
+def list_artifacts(
+    team: TeamPath, db: SessionDep, who: CurrentPrincipal, limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None
+) -> ArtifactPageOut:
+    rows, more = paged(svc.list_for_team(db=db, principal=who, team=team), lambda a: (-a.id,), limit, cursor)
+    return ArtifactPageOut(items=[_out(a, team) for a in rows], next_cursor=more)
 
 
 @router.get("/{digest}", response_model=ArtifactOut, summary="One archive (404: not uploaded yet)")

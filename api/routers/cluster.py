@@ -7,53 +7,65 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.deps import CurrentPrincipal, SessionDep
-from api.routers.common import ERRORS
-from api.schemas.cluster import GpuOut, HostOut
+from api.routers.common import ERRORS, PAGE_DEFAULT, CursorQuery, LimitQuery, paged
+from api.schemas.cluster import GpuOut, GpuPageOut, HostOut, HostPageOut
 from core.services import cluster as svc
 
 router = APIRouter(prefix="/v1/cluster", tags=["cluster"], responses=ERRORS)
 
 
-@router.get("/hosts", response_model=list[HostOut], summary="Registered hosts")
-def list_hosts(db: SessionDep, who: CurrentPrincipal) -> list[HostOut]:
-    return [
-        HostOut(
-            id=h.id,
-            name=h.name,
-            queue=h.queue,
-            state=h.state,
-            cpu_slots=h.cpu_slots,
-            gpu_count=len(h.gpus),
-            excluded_until=h.excluded_until,
-            exclusion_reason=h.exclusion_reason,
-            links=h.links,
-            mps=h.mps,
-            last_heartbeat_at=h.last_heartbeat_at,
-            registered_at=h.registered_at,
-        )  # fmt: skip
-        for h in svc.hosts(db=db)
-    ]
+@router.get("/hosts", response_model=HostPageOut, summary="Registered hosts, by name")
+def list_hosts(
+    db: SessionDep, who: CurrentPrincipal, limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None
+) -> HostPageOut:
+    rows, more = paged(svc.hosts(db=db), lambda h: (h.name,), limit, cursor)
+    return HostPageOut(
+        next_cursor=more,
+        items=[
+            HostOut(
+                id=h.id,
+                name=h.name,
+                queue=h.queue,
+                state=h.state,
+                cpu_slots=h.cpu_slots,
+                gpu_count=len(h.gpus),
+                excluded_until=h.excluded_until,
+                exclusion_reason=h.exclusion_reason,
+                links=h.links,
+                mps=h.mps,
+                last_heartbeat_at=h.last_heartbeat_at,
+                registered_at=h.registered_at,
+            )  # fmt: skip
+            for h in rows
+        ],
+    )
 
 
-@router.get("/gpus", response_model=list[GpuOut], summary="GPUs of every host")
+@router.get("/gpus", response_model=GpuPageOut, summary="GPUs of every host, by host and index")
 def list_gpus(
     db: SessionDep,
     who: CurrentPrincipal,
     host: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,
     model: Annotated[str | None, Query(max_length=128, pattern=r"^[^\x00]*$")] = None,
-) -> list[GpuOut]:
-    return [
-        GpuOut(
-            uuid=g.uuid,
-            host=host_name,
-            index=g.index,
-            model=g.model,
-            memory_bytes=g.memory_bytes,
-            mig_mode=g.mig_mode,
-            pcie_gen=g.pcie_gen,
-            nvlink_peers=g.nvlink_peers,
-            healthy=g.healthy,
-            last_sample=g.last_sample,
-        )  # fmt: skip
-        for g, host_name in svc.gpus(db=db, host=host, model=model)
-    ]
+    limit: LimitQuery = PAGE_DEFAULT,
+    cursor: CursorQuery = None,
+) -> GpuPageOut:
+    rows, more = paged(svc.gpus(db=db, host=host, model=model), lambda g: (g[1], g[0].index), limit, cursor)
+    return GpuPageOut(
+        next_cursor=more,
+        items=[
+            GpuOut(
+                uuid=g.uuid,
+                host=host_name,
+                index=g.index,
+                model=g.model,
+                memory_bytes=g.memory_bytes,
+                mig_mode=g.mig_mode,
+                pcie_gen=g.pcie_gen,
+                nvlink_peers=g.nvlink_peers,
+                healthy=g.healthy,
+                last_sample=g.last_sample,
+            )  # fmt: skip
+            for g, host_name in rows
+        ],
+    )

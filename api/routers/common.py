@@ -6,7 +6,8 @@ import base64
 import binascii
 import json
 import re
-from typing import Annotated, Any
+from collections.abc import Callable, Iterable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Header, Path, Query
 
@@ -59,6 +60,56 @@ def decode_cursor(cursor: str, key: str) -> int:
     if type(value) is not int or not 0 < value <= INT64:
         raise InvalidInput.at("query.cursor", "not a cursor this API issued")
     return value
+
+
+# Pagination, one scheme for every list: ``?limit=`` (at most PAGE_MAX; each endpoint documents its own bounds)
+# and ``?cursor=``, the ``next_cursor`` of the previous page (opaque; null on the last page). Positions are keysets
+# (the last item's sort key), so an item added or removed between two pages neither repeats nor skips another.
+PAGE_MAX = 500
+PAGE_DEFAULT = 100
+LimitQuery = Annotated[
+    int, Query(ge=1, le=PAGE_MAX, description=f"At most this many items on the page (1..{PAGE_MAX})")
+]
+CursorQuery = Annotated[
+    str | None,
+    Query(max_length=512, description="The previous page's next_cursor: the page after it. Opaque; omit it for "
+          "the first page."),
+]  # fmt: skip
+SortKey = tuple[int | str, ...]
+T = TypeVar("T")
+
+
+def encode_key_cursor(key: SortKey) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"k": list(key)}, separators=(",", ":")).encode()).decode().rstrip("=")
+
+
+def decode_key_cursor(cursor: str, like: SortKey) -> SortKey:
+    """The sort key a cursor of ours holds, shaped like ``like`` (same length and types), or a 422 naming it."""
+    try:
+        data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        key = data["k"] if isinstance(data, dict) else None
+    except (ValueError, KeyError, binascii.Error) as exc:
+        raise InvalidInput.at("query.cursor", "not a cursor this API issued") from exc
+    if (
+        not isinstance(key, list)
+        or len(key) != len(like)
+        or any(type(a) is not type(b) or (type(a) is int and abs(a) > INT64) for a, b in zip(key, like, strict=True))
+    ):
+        raise InvalidInput.at("query.cursor", "not a cursor this API issued for this list")
+    return tuple(key)
+
+
+def paged(
+    items: Iterable[T], key: Callable[[T], SortKey], limit: int, cursor: str | None
+) -> tuple[list[T], str | None]:
+    """One page of ``items`` in ascending ``key`` order (a descending column is a negated key), after the
+    cursor's position; and the cursor of the next page (None: this is the last)."""
+    ordered = sorted(items, key=key)
+    if cursor is not None:
+        after = decode_key_cursor(cursor, key(ordered[0])) if ordered else None
+        ordered = [i for i in ordered if after is not None and key(i) > after]
+    page = ordered[:limit]
+    return page, encode_key_cursor(key(page[-1])) if len(ordered) > limit else None
 
 
 # Optimistic concurrency: a representation carries its version as an ETag; a change sent with ``If-Match`` is

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Path, Response, status
 from pydantic import Field
 
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
-from api.routers.common import ERRORS, LOCATION, TeamPath
-from api.schemas.common import InModel, OutModel, Text
+from api.routers.common import ERRORS, LOCATION, PAGE_DEFAULT, CursorQuery, LimitQuery, TeamPath, paged
+from api.schemas.common import NEXT_CURSOR_DOC, InModel, OutModel, Text
 from core.datasets import MAX_PATH
 from core.services import datasets as svc
 from core.spec import NAME_PATTERN
@@ -42,16 +42,29 @@ class DatasetOut(OutModel):
     problem: str | None = Field(description="Why it is not available, when it is not.")
 
 
+class DatasetPageOut(OutModel):
+    items: list[DatasetOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)
+
+
 def _out(view: svc.DatasetView, team: str) -> DatasetOut:
     d = view.dataset
     return DatasetOut(team=team, name=d.name, path=d.path, description=d.description, created_at=d.created_at,
                       available=view.available, problem=view.problem)  # fmt: skip
 
 
-@router.get("", response_model=list[DatasetOut], summary="The team's datasets, by name")
-def list_datasets(team: TeamPath, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep) -> list[DatasetOut]:
+@router.get("", response_model=DatasetPageOut, summary="The team's datasets, by name")
+def list_datasets(
+    team: TeamPath,
+    db: SessionDep,
+    who: CurrentPrincipal,
+    settings: SettingsDep,
+    limit: LimitQuery = PAGE_DEFAULT,
+    cursor: CursorQuery = None,
+) -> DatasetPageOut:
     views = svc.list_for_team(db=db, principal=who, team=team, storage=settings.resolved_storage_dir)
-    return [_out(v, team) for v in views]
+    rows, more = paged(views, lambda v: (v.dataset.name,), limit, cursor)
+    return DatasetPageOut(items=[_out(v, team) for v in rows], next_cursor=more)
 
 
 @router.get("/{name}", response_model=DatasetOut, summary="One dataset")

@@ -11,8 +11,8 @@ from fastapi.responses import FileResponse
 from pydantic import Field
 
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
-from api.routers.common import ERRORS, JobIdPath
-from api.schemas.common import INT32, InModel, OutModel
+from api.routers.common import ERRORS, PAGE_DEFAULT, CursorQuery, JobIdPath, LimitQuery, paged
+from api.schemas.common import INT32, NEXT_CURSOR_DOC, InModel, OutModel
 from core.models import CheckpointExport
 from core.services import exports as svc
 
@@ -56,9 +56,21 @@ def request_export(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, res
     return export_out(export)
 
 
-@router.get("", response_model=list[ExportOut], summary="The job's exports")
-def list_exports(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> list[ExportOut]:
-    return [export_out(e) for e in svc.list_exports(db=db, principal=who, job_id=job_id)]
+class ExportPageOut(OutModel):
+    items: list[ExportOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)
+
+
+@router.get("", response_model=ExportPageOut, summary="The job's exports, by step")
+def list_exports(
+    job_id: JobIdPath,
+    db: SessionDep,
+    who: CurrentPrincipal,
+    limit: LimitQuery = PAGE_DEFAULT,
+    cursor: CursorQuery = None,
+) -> ExportPageOut:
+    rows, more = paged(svc.list_exports(db=db, principal=who, job_id=job_id), lambda e: (e.step,), limit, cursor)
+    return ExportPageOut(items=[export_out(e) for e in rows], next_cursor=more)
 
 
 @router.get("/{step}", response_model=ExportOut, summary="One export")

@@ -28,17 +28,23 @@ from api.logstream import parse_position, sse_log_stream, tail_offset
 from api.routers.common import (
     ERRORS,
     LOCATION,
+    PAGE_DEFAULT,
     USER_PATTERN,
+    CursorQuery,
     JobIdPath,
     LastEventIdQuery,
+    LimitQuery,
     StreamTicketQuery,
     decode_cursor,
     encode_cursor,
+    paged,
 )
 from api.schemas.common import INT32, INT64, InModel, OutModel, Text
 from api.schemas.jobs import (
     AttemptOut,
+    AttemptPageOut,
     CheckpointOut,
+    CheckpointPageOut,
     EventOut,
     EventPageOut,
     JobOut,
@@ -242,16 +248,20 @@ def list_job_events(
     job_id: JobIdPath,
     db: SessionDep,
     who: CurrentPrincipal,
-    after: Annotated[int, Query(ge=0, le=INT64, description="Only events with a larger id")] = 0,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-) -> EventPageOut:
-    rows = svc.events(db=db, principal=who, job_id=job_id, after_id=after, limit=limit)
+    after: Annotated[int, Query(ge=0, le=INT64, description="Only events with a larger id (for polling; "
+                                "cursor= pages the same way)")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000, description="At most this many items on the page (1..1000)")] = 100,
+    cursor: CursorQuery = None,
+) -> EventPageOut:  # fmt: skip
+    after_id = decode_cursor(cursor, "after") if cursor else after
+    rows = svc.events(db=db, principal=who, job_id=job_id, after_id=after_id, limit=limit + 1)
     items = [
         EventOut(id=e.id, job_id=e.job_id, type=e.type, message=e.message, data=e.data, actor=actor,
                  created_at=e.created_at)
-        for e, actor in rows
+        for e, actor in rows[:limit]
     ]  # fmt: skip
-    return EventPageOut(items=items, next_after=items[-1].id if items else None)
+    more = encode_cursor("after", items[-1].id) if len(rows) > limit else None
+    return EventPageOut(items=items, next_after=items[-1].id if items else None, next_cursor=more)
 
 
 @router.get(
@@ -298,14 +308,28 @@ def get_job_metrics(
     return MetricsOut(job_id=job_id, items=[MetricOut.model_validate(m) for m in rows])
 
 
-@router.get("/{job_id}/attempts", response_model=list[AttemptOut], summary="The job's attempts")
-def list_job_attempts(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> list[AttemptOut]:
-    return [AttemptOut.model_validate(a) for a in svc.attempts(db=db, principal=who, job_id=job_id)]
+@router.get("/{job_id}/attempts", response_model=AttemptPageOut, summary="The job's attempts, first first")
+def list_job_attempts(
+    job_id: JobIdPath,
+    db: SessionDep,
+    who: CurrentPrincipal,
+    limit: LimitQuery = PAGE_DEFAULT,
+    cursor: CursorQuery = None,
+) -> AttemptPageOut:
+    rows, more = paged(svc.attempts(db=db, principal=who, job_id=job_id), lambda a: (a.number,), limit, cursor)
+    return AttemptPageOut(items=[AttemptOut.model_validate(a) for a in rows], next_cursor=more)
 
 
-@router.get("/{job_id}/checkpoints", response_model=list[CheckpointOut], summary="The job's checkpoints")
-def list_job_checkpoints(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> list[CheckpointOut]:
-    return [CheckpointOut.model_validate(c) for c in svc.checkpoints(db=db, principal=who, job_id=job_id)]
+@router.get("/{job_id}/checkpoints", response_model=CheckpointPageOut, summary="The job's checkpoints, by step")
+def list_job_checkpoints(
+    job_id: JobIdPath,
+    db: SessionDep,
+    who: CurrentPrincipal,
+    limit: LimitQuery = PAGE_DEFAULT,
+    cursor: CursorQuery = None,
+) -> CheckpointPageOut:
+    rows, more = paged(svc.checkpoints(db=db, principal=who, job_id=job_id), lambda c: (c.step,), limit, cursor)
+    return CheckpointPageOut(items=[CheckpointOut.model_validate(c) for c in rows], next_cursor=more)
 
 
 class CodeOut(OutModel):
@@ -329,8 +353,9 @@ def code(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> CodeOut:
 
 
 @router.get("/{job_id}/why", response_model=WhyOut, summary="Why the job is (not) running, and what would let it start")
-def get_job_pending_reason(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> WhyOut:
-    why = svc.why(db=db, principal=who, job_id=job_id)
+def get_job_pending_reason(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep) -> WhyOut:
+    why = svc.why(db=db, principal=who, job_id=job_id, grace_s=settings.policy.time_limit_grace_s)
     job = why.job
     return WhyOut(state=JobState(job.state), pending_reason=job.pending_reason, pending_message=job.pending_message,
-                  unblock=why.unblock)  # fmt: skip
+                  unblock=why.unblock, expected_start=why.expected_start,
+                  expected_start_basis=why.expected_start_basis)  # fmt: skip

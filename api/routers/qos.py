@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import CurrentPrincipal, SessionDep
-from api.routers.common import ERRORS, QosPath
-from api.schemas.qos import QosOut, QosUpdate
+from api.routers.common import ERRORS, PAGE_DEFAULT, CursorQuery, LimitQuery, QosPath, paged
+from api.schemas.qos import QosOut, QosPageOut, QosUpdate
 from core.services import qos as svc
 
 router = APIRouter(prefix="/v1/qos", tags=["qos"], responses=ERRORS)
@@ -14,9 +14,12 @@ router = APIRouter(prefix="/v1/qos", tags=["qos"], responses=ERRORS)
 NOT_NULL = ("priority", "preemptible", "sm_percent", "description")
 
 
-@router.get("", response_model=list[QosOut], summary="QoS classes, highest priority first")
-def list_qos_classes(db: SessionDep, who: CurrentPrincipal) -> list[QosOut]:
-    return [QosOut.model_validate(q) for q in svc.list_classes(db=db)]
+@router.get("", response_model=QosPageOut, summary="QoS classes, highest priority first")
+def list_qos_classes(
+    db: SessionDep, who: CurrentPrincipal, limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None
+) -> QosPageOut:
+    rows, more = paged(svc.list_classes(db=db), lambda q: (-q.priority, q.name), limit, cursor)
+    return QosPageOut(items=[QosOut.model_validate(q) for q in rows], next_cursor=more)
 
 
 @router.get("/{name}", response_model=QosOut, summary="One QoS class")

@@ -10,9 +10,19 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CurrentPrincipal, SessionDep
-from api.routers.common import ERRORS, LOCATION, SweepIdPath, decode_cursor, encode_cursor
+from api.routers.common import (
+    ERRORS,
+    LOCATION,
+    PAGE_DEFAULT,
+    CursorQuery,
+    LimitQuery,
+    SweepIdPath,
+    decode_cursor,
+    encode_cursor,
+    paged,
+)
 from api.routers.jobs import JSON_TYPES, YAML_TYPES, has_yaml_alias
-from api.schemas.sweeps import SweepOut, SweepPageOut
+from api.schemas.sweeps import SweepJobOut, SweepJobPageOut, SweepOut, SweepPageOut
 from core.services import sweeps as svc
 from core.spec import SpecError
 
@@ -76,3 +86,13 @@ def list_sweeps(
 @router.get("/{sweep_id}", response_model=SweepOut, summary="A sweep and its jobs, best first")
 def get_sweep(sweep_id: SweepIdPath, db: SessionDep, who: CurrentPrincipal) -> SweepOut:
     return SweepOut.from_view(svc.get(db=db, principal=who, sweep_id=sweep_id))
+
+
+@router.get("/{sweep_id}/jobs", response_model=SweepJobPageOut, summary="A sweep's jobs by id, a page at a time")
+def list_sweep_jobs(
+    sweep_id: SweepIdPath, db: SessionDep, who: CurrentPrincipal, limit: LimitQuery = PAGE_DEFAULT,
+    cursor: CursorQuery = None,
+) -> SweepJobPageOut:  # fmt: skip
+    view = svc.get(db=db, principal=who, sweep_id=sweep_id)
+    rows, more = paged(view.jobs, lambda j: (j.id,), limit, cursor)
+    return SweepJobPageOut(items=[SweepJobOut.from_job(j, view.keys) for j in rows], next_cursor=more)

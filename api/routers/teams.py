@@ -5,8 +5,32 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 
 from api.deps import CurrentPrincipal, SessionDep
-from api.routers.common import ERRORS, ETAG, LOCATION, IfMatchHeader, TeamPath, UserPath, etag, if_match_version
-from api.schemas.teams import InvitationOut, MemberIn, MemberOut, QuotaIn, TeamCreate, TeamOut, TeamUpdate
+from api.routers.common import (
+    ERRORS,
+    ETAG,
+    LOCATION,
+    PAGE_DEFAULT,
+    CursorQuery,
+    IfMatchHeader,
+    LimitQuery,
+    TeamPath,
+    UserPath,
+    etag,
+    if_match_version,
+    paged,
+)
+from api.schemas.teams import (
+    InvitationOut,
+    InvitationPageOut,
+    MemberIn,
+    MemberOut,
+    MemberPageOut,
+    QuotaIn,
+    TeamCreate,
+    TeamOut,
+    TeamPageOut,
+    TeamUpdate,
+)
 from core.models import Membership, TeamInvitation
 from core.repositories import users as users_repo
 from core.services import invitations
@@ -23,9 +47,12 @@ def _member(m: Membership, team: str, user: str) -> MemberOut:
     return MemberOut(team=team, user=user, role=m.role, created_at=m.created_at)
 
 
-@router.get("", response_model=list[TeamOut], summary="Teams you can see")
-def list_teams(db: SessionDep, who: CurrentPrincipal) -> list[TeamOut]:
-    return [TeamOut.model_validate(t) for t in svc.list_teams(db=db, principal=who)]
+@router.get("", response_model=TeamPageOut, summary="Teams you can see, by name")
+def list_teams(
+    db: SessionDep, who: CurrentPrincipal, limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None
+) -> TeamPageOut:
+    rows, more = paged(svc.list_teams(db=db, principal=who), lambda t: (t.name,), limit, cursor)
+    return TeamPageOut(items=[TeamOut.model_validate(t) for t in rows], next_cursor=more)
 
 
 @router.post("", response_model=TeamOut, status_code=status.HTTP_201_CREATED, summary="Create a team (admin)",
@@ -68,9 +95,12 @@ def delete_team(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> Respon
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.get("/{team}/members", response_model=list[MemberOut], summary="Members and their roles")
-def list_team_members(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> list[MemberOut]:
-    return [_member(m, team, name) for m, name in svc.list_members(db=db, principal=who, team=team)]
+@router.get("/{team}/members", response_model=MemberPageOut, summary="Members and their roles, by user name")
+def list_team_members(
+    team: TeamPath, db: SessionDep, who: CurrentPrincipal, limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None
+) -> MemberPageOut:
+    rows, more = paged(svc.list_members(db=db, principal=who, team=team), lambda r: (r[1],), limit, cursor)
+    return MemberPageOut(items=[_member(m, team, name) for m, name in rows], next_cursor=more)
 
 
 @router.put(
@@ -105,9 +135,13 @@ def invitation_out(db: SessionDep, i: TeamInvitation) -> InvitationOut:
                          expires_at=i.expires_at)  # fmt: skip
 
 
-@router.get("/{team}/invitations", response_model=list[InvitationOut], summary="Pending invitations (team-admin)")
-def list_team_invitations(team: TeamPath, db: SessionDep, who: CurrentPrincipal) -> list[InvitationOut]:
-    return [invitation_out(db, i) for i in invitations.team_invitations(db=db, principal=who, team=team)]
+@router.get("/{team}/invitations", response_model=InvitationPageOut, summary="Pending invitations (team-admin)")
+def list_team_invitations(
+    team: TeamPath, db: SessionDep, who: CurrentPrincipal, limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None
+) -> InvitationPageOut:
+    found = invitations.team_invitations(db=db, principal=who, team=team)
+    rows, more = paged(found, lambda i: (i.user_name,), limit, cursor)
+    return InvitationPageOut(items=[invitation_out(db, i) for i in rows], next_cursor=more)
 
 
 @router.delete("/{team}/invitations/{user}", status_code=status.HTTP_204_NO_CONTENT, summary="Withdraw an invitation")

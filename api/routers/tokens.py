@@ -8,9 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response, status
 
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
-from api.routers.common import ERRORS, LOCATION
+from api.routers.common import ERRORS, LOCATION, PAGE_DEFAULT, CursorQuery, LimitQuery, paged
 from api.schemas.common import INT64
-from api.schemas.users import TokenCreate, TokenCreated, TokenOut
+from api.schemas.users import TokenCreate, TokenCreated, TokenOut, TokenPageOut
 from core.db import utcnow
 from core.models import ApiToken
 from core.services import tokens as svc
@@ -50,11 +50,13 @@ def issue_token(
     return TokenCreated(**token_out(token).model_dump(), secret=secret)
 
 
-@router.get("", response_model=list[TokenOut], summary="Your tokens (admins: ?user=)")
+@router.get("", response_model=TokenPageOut, summary="Your tokens, oldest first (admins: ?user=)")
 def list_tokens(
-    db: SessionDep, who: CurrentPrincipal, user: Annotated[str | None, Query(max_length=64)] = None
-) -> list[TokenOut]:
-    return [token_out(t) for t in svc.list_tokens(db=db, principal=who, user=user)]
+    db: SessionDep, who: CurrentPrincipal, user: Annotated[str | None, Query(max_length=64)] = None,
+    limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None,
+) -> TokenPageOut:  # fmt: skip
+    rows, more = paged(svc.list_tokens(db=db, principal=who, user=user), lambda t: (t.id,), limit, cursor)
+    return TokenPageOut(items=[token_out(t) for t in rows], next_cursor=more)
 
 
 @router.delete("/{token_id}", response_model=TokenOut, summary="Revoke a token")

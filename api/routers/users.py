@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 
 from api.deps import CurrentPrincipal, SessionDep
-from api.routers.common import ERRORS, LOCATION, TeamPath
+from api.routers.common import ERRORS, LOCATION, PAGE_DEFAULT, CursorQuery, LimitQuery, TeamPath, paged
 from api.routers.teams import invitation_out
-from api.schemas.teams import InvitationOut, MemberOut
-from api.schemas.users import TeamRole, UserCreate, UserOut
+from api.schemas.teams import InvitationPageOut, MemberOut
+from api.schemas.users import TeamRole, UserCreate, UserOut, UserPageOut
 from core.models import User
 from core.services import invitations
 from core.services import users as svc
@@ -28,9 +28,12 @@ def get_me(db: SessionDep, who: CurrentPrincipal) -> UserOut:
     return user_out(svc.me(db=db, principal=who))
 
 
-@router.get("/users", response_model=list[UserOut], summary="All users (admin)")
-def list_users(db: SessionDep, who: CurrentPrincipal) -> list[UserOut]:
-    return [user_out(u) for u in svc.list_users(db=db, principal=who)]
+@router.get("/users", response_model=UserPageOut, summary="All users, by name (admin)")
+def list_users(
+    db: SessionDep, who: CurrentPrincipal, limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None
+) -> UserPageOut:
+    rows, more = paged(svc.list_users(db=db, principal=who), lambda u: (u.name,), limit, cursor)
+    return UserPageOut(items=[user_out(u) for u in rows], next_cursor=more)
 
 
 @router.post("/users", response_model=UserOut, status_code=status.HTTP_201_CREATED, summary="Create a user (admin)")
@@ -40,9 +43,12 @@ def create_user(body: UserCreate, db: SessionDep, who: CurrentPrincipal) -> User
     return user_out(user)
 
 
-@router.get("/me/invitations", response_model=list[InvitationOut], summary="Teams that invited you")
-def list_my_invitations(db: SessionDep, who: CurrentPrincipal) -> list[InvitationOut]:
-    return [invitation_out(db, i) for i in invitations.my_invitations(db=db, principal=who)]
+@router.get("/me/invitations", response_model=InvitationPageOut, summary="Teams that invited you")
+def list_my_invitations(
+    db: SessionDep, who: CurrentPrincipal, limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None
+) -> InvitationPageOut:
+    rows, more = paged(invitations.my_invitations(db=db, principal=who), lambda i: (i.team_id,), limit, cursor)
+    return InvitationPageOut(items=[invitation_out(db, i) for i in rows], next_cursor=more)
 
 
 @router.post(

@@ -7,9 +7,18 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response, status
 
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
-from api.routers.common import ERRORS, TeamQuery
+from api.routers.common import (
+    ERRORS,
+    PAGE_DEFAULT,
+    CursorQuery,
+    LimitQuery,
+    TeamQuery,
+    decode_cursor,
+    encode_cursor,
+    paged,
+)
 from api.schemas.common import INT64
-from api.schemas.webhooks import DeliveryOut, WebhookCreate, WebhookCreated, WebhookOut
+from api.schemas.webhooks import DeliveryOut, DeliveryPageOut, WebhookCreate, WebhookCreated, WebhookOut, WebhookPageOut
 from core.models import Webhook
 from core.services import webhooks as svc
 
@@ -34,12 +43,15 @@ def create(body: WebhookCreate, db: SessionDep, who: CurrentPrincipal, settings:
     return WebhookCreated(**webhook_out(new.hook, new.team).model_dump(), secret=new.secret)
 
 
-@router.get("", response_model=list[WebhookOut], summary="Webhooks you manage")
+@router.get("", response_model=WebhookPageOut, summary="Webhooks you manage, oldest first")
 def list_webhooks(
     db: SessionDep, who: CurrentPrincipal, team: TeamQuery = None,
     job_id: Annotated[int | None, Query(ge=1, le=INT64, description="Only this job's")] = None,
-) -> list[WebhookOut]:  # fmt: skip
-    return [webhook_out(h, t) for h, t in svc.list_hooks(db=db, principal=who, team=team, job_id=job_id)]
+    limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None,
+) -> WebhookPageOut:  # fmt: skip
+    found = svc.list_hooks(db=db, principal=who, team=team, job_id=job_id)
+    rows, more = paged(found, lambda r: (r[0].id,), limit, cursor)
+    return WebhookPageOut(items=[webhook_out(h, t) for h, t in rows], next_cursor=more)
 
 
 @router.get("/{hook_id}", response_model=WebhookOut, summary="One webhook")
@@ -59,11 +71,12 @@ def test_webhook(hook_id: HookPath, db: SessionDep, who: CurrentPrincipal) -> De
     return DeliveryOut.model_validate(svc.send_test(db=db, principal=who, hook_id=hook_id))
 
 
-@router.get("/{hook_id}/deliveries", response_model=list[DeliveryOut], summary="The delivery log, newest first")
+@router.get("/{hook_id}/deliveries", response_model=DeliveryPageOut, summary="The delivery log, newest first")
 def list_deliveries(
     hook_id: HookPath, db: SessionDep, who: CurrentPrincipal,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    before_id: Annotated[int | None, Query(ge=1, le=INT64, description="Older than this delivery")] = None,
-) -> list[DeliveryOut]:  # fmt: skip
-    rows = svc.deliveries(db=db, principal=who, hook_id=hook_id, limit=limit, before_id=before_id)
-    return [DeliveryOut.model_validate(d) for d in rows]
+    limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None,
+) -> DeliveryPageOut:  # fmt: skip
+    before_id = decode_cursor(cursor, "before") if cursor else None
+    rows = svc.deliveries(db=db, principal=who, hook_id=hook_id, limit=limit + 1, before_id=before_id)
+    more = encode_cursor("before", rows[limit - 1].id) if len(rows) > limit else None
+    return DeliveryPageOut(items=[DeliveryOut.model_validate(d) for d in rows[:limit]], next_cursor=more)

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from api.schemas.common import OutModel
+from api.schemas.common import NEXT_CURSOR_DOC, OutModel
 
 
 class GpuOut(OutModel):
@@ -51,3 +51,13 @@ class UsageOut(OutModel):
     since: datetime
     until: datetime
     teams: list[TeamUsageOut]
+
+
+class HostPageOut(OutModel):
+    items: list[HostOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)
+
+
+class GpuPageOut(OutModel):
+    items: list[GpuOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)

@@ -49,6 +49,9 @@ class OutModel(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
 
+NEXT_CURSOR_DOC = "Pass as ?cursor= for the next page; null on the last page."
+
+
 class ProblemError(BaseModel):
     loc: str = Field(description="Dotted field path, e.g. 'resources.gpus' or 'query.limit'; '$' = the document.")
     msg: str

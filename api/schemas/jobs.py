@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import Field, WithJsonSchema
 from pydantic_core import to_json
 
-from api.schemas.common import OutModel
+from api.schemas.common import NEXT_CURSOR_DOC, OutModel
 from core.services.jobs import JobView
 from core.states import JobState
 
@@ -133,6 +133,7 @@ class EventOut(OutModel):
 class EventPageOut(OutModel):
     items: list[EventOut]
     next_after: int | None = Field(description="Pass as ?after= to read on; None when no more events now.")
+    next_cursor: str | None = Field(default=None, description=NEXT_CURSOR_DOC)
 
 
 class AttemptOut(OutModel):
@@ -191,3 +192,24 @@ class WhyOut(OutModel):
         description="What would let it start (fewer GPUs, another GPU type or class, the team's quota...).",
         examples=[["fewer GPUs: the whole cluster has 2 H200 GPUs"]],
     )
+    expected_start: datetime | None = Field(
+        default=None,
+        description="It can start at the latest then: once running jobs reach their time limits (and the "
+        "scheduler's grace), never from how long jobs ran. Null when that cannot be known honestly.",
+    )
+    expected_start_basis: str | None = Field(
+        default=None,
+        description="How expected_start is known, or why it cannot be (null when the job is not queued).",
+        examples=["cannot be known: running job(s) 3 have no time limit (time_limit_s), and kiln does not guess "
+                  "how long a job runs"],
+    )  # fmt: skip
+
+
+class AttemptPageOut(OutModel):
+    items: list[AttemptOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)
+
+
+class CheckpointPageOut(OutModel):
+    items: list[CheckpointOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from api.schemas.common import INT32, InModel, Int64, OutModel, Seconds, Text
+from api.schemas.common import INT32, NEXT_CURSOR_DOC, InModel, Int64, OutModel, Seconds, Text
 
 
 class QosOut(OutModel):
@@ -34,3 +34,8 @@ class QosUpdate(InModel):
     description: Text | None = None
 
     model_config = InModel.model_config | {"json_schema_extra": {"examples": [{"priority": 1200, "sm_percent": 80}]}}
+
+
+class QosPageOut(OutModel):
+    items: list[QosOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)

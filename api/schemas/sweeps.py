@@ -7,8 +7,9 @@ from typing import Any
 
 from pydantic import Field
 
-from api.schemas.common import OutModel
-from core.services.sweeps import SweepView, setting
+from api.schemas.common import NEXT_CURSOR_DOC, OutModel
+from core.models import Job
+from core.services.sweeps import MAX_JOBS, RANKING, SweepView, setting
 from core.states import JobState
 
 
@@ -21,6 +22,26 @@ class SweepJobOut(OutModel):
     steps: int
     last_loss: float | None = Field(description="The final loss once SUCCEEDED; the latest before.")
     pending_reason: str | None
+    metrics: dict[str, float] = Field(
+        default_factory=dict, description="The job's last evaluation of its own code ({name: value}), if any."
+    )
+
+    @classmethod
+    def from_job(cls, j: Job, keys: list[str]) -> SweepJobOut:
+        evaluation = (j.eval_metrics or {}).get("metrics") if isinstance(j.eval_metrics, dict) else None
+        metrics = {str(k): float(v) for k, v in (evaluation or {}).items() if isinstance(v, (int, float))}
+        return cls(id=j.id, name=j.name, state=JobState(j.state), last_step=j.last_step,
+                   steps=int(j.spec.get("steps", 0)), last_loss=j.last_loss, pending_reason=j.pending_reason,
+                   settings={k: setting(j, k) for k in keys}, metrics=metrics)  # fmt: skip
+
+
+class SweepObjective(OutModel):
+    metric: str = Field(examples=["last_loss"], description="What ranks the sweep's jobs")
+    goal: str = Field(examples=["minimize"], description="minimize: lower is better")
+    rule: str = Field(description="The ranking in words")
+
+
+OBJECTIVE = SweepObjective(metric="last_loss", goal="minimize", rule=RANKING)
 
 
 class SweepOut(OutModel):
@@ -32,21 +53,24 @@ class SweepOut(OutModel):
     parameters: dict[str, Any] = Field(description="The grid or list it expanded, as submitted.")
     keys: list[str] = Field(description="The settings it varies.")
     created_at: datetime
-    jobs: list[SweepJobOut] = Field(description="Best first: succeeded jobs by final loss, then the others.")
+    objective: SweepObjective = Field(description="How its jobs are ranked, best first.")
+    jobs: list[SweepJobOut] = Field(description="Best first: succeeded jobs by final loss, then the others (at most "
+                                    f"{MAX_JOBS}; GET /v1/sweeps/{{id}}/jobs pages them by id).")  # fmt: skip
 
     @classmethod
     def from_view(cls, view: SweepView) -> SweepOut:
         s = view.sweep
-        jobs = [
-            SweepJobOut(id=j.id, name=j.name, state=JobState(j.state), last_step=j.last_step,
-                        steps=int(j.spec.get("steps", 0)), last_loss=j.last_loss, pending_reason=j.pending_reason,
-                        settings={k: setting(j, k) for k in view.keys})
-            for j in view.jobs
-        ]  # fmt: skip
+        jobs = [SweepJobOut.from_job(j, view.keys) for j in view.jobs]
         return cls(id=s.id, name=s.name, team=view.team, user=view.user, max_concurrent=s.max_concurrent,
-                   parameters=s.parameters, keys=view.keys, created_at=s.created_at, jobs=jobs)  # fmt: skip
+                   parameters=s.parameters, keys=view.keys, created_at=s.created_at, objective=OBJECTIVE,
+                   jobs=jobs)  # fmt: skip
 
 
 class SweepPageOut(OutModel):
     items: list[SweepOut]
     next_cursor: str | None = Field(description="Pass as ?cursor= for the next (older) page; None = last page.")
+
+
+class SweepJobPageOut(OutModel):
+    items: list[SweepJobOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)

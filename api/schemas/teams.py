@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from api.schemas.common import INT32, GpuType, InModel, Int32, OutModel, TeamName, UserName
+from api.schemas.common import INT32, NEXT_CURSOR_DOC, GpuType, InModel, Int32, OutModel, TeamName, UserName
 
 MemberRole = Literal["team-admin", "member", "viewer"]
 Weight = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
@@ -113,3 +113,18 @@ class InvitationOut(OutModel):
     invited_by: str | None
     created_at: datetime
     expires_at: datetime
+
+
+class TeamPageOut(OutModel):
+    items: list[TeamOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)
+
+
+class MemberPageOut(OutModel):
+    items: list[MemberOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)
+
+
+class InvitationPageOut(OutModel):
+    items: list[InvitationOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from api.schemas.common import InModel, OutModel, UserName, UTCDatetime
+from api.schemas.common import NEXT_CURSOR_DOC, InModel, OutModel, UserName, UTCDatetime
 
 Scope = Literal["read", "write", "admin", "metrics"]
 TokenName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[^\x00]*$")]
@@ -69,3 +69,13 @@ class TokenOut(OutModel):
 
 class TokenCreated(TokenOut):
     secret: str = Field(description="Shown once; only its SHA-256 is stored.", examples=["kiln_3q2...Zx"])
+
+
+class UserPageOut(OutModel):
+    items: list[UserOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)
+
+
+class TokenPageOut(OutModel):
+    items: list[TokenOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from api.schemas.common import INT64, InModel, OutModel, TeamName, Text
+from api.schemas.common import INT64, NEXT_CURSOR_DOC, InModel, OutModel, TeamName, Text
 
 EventKind = Literal["finished", "failed", "cancelled", "preempted", "restarted", "sla_violation"]
 WebhookUrl = Annotated[str, Field(min_length=8, max_length=2048, pattern=r"^https?://[^\s]+$",
@@ -64,3 +64,13 @@ class DeliveryOut(OutModel):
     created_at: datetime
     delivered_at: datetime | None
     payload: dict[str, Any]
+
+
+class WebhookPageOut(OutModel):
+    items: list[WebhookOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)
+
+
+class DeliveryPageOut(OutModel):
+    items: list[DeliveryOut]
+    next_cursor: str | None = Field(description=NEXT_CURSOR_DOC)

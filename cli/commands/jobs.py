@@ -178,8 +178,8 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
     with client() as api:
         job = api.get(f"/v1/jobs/{job_id}")
         sla = _optional(api, f"/v1/jobs/{job_id}/sla")
-        attempts = page_items(_optional(api, f"/v1/jobs/{job_id}/attempts"))
-        checkpoints = page_items(_optional(api, f"/v1/jobs/{job_id}/checkpoints"))
+        attempts = _optional_pages(api, f"/v1/jobs/{job_id}/attempts")
+        checkpoints = _optional_pages(api, f"/v1/jobs/{job_id}/checkpoints")
         events = job_events(api, job_id)
         code = _optional(api, f"/v1/jobs/{job_id}/code") if (job.get("spec") or {}).get("code") else None
         base = str(api.base_url)
@@ -258,6 +258,16 @@ def job_events(api: Any, job_id: int, *, limit: int | None = None) -> list[dict[
             break
         after = int(nxt)
     return events[-limit:] if limit else events
+
+
+def _optional_pages(api: Any, path: str) -> list[dict[str, Any]]:
+    """Every item of a job's sub-list, page after page ([] if the job has none: 404)."""
+    try:
+        return list(api.paginate(path, {}, limit=None, page_size=500))
+    except CliError as exc:
+        if exc.code is ExitCode.NOT_FOUND:
+            return []
+        raise
 
 
 def _optional(api: Any, path: str) -> Any:
@@ -397,6 +407,11 @@ def why(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         console.print(out.text(f"job {job_id} is QUEUED and not planned yet (the scheduler runs every few seconds)"))
     else:
         console.print(out.text(f"job {job_id} is {data.get('state')}: not waiting"))
+    if data.get("expected_start"):
+        when = out.fmt_time(data["expected_start"])
+        console.print(out.text(f"expected start: {when}, {data.get('expected_start_basis') or ''}".rstrip(", ")))
+    elif data.get("expected_start_basis"):
+        console.print(out.text(f"expected start: {data['expected_start_basis']}"))
     hints = data.get("unblock") or []
     if hints:
         console.print("what would let it start:")

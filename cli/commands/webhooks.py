@@ -29,7 +29,7 @@ def webhooks(
     """The webhooks you manage (subcommands: create, delete, test, deliveries)."""
     if ctx.invoked_subcommand is not None:
         return
-    params = [f"{k}={v}" for k, v in (("team", team), ("job_id", job)) if v is not None]
+    params = {k: v for k, v in (("team", team), ("job_id", job)) if v is not None}
     columns: list[out.Column] = [
         ("ID", lambda h: h.get("id")),
         ("TEAM", lambda h: h.get("team")),
@@ -38,7 +38,7 @@ def webhooks(
         ("FORMAT", lambda h: h.get("format")),
         ("URL", lambda h: h.get("url")),
     ]
-    show_list("/v1/webhooks" + ("?" + "&".join(params) if params else ""), columns, output)
+    show_list("/v1/webhooks", columns, output, params)
 
 
 @webhooks_app.command("create")
@@ -117,4 +117,4 @@ def deliveries(
         ("NEXT TRY", lambda d: out.fmt_time(d.get("next_attempt_at")) if d.get("status") == "pending" else "-"),
         ("LAST ERROR", lambda d: d.get("last_error") or ""),
     ]
-    show_list(f"/v1/webhooks/{hook_id}/deliveries?limit={limit}", columns, output)
+    show_list(f"/v1/webhooks/{hook_id}/deliveries", columns, output, limit=limit)

@@ -317,8 +317,8 @@ def metrics(
     return jobs_repo.metrics(db, job_id=job_id, after_step=after_step, max_points=max_points)
 
 
-def why(*, db: Session, principal: Principal, job_id: int) -> Why:
-    return explain(db=db, job=_visible(db, principal, job_id))
+def why(*, db: Session, principal: Principal, job_id: int, grace_s: float = 0.0) -> Why:
+    return explain(db=db, job=_visible(db, principal, job_id), grace_s=grace_s)
 
 
 @dataclass(frozen=True)

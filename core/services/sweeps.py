@@ -145,6 +145,9 @@ def setting(job: Job, key: str) -> Any:
     return node
 
 
+RANKING = "succeeded jobs by final loss (lower is better), then the others by their last loss, then those with none"
+
+
 def ranked(jobs: list[Job]) -> list[Job]:
     """Best first: succeeded jobs by final loss, then the others by their last loss, then those with none."""
 

@@ -135,6 +135,24 @@ export async function api(path, opts = {}) {
 }
 
 /**
+ * Every item of a list endpoint: its pages, one after another, following `next_cursor` (docs/api.md, Pagination).
+ * @param {string} path e.g. `/v1/webhooks` (may carry a query already)
+ * @returns {Promise<any[]>}
+ */
+export async function apiAll(path) {
+  /** @type {any[]} */
+  const items = [];
+  let cursor = null;
+  do {
+    const sep = path.includes("?") ? "&" : "?";
+    const page = await api(`${path}${sep}limit=500${cursor ? `&cursor=${encodeURIComponent(cursor)}` : ""}`);
+    items.push(...page.items);
+    cursor = page.next_cursor;
+  } while (cursor);
+  return items;
+}
+
+/**
  * Follow a server-sent event stream. EventSource cannot send headers, and a token never goes into a URL (access
  * logs keep URLs), so each connection first gets a short-lived ticket for this one stream
  * (`POST /v1/stream-tickets`) and passes that as `?ticket=`. A connection that drops is opened again with a fresh

@@ -12,6 +12,7 @@ import { slaPage } from "./pages/sla.js";
 import { clusterPage } from "./pages/cluster.js";
 import { costPage } from "./pages/cost.js";
 import { webhooksPage } from "./pages/webhooks.js";
+import { sweepsPage } from "./pages/sweeps.js";
 
 const root = /** @type {HTMLElement} */ (document.getElementById("main"));
 const nav = /** @type {HTMLElement} */ (document.getElementById("nav"));
@@ -24,6 +25,8 @@ const router = new Router(
     { path: "/queue", page: queuePage, title: "Queue", nav: "queue" },
     { path: "/jobs/:id", page: jobPage, title: "Job", nav: "queue" },
     { path: "/submit", page: submitPage, title: "Submit", nav: "submit" },
+    { path: "/sweeps", page: sweepsPage, title: "Sweeps", nav: "sweeps" },
+    { path: "/sweeps/:id", page: sweepsPage, title: "Sweep", nav: "sweeps" },
     { path: "/teams", page: teamsPage, title: "Teams", nav: "teams" },
     { path: "/sla", page: slaPage, title: "SLA", nav: "sla" },
     { path: "/cluster", page: clusterPage, title: "Cluster", nav: "cluster" },

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.e2e
 
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 375, "height": 740}
-PAGES = ["queue", "job", "submit", "teams", "sla", "cluster", "cost", "webhooks"]
+PAGES = ["queue", "job", "submit", "sweeps", "teams", "sla", "cluster", "cost", "webhooks"]
 
 
 @pytest.fixture(scope="module")

@@ -140,7 +140,7 @@ def test_a_mistake_in_the_code_fails_once_with_the_users_own_line(kiln_up: Up, t
     assert json.loads(up.kiln("ls", "-o", "json").stdout) == []  # nothing submitted ...
     token = json.loads((tmp_path / "xdg" / "kiln" / "config.json").read_text())["token"]
     stored = httpx.get(f"{up.url}/v1/teams/default/artifacts", headers={"Authorization": f"Bearer {token}"})
-    assert stored.json() == []  # ... and nothing uploaded
+    assert stored.json()["items"] == []  # ... and nothing uploaded
 
     followed = up.kiln("submit", str(tmp_path / "job.yaml"), "--workdir", str(work), "--follow", timeout=300)
     assert followed.returncode == 1, followed.stdout + followed.stderr

@@ -72,7 +72,7 @@ def test_a_receiver_down_for_a_while_gets_every_delivery_in_order(
         assert api.post(f"/v1/jobs/{job}/cancel").status_code == 202
 
     def log_of(hook_id: int) -> list[dict[str, Any]]:
-        return list(reversed(api.get(f"/v1/webhooks/{hook_id}/deliveries").json()))
+        return list(reversed(api.get(f"/v1/webhooks/{hook_id}/deliveries").json()["items"]))
 
     # Down: the first delivery is retried with backoff, the later ones wait behind it.
     wait_for(lambda: (d := log_of(hook["id"])) and d[0]["attempts"] >= 3, 60, "three failed attempts")

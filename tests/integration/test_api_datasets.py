@@ -45,7 +45,7 @@ def test_register_list_get_delete(client: TestClient, world: World, storage: Pat
     for role in ("member", "viewer", "team-admin", "admin"):
         listed = client.get(BASE, headers=world.h(role))
         assert listed.status_code == 200, listed.text
-        assert [d["name"] for d in listed.json()] == ["digits-npz", "imagenet"]
+        assert [d["name"] for d in listed.json()["items"]] == ["digits-npz", "imagenet"]
     got = client.get(f"{BASE}/digits-npz", headers=world.h("viewer"))
     assert got.status_code == 200 and got.json()["description"] == "digits as npz"
 
@@ -71,7 +71,7 @@ def test_roles_and_other_teams(client: TestClient, world: World, storage: Path) 
     assert _add(client, world, "team-admin", "digits-npz", "datasets/alpha/digits-npz").status_code == 201
     assert client.delete(f"{BASE}/digits-npz", headers=world.h("member")).status_code == 403
     assert client.get(BASE, headers=world.h("beta-member")).status_code == 404  # no existence leak
-    assert client.get("/v1/teams/beta/datasets", headers=world.h("beta-member")).json() == []
+    assert client.get("/v1/teams/beta/datasets", headers=world.h("beta-member")).json()["items"] == []
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_confinement(client: TestClient, world: World, storage: Path, tmp_path: 
     assert r.headers["content-type"] == "application/problem+json"
     (error,) = r.json()["errors"]
     assert error["loc"] == "path" and says in error["msg"], error
-    assert client.get(BASE, headers=world.h("member")).json() == []
+    assert client.get(BASE, headers=world.h("member")).json()["items"] == []
 
 
 def test_a_link_inside_the_area_is_followed(client: TestClient, world: World, storage: Path) -> None:

@@ -178,11 +178,11 @@ def test_events_keyset_after(client: TestClient, world: World) -> None:
     job = world.jobs["alpha"]
     client.post(f"/v1/jobs/{job}/cancel", headers=h)
     first = client.get(f"/v1/jobs/{job}/events", params={"limit": 1}, headers=h).json()
-    assert len(first["items"]) == 1
+    assert len(first["items"]) == 1 and first["next_cursor"] is not None  # more to read
     rest = client.get(f"/v1/jobs/{job}/events", params={"after": first["next_after"]}, headers=h).json()
     assert [e["type"] for e in rest["items"]] == ["CANCELLED"]
     empty = client.get(f"/v1/jobs/{job}/events", params={"after": rest["next_after"]}, headers=h).json()
-    assert empty == {"items": [], "next_after": None}
+    assert empty == {"items": [], "next_after": None, "next_cursor": None}
 
 
 def _attempt(db: Session, job_id: int, number: int = 1) -> Attempt:
@@ -202,9 +202,9 @@ def test_attempts_checkpoints_metrics_why(client: TestClient, world: World, db: 
     assert job is not None
     job.pending_reason, job.pending_message = "Quota", "alpha: 4/4 cpu slots in use"
     db.flush()
-    attempts = client.get(f"/v1/jobs/{job_id}/attempts", headers=h).json()
+    attempts = client.get(f"/v1/jobs/{job_id}/attempts", headers=h).json()["items"]
     assert [(a["number"], a["state"]) for a in attempts] == [(1, "PENDING")]
-    ckpts = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=h).json()
+    ckpts = client.get(f"/v1/jobs/{job_id}/checkpoints", headers=h).json()["items"]
     assert [(c["step"], c["verified"]) for c in ckpts] == [(20, False)]
     all_points = client.get(f"/v1/jobs/{job_id}/metrics", headers=h).json()["items"]
     assert [p["step"] for p in all_points] == list(range(1, 101))
@@ -218,7 +218,10 @@ def test_attempts_checkpoints_metrics_why(client: TestClient, world: World, db: 
     why = client.get(f"/v1/jobs/{job_id}/why", headers=h).json()
     assert why == {"state": "QUEUED", "pending_reason": "Quota", "pending_message": "alpha: 4/4 cpu slots in use",
                    "unblock": ["the team's quota: alpha uses 0 of its 4 CPU slots; an admin raises it (kiln teams set "
-                               "alpha --quota cpu=N), or its running jobs end"]}  # fmt: skip
+                               "alpha --quota cpu=N), or its running jobs end"],
+                   "expected_start": None,
+                   "expected_start_basis": "cannot be known: it waits for the team's quota, which frees as the "
+                                           "team's own jobs end or an admin raises it"}  # fmt: skip
 
 
 def _sse_events(text: str) -> list[tuple[str, str]]:

@@ -43,7 +43,7 @@ def test_team_crud_and_quotas(client: TestClient, world: World, db: Session) -> 
     assert client.delete("/v1/teams/nlp", headers=h).status_code == 204
     assert client.get("/v1/teams/nlp", headers=h).status_code == 404
     assert client.delete("/v1/teams/alpha", headers=h).status_code == 409  # it has jobs
-    names = [t["name"] for t in client.get("/v1/teams", headers=world.h("member")).json()]
+    names = [t["name"] for t in client.get("/v1/teams", headers=world.h("member")).json()["items"]]
     assert names == ["alpha"]
 
 
@@ -58,7 +58,7 @@ def test_memberships_with_audit_events(client: TestClient, world: World, db: Ses
     assert r.status_code == 200 and r.json()["role"] == "member"
     r = client.put("/v1/teams/alpha/members/bob", json={"role": "member"}, headers=h)
     assert r.status_code == 200
-    members = {m["user"]: m["role"] for m in client.get("/v1/teams/alpha/members", headers=h).json()}
+    members = {m["user"]: m["role"] for m in client.get("/v1/teams/alpha/members", headers=h).json()["items"]}
     assert members == {"alice": "team-admin", "bob": "member", "mark": "member", "vera": "viewer"}
     # bob now sees alpha's jobs
     assert client.get(f"/v1/jobs/{world.jobs['alpha']}", headers=world.h("beta-member")).status_code == 200
@@ -98,7 +98,7 @@ def test_users_me_and_admin_create(client: TestClient, world: World) -> None:
     r = client.post("/v1/users", json={"name": "newbie", "email": "n@example.com"}, headers=world.h("admin"))
     assert r.status_code == 201 and r.json()["teams"] == []
     assert client.post("/v1/users", json={"name": "newbie"}, headers=world.h("admin")).status_code == 409
-    names = {u["name"] for u in client.get("/v1/users", headers=world.h("admin")).json()}
+    names = {u["name"] for u in client.get("/v1/users", headers=world.h("admin")).json()["items"]}
     assert {"root", "alice", "mark", "vera", "bob", "newbie"} <= names
 
 
@@ -112,7 +112,7 @@ def test_token_lifecycle_with_audit(client: TestClient, world: World, db: Sessio
     stored = db.get(ApiToken, created["id"])
     assert stored is not None and secret not in stored.token_hash and len(stored.token_hash) == 64
     assert client.get("/v1/me", headers=auth(secret)).json()["name"] == "mark"
-    listed = client.get("/v1/tokens", headers=h).json()
+    listed = client.get("/v1/tokens", headers=h).json()["items"]
     assert all("secret" not in t for t in listed) and created["id"] in [t["id"] for t in listed]
     assert next(t for t in listed if t["id"] == created["id"])["last_used_at"] is not None
     # another member cannot see or revoke it (404, not 403: no existence leak)
@@ -201,7 +201,7 @@ def test_rate_limit_is_shared_by_api_processes_through_redis(tmp_path: Path, pg_
 
 
 def test_qos_list_get_patch(client: TestClient, world: World) -> None:
-    names = [q["name"] for q in client.get("/v1/qos", headers=world.h("viewer")).json()]
+    names = [q["name"] for q in client.get("/v1/qos", headers=world.h("viewer")).json()["items"]]
     assert names == ["gold", "silver", "bronze", "best-effort"]
     r = client.patch("/v1/qos/bronze", json={"priority": 250, "sm_percent": 50}, headers=world.h("admin"))
     assert r.status_code == 200 and (r.json()["priority"], r.json()["sm_percent"]) == (250, 50)

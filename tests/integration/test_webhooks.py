@@ -53,12 +53,12 @@ def test_secret_is_shown_once_and_hooks_list_without_it(hooks_client: TestClient
     created = r.json()
     assert created["secret"].startswith("whsec_") and created["events"] == ["finished", "failed"]
     assert r.headers["Location"] == f"/v1/webhooks/{created['id']}"
-    listed = hooks_client.get("/v1/webhooks?team=alpha", headers=hooks_world.h("team-admin")).json()
+    listed = hooks_client.get("/v1/webhooks?team=alpha", headers=hooks_world.h("team-admin")).json()["items"]
     assert [h["id"] for h in listed] == [created["id"]] and "secret" not in listed[0]
     one = hooks_client.get(f"/v1/webhooks/{created['id']}", headers=hooks_world.h("team-admin")).json()
     assert "secret" not in one
     assert hooks_client.delete(f"/v1/webhooks/{created['id']}", headers=hooks_world.h("team-admin")).status_code == 204
-    assert hooks_client.get("/v1/webhooks", headers=hooks_world.h("team-admin")).json() == []
+    assert hooks_client.get("/v1/webhooks", headers=hooks_world.h("team-admin")).json()["items"] == []
 
 
 @pytest.mark.parametrize(
@@ -118,11 +118,16 @@ def test_cancel_writes_the_delivery_with_its_event(hooks_client: TestClient, hoo
                                                     "events": ["finished"]},
                               headers=hooks_world.h("team-admin")).json()  # fmt: skip
     assert hooks_client.post(f"/v1/jobs/{alpha_job}/cancel", headers=hooks_world.h("member")).status_code == 202
-    rows = hooks_client.get(f"/v1/webhooks/{hook['id']}/deliveries", headers=hooks_world.h("team-admin")).json()
+    rows = hooks_client.get(f"/v1/webhooks/{hook['id']}/deliveries", headers=hooks_world.h("team-admin")).json()[
+        "items"
+    ]
     assert [(d["kind"], d["status"], d["payload"]["job"]["id"]) for d in rows] == [("cancelled", "pending", alpha_job)]
     event = db.get(Event, db.get(WebhookDelivery, rows[0]["id"]).event_id)  # type: ignore[union-attr]
     assert event is not None and event.type == "CANCELLED" and event.job_id == alpha_job
-    assert hooks_client.get(f"/v1/webhooks/{other['id']}/deliveries", headers=hooks_world.h("team-admin")).json() == []
+    assert (
+        hooks_client.get(f"/v1/webhooks/{other['id']}/deliveries", headers=hooks_world.h("team-admin")).json()["items"]
+        == []
+    )
     test = hooks_client.post(f"/v1/webhooks/{hook['id']}/test", headers=hooks_world.h("team-admin"))
     assert test.status_code == 202 and test.json()["kind"] == "test"
 

@@ -25,9 +25,9 @@ def test_a_team_admin_invites_and_only_the_user_makes_it_membership(client: Test
     r = client.put("/v1/teams/alpha/members/bob", json={"role": "member"}, headers=ta)
     assert r.status_code == 202 and r.json()["status"] == "invited"
     assert client.get(alpha_job, headers=bob).status_code == 404  # not in the team until bob says so
-    assert [i["team"] for i in client.get("/v1/me/invitations", headers=bob).json()] == ["alpha"]
+    assert [i["team"] for i in client.get("/v1/me/invitations", headers=bob).json()["items"]] == ["alpha"]
     assert client.post("/v1/me/invitations/alpha/decline", headers=bob).status_code == 204
-    assert client.get("/v1/me/invitations", headers=bob).json() == []
+    assert client.get("/v1/me/invitations", headers=bob).json()["items"] == []
     assert client.post("/v1/me/invitations/alpha/accept", headers=bob).status_code == 404  # declined: gone
 
     assert client.put("/v1/teams/alpha/members/bob", json={"role": "viewer"}, headers=ta).status_code == 202
@@ -49,7 +49,7 @@ def test_inviting_does_not_tell_which_user_names_exist(client: TestClient, world
     assert real.json().keys() == ghost.json().keys()
     assert {k: v for k, v in real.json().items() if k not in ("user", "created_at", "expires_at")} == {
         k: v for k, v in ghost.json().items() if k not in ("user", "created_at", "expires_at")}  # fmt: skip
-    pending = {i["user"] for i in client.get("/v1/teams/alpha/invitations", headers=ta).json()}
+    pending = {i["user"] for i in client.get("/v1/teams/alpha/invitations", headers=ta).json()["items"]}
     assert pending == {"bob", "ghost"}
     for name in ("bob", "ghost"):  # removing someone not in the team: one answer for both
         r = client.delete(f"/v1/teams/alpha/members/{name}", headers=ta)
@@ -59,7 +59,7 @@ def test_inviting_does_not_tell_which_user_names_exist(client: TestClient, world
 def test_an_invitation_lapses_and_an_admin_adds_directly(client: TestClient, world: World, db: Session) -> None:
     client.put("/v1/teams/alpha/members/bob", json={"role": "member"}, headers=world.h("team-admin"))
     db.execute(update(TeamInvitation).values(expires_at=utcnow() - timedelta(seconds=1)))
-    assert client.get("/v1/me/invitations", headers=world.h("beta-member")).json() == []
+    assert client.get("/v1/me/invitations", headers=world.h("beta-member")).json()["items"] == []
     assert client.post("/v1/me/invitations/alpha/accept", headers=world.h("beta-member")).status_code == 404
     r = client.put("/v1/teams/alpha/members/bob", json={"role": "member"}, headers=world.h("admin"))
     assert r.status_code == 201 and r.json()["status"] == "member"

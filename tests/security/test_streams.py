@@ -113,7 +113,9 @@ def _opened_then(live: Live, url: str, headers: dict[str, str], act: object) -> 
 def test_a_revoked_token_or_a_removed_member_stops_receiving(live: Live) -> None:
     token = live.user_token("mia")
     with live.kiln.api() as api:
-        token_id = next(t["id"] for t in api.get("/v1/tokens", params={"user": "mia"}).json() if t["name"] == "mine")
+        token_id = next(
+            t["id"] for t in api.get("/v1/tokens", params={"user": "mia"}).json()["items"] if t["name"] == "mine"
+        )
         end = _opened_then(live, f"{live.kiln.url}/v1/jobs/{live.job}/logs?follow=true", live.headers(token),
                            lambda: api.delete(f"/v1/tokens/{token_id}"))  # fmt: skip
     assert json.loads(end["data"]) == {"reason": "unauthorized"}

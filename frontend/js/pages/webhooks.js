@@ -1,7 +1,7 @@
 // Webhooks: the hooks you manage and, for each, its delivery log (status, attempts, the receiver's last answer),
 // refreshed every few seconds so a receiver coming back shows its backlog draining in order.
 
-import { api } from "../api.js";
+import { api, apiAll } from "../api.js";
 import { h, pageHeader, replace, showError, table, timeEl } from "../dom.js";
 
 const REFRESH_MS = 5000;
@@ -23,7 +23,7 @@ export async function webhooksPage(root, params) {
 
   const load = async () => {
     try {
-      const hooks = await api("/v1/webhooks");
+      const hooks = await apiAll("/v1/webhooks");
       replace(listEl, table("Webhooks", [
         { title: "Id", cell: (/** @type {any} */ w) => h("a", { href: `#/webhooks/${w.id}` }, String(w.id)), class: "num" },
         { title: "Team", cell: (/** @type {any} */ w) => w.team },
@@ -33,7 +33,7 @@ export async function webhooksPage(root, params) {
         { title: "URL", cell: (/** @type {any} */ w) => h("code", {}, w.url) },
       ], hooks, "No webhook yet."));
       if (selected) {
-        const rows = await api(`/v1/webhooks/${selected}/deliveries?limit=100`);
+        const rows = (await api(`/v1/webhooks/${selected}/deliveries?limit=100`)).items;
         replace(logEl, table(`Deliveries of webhook ${selected}`, [
           { title: "Id", cell: (/** @type {any} */ d) => String(d.id), class: "num" },
           { title: "Event", cell: (/** @type {any} */ d) => d.kind },

@@ -1,0 +1,113 @@
+// Sweeps: the sweeps you can see, and for one sweep a summary table of its jobs' final metrics, best first by the
+// sweep's objective, sortable by any column (click a heading; again to reverse). Refreshed every few seconds, the
+// chosen order kept, so a running sweep's table fills in as its jobs end.
+
+import { api } from "../api.js";
+import { fmtNumber, h, pageHeader, replace, showError, stateBadge, table, timeEl } from "../dom.js";
+
+const REFRESH_MS = 5000;
+
+/** @type {import("../router.js").Page} */
+export async function sweepsPage(root, params) {
+  if (params.id) return sweepPage(root, params.id);
+  const body = h("div", { id: "sweeps", "aria-busy": "true" });
+  root.append(pageHeader("Sweeps"),
+    h("p", { class: "muted" }, "One submission expanded over a grid or a list of settings: kiln sweep submit FILE (docs/cli.md)."),
+    body);
+  try {
+    const page = await api("/v1/sweeps?limit=50");
+    replace(body, table("Sweeps", [
+      { title: "Id", cell: (/** @type {any} */ s) => h("a", { href: `#/sweeps/${s.id}` }, String(s.id)), class: "num" },
+      { title: "Name", cell: (/** @type {any} */ s) => s.name },
+      { title: "Team", cell: (/** @type {any} */ s) => s.team },
+      { title: "Varies", cell: (/** @type {any} */ s) => s.keys.join(", ") },
+      { title: "Jobs", cell: (/** @type {any} */ s) => `${s.jobs.filter((/** @type {any} */ j) => j.state === "SUCCEEDED").length} / ${s.jobs.length} succeeded`, class: "num" },
+      { title: "Created", cell: (/** @type {any} */ s) => timeEl(s.created_at) },
+    ], page.items, "No sweep yet."),
+    page.next_cursor ? h("p", { class: "muted" }, "The 50 newest; kiln sweep ls lists them all.") : null);
+  } catch (err) {
+    showError(body, err);
+  } finally {
+    body.setAttribute("aria-busy", "false");
+  }
+}
+
+/**
+ * @typedef {{key: string, title: string, value: (j: any) => any, cell?: (j: any) => any, num?: boolean}} Col
+ */
+
+/**
+ * Compare two cell values: numbers as numbers, text as text; a missing value sorts last in either direction.
+ * @param {any} a
+ * @param {any} b
+ * @param {number} dir 1 ascending, -1 descending
+ */
+function compare(a, b, dir) {
+  const missing = (/** @type {any} */ v) => v === null || v === undefined || (typeof v === "number" && !Number.isFinite(v));
+  if (missing(a) || missing(b)) return missing(a) === missing(b) ? 0 : missing(a) ? 1 : -1;
+  if (typeof a === "number" && typeof b === "number") return (a - b) * dir;
+  return String(a).localeCompare(String(b), undefined, { numeric: true }) * dir;
+}
+
+/**
+ * @param {HTMLElement} root
+ * @param {string} id
+ */
+async function sweepPage(root, id) {
+  const status = h("p", { id: "sweep-objective", class: "muted" });
+  const body = h("div", { id: "sweep-summary", "aria-busy": "true" });
+  root.append(pageHeader(`Sweep ${id}`), status, body);
+  let sort = { key: "rank", dir: 1 }; // best first: the sweep's own ranking
+
+  /** @param {any} sweep */
+  const render = (sweep) => {
+    const metricNames = [...new Set(sweep.jobs.flatMap((/** @type {any} */ j) => Object.keys(j.metrics ?? {})))].sort();
+    /** @type {Col[]} */
+    const cols = [
+      { key: "rank", title: "Rank", value: (j) => j.rank, num: true },
+      { key: "job", title: "Job", value: (j) => j.id, cell: (j) => h("a", { href: `#/jobs/${j.id}` }, `${j.id} ${j.name}`) },
+      { key: "state", title: "State", value: (j) => j.state, cell: (j) => stateBadge(j.state) },
+      ...sweep.keys.map((/** @type {string} */ k) => ({ key: `setting:${k}`, title: k, value: (/** @type {any} */ j) => j.settings[k], num: true })),
+      { key: "step", title: "Step", value: (j) => j.last_step, cell: (j) => `${j.last_step} / ${j.steps}`, num: true },
+      { key: "loss", title: "Final loss", value: (j) => j.last_loss, cell: (j) => fmtNumber(j.last_loss, 4), num: true },
+      ...metricNames.map((m) => ({ key: `metric:${m}`, title: m, value: (/** @type {any} */ j) => j.metrics?.[m], cell: (/** @type {any} */ j) => fmtNumber(j.metrics?.[m], 4), num: true })),
+    ];
+    const col = cols.find((c) => c.key === sort.key) ?? cols[0];
+    const rows = sweep.jobs.map((/** @type {any} */ j, /** @type {number} */ i) => ({ ...j, rank: i + 1 }));
+    rows.sort((/** @type {any} */ a, /** @type {any} */ b) => compare(col.value(a), col.value(b), sort.dir) || a.rank - b.rank);
+    const wrap = table(`Jobs of sweep ${sweep.id}`, cols.map((c) => ({
+      title: c.title, class: c.num ? "num" : undefined,
+      cell: (/** @type {any} */ j) => (c.cell ? c.cell(j) : (c.value(j) ?? "—")),
+    })), rows, "No job.");
+    // Each heading is a button that sorts by its column; aria-sort tells which and in which direction.
+    wrap.querySelectorAll("thead th").forEach((th, i) => {
+      const c = cols[i];
+      const active = c.key === sort.key;
+      th.setAttribute("aria-sort", active ? (sort.dir === 1 ? "ascending" : "descending") : "none");
+      th.dataset.key = c.key;
+      const arrow = active ? (sort.dir === 1 ? " ▲" : " ▼") : "";
+      th.replaceChildren(h("button", {
+        type: "button", class: "sort",
+        onclick: () => { sort = { key: c.key, dir: active ? -sort.dir : 1 }; render(sweep); },
+      }, c.title, h("span", { "aria-hidden": "true" }, arrow)));
+    });
+    replace(body, wrap);
+    replace(status,
+      `${sweep.name} · team ${sweep.team} · varies ${sweep.keys.join(", ")}`
+      + (sweep.max_concurrent ? ` · at most ${sweep.max_concurrent} at once` : "")
+      + `. Best first by ${sweep.objective.metric} (${sweep.objective.goal}): ${sweep.objective.rule}.`);
+  };
+
+  const load = async () => {
+    try {
+      render(await api(`/v1/sweeps/${encodeURIComponent(id)}`));
+    } catch (err) {
+      showError(body, err);
+    } finally {
+      body.setAttribute("aria-busy", "false");
+    }
+  };
+  await load();
+  const timer = window.setInterval(() => !document.hidden && load(), REFRESH_MS);
+  return () => window.clearInterval(timer);
+}

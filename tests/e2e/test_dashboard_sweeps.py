@@ -1,0 +1,110 @@
+"""The dashboard's sweep view in a real browser (Debian's Chromium through Playwright) against the real system: a
+sweep of three tiny jobs runs through the scheduler and a worker to the end, then its summary table shows their
+final losses best first by the sweep's objective, and sorts by any column, both ways.
+
+    .venv/bin/pytest tests/e2e/test_dashboard_sweeps.py -v
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.dashboard_harness import Kiln, chromium, running_kiln, screenshot_dir
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+LRS = [0.001, 0.03, 0.01]
+
+
+@pytest.fixture(scope="module")
+def kiln(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kiln]:
+    with running_kiln(tmp_path_factory.mktemp("kiln-sweeps")) as k:
+        yield k
+
+
+def run_sweep(kiln: Kiln) -> dict[str, Any]:
+    doc = yaml.safe_load((ROOT / "examples" / "gpt-tiny.yaml").read_text())
+    doc.update(name="lr-sweep", steps=6, sweep={"grid": {"lr": LRS}, "max_concurrent": 2})
+    doc["checkpointing"] = {"every_steps": 3, "keep_last": 1}
+    with kiln.api() as api:
+        r = api.post("/v1/sweeps", json=doc)
+        assert r.status_code == 201, r.text
+        sweep_id = r.json()["id"]
+        kiln.start_scheduler()
+        kiln.start_worker(cpu_slots=2)
+        deadline = time.monotonic() + 900  # three real trainings on a shared CPU: a generous bound, not a measure
+        while True:
+            sweep = api.get(f"/v1/sweeps/{sweep_id}").json()
+            states = [j["state"] for j in sweep["jobs"]]
+            if all(s in ("SUCCEEDED", "FAILED", "CANCELLED") for s in states):
+                break
+            assert time.monotonic() < deadline, (states, kiln.log("worker"), kiln.log("scheduler"))
+            time.sleep(1)
+    assert states == ["SUCCEEDED"] * 3, (sweep, kiln.log("worker"))
+    return sweep
+
+
+def rows(page: Any) -> list[list[str]]:
+    body = page.locator("#sweep-summary tbody tr")
+    return [[c.strip() for c in r.locator("td").all_inner_texts()] for r in body.all()]
+
+
+def test_sweep_summary_best_first_and_sortable(kiln: Kiln) -> None:
+    from playwright.sync_api import expect
+
+    sweep = run_sweep(kiln)
+    by_loss = sorted(sweep["jobs"], key=lambda j: j["last_loss"])
+    assert len({j["last_loss"] for j in by_loss}) == 3, by_loss  # distinct losses: the order means something
+    with chromium() as browser:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})  # type: ignore[attr-defined]
+        page = context.new_page()
+        problems: list[str] = []
+        page.on("pageerror", lambda e: problems.append(f"script error: {e}"))
+        page.on("response", lambda r: problems.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+        page.goto(f"{kiln.url}/")
+        page.get_by_label("API token").fill(kiln.token)
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_selector("#queue-list table")
+
+        page.get_by_role("link", name="Sweeps", exact=True).click()
+        page.get_by_role("link", name=str(sweep["id"]), exact=True).click()
+        expect(page.locator("#sweep-objective")).to_contain_text("Best first by last_loss (minimize)")
+        table = page.locator("#sweep-summary table")
+        expect(table.locator("thead th")).to_have_text(["Rank ▲", "Job", "State", "lr", "Step", "Final loss"])
+
+        # Best first: the sweep's objective (the lowest final loss) on top, without a click.
+        expect(table.locator("th[data-key='rank']")).to_have_attribute("aria-sort", "ascending")
+        shown = rows(page)
+        assert [r[1].split()[0] for r in shown] == [str(j["id"]) for j in by_loss], shown
+        assert [r[0] for r in shown] == ["1", "2", "3"] and all(r[2] == "SUCCEEDED" for r in shown)
+        assert [r[4] for r in shown] == ["6 / 6"] * 3
+
+        # Sort by lr, then reverse it; then by loss descending (worst first).
+        table.get_by_role("button", name="lr").click()
+        expect(table.locator("th[data-key='setting:lr']")).to_have_attribute("aria-sort", "ascending")
+        expect(table.locator("th[data-key='rank']")).to_have_attribute("aria-sort", "none")
+        assert [float(r[3]) for r in rows(page)] == sorted(LRS)
+        table.get_by_role("button", name="lr").click()
+        expect(table.locator("th[data-key='setting:lr']")).to_have_attribute("aria-sort", "descending")
+        assert [float(r[3]) for r in rows(page)] == sorted(LRS, reverse=True)
+        table.get_by_role("button", name="Final loss").click()
+        table.get_by_role("button", name="Final loss").click()
+        expect(table.locator("th[data-key='loss']")).to_have_attribute("aria-sort", "descending")
+        assert [r[1].split()[0] for r in rows(page)] == [str(j["id"]) for j in reversed(by_loss)]
+
+        # The chosen order outlives the page's refresh (every 5 s), and a job's link opens it.
+        with page.expect_response(lambda r: r.url.endswith(f"/v1/sweeps/{sweep['id']}")):
+            pass  # the next refresh
+        expect(table.locator("th[data-key='loss']")).to_have_attribute("aria-sort", "descending")
+        page.screenshot(path=str(screenshot_dir() / "dashboard-sweep.png"), full_page=True)
+        page.get_by_role("link", name=f"{by_loss[0]['id']} {by_loss[0]['name']}").click()
+        expect(page.locator("#job-state")).to_have_attribute("data-state", "SUCCEEDED")
+        context.close()
+    assert not problems, problems
