@@ -94,6 +94,10 @@ class Kiln:
                 return out
             after = page["next_after"]
 
+    def attempts(self, job_id: int) -> list[dict[str, Any]]:
+        """The job's attempts, oldest first (a job has a few: one page holds them)."""
+        return list(self.get(f"/v1/jobs/{job_id}/attempts?limit=500")["items"])
+
     def submit(self, spec: pathlib.Path) -> int:
         proc = self.cli("submit", str(spec), "--output", "json")
         if proc.returncode != 0:
@@ -214,7 +218,7 @@ def recovery(kiln: Kiln, job_id: int, kill_t: float) -> dict[str, Any]:
         return next((e for e in after if e["type"] == type_), None)
 
     lost, admitted, running, recovered = first("LOST"), first("ADMITTED"), first("RUNNING"), first("RECOVERED")
-    attempts = kiln.get(f"/v1/jobs/{job_id}/attempts")
+    attempts = kiln.attempts(job_id)
     second = attempts[-1]
     recs = kiln.telemetry(job_id, second["number"])
     start = recs[0]["ts"] if recs else None
@@ -338,7 +342,7 @@ def main() -> None:
         os.killpg(os.getpgid(pid), signal.SIGKILL)
         log(f"SIGKILL of the worker's process group (pid {pid}) at step ~{kill_step} of job {victim}")
         final = kiln.wait(victim, lambda j: j["state"] == "SUCCEEDED", 900, "SUCCEEDED after the kill")
-        attempts = kiln.get(f"/v1/jobs/{victim}/attempts")
+        attempts = kiln.attempts(victim)
         result["victim"] = {
             "job_id": victim, "killed_at_step": kill_step, "worker_pid": pid, "job": final,
             "recovery": recovery(kiln, victim, kill_t),

@@ -139,7 +139,7 @@ class Bench:
         return out
 
     def placement(self, job_id: int) -> Any:
-        return self.kiln.get(f"/v1/jobs/{job_id}/attempts")[-1].get("placement")
+        return self.kiln.attempts(job_id)[-1].get("placement")
 
     def cancel(self, job_id: int) -> None:
         self.kiln.cli("cancel", str(job_id))
@@ -253,13 +253,12 @@ class Bench:
         result: dict[str, Any] = {
             "overcap_job": {k: bad_job.get(k) for k in ("id", "state", "exit_reason", "restart_count")},
             "overcap_attempts": [
-                {k: a.get(k) for k in ("number", "state", "exit_reason")}
-                for a in self.kiln.get(f"/v1/jobs/{bad}/attempts")
+                {k: a.get(k) for k in ("number", "state", "exit_reason")} for a in self.kiln.attempts(bad)
             ],  # fmt: skip
             "neighbour": {
                 "job_id": gold_id,
                 "state": gold["state"],
-                "attempts": len(self.kiln.get(f"/v1/jobs/{gold_id}/attempts")),
+                "attempts": len(self.kiln.attempts(gold_id)),
             },
         }
         if gold_alone is not None:
@@ -289,10 +288,8 @@ class Bench:
                 os.kill(int(pid), signal.SIGKILL)
         log(f"SIGKILL of the MPS daemon and server (pids {pids})")
         ends = {name: self.done(job, 900) for name, job in (("gold", gold), ("best_effort", be))}
-        attempts = {
-            name: self.kiln.get(f"/v1/jobs/{job}/attempts") for name, job in (("gold", gold), ("best_effort", be))
-        }
-        hosts = self.kiln.get("/v1/hosts")
+        attempts = {name: self.kiln.attempts(job) for name, job in (("gold", gold), ("best_effort", be))}
+        hosts = self.kiln.get("/v1/cluster/hosts?limit=500")["items"]
         result = {
             "killed_pids": pids,
             "jobs": {
@@ -307,10 +304,7 @@ class Bench:
                 for name, j in ends.items()
             },  # fmt: skip
             "seconds_to_both_succeeded": time.time() - kill_t,
-            "hosts_after": [
-                {k: h.get(k) for k in ("name", "state", "mps")}
-                for h in (hosts.get("items", hosts) if isinstance(hosts, dict) else hosts)
-            ],
+            "hosts_after": [{k: h.get(k) for k in ("name", "state", "mps")} for h in hosts],
         }
         log(f"mps_kill: {json.dumps(result['jobs'])}; hosts {result['hosts_after']}")
         return result

@@ -61,9 +61,13 @@ def list_operations(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def _populate(db: Session, client: TestClient, world: World) -> dict[str, Any]:
+def _populate(db: Session, client: TestClient, world: World, storage: Path) -> dict[str, Any]:
     """At least two of everything, so a walk at limit=1 takes several pages."""
     admin, ta, member = world.h("admin"), world.h("team-admin"), world.h("member")
+    for name in ("set-b", "set-a"):
+        (storage / "datasets" / "alpha" / name).mkdir(parents=True)
+        r = client.post("/v1/teams/alpha/datasets", json={"name": name, "path": f"datasets/alpha/{name}"}, headers=ta)
+        assert r.status_code == 201, r.text
     for name in ("carol", "dave", "erin"):
         assert client.post("/v1/users", json={"name": name}, headers=admin).status_code == 201
     assert client.post("/v1/teams", json={"name": "gamma"}, headers=admin).status_code == 201
@@ -139,10 +143,10 @@ def walk(client: TestClient, path: str, headers: dict[str, str], limit: int) -> 
     raise AssertionError(f"{path}: no last page")
 
 
-def test_every_list_endpoint_pages_by_limit_and_cursor(app_client: TestClient, db: Session) -> None:
+def test_every_list_endpoint_pages_by_limit_and_cursor(app_client: TestClient, db: Session, tmp_path: Path) -> None:
     client = app_client
     world = build_world(db, client)
-    values = _populate(db, client, world)
+    values = _populate(db, client, world, tmp_path / "storage")  # make_app's storage root
     erin = db.scalars(select(User).where(User.name == "erin")).one()
     _, secret = tokens_svc.issue(db=db, principal=Principal(user_id=erin.id, name="erin"), name="e")
     db.flush()
