@@ -81,7 +81,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     idle_s = settings.idle_in_transaction_timeout_s or settings.lease_s / 2
     connect_args = dict(kwargs.pop("connect_args", {}))
     options = connect_args.get("options", "")
-    connect_args["options"] = f"{options} -c idle_in_transaction_session_timeout={int(idle_s * 1000)}".strip()
+    if "idle_in_transaction_session_timeout" not in options:  # a caller's own value stands
+        connect_args["options"] = f"{options} -c idle_in_transaction_session_timeout={int(idle_s * 1000)}".strip()
     kwargs["connect_args"] = connect_args
     if "poolclass" not in kwargs:
         kwargs.setdefault("pool_size", 20)
