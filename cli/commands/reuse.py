@@ -76,19 +76,46 @@ def validate_locally(text: str, what: str) -> None:
         raise CliError(f"{what}: invalid job spec ({len(details)} error(s))", ExitCode.INVALID, details) from None
 
 
-def sweep_rows(sweep: dict[str, Any]) -> tuple[list[Column], list[dict[str, Any]]]:
-    """The sweep's jobs as table rows, best first (the API's order), with a column per setting it varies."""
+def sweep_rows(sweep: dict[str, Any], sort: str | None = None) -> tuple[list[Column], list[dict[str, Any]]]:
+    """The sweep's jobs as table rows, best first (the API's order) or by ``sort`` (a column's name, ``-`` first for
+    largest first), with a column per setting it varies and per metric its jobs' evaluations report."""
     rows = [{**j, "rank": i + 1} for i, j in enumerate(sweep.get("jobs", []))]
+    metrics = sorted({name for j in rows for name in j.get("metrics") or {}})
+    keyed: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
+        ("rank", lambda r: r["rank"]), ("id", lambda r: r["id"]), ("name", lambda r: r["name"]),
+        ("state", lambda r: r["state"]),
+        *((key, _setting(key)) for key in sweep.get("keys", [])),
+        ("step", lambda r: r["last_step"]), ("loss", lambda r: r["last_loss"]),
+        *((name, _metric(name)) for name in metrics),
+    ]  # fmt: skip
+    if sort:
+        by = dict(keyed)
+        name = sort.lstrip("-").lower()
+        if name not in by:
+            raise CliError(f"--sort {sort}: no such column; one of: {', '.join(by)}", ExitCode.USAGE)
+        present = [r for r in rows if by[name](r) is not None]  # a job with no value yet goes last either way
+        present.sort(key=lambda r: by[name](r), reverse=sort.startswith("-"))
+        rows = present + [r for r in rows if by[name](r) is None]
     columns: list[Column] = [("RANK", lambda r: r["rank"]), ("ID", lambda r: r["id"]), ("NAME", lambda r: r["name"]),
                              ("STATE", lambda r: out.state_text(r["state"]))]  # fmt: skip
     columns += [(key.upper(), _setting(key)) for key in sweep.get("keys", [])]
-    columns += [("STEP", lambda r: f"{r['last_step']}/{r['steps']}"), ("LOSS", lambda r: out.fmt_loss(r["last_loss"])),
-                ("REASON", lambda r: r.get("pending_reason") or "-")]  # fmt: skip
+    columns += [("STEP", lambda r: f"{r['last_step']}/{r['steps']}"), ("LOSS", lambda r: out.fmt_loss(r["last_loss"]))]
+    columns += [(name.upper(), _fmt_metric(name)) for name in metrics]
+    columns += [("REASON", lambda r: r.get("pending_reason") or "-")]
     return columns, rows
 
 
 def _setting(key: str) -> Callable[[dict[str, Any]], Any]:
     return lambda row: (row.get("settings") or {}).get(key)
+
+
+def _metric(name: str) -> Callable[[dict[str, Any]], float | None]:
+    return lambda row: (row.get("metrics") or {}).get(name)
+
+
+def _fmt_metric(name: str) -> Callable[[dict[str, Any]], str]:
+    value = _metric(name)
+    return lambda row: "-" if value(row) is None else f"{value(row):.4g}"
 
 
 @sweep_app.command("submit")
@@ -116,12 +143,20 @@ def sweep_submit(
 @sweep_app.command("show")
 def sweep_show(
     sweep_id: Annotated[int, typer.Argument(help="The sweep id.", min=1, show_default=False)],
+    sort: Annotated[
+        str | None,
+        typer.Option("--sort", help="Order by a column (a setting, loss, a metric...); '-accuracy': largest first."),
+    ] = None,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
-    """A sweep's jobs, best first: succeeded ones by final loss, then the others."""
+    """A sweep's jobs, best first: succeeded ones by final loss, then the others; a column per setting it varies
+    and per metric its jobs' evaluations report.
+
+    Example: kiln sweep show 2 --sort -accuracy
+    """
     with client() as api:
         sweep = api.get(f"/v1/sweeps/{sweep_id}")
-    columns, rows = sweep_rows(sweep)
+    columns, rows = sweep_rows(sweep, sort)
     title = f"Sweep {sweep['id']} {sweep['name']} (team {sweep['team']})"
     out.render(sweep, output, lambda: out.table(columns, rows, title=title))
 

@@ -347,6 +347,31 @@ def test_sweep_submit_show_and_ls(kiln: Any, tmp_path: Path) -> None:
     data = as_json(kiln("sweep", "show", str(sweep_id), "-o", "json"))
     assert len(data["jobs"]) == 4 and data["keys"] == ["lr", "steps"]
     assert sweep_id in [s["id"] for s in as_json(kiln("sweep", "ls", "-o", "json"))]
+    by_lr = kiln("sweep", "show", str(sweep_id), "--sort", "-lr")
+    assert by_lr.exit_code == 0, by_lr.output
+    lrs = [line.split()[header.index("LR")] for line in by_lr.stdout.splitlines()[2:] if line.strip()]
+    assert lrs == ["0.003", "0.003", "0.001", "0.001"]
+    unknown = kiln("sweep", "show", str(sweep_id), "--sort", "acc")
+    assert unknown.exit_code == ExitCode.USAGE and "no such column" in unknown.output and "lr" in unknown.output
+
+
+def test_sweep_table_has_a_column_per_metric_and_sorts_by_it() -> None:
+    from cli.commands.reuse import sweep_rows
+
+    def job(i: int, loss: float | None, metrics: dict[str, float]) -> dict[str, Any]:
+        state = "SUCCEEDED" if metrics else "RUNNING"
+        return {"id": i, "name": f"s-{i}", "state": state, "settings": {"lr": i / 1000}, "last_step": 10,
+                "steps": 10, "last_loss": loss, "pending_reason": None, "metrics": metrics}  # fmt: skip
+
+    sweep = {"keys": ["lr"], "jobs": [job(1, 0.2, {"accuracy": 0.91}), job(2, 0.3, {"accuracy": 0.97, "f1": 0.9}),
+                                      job(3, None, {})]}  # fmt: skip
+    columns, rows = sweep_rows(sweep)
+    assert [c[0] for c in columns] == ["RANK", "ID", "NAME", "STATE", "LR", "STEP", "LOSS", "ACCURACY", "F1", "REASON"]
+    assert [r["id"] for r in rows] == [1, 2, 3]  # the API's order: best first by its objective
+    _, by_accuracy = sweep_rows(sweep, "-accuracy")
+    assert [r["id"] for r in by_accuracy] == [2, 1, 3]  # a job with no evaluation yet last
+    _, by_loss = sweep_rows(sweep, "LOSS")
+    assert [r["id"] for r in by_loss] == [1, 2, 3]
 
 
 def test_cancelling_a_running_job_says_it_stops_after_a_checkpoint(kiln: Any, server: Server) -> None:
