@@ -153,7 +153,7 @@ class PolicyConfig(SettingsGroup):
     service_base_gpu_s: float = Field(
         default=4 * 3600.0, gt=0, description="Expected GPU-seconds below which a job is in service class 0."
     )
-    service_factor: float = Field(default=2.0, gt=1, description="Each further service class is this many times more.")
+    service_factor: float = Field(default=4.0, gt=1, description="Each further service class is this many times more.")
     fairshare_admit_charge_s: float = Field(
         default=3600.0,
         ge=0,
