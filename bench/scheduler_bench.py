@@ -1,9 +1,10 @@
 """One planning cycle over 10,000 pending jobs and 1,000 GPUs (125 hosts x 8).
 
-Prints the cycle time against the 100 ms target, and admissions per second against Kueue's published figure
-(~43 workloads/s); writes bench/results/scheduler_bench.json. Two scenarios: a half-busy cluster (the usual
-steady state: a cycle admits a few hundred jobs and explains why the rest wait) and a full one (every job waits;
-the cost of the reasons and preemption searches). Reports median and p95 CPU time over ``--repeat`` cycles and
+Prints the cycle time against the 100 ms target (p95 of the cycles), and admissions per second against Kueue's
+published figure (~43 workloads/s); writes bench/results/scheduler_bench.json. Two scenarios: a half-busy cluster
+(the usual steady state: a cycle admits a few hundred jobs and explains why the rest wait) and a full one (every
+job waits; the cost of the reasons and preemption searches). Reports median and p95 CPU time over ``--repeat``
+cycles and
 the ratio against a FIFO plan of the same snapshot measured in the same run (the box is shared and noisy).
 ``python bench/scheduler_bench.py [--repeat N]``.
 """
@@ -159,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<10} {r['pending']:>7} {r['gpus']:>5} {r['cycle_ms_median']:>7.1f} {r['cycle_ms_p95']:>7.1f} "
               f"{ratio:>7.2f} {r['fifo_ms_median']:>7.1f} {r['ratio_vs_fifo_median']:>6.2f} {r['admitted']:>8} "
               f"{r['admissions_per_s']:>7.0f} {vs_kueue:>8.1f}")  # fmt: skip
-    ok = all(r["cycle_ms_median"] <= TARGET_MS for r in results.values())
-    print("target met" if ok else "target NOT met", "(median CPU ms of one cycle; /target = ms / 100 ms;"
-          " /fifo = kiln / FIFO plan over the same snapshot, paired cycles, median)")  # fmt: skip
+    ok = all(r["cycle_ms_p95"] <= TARGET_MS for r in results.values())
+    print("target met" if ok else "target NOT met", "(p95 CPU ms of one cycle under 100 ms; /target = median ms /"
+          " 100 ms; /fifo = kiln / FIFO plan over the same snapshot, paired cycles, median)")  # fmt: skip
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     meta = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "repeat": args.repeat}
     Path(args.out).write_text(json.dumps({"results": results, "target_met": ok, "meta": meta}, indent=2) + "\n")

@@ -80,6 +80,13 @@ class PolicyConfig(SettingsGroup):
         description="Jobs without an SLA count as at risk once they have waited this long "
         "(aging within a class). Empty: no aging.",
     )
+    oldest_first_after_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="The oldest job of each class that has waited this long (since submission) goes first among "
+        "its class's jobs not at risk and may hold a reservation, but never preempts: the service-class order "
+        "cannot starve a large job forever. Empty: off.",
+    )
     keep_reservations: bool = Field(
         default=True,
         description="A job that held a reservation (or preempted for it) last cycle goes first in its "

@@ -62,7 +62,9 @@ class JobOrder:
         self.usage = {t.id: t.decayed_usage for t in teams}
         self.weight = {t.id: t.weight for t in teams}
         self.urgent: set[int] = set()
+        self.aged: set[int] = set()  # the oldest job of a class, long waiting: first after the at-risk, no preemption
         self.estimator = Estimator(teams) if config.ordering == "kiln" and config.service_classes else None
+        self.service_memo: dict[tuple[int, float | None, float, int], int] = {}
 
     def score(self, team_id: int) -> float:
         return self.usage.get(team_id, 0.0) / max(self.weight.get(team_id, 1.0), 1e-9)
@@ -96,6 +98,14 @@ class JobOrder:
                 self.urgent.add(j.id)
             else:
                 per_team.setdefault(j.team_id, []).append(j)
+        aging = self.config.oldest_first_after_s
+        if aging is not None and per_team:
+            oldest = min((j for q in per_team.values() for j in q), key=lambda j: (j.submitted_at, j.id))
+            if self.now - oldest.submitted_at >= aging:
+                per_team[oldest.team_id].remove(oldest)
+                urgent.append((math.inf, oldest.submitted_at, oldest.id, oldest))
+                self.urgent.add(oldest.id)
+                self.aged.add(oldest.id)
         urgent.sort(key=lambda t: t[:3])
         for item in urgent:
             yield item[3]
@@ -112,22 +122,36 @@ class JobOrder:
 
     def service_class(self, job: PendingJob) -> int:
         assert self.estimator is not None
-        remaining = self.estimator.remaining_s(job.team_id, job.estimated_runtime_s, job.attained_s)
-        return service_class(job.demand * remaining, self.config.service_base_gpu_s, self.config.service_factor)
+        key = (job.team_id, job.estimated_runtime_s, job.attained_s, job.demand)
+        sc = self.service_memo.get(key)  # users' limits are round figures: many jobs share one answer
+        if sc is None:
+            remaining = self.estimator.remaining_s(job.team_id, job.estimated_runtime_s, job.attained_s)
+            sc = service_class(job.demand * remaining, self.config.service_base_gpu_s, self.config.service_factor)
+            self.service_memo[key] = sc
+        return sc
 
     def _fair(self, per_team: dict[int, list[PendingJob]]) -> Iterator[PendingJob]:
         """Merge the teams' queues: the team with the least usage per unit of weight goes next."""
         for queue in per_team.values():
             queue.sort(key=lambda j: (-j.priority, j.submitted_at, j.id), reverse=True)  # pop() from the end
+        if len(per_team) == 1:  # one team: its own order, no merging (charges cannot reorder it)
+            queue = next(iter(per_team.values()))
+            while queue:
+                yield queue.pop()
+            return
+        usage, weight = self.usage, self.weight
         heap = [(self.score(tid), tid) for tid in per_team]
         heapq.heapify(heap)
         while heap:
-            score, tid = heapq.heappop(heap)
-            current = self.score(tid)
+            score, tid = heap[0]
+            current = usage.get(tid, 0.0) / max(weight.get(tid, 1.0), 1e-9)  # self.score(tid), inlined
             if current != score:  # charged since it was pushed
-                heapq.heappush(heap, (current, tid))
+                heapq.heapreplace(heap, (current, tid))
                 continue
             queue = per_team[tid]
             yield queue.pop()
+            # The consumer may have charged the team meanwhile; the heap is untouched, so its top is still ours.
             if queue:
-                heapq.heappush(heap, (self.score(tid), tid))
+                heapq.heapreplace(heap, (usage.get(tid, 0.0) / max(weight.get(tid, 1.0), 1e-9), tid))
+            else:
+                heapq.heappop(heap)

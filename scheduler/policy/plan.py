@@ -86,6 +86,7 @@ class _Planner:
         self.failures: list[Failure] = []
         self.reservations: list[Reservation] = []
         self.spent: dict[int, float] = {}  # GPU-hours admitted this cycle, per team
+        self.aged: set[int] = set()  # jobs first in their class only by age (JobOrder.aged): they never preempt
         self.inflight = [r for r in snapshot.running if r.preempt_requested]  # checkpointing before they stop
         self.claimed: set[int] = set()
         self.victimized: set[int] = set()
@@ -97,7 +98,7 @@ class _Planner:
         self.budgeted = {t.id for t in snapshot.teams if config.enforce_budgets and t.budget_gpu_hours is not None}
         # job shape -> (reason, message, placement failed, (projected start, preempt?) if that was asked)
         self.memo: dict[tuple[object, ...], tuple[Reason, str, bool, tuple[float, bool] | None]] = {}
-        self.probe: tuple[float, bool] | None = None
+        self.probe: tuple[float, bool] | None = None  # (limit asked, starts after it?)
         self.earliest_memo: dict[tuple[object, ...], tuple[Chosen | None, float]] = {}
         self.reserved_classes: set[int] = set()  # classes whose first unplaceable job holds a reservation
         self.memo_version: tuple[int, int, int, int, int] = (-1, -1, -1, -1, -1)
@@ -133,6 +134,7 @@ class _Planner:
             and self.now - r.started_at > r.time_limit_s + self.c.time_limit_grace_s
         )
         order = JobOrder(self.s.pending, self.s.teams, self.now, self.c)
+        self.aged = order.aged
         fifo_blocker: int | None = None
         for job in order:
             if not self._eligible(job):
@@ -219,7 +221,8 @@ class _Planner:
         if job.team_id not in self.budgeted:
             key = (
                 job.qos_priority, job.team_id, job.quota_key, job.gpus, job.cpu_slots, job.gpu_type,
-                job.gpus_per_node, job.memory_bytes, job.memory_cap_bytes, job.bandwidth, job.id in urgent,
+                job.gpus_per_node, job.memory_bytes, job.memory_cap_bytes, job.bandwidth,
+                (job.id in urgent) + (job.id in self.aged),
                 self.state.end_class(end), job.share,
             )  # fmt: skip
             version = self._version()
@@ -227,8 +230,10 @@ class _Planner:
                 self.memo.clear()
                 self.memo_version = version
             hit = self.memo.get(key)
-            # An answer that hinged on "would waiting be too late?" holds for this job only if it decides alike.
-            if hit is not None and (hit[3] is None or (hit[3][0] > self._preempt_limit(job)) == hit[3][1]):
+            # An answer that hinged on "would waiting be too late?" holds for this job only if it decides alike:
+            # the probe was "can it start by L?" (no: it starts after L, and after any earlier limit too; yes: it
+            # starts by L, and by any later limit too).
+            if hit is not None and (hit[3] is None or self._probe_holds(hit[3], self._preempt_limit(job))):
                 self.placement_failed = hit[2]
                 self.wait(job, hit[0], hit[1])
                 return False
@@ -240,6 +245,11 @@ class _Planner:
             last = self.pending[-1]
             self.memo[key] = (last.reason, last.message, self.placement_failed, self.probe)
         return admitted
+
+    @staticmethod
+    def _probe_holds(probe: tuple[float, bool], limit: float) -> bool:
+        checked, late = probe
+        return limit <= checked if late else limit >= checked
 
     def _preempt_limit(self, job: PendingJob) -> float:
         limit = self.now + (self.c.preempt_patience_s or 0.0)
@@ -299,7 +309,7 @@ class _Planner:
         # Over quota: within its nominal a team reclaims what it lent; beyond, it may still take the place of
         # lower-class preemptible jobs when their release brings the cohort back within quota (checked per set).
         may_preempt = self.c.preemption and self.preemptors < self.c.max_preemptors
-        if self.c.preempt_only_at_risk and (job.id not in urgent or job.queue_wait_due is None):
+        if self.c.preempt_only_at_risk and (job.id not in urgent or job.queue_wait_due is None or job.id in self.aged):
             may_preempt = False  # a preemption budget: only for a job whose queue-wait SLA is at stake
         if may_preempt and self._preempt_for(job, req):
             self.reserved_classes.add(job.qos_priority)
@@ -583,10 +593,31 @@ class _Planner:
         if self.c.preempt_patience_s is None:
             return True
         limit = self._preempt_limit(job)
-        start = self._earliest(req)[1]
-        decision = start > limit
-        self.probe = (start, decision)
+        decision = not self._starts_by(req, limit)
+        self.probe = (limit, decision)
         return decision
+
+    def _starts_by(self, req: Request, limit: float) -> bool:
+        """Whether a job of shape ``req`` can start by ``limit`` once the running jobs projected to end by then
+        have ended: one placement trial (``_earliest`` would bisect for the exact start, which this question does
+        not need; fitting is monotone in the ends, so the answers agree)."""
+        head = Request(req.models, req.units, req.per_node, req.min_memory, req.bandwidth, end=None)
+        models = set(req.models)
+        free = sum(self.state.free_count.get(m, 0) - self.state.reserved_free.get(m, 0) for m in models)
+        freed: list[str] = []
+        ended = False
+        for end, jid in self.ends:
+            if end > limit:
+                break
+            if jid in self.claimed:
+                continue
+            ended = True
+            for u in self.state.job_units.get(jid, ()):
+                if u not in self.state.reserved and self.state.model_of(u) in models:
+                    freed.append(u)
+        if not ended or free + len(freed) < req.units:
+            return False
+        return self.state.find(head, extra=frozenset(freed)) is not None
 
 
 def plan(snapshot: Snapshot, config: PolicyConfig | None = None) -> Decisions:

@@ -73,6 +73,34 @@ def test_sla_risk_still_goes_ahead_of_service_classes() -> None:
     assert order == [1, 2]
 
 
+def test_the_oldest_long_waiting_job_of_a_class_goes_first_but_only_one() -> None:
+    # Past its SLA (triage: not urgent), a large job would wait behind every smaller one for ever; once it is
+    # the oldest of its class and has waited oldest_first_after_s it goes first (one job per class at a time).
+    big = pj(1, 32, limit=100 * H, age=4 * 86400, max_queue_wait_s=1800.0)
+    big2 = pj(4, 32, limit=100 * H, age=3 * 86400, max_queue_wait_s=1800.0)
+    small = (pj(2, 4, limit=H, age=600), pj(3, 4, limit=H, age=60))
+    jobs = (*small, big, big2)
+    aging = PolicyConfig(oldest_first_after_s=2 * 86400)
+    order = JobOrder(jobs, (team(),), NOW, aging)
+    assert [j.id for j in order] == [1, 2, 3, 4] and order.aged == {1}
+    assert [j.id for j in JobOrder(jobs, (team(),), NOW, PolicyConfig())] == [2, 3, 1, 4]  # off by default
+    young = PolicyConfig(oldest_first_after_s=5 * 86400)
+    assert [j.id for j in JobOrder(jobs, (team(),), NOW, young)] == [2, 3, 1, 4]  # not waited long enough
+
+
+def test_a_job_first_only_by_age_reserves_but_never_preempts() -> None:
+    # One host, busy with a preemptible bronze job; a gold job past its SLA, first only by age, does not preempt it.
+    busy = RunningJob(id=9, team_id=1, qos="bronze", qos_priority=200, preemptible=True, gpus=8, gpu_type="H100",
+                      quota_key=ANY, placement=(PlacedHost("h0000", tuple(f"GPU-h0000-{i}" for i in range(8))),),
+                      started_at=NOW - H, expected_end=NOW + 10 * H)  # fmt: skip
+    gold = pj(1, 8, limit=H, age=3 * 86400, qos="gold", prio=1000, max_queue_wait_s=1800.0)
+    s = Snapshot(now=NOW, hosts=gpu_cluster(1), running=(busy,), pending=(gold,), teams=(team(),))
+    d = plan(s, PolicyConfig(oldest_first_after_s=86400.0))
+    assert d.preemptions == () and [r.job_id for r in d.reservations] == [1]
+    at_risk = dataclasses.replace(gold, submitted_at=NOW - 1200)  # 10 of its 30 minutes left: at risk, preempts
+    assert [p.job_id for p in plan(dataclasses.replace(s, pending=(at_risk,))).preemptions] == [9]
+
+
 def test_a_requeued_job_has_only_the_rest_of_its_queue_wait_budget() -> None:
     # Waited 20 of its 30 minutes before a preemption; requeued 6 minutes ago: 4 minutes left, so at risk.
     job = pj(1, 4, age=7200, max_queue_wait_s=600.0, wait_started_at=NOW - 360)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from core.policy_config import PolicyConfig
 from core.states import Reason
 from scheduler.policy.decisions import Decisions
-from scheduler.policy.plan import plan
+from scheduler.policy.plan import _Planner, plan
 from scheduler.policy.snapshot import (
     ANY,
     CPU,
@@ -259,3 +259,17 @@ def test_plan_invariants(snapshot: Snapshot, ordering: str, placement: str, own_
         teams=tuple(reversed(snapshot.teams)),
     )  # fmt: skip
     assert plan(shuffled, config) == d
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(snapshots(), st.floats(0, 200_000))
+def test_the_one_trial_projection_agrees_with_the_exact_start(snapshot: Snapshot, ahead: float) -> None:
+    # _should_preempt asks "can it start by its limit?" with one placement trial; the answer must be the one the
+    # bisection for the exact start (_earliest) gives: start <= limit.
+    planner = _Planner(snapshot, PolicyConfig())
+    for job in snapshot.pending:
+        if job.gpus == 0 or job.share is not None:
+            continue
+        req = planner._request(job, None)
+        limit = snapshot.now + ahead
+        assert planner._starts_by(req, limit) == (planner._earliest(req)[1] <= limit)
