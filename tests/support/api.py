@@ -8,7 +8,7 @@ request's unit of work (commit on success, rollback on error), which under the `
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,8 @@ from sqlalchemy.orm import Session
 
 from api.app import create_app
 from api.deps import SessionFactory, get_db, get_session_factory
+from core.db import make_engine
+from core.migrate import upgrade
 from core.models import Membership, Team, User
 from core.services import teams as teams_svc
 from core.services import tokens as tokens_svc
@@ -61,6 +63,18 @@ def bind_app(app: FastAPI, session: Session) -> FastAPI:
     app.dependency_overrides[get_db] = _get_db
     app.dependency_overrides[get_session_factory] = _factory
     return app
+
+
+@contextmanager
+def migrated_sqlite(directory: Path) -> Iterator[Engine]:
+    """The embedded default database: ``kiln.db`` in ``directory``, migrated to the head revision; an engine on it."""
+    url = f"sqlite:///{directory / 'kiln.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
 
 
 def make_app(engine: Engine, home: Path, session: Session | None = None, **settings: Any) -> FastAPI:

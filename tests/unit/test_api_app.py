@@ -18,24 +18,19 @@ from api.logstream import tail_offset
 from api.ratelimit import TokenBucketLimiter
 from api.routers.common import decode_cursor, encode_cursor
 from core.db import make_engine
-from core.migrate import upgrade
 from core.models import Attempt
 from core.services.bootstrap import bootstrap_admin
 from core.services.errors import Conflict, InvalidInput
 from core.settings import Settings
-from tests.support.api import auth
+from tests.support.api import auth, migrated_sqlite
 
 SPEC = {"name": "tiny", "team": "default", "recipe": {"name": "gpt"}, "resources": {"gpus": 0}}
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    home = tmp_path_factory.mktemp("kiln")
-    url = f"sqlite:///{home / 'kiln.db'}"
-    upgrade(url)
-    eng = make_engine(url)
-    yield eng
-    eng.dispose()
+    with migrated_sqlite(tmp_path_factory.mktemp("kiln")) as eng:
+        yield eng
 
 
 @pytest.fixture(scope="module")
@@ -120,16 +115,22 @@ def test_problem_documents_for_common_errors(client: TestClient, admin_secret: s
     assert r["type"] == "https://kiln.dev/problems/unauthorized"
 
 
-def test_logs_follow_switches_to_a_restarted_attempt_and_ends(
-    client: TestClient, admin_secret: str, engine: Engine, home: Path
-) -> None:
-    h = auth(admin_secret)
+def _job_with_an_attempt(client: TestClient, h: dict[str, str], engine: Engine, home: Path) -> tuple[int, Path]:
+    """A job submitted through the API with its first attempt recorded; its attempts' log directory, created."""
     job_id = client.post("/v1/jobs", json=SPEC, headers=h).json()["id"]
     with Session(engine) as db:
         db.add(Attempt(job_id=job_id, number=1, fencing_token=1, placement=[]))
         db.commit()
     logs = home / "storage" / "logs" / str(job_id)
     logs.mkdir(parents=True)
+    return job_id, logs
+
+
+def test_logs_follow_switches_to_a_restarted_attempt_and_ends(
+    client: TestClient, admin_secret: str, engine: Engine, home: Path
+) -> None:
+    h = auth(admin_secret)
+    job_id, logs = _job_with_an_attempt(client, h, engine, home)
     (logs / "1.log").write_text("one\ntwo\n")
     r = client.get(f"/v1/jobs/{job_id}/logs", headers=h)
     assert "data: one\n" in r.text and "data: two\n" in r.text and r.text.rstrip().endswith('"state": "QUEUED"}')
@@ -140,12 +141,7 @@ def test_logs_tail_begins_with_the_last_lines(
     client: TestClient, admin_secret: str, engine: Engine, home: Path
 ) -> None:
     h = auth(admin_secret)
-    job_id = client.post("/v1/jobs", json=SPEC, headers=h).json()["id"]
-    with Session(engine) as db:
-        db.add(Attempt(job_id=job_id, number=1, fencing_token=1, placement=[]))
-        db.commit()
-    logs = home / "storage" / "logs" / str(job_id)
-    logs.mkdir(parents=True)
+    job_id, logs = _job_with_an_attempt(client, h, engine, home)
     (logs / "1.log").write_text("".join(f"line {i}\n" for i in range(1, 2001)))
 
     def lines(**params: int) -> list[str]:

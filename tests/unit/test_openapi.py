@@ -17,10 +17,9 @@ from sqlalchemy import Engine
 
 from api.app import create_app
 from api.openapi import PUBLIC_PATHS
-from core.db import make_engine
-from core.migrate import upgrade
 from core.settings import Settings
 from core.states import JobState
+from tests.support.api import migrated_sqlite
 
 METHODS = {"get", "post", "put", "patch", "delete"}
 VALID_SPEC = {"name": "tiny", "team": "default", "recipe": {"name": "gpt"}, "resources": {"gpus": 0}}
@@ -30,11 +29,8 @@ PATH_VALUES = {"team": "default", "user": "alice", "name": "silver"}
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    url = f"sqlite:///{tmp_path_factory.mktemp('kiln') / 'kiln.db'}"
-    upgrade(url)
-    eng = make_engine(url)
-    yield eng
-    eng.dispose()
+    with migrated_sqlite(tmp_path_factory.mktemp("kiln")) as eng:
+        yield eng
 
 
 @pytest.fixture(scope="module")

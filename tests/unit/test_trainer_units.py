@@ -173,6 +173,22 @@ def _tel(tmp: pathlib.Path) -> Telemetry:
     return Telemetry(tmp / "run", 0)
 
 
+def _checkpointer(root: pathlib.Path, tel: Telemetry) -> Checkpointer:
+    """One rank's asynchronous, unsharded checkpointer on CPU that keeps the last two checkpoints."""
+    return Checkpointer(
+        root,
+        rank=0,
+        world_size=1,
+        token=None,
+        keep_last=2,
+        asynchronous=True,
+        sharded=False,
+        group=None,
+        device=torch.device("cpu"),
+        telemetry=tel,
+    )
+
+
 def test_manifest_detects_a_flipped_byte(tmp_path: pathlib.Path) -> None:
     tmp = tmp_path / ".tmp-x"
     tmp.mkdir()
@@ -201,18 +217,7 @@ def test_checkpointer_roundtrip_and_keep_last(tmp_path: pathlib.Path) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    ck = Checkpointer(
-        tmp_path / "ckpt",
-        rank=0,
-        world_size=1,
-        token=None,
-        keep_last=2,
-        asynchronous=True,
-        sharded=False,
-        group=None,
-        device=torch.device("cpu"),
-        telemetry=tel,
-    )
+    ck = _checkpointer(tmp_path / "ckpt", tel)
     for step in (1, 2, 3):
         model(torch.randn(3, 4)).sum().backward()
         opt.step()
@@ -259,18 +264,7 @@ def test_raw_checkpoint_keeps_tied_weights_scalars_and_layout(
     x = torch.randint(0, 64, (2, 16))
     model(x, x).backward()
     opt.step()
-    ck = Checkpointer(
-        tmp_path / "ckpt",
-        rank=0,
-        world_size=1,
-        token=None,
-        keep_last=2,
-        asynchronous=True,
-        sharded=False,
-        group=None,
-        device=torch.device("cpu"),
-        telemetry=tel,
-    )
+    ck = _checkpointer(tmp_path / "ckpt", tel)
     ck.prepare(model, opt)
     ck.save(1, model, opt, {"step": 1}, blocking=True)
     path = ck.choose()
