@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from core.liveness import check
 from core.migrate import upgrade
 from core.models import Host
 from core.settings import Settings
-from scheduler.live.loop import run_forever
+from tests.support.scheduler_loop import LoopThread
 from tests.support.services import free_port, temporary_database
 from tests.support.workers_cluster import wait_for
 from workers.dispatch import dispatch_attempt
@@ -146,18 +145,6 @@ def test_the_gpu_worker_command_is_healthy_while_it_heartbeats(private_redis: Pr
             engine.dispose()
 
 
-class Loop:
-    def __init__(self, settings: Settings) -> None:
-        self.stop = threading.Event()
-        kwargs = {"stop": self.stop, "dispatch": dispatch_attempt}
-        self.thread = threading.Thread(target=run_forever, args=(settings,), kwargs=kwargs, daemon=True)
-        self.thread.start()
-
-    def halt(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=20)
-
-
 def test_scheduler_health_for_a_leader_a_standby_and_a_leader_that_cannot_cycle(tmp_path: Path) -> None:
     with temporary_database("kiln_deploy") as good, temporary_database("kiln_deploy_nomig") as unmigrated:
         upgrade(good)
@@ -165,13 +152,13 @@ def test_scheduler_health_for_a_leader_a_standby_and_a_leader_that_cannot_cycle(
         def settings(url: str, name: str) -> Settings:
             return Settings(database_url=url, home=tmp_path, scheduler_interval_s=0.2, liveness_file=tmp_path / name)
 
-        loops = [Loop(settings(good, "a.json"))]
+        loops = [LoopThread(settings(good, "a.json"), dispatch_attempt)]
         try:
             wait_for(lambda: check(tmp_path / "a.json")[1].startswith("leading"), 20, "a leading beat")
-            loops.append(Loop(settings(good, "b.json")))
+            loops.append(LoopThread(settings(good, "b.json"), dispatch_attempt))
             wait_for(lambda: check(tmp_path / "b.json")[1].startswith("standby"), 20, "a standby beat")
             # Its own database, where it leads at once, but every cycle fails (no schema): it never beats.
-            loops.append(Loop(settings(unmigrated, "c.json")))
+            loops.append(LoopThread(settings(unmigrated, "c.json"), dispatch_attempt))
             wait_for(lambda: check(tmp_path / "a.json", max_age_s=1.0)[0], 10, "the first leader still beating")
             assert check(tmp_path / "c.json") == (False, f"{tmp_path / 'c.json'}: no beat yet")
             assert check(tmp_path / "a.json", max_age_s=1.0)[0] and check(tmp_path / "b.json", max_age_s=3.0)[0]

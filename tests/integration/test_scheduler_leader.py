@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -20,8 +19,9 @@ from core.models import Attempt, Job
 from core.notify import notify_jobs_changed
 from core.settings import Settings
 from scheduler.live.leader import LOCK_KEY, FileLeadership, psycopg_conninfo
-from scheduler.live.loop import run_cycle, run_forever
+from scheduler.live.loop import run_cycle
 from tests.integration import test_scheduler_support as f
+from tests.support.scheduler_loop import LoopThread
 from tests.support.services import temporary_database
 
 pytestmark = pytest.mark.integration
@@ -65,19 +65,6 @@ def leader_pid(url: str) -> int | None:
         return int(row[0]) if row else None
 
 
-class Loop:
-    def __init__(self, settings: Settings) -> None:
-        self.stop = threading.Event()
-        kwargs = {"stop": self.stop, "dispatch": record_dispatch}
-        self.thread = threading.Thread(target=run_forever, args=(settings,), kwargs=kwargs, daemon=True)
-        self.thread.start()
-
-    def halt(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=20)
-        assert not self.thread.is_alive()
-
-
 def submit(factory: sessionmaker[Session], name: str, *, with_host: bool = False) -> int:
     with factory() as db:
         now = utcnow()
@@ -94,10 +81,10 @@ def test_two_loops_one_leader_and_failover(fresh_pg: str, no_dispatch: list[int]
     settings = Settings(database_url=fresh_pg, home=tmp_path, scheduler_interval_s=30.0)
     engine = make_engine(fresh_pg)
     factory = sessionmaker(bind=engine, expire_on_commit=False)
-    a = Loop(settings)
+    a = LoopThread(settings, record_dispatch)
     assert wait_for(lambda: leader_pid(fresh_pg) is not None)
     first_leader = leader_pid(fresh_pg)
-    b = Loop(settings)
+    b = LoopThread(settings, record_dispatch)
     try:
         time.sleep(0.5)
         assert leader_pid(fresh_pg) == first_leader  # the standby did not take the lock
@@ -110,7 +97,7 @@ def test_two_loops_one_leader_and_failover(fresh_pg: str, no_dispatch: list[int]
 
         # Woken by NOTIFY, long before the 30 s timer.
         assert wait_for(lambda: admitted(j1), timeout=10)
-        a.halt()  # the leader goes away; its connection closes and the lock with it
+        assert a.halt()  # the leader goes away; its connection closes and the lock with it
         assert wait_for(lambda: leader_pid(fresh_pg) not in (None, first_leader), timeout=40)
         j2 = submit(factory, "two")
         assert wait_for(lambda: admitted(j2), timeout=10)
@@ -119,7 +106,7 @@ def test_two_loops_one_leader_and_failover(fresh_pg: str, no_dispatch: list[int]
         assert counts == {j1: 1, j2: 1}  # exactly one attempt each: never admitted twice
     finally:
         a.stop.set()
-        b.halt()
+        assert b.halt()
         engine.dispose()
 
 

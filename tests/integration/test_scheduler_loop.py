@@ -80,14 +80,20 @@ def test_admits_with_gang_placement_and_fencing_token(db: Session, dispatched: l
     assert j2.pending_message
 
 
+def running_until(db: Session, job: Job, later: datetime) -> datetime:
+    """``job`` admitted by a cycle at T0 and started at once; its host's agent and attempt heartbeat at ``later``,
+    which is returned."""
+    assert cycle(db, T0).admitted == [job.id]
+    f.start(db, job, now=T0)
+    heartbeat(db, later)
+    return later
+
+
 def test_preempts_lower_class_then_readmits_it(db: Session, dispatched: list[Any]) -> None:
     t = f.team(db, "ml")
     f.host(db, "b1", 8, now=T0)
     low = f.job(db, t, f.qos(db, "bronze"), gpus=8, submitted_at=T0)
-    assert cycle(db, T0).admitted == [low.id]
-    f.start(db, low, now=T0)
-    later = T0 + timedelta(minutes=30)
-    heartbeat(db, later)
+    later = running_until(db, low, T0 + timedelta(minutes=30))
     gold = f.job(db, t, f.qos(db, "gold"), gpus=8, submitted_at=later)
     # The preemption budget: a job preempts only at risk of its SLA or once it holds a reservation (the head of
     # its class, from the cycle before).
@@ -169,10 +175,7 @@ def test_a_team_at_its_quota_gives_its_own_silver_way_to_its_gold(db: Session, d
     f.host(db, "q1", 8, now=T0)
     f.host(db, "q2", 8, now=T0)
     mine = f.job(db, solo, f.qos(db, "silver"), gpus=8, submitted_at=T0)
-    assert cycle(db, T0).admitted == [mine.id]
-    f.start(db, mine, now=T0)
-    later = T0 + timedelta(minutes=30)
-    heartbeat(db, later)
+    later = running_until(db, mine, T0 + timedelta(minutes=30))
     gold = f.job(db, solo, f.qos(db, "gold"), gpus=8, submitted_at=later)
     # The preemption budget: it waits (Quota) until half its max queue wait (gold: 5 min) has passed.
     assert cycle(db, later + timedelta(seconds=1)).preempted == []

@@ -33,6 +33,22 @@ def violations(db: Session, job: Job) -> list[Event]:
     return list(db.scalars(select(Event).where(Event.job_id == job.id, Event.type.like("SLA_%")).order_by(Event.id)))
 
 
+def running_gold_job(
+    db: Session, team: str, host: str, name: str, *, steps: int | None = None, **terms: Any
+) -> tuple[Job, Attempt]:
+    """A gold job of ``team`` under a contract with these ``terms``, alone on the one-GPU ``host``: admitted by the
+    cycle at T0 + 1 s, its attempt started at T0 + 2 s. ``steps``: the spec's, when the test needs a number."""
+    gold = f.qos(db, "gold")
+    owner = f.team(db, team)
+    f.host(db, host, 1, now=T0)
+    job = f.job(db, owner, gold, gpus=1, name=name, submitted_at=T0)
+    if steps is not None:
+        job.spec = {**job.spec, "steps": steps}
+    contract(db, job, **terms)
+    cycle(db, T0 + timedelta(seconds=1))
+    return job, f.start(db, job, now=T0 + timedelta(seconds=2))
+
+
 def test_queue_wait_violation_is_recorded_once_when_the_wait_passes(db: Session) -> None:
     gold = f.qos(db, "gold")
     team = f.team(db, "sla-a")
@@ -65,14 +81,10 @@ def test_deadline_missed_by_an_unfinished_job(db: Session) -> None:
 
 
 def test_step_time_beyond_tolerance_and_deadline_at_risk(db: Session) -> None:
-    gold = f.qos(db, "gold")
-    team = f.team(db, "sla-c")
-    f.host(db, "h2", 1, now=T0)
-    job = f.job(db, team, gold, gpus=1, name="slowing", submitted_at=T0)
-    job.spec = {**job.spec, "steps": 1000}
-    contract(db, job, step_time_tolerance=1.3, deadline=T0 + timedelta(minutes=3))
-    cycle(db, T0 + timedelta(seconds=1))
-    attempt = f.start(db, job, now=T0 + timedelta(seconds=2))
+    deadline = T0 + timedelta(minutes=3)
+    job, attempt = running_gold_job(
+        db, "sla-c", "h2", "slowing", steps=1000, step_time_tolerance=1.3, deadline=deadline
+    )
     # 25 steps at 0.1 s (warm-up + baseline), then 5 at 0.2 s: 2x the baseline, past 1.3x.
     times = [0.5] * sla.WARMUP_STEPS + [0.1] * sla.BASELINE_STEPS + [0.2] * sla.RECENT_STEPS
     for step, t in enumerate(times, start=1):
@@ -93,13 +105,7 @@ def test_step_time_beyond_tolerance_and_deadline_at_risk(db: Session) -> None:
 def test_steps_slowed_by_kilns_own_checkpoint_io_are_not_charged_to_the_job(db: Session) -> None:
     """A durable checkpoint copy every 100 steps slows the steps it overlaps (1.57x on the H200): those steps are
     marked with the overhead, and the step-time term compares the job's own steps only."""
-    gold = f.qos(db, "gold")
-    team = f.team(db, "sla-o")
-    f.host(db, "h9", 1, now=T0)
-    job = f.job(db, team, gold, gpus=1, name="persisting", submitted_at=T0)
-    contract(db, job, step_time_tolerance=1.3)
-    cycle(db, T0 + timedelta(seconds=1))
-    attempt = f.start(db, job, now=T0 + timedelta(seconds=2))
+    job, attempt = running_gold_job(db, "sla-o", "h9", "persisting", step_time_tolerance=1.3)
     clean = sla.WARMUP_STEPS + sla.BASELINE_STEPS + sla.RECENT_STEPS
     # The job's own pace throughout, then five steps that overlapped a persist at 1.6x, then two more at pace.
     rows = [(0.1, None)] * clean + [(0.16, "persist")] * sla.RECENT_STEPS + [(0.1, None)] * 2
@@ -155,13 +161,7 @@ def test_step_time_and_pace_are_measured_per_job_when_many_run(db: Session) -> N
 
 
 def test_checkpoint_success_rate_below_the_minimum(db: Session) -> None:
-    gold = f.qos(db, "gold")
-    team = f.team(db, "sla-d")
-    f.host(db, "h3", 1, now=T0)
-    job = f.job(db, team, gold, gpus=1, name="flaky-ckpt", submitted_at=T0)
-    contract(db, job, min_checkpoint_success_rate=0.9)
-    cycle(db, T0 + timedelta(seconds=1))
-    f.start(db, job, now=T0 + timedelta(seconds=2))
+    job, _ = running_gold_job(db, "sla-d", "h3", "flaky-ckpt", min_checkpoint_success_rate=0.9)
     for i in range(8):
         db.add(Event(job_id=job.id, team_id=job.team_id, type="CHECKPOINT", data={"step": i}, created_at=T0))
     for _ in range(2):
