@@ -174,6 +174,7 @@ def run_kiln(
 def bare(args: argparse.Namespace) -> None:
     """The baseline: what a careful engineer writes by hand, nothing else."""
     import torch
+    from bare_loop import adamw, timed_steps, train_step
 
     from trainer.recipes.gpt import GPTRecipe, gpt_loss
 
@@ -191,40 +192,16 @@ def bare(args: argparse.Namespace) -> None:
     elif args.compile == "regional":
         for region in recipe.compile_regions(model):
             region.compile(fullgraph=True, dynamic=False)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=6e-4,
-        betas=(0.9, 0.95),
-        fused=True,
-    )
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    opt = adamw(model, fused=True)
     b, t, v = recipe.batch_size, recipe.cfg.seq_len, recipe.cfg.vocab_size
 
-    def step() -> torch.Tensor:
+    def loss() -> torch.Tensor:
         x = torch.randint(0, v, (b, t), device=device)
         y = torch.randint(0, v, (b, t), device=device)
-        with torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda"):
-            loss = gpt_loss(model, x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return gpt_loss(model, x, y)
 
-    for _ in range(args.warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        last = step()
-    last.item()
-    dt = time.perf_counter() - t0
-    print(
-        json.dumps({"tokens_per_s": b * t * args.steps / dt, "measured_steps": args.steps, "loss": float(last.item())})
-    )
+    step = train_step(model, opt, loss, device)
+    timed_steps(step, warmup=args.warmup, steps=args.steps, items_per_step=b * t, device=device)
 
 
 def run_bare(args: argparse.Namespace, mode: str) -> dict[str, Any]:

@@ -42,6 +42,7 @@ def hyperparameters(smoke: bool) -> dict[str, Any]:
 def bare(args: argparse.Namespace) -> None:
     """The baseline: the user's model in the loop a careful engineer writes by hand."""
     import torch
+    from bare_loop import adamw, timed_steps, train_step
 
     sys.path.insert(0, str(CODE))
     import model as user  # type: ignore[import-not-found]
@@ -51,45 +52,15 @@ def bare(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     net = user.build_model(hp).to(device)
     net.compile(fullgraph=True, dynamic=False)
-    decay = [p for p in net.parameters() if p.dim() >= 2]
-    no_decay = [p for p in net.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=6e-4,
-        betas=(0.9, 0.95),
-        fused=device.type == "cuda",
-    )
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    opt = adamw(net, fused=device.type == "cuda")
     data = user.batches(hp, rank=0, world_size=1, seed=0, start=0)
 
-    def step() -> torch.Tensor:
+    def loss() -> torch.Tensor:
         x, y = (t.to(device, non_blocking=True) for t in next(data))
-        with torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda"):
-            loss = user.loss(net, (x, y))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0, foreach=True)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss.detach()
+        return user.loss(net, (x, y))
 
-    for _ in range(args.warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        last = step()
-    last.item()
-    dt = time.perf_counter() - t0
-    print(
-        json.dumps(
-            {
-                "tokens_per_s": user.items_per_batch(hp) * args.steps / dt,
-                "measured_steps": args.steps,
-                "loss": float(last.item()),
-            }
-        )
-    )
+    step = train_step(net, opt, loss, device)
+    timed_steps(step, warmup=args.warmup, steps=args.steps, items_per_step=user.items_per_batch(hp), device=device)
 
 
 def run_bare(args: argparse.Namespace) -> dict[str, Any]:
