@@ -35,16 +35,7 @@ from sqlalchemy import select  # noqa: E402
 
 from core.models import Attempt, Event, Job  # noqa: E402
 from core.settings import get_settings  # noqa: E402
-from tests.support.services import redis_url, temporary_database  # noqa: E402
-from tests.support.workers_cluster import (  # noqa: E402
-    Cluster,
-    SchedulerThread,
-    cluster,
-    slow_steps,
-    submit,
-    tiny_spec,
-    wait_for,
-)
+from tests.support.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for  # noqa: E402
 
 TARGET_RECOVERY_S = 15.0
 
@@ -97,19 +88,15 @@ def run(args: argparse.Namespace, scenario: str = "other_host") -> dict[str, Any
     other_incidents: list[dict[str, Any]] = []  # LOST incidents no kill caused: there must be none
     with (
         tempfile.TemporaryDirectory(prefix="kiln-failover-") as tmp,
-        temporary_database("kiln_failover_bench") as url,
-        cluster(Path(tmp), database_url=url, broker_url=redis_url(), lease_s=args.lease,
-                heartbeat_s=args.heartbeat) as c,
-    ):  # fmt: skip
+        cluster_on_new_database(Path(tmp), "kiln_failover_bench", lease_s=args.lease, heartbeat_s=args.heartbeat) as c,
+    ):
         hooks = slow_steps(args.sleep)  # the trainer's test hook, set on the workers (never in the spec)
         hosts = [c.start_worker("a", hooks=hooks), c.start_worker("b", hooks=hooks)]
         maker = c.sessionmaker()
         spec = tiny_spec("failover-bench", steps=1_000_000, every_steps=args.checkpoint_every, log_every=1)
         spec["compile"] = {"mode": args.compile}
-        with maker() as db:
-            job_id = submit(db, spec, max_restarts=1000, recovery_objective_s=TARGET_RECOVERY_S).id
-            db.commit()
-        sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()  # the real scheduler
+        job_id = c.submit_job(spec, max_restarts=1000, recovery_objective_s=TARGET_RECOVERY_S)
+        sched = c.scheduler_thread()  # the real scheduler
         storage = get_settings().resolved_storage_dir
         try:
             for i in range(args.kills):

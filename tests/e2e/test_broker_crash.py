@@ -15,11 +15,9 @@ from sqlalchemy import select
 
 from core.db import utcnow
 from core.models import Attempt, Event, Host
-from core.settings import get_settings
-from tests.support.cluster_rows import job_events, job_row
+from tests.support.cluster_rows import finished_state, job_events, job_row
 from tests.support.redis_server import RedisServer, private_redis
-from tests.support.services import temporary_database
-from tests.support.workers_cluster import Cluster, SchedulerThread, cluster, slow_steps, submit, tiny_spec, wait_for
+from tests.support.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -28,15 +26,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 def broker_and_cluster(tmp_path: Path) -> Iterator[tuple[RedisServer, Cluster]]:
     with (
         private_redis(tmp_path / "redis") as broker,
-        temporary_database("kiln_broker_crash") as url,
-        cluster(tmp_path, database_url=url, broker_url=broker.url(), lease_s=10.0, heartbeat_s=1.0) as c,
+        cluster_on_new_database(tmp_path, "kiln_broker_crash", broker_url=broker.url(), lease_s=10.0) as c,
     ):
         yield broker, c
-
-
-def _finished(c: Cluster, job_id: int) -> str | None:
-    state = job_row(c, job_id).state
-    return state if state in ("SUCCEEDED", "FAILED", "CANCELLED") else None
 
 
 def test_redis_sigkill_leaves_no_worker_that_heartbeats_without_consuming(
@@ -45,20 +37,16 @@ def test_redis_sigkill_leaves_no_worker_that_heartbeats_without_consuming(
     broker, c = broker_and_cluster
     host = c.start_worker("a", cpu_slots=2, hooks=slow_steps(0.2))
     maker = c.sessionmaker()
-    with maker() as db:
-        running = submit(db, tiny_spec("holds-a-message", steps=100, every_steps=20)).id
-        db.commit()
-    sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
+    running = c.submit_job(tiny_spec("holds-a-message", steps=100, every_steps=20))
+    sched = c.scheduler_thread()
     try:
         wait_for(lambda: job_row(c, running).last_step >= 5, 120, "training under way (its message unacknowledged)")
         broker.kill()
         broker.start()  # on the same port, empty: the unacknowledged message is gone with the old server
         step_at_restart = job_row(c, running).last_step
-        with maker() as db:
-            after = submit(db, tiny_spec("placed-after-the-crash", steps=20, every_steps=10)).id
-            db.commit()
-        wait_for(lambda: _finished(c, after), 150, "the job placed on the host after the crash finished")
-        wait_for(lambda: _finished(c, running), 150, "the running job finished")
+        after = c.submit_job(tiny_spec("placed-after-the-crash", steps=20, every_steps=10))
+        wait_for(lambda: finished_state(c, after), 150, "the job placed on the host after the crash finished")
+        wait_for(lambda: finished_state(c, running), 150, "the running job finished")
     finally:
         sched.stop()
 
@@ -90,16 +78,12 @@ def test_a_consumer_killed_by_the_broker_crash_is_restarted_in_place_and_the_hos
     broker, c = broker_and_cluster
     host = c.start_worker("a", cpu_slots=2, hooks={**slow_steps(0.2), "hold_delivery_s": 4.0})
     maker = c.sessionmaker()
-    with maker() as db:
-        running = submit(db, tiny_spec("trains-through-it", steps=100, every_steps=20)).id
-        db.commit()
-    sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
+    running = c.submit_job(tiny_spec("trains-through-it", steps=100, every_steps=20))
+    sched = c.scheduler_thread()
     try:
         wait_for(lambda: job_row(c, running).last_step >= 3, 120, "the first job training")
         pid = c.workers[host].pid
-        with maker() as db:
-            held = submit(db, tiny_spec("held-when-redis-dies", steps=20, every_steps=10)).id
-            db.commit()
+        held = c.submit_job(tiny_spec("held-when-redis-dies", steps=20, every_steps=10))
         wait_for(lambda: c.log_text(host).count("holding the delivery") >= 2, 60, "the second delivery held")
         broker.kill()
         # Nothing consumes while Redis is away: the host is UNREACHABLE, its heartbeat fresh.
@@ -108,11 +92,9 @@ def test_a_consumer_killed_by_the_broker_crash_is_restarted_in_place_and_the_hos
         assert state[1] < 5.0, "the worker still heartbeats"
         broker.start()
         wait_for(lambda: _host_state(c, host)[0] == "UP", 60, "the host UP again once its consumer consumes")
-        with maker() as db:
-            after = submit(db, tiny_spec("placed-after-the-restart", steps=20, every_steps=10)).id
-            db.commit()
+        after = c.submit_job(tiny_spec("placed-after-the-restart", steps=20, every_steps=10))
         for job_id in (held, after, running):
-            wait_for(lambda j=job_id: _finished(c, j), 180, f"job {job_id} finished")  # type: ignore[misc]
+            wait_for(lambda j=job_id: finished_state(c, j), 180, f"job {job_id} finished")  # type: ignore[misc]
     finally:
         sched.stop()
 

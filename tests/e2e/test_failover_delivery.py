@@ -17,16 +17,7 @@ from core.states import JobState
 from core.trainer_protocol import ExitCode
 from core.transitions import record_event
 from tests.support.cluster_rows import job_events, job_row
-from tests.support.services import redis_url, temporary_database
-from tests.support.workers_cluster import (
-    Cluster,
-    SchedulerThread,
-    cluster,
-    slow_steps,
-    submit,
-    tiny_spec,
-    wait_for,
-)
+from tests.support.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
 from workers.dispatch import dispatch_attempt
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -35,11 +26,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 @pytest.fixture
 def one_host(tmp_path: Path) -> Iterator[Cluster]:
     # Visibility timeout 2 s: Redis hands an unacknowledged message out again after 2 s.
-    with (
-        temporary_database("kiln_delivery") as url,
-        cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=8.0, heartbeat_s=1.0,
-                visibility_timeout_s=2.0) as c,
-    ):  # fmt: skip
+    with cluster_on_new_database(tmp_path, "kiln_delivery", lease_s=8.0, visibility_timeout_s=2.0) as c:
         yield c
 
 
@@ -49,10 +36,8 @@ def test_forced_redelivery_is_refused_and_exactly_one_attempt_trains(one_host: C
     # (a test hook), longer than the visibility timeout, so Redis hands the same message out a second time.
     host = c.start_worker("a", cpu_slots=1, hooks={**slow_steps(0.25), "hold_delivery_s": 4.0})
     maker = c.sessionmaker()
-    with maker() as db:
-        job_id = submit(db, tiny_spec("redelivered", steps=60)).id
-        db.commit()
-    sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
+    job_id = c.submit_job(tiny_spec("redelivered", steps=60))
+    sched = c.scheduler_thread()
     try:
         wait_for(lambda: job_row(c, job_id).state == "RUNNING", 60, "running")
         # Redis redelivers the unacknowledged message (visibility timeout 2 s) while the first delivery is held.
@@ -90,10 +75,8 @@ def test_cancel_running_job_checkpoints_and_is_cancelled_within_grace(one_host: 
     c = one_host
     c.start_worker("a", cpu_slots=1, hooks=slow_steps(0.1))
     maker = c.sessionmaker()
-    with maker() as db:
-        job_id = submit(db, tiny_spec("cancelled", steps=400, every_steps=100)).id
-        db.commit()
-    sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
+    job_id = c.submit_job(tiny_spec("cancelled", steps=400, every_steps=100))
+    sched = c.scheduler_thread()
     try:
         wait_for(lambda: job_row(c, job_id).last_step >= 15, 90, "training under way")
         with maker() as db:  # what the API's cancel does for a running job

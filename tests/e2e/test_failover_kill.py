@@ -15,19 +15,10 @@ import pytest
 from sqlalchemy import select
 
 from core.db import utcnow
-from core.models import Attempt, Checkpoint, Event, Usage
+from core.models import Checkpoint, Event, Usage
 from core.settings import get_settings
-from tests.support.cluster_rows import job_events, job_row
-from tests.support.services import redis_url, temporary_database
-from tests.support.workers_cluster import (
-    Cluster,
-    SchedulerThread,
-    cluster,
-    slow_steps,
-    submit,
-    tiny_spec,
-    wait_for,
-)
+from tests.support.cluster_rows import finished_state, job_attempts, job_events, job_row, matched_its_twin
+from tests.support.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -36,16 +27,8 @@ LEASE_S = 8.0
 
 @pytest.fixture
 def two_hosts(tmp_path: Path) -> Iterator[Cluster]:
-    with (
-        temporary_database("kiln_failover") as url,
-        cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=LEASE_S, heartbeat_s=1.0) as c,
-    ):
+    with cluster_on_new_database(tmp_path, "kiln_failover", lease_s=LEASE_S) as c:
         yield c
-
-
-def _terminal(c: Cluster, job_id: int) -> str | None:
-    state = job_row(c, job_id).state
-    return state if state in ("SUCCEEDED", "FAILED", "CANCELLED") else None
 
 
 def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Cluster) -> None:
@@ -54,20 +37,16 @@ def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Clus
     maker = c.sessionmaker()
     wait_for(lambda: len(_hosts_up(c)) == 1, 60, "host a registered")
     spec = tiny_spec("victim", steps=60, every_steps=10)
-    with maker() as db:
-        victim = submit(db, spec, recovery_objective_s=60.0).id
-        db.commit()
-    sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
+    victim = c.submit_job(spec, recovery_objective_s=60.0)
+    sched = c.scheduler_thread()
     try:
         # The real scheduler places the victim on a (the only host); host b comes up next and the reference, same
         # spec, lands there (a is full): an uninterrupted twin.
         wait_for(lambda: job_row(c, victim).state == "RUNNING", 60, "victim running")
         host_b = c.start_worker("b", cpu_slots=2, hooks=slow_steps(0.15))
         wait_for(lambda: len(_hosts_up(c)) == 2, 60, "host b registered")
-        with maker() as db:
-            reference = submit(db, {**spec, "name": "reference"}).id
-            db.commit()
-        first = _attempts(c, victim)[0]
+        reference = c.submit_job({**spec, "name": "reference"})
+        first = job_attempts(c, victim)[0]
         assert first.placement[0]["host"] == host_a
 
         # Mid-run, after at least one verified checkpoint and a few steps beyond it.
@@ -93,21 +72,16 @@ def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Clus
         complete = (telemetry / "rank0.jsonl").read_text().split("\n")[:-1]  # a SIGKILL may cut the last line
         step_at_kill = max(json.loads(line)["step"] for line in complete if '"kind":"step"' in line)
 
-        wait_for(lambda: _terminal(c, victim), 150, "victim finished after failover")
-        wait_for(lambda: _terminal(c, reference), 60, "reference finished")
+        wait_for(lambda: finished_state(c, victim), 150, "victim finished after failover")
+        wait_for(lambda: finished_state(c, reference), 60, "reference finished")
         wait_for(lambda: job_events(c, victim, "RECOVERED"), 20, "recovery time recorded")
     finally:
         sched.stop()
 
-    job, ref = job_row(c, victim), job_row(c, reference)
-    assert job.state == "SUCCEEDED", job.exit_reason
-    assert ref.state == "SUCCEEDED", ref.exit_reason
-    assert job.restart_count == 1
     # Resumed from the last verified checkpoint: same data position, RNG and optimizer state -> the same loss.
-    assert job.last_step == ref.last_step == 60
-    assert job.last_loss == pytest.approx(ref.last_loss, rel=1e-6, abs=1e-6)
+    matched_its_twin(c, victim, reference, steps=60)
 
-    attempts = _attempts(c, victim)
+    attempts = job_attempts(c, victim)
     assert [a.state for a in attempts] == ["LOST", "SUCCEEDED"]
     second = attempts[1]
     assert second.placement[0]["host"] == host_b
@@ -162,26 +136,20 @@ def test_a_restarted_worker_ends_its_predecessors_attempt_without_waiting_for_th
     """kill -9 of a host's worker, then the worker starts again on the same host (its supervisor restarts it, as
     `kiln up` and systemd do): the new worker declares the old attempt LOST at its start -- long before the lease
     (two minutes here) would -- and the job resumes on the same host from its last verified checkpoint."""
-    with (
-        temporary_database("kiln_restart") as url,
-        cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=120.0, heartbeat_s=1.0) as c,
-    ):
+    with cluster_on_new_database(tmp_path, "kiln_restart", lease_s=120.0) as c:
         host = c.start_worker("a", cpu_slots=1, hooks=slow_steps(0.15))
-        maker = c.sessionmaker()
         wait_for(lambda: len(_hosts_up(c)) == 1, 60, "host registered")
-        with maker() as db:
-            job_id = submit(db, tiny_spec("restarted", steps=60, every_steps=10)).id
-            db.commit()
-        sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
+        job_id = c.submit_job(tiny_spec("restarted", steps=60, every_steps=10))
+        sched = c.scheduler_thread()
         try:
             wait_for(lambda: job_row(c, job_id).last_step >= 15, 90, "past step 15")
             c.kill_worker(host)
             c.start_worker("a", cpu_slots=1, hooks=slow_steps(0.15))
-            wait_for(lambda: _terminal(c, job_id), 150, "finished after the restart")
+            wait_for(lambda: finished_state(c, job_id), 150, "finished after the restart")
         finally:
             sched.stop()
         job = job_row(c, job_id)
-        attempts = _attempts(c, job_id)
+        attempts = job_attempts(c, job_id)
         lost = job_events(c, job_id, "LOST")
     assert job.state == "SUCCEEDED" and job.last_step == 60 and job.restart_count == 1, job.exit_reason
     assert [(a.state, a.placement[0]["host"]) for a in attempts] == [("LOST", host), ("SUCCEEDED", host)]
@@ -196,8 +164,3 @@ def _hosts_up(c: Cluster) -> list[str]:
 
     with c.sessionmaker()() as db:
         return [h.name for h in db.scalars(select(Host).where(Host.state == "UP")).all()]
-
-
-def _attempts(c: Cluster, job_id: int) -> list[Attempt]:
-    with c.sessionmaker()() as db:
-        return list(db.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)).all())

@@ -22,15 +22,7 @@ from tests.support.cluster_rows import job_row
 from tests.support.deps import missing
 from tests.support.private_servers import PrivatePostgres, private_servers_available
 from tests.support.redis_server import RedisServer, private_redis
-from tests.support.workers_cluster import (
-    Cluster,
-    SchedulerThread,
-    cluster,
-    slow_steps,
-    submit,
-    tiny_spec,
-    wait_for,
-)
+from tests.support.workers_cluster import Cluster, cluster, slow_steps, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -64,18 +56,14 @@ def test_redis_then_postgres_restart_loses_and_duplicates_nothing(
     maker = c.sessionmaker()
     api = TestClient(create_app(get_settings()), raise_server_exceptions=False)
     assert api.get("/readyz").status_code == 200
-    with maker() as db:
-        long_job = submit(db, tiny_spec("through-restarts", steps=120, every_steps=20)).id
-        db.commit()
-    sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()  # the real scheduler
+    long_job = c.submit_job(tiny_spec("through-restarts", steps=120, every_steps=20))
+    sched = c.scheduler_thread()  # the real scheduler
     try:
         wait_for(lambda: job_row(c, long_job).last_step >= 5, 90, "training under way")
 
         # 1. Redis goes away with everything in it (nosave). A job admitted meanwhile cannot be sent.
         broker.shutdown()
-        with maker() as db:
-            orphan = submit(db, tiny_spec("admitted-while-redis-down", steps=30)).id
-            db.commit()
+        orphan = c.submit_job(tiny_spec("admitted-while-redis-down", steps=30))
         wait_for(lambda: job_row(c, orphan).state == "ADMITTED", 30, "admitted while the broker is down")
         time.sleep(1.0)
         broker.start()

@@ -29,20 +29,11 @@ import pytest
 from sqlalchemy import select
 
 from core.fence import job_checkpoint_dir
-from core.models import Attempt, Checkpoint
+from core.models import Checkpoint
 from core.settings import get_settings
 from core.trainer_protocol import ExitCode
-from tests.support.cluster_rows import job_events, job_row
-from tests.support.services import redis_url, temporary_database
-from tests.support.workers_cluster import (
-    Cluster,
-    SchedulerThread,
-    cluster,
-    slow_steps,
-    submit,
-    tiny_spec,
-    wait_for,
-)
+from tests.support.cluster_rows import checkpoint_manifests, job_attempts, job_events, job_row
+from tests.support.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(360)]
 
@@ -52,10 +43,7 @@ STEPS = 60
 
 @pytest.fixture
 def hosts(tmp_path: Path) -> Iterator[Cluster]:
-    with (
-        temporary_database("kiln_zombie") as url,
-        cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=LEASE_S, heartbeat_s=1.0) as c,
-    ):
+    with cluster_on_new_database(tmp_path, "kiln_zombie", lease_s=LEASE_S) as c:
         yield c
 
 
@@ -79,37 +67,21 @@ def _exit_of(job_id: int) -> dict[str, Any] | None:
     return next((r["fields"] for r in _telemetry(job_id) if r["kind"] == "event" and r["type"] == "EXIT"), None)
 
 
-def _attempts(c: Cluster, job_id: int) -> list[Attempt]:
-    with c.sessionmaker()() as db:
-        return list(db.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)).all())
-
-
-def _manifests(job_id: int) -> dict[int, dict[str, Any]]:
-    root = job_checkpoint_dir(get_settings().resolved_storage_dir, job_id)
-    return {int(p.name[5:]): json.loads((p / "manifest.json").read_text()) for p in root.glob("step_*")}
-
-
 def test_a_lost_attempt_never_commits_and_the_result_is_its_checkpoints(hosts: Cluster) -> None:
     c = hosts
     slow = slow_steps(0.15)
     names = [c.start_worker("a", hooks=slow), c.start_worker("c", hooks=slow)]
-    maker = c.sessionmaker()
     spec = tiny_spec("victim", steps=STEPS, every_steps=5)
     spec["checkpointing"]["keep_last"] = 100  # every checkpoint stays on disk, to be checked below
-    with maker() as db:
-        zombie = submit(db, spec).id
-        frozen = submit(db, {**spec, "name": "frozen-node"}).id
-        db.commit()
-    sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
+    zombie, frozen = c.submit_job(spec), c.submit_job({**spec, "name": "frozen-node"})
+    sched = c.scheduler_thread()
     stopped: list[int] = []
     try:
         wait_for(lambda: all(job_row(c, j).last_step >= 12 for j in (zombie, frozen)), 120, "both jobs training")
-        host_of = {j: _attempts(c, j)[0].placement[0]["host"] for j in (zombie, frozen)}
+        host_of = {j: job_attempts(c, j)[0].placement[0]["host"] for j in (zombie, frozen)}
         assert sorted(host_of.values()) == sorted(names)
         c.start_worker("b", cpu_slots=3, hooks=slow)  # the twin now, and room for both restarts later
-        with maker() as db:
-            twin = submit(db, {**spec, "name": "twin"}).id
-            db.commit()
+        twin = c.submit_job({**spec, "name": "twin"})
         wait_for(lambda: job_row(c, twin).state == "RUNNING", 60, "the uninterrupted twin running")
 
         # Freeze: on one host the worker alone (its trainer trains on), on the other the whole node.
@@ -156,11 +128,11 @@ def test_a_lost_attempt_never_commits_and_the_result_is_its_checkpoints(hosts: C
 def _check_lost_attempt_and_result(c: Cluster, job_id: int, lost_at: float, twin_loss: float | None) -> None:
     job = job_row(c, job_id)
     assert job.state == "SUCCEEDED", job.exit_reason
-    first, second = _attempts(c, job_id)
+    first, second = job_attempts(c, job_id)
     assert (first.state, second.state) == ("LOST", "SUCCEEDED") and job.restart_count == 1
 
     # Nothing was committed under the lost attempt's token after it was declared lost, on disk or in telemetry.
-    manifests = _manifests(job_id)
+    manifests = checkpoint_manifests(job_id)
     by_lost = {s: m for s, m in manifests.items() if m["fencing_token"] == first.fencing_token}
     assert by_lost, "the lost attempt committed checkpoints before it was lost"
     assert max(m["created"] for m in by_lost.values()) < lost_at, (lost_at, sorted(by_lost))
@@ -189,14 +161,11 @@ def _check_lost_attempt_and_result(c: Cluster, job_id: int, lost_at: float, twin
 def test_a_users_mistake_fails_at_once_with_its_reason(hosts: Cluster) -> None:
     c = hosts
     c.start_worker("a", cpu_slots=1)
-    maker = c.sessionmaker()
-    with maker() as db:
-        # Each setting valid on its own (the typed hyperparameters accept them at submit), together impossible:
-        # the corpus is shorter than one sequence. The trainer used to crash on it, and the job restarted as if a
-        # host had failed until the contract's restarts were spent.
-        job_id = submit(db, tiny_spec("short-data", steps=20, corpus_bytes=4096, seq_len=8192)).id
-        db.commit()
-    sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
+    # Each setting valid on its own (the typed hyperparameters accept them at submit), together impossible: the
+    # corpus is shorter than one sequence. The trainer used to crash on it, and the job restarted as if a host had
+    # failed until the contract's restarts were spent.
+    job_id = c.submit_job(tiny_spec("short-data", steps=20, corpus_bytes=4096, seq_len=8192))
+    sched = c.scheduler_thread()
     try:
         wait_for(lambda: job_row(c, job_id).state in ("SUCCEEDED", "FAILED"), 120, "the job ended")
     finally:
@@ -205,5 +174,5 @@ def test_a_users_mistake_fails_at_once_with_its_reason(hosts: Cluster) -> None:
     assert job.state == "FAILED" and job.restart_count == 0, (job.state, job.exit_reason)
     assert job.exit_reason == "user error: building the data: ValueError: corpus shorter than one sequence"
     assert not job_events(c, job_id, "LOST")
-    (attempt,) = _attempts(c, job_id)
+    (attempt,) = job_attempts(c, job_id)
     assert attempt.state == "FAILED" and attempt.exit_code == ExitCode.USER_ERROR

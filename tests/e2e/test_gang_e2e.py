@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from core.models import Attempt, Checkpoint
+from core.models import Checkpoint
 from core.settings import get_settings
-from tests.support.cluster_rows import job_events, job_row
-from tests.support.services import redis_url, temporary_database
-from tests.support.workers_cluster import Cluster, SchedulerThread, cluster, slow_steps, submit, tiny_spec, wait_for
+from tests.support.cluster_rows import finished_state, job_attempts, job_events, job_row
+from tests.support.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -29,10 +28,7 @@ EVERY = 10
 
 @pytest.fixture
 def two_hosts(tmp_path: Path) -> Iterator[Cluster]:
-    with (
-        temporary_database("kiln_gang") as url,
-        cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=10.0, heartbeat_s=1.0) as c,
-    ):
+    with cluster_on_new_database(tmp_path, "kiln_gang", lease_s=10.0) as c:
         yield c
 
 
@@ -41,62 +37,46 @@ def _gang_spec(name: str) -> dict[str, object]:
     return {**spec, "resources": {"gpus": 0, "cpu_slots": 2}}
 
 
-def _finished(c: Cluster, job_id: int) -> str | None:
-    state = job_row(c, job_id).state
-    return state if state in ("SUCCEEDED", "FAILED", "CANCELLED") else None
-
-
-def _attempts(c: Cluster, job_id: int) -> list[Attempt]:
-    with c.sessionmaker()() as db:
-        return list(db.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)).all())
-
-
 def test_a_gang_trains_across_two_hosts_and_survives_the_loss_of_one(two_hosts: Cluster) -> None:
     c = two_hosts
     hooks = slow_steps(0.15)
     hosts = [c.start_worker("a", cpu_slots=1, hooks=hooks), c.start_worker("b", cpu_slots=1, hooks=hooks)]
     maker = c.sessionmaker()
-    sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
+    sched = c.scheduler_thread()
     try:
         # The twin first, uninterrupted, on the same two hosts.
-        with maker() as db:
-            twin = submit(db, _gang_spec("gang-twin")).id
-            db.commit()
-        wait_for(lambda: _finished(c, twin), 240, "the uninterrupted gang finished")
-        with maker() as db:
-            victim = submit(db, _gang_spec("gang-victim")).id
-            db.commit()
+        twin = c.submit_job(_gang_spec("gang-twin"))
+        wait_for(lambda: finished_state(c, twin), 240, "the uninterrupted gang finished")
+        victim = c.submit_job(_gang_spec("gang-victim"))
         wait_for(lambda: job_row(c, victim).last_step >= EVERY + 5, 180, "the gang past its first checkpoint")
         with maker() as db:
             verified = max(db.scalars(select(Checkpoint.step).where(Checkpoint.job_id == victim)).all())
-        head = _attempts(c, victim)[0].placement[0]["host"]  # node 0: it hosts the rendezvous's c10d store
+        head = job_attempts(c, victim)[0].placement[0]["host"]  # node 0: it hosts the rendezvous's c10d store
         c.kill_worker(head)  # the worker and everything under it, at once
         c.start_worker(head.rsplit("-", 1)[0], cpu_slots=1, hooks=hooks)  # its supervisor starts it again
-        wait_for(lambda: _finished(c, victim), 240, "the gang finished after the restart")
+        wait_for(lambda: finished_state(c, victim), 240, "the gang finished after the restart")
 
         # A host that freezes (SIGSTOP of its worker and everything under it: no connection is reset) while the
         # other host's worker, healthy, renews its own node's lease and its rank waits in a collective.
-        with maker() as db:
-            frozen_job = submit(db, _gang_spec("gang-frozen")).id
-            db.commit()
+        frozen_job = c.submit_job(_gang_spec("gang-frozen"))
         wait_for(lambda: job_row(c, frozen_job).last_step >= EVERY + 5, 180, "the second gang past a checkpoint")
-        node1 = _attempts(c, frozen_job)[0].placement[1]["host"]
+        node1 = job_attempts(c, frozen_job)[0].placement[1]["host"]
         tree = c.freeze_worker(node1)
         try:
             wait_for(lambda: job_events(c, frozen_job, "LOST"), 60, "the gang LOST by its frozen node's lease")
         finally:
             c.thaw(tree)
-        wait_for(lambda: _finished(c, frozen_job), 300, "the frozen gang finished after the thaw")
+        wait_for(lambda: finished_state(c, frozen_job), 300, "the frozen gang finished after the thaw")
     finally:
         sched.stop()
 
     ref, job = job_row(c, twin), job_row(c, victim)
     assert ref.state == "SUCCEEDED", ref.exit_reason
-    first = _attempts(c, twin)
+    first = job_attempts(c, twin)
     assert len(first) == 1 and sorted(n["host"] for n in first[0].placement) == sorted(hosts), first[0].placement
     assert job.state == "SUCCEEDED", job.exit_reason
     assert job.restart_count == 1
-    attempts = _attempts(c, victim)
+    attempts = job_attempts(c, victim)
     assert [a.state for a in attempts] == ["LOST", "SUCCEEDED"], [(a.state, a.exit_reason) for a in attempts]
     assert all(len(a.placement) == 2 for a in attempts)
     second = attempts[1]

@@ -15,18 +15,8 @@ from sqlalchemy import select
 
 from core.models import Attempt
 from core.settings import get_settings
-from tests.support.cluster_rows import job_row
-from tests.support.services import redis_url, temporary_database
-from tests.support.workers_cluster import (
-    ROOT,
-    Cluster,
-    SchedulerThread,
-    cluster,
-    slow_steps,
-    submit,
-    upload_code,
-    wait_for,
-)
+from tests.support.cluster_rows import job_row, matched_its_twin
+from tests.support.workers_cluster import ROOT, Cluster, cluster_on_new_database, slow_steps, upload_code, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -35,10 +25,7 @@ LEASE_S = 8.0
 
 @pytest.fixture
 def two_hosts(tmp_path: Path) -> Iterator[Cluster]:
-    with (
-        temporary_database("kiln_usercode_failover") as url,
-        cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=LEASE_S, heartbeat_s=1.0) as c,
-    ):
+    with cluster_on_new_database(tmp_path, "kiln_usercode_failover", lease_s=LEASE_S) as c:
         yield c
 
 
@@ -49,9 +36,8 @@ def digits_spec(c: Cluster, name: str) -> dict[str, object]:
     spec["recipe"]["hyperparameters"]["heartbeat_s"] = 0.5
     with c.sessionmaker()() as db:
         spec["code"]["digest"] = upload_code(db, spec["team"], ROOT / "examples" / "digits")
-        job = submit(db, spec)
         db.commit()
-        spec["id"] = job.id
+    spec["id"] = c.submit_job(spec)
     return spec
 
 
@@ -61,7 +47,7 @@ def test_sigkill_mid_run_resumes_the_same_code_and_matches_its_twin(two_hosts: C
     maker = c.sessionmaker()
     victim_spec = digits_spec(c, "victim")
     victim = int(victim_spec["id"])  # type: ignore[call-overload]
-    sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
+    sched = c.scheduler_thread()
     try:
         wait_for(lambda: job_row(c, victim).state == "RUNNING", 60, "victim running")
         c.start_worker("b", cpu_slots=2, hooks=slow_steps(0.15))
@@ -73,12 +59,7 @@ def test_sigkill_mid_run_resumes_the_same_code_and_matches_its_twin(two_hosts: C
     finally:
         sched.stop()
 
-    job, ref = job_row(c, victim), job_row(c, reference)
-    assert job.state == "SUCCEEDED", job.exit_reason
-    assert ref.state == "SUCCEEDED", ref.exit_reason
-    assert job.restart_count == 1
-    assert job.last_step == ref.last_step == 60
-    assert job.last_loss == pytest.approx(ref.last_loss, rel=1e-6, abs=1e-6)
+    job, ref = matched_its_twin(c, victim, reference, steps=60)
     assert job.eval_metrics is not None and ref.eval_metrics is not None
     assert job.eval_metrics["step"] == 60
     for name, value in ref.eval_metrics["metrics"].items():

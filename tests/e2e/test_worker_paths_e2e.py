@@ -30,38 +30,21 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import select
 
 from core.db import session_scope
-from core.fence import job_checkpoint_dir
 from core.models import Attempt
 from core.policy_config import PolicyConfig
 from core.services.bootstrap import bootstrap_admin
 from core.settings import get_settings
-from tests.support.cluster_rows import job_events, job_row
-from tests.support.services import redis_url, temporary_database
-from tests.support.workers_cluster import (
-    ROOT,
-    Cluster,
-    SchedulerThread,
-    cluster,
-    slow_steps,
-    submit,
-    tiny_spec,
-    wait_for,
-)
+from tests.support.cluster_rows import checkpoint_manifests, finished_state, job_attempts, job_events, job_row
+from tests.support.workers_cluster import ROOT, Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
-
-FINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
 
 
 @pytest.fixture
 def hosts(tmp_path: Path) -> Iterator[Cluster]:
-    with (
-        temporary_database("kiln_paths") as url,
-        cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=8.0, heartbeat_s=1.0) as c,
-    ):
+    with cluster_on_new_database(tmp_path, "kiln_paths", lease_s=8.0) as c:
         yield c
 
 
@@ -72,34 +55,17 @@ def _spec(name: str, *, steps: int = 60, every_steps: int = 20, qos: str = "silv
     return {**spec, **extra}
 
 
-def _attempts(c: Cluster, job_id: int) -> list[Attempt]:
-    with c.sessionmaker()() as db:
-        return list(db.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)).all())
-
-
-def _manifests(job_id: int) -> dict[int, dict[str, Any]]:
-    root = job_checkpoint_dir(get_settings().resolved_storage_dir, job_id)
-    return {int(p.name[5:]): json.loads((p / "manifest.json").read_text()) for p in root.glob("step_*")}
-
-
-def _submit(c: Cluster, spec: dict[str, Any]) -> int:
-    with c.sessionmaker()() as db:
-        job_id = submit(db, spec).id
-        db.commit()
-    return job_id
-
-
 def _wait_final(c: Cluster, *job_ids: int, timeout: float = 180) -> None:
     for j in job_ids:
-        wait_for(lambda j=j: job_row(c, j).state in FINAL, timeout, f"job {j} finished")
+        wait_for(lambda j=j: finished_state(c, j), timeout, f"job {j} finished")
 
 
 def _resumed_from_its_stop_checkpoint(c: Cluster, job_id: int, stopped_state: str) -> tuple[Attempt, Attempt]:
     """The job stopped once (``stopped_state``) and ran again from the checkpoint the stopped attempt wrote last;
     its recorded result is its final checkpoint's."""
-    first, second = _attempts(c, job_id)
+    first, second = job_attempts(c, job_id)
     assert (first.state, second.state) == (stopped_state, "SUCCEEDED"), (first.exit_reason, second.exit_reason)
-    manifests = _manifests(job_id)
+    manifests = checkpoint_manifests(job_id)
     by_first = [s for s, m in manifests.items() if m["fencing_token"] == first.fencing_token]
     assert by_first and second.resumed_from_step == max(by_first)
     job = job_row(c, job_id)
@@ -117,13 +83,13 @@ def test_a_preemption_checkpoints_requeues_and_resumes_with_the_twins_loss(hosts
     c.start_worker("a", hooks=slow)
     c.start_worker("b", hooks=slow)
     # Two bronze jobs, one per host, the same spec: whichever the policy preempts, the other is its twin.
-    low = [_submit(c, _spec(f"low-{i}", qos="bronze")) for i in (1, 2)]
+    low = [c.submit_job(_spec(f"low-{i}", qos="bronze")) for i in (1, 2)]
     # No minimum run time and no patience: a gold job that finds no room preempts at once.
     config = PolicyConfig(min_run_time_s=0.0, preempt_patience_s=None)
-    sched = SchedulerThread(c.sessionmaker(), get_settings(), interval_s=0.5, config=config).start()
+    sched = c.scheduler_thread(config=config)
     try:
         wait_for(lambda: all(job_row(c, j).last_step >= 5 for j in low), 120, "both bronze jobs training")
-        gold = _submit(c, _spec("gold", steps=10, every_steps=10, qos="gold", seed=7))
+        gold = c.submit_job(_spec("gold", steps=10, every_steps=10, qos="gold", seed=7))
         victim = wait_for(lambda: next((j for j in low if job_events(c, j, "PREEMPTING")), None), 60,
                           "a bronze job preempted")  # fmt: skip
         _wait_final(c, gold, *low)
@@ -137,14 +103,14 @@ def test_a_preemption_checkpoints_requeues_and_resumes_with_the_twins_loss(hosts
     assert not job_events(c, victim, "LOST")
     # The trainer checkpointed when it was told to stop, at the step it had reached (not only at every 20 steps).
     queued = [e for e in job_events(c, victim, "QUEUED") if "preempted at step" in e.message]
-    assert queued and queued[0].data["last_step"] == _attempts(c, victim)[1].resumed_from_step
+    assert queued and queued[0].data["last_step"] == job_attempts(c, victim)[1].resumed_from_step
     assert "preemption requested by the scheduler" in _log(victim, 1)
     # The preemptor ran in the room the victim left.
-    (gold_attempt,) = _attempts(c, gold)
+    (gold_attempt,) = job_attempts(c, gold)
     assert first.ended_at is not None and gold_attempt.started_at is not None
     assert gold_attempt.placement[0]["host"] == first.placement[0]["host"]
     ref = job_row(c, twin)
-    assert ref.state == "SUCCEEDED" and len(_attempts(c, twin)) == 1
+    assert ref.state == "SUCCEEDED" and len(job_attempts(c, twin)) == 1
     assert job.last_loss == pytest.approx(ref.last_loss, rel=1e-6, abs=1e-6)
 
 
@@ -185,8 +151,8 @@ def test_the_time_limit_stops_checkpoints_and_fails_with_the_reason(hosts: Clust
     c = hosts
     c.start_worker("a", hooks=slow_steps(0.15))
     # 3,000 steps at >= 0.15 s each cannot end within 40 s.
-    job_id = _submit(c, _spec("over-time", steps=3000, every_steps=1000, time_limit_s=40))
-    sched = SchedulerThread(c.sessionmaker(), get_settings(), interval_s=0.5).start()
+    job_id = c.submit_job(_spec("over-time", steps=3000, every_steps=1000, time_limit_s=40))
+    sched = c.scheduler_thread()
     try:
         wait_for(lambda: job_row(c, job_id).last_step > 0, 120, "training under way")
         _wait_final(c, job_id)
@@ -195,11 +161,11 @@ def test_the_time_limit_stops_checkpoints_and_fails_with_the_reason(hosts: Clust
     job = job_row(c, job_id)
     assert job.state == "FAILED", job.exit_reason
     assert (job.exit_reason or "").startswith("timeout: time limit reached"), job.exit_reason
-    (attempt,) = _attempts(c, job_id)
+    (attempt,) = job_attempts(c, job_id)
     assert attempt.state == "FAILED" and job.restart_count == 0
     assert "time limit reached" in _log(job_id, 1)
     # Told to stop, the trainer committed a checkpoint at the step it had reached: that is the job's record.
-    manifests = _manifests(job_id)
+    manifests = checkpoint_manifests(job_id)
     assert manifests and max(manifests) == job.last_step and 0 < job.last_step < 1000
     assert job.last_loss == pytest.approx(manifests[job.last_step]["loss"], abs=1e-9)
 
@@ -211,13 +177,13 @@ def test_a_hung_trainer_is_stopped_and_its_job_restarts_elsewhere(hosts: Cluster
     c = hosts
     slow = slow_steps(0.15)
     healthy = c.start_worker("b", hooks=slow)
-    sched = SchedulerThread(c.sessionmaker(), get_settings(), interval_s=0.5).start()
+    sched = c.scheduler_thread()
     try:
-        twin = _submit(c, _spec("twin", every_steps=10))
+        twin = c.submit_job(_spec("twin", every_steps=10))
         wait_for(lambda: job_row(c, twin).state == "RUNNING", 90, "the twin running on the healthy host")
         # On this host the training loop hangs after step 12 for good while its heartbeat thread ticks on.
         stuck = c.start_worker("a", hooks={**slow, "hang_at_step": 12}, KILN_HANG_TIMEOUT_S="5")
-        victim = _submit(c, _spec("victim", every_steps=10))
+        victim = c.submit_job(_spec("victim", every_steps=10))
         lost = wait_for(lambda: job_events(c, victim, "LOST"), 150, "the hung attempt stopped and LOST")[0]
         _wait_final(c, victim, twin)
     finally:
@@ -236,16 +202,16 @@ def test_a_worker_shutting_down_drains_its_attempts_back_to_the_queue(hosts: Clu
     c = hosts
     slow = slow_steps(0.15)
     names = [c.start_worker("a", hooks=slow), c.start_worker("b", hooks=slow)]
-    drained, twin = _submit(c, _spec("drained")), _submit(c, _spec("twin"))
-    sched = SchedulerThread(c.sessionmaker(), get_settings(), interval_s=0.5).start()
+    drained, twin = c.submit_job(_spec("drained")), c.submit_job(_spec("twin"))
+    sched = c.scheduler_thread()
     try:
         wait_for(lambda: all(job_row(c, j).last_step >= 5 for j in (drained, twin)), 120, "both training")
-        host = _attempts(c, drained)[0].placement[0]["host"]
+        host = job_attempts(c, drained)[0].placement[0]["host"]
         assert host in names
         worker = c.workers[host]
         os.kill(worker.pid, signal.SIGTERM)  # what systemd, compose or Ctrl-C sends: a warm shutdown
         assert worker.wait(90) == 0
-        first = _attempts(c, drained)[0]
+        first = job_attempts(c, drained)[0]
         assert first.state == "DRAINED", (first.state, first.exit_reason)
         assert job_row(c, drained).state in ("QUEUED", "ADMITTED", "RUNNING", "SUCCEEDED")
         c.start_worker(host.rsplit("-", 1)[0], hooks=slow)  # its supervisor brings it back
@@ -279,8 +245,8 @@ os.kill(os.getpid(), signal.SIGSTOP)
 def test_a_worker_frozen_inside_a_transaction_does_not_hold_up_the_scheduler(hosts: Cluster) -> None:
     c = hosts
     host = c.start_worker("a", hooks=slow_steps(0.15))
-    job_id = _submit(c, _spec("frozen-mid-transaction", every_steps=10))
-    sched = SchedulerThread(c.sessionmaker(), get_settings(), interval_s=0.5).start()
+    job_id = c.submit_job(_spec("frozen-mid-transaction", every_steps=10))
+    sched = c.scheduler_thread()
     frozen = [c.workers[host].pid]
     locker: subprocess.Popen[bytes] | None = None
     try:

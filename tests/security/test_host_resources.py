@@ -18,8 +18,7 @@ from sqlalchemy import select
 
 from core.models import Job
 from core.settings import Settings
-from tests.support.services import redis_url, temporary_database
-from tests.support.workers_cluster import Cluster, SchedulerThread, cluster, submit, tiny_spec, wait_for
+from tests.support.workers_cluster import Cluster, cluster_on_new_database, tiny_spec, wait_for
 from trainer.checkpoint import Checkpointer
 from trainer.checkpoint.store import EXTRA, MANIFEST, sha256_file
 from trainer.telemetry import Telemetry
@@ -97,10 +96,7 @@ def test_a_crafted_checkpoint_runs_no_code(tmp_path: Path) -> None:
 
 @pytest.fixture
 def one_host(tmp_path: Path) -> Iterator[Cluster]:
-    with (
-        temporary_database("kiln_sec_host") as url,
-        cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=10.0, heartbeat_s=1.0) as c,
-    ):
+    with cluster_on_new_database(tmp_path, "kiln_sec_host", lease_s=10.0) as c:
         yield c
 
 
@@ -110,16 +106,13 @@ def test_a_job_over_its_host_memory_fails_and_the_host_goes_on(one_host: Cluster
     """The real worker and trainer: a job whose limit is below what torch needs is killed inside its own group
     and FAILS (not retried as a host failure); the next job on the same host trains to the end."""
     c = one_host
-    settings = c.activate()
+    c.activate()
     host = c.start_worker("a")
     maker = c.sessionmaker()
-    with maker() as db:
-        small = tiny_spec("small", steps=20)
-        small["resources"]["host_memory_bytes"] = 96 * MiB
-        hungry = submit(db, small).id
-        normal = submit(db, tiny_spec("normal", steps=20)).id
-        db.commit()
-    sched = SchedulerThread(maker, settings, interval_s=0.5).start()
+    small = tiny_spec("small", steps=20)
+    small["resources"]["host_memory_bytes"] = 96 * MiB
+    hungry, normal = c.submit_job(small), c.submit_job(tiny_spec("normal", steps=20))
+    sched = c.scheduler_thread()
     try:
 
         def ended(job_id: int) -> Job | None:

@@ -22,17 +22,7 @@ import pytest
 from core.models import Job
 from core.settings import get_settings
 from tests.support.cluster_rows import job_row
-from tests.support.services import redis_url, temporary_database
-from tests.support.workers_cluster import (
-    ROOT,
-    Cluster,
-    SchedulerThread,
-    cluster,
-    submit,
-    tiny_spec,
-    upload_code,
-    wait_for,
-)
+from tests.support.workers_cluster import ROOT, Cluster, cluster_on_new_database, tiny_spec, upload_code, wait_for
 from workers.isolation import CGROUP_ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -56,12 +46,7 @@ def host(tmp_path: Path) -> Iterator[Cluster]:
     os.chmod(base, 0o711)
     env = {"KILN_ATTEMPT_UID_BASE": str(UID_BASE), "KILN_STORAGE_DIR": str(base / "storage"), "KILN_LOCAL_TIER_DIR": ""}
     try:
-        with (
-            temporary_database("kiln_hostile") as url,
-            cluster(
-                tmp_path, database_url=url, broker_url=redis_url(), lease_s=8.0, heartbeat_s=1.0, extra_env=env
-            ) as c,
-        ):
+        with cluster_on_new_database(tmp_path, "kiln_hostile", lease_s=8.0, extra_env=env) as c:
             yield c
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -99,9 +84,8 @@ def hostile_job(c: Cluster, name: str, attack: str, target: str = "", **resource
     }  # fmt: skip
     with c.sessionmaker()() as db:
         spec["code"]["digest"] = upload_code(db, "attackers", HOSTILE)
-        job = submit(db, spec, max_restarts=2)
         db.commit()
-        return job.id
+    return c.submit_job(spec, max_restarts=2)
 
 
 def finished(c: Cluster, *job_ids: int) -> bool:
@@ -111,12 +95,9 @@ def finished(c: Cluster, *job_ids: int) -> bool:
 def test_a_hostile_recipe_is_denied_or_contained(host: Cluster) -> None:
     c = host
     c.start_worker("a", cpu_slots=2)
-    maker = c.sessionmaker()
     storage = get_settings().resolved_storage_dir
-    with maker() as db:
-        victim = submit(db, tiny_spec("victim", steps=10, every_steps=5) | {"team": "victims"}).id
-        db.commit()
-    sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
+    victim = c.submit_job(tiny_spec("victim", steps=10, every_steps=5) | {"team": "victims"})
+    sched = c.scheduler_thread()
     try:
         wait_for(lambda: finished(c, victim), 150, "the victim's job finished")
         assert job_row(c, victim).state == "SUCCEEDED", job_row(c, victim).exit_reason

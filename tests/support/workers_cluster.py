@@ -43,7 +43,7 @@ from core.trainer_protocol import ENV_TEST_HOOKS
 from scheduler.live.apply import apply_all
 from scheduler.live.loop import CycleResult, run_cycle
 from scheduler.policy.decisions import Admission, Decisions, PlacementEntry
-from tests.support.services import free_port
+from tests.support.services import free_port, redis_url, temporary_database
 from workers import celery_app
 from workers.dispatch import dispatch_attempt
 
@@ -271,6 +271,17 @@ class Cluster:
         path = self.logs.get(name)
         return path.read_text(errors="replace") if path and path.exists() else ""
 
+    def submit_job(self, spec: dict[str, Any], **terms: Any) -> int:
+        """:func:`submit` in a session of its own, committed; the job's id."""
+        with self.sessionmaker()() as db:
+            job_id = submit(db, spec, **terms).id
+            db.commit()
+        return job_id
+
+    def scheduler_thread(self, *, interval_s: float = 0.5, config: PolicyConfig | None = None) -> SchedulerThread:
+        """The real scheduler on this cluster (:class:`SchedulerThread`), started: ``stop()`` it in a ``finally``."""
+        return SchedulerThread(self.sessionmaker(), get_settings(), interval_s=interval_s, config=config).start()
+
 
 @contextmanager
 def cluster(tmp: Path, *, database_url: str, broker_url: str, **kw: Any) -> Iterator[Cluster]:
@@ -285,6 +296,17 @@ def cluster(tmp: Path, *, database_url: str, broker_url: str, **kw: Any) -> Iter
     finally:
         c.stop_all()
         c.deactivate()
+
+
+@contextmanager
+def cluster_on_new_database(tmp: Path, database: str, *, broker_url: str | None = None, **kw: Any) -> Iterator[Cluster]:
+    """A :func:`cluster` on a PostgreSQL database of its own (named ``database`` plus a suffix, dropped afterwards)
+    and the shared Redis, or the test's own broker at ``broker_url``."""
+    with (
+        temporary_database(database) as url,
+        cluster(tmp, database_url=url, broker_url=broker_url or redis_url(), **kw) as c,
+    ):
+        yield c
 
 
 # ------------------------------------------------------------------------------------- submission and admission
