@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.deps import missing
-from tests.support.services import free_port
+from tests.support.services import free_port, wait_until_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("KILN_CHROMIUM", "/usr/bin/chromium")
@@ -123,18 +123,11 @@ def running_kiln(home: Path, **extra_env: str) -> Iterator[Kiln]:
         **extra_env,
     }
     kiln = Kiln(home=home, url=f"http://127.0.0.1:{port}", token=token, env=env)
-    kiln.start("api", "-m", "uvicorn", "api.app:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port))
+    api = kiln.start(
+        "api", "-m", "uvicorn", "api.app:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port)
+    )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{kiln.url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if kiln.procs["api"].poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the API did not start:\n{kiln.log('api')}")
-            time.sleep(0.2)
+        wait_until_serving(f"{kiln.url}/healthz", api, timeout=30, log=home / "api.log")
         yield kiln
     finally:
         kiln.stop()

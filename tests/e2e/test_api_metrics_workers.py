@@ -8,14 +8,13 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.e2e.dashboard_harness import ROOT, prepare_home
-from tests.support.services import free_port
+from tests.support.services import free_port, wait_until_serving
 
 pytestmark = pytest.mark.e2e
 
@@ -47,15 +46,7 @@ def test_every_scrape_counts_every_process(tmp_path: Path) -> None:
                            stderr=subprocess.STDOUT)  # fmt: skip
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert api.poll() is None and time.monotonic() < deadline, (tmp_path / "api.log").read_text()
-            time.sleep(0.2)
+        wait_until_serving(f"{base}/healthz", api, timeout=60, log=tmp_path / "api.log")
         sent = 1
         # New connections until both processes have served some (the kernel spreads accepts between them).
         while len(_pids_that_counted(multiproc)) < 2:

@@ -1,13 +1,18 @@
-"""Real PostgreSQL and Redis for the tests: each run creates (and drops) its own databases."""
+"""Real PostgreSQL and Redis for the tests: each run creates (and drops) its own databases. And the servers a test
+starts itself: a free port, and waiting until one answers."""
 
 from __future__ import annotations
 
 import os
 import secrets
 import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
+import httpx
 import psycopg
 
 from tests.support.deps import missing
@@ -66,3 +71,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_until_serving(url: str, proc: subprocess.Popen[bytes], *, timeout: float, log: Path) -> None:
+    """Poll ``GET url`` until it answers 200. Fails, with the end of the server's ``log``, as soon as ``proc`` has
+    exited or once ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"{url} did not answer:\n{log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.2)

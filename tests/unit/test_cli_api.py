@@ -11,13 +11,11 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -27,7 +25,7 @@ from cli.config import CliConfig
 from cli.errors import ExitCode
 from cli.main import app
 from core.migrate import upgrade
-from tests.support.services import free_port
+from tests.support.services import free_port, wait_until_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "gpt-tiny.yaml"
@@ -57,18 +55,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the API did not start:\n{(home / 'api.log').read_text()[-3000:]}")
-        time.sleep(0.2)
     try:
+        wait_until_serving(f"{url}/readyz", proc, timeout=60, log=home / "api.log")
         yield Server(url, token, home)
     finally:
         proc.terminate()
