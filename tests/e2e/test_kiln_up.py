@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,16 +93,6 @@ def stop_up(up: Up) -> tuple[int, list[psutil.Process]]:
             p.kill()
         raise
     return code, children
-
-
-@pytest.fixture
-def kiln_up(tmp_path: Path) -> Iterator[Up]:
-    up = start_up(tmp_path)
-    try:
-        yield up
-    finally:
-        if up.proc.poll() is None:
-            stop_up(up)
 
 
 def wait_gone(procs: list[psutil.Process], timeout: float = 10) -> list[psutil.Process]:

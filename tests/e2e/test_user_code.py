@@ -7,27 +7,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.e2e.test_kiln_up import JOB_TIMEOUT_S, Up, start_up, stop_up
+from tests.e2e.test_kiln_up import JOB_TIMEOUT_S, Up
 
 pytestmark = pytest.mark.e2e
 
 DIGITS = "examples/digits"
-
-
-@pytest.fixture
-def kiln_up(tmp_path: Path) -> Iterator[Up]:
-    up = start_up(tmp_path)
-    try:
-        yield up
-    finally:
-        if up.proc.poll() is None:
-            stop_up(up)
 
 
 def test_digits_trains_from_uploaded_code_and_a_second_submit_sends_nothing(kiln_up: Up, tmp_path: Path) -> None:
