@@ -267,18 +267,20 @@ class Chaos:
         self.record("SIGKILL API", "api", down_s=down_s, at=since)
 
     def sigkill_redis(self, *, down_s: float) -> None:
-        since = self.elapsed()
-        self.redis.kill()
-        time.sleep(down_s)
-        self.redis.start()
-        self.record("SIGKILL Redis", "redis", down_s=down_s, at=since)
+        self._server_outage("SIGKILL Redis", "redis", self.redis.kill, self.redis.start, down_s)
 
     def postgres_immediate_stop(self, *, down_s: float) -> None:
+        self._server_outage("PostgreSQL stop -m immediate", "postgres", self.pg.stop_immediate, self.pg.start, down_s)
+
+    def _server_outage(
+        self, fault: str, server: str, stop: Callable[[], object], start: Callable[[], object], down_s: float
+    ) -> None:
+        """``stop`` a server, leave it down ``down_s`` seconds, ``start`` it again; recorded as ``fault``."""
         since = self.elapsed()
-        self.pg.stop_immediate()
+        stop()
         time.sleep(down_s)
-        self.pg.start()
-        self.record("PostgreSQL stop -m immediate", "postgres", down_s=down_s, at=since)
+        start()
+        self.record(fault, server, down_s=down_s, at=since)
 
     def consumer_died(self, host: str) -> bool:
         """Whether a worker process of ``host`` lost its Celery consumer in kombu's ``restore_unacked_once`` after
