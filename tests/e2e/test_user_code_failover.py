@@ -20,12 +20,10 @@ from tests.support.workers_cluster import ROOT, Cluster, cluster_on_new_database
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
-LEASE_S = 8.0
-
 
 @pytest.fixture
 def two_hosts(tmp_path: Path) -> Iterator[Cluster]:
-    with cluster_on_new_database(tmp_path, "kiln_usercode_failover", lease_s=LEASE_S) as c:
+    with cluster_on_new_database(tmp_path, "kiln_usercode_failover", lease_s=8.0) as c:
         yield c
 
 
