@@ -16,21 +16,17 @@ from sqlalchemy import select
 from core.models import Attempt, JobMetric
 from core.settings import get_settings
 from tests.support.cluster_rows import job_events, job_row
-from tests.support.services import redis_url, temporary_database
-from tests.support.workers_cluster import ROOT, Cluster, SchedulerThread, cluster, submit, upload_code, wait_for
+from tests.support.failover import sigkill_the_host_mid_run_beside_a_twin
+from tests.support.workers_cluster import ROOT, Cluster, cluster_on_new_database, upload_code
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
-LEASE_S = 8.0
 EXAMPLE = ROOT / "examples" / "digits-script"
 
 
 @pytest.fixture
 def two_hosts(tmp_path: Path) -> Iterator[Cluster]:
-    with (
-        temporary_database("kiln_script_failover") as url,
-        cluster(tmp_path, database_url=url, broker_url=redis_url(), lease_s=LEASE_S, heartbeat_s=1.0) as c,
-    ):
+    with cluster_on_new_database(tmp_path, "kiln_script_failover", lease_s=8.0) as c:
         yield c
 
 
@@ -42,27 +38,14 @@ def script_spec(c: Cluster, name: str) -> int:
     spec["command"] = ["python", "train.py", "--every", "10", "--pace", "0.15"]
     with c.sessionmaker()() as db:
         spec["code"] = {"digest": upload_code(db, spec["team"], EXAMPLE)}
-        job = submit(db, spec)
         db.commit()
-        return job.id
+    return c.submit_job(spec)
 
 
 def test_sigkill_mid_run_resumes_the_script_from_its_checkpoint_and_matches_its_twin(two_hosts: Cluster) -> None:
     c = two_hosts
-    host_a = c.start_worker("a", cpu_slots=1)
     maker = c.sessionmaker()
-    victim = script_spec(c, "victim")
-    sched = SchedulerThread(maker, get_settings(), interval_s=0.5).start()
-    try:
-        wait_for(lambda: job_row(c, victim).state == "RUNNING", 60, "victim running")
-        c.start_worker("b", cpu_slots=2)
-        reference = script_spec(c, "reference")
-        wait_for(lambda: job_row(c, victim).last_step >= 25, 120, "victim past step 25")
-        c.kill_worker(host_a)
-        wait_for(lambda: job_row(c, victim).state in ("SUCCEEDED", "FAILED"), 200, "victim finished after failover")
-        wait_for(lambda: job_row(c, reference).state in ("SUCCEEDED", "FAILED"), 120, "reference finished")
-    finally:
-        sched.stop()
+    victim, reference = sigkill_the_host_mid_run_beside_a_twin(c, lambda name: script_spec(c, name))
 
     job, ref = job_row(c, victim), job_row(c, reference)
     assert job.state == "SUCCEEDED", job.exit_reason

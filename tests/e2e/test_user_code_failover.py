@@ -15,8 +15,9 @@ from sqlalchemy import select
 
 from core.models import Attempt
 from core.settings import get_settings
-from tests.support.cluster_rows import job_row, matched_its_twin
-from tests.support.workers_cluster import ROOT, Cluster, cluster_on_new_database, slow_steps, upload_code, wait_for
+from tests.support.cluster_rows import matched_its_twin
+from tests.support.failover import sigkill_the_host_mid_run_beside_a_twin
+from tests.support.workers_cluster import ROOT, Cluster, cluster_on_new_database, slow_steps, upload_code
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -41,21 +42,15 @@ def digits_spec(c: Cluster, name: str) -> dict[str, object]:
 
 def test_sigkill_mid_run_resumes_the_same_code_and_matches_its_twin(two_hosts: Cluster) -> None:
     c = two_hosts
-    host_a = c.start_worker("a", cpu_slots=1, hooks=slow_steps(0.15))
     maker = c.sessionmaker()
-    victim_spec = digits_spec(c, "victim")
-    victim = int(victim_spec["id"])  # type: ignore[call-overload]
-    sched = c.scheduler_thread()
-    try:
-        wait_for(lambda: job_row(c, victim).state == "RUNNING", 60, "victim running")
-        c.start_worker("b", cpu_slots=2, hooks=slow_steps(0.15))
-        reference = int(digits_spec(c, "reference")["id"])  # type: ignore[call-overload]
-        wait_for(lambda: job_row(c, victim).last_step >= 25, 120, "victim past step 25")
-        c.kill_worker(host_a)
-        wait_for(lambda: job_row(c, victim).state in ("SUCCEEDED", "FAILED"), 200, "victim finished after failover")
-        wait_for(lambda: job_row(c, reference).state in ("SUCCEEDED", "FAILED"), 120, "reference finished")
-    finally:
-        sched.stop()
+    specs: dict[str, dict[str, object]] = {}
+
+    def submit_digits(name: str) -> int:
+        specs[name] = digits_spec(c, name)
+        return int(specs[name]["id"])  # type: ignore[call-overload]
+
+    victim, reference = sigkill_the_host_mid_run_beside_a_twin(c, submit_digits, hooks=slow_steps(0.15))
+    victim_spec = specs["victim"]
 
     job, ref = matched_its_twin(c, victim, reference, steps=60)
     assert job.eval_metrics is not None and ref.eval_metrics is not None
