@@ -7,15 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_kiln_up import Up, start_up, stop_up
+from tests.e2e.test_kiln_up import Up, up_running
 
 
 @pytest.fixture
 def kiln_up(tmp_path: Path) -> Iterator[Up]:
-    """``kiln up`` running from ``tmp_path`` (:func:`start_up`), stopped afterwards unless the test stopped it."""
-    up = start_up(tmp_path)
-    try:
+    """``kiln up`` running from ``tmp_path`` (:func:`up_running`)."""
+    with up_running(tmp_path) as up:
         yield up
-    finally:
-        if up.proc.poll() is None:
-            stop_up(up)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -131,6 +132,16 @@ def running_kiln(home: Path, **extra_env: str) -> Iterator[Kiln]:
         yield kiln
     finally:
         kiln.stop()
+
+
+def signed_in_page(browser: Any, url: str, token: str) -> Any:
+    """A desktop-sized page of the dashboard at ``url``, signed in with ``token``, its queue shown."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{url}/")
+    page.get_by_label("API token").fill(token)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_selector("#queue-list table")
+    return page
 
 
 @contextmanager

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_kiln_up import JOB_TIMEOUT_S, Up, start_up, stop_up
+from tests.e2e.test_kiln_up import JOB_TIMEOUT_S, Up, up_running
 from tests.support.deps import missing
 
 pytestmark = pytest.mark.e2e
@@ -65,15 +65,11 @@ def build_model(hp, *, datasets):
 def dashboard_shows_the_datasets(up: Up, job_id: str) -> None:
     from playwright.sync_api import expect
 
-    from tests.e2e.dashboard_harness import chromium
+    from tests.e2e.dashboard_harness import chromium, signed_in_page
 
     token = json.loads((up.home.parent / "xdg" / "kiln" / "config.json").read_text())["token"]
     with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
-        page.goto(f"{up.url}/")
-        page.get_by_label("API token").fill(token)
-        page.get_by_role("button", name="Sign in").click()
-        page.wait_for_selector("#queue-list table")
+        page = signed_in_page(browser, up.url, token)
         page.goto(f"{up.url}/#/jobs/{job_id}")
         expect(page.locator("#job-datasets")).to_have_text("digits-npz (read-only)")
         expect(page.locator("#job-datasets code")).to_have_attribute("title", "storage: datasets/default/digits-npz")
@@ -83,12 +79,8 @@ def dashboard_shows_the_datasets(up: Up, job_id: str) -> None:
 def kiln_up(tmp_path: Path) -> Iterator[Up]:
     if os.geteuid() != 0:
         missing("read-only mounts need a root worker (the CI runs as root)")
-    up = start_up(tmp_path)
-    try:
+    with up_running(tmp_path) as up:
         yield up
-    finally:
-        if up.proc.poll() is None:
-            stop_up(up)
 
 
 def _make_dataset(up: Up) -> Path:

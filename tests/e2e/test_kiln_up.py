@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +79,17 @@ def start_up(tmp_path: Path, *extra: str) -> Up:
             stop_up(up)
             pytest.fail(f"kiln up did not become ready:\n{up.logs()}")
         time.sleep(0.5)
+
+
+@contextmanager
+def up_running(tmp_path: Path) -> Iterator[Up]:
+    """``kiln up`` from ``tmp_path`` (:func:`start_up`), stopped at the end unless the test stopped it already."""
+    up = start_up(tmp_path)
+    try:
+        yield up
+    finally:
+        if up.proc.poll() is None:
+            stop_up(up)
 
 
 def stop_up(up: Up) -> tuple[int, list[psutil.Process]]:

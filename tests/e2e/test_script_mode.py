@@ -7,26 +7,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_kiln_up import JOB_TIMEOUT_S, Up, start_up, stop_up
+from tests.e2e.test_kiln_up import JOB_TIMEOUT_S, Up
 
 pytestmark = pytest.mark.e2e
 
 EXAMPLE = "examples/digits-script"
-
-
-@pytest.fixture
-def kiln_up(tmp_path: Path) -> Iterator[Up]:
-    up = start_up(tmp_path)
-    try:
-        yield up
-    finally:
-        if up.proc.poll() is None:
-            stop_up(up)
 
 
 def script_dir(tmp_path: Path, name: str, body: str, *, steps: int = 5) -> tuple[Path, Path]:
@@ -106,14 +95,10 @@ def dashboard_shows_the_script(url: str, token: str, job_id: str, silent_id: str
     """The job page: the command, the loss the script reported plotted, and the step-time term's standing."""
     from playwright.sync_api import expect
 
-    from tests.e2e.dashboard_harness import chromium
+    from tests.e2e.dashboard_harness import chromium, signed_in_page
 
     with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
-        page.goto(f"{url}/")
-        page.get_by_label("API token").fill(token)
-        page.get_by_role("button", name="Sign in").click()
-        page.wait_for_selector("#queue-list table")
+        page = signed_in_page(browser, url, token)
         page.goto(f"{url}/#/jobs/{job_id}")
         expect(page.locator("#job-command")).to_have_text("python train.py --every 50")
         expect(page.locator("#job-facts")).to_contain_text("accuracy")
