@@ -529,6 +529,7 @@ class AttemptRunner:
             try:
                 with session_scope() as db:
                     self._report(db, outcome, launcher_code)
+                self.buffer = []  # relayed only once the report committed: a failed commit relays them again
                 return outcome
             except (OperationalError, DBAPIError) as exc:
                 if time.monotonic() > give_up:
@@ -553,7 +554,6 @@ class AttemptRunner:
                 end_attempt(db, attempt, state=AttemptState.FENCED, reason=outcome.reason, now=now, exit_code=exit_code)
             return
         relay(db, job=job, attempt=attempt, records=self.buffer, state=self.relay_state)
-        self.buffer = []
         if job.state not in ACTIVE:
             # Another node of the same gang reported first.
             return

@@ -98,6 +98,29 @@ def test_rows_past_a_resume_or_a_rollback_are_forgotten(db: Session) -> None:
     assert sorted(db.scalars(select(Checkpoint.step).where(Checkpoint.job_id == job.id))) == [10]
 
 
+def test_a_report_whose_commit_failed_relays_its_final_checkpoint_again(db: Session, tmp_path: Path) -> None:
+    """The chaos test's PostgreSQL stop hit an attempt's final report at its commit: the retry found the telemetry
+    buffer already emptied and the final checkpoint, verified on disk, was never listed."""
+    host = HostAgent(name="rep-retry", inventory=NoGpus(), cpu_slots=1, address="127.0.0.1",
+                     settings=SETTINGS).register(db)  # fmt: skip
+    db.flush()
+    job = submit(db, tiny_spec("retried-report", steps=60))
+    attempt = admit(db, job, host)
+    claimed = claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
+                    delivery="d1", settings=SETTINGS)  # fmt: skip
+    proc = TrainerProcess([], env={}, log_path=tmp_path / "1.log", run_dir=tmp_path / "run", cwd=tmp_path)
+    runner = AttemptRunner(attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
+                           settings=SETTINGS, claimed=claimed, proc=proc)  # fmt: skip
+    runner.buffer = [_checkpoint(60, 2.0)]
+    runner.relay_state.done = {"kind": "done", "rank": 0, "steps": 60, "final_loss": 2.0}
+    failed = db.begin_nested()
+    runner._report(db, Outcome(ExitClass.SUCCEEDED, "succeeded"), 0)
+    failed.rollback()  # the commit did not happen
+    runner._report(db, Outcome(ExitClass.SUCCEEDED, "succeeded"), 0)  # the retry
+    assert job.state == "SUCCEEDED" and (job.last_step, job.last_loss) == (60, 2.0)
+    assert [r.step for r in db.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id))] == [60]
+
+
 def test_a_gang_succeeds_with_the_result_of_the_node_that_ran_rank_0(db: Session, tmp_path: Path) -> None:
     """Global ranks are assigned at the rendezvous, not by node: rank 0 (whose final record is the job's step and
     loss) ran on node 1 in the gang e2e test. Node 0 reporting its success first must not end the job with the
