@@ -64,6 +64,12 @@ class Job(Base):
         Index("ix_jobs_team_id_code_digest", "team_id", "code_digest"),
     )
 
+    @property
+    def time_limit_s(self) -> float | None:
+        """The spec's time limit (seconds), None when it sets none."""
+        value = (self.spec or {}).get("time_limit_s")
+        return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
 
 class JobDependency(Base):
     __tablename__ = "job_dependencies"

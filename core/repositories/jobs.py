@@ -40,6 +40,7 @@ from core.models import (
     Team,
     User,
 )
+from core.states import ACTIVE
 
 
 @dataclass(frozen=True)
@@ -292,6 +293,17 @@ def events(db: Session, *, job_id: int, after_id: int, limit: int) -> Sequence[t
         .limit(limit)
     )
     return db.execute(stmt).tuples().all()
+
+
+def active_jobs(db: Session) -> Sequence[tuple[Job, Attempt | None]]:
+    """Jobs that hold capacity, each with its current attempt (the one whose token is the job's)."""
+    stmt = (
+        select(Job, Attempt)
+        .outerjoin(Attempt, (Attempt.job_id == Job.id) & (Attempt.fencing_token == Job.fencing_token))
+        .where(Job.state.in_([s.value for s in ACTIVE]))
+        .order_by(Job.id)
+    )
+    return [(j, a) for j, a in db.execute(stmt).tuples()]
 
 
 def attempts(db: Session, job_id: int) -> Sequence[Attempt]:

@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
-from core.models import GPU, Attempt, Host, Job, QosClass, TeamQuota
+from core.models import GPU, Host, Job, QosClass, TeamQuota
 from core.repositories import jobs as jobs_repo
 from core.repositories import teams as teams_repo
 from core.states import ACTIVE, HostState, JobState, Reason
@@ -139,22 +139,16 @@ def _capacity(db: Session, job: Job) -> int:
 
 
 def _running_on_same(db: Session, job: Job) -> list[tuple[int, int, datetime | None]]:
-    """(id, units, end at its time limit or None) of the active jobs that hold what ``job`` needs."""
-    stmt = select(Job).where(Job.state.in_([s.value for s in ACTIVE]), Job.id != job.id)
-    if job.gpus:
-        stmt = stmt.where(Job.gpus > 0)
-        if job.gpu_type is not None:
-            stmt = stmt.where(Job.gpu_type == job.gpu_type)
-    else:
-        stmt = stmt.where(Job.gpus == 0)
+    """(id, units, end at its time limit or None) of the active jobs that hold what ``job`` needs: the scheduler's
+    own reading of a running job's end (its current attempt's start plus the spec's time limit)."""
     rows = []
-    for other in db.scalars(stmt):
-        attempt = db.scalars(
-            select(Attempt).where(Attempt.job_id == other.id).order_by(Attempt.number.desc()).limit(1)
-        ).first()
-        limit = other.spec.get("time_limit_s")
+    for other, attempt in jobs_repo.active_jobs(db):
+        same_kind = other.gpus > 0 if job.gpus else other.gpus == 0
+        if other.id == job.id or not same_kind or (job.gpus and job.gpu_type and other.gpu_type != job.gpu_type):
+            continue
+        limit = other.time_limit_s
         begun = (attempt.started_at or attempt.created_at) if attempt is not None else other.admitted_at or utcnow()
-        end = begun + timedelta(seconds=float(limit)) if isinstance(limit, (int, float)) and limit > 0 else None
+        end = begun + timedelta(seconds=limit) if limit is not None else None
         rows.append((other.id, other.gpus or _cpu_slots(other), end))
     return rows
 

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from core.models import Attempt, Job, QosClass, SlaContract, Team, Usage
 from core.policy_config import PolicyConfig
+from core.repositories import jobs as jobs_repo
 from core.services.fit import share_of
 from core.states import HostState, MpsState
 from scheduler.live import repository as repo
@@ -49,11 +50,6 @@ def _bandwidth(qos: QosClass | None) -> tuple[tuple[str, float], ...]:
     if qos.nvlink_bandwidth_bytes_per_s:
         out.append(("nvlink", float(qos.nvlink_bandwidth_bytes_per_s)))
     return tuple(out)
-
-
-def _time_limit(job: Job) -> float | None:
-    value = (job.spec or {}).get("time_limit_s")
-    return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 def decayed(usage: Usage, now: float, half_life_s: float) -> float:
@@ -142,7 +138,7 @@ def _running(
     qos: dict[int, QosClass],
 ) -> tuple[RunningJob, ...]:
     model_of = {g.uuid: g.model for h in hosts for g in h.gpus}
-    rows = [(j, a) for j, a in repo.active_jobs(db) if a is not None and a.ended_at is None]
+    rows = [(j, a) for j, a in jobs_repo.active_jobs(db) if a is not None and a.ended_at is None]
     ckpts = repo.last_checkpoints(db, [j.id for j, _ in rows])
     preempted = repo.preemption_counts(db, [j.id for j, _ in rows])
     attained = repo.attained_seconds(db, [j.id for j, _ in rows if j.restart_count > 0 or preempted.get(j.id)])
@@ -175,7 +171,7 @@ def _running_job(
     )
     q = qos.get(job.qos_class_id)
     started = attempt.started_at or attempt.created_at
-    limit = _time_limit(job)
+    limit = job.time_limit_s
     if job.gpus:
         first = next((g for p in placement for g in p.gpus), None)
         gpu_type = model_of.get(first, job.gpu_type or "") if first else (job.gpu_type or "")
@@ -258,7 +254,7 @@ def _pending(
                 priority=job.priority,
                 max_queue_wait_s=max_wait,
                 deadline=_ts(deadline),
-                estimated_runtime_s=_time_limit(job),
+                estimated_runtime_s=job.time_limit_s,
                 memory_bytes=job.predicted_memory_bytes,
                 memory_cap_bytes=share.memory_bytes if share is not None else cap,
                 bandwidth=_bandwidth(q),

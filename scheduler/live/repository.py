@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from core.models import Attempt, Checkpoint, Event, Job, JobDependency, QosClass, SlaContract, Sweep, Team, Usage
 from core.repositories.cluster import list_hosts
-from core.states import ACTIVE, AttemptState, JobState
+from core.states import AttemptState, JobState
 
 hosts = list_hosts  # every host by name, its GPUs loaded with it: the query the API lists hosts with
 
@@ -26,17 +26,6 @@ def qos_classes(db: Session) -> dict[int, QosClass]:
 def team_default_contracts(db: Session) -> dict[int, SlaContract]:
     rows = db.scalars(select(SlaContract).where(SlaContract.job_id.is_(None)).order_by(SlaContract.id)).all()
     return {c.team_id: c for c in rows}
-
-
-def active_jobs(db: Session) -> Sequence[tuple[Job, Attempt | None]]:
-    """Jobs that hold capacity, each with its current attempt (the one whose token is the job's)."""
-    stmt = (
-        select(Job, Attempt)
-        .outerjoin(Attempt, (Attempt.job_id == Job.id) & (Attempt.fencing_token == Job.fencing_token))
-        .where(Job.state.in_([s.value for s in ACTIVE]))
-        .order_by(Job.id)
-    )
-    return [(j, a) for j, a in db.execute(stmt).tuples()]
 
 
 def queued_jobs(db: Session) -> Sequence[tuple[Job, SlaContract | None]]:
