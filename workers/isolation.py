@@ -153,6 +153,22 @@ def _write(path: Path, value: int) -> None:
     path.write_text(str(value))
 
 
+PROBE_GROUP = "probe"
+
+
+def _probe_limits(bases: list[Path]) -> None:
+    """Set limits on a group of our own, as an attempt's are set, then remove it. A host can let a group be made
+    and still refuse its limits (a sandboxed kernel answered EACCES on memory.limit_in_bytes): such a host gets
+    rlimits at start, not a failed launch for every attempt."""
+    memory, pids = (base / PROBE_GROUP for base in bases)
+    try:
+        CgroupConfinement(memory, pids, Limits(memory_bytes=1 << 40, pids=PIDS_BASE, processes=1)).create()
+    finally:
+        for group in (memory, pids):
+            with contextlib.suppress(OSError):
+                group.rmdir()
+
+
 def _pids_in(group: Path) -> list[int]:
     try:
         return [int(p) for p in (group / "cgroup.procs").read_text().split()]
@@ -168,6 +184,7 @@ class Isolation:
         self.settings = settings
         self.host_slots = max(1, host_slots)
         self.cgroup_bases = cgroup_bases  # None: rlimits
+        self.cgroup_error: str | None = None  # why cgroups were present but not usable, if they were
         self.users = AttemptUsers(settings)
         self.datasets = DatasetAccess(self.users)  # how datasets are made read-only (probed on first use)
 
@@ -180,9 +197,12 @@ class Isolation:
                 base.mkdir(parents=True, exist_ok=True)
                 if not os.access(base, os.W_OK):
                     raise PermissionError(base)
+            _probe_limits(bases)
         except OSError as exc:
-            log.debug("no writable cgroup v1 controllers: %s", exc)
-            return cls(host=host, settings=settings, host_slots=host_slots, cgroup_bases=None)
+            log.warning("cgroup v1 memory/pids limits cannot be set here (%s): attempts get rlimits", exc)
+            fallback = cls(host=host, settings=settings, host_slots=host_slots, cgroup_bases=None)
+            fallback.cgroup_error = f"{type(exc).__name__}: {exc}"
+            return fallback
         isolation = cls(host=host, settings=settings, host_slots=host_slots, cgroup_bases=bases)
         isolation.sweep()
         return isolation
@@ -200,7 +220,8 @@ class Isolation:
             where = ", ".join(str(b) for b in self.cgroup_bases)
             return (f"host resources: each attempt in cgroup v1 memory and pids groups under {where}; at most "
                     f"{ceiling} bytes and {self.settings.attempt_max_pids} processes per attempt")  # fmt: skip
-        return (f"host resources: no writable cgroup v1 memory/pids controllers, falling back to rlimits: "
+        why = f" ({self.cgroup_error})" if self.cgroup_error else ""
+        return (f"host resources: no writable cgroup v1 memory/pids controllers{why}, falling back to rlimits: "
                 f"RLIMIT_DATA per process (at most {ceiling} bytes per attempt in all); the number of processes "
                 "of an attempt is not limited")  # fmt: skip
 
