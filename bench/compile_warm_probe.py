@@ -95,6 +95,7 @@ def child(args: argparse.Namespace) -> None:
         timeout_s=900,
         max_rss_bytes=None,
         check_allclose=True,
+        cuda_graphs=False,
         hooks=TestHooks(),
         telemetry=tel,
         device=device,

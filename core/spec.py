@@ -78,6 +78,16 @@ class CompileOptions(StrictModel):
     timeout_s: Annotated[float, Field(gt=0, le=3600)] = 300.0
     max_rss_bytes: Annotated[int | None, Field(gt=0)] = None
     check_allclose: bool = True
+    # CUDA graphs (torch.compile's "reduce-overhead"): the compiled forward and backward are replayed as graphs,
+    # so the host launches a few graphs a step instead of hundreds of kernels. Pays where the host, not the GPU,
+    # sets the step time (small models, short steps); GPU only (a CPU run ignores it), never with FSDP sharding.
+    cuda_graphs: bool = False
+
+    @model_validator(mode="after")
+    def _graphs_need_compile(self) -> CompileOptions:
+        if self.cuda_graphs and self.mode == "off":
+            raise ValueError("cuda_graphs replays the compiled graph: it needs a compile mode other than off")
+        return self
 
 
 class Checkpointing(StrictModel):

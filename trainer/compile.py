@@ -199,6 +199,7 @@ class Compiler:
         timeout_s: float,
         max_rss_bytes: int | None,
         check_allclose: bool,
+        cuda_graphs: bool,
         hooks: TestHooks,
         telemetry: Telemetry,
         device: torch.device,
@@ -212,6 +213,7 @@ class Compiler:
         self.timeout_s = timeout_s
         self.max_rss = 1 if hooks.compile_oom else max_rss_bytes
         self.check_allclose = check_allclose
+        self.cuda_graphs = cuda_graphs and device.type == "cuda"
         self.hooks = hooks
         self.tel = telemetry
         self.device = device
@@ -221,6 +223,8 @@ class Compiler:
 
     def _apply(self, model: nn.Module, blocks: list[nn.Module]) -> None:
         kwargs: dict[str, Any] = {"fullgraph": True, "dynamic": False}
+        if self.cuda_graphs:
+            kwargs["mode"] = "reduce-overhead"
         if self.hooks.compile_timeout:
             kwargs["backend"] = _slow_backend(self.timeout_s + 30.0)
         if self.mode == "regional":
@@ -257,7 +261,10 @@ class Compiler:
         # The eager reference forward is the recipe's first run on the user's settings: what fails here is theirs.
         with torch.no_grad(), user_code("the first forward"):
             report.eager_loss = float(loss_fn().item())
-        key = cache_key(mode=self.mode, model_config=model_config, precision=precision, device=self.device)
+        graphs = {"cuda_graphs": True} if self.cuda_graphs else None
+        key = cache_key(
+            mode=self.mode, model_config=model_config, precision=precision, device=self.device, extra=graphs
+        )
         report.cache_key = key
         cache_file = self.cache_dir / f"{key}.bin" if self.cache_dir else None
         # torch's compiler modules were being imported in the background since start-up (compile_preload);

@@ -86,6 +86,12 @@ def compile_mode(spec: JobSpec, device: torch.device) -> str:
     return "whole" if device.type == "cuda" else "regional"
 
 
+def cuda_graphs_on(spec: JobSpec, device: torch.device, strategy: str) -> bool:
+    """The spec's ``compile.cuda_graphs`` where graphs can be replayed: on a GPU, unsharded (FSDP2 gathers its
+    shards into new buffers each step, which a graph's fixed addresses cannot follow)."""
+    return spec.compile.cuda_graphs and device.type == "cuda" and strategy != "fsdp"
+
+
 def checkpoint_root(run_dir: pathlib.Path) -> pathlib.Path:
     """The job's durable checkpoint directory: the worker names it; a bare run keeps it in the run dir."""
     return pathlib.Path(os.environ.get(ENV_CHECKPOINT_DIR) or run_dir / "checkpoints")
@@ -181,6 +187,12 @@ class Trainer:
             world_size=env.world_size,
         )
         self.prediction = prediction(self.strategy)
+        self.cuda_graphs = cuda_graphs_on(spec, self.device, self.strategy)
+        if spec.compile.cuda_graphs and not self.cuda_graphs:
+            self.tel.event(
+                "CUDA_GRAPHS_OFF",
+                f"compile.cuda_graphs ignored ({self.device.type}, {self.strategy}): it needs a GPU and no sharding",
+            )
         self.tel.emit(
             RecordKind.MEMORY_PREDICTION,
             **self.prediction,
@@ -201,6 +213,7 @@ class Trainer:
             timeout_s=spec.compile.timeout_s,
             max_rss_bytes=spec.compile.max_rss_bytes,
             check_allclose=spec.compile.check_allclose,
+            cuda_graphs=self.cuda_graphs,
             hooks=self.cfg.hooks,
             telemetry=self.tel,
             device=self.device,
@@ -403,6 +416,8 @@ class Trainer:
             if self.step % GC_EVERY_STEPS == 0:
                 gc.collect(1)
             self._note_overhead(self.ckpt.io_in_flight())
+            if self.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()  # last step's graph outputs may be overwritten now
             loss_sum = torch.zeros((), device=self.device)
             index = -1
             for micro in range(cfg.grad_accum):

@@ -27,6 +27,8 @@ def errors(text: str) -> dict[str, str]:
          "got the boolean false: YAML reads unquoted off, no, on and yes as booleans: quote the word (mode: 'off')"),
         (HEAD + "parallelism: no\n", "parallelism", "got the boolean false: YAML reads unquoted off"),
         ("name: My_Job\nteam: default\nrecipe: {name: gpt}\n", "name", f"'My_Job' is not a valid name: {NAME_RULE}"),
+        (HEAD + "compile: {mode: 'off', cuda_graphs: true}\n", "compile",
+         "cuda_graphs replays the compiled graph: it needs a compile mode other than off"),
     ],
 )  # fmt: skip
 def test_errors_name_the_field_the_value_and_the_likely_intent(text: str, loc: str, expected: str) -> None:

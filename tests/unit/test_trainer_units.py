@@ -353,3 +353,17 @@ def test_compile_preload_wait_without_a_start_is_free(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(compile_preload, "_active", None)
     assert compile_preload.wait() == {"preload_wait_s": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("asked", "device", "strategy", "on"),
+    [(True, "cuda", "ddp", True), (True, "cpu", "ddp", False), (True, "cuda", "fsdp", False),
+     (False, "cuda", "ddp", False)],
+)  # fmt: skip
+def test_cuda_graphs_only_on_a_gpu_unsharded(asked: bool, device: str, strategy: str, on: bool) -> None:
+    from trainer.loop import cuda_graphs_on
+
+    spec = JobSpec.model_validate(
+        {"name": "x", "team": "t", "compile": {"cuda_graphs": asked}, "recipe": {"name": "gpt"}}
+    )
+    assert cuda_graphs_on(spec, torch.device(device), strategy) is on
