@@ -178,33 +178,54 @@ def bare(args: argparse.Namespace) -> None:
 
     from trainer.recipes.gpt import GPTRecipe, gpt_loss
 
-    hp = sizes(args.smoke)
-    if args.hp_from_spec:  # the model and batch of a job spec (bench/gpu_path_bench.py's bound)
-        from core.spec import parse_spec_text
-
-        hp = dict(parse_spec_text(args.hp_from_spec.read_text()).recipe.hyperparameters)
+    hp = model_hyperparameters(args)
+    graphs = args.cuda_graphs and torch.cuda.is_available()
     recipe = GPTRecipe(hp)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     model = recipe.build_model().to(device)
+    kwargs: dict[str, Any] = {"fullgraph": True, "dynamic": False, **({"mode": "reduce-overhead"} if graphs else {})}
     if args.compile == "whole":  # model and loss in one graph (GPT.forward computes the loss given targets)
-        model.compile(fullgraph=True, dynamic=False)
+        model.compile(**kwargs)
     elif args.compile == "regional":
         for region in recipe.compile_regions(model):
-            region.compile(fullgraph=True, dynamic=False)
+            region.compile(**kwargs)
     opt = adamw(model, fused=True)
     b, t, v = recipe.batch_size, recipe.cfg.seq_len, recipe.cfg.vocab_size
+    # The same data as the job: a real corpus (its token frequencies set the embedding backward's atomics) lies on
+    # the device whole, and each batch is random windows gathered there; synthetic jobs get uniform tokens.
+    tokens = recipe.make_data(rank=0, world_size=1, seed=0).tokens
+    corpus = tokens.to(device) if tokens is not None else None
+    window = torch.arange(t + 1, device=device)
 
     def loss() -> torch.Tensor:
-        x = torch.randint(0, v, (b, t), device=device)
-        y = torch.randint(0, v, (b, t), device=device)
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        if corpus is None:
+            x = torch.randint(0, v, (b, t), device=device)
+            y = torch.randint(0, v, (b, t), device=device)
+        else:
+            starts = torch.randint(0, corpus.numel() - t - 1, (b, 1), device=device)
+            seqs = corpus[starts + window].long()
+            x, y = seqs[:, :-1].contiguous(), seqs[:, 1:].contiguous()
         return gpt_loss(model, x, y)
 
     step = train_step(model, opt, loss, device)
     timed_steps(step, warmup=args.warmup, steps=args.steps, items_per_step=b * t, device=device)
 
 
-def run_bare(args: argparse.Namespace, mode: str) -> dict[str, Any]:
+def model_hyperparameters(args: argparse.Namespace) -> dict[str, Any]:
+    """The bench's model and batch: its own sizes, or a job spec's (``--hp-from-spec``, e.g. a shipped example)."""
+    if args.hp_from_spec is None:
+        return sizes(args.smoke)
+    from core.spec import parse_spec_text
+
+    parsed = parse_spec_text(args.hp_from_spec.read_text()).recipe
+    assert parsed is not None and parsed.name == "gpt", "--hp-from-spec takes a spec of the gpt recipe"
+    return dict(parsed.hyperparameters)
+
+
+def run_bare(args: argparse.Namespace, mode: str, cuda_graphs: bool = False) -> dict[str, Any]:
     cmd = [
         sys.executable,
         __file__,
@@ -216,10 +237,12 @@ def run_bare(args: argparse.Namespace, mode: str) -> dict[str, Any]:
         "--compile",
         mode,
     ] + (["--smoke"] if args.smoke else [])
+    cmd += ["--hp-from-spec", str(args.hp_from_spec)] if args.hp_from_spec else []
+    cmd += ["--cuda-graphs"] if cuda_graphs else []
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": PYPATH}, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"bare loop failed:\n{proc.stderr[-4000:]}")
-    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "compile": mode}
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "compile": mode, "cuda_graphs": cuda_graphs}
 
 
 def disk_bandwidth(directory: pathlib.Path, total: int, threads: int) -> dict[str, Any]:
@@ -263,11 +286,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="measured steps per variant")
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--compile", default=None, choices=["regional", "whole", "off"], help="(--bare mode)")
-    ap.add_argument("--hp-from-spec", type=pathlib.Path, default=None, help="(--bare mode) a job spec's model")
+    ap.add_argument("--hp-from-spec", type=pathlib.Path, default=None, help="a job spec's model and batch (gpt)")
+    ap.add_argument("--cuda-graphs", action="store_true", help="(--bare mode) compile with CUDA graphs")
     ap.add_argument(
         "--variants",
         default="disk,bare,kiln,kiln_ckpt100,kiln_ckpt10,kiln_ckpt10_tiered,compile_cache",
-        help="also: bare_regional, kiln_regional, kiln_ckpt10_shm, compile_cache_regional",
+        help="also: bare_regional, kiln_regional, kiln_ckpt10_shm, compile_cache_regional, bare_graphs, kiln_graphs",
     )
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "trainer_bench.json")
     ap.add_argument("--workdir", type=pathlib.Path, default=None)
@@ -281,7 +305,7 @@ def main() -> None:
 
     import torch
 
-    hp = sizes(args.smoke)
+    hp = model_hyperparameters(args)
     from trainer.recipes.gpt import GPTRecipe
 
     recipe = GPTRecipe(hp)
@@ -341,11 +365,13 @@ def main() -> None:
     local_tier = {"KILN_LOCAL_CHECKPOINT_DIR": str(shm / "kiln-bench-local")}  # the job's dir a worker would name
     kiln_runs: dict[str, tuple[int, int | None, str | None, dict[str, str], dict[str, Any]]] = {
         "kiln": (total, None, default_mode, {}, {}),
+        "kiln_graphs": (total, None, default_mode, {}, {}),
         "kiln_ckpt10": (total, 10, default_mode, {}, {}),
         "kiln_ckpt100": (long, 100, default_mode, {}, {}),
         # Same length as ckpt100: its durable copies (every 100 steps) fall inside the measured window.
         "kiln_ckpt10_tiered": (long, 10, default_mode, local_tier, tiered),
         "bare_regional": (0, None, None, {}, {}),
+        "bare_graphs": (0, None, None, {}, {}),
         "kiln_regional": (total, None, mode_regional, {}, {}),
         "kiln_ckpt10_shm": (total, 10, default_mode, {"KILN_CHECKPOINT_DIR": "/dev/shm/kiln-bench-ckpt"}, {}),
     }
@@ -353,6 +379,9 @@ def main() -> None:
     for name in order:
         if name == "bare_regional":
             record(name, run_bare(args, mode_regional))
+            continue
+        if name == "bare_graphs":
+            record(name, run_bare(args, mode_whole, cuda_graphs=True))
             continue
         if name in kiln_runs:
             steps, every, mode, env_extra, ckpt = kiln_runs[name]
@@ -366,6 +395,8 @@ def main() -> None:
             for p in scratch:
                 shutil.rmtree(p, ignore_errors=True)
             s = spec(hp, steps=steps, every=every, compile_mode=mode, precision=precision, timeout=600, ckpt=ckpt)
+            if name.endswith("_graphs") and mode != "off":  # a smoke run is eager: graphs need a compile
+                s["compile"]["cuda_graphs"] = True
             try:
                 r = run_kiln(name, s, work, args.warmup, items, {**shared, **env_extra})
             except RuntimeError as exc:  # one failed variant must not cost the others (one device run)
@@ -414,6 +445,8 @@ def main() -> None:
         "ratio_ckpt10_tiered_vs_bare": ratio("kiln_ckpt10_tiered", "bare"),
         "ratio_ckpt10_shm_vs_bare": ratio("kiln_ckpt10_shm", "bare"),
         "ratio_bare_regional_vs_bare": ratio("bare_regional", "bare"),
+        "ratio_bare_graphs_vs_bare": ratio("bare_graphs", "bare"),
+        "ratio_kiln_graphs_vs_bare_graphs": ratio("kiln_graphs", "bare_graphs"),
         "ratio_kiln_regional_vs_bare_regional": ratio("kiln_regional", "bare_regional"),
         "compile_cold_s": cold,
         "compile_warm_s": warm,
