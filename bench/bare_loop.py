@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -21,6 +22,25 @@ def adamw(model: torch.nn.Module, *, fused: bool) -> torch.optim.AdamW:
         betas=(0.9, 0.95),
         fused=fused,
     )
+
+
+def gpt_batches(recipe: Any, device: torch.device) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """The job's own data for a bare loop of the ``gpt`` recipe, drawn on the device: a real corpus (its token
+    frequencies set the embedding backward's atomics) lies there whole and each batch is random windows gathered
+    there; a synthetic job gets uniform tokens."""
+    b, t, v = recipe.batch_size, recipe.cfg.seq_len, recipe.cfg.vocab_size
+    tokens = recipe.make_data(rank=0, world_size=1, seed=0).tokens
+    corpus = tokens.to(device) if tokens is not None else None
+    window = torch.arange(t + 1, device=device)
+
+    def draw() -> tuple[torch.Tensor, torch.Tensor]:
+        if corpus is None:
+            return torch.randint(0, v, (b, t), device=device), torch.randint(0, v, (b, t), device=device)
+        starts = torch.randint(0, corpus.numel() - t - 1, (b, 1), device=device)
+        seqs = corpus[starts + window].long()
+        return seqs[:, :-1].contiguous(), seqs[:, 1:].contiguous()
+
+    return draw
 
 
 def train_step(

@@ -82,6 +82,8 @@ def run_kiln(spec: JobSpec, wait: int, active: int) -> dict[str, Any]:
 
 
 def run_bare(spec: JobSpec, wait: int, active: int) -> dict[str, Any]:
+    from bare_loop import gpt_batches
+
     from trainer.recipes.gpt import GPTRecipe, gpt_loss
 
     recipe = GPTRecipe(dict(spec.recipe.hyperparameters))
@@ -95,14 +97,13 @@ def run_bare(spec: JobSpec, wait: int, active: int) -> dict[str, Any]:
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=6e-4, betas=(0.9, 0.95), fused=cuda)  # fmt: skip
-    b, t, v = recipe.batch_size, recipe.cfg.seq_len, recipe.cfg.vocab_size
+    draw = gpt_batches(recipe, device)  # the job's own data, as kiln's side trains on
     prof = profiled(wait, active)
     marks = []
     previous: torch.Tensor | None = None
     with prof:
         for _ in range(wait + 2 + active):
-            x = torch.randint(0, v, (b, t), device=device)
-            y = torch.randint(0, v, (b, t), device=device)
+            x, y = draw()
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
                 loss = gpt_loss(model, x, y)
             loss.backward()

@@ -174,7 +174,7 @@ def run_kiln(
 def bare(args: argparse.Namespace) -> None:
     """The baseline: what a careful engineer writes by hand, nothing else."""
     import torch
-    from bare_loop import adamw, timed_steps, train_step
+    from bare_loop import adamw, gpt_batches, timed_steps, train_step
 
     from trainer.recipes.gpt import GPTRecipe, gpt_loss
 
@@ -191,27 +191,16 @@ def bare(args: argparse.Namespace) -> None:
         for region in recipe.compile_regions(model):
             region.compile(**kwargs)
     opt = adamw(model, fused=True)
-    b, t, v = recipe.batch_size, recipe.cfg.seq_len, recipe.cfg.vocab_size
-    # The same data as the job: a real corpus (its token frequencies set the embedding backward's atomics) lies on
-    # the device whole, and each batch is random windows gathered there; synthetic jobs get uniform tokens.
-    tokens = recipe.make_data(rank=0, world_size=1, seed=0).tokens
-    corpus = tokens.to(device) if tokens is not None else None
-    window = torch.arange(t + 1, device=device)
+    draw = gpt_batches(recipe, device)  # the job's own data
 
     def loss() -> torch.Tensor:
         if graphs:
             torch.compiler.cudagraph_mark_step_begin()
-        if corpus is None:
-            x = torch.randint(0, v, (b, t), device=device)
-            y = torch.randint(0, v, (b, t), device=device)
-        else:
-            starts = torch.randint(0, corpus.numel() - t - 1, (b, 1), device=device)
-            seqs = corpus[starts + window].long()
-            x, y = seqs[:, :-1].contiguous(), seqs[:, 1:].contiguous()
-        return gpt_loss(model, x, y)
+        return gpt_loss(model, *draw())
 
     step = train_step(model, opt, loss, device)
-    timed_steps(step, warmup=args.warmup, steps=args.steps, items_per_step=b * t, device=device)
+    items = recipe.batch_size * recipe.cfg.seq_len
+    timed_steps(step, warmup=args.warmup, steps=args.steps, items_per_step=items, device=device)
 
 
 def model_hyperparameters(args: argparse.Namespace) -> dict[str, Any]:
