@@ -75,10 +75,11 @@ class PolicyConfig(SettingsGroup):
         "the first overall), so a large low-class job is not starved by a stream of small jobs of its own class.",
     )
     starvation_age_s: float | None = Field(
-        default=86400.0,
+        default=None,
         ge=0,
         description="Jobs without an SLA count as at risk once they have waited this long "
-        "(aging within a class). Empty: no aging.",
+        "(aging within a class: oldest first). Empty (the default): no aging; on the Philly replay aging after 1 "
+        "day or 7 days cost mean JCT and utilisation alike with the `guaranteed` class order (docs/scheduler.md).",
     )
     oldest_first_after_s: float | None = Field(
         default=None,
@@ -149,6 +150,14 @@ class PolicyConfig(SettingsGroup):
         description="Within a class, order by discretised expected remaining service (the user's time limit, "
         "the attained service, the team's finished jobs; never the true run time), and project running jobs "
         "without a time limit to end when the team's history expects.",
+    )
+    class_order: Literal["strict", "service", "guaranteed"] = Field(
+        default="guaranteed",
+        description="`strict`: a QoS class's jobs all go before a lower class's. `service`: the jobs at risk of "
+        "their SLA go first, every class's (highest class first); the others by service class first and QoS class "
+        "within it, so a short job of a lower class is not held behind a long one of a higher class that its SLA "
+        "does not need to hurry. `guaranteed`: the non-preemptible classes strictly, each before the next; the "
+        "preemptible ones together as `service` orders them.",
     )
     service_base_gpu_s: float = Field(
         default=4 * 3600.0, gt=0, description="Expected GPU-seconds below which a job is in service class 0."

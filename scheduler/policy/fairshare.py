@@ -1,6 +1,8 @@
 """The order in which pending jobs are considered.
 
-``kiln``: QoS class priority first. Within a class, jobs at risk of breaking their SLA come first, earliest
+``kiln``: QoS classes in tiers, highest first (``class_order``: by default each non-preemptible class is a tier of
+its own and the preemptible classes share one; ``strict``: every class its own tier; ``service``: one tier).
+Within a tier, every class's jobs at risk of breaking their SLA come first, earliest
 breach first (queue-wait SLA once a job has waited ``sla_reserve_fraction`` of its max wait; a deadline once the
 projected finish leaves less than ``deadline_slack_s``; a job without a queue-wait SLA once it has waited
 ``starvation_age_s``: aging, oldest first); ahead of those, jobs that held a reservation in the previous cycle
@@ -9,10 +11,10 @@ another). The rest are merged across teams by fair share: the team with the leas
 next, where usage is the decayed GPU-seconds of the snapshot plus what this cycle has admitted so far (so one
 team's long queue does not take a whole cycle); within a team, by user priority, then submission time.
 
-Within a class and after the jobs at risk, ``kiln`` orders by discretised expected remaining service
+Within a tier and after the jobs at risk, ``kiln`` orders by discretised expected remaining service
 (``scheduler.policy.estimate``: GPUs x the run time still expected from the user's time limit, the attained service and
-the team's history; Tiresias' least-attained-service queues with the estimates kiln really has), then by fair
-share and age within one service class.
+the team's history; Tiresias' least-attained-service queues with the estimates kiln really has), then by QoS class,
+then by fair share and age within one service class and class.
 
 ``priority`` (the Slurm multifactor / Kueue baseline): QoS class, then fair share, then age; no SLA urgency.
 ``fifo``: submission time, then id. ``sjf``: shortest ``estimated_runtime_s`` first (with the true run time as the
@@ -23,11 +25,12 @@ from __future__ import annotations
 
 import heapq
 import math
+import operator
 from collections.abc import Iterator, Sequence
 
 from core.policy_config import PolicyConfig
 from core.states import Reason
-from scheduler.policy.estimate import Estimator, service_class
+from scheduler.policy.estimate import DEFAULT_LIMIT_USE, MIN_REMAINING_S, Estimator
 from scheduler.policy.snapshot import PendingJob, TeamInfo
 
 
@@ -52,8 +55,17 @@ def urgency(job: PendingJob, now: float, config: PolicyConfig) -> float | None:
     return best
 
 
+_SUBMITTED = operator.attrgetter("submitted_at", "id")
+_PRIORITY = operator.attrgetter("priority")
+
+
 class JobOrder:
-    """Iterates pending jobs in policy order; ``charge`` tells it what an admission cost its team."""
+    """Iterates pending jobs in policy order; ``charge`` tells it what an admission cost its team.
+
+    The order is computed in one generator (no nested ones: a cycle walks ten thousand jobs and every level of
+    delegation costs each of them), with the urgency and the service class of each job inlined: the same
+    arithmetic as ``urgency``, ``Estimator.remaining_s`` and ``service_class``, which stay the reference.
+    """
 
     def __init__(self, jobs: Sequence[PendingJob], teams: Sequence[TeamInfo], now: float, config: PolicyConfig) -> None:
         self.config = config
@@ -64,13 +76,14 @@ class JobOrder:
         self.urgent: set[int] = set()
         self.aged: set[int] = set()  # the oldest job of a class, long waiting: first after the at-risk, no preemption
         self.estimator = Estimator(teams) if config.ordering == "kiln" and config.service_classes else None
-        self.service_memo: dict[tuple[int, float | None, float, int], int] = {}
+        self.charges = 0  # admissions charged so far: a team keeps its turn in the fair merge until the next one
 
     def score(self, team_id: int) -> float:
         return self.usage.get(team_id, 0.0) / max(self.weight.get(team_id, 1.0), 1e-9)
 
     def charge(self, team_id: int, units: int) -> None:
         self.usage[team_id] = self.usage.get(team_id, 0.0) + units * self.config.fairshare_admit_charge_s
+        self.charges += 1
 
     def __iter__(self) -> Iterator[PendingJob]:
         if self.config.ordering == "fifo":
@@ -80,78 +93,156 @@ class JobOrder:
             inf = float("inf")
             yield from sorted(self.jobs, key=lambda j: (j.estimated_runtime_s or inf, j.submitted_at, j.id))
             return
+        # One sort, in each team's own order (user priority, then submission): every queue split from it below
+        # (by class, team and service class) is then already in that order.
         by_class: dict[int, list[PendingJob]] = {}
-        for j in self.jobs:
-            by_class.setdefault(j.qos_priority, []).append(j)
-        for prio in sorted(by_class, reverse=True):
-            yield from self._class(by_class[prio])
+        # (By submission, then by priority, highest first: Python's sorts are stable, also reversed, and two sorts
+        # on C attribute getters cost less than one on a tuple built per job.)
+        in_team_order = sorted(sorted(self.jobs, key=_SUBMITTED), key=_PRIORITY, reverse=True)
+        for j in in_team_order:
+            queue = by_class.get(j.qos_priority)
+            if queue is None:
+                by_class[j.qos_priority] = [j]
+            else:
+                queue.append(j)
+        # The segments in order: each a list of jobs taken as they are (those at risk) or a mapping of teams'
+        # queues to merge by fair share. Classes are taken in tiers, highest first: within a tier, every class's
+        # jobs at risk (highest class first), then the others by service class, and class within one.
+        segments: list[list[PendingJob] | dict[int, list[PendingJob]]] = []
+        split = {prio: self._split(by_class[prio]) for prio in sorted(by_class, reverse=True)}
+        for tier in self._tiers(by_class):
+            segments.extend(split[prio][0] for prio in tier)
+            for sc in sorted({sc for prio in tier for sc in split[prio][1]}):
+                segments.extend(split[prio][1][sc] for prio in tier if sc in split[prio][1])
+        usage, weight = self.usage, self.weight
+        heapreplace = heapq.heapreplace
+        for per_team in segments:
+            if isinstance(per_team, list):
+                yield from per_team
+                continue
+            # Merge the teams' queues: the team with the least usage per unit of weight goes next. Only an
+            # admission changes a score (``charge``), so a team keeps its turn until one: between admissions whole
+            # runs of one team's queue go by without touching the heap.
+            if len(per_team) == 1:  # one team: its own order, no merging (charges cannot reorder it)
+                yield from next(iter(per_team.values()))
+                continue
+            heap = [(self.score(tid), tid) for tid in per_team]
+            heapq.heapify(heap)
+            taken = dict.fromkeys(per_team, 0)  # jobs of each team's queue yielded so far
+            while heap:
+                score, tid = heap[0]
+                current = usage.get(tid, 0.0) / max(weight.get(tid, 1.0), 1e-9)  # self.score(tid), inlined
+                if current != score:  # charged since it was pushed
+                    heapreplace(heap, (current, tid))
+                    continue
+                queue = per_team[tid]
+                i, n = taken[tid], len(queue)
+                charges = self.charges
+                while i < n:
+                    job = queue[i]
+                    i += 1
+                    yield job
+                    if self.charges != charges:
+                        break
+                taken[tid] = i
+                # Charged (or done): the heap is untouched since, so its top is still this team's entry.
+                if i < n:
+                    heapreplace(heap, (usage.get(tid, 0.0) / max(weight.get(tid, 1.0), 1e-9), tid))
+                else:
+                    heapq.heappop(heap)
 
-    def _class(self, jobs: list[PendingJob]) -> Iterator[PendingJob]:
+    def _tiers(self, by_class: dict[int, list[PendingJob]]) -> list[list[int]]:
+        """The classes (priorities) in tiers, highest first (``PolicyConfig.class_order``)."""
+        classes = sorted(by_class, reverse=True)
+        order = self.config.class_order
+        if order == "strict" or self.estimator is None:
+            return [[prio] for prio in classes]
+        if order == "service":
+            return [classes]
+        # "guaranteed": each non-preemptible class on its own, then the preemptible ones together
+        preemptible = [prio for prio in classes if by_class[prio][0].preemptible]
+        return [[prio] for prio in classes if prio not in preemptible] + ([preemptible] if preemptible else [])
+
+    def _split(self, jobs: list[PendingJob]) -> tuple[list[PendingJob], dict[int, dict[int, list[PendingJob]]]]:
+        """A class's jobs (in team order): those at risk, most urgent first; and the rest by team, one mapping
+        per service class (one mapping, class 0, for all when there are no service classes)."""
         urgent: list[tuple[float, float, int, PendingJob]] = []
         per_team: dict[int, list[PendingJob]] = {}
+        now, config = self.now, self.config
+        keep = config.keep_reservations
+        held = Reason.RESERVATION.value
+        sla = config.sla_urgency
+        risk = 1 - config.sla_reserve_fraction
+        after_breach = config.urgent_after_breach
+        age = config.starvation_age_s
         for j in jobs:
-            u = urgency(j, self.now, self.config)
-            if self.config.keep_reservations and j.pending_reason == Reason.RESERVATION:
+            # ``urgency(j, now, config)``, inlined but for deadlines
+            u: float | None = None
+            if sla:
+                if j.deadline is not None:
+                    u = urgency(j, now, config)
+                else:
+                    wait = j.max_queue_wait_s
+                    if wait is not None:
+                        started = j.wait_started_at
+                        due = (started if started is not None else j.submitted_at) + wait
+                        if due - now <= risk * wait and (after_breach or due > now):
+                            u = due - now
+                    elif age is not None and now - j.submitted_at >= age:
+                        u = j.submitted_at + 2 * age - now
+            if keep and j.pending_reason == held:
                 u = -math.inf  # held capacity last cycle (or preempted for it): first, so the capacity is not lost
             if u is not None:
                 urgent.append((u, j.submitted_at, j.id, j))
                 self.urgent.add(j.id)
             else:
-                per_team.setdefault(j.team_id, []).append(j)
-        aging = self.config.oldest_first_after_s
+                queue = per_team.get(j.team_id)
+                if queue is None:
+                    per_team[j.team_id] = [j]
+                else:
+                    queue.append(j)
+        aging = config.oldest_first_after_s
         if aging is not None and per_team:
             oldest = min((j for q in per_team.values() for j in q), key=lambda j: (j.submitted_at, j.id))
-            if self.now - oldest.submitted_at >= aging:
+            if now - oldest.submitted_at >= aging:
                 per_team[oldest.team_id].remove(oldest)
+                if not per_team[oldest.team_id]:
+                    del per_team[oldest.team_id]
                 urgent.append((math.inf, oldest.submitted_at, oldest.id, oldest))
                 self.urgent.add(oldest.id)
                 self.aged.add(oldest.id)
         urgent.sort(key=lambda t: t[:3])
-        for item in urgent:
-            yield item[3]
+        ordered = [item[3] for item in urgent]
         if self.estimator is None:
-            yield from self._fair(per_team)
-            return
+            return ordered, {0: per_team} if per_team else {}
+        return ordered, self._by_service(per_team)
+
+    def _by_service(self, per_team: dict[int, list[PendingJob]]) -> dict[int, dict[int, list[PendingJob]]]:
+        """Split each team's queue by service class (``service_class`` of GPUs x ``Estimator.remaining_s``,
+        inlined: the same arithmetic, without a call per job)."""
+        assert self.estimator is not None
+        history = self.estimator.history
+        base = self.config.service_base_gpu_s
+        log_factor = math.log(self.config.service_factor)
+        log = math.log
         by_service: dict[int, dict[int, list[PendingJob]]] = {}
         for tid, queue in per_team.items():
+            h = history.get(tid)
+            use = h.limit_use if h is not None else DEFAULT_LIMIT_USE
             for j in queue:
-                sc = self.service_class(j)
-                by_service.setdefault(sc, {}).setdefault(tid, []).append(j)
-        for sc in sorted(by_service):
-            yield from self._fair(by_service[sc])
-
-    def service_class(self, job: PendingJob) -> int:
-        assert self.estimator is not None
-        key = (job.team_id, job.estimated_runtime_s, job.attained_s, job.demand)
-        sc = self.service_memo.get(key)  # users' limits are round figures: many jobs share one answer
-        if sc is None:
-            remaining = self.estimator.remaining_s(job.team_id, job.estimated_runtime_s, job.attained_s)
-            sc = service_class(job.demand * remaining, self.config.service_base_gpu_s, self.config.service_factor)
-            self.service_memo[key] = sc
-        return sc
-
-    def _fair(self, per_team: dict[int, list[PendingJob]]) -> Iterator[PendingJob]:
-        """Merge the teams' queues: the team with the least usage per unit of weight goes next."""
-        for queue in per_team.values():
-            queue.sort(key=lambda j: (-j.priority, j.submitted_at, j.id), reverse=True)  # pop() from the end
-        if len(per_team) == 1:  # one team: its own order, no merging (charges cannot reorder it)
-            queue = next(iter(per_team.values()))
-            while queue:
-                yield queue.pop()
-            return
-        usage, weight = self.usage, self.weight
-        heap = [(self.score(tid), tid) for tid in per_team]
-        heapq.heapify(heap)
-        while heap:
-            score, tid = heap[0]
-            current = usage.get(tid, 0.0) / max(weight.get(tid, 1.0), 1e-9)  # self.score(tid), inlined
-            if current != score:  # charged since it was pushed
-                heapq.heapreplace(heap, (current, tid))
-                continue
-            queue = per_team[tid]
-            yield queue.pop()
-            # The consumer may have charged the team meanwhile; the heap is untouched, so its top is still ours.
-            if queue:
-                heapq.heapreplace(heap, (usage.get(tid, 0.0) / max(weight.get(tid, 1.0), 1e-9), tid))
-            else:
-                heapq.heappop(heap)
+                limit = j.estimated_runtime_s
+                if limit is not None:
+                    remaining = max(MIN_REMAINING_S, (limit - j.attained_s) * use)
+                else:
+                    remaining = self.estimator.remaining_s(tid, None, j.attained_s)
+                gpu_s = (j.gpus if j.gpus else j.cpu_slots) * remaining
+                sc = 0 if gpu_s <= base else 1 + int(log(gpu_s / base) / log_factor)
+                teams = by_service.get(sc)
+                if teams is None:
+                    teams = by_service[sc] = {}
+                mine = teams.get(tid)
+                if mine is None:
+                    teams[tid] = [j]
+                else:
+                    mine.append(j)
+        return by_service

@@ -106,6 +106,8 @@ class _Planner:
         self.sweep_running = Counter(r.sweep_id for r in snapshot.running if r.sweep_id is not None)
         self.promised_ids: set[int] = set()  # running jobs whose units are reserved, as of ``promised_version``
         self.promised_version = 0
+        # running jobs that some requester may stop (RUNNING, whole GPUs, past the minimum run time), found once
+        self.stoppable: list[RunningJob] | None = None
 
     def _end_of(self, r: RunningJob) -> float:
         """When a running job is projected to end: its time limit's end; without one, kiln's own estimate (its
@@ -137,7 +139,8 @@ class _Planner:
         self.aged = order.aged
         fifo_blocker: int | None = None
         for job in order:
-            if not self._eligible(job):
+            # Most jobs are in no sweep, depend on nothing and wait out no backoff: no call for them.
+            if (job.sweep_id is not None or job.depends_on or job.not_before is not None) and not self._eligible(job):
                 continue
             if fifo_blocker is not None:
                 self.wait(job, Reason.PRIORITY, f"behind job {fifo_blocker}, first in line (FIFO)")
@@ -219,13 +222,17 @@ class _Planner:
         end = self.now + est if est is not None else None
         key: tuple[object, ...] | None = None
         if job.team_id not in self.budgeted:
+            # ``self.state.end_class(end)`` and ``self._version()``, inlined: this runs for every pending job.
+            state = self.state
+            untils = state.untils
+            end_class = len(untils) if end is None else bisect.bisect_left(untils, end) if untils else 0
             key = (
                 job.qos_priority, job.team_id, job.quota_key, job.gpus, job.cpu_slots, job.gpu_type,
                 job.gpus_per_node, job.memory_bytes, job.memory_cap_bytes, job.bandwidth,
-                (job.id in urgent) + (job.id in self.aged),
-                self.state.end_class(end), job.share,
+                (job.id in urgent) + (job.id in self.aged), end_class, job.share,
             )  # fmt: skip
-            version = self._version()
+            version = (state.version, self.ledger.version, len(self.victimized), self.preemptors,
+                       len(self.reservations))  # fmt: skip
             if version != self.memo_version:
                 self.memo.clear()
                 self.memo_version = version
@@ -449,9 +456,18 @@ class _Planner:
         top = self.c.uncapped_preemptor_priority
         if top is not None and job.qos_priority >= top:
             capped = None
+        if self.stoppable is None:  # once a cycle: what no requester could take is never looked at again
+            self.stoppable = [
+                r
+                for r in self.s.running
+                if r.share is None
+                and not r.preempt_requested
+                and r.state == JobState.RUNNING
+                and self.now - r.started_at >= self.c.min_run_time_s
+            ]
         candidates = [
             r
-            for r in self.s.running
+            for r in self.stoppable
             if r.id not in self.victimized
             and r.share is None  # a fractional job's end frees no whole GPU
             and r.gpu_type in models

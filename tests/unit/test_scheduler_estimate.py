@@ -67,6 +67,26 @@ def test_within_a_qos_class_less_expected_service_goes_first_whatever_the_age() 
     assert off == [1, 3, 2]  # age only
 
 
+def test_class_order_service_lets_a_short_lower_class_job_past_a_long_higher_class_one() -> None:
+    def preemptible(job: PendingJob) -> PendingJob:
+        return dataclasses.replace(job, preemptible=True)
+
+    long_silver = pj(1, 8, limit=48 * H, age=100)
+    long_bronze = preemptible(pj(2, 8, limit=48 * H, age=50, qos="bronze", prio=200))
+    short_be = preemptible(pj(3, 4, limit=2 * H, age=20, qos="best-effort", prio=0))
+    at_risk_be = preemptible(pj(4, 4, limit=100 * H, age=2 * 86400, qos="best-effort", prio=0))  # aged 1 day+
+    jobs = (long_silver, long_bronze, short_be, at_risk_be)
+    teams = (team(ratio=0.5),)
+
+    def order(class_order: str) -> list[int]:
+        config = PolicyConfig(class_order=class_order, starvation_age_s=86400.0)  # type: ignore[arg-type]
+        return [j.id for j in JobOrder(jobs, teams, NOW, config)]
+
+    assert order("strict") == [1, 2, 4, 3]  # class by class
+    assert order("service") == [4, 3, 1, 2]  # at risk first, then 4 GPU-h, then the 192 GPU-h ones
+    assert order("guaranteed") == [1, 4, 3, 2]  # silver (not preemptible) first, then by service
+
+
 def test_sla_risk_still_goes_ahead_of_service_classes() -> None:
     urgent = pj(1, 32, limit=100 * H, age=1000, max_queue_wait_s=1800.0)
     order = [j.id for j in JobOrder((pj(2, 4, limit=H), urgent), (team(),), NOW, PolicyConfig())]
