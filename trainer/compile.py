@@ -213,7 +213,7 @@ class Compiler:
         self.timeout_s = timeout_s
         self.max_rss = 1 if hooks.compile_oom else max_rss_bytes
         self.check_allclose = check_allclose
-        self.cuda_graphs = cuda_graphs and device.type == "cuda"
+        self.cuda_graphs = cuda_graphs  # decided by the trainer (trainer.loop.cuda_graphs_on)
         self.hooks = hooks
         self.tel = telemetry
         self.device = device
