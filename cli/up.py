@@ -370,7 +370,7 @@ def _local_host(database_url: str) -> None:
     except BootstrapError as exc:
         raise CliError(f"could not give the default team this host's GPUs: {exc}") from None
     if added:
-        console.print(f"{TAG} team 'default' may use this host's GPUs: quota {', '.join(added)}")
+        console.print(f"{TAG} team 'default' may use this host's GPUs: quota {', '.join(added)} (any GPU type)")
 
 
 def keep_private(home: Path) -> Path:

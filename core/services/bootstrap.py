@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from core.gpu_types import ANY, CPU
 from core.models import Membership, Role, SlaContract, Team, TeamQuota, User
 from core.repositories import qos as qos_repo
 from core.repositories import teams as teams_repo
@@ -60,22 +61,20 @@ def bootstrap_admin(*, db: Session, name: str, force: bool = False) -> tuple[Use
 
 
 def give_default_team_gpus(*, db: Session, gpus_by_type: dict[str, int]) -> list[str]:
-    """A quota for the ``default`` team on each GPU type of the local host it has none for (nominal = the host's
-    count), so the embedded default trains on the GPUs it found. A quota an admin set is never changed.
-    Returns what was added, e.g. ``["H200=1"]``. Does not commit."""
+    """One quota for the ``default`` team that covers every GPU type (``*``, nominal = the local host's GPU count),
+    so the embedded default trains on the GPUs it found whether a job names their type or not: a job without
+    ``gpu_type`` (most small and fractional ones) draws on ``*``, and a typed quota alone would leave it
+    waiting for ever. Nothing is added once the team has any GPU quota: a quota an admin set is never widened.
+    Returns what was added, e.g. ``["*=1"]``. Does not commit."""
     team = teams_repo.get_by_name(db, DEFAULT_TEAM)
-    if team is None:
+    count = sum(n for n in gpus_by_type.values() if n > 0)
+    if team is None or count == 0 or any(q.gpu_type != CPU for q in team.quotas):
         return []
-    have = {q.gpu_type for q in team.quotas}
-    added = []
-    for gpu_type, count in sorted(gpus_by_type.items()):
-        if gpu_type in have or count <= 0:
-            continue
-        team.quotas.append(TeamQuota(gpu_type=gpu_type, nominal=count))
-        added.append(f"{gpu_type}={count}")
-    if added:
-        message = f"default team: the local host's GPUs ({', '.join(added)})"
-        record_event(db, "TEAM_UPDATED", team_id=team.id, message=message, data={"added": added})
-        teams_repo.bump_version(db, team, expected=None)  # a change of its settings: a new ETag
+    team.quotas.append(TeamQuota(gpu_type=ANY, nominal=count))
+    added = [f"{ANY}={count}"]
+    found = ", ".join(f"{n} x {t}" for t, n in sorted(gpus_by_type.items()))
+    record_event(db, "TEAM_UPDATED", team_id=team.id, message=f"default team: the local host's GPUs ({found})",
+                 data={"added": added})  # fmt: skip
+    teams_repo.bump_version(db, team, expected=None)  # a change of its settings: a new ETag
     db.flush()
     return added

@@ -92,9 +92,9 @@ def test_the_shipped_h200_example_is_placed_on_a_host_nvml_names_nvidia_h200(
     example submitted as it is, one scheduling cycle: admitted on the GPU."""
     register(db, tmp_path, "h200-host", "NVIDIA H200")
     default = db.scalars(select(Team).where(Team.name == "default")).one()
-    assert give_default_team_gpus(db=db, gpus_by_type={"H200": 1}) == ["H200=1"]
+    assert give_default_team_gpus(db=db, gpus_by_type={"H200": 1}) == ["*=1"]  # every type: typed jobs and untyped
     assert give_default_team_gpus(db=db, gpus_by_type={"H200": 1}) == []  # an existing quota is never changed
-    assert {q.gpu_type: q.nominal for q in default.quotas} == {"cpu": 4, "H200": 1}
+    assert {q.gpu_type: q.nominal for q in default.quotas} == {"cpu": 4, "*": 1}
 
     r = client.post("/v1/jobs", json=example(), headers=world.h("admin"))
     assert r.status_code == 201, r.text

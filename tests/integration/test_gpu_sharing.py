@@ -78,6 +78,37 @@ def test_small_jobs_share_one_gpu_through_the_hosts_mps_daemon(
     assert f"sharing GPU {placed[ids[0]]['gpus'][0]}: 40.0 GiB and 50% of the SMs (guaranteed)" in admitted.message
 
 
+@pytest.mark.usefixtures("dispatched")
+def test_untyped_jobs_run_on_the_gpus_kiln_up_gave_the_default_team(
+    db: Session, tmp_path: Path, client: TestClient, world: World, daemon: mps.MpsDaemon
+) -> None:
+    """Regression (first mps_bench run on the H200): ``kiln up`` gave the default team a quota ``H200=1``; a job
+    that names no GPU type (every share in the bench) draws on ``*`` and waited for ever on "team quota *: 0 in use
+    of nominal 0"."""
+    register(db, tmp_path, "h200-host", "NVIDIA H200", count=2)
+    agent_of(tmp_path, "h200-host").heartbeat(db)
+    assert give_default_team_gpus(db=db, gpus_by_type={"H200": 2}) == ["*=2"]
+    ids = []
+    for name, changes in (("share", {"resources.gpu_share": HALF}), ("whole", {})):
+        spec = example(name=name, **changes)
+        del spec["resources"]["gpu_type"]
+        r = client.post("/v1/jobs", json=spec, headers=world.h("admin"))
+        assert r.status_code == 201, r.text
+        ids.append(int(r.json()["id"]))
+    cycle(db, utcnow() + timedelta(seconds=1))
+    for job_id in ids:
+        job = db.get(Job, job_id)
+        assert job is not None and job.state == "ADMITTED", (job.pending_reason, job.pending_message)
+
+
+def test_an_admins_gpu_quota_is_never_widened(db: Session, client: TestClient, world: World) -> None:
+    r = client.patch("/v1/teams/default", json={"quotas": [{"gpu_type": "cpu", "nominal": 4},
+                                                           {"gpu_type": "H200", "nominal": 0}]},
+                     headers=world.h("admin"))  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert give_default_team_gpus(db=db, gpus_by_type={"H200": 2}) == []
+
+
 def test_shares_go_only_to_hosts_whose_mps_daemon_runs(
     db: Session, tmp_path: Path, client: TestClient, world: World, daemon: mps.MpsDaemon
 ) -> None:
