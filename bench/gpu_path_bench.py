@@ -106,10 +106,18 @@ class Kiln:
 
     def wait(self, job_id: int, done: Any, timeout: float, what: str) -> dict[str, Any]:
         deadline = time.time() + timeout
+        seen, said_at = None, 0.0
         while time.time() < deadline:
             job: dict[str, Any] = self.get(f"/v1/jobs/{job_id}")
             if done(job):
                 return job
+            # Progress in the log (a state change at once, else every 30 s): a run cut by its time limit says where.
+            now_seen = (job["state"], job.get("pending_reason"))
+            if now_seen != seen or time.time() - said_at > 30:
+                reason = job.get("pending_reason")
+                why = f" ({reason}: {job.get('pending_message')})" if reason else ""
+                log(f"job {job_id} {job['state']} at step {job.get('last_step')}{why}, waiting for {what}")
+                seen, said_at = now_seen, time.time()
             if job["state"] in ("FAILED", "CANCELLED"):
                 raise RuntimeError(f"job {job_id} {job['state']}: {job.get('exit_reason')}")
             time.sleep(0.2)

@@ -112,6 +112,11 @@ sla: {qos: best-effort}
 """
 
 
+class OutOfTime(BaseException):
+    """Raised by ``--deadline-s``'s alarm: past every phase's ``except Exception``, so the run ends at once and still
+    saves what it has, the logs and ``kiln down`` (a device call's time limit would kill it with nothing saved)."""
+
+
 class Bench:
     def __init__(self, kiln: Kiln, work: pathlib.Path, steps: int) -> None:
         self.kiln, self.work, self.steps = kiln, work, steps
@@ -323,6 +328,7 @@ def main() -> None:
     ap.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}")
     ap.add_argument("--steps", type=int, default=2000, help="steps of the gold job (best-effort runs 3x as many)")
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "mps_bench.json")
+    ap.add_argument("--deadline-s", type=int, default=0, help="stop the phases after this long and save (0: never)")
     args = ap.parse_args()
     phases = [p for p in args.phases.split(",") if p]
     if unknown := set(phases) - set(PHASES):
@@ -349,6 +355,12 @@ def main() -> None:
         "overcap": lambda: bench.overcap((result.get("caps") or {}).get("curves", {}).get("alone")),
         "mps_kill": bench.mps_kill,
     }
+
+    def out_of_time(signum: int, frame: object) -> None:
+        raise OutOfTime(f"--deadline-s {args.deadline_s} reached")
+
+    signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(args.deadline_s)
     try:
         result["kiln_up"] = kiln.up()
         result["hosts"] = kiln.cli("hosts").stdout
@@ -360,11 +372,17 @@ def main() -> None:
                 result[phase] = {"error": repr(exc)}
                 log(f"{phase} FAILED: {exc!r}")
             save()
+    except OutOfTime as exc:
+        result["out_of_time"] = str(exc)
+        log(str(exc))
     finally:
-        if any("error" in (result.get(p) or {}) for p in phases):
-            with contextlib.suppress(OSError):
-                for name in ("up.log", "worker.log", "scheduler.log"):
-                    result.setdefault("logs", {})[name] = (home / "logs" / name).read_text()[-6000:]
+        signal.alarm(0)
+        if "out_of_time" in result or any("error" in (result.get(p) or {}) for p in phases):
+            result["ls"] = kiln.cli("ls", "--all", timeout=60).stdout
+            logs = [home / "logs" / name for name in ("up.log", "worker.log", "scheduler.log")]
+            for path in [*logs, *sorted((home / "storage" / "mps").glob("*/log/*.log"))]:
+                with contextlib.suppress(OSError):
+                    result.setdefault("logs", {})[str(path.relative_to(home))] = path.read_text()[-6000:]
         down = kiln.cli("down", timeout=120)
         result["kiln_down"] = (down.stdout + down.stderr)[-500:]
         save()
