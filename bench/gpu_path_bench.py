@@ -118,8 +118,9 @@ class Kiln:
                 why = f" ({reason}: {job.get('pending_message')})" if reason else ""
                 log(f"job {job_id} {job['state']} at step {job.get('last_step')}{why}, waiting for {what}")
                 seen, said_at = now_seen, time.time()
-            if job["state"] in ("FAILED", "CANCELLED"):
-                raise RuntimeError(f"job {job_id} {job['state']}: {job.get('exit_reason')}")
+            if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):  # it ended without reaching what was awaited
+                raise RuntimeError(f"job {job_id} {job['state']} at step {job.get('last_step')} before {what}: "
+                                   f"{job.get('exit_reason')}")  # fmt: skip
             time.sleep(0.2)
         raise TimeoutError(f"job {job_id}: {what} not reached in {timeout:.0f} s")
 
