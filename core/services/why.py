@@ -207,7 +207,10 @@ def _class_hints(db: Session, job: Job, team: str, *, need_memory: bool = False)
     classes = db.scalars(select(QosClass).order_by(QosClass.priority.desc())).all()
     if need_memory:
         wanted = job.predicted_memory_bytes or 0
-        names = [q.name for q in classes if q.name in allowed and (q.gpu_memory_cap_bytes or wanted) >= wanted]
+        fits = [q for q in classes if (q.gpu_memory_cap_bytes or wanted) >= wanted]
+        if any(q.id == job.qos_class_id for q in fits):
+            return []  # its own class's cap is not what stops it: the GPUs are too small, another class won't help
+        names = [q.name for q in fits if q.name in allowed]
         return [f"a class whose memory cap fits: {', '.join(names)} (sla.qos)"] if names else []
     names = [q.name for q in classes if q.name in allowed and q.priority > job.priority]
     return [f"a higher QoS class the team {team} may use: {', '.join(names)} (sla.qos)"] if names else []

@@ -282,7 +282,8 @@ class _Planner:
                 )
                 return False
             largest = max((self.state.max_memory.get(m, 0) for m in req.models), default=0)
-            if job.memory_bytes > largest:
+            # No eligible GPU at all (a CPU-only cluster, a type not there): that is the capacity's reason below.
+            if largest and job.memory_bytes > largest:
                 self.wait(
                     job,
                     Reason.MEMORY_FIT,

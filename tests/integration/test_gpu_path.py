@@ -171,6 +171,24 @@ def test_a_job_over_its_class_memory_cap_is_refused_naming_the_classes_that_fit(
     assert "classes whose cap fits: silver, bronze, best-effort" in err["msg"]
 
 
+@pytest.mark.usefixtures("dispatched")
+def test_a_queued_job_whose_class_cap_shrank_waits_memory_fit_and_why_names_other_classes(
+    db: Session, tmp_path: Path, client: TestClient, world: World
+) -> None:
+    register(db, tmp_path, "h200-host", "NVIDIA H200")
+    give_default_team_gpus(db=db, gpus_by_type={"H200": 1})
+    r = client.post("/v1/jobs", json=example(name="capped-later"), headers=world.h("admin"))
+    assert r.status_code == 201, r.text
+    gold = db.scalars(select(QosClass).where(QosClass.name == "gold")).one()
+    gold.gpu_memory_cap_bytes = 8 * 10**9  # capped after the submit: the scheduler finds it
+    db.flush()
+    cycle(db, utcnow() + timedelta(seconds=1))
+    job = db.get(Job, r.json()["id"])
+    assert job is not None and job.pending_reason == "MemoryFit", (job.state, job.pending_message)
+    why = client.get(f"/v1/jobs/{job.id}/why", headers=world.h("admin")).json()
+    assert why["unblock"][-1] == "a class whose memory cap fits: silver, bronze, best-effort (sla.qos)"
+
+
 def test_a_job_larger_than_every_gpu_of_its_type_is_refused(
     db: Session, tmp_path: Path, client: TestClient, world: World
 ) -> None:

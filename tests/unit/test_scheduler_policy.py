@@ -148,6 +148,15 @@ def test_reason_memory_fit_against_qos_cap_and_gpu() -> None:
     assert admitted(s) == [3]
 
 
+def test_a_gpu_job_on_a_cluster_without_gpus_waits_for_capacity_not_memory() -> None:
+    """On ``kiln up`` without a GPU a GPU job used to wait on "MemoryFit: ... the largest eligible GPU has 0.0
+    GiB", and ``kiln why`` offered other classes; there is no GPU at all, and the reason says that."""
+    d = plan(snap(pending=(pj(1, memory_bytes=11 * GIB),), host_list=(HostInfo("laptop", "host.laptop", cpu_slots=2),)))
+    (waiting,) = d.pending
+    assert waiting.reason == Reason.UNSCHEDULABLE
+    assert "requests 1 any GPUs; the whole cluster has 0" in waiting.message
+
+
 def test_memory_fit_picks_gpus_large_enough() -> None:
     hosts = (gpu_host("small", 8, memory_bytes=16 * GIB), gpu_host("zbig", 8, memory_bytes=80 * GIB))
     d = plan(snap(host_list=hosts, pending=(pj(1, 2, memory_bytes=40 * GIB),)))
