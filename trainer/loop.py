@@ -2,9 +2,13 @@
 preemption and telemetry together.
 
 Throughput rule: the loop never waits for the GPU on the hot path.  Loss and grad norm of step ``s`` are
-read (``.item()``) after two more steps are queued (``LOSS_LAG_STEPS`` on CUDA; none on CPU, where every op is
-synchronous anyway), and a non-finite step is skipped on the device itself (fused AdamW's ``found_inf``),
-so the guard and telemetry cost no pipeline bubble.  Cross-rank agreement (stop, time-based checkpoint)
+copied to pinned host memory behind the step (stream-ordered, no wait) with an event recorded after it, and read
+once that event has completed, after two more steps are queued (``LOSS_LAG_STEPS`` on CUDA; none on CPU, where
+every op is synchronous anyway). ``.item()`` would not do: its copy joins the end of the stream, so it waits for
+every step queued so far and the GPU idles while the host launches the next one. A non-finite step is skipped on
+the device itself (fused AdamW's ``found_inf``), so the guard and telemetry cost no pipeline bubble.  A step's time
+is the interval between its event and the previous step's (the GPU's own clock), so steps read together after a
+drain still get their own times.  Cross-rank agreement (stop, time-based checkpoint)
 goes through a gloo group on the host.
 """
 
@@ -19,7 +23,7 @@ import os
 import pathlib
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -53,7 +57,7 @@ from trainer.user_recipe import UserRecipe
 # Dense bf16/fp16 tensor-core peaks (vendor datasheets) for the MFU estimate; override with peak_flops.
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
 
-# Steps queued on the GPU before the loop reads a loss (.item() waits for it). With one, the host has a step's GPU
+# Steps queued on the GPU before the loop reads a loss (waits for its event). With one, the host has a step's GPU
 # time minus its own launch time (~700 kernel launches a step for GPT-2 124M) to absorb any stall of its own; on the
 # H200 12% of steps still lost 15-25 ms to host stalls that way. Two steps queued double that slack; the loss guard
 # sees each loss one step later, which changes nothing it decides (a save drains every pending step first).
@@ -109,6 +113,16 @@ def persist_compiler_caches(cache_dir: pathlib.Path) -> None:
     them too.  A directory already chosen in the environment is respected."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
+
+
+class Pending(NamedTuple):
+    """A step queued on the device, not read yet: its loss and grad norm (pinned host memory on CUDA, filled behind
+    the step) and the event recorded after it (None on CPU)."""
+
+    step: int
+    batch: int  # the data position, for the spike guard
+    values: torch.Tensor
+    event: torch.cuda.Event | None
 
 
 def _scalar(t: torch.Tensor) -> torch.Tensor:
@@ -397,7 +411,11 @@ class Trainer:
     def _loop(self, flag: PreemptionFlag) -> ExitCode:
         spec, env, tel, cfg = self.spec, self.env, self.tel, self.cfg
         lag = LOSS_LAG_STEPS if self.device.type == "cuda" else 0
-        pending: collections.deque[tuple[int, int, torch.Tensor, torch.Tensor]] = collections.deque()
+        pending: collections.deque[Pending] = collections.deque()
+        # Where each queued step's loss and grad norm land on the host (pinned, so the copy is asynchronous): a
+        # ring longer than the queue, so a slot is rewritten only after its step has been read.
+        ring = torch.empty((lag + 2, 2), dtype=torch.float32, pin_memory=True) if lag else None
+        self.last_event: torch.cuda.Event | None = None
         poisoned = {b + i for b in cfg.hooks.loss_spike_at_step for i in range(cfg.hooks.loss_spike_len)}
         every_steps = spec.checkpointing.every_steps
         every_s = spec.checkpointing.every_seconds
@@ -459,7 +477,13 @@ class Trainer:
                 # exists (after the first step), so no save ever pays the ~1 s of pinning 1.5 GB.
                 self.ckpt.prepare(self.model, self.optimizer)
                 staged = True
-            pending.append((self.step, index, loss_sum, gn.detach()))
+            values = torch.stack((loss_sum.detach().float(), gn.detach().float()))
+            event: torch.cuda.Event | None = None
+            if ring is not None:
+                values = ring[self.step % len(ring)].copy_(values, non_blocking=True)
+                event = torch.cuda.Event(enable_timing=True)
+                event.record()
+            pending.append(Pending(self.step, index, values, event))
             if cfg.hooks.sleep_per_step_s:
                 time.sleep(cfg.hooks.sleep_per_step_s)
             if cfg.hooks.hang_at_step and self.step == cfg.hooks.hang_at_step:
@@ -542,15 +566,19 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         self.last_sync_latency = time.perf_counter() - t0
 
-    def _drain(self, pending: collections.deque[tuple[int, int, torch.Tensor, torch.Tensor]], keep: int) -> bool:
+    def _drain(self, pending: collections.deque[Pending], keep: int) -> bool:
         """Read finished steps (all but the newest ``keep``); True if a spike made us roll back."""
         cfg = self.cfg
         while len(pending) > keep:
-            step, index, loss_t, gn_t = pending.popleft()
-            loss, gn = float(loss_t.item()), float(gn_t.item())
+            step, index, values, event = pending.popleft()
+            if event is not None:
+                event.synchronize()  # this step's work only, not the steps queued behind it
+            loss, gn = values.tolist()
             now = time.perf_counter()
             dt = now - self.last_done_t
-            self.last_done_t = now
+            if event is not None and self.last_event is not None:
+                dt = self.last_event.elapsed_time(event) / 1e3  # the GPU's clock: steps read together keep theirs
+            self.last_done_t, self.last_event = now, event
             items = self.items_per_step
             self.tokens_done += items
             rate = items / dt if dt > 0 else None
@@ -619,7 +647,7 @@ class Trainer:
         else:
             self.reset_to_init()
         self.data.skip |= skip
-        self.last_done_t = time.perf_counter()
+        self.last_done_t, self.last_event = time.perf_counter(), None
         self._note_overhead("restore")
         tel.event(
             "ROLLED_BACK",
