@@ -57,10 +57,11 @@ from trainer.user_recipe import UserRecipe
 # Dense bf16/fp16 tensor-core peaks (vendor datasheets) for the MFU estimate; override with peak_flops.
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
 
-# Steps queued on the GPU before the loop reads a loss (waits for its event). With one, the host has a step's GPU
-# time minus its own launch time (~700 kernel launches a step for GPT-2 124M) to absorb any stall of its own; on the
-# H200 12% of steps still lost 15-25 ms to host stalls that way. Two steps queued double that slack; the loss guard
-# sees each loss one step later, which changes nothing it decides (a save drains every pending step first).
+# Steps queued on the GPU before the loop reads a loss (waits for its event): the host runs this many steps ahead,
+# so a stall of its own (a collection, a telemetry write, a lease renewal) shorter than that much GPU time costs the
+# GPU nothing. The loss guard sees each loss two steps late, which changes nothing it decides (a save drains every
+# pending step first). (The H200 figures before 2026-12-01 read losses with ``.item()``, which waited for the whole
+# queue: the host never ran ahead then.)
 LOSS_LAG_STEPS = 2
 GC_EVERY_STEPS = 50  # the loop's own young-generation collection (automatic collection is off while it runs)
 
