@@ -82,9 +82,9 @@ def test_small_jobs_share_one_gpu_through_the_hosts_mps_daemon(
 def test_untyped_jobs_run_on_the_gpus_kiln_up_gave_the_default_team(
     db: Session, tmp_path: Path, client: TestClient, world: World, daemon: mps.MpsDaemon
 ) -> None:
-    """Regression (first mps_bench run on the H200): ``kiln up`` gave the default team a quota ``H200=1``; a job
-    that names no GPU type (every share in the bench) draws on ``*`` and waited for ever on "team quota *: 0 in use
-    of nominal 0"."""
+    """Regression (bench/mps_bench.py on the H200, its second run): ``kiln up`` gave the default team a quota
+    ``H200=1``; a job that names no GPU type (every share in the bench) draws on ``*`` and waited for ever on "team
+    quota *: 0 in use of nominal 0"."""
     register(db, tmp_path, "h200-host", "NVIDIA H200", count=2)
     agent_of(tmp_path, "h200-host").heartbeat(db)
     assert give_default_team_gpus(db=db, gpus_by_type={"H200": 2}) == ["*=2"]
