@@ -144,11 +144,15 @@ class Bench:
         beside it, and a lag of the API's ``last_step`` behind it is logged and recorded, not waited out (the third
         H200 run stalled here without saying which it was)."""
         seen_at: float | None = None
+        checked_at = 0.0
 
         def reached(job: dict[str, Any]) -> bool:
-            nonlocal seen_at
+            nonlocal seen_at, checked_at
             if job["state"] == "RUNNING" and job["last_step"] >= step:
                 return True
+            if time.time() - checked_at < 5:  # the file and the attempts every 5 s, not on every 0.2 s poll
+                return False
+            checked_at = time.time()
             attempt = len(self.kiln.attempts(job_id)) or 1
             steps = [r["step"] for r in self.kiln.telemetry(job_id, attempt) if r["kind"] == "step"]
             if job["state"] != "RUNNING" or not steps or steps[-1] < step:

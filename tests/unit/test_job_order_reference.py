@@ -35,6 +35,7 @@ def pending(draw: st.DrawFn, job_id: int) -> PendingJob:
         submitted_at=draw(grid),
         priority=draw(st.integers(0, 2)),
         max_queue_wait_s=draw(times),
+        # Mostly none (a deadline sends the job to ``urgency`` itself, so the inlined arithmetic is skipped).
         deadline=draw(st.one_of(st.none(), st.none(), st.floats(min_value=NOW - 5000, max_value=NOW + 50_000))),
         estimated_runtime_s=draw(times),
         attained_s=draw(st.sampled_from([0.0, 30.0, 600.0, 7200.0, 90_000.0])),
