@@ -46,6 +46,10 @@ class GuardConfig:
     grad_z: float = 8.0  # or grad-norm z-score above this *and* grad norm > factor x its average
     confirm_steps: int = 2  # consecutive suspect steps before acting (a lone blip is not a spike)
     max_spikes: int = 3  # rollbacks allowed before giving up with TOO_MANY_SPIKES
+    # Steps in a row whose update was skipped for a non-finite loss or grad norm before giving up the same way: a
+    # lone overflow is skipped, but a run that never updates again must not end SUCCEEDED with its last finite
+    # loss (the fp16 scaler's back-off from 2^16 skips at most 16 steps in a row).
+    max_nonfinite_steps: int = 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +110,7 @@ class TrainerConfig:
         guard = GuardConfig(
             enabled=params.spike_guard, window=params.spike_window, factor=params.spike_factor,
             grad_z=params.spike_grad_z, confirm_steps=params.spike_confirm_steps, max_spikes=params.max_spikes,
+            max_nonfinite_steps=params.max_nonfinite_steps,
         )  # fmt: skip
         return cls(
             lr=params.lr,

@@ -36,6 +36,9 @@ class TrainingHyperparameters(BaseModel):
     spike_grad_z: Annotated[float, Finite, Field(ge=1.0, le=1e6)] = 8.0
     spike_confirm_steps: Annotated[int, Field(ge=1, le=100)] = 2
     max_spikes: Annotated[int, Field(ge=0, le=1000, description="Rollbacks before giving up.")] = 3
+    max_nonfinite_steps: Annotated[
+        int, Field(ge=1, le=100_000, description="Steps in a row with a non-finite loss or grad norm before failing.")
+    ] = 20
 
     def warmup_for(self, steps: int) -> int:
         return self.warmup_steps if self.warmup_steps is not None else min(100, max(1, steps // 10))

@@ -377,6 +377,28 @@ def test_too_many_spikes_exits_with_its_code(tmp_path: pathlib.Path) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_a_lone_nonfinite_step_is_skipped_and_a_streak_fails_the_run(tmp_path: pathlib.Path) -> None:
+    """Found on the H200: a share capped at 30% SM ran 600 steps with every loss NaN and ended SUCCEEDED, its
+    reported loss that of its last finite step. A lone non-finite step is skipped; a run of them fails the job."""
+    lone = make_spec(tmp_path, "lone", steps=20, every=None)
+    assert launch(lone, tmp_path / "lone", hooks={"nonfinite_at_step": [5, 6]}) == 0
+    recs = records(tmp_path / "lone")
+    assert [e["fields"]["batch"] for e in events(recs, "NONFINITE_SKIPPED")] == [5, 6]
+    assert kinds(recs, "done")[-1]["steps"] == 20
+
+    streak = make_spec(tmp_path, "streak", steps=40, every=None, max_nonfinite_steps=8)
+    assert launch(streak, tmp_path / "streak", hooks={"nonfinite_at_step": list(range(10, 40))}) == (
+        ExitCode.TOO_MANY_SPIKES
+    )
+    recs = records(tmp_path / "streak")
+    assert len(events(recs, "NONFINITE_SKIPPED")) == 8
+    assert not kinds(recs, "done")
+    exit_ = events(recs, "EXIT")[-1]["fields"]
+    assert exit_["error"].startswith("training diverged: the loss or grad norm was non-finite for 8 steps in a row")
+    assert "steps 11-18" in exit_["error"], exit_["error"]
+
+
+@pytest.mark.timeout(300)
 def test_sigterm_checkpoints_and_exits_preempted(tmp_path: pathlib.Path) -> None:
     run_dir = tmp_path / "run"
     spec = make_spec(tmp_path, "p", steps=200, every=None)

@@ -10,6 +10,7 @@ from workers.exit_classes import StopRequest, classify
 
 HUNG = "no training progress for 900 s: hung"
 DATA_LINE = "building the data: ValueError: corpus shorter than one sequence"
+DIVERGED_LINE = "training diverged: the loss or grad norm was non-finite for 20 steps in a row (steps 6-25)"
 
 CASES: dict[str, tuple[dict[int, int], int, StopRequest | None, dict[int, str], ExitClass, str]] = {
     # name: (rank codes, torchrun's code, stop the worker asked for, ranks' error lines, class, reason starts with)
@@ -31,7 +32,15 @@ CASES: dict[str, tuple[dict[int, int], int, StopRequest | None, dict[int, str], 
         f"user error: {DATA_LINE}",
     ),
     "user mistake, no line": ({0: 2}, 1, None, {}, ExitClass.USER_ERROR, "user error (rank 0: exit code 2"),
-    "spike guard gave up": ({0: 77}, 1, None, {}, ExitClass.USER_ERROR, "user error (rank 0: exit code 77"),
+    "spike guard gave up, no line": ({0: 77}, 1, None, {}, ExitClass.USER_ERROR, "training diverged (rank 0: exit"),
+    "non-finite steps, with the trainer's line": (
+        {0: 77, 1: 77},
+        1,
+        None,
+        {0: DIVERGED_LINE, 1: DIVERGED_LINE},
+        ExitClass.USER_ERROR,
+        DIVERGED_LINE,
+    ),
     "crash the trainer did not blame on the user": (
         {0: 1},
         1,
