@@ -140,33 +140,60 @@ class Bench:
         return self.kiln.wait(job_id, lambda j: j["state"] == "SUCCEEDED", timeout, "SUCCEEDED")
 
     def running_at(self, job_id: int, step: int, timeout: float = 600) -> None:
-        """Until the API shows the job RUNNING at ``step``; the trainer's own telemetry file (this host's) is read
-        beside it, and a lag of the API's ``last_step`` behind it is logged and recorded, not waited out (the third
-        H200 run stalled here without saying which it was)."""
-        seen_at: float | None = None
+        """Until the job is RUNNING and has trained ``step`` steps: by the API's ``last_step``, or by the trainer's
+        own telemetry file on this host, read every 2 s beside it (the truth of what it trained; the third and
+        fourth H200 runs saw the API's step stay behind while the job went on to succeed). A lag of the API behind
+        the file is recorded."""
         checked_at = 0.0
 
         def reached(job: dict[str, Any]) -> bool:
-            nonlocal seen_at, checked_at
+            nonlocal checked_at
             if job["state"] == "RUNNING" and job["last_step"] >= step:
                 return True
-            if time.time() - checked_at < 5:  # the file and the attempts every 5 s, not on every 0.2 s poll
+            if job["state"] != "RUNNING" or time.time() - checked_at < 2:
                 return False
             checked_at = time.time()
-            attempt = len(self.kiln.attempts(job_id)) or 1
-            steps = [r["step"] for r in self.kiln.telemetry(job_id, attempt) if r["kind"] == "step"]
-            if job["state"] != "RUNNING" or not steps or steps[-1] < step:
-                return False
-            seen_at = seen_at or time.time()
-            if time.time() - seen_at < 15:
+            steps = self.trained(job_id)
+            if not steps or steps[-1]["step"] < step:
                 return False
             lag = {"job_id": job_id, "api_state": job["state"], "api_last_step": job["last_step"],
-                   "telemetry_step": steps[-1]}  # fmt: skip
+                   "telemetry_step": steps[-1]["step"], "age_s": round(time.time() - steps[-1]["ts"], 1)}  # fmt: skip
             self.api_lags.append(lag)
-            log(f"the API's last_step lags the trainer's telemetry by over 15 s: {lag}")
+            log(f"the trainer's telemetry is at step {steps[-1]['step']}, the API's last_step behind it: {lag}")
             return True
 
         self.kiln.wait(job_id, reached, timeout, f"step {step}")
+
+    def trained(self, job_id: int) -> list[dict[str, Any]]:
+        """The step records of the job's newest attempt, from the trainer's telemetry file."""
+        attempt = len(self.kiln.attempts(job_id)) or 1
+        return [r for r in self.kiln.telemetry(job_id, attempt) if r["kind"] == "step"]
+
+    def diagnose(self, job_id: int) -> dict[str, Any]:
+        """What a failed or slow phase needs to be read afterwards: each attempt's events, its step records' span
+        and the tail of its log."""
+        out: dict[str, Any] = {"job": {k: self.kiln.get(f"/v1/jobs/{job_id}").get(k) for k in
+                                       ("state", "last_step", "exit_reason", "restart_count")}}  # fmt: skip
+        for a in self.kiln.attempts(job_id):
+            n = int(a["number"])
+            recs = self.kiln.telemetry(job_id, n)
+            steps = [r for r in recs if r["kind"] == "step"]
+            gaps = sorted(((b["ts"] - a_["ts"], a_["step"]) for a_, b in zip(steps, steps[1:], strict=False)),
+                          reverse=True)[:5]  # fmt: skip
+            log_path = self.kiln.home / "storage" / "logs" / str(job_id) / f"{n}.log"
+            out[f"attempt_{n}"] = {
+                "events": [
+                    (round(r["ts"], 1), r.get("type"), str(r.get("message"))[:200])
+                    for r in recs
+                    if r["kind"] == "event"
+                ],  # fmt: skip
+                "steps": len(steps),
+                "first_step": (steps[0]["step"], round(steps[0]["ts"], 1)) if steps else None,
+                "last_step": (steps[-1]["step"], round(steps[-1]["ts"], 1)) if steps else None,
+                "longest_gaps_s_after_step": [(round(g, 2), at) for g, at in gaps],
+                "log_tail": log_path.read_text()[-3000:] if log_path.exists() else None,
+            }
+        return out
 
     def summary(self, job_id: int, attempt: int = 1) -> dict[str, Any]:
         out = run_summary(self.kiln.telemetry(job_id, attempt), warmup=20)
@@ -225,12 +252,16 @@ class Bench:
         self.done(alone_id)
         alone = self.summary(alone_id)
         be = self.kiln.submit(self.best_effort())
-        self.running_at(be, 50)
+        self.running_at(be, 20)
         beside_id = self.kiln.submit(self.gold("gold-beside"))
         self.done(beside_id)
         beside = self.summary(beside_id)
         be_state = self.kiln.get(f"/v1/jobs/{be}")
         self.cancel(be)
+        # Was the best-effort job training all through gold's measured steps? Its own step records say.
+        gold_steps = [r for r in self.kiln.telemetry(beside_id, 1) if r["kind"] == "step"][20:]
+        t0, t1 = (gold_steps[0]["ts"], gold_steps[-1]["ts"]) if gold_steps else (0.0, 0.0)
+        be_during = [r for r in self.trained(be) if t0 <= r["ts"] <= t1]
         ratio = {k: (beside[f"tokens_per_s_{k}"] or 0) / (alone[f"tokens_per_s_{k}"] or 1) for k in ("steady", "run")}
         log(f"caps: gold beside a 30% best-effort job / alone: {ratio}")
         return {
@@ -240,6 +271,9 @@ class Bench:
                 "job_id": be,
                 "state_when_gold_ended": be_state["state"],
                 "last_step": be_state["last_step"],
+                "steps_during_gold_window": len(be_during),
+                "gold_window_s": t1 - t0,
+                "diagnosis": self.diagnose(be),
             },
             "placements": {"gold": self.placement(beside_id), "best_effort": self.placement(be)},
             "gold_beside_over_alone": ratio,
@@ -407,6 +441,9 @@ def main() -> None:
         result["api_last_step_lags"] = bench.api_lags
         if "out_of_time" in result or any("error" in (result.get(p) or {}) for p in phases):
             result["ls"] = kiln.cli("ls", "--all", timeout=60).stdout
+            with contextlib.suppress(Exception):  # the diagnosis must never cost the save
+                for job in kiln.get("/v1/jobs?limit=500")["items"]:
+                    result.setdefault("jobs", {})[str(job["id"])] = bench.diagnose(int(job["id"]))
             logs = [home / "logs" / name for name in ("up.log", "worker.log", "scheduler.log")]
             for path in [*logs, *sorted((home / "storage" / "mps").glob("*/log/*.log"))]:
                 with contextlib.suppress(OSError):
