@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from scheduler.policy.snapshot import QuotaInfo, RunningJob, TeamInfo
+from scheduler.policy.snapshot import ANY, QuotaInfo, RunningJob, TeamInfo
 
 Key = tuple[int, str]  # (team id, quota key)
 
@@ -126,12 +126,26 @@ class QuotaLedger:
         used_after = used - self._draw(team_id, key, own) + self._draw(team_id, key, after)
         if used_after > cap:
             if cohort.startswith("team:"):
-                return f"team quota {key}: {own} in use of nominal {q.nominal}"
+                return f"team quota {key}: {own} in use of nominal {q.nominal}{self._no_row_hint(team_id, key)}"
             return (
                 f"cohort {cohort} quota {key}: {max(0, cap - used)} of {cap} lendable left"
-                f" (team uses {own} of nominal {q.nominal})"
+                f" (team uses {own} of nominal {q.nominal}){self._no_row_hint(team_id, key)}"
             )
         return None
+
+    def _no_row_hint(self, team_id: int, key: str) -> str:
+        """What to change when the team has no quota row for the key at all (a job naming no GPU type draws on
+        ``*``, which a team given only typed quotas lacks): said, or a user reads "nominal 0" and waits."""
+        team = self.teams[team_id]
+        if team.quota(key) is not None:
+            return ""
+        own = ", ".join(f"{q.key}={q.nominal}" for q in team.quotas)
+        if key == ANY:
+            return (
+                f"; the team has no quota for jobs that name no GPU type (its quotas: {own}): set"
+                " resources.gpu_type to one of them, or an admin gives the team a quota for *"
+            )
+        return f"; the team has no quota for {key} (its quotas: {own})"
 
     def charge(self, team_id: int, key: str, amount: int) -> None:
         self.version += 1

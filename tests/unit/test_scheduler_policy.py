@@ -93,6 +93,23 @@ def test_reason_quota() -> None:
     assert reasons(s) == {2: Reason.QUOTA}
 
 
+def test_a_job_naming_no_gpu_type_under_typed_quotas_is_told_what_to_change() -> None:
+    """A team given only ``H100=4`` has no quota for a job that names no GPU type (it draws on ``*``): "nominal 0"
+    alone left users waiting without knowing why (found when ``kiln up`` gave the default team ``H200=1``)."""
+    team = TeamInfo(1, "a", quotas=(QuotaInfo("H100", 4),))
+    untyped, typed = pj(1, 1), pj(2, 1, gpu_type="H100", quota_key="H100")
+    d = plan(snap(pending=(untyped, typed), teams=(team,)))
+    assert [a.job_id for a in d.admissions] == [2]
+    (waiting,) = d.pending
+    assert waiting.reason == Reason.QUOTA
+    assert "team quota *: 0 in use of nominal 0; the team has no quota for jobs that name no GPU type" in (
+        waiting.message
+    )
+    assert "(its quotas: H100=4): set resources.gpu_type to one of them" in waiting.message
+    over = plan(snap(pending=(pj(3, 8, gpu_type="H100", quota_key="H100"),), teams=(team,))).pending[0]
+    assert over.reason == Reason.QUOTA and "no quota for" not in over.message  # its own row: no hint
+
+
 def test_reason_budget_spent_and_projected() -> None:
     team = TeamInfo(1, "a", budget_gpu_hours=10.0, used_gpu_hours=9.0)
     s = snap(pending=(pj(1, 1, estimated_runtime_s=1800.0), pj(2, 4, estimated_runtime_s=3600.0)), teams=(team,))
