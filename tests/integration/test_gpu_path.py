@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from core.db import utcnow
 from core.gpu_types import canonical
-from core.models import Job, QosClass, Team
+from core.models import GPU, Job, QosClass, Team
 from core.services.bootstrap import give_default_team_gpus
 from core.settings import Settings
 from core.spec import parse_spec_text
@@ -187,6 +187,25 @@ def test_a_queued_job_whose_class_cap_shrank_waits_memory_fit_and_why_names_othe
     assert job is not None and job.pending_reason == "MemoryFit", (job.state, job.pending_message)
     why = client.get(f"/v1/jobs/{job.id}/why", headers=world.h("admin")).json()
     assert why["unblock"][-1] == "a class whose memory cap fits: silver, bronze, best-effort (sla.qos)"
+
+
+@pytest.mark.usefixtures("dispatched")
+def test_a_job_whose_gpus_became_too_small_waits_memory_fit_and_why_suggests_no_other_class(
+    db: Session, tmp_path: Path, client: TestClient, world: World
+) -> None:
+    """Its own class's cap fits: another class would not help, so why names none (the GPUs are what is short)."""
+    register(db, tmp_path, "h200-host", "NVIDIA H200")
+    give_default_team_gpus(db=db, gpus_by_type={"H200": 1})
+    r = client.post("/v1/jobs", json=example(name="gpus-shrank"), headers=world.h("admin"))
+    assert r.status_code == 201, r.text
+    for gpu in db.scalars(select(GPU)):
+        gpu.memory_bytes = 8 * GIB  # the host came back with smaller GPUs of the same type after the submit
+    db.flush()
+    cycle(db, utcnow() + timedelta(seconds=1))
+    job = db.get(Job, r.json()["id"])
+    assert job is not None and job.pending_reason == "MemoryFit", (job.state, job.pending_message)
+    why = client.get(f"/v1/jobs/{job.id}/why", headers=world.h("admin")).json()
+    assert why["unblock"] and not any("class" in hint for hint in why["unblock"]), why["unblock"]
 
 
 def test_a_job_larger_than_every_gpu_of_its_type_is_refused(
