@@ -8,6 +8,7 @@ predicted peak was discovered only by an OOM.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -171,22 +172,32 @@ def test_a_job_over_its_class_memory_cap_is_refused_naming_the_classes_that_fit(
     assert "classes whose cap fits: silver, bronze, best-effort" in err["msg"]
 
 
-@pytest.mark.usefixtures("dispatched")
-def test_a_queued_job_whose_class_cap_shrank_waits_memory_fit_and_why_names_other_classes(
-    db: Session, tmp_path: Path, client: TestClient, world: World
-) -> None:
+def unblock_after_memory_shrank(
+    db: Session, tmp_path: Path, client: TestClient, world: World, shrink: Callable[[], None]
+) -> list[str]:
+    """The shipped example submitted to an H200 host, then ``shrink`` (after the submit: the scheduler finds it);
+    the job must wait MemoryFit. Returns what ``why`` says would unblock it."""
     register(db, tmp_path, "h200-host", "NVIDIA H200")
     give_default_team_gpus(db=db, gpus_by_type={"H200": 1})
-    r = client.post("/v1/jobs", json=example(name="capped-later"), headers=world.h("admin"))
+    r = client.post("/v1/jobs", json=example(name="shrunk"), headers=world.h("admin"))
     assert r.status_code == 201, r.text
-    gold = db.scalars(select(QosClass).where(QosClass.name == "gold")).one()
-    gold.gpu_memory_cap_bytes = 8 * 10**9  # capped after the submit: the scheduler finds it
+    shrink()
     db.flush()
     cycle(db, utcnow() + timedelta(seconds=1))
     job = db.get(Job, r.json()["id"])
     assert job is not None and job.pending_reason == "MemoryFit", (job.state, job.pending_message)
-    why = client.get(f"/v1/jobs/{job.id}/why", headers=world.h("admin")).json()
-    assert why["unblock"][-1] == "a class whose memory cap fits: silver, bronze, best-effort (sla.qos)"
+    return list(client.get(f"/v1/jobs/{job.id}/why", headers=world.h("admin")).json()["unblock"])
+
+
+@pytest.mark.usefixtures("dispatched")
+def test_a_queued_job_whose_class_cap_shrank_waits_memory_fit_and_why_names_other_classes(
+    db: Session, tmp_path: Path, client: TestClient, world: World
+) -> None:
+    def cap_gold() -> None:
+        db.scalars(select(QosClass).where(QosClass.name == "gold")).one().gpu_memory_cap_bytes = 8 * 10**9
+
+    unblock = unblock_after_memory_shrank(db, tmp_path, client, world, cap_gold)
+    assert unblock[-1] == "a class whose memory cap fits: silver, bronze, best-effort (sla.qos)"
 
 
 @pytest.mark.usefixtures("dispatched")
@@ -194,18 +205,13 @@ def test_a_job_whose_gpus_became_too_small_waits_memory_fit_and_why_suggests_no_
     db: Session, tmp_path: Path, client: TestClient, world: World
 ) -> None:
     """Its own class's cap fits: another class would not help, so why names none (the GPUs are what is short)."""
-    register(db, tmp_path, "h200-host", "NVIDIA H200")
-    give_default_team_gpus(db=db, gpus_by_type={"H200": 1})
-    r = client.post("/v1/jobs", json=example(name="gpus-shrank"), headers=world.h("admin"))
-    assert r.status_code == 201, r.text
-    for gpu in db.scalars(select(GPU)):
-        gpu.memory_bytes = 8 * GIB  # the host came back with smaller GPUs of the same type after the submit
-    db.flush()
-    cycle(db, utcnow() + timedelta(seconds=1))
-    job = db.get(Job, r.json()["id"])
-    assert job is not None and job.pending_reason == "MemoryFit", (job.state, job.pending_message)
-    why = client.get(f"/v1/jobs/{job.id}/why", headers=world.h("admin")).json()
-    assert why["unblock"] and not any("class" in hint for hint in why["unblock"]), why["unblock"]
+
+    def smaller_gpus() -> None:  # the host came back with smaller GPUs of the same type
+        for gpu in db.scalars(select(GPU)):
+            gpu.memory_bytes = 8 * GIB
+
+    unblock = unblock_after_memory_shrank(db, tmp_path, client, world, smaller_gpus)
+    assert unblock and not any("class" in hint for hint in unblock), unblock
 
 
 def test_a_job_larger_than_every_gpu_of_its_type_is_refused(
