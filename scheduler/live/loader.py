@@ -190,7 +190,7 @@ def _running_job(
         preemptible=bool(q and q.preemptible),
         gpus=units,
         gpu_type=gpu_type,
-        quota_key=quota_key_for(teams.get(job.team_id), job.gpus, job.gpu_type),
+        quota_key=quota_key_for(teams.get(job.team_id), job.gpus, job.gpu_type, gpu_type),
         placement=placement,
         started_at=started.timestamp(),
         last_checkpoint_at=_ts(ckpt[1]) if ckpt else None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from core.policy_config import PolicyConfig
@@ -23,7 +24,7 @@ from scheduler.policy.fairshare import JobOrder
 from scheduler.policy.placement import INF, Chosen, ClusterState, Request
 from scheduler.policy.preemption import choose, eligible
 from scheduler.policy.quota import Key, QuotaLedger
-from scheduler.policy.snapshot import CPU, GpuShare, PendingJob, RunningJob, Snapshot
+from scheduler.policy.snapshot import ANY, CPU, GpuShare, PendingJob, RunningJob, Snapshot
 
 DEP_FAILED = frozenset({JobState.FAILED, JobState.CANCELLED})
 DEP_ENDED = DEP_FAILED | {JobState.SUCCEEDED}
@@ -96,6 +97,13 @@ class _Planner:
         self.no_victims: dict[tuple[object, ...], tuple[tuple[int, int, int], int]] = {}
         self.ends: list[tuple[float, int]] = sorted((self._end_of(r), r.id) for r in snapshot.running)  # sorted
         self.budgeted = {t.id for t in snapshot.teams if config.enforce_budgets and t.budget_gpu_hours is not None}
+        # Teams limited to typed GPU quotas only (no ``*``): their jobs that name no GPU type draw on these.
+        self.typed_only = {
+            t.id: keys
+            for t in snapshot.teams
+            if config.enforce_quotas and t.quotas and t.quota(ANY) is None
+            and (keys := tuple(q.key for q in t.quotas if q.key != CPU))
+        }  # fmt: skip
         # job shape -> (reason, message, placement failed, (projected start, preempt?) if that was asked)
         self.memo: dict[tuple[object, ...], tuple[Reason, str, bool, tuple[float, bool] | None]] = {}
         self.probe: tuple[float, bool] | None = None  # (limit asked, starts after it?)
@@ -208,6 +216,21 @@ class _Planner:
     def _version(self) -> tuple[int, int, int, int, int]:
         return (self.state.version, self.ledger.version, len(self.victimized), self.preemptors, len(self.reservations))
 
+    def _flavored(self, job: PendingJob) -> PendingJob:
+        """Kueue's flavor fungibility: a GPU job that names no GPU type, of a team whose quotas are all typed, is
+        considered as a job of the first of the team's GPU types (in its quotas' order) whose quota has room and
+        that the cluster has; it then draws on that quota and is placed on that type (the live loader charges a
+        running untyped job to the typed quota of the GPUs it holds). With no such room it stays on ``*``, and the
+        quota's reason says the team has none there."""
+        keys = self.typed_only.get(job.team_id)
+        if keys is None or job.gpus == 0 or job.gpu_type is not None:
+            return job
+        units = 1 if job.share is not None else job.demand  # a fractional job opens one GPU of its team's
+        for key in keys:
+            if self.state.total.get(key, 0) and self.ledger.check(job.team_id, key, units) is None:
+                return replace(job, gpu_type=key, quota_key=key)
+        return job
+
     def _consider(self, job: PendingJob, urgent: set[int]) -> bool:
         """Admit ``job`` or record why it waits, answering identical shapes once per state of the cycle.
 
@@ -218,6 +241,8 @@ class _Planner:
         A job's projected end matters only through the reservations it could backfill into (``end_class``). Jobs
         of a team with a GPU-hour budget are not memoised (their answer depends on what the cycle spent).
         """
+        if self.typed_only:
+            job = self._flavored(job)
         est = job.estimated_runtime_s
         end = self.now + est if est is not None else None
         key: tuple[object, ...] | None = None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from scheduler.policy.snapshot import ANY, QuotaInfo, RunningJob, TeamInfo
+from scheduler.policy.snapshot import ANY, CPU, QuotaInfo, RunningJob, TeamInfo
 
 Key = tuple[int, str]  # (team id, quota key)
 
@@ -139,12 +139,14 @@ class QuotaLedger:
         team = self.teams[team_id]
         if team.quota(key) is not None:
             return ""
-        own = ", ".join(f"{q.key}={q.nominal}" for q in team.quotas)
         if key == ANY:
+            gpu = ", ".join(f"{q.key}: {self.usage.get((team_id, q.key), 0)} in use of {q.nominal}"
+                            for q in team.quotas if q.key != CPU)  # fmt: skip
             return (
-                f"; the team has no quota for jobs that name no GPU type (its quotas: {own}): set"
-                " resources.gpu_type to one of them, or an admin gives the team a quota for *"
+                f"; the team has no quota for *, and none of its GPU quotas has room for it ({gpu or 'none'}): a job"
+                " that names no GPU type runs on the first that has"
             )
+        own = ", ".join(f"{q.key}={q.nominal}" for q in team.quotas)
         return f"; the team has no quota for {key} (its quotas: {own})"
 
     def charge(self, team_id: int, key: str, amount: int) -> None:

@@ -169,10 +169,17 @@ class Snapshot:
     meta: tuple[tuple[str, str], ...] = field(default=())
 
 
-def quota_key_for(team: TeamInfo | None, gpus: int, gpu_type: str | None) -> str:
-    """The quota a job draws on: CPU for CPU jobs, its GPU model if the team has a quota for it, else ANY."""
+def quota_key_for(team: TeamInfo | None, gpus: int, gpu_type: str | None, placed_type: str | None = None) -> str:
+    """The quota a job draws on: CPU for CPU jobs, its GPU model if the team has a quota for it, else ANY. A
+    running job that names no type (``placed_type``: the model of the GPUs it holds) of a team with typed quotas
+    only draws on its GPUs' type, as ``plan()`` admitted it (flavor fungibility)."""
     if gpus == 0:
         return CPU
     if team is not None and gpu_type is not None and team.quota(gpu_type) is not None:
         return gpu_type
+    if (
+        team is not None and gpu_type is None and placed_type and team.quotas and team.quota(ANY) is None
+        and team.quota(placed_type) is not None
+    ):  # fmt: skip
+        return placed_type
     return ANY

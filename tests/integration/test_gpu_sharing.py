@@ -109,6 +109,31 @@ def test_an_admins_gpu_quota_is_never_widened(db: Session, client: TestClient, w
     assert give_default_team_gpus(db=db, gpus_by_type={"H200": 2}) == []
 
 
+@pytest.mark.usefixtures("dispatched")
+def test_untyped_jobs_draw_on_a_typed_only_quota_and_their_gpus_count_against_it(
+    db: Session, tmp_path: Path, client: TestClient, world: World
+) -> None:
+    """An admin gave the team only ``H200=1``: a job that names no GPU type runs on the H200 (flavor fungibility)
+    and, admitted, holds that quota, so the next one waits for it instead of running over it."""
+    register(db, tmp_path, "h200-host", "NVIDIA H200", count=2)
+    r = client.patch("/v1/teams/default", json={"quotas": [{"gpu_type": "cpu", "nominal": 4},
+                                                           {"gpu_type": "H200", "nominal": 1}]},
+                     headers=world.h("admin"))  # fmt: skip
+    assert r.status_code == 200, r.text
+    ids = []
+    for name in ("first", "second"):
+        spec = example(name=name)
+        del spec["resources"]["gpu_type"]
+        r = client.post("/v1/jobs", json=spec, headers=world.h("admin"))
+        assert r.status_code == 201, r.text
+        ids.append(int(r.json()["id"]))
+        cycle(db, utcnow() + timedelta(seconds=len(ids)))
+    first, second = (db.get(Job, i) for i in ids)
+    assert first is not None and first.state == "ADMITTED", (first.pending_reason, first.pending_message)
+    assert second is not None and second.state == "QUEUED" and second.pending_reason == "Quota", second.state
+    assert "none of its GPU quotas has room for it (H200: 1 in use of 1)" in (second.pending_message or "")
+
+
 def test_shares_go_only_to_hosts_whose_mps_daemon_runs(
     db: Session, tmp_path: Path, client: TestClient, world: World, daemon: mps.MpsDaemon
 ) -> None:

@@ -93,21 +93,26 @@ def test_reason_quota() -> None:
     assert reasons(s) == {2: Reason.QUOTA}
 
 
-def test_a_job_naming_no_gpu_type_under_typed_quotas_is_told_what_to_change() -> None:
-    """A team given only ``H100=4`` has no quota for a job that names no GPU type (it draws on ``*``): "nominal 0"
-    alone left users waiting without knowing why (found when ``kiln up`` gave the default team ``H200=1``)."""
+def test_a_job_naming_no_gpu_type_draws_on_a_typed_quota_with_room() -> None:
+    """Flavor fungibility: a team given only typed quotas (``H100=4``) runs a job that names no GPU type on H100s,
+    charged to ``H100``; before, it drew on ``*``, which the team lacks, and waited for ever on "nominal 0"."""
     team = TeamInfo(1, "a", quotas=(QuotaInfo("H100", 4),))
-    untyped, typed = pj(1, 1), pj(2, 1, gpu_type="H100", quota_key="H100")
-    d = plan(snap(pending=(untyped, typed), teams=(team,)))
-    assert [a.job_id for a in d.admissions] == [2]
+    d = plan(snap(pending=(pj(1, 2), pj(2, 2), pj(3, 1)), teams=(team,)))
+    assert [a.job_id for a in d.admissions] == [1, 2]  # 2 + 2 GPUs fill H100=4
     (waiting,) = d.pending
-    assert waiting.reason == Reason.QUOTA
-    assert "team quota *: 0 in use of nominal 0; the team has no quota for jobs that name no GPU type" in (
+    assert waiting.job_id == 3 and waiting.reason == Reason.QUOTA
+    assert "the team has no quota for *, and none of its GPU quotas has room for it (H100: 4 in use of 4)" in (
         waiting.message
     )
-    assert "(its quotas: H100=4): set resources.gpu_type to one of them" in waiting.message
-    over = plan(snap(pending=(pj(3, 8, gpu_type="H100", quota_key="H100"),), teams=(team,))).pending[0]
-    assert over.reason == Reason.QUOTA and "no quota for" not in over.message  # its own row: no hint
+    # A running untyped job counts against the typed quota of the GPUs it holds.
+    running = rj(9, "h0000", [0, 1, 2], team=1, quota_key=quota_key_for(team, 3, None, "H100"))
+    assert running.quota_key == "H100"
+    assert reasons(snap(pending=(pj(4, 2),), running=(running,), teams=(team,))) == {4: Reason.QUOTA}
+    assert admitted(snap(pending=(pj(5, 1),), running=(running,), teams=(team,))) == [5]
+    # A team with a quota for * keeps drawing on it; a type the cluster lacks is never chosen.
+    assert quota_key_for(TeamInfo(1, "a", quotas=(QuotaInfo(ANY, 4), QuotaInfo("H100", 4))), 1, None, "H100") == ANY
+    absent = TeamInfo(1, "a", quotas=(QuotaInfo("B300", 8),))
+    assert reasons(snap(pending=(pj(6, 1),), teams=(absent,))) == {6: Reason.QUOTA}
 
 
 def test_reason_budget_spent_and_projected() -> None:

@@ -189,10 +189,15 @@ def check_quotas(snapshot: Snapshot, d: Decisions) -> None:
         usage[(r.team_id, r.quota_key)] = usage.get((r.team_id, r.quota_key), 0) + r.gpus
     before = dict(usage)
     touched = set()
+    model = {g.uuid: g.model for h in snapshot.hosts for g in h.gpus}
     for adm in d.admissions:
         j = pending[adm.job_id]
-        usage[(j.team_id, j.quota_key)] = usage.get((j.team_id, j.quota_key), 0) + j.demand
-        touched.add((j.team_id, j.quota_key))
+        # The key it draws on as the live loader sees it running: an untyped job of a team with typed quotas only
+        # draws on the type of the GPUs it was placed on (flavor fungibility).
+        placed = next((model[u] for e in adm.placement for u in e.gpus), None)
+        key = quota_key_for(teams.get(j.team_id), j.gpus, j.gpu_type, placed) if j.quota_key == ANY else j.quota_key
+        usage[(j.team_id, key)] = usage.get((j.team_id, key), 0) + j.demand
+        touched.add((j.team_id, key))
 
     def q(tid: int, key: str) -> QuotaInfo:
         return teams[tid].quota(key) or QuotaInfo(key, 0, None, 0)
