@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import pathlib
@@ -141,9 +142,9 @@ class Bench:
 
     def running_at(self, job_id: int, step: int, timeout: float = 600) -> None:
         """Until the job is RUNNING and has trained ``step`` steps: by the API's ``last_step``, or by the trainer's
-        own telemetry file on this host, read every 2 s beside it (the truth of what it trained; the third and
-        fourth H200 runs saw the API's step stay behind while the job went on to succeed). A lag of the API behind
-        the file is recorded."""
+        own telemetry file on this host, read every 2 s beside it (the truth of what it trained). A lag of the API
+        behind the file is recorded. (The third and fourth H200 runs stalled here on a job that wrote no step
+        record after step 5: its steps were NaN, each one skipped, as the fifth run's diagnosis showed.)"""
         checked_at = 0.0
 
         def reached(job: dict[str, Any]) -> bool:
@@ -178,8 +179,7 @@ class Bench:
             n = int(a["number"])
             recs = self.kiln.telemetry(job_id, n)
             steps = [r for r in recs if r["kind"] == "step"]
-            gaps = sorted(((b["ts"] - a_["ts"], a_["step"]) for a_, b in zip(steps, steps[1:], strict=False)),
-                          reverse=True)[:5]  # fmt: skip
+            gaps = sorted(((b["ts"] - a_["ts"], a_["step"]) for a_, b in itertools.pairwise(steps)), reverse=True)[:5]
             log_path = self.kiln.home / "storage" / "logs" / str(job_id) / f"{n}.log"
             out[f"attempt_{n}"] = {
                 "events": [
@@ -195,8 +195,9 @@ class Bench:
             }
         return out
 
-    def summary(self, job_id: int, attempt: int = 1) -> dict[str, Any]:
-        out = run_summary(self.kiln.telemetry(job_id, attempt), warmup=20)
+    def summary(self, job_id: int, recs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The job's first attempt (its telemetry records, when the caller has read them already)."""
+        out = run_summary(recs if recs is not None else self.kiln.telemetry(job_id, 1), warmup=20)
         out["job_id"] = job_id
         out["sla_events"] = [{k: e[k] for k in ("type", "message")} for e in self.kiln.events(job_id)
                              if e["type"].startswith("SLA_")]  # fmt: skip
@@ -261,11 +262,12 @@ class Bench:
         self.running_at(be, 20)
         beside_id = self.kiln.submit(self.gold("gold-beside"))
         self.done(beside_id)
-        beside = self.summary(beside_id)
+        beside_recs = self.kiln.telemetry(beside_id, 1)
+        beside = self.summary(beside_id, beside_recs)
         be_state = self.kiln.get(f"/v1/jobs/{be}")
         self.cancel(be)
         # Was the best-effort job training all through gold's measured steps? Its own step records say.
-        gold_steps = [r for r in self.kiln.telemetry(beside_id, 1) if r["kind"] == "step"][20:]
+        gold_steps = [r for r in beside_recs if r["kind"] == "step"][20:]
         t0, t1 = (gold_steps[0]["ts"], gold_steps[-1]["ts"]) if gold_steps else (0.0, 0.0)
         be_during = [r for r in self.trained(be) if t0 <= r["ts"] <= t1]
         ratio = {k: (beside[f"tokens_per_s_{k}"] or 0) / (alone[f"tokens_per_s_{k}"] or 1) for k in ("steady", "run")}
@@ -285,7 +287,7 @@ class Bench:
             "gold_beside_over_alone": ratio,
             "curves": {
                 "alone": curve(self.kiln.telemetry(alone_id, 1)),
-                "beside": curve(self.kiln.telemetry(beside_id, 1)),
+                "beside": curve(beside_recs),
             },
         }
 

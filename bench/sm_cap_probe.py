@@ -4,11 +4,12 @@
     python3 bench/sm_cap_probe.py --smoke      # CPU: no MPS, a tiny model, checks the harness
 
 Through kiln, a best-effort job with ``gpu_share: {memory_gb: 24, sm_percent: 30}`` (GPT-2 124M, bf16, whole-model
-compile) had a non-finite loss at step 2, 4 and every step from 6 on, in three H200 runs; gold shares at 100% SM
-trained normally. Each variant here is its own process, an MPS client of a daemon this script starts, training the
-same model on the same corpus for ``--steps`` steps and reading every step's loss and grad norm: with and without
-the SM cap, the memory limit, the compile, each attention kernel, and kiln's own trainer under the same caps. The
-first variant that stays finite under the cap names the part to fix. JSON to ``--out`` (and to $OUT when set).
+compile) had a non-finite loss at step 2, 4 and every step from 6 on (H200 run 5; runs 3 and 4 ended alike); gold
+shares at 100% SM trained normally. Each variant here is its own process, an MPS client of a daemon this script
+starts, training the same model on the same corpus for ``--steps`` steps and reading every step's loss and grad
+norm: with and without the SM cap, the memory limit, the compile, each attention kernel, and kiln's own trainer
+under the same caps. The first variant that stays finite under the cap names the part to fix. JSON to ``--out``
+(and to $OUT when set).
 """
 
 from __future__ import annotations

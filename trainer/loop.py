@@ -69,8 +69,8 @@ GC_EVERY_STEPS = 50  # the loop's own young-generation collection (automatic col
 ALLCLOSE = {"fp32": (1e-4, 1e-5), "bf16": (2e-2, 1e-3), "fp16": (1e-2, 1e-3)}
 
 
-class TooManySpikes(RuntimeError):
-    pass
+class TrainingDiverged(RuntimeError):
+    """Too many loss spikes, or too many non-finite steps in a row: exit TOO_MANY_SPIKES with this line."""
 
 
 def peak_flops(device: torch.device, precision: str, override: float | None) -> float | None:
@@ -632,7 +632,7 @@ class Trainer:
             f"{step}, none applied; max_nonfinite_steps={limit}); the last finite loss: {last}"
         )
         self.tel.event("TOO_MANY_NONFINITE", line, steps=n, last_step=step, max_nonfinite_steps=limit)
-        raise TooManySpikes(line)
+        raise TrainingDiverged(line)
 
     def _rollback(self, spike: Spike) -> None:
         tel = self.tel
@@ -655,7 +655,7 @@ class Trainer:
                 f"{self.guard.spikes} spikes > max_spikes={self.cfg.guard.max_spikes}",
                 spikes=self.guard.spikes,
             )
-            raise TooManySpikes(
+            raise TrainingDiverged(
                 f"training diverged: {self.guard.spikes} loss spikes, over max_spikes={self.cfg.guard.max_spikes}"
             )
         self.phase = "rolling_back"
@@ -753,7 +753,7 @@ def run(spec: JobSpec, run_dir: pathlib.Path, env: DistEnv) -> ExitCode:
         code, error = ExitCode.USER_ERROR, exc.line
         print(f"kiln trainer: {exc.line}", file=sys.stderr, flush=True)
         return ExitCode.USER_ERROR
-    except TooManySpikes as exc:  # not retried either: the same data and numerics diverge the same way
+    except TrainingDiverged as exc:  # not retried either: the same data and numerics diverge the same way
         code, error = ExitCode.TOO_MANY_SPIKES, str(exc)
         print(f"kiln trainer: {exc}", file=sys.stderr, flush=True)
         return ExitCode.TOO_MANY_SPIKES

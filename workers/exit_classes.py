@@ -68,14 +68,17 @@ def classify(
         return Outcome(ExitClass.SUCCEEDED, "succeeded")
     if ExitCode.OOM in codes:
         return Outcome(ExitClass.OOM, f"out of memory ({detail})")
+
+    def first_line(code: ExitCode) -> str | None:
+        """The exception line of the lowest rank that exited with ``code`` and gave one."""
+        lines = ((rank_errors or {}).get(r) for r, c in sorted(rank_codes.items()) if c == code)
+        return next((x for x in lines if x), None)
+
     if ExitCode.USER_ERROR in codes:
-        lines = [(rank_errors or {}).get(r) for r, c in sorted(rank_codes.items()) if c == ExitCode.USER_ERROR]
-        line = next((x for x in lines if x), None)
+        line = first_line(ExitCode.USER_ERROR)
         return Outcome(ExitClass.USER_ERROR, f"user error: {line}" if line else f"user error ({detail})")
     if ExitCode.TOO_MANY_SPIKES in codes:  # the trainer's line says how it diverged (spikes, non-finite steps)
-        lines = [(rank_errors or {}).get(r) for r, c in sorted(rank_codes.items()) if c == ExitCode.TOO_MANY_SPIKES]
-        line = next((x for x in lines if x), None)
-        return Outcome(ExitClass.USER_ERROR, line or f"training diverged ({detail})")
+        return Outcome(ExitClass.USER_ERROR, first_line(ExitCode.TOO_MANY_SPIKES) or f"training diverged ({detail})")
     if ExitCode.NCCL_ERROR in codes:
         return Outcome(ExitClass.NCCL_ERROR, f"NCCL error ({detail})")
     if ExitCode.LEASE_EXPIRED in codes:

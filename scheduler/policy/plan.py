@@ -24,7 +24,7 @@ from scheduler.policy.fairshare import JobOrder
 from scheduler.policy.placement import INF, Chosen, ClusterState, Request
 from scheduler.policy.preemption import choose, eligible
 from scheduler.policy.quota import Key, QuotaLedger
-from scheduler.policy.snapshot import ANY, CPU, GpuShare, PendingJob, RunningJob, Snapshot
+from scheduler.policy.snapshot import CPU, GpuShare, PendingJob, RunningJob, Snapshot
 
 DEP_FAILED = frozenset({JobState.FAILED, JobState.CANCELLED})
 DEP_ENDED = DEP_FAILED | {JobState.SUCCEEDED}
@@ -99,11 +99,8 @@ class _Planner:
         self.budgeted = {t.id for t in snapshot.teams if config.enforce_budgets and t.budget_gpu_hours is not None}
         # Teams limited to typed GPU quotas only (no ``*``): their jobs that name no GPU type draw on these.
         self.typed_only = {
-            t.id: keys
-            for t in snapshot.teams
-            if config.enforce_quotas and t.quotas and t.quota(ANY) is None
-            and (keys := tuple(q.key for q in t.quotas if q.key != CPU))
-        }  # fmt: skip
+            t.id: keys for t in snapshot.teams if config.enforce_quotas and (keys := t.typed_gpu_quota_keys())
+        }
         # job shape -> (reason, message, placement failed, (projected start, preempt?) if that was asked)
         self.memo: dict[tuple[object, ...], tuple[Reason, str, bool, tuple[float, bool] | None]] = {}
         self.probe: tuple[float, bool] | None = None  # (limit asked, starts after it?)

@@ -158,6 +158,13 @@ class TeamInfo:
                 return q
         return None
 
+    def typed_gpu_quota_keys(self) -> tuple[str, ...]:
+        """The team's GPU quota keys when all of them are typed (no ``*``), in its order; empty otherwise. A job
+        that names no GPU type draws on the first of these with room (flavor fungibility, ``plan()``)."""
+        if self.quota(ANY) is not None:
+            return ()
+        return tuple(q.key for q in self.quotas if q.key != CPU)
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
@@ -177,9 +184,6 @@ def quota_key_for(team: TeamInfo | None, gpus: int, gpu_type: str | None, placed
         return CPU
     if team is not None and gpu_type is not None and team.quota(gpu_type) is not None:
         return gpu_type
-    if (
-        team is not None and gpu_type is None and placed_type and team.quotas and team.quota(ANY) is None
-        and team.quota(placed_type) is not None
-    ):  # fmt: skip
+    if team is not None and gpu_type is None and placed_type in team.typed_gpu_quota_keys():
         return placed_type
     return ANY
