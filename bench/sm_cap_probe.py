@@ -50,8 +50,67 @@ VARIANTS: dict[str, tuple[int | None, int | None, list[str] | None]] = {
     "sm30_whole_sdpa_math": (30, None, ["--compile", "whole", "--sdpa", "math"]),
     "sm30_whole_sdpa_flash": (30, None, ["--compile", "whole", "--sdpa", "flash"]),
     "sm30_eager_sdpa_math": (30, None, ["--compile", "off", "--sdpa", "math"]),
+    "sm30_eager_unfused_adamw": (30, None, ["--compile", "off", "--adamw", "foreach"]),
+    "sm30_eager_fp32": (30, None, ["--compile", "off", "--dtype", "fp32"]),
+    "sm60_eager": (60, None, ["--compile", "off"]),
     "sm30_kiln_trainer": (30, 24 * 1024, None),
 }
+
+
+# The second mode (``--blas``): which bf16 GEMM goes wrong under the cap, and which setting mends it. name: (extra
+# environment, torch setting applied in the child before any CUDA work).
+BLAS_CONFIGS: dict[str, tuple[dict[str, str], str]] = {
+    "sm100_default": ({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}, ""),
+    "default": ({}, ""),
+    "no_bf16_reduced_precision_reduction": ({}, "no_reduced"),
+    "cublas_workspace_0": ({"CUBLAS_WORKSPACE_CONFIG": ":0:0"}, ""),
+    "cublaslt_workspace_0": ({"CUBLASLT_WORKSPACE_SIZE": "0"}, ""),
+    "both_workspaces_0": ({"CUBLAS_WORKSPACE_CONFIG": ":0:0", "CUBLASLT_WORKSPACE_SIZE": "0"}, ""),
+    "prefer_cublaslt": ({}, "cublaslt"),
+    "addmm_without_lt": ({"DISABLE_ADDMM_CUDA_LT": "1"}, ""),
+    "fp16": ({}, "fp16"),
+}
+# GPT-2 124M's linear layers (in, out, bias) over one batch of 32 x 1024 tokens.
+LAYERS = [(768, 2304, True), (768, 768, True), (768, 3072, True), (3072, 768, True), (768, 50257, False)]
+
+
+def blas_child(setting: str, tokens: int, smoke: bool) -> None:
+    """Each layer's forward and backward under bf16 autocast against fp32, then two eager GPT-2 steps."""
+    import torch
+
+    if setting == "no_reduced":
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    if setting == "cublaslt":
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.float16 if setting == "fp16" else torch.bfloat16
+    torch.manual_seed(0)
+    layers: dict[str, dict[str, Any]] = {}
+    for d_in, d_out, bias in [(16, 48, True), (16, 100, False)] if smoke else LAYERS:
+        linear = torch.nn.Linear(d_in, d_out, bias=bias, device=device)
+        x = torch.randn(tokens, d_in, device=device, requires_grad=True)
+        grad_out = torch.randn(tokens, d_out, device=device) * 0.01
+        results: dict[str, Any] = {}
+        grads = {}
+        for mode in ("fp32", "low"):
+            x.grad = None
+            linear.zero_grad(set_to_none=True)
+            with torch.autocast(device.type, dtype=dtype, enabled=mode == "low" and device.type == "cuda"):
+                out = linear(x)
+            out.float().backward(grad_out)
+            grads[mode] = {"out": out.detach().float(), "dx": x.grad.detach().clone(),
+                           "dw": linear.weight.grad.detach().clone()}  # fmt: skip
+            if bias:
+                grads[mode]["db"] = linear.bias.grad.detach().clone()
+        for name, ref in grads["fp32"].items():
+            got = grads["low"][name]
+            results[name] = {
+                "nonfinite": int((~torch.isfinite(got)).sum()),
+                "rel_err": float((got - ref).norm() / ref.norm().clamp_min(1e-30)),
+            }
+        layers[f"{d_in}x{d_out}{'+b' if bias else ''}"] = results
+        del linear, x, grad_out, grads
+    print(json.dumps({"layers": layers}))
 
 
 def child(args: argparse.Namespace) -> None:
@@ -61,13 +120,17 @@ def child(args: argparse.Namespace) -> None:
 
     from trainer.recipes.gpt import GPTRecipe, gpt_loss
 
+    if args.blas_setting == "no_reduced":
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    if args.blas_setting == "cublaslt":
+        torch.backends.cuda.preferred_blas_library("cublaslt")
     recipe = GPTRecipe(SMOKE_HP if args.smoke else HP)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     model = recipe.build_model().to(device)
     if args.compile == "whole":
         model.compile(fullgraph=True, dynamic=False)
-    opt = adamw(model, fused=device.type == "cuda")
+    opt = adamw(model, fused=device.type == "cuda" and args.adamw == "fused")
     draw = gpt_batches(recipe, device)
     backends = {
         "math": [torch.nn.attention.SDPBackend.MATH],
@@ -76,14 +139,14 @@ def child(args: argparse.Namespace) -> None:
         "cudnn": [torch.nn.attention.SDPBackend.CUDNN_ATTENTION],
     }
     sdpa = torch.nn.attention.sdpa_kernel(backends[args.sdpa]) if args.sdpa != "auto" else contextlib.nullcontext()
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = torch.bfloat16 if device.type == "cuda" and args.dtype == "bf16" else torch.float32
     losses: list[float] = []
     norms: list[float] = []
     props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
     t0 = time.perf_counter()
     with sdpa:
         for _ in range(args.steps):
-            with torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda"):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
                 loss = gpt_loss(model, *draw())
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
@@ -152,12 +215,24 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--compile", default="whole", choices=["whole", "off"], help=argparse.SUPPRESS)
     ap.add_argument("--sdpa", default="auto", choices=["auto", "math", "flash", "efficient", "cudnn"])
+    ap.add_argument("--blas-setting", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--adamw", default="fused", choices=["fused", "foreach"], help=argparse.SUPPRESS)
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help=argparse.SUPPRESS)
+    ap.add_argument("--blas", action="store_true", help="check each GEMM of the model under each BLAS setting")
+    ap.add_argument("--blas-child", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--sm", type=int, default=30, help="the SM percentage of --blas")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "sm_cap_probe.json")
     args = ap.parse_args()
     if args.child:
         child(args)
+        return
+    if args.blas_child:
+        blas_child(args.blas_child, 64 if args.smoke else 32 * 1024, args.smoke)
+        return
+    if args.blas:
+        blas(args)
         return
     names = [v for v in args.variants.split(",") if v]
     if unknown := set(names) - set(VARIANTS):
@@ -193,16 +268,59 @@ def main() -> None:
             result["variants"][name] = out
             print(f"{name}: first non-finite step {out.get('first_nonfinite_step')}, "
                   f"{out.get('nonfinite_steps')} non-finite, losses {out.get('losses_first')}", flush=True)  # fmt: skip
+            save(result, args.out)  # after each variant: a run cut short by its time limit keeps what it found
     finally:
         if daemon:
             daemon.quit()
             result["mps_log_tail"] = {
                 p.name: p.read_text()[-2000:] for p in sorted(daemon.log.glob("*.log")) if p.is_file()
             }
-        text = json.dumps(result, indent=2) + "\n"
-        args.out.write_text(text)
-        if os.environ.get("OUT"):
-            pathlib.Path(os.environ["OUT"], args.out.name).write_text(text)
+        save(result, args.out)
+
+
+def blas(args: argparse.Namespace) -> None:
+    """Each BLAS setting in its own process under the SM cap: the layers' GEMMs, then the model's first steps."""
+    work = pathlib.Path(tempfile.mkdtemp(prefix="kiln-sm-blas-"))
+    daemon = None if args.smoke else MpsDaemon(work / "mps")
+    result: dict[str, Any] = {"sm_percent": args.sm, "configs": {}}
+    out_path = args.out.with_name(args.out.stem + "_blas.json")
+    try:
+        for name, (extra, setting) in BLAS_CONFIGS.items():
+            env = {**os.environ, **(daemon.env if daemon else {}), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(args.sm)}
+            env.update(extra)
+            entry: dict[str, Any] = {"env": extra, "setting": setting}
+            proc = subprocess.run([sys.executable, __file__, "--blas-child", setting or "none",
+                                   *(["--smoke"] if args.smoke else [])],
+                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+            if proc.returncode == 0:
+                entry.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+            else:
+                entry["error"] = proc.stderr[-1500:]
+            if setting != "fp16":  # the model itself, eager (the fault shows at step 1 there)
+                child_args = ["--child", "--steps", "3", "--compile", "off"]
+                if setting in ("no_reduced", "cublaslt"):
+                    child_args += ["--blas-setting", setting]
+                proc = subprocess.run([sys.executable, __file__, *child_args, *(["--smoke"] if args.smoke else [])],
+                                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+                entry["model"] = (json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0
+                                  else {"error": proc.stderr[-1500:]})  # fmt: skip
+            result["configs"][name] = entry
+            bad = {layer: [k for k, v in r.items() if v["nonfinite"] or v["rel_err"] > 0.05]
+                   for layer, r in entry.get("layers", {}).items()}  # fmt: skip
+            print(f"{name}: bad GEMMs {({k: v for k, v in bad.items() if v})}, "
+                  f"model grad norms {entry.get('model', {}).get('grad_norms_first')}", flush=True)  # fmt: skip
+            save(result, out_path)
+    finally:
+        if daemon:
+            daemon.quit()
+        save(result, out_path)
+
+
+def save(result: dict[str, Any], out: pathlib.Path) -> None:
+    text = json.dumps(result, indent=2) + "\n"
+    out.write_text(text)
+    if os.environ.get("OUT"):
+        pathlib.Path(os.environ["OUT"], out.name).write_text(text)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from trainer import memory
 from trainer.checkpoint import MANIFEST, Checkpointer, FencedError, sha256_file
 from trainer.compile import Compiler, CompileReport
 from trainer.config import TrainerConfig
+from trainer.gemm_check import usable_precision
 from trainer.guards import Spike, SpikeGuard
 from trainer.lease import LeaseExpired, LeaseGuard
 from trainer.parallel import DistEnv, choose_strategy, device_capacity, wrap
@@ -145,7 +146,9 @@ class Trainer:
                 self.recipe = load_recipe(spec.recipe.name, spec.recipe.hyperparameters)
         self.eval_metrics: dict[str, float] | None = None  # the last evaluation's (user code with ``evaluate``)
         self.device = env.device
-        self.prec = PrecisionContext.create(resolve(spec.precision, self.device), self.device)
+        # Checked, not assumed: under an MPS SM cap the H200's bf16 GEMMs come out NaN (trainer/gemm_check.py).
+        precision, tf32 = usable_precision(resolve(spec.precision, self.device), self.device, tel)
+        self.prec = PrecisionContext.create(precision, self.device, tf32=tf32)
         token = os.environ.get(ENV_FENCING_TOKEN)
         self.token = int(token) if token else None
         self.ckpt_root = checkpoint_root(run_dir)

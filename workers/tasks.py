@@ -308,6 +308,9 @@ def attempt_env(
         env[ENV_MEMORY_FRACTION] = f"{min(1.0, memory / claimed.gpus[0].memory_bytes):.6f}"
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={memory // 2**20}M"
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(int(share["sm_percent"]))
+        # A best-effort share fills idle SMs: below-normal MPS priority lets a guaranteed neighbour's kernels go
+        # first (the H200 run: a gold job kept 0.72x of alone beside a 30% best-effort job at equal priority).
+        env["CUDA_MPS_CLIENT_PRIORITY"] = "0" if share.get("guaranteed") else "1"
         if mps.DAEMON is not None:
             env.update(mps.DAEMON.client_env())
     elif claimed.gpus and qos is not None:

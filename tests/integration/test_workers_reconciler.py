@@ -422,3 +422,21 @@ def test_a_gang_is_lost_when_one_node_goes_silent_though_the_other_renews(db: Se
     assert attempt.state == "LOST" and job.state == "QUEUED", actions
     lost = _events(db, job, "LOST")[-1]
     assert f"no heartbeat from {hosts[1].name} for" in lost.message and hosts[0].name not in lost.message
+
+
+@pytest.mark.parametrize(("guaranteed", "priority"), [(True, "0"), (False, "1")])
+def test_attempt_env_of_a_gpu_share_caps_it_and_puts_best_effort_below_normal_priority(
+    db: Session, guaranteed: bool, priority: str
+) -> None:
+    """A share's caps go to MPS; a best-effort share is a below-normal MPS client, so its guaranteed neighbour's
+    kernels are scheduled first (the H200's gold job kept 0.72x of alone beside a 30% share at equal priority)."""
+    gpu = GPU(uuid="GPU-0", index=0, model="H200", memory_bytes=140 * 2**30, host_id=0, nvlink_peers=[])
+    share = {"memory_bytes": 24 * 2**30, "sm_percent": 30, "guaranteed": guaranteed}
+    claimed = Claimed(job_id=5, team_id=1, attempt_number=1, spec={}, placement=[{"share": share}], gpus=[gpu],
+                      qos=None, host_links={}, rendezvous=None, time_left_s=None)  # fmt: skip
+    env = attempt_env(claimed, attempt_id=9, token=4, checkpoint_dir=Path("/c"), compile_dir=Path("/k"),
+                      lease_file=Path("/r/lease"))  # fmt: skip
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=24576M"
+    assert float(env["KILN_GPU_MEMORY_FRACTION"]) == pytest.approx(24 / 140, rel=1e-4)
+    assert env["CUDA_MPS_CLIENT_PRIORITY"] == priority
