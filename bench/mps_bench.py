@@ -15,7 +15,8 @@ own telemetry and the API:
 - ``packing``: four small jobs sharing one GPU at once against the same four one after another: total tokens
   over the wall time from the first submit to the last end (target >= 2x), and every SLA event of each;
 - ``overcap``: a job whose own code allocates past its share beside the gold job: it must fail alone, as over its
-  share, and the gold job's loss curve must equal its curve alone (``caps``) step for step;
+  share, and the gold job's loss curve must equal, step for step, that of the same gold job run alone just before
+  (both with ``deterministic: true``);
 - ``mps_kill``: SIGKILL of the MPS control daemon and server with two shared jobs running: both end as
   infrastructure failures, restart from their last verified checkpoints and succeed; the daemon is back.
 
@@ -46,7 +47,7 @@ PHASES = ("bound", "caps", "packing", "overcap", "mps_kill")
 
 
 def spec_text(name: str, qos: str, steps: int, share: str, *, size: str = "gpt2", batch: int = 32, seq_len: int = 1024,
-              every: int = 200) -> str:  # fmt: skip
+              every: int = 200, deterministic: bool = False) -> str:  # fmt: skip
     """GPT-2 124M at batch 32 x 1024 by default: the shipped example's model, which keeps the H200 busy (the first
     run used a 6-layer model that left it half idle: two bare loops time-sliced each kept 97% of their speed)."""
     return f"""name: {name}
@@ -58,6 +59,7 @@ steps: {steps}
 resources: {{gpus: 1, gpu_share: {share}}}
 compile: {{mode: whole}}
 precision: bf16
+deterministic: {str(deterministic).lower()}
 checkpointing: {{every_steps: {every}, keep_last: 2}}
 sla: {{qos: {qos}}}
 """
@@ -128,14 +130,15 @@ class Bench:
         path.write_text(text)
         return path
 
-    def gold(self, name: str = "gold") -> pathlib.Path:
+    def gold(self, name: str = "gold", steps: int | None = None, every: int = 200, deterministic: bool = False
+             ) -> pathlib.Path:  # fmt: skip
         # Gold has no GPU memory cap of its own to share by, so its share names one; its SMs are the class's (100%).
-        return self.write(name, spec_text(name, "gold", self.steps, "{memory_gb: 40}"))
+        return self.write(name, spec_text(name, "gold", steps or self.steps, "{memory_gb: 40}", every=every,
+                                          deterministic=deterministic))  # fmt: skip
 
-    def best_effort(self, name: str = "best-effort", steps: int | None = None) -> pathlib.Path:
-        return self.write(
-            name, spec_text(name, "best-effort", steps or 3 * self.steps, "{memory_gb: 24, sm_percent: 30}")
-        )
+    def best_effort(self, name: str = "best-effort", steps: int | None = None, every: int = 200) -> pathlib.Path:
+        return self.write(name, spec_text(name, "best-effort", steps or 3 * self.steps,
+                                          "{memory_gb: 24, sm_percent: 30}", every=every))  # fmt: skip
 
     def done(self, job_id: int, timeout: float = 900) -> dict[str, Any]:
         return self.kiln.wait(job_id, lambda j: j["state"] == "SUCCEEDED", timeout, "SUCCEEDED")
@@ -321,12 +324,17 @@ class Bench:
         log(f"packing: four at once / one after another: {ratio:.2f}x")
         return {"one_after_another": one_by_one, "together": together, "aggregate_ratio": ratio}
 
-    def overcap(self, gold_alone: dict[str, Any] | None) -> dict[str, Any]:
+    def overcap(self) -> dict[str, Any]:
         code = self.work / "overcap-code"
         code.mkdir(exist_ok=True)
         (code / "overcap.py").write_text(OVERCAP_CODE)
         spec = self.write("overcap", OVERCAP_SPEC)
-        gold_id = self.kiln.submit(self.gold("gold-neighbour"))
+        # Both gold runs ask for deterministic kernels: without them two runs of the same job differ in the loss's
+        # fourth decimal on the H200 (run 6), with or without a neighbour, and "identical" could not be asked.
+        alone_id = self.kiln.submit(self.gold("gold-alone-deterministic", deterministic=True))
+        self.done(alone_id)
+        gold_alone = curve(self.kiln.telemetry(alone_id, 1))
+        gold_id = self.kiln.submit(self.gold("gold-neighbour", deterministic=True))
         self.running_at(gold_id, 20)
         proc = self.kiln.cli("submit", str(spec), "--workdir", str(code), "--output", "json")
         if proc.returncode != 0:
@@ -346,24 +354,23 @@ class Bench:
                 "attempts": len(self.kiln.attempts(gold_id)),
             },
         }
-        if gold_alone is not None:
-            alone = dict(zip(gold_alone["step"], gold_alone["loss"], strict=True))
-            pairs = [
-                (loss, alone[s]) for s, loss in zip(neighbour["step"], neighbour["loss"], strict=True) if s in alone
-            ]
-            result["neighbour_vs_alone"] = {
-                "steps_compared": len(pairs),
-                "identical_steps": sum(1 for a, b in pairs if a == b),
-                "max_abs_diff": max((abs(a - b) for a, b in pairs), default=None),
-            }
+        alone = dict(zip(gold_alone["step"], gold_alone["loss"], strict=True))
+        pairs = [(loss, alone[s]) for s, loss in zip(neighbour["step"], neighbour["loss"], strict=True) if s in alone]
+        result["neighbour_vs_alone"] = {
+            "steps_compared": len(pairs),
+            "identical_steps": sum(1 for a, b in pairs if a == b),
+            "max_abs_diff": max((abs(a - b) for a, b in pairs), default=None),
+        }
         log(f"overcap: {result['overcap_job']}; neighbour {result['neighbour']}; {result.get('neighbour_vs_alone')}")
         return result
 
     def mps_kill(self) -> dict[str, Any]:
-        gold = self.kiln.submit(self.gold("gold-mps-kill"))
-        be = self.kiln.submit(self.best_effort("be-mps-kill", steps=self.steps))
-        self.running_at(gold, self.steps // 3)
-        self.running_at(be, 50)
+        # Both must be training, each past a checkpoint, when the daemon dies (run 6: gold's 300 steps ended in 20 s,
+        # before the 30% job, at 0.5 s a step in its fp32 fallback, reached step 50 with no checkpoint yet).
+        gold = self.kiln.submit(self.gold("gold-mps-kill", steps=5 * self.steps, every=100))
+        be = self.kiln.submit(self.best_effort("be-mps-kill", steps=self.steps // 2, every=25))
+        self.running_at(be, 30)
+        self.running_at(gold, 110)
         pids = subprocess.run(
             ["pgrep", "-f", "nvidia-cuda-mps-(control|server)"], capture_output=True, text=True
         ).stdout.split()
@@ -424,7 +431,7 @@ def main() -> None:
         "bound": bench.bound,
         "caps": bench.caps,
         "packing": bench.packing,
-        "overcap": lambda: bench.overcap((result.get("caps") or {}).get("curves", {}).get("alone")),
+        "overcap": bench.overcap,
         "mps_kill": bench.mps_kill,
     }
 

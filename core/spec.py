@@ -199,6 +199,11 @@ class JobSpec(StrictModel):
     parallelism: Parallelism = "auto"
     compile: CompileOptions = CompileOptions()
     precision: Precision = "auto"
+    deterministic: Annotated[
+        bool,
+        Field(description="Bitwise-reproducible training: deterministic kernels only (torch's deterministic "
+                          "algorithms, a fixed cuBLAS workspace, no on-device autotuning in the compiler); slower."),
+    ] = False  # fmt: skip
     checkpointing: Checkpointing = Checkpointing()
     sla: SLAOverrides = SLAOverrides()
     datasets: Annotated[

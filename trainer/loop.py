@@ -44,6 +44,7 @@ from trainer import memory
 from trainer.checkpoint import MANIFEST, Checkpointer, FencedError, sha256_file
 from trainer.compile import Compiler, CompileReport
 from trainer.config import TrainerConfig
+from trainer.determinism import enable_determinism
 from trainer.gemm_check import usable_precision
 from trainer.guards import Spike, SpikeGuard
 from trainer.lease import LeaseExpired, LeaseGuard
@@ -146,6 +147,8 @@ class Trainer:
                 self.recipe = load_recipe(spec.recipe.name, spec.recipe.hyperparameters)
         self.eval_metrics: dict[str, float] | None = None  # the last evaluation's (user code with ``evaluate``)
         self.device = env.device
+        if spec.deterministic:  # before the first GEMM (the check below): cuBLAS reads it once
+            tel.event("DETERMINISTIC", enable_determinism())
         # Checked, not assumed: under an MPS SM cap the H200's bf16 GEMMs come out NaN (trainer/gemm_check.py).
         precision, tf32 = usable_precision(resolve(spec.precision, self.device), self.device, tel)
         self.prec = PrecisionContext.create(precision, self.device, tf32=tf32)

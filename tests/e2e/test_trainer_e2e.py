@@ -398,6 +398,19 @@ def test_a_lone_nonfinite_step_is_skipped_and_a_streak_fails_the_run(tmp_path: p
     assert "steps 11-18" in exit_["error"], exit_["error"]
 
 
+def test_a_deterministic_run_uses_deterministic_kernels_and_repeats_bit_for_bit(tmp_path: pathlib.Path) -> None:
+    """``deterministic: true`` (two H200 runs of the same gold job differed in the loss's fourth decimal): the
+    trainer turns on deterministic kernels before its first GEMM, says so, and every op it runs has one."""
+    spec = make_spec(tmp_path, "det", steps=12, every=None)
+    spec.write_text(json.dumps({**json.loads(spec.read_text()), "deterministic": True}))
+    runs = [tmp_path / "a", tmp_path / "b"]
+    assert [launch(spec, run) for run in runs] == [0, 0]
+    first, second = (records(run) for run in runs)
+    [event] = events(first, "DETERMINISTIC")
+    assert "cuBLAS workspace :4096:8" in event["message"]
+    assert losses(first) == losses(second) and len(losses(first)) == 12
+
+
 @pytest.mark.timeout(300)
 def test_sigterm_checkpoints_and_exits_preempted(tmp_path: pathlib.Path) -> None:
     run_dir = tmp_path / "run"
