@@ -132,6 +132,10 @@ def _breaker(timeout_s: float, max_rss: int | None) -> Iterator[dict[str, Any]]:
     """Arm a SIGALRM for the time limit and a thread polling RSS; either trips ``_Trip`` in this thread."""
     rss_tree = _RssTree()
     state: dict[str, Any] = {"reason": None, "peak_rss": rss_tree(), "poll_s": 0.0}
+    if max_rss is not None and state["peak_rss"] > max_rss:
+        # Over the limit before compiling: the caller does not start (a trip raised into Dynamo mid-trace can
+        # leave its C++ state broken: a CI run aborted with SIGABRT after one).
+        state["reason"] = "FALLBACK_OOM_DETECTED"
     stop = threading.Event()
     main = threading.main_thread().ident
 
@@ -301,6 +305,8 @@ class Compiler:
         split: dict[str, float] = {}
         try:
             with _breaker(self.timeout_s, self.max_rss) as state, _in_process_kernels(report.cache_source == "local"):
+                if state["reason"] is not None:
+                    raise _Trip(state["reason"])
                 t1 = time.perf_counter()
                 loss = loss_fn()  # Dynamo traces (or its caches answer) here, then the forward runs
                 if self.device.type == "cuda":
