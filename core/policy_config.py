@@ -88,6 +88,31 @@ class PolicyConfig(SettingsGroup):
         "its class's jobs not at risk and may hold a reservation, but never preempts: the service-class order "
         "cannot starve a large job forever. Empty: off.",
     )
+    makespan_guard: float | None = Field(
+        default=None,
+        gt=0,
+        description="The makespan guard (LPT): a pending job of a preemptible class whose expected remaining run "
+        "time (kiln's estimate: the user's limit scaled by the team's use of its limits, or the team's history) is "
+        "at least this fraction of the time the cluster needs to finish all the work it knows of (pending jobs' "
+        "expected GPU-seconds plus running jobs' until their projected ends, over the cluster's GPUs) goes first in "
+        "the first tier with a preemptible class, longest first, and may hold a reservation, but never preempts: "
+        "a long job left to the end of a backlog would run on an emptying cluster. Empty: off.",
+    )
+    makespan_guard_min_s: float = Field(
+        default=86400.0,
+        ge=0,
+        description="The makespan guard takes only jobs expected to run at least this long.",
+    )
+    makespan_guard_wait: float = Field(
+        default=0.0,
+        ge=0,
+        description="The makespan guard takes only jobs that have waited (since submission) at least this fraction "
+        "of their expected remaining run time: where the backlog drains soon anyway, a long job is not put ahead "
+        "of short ones before it has been kept waiting.",
+    )
+    makespan_guard_jobs: int = Field(
+        default=2, ge=0, description="The makespan guard takes at most this many jobs a cycle (the longest)."
+    )
     keep_reservations: bool = Field(
         default=True,
         description="A job that held a reservation (or preempted for it) last cycle goes first in its "

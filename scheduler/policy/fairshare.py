@@ -67,8 +67,20 @@ class JobOrder:
     arithmetic as ``urgency``, ``Estimator.remaining_s`` and ``service_class``, which stay the reference.
     """
 
-    def __init__(self, jobs: Sequence[PendingJob], teams: Sequence[TeamInfo], now: float, config: PolicyConfig) -> None:
+    def __init__(
+        self,
+        jobs: Sequence[PendingJob],
+        teams: Sequence[TeamInfo],
+        now: float,
+        config: PolicyConfig,
+        *,
+        running_gpu_s: float = 0.0,
+        capacity: int = 0,
+    ) -> None:
         self.config = config
+        self.running_gpu_s = running_gpu_s  # running jobs' GPU-seconds until their projected ends (makespan guard)
+        self.capacity = capacity  # the cluster's GPUs (makespan guard)
+        self.critical: list[PendingJob] = []  # the makespan guard's jobs, longest first
         self.now = now
         self.jobs = jobs
         self.usage = {t.id: t.decayed_usage for t in teams}
@@ -109,11 +121,22 @@ class JobOrder:
         # queues to merge by fair share. Classes are taken in tiers, highest first: within a tier, every class's
         # jobs at risk (highest class first), then the others by service class, and class within one.
         segments: list[list[PendingJob] | dict[int, list[PendingJob]]] = []
+        critical = self._critical(in_team_order) if self.config.makespan_guard is not None else []
+        if critical:
+            ids = {j.id for j in critical}
+            by_class = {
+                prio: kept for prio, queue in by_class.items() if (kept := [j for j in queue if j.id not in ids])
+            }
         split = {prio: self._split(by_class[prio]) for prio in sorted(by_class, reverse=True)}
         for tier in self._tiers(by_class):
             segments.extend(split[prio][0] for prio in tier)
+            if critical and any(by_class[prio][0].preemptible for prio in tier):
+                segments.append(critical)  # the first tier with a preemptible class, after its jobs at risk
+                critical = []
             for sc in sorted({sc for prio in tier for sc in split[prio][1]}):
                 segments.extend(split[prio][1][sc] for prio in tier if sc in split[prio][1])
+        if critical:  # no preemptible class has other jobs waiting: after everything else
+            segments.append(critical)
         usage, weight = self.usage, self.weight
         heapreplace = heapq.heapreplace
         for per_team in segments:
@@ -150,6 +173,56 @@ class JobOrder:
                     heapreplace(heap, (usage.get(tid, 0.0) / max(weight.get(tid, 1.0), 1e-9), tid))
                 else:
                     heapq.heappop(heap)
+
+    def _critical(self, jobs: list[PendingJob]) -> list[PendingJob]:
+        """The makespan guard (``PolicyConfig.makespan_guard``): the jobs of preemptible classes expected to run
+        longer than a fraction of the time the cluster needs to drain all the work it knows of (pending jobs'
+        expected GPU-seconds and running jobs' until their projected ends, over its GPUs), longest first, at most
+        ``makespan_guard_jobs``. Longest-processing-time first for the jobs that would otherwise set the makespan:
+        left to the end of a backlog, such a job runs on an emptying cluster. Jobs at risk of their queue-wait
+        SLA or with a deadline keep their own lane. They may reserve but never preempt (``aged``)."""
+        config = self.config
+        if self.estimator is None or self.capacity <= 0 or config.makespan_guard is None:
+            return []
+        history = self.estimator.history
+        min_s = config.makespan_guard_min_s
+        patience = config.makespan_guard_wait
+        risk = 1 - config.sla_reserve_fraction
+        now = self.now
+        pending_gpu_s = 0.0
+        candidates: list[tuple[float, PendingJob]] = []
+        for j in jobs:
+            if not j.gpus:
+                continue
+            limit = j.estimated_runtime_s
+            if limit is not None:
+                h = history.get(j.team_id)
+                use = h.limit_use if h is not None else DEFAULT_LIMIT_USE
+                remaining = max(MIN_REMAINING_S, (limit - j.attained_s) * use)
+            else:
+                remaining = self.estimator.remaining_s(j.team_id, None, j.attained_s)
+            pending_gpu_s += j.gpus * remaining
+            if not j.preemptible or remaining < min_s or j.deadline is not None or j.share is not None:
+                continue
+            if now - j.submitted_at < patience * remaining:
+                continue  # not kept waiting long enough, for how long it is to run
+            wait = j.max_queue_wait_s
+            if wait is not None:
+                started = j.wait_started_at
+                due = (started if started is not None else j.submitted_at) + wait
+                if due - now <= risk * wait and due > now:
+                    continue  # at risk of its SLA: its own lane
+            candidates.append((remaining, j))
+        if not candidates:
+            return []
+        drain_s = (pending_gpu_s + self.running_gpu_s) / self.capacity
+        threshold = max(min_s, config.makespan_guard * drain_s)
+        chosen = sorted((t for t in candidates if t[0] >= threshold), key=lambda t: (-t[0], t[1].submitted_at, t[1].id))
+        self.critical = [j for _r, j in chosen[: config.makespan_guard_jobs]]
+        for j in self.critical:
+            self.urgent.add(j.id)
+            self.aged.add(j.id)  # reserves, never preempts
+        return list(self.critical)
 
     def _tiers(self, by_class: dict[int, list[PendingJob]]) -> list[list[int]]:
         """The classes (priorities) in tiers, highest first (``PolicyConfig.class_order``)."""

@@ -140,7 +140,21 @@ class _Planner:
             and r.state == JobState.RUNNING
             and self.now - r.started_at > r.time_limit_s + self.c.time_limit_grace_s
         )
-        order = JobOrder(self.s.pending, self.s.teams, self.now, self.c)
+        running_gpu_s = 0.0
+        capacity = 0
+        if self.c.makespan_guard is not None and self.estimator is not None:
+            # The work the cluster knows of, as the order estimates pending jobs' (not the running jobs' limits,
+            # which users set several times too long): what each running job is still expected to need.
+            capacity = sum(len(h.gpus) for h in self.s.hosts if not h.excluded)
+            remaining = self.estimator.remaining_s
+            running_gpu_s = sum(
+                r.gpus * remaining(r.team_id, r.time_limit_s, r.attained_s + max(0.0, self.now - r.started_at))
+                for r in self.s.running
+                if not r.preempt_requested and r.share is None
+            )
+        order = JobOrder(
+            self.s.pending, self.s.teams, self.now, self.c, running_gpu_s=running_gpu_s, capacity=capacity
+        )
         self.aged = order.aged
         fifo_blocker: int | None = None
         for job in order:
