@@ -185,3 +185,39 @@ def test_the_replay_shows_plan_nothing_of_the_true_run_times(jobs: list[tuple[in
     before_a = [s for s in a if s.now < horizon]
     before_b = [s for s in b if s.now < horizon]
     assert before_a == before_b
+
+
+def bronze(id: int, gpus: int = 8, **kw: object) -> PendingJob:
+    return dataclasses.replace(pj(id, gpus, qos="bronze", prio=200, **kw), preemptible=True)  # type: ignore[arg-type]
+
+
+def test_the_makespan_guard_puts_a_long_waiting_long_job_first_in_the_preemptible_tier() -> None:
+    # 8 GPUs, limit 40 days (20 expected at the team's use of its limits), waited 12 days; the short jobs'
+    # expected work drains the 8-GPU cluster in well under that: the long job would set the makespan if left last.
+    long = bronze(1, limit=40 * 86400, age=12 * 86400)
+    short = (bronze(2, limit=2 * H, age=600), bronze(3, limit=2 * H, age=60))
+    gold = pj(4, 4, limit=H, qos="gold", prio=1000)
+    jobs = (*short, long, gold)
+    teams = (team(ratio=0.5),)
+    off = PolicyConfig(starvation_age_s=None)  # no aging: only the guard moves the long job
+    guard = off.model_copy(update={"makespan_guard": 0.4, "makespan_guard_wait": 0.5})
+    order = JobOrder(jobs, teams, NOW, guard, capacity=8)
+    assert [j.id for j in order] == [4, 1, 2, 3]  # after the non-preemptible tier, ahead of the short jobs
+    assert order.aged == {1} and 1 in order.urgent  # it may reserve, never preempt
+    assert [j.id for j in JobOrder(jobs, teams, NOW, off, capacity=8)] == [4, 2, 3, 1]  # off by default
+    # Not kept waiting half its expected run time yet (9 of 20 days): its place by service class.
+    young = dataclasses.replace(long, submitted_at=NOW - 9 * 86400)
+    assert [j.id for j in JobOrder((*short, young, gold), teams, NOW, guard, capacity=8)] == [4, 2, 3, 1]
+    # The running work is expected to take longer than the long job: nothing to guard.
+    busy = JobOrder(jobs, teams, NOW, guard, capacity=8, running_gpu_s=8 * 60 * 86400)
+    assert [j.id for j in busy] == [4, 2, 3, 1]
+
+
+def test_a_job_of_the_makespan_guard_reserves_but_never_preempts() -> None:
+    busy = RunningJob(id=9, team_id=1, qos="best-effort", qos_priority=0, preemptible=True, gpus=8, gpu_type="H100",
+                      quota_key=ANY, placement=(PlacedHost("h0000", tuple(f"GPU-h0000-{i}" for i in range(8))),),
+                      started_at=NOW - H, expected_end=NOW + 10 * H, time_limit_s=11 * H)  # fmt: skip
+    long = bronze(1, limit=40 * 86400, age=30 * 86400, max_queue_wait_s=8 * H)  # its SLA long broken
+    s = Snapshot(now=NOW, hosts=gpu_cluster(1), running=(busy,), pending=(long,), teams=(team(ratio=0.5),))
+    d = plan(s, PolicyConfig(class_order="guaranteed", makespan_guard=0.4, makespan_guard_wait=0.5))
+    assert d.preemptions == () and [r.job_id for r in d.reservations] == [1]
