@@ -152,9 +152,7 @@ class _Planner:
                 for r in self.s.running
                 if not r.preempt_requested and r.share is None
             )
-        order = JobOrder(
-            self.s.pending, self.s.teams, self.now, self.c, running_gpu_s=running_gpu_s, capacity=capacity
-        )
+        order = JobOrder(self.s.pending, self.s.teams, self.now, self.c, running_gpu_s=running_gpu_s, capacity=capacity)
         self.aged = order.aged
         fifo_blocker: int | None = None
         for job in order:
