@@ -254,7 +254,8 @@ def idle_while_queued_gpu_h(r: Result) -> float:
 
 class Simulation:
     def __init__(self, trace: Sequence[TraceJob], hosts: tuple[HostInfo, ...], config: PolicyConfig, *,
-                 tick: float = 0.0, period: float = CYCLE_S, oracle: bool = False) -> None:  # fmt: skip
+                 tick: float = 0.0, period: float = CYCLE_S, oracle: bool = False,
+                 limit_seed: int = LIMIT_SEED) -> None:  # fmt: skip
         self.hosts = hosts
         self.gpus = sum(len(h.gpus) for h in hosts)
         self.config = config
@@ -272,7 +273,7 @@ class Simulation:
         for i, tj in enumerate(trace, 1):
             qos, team = qos_and_team(tj.id)
             # The oracle baseline is told each job's true run time as its time limit: an exact estimate.
-            limit = tj.work if oracle else user_time_limit(tj.id, tj.work)
+            limit = tj.work if oracle else user_time_limit(tj.id, tj.work, limit_seed)
             self.jobs[i] = SimJob(Submission(i, tj.id, tj.gpus, tj.submit, qos, team, limit))
             self._work[i] = tj.work
             self.arrivals.append((tj.submit, i))
@@ -637,9 +638,10 @@ def offered_load(trace: Sequence[TraceJob], gpus: int) -> float:
 
 
 def replay_one(trace: Sequence[TraceJob], hosts: int, gpus_per_host: int, name: str, tick: float,
-               period: float) -> Result:  # fmt: skip
+               period: float, limit_seed: int = LIMIT_SEED) -> Result:  # fmt: skip
     config, oracle = policies()[name]
-    sim = Simulation(trace, gpu_cluster(hosts, gpus_per_host), config, tick=tick, period=period, oracle=oracle)
+    sim = Simulation(trace, gpu_cluster(hosts, gpus_per_host), config, tick=tick, period=period, oracle=oracle,
+                     limit_seed=limit_seed)  # fmt: skip
     return sim.run(name)
 
 
@@ -688,6 +690,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes replaying in parallel")
     ap.add_argument("--out", default="simulate-out")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument(
+        "--limit-seed",
+        type=int,
+        default=LIMIT_SEED,
+        help="draw the users' time limits with another seed (a policy tuned to one draw shows it)",
+    )
     args = ap.parse_args(argv)
     policy = get_settings().policy  # the live loop's policy (each replay process reads the same settings)
     trace = load_trace(args.trace, args.jobs)
@@ -697,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes: list[int] = args.hosts
     names: list[str] = args.policies
     tasks = [(n, p) for p in names for n in sizes]  # policy by policy, so the first finish first
-    argsets = [(trace, n, args.gpus_per_host, p, args.tick, args.period) for n, p in tasks]
+    argsets = [(trace, n, args.gpus_per_host, p, args.tick, args.period, args.limit_seed) for n, p in tasks]
     done: dict[tuple[int, str], Result] = {}
 
     def finished(task: tuple[int, str], result: Result) -> None:
@@ -716,7 +724,7 @@ def main(argv: list[str] | None = None) -> int:
                 finished(futures[future], future.result())
     by_size: dict[int, list[Result]] = {n: [done[(n, p)] for p in names] for n in sizes}
     report: dict[str, Any] = {"trace": args.trace, "jobs": len(trace), "gpus_per_host": args.gpus_per_host,
-                              "tick_s": args.tick, "period_s": args.period,
+                              "tick_s": args.tick, "period_s": args.period, "limit_seed": args.limit_seed,
                               "wall_s": round(time.perf_counter() - started, 1), "policy": policy.model_dump(),
                               "sizes": []}  # fmt: skip
     print(f"{len(trace)} jobs; {len(tasks)} replays took {report['wall_s']} s")

@@ -81,6 +81,17 @@ def test_replays_are_deterministic_and_sizes_are_reported_each(tmp_path: Path) -
     assert abs(four["offered_load"] - six["offered_load"] * 6 / 4) < 2e-3  # the same work on fewer GPUs
 
 
+def test_another_limit_seed_draws_other_user_limits_and_the_report_says_which(tmp_path: Path) -> None:
+    """A policy tuned on one draw of the users' limits is checked on others (docs/scheduler.md, makespan guard)."""
+    assert user_time_limit("job3", 20 * H, 7) != user_time_limit("job3", 20 * H)  # this job's limit differs
+    args = ["synthetic:120", "--hosts", "4", "--no-plots", "--policies", "easy", "--workers", "1"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out", str(tmp_path / "b"), "--limit-seed", "7"]) == 0
+    a, b = (json.loads((tmp_path / d / "simulate.json").read_text()) for d in ("a", "b"))
+    assert (a["limit_seed"], b["limit_seed"]) == (16, 7)
+    assert a["sizes"][0]["results"][0]["jct"] != b["sizes"][0]["results"][0]["jct"]  # EASY backfills on the limits
+
+
 def _one_job_sim(work: float) -> Simulation:
     return Simulation([TraceJob("only", 8, 0.0, work)], gpu_cluster(1), PolicyConfig())
 
