@@ -70,11 +70,13 @@ def usable_precision(
     if device.type != "cuda" or requested == "fp32":
         return requested, False
     first = check(device, {"bf16": torch.bfloat16, "fp16": torch.float16}[requested])
+    torch.cuda.empty_cache()  # the check's operands (about 1 GB) go back before the job's memory cap is set
     if first.ok:
         return requested, False
     cap = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
     where = f" (an MPS client capped at {cap}% of the SMs)" if cap else ""
     tf32 = check(device, torch.float32, tf32=True)
+    torch.cuda.empty_cache()
     # Plain fp32 is the reference itself: the last resort needs no check.
     fallback = "fp32 with TF32 matmuls" if tf32.ok else "fp32"
     tel.event(
