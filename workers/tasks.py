@@ -282,6 +282,10 @@ def attempt_env(
     # one exception is the test harness's fault injection, which reaches the ranks only this way.
     for key in [k for k in env if k.startswith("KILN_") and k != ENV_TEST_HOOKS]:
         del env[key]
+    # The compiler's caches are the job's (its compile dir, carried to a restart on another host, owned by the
+    # team's attempt user): a cache directory set in the worker's own environment would override that.
+    for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        env.pop(key, None)
     env.update({
         ENV_FENCING_TOKEN: str(token),
         ENV_CHECKPOINT_DIR: str(checkpoint_dir),

@@ -237,6 +237,9 @@ def test_gpu_xid_error_excludes_the_host_until_its_time_is_served(db: Session, t
 def test_attempt_env_enforces_the_qos_caps_on_gpus(db: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KILN_TEST_HOOKS", '{"sleep_per_step_s": 0.1}')  # the test harness's, on this worker
     monkeypatch.setenv("KILN_BROKER_URL", "redis://:secret@broker:6379")
+    # A worker's own compiler cache dir (a unit test's Trainer once left one in the test process): not the job's.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/root/.cache/inductor")
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/root/.cache/triton")
     silver = db.scalars(select(QosClass).where(QosClass.name == "silver")).one()
     silver.gpu_memory_cap_bytes, silver.sm_percent = 4 * 10**9, 60  # an admin's caps (the seeded silver has none)
     gpus = [GPU(uuid=f"GPU-{i}", index=i, model="H200", memory_bytes=140 * 10**9, host_id=0,
@@ -253,6 +256,7 @@ def test_attempt_env_enforces_the_qos_caps_on_gpus(db: Session, monkeypatch: pyt
     assert env["NCCL_MAX_NCHANNELS"] == "8"  # 16 GB/s of a 64 GB/s link: a quarter of 32 channels
     assert env["NCCL_NVLS_ENABLE"] == "0"
     assert env["KILN_LEASE_FILE"] == "/r/lease" and env["KILN_TEST_HOOKS"] == '{"sleep_per_step_s": 0.1}'
+    assert "TORCHINDUCTOR_CACHE_DIR" not in env and "TRITON_CACHE_DIR" not in env  # the trainer's: in /k
     assert not any(k.startswith("KILN_") and k not in (
         "KILN_FENCING_TOKEN", "KILN_CHECKPOINT_DIR", "KILN_COMPILE_CACHE_DIR", "KILN_JOB_ID", "KILN_ATTEMPT_ID",
         "KILN_GPU_MEMORY_FRACTION", "KILN_LEASE_FILE", "KILN_TEST_HOOKS") for k in env)  # fmt: skip
