@@ -74,14 +74,22 @@ BLAS_CONFIGS: dict[str, tuple[dict[str, str], str]] = {
 LAYERS = [(768, 2304, True), (768, 768, True), (768, 3072, True), (3072, 768, True), (768, 50257, False)]
 
 
-def blas_child(setting: str, tokens: int, smoke: bool) -> None:
-    """Each layer's forward and backward under bf16 autocast against fp32, then two eager GPT-2 steps."""
+def apply_blas_setting(setting: str) -> None:
+    """A ``BLAS_CONFIGS`` torch setting, in this process before any CUDA work (the others are environment only)."""
     import torch
 
     if setting == "no_reduced":
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     if setting == "cublaslt":
         torch.backends.cuda.preferred_blas_library("cublaslt")
+
+
+def blas_child(setting: str, tokens: int, smoke: bool) -> None:
+    """Each layer's forward and backward under bf16 (fp16) autocast against fp32 (the model's own steps are
+    another child: ``blas``)."""
+    import torch
+
+    apply_blas_setting(setting)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.float16 if setting == "fp16" else torch.bfloat16
     torch.manual_seed(0)
@@ -120,10 +128,7 @@ def child(args: argparse.Namespace) -> None:
 
     from trainer.recipes.gpt import GPTRecipe, gpt_loss
 
-    if args.blas_setting == "no_reduced":
-        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-    if args.blas_setting == "cublaslt":
-        torch.backends.cuda.preferred_blas_library("cublaslt")
+    apply_blas_setting(args.blas_setting)
     recipe = GPTRecipe(SMOKE_HP if args.smoke else HP)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
@@ -297,9 +302,7 @@ def blas(args: argparse.Namespace) -> None:
             else:
                 entry["error"] = proc.stderr[-1500:]
             if setting != "fp16":  # the model itself, eager (the fault shows at step 1 there)
-                child_args = ["--child", "--steps", "3", "--compile", "off"]
-                if setting in ("no_reduced", "cublaslt"):
-                    child_args += ["--blas-setting", setting]
+                child_args = ["--child", "--steps", "3", "--compile", "off", "--blas-setting", setting]
                 proc = subprocess.run([sys.executable, __file__, *child_args, *(["--smoke"] if args.smoke else [])],
                                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
                 entry["model"] = (json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0

@@ -41,10 +41,10 @@ class PrecisionContext:
     scaler: torch.amp.GradScaler | None = None
     steps: int = 0
     overflows: int = 0
-    tf32: bool = False  # fp32 matmuls on TF32 tensor cores (the fallback when bf16 GEMMs are wrong on a GPU)
 
     @classmethod
     def create(cls, precision: Precision, device: torch.device, *, tf32: bool = False) -> PrecisionContext:
+        # fp32 matmuls on TF32 tensor cores: the fallback where bf16 GEMMs are wrong (trainer/gemm_check.py),
         if tf32:  # process-wide in torch; this process trains one model
             torch.backends.cuda.matmul.allow_tf32 = True
         scaler = None
@@ -56,7 +56,7 @@ class PrecisionContext:
                 backoff_factor=SCALER_BACKOFF,
                 growth_interval=SCALER_INTERVAL,
             )
-        return cls(precision=precision, device=device, scaler=scaler, tf32=tf32)
+        return cls(precision=precision, device=device, scaler=scaler)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -184,7 +184,7 @@ class JobOrder:
         config = self.config
         if self.estimator is None or self.capacity <= 0 or config.makespan_guard is None:
             return []
-        history = self.estimator.history
+        remaining_s = self.estimator.remaining_s
         min_s = config.makespan_guard_min_s
         patience = config.makespan_guard_wait
         risk = 1 - config.sla_reserve_fraction
@@ -194,24 +194,15 @@ class JobOrder:
         for j in jobs:
             if not j.gpus:
                 continue
-            limit = j.estimated_runtime_s
-            if limit is not None:
-                h = history.get(j.team_id)
-                use = h.limit_use if h is not None else DEFAULT_LIMIT_USE
-                remaining = max(MIN_REMAINING_S, (limit - j.attained_s) * use)
-            else:
-                remaining = self.estimator.remaining_s(j.team_id, None, j.attained_s)
+            remaining = remaining_s(j.team_id, j.estimated_runtime_s, j.attained_s)
             pending_gpu_s += j.gpus * remaining
             if not j.preemptible or remaining < min_s or j.deadline is not None or j.share is not None:
                 continue
             if now - j.submitted_at < patience * remaining:
                 continue  # not kept waiting long enough, for how long it is to run
-            wait = j.max_queue_wait_s
-            if wait is not None:
-                started = j.wait_started_at
-                due = (started if started is not None else j.submitted_at) + wait
-                if due - now <= risk * wait and due > now:
-                    continue  # at risk of its SLA: its own lane
+            due = j.queue_wait_due
+            if due is not None and now < due <= now + risk * (j.max_queue_wait_s or 0.0):
+                continue  # at risk of its SLA: its own lane
             candidates.append((remaining, j))
         if not candidates:
             return []
