@@ -117,6 +117,8 @@ def launch(
     )  # fmt: skip
     if proc.returncode not in (0, ExitCode.PREEMPTED):
         print(proc.stdout[-3000:], proc.stderr[-6000:])
+        for path in sorted((run_dir / "telemetry").glob("rank*.jsonl")):  # where each rank was when it ended
+            print(path.name, *path.read_text().splitlines()[-4:], sep="\n  ")
     return proc.returncode
 
 
