@@ -8,7 +8,6 @@ expired; anything else is a crash.
 from __future__ import annotations
 
 import argparse
-import os
 import pathlib
 import sys
 
@@ -46,11 +45,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Everything this rank leaves is on disk by now (telemetry closed, checkpoints committed, the process group
-    # destroyed), so it leaves without the interpreter's finalization: there torch's C++ threads and static
-    # destructors can race the module teardown and abort a rank that finished ("terminate called without an
-    # active exception", pytorch#65231; once in CI on a resumed 2-rank run), which torchrun reports as a failure.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    sys.exit(main())

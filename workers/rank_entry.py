@@ -108,10 +108,16 @@ def main() -> None:
             code = exc.code
         else:
             code = 1
-        raise
-    finally:
+    finally:  # also on the way out of an exception the trainer did not catch (Python then prints it, exits 1)
         _record(run_dir, code)
         print(f"{_who()} exit code {code}", file=sys.stderr, flush=True)
+    # The trainer returned: what it leaves is on disk (telemetry closed, checkpoints committed, the process group
+    # destroyed) and its code recorded. The rank leaves without the interpreter's finalization, where torch's C++
+    # threads and static destructors can race the module teardown and abort a rank that finished ("terminate
+    # called without an active exception", pytorch#65231; seen once in CI on a resumed 2-rank run), which
+    # torchrun would report as that rank's failure.
+    sys.stdout.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
