@@ -357,7 +357,12 @@ class _Planner:
             self.reserved_classes.add(job.qos_priority)
             return False
         if quota_msg is not None:
-            self.wait(job, Reason.QUOTA, quota_msg)
+            # A job first only by age or by the makespan guard may hold a reservation. Kept out only by its cohort's
+            # pool (the other teams borrow its team's unused nominal), it reserves the capacity that frees first:
+            # otherwise its team's smaller jobs take each few GPUs as they free and it never starts.
+            reserve = job.id in self.aged and self.ledger.within_nominal(job.team_id, job.quota_key, job.demand)
+            if not (reserve and len(self.reservations) < self.c.max_reservations and self._reserve(job, req)):
+                self.wait(job, Reason.QUOTA, quota_msg)
             return False
         head = job.qos_priority not in self.reserved_classes if self.c.reserve_per_class else not self.reservations
         may_reserve = len(self.reservations) < self.c.max_reservations and (head or job.id in urgent)

@@ -8,10 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.policy_config import PolicyConfig
+from core.states import Reason
 from scheduler.policy.estimate import DEFAULT_UNKNOWN_S, Estimator, service_class
 from scheduler.policy.fairshare import JobOrder
 from scheduler.policy.plan import plan
-from scheduler.policy.snapshot import ANY, PendingJob, PlacedHost, RunningJob, Snapshot, TeamInfo
+from scheduler.policy.snapshot import ANY, PendingJob, PlacedHost, QuotaInfo, RunningJob, Snapshot, TeamInfo
 from scheduler.simulate.synthetic import gpu_cluster
 
 NOW = 1_000_000.0
@@ -221,3 +222,28 @@ def test_a_job_of_the_makespan_guard_reserves_but_never_preempts() -> None:
     s = Snapshot(now=NOW, hosts=gpu_cluster(1), running=(busy,), pending=(long,), teams=(team(ratio=0.5),))
     d = plan(s, PolicyConfig(class_order="guaranteed", makespan_guard=0.4, makespan_guard_wait=0.5))
     assert d.preemptions == () and [r.job_id for r in d.reservations] == [1]
+
+
+def test_a_job_first_by_age_reserves_what_its_team_lent_instead_of_waiting_on_the_pool() -> None:
+    # Two hosts, one cohort, 8 GPUs of nominal each, all lendable. Team 2 borrows everything: 8 GPUs on h0000, 2
+    # and 6 on h0001. Team 1, within its nominal, waits on the pool: its old 8-GPU job (first by age) and a young
+    # 2-GPU one. When team 2's 2-GPU job ends, the young job would take the 2 GPUs and the old one would never
+    # have 8 at once; the old one reserves them instead.
+    def running(id: int, gpus: int, host: str, first: int, ends_in: float) -> RunningJob:
+        return RunningJob(id=id, team_id=2, qos="silver", qos_priority=500, preemptible=False, gpus=gpus,
+                          gpu_type="H100", quota_key=ANY,
+                          placement=(PlacedHost(host, tuple(f"GPU-{host}-{i}" for i in range(first, first + gpus))),),
+                          started_at=NOW - H, expected_end=NOW + ends_in, time_limit_s=H + ends_in)  # fmt: skip
+
+    quota = (QuotaInfo(key=ANY, nominal=8),)
+    teams = (TeamInfo(1, "a", cohort="c", quotas=quota), TeamInfo(2, "b", cohort="c", quotas=quota))
+    old = bronze(1, limit=2 * 86400, age=3 * 86400, max_queue_wait_s=8 * H)
+    young = bronze(2, 2, limit=30 * 86400, age=60, max_queue_wait_s=8 * H)
+    busy = (running(9, 8, "h0000", 0, 20 * H), running(11, 6, "h0001", 2, 2 * H))
+    s = Snapshot(now=NOW, hosts=gpu_cluster(2), running=busy, pending=(old, young), teams=teams)
+    aging = PolicyConfig(oldest_first_after_s=86400.0)
+    d = plan(s, aging)
+    assert d.admissions == () and [r.job_id for r in d.reservations] == [1]
+    assert {w.job_id: w.reason for w in d.pending} == {1: Reason.RESERVATION, 2: Reason.PRIORITY}  # held for 1
+    without = plan(s, PolicyConfig())  # not first by age: it waits on the pool, and the young job takes the GPUs
+    assert [a.job_id for a in without.admissions] == [2] and without.reservations == ()
