@@ -103,8 +103,15 @@ def _job_id(out: str) -> str:
 
 def test_a_job_trains_on_a_read_only_dataset(kiln_up: Up, tmp_path: Path) -> None:
     up = kiln_up
-    started = "\n".join(p.read_text() for p in (up.home / "logs").glob("*.log")) + up.output()
-    assert "datasets: read-only bind mounts in a private mount namespace" in started, up.logs()
+    said = "datasets: read-only bind mounts in a private mount namespace"
+
+    def started() -> str:
+        return "\n".join(p.read_text() for p in (up.home / "logs").glob("*.log")) + up.output()
+
+    deadline = time.monotonic() + 60  # the worker says it once it is up, a moment after `kiln up` has
+    while said not in started() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert said in started(), up.logs()
     directory = _make_dataset(up)
     before = {p.name: p.read_bytes() for p in directory.iterdir()}
 
