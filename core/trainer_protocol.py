@@ -16,6 +16,9 @@ import enum
 ENV_FENCING_TOKEN = "KILN_FENCING_TOKEN"  # int; the attempt's fencing token
 ENV_CHECKPOINT_DIR = "KILN_CHECKPOINT_DIR"  # the job's checkpoints, shared by all its attempts
 ENV_COMPILE_CACHE_DIR = "KILN_COMPILE_CACHE_DIR"  # compile artifacts, beside the checkpoints
+# torch's own cache dirs, which the trainer points into the job's compile dir (trainer.loop); a worker's own
+# values must not reach an attempt, nor one test's the next
+COMPILER_CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 # The job's own directory in the host's fast local tier; set only when the spec asks for the tier
 # (``checkpointing.local_tier``) and the host has one.
 ENV_LOCAL_CHECKPOINT_DIR = "KILN_LOCAL_CHECKPOINT_DIR"

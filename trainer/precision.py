@@ -44,7 +44,7 @@ class PrecisionContext:
 
     @classmethod
     def create(cls, precision: Precision, device: torch.device, *, tf32: bool = False) -> PrecisionContext:
-        # fp32 matmuls on TF32 tensor cores: the fallback where bf16 GEMMs are wrong (trainer/gemm_check.py),
+        # fp32 matmuls on TF32 tensor cores: the fallback where bf16 GEMMs are wrong (trainer/gemm_check.py)
         if tf32:  # process-wide in torch; this process trains one model
             torch.backends.cuda.matmul.allow_tf32 = True
         scaler = None

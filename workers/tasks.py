@@ -34,6 +34,7 @@ from core.services import datasets as datasets_svc
 from core.settings import Settings, get_settings
 from core.states import ACTIVE, ATTEMPT_LIVE, AttemptState, JobState, MpsState
 from core.trainer_protocol import (
+    COMPILER_CACHE_ENV,
     ENV_ATTEMPT_ID,
     ENV_CHECKPOINT_DIR,
     ENV_CODE_DIR,
@@ -284,7 +285,7 @@ def attempt_env(
         del env[key]
     # The compiler's caches are the job's (its compile dir, carried to a restart on another host, owned by the
     # team's attempt user): a cache directory set in the worker's own environment would override that.
-    for key in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+    for key in COMPILER_CACHE_ENV:
         env.pop(key, None)
     env.update({
         ENV_FENCING_TOKEN: str(token),

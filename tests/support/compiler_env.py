@@ -11,12 +11,12 @@ from collections.abc import Iterator
 
 import pytest
 
-KEYS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+from core.trainer_protocol import COMPILER_CACHE_ENV
 
 
 @pytest.fixture(autouse=True)
 def compiler_cache_env_restored() -> Iterator[None]:
-    before = {key: os.environ.get(key) for key in KEYS}
+    before = {key: os.environ.get(key) for key in COMPILER_CACHE_ENV}
     yield
     for key, value in before.items():
         if value is None:
