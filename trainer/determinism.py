@@ -12,9 +12,15 @@ import os
 
 import torch
 
+from trainer import compile_preload
+
 
 def enable_determinism() -> str:
     """Deterministic kernels for the rest of this process; returns what was set, for the job's timeline."""
+    # torch.use_deterministic_algorithms imports Inductor's config, and with it Dynamo: with the background
+    # import of the compiler (compile_preload) half way through the same modules, the two threads' imports
+    # deadlock (Python raises _DeadlockError or a circular ImportError; H200 run 8). Let it finish first.
+    compile_preload.wait()
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # cuBLAS's documented setting for reproducible results
     torch.use_deterministic_algorithms(True)  # an op without a deterministic kernel raises instead of drifting
     torch.backends.cudnn.benchmark = False
