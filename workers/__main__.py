@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> None:
     serve(tasks.METRICS.registry, port=settings.worker_metrics_port, bind=settings.metrics_bind, what="worker")
     declare_host_queue(app, args.host)  # before the scheduler can see the host (and dispatch to its queue)
     with session_scope() as db:
-        has_gpus = bool(agent.register(db).gpus)  # and ends the attempts a previous worker process left behind
+        tasks.HOST_GPUS = len(agent.register(db).gpus)  # and ends the attempts a previous worker left behind
+    has_gpus = tasks.HOST_GPUS > 0
     tasks.CURRENT_HOST = args.host
     host_isolation = isolation.configure(host=args.host, settings=settings, host_slots=agent.slots or cpu_slots)
     log.info(host_isolation.describe())

@@ -246,6 +246,8 @@ def test_attempt_env_enforces_the_qos_caps_on_gpus(db: Session, monkeypatch: pyt
                 nvlink_peers=["x"]) for i in range(2)]  # fmt: skip
     claimed = Claimed(job_id=5, team_id=1, attempt_number=2, spec={}, placement=[], gpus=gpus, qos=silver,
                       host_links={"pcie_bytes_per_s": 64 * 10**9}, rendezvous=None, time_left_s=None)  # fmt: skip
+    monkeypatch.setattr(tasks.os, "sched_getaffinity", lambda pid: set(range(128)))
+    monkeypatch.setattr(tasks, "HOST_GPUS", 8)
     env = attempt_env(claimed, attempt_id=9, token=4, checkpoint_dir=Path("/c"), compile_dir=Path("/k"),
                       lease_file=Path("/r/lease"))  # fmt: skip
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-0,GPU-1"
@@ -255,6 +257,7 @@ def test_attempt_env_enforces_the_qos_caps_on_gpus(db: Session, monkeypatch: pyt
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=3814M,1=3814M"
     assert env["NCCL_MAX_NCHANNELS"] == "8"  # 16 GB/s of a 64 GB/s link: a quarter of 32 channels
     assert env["NCCL_NVLS_ENABLE"] == "0"
+    assert env["OMP_NUM_THREADS"] == "16"  # each rank: 128 cores / 8 GPUs
     assert env["KILN_LEASE_FILE"] == "/r/lease" and env["KILN_TEST_HOOKS"] == '{"sleep_per_step_s": 0.1}'
     assert "TORCHINDUCTOR_CACHE_DIR" not in env and "TRITON_CACHE_DIR" not in env  # the trainer's: in /k
     assert not any(k.startswith("KILN_") and k not in (
@@ -430,7 +433,7 @@ def test_a_gang_is_lost_when_one_node_goes_silent_though_the_other_renews(db: Se
 
 @pytest.mark.parametrize(("guaranteed", "priority"), [(True, "0"), (False, "1")])
 def test_attempt_env_of_a_gpu_share_caps_it_and_puts_best_effort_below_normal_priority(
-    db: Session, guaranteed: bool, priority: str
+    db: Session, monkeypatch: pytest.MonkeyPatch, guaranteed: bool, priority: str
 ) -> None:
     """A share's caps go to MPS; a best-effort share is a below-normal MPS client, so its guaranteed neighbour's
     kernels are scheduled first (the H200's gold job kept 0.72x of alone beside a 30% share at equal priority)."""
@@ -438,9 +441,13 @@ def test_attempt_env_of_a_gpu_share_caps_it_and_puts_best_effort_below_normal_pr
     share = {"memory_bytes": 24 * 2**30, "sm_percent": 30, "guaranteed": guaranteed}
     claimed = Claimed(job_id=5, team_id=1, attempt_number=1, spec={}, placement=[{"share": share}], gpus=[gpu],
                       qos=None, host_links={}, rendezvous=None, time_left_s=None)  # fmt: skip
+    monkeypatch.setattr(tasks.os, "sched_getaffinity", lambda pid: set(range(16)))  # the H200 host's 16 cores
+    monkeypatch.setattr(tasks, "HOST_GPUS", 1)
     env = attempt_env(claimed, attempt_id=9, token=4, checkpoint_dir=Path("/c"), compile_dir=Path("/k"),
                       lease_file=Path("/r/lease"))  # fmt: skip
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=24576M"
     assert float(env["KILN_GPU_MEMORY_FRACTION"]) == pytest.approx(24 / 140, rel=1e-4)
     assert env["CUDA_MPS_CLIENT_PRIORITY"] == priority
+    # Its 24 GiB of 140 is its part of the host's 16 cores: 3 threads, not 16 per share all spinning at once.
+    assert env["OMP_NUM_THREADS"] == "3"
