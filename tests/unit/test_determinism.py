@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
+from tests.support.deps import require_module
 
-pytest.importorskip("torch")
+require_module("torch")
 
 # What the trainer's __main__ and Trainer.__init__ do for a compiled, deterministic job, in a fresh process (imports
 # are process-wide: in this one torch's compiler may be loaded already).
