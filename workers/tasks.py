@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from celery.exceptions import Reject
 from celery.signals import worker_ready, worker_shutting_down
 from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -804,6 +805,12 @@ def run_attempt(self: Any, attempt_id: int, fencing_token: int, node_rank: int =
     redelivered = bool((getattr(self.request, "delivery_info", None) or {}).get("redelivered"))
     if redelivered:
         delivery += ":redelivered"
+    if SHUTTING_DOWN.is_set():
+        # A delivery that reaches a worker in its warm shutdown goes back to the host's queue unclaimed, for the
+        # worker that comes back (or the reconciler, if none does): claimed here, it would start a trainer only to
+        # drain it at once (an extra DRAINED attempt, test_a_worker_shutting_down_drains_its_attempts...).
+        time.sleep(1.0)  # not a hot loop of redeliveries while this consumer still consumes
+        raise Reject("the worker is shutting down", requeue=True)
     settings = get_settings()
     _hold_delivery_for_a_test(attempt_id)
     won = claim_delivery(attempt_id=attempt_id, fencing_token=fencing_token, node_rank=node_rank, host=host,
