@@ -45,5 +45,6 @@ class SlaOut(OutModel):
         default=None,
         description="A job's contract only: how it stands on the terms measured from its reported steps "
         "(step_time_tolerance, and deadline when set); 'unmeasured' while it reported no step time (a script "
-        "that reports no steps).",
+        "that reports no steps), and step_time_tolerance always for a best-effort GPU share, to which no speed "
+        "is promised.",
     )

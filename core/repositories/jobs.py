@@ -350,6 +350,19 @@ def has_step_times(db: Session, job_id: int) -> bool:
     return row is not None
 
 
+def best_effort_shares(db: Session, job_ids: Sequence[int]) -> set[int]:
+    """Those of ``job_ids`` that ran as a best-effort GPU share (a preemptible class's fraction of a GPU, placed
+    with ``share.guaranteed`` false): MPS gives such a share what its neighbours leave, so no step time is promised
+    to it and the SLA's step-time term is not measured on it."""
+    out: set[int] = set()
+    for start in range(0, len(job_ids), 1000):
+        chunk = job_ids[start : start + 1000]
+        for job_id, placement in db.execute(select(Attempt.job_id, Attempt.placement).where(Attempt.job_id.in_(chunk))):
+            if any((node.get("share") or {}).get("guaranteed") is False for node in placement or []):
+                out.add(job_id)
+    return out
+
+
 def event_types_of(db: Session, job_id: int, types: Sequence[str]) -> set[str]:
     """Which of ``types`` the job's timeline has."""
     return set(db.scalars(select(Event.type).where(Event.job_id == job_id, Event.type.in_(types)).distinct()).all())

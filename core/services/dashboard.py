@@ -98,7 +98,8 @@ class JobSla:
     team: str
     qos: str
     reasons: list[dict[str, str | None]]
-    # It ran and reported no step time (a script that reports no steps): its step-time term is unmeasured, not met.
+    # It ran and reported no step time (a script that reports no steps), or ran as a best-effort GPU share (no speed
+    # is promised to it): its step-time term is unmeasured, not met.
     unmeasured: bool = False
 
 
@@ -114,7 +115,8 @@ def sla_of_jobs_since(db: Session, who: Principal, *, team: str | None, since: d
     for e in repo.sla_events_since(db, team_ids=teams, since=since):
         if e.job_id is not None and is_violation_event(e.type):
             violation_events[e.job_id].append(e)
-    measured = repo.with_step_times(db, [j.id for j in jobs if j.started_at is not None])
+    started = [j.id for j in jobs if j.started_at is not None]
+    measured = repo.with_step_times(db, started) - jobs_repo.best_effort_shares(db, started)
     out = []
     for j in jobs:
         waited = ((j.admitted_at or now) - j.submitted_at).total_seconds()

@@ -118,10 +118,12 @@ UNMEASURED: Standing = "unmeasured"
 def step_standing(db: Session, *, job: Job, contract: SlaContract) -> dict[str, Standing]:
     """How the job stands on the terms measured from its steps: ``violated`` (the evaluator recorded it), ``met``,
     or ``unmeasured`` while it reported no step with a step time (a script in script mode that reports none, or a
-    job that has not trained yet): never ``met`` for what nobody measured. The deadline's own violation (not done
-    by then) needs no step; its projection while the job runs does."""
+    job that has not trained yet), and always for the step time of a best-effort GPU share (no speed is promised
+    to it: ``jobs_repo.best_effort_shares``): never ``met`` for what nobody measured. The deadline's own violation
+    (not done by then) needs no step; its projection while the job runs does."""
     violated = jobs_repo.event_types_of(db, job.id, list(STEP_TERMS.values()))
     measured = jobs_repo.has_step_times(db, job.id)
+    best_effort_share = bool(jobs_repo.best_effort_shares(db, [job.id]))
     out: dict[str, Standing] = {}
     for term, event in STEP_TERMS.items():
         if term == "deadline" and contract.deadline is None:
@@ -130,6 +132,8 @@ def step_standing(db: Session, *, job: Job, contract: SlaContract) -> dict[str, 
             out[term] = VIOLATED
         elif term == "deadline" and job.state == JobState.SUCCEEDED:
             out[term] = MET
+        elif term == "step_time_tolerance" and best_effort_share:
+            out[term] = UNMEASURED
         else:
             out[term] = MET if measured else UNMEASURED
     return out

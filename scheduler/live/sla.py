@@ -1,6 +1,7 @@
 """The SLA evaluator: measures each job against its contract every cycle and records violations as events.
 
-Runs in the scheduler's cycle, after the decisions are applied, in the same transaction. Each violation is
+Runs in the scheduler's cycle, after the decisions are applied, in the same transaction. A best-effort GPU share
+has no step-time term (no speed is promised to it: MPS gives it what its neighbours leave). Each violation is
 written once per job (per attempt for step time), so the timeline and the counters stay readable:
 
 | event | when |
@@ -32,6 +33,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
 from core.models import Attempt, Event, Job, JobMetric, QosClass, SlaContract
+from core.repositories import jobs as jobs_repo
 from core.states import ACTIVE, JobState
 from core.transitions import record_event
 from scheduler.policy.decisions import Decisions, Preemption
@@ -215,8 +217,14 @@ def _step_time(
     already: set[tuple[int, str, int | None]],
 ) -> list[Violation]:
     latest = _latest_attempts(db, [job.id for job in running])
+    # A best-effort GPU share runs on what its neighbours leave (MPS caps it, never reserves for it): no step time
+    # is promised to it, so none is held against its own start (the H200's packing run: four shares, each slower
+    # once the others began training, each "violated" against a baseline taken before they had).
+    unpromised = jobs_repo.best_effort_shares(db, list(latest))
     todo = {
-        job_id: attempt_id for job_id, attempt_id in latest.items() if (job_id, STEP_TIME, attempt_id) not in already
+        job_id: attempt_id
+        for job_id, attempt_id in latest.items()
+        if (job_id, STEP_TIME, attempt_id) not in already and job_id not in unpromised
     }
     found: list[Violation] = []
     for job_id, (count, baseline_times, recent_times) in _step_time_windows(db, todo).items():

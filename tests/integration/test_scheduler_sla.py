@@ -10,6 +10,7 @@ from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import Session
 
 from core.models import Attempt, Event, Job, JobMetric, SlaContract
+from core.services import sla as sla_service
 from core.states import JobState
 from core.transitions import transition
 from scheduler.live import sla
@@ -260,3 +261,24 @@ def test_evaluator_statements_do_not_grow_with_running_jobs(db: Session, pg_engi
     with statements(pg_engine) as many:
         assert sla.evaluate(db=db, now=T0 + timedelta(seconds=30)) == []
     assert len(many) == len(few), many
+
+
+@pytest.mark.parametrize("guaranteed", [True, False])
+def test_a_best_effort_gpu_share_has_no_step_time_term(db: Session, guaranteed: bool) -> None:
+    """A best-effort share runs on what its neighbours leave: four packed on one H200 each slowed once the others
+    began training, and each was "violated" against a baseline taken before they had. A guaranteed share's step
+    time is held to its contract as a whole GPU's is."""
+    job, attempt = running_gold_job(db, "sla-share", "h-share", f"share-{guaranteed}", step_time_tolerance=1.3)
+    share = {"memory_bytes": 16 * 2**30, "sm_percent": 100, "guaranteed": guaranteed}
+    attempt.placement = [{**attempt.placement[0], "share": share}]
+    times = [0.5] * sla.WARMUP_STEPS + [0.1] * sla.BASELINE_STEPS + [0.2] * sla.RECENT_STEPS
+    for step, t in enumerate(times, start=1):
+        db.add(JobMetric(job_id=job.id, attempt_id=attempt.id, step=step, step_time_s=t, ts=T0))
+    job.last_step = len(times)
+    db.flush()
+
+    cycle(db, T0 + timedelta(seconds=30))
+    assert [e.type for e in violations(db, job)] == ([sla.STEP_TIME] if guaranteed else [])
+    contract_row = db.scalars(select(SlaContract).where(SlaContract.job_id == job.id)).one()
+    standing = sla_service.step_standing(db, job=job, contract=contract_row)
+    assert standing == {"step_time_tolerance": "violated" if guaranteed else "unmeasured"}
