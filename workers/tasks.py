@@ -280,7 +280,8 @@ def cpu_threads_per_rank(*, cores: int, host_gpus: int, gpu_fraction: float) -> 
     """OpenMP threads for one rank of a GPU attempt: the part of the host's cores that goes with its part of the
     host's GPUs (a share holds its memory's fraction of one GPU).  Left to itself every rank starts a thread per
     core: four shares of one H200 (16 cores) trained at 30 steps/s each, at 118 with 4 threads each, their
-    threads no longer spinning against each other (docs/scheduler.md, "GPU sharing")."""
+    threads no longer spinning against each other (docs/scheduler.md, "GPU sharing"); for those 16 GiB shares
+    this rule gives 2 each, not yet measured through kiln."""
     return max(1, round(cores / max(1, host_gpus) * gpu_fraction))
 
 
