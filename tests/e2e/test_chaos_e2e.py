@@ -38,7 +38,7 @@ def test_jobs_survive_the_faults_and_their_results_are_their_checkpoints(tmp_pat
         jobs = [chaos.submit(spec(f"chaos-{i}")) for i in range(1, 5)]
         a, b = chaos.c.host("a"), chaos.c.host("b")
         chaos.sigstop_worker(a, for_s=2.5 * LEASE_S)
-        chaos.sigkill_trainer(b)
+        chaos.sigkill_trainer(b, a)
         chaos.sigkill_leader(down_s=1.0)
         chaos.sigkill_api(down_s=1.0)
         chaos.sigkill_redis(down_s=1.0)

@@ -237,9 +237,15 @@ class Chaos:
         self.record("SIGKILL worker" + (" and trainers" if whole_node else ""), host, jobs=victims, pids=killed,
                     down_s=down_s, lost=self._lost_after(since), at=since)  # fmt: skip
 
-    def sigkill_trainer(self, host: str) -> None:
-        """SIGKILL one training process on ``host``: its worker reports the crash, the job restarts."""
-        victims = self.wait_for_victims(host)
+    def sigkill_trainer(self, *hosts: str) -> None:
+        """SIGKILL one training process on the first of ``hosts`` with a job training: its worker reports the crash,
+        the job restarts. Several hosts, because after an earlier fault the jobs still running may all have been
+        placed elsewhere (a CI run waited 90 s on b while the requeued jobs trained on a)."""
+
+        def training() -> tuple[str, list[int]] | None:
+            return next(((h, jobs) for h in hosts if (jobs := self.running_on(h))), None)
+
+        host, victims = wait_for(training, 90, f"a job training on {' or '.join(hosts)}", interval=0.5)
         since = self.elapsed()
         pids = self.c.trainer_pids(host)
         target = next((p for p in pids if _is_rank(p)), None)
