@@ -318,15 +318,16 @@ def attempt_env(
         env["CUDA_VISIBLE_DEVICES"] = ""
     qos = claimed.qos
     share = next((n["share"] for n in claimed.placement if n.get("share")), None)
+    # A share's part of its one GPU, by memory (what MPS pins); a whole GPU is all of it.
+    fraction = min(1.0, int(share["memory_bytes"]) / claimed.gpus[0].memory_bytes) if share and claimed.gpus else 1.0
     if claimed.gpus:
-        fraction = min(1.0, int(share["memory_bytes"]) / claimed.gpus[0].memory_bytes) if share else 1.0
         threads = cpu_threads_per_rank(cores=len(os.sched_getaffinity(0)), host_gpus=max(HOST_GPUS, len(claimed.gpus)),
                                        gpu_fraction=fraction)  # fmt: skip
         env["OMP_NUM_THREADS"] = str(threads)
     if claimed.gpus and share is not None:
         # A fractional job: its share is what MPS enforces (memory pinned, SMs capped), as this GPU's client.
         memory = int(share["memory_bytes"])
-        env[ENV_MEMORY_FRACTION] = f"{min(1.0, memory / claimed.gpus[0].memory_bytes):.6f}"
+        env[ENV_MEMORY_FRACTION] = f"{fraction:.6f}"
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={memory // 2**20}M"
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(int(share["sm_percent"]))
         # A best-effort share fills idle SMs: below-normal MPS priority lets a guaranteed neighbour's kernels go

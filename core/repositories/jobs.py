@@ -350,15 +350,20 @@ def has_step_times(db: Session, job_id: int) -> bool:
     return row is not None
 
 
+def is_best_effort_share(placement: Sequence[Mapping[str, Any]] | None) -> bool:
+    """An attempt placed as a best-effort GPU share (a preemptible class's fraction of a GPU: ``share.guaranteed``
+    false). MPS gives such a share what its neighbours leave, so no step time is promised to it and the SLA's
+    step-time term is not measured on it."""
+    return any((node.get("share") or {}).get("guaranteed") is False for node in placement or [])
+
+
 def best_effort_shares(db: Session, job_ids: Sequence[int]) -> set[int]:
-    """Those of ``job_ids`` that ran as a best-effort GPU share (a preemptible class's fraction of a GPU, placed
-    with ``share.guaranteed`` false): MPS gives such a share what its neighbours leave, so no step time is promised
-    to it and the SLA's step-time term is not measured on it."""
+    """Those of ``job_ids`` that ran as a best-effort GPU share (``is_best_effort_share``)."""
     out: set[int] = set()
     for start in range(0, len(job_ids), 1000):
         chunk = job_ids[start : start + 1000]
         for job_id, placement in db.execute(select(Attempt.job_id, Attempt.placement).where(Attempt.job_id.in_(chunk))):
-            if any((node.get("share") or {}).get("guaranteed") is False for node in placement or []):
+            if is_best_effort_share(placement):
                 out.add(job_id)
     return out
 

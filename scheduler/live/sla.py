@@ -28,6 +28,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
@@ -216,15 +217,13 @@ def _step_time(
     contracts: dict[int, SlaContract],
     already: set[tuple[int, str, int | None]],
 ) -> list[Violation]:
-    latest = _latest_attempts(db, [job.id for job in running])
     # A best-effort GPU share runs on what its neighbours leave (MPS caps it, never reserves for it): no step time
     # is promised to it, so none is held against its own start (the H200's packing run: four shares, each slower
     # once the others began training, each "violated" against a baseline taken before they had).
-    unpromised = jobs_repo.best_effort_shares(db, list(latest))
     todo = {
         job_id: attempt_id
-        for job_id, attempt_id in latest.items()
-        if (job_id, STEP_TIME, attempt_id) not in already and job_id not in unpromised
+        for job_id, (attempt_id, placement) in _latest_attempts(db, [job.id for job in running]).items()
+        if (job_id, STEP_TIME, attempt_id) not in already and not jobs_repo.is_best_effort_share(placement)
     }
     found: list[Violation] = []
     for job_id, (count, baseline_times, recent_times) in _step_time_windows(db, todo).items():
@@ -252,15 +251,15 @@ def _step_time(
     return found
 
 
-def _latest_attempts(db: Session, job_ids: list[int]) -> dict[int, int]:
-    """Each job's newest attempt (by number)."""
-    latest: dict[int, tuple[int, int]] = {}
+def _latest_attempts(db: Session, job_ids: list[int]) -> dict[int, tuple[int, list[Any]]]:
+    """Each job's newest attempt (by number) and its placement."""
+    latest: dict[int, tuple[int, int, list[Any]]] = {}
     for chunk in _chunks(job_ids, 1000):
-        stmt = select(Attempt.job_id, Attempt.number, Attempt.id).where(Attempt.job_id.in_(chunk))
-        for job_id, number, attempt_id in db.execute(stmt).tuples():
+        stmt = select(Attempt.job_id, Attempt.number, Attempt.id, Attempt.placement).where(Attempt.job_id.in_(chunk))
+        for job_id, number, attempt_id, placement in db.execute(stmt).tuples():
             if job_id not in latest or number > latest[job_id][0]:
-                latest[job_id] = (number, attempt_id)
-    return {job_id: attempt_id for job_id, (_, attempt_id) in latest.items()}
+                latest[job_id] = (number, attempt_id, placement)
+    return {job_id: (attempt_id, placement) for job_id, (_, attempt_id, placement) in latest.items()}
 
 
 def _step_time_windows(db: Session, attempts: dict[int, int]) -> dict[int, tuple[int, list[float], list[float]]]:

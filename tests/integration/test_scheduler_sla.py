@@ -50,6 +50,15 @@ def running_gold_job(
     return job, f.start(db, job, now=T0 + timedelta(seconds=2))
 
 
+def slowing_to_twice_its_baseline(db: Session, job: Job, attempt: Attempt) -> None:
+    """The attempt's reported steps: the warm-up, a baseline at 0.1 s, then the recent steps at 0.2 s (past 1.3x)."""
+    times = [0.5] * sla.WARMUP_STEPS + [0.1] * sla.BASELINE_STEPS + [0.2] * sla.RECENT_STEPS
+    for step, t in enumerate(times, start=1):
+        db.add(JobMetric(job_id=job.id, attempt_id=attempt.id, step=step, step_time_s=t, ts=T0))
+    job.last_step = len(times)
+    db.flush()
+
+
 def test_queue_wait_violation_is_recorded_once_when_the_wait_passes(db: Session) -> None:
     gold = f.qos(db, "gold")
     team = f.team(db, "sla-a")
@@ -86,12 +95,7 @@ def test_step_time_beyond_tolerance_and_deadline_at_risk(db: Session) -> None:
     job, attempt = running_gold_job(
         db, "sla-c", "h2", "slowing", steps=1000, step_time_tolerance=1.3, deadline=deadline
     )
-    # 25 steps at 0.1 s (warm-up + baseline), then 5 at 0.2 s: 2x the baseline, past 1.3x.
-    times = [0.5] * sla.WARMUP_STEPS + [0.1] * sla.BASELINE_STEPS + [0.2] * sla.RECENT_STEPS
-    for step, t in enumerate(times, start=1):
-        db.add(JobMetric(job_id=job.id, attempt_id=attempt.id, step=step, step_time_s=t, ts=T0))
-    job.last_step = len(times)
-    db.flush()
+    slowing_to_twice_its_baseline(db, job, attempt)
 
     cycle(db, T0 + timedelta(seconds=30))
     kinds = {e.type: e for e in violations(db, job)}
@@ -271,11 +275,7 @@ def test_a_best_effort_gpu_share_has_no_step_time_term(db: Session, guaranteed: 
     job, attempt = running_gold_job(db, "sla-share", "h-share", f"share-{guaranteed}", step_time_tolerance=1.3)
     share = {"memory_bytes": 16 * 2**30, "sm_percent": 100, "guaranteed": guaranteed}
     attempt.placement = [{**attempt.placement[0], "share": share}]
-    times = [0.5] * sla.WARMUP_STEPS + [0.1] * sla.BASELINE_STEPS + [0.2] * sla.RECENT_STEPS
-    for step, t in enumerate(times, start=1):
-        db.add(JobMetric(job_id=job.id, attempt_id=attempt.id, step=step, step_time_s=t, ts=T0))
-    job.last_step = len(times)
-    db.flush()
+    slowing_to_twice_its_baseline(db, job, attempt)
 
     cycle(db, T0 + timedelta(seconds=30))
     assert [e.type for e in violations(db, job)] == ([sla.STEP_TIME] if guaranteed else [])
