@@ -12,6 +12,8 @@ own telemetry and the API:
   100/30: the same workload under each regime, in the same run (the loops are started directly: the bound);
 - ``caps``: the gold job (its class's share: 8 GiB, 100% SM) alone through kiln, then beside a best-effort job
   capped at 30% SM that was already running: gold's tokens/s beside it / alone (target >= 0.75);
+- ``threads``: four packing-sized trainers started directly as MPS clients, with a thread per core each and with
+  the worker's per-rank thread budget, and one alone (the check behind the per-rank ``OMP_NUM_THREADS``);
 - ``packing``: four small jobs as guaranteed shares (16 GiB, 25% of the SMs each) on one GPU at once against the
   same four on a whole GPU each, one after another (what a team would otherwise run): total tokens over the wall
   time from the first submit to the last end (target >= 2x), and every SLA event and step-time standing of each;
@@ -44,7 +46,10 @@ from typing import Any
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from gpu_path_bench import ROOT, Kiln, curve, log, run_summary  # noqa: E402  (one driver of ./kiln for the benches)
 
-PHASES = ("bound", "caps", "packing", "overcap", "mps_kill")
+sys.path.insert(0, str(ROOT))
+from workers.cpu_budget import cpu_threads_per_rank  # noqa: E402  (the worker's rule, importing nothing)
+
+PHASES = ("bound", "caps", "threads", "packing", "overcap", "mps_kill")
 
 
 def spec_text(name: str, qos: str, steps: int, share: str | None, *, size: str = "gpt2", batch: int = 32,
@@ -306,6 +311,50 @@ class Bench:
             },
         }
 
+    def threads(self) -> dict[str, Any]:
+        """Four packing-sized trainers (``python -m trainer``, started directly) as MPS clients of kiln's daemon at
+        100% SM, with OpenMP's default of a thread per core each (what the worker gave a GPU rank before run 10)
+        and with the worker's per-rank budget for a 16 GiB share; then one alone. tokens/s from their telemetry."""
+        spec = self.write("threads", spec_text("threads", "silver", 1000, None, size="mini", batch=16, seq_len=256,
+                                               every=1000))  # fmt: skip
+        gpu_mib = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                                     capture_output=True, text=True, check=True).stdout.split()[0])  # fmt: skip
+        budget = cpu_threads_per_rank(cores=len(os.sched_getaffinity(0)), host_gpus=1, gpu_fraction=16 * 1024 / gpu_mib)
+        pipe = self.pipe_dir()
+        mps = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(pipe.parent / "log"),
+               "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}  # fmt: skip
+        python = str(ROOT / ".venv" / "bin" / "python")
+
+        def trainers(label: str, n: int, omp: int | None) -> list[float | None]:
+            runs, procs = [], []
+            for i in range(n):
+                env = {**self.kiln.env, **mps, "KILN_COMPILE_CACHE_DIR": str(self.work / f"threads-cache-{i}")}
+                env.pop("OMP_NUM_THREADS", None)
+                if omp is not None:
+                    env["OMP_NUM_THREADS"] = str(omp)
+                runs.append(self.work / f"threads-{label}-{i}")
+                cmd = [python, "-m", "trainer", "--spec", str(spec), "--run-dir", str(runs[-1])]
+                procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.PIPE, text=True))  # fmt: skip
+            for proc in procs:
+                _, stderr = proc.communicate(timeout=600)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"trainer failed:\n{stderr[-2000:]}")
+            rates = []
+            for run in runs:
+                lines = (run / "telemetry" / "rank0.jsonl").read_text().splitlines()
+                summary = run_summary([json.loads(line) for line in lines if line], warmup=50)
+                rates.append(summary["tokens_per_s_steady"])
+            log(f"threads, {label}: tokens/s {rates}")
+            return rates
+
+        result: dict[str, Any] = {"omp_threads_budget": budget, "four_default": trainers("default", 4, None),
+                                  "four_budget": trainers("budget", 4, budget),
+                                  "one_alone_default": trainers("alone", 1, None)}  # fmt: skip
+        alone = result["one_alone_default"][0] or 1.0
+        result["four_over_alone"] = {k: sum(r or 0 for r in result[k]) / alone for k in ("four_default", "four_budget")}
+        return result
+
     def packing(self) -> dict[str, Any]:
         # What a team would otherwise run: each small job on a whole GPU, one after another. With kiln: the same four
         # at once, each a guaranteed share (silver) of 16 GiB and a quarter of the SMs, so that each one's step time
@@ -450,6 +499,7 @@ def main() -> None:
     runs: dict[str, Callable[[], dict[str, Any]]] = {
         "bound": bench.bound,
         "caps": bench.caps,
+        "threads": bench.threads,
         "packing": bench.packing,
         "overcap": bench.overcap,
         "mps_kill": bench.mps_kill,

@@ -54,6 +54,7 @@ from workers import isolation, mps
 from workers.attempt_user import AttemptUser
 from workers.celery_app import TASK_PROBE_CONSUMER, TASK_RUN_ATTEMPT, get_app
 from workers.consumer_probe import ConsumerProbe
+from workers.cpu_budget import cpu_threads_per_rank
 from workers.datasets import DatasetUnavailable, resolve_all
 from workers.exit_classes import Outcome, StopRequest, classify
 from workers.metrics import WorkerMetrics
@@ -274,15 +275,6 @@ def _nccl_channels(qos: QosClass | None, links: dict[str, Any], gpus: list[GPU])
     if not shares:
         return None
     return max(1, min(NCCL_MAX_CHANNELS, int(NCCL_MAX_CHANNELS * min(shares))))
-
-
-def cpu_threads_per_rank(*, cores: int, host_gpus: int, gpu_fraction: float) -> int:
-    """OpenMP threads for one rank of a GPU attempt: the part of the host's cores that goes with its part of the
-    host's GPUs (a share holds its memory's fraction of one GPU).  Left to itself every rank starts a thread per
-    core: four shares of one H200 (16 cores) trained at 30 steps/s each, at 118 with 4 threads each, their
-    threads no longer spinning against each other (docs/scheduler.md, "GPU sharing"); for those 16 GiB shares
-    this rule gives 2 each, not yet measured through kiln."""
-    return max(1, round(cores / max(1, host_gpus) * gpu_fraction))
 
 
 def attempt_env(
