@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Engine, MetaData, create_engine, event
+from sqlalchemy import JSON, ColumnElement, DateTime, Engine, MetaData, SQLColumnExpression, create_engine, event, func
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
@@ -49,6 +49,15 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def seconds_between(
+    db: Session, later: SQLColumnExpression[Any], earlier: SQLColumnExpression[Any]
+) -> ColumnElement[Any]:
+    """``later - earlier`` in seconds, in SQL, on PostgreSQL and SQLite alike."""
+    if db.get_bind().dialect.name == "postgresql":
+        return func.extract("epoch", later - earlier)
+    return (func.julianday(later) - func.julianday(earlier)) * 86400.0
 
 
 class Base(DeclarativeBase):

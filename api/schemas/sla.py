@@ -44,7 +44,8 @@ class SlaOut(OutModel):
     standing: dict[str, Literal["met", "violated", "unmeasured"]] | None = Field(
         default=None,
         description="A job's contract only: how it stands on the terms measured from its reported steps "
-        "(step_time_tolerance, and deadline when set); 'unmeasured' while it reported no step time (a script "
-        "that reports no steps), and step_time_tolerance always for a best-effort GPU share, to which no speed "
+        "(step_time_tolerance, and deadline when set); 'unmeasured' until an attempt's pace could be compared "
+        "(at least 125 steps over 25 s: a 10 s warm-up, a 10 s baseline, a 5 s recent window; a script that "
+        "reports no steps never is), and step_time_tolerance always for a best-effort GPU share, to which no speed "
         "is promised.",
     )

@@ -121,16 +121,6 @@ def jobs_submitted_since(db: Session, *, team_ids: Sequence[int], since: datetim
     return list(db.scalars(select(Job).where(Job.team_id.in_(team_ids), Job.submitted_at >= since)))
 
 
-def with_step_times(db: Session, job_ids: Sequence[int]) -> set[int]:
-    """Those of ``job_ids`` that reported a step with its step time (the SLA's step-time term is measured on it)."""
-    if not job_ids:
-        return set()
-    rows = db.scalars(
-        select(JobMetric.job_id).where(JobMetric.job_id.in_(job_ids), JobMetric.step_time_s.is_not(None)).distinct()
-    )
-    return set(rows.all())
-
-
 def sla_events_since(db: Session, *, team_ids: Sequence[int], since: datetime) -> Sequence[Event]:
     return db.scalars(
         select(Event).where(Event.team_id.in_(team_ids), Event.created_at >= since, Event.type.like("SLA%"))

@@ -342,14 +342,6 @@ def count_by_state(db: Session) -> dict[str, int]:
     return dict(db.execute(select(Job.state, func.count()).group_by(Job.state)).tuples().all())
 
 
-def has_step_times(db: Session, job_id: int) -> bool:
-    """Whether any step of the job was reported with its step time (what the SLA's step-time term is measured on)."""
-    row = db.scalars(
-        select(JobMetric.id).where(JobMetric.job_id == job_id, JobMetric.step_time_s.is_not(None)).limit(1)
-    ).first()
-    return row is not None
-
-
 def is_best_effort_share(placement: Sequence[Mapping[str, Any]] | None) -> bool:
     """An attempt placed as a best-effort GPU share (a preemptible class's fraction of a GPU: ``share.guaranteed``
     false). MPS gives such a share what its neighbours leave, so no step time is promised to it and the SLA's

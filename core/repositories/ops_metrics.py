@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, SQLColumnExpression, and_, case, exists, false, func, literal, or_, select
 from sqlalchemy.orm import Session, aliased
 
-from core.db import UTCDateTime
+from core.db import UTCDateTime, seconds_between
 from core.models import GPU, Event, Host, Job, QosClass, SlaContract, Team
 from core.states import JobState
 
@@ -23,12 +23,6 @@ PREEMPTING = JobState.PREEMPTING.value
 RECOVERED = "RECOVERED"
 QUEUED = JobState.QUEUED.value
 LOST = JobState.LOST.value
-
-
-def _seconds(db: Session, later: SQLColumnExpression[Any], earlier: SQLColumnExpression[Any]) -> ColumnElement[Any]:
-    if db.get_bind().dialect.name == "postgresql":
-        return func.extract("epoch", later - earlier)
-    return (func.julianday(later) - func.julianday(earlier)) * 86400.0
 
 
 def is_violation_type(column: SQLColumnExpression[str]) -> ColumnElement[bool]:
@@ -60,7 +54,7 @@ def attainment(db: Session, *, since: datetime, now: datetime) -> Sequence[tuple
         team_default,
         QosClass.default_max_queue_wait_s,
     )
-    waited = _seconds(db, func.coalesce(Job.admitted_at, literal(now, UTCDateTime())), Job.submitted_at)
+    waited = seconds_between(db, func.coalesce(Job.admitted_at, literal(now, UTCDateTime())), Job.submitted_at)
     queue_violation = and_(limit.is_not(None), waited > limit, or_(Job.admitted_at.is_not(None), Job.state == QUEUED))
     event_violation = exists().where(Event.job_id == Job.id, Event.created_at >= since, is_violation_type(Event.type))
     met = case((or_(queue_violation, event_violation), 0), else_=1)
@@ -79,7 +73,7 @@ def attainment(db: Session, *, since: datetime, now: datetime) -> Sequence[tuple
 def queue_wait_buckets(db: Session, *, since: datetime, bounds: Sequence[float]) -> Sequence[tuple[Any, ...]]:
     """Per QoS class over jobs admitted since ``since``: (qos, n <= bounds[0], n <= bounds[1], ..., count, sum of
     seconds) of the wait from submission to (the latest) admission."""
-    wait = _seconds(db, Job.admitted_at, Job.submitted_at)
+    wait = seconds_between(db, Job.admitted_at, Job.submitted_at)
     stmt = (
         select(
             QosClass.name,

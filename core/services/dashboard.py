@@ -15,6 +15,7 @@ from core.models import Attempt, Checkpoint, Event, Job, JobMetric, QosClass, Sl
 from core.repositories import dashboard as repo
 from core.repositories import jobs as jobs_repo
 from core.repositories import qos as qos_repo
+from core.repositories import step_times
 from core.repositories import teams as teams_repo
 from core.services.errors import NotFound
 from core.services.ops_metrics import is_violation_event
@@ -98,8 +99,9 @@ class JobSla:
     team: str
     qos: str
     reasons: list[dict[str, str | None]]
-    # It ran and reported no step time (a script that reports no steps), or ran as a best-effort GPU share (no speed
-    # is promised to it): its step-time term is unmeasured, not met.
+    # It ran and its step time was never compared (a script that reports no steps, or steps too few or too brief
+    # for a baseline and a recent window: core.repositories.step_times), or it ran as a best-effort GPU share (no
+    # speed is promised to it): its step-time term is unmeasured, not met.
     unmeasured: bool = False
 
 
@@ -116,7 +118,7 @@ def sla_of_jobs_since(db: Session, who: Principal, *, team: str | None, since: d
         if e.job_id is not None and is_violation_event(e.type):
             violation_events[e.job_id].append(e)
     started = [j.id for j in jobs if j.started_at is not None]
-    measured = repo.with_step_times(db, started) - jobs_repo.best_effort_shares(db, started)
+    measured = step_times.measured_jobs(db, started) - jobs_repo.best_effort_shares(db, started)
     out = []
     for j in jobs:
         waited = ((j.admitted_at or now) - j.submitted_at).total_seconds()

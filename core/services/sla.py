@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from core.models import Job, Role, SlaContract, Team
 from core.repositories import jobs as jobs_repo
 from core.repositories import qos as qos_repo
+from core.repositories import step_times
 from core.repositories import teams as teams_repo
 from core.services.errors import Forbidden, InvalidInput, NotFound, PreconditionFailed
 from core.services.principal import Principal, require_team
@@ -117,12 +118,13 @@ UNMEASURED: Standing = "unmeasured"
 
 def step_standing(db: Session, *, job: Job, contract: SlaContract) -> dict[str, Standing]:
     """How the job stands on the terms measured from its steps: ``violated`` (the evaluator recorded it), ``met``,
-    or ``unmeasured`` while it reported no step with a step time (a script in script mode that reports none, or a
-    job that has not trained yet), and always for the step time of a best-effort GPU share (no speed is promised
+    or ``unmeasured`` until an attempt's pace could be compared (``step_times.measured_jobs``: a script in script
+    mode that reports no step time, a job that has not trained yet, or one whose steps were too few or too brief for
+    a baseline and a recent window), and always for the step time of a best-effort GPU share (no speed is promised
     to it: ``jobs_repo.best_effort_shares``): never ``met`` for what nobody measured. The deadline's own violation
     (not done by then) needs no step; its projection while the job runs does."""
     violated = jobs_repo.event_types_of(db, job.id, list(STEP_TERMS.values()))
-    measured = jobs_repo.has_step_times(db, job.id)
+    measured = bool(step_times.measured_jobs(db, [job.id]))
     best_effort_share = bool(jobs_repo.best_effort_shares(db, [job.id]))
     out: dict[str, Standing] = {}
     for term, event in STEP_TERMS.items():

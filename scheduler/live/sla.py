@@ -1,8 +1,9 @@
 """The SLA evaluator: measures each job against its contract every cycle and records violations as events.
 
 Runs in the scheduler's cycle, after the decisions are applied, in the same transaction. A best-effort GPU share
-has no step-time term (no speed is promised to it: MPS gives it what its neighbours leave). Each violation is
-written once per job (per attempt for step time), so the timeline and the counters stay readable:
+has no step-time term (no speed is promised to it: MPS gives it what its neighbours leave). The step-time windows
+(warm-up, baseline, recent: each a count of steps and a span of seconds) are ``core.repositories.step_times``'s.
+Each violation is written once per job (per attempt for step time), so the timeline and the counters stay readable:
 
 | event | when |
 |---|---|
@@ -35,6 +36,7 @@ from sqlalchemy.orm import Session, defer
 
 from core.models import Attempt, Event, Job, JobMetric, QosClass, SlaContract
 from core.repositories import jobs as jobs_repo
+from core.repositories import step_times
 from core.states import ACTIVE, JobState
 from core.transitions import record_event
 from scheduler.policy.decisions import Decisions, Preemption
@@ -51,17 +53,6 @@ BANDWIDTH_MIN_SAMPLES = 3
 SAMPLE_ROWS = 8  # newest metric rows of a job searched for NVML samples
 CHECKPOINT_FAILURES = ("CHECKPOINT_FAILED", "CHECKPOINT_CORRUPT")
 
-# The step-time baseline is the median of an attempt's steps after a warm-up (compile, first checkpoint
-# staging); "recent" is the median of its last few steps, so one slow step is not a violation. Steps that kiln's
-# own work overlapped (a checkpoint written or persisted, a restore: ``job_metrics.overhead``) are left out of
-# both, so the job is compared with itself and never charged for kiln's checkpoints.
-# Sized from the shipped example on the H200 (bench/results/gpu_path_bench.json, 50 ms steps): a restart settles
-# over its first ~35 steps (steps up to 1.6x while the allocator and page cache warm), and in steady state 12% of
-# steps stall by 15-25 ms in short clusters, so the median of 5 steps (a quarter of a second) saw 1.4x in a
-# healthy job; 25 steps are over a second on a GPU and a few seconds on a CPU.
-WARMUP_STEPS = 50
-BASELINE_STEPS = 50
-RECENT_STEPS = 25
 # A job that finished recently can still have missed its deadline; older ones were evaluated already.
 FINISHED_LOOKBACK = timedelta(hours=1)
 
@@ -226,11 +217,11 @@ def _step_time(
         if (job_id, STEP_TIME, attempt_id) not in already and not jobs_repo.is_best_effort_share(placement)
     }
     found: list[Violation] = []
-    for job_id, (count, baseline_times, recent_times) in _step_time_windows(db, todo).items():
-        if count < WARMUP_STEPS + BASELINE_STEPS + RECENT_STEPS:
-            continue  # too early to know this attempt's normal pace
-        baseline = statistics.median(baseline_times)
-        recent = statistics.median(recent_times)
+    for job_id, w in step_times.windows(db, todo).items():
+        if not w.measurable:
+            continue  # too early to know this attempt's normal pace (step_times: the windows)
+        baseline = statistics.median(w.baseline)
+        recent = statistics.median(w.recent)
         tolerance = contracts[job_id].step_time_tolerance
         if baseline > 0 and recent > tolerance * baseline:
             found.append(
@@ -262,41 +253,8 @@ def _latest_attempts(db: Session, job_ids: list[int]) -> dict[int, tuple[int, li
     return {job_id: (attempt_id, placement) for job_id, (_, attempt_id, placement) in latest.items()}
 
 
-def _step_time_windows(db: Session, attempts: dict[int, int]) -> dict[int, tuple[int, list[float], list[float]]]:
-    """Per job, of its attempt in ``attempts`` (job -> attempt): how many step times it has, the baseline
-    window (after the warm-up) and the last ``RECENT_STEPS``, ranked in the database so that only those rows
-    travel, whatever the length of the run."""
-    out: dict[int, tuple[int, list[float], list[float]]] = {}
-    for chunk in _chunks(list(attempts), 1000):
-        order = (JobMetric.step, JobMetric.id)
-        first = func.row_number().over(partition_by=JobMetric.job_id, order_by=order).label("first")
-        last = func.row_number().over(partition_by=JobMetric.job_id, order_by=[c.desc() for c in order]).label("last")
-        ranked = (
-            select(JobMetric.job_id, JobMetric.step_time_s, first, last)
-            .where(
-                JobMetric.job_id.in_(chunk),  # the indexed column; the attempt picks the rows within a job
-                JobMetric.attempt_id.in_([attempts[j] for j in chunk]),
-                JobMetric.step_time_s.is_not(None),
-                JobMetric.overhead.is_(None),  # a step slowed by kiln's own checkpoint I/O is not the job's pace
-            )
-            .subquery()
-        )
-        baseline = ranked.c.first.between(WARMUP_STEPS + 1, WARMUP_STEPS + BASELINE_STEPS)
-        stmt = select(ranked).where(baseline | (ranked.c.last <= RECENT_STEPS)).order_by(ranked.c.first)
-        for job_id, step_time, n_first, n_last in db.execute(stmt).tuples():
-            count, base, recent = out.setdefault(job_id, (0, [], []))
-            if WARMUP_STEPS < n_first <= WARMUP_STEPS + BASELINE_STEPS:
-                base.append(step_time)
-            if n_last <= RECENT_STEPS:
-                recent.append(step_time)
-            if n_last == 1:  # the newest row: its rank from the oldest is the count
-                count = n_first
-            out[job_id] = (count, base, recent)
-    return out
-
-
 def _deadline_pace(db: Session, job_ids: list[int]) -> dict[int, tuple[float, int]]:
-    """Per running job: the median of its last ``RECENT_STEPS`` step times and the steps its spec asks for."""
+    """Per running job: the median of its last ``step_times.RECENT_STEPS`` step times and its spec's steps."""
     out: dict[int, tuple[float, int]] = {}
     for chunk in _chunks(job_ids, 1000):
         newest = (
@@ -310,7 +268,8 @@ def _deadline_pace(db: Session, job_ids: list[int]) -> dict[int, tuple[float, in
             .subquery()
         )
         times: dict[int, list[float]] = {}
-        for job_id, step_time, _ in db.execute(select(ranked).where(ranked.c.newest <= RECENT_STEPS)).tuples():
+        last_few = select(ranked).where(ranked.c.newest <= step_times.RECENT_STEPS)
+        for job_id, step_time, _ in db.execute(last_few).tuples():
             times.setdefault(job_id, []).append(step_time)
         steps = db.execute(select(Job.id, Job.spec["steps"].as_integer()).where(Job.id.in_(list(times))))
         for job_id, total in steps.tuples():

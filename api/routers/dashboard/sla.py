@@ -50,7 +50,7 @@ def sla_attainment(
         ]
         jobs_n = sum(c[0] for c in cells.values())
         met_n = sum(c[1] for c in cells.values())
-        # jobs that ran and reported no step time: their step-time term was never measured (met counts them only
+        # jobs that ran and whose pace was never compared: their step-time term was never measured (met counts them only
         # for the terms that were)
         unmeasured_n = sum(c[2] for c in cells.values())
         out_series.append({"team": team_name, "qos": qos_name, "jobs": jobs_n, "met": met_n,

@@ -21,7 +21,8 @@ export async function slaPage(root) {
     h("section", { class: "card" }, chart.el,
       h("p", { class: "muted" }, "A job meets its SLA unless it waited past its contract's maximum queue wait, or the SLA "
         + "evaluator recorded a violation (deadline, restarts, recovery time, checkpoints, step time). A job that ran "
-        + "and reported no step time (a script that reports no steps), or ran as a best-effort GPU share (no speed is "
+        + "and whose pace was never compared (a script that reports no steps, or steps too few or too brief for a "
+        + "baseline and a recent window), or ran as a best-effort GPU share (no speed is "
         + "promised to it), is counted as step time unmeasured.")),
     h("section", { class: "card", "aria-labelledby": "att-title" }, h("h2", { id: "att-title" }, "By team and QoS class"), totals),
     h("section", { class: "card", "aria-labelledby": "vio-title" }, h("h2", { id: "vio-title" }, "Violations"), violations),
