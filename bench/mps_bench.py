@@ -50,7 +50,7 @@ from gpu_path_bench import ROOT, Kiln, curve, log, run_summary  # noqa: E402  (o
 sys.path.insert(0, str(ROOT))
 from workers.cpu_budget import cpu_threads_per_rank  # noqa: E402  (the worker's rule, importing nothing)
 
-PHASES = ("bound", "caps", "threads", "packing", "overcap", "mps_kill")
+PHASES = ("bound", "caps", "threads", "packing", "packed", "overcap", "mps_kill")
 
 
 def spec_text(name: str, qos: str, steps: int, share: str | None, *, size: str = "gpt2", batch: int = 32,
@@ -139,7 +139,15 @@ def step_time_noise(recs: list[dict[str, Any]], warmup_s: float = 10.0) -> dict[
             start += 1
         if steps[end]["ts"] - steps[0]["ts"] >= 5.0 and end % 5 == 0:
             worst_time = max(worst_time, statistics.median(times[start : end + 1]))
-    return {"median_s": median, "worst_25_steps": worst_count / median, "worst_5_s": worst_time / median or None}
+    # the median of each 2 s from the first step (the warm-up's included), to line up against the neighbours'
+    every: dict[int, list[float]] = {}
+    first = min(r["ts"] for r in recs if r["kind"] == "step")
+    for r in recs:
+        if r["kind"] == "step" and r.get("step_time_s") and not r.get("overhead"):
+            every.setdefault(int((r["ts"] - first) // 2), []).append(float(r["step_time_s"]))
+    return {"median_s": median, "worst_25_steps": worst_count / median, "worst_5_s": worst_time / median or None,
+            "first_step_ts": first,
+            "medians_every_2_s": [round(statistics.median(every[k]) * 1000, 2) for k in sorted(every)]}  # fmt: skip
 
 
 class OutOfTime(BaseException):
@@ -378,7 +386,11 @@ class Bench:
         result["four_over_alone"] = {k: sum(r or 0 for r in result[k]) / alone for k in ("four_default", "four_budget")}
         return result
 
-    def packing(self) -> dict[str, Any]:
+    def packed(self) -> dict[str, Any]:
+        """The packing phase's four shares together, without the four whole-GPU jobs: their step times and SLA."""
+        return self.packing(together_only=True)
+
+    def packing(self, together_only: bool = False) -> dict[str, Any]:
         # What a team would otherwise run: each small job on a whole GPU, one after another. With kiln: the same four
         # at once, each a guaranteed share (silver) of 16 GiB and a quarter of the SMs, so that each one's step time
         # is promised and measured (a best-effort share's is not; run 10 packed four bronze shares at 100% SM).
@@ -411,6 +423,8 @@ class Bench:
             return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "jobs": summaries,
                     "placements": [self.placement(i) for i in ids]}  # fmt: skip
 
+        if together_only:
+            return {"together": run(specs("share", "{memory_gb: 16, sm_percent: 25}"), together=True)}
         one_by_one = run(specs("whole", None), together=False)
         together = run(specs("share", "{memory_gb: 16, sm_percent: 25}"), together=True)
         ratio = together["tokens_per_s"] / one_by_one["tokens_per_s"]
@@ -525,6 +539,7 @@ def main() -> None:
         "caps": bench.caps,
         "threads": bench.threads,
         "packing": bench.packing,
+        "packed": bench.packed,
         "overcap": bench.overcap,
         "mps_kill": bench.mps_kill,
     }
