@@ -54,7 +54,8 @@ PHASES = ("bound", "caps", "threads", "packing", "packed", "overcap", "mps_kill"
 
 
 def spec_text(name: str, qos: str, steps: int, share: str | None, *, size: str = "gpt2", batch: int = 32,
-              seq_len: int = 1024, every: int = 200, deterministic: bool = False) -> str:  # fmt: skip
+              seq_len: int = 1024, every: int = 200, deterministic: bool = False, cuda_graphs: bool = False
+              ) -> str:  # fmt: skip
     """GPT-2 124M at batch 32 x 1024 by default: the shipped example's model, which keeps the H200 busy (the first
     run used a 6-layer model that left it half idle: two bare loops time-sliced each kept 97% of their speed)."""
     return f"""name: {name}
@@ -64,7 +65,7 @@ recipe:
   hyperparameters: {{size: {size}, corpus: stdlib, batch_size: {batch}, seq_len: {seq_len}, lr: 0.001}}
 steps: {steps}
 resources: {{gpus: 1{"" if share is None else f", gpu_share: {share}"}}}
-compile: {{mode: whole}}
+compile: {{mode: whole, cuda_graphs: {str(cuda_graphs).lower()}}}
 precision: bf16
 deterministic: {str(deterministic).lower()}
 checkpointing: {{every_steps: {every}, keep_last: 2}}
@@ -156,8 +157,9 @@ class OutOfTime(BaseException):
 
 
 class Bench:
-    def __init__(self, kiln: Kiln, work: pathlib.Path, steps: int) -> None:
+    def __init__(self, kiln: Kiln, work: pathlib.Path, steps: int, cuda_graphs: bool = False) -> None:
         self.kiln, self.work, self.steps = kiln, work, steps
+        self.cuda_graphs = cuda_graphs  # the packing jobs' compile.cuda_graphs
         self.api_lags: list[dict[str, Any]] = []  # running_at's record of the API behind the trainer's telemetry
 
     def write(self, name: str, text: str) -> pathlib.Path:
@@ -401,7 +403,8 @@ class Bench:
 
         def specs(kind: str, share: str | None) -> list[pathlib.Path]:
             texts = {f"pack-{kind}-{i}": spec_text(f"pack-{kind}-{i}", "silver", steps, share, size="mini", batch=16,
-                                                   seq_len=256, every=1000) for i in range(4)}  # fmt: skip
+                                                   seq_len=256, every=1000, cuda_graphs=self.cuda_graphs)
+                     for i in range(4)}  # fmt: skip
             return [self.write(name, text) for name, text in texts.items()]
 
         def run(paths: list[pathlib.Path], together: bool) -> dict[str, Any]:
@@ -514,6 +517,7 @@ def main() -> None:
     ap.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}")
     ap.add_argument("--steps", type=int, default=2000, help="steps of the gold job (best-effort runs 3x as many)")
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "mps_bench.json")
+    ap.add_argument("--cuda-graphs", action="store_true", help="the packing jobs replay CUDA graphs (small models)")
     ap.add_argument("--deadline-s", type=int, default=0, help="stop the phases after this long and save (0: never)")
     args = ap.parse_args()
     phases = [p for p in args.phases.split(",") if p]
@@ -525,8 +529,8 @@ def main() -> None:
         port = s.getsockname()[1]
     kiln = Kiln(home, port)
     kiln.env["KILN_MPS"] = "auto"
-    bench = Bench(kiln, home, args.steps)
-    result: dict[str, Any] = {"steps": args.steps, "phases": phases}
+    bench = Bench(kiln, home, args.steps, cuda_graphs=args.cuda_graphs)
+    result: dict[str, Any] = {"steps": args.steps, "phases": phases, "cuda_graphs": args.cuda_graphs}
 
     def save() -> None:
         text = json.dumps(result, indent=2, default=str) + "\n"
