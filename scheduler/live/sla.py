@@ -218,8 +218,10 @@ def _step_time(
     }
     found: list[Violation] = []
     for job_id, w in step_times.windows(db, todo).items():
-        if not w.measurable:
-            continue  # too early to know this attempt's normal pace (step_times: the windows)
+        if not w.measurable or not w.baseline:
+            # too early to know this attempt's normal pace (step_times: the windows), or its steps jumped past the
+            # baseline's span (a long pause): nothing to compare against
+            continue
         baseline = statistics.median(w.baseline)
         recent = statistics.median(w.recent)
         tolerance = contracts[job_id].step_time_tolerance

@@ -167,6 +167,17 @@ def test_a_blip_of_short_steps_is_not_a_violation_a_slowdown_lasting_seconds_is(
     assert (found[0].data["recent_s"], found[0].data["baseline_s"]) == (pytest.approx(0.010), pytest.approx(0.005))
 
 
+def test_steps_that_jump_past_the_baseline_window_leave_nothing_to_compare(db: Session) -> None:
+    """125 steps in the first 6 s, then a pause: the next step comes at 30 s, past the baseline window (10-20 s),
+    which holds no step. The evaluator compares nothing (it must not take the median of no steps)."""
+    job, attempt = running_gold_job(db, "sla-gap", "h-gap", "paused", step_time_tolerance=1.3)
+    reported(db, job, attempt, [(0.05, None)] * 125)
+    db.add(JobMetric(job_id=job.id, attempt_id=attempt.id, step=126, step_time_s=0.5, ts=T0 + timedelta(seconds=32)))
+    db.flush()
+    cycle(db, T0 + timedelta(seconds=60))
+    assert violations(db, job) == []
+
+
 def test_step_time_and_pace_are_measured_per_job_when_many_run(db: Session) -> None:
     """The evaluator ranks every running job's steps in one query: one job's steps never count for another."""
     gold = f.qos(db, "gold")
