@@ -50,6 +50,8 @@ from gpu_path_bench import ROOT, Kiln, curve, log, run_summary  # noqa: E402  (o
 sys.path.insert(0, str(ROOT))
 from workers.cpu_budget import cpu_threads_per_rank  # noqa: E402  (the worker's rule, importing nothing)
 
+# Each packed job's share: a guaranteed (silver) quarter of the SMs and 16 GiB.
+PACKED_SHARE = "{memory_gb: 16, sm_percent: 25}"
 PHASES = ("bound", "caps", "threads", "packing", "packed", "overcap", "mps_kill")
 
 
@@ -123,12 +125,19 @@ sla: {qos: best-effort}
 """
 
 
-def step_time_noise(recs: list[dict[str, Any]], warmup_s: float = 10.0) -> dict[str, float | None]:
+def step_time_noise(recs: list[dict[str, Any]], warmup_s: float = 10.0) -> dict[str, Any]:
     """How far a window's median step time strays above the job's median, for windows of 25 steps and of 5 s (the
     step-time SLA's recent window before and after run 11), from the trainer's full telemetry past a warm-up (the
-    evaluator reads the relay's sample of it). Steps kiln's own checkpoint work overlapped are left out, as there."""
-    steps = [r for r in recs if r["kind"] == "step" and r.get("step_time_s") and not r.get("overhead")]
-    steps = [r for r in steps if steps and r["ts"] - steps[0]["ts"] >= warmup_s]
+    evaluator reads the relay's sample of it), and the median of each 2 s from the first step, to line up against
+    the neighbours'. Steps kiln's own checkpoint work overlapped are left out, as there."""
+    usable = [r for r in recs if r["kind"] == "step" and r.get("step_time_s") and not r.get("overhead")]
+    if not usable:
+        return {"worst_25_steps": None, "worst_5_s": None}
+    first = usable[0]["ts"]
+    every: dict[int, list[float]] = {}
+    for r in usable:
+        every.setdefault(int((r["ts"] - first) // 2), []).append(float(r["step_time_s"]))
+    steps = [r for r in usable if r["ts"] - first >= warmup_s]
     if len(steps) < 50:
         return {"worst_25_steps": None, "worst_5_s": None}
     times = [float(r["step_time_s"]) for r in steps]
@@ -140,12 +149,6 @@ def step_time_noise(recs: list[dict[str, Any]], warmup_s: float = 10.0) -> dict[
             start += 1
         if steps[end]["ts"] - steps[0]["ts"] >= 5.0 and end % 5 == 0:
             worst_time = max(worst_time, statistics.median(times[start : end + 1]))
-    # the median of each 2 s from the first step (the warm-up's included), to line up against the neighbours'
-    every: dict[int, list[float]] = {}
-    first = min(r["ts"] for r in recs if r["kind"] == "step")
-    for r in recs:
-        if r["kind"] == "step" and r.get("step_time_s") and not r.get("overhead"):
-            every.setdefault(int((r["ts"] - first) // 2), []).append(float(r["step_time_s"]))
     return {"median_s": median, "worst_25_steps": worst_count / median, "worst_5_s": worst_time / median or None,
             "first_step_ts": first,
             "medians_every_2_s": [round(statistics.median(every[k]) * 1000, 2) for k in sorted(every)]}  # fmt: skip
@@ -427,9 +430,9 @@ class Bench:
                     "placements": [self.placement(i) for i in ids]}  # fmt: skip
 
         if together_only:
-            return {"together": run(specs("share", "{memory_gb: 16, sm_percent: 25}"), together=True)}
+            return {"together": run(specs("share", PACKED_SHARE), together=True)}
         one_by_one = run(specs("whole", None), together=False)
-        together = run(specs("share", "{memory_gb: 16, sm_percent: 25}"), together=True)
+        together = run(specs("share", PACKED_SHARE), together=True)
         ratio = together["tokens_per_s"] / one_by_one["tokens_per_s"]
         log(f"packing: four shares at once / four whole-GPU jobs one after another: {ratio:.2f}x")
         return {"one_after_another": one_by_one, "together": together, "aggregate_ratio": ratio}

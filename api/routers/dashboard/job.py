@@ -133,8 +133,8 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
             "max_restarts": contract.max_restarts,
             "recovery_time_objective_s": contract.recovery_time_objective_s,
             "checkpoint_interval_s": contract.checkpoint_interval_s,
-            # the terms measured from the job's steps: met, violated, or unmeasured (a script that reports none, or
-            # the step time of a best-effort GPU share)
+            # the terms measured from the job's steps: met, violated, or unmeasured (steps too few or too brief to
+            # compare, a script that reports none, or the step time of a best-effort GPU share)
             "standing": step_standing(session, job=job, contract=contract),
         },
         "attempts": [_attempt_dict(a) for a in attempts],
