@@ -24,9 +24,10 @@ from sqlalchemy.orm import Session
 from core.fence import job_checkpoint_dir, revoke_fence
 from core.models import Attempt, Event, Job, Usage
 from core.repositories import jobs as jobs_repo
+from core.repositories import step_times
 from core.settings import Settings, Timings
 from core.states import AttemptState, JobState, Reason
-from core.transitions import move_attempt, transition
+from core.transitions import move_attempt, record_event, transition
 
 log = logging.getLogger(__name__)
 
@@ -177,9 +178,11 @@ def revoke_fence_after_commit(db: Session, attempt: Attempt, storage_dir: Path) 
 def end_attempt(
     db: Session, attempt: Attempt, *, state: AttemptState, reason: str, now: datetime, exit_code: int | None = None
 ) -> None:
-    """End an attempt (its GPUs are free from now on) and close its usage record."""
+    """End an attempt (its GPUs are free from now on), close its usage record, and compare its step time with its
+    contract a last time."""
     if attempt.ended_at is None:
         attempt.ended_at = now
+        final_step_time_check(db, attempt, now)
     move_attempt(attempt, state)
     attempt.exit_reason = reason[:512]
     if exit_code is not None:
@@ -191,6 +194,23 @@ def end_attempt(
         end = max(end, usage.started_at)
         usage.ended_at = end
         usage.gpu_seconds = usage.gpus * (end - usage.started_at).total_seconds()
+
+
+def final_step_time_check(db: Session, attempt: Attempt, now: datetime) -> None:
+    """The last comparison of an ending attempt's step time with its contract, its final steps included (a worker
+    relays them in the transaction that ends the attempt). The SLA evaluator compares running attempts once a
+    cycle; a job that finished between two cycles, or one long enough to compare only in its last seconds, would
+    otherwise keep a ``met`` nobody measured. Recorded as the evaluator records it, once per attempt."""
+    if jobs_repo.is_best_effort_share(attempt.placement):
+        return  # no step time is promised to a best-effort share
+    contract = jobs_repo.effective_sla(db, attempt.job_id)
+    if contract is None or jobs_repo.has_event_of_attempt(db, attempt.job_id, step_times.VIOLATION, attempt.id):
+        return
+    w = step_times.windows(db, {attempt.job_id: attempt.id}).get(attempt.job_id)
+    found = step_times.violation(w, contract.step_time_tolerance, attempt.id) if w is not None else None
+    if found is not None:
+        message, data = found
+        record_event(db, step_times.VIOLATION, job=attempt.job, message=message, data=data).created_at = now
 
 
 def requeue_after_failure(

@@ -360,6 +360,12 @@ def best_effort_shares(db: Session, job_ids: Sequence[int]) -> set[int]:
     return out
 
 
+def has_event_of_attempt(db: Session, job_id: int, type_: str, attempt_id: int) -> bool:
+    """Whether the job's timeline has an event of ``type_`` whose data names ``attempt_id``."""
+    stmt = select(Event.data).where(Event.job_id == job_id, Event.type == type_)
+    return any((data or {}).get("attempt_id") == attempt_id for data in db.scalars(stmt))
+
+
 def event_types_of(db: Session, job_id: int, types: Sequence[str]) -> set[str]:
     """Which of ``types`` the job's timeline has."""
     return set(db.scalars(select(Event.type).where(Event.job_id == job_id, Event.type.in_(types)).distinct()).all())

@@ -19,6 +19,7 @@ lasted seconds. An attempt is measured (compared at all) once it has steps enoug
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -38,6 +39,7 @@ MEASURABLE_STEPS = WARMUP_STEPS + BASELINE_STEPS + RECENT_STEPS
 MEASURABLE_S = WARMUP_S + BASELINE_S + RECENT_S
 
 CHUNK = 1000  # ids per IN list
+VIOLATION = "SLA_STEP_TIME_VIOLATION"  # the event, recorded once per attempt
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,25 @@ def windows(db: Session, attempts: Mapping[int, int]) -> dict[int, Windows]:
             rows[job_id] = (count, span, base, rec)
         out.update({j: Windows(c, s, b, r_) for j, (c, s, b, r_) in rows.items()})
     return out
+
+
+def violation(w: Windows, tolerance: float, attempt_id: int) -> tuple[str, dict[str, object]] | None:
+    """The step-time violation of an attempt, as its event's message and data: its recent median step time past
+    ``tolerance`` x its baseline's. None when within, or when nothing can be compared (too early to know the
+    attempt's normal pace, or its steps jumped past the baseline's span: a long pause)."""
+    if not w.measurable or not w.baseline:
+        return None
+    baseline = statistics.median(w.baseline)
+    recent = statistics.median(w.recent)
+    if baseline <= 0 or recent <= tolerance * baseline:
+        return None
+    message = (f"recent step time {recent:.3f}s is {recent / baseline:.2f}x the attempt's baseline {baseline:.3f}s "
+               f"(tolerance {tolerance:.2f}x)")  # fmt: skip
+    data: dict[str, object] = {
+        "kind": "step_time", "attempt_id": attempt_id, "recent_s": recent, "baseline_s": baseline,
+        "tolerance": tolerance,
+    }  # fmt: skip
+    return message, data
 
 
 def measured_jobs(db: Session, job_ids: Sequence[int]) -> set[int]:

@@ -44,7 +44,7 @@ from scheduler.policy.decisions import Decisions, Preemption
 QUEUE_WAIT = "SLA_QUEUE_WAIT_VIOLATION"
 DEADLINE_AT_RISK = "SLA_DEADLINE_AT_RISK"
 DEADLINE = "SLA_DEADLINE_VIOLATION"
-STEP_TIME = "SLA_STEP_TIME_VIOLATION"
+STEP_TIME = step_times.VIOLATION
 CHECKPOINT_RATE = "SLA_CHECKPOINT_RATE_VIOLATION"
 BANDWIDTH = "SLA_BANDWIDTH_VIOLATION"
 # Over quota means the median of the latest samples is this much above it: one burst is not a violation.
@@ -218,29 +218,9 @@ def _step_time(
     }
     found: list[Violation] = []
     for job_id, w in step_times.windows(db, todo).items():
-        if not w.measurable or not w.baseline:
-            # too early to know this attempt's normal pace (step_times: the windows), or its steps jumped past the
-            # baseline's span (a long pause): nothing to compare against
-            continue
-        baseline = statistics.median(w.baseline)
-        recent = statistics.median(w.recent)
-        tolerance = contracts[job_id].step_time_tolerance
-        if baseline > 0 and recent > tolerance * baseline:
-            found.append(
-                Violation(
-                    job_id,
-                    STEP_TIME,
-                    f"recent step time {recent:.3f}s is {recent / baseline:.2f}x the attempt's baseline "
-                    f"{baseline:.3f}s (tolerance {tolerance:.2f}x)",
-                    {
-                        "kind": "step_time",
-                        "attempt_id": todo[job_id],
-                        "recent_s": recent,
-                        "baseline_s": baseline,
-                        "tolerance": tolerance,
-                    },
-                )
-            )
+        v = step_times.violation(w, contracts[job_id].step_time_tolerance, todo[job_id])
+        if v is not None:
+            found.append(Violation(job_id, STEP_TIME, *v))
     return found
 
 

@@ -10,9 +10,11 @@ import pytest
 from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import Session
 
+from core.lifecycle import ExitClass, end_attempt_as
 from core.models import Attempt, Event, Job, JobMetric, SlaContract
 from core.repositories import step_times
 from core.services import sla as sla_service
+from core.settings import Settings
 from core.states import JobState
 from core.transitions import transition
 from scheduler.live import sla
@@ -123,6 +125,25 @@ def test_step_time_beyond_tolerance_and_deadline_at_risk(db: Session) -> None:
     assert kinds[sla.STEP_TIME].data["baseline_s"] == pytest.approx(0.1)
     cycle(db, T0 + timedelta(seconds=70))
     assert len(violations(db, job)) == 2  # once per attempt, not once per cycle
+
+
+@pytest.mark.parametrize("slowing", [True, False])
+def test_an_attempt_ending_between_cycles_gets_its_last_comparison(db: Session, slowing: bool) -> None:
+    """A job whose steps became comparable, or slowed, only after the evaluator's last cycle, and that finished
+    before the next: the attempt's end compares it once more, its final steps included (before, a slowdown in its
+    last seconds left it ``met``)."""
+    job, attempt = running_gold_job(db, "sla-final", "h-final", f"final-{slowing}", step_time_tolerance=1.3)
+    steady = WARM_UP + [0.1] * (step_times.BASELINE_STEPS + step_times.RECENT_STEPS)
+    reported(db, job, attempt, [(t, None) for t in (SLOWING if slowing else steady)])
+    end_attempt_as(db, job=job, attempt=attempt, exit_class=ExitClass.SUCCEEDED, reason="finished",
+                   now=T0 + timedelta(seconds=40), exit_code=0, data={}, settings=Settings())  # fmt: skip
+
+    assert [e.type for e in violations(db, job)] == ([sla.STEP_TIME] if slowing else [])
+    contract_row = db.scalars(select(SlaContract).where(SlaContract.job_id == job.id)).one()
+    standing = sla_service.step_standing(db, job=job, contract=contract_row)
+    assert standing == {"step_time_tolerance": "violated" if slowing else "met"}
+    cycle(db, T0 + timedelta(seconds=60))
+    assert len(violations(db, job)) == (1 if slowing else 0)
 
 
 def test_steps_slowed_by_kilns_own_checkpoint_io_are_not_charged_to_the_job(db: Session) -> None:
