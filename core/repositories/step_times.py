@@ -114,12 +114,17 @@ def violation(w: Windows, tolerance: float, attempt_id: int) -> tuple[str, dict[
     recent = statistics.median(w.recent)
     if baseline <= 0 or recent <= tolerance * baseline:
         return None
-    message = (f"recent step time {recent:.3f}s is {recent / baseline:.2f}x the attempt's baseline {baseline:.3f}s "
-               f"(tolerance {tolerance:.2f}x)")  # fmt: skip
+    message = (
+        f"recent step time {recent:.3f}s is {recent / baseline:.2f}x the attempt's baseline {baseline:.3f}s "
+        f"(tolerance {tolerance:.2f}x)"
+    )
     data: dict[str, object] = {
-        "kind": "step_time", "attempt_id": attempt_id, "recent_s": recent, "baseline_s": baseline,
+        "kind": "step_time",
+        "attempt_id": attempt_id,
+        "recent_s": recent,
+        "baseline_s": baseline,
         "tolerance": tolerance,
-    }  # fmt: skip
+    }
     return message, data
 
 

@@ -109,7 +109,7 @@ def effective_terms(*, base: SlaContract | Mapping[str, Any], overrides: SLAOver
 
 
 # What the SLA evaluator (scheduler.live.sla) measures from a job's reported steps, and the violation it records.
-STEP_TERMS = {"step_time_tolerance": "SLA_STEP_TIME_VIOLATION", "deadline": "SLA_DEADLINE_VIOLATION"}
+STEP_TERMS = {"step_time_tolerance": step_times.VIOLATION, "deadline": "SLA_DEADLINE_VIOLATION"}
 Standing = Literal["met", "violated", "unmeasured"]
 MET: Standing = "met"
 VIOLATED: Standing = "violated"
