@@ -113,6 +113,19 @@ class PolicyConfig(SettingsGroup):
     makespan_guard_jobs: int = Field(
         default=2, ge=0, description="The makespan guard takes at most this many jobs a cycle (the longest)."
     )
+    backlog_bound: float | None = Field(
+        default=1.0,
+        gt=0,
+        description="A bound on waiting that the service order lacks: a pending job of a preemptible class that has "
+        "waited (since submission) at least this many times the time the cluster needs to drain all the work it "
+        "knows of (counted as the makespan guard counts it) goes first in the first tier with a preemptible class, "
+        "oldest first, and may hold a reservation, but never preempts. FIFO would have started such a job by now; "
+        "left to the service order, a long or large low-class job waits until the backlog is gone and then runs on "
+        "an emptying cluster. Empty: off.",
+    )
+    backlog_bound_jobs: int = Field(
+        default=16, ge=0, description="The backlog bound takes at most this many jobs a cycle (the oldest)."
+    )
     keep_reservations: bool = Field(
         default=True,
         description="A job that held a reservation (or preempted for it) last cycle goes first in its "

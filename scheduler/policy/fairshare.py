@@ -14,7 +14,10 @@ team's long queue does not take a whole cycle); within a team, by user priority,
 Within a tier and after the jobs at risk, ``kiln`` orders by discretised expected remaining service
 (``scheduler.policy.estimate``: GPUs x the run time still expected from the user's time limit, the attained service and
 the team's history; Tiresias' least-attained-service queues with the estimates kiln really has), then by QoS class,
-then by fair share and age within one service class and class.
+then by fair share and age within one service class and class. In the first tier with a preemptible class, right
+after its jobs at risk, go the jobs overdue by the backlog bound (``backlog_bound``: waited longer than the cluster
+needs to drain all the work it knows of; oldest first) and then the makespan guard's (off by default); both may
+reserve but never preempt.
 
 ``priority`` (the Slurm multifactor / Kueue baseline): QoS class, then fair share, then age; no SLA urgency.
 ``fifo``: submission time, then id. ``sjf``: shortest ``estimated_runtime_s`` first (with the true run time as the
@@ -78,9 +81,12 @@ class JobOrder:
         capacity: int = 0,
     ) -> None:
         self.config = config
-        self.running_gpu_s = running_gpu_s  # running jobs' GPU-seconds until their projected ends (makespan guard)
-        self.capacity = capacity  # the cluster's GPUs (makespan guard)
+        # running jobs' GPU-seconds until their projected ends, and the cluster's GPUs (makespan guard, backlog bound)
+        self.running_gpu_s = running_gpu_s
+        self.capacity = capacity
         self.critical: list[PendingJob] = []  # the makespan guard's jobs, longest first
+        self.overdue: list[PendingJob] = []  # the backlog bound's jobs, oldest first
+        self.drain: float | None = None  # seconds to finish the known work (``_drain_s``), once a cycle
         self.now = now
         self.jobs = jobs
         self.usage = {t.id: t.decayed_usage for t in teams}
@@ -122,6 +128,8 @@ class JobOrder:
         # jobs at risk (highest class first), then the others by service class, and class within one.
         segments: list[list[PendingJob] | dict[int, list[PendingJob]]] = []
         critical = self._critical(in_team_order) if self.config.makespan_guard is not None else []
+        if self.config.backlog_bound is not None:
+            critical = self._overdue(in_team_order, {j.id for j in critical}) + critical
         if critical:
             ids = {j.id for j in critical}
             by_class = {
@@ -189,13 +197,11 @@ class JobOrder:
         patience = config.makespan_guard_wait
         risk = 1 - config.sla_reserve_fraction
         now = self.now
-        pending_gpu_s = 0.0
         candidates: list[tuple[float, PendingJob]] = []
         for j in jobs:
             if not j.gpus:
                 continue
             remaining = remaining_s(j.team_id, j.estimated_runtime_s, j.attained_s)
-            pending_gpu_s += j.gpus * remaining
             if not j.preemptible or remaining < min_s or j.deadline is not None or j.share is not None:
                 continue
             if now - j.submitted_at < patience * remaining:
@@ -206,14 +212,49 @@ class JobOrder:
             candidates.append((remaining, j))
         if not candidates:
             return []
-        drain_s = (pending_gpu_s + self.running_gpu_s) / self.capacity
-        threshold = max(min_s, config.makespan_guard * drain_s)
+        threshold = max(min_s, config.makespan_guard * self._drain_s(jobs))
         chosen = sorted((t for t in candidates if t[0] >= threshold), key=lambda t: (-t[0], t[1].submitted_at, t[1].id))
         self.critical = [j for _r, j in chosen[: config.makespan_guard_jobs]]
         for j in self.critical:
             self.urgent.add(j.id)
             self.aged.add(j.id)  # reserves, never preempts
         return list(self.critical)
+
+    def _overdue(self, jobs: list[PendingJob], taken: set[int]) -> list[PendingJob]:
+        """The backlog bound (``PolicyConfig.backlog_bound``): the jobs of preemptible classes that have waited
+        (since submission) at least ``backlog_bound`` times the time the cluster needs to drain the work it knows
+        of, oldest first, at most ``backlog_bound_jobs``. FIFO bounds every job's wait by the backlog ahead of it;
+        the service order does not, and a long or large low-class job it keeps passing over starts only once the
+        backlog is gone, on an emptying cluster, which then idles while it runs. They may reserve but never
+        preempt (``aged``)."""
+        config = self.config
+        if self.estimator is None or self.capacity <= 0 or config.backlog_bound is None:
+            return []
+        oldest = self.now - config.backlog_bound * self._drain_s(jobs)  # submitted at or before: overdue
+        overdue = sorted(
+            (
+                j
+                for j in jobs
+                if j.submitted_at <= oldest and j.preemptible and j.gpus and j.share is None and j.id not in taken
+            ),
+            key=_SUBMITTED,
+        )
+        self.overdue = overdue[: config.backlog_bound_jobs]
+        for j in self.overdue:
+            self.urgent.add(j.id)
+            self.aged.add(j.id)  # reserves, never preempts
+        return list(self.overdue)
+
+    def _drain_s(self, jobs: list[PendingJob]) -> float:
+        """Seconds the cluster needs to finish the work it knows of, once a cycle: the pending GPU jobs' expected
+        GPU-seconds (kiln's estimates, as the order uses them; never a true run time) plus the running jobs' until
+        their projected ends, over the cluster's GPUs."""
+        if self.drain is None:
+            assert self.estimator is not None
+            remaining_s = self.estimator.remaining_s
+            pending_gpu_s = sum(j.gpus * remaining_s(j.team_id, j.estimated_runtime_s, j.attained_s) for j in jobs)
+            self.drain = (pending_gpu_s + self.running_gpu_s) / self.capacity
+        return self.drain
 
     def _tiers(self, by_class: dict[int, list[PendingJob]]) -> list[list[int]]:
         """The classes (priorities) in tiers, highest first (``PolicyConfig.class_order``)."""

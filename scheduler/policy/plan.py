@@ -142,7 +142,7 @@ class _Planner:
         )
         running_gpu_s = 0.0
         capacity = 0
-        if self.c.makespan_guard is not None and self.estimator is not None:
+        if (self.c.makespan_guard is not None or self.c.backlog_bound is not None) and self.estimator is not None:
             # The work the cluster knows of, as the order estimates pending jobs' (not the running jobs' limits,
             # which users set several times too long): what each running job is still expected to need.
             capacity = sum(len(h.gpus) for h in self.s.hosts if not h.excluded)

@@ -214,6 +214,48 @@ def test_the_makespan_guard_puts_a_long_waiting_long_job_first_in_the_preemptibl
     assert [j.id for j in busy] == [4, 2, 3, 1]
 
 
+def test_the_backlog_bound_puts_a_job_waiting_longer_than_the_backlog_first_in_the_preemptible_tier() -> None:
+    # 8 GPUs. A large bronze job expected to need 20 days (40-day limit, the team uses half its limits) has waited
+    # 30: longer than the ~20 days the cluster needs to drain everything it knows of, itself included. FIFO would
+    # have started it long ago; the service order keeps passing it over for short jobs.
+    old = bronze(1, limit=40 * 86400, age=30 * 86400)
+    short = (bronze(2, limit=2 * H, age=600), bronze(3, limit=2 * H, age=60))
+    gold = pj(4, 4, limit=H, qos="gold", prio=1000)
+    jobs = (*short, old, gold)
+    teams = (team(ratio=0.5),)
+    bound = PolicyConfig(starvation_age_s=None)  # no aging: only the bound moves the old job
+    order = JobOrder(jobs, teams, NOW, bound, capacity=8)
+    assert [j.id for j in order] == [4, 1, 2, 3]  # after the non-preemptible tier, ahead of the short jobs
+    assert order.aged == {1} and 1 in order.urgent  # it may reserve, never preempt
+    off = bound.model_copy(update={"backlog_bound": None})
+    assert [j.id for j in JobOrder(jobs, teams, NOW, off, capacity=8)] == [4, 2, 3, 1]
+    # Waited 15 days of the ~20 the backlog needs: FIFO would not have started it either.
+    young = dataclasses.replace(old, submitted_at=NOW - 15 * 86400)
+    assert [j.id for j in JobOrder((*short, young, gold), teams, NOW, bound, capacity=8)] == [4, 2, 3, 1]
+    # The running work adds to the backlog: 30 days is no longer overdue.
+    busy = JobOrder(jobs, teams, NOW, bound, capacity=8, running_gpu_s=8 * 20 * 86400)
+    assert [j.id for j in busy] == [4, 2, 3, 1]
+    # At most ``backlog_bound_jobs`` a cycle, the oldest.
+    older = bronze(5, limit=2 * H, age=31 * 86400)
+    assert [j.id for j in JobOrder((*jobs, older), teams, NOW, bound, capacity=8)] == [4, 5, 1, 2, 3]
+    one = bound.model_copy(update={"backlog_bound_jobs": 1})
+    assert [j.id for j in JobOrder((*jobs, older), teams, NOW, one, capacity=8)] == [4, 5, 2, 3, 1]
+
+
+def test_a_job_overdue_by_the_backlog_bound_reserves_but_never_preempts() -> None:
+    busy = RunningJob(id=9, team_id=1, qos="best-effort", qos_priority=0, preemptible=True, gpus=8, gpu_type="H100",
+                      quota_key=ANY, placement=(PlacedHost("h0000", tuple(f"GPU-h0000-{i}" for i in range(8))),),
+                      started_at=NOW - H, expected_end=NOW + 10 * H, time_limit_s=11 * H)  # fmt: skip
+    # Requeued after a preemption, with 6 minutes of its queue-wait budget left: at risk, it would preempt the
+    # best-effort job; overdue, it reserves instead.
+    old = bronze(1, limit=4 * 86400, age=30 * 86400, max_queue_wait_s=0.5 * H, wait_started_at=NOW - 0.4 * H)
+    s = Snapshot(now=NOW, hosts=gpu_cluster(1), running=(busy,), pending=(old,), teams=(team(ratio=0.5),))
+    d = plan(s, PolicyConfig(starvation_age_s=None))
+    assert d.preemptions == () and [r.job_id for r in d.reservations] == [1]
+    off = plan(s, PolicyConfig(starvation_age_s=None, backlog_bound=None))
+    assert [p.job_id for p in off.preemptions] == [9]
+
+
 def test_a_job_of_the_makespan_guard_reserves_but_never_preempts() -> None:
     busy = RunningJob(id=9, team_id=1, qos="best-effort", qos_priority=0, preemptible=True, gpus=8, gpu_type="H100",
                       quota_key=ANY, placement=(PlacedHost("h0000", tuple(f"GPU-h0000-{i}" for i in range(8))),),
@@ -245,5 +287,6 @@ def test_a_job_first_by_age_reserves_what_its_team_lent_instead_of_waiting_on_th
     d = plan(s, aging)
     assert d.admissions == () and [r.job_id for r in d.reservations] == [1]
     assert {w.job_id: w.reason for w in d.pending} == {1: Reason.RESERVATION, 2: Reason.PRIORITY}  # held for 1
-    without = plan(s, PolicyConfig())  # not first by age: it waits on the pool, and the young job takes the GPUs
+    # not first by age (nor overdue by the backlog bound): it waits on the pool, and the young job takes the GPUs
+    without = plan(s, PolicyConfig(backlog_bound=None))
     assert [a.job_id for a in without.admissions] == [2] and without.reservations == ()
