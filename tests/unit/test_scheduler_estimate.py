@@ -192,13 +192,25 @@ def bronze(id: int, gpus: int = 8, **kw: object) -> PendingJob:
     return dataclasses.replace(pj(id, gpus, qos="bronze", prio=200, **kw), preemptible=True)  # type: ignore[arg-type]
 
 
-def test_the_makespan_guard_puts_a_long_waiting_long_job_first_in_the_preemptible_tier() -> None:
-    # 8 GPUs, limit 40 days (20 expected at the team's use of its limits), waited 12 days; the short jobs'
-    # expected work drains the 8-GPU cluster in well under that: the long job would set the makespan if left last.
-    long = bronze(1, limit=40 * 86400, age=12 * 86400)
+def long_behind_short(waited_days: float) -> tuple[PendingJob, ...]:
+    """Two short bronze jobs (2, 3), a long 8-GPU bronze job (1: limit 40 days, 20 expected at a team's use of half
+    its limits) that has waited ``waited_days``, and a small gold job (4)."""
     short = (bronze(2, limit=2 * H, age=600), bronze(3, limit=2 * H, age=60))
-    gold = pj(4, 4, limit=H, qos="gold", prio=1000)
-    jobs = (*short, long, gold)
+    return (*short, bronze(1, limit=40 * 86400, age=waited_days * 86400), pj(4, 4, limit=H, qos="gold", prio=1000))
+
+
+def busy_best_effort() -> RunningJob:
+    """A best-effort job on all 8 GPUs of host h0000, 10 more hours to go by its limit."""
+    return RunningJob(id=9, team_id=1, qos="best-effort", qos_priority=0, preemptible=True, gpus=8, gpu_type="H100",
+                      quota_key=ANY, placement=(PlacedHost("h0000", tuple(f"GPU-h0000-{i}" for i in range(8))),),
+                      started_at=NOW - H, expected_end=NOW + 10 * H, time_limit_s=11 * H)  # fmt: skip
+
+
+def test_the_makespan_guard_puts_a_long_waiting_long_job_first_in_the_preemptible_tier() -> None:
+    # The long job has waited 12 days; the short jobs' expected work drains the 8-GPU cluster in well under its 20:
+    # it would set the makespan if left last.
+    jobs = long_behind_short(12)
+    short, long, gold = jobs[:2], jobs[2], jobs[3]
     teams = (team(ratio=0.5),)
     off = PolicyConfig(starvation_age_s=None)  # no aging: only the guard moves the long job
     guard = off.model_copy(update={"makespan_guard": 0.4, "makespan_guard_wait": 0.5})
@@ -215,13 +227,10 @@ def test_the_makespan_guard_puts_a_long_waiting_long_job_first_in_the_preemptibl
 
 
 def test_the_backlog_bound_puts_a_job_waiting_longer_than_the_backlog_first_in_the_preemptible_tier() -> None:
-    # 8 GPUs. A large bronze job expected to need 20 days (40-day limit, the team uses half its limits) has waited
-    # 30: longer than the ~20 days the cluster needs to drain everything it knows of, itself included. FIFO would
-    # have started it long ago; the service order keeps passing it over for short jobs.
-    old = bronze(1, limit=40 * 86400, age=30 * 86400)
-    short = (bronze(2, limit=2 * H, age=600), bronze(3, limit=2 * H, age=60))
-    gold = pj(4, 4, limit=H, qos="gold", prio=1000)
-    jobs = (*short, old, gold)
+    # 8 GPUs. The long job has waited 30 days: longer than the ~20 the cluster needs to drain everything it knows
+    # of, itself included. FIFO would have started it long ago; the service order keeps passing it over.
+    jobs = long_behind_short(30)
+    short, old, gold = jobs[:2], jobs[2], jobs[3]
     teams = (team(ratio=0.5),)
     bound = PolicyConfig(starvation_age_s=None)  # no aging: only the bound moves the old job
     order = JobOrder(jobs, teams, NOW, bound, capacity=8)
@@ -243,9 +252,7 @@ def test_the_backlog_bound_puts_a_job_waiting_longer_than_the_backlog_first_in_t
 
 
 def test_a_job_overdue_by_the_backlog_bound_reserves_but_never_preempts() -> None:
-    busy = RunningJob(id=9, team_id=1, qos="best-effort", qos_priority=0, preemptible=True, gpus=8, gpu_type="H100",
-                      quota_key=ANY, placement=(PlacedHost("h0000", tuple(f"GPU-h0000-{i}" for i in range(8))),),
-                      started_at=NOW - H, expected_end=NOW + 10 * H, time_limit_s=11 * H)  # fmt: skip
+    busy = busy_best_effort()
     # Requeued after a preemption, with 6 minutes of its queue-wait budget left: at risk, it would preempt the
     # best-effort job; overdue, it reserves instead.
     old = bronze(1, limit=4 * 86400, age=30 * 86400, max_queue_wait_s=0.5 * H, wait_started_at=NOW - 0.4 * H)
@@ -257,9 +264,7 @@ def test_a_job_overdue_by_the_backlog_bound_reserves_but_never_preempts() -> Non
 
 
 def test_a_job_of_the_makespan_guard_reserves_but_never_preempts() -> None:
-    busy = RunningJob(id=9, team_id=1, qos="best-effort", qos_priority=0, preemptible=True, gpus=8, gpu_type="H100",
-                      quota_key=ANY, placement=(PlacedHost("h0000", tuple(f"GPU-h0000-{i}" for i in range(8))),),
-                      started_at=NOW - H, expected_end=NOW + 10 * H, time_limit_s=11 * H)  # fmt: skip
+    busy = busy_best_effort()
     long = bronze(1, limit=40 * 86400, age=30 * 86400, max_queue_wait_s=8 * H)  # its SLA long broken
     s = Snapshot(now=NOW, hosts=gpu_cluster(1), running=(busy,), pending=(long,), teams=(team(ratio=0.5),))
     d = plan(s, PolicyConfig(class_order="guaranteed", makespan_guard=0.4, makespan_guard_wait=0.5))
