@@ -6,7 +6,7 @@ published figure (~43 workloads/s); writes bench/results/scheduler_bench.json. T
 job waits; the cost of the reasons and preemption searches). Reports median and p95 CPU time over ``--repeat``
 cycles and
 the ratio against a FIFO plan of the same snapshot measured in the same run (the box is shared and noisy).
-``python bench/scheduler_bench.py [--repeat N]``.
+``python bench/scheduler_bench.py [--repeat N]``; kiln plans with the live loop's policy (``KILN_POLICY__*`` settings).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from core.policy_config import PolicyConfig  # noqa: E402
+from core.settings import get_settings  # noqa: E402
 from scheduler.policy.decisions import Decisions  # noqa: E402
 from scheduler.policy.plan import plan  # noqa: E402
 from scheduler.policy.snapshot import ANY, PendingJob, PlacedHost, QuotaInfo, RunningJob, Snapshot, TeamInfo  # noqa: E402
@@ -102,7 +103,7 @@ def measure(snapshot: Snapshot, repeat: int) -> dict[str, float]:
     The FIFO plan (submission order, first fit, the head blocks the rest: the simulator's baseline) goes through
     the same ``plan()``; on a shared, noisy box the ratio of the two, pair by pair, is steadier than either.
     """
-    config = PolicyConfig()
+    config = get_settings().policy  # the live loop's policy, from the same KILN_POLICY__* settings
     plan(snapshot, config)  # warm up
     plan(snapshot, FIFO)
     cpu, wall, base_cpu, ratios = [], [], [], []

@@ -84,9 +84,7 @@ class JobOrder:
         # running jobs' GPU-seconds until their projected ends, and the cluster's GPUs (makespan guard, backlog bound)
         self.running_gpu_s = running_gpu_s
         self.capacity = capacity
-        self.critical: list[PendingJob] = []  # the makespan guard's jobs, longest first
-        self.overdue: list[PendingJob] = []  # the backlog bound's jobs, oldest first
-        self.drain: float | None = None  # seconds to finish the known work (``_drain_s``), once a cycle
+        self._drain: float | None = None  # seconds to finish the known work (``_drain_s``), once a cycle
         self.now = now
         self.jobs = jobs
         self.usage = {t.id: t.decayed_usage for t in teams}
@@ -214,11 +212,11 @@ class JobOrder:
             return []
         threshold = max(min_s, config.makespan_guard * self._drain_s(jobs))
         chosen = sorted((t for t in candidates if t[0] >= threshold), key=lambda t: (-t[0], t[1].submitted_at, t[1].id))
-        self.critical = [j for _r, j in chosen[: config.makespan_guard_jobs]]
-        for j in self.critical:
+        critical = [j for _r, j in chosen[: config.makespan_guard_jobs]]
+        for j in critical:
             self.urgent.add(j.id)
             self.aged.add(j.id)  # reserves, never preempts
-        return list(self.critical)
+        return critical
 
     def _overdue(self, jobs: list[PendingJob], taken: set[int]) -> list[PendingJob]:
         """The backlog bound (``PolicyConfig.backlog_bound``): the jobs of preemptible classes that have waited
@@ -238,23 +236,22 @@ class JobOrder:
                 if j.submitted_at <= oldest and j.preemptible and j.gpus and j.share is None and j.id not in taken
             ),
             key=_SUBMITTED,
-        )
-        self.overdue = overdue[: config.backlog_bound_jobs]
-        for j in self.overdue:
+        )[: config.backlog_bound_jobs]
+        for j in overdue:
             self.urgent.add(j.id)
             self.aged.add(j.id)  # reserves, never preempts
-        return list(self.overdue)
+        return overdue
 
     def _drain_s(self, jobs: list[PendingJob]) -> float:
         """Seconds the cluster needs to finish the work it knows of, once a cycle: the pending GPU jobs' expected
         GPU-seconds (kiln's estimates, as the order uses them; never a true run time) plus the running jobs' until
         their projected ends, over the cluster's GPUs."""
-        if self.drain is None:
+        if self._drain is None:
             assert self.estimator is not None
             remaining_s = self.estimator.remaining_s
             pending_gpu_s = sum(j.gpus * remaining_s(j.team_id, j.estimated_runtime_s, j.attained_s) for j in jobs)
-            self.drain = (pending_gpu_s + self.running_gpu_s) / self.capacity
-        return self.drain
+            self._drain = (pending_gpu_s + self.running_gpu_s) / self.capacity
+        return self._drain
 
     def _tiers(self, by_class: dict[int, list[PendingJob]]) -> list[list[int]]:
         """The classes (priorities) in tiers, highest first (``PolicyConfig.class_order``)."""
