@@ -32,10 +32,22 @@ def run_migrations_online() -> None:
         return
     engine = make_engine(_url(), poolclass=pool.NullPool)
     with engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:
+            # Batch mode copies a table and drops the old one; with foreign keys on (kiln's engines turn them on),
+            # the drop would cascade and delete every row that references the table (a job's events, a host's
+            # GPUs). The pragma only takes effect outside a transaction, so it goes first, and the keys are checked
+            # before the migration commits.
+            conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            conn.commit()  # end SQLAlchemy's implicit transaction, so Alembic's own below commits the migration
         # render_as_batch: SQLite cannot ALTER constraints; batch mode copies the table instead.
         context.configure(connection=conn, target_metadata=target_metadata, render_as_batch=True)
         with context.begin_transaction():
             context.run_migrations()
+            if sqlite:
+                broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise RuntimeError(f"the migration left rows whose foreign keys point nowhere: {broken[:5]}")
 
 
 if context.is_offline_mode():

@@ -64,3 +64,23 @@ def test_no_qos_description_cites_the_seed_after_upgrade(tmp_path: pytest.TempPa
         assert not [d for d in after.values() if "seed" in d.lower()], after
     finally:
         engine.dispose()
+
+
+def test_an_upgrade_on_sqlite_deletes_no_row_that_references_a_copied_table(tmp_path: pytest.TempPathFactory) -> None:
+    """Batch mode copies a table and drops the old one: with foreign keys on, the drop cascaded, and 0006 (which
+    copies ``hosts``) deleted every host's GPUs on the embedded default."""
+    url = f"sqlite:///{tmp_path}/kiln.db"
+    upgrade(url, "0005_notify")
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO hosts (id, name, queue, state, cpu_slots, links, registered_at) "
+                              "VALUES (1, 'h1', 'host.h1', 'UP', 8, '{}', '2026-03-02 09:00:00')"))  # fmt: skip
+            conn.execute(text('INSERT INTO gpus (host_id, uuid, "index", model, memory_bytes, mig_mode, nvlink_peers, '
+                              "last_sample, healthy) VALUES (1, 'GPU-0', 0, 'H200', 1, 0, '[]', '{}', 1)"))  # fmt: skip
+        upgrade(url)
+        with engine.connect() as conn:
+            assert conn.scalar(text("SELECT count(*) FROM gpus")) == 1
+            assert conn.scalar(text("PRAGMA foreign_keys")) == 1  # kiln's own connections keep them on
+    finally:
+        engine.dispose()
