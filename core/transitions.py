@@ -51,6 +51,11 @@ def transition(
     if not can_transition(current, target):
         raise IllegalTransition(f"job {job.id}", current, target)
     now = now or utcnow()
+    if current == JobState.QUEUED.value:
+        end_wait(job, now)  # admitted, or cancelled or failed while it waited
+    elif target is JobState.QUEUED:
+        # A requeue (a preemption, a drain, a lost host): a new wait, from when the job may start again.
+        job.wait_started_at = max(now, job.not_before) if job.not_before is not None else now
     job.state = target.value
     job.updated_at = now
     if target is JobState.ADMITTED:
@@ -74,6 +79,13 @@ def transition(
     session.add(event)
     enqueue_for_event(session, event, job)
     return event
+
+
+def end_wait(job: Job, now: datetime) -> None:
+    """Add the wait that ends now to ``job.queued_s`` (the queue-wait SLA counts every wait, ``core.queue_wait``)."""
+    begun = job.wait_started_at or job.submitted_at
+    job.queued_s = (job.queued_s or 0.0) + max(0.0, (now - begun).total_seconds())
+    job.wait_started_at = None
 
 
 def move_attempt(attempt: Attempt, target: AttemptState) -> None:

@@ -41,7 +41,15 @@ class Job(Base):
     # The last evaluation of the team's code ({"step": N, "metrics": {name: value}}), shown by ls/describe.
     eval_metrics: Mapped[dict[str, Any] | None] = mapped_column()
     submitted_at: Mapped[datetime] = mapped_column(default=utcnow)
-    admitted_at: Mapped[datetime | None] = mapped_column()
+    admitted_at: Mapped[datetime | None] = mapped_column(comment="the latest admission")
+    # Time in the queue, all waits counted (the first and every requeue): the queue-wait SLA's measure, kept by
+    # ``core.transitions`` (``core.queue_wait`` reads it).
+    queued_s: Mapped[float] = mapped_column(
+        default=0.0, server_default=text("0"), comment="seconds queued in the waits that ended"
+    )
+    wait_started_at: Mapped[datetime | None] = mapped_column(
+        comment="when the current wait after a requeue began (backoff excluded); NULL before the first admission"
+    )
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

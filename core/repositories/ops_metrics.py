@@ -14,8 +14,8 @@ from typing import Any
 from sqlalchemy import ColumnElement, SQLColumnExpression, and_, case, exists, false, func, literal, or_, select
 from sqlalchemy.orm import Session, aliased
 
-from core.db import UTCDateTime, seconds_between
 from core.models import GPU, Event, Host, Job, QosClass, SlaContract, Team
+from core.queue_wait import queued_seconds_sql
 from core.states import JobState
 
 # Event types counted by ``event_counts``.
@@ -37,8 +37,9 @@ def is_violation_type(column: SQLColumnExpression[str]) -> ColumnElement[bool]:
 
 def attainment(db: Session, *, since: datetime, now: datetime) -> Sequence[tuple[Any, ...]]:
     """(team, qos, jobs, met) over jobs submitted since ``since``, by the SLA page's definition: a job attains
-    its SLA unless it waited longer than its contract's maximum queue wait (own contract, spec, team default, QoS
-    default, the first that is set; a job still queued counts its wait so far) or an SLA violation event was
+    its SLA unless its waits in the queue (``core.queue_wait``: the first and every requeue, a job still queued
+    counting its wait so far) add up to more than its contract's maximum (own contract, spec, team default, QoS
+    default, the first that is set) or an SLA violation event was
     recorded on it since ``since``."""
     own = aliased(SlaContract)
     team_default = (
@@ -54,8 +55,7 @@ def attainment(db: Session, *, since: datetime, now: datetime) -> Sequence[tuple
         team_default,
         QosClass.default_max_queue_wait_s,
     )
-    waited = seconds_between(db, func.coalesce(Job.admitted_at, literal(now, UTCDateTime())), Job.submitted_at)
-    queue_violation = and_(limit.is_not(None), waited > limit, or_(Job.admitted_at.is_not(None), Job.state == QUEUED))
+    queue_violation = and_(limit.is_not(None), queued_seconds_sql(db, now) > limit)
     event_violation = exists().where(Event.job_id == Job.id, Event.created_at >= since, is_violation_type(Event.type))
     met = case((or_(queue_violation, event_violation), 0), else_=1)
     stmt = (
@@ -72,8 +72,8 @@ def attainment(db: Session, *, since: datetime, now: datetime) -> Sequence[tuple
 
 def queue_wait_buckets(db: Session, *, since: datetime, bounds: Sequence[float]) -> Sequence[tuple[Any, ...]]:
     """Per QoS class over jobs admitted since ``since``: (qos, n <= bounds[0], n <= bounds[1], ..., count, sum of
-    seconds) of the wait from submission to (the latest) admission."""
-    wait = seconds_between(db, Job.admitted_at, Job.submitted_at)
+    seconds) of their time in the queue, all waits counted (``core.queue_wait``)."""
+    wait = Job.queued_s
     stmt = (
         select(
             QosClass.name,

@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from core.models import Attempt, Checkpoint, Event, Job, JobMetric, QosClass, SlaContract, Team
+from core.queue_wait import breached_at, queued_seconds
 from core.repositories import dashboard as repo
 from core.repositories import jobs as jobs_repo
 from core.repositories import qos as qos_repo
@@ -121,12 +122,13 @@ def sla_of_jobs_since(db: Session, who: Principal, *, team: str | None, since: d
     measured = step_times.measured_jobs(db, started) - jobs_repo.best_effort_shares(db, started)
     out = []
     for j in jobs:
-        waited = ((j.admitted_at or now) - j.submitted_at).total_seconds()
+        waited = queued_seconds(j, now)
         limit = max_waits.get(j.id)
         reasons: list[dict[str, str | None]] = []
-        if limit is not None and waited > limit and (j.admitted_at is not None or j.state == JobState.QUEUED):
-            reasons.append({"type": "QUEUE_WAIT", "message": f"waited {waited:.0f}s > {limit:.0f}s",
-                            "at": (j.submitted_at + timedelta(seconds=limit)).isoformat()})  # fmt: skip
+        if limit is not None and waited > limit:
+            at = breached_at(j, limit)
+            reasons.append({"type": "QUEUE_WAIT", "message": f"waited {waited:.0f}s in the queue > {limit:.0f}s",
+                            "at": at.isoformat() if at is not None else None})  # fmt: skip
         for e in violation_events.get(j.id, []):
             reasons.append({"type": e.type, "message": e.message, "at": e.created_at.isoformat()})
         qos = qos_by_id.get(j.qos_class_id)

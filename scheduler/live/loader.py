@@ -226,8 +226,8 @@ def _pending(
         max_wait = contract.max_queue_wait_s if contract and contract.max_queue_wait_s else None
         if max_wait is None and q is not None:
             max_wait = q.default_max_queue_wait_s
-        if job.admitted_at is not None:
-            max_wait = None  # the queue-wait SLA covers the wait for the first admission only
+        if max_wait is not None:
+            max_wait = max(0.0, max_wait - (job.queued_s or 0.0))  # what its earlier waits left of the budget
         deadline = contract.deadline if contract and contract.deadline else None
         if deadline is None and isinstance(sla, dict) and sla.get("deadline"):
             try:
@@ -265,6 +265,7 @@ def _pending(
                 sweep_id=job.sweep_id,
                 sweep_limit=sweep_limits.get(job.sweep_id) if job.sweep_id is not None else None,
                 attained_s=attained.get(job.id, 0.0),
+                wait_started_at=_ts(job.wait_started_at),
             )
         )
     return tuple(out)

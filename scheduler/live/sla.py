@@ -7,7 +7,7 @@ Each violation is written once per job (per attempt for step time), so the timel
 
 | event | when |
 |---|---|
-| ``SLA_QUEUE_WAIT_VIOLATION`` | a job has waited for its first admission longer than ``max_queue_wait_s`` |
+| ``SLA_QUEUE_WAIT_VIOLATION`` | a job's waits in the queue (the first, every requeue) pass ``max_queue_wait_s`` |
 | ``SLA_DEADLINE_AT_RISK`` | a running job's projected finish (steps left x recent step time) is past its deadline |
 | ``SLA_DEADLINE_VIOLATION`` | the deadline passed before the job succeeded |
 | ``SLA_STEP_TIME_VIOLATION`` | recent median step time > ``step_time_tolerance`` x the attempt's own baseline |
@@ -35,6 +35,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
 from core.models import Attempt, Event, Job, JobMetric, QosClass, SlaContract
+from core.queue_wait import queued_seconds
 from core.repositories import jobs as jobs_repo
 from core.repositories import step_times
 from core.states import ACTIVE, JobState
@@ -141,18 +142,15 @@ def _queue_wait(
     limit = contract.max_queue_wait_s
     if limit is None or (job.id, QUEUE_WAIT, None) in already:
         return []
-    # The queue-wait SLA covers the first admission; a job admitted in time has met it for good.
-    end = job.admitted_at or (now if job.state == JobState.QUEUED.value else None)
-    if end is None:
-        return []
-    waited = (end - job.submitted_at).total_seconds()
+    # Every wait counts, the first and each requeue (core.queue_wait); never the time the job ran.
+    waited = queued_seconds(job, now)
     if waited <= limit:
         return []
     return [
         Violation(
             job.id,
             QUEUE_WAIT,
-            f"waited {waited:.0f}s for admission, contract allows {limit:.0f}s",
+            f"waited {waited:.0f}s in the queue (all waits), contract allows {limit:.0f}s",
             {"kind": "queue_wait", "waited_s": round(waited, 3), "max_queue_wait_s": limit},
         )
     ]

@@ -93,6 +93,7 @@ class World:
             pending_reason=pending_reason,
             submitted_at=submitted,
             admitted_at=submitted + timedelta(seconds=wait) if wait is not None else None,
+            queued_s=float(wait or 0),  # what core.transitions keeps: its wait before admission
         )
         self.db.add(j)
         self.db.flush()

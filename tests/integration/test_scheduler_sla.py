@@ -98,6 +98,42 @@ def test_queue_wait_violation_is_recorded_once_when_the_wait_passes(db: Session)
     assert violations(db, blocker) == []  # admitted in time: met for good
 
 
+def test_a_requeued_job_is_measured_on_its_waits_not_on_its_run_time(db: Session) -> None:
+    """Admitted within a second, run for two hours, preempted and admitted again a minute later: 61 s in the queue
+    in all. (The evaluator used to measure from submission to the latest admission, run time included, and record
+    a violation for every job preempted after running longer than its max wait.)"""
+    job, _attempt = running_gold_job(db, "sla-requeue", "h1", "requeued", max_queue_wait_s=600.0)
+    back = T0 + timedelta(hours=2)
+    f.requeue_preempted(db, job, now=back, step=10)
+    assert cycle(db, back + timedelta(seconds=60)).admitted == [job.id]
+    f.start(db, job, now=back + timedelta(seconds=61))
+    cycle(db, back + timedelta(seconds=120))
+    assert violations(db, job) == []
+    assert db.get(Job, job.id).queued_s == pytest.approx(61.0)  # type: ignore[union-attr]
+
+
+def test_the_queue_wait_budget_spans_the_first_wait_and_every_requeue(db: Session) -> None:
+    """400 s before its first admission, then requeued after a preemption with 200 s of its 600 s left: the
+    scheduler is handed what is left, from the requeue, and the evaluator counts both waits."""
+    from scheduler.live.loader import load_snapshot
+
+    gold = f.qos(db, "gold")
+    owner = f.team(db, "sla-span")
+    job = f.job(db, owner, gold, gpus=1, name="spanning", submitted_at=T0)
+    contract(db, job, max_queue_wait_s=600.0)
+    transition(db, job, JobState.ADMITTED, now=T0 + timedelta(seconds=400))
+    transition(db, job, JobState.RUNNING, now=T0 + timedelta(seconds=401))
+    back = T0 + timedelta(hours=1)
+    transition(db, job, JobState.QUEUED, message="preempted", now=back)
+    db.flush()
+    (pending,) = [p for p in load_snapshot(db=db, now=back + timedelta(seconds=100)).pending if p.id == job.id]
+    assert pending.max_queue_wait_s == pytest.approx(200.0)
+    assert pending.wait_started_at == back.timestamp() and pending.queue_wait_due == (back.timestamp() + 200.0)
+    assert sla.evaluate(db=db, now=back + timedelta(seconds=150)) == []
+    (found,) = sla.evaluate(db=db, now=back + timedelta(seconds=250))
+    assert found.type == sla.QUEUE_WAIT and found.data["waited_s"] == pytest.approx(650.0)
+
+
 def test_deadline_missed_by_an_unfinished_job(db: Session) -> None:
     silver = f.qos(db, "silver")
     team = f.team(db, "sla-b")

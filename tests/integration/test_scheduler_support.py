@@ -112,5 +112,5 @@ def requeue_preempted(db: Session, j: Job, *, now: datetime, step: int) -> None:
         u.gpu_seconds = u.gpus * (now - u.started_at).total_seconds()
     j.last_step = step
     j.preempt_requested = False
-    transition(db, j, JobState.QUEUED, message=f"preempted; progress kept at step {step}")
+    transition(db, j, JobState.QUEUED, message=f"preempted; progress kept at step {step}", now=now)
     db.flush()

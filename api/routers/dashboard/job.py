@@ -19,6 +19,7 @@ from api.routers.dashboard.common import iso
 from api.schemas.common import INT64
 from core.db import utcnow
 from core.models import Attempt, Job
+from core.queue_wait import queued_seconds
 from core.services import dashboard
 from core.services import datasets as datasets_svc
 from core.services.dashboard import FINISHED_STATES, get_visible_job
@@ -91,7 +92,6 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
     view = dashboard.job_overview(session, job)
     team, qos, contract, attempts, events = view.team, view.qos, view.contract, view.attempts, view.events
     now = utcnow()
-    end = job.admitted_at or job.finished_at or now
     return {
         "job": {
             "id": job.id,
@@ -113,7 +113,7 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
             "admitted_at": iso(job.admitted_at),
             "started_at": iso(job.started_at),
             "finished_at": iso(job.finished_at),
-            "wait_s": max(0.0, (end - job.submitted_at).total_seconds()),
+            "wait_s": queued_seconds(job, now),
             "max_wait_s": view.max_wait_s,
             "evaluation": job.eval_metrics,
             "spec": job.spec,

@@ -12,8 +12,8 @@ from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.routers.common import QosQuery, TeamQuery, decode_cursor, encode_cursor
 from api.routers.dashboard.common import FRONTEND_DIR, MAX_PAGE, iso
 from core.db import utcnow
+from core.queue_wait import queued_seconds
 from core.services import dashboard
-from core.services.dashboard import FINISHED_STATES
 from core.states import JobState
 
 router = APIRouter(tags=["dashboard"])
@@ -98,7 +98,6 @@ def queue(
     now = utcnow()
     items = []
     for j, pos in page.rows:
-        end = j.admitted_at or (j.finished_at if j.state in FINISHED_STATES else None) or now
         qos_row = page.qos_by_id.get(j.qos_class_id)
         items.append(
             QueueRow(
@@ -115,7 +114,7 @@ def queue(
                 submitted_at=j.submitted_at.isoformat(),
                 started_at=iso(j.started_at),
                 finished_at=iso(j.finished_at),
-                wait_s=max(0.0, (end - j.submitted_at).total_seconds()),
+                wait_s=queued_seconds(j, now),
                 max_wait_s=page.max_waits.get(j.id),
                 last_step=j.last_step,
                 steps=(j.spec or {}).get("steps"),

@@ -1,0 +1,59 @@
+"""How long a job has waited in the queue, as its queue-wait SLA measures it: every wait counts, the first and each
+requeue after a preemption, a drain or a lost host (a restart backoff excluded: the wait resumes when the job may
+start again), and no time the job ran.
+
+``core.transitions`` keeps the two columns: ``queued_s`` (the waits that ended) and ``wait_started_at`` (when the
+current wait after a requeue began; before the first admission the wait runs from submission). The scheduler's
+snapshot hands ``plan()`` what is left of the budget from the current wait, as the trace replay does
+(``scheduler/simulate/replay.py``), and the evaluator, the SLA page and ``/metrics`` all read the total here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, case, func, literal
+from sqlalchemy.orm import Session
+
+from core.db import UTCDateTime, seconds_between
+from core.models import Job
+from core.states import JobState
+
+QUEUED = JobState.QUEUED.value
+
+
+def current_wait_start(job: Job) -> datetime | None:
+    """When the wait the job is in began (None when it is not waiting)."""
+    if job.state != QUEUED:
+        return None
+    return job.wait_started_at or job.submitted_at
+
+
+def queued_seconds(job: Job, now: datetime) -> float:
+    """Seconds in the queue so far, all waits counted."""
+    total = job.queued_s or 0.0
+    begun = current_wait_start(job)
+    if begun is not None:
+        total += max(0.0, (now - begun).total_seconds())
+    return total
+
+
+def breached_at(job: Job, max_wait_s: float) -> datetime | None:
+    """When the job's waits passed ``max_wait_s``, if that happened in the wait it is in (else unknown: None)."""
+    begun = current_wait_start(job)
+    left = max_wait_s - (job.queued_s or 0.0)
+    if begun is None or left < 0:
+        return None
+    return begun + timedelta(seconds=left)
+
+
+def queued_seconds_sql(db: Session, now: datetime) -> ColumnElement[Any]:
+    """``queued_seconds`` in SQL (PostgreSQL and SQLite alike)."""
+    at = literal(now, UTCDateTime())
+    begun = func.coalesce(Job.wait_started_at, Job.submitted_at)
+    running_wait = case(
+        (and_(Job.state == QUEUED, begun < at), seconds_between(db, at, begun)),
+        else_=literal(0.0),
+    )
+    return Job.queued_s + running_wait
