@@ -655,12 +655,65 @@ def _hosts(text: str) -> list[int]:
     return sizes
 
 
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or N,M,...: {text!r}") from None
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"a seed given twice: {text!r}")
+    return seeds
+
+
+def across_draws(draws: list[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 16's targets on each draw of the users' limits (``--limit-seed N,M,...``), per size and in all: a policy
+    that meets them on one draw only is tuned to that draw."""
+    sizes: dict[int, dict[str, Any]] = {}
+    every: list[int] = []
+    for draw in draws:
+        seed, met_all = draw["limit_seed"], True
+        for entry in draw["sizes"]:
+            a = entry.get("acceptance")
+            if a is None:
+                return {}
+            met = all(a[k] for k in ("gold_sla_ok", "jct_ok", "util_ok", "preemptions_ok"))
+            met_all = met_all and met
+            row = sizes.setdefault(entry["hosts"], {"hosts": entry["hosts"], "met_on": [], "by_seed": {}})
+            row["by_seed"][str(seed)] = {k: a[k] for k in ("jct_cut_vs_best_baseline", "util_makespan_gap_points",
+                                                           "gold_sla", "preemptions_per_job")}  # fmt: skip
+            if met:
+                row["met_on"].append(seed)
+        if met_all:
+            every.append(seed)
+    return {"seeds": [d["limit_seed"] for d in draws], "every_target_met_on": every, "sizes": list(sizes.values())}
+
+
 def _policy_names(text: str) -> list[str]:
     names = [x.strip() for x in text.split(",") if x.strip()]
     unknown = [n for n in names if n not in policies()]
     if not names or unknown:
         raise argparse.ArgumentTypeError(f"unknown policy {unknown or text!r}; choose from {', '.join(policies())}")
     return names
+
+
+def _draw(trace: Sequence[TraceJob], seed: int, sizes: list[int], names: list[str], gpus_per_host: int,
+          done: dict[tuple[int, int, str], Result]) -> dict[str, Any]:  # fmt: skip
+    """One draw's tables (one per size) and acceptance, printed and returned for the report."""
+    entries = []
+    for n in sizes:
+        summaries = [summarize(done[(seed, n, p)]) for p in names]
+        load = offered_load(trace, n * gpus_per_host)
+        entry: dict[str, Any] = {"hosts": n, "gpus": n * gpus_per_host, "offered_load": round(load, 3),
+                                 "results": summaries}  # fmt: skip
+        if "kiln" in names and len(names) > 1 and any(p != "kiln" and p != ORACLE for p in names):
+            entry["acceptance"] = acceptance(summaries)
+        entries.append(entry)
+        print(f"\n{n} hosts x {gpus_per_host} GPUs ({n * gpus_per_host} GPUs, offered load {load:.2f}), "
+              f"limit seed {seed}")  # fmt: skip
+        print(table(summaries))
+        if "acceptance" in entry:
+            print("acceptance:", json.dumps(entry["acceptance"]))
+    return {"limit_seed": seed, "sizes": entries}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -692,9 +745,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument(
         "--limit-seed",
-        type=int,
-        default=LIMIT_SEED,
-        help="draw the users' time limits with another seed (a policy tuned to one draw shows it)",
+        type=_seeds,
+        default=[LIMIT_SEED],
+        help=f"draw the users' time limits with another seed (default {LIMIT_SEED}); a list (16,7,3) replays each "
+        "draw and reports on which the targets hold (a policy tuned to one draw shows it)",
     )
     args = ap.parse_args(argv)
     policy = get_settings().policy  # the live loop's policy (each replay process reads the same settings)
@@ -704,15 +758,19 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     sizes: list[int] = args.hosts
     names: list[str] = args.policies
-    tasks = [(n, p) for p in names for n in sizes]  # policy by policy, so the first finish first
-    argsets = [(trace, n, args.gpus_per_host, p, args.tick, args.period, args.limit_seed) for n, p in tasks]
-    done: dict[tuple[int, str], Result] = {}
+    seeds: list[int] = args.limit_seed
+    # policy by policy, so the first finish first
+    tasks = [(seed, n, p) for seed in seeds for p in names for n in sizes]
+    argsets = [(trace, n, args.gpus_per_host, p, args.tick, args.period, seed) for seed, n, p in tasks]
+    done: dict[tuple[int, int, str], Result] = {}
 
-    def finished(task: tuple[int, str], result: Result) -> None:
+    def finished(task: tuple[int, int, str], result: Result) -> None:
         # Each replay's summary as soon as it is done (a long run can be read, or resumed by hand, part-way).
         done[task] = result
-        (out / f"replay_{task[0]}_{task[1]}.json").write_text(json.dumps(summarize(result), indent=2) + "\n")
-        print(f"done: {task[0]} hosts, {task[1]}", flush=True)
+        seed, n, p = task
+        name = f"replay_{n}_{p}.json" if len(seeds) == 1 else f"replay_{n}_{p}_seed{seed}.json"
+        (out / name).write_text(json.dumps(summarize(result), indent=2) + "\n")
+        print(f"done: {n} hosts, {p}" + (f", limit seed {seed}" if len(seeds) > 1 else ""), flush=True)
 
     if args.workers <= 1 or len(tasks) == 1:
         for task, a in zip(tasks, argsets, strict=True):
@@ -722,27 +780,20 @@ def main(argv: list[str] | None = None) -> int:
             futures = {pool.submit(replay_one, *a): task for task, a in zip(tasks, argsets, strict=True)}
             for future in as_completed(futures):
                 finished(futures[future], future.result())
-    by_size: dict[int, list[Result]] = {n: [done[(n, p)] for p in names] for n in sizes}
+    wall_s = round(time.perf_counter() - started, 1)
+    print(f"{len(trace)} jobs; {len(tasks)} replays took {wall_s} s")
+    draws = [_draw(trace, seed, sizes, names, args.gpus_per_host, done) for seed in seeds]
     report: dict[str, Any] = {"trace": args.trace, "jobs": len(trace), "gpus_per_host": args.gpus_per_host,
-                              "tick_s": args.tick, "period_s": args.period, "limit_seed": args.limit_seed,
-                              "wall_s": round(time.perf_counter() - started, 1), "policy": policy.model_dump(),
-                              "sizes": []}  # fmt: skip
-    print(f"{len(trace)} jobs; {len(tasks)} replays took {report['wall_s']} s")
+                              "tick_s": args.tick, "period_s": args.period, "limit_seed": seeds[0], "wall_s": wall_s,
+                              "policy": policy.model_dump(), "sizes": draws[0]["sizes"]}  # fmt: skip
+    if len(seeds) > 1:
+        report["draws"] = draws
+        report["across_draws"] = across_draws(draws)
+        if report["across_draws"]:
+            print("\nacross draws:", json.dumps(report["across_draws"]))
     plots: list[str] = []
-    for n in sizes:
-        summaries = [summarize(r) for r in by_size[n]]
-        load = offered_load(trace, n * args.gpus_per_host)
-        entry: dict[str, Any] = {"hosts": n, "gpus": n * args.gpus_per_host, "offered_load": round(load, 3),
-                                 "results": summaries}  # fmt: skip
-        if "kiln" in names and len(names) > 1 and any(p != "kiln" and p != ORACLE for p in names):
-            entry["acceptance"] = acceptance(summaries)
-        report["sizes"].append(entry)
-        print(f"\n{n} hosts x {args.gpus_per_host} GPUs ({n * args.gpus_per_host} GPUs, offered load {load:.2f})")
-        print(table(summaries))
-        if "acceptance" in entry:
-            print("acceptance:", json.dumps(entry["acceptance"]))
     if not args.no_plots:
-        plots = plot(by_size[sizes[0]], out)
+        plots = plot([done[(seeds[0], sizes[0], p)] for p in names], out)
         for p in plots:
             print("plot:", p)
     report["plots"] = plots

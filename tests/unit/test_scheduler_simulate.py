@@ -127,3 +127,27 @@ def test_bad_host_list_or_policy_is_a_usage_error() -> None:
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2
+
+
+def test_several_limit_seeds_replay_each_draw_and_say_on_which_the_targets_hold(tmp_path: Path) -> None:
+    args = ["synthetic:120", "--hosts", "4", "--no-plots", "--policies", "easy,kiln", "--workers", "1"]
+    assert main([*args, "--out", str(tmp_path), "--limit-seed", "16,7"]) == 0
+    report = json.loads((tmp_path / "simulate.json").read_text())
+    one = json.loads((tmp_path / "replay_4_kiln_seed7.json").read_text())
+    assert [d["limit_seed"] for d in report["draws"]] == [16, 7] and report["sizes"] == report["draws"][0]["sizes"]
+    assert one == report["draws"][1]["sizes"][0]["results"][1]
+    across = report["across_draws"]
+    assert across["seeds"] == [16, 7] and set(across["every_target_met_on"]) <= {16, 7}
+    (size,) = across["sizes"]
+    assert set(size["by_seed"]) == {"16", "7"} and set(size["met_on"]) == set(across["every_target_met_on"])
+    for seed, draw in zip((16, 7), report["draws"], strict=True):
+        assert (
+            size["by_seed"][str(seed)]["jct_cut_vs_best_baseline"]
+            == draw["sizes"][0]["acceptance"]["jct_cut_vs_best_baseline"]
+        )
+
+
+def test_a_seed_given_twice_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["synthetic:10", "--limit-seed", "7,7"])
+    assert exit_.value.code == 2 and "a seed given twice" in capsys.readouterr().err
