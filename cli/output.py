@@ -186,6 +186,17 @@ def job_wait_or_runtime(job: dict[str, Any], now: datetime | None = None) -> str
     return "-"
 
 
+def job_queued(job: dict[str, Any], now: datetime | None = None) -> str:
+    """Its time in the queue, all waits counted (the first and every requeue), as its queue-wait SLA counts it."""
+    if "queued_s" not in job:
+        return "-"  # an API from before the field
+    total = float(job.get("queued_s") or 0.0)
+    since = parse_time(job.get("waiting_since"))
+    if since is not None:
+        total += max(0.0, ((now or datetime.now(UTC)) - since).total_seconds())
+    return fmt_duration(total) + (" so far" if since is not None else "")
+
+
 def job_progress(job: dict[str, Any]) -> str:
     steps = job.get("steps") or (job.get("spec") or {}).get("steps")
     last = job.get("last_step") or 0

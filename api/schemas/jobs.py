@@ -54,6 +54,8 @@ JOB_EXAMPLE: dict[str, Any] = {
     "admitted_at": None,
     "started_at": None,
     "finished_at": None,
+    "queued_s": 0.0,
+    "waiting_since": "2026-11-29T09:30:00.123456Z",
     "spec": {"name": "gpt-tiny", "team": "default", "recipe": {"name": "gpt", "hyperparameters": {}}, "steps": 60},
 }
 
@@ -80,6 +82,14 @@ class JobOut(OutModel):
     admitted_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
+    queued_s: float = Field(
+        description="Seconds in the queue in the waits that ended: the first and every requeue after a preemption, "
+        "a drain or a lost host (a restart backoff excluded); the queue-wait SLA counts these and the current wait."
+    )
+    waiting_since: datetime | None = Field(
+        description="When the wait the job is in began (QUEUED only; null otherwise): its wait so far is queued_s "
+        "+ (now - waiting_since)."
+    )
     spec: StoredSpec
 
     model_config = OutModel.model_config | {"json_schema_extra": {"examples": [JOB_EXAMPLE]}}
@@ -90,7 +100,7 @@ class JobOut(OutModel):
 # already is (the submission serialized it for the write; the database hands it back as text). ``spec`` is
 # JobOut's last field, so the document has JobOut's field order.
 _FIELDS = JobView._fields[:-1]
-_DATETIMES = ("submitted_at", "admitted_at", "started_at", "finished_at")
+_DATETIMES = ("submitted_at", "admitted_at", "started_at", "finished_at", "waiting_since")
 assert (*_FIELDS, "spec") == tuple(JobOut.model_fields), "JobView must follow JobOut's fields"
 
 

@@ -203,6 +203,7 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         else ("command", " ".join(str(a) for a in spec.get("command") or [])),
         ("progress", f"step {out.job_progress(job)}, loss {out.fmt_loss(job.get('last_loss'))}"),
         ("restarts", job.get("restart_count")),
+        ("queued", out.job_queued(job)),
         ("submitted", out.fmt_time(job.get("submitted_at"))),
         ("admitted", out.fmt_time(job.get("admitted_at"))),
         ("started", out.fmt_time(job.get("started_at"))),

@@ -17,10 +17,12 @@ from sqlalchemy import (
     String,
     Text,
     bindparam,
+    case,
     cast,
     false,
     func,
     insert,
+    null,
     select,
     text,
 )
@@ -40,7 +42,7 @@ from core.models import (
     Team,
     User,
 )
-from core.states import ACTIVE
+from core.states import ACTIVE, JobState
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ def get(db: Session, job_id: int, *, for_update: bool = False) -> Job | None:
 LIST_COLUMNS = (
     "id", "name", "team", "user", "state", "qos", "priority", "gpus", "gpu_type", "pending_reason",
     "pending_message", "restart_count", "last_step", "last_loss", "steps", "exit_reason", "cancel_requested",
-    "submitted_at", "admitted_at", "started_at", "finished_at", "spec_json",
+    "submitted_at", "admitted_at", "started_at", "finished_at", "queued_s", "waiting_since", "spec_json",
 )  # fmt: skip
 
 
@@ -222,6 +224,11 @@ def _list_statement(shape: _ListShape) -> Select[Any]:
         "team": Team.name, "user": User.name, "qos": QosClass.name,
         "steps": func.coalesce(jobs.c.spec["steps"].as_integer(), 0),
         "spec_json": cast(jobs.c.spec, Text),
+        # core.queue_wait.current_wait_start, in SQL: the client adds the wait so far to queued_s
+        "waiting_since": case(
+            (jobs.c.state == JobState.QUEUED.value, func.coalesce(jobs.c.wait_started_at, jobs.c.submitted_at)),
+            else_=null(),
+        ),
     }  # fmt: skip
     stmt = (
         select(*(columns[name].label(name) if name in columns else jobs.c[name] for name in LIST_COLUMNS))

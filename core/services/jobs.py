@@ -56,6 +56,8 @@ class JobView(NamedTuple):
     admitted_at: datetime | None
     started_at: datetime | None
     finished_at: datetime | None
+    queued_s: float  # seconds queued in the waits that ended (the first, every requeue: core.queue_wait)
+    waiting_since: datetime | None  # when the wait the job is in began; None when it is not waiting
     spec_json: str
 
 
@@ -129,7 +131,7 @@ def submit(
         priority=ctx.priority, gpus=values["gpus"], gpu_type=values["gpu_type"], pending_reason=None,
         pending_message=None, restart_count=0, last_step=0, last_loss=None, steps=spec.steps, exit_reason=None,
         cancel_requested=False, submitted_at=now, admitted_at=None, started_at=None, finished_at=None,
-        spec_json=spec_json,
+        queued_s=0.0, waiting_since=now, spec_json=spec_json,
     )  # fmt: skip
 
 

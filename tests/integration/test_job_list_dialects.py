@@ -76,6 +76,9 @@ def _pages(db: Session) -> dict[str, Any]:
             assert item.pop("submitted_at").endswith("Z")
             finished = item.pop("finished_at")
             assert (finished is None) == (item["state"] != "CANCELLED") and (finished is None or finished.endswith("Z"))
+            since, queued = item.pop("waiting_since"), item.pop("queued_s")  # when each waited: not the same twice
+            assert (since is None) == (item["state"] != "QUEUED") and (since is None or since.endswith("Z"))
+            assert queued >= 0 and (queued == 0) == (item["state"] == "QUEUED")  # a cancelled job's wait ended
         document["has_next"] = page.next_before_id is not None
         answers[key] = document
     return answers

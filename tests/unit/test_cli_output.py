@@ -75,6 +75,14 @@ def test_job_progress_note_and_time() -> None:
     assert out.job_wait_or_runtime(done, now) == "30s"
 
 
+def test_time_in_the_queue_counts_every_wait() -> None:
+    now = datetime(2026, 11, 29, 9, 2, tzinfo=UTC)
+    requeued = JOB | {"queued_s": 90.0, "waiting_since": "2026-11-29T09:01:00Z"}  # 90 s before, 60 s in this wait
+    assert out.job_queued(requeued, now) == "2m30s so far"
+    assert out.job_queued(JOB | {"state": "RUNNING", "queued_s": 90.0, "waiting_since": None}, now) == "1m30s"
+    assert out.job_queued(JOB, now) == "-"  # an older API sends no queued_s
+
+
 def test_job_table_renders_every_column() -> None:
     console = Console(width=200, record=True)
     console.print(out.table(out.JOB_COLUMNS, [JOB]))
