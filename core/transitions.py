@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from core.db import utcnow
 from core.models import Attempt, Event, Host, Job
+from core.queue_wait import queued_seconds
 from core.states import (
     ATTEMPT_TRANSITIONS,
     HOST_TRANSITIONS,
@@ -82,9 +83,9 @@ def transition(
 
 
 def end_wait(job: Job, now: datetime) -> None:
-    """Add the wait that ends now to ``job.queued_s`` (the queue-wait SLA counts every wait, ``core.queue_wait``)."""
-    begun = job.wait_started_at or job.submitted_at
-    job.queued_s = (job.queued_s or 0.0) + max(0.0, (now - begun).total_seconds())
+    """Add the wait that ends now (the job is still QUEUED) to ``job.queued_s``: the queue-wait SLA counts every
+    wait (``core.queue_wait``)."""
+    job.queued_s = queued_seconds(job, now)
     job.wait_started_at = None
 
 
