@@ -177,6 +177,9 @@ def job_wait_or_runtime(job: dict[str, Any], now: datetime | None = None) -> str
     submitted = parse_time(job.get("submitted_at"))
     started = parse_time(job.get("started_at"))
     finished = parse_time(job.get("finished_at"))
+    waiting = parse_time(job.get("waiting_since"))
+    if waiting and job.get("state") == "QUEUED":
+        return fmt_duration((now - waiting).total_seconds())  # back in the queue: this wait, not the first start
     if finished and started:
         return fmt_duration((finished - started).total_seconds())
     if started:

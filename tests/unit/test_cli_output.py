@@ -81,6 +81,7 @@ def test_time_in_the_queue_counts_every_wait() -> None:
     assert out.job_queued(requeued, now) == "2m30s so far"
     assert out.job_queued(JOB | {"state": "RUNNING", "queued_s": 90.0, "waiting_since": None}, now) == "1m30s"
     assert out.job_queued(JOB, now) == "-"  # an older API sends no queued_s
+    assert out.job_wait_or_runtime(requeued | {"started_at": "2026-11-29T08:00:00Z"}, now) == "1m00s"  # this wait
 
 
 def test_job_table_renders_every_column() -> None:
