@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, func, literal
+from sqlalchemy import ColumnElement, case, func, literal, null
 from sqlalchemy.orm import Session
 
 from core.db import UTCDateTime, seconds_between
@@ -48,12 +48,13 @@ def breached_at(job: Job, max_wait_s: float) -> datetime | None:
     return begun + timedelta(seconds=left)
 
 
+def current_wait_start_sql() -> ColumnElement[Any]:
+    """``current_wait_start`` in SQL: NULL unless the job is QUEUED."""
+    return case((Job.state == QUEUED, func.coalesce(Job.wait_started_at, Job.submitted_at)), else_=null())
+
+
 def queued_seconds_sql(db: Session, now: datetime) -> ColumnElement[Any]:
     """``queued_seconds`` in SQL (PostgreSQL and SQLite alike)."""
     at = literal(now, UTCDateTime())
-    begun = func.coalesce(Job.wait_started_at, Job.submitted_at)
-    running_wait = case(
-        (and_(Job.state == QUEUED, begun < at), seconds_between(db, at, begun)),
-        else_=literal(0.0),
-    )
-    return Job.queued_s + running_wait
+    begun = current_wait_start_sql()
+    return Job.queued_s + case((begun < at, seconds_between(db, at, begun)), else_=literal(0.0))

@@ -17,12 +17,10 @@ from sqlalchemy import (
     String,
     Text,
     bindparam,
-    case,
     cast,
     false,
     func,
     insert,
-    null,
     select,
     text,
 )
@@ -42,7 +40,8 @@ from core.models import (
     Team,
     User,
 )
-from core.states import ACTIVE, JobState
+from core.queue_wait import current_wait_start_sql
+from core.states import ACTIVE
 
 
 @dataclass(frozen=True)
@@ -224,11 +223,7 @@ def _list_statement(shape: _ListShape) -> Select[Any]:
         "team": Team.name, "user": User.name, "qos": QosClass.name,
         "steps": func.coalesce(jobs.c.spec["steps"].as_integer(), 0),
         "spec_json": cast(jobs.c.spec, Text),
-        # core.queue_wait.current_wait_start, in SQL: the client adds the wait so far to queued_s
-        "waiting_since": case(
-            (jobs.c.state == JobState.QUEUED.value, func.coalesce(jobs.c.wait_started_at, jobs.c.submitted_at)),
-            else_=null(),
-        ),
+        "waiting_since": current_wait_start_sql(),  # the client adds the wait so far to queued_s
     }  # fmt: skip
     stmt = (
         select(*(columns[name].label(name) if name in columns else jobs.c[name] for name in LIST_COLUMNS))

@@ -645,21 +645,22 @@ def replay_one(trace: Sequence[TraceJob], hosts: int, gpus_per_host: int, name: 
     return sim.run(name)
 
 
-def _hosts(text: str) -> list[int]:
+def _ints(text: str) -> list[int]:
     try:
-        sizes = [int(x) for x in text.split(",")]
+        return [int(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected N or N,M,...: {text!r}") from None
-    if not sizes or min(sizes) < 1:
+
+
+def _hosts(text: str) -> list[int]:
+    sizes = _ints(text)
+    if min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"host counts must be >= 1: {text!r}")
     return sizes
 
 
 def _seeds(text: str) -> list[int]:
-    try:
-        seeds = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N or N,M,...: {text!r}") from None
+    seeds = _ints(text)
     if len(set(seeds)) != len(seeds):
         raise argparse.ArgumentTypeError(f"a seed given twice: {text!r}")
     return seeds
