@@ -65,10 +65,13 @@ def upgrade() -> None:
             waits[jid] = (total, max(at, begin) if begin is not None else at)
         elif since is not None:
             waits[jid] = (total + max(0.0, (at - since).total_seconds()), None)
+    rows = []
     for jid, (total, since) in waits.items():
-        wait_started_at = since if since is not None and since != started[jid] else None
-        if total or wait_started_at is not None:
-            bind.execute(jobs.update().where(jobs.c.id == jid).values(queued_s=total, wait_started_at=wait_started_at))
+        resumed = since if since is not None and since != started[jid] else None  # a wait after a requeue
+        if total or resumed is not None:
+            rows.append({"jid": jid, "queued_s": total, "wait_started_at": resumed})
+    if rows:  # one executemany, not a statement per job
+        bind.execute(jobs.update().where(jobs.c.id == sa.bindparam("jid")), rows)
 
 
 def downgrade() -> None:
