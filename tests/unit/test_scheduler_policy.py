@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 from typing import Any
 
@@ -76,6 +77,29 @@ def reasons(s: Snapshot, config: PolicyConfig | None = None) -> dict[int, Reason
 
 def admitted(s: Snapshot, config: PolicyConfig | None = None) -> list[int]:
     return [a.job_id for a in plan(s, config).admissions]
+
+
+def test_plan_pauses_the_garbage_collector_for_the_cycle_and_leaves_it_as_it_found_it() -> None:
+    seen: list[bool] = []
+    original = Snapshot.__getattribute__
+
+    class Watched(Snapshot):  # records whether the collector runs while plan() reads the snapshot
+        def __getattribute__(self, name: str) -> Any:
+            seen.append(gc.isenabled())
+            return original(self, name)
+
+    s = snap(pending=(pj(1, 2),))
+    watched = Watched(now=s.now, hosts=s.hosts, pending=s.pending, running=s.running, teams=s.teams)
+    assert gc.isenabled()
+    assert [a.job_id for a in policy_plan(watched).admissions] == [1]
+    assert seen and not any(seen)
+    assert gc.isenabled()
+    gc.disable()  # a caller that turned it off keeps it off
+    try:
+        policy_plan(s)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 # -- pending reasons -----------------------------------------------------------------------------------------------
