@@ -19,7 +19,7 @@ from core.repositories import qos as qos_repo
 from core.repositories import step_times
 from core.repositories import teams as teams_repo
 from core.services.errors import NotFound
-from core.services.ops_metrics import is_violation_event
+from core.services.ops_metrics import is_violation_event, violation_kind
 from core.services.principal import Principal
 from core.states import ACTIVE, TERMINAL, JobState
 
@@ -126,7 +126,7 @@ def sla_of_jobs_since(db: Session, who: Principal, *, team: str | None, since: d
         limit = max_waits.get(j.id)
         reasons: list[dict[str, str | None]] = []
         if limit is not None and waited > limit:
-            at = breached_at(j, limit)
+            at = breached_at(j, limit) or _recorded_breach(violation_events.get(j.id, []))
             reasons.append({"type": "QUEUE_WAIT", "message": f"waited {waited:.0f}s in the queue > {limit:.0f}s",
                             "at": at.isoformat() if at is not None else None})  # fmt: skip
         for e in violation_events.get(j.id, []):
@@ -135,6 +135,17 @@ def sla_of_jobs_since(db: Session, who: Principal, *, team: str | None, since: d
         unmeasured = j.started_at is not None and j.id not in measured
         out.append(JobSla(j, team_names.get(j.team_id, "?"), qos.name if qos else "?", reasons, unmeasured))
     return out
+
+
+def _recorded_breach(events: list[Event]) -> datetime | None:
+    """When the SLA evaluator saw a job's queue wait break: the breach it computed while the job waited, else the
+    time of its event (at most one cycle late). For a job admitted since, the wait it is in no longer tells."""
+    for e in events:
+        data = e.data or {}
+        if violation_kind(e.type, data.get("kind")) == "queue_wait":
+            at = data.get("breached_at")
+            return datetime.fromisoformat(at) if isinstance(at, str) else e.created_at
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
 from core.models import Attempt, Event, Job, JobMetric, QosClass, SlaContract
-from core.queue_wait import queued_seconds
+from core.queue_wait import breached_at, queued_seconds
 from core.repositories import jobs as jobs_repo
 from core.repositories import step_times
 from core.states import ACTIVE, JobState
@@ -146,14 +146,15 @@ def _queue_wait(
     waited = queued_seconds(job, now)
     if waited <= limit:
         return []
-    return [
-        Violation(
-            job.id,
-            QUEUE_WAIT,
-            f"waited {waited:.0f}s in the queue (all waits), contract allows {limit:.0f}s",
-            {"kind": "queue_wait", "waited_s": round(waited, 3), "max_queue_wait_s": limit},
-        )
-    ]
+    data: dict[str, object] = {"kind": "queue_wait", "waited_s": round(waited, 3), "max_queue_wait_s": limit}
+    # When the budget ran out, known while the job is still in the wait that broke it (every cycle evaluates a
+    # waiting job, so otherwise it was admitted since this cycle's evaluation began: the event's time is then
+    # within one cycle of the breach). The SLA page reads it for a job admitted since.
+    at = breached_at(job, limit)
+    if at is not None:
+        data["breached_at"] = at.isoformat()
+    message = f"waited {waited:.0f}s in the queue (all waits), contract allows {limit:.0f}s"
+    return [Violation(job.id, QUEUE_WAIT, message, data)]
 
 
 def _deadline(

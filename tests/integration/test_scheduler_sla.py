@@ -134,6 +134,32 @@ def test_the_queue_wait_budget_spans_the_first_wait_and_every_requeue(db: Sessio
     assert found.type == sla.QUEUE_WAIT and found.data["waited_s"] == pytest.approx(650.0)
 
 
+def test_the_sla_page_dates_a_queue_wait_miss_of_a_job_admitted_since(db: Session) -> None:
+    """The page dates a queue-wait miss from the wait the job is in; once the job is admitted that wait is gone,
+    and the time came back empty. The evaluator records when the budget ran out while the job still waited."""
+    from core.services.dashboard import sla_of_jobs_since
+    from core.services.principal import Principal
+
+    gold = f.qos(db, "gold")
+    owner = f.team(db, "sla-dated")
+    job = f.job(db, owner, gold, gpus=1, name="dated", submitted_at=T0)
+    contract(db, job, max_queue_wait_s=600.0)
+    transition(db, job, JobState.ADMITTED, now=T0 + timedelta(seconds=400))
+    transition(db, job, JobState.RUNNING, now=T0 + timedelta(seconds=401))
+    back = T0 + timedelta(hours=1)
+    transition(db, job, JobState.QUEUED, message="preempted", now=back)
+    db.flush()
+    (found,) = sla.evaluate(db=db, now=back + timedelta(seconds=250))  # 200 s of budget were left: broke at +200
+    assert found.data["breached_at"] == (back + timedelta(seconds=200)).isoformat()
+    transition(db, job, JobState.ADMITTED, now=back + timedelta(seconds=300))
+    db.flush()
+    root = Principal(user_id=0, name="root", user_is_admin=True, scopes=frozenset({"admin"}))
+    (row,) = [r for r in sla_of_jobs_since(db, root, team="sla-dated", since=T0, now=back + timedelta(seconds=400))]
+    by_type = {r["type"]: r for r in row.reasons}
+    assert by_type["QUEUE_WAIT"]["message"] == "waited 700s in the queue > 600s"
+    assert by_type["QUEUE_WAIT"]["at"] == (back + timedelta(seconds=200)).isoformat()
+
+
 def test_deadline_missed_by_an_unfinished_job(db: Session) -> None:
     silver = f.qos(db, "silver")
     team = f.team(db, "sla-b")
