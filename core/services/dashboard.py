@@ -139,7 +139,8 @@ def sla_of_jobs_since(db: Session, who: Principal, *, team: str | None, since: d
 
 def _recorded_breach(events: list[Event]) -> datetime | None:
     """When the SLA evaluator saw a job's queue wait break: the breach it computed while the job waited, else the
-    time of its event (at most one cycle late). For a job admitted since, the wait it is in no longer tells."""
+    time of its event (the first cycle after the breach, while the scheduler runs). For a job admitted since, the
+    wait it is in no longer tells."""
     for e in events:
         data = e.data or {}
         if violation_kind(e.type, data.get("kind")) == "queue_wait":

@@ -147,9 +147,9 @@ def _queue_wait(
     if waited <= limit:
         return []
     data: dict[str, object] = {"kind": "queue_wait", "waited_s": round(waited, 3), "max_queue_wait_s": limit}
-    # When the budget ran out, known while the job is still in the wait that broke it (every cycle evaluates a
-    # waiting job, so otherwise it was admitted since this cycle's evaluation began: the event's time is then
-    # within one cycle of the breach). The SLA page reads it for a job admitted since.
+    # When the budget ran out, known while the job is still in the wait that broke it; otherwise it was admitted
+    # since the last cycle (each cycle evaluates every waiting job), and the event's own time is within a cycle of
+    # the breach. The SLA page reads it for a job admitted since.
     at = breached_at(job, limit)
     if at is not None:
         data["breached_at"] = at.isoformat()
