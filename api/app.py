@@ -38,6 +38,7 @@ from api.routers import (
 )
 from api.routers.health import register_collectors
 from core.db import make_engine
+from core.deployment import check_storage
 from core.settings import Settings, get_settings
 
 log = logging.getLogger("kiln.api")
@@ -52,7 +53,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     engine = engine or make_api_engine(settings.resolved_database_url)
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        with app.state.sessionmaker() as db:  # it serves logs and stores code from there: the database's own
+            check_storage(db, settings.resolved_storage_dir)
         yield
         if owns_engine:
             engine.dispose()

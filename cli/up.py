@@ -344,6 +344,24 @@ def profile_name(api_url: str) -> str:
     return f"local-{port}" if port.isdigit() else "local"
 
 
+def _claim_storage(database_url: str, storage_dir: Path) -> None:
+    """The storage directory is this database's, or kiln does not start (``core.deployment``); the processes check
+    it again, this says it once, plainly."""
+    from sqlalchemy.orm import Session
+
+    from core.db import make_engine
+    from core.deployment import StorageOfAnotherDeployment, check_storage
+
+    engine = make_engine(database_url)
+    try:
+        with Session(engine) as db:
+            check_storage(db, storage_dir)
+    except StorageOfAnotherDeployment as exc:
+        raise CliError(str(exc), ExitCode.CONFLICT) from None
+    finally:
+        engine.dispose()
+
+
 def _local_host(database_url: str) -> None:
     """Say what this host offers to the local worker, and give the ``default`` team its GPUs."""
     import shutil
@@ -430,6 +448,7 @@ def run_up(opts: UpOptions) -> int:
         console.print(f"{TAG} database {mask_url(settings.resolved_database_url)}")
         console.print(f"{TAG} broker   {mask_url(settings.resolved_broker_url)}")
         creds = prepare(settings.resolved_database_url, api_url)
+        _claim_storage(settings.resolved_database_url, settings.resolved_storage_dir)
         console.print(f"{TAG} migrated; {creds.note}")
         console.print(f"{TAG} CLI config: {creds.config_path} (api {api_url}, user {creds.user})")
         if opts.worker:

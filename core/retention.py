@@ -115,3 +115,21 @@ def prune_job_files(db: Session, storage_dir: Path, settings: Settings, now: dat
             shutil.rmtree(d, ignore_errors=True)
             gone += 1
     return gone
+
+
+def prune_local_tier(db: Session, jobs_dir: Path) -> int:
+    """Delete this database's jobs' directories in the host's fast local checkpoint tier (``jobs_dir``:
+    ``<tier>/<deployment uid>/jobs``) once the job has ended or is gone: an ended job never resumes, and the tier
+    is usually memory (tmpfs), each directory up to ``keep_last`` checkpoints of the model. Returns how many went."""
+    if not jobs_dir.is_dir():
+        return 0
+    dirs = {int(d.name): d for d in jobs_dir.iterdir() if d.is_dir() and d.name.isdigit()}
+    if not dirs:
+        return 0
+    live = set(db.scalars(select(Job.id).where(Job.id.in_(dirs), Job.state.not_in(TERMINAL_STATES))).all())
+    gone = 0
+    for job_id, d in dirs.items():
+        if job_id not in live:
+            shutil.rmtree(d, ignore_errors=True)
+            gone += 1
+    return gone

@@ -54,7 +54,8 @@ class ConnectionSettings(SettingsGroup):
     storage_dir: Path | None = Field(
         default=None,
         description="Checkpoints, compile caches and logs (a shared filesystem in multi-host deployments); "
-        "default `home/storage`.",
+        "default `home/storage`. It belongs to the database that first used it (its `DEPLOYMENT` file): kiln will "
+        "not start another database on it.",
     )
     storage_gid: int | None = Field(
         default=None,
@@ -179,8 +180,8 @@ class WorkerHost(SettingsGroup):
     local_tier_dir: Path | None = Field(
         default_factory=_default_local_tier,
         description="A fast host-local directory for tiered checkpoints (tmpfs or local NVMe); each job that asks "
-        "for the tier gets its own directory under it. Default: `/dev/shm/kiln` where `/dev/shm` exists; empty "
-        "turns the tier off on this host.",
+        "for the tier gets its own directory under it (`<database uid>/jobs/<id>`; removed once the job ends). "
+        "Default: `/dev/shm/kiln` where `/dev/shm` exists; empty turns the tier off on this host.",
     )
     attempt_max_memory_bytes: int | None = Field(
         default=None, description="Host memory one attempt may use at most; empty: 80% of the host's memory."

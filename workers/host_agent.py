@@ -17,11 +17,12 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
 from core.db import session_scope, utcnow
+from core.deployment import deployment_uid, local_tier_jobs
 from core.gpu_types import canonical
 from core.lifecycle import requeue_after_failure
 from core.liveness import Pulse
 from core.models import GPU, Attempt, Host, Job
-from core.retention import prune_job_files
+from core.retention import prune_job_files, prune_local_tier
 from core.settings import Settings
 from core.states import ACTIVE, AttemptState, HostState
 from core.transitions import move_host, record_event
@@ -195,13 +196,18 @@ class HostAgent:
             # must not erase an error before the reconciler has seen it).
 
     def prune_files(self) -> int:
-        """Delete the log and run directories of jobs finished longer ago than the retention allows."""
+        """Delete the log and run directories of jobs finished longer ago than the retention allows, and this host's
+        local-tier checkpoints of ended jobs."""
         settings = self.settings
         with session_scope() as db:
             gone = prune_job_files(db, settings.resolved_storage_dir, settings, utcnow())
+            tier = settings.local_tier_dir
+            cleared = prune_local_tier(db, local_tier_jobs(tier, deployment_uid(db))) if tier is not None else 0
         if gone:
             log.info("retention: removed the logs and run directories of %d finished job(s)", gone)
-        return gone
+        if cleared:
+            log.info("retention: removed the local-tier checkpoints of %d ended job(s)", cleared)
+        return gone + cleared
 
     def _loop(self) -> None:
         next_sample = 0.0

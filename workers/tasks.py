@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from core.code_archive import artifact_path, extract
 from core.db import session_scope, utcnow
+from core.deployment import deployment_uid, local_tier_jobs
 from core.fence import Lease, job_checkpoint_dir, lease_clock, write_fence, write_lease
 from core.lifecycle import ExitClass, end_attempt, end_attempt_as, renew_lease
 from core.models import GPU, Attempt, Host, Job, QosClass, Team, Usage
@@ -143,6 +144,7 @@ class Claimed:
     host_links: dict[str, Any]
     rendezvous: Rendezvous | None
     time_left_s: float | None
+    deployment: str  # the database's uid (core.deployment): a job's number is unique in one database only
     team: str = ""
     datasets: dict[str, str] = field(default_factory=dict)  # name -> registered path, of those still registered
 
@@ -253,7 +255,7 @@ def claim(
         placement=placement, gpus=gpus,
         qos=qos, host_links=dict(host_row.links or {}) if host_row else {}, rendezvous=rendezvous,
         time_left_s=time_left, team=team.name if team is not None else "",
-        datasets=datasets_svc.paths_for(db, team_id=job.team_id, names=names),
+        datasets=datasets_svc.paths_for(db, team_id=job.team_id, names=names), deployment=deployment_uid(db),
     )  # fmt: skip
 
 
@@ -345,11 +347,13 @@ def attempt_env(
 
 def local_tier_dir(settings: Settings, claimed: Claimed) -> Path | None:
     """The job's own directory in this host's fast local tier, when its spec asks for the tier and the host has
-    one: the worker names it (the spec names no path), the same for every attempt of the job on this host."""
+    one: the worker names it (the spec names no path), the same for every attempt of the job on this host. The
+    tier is the host's, shared by every kiln database on it, so each keeps its jobs under its own uid: another
+    database's job of the same number (a recreated database, a second kiln) never resumes from this one's."""
     wanted = bool(((claimed.spec or {}).get("checkpointing") or {}).get("local_tier"))
     if not wanted or settings.local_tier_dir is None:
         return None
-    return settings.local_tier_dir.resolve() / "jobs" / str(claimed.job_id)
+    return local_tier_jobs(settings.local_tier_dir, claimed.deployment) / str(claimed.job_id)
 
 
 # ------------------------------------------------------------------------------------------------ supervision

@@ -1,4 +1,4 @@
-"""Hosts and their GPUs, as the worker's host agent registers them."""
+"""Hosts and their GPUs, as the worker's host agent registers them; the deployment they belong to."""
 
 from __future__ import annotations
 
@@ -54,3 +54,15 @@ class GPU(Base):
     host: Mapped[Host] = relationship(back_populates="gpus")
 
     __table_args__ = (UniqueConstraint("host_id", "index"),)
+
+
+class Deployment(Base):
+    """This database's identity, one row written by migration 0009: host-wide directories that several kiln
+    databases can share (a host's fast local checkpoint tier) are kept apart by it, and a storage directory is
+    claimed by it (``core.deployment``), so a job never meets another database's job of the same number."""
+
+    __tablename__ = "deployment"
+
+    id: Mapped[int] = mapped_column(primary_key=True, comment="always 1: one row")
+    uid: Mapped[str] = mapped_column(String(32), comment="random, hex")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from core.db import utcnow
 from core.models import Event, Job, JobMetric, QosClass, Team, Webhook, WebhookDelivery
-from core.retention import prune_database, prune_job_files
+from core.retention import prune_database, prune_job_files, prune_local_tier
 from core.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -94,6 +94,27 @@ def test_retention_by_age(db: Session, tmp_path: Path) -> None:
     assert prune_job_files(db, tmp_path, SETTINGS, now) == 2
     left = {int(p.name) for p in (tmp_path / "logs").iterdir()}
     assert left == {old.id, recent.id, running.id}
+
+
+def test_the_local_tier_keeps_only_the_checkpoints_of_jobs_that_may_still_resume(db: Session, tmp_path: Path) -> None:
+    """A host's local tier is memory: a job that ended, however recently, never resumes from it (before, every
+    finished job left up to ``keep_last`` checkpoints of its model in /dev/shm for good)."""
+    now = utcnow()
+    team = db.scalars(select(Team)).first() or Team(name="tier")
+    db.add(team)
+    db.flush()
+    done = _job(db, team, state="SUCCEEDED", finished_days_ago=0.01, now=now, steps=0)
+    failed = _job(db, team, state="FAILED", finished_days_ago=0.01, now=now, steps=0)
+    waiting = _job(db, team, state="QUEUED", finished_days_ago=None, now=now, steps=0)  # preempted: resumes
+    running = _job(db, team, state="RUNNING", finished_days_ago=None, now=now, steps=0)
+    jobs_dir = tmp_path / "shm" / "uid" / "jobs"
+    gone = 10**9  # a job this database no longer has
+    for job_id in (done.id, failed.id, waiting.id, running.id, gone):
+        (jobs_dir / str(job_id) / "step_00000100").mkdir(parents=True)
+    (jobs_dir / "not-a-job").mkdir()
+    assert prune_local_tier(db, jobs_dir) == 3
+    assert {p.name for p in jobs_dir.iterdir()} == {str(waiting.id), str(running.id), "not-a-job"}
+    assert prune_local_tier(db, tmp_path / "none") == 0
 
 
 def test_zero_turns_pruning_off(db: Session) -> None:

@@ -1,0 +1,61 @@
+"""Each kiln database names itself (migration 0009), and `kiln up` will not start it on another's storage."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from cli.errors import CliError, ExitCode
+from cli.up import _claim_storage
+from core.deployment import deployment_uid
+from core.models import Deployment
+from core.settings import Settings
+from tests.support.api import migrated_sqlite
+from tests.support.workers_cluster import admit, submit, tiny_spec
+from workers.host_agent import HostAgent
+from workers.inventory import NoGpus
+from workers.tasks import claim, local_tier_dir
+
+pytestmark = pytest.mark.integration
+
+
+def test_every_database_gets_one_uid_of_its_own(db: Session, tmp_path: Path) -> None:
+    assert db.scalar(select(func.count()).select_from(Deployment)) == 1
+    uid = deployment_uid(db)
+    assert re.fullmatch(r"[0-9a-f]{32}", uid)
+    with migrated_sqlite(tmp_path) as engine, Session(engine) as other:
+        assert deployment_uid(other) != uid
+
+
+def test_kiln_up_refuses_a_storage_directory_another_database_claimed(tmp_path: Path) -> None:
+    """A database recreated beside the old one's files: before, its job 1 took the old job 1's checkpoints, logs
+    and compile cache for its own."""
+    storage = tmp_path / "storage"
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    with migrated_sqlite(tmp_path / "old") as old, migrated_sqlite(tmp_path / "new") as new:
+        _claim_storage(str(old.url), storage)
+        _claim_storage(str(old.url), storage)
+        with pytest.raises(CliError) as refused:
+            _claim_storage(str(new.url), storage)
+    assert refused.value.code == ExitCode.CONFLICT
+    assert "belongs to another kiln database" in str(refused.value)
+
+
+def test_a_claimed_attempt_keeps_its_local_tier_under_the_databases_uid(db: Session, tmp_path: Path) -> None:
+    settings = Settings(lease_s=10.0, local_tier_dir=tmp_path / "shm")
+    host = HostAgent(name="dep-a", inventory=NoGpus(), cpu_slots=1, address="127.0.0.1",
+                     settings=settings).register(db)  # fmt: skip
+    db.flush()
+    spec = tiny_spec("tiered", steps=10)
+    spec["checkpointing"] = {**spec.get("checkpointing", {}), "local_tier": True}
+    job = submit(db, spec)
+    attempt = admit(db, job, host)
+    claimed = claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
+                    delivery="d1", settings=settings)  # fmt: skip
+    assert claimed.deployment == deployment_uid(db)
+    assert local_tier_dir(settings, claimed) == (tmp_path / "shm").resolve() / claimed.deployment / "jobs" / str(job.id)
