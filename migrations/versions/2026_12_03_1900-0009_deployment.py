@@ -38,4 +38,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # The uid goes with the table: upgraded again, the database gets a new one, and the storage directory's
+    # DEPLOYMENT file (which names the old) must be rewritten with it before kiln starts on that storage again.
     op.drop_table("deployment")
