@@ -55,9 +55,9 @@ def up_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def start_up(tmp_path: Path, *extra: str) -> Up:
+def start_up(tmp_path: Path, *extra: str, settings: dict[str, str] | None = None) -> Up:
     port = free_port()
-    env = up_env(tmp_path)
+    env = up_env(tmp_path) | (settings or {})
     out_path = tmp_path / "up.out"
     proc = subprocess.Popen(
         [*KILN, "up", "--port", str(port), "--cpu-slots", "1", "--grace", "20", *extra],
@@ -82,9 +82,9 @@ def start_up(tmp_path: Path, *extra: str) -> Up:
 
 
 @contextmanager
-def up_running(tmp_path: Path) -> Iterator[Up]:
+def up_running(tmp_path: Path, settings: dict[str, str] | None = None) -> Iterator[Up]:
     """``kiln up`` from ``tmp_path`` (:func:`start_up`), stopped at the end unless the test stopped it already."""
-    up = start_up(tmp_path)
+    up = start_up(tmp_path, settings=settings)
     try:
         yield up
     finally:
@@ -193,6 +193,41 @@ def test_second_kiln_up_skips_bootstrap_and_a_concurrent_one_is_refused(tmp_path
     finally:
         code, children = stop_up(second)
     assert code == 0 and wait_gone(children) == []
+
+
+def _finished(up: Up, job_id: str) -> dict[str, object]:
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while time.monotonic() < deadline:
+        job: dict[str, object] = json.loads(up.kiln("describe", job_id, "-o", "json").stdout)["job"]
+        if job["state"] in {"SUCCEEDED", "FAILED", "CANCELLED"}:
+            return job
+        time.sleep(2)
+    pytest.fail(f"job {job_id} did not finish:\n{up.logs()}")
+
+
+def test_a_second_database_on_the_host_never_resumes_from_the_firsts_local_tier(tmp_path: Path) -> None:
+    """Two kiln databases on one host share its fast local checkpoint tier, and both number their first job 1.
+    Seen on the H200: the second one's job 1 resumed from the first's checkpoint of its last step and ended
+    SUCCEEDED at once, with the other job's loss."""
+    spec = tmp_path / "tiered.yaml"
+    spec.write_text((ROOT / "examples" / "gpt-tiny.yaml").read_text().replace(
+        "  keep_last: 2\n", "  keep_last: 2\n  local_tier: true\n"))  # fmt: skip
+    tier = {"KILN_LOCAL_TIER_DIR": str(tmp_path / "shm")}
+    runs = []
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        with up_running(tmp_path / name, settings=tier) as up:
+            submitted = up.kiln("submit", str(spec))
+            assert submitted.stdout.startswith("submitted job 1 "), submitted.stdout + submitted.stderr
+            job = _finished(up, "1")
+            events = json.loads(up.kiln("events", "1", "-o", "json").stdout)
+            runs.append((job, [e["type"] for e in events], up.logs()))
+    for job, types, logs in runs:
+        assert job["state"] == "SUCCEEDED" and job["last_step"] == 60, logs
+        assert "RESUMED" not in types, f"{types}\n{logs}"
+        assert "CHECKPOINT_LOCAL" in types, types  # the tier was used, by both
+    tiers = list((tmp_path / "shm").iterdir())
+    assert len(tiers) == 2, tiers  # one directory per database
 
 
 def test_up_detach_returns_when_ready_and_down_stops_everything(tmp_path: Path) -> None:
