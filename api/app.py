@@ -38,7 +38,7 @@ from api.routers import (
 )
 from api.routers.health import register_collectors
 from core.db import make_engine
-from core.deployment import check_storage
+from core.deployment import StorageOfAnotherDeployment, check_storage
 from core.settings import Settings, get_settings
 
 log = logging.getLogger("kiln.api")
@@ -54,8 +54,16 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        with app.state.sessionmaker() as db:  # it serves logs and stores code from there: the database's own
-            check_storage(db, settings.resolved_storage_dir)
+        # It serves logs and stores code there: the storage must be this database's. A database down at the start is
+        # not a reason to stay down (the API answers 503 until it is back); kiln up, the scheduler and the workers
+        # check the storage too, and cannot run without the database.
+        try:
+            with app.state.sessionmaker() as db:
+                check_storage(db, settings.resolved_storage_dir)
+        except StorageOfAnotherDeployment:
+            raise
+        except Exception as exc:
+            log.warning("could not check who owns the storage directory (%s): %s", settings.resolved_storage_dir, exc)
         yield
         if owns_engine:
             engine.dispose()

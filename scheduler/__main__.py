@@ -15,13 +15,15 @@ import threading
 from sqlalchemy.orm import sessionmaker
 
 from core.db import make_engine
-from core.deployment import check_storage
+from core.deployment import StorageOfAnotherDeployment
 from core.process_metrics import serve
 from core.settings import get_settings
 from scheduler.live.loop import run_forever
 from scheduler.live.metrics import SchedulerMetrics
 from scheduler.live.notifier import Notifier
 from workers.dispatch import dispatch_attempt
+
+log = logging.getLogger("kiln.scheduler")
 
 
 def main() -> None:
@@ -35,14 +37,15 @@ def main() -> None:
     # Its own small pool: a slow receiver holds one connection, never one the scheduling cycle needs.
     engine = make_engine(settings.resolved_database_url, **({} if settings.resolved_database_url.startswith("sqlite")
                                                              else {"pool_size": 2, "max_overflow": 2}))  # fmt: skip
-    with sessionmaker(bind=engine)() as db:  # it revokes fences and collects artifacts there
-        check_storage(db, settings.resolved_storage_dir)
     notifier = Notifier(settings=settings, session_factory=sessionmaker(bind=engine, expire_on_commit=False),
                         metrics=metrics)  # fmt: skip
     thread = threading.Thread(target=notifier.run, args=(stop,), name="webhook-notifier", daemon=True)
     thread.start()
     try:
         run_forever(settings, dispatch=dispatch_attempt, stop=stop, metrics=metrics)
+    except StorageOfAnotherDeployment as exc:
+        log.error("%s", exc)
+        raise SystemExit(2) from None
     finally:
         stop.set()
         thread.join(timeout=settings.webhook_timeout_s + 5)

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from core.db import session_scope
-    from core.deployment import check_storage
+    from core.deployment import StorageOfAnotherDeployment, check_storage
     from core.liveness import Pulse
     from core.process_metrics import serve
     from core.settings import get_settings
@@ -71,7 +71,11 @@ def main(argv: list[str] | None = None) -> None:
     serve(tasks.METRICS.registry, port=settings.worker_metrics_port, bind=settings.metrics_bind, what="worker")
     declare_host_queue(app, args.host)  # before the scheduler can see the host (and dispatch to its queue)
     with session_scope() as db:
-        check_storage(db, settings.resolved_storage_dir)  # before anything of this database's is written there
+        try:  # before anything of this database's is written there
+            check_storage(db, settings.resolved_storage_dir)
+        except StorageOfAnotherDeployment as exc:
+            log.error("%s", exc)
+            raise SystemExit(2) from None
         tasks.HOST_GPUS = len(agent.register(db).gpus)  # and ends the attempts a previous worker left behind
     has_gpus = tasks.HOST_GPUS > 0
     tasks.CURRENT_HOST = args.host

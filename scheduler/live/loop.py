@@ -13,6 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import make_engine, utcnow
+from core.deployment import StorageOfAnotherDeployment, check_storage
 from core.liveness import Pulse
 from core.policy_config import PolicyConfig
 from core.retention import RetentionReport, prune_database
@@ -188,6 +189,17 @@ def run_forever(
                 continue
             log.info("scheduler: leading")
             metrics.leader.set(1)
+            try:  # it revokes fences and collects code archives there: the storage must be this database's
+                with factory() as db:
+                    check_storage(db, settings.resolved_storage_dir)
+            except StorageOfAnotherDeployment:
+                raise
+            except Exception:
+                log.exception("could not check who owns the storage directory; retrying")
+                leadership.release()
+                metrics.leader.set(0)
+                stop.wait(min(interval, settings.standby_retry_s))
+                continue
             next_gc = time.monotonic()
             try:
                 while not stop.is_set():

@@ -59,3 +59,29 @@ def test_a_claimed_attempt_keeps_its_local_tier_under_the_databases_uid(db: Sess
                     delivery="d1", settings=settings)  # fmt: skip
     assert claimed.deployment == deployment_uid(db)
     assert local_tier_dir(settings, claimed) == (tmp_path / "shm").resolve() / claimed.deployment / "jobs" / str(job.id)
+
+
+def test_the_scheduler_will_not_lead_on_another_databases_storage(tmp_path: Path) -> None:
+    import threading
+
+    from core.deployment import StorageOfAnotherDeployment, claim_storage
+    from scheduler.live.loop import run_forever
+
+    claim_storage(tmp_path / "storage", "f" * 32)
+    with migrated_sqlite(tmp_path) as engine:
+        settings = Settings(home=tmp_path, database_url=str(engine.url), storage_dir=tmp_path / "storage")
+        with pytest.raises(StorageOfAnotherDeployment):
+            run_forever(settings, dispatch=lambda *a, **k: None, stop=threading.Event())
+
+
+def test_the_api_will_not_serve_another_databases_storage(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from core.deployment import StorageOfAnotherDeployment, claim_storage
+
+    claim_storage(tmp_path / "storage", "f" * 32)
+    with migrated_sqlite(tmp_path) as engine:
+        app = create_app(Settings(home=tmp_path, storage_dir=tmp_path / "storage"), engine=engine)
+        with pytest.raises(StorageOfAnotherDeployment), TestClient(app):
+            pass
