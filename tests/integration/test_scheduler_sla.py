@@ -112,20 +112,26 @@ def test_a_requeued_job_is_measured_on_its_waits_not_on_its_run_time(db: Session
     assert db.get(Job, job.id).queued_s == pytest.approx(61.0)  # type: ignore[union-attr]
 
 
-def test_the_queue_wait_budget_spans_the_first_wait_and_every_requeue(db: Session) -> None:
-    """400 s before its first admission, then requeued after a preemption with 200 s of its 600 s left: the
-    scheduler is handed what is left, from the requeue, and the evaluator counts both waits."""
-    from scheduler.live.loader import load_snapshot
-
+def requeued_after_400_s(db: Session, team: str, name: str) -> tuple[Job, datetime]:
+    """A gold job under a 600 s max queue wait: 400 s in the queue, admitted, run for an hour, preempted back into
+    the queue (at the time returned) with 200 s of its budget left."""
     gold = f.qos(db, "gold")
-    owner = f.team(db, "sla-span")
-    job = f.job(db, owner, gold, gpus=1, name="spanning", submitted_at=T0)
+    job = f.job(db, f.team(db, team), gold, gpus=1, name=name, submitted_at=T0)
     contract(db, job, max_queue_wait_s=600.0)
     transition(db, job, JobState.ADMITTED, now=T0 + timedelta(seconds=400))
     transition(db, job, JobState.RUNNING, now=T0 + timedelta(seconds=401))
     back = T0 + timedelta(hours=1)
     transition(db, job, JobState.QUEUED, message="preempted", now=back)
     db.flush()
+    return job, back
+
+
+def test_the_queue_wait_budget_spans_the_first_wait_and_every_requeue(db: Session) -> None:
+    """400 s before its first admission, then requeued after a preemption with 200 s of its 600 s left: the
+    scheduler is handed what is left, from the requeue, and the evaluator counts both waits."""
+    from scheduler.live.loader import load_snapshot
+
+    job, back = requeued_after_400_s(db, "sla-span", "spanning")
     (pending,) = [p for p in load_snapshot(db=db, now=back + timedelta(seconds=100)).pending if p.id == job.id]
     assert pending.max_queue_wait_s == pytest.approx(200.0)
     assert pending.wait_started_at == back.timestamp() and pending.queue_wait_due == (back.timestamp() + 200.0)
@@ -140,15 +146,7 @@ def test_the_sla_page_dates_a_queue_wait_miss_of_a_job_admitted_since(db: Sessio
     from core.services.dashboard import sla_of_jobs_since
     from core.services.principal import Principal
 
-    gold = f.qos(db, "gold")
-    owner = f.team(db, "sla-dated")
-    job = f.job(db, owner, gold, gpus=1, name="dated", submitted_at=T0)
-    contract(db, job, max_queue_wait_s=600.0)
-    transition(db, job, JobState.ADMITTED, now=T0 + timedelta(seconds=400))
-    transition(db, job, JobState.RUNNING, now=T0 + timedelta(seconds=401))
-    back = T0 + timedelta(hours=1)
-    transition(db, job, JobState.QUEUED, message="preempted", now=back)
-    db.flush()
+    job, back = requeued_after_400_s(db, "sla-dated", "dated")
     (found,) = sla.evaluate(db=db, now=back + timedelta(seconds=250))  # 200 s of budget were left: broke at +200
     assert found.data["breached_at"] == (back + timedelta(seconds=200)).isoformat()
     transition(db, job, JobState.ADMITTED, now=back + timedelta(seconds=300))
