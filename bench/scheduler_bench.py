@@ -7,11 +7,14 @@ job waits; the cost of the reasons and preemption searches). Reports median and 
 cycles and
 the ratio against a FIFO plan of the same snapshot measured in the same run (the box is shared and noisy).
 ``python bench/scheduler_bench.py [--repeat N]``; kiln plans with the live loop's policy (``KILN_POLICY__*`` settings).
+``--collector``: instead, kiln's cycle with Python's cyclic garbage collector on against ``plan()`` (which pauses it
+for the cycle), paired cycle by cycle; writes bench/results/scheduler_bench_collector.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -28,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from core.policy_config import PolicyConfig  # noqa: E402
 from core.settings import get_settings  # noqa: E402
 from scheduler.policy.decisions import Decisions  # noqa: E402
-from scheduler.policy.plan import plan  # noqa: E402
+from scheduler.policy.plan import _Planner, plan  # noqa: E402  (_Planner: a cycle with the collector on)
 from scheduler.policy.snapshot import ANY, PendingJob, PlacedHost, QuotaInfo, RunningJob, Snapshot, TeamInfo  # noqa: E402
 from scheduler.simulate.synthetic import gpu_cluster  # noqa: E402
 
@@ -139,11 +142,55 @@ def measure(snapshot: Snapshot, repeat: int) -> dict[str, float]:
     }
 
 
+def measure_collector(snapshot: Snapshot, repeat: int) -> dict[str, float]:
+    """``repeat`` cycles of the live loop's policy with the collector left on (the planner called directly, as
+    ``plan()`` did before it paused the collector), each paired with a ``plan()`` cycle over the same snapshot."""
+    config = get_settings().policy
+    plan(snapshot, config)  # warm up
+    on, paused = [], []
+    for _ in range(repeat):
+        assert gc.isenabled()
+        c0 = time.process_time()
+        _Planner(snapshot, config).run()
+        on.append(time.process_time() - c0)
+        c0 = time.process_time()
+        plan(snapshot, config)
+        paused.append(time.process_time() - c0)
+    return {
+        "cycles": repeat,
+        "collector_on_ms_median": round(statistics.median(on) * 1000, 2),
+        "collector_on_ms_p95": round(_p95(on) * 1000, 2),
+        "paused_ms_median": round(statistics.median(paused) * 1000, 2),
+        "paused_ms_p95": round(_p95(paused) * 1000, 2),
+        "ratio_median": round(statistics.median(paused) / statistics.median(on), 3),
+        "ratio_p95": round(_p95(paused) / _p95(on), 3),
+    }
+
+
+def collector_main(repeat: int) -> int:
+    results = {
+        "half_busy": measure_collector(build(busy_fraction=0.5), repeat),
+        "full": measure_collector(build(busy_fraction=1.0), repeat),
+    }
+    print(f"{'scenario':<10} {'on med':>7} {'on p95':>7} {'paused med':>10} {'paused p95':>10} {'/med':>6} {'/p95':>6}")
+    for name, r in results.items():
+        print(f"{name:<10} {r['collector_on_ms_median']:>7.1f} {r['collector_on_ms_p95']:>7.1f} "
+              f"{r['paused_ms_median']:>10.1f} {r['paused_ms_p95']:>10.1f} {r['ratio_median']:>6.3f} "
+              f"{r['ratio_p95']:>6.3f}")  # fmt: skip
+    out = ROOT / "bench" / "results" / "scheduler_bench_collector.json"
+    meta = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "repeat": repeat}
+    out.write_text(json.dumps({"results": results, "meta": meta}, indent=2) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=15, help="cycles per scenario (each paired with a FIFO cycle)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scheduler_bench.json"))
+    ap.add_argument("--collector", action="store_true", help="the collector on vs paused in the cycle, paired")
     args = ap.parse_args(argv)
+    if args.collector:
+        return collector_main(args.repeat)
     results = {
         "half_busy": measure(build(busy_fraction=0.5), args.repeat),
         "full": measure(build(busy_fraction=1.0), args.repeat),

@@ -683,7 +683,7 @@ def plan(snapshot: Snapshot, config: PolicyConfig | None = None) -> Decisions:
     The cyclic garbage collector is paused for the cycle: a cycle over 10,000 pending jobs allocates tens of
     thousands of short-lived objects (keys, reasons, placements), which reference counting frees, and each
     collection they would trigger walks the whole process heap (the live loop's ORM objects, the replay's jobs).
-    Paired cycles of ``bench/scheduler_bench.py``'s snapshots: median 11-12% and p95 14-22% shorter.
+    ``bench/scheduler_bench.py --collector`` (paired cycles): median 6-10% and p95 11-24% shorter.
     """
     was_enabled = gc.isenabled()
     gc.disable()
