@@ -70,8 +70,6 @@ def local_tier_jobs(tier_dir: Path, uid: str) -> Path:
     return tier_dir.resolve() / uid / "jobs"
 
 
-def check_storage(db: Session, storage_dir: Path) -> str:
-    """At a process's start (API, scheduler, worker): this database's uid, once ``storage_dir`` is claimed by it."""
-    uid = deployment_uid(db)
-    claim_storage(storage_dir, uid)
-    return uid
+def check_storage(db: Session, storage_dir: Path) -> None:
+    """At a process's start (kiln up, API, scheduler, worker): ``storage_dir`` is this database's, or it raises."""
+    claim_storage(storage_dir, deployment_uid(db))

@@ -698,11 +698,11 @@ def _policy_names(text: str) -> list[str]:
 
 
 def _draw(trace: Sequence[TraceJob], seed: int, sizes: list[int], names: list[str], gpus_per_host: int,
-          done: dict[tuple[int, int, str], Result]) -> dict[str, Any]:  # fmt: skip
+          summarized: dict[tuple[int, int, str], dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
     """One draw's tables (one per size) and acceptance, printed and returned for the report."""
     entries = []
     for n in sizes:
-        summaries = [summarize(done[(seed, n, p)]) for p in names]
+        summaries = [summarized[(seed, n, p)] for p in names]
         load = offered_load(trace, n * gpus_per_host)
         entry: dict[str, Any] = {"hosts": n, "gpus": n * gpus_per_host, "offered_load": round(load, 3),
                                  "results": summaries}  # fmt: skip
@@ -764,13 +764,15 @@ def main(argv: list[str] | None = None) -> int:
     tasks = [(seed, n, p) for seed in seeds for p in names for n in sizes]
     argsets = [(trace, n, args.gpus_per_host, p, args.tick, args.period, seed) for seed, n, p in tasks]
     done: dict[tuple[int, int, str], Result] = {}
+    summarized: dict[tuple[int, int, str], dict[str, Any]] = {}
 
     def finished(task: tuple[int, int, str], result: Result) -> None:
         # Each replay's summary as soon as it is done (a long run can be read, or resumed by hand, part-way).
         done[task] = result
+        summarized[task] = summarize(result)
         seed, n, p = task
         name = f"replay_{n}_{p}.json" if len(seeds) == 1 else f"replay_{n}_{p}_seed{seed}.json"
-        (out / name).write_text(json.dumps(summarize(result), indent=2) + "\n")
+        (out / name).write_text(json.dumps(summarized[task], indent=2) + "\n")
         print(f"done: {n} hosts, {p}" + (f", limit seed {seed}" if len(seeds) > 1 else ""), flush=True)
 
     if args.workers <= 1 or len(tasks) == 1:
@@ -783,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
                 finished(futures[future], future.result())
     wall_s = round(time.perf_counter() - started, 1)
     print(f"{len(trace)} jobs; {len(tasks)} replays took {wall_s} s")
-    draws = [_draw(trace, seed, sizes, names, args.gpus_per_host, done) for seed in seeds]
+    draws = [_draw(trace, seed, sizes, names, args.gpus_per_host, summarized) for seed in seeds]
     report: dict[str, Any] = {"trace": args.trace, "jobs": len(trace), "gpus_per_host": args.gpus_per_host,
                               "tick_s": args.tick, "period_s": args.period, "limit_seed": seeds[0], "wall_s": wall_s,
                               "policy": policy.model_dump(), "sizes": draws[0]["sizes"]}  # fmt: skip

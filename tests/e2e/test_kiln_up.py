@@ -113,6 +113,19 @@ def wait_gone(procs: list[psutil.Process], timeout: float = 10) -> list[psutil.P
     return [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
+def _finished(up: Up, job_id: str) -> dict[str, object]:
+    """The job as ``kiln describe`` shows it once it has ended."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while time.monotonic() < deadline:
+        shown = up.kiln("describe", job_id, "-o", "json")
+        assert shown.returncode == 0, shown.stderr
+        job: dict[str, object] = json.loads(shown.stdout)["job"]
+        if job["state"] in {"SUCCEEDED", "FAILED", "CANCELLED"}:
+            return job
+        time.sleep(2)
+    pytest.fail(f"job {job_id} did not finish:\n{up.logs()}")
+
+
 def test_kiln_up_runs_the_main_job_to_the_end(kiln_up: Up, tmp_path: Path) -> None:
     up = kiln_up
     config = json.loads((tmp_path / "xdg" / "kiln" / "config.json").read_text())
@@ -129,15 +142,7 @@ def test_kiln_up_runs_the_main_job_to_the_end(kiln_up: Up, tmp_path: Path) -> No
     assert listed.returncode == 0, listed.stderr
     assert any(line.split()[:2] == [job_id, "gpt-tiny"] for line in listed.stdout.splitlines()), listed.stdout
 
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    job: dict[str, object] = {}
-    while time.monotonic() < deadline:
-        shown = up.kiln("describe", job_id, "-o", "json")
-        assert shown.returncode == 0, shown.stderr
-        job = json.loads(shown.stdout)["job"]
-        if job["state"] in {"SUCCEEDED", "FAILED", "CANCELLED"}:
-            break
-        time.sleep(3)
+    job = _finished(up, job_id)
     assert job.get("state") == "SUCCEEDED", f"{job}\n{up.logs()}"
     assert job["last_step"] == 60 and job["last_loss"] is not None
 
@@ -193,16 +198,6 @@ def test_second_kiln_up_skips_bootstrap_and_a_concurrent_one_is_refused(tmp_path
     finally:
         code, children = stop_up(second)
     assert code == 0 and wait_gone(children) == []
-
-
-def _finished(up: Up, job_id: str) -> dict[str, object]:
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while time.monotonic() < deadline:
-        job: dict[str, object] = json.loads(up.kiln("describe", job_id, "-o", "json").stdout)["job"]
-        if job["state"] in {"SUCCEEDED", "FAILED", "CANCELLED"}:
-            return job
-        time.sleep(2)
-    pytest.fail(f"job {job_id} did not finish:\n{up.logs()}")
 
 
 def test_a_second_database_on_the_host_never_resumes_from_the_firsts_local_tier(tmp_path: Path) -> None:
