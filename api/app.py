@@ -55,15 +55,17 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # It serves logs and stores code there: the storage must be this database's. A database down at the start is
-        # not a reason to stay down (the API answers 503 until it is back); kiln up, the scheduler and the workers
-        # check the storage too, and cannot run without the database.
+        # not a reason to stay down (the API answers 503 until it is back); then the first request that touches
+        # the storage checks it (api.deps.get_storage_dir).
         try:
             with app.state.sessionmaker() as db:
                 check_storage(db, settings.resolved_storage_dir)
+            app.state.storage_checked = True
         except StorageOfAnotherDeployment:
             raise
         except Exception as exc:
-            log.warning("could not check who owns the storage directory (%s): %s", settings.resolved_storage_dir, exc)
+            log.warning("could not check who owns the storage directory (%s) yet: %s", settings.resolved_storage_dir,
+                        exc)  # fmt: skip
         yield
         if owns_engine:
             engine.dispose()
@@ -73,6 +75,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app = FastAPI(title="kiln", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, docs_url=None,
                   redoc_url=None, generate_unique_id_function=openapi.operation_id)  # fmt: skip
     app.state.settings = settings
+    app.state.storage_checked = False  # api.deps.get_storage_dir
     app.state.engine = engine
     app.state.sessionmaker = sessionmaker(bind=engine, expire_on_commit=False)
     app.state.limiter = make_limiter(

@@ -8,6 +8,7 @@ import functools
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import Annotated, ParamSpec, TypeVar
 
 from fastapi import Depends, Request
@@ -16,6 +17,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import principal_for
+from core.deployment import check_storage
 from core.services.principal import Principal
 from core.settings import Settings
 
@@ -105,6 +107,20 @@ def get_app_settings(request: Request) -> Settings:
 
 
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+
+
+def get_storage_dir(request: Request, db: SessionDep) -> Path:
+    """The storage directory, once it is known to be this database's (``core.deployment``): checked when the API
+    starts, or, when the database was down then, by the first request that reads or writes the directory.
+    Raises ``StorageOfAnotherDeployment`` (503) while another database owns it."""
+    storage: Path = request.app.state.settings.resolved_storage_dir
+    if not request.app.state.storage_checked:
+        check_storage(db, storage)
+        request.app.state.storage_checked = True
+    return storage
+
+
+StorageDirDep = Annotated[Path, Depends(get_storage_dir)]
 
 
 SessionFactory = Callable[[], AbstractContextManager[Session]]

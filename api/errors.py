@@ -18,6 +18,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalErr
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from core.deployment import StorageOfAnotherDeployment
 from core.services.artifacts import TooLarge
 from core.services.errors import (
     Conflict,
@@ -132,6 +133,16 @@ async def _unavailable(request: Request, exc: Exception) -> ProblemResponse:
     )  # fmt: skip
 
 
+async def _foreign_storage(request: Request, exc: Exception) -> ProblemResponse:
+    log.error("%s", exc)  # the paths and uids are for the operator's log, not for every caller
+    return problem(
+        503,
+        "the API's storage directory belongs to another kiln database; an operator must point "
+        "KILN_STORAGE_DIR or the database URL at the right one (the API's log says which)",
+        request=request,
+    )
+
+
 async def _dbapi(request: Request, exc: Exception) -> ProblemResponse:
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         return await _unavailable(request, exc)
@@ -159,6 +170,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(ServiceError, _service)
     app.add_exception_handler(StarletteHTTPException, _http)
     app.add_exception_handler(OperationalError, _unavailable)
+    app.add_exception_handler(StorageOfAnotherDeployment, _foreign_storage)
     app.add_exception_handler(PoolTimeout, _unavailable)
     app.add_exception_handler(IntegrityError, _integrity)
     app.add_exception_handler(DataError, _data)

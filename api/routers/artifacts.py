@@ -13,7 +13,7 @@ from fastapi.responses import FileResponse
 from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.deps import CurrentPrincipal, SessionDep, SettingsDep, StorageDirDep
 from api.routers.common import ERRORS, PAGE_DEFAULT, CursorQuery, LimitQuery, TeamPath, paged
 from api.schemas.common import NEXT_CURSOR_DOC, OutModel
 from core.code_archive import DIGEST_PATTERN, artifact_path
@@ -78,10 +78,10 @@ def get_artifact(team: TeamPath, digest: DigestPath, db: SessionDep, who: Curren
     responses={200: {"content": {"application/gzip": {}}}},
 )
 def download_artifact(
-    team: TeamPath, digest: DigestPath, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep
+    team: TeamPath, digest: DigestPath, db: SessionDep, who: CurrentPrincipal, storage: StorageDirDep
 ) -> FileResponse:
     artifact = svc.get(db=db, principal=who, team=team, digest=digest)
-    path = artifact_path(settings.resolved_storage_dir, artifact.team_id, digest)
+    path = artifact_path(storage, artifact.team_id, digest)
     return FileResponse(path, media_type="application/gzip", filename=f"{team}-{digest[:12]}.tar.gz")
 
 
@@ -104,13 +104,14 @@ async def upload_artifact(
     db: SessionDep,
     who: CurrentPrincipal,
     settings: SettingsDep,
+    storage: StorageDirDep,
     response: Response,
 ) -> ArtifactOut:
     limit = settings.artifact_max_upload_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise svc.TooLarge(f"the archive is {declared} bytes; the limit is {limit}")
-    tmp = svc.tmp_dir(settings.resolved_storage_dir)
+    tmp = svc.tmp_dir(storage)
     fd, name = tempfile.mkstemp(dir=tmp, prefix="upload-")
     upload = FsPath(name)
     try:

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response, status
 from pydantic import Field
 
-from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.deps import CurrentPrincipal, SessionDep, StorageDirDep
 from api.routers.common import ERRORS, LOCATION, PAGE_DEFAULT, CursorQuery, LimitQuery, TeamPath, paged
 from api.schemas.common import NEXT_CURSOR_DOC, InModel, OutModel, Text
 from core.datasets import MAX_PATH
@@ -58,29 +58,29 @@ def list_datasets(
     team: TeamPath,
     db: SessionDep,
     who: CurrentPrincipal,
-    settings: SettingsDep,
+    storage: StorageDirDep,
     limit: LimitQuery = PAGE_DEFAULT,
     cursor: CursorQuery = None,
 ) -> DatasetPageOut:
-    views = svc.list_for_team(db=db, principal=who, team=team, storage=settings.resolved_storage_dir)
+    views = svc.list_for_team(db=db, principal=who, team=team, storage=storage)
     rows, more = paged(views, lambda v: (v.dataset.name,), limit, cursor)
     return DatasetPageOut(items=[_out(v, team) for v in rows], next_cursor=more)
 
 
 @router.get("/{name}", response_model=DatasetOut, summary="One dataset")
 def get_dataset(
-    team: TeamPath, name: DatasetPath, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep
+    team: TeamPath, name: DatasetPath, db: SessionDep, who: CurrentPrincipal, storage: StorageDirDep
 ) -> DatasetOut:
-    return _out(svc.get(db=db, principal=who, team=team, name=name, storage=settings.resolved_storage_dir), team)
+    return _out(svc.get(db=db, principal=who, team=team, name=name, storage=storage), team)
 
 
 @router.post("", response_model=DatasetOut, status_code=status.HTTP_201_CREATED, responses=LOCATION,
              summary="Register a dataset (team-admin): a name for a directory of the storage's data area")  # fmt: skip
 def register_dataset(
-    team: TeamPath, body: DatasetIn, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep, response: Response
+    team: TeamPath, body: DatasetIn, db: SessionDep, who: CurrentPrincipal, storage: StorageDirDep, response: Response
 ) -> DatasetOut:
     view = svc.register(db=db, principal=who, team=team, name=body.name, path=body.path,
-                        description=body.description, storage=settings.resolved_storage_dir)  # fmt: skip
+                        description=body.description, storage=storage)  # fmt: skip
     response.headers["Location"] = f"/v1/teams/{team}/datasets/{body.name}"
     return _out(view, team)
 

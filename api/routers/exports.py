@@ -10,7 +10,7 @@ from fastapi import APIRouter, Path, Response, status
 from fastapi.responses import FileResponse
 from pydantic import Field
 
-from api.deps import CurrentPrincipal, SessionDep, SettingsDep
+from api.deps import CurrentPrincipal, SessionDep, StorageDirDep
 from api.routers.common import ERRORS, PAGE_DEFAULT, CursorQuery, JobIdPath, LimitQuery, paged
 from api.schemas.common import INT32, NEXT_CURSOR_DOC, InModel, OutModel
 from core.models import CheckpointExport
@@ -81,8 +81,8 @@ def get_export(job_id: JobIdPath, step: StepPath, db: SessionDep, who: CurrentPr
 @router.get("/{step}/{name}", response_class=FileResponse, summary="Download a file of a ready export",
             responses={200: {"content": {"application/octet-stream": {}, "application/json": {}}}})  # fmt: skip
 def download(job_id: JobIdPath, step: StepPath, name: FilePath, db: SessionDep, who: CurrentPrincipal,
-             settings: SettingsDep) -> FileResponse:  # fmt: skip
+             storage: StorageDirDep) -> FileResponse:  # fmt: skip
     path = svc.file_path(db=db, principal=who, job_id=job_id, step=step, name=name,
-                         storage_dir=settings.resolved_storage_dir)  # fmt: skip
+                         storage_dir=storage)  # fmt: skip
     media = "application/json" if name.endswith(".json") else "application/octet-stream"
     return FileResponse(path, media_type=media, filename=f"job{job_id}-step{step}-{name}")

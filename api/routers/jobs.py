@@ -19,6 +19,7 @@ from api.deps import (
     SessionDep,
     SessionFactoryDep,
     SettingsDep,
+    StorageDirDep,
     StreamPrincipal,
     autocommit,
     finish,
@@ -275,7 +276,7 @@ def stream_job_logs(
     request: Request,
     db: SessionDep,
     who: StreamPrincipal,
-    settings: SettingsDep,
+    storage: StorageDirDep,
     sessions: SessionFactoryDep,
     attempt: Annotated[int | None, Query(ge=1, le=INT32, description="Default: the latest")] = None,
     follow: Annotated[bool, Query(description="Tail until the job is terminal")] = False,
@@ -283,15 +284,13 @@ def stream_job_logs(
     ticket: StreamTicketQuery = None,
     last_event_id: LastEventIdQuery = None,
 ) -> StreamingResponse:
-    target = svc.log_target(
-        db=db, principal=who, job_id=job_id, storage_dir=settings.resolved_storage_dir, attempt=attempt
-    )
+    target = svc.log_target(db=db, principal=who, job_id=job_id, storage_dir=storage, attempt=attempt)
     guard = sse.Guard(request, sessions, who, target.team_id)
     resume = parse_position(sse.last_event_id(request))
     if resume is None and tail is not None and target.attempt is not None:
         resume = (target.attempt, tail_offset(target.path, tail))
     stream = sse_log_stream(request=request, target=target, follow=follow, sessions=sessions,
-                            storage_dir=settings.resolved_storage_dir, pinned=attempt is not None, guard=guard,
+                            storage_dir=storage, pinned=attempt is not None, guard=guard,
                             resume=resume)  # fmt: skip
     return StreamingResponse(stream, media_type="text/event-stream", headers=sse.HEADERS)
 

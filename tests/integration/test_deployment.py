@@ -85,3 +85,38 @@ def test_the_api_will_not_serve_another_databases_storage(tmp_path: Path) -> Non
         app = create_app(Settings(home=tmp_path, storage_dir=tmp_path / "storage"), engine=engine)
         with pytest.raises(StorageOfAnotherDeployment), TestClient(app):
             pass
+
+
+def test_an_api_started_while_the_database_was_down_checks_the_storage_before_it_serves_it(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from core.db import make_engine
+    from core.deployment import MARKER, claim_storage
+    from core.migrate import upgrade
+    from core.services.bootstrap import bootstrap_admin
+    from tests.support.api import auth
+
+    later = tmp_path / "later"  # the database's directory is not there yet: it cannot be opened
+    url = f"sqlite:///{later / 'kiln.db'}"
+    engine = make_engine(url)
+    storage = tmp_path / "storage"
+    claim_storage(storage, "f" * 32)
+    app = create_app(Settings(home=tmp_path, storage_dir=storage), engine=engine)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        assert client.get("/readyz").status_code == 503
+        later.mkdir()
+        upgrade(url)  # the database is back
+        with Session(engine) as db:
+            _admin, secret = bootstrap_admin(db=db, name="root")
+            db.commit()
+            uid = deployment_uid(db)
+        r = client.get("/v1/jobs/1/logs", headers=auth(secret))
+        assert r.status_code == 503 and r.headers["content-type"].startswith("application/problem+json")
+        assert "belongs to another kiln database" in r.json()["detail"] and "f" * 32 not in r.json()["detail"]
+
+        (storage / MARKER).unlink()  # the operator: that database is gone, its files may be reused
+        r = client.get("/v1/jobs/1/logs", headers=auth(secret))
+        assert r.status_code == 404  # no such job: the storage is checked (and now claimed) first
+        assert (storage / MARKER).read_text().strip() == uid
+    engine.dispose()
