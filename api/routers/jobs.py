@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from datetime import datetime
 from typing import Annotated, Any
 
 import yaml
@@ -209,22 +210,30 @@ async def list_jobs(
     qos: Annotated[str | None, Query(max_length=32, pattern=r"^[a-z0-9-]+$")] = None,
     name: Annotated[str | None, Query(max_length=64, pattern=NAME_PATTERN)] = None,
     user: Annotated[str | None, Query(pattern=USER_PATTERN, description="Only jobs this user submitted")] = None,
+    submitted_after: Annotated[
+        datetime | None, Query(description="Only jobs submitted at or after this time (RFC 3339; no zone: UTC)")
+    ] = None,
+    submitted_before: Annotated[
+        datetime | None, Query(description="Only jobs submitted before this time (RFC 3339; no zone: UTC)")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Response:
     states = [s.value for s in state or ()]
-    return await run_hot(_list, request, db, team, states, qos, name, user, limit, cursor)
+    window = (submitted_after, submitted_before)
+    return await run_hot(_list, request, db, team, states, qos, name, user, window, limit, cursor)
 
 
 def _list(
     request: Request, db: Session, team: str | None, states: list[str], qos: str | None, name: str | None,
-    user: str | None, limit: int, cursor: str | None,
+    user: str | None, window: tuple[datetime | None, datetime | None], limit: int, cursor: str | None,
 ) -> Response:  # fmt: skip
     autocommit(db)
     who = principal_for(request, db)  # in this thread: one hop for the whole request (see submit)
     page = svc.list_jobs(
         db=db, principal=who, team=team, states=states, qos=qos, name=name, user=user, limit=limit,
-        before_id=decode_cursor(cursor, "before") if cursor else None,
+        before_id=decode_cursor(cursor, "before") if cursor else None, submitted_after=window[0],
+        submitted_before=window[1],
     )  # fmt: skip
     next_cursor = encode_cursor("before", page.next_before_id) if page.next_before_id else None
     finish(db)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -103,9 +105,33 @@ def report_submitted(api: Any, job: dict[str, Any], *, follow: bool, output: Out
     raise typer.Exit(int(_state_exit(final.get("state"))))
 
 
+_AGO = re.compile(r"^(\d+)([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_when(text: str, *, now: datetime | None = None) -> str:
+    """``--since`` / ``--until``: a time ago (``90m``, ``2h``, ``3d``, ``1w``) or an ISO 8601 date or time (no zone:
+    UTC), as the RFC 3339 UTC time the API takes."""
+    text = text.strip()
+    if m := _AGO.match(text):
+        when = (now or datetime.now(UTC)) - timedelta(seconds=int(m[1]) * _UNIT_S[m[2]])
+    else:
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{text!r} is neither a time ago (30m, 2h, 3d, 1w) nor an ISO date or time (2026-11-03, "
+                "2026-11-03T14:00, 2026-11-03T14:00+01:00)"
+            ) from None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 def job_filter(
     api: Any, *, team: str | None = None, state: list[str] | None = None, qos: str | None = None,
     name: str | None = None, user: str | None = None, mine: bool = False, active: bool = False,
+    since: str | None = None, until: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The query of ``GET /v1/jobs`` for the CLI's filter options (``--mine``: the token's own user)."""
     states = [s.strip().upper() for chunk in state or [] for s in chunk.split(",") if s.strip()]
@@ -117,6 +143,10 @@ def job_filter(
     for key, value in (("team", team), ("qos", qos), ("name", name), ("user", user)):
         if value:
             params[key] = value
+    if since:
+        params["submitted_after"] = parse_when(since)
+    if until:
+        params["submitted_before"] = parse_when(until)
     return params
 
 
@@ -153,16 +183,21 @@ def list_jobs(
     user: Annotated[str | None, typer.Option("--user", "-u", help="Only jobs this user submitted.")] = None,
     mine: Annotated[bool, typer.Option("--mine", help="Only jobs you submitted.")] = False,
     active: Annotated[bool, typer.Option("--active", help="Only jobs that have not finished.")] = False,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Only jobs submitted since: 2h, 3d, 1w ago, or an ISO date or time.")
+    ] = None,
+    until: Annotated[str | None, typer.Option("--until", help="Only jobs submitted before (as --since).")] = None,
     all_: Annotated[bool, typer.Option("--all", "-a", help="Every matching job (follows all pages).")] = False,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many jobs.")] = 20,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
     """List jobs, newest first.
 
-    Examples: kiln ls --mine --active;  kiln ls -t vision -s FAILED -n 5;  kiln ls -o yaml
+    Examples: kiln ls --mine --active;  kiln ls -t vision -s FAILED --since 1d;  kiln ls -o yaml
     """
     with client() as api:
-        params = job_filter(api, team=team, state=state, qos=qos, name=name, user=user, mine=mine, active=active)
+        params = job_filter(api, team=team, state=state, qos=qos, name=name, user=user, mine=mine, active=active,
+                            since=since, until=until)  # fmt: skip
         jobs = list(api.paginate("/v1/jobs", params, limit=None if all_ else limit))
     if output is not OutputFormat.table:
         out.print_data(jobs, output)

@@ -6,6 +6,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
@@ -54,6 +55,8 @@ class JobFilter:
     user: str | None = None  # the submitter's name
     before_id: int | None = None  # keyset: strictly older than this id
     job_id: int | None = None  # one job
+    submitted_after: datetime | None = None  # at or after (UTC-aware)
+    submitted_before: datetime | None = None  # strictly before
 
 
 # A submission on PostgreSQL: the job, its dependencies, its effective contract, its SUBMITTED event and the
@@ -175,6 +178,8 @@ class _ListShape:
     user: bool
     before: bool
     job: bool
+    submitted_after: bool = False
+    submitted_before: bool = False
 
 
 def list_rows(db: Session, flt: JobFilter, limit: int) -> Sequence[Row[Any]]:
@@ -204,12 +209,14 @@ def _bound(flt: JobFilter, limit: int) -> tuple[_ListShape, dict[str, Any]]:
         teams=None if flt.team_ids is None else len(flt.team_ids), team=flt.team_id is not None,
         states=len(flt.states), qos=flt.qos_id is not None, name=flt.name is not None, user=flt.user is not None,
         before=flt.before_id is not None, job=flt.job_id is not None,
+        submitted_after=flt.submitted_after is not None, submitted_before=flt.submitted_before is not None,
     )  # fmt: skip
     params: dict[str, Any] = {"limit": limit}
     params.update((f"t{i}", team_id) for i, team_id in enumerate(flt.team_ids or ()))
     params.update((f"s{i}", state) for i, state in enumerate(flt.states))
     named = {"team_id": flt.team_id, "qos_id": flt.qos_id, "name": flt.name, "user": flt.user,
-             "before_id": flt.before_id, "job_id": flt.job_id}  # fmt: skip
+             "before_id": flt.before_id, "job_id": flt.job_id, "submitted_after": flt.submitted_after,
+             "submitted_before": flt.submitted_before}  # fmt: skip
     params.update((key, value) for key, value in named.items() if value is not None)
     return shape, params
 
@@ -248,6 +255,10 @@ def _list_statement(shape: _ListShape) -> Select[Any]:
         stmt = stmt.where(jobs.c.id < bindparam("before_id"))
     if shape.job:
         stmt = stmt.where(jobs.c.id == bindparam("job_id"))
+    if shape.submitted_after:
+        stmt = stmt.where(jobs.c.submitted_at >= bindparam("submitted_after", type_=jobs.c.submitted_at.type))
+    if shape.submitted_before:
+        stmt = stmt.where(jobs.c.submitted_at < bindparam("submitted_before", type_=jobs.c.submitted_at.type))
     return stmt.order_by(jobs.c.id.desc()).limit(bindparam("limit", type_=Integer))
 
 

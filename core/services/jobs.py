@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -247,7 +247,14 @@ def list_jobs(
     user: str | None = None,
     limit: int = 50,
     before_id: int | None = None,
+    submitted_after: datetime | None = None,
+    submitted_before: datetime | None = None,
 ) -> JobPage:
+    """Newest first. ``submitted_after`` (inclusive) and ``submitted_before`` (exclusive) bound the submission
+    time; a time without a zone is UTC."""
+    submitted_after, submitted_before = _utc(submitted_after), _utc(submitted_before)
+    if submitted_after is not None and submitted_before is not None and submitted_after >= submitted_before:
+        raise InvalidInput.at("submitted_before", "must be later than submitted_after")
     team_id = None
     if team is not None:
         team_id = require_team_id(principal, teams_repo.id_by_name(db, team), team)
@@ -262,13 +269,17 @@ def list_jobs(
         qos_id = q.id
     flt = JobFilter(
         team_ids=principal.visible_team_ids(), team_id=team_id, states=tuple(states), qos_id=qos_id, name=name,
-        user=user, before_id=before_id,
+        user=user, before_id=before_id, submitted_after=submitted_after, submitted_before=submitted_before,
     )  # fmt: skip
     rows = jobs_repo.list_rows(db, flt, limit + 1)
     page: Sequence[Any] = rows[:limit]
     items = [JobView._make(r) for r in page]
     utc = db.get_bind().dialect.name != "postgresql" or jobs_repo.session_is_utc(db)
     return JobPage(items=items, next_before_id=items[-1].id if len(rows) > limit else None, utc=utc)
+
+
+def _utc(t: datetime | None) -> datetime | None:
+    return t.replace(tzinfo=UTC) if t is not None and t.tzinfo is None else t
 
 
 def cancel(*, db: Session, principal: Principal, job_id: int, reason: str | None = None) -> JobView:

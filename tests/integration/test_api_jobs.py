@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +142,31 @@ def test_list_keyset_pages_newest_first_with_filters(client: TestClient, world: 
     _problem(client.get("/v1/jobs", params={"state": "SLEEPING"}, headers=h), 422)
     _problem(client.get("/v1/jobs", params={"cursor": "bogus!"}, headers=h), 422)
     _problem(client.get("/v1/jobs", params={"limit": 0}, headers=h), 422)
+
+
+def test_list_by_submission_time(client: TestClient, world: World, db: Session) -> None:
+    h = world.h("member")
+    ids = [client.post("/v1/jobs", json=spec(name="dated"), headers=h).json()["id"] for _ in range(3)]
+    day = datetime(2026, 11, 2, 12, 0, tzinfo=UTC)
+    for i, job_id in enumerate(ids):  # submitted on 2, 3 and 4 November at noon UTC
+        job = db.get(Job, job_id)
+        assert job is not None
+        job.submitted_at = day + timedelta(days=i)
+    db.flush()
+
+    def listed(**window: str) -> list[int]:
+        r = client.get("/v1/jobs", params={"name": "dated", **window}, headers=h)
+        assert r.status_code == 200, r.text
+        return [j["id"] for j in r.json()["items"]]
+
+    assert listed(submitted_after="2026-11-03T12:00:00Z") == [ids[2], ids[1]]  # at or after
+    assert listed(submitted_before="2026-11-03T12:00:00Z") == [ids[0]]  # strictly before
+    assert listed(submitted_after="2026-11-03T00:00:00", submitted_before="2026-11-04T00:00:00") == [ids[1]]  # UTC
+    assert listed(submitted_after="2026-11-03T13:30:00+02:00") == [ids[2], ids[1]]  # 11:30 UTC
+    body = _problem(client.get("/v1/jobs", params={"submitted_after": "2026-11-04", "submitted_before": "2026-11-03"},
+                               headers=h), 422)  # fmt: skip
+    assert body["errors"][0]["loc"] == "submitted_before"
+    _problem(client.get("/v1/jobs", params={"submitted_after": "last tuesday"}, headers=h), 422)
 
 
 def test_list_without_filter_shows_only_own_teams(client: TestClient, world: World) -> None:

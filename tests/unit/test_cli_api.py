@@ -156,9 +156,9 @@ def test_submit_ls_describe_events_why(kiln: Any) -> None:
 
 
 def test_ls_filters_and_pagination(server: Server, kiln: Any, tmp_path: Path) -> None:
-    ids = [submit(kiln, spec_file(tmp_path, **{"name: gpt-tiny": f"name: page-{i}"})) for i in range(3)]
+    ids = [submit(kiln, spec_file(tmp_path, **{"name: gpt-tiny": f"name: page-{i}"})) for i in range(4)]  # 5 jobs
     gold = submit(kiln, spec_file(tmp_path, **{"name: gpt-tiny": "name: golden", "qos: silver": "qos: gold"}))
-    assert [j["id"] for j in as_json(kiln("ls", "--limit", "2", "-o", "json"))] == [gold, ids[2]]  # newest first
+    assert [j["id"] for j in as_json(kiln("ls", "--limit", "2", "-o", "json"))] == [gold, ids[-1]]  # newest first
     assert [j["id"] for j in as_json(kiln("ls", "--qos", "gold", "-o", "json"))] == [gold]
     assert [j["id"] for j in as_json(kiln("ls", "--name", "page-1", "-o", "json"))] == [ids[1]]
     everything = as_json(kiln("ls", "--all", "-o", "json"))
@@ -166,6 +166,11 @@ def test_ls_filters_and_pagination(server: Server, kiln: Any, tmp_path: Path) ->
     assert as_json(kiln("ls", "--state", "succeeded", "-o", "json")) == []
     assert {j["state"] for j in as_json(kiln("ls", "-s", "QUEUED,RUNNING", "-a", "-o", "json"))} == {"QUEUED"}
     assert {j["team"] for j in as_json(kiln("ls", "--team", "default", "-o", "json"))} == {"default"}
+    assert {j["id"] for j in as_json(kiln("ls", "--since", "1h", "-a", "-o", "json"))} >= set(ids + [gold])
+    assert as_json(kiln("ls", "--until", "1h", "-o", "json")) == []  # all submitted within the hour
+    assert as_json(kiln("ls", "--since", "2020-01-01", "--until", "2020-01-02T00:00+01:00", "-o", "json")) == []
+    bad = kiln("ls", "--since", "yesterday")
+    assert bad.exit_code == ExitCode.USAGE and "neither a time ago" in bad.output
     # cursors: three pages of two
     with KilnClient(CliConfig(server.url, server.token, "t", "t")) as api:
         paged = [j["id"] for j in api.paginate("/v1/jobs", {}, limit=5, page_size=2)]

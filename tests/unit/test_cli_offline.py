@@ -129,3 +129,21 @@ def test_simulate_delegates_to_the_scheduler_simulator(tmp_path: Path) -> None:
     assert runner.invoke(app, ["simulate", "synthetic:5", "--bogus"]).exit_code == ExitCode.USAGE
     helped = runner.invoke(app, ["simulate", "--help"])
     assert helped.exit_code == 0 and "--gpus-per-host" in helped.output
+
+
+def test_since_and_until_take_a_time_ago_or_an_iso_time() -> None:
+    from datetime import UTC, datetime
+
+    import typer
+
+    from cli.commands.jobs import parse_when
+
+    now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+    assert parse_when("90m", now=now) == "2026-12-03T10:30:00Z"
+    assert parse_when("2d", now=now) == "2026-12-01T12:00:00Z"
+    assert parse_when("1w", now=now) == "2026-11-26T12:00:00Z"
+    assert parse_when("2026-11-03", now=now) == "2026-11-03T00:00:00Z"  # no zone: UTC
+    assert parse_when("2026-11-03T14:00+01:00", now=now) == "2026-11-03T13:00:00Z"
+    for bad in ("yesterday", "2h ago", "-3d", "2026-13-01"):
+        with pytest.raises(typer.BadParameter):
+            parse_when(bad, now=now)
