@@ -384,6 +384,8 @@ def cancel(
     name: Annotated[str | None, typer.Option("--name", help="...with this name.")] = None,
     state: Annotated[list[str] | None, typer.Option("--state", "-s", help="...in these states.")] = None,
     mine: Annotated[bool, typer.Option("--mine", help="...that you submitted.")] = False,
+    since: Annotated[str | None, typer.Option("--since", help="...submitted since (2h, 3d, or an ISO time).")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="...submitted before (as --since).")] = None,
     reason: Annotated[str | None, typer.Option("--reason", help="Recorded in the job's events.")] = None,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
@@ -391,18 +393,20 @@ def cancel(
 
     Give job ids, or a filter over the active jobs you can see.
 
-    Examples: kiln cancel 7;  kiln cancel 7 8 9 --reason "wrong lr";  kiln cancel --mine --name sweep-lr
+    Examples: kiln cancel 7;  kiln cancel 7 8 9 --reason "wrong lr";  kiln cancel --mine --since 30m
     """
     with client() as api:
         ids = list(job_ids or [])
-        if not ids and any((team, name, state, mine)):
-            params = job_filter(api, team=team, name=name, state=state, mine=mine, active=not state)
+        if not ids and any((team, name, state, mine, since, until)):
+            params = job_filter(api, team=team, name=name, state=state, mine=mine, active=not state, since=since,
+                                until=until)  # fmt: skip
             ids = [int(j["id"]) for j in api.paginate("/v1/jobs", params, limit=None)]
             if not ids:
                 err_console.print("no active job matches")
                 return
         if not ids:
-            raise CliError("give job ids, or a filter (--team, --name, --state, --mine)", ExitCode.USAGE)
+            raise CliError("give job ids, or a filter (--team, --name, --state, --mine, --since, --until)",
+                           ExitCode.USAGE)  # fmt: skip
         say = console if output is OutputFormat.table else err_console  # stdout stays the data with -o json/yaml
         results = [_cancel_one(api, job_id, reason, alone=len(ids) == 1, say=say) for job_id in ids]
     if output is not OutputFormat.table:

@@ -290,6 +290,10 @@ def test_cancel_several_jobs_or_a_filter(kiln: Any, server: Server, tmp_path: Pa
     by_filter = kiln("cancel", "--name", "batch-cancel", "--mine")
     assert by_filter.exit_code == 0 and by_filter.stdout.splitlines() == [f"job {left} CANCELLED"]
     assert kiln("cancel", "--name", "batch-cancel").stderr.strip() == "no active job matches"
+    recent = submit(kiln, named)
+    assert kiln("cancel", "--name", "batch-cancel", "--until", "2020-01-01").stderr.strip() == "no active job matches"
+    by_time = kiln("cancel", "--name", "batch-cancel", "--since", "1h")
+    assert by_time.exit_code == 0 and by_time.stdout.splitlines() == [f"job {recent} CANCELLED"]
     assert kiln("cancel").exit_code == ExitCode.USAGE
 
 
