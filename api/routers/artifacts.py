@@ -14,7 +14,7 @@ from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep, StorageDirDep
-from api.routers.common import ERRORS, PAGE_DEFAULT, CursorQuery, LimitQuery, TeamPath, paged
+from api.routers.common import ERRORS, PAGE_DEFAULT, CursorQuery, LimitQuery, TeamPath, paged_query
 from api.schemas.common import NEXT_CURSOR_DOC, OutModel
 from core.code_archive import DIGEST_PATTERN, artifact_path
 from core.models import Artifact
@@ -63,7 +63,9 @@ class ArtifactPageOut(OutModel):
 def list_artifacts(
     team: TeamPath, db: SessionDep, who: CurrentPrincipal, limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None
 ) -> ArtifactPageOut:
-    rows, more = paged(svc.list_for_team(db=db, principal=who, team=team), lambda a: (-a.id,), limit, cursor)
+    rows, more = paged_query(
+        lambda w: svc.list_for_team(db=db, principal=who, team=team, window=w), lambda a: (-a.id,), (0,), limit, cursor
+    )
     return ArtifactPageOut(items=[_out(a, team) for a in rows], next_cursor=more)
 
 

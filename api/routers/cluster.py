@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.deps import CurrentPrincipal, SessionDep
-from api.routers.common import ERRORS, PAGE_DEFAULT, CursorQuery, LimitQuery, paged
+from api.routers.common import ERRORS, PAGE_DEFAULT, CursorQuery, LimitQuery, paged_query
 from api.schemas.cluster import GpuOut, GpuPageOut, HostOut, HostPageOut
 from core.services import cluster as svc
 
@@ -18,7 +18,7 @@ router = APIRouter(prefix="/v1/cluster", tags=["cluster"], responses=ERRORS)
 def list_hosts(
     db: SessionDep, who: CurrentPrincipal, limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None
 ) -> HostPageOut:
-    rows, more = paged(svc.hosts(db=db), lambda h: (h.name,), limit, cursor)
+    rows, more = paged_query(lambda w: svc.hosts(db=db, window=w), lambda h: (h.name,), ("",), limit, cursor)
     return HostPageOut(
         next_cursor=more,
         items=[
@@ -50,7 +50,13 @@ def list_gpus(
     limit: LimitQuery = PAGE_DEFAULT,
     cursor: CursorQuery = None,
 ) -> GpuPageOut:
-    rows, more = paged(svc.gpus(db=db, host=host, model=model), lambda g: (g[1], g[0].index), limit, cursor)
+    rows, more = paged_query(
+        lambda w: svc.gpus(db=db, host=host, model=model, window=w),
+        lambda g: (g[1], g[0].index),
+        ("", 0),
+        limit,
+        cursor,
+    )
     return GpuPageOut(
         next_cursor=more,
         items=[

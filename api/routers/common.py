@@ -6,12 +6,13 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Header, Path, Query
 
 from api.schemas.common import INT64, problem_responses
+from core.repositories.keyset import Window
 from core.services.errors import InvalidInput, PreconditionFailed
 from core.spec import NAME_PATTERN
 
@@ -103,13 +104,25 @@ def paged(
     items: Iterable[T], key: Callable[[T], SortKey], limit: int, cursor: str | None
 ) -> tuple[list[T], str | None]:
     """One page of ``items`` in ascending ``key`` order (a descending column is a negated key), after the
-    cursor's position; and the cursor of the next page (None: this is the last)."""
+    cursor's position; and the cursor of the next page (None: this is the last). For the short lists (a team's
+    members, the QoS classes); those that grow with the deployment page in SQL (``paged_query``)."""
     ordered = sorted(items, key=key)
     if cursor is not None:
         after = decode_key_cursor(cursor, key(ordered[0])) if ordered else None
         ordered = [i for i in ordered if after is not None and key(i) > after]
     page = ordered[:limit]
     return page, encode_key_cursor(key(page[-1])) if len(ordered) > limit else None
+
+
+def paged_query(
+    fetch: Callable[[Window], Sequence[T]], key: Callable[[T], SortKey], like: SortKey, limit: int, cursor: str | None
+) -> tuple[list[T], str | None]:
+    """``paged`` for a list read a page at a time in SQL: ``fetch`` returns the rows of a ``Window``
+    (``core.repositories.keyset``) in ``key`` order; ``like`` is a key of the list's shape, to check a cursor by."""
+    after = decode_key_cursor(cursor, like) if cursor is not None else None
+    rows = list(fetch(Window(after, limit + 1)))
+    page = rows[:limit]
+    return page, encode_key_cursor(key(page[-1])) if len(rows) > limit else None
 
 
 # Optimistic concurrency: a representation carries its version as an ETag; a change sent with ``If-Match`` is

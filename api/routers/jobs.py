@@ -39,7 +39,7 @@ from api.routers.common import (
     StreamTicketQuery,
     decode_cursor,
     encode_cursor,
-    paged,
+    paged_query,
 )
 from api.schemas.common import INT32, INT64, InModel, OutModel, Text
 from api.schemas.jobs import (
@@ -324,7 +324,13 @@ def list_job_attempts(
     limit: LimitQuery = PAGE_DEFAULT,
     cursor: CursorQuery = None,
 ) -> AttemptPageOut:
-    rows, more = paged(svc.attempts(db=db, principal=who, job_id=job_id), lambda a: (a.number,), limit, cursor)
+    rows, more = paged_query(
+        lambda w: svc.attempts(db=db, principal=who, job_id=job_id, window=w),
+        lambda a: (a.number,),
+        (0,),
+        limit,
+        cursor,
+    )
     return AttemptPageOut(items=[AttemptOut.model_validate(a) for a in rows], next_cursor=more)
 
 
@@ -336,7 +342,13 @@ def list_job_checkpoints(
     limit: LimitQuery = PAGE_DEFAULT,
     cursor: CursorQuery = None,
 ) -> CheckpointPageOut:
-    rows, more = paged(svc.checkpoints(db=db, principal=who, job_id=job_id), lambda c: (c.step,), limit, cursor)
+    rows, more = paged_query(
+        lambda w: svc.checkpoints(db=db, principal=who, job_id=job_id, window=w),
+        lambda c: (c.step,),
+        (0,),
+        limit,
+        cursor,
+    )
     return CheckpointPageOut(items=[CheckpointOut.model_validate(c) for c in rows], next_cursor=more)
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response, status
 
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
-from api.routers.common import ERRORS, LOCATION, PAGE_DEFAULT, CursorQuery, LimitQuery, paged
+from api.routers.common import ERRORS, LOCATION, PAGE_DEFAULT, CursorQuery, LimitQuery, paged_query
 from api.schemas.common import INT64
 from api.schemas.users import TokenCreate, TokenCreated, TokenOut, TokenPageOut
 from core.db import utcnow
@@ -55,7 +55,9 @@ def list_tokens(
     db: SessionDep, who: CurrentPrincipal, user: Annotated[str | None, Query(max_length=64)] = None,
     limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None,
 ) -> TokenPageOut:  # fmt: skip
-    rows, more = paged(svc.list_tokens(db=db, principal=who, user=user), lambda t: (t.id,), limit, cursor)
+    rows, more = paged_query(
+        lambda w: svc.list_tokens(db=db, principal=who, user=user, window=w), lambda t: (t.id,), (0,), limit, cursor
+    )
     return TokenPageOut(items=[token_out(t) for t in rows], next_cursor=more)
 
 

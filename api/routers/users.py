@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 
 from api.deps import CurrentPrincipal, SessionDep
-from api.routers.common import ERRORS, LOCATION, PAGE_DEFAULT, CursorQuery, LimitQuery, TeamPath, paged
+from api.routers.common import ERRORS, LOCATION, PAGE_DEFAULT, CursorQuery, LimitQuery, TeamPath, paged, paged_query
 from api.routers.teams import invitation_out
 from api.schemas.teams import InvitationPageOut, MemberOut
 from api.schemas.users import TeamRole, UserCreate, UserOut, UserPageOut
@@ -32,7 +32,9 @@ def get_me(db: SessionDep, who: CurrentPrincipal) -> UserOut:
 def list_users(
     db: SessionDep, who: CurrentPrincipal, limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None
 ) -> UserPageOut:
-    rows, more = paged(svc.list_users(db=db, principal=who), lambda u: (u.name,), limit, cursor)
+    rows, more = paged_query(
+        lambda w: svc.list_users(db=db, principal=who, window=w), lambda u: (u.name,), ("",), limit, cursor
+    )
     return UserPageOut(items=[user_out(u) for u in rows], next_cursor=more)
 
 

@@ -8,19 +8,22 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.models import GPU, Host
+from core.repositories.keyset import Window, page
 
 
-def list_hosts(db: Session) -> Sequence[Host]:
-    return db.scalars(select(Host).order_by(Host.name)).all()
+def list_hosts(db: Session, window: Window | None = None) -> Sequence[Host]:
+    return db.scalars(page(select(Host), [(Host.name, False)], window)).all()
 
 
-def list_gpus(db: Session, *, host: str | None = None, model: str | None = None) -> Sequence[tuple[GPU, str]]:
+def list_gpus(
+    db: Session, *, host: str | None = None, model: str | None = None, window: Window | None = None
+) -> Sequence[tuple[GPU, str]]:
     stmt = select(GPU, Host.name).join(Host, Host.id == GPU.host_id)
     if host is not None:
         stmt = stmt.where(Host.name == host)
     if model is not None:
         stmt = stmt.where(GPU.model == model)
-    return db.execute(stmt.order_by(Host.name, GPU.index)).tuples().all()
+    return db.execute(page(stmt, [(Host.name, False), (GPU.index, False)], window)).tuples().all()
 
 
 def gpu_types(db: Session) -> dict[str, int]:

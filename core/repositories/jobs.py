@@ -42,6 +42,7 @@ from core.models import (
     User,
 )
 from core.queue_wait import current_wait_start_sql
+from core.repositories.keyset import Window, page
 from core.states import ACTIVE
 
 
@@ -319,16 +320,17 @@ def active_jobs(db: Session) -> Sequence[tuple[Job, Attempt | None]]:
     return [(j, a) for j, a in db.execute(stmt).tuples()]
 
 
-def attempts(db: Session, job_id: int) -> Sequence[Attempt]:
-    return db.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.number)).all()
+def attempts(db: Session, job_id: int, window: Window | None = None) -> Sequence[Attempt]:
+    return db.scalars(page(select(Attempt).where(Attempt.job_id == job_id), [(Attempt.number, False)], window)).all()
 
 
 def latest_attempt_number(db: Session, job_id: int) -> int | None:
     return db.scalar(select(func.max(Attempt.number)).where(Attempt.job_id == job_id))
 
 
-def checkpoints(db: Session, job_id: int) -> Sequence[Checkpoint]:
-    return db.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step)).all()
+def checkpoints(db: Session, job_id: int, window: Window | None = None) -> Sequence[Checkpoint]:
+    stmt = select(Checkpoint).where(Checkpoint.job_id == job_id)
+    return db.scalars(page(stmt, [(Checkpoint.step, False)], window)).all()
 
 
 def metrics(db: Session, *, job_id: int, after_step: int, max_points: int) -> Sequence[JobMetric]:

@@ -11,6 +11,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from core.models import ApiToken, Membership, User
+from core.repositories.keyset import Window, page
 
 
 def get_by_name(db: Session, name: str) -> User | None:
@@ -21,8 +22,8 @@ def get_by_id(db: Session, user_id: int) -> User | None:
     return db.get(User, user_id)
 
 
-def list_users(db: Session) -> Sequence[User]:
-    return db.scalars(select(User).order_by(User.name)).all()
+def list_users(db: Session, window: Window | None = None) -> Sequence[User]:
+    return db.scalars(page(select(User), [(User.name, False)], window)).all()
 
 
 def any_admin(db: Session) -> User | None:
@@ -123,8 +124,8 @@ def count_active_tokens(db: Session, user_id: int, now: datetime) -> int:
     )
 
 
-def list_tokens(db: Session, user_id: int | None) -> Sequence[ApiToken]:
-    stmt = select(ApiToken).order_by(ApiToken.id)
+def list_tokens(db: Session, user_id: int | None, window: Window | None = None) -> Sequence[ApiToken]:
+    stmt = select(ApiToken)
     if user_id is not None:
         stmt = stmt.where(ApiToken.user_id == user_id)
-    return db.scalars(stmt).all()
+    return db.scalars(page(stmt, [(ApiToken.id, False)], window)).all()

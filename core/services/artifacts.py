@@ -22,6 +22,7 @@ from core.code_archive import ArchiveError, artifact_path, check, sha256_of
 from core.db import utcnow
 from core.models import Artifact, Job, Role
 from core.repositories import teams as teams_repo
+from core.repositories.keyset import Window, page
 from core.services.errors import InvalidInput, NotFound, ServiceError
 from core.services.principal import Principal, require_team
 from core.settings import Settings
@@ -56,9 +57,10 @@ def get(*, db: Session, principal: Principal, team: str, digest: str) -> Artifac
     return artifact
 
 
-def list_for_team(*, db: Session, principal: Principal, team: str) -> list[Artifact]:
+def list_for_team(*, db: Session, principal: Principal, team: str, window: Window | None = None) -> list[Artifact]:
+    """Newest first."""
     team_id = _team_id(db, principal, team, Role.VIEWER)
-    return list(db.scalars(select(Artifact).where(Artifact.team_id == team_id).order_by(Artifact.id.desc())))
+    return list(db.scalars(page(select(Artifact).where(Artifact.team_id == team_id), [(Artifact.id, True)], window)))
 
 
 def team_usage(db: Session, team_id: int) -> int:

@@ -18,6 +18,7 @@ from core.repositories import jobs as jobs_repo
 from core.repositories import qos as qos_repo
 from core.repositories import teams as teams_repo
 from core.repositories.jobs import JobFilter
+from core.repositories.keyset import Window
 from core.services import artifacts
 from core.services import datasets as datasets_svc
 from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound
@@ -313,14 +314,16 @@ def events(
     return list(jobs_repo.events(db, job_id=job_id, after_id=after_id, limit=limit))
 
 
-def attempts(*, db: Session, principal: Principal, job_id: int) -> Sequence[Attempt]:
+def attempts(*, db: Session, principal: Principal, job_id: int, window: Window | None = None) -> Sequence[Attempt]:
     _visible(db, principal, job_id)
-    return jobs_repo.attempts(db, job_id)
+    return jobs_repo.attempts(db, job_id, window)
 
 
-def checkpoints(*, db: Session, principal: Principal, job_id: int) -> Sequence[Checkpoint]:
+def checkpoints(
+    *, db: Session, principal: Principal, job_id: int, window: Window | None = None
+) -> Sequence[Checkpoint]:
     _visible(db, principal, job_id)
-    return jobs_repo.checkpoints(db, job_id)
+    return jobs_repo.checkpoints(db, job_id, window)
 
 
 def metrics(

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from core.db import utcnow
 from core.models import ApiToken
 from core.repositories import users as users_repo
+from core.repositories.keyset import Window
 from core.security import new_token
 from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound
 from core.services.principal import SCOPES, Principal
@@ -95,15 +96,17 @@ def _expiry(principal: Principal, wanted: datetime | None) -> datetime | None:
     return wanted
 
 
-def list_tokens(*, db: Session, principal: Principal, user: str | None = None) -> Sequence[ApiToken]:
+def list_tokens(
+    *, db: Session, principal: Principal, user: str | None = None, window: Window | None = None
+) -> Sequence[ApiToken]:
     if user is None or user == principal.name:
-        return users_repo.list_tokens(db, principal.user_id)
+        return users_repo.list_tokens(db, principal.user_id, window)
     if not principal.is_admin:
         raise Forbidden("only admins list other users' tokens")
     owner = users_repo.get_by_name(db, user)
     if owner is None:
         raise NotFound(f"user {user!r} not found")
-    return users_repo.list_tokens(db, owner.id)
+    return users_repo.list_tokens(db, owner.id, window)
 
 
 def revoke(*, db: Session, principal: Principal, token_id: int) -> ApiToken:

@@ -8,6 +8,7 @@ from sqlalchemy.orm import Session
 
 from core.models import User
 from core.repositories import users as users_repo
+from core.repositories.keyset import Window
 from core.services.errors import Conflict, NotFound
 from core.services.principal import Principal, require_admin
 
@@ -19,9 +20,9 @@ def me(*, db: Session, principal: Principal) -> User:
     return user
 
 
-def list_users(*, db: Session, principal: Principal) -> Sequence[User]:
+def list_users(*, db: Session, principal: Principal, window: Window | None = None) -> Sequence[User]:
     require_admin(principal, "listing users")
-    return users_repo.list_users(db)
+    return users_repo.list_users(db, window)
 
 
 def create_user(
