@@ -86,13 +86,13 @@ def main() -> None:
         lists: dict[str, dict[str, Callable[[Session, str | None], tuple[list[Any], str | None]]]] = {
             "gpus": {
                 "sql": lambda db, c: paged_query(
-                    lambda w: cluster_svc.gpus(db=db, window=w), lambda g: (g[1], g[0].index), ("", 0), PAGE, c
+                    functools.partial(cluster_svc.gpus, db=db), lambda g: (g[1], g[0].index), ("", 0), PAGE, c
                 ),
                 "in_memory": lambda db, c: paged(cluster_svc.gpus(db=db), lambda g: (g[1], g[0].index), PAGE, c),
             },
             "users": {
                 "sql": lambda db, c: paged_query(
-                    lambda w: users_svc.list_users(db=db, principal=admin, window=w),
+                    functools.partial(users_svc.list_users, db=db, principal=admin),
                     lambda u: (u.name,),
                     ("",),
                     PAGE,

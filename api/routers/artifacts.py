@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from datetime import datetime
+from functools import partial
 from pathlib import Path as FsPath
 from typing import Annotated
 
@@ -64,7 +65,7 @@ def list_artifacts(
     team: TeamPath, db: SessionDep, who: CurrentPrincipal, limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None
 ) -> ArtifactPageOut:
     rows, more = paged_query(
-        lambda w: svc.list_for_team(db=db, principal=who, team=team, window=w), lambda a: (-a.id,), (0,), limit, cursor
+        partial(svc.list_for_team, db=db, principal=who, team=team), lambda a: (-a.id,), (0,), limit, cursor
     )
     return ArtifactPageOut(items=[_out(a, team) for a in rows], next_cursor=more)
 

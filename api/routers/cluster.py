@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -18,7 +19,7 @@ router = APIRouter(prefix="/v1/cluster", tags=["cluster"], responses=ERRORS)
 def list_hosts(
     db: SessionDep, who: CurrentPrincipal, limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None
 ) -> HostPageOut:
-    rows, more = paged_query(lambda w: svc.hosts(db=db, window=w), lambda h: (h.name,), ("",), limit, cursor)
+    rows, more = paged_query(partial(svc.hosts, db=db), lambda h: (h.name,), ("",), limit, cursor)
     return HostPageOut(
         next_cursor=more,
         items=[
@@ -51,11 +52,7 @@ def list_gpus(
     cursor: CursorQuery = None,
 ) -> GpuPageOut:
     rows, more = paged_query(
-        lambda w: svc.gpus(db=db, host=host, model=model, window=w),
-        lambda g: (g[1], g[0].index),
-        ("", 0),
-        limit,
-        cursor,
+        partial(svc.gpus, db=db, host=host, model=model), lambda g: (g[1], g[0].index), ("", 0), limit, cursor
     )
     return GpuPageOut(
         next_cursor=more,

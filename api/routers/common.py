@@ -115,12 +115,12 @@ def paged(
 
 
 def paged_query(
-    fetch: Callable[[Window], Sequence[T]], key: Callable[[T], SortKey], like: SortKey, limit: int, cursor: str | None
+    fetch: Callable[..., Sequence[T]], key: Callable[[T], SortKey], like: SortKey, limit: int, cursor: str | None
 ) -> tuple[list[T], str | None]:
-    """``paged`` for a list read a page at a time in SQL: ``fetch`` returns the rows of a ``Window``
+    """``paged`` for a list read a page at a time in SQL: ``fetch(window=...)`` returns the rows of a ``Window``
     (``core.repositories.keyset``) in ``key`` order; ``like`` is a key of the list's shape, to check a cursor by."""
     after = decode_key_cursor(cursor, like) if cursor is not None else None
-    rows = list(fetch(Window(after, limit + 1)))
+    rows = list(fetch(window=Window(after, limit + 1)))
     page = rows[:limit]
     return page, encode_key_cursor(key(page[-1])) if len(rows) > limit else None
 

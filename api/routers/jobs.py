@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 from datetime import datetime
+from functools import partial
 from typing import Annotated, Any
 
 import yaml
@@ -325,11 +326,7 @@ def list_job_attempts(
     cursor: CursorQuery = None,
 ) -> AttemptPageOut:
     rows, more = paged_query(
-        lambda w: svc.attempts(db=db, principal=who, job_id=job_id, window=w),
-        lambda a: (a.number,),
-        (0,),
-        limit,
-        cursor,
+        partial(svc.attempts, db=db, principal=who, job_id=job_id), lambda a: (a.number,), (0,), limit, cursor
     )
     return AttemptPageOut(items=[AttemptOut.model_validate(a) for a in rows], next_cursor=more)
 
@@ -343,11 +340,7 @@ def list_job_checkpoints(
     cursor: CursorQuery = None,
 ) -> CheckpointPageOut:
     rows, more = paged_query(
-        lambda w: svc.checkpoints(db=db, principal=who, job_id=job_id, window=w),
-        lambda c: (c.step,),
-        (0,),
-        limit,
-        cursor,
+        partial(svc.checkpoints, db=db, principal=who, job_id=job_id), lambda c: (c.step,), (0,), limit, cursor
     )
     return CheckpointPageOut(items=[CheckpointOut.model_validate(c) for c in rows], next_cursor=more)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response, status
@@ -56,7 +57,7 @@ def list_tokens(
     limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None,
 ) -> TokenPageOut:  # fmt: skip
     rows, more = paged_query(
-        lambda w: svc.list_tokens(db=db, principal=who, user=user, window=w), lambda t: (t.id,), (0,), limit, cursor
+        partial(svc.list_tokens, db=db, principal=who, user=user), lambda t: (t.id,), (0,), limit, cursor
     )
     return TokenPageOut(items=[token_out(t) for t in rows], next_cursor=more)
 

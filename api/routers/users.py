@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from fastapi import APIRouter, Response, status
 
 from api.deps import CurrentPrincipal, SessionDep
@@ -32,9 +34,7 @@ def get_me(db: SessionDep, who: CurrentPrincipal) -> UserOut:
 def list_users(
     db: SessionDep, who: CurrentPrincipal, limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None
 ) -> UserPageOut:
-    rows, more = paged_query(
-        lambda w: svc.list_users(db=db, principal=who, window=w), lambda u: (u.name,), ("",), limit, cursor
-    )
+    rows, more = paged_query(partial(svc.list_users, db=db, principal=who), lambda u: (u.name,), ("",), limit, cursor)
     return UserPageOut(items=[user_out(u) for u in rows], next_cursor=more)
 
 
