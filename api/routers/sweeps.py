@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Annotated, Any
 
 import yaml
@@ -17,9 +18,8 @@ from api.routers.common import (
     CursorQuery,
     LimitQuery,
     SweepIdPath,
-    decode_cursor,
-    encode_cursor,
     paged,
+    paged_query,
 )
 from api.routers.jobs import JSON_TYPES, YAML_TYPES, has_yaml_alias
 from api.schemas.sweeps import SweepJobOut, SweepJobPageOut, SweepOut, SweepPageOut
@@ -77,10 +77,9 @@ def list_sweeps(
     limit: Annotated[int, Query(ge=1, le=50)] = 20,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> SweepPageOut:
-    before = decode_cursor(cursor, "before") if cursor else None
-    rows, more = svc.list_sweeps(db=db, principal=who, limit=limit, before_id=before)
+    rows, more = paged_query(partial(svc.list_sweeps, db=db, principal=who), lambda s: (-s.id,), (0,), limit, cursor)
     items = [SweepOut.from_view(svc.get(db=db, principal=who, sweep_id=s.id)) for s in rows]
-    return SweepPageOut(items=items, next_cursor=encode_cursor("before", rows[-1].id) if more else None)
+    return SweepPageOut(items=items, next_cursor=more)
 
 
 @router.get("/{sweep_id}", response_model=SweepOut, summary="A sweep and its jobs, best first")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response, status
@@ -13,9 +14,8 @@ from api.routers.common import (
     CursorQuery,
     LimitQuery,
     TeamQuery,
-    decode_cursor,
-    encode_cursor,
     paged,
+    paged_query,
 )
 from api.schemas.common import INT64
 from api.schemas.webhooks import DeliveryOut, DeliveryPageOut, WebhookCreate, WebhookCreated, WebhookOut, WebhookPageOut
@@ -76,7 +76,7 @@ def list_deliveries(
     hook_id: HookPath, db: SessionDep, who: CurrentPrincipal,
     limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None,
 ) -> DeliveryPageOut:  # fmt: skip
-    before_id = decode_cursor(cursor, "before") if cursor else None
-    rows = svc.deliveries(db=db, principal=who, hook_id=hook_id, limit=limit + 1, before_id=before_id)
-    more = encode_cursor("before", rows[limit - 1].id) if len(rows) > limit else None
-    return DeliveryPageOut(items=[DeliveryOut.model_validate(d) for d in rows[:limit]], next_cursor=more)
+    rows, more = paged_query(
+        partial(svc.deliveries, db=db, principal=who, hook_id=hook_id), lambda d: (-d.id,), (0,), limit, cursor
+    )
+    return DeliveryPageOut(items=[DeliveryOut.model_validate(d) for d in rows], next_cursor=more)

@@ -137,14 +137,12 @@ def of_sweep(db: Session, sweep_id: int) -> Sequence[Job]:
     return db.scalars(select(Job).where(Job.sweep_id == sweep_id).order_by(Job.id)).all()
 
 
-def sweeps(db: Session, *, team_ids: Sequence[int] | None, limit: int, before_id: int | None) -> Sequence[Sweep]:
-    """Newest first, in the visible teams (None: all), older than ``before_id`` (keyset)."""
+def sweeps(db: Session, *, team_ids: Sequence[int] | None, window: Window | None = None) -> Sequence[Sweep]:
+    """Newest first, in the visible teams (None: all)."""
     stmt = select(Sweep)
     if team_ids is not None:
         stmt = stmt.where(Sweep.team_id.in_(team_ids))
-    if before_id is not None:
-        stmt = stmt.where(Sweep.id < before_id)
-    return db.scalars(stmt.order_by(Sweep.id.desc()).limit(limit)).all()
+    return db.scalars(page(stmt, [(Sweep.id, True)], window)).all()
 
 
 def by_idempotency_key(db: Session, *, team_id: int, key: str) -> Job | None:

@@ -1,5 +1,5 @@
-"""Keyset pages in SQL, for the lists that grow with the deployment (hosts, GPUs, users, tokens, artifacts, a job's
-attempts and checkpoints): a page reads its own rows and no others.
+"""Keyset pages in SQL, for the lists that grow with the deployment (hosts, GPUs, users, tokens, artifacts, sweeps,
+webhook deliveries, a job's attempts and checkpoints): a page reads its own rows and no others.
 
 A page starts strictly after the previous page's last key and holds at most ``Window.rows`` rows (the API asks for a
 page and one more, to know whether a next one exists). Keys are those the API's cursors carry

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -27,6 +28,7 @@ from core.models import Job, Role, Sweep
 from core.repositories import jobs as jobs_repo
 from core.repositories import teams as teams_repo
 from core.repositories import users as users_repo
+from core.repositories.keyset import Window
 from core.services.errors import InvalidInput, NotFound
 from core.services.jobs import submit
 from core.services.principal import Principal, require_team_id
@@ -169,6 +171,6 @@ def get(*, db: Session, principal: Principal, sweep_id: int) -> SweepView:
     return SweepView(sweep, team.name if team else "", user, keys_of(sweep), ranked(jobs))
 
 
-def list_sweeps(*, db: Session, principal: Principal, limit: int, before_id: int | None) -> tuple[list[Sweep], bool]:
-    rows = jobs_repo.sweeps(db, team_ids=principal.visible_team_ids(), limit=limit + 1, before_id=before_id)
-    return list(rows[:limit]), len(rows) > limit
+def list_sweeps(*, db: Session, principal: Principal, window: Window | None = None) -> Sequence[Sweep]:
+    """Newest first."""
+    return jobs_repo.sweeps(db, team_ids=principal.visible_team_ids(), window=window)

@@ -17,6 +17,7 @@ from core.db import utcnow
 from core.models import Job, Role, Webhook, WebhookDelivery
 from core.repositories import jobs as jobs_repo
 from core.repositories import teams as teams_repo
+from core.repositories.keyset import Window, page
 from core.services.errors import InvalidInput, NotFound
 from core.services.principal import ROLE_RANK, Principal, require_team_id
 from core.webhooks import FORMATS, KINDS, TEST_KIND, target_refusal
@@ -142,11 +143,9 @@ def send_test(*, db: Session, principal: Principal, hook_id: int) -> WebhookDeli
 
 
 def deliveries(
-    *, db: Session, principal: Principal, hook_id: int, limit: int = 50, before_id: int | None = None
+    *, db: Session, principal: Principal, hook_id: int, window: Window | None = None
 ) -> list[WebhookDelivery]:
     """The delivery log, newest first."""
     get(db=db, principal=principal, hook_id=hook_id)
     stmt = select(WebhookDelivery).where(WebhookDelivery.webhook_id == hook_id)
-    if before_id is not None:
-        stmt = stmt.where(WebhookDelivery.id < before_id)
-    return list(db.scalars(stmt.order_by(WebhookDelivery.id.desc()).limit(limit)).all())
+    return list(db.scalars(page(stmt, [(WebhookDelivery.id, True)], window)).all())
