@@ -178,6 +178,9 @@ def job_wait_or_runtime(job: dict[str, Any], now: datetime | None = None) -> str
     started = parse_time(job.get("started_at"))
     finished = parse_time(job.get("finished_at"))
     waiting = parse_time(job.get("waiting_since"))
+    held = parse_time(job.get("held_at"))
+    if held and job.get("state") == "QUEUED":
+        return "held " + fmt_duration((now - held).total_seconds())  # its wait is paused
     if waiting and job.get("state") == "QUEUED":
         return fmt_duration((now - waiting).total_seconds())  # back in the queue: this wait, not the first start
     if finished and started:
@@ -197,6 +200,8 @@ def job_queued(job: dict[str, Any], now: datetime | None = None) -> str:
     since = parse_time(job.get("waiting_since"))
     if since is not None:
         total += max(0.0, ((now or datetime.now(UTC)) - since).total_seconds())
+    if job.get("held_at"):
+        return fmt_duration(total) + " (paused while held)"
     return fmt_duration(total) + (" so far" if since is not None else "")
 
 

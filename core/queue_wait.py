@@ -1,9 +1,10 @@
 """How long a job has waited in the queue, as its queue-wait SLA measures it: every wait counts, the first and each
 requeue after a preemption, a drain or a lost host (a restart backoff excluded: the wait resumes when the job may
-start again), and no time the job ran.
+start again), and no time the job ran or was held (``kiln hold``: the wait resumes at the release).
 
 ``core.transitions`` keeps the two columns: ``queued_s`` (the waits that ended) and ``wait_started_at`` (when the
-current wait after a requeue began; before the first admission the wait runs from submission). The scheduler's
+current wait after a requeue or a release began; before the first admission the wait runs from submission). A held
+job (``held_at`` set) is not waiting. The scheduler's
 snapshot hands ``plan()`` what is left of the budget from the current wait, as the trace replay does
 (``scheduler/simulate/replay.py``), and the evaluator, the SLA page and ``/metrics`` all read the total here.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, func, literal, null
+from sqlalchemy import ColumnElement, and_, case, func, literal, null
 from sqlalchemy.orm import Session
 
 from core.db import UTCDateTime, seconds_between
@@ -24,8 +25,8 @@ QUEUED = JobState.QUEUED.value
 
 
 def current_wait_start(job: Job) -> datetime | None:
-    """When the wait the job is in began (None when it is not waiting)."""
-    if job.state != QUEUED:
+    """When the wait the job is in began (None when it is not waiting: not QUEUED, or held)."""
+    if job.state != QUEUED or job.held_at is not None:
         return None
     return job.wait_started_at or job.submitted_at
 
@@ -49,8 +50,9 @@ def breached_at(job: Job, max_wait_s: float) -> datetime | None:
 
 
 def current_wait_start_sql() -> ColumnElement[Any]:
-    """``current_wait_start`` in SQL: NULL unless the job is QUEUED."""
-    return case((Job.state == QUEUED, func.coalesce(Job.wait_started_at, Job.submitted_at)), else_=null())
+    """``current_wait_start`` in SQL: NULL unless the job is QUEUED and not held."""
+    waiting = and_(Job.state == QUEUED, Job.held_at.is_(None))
+    return case((waiting, func.coalesce(Job.wait_started_at, Job.submitted_at)), else_=null())
 
 
 def queued_seconds_sql(db: Session, now: datetime) -> ColumnElement[Any]:

@@ -97,7 +97,8 @@ HOST_TRANSITIONS: dict[HostState, frozenset[HostState]] = {
 
 class Reason(enum.StrEnum):
     """Why a queued job waits: Slurm's ``squeue`` REASON, kiln's vocabulary. The policy writes the first ten on
-    every cycle; the last three say how the job came back to the queue until the policy writes its own."""
+    every cycle; the next three say how the job came back to the queue until the policy writes its own; ``Held``
+    is written by the person who held the job and stays until it is released (the scheduler does not see it)."""
 
     QUOTA = "Quota"  # the team's quota (and what the cohort may lend) is used up
     BUDGET = "Budget"  # the team's GPU-hour budget for the period is spent
@@ -112,6 +113,7 @@ class Reason(enum.StrEnum):
     BACKOFF = "Backoff"  # requeued after an infrastructure failure; waits out its restart backoff
     PREEMPTED = "Preempted"  # requeued after a preemption, progress kept
     DRAINED = "Drained"  # requeued after its host shut down, progress kept
+    HELD = "Held"  # held by a person (kiln hold, Slurm's JobHeldUser): it does not start until released
 
 
 def can_transition(current: str, target: JobState) -> bool:

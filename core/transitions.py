@@ -23,6 +23,7 @@ from core.states import (
     AttemptState,
     HostState,
     JobState,
+    Reason,
     can_transition,
 )
 from core.webhooks import enqueue_for_event
@@ -54,6 +55,7 @@ def transition(
     now = now or utcnow()
     if current == JobState.QUEUED.value:
         end_wait(job, now)  # admitted, or cancelled or failed while it waited
+        end_hold(job, now)  # cancelled or failed while held
     elif target is JobState.QUEUED:
         # A requeue (a preemption, a drain, a lost host): a new wait, from when the job may start again.
         job.wait_started_at = max(now, job.not_before) if job.not_before is not None else now
@@ -87,6 +89,37 @@ def end_wait(job: Job, now: datetime) -> None:
     wait (``core.queue_wait``)."""
     job.queued_s = queued_seconds(job, now)
     job.wait_started_at = None
+
+
+def hold(session: Session, job: Job, *, by: str, reason: str | None, actor_user_id: int | None,
+         now: datetime) -> Event:  # fmt: skip
+    """Hold a QUEUED job: the scheduler leaves it be and its wait pauses (the wait so far is kept) until
+    ``release``. Its pending reason says who held it; the caller checks the state and locks the row."""
+    end_wait(job, now)
+    job.held_at = now
+    job.pending_reason = Reason.HELD.value
+    job.pending_message = (f"held by {by}" + (f": {reason}" if reason else ""))[:512]
+    job.updated_at = now
+    return record_event(session, "HELD", job=job, message=job.pending_message, data={"reason": reason},
+                        actor_user_id=actor_user_id)  # fmt: skip
+
+
+def release(session: Session, job: Job, *, by: str, actor_user_id: int | None, now: datetime) -> Event:
+    """Release a held job: its wait resumes now (or when its restart backoff ends) and the scheduler plans it on
+    its next cycle, which writes its pending reason."""
+    end_hold(job, now)
+    job.wait_started_at = max(now, job.not_before) if job.not_before is not None else now
+    job.pending_reason = None
+    job.pending_message = None
+    job.updated_at = now
+    return record_event(session, "RELEASED", job=job, message=f"released by {by}", actor_user_id=actor_user_id)
+
+
+def end_hold(job: Job, now: datetime) -> None:
+    """Add the hold that ends now to ``job.held_s`` (the policy's aging leaves held time out)."""
+    if job.held_at is not None:
+        job.held_s = (job.held_s or 0.0) + max(0.0, (now - job.held_at).total_seconds())
+        job.held_at = None
 
 
 def move_attempt(attempt: Attempt, target: AttemptState) -> None:

@@ -1,4 +1,5 @@
-"""Jobs: submit (JSON or YAML), list (filters + keyset pages), get, cancel, and what hangs off a job."""
+"""Jobs: submit (JSON or YAML), list (filters + keyset pages), get, cancel, hold and release, and what hangs off a
+job."""
 
 from __future__ import annotations
 
@@ -169,22 +170,28 @@ class CancelIn(InModel):
     openapi_extra=SUBMIT_BODY,
     responses=LOCATION,
 )
-async def submit_job(request: Request, db: SessionDep) -> Response:
+async def submit_job(
+    request: Request,
+    db: SessionDep,
+    hold: Annotated[bool, Query(description="Submit the job held: it waits until POST /v1/jobs/{id}/release")] = False,
+) -> Response:
     # The hot path: the spec validated from the body bytes on the event loop (no thread hop, no dependency of its
     # own), then authentication, the submission, the commit and the JSON in one worker thread (one hop); the
     # answer built once from what was written (no read-back, no response-model revalidation).
     spec = await spec_from_body(request)
-    return await run_hot(_submit, request, db, spec, await idempotency_of(request))
+    return await run_hot(_submit, request, db, spec, await idempotency_of(request), hold)
 
 
-def _submit(request: Request, db: Session, spec: JobSpec, idempotency: svc.Idempotency | None) -> Response:
+def _submit(
+    request: Request, db: Session, spec: JobSpec, idempotency: svc.Idempotency | None, hold: bool
+) -> Response:  # fmt: skip
     autocommit(db)
     who = principal_for(request, db)
     replayed = False
     if idempotency is None:
-        view = svc.submit(db=db, principal=who, spec=spec)
+        view = svc.submit(db=db, principal=who, spec=spec, hold=hold)
     else:
-        view, replayed = svc.submit_once(db=db, principal=who, spec=spec, idempotency=idempotency)
+        view, replayed = svc.submit_once(db=db, principal=who, spec=spec, idempotency=idempotency, hold=hold)
     finish(db)
     headers = {"Location": f"/v1/jobs/{view.id}"}
     if replayed:
@@ -252,6 +259,23 @@ def cancel_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, body: C
     # cannot build a request body that is "a CancelIn or null".
     view = svc.cancel(db=db, principal=who, job_id=job_id, reason=body.reason)
     return JSONBytes(job_json(view), status_code=status.HTTP_202_ACCEPTED)
+
+
+class HoldIn(InModel):
+    """Why the job is held: shown as its pending message and recorded in its events."""
+
+    reason: Text | None = None
+
+
+@router.post("/{job_id}/hold", response_model=JobOut, summary="Hold a queued job: it does not start until released")
+def hold_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, body: HoldIn = HoldIn()) -> Response:
+    # Holding a held job answers the job as it is (the hold is a state, not an action to repeat).
+    return JSONBytes(job_json(svc.hold(db=db, principal=who, job_id=job_id, reason=body.reason)))
+
+
+@router.post("/{job_id}/release", response_model=JobOut, summary="Release a held job: the scheduler plans it again")
+def release_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> Response:
+    return JSONBytes(job_json(svc.release(db=db, principal=who, job_id=job_id)))
 
 
 @router.get("/{job_id}/events", response_model=EventPageOut, summary="The job's timeline, oldest first")

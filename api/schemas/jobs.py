@@ -56,6 +56,7 @@ JOB_EXAMPLE: dict[str, Any] = {
     "finished_at": None,
     "queued_s": 0.0,
     "waiting_since": "2026-11-29T09:30:00.123456Z",
+    "held_at": None,
     "spec": {"name": "gpt-tiny", "team": "default", "recipe": {"name": "gpt", "hyperparameters": {}}, "steps": 60},
 }
 
@@ -84,11 +85,16 @@ class JobOut(OutModel):
     finished_at: datetime | None
     queued_s: float = Field(
         description="Seconds in the queue in the waits that ended: the first and every requeue after a preemption, "
-        "a drain or a lost host (a restart backoff excluded); the queue-wait SLA counts these and the current wait."
+        "a drain or a lost host (a restart backoff and held time excluded); the queue-wait SLA counts these and "
+        "the current wait."
     )
     waiting_since: datetime | None = Field(
         description="When the wait the job is in began (QUEUED only; null otherwise): its wait so far is queued_s "
-        "+ (now - waiting_since)."
+        "+ (now - waiting_since). Null while the job is held."
+    )
+    held_at: datetime | None = Field(
+        description="Held since (POST /v1/jobs/{id}/hold; pending_reason Held): it does not start until released. "
+        "Its wait is paused meanwhile: the queue-wait SLA counts no held time."
     )
     spec: StoredSpec
 
@@ -100,7 +106,7 @@ class JobOut(OutModel):
 # already is (the submission serialized it for the write; the database hands it back as text). ``spec`` is
 # JobOut's last field, so the document has JobOut's field order.
 _FIELDS = JobView._fields[:-1]
-_DATETIMES = ("submitted_at", "admitted_at", "started_at", "finished_at", "waiting_since")
+_DATETIMES = ("submitted_at", "admitted_at", "started_at", "finished_at", "waiting_since", "held_at")
 assert (*_FIELDS, "spec") == tuple(JobOut.model_fields), "JobView must follow JobOut's fields"
 
 

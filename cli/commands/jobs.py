@@ -69,6 +69,7 @@ def submit(
             "forward/backward step on the CPU (needs torch); submit only if it passes.",
         ),
     ] = False,
+    hold: Annotated[bool, typer.Option("--hold", help="Submit it held: it does not start until kiln release.")] = False,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
     """Submit a job and print its id. With --follow, exit 0 on SUCCEEDED and 1 on FAILED or CANCELLED."""
@@ -81,9 +82,9 @@ def submit(
     with client() as api:
         if workdir is not None and data is not None:
             user_code.upload(api, data, workdir)
-            job = api.post("/v1/jobs", json=data)
+            job = api.post("/v1/jobs", json=data, params={"hold": "true"} if hold else None)
         else:
-            job = submit_text(api, text)
+            job = submit_text(api, text, hold=hold)
         report_submitted(api, job, follow=follow, output=output)
 
 
@@ -150,9 +151,10 @@ def job_filter(
     return params
 
 
-def submit_text(api: Any, text: str) -> dict[str, Any]:
+def submit_text(api: Any, text: str, *, hold: bool = False) -> dict[str, Any]:
     """POST the spec as YAML (a superset of JSON): the server parses exactly what the user wrote."""
-    job: dict[str, Any] = api.post("/v1/jobs", content=text.encode(), headers={"Content-Type": "application/yaml"})
+    job: dict[str, Any] = api.post("/v1/jobs", content=text.encode(), headers={"Content-Type": "application/yaml"},
+                                   params={"hold": "true"} if hold else None)  # fmt: skip
     return job
 
 
@@ -377,59 +379,142 @@ def _sse_json(event: Any) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-@app.command()
-def cancel(
-    job_ids: Annotated[list[int] | None, typer.Argument(help="Job ids.", min=1, show_default=False)] = None,
-    team: Annotated[str | None, typer.Option("--team", "-t", help="Every active job of this team...")] = None,
-    name: Annotated[str | None, typer.Option("--name", help="...with this name.")] = None,
-    state: Annotated[list[str] | None, typer.Option("--state", "-s", help="...in these states.")] = None,
-    mine: Annotated[bool, typer.Option("--mine", help="...that you submitted.")] = False,
-    since: Annotated[str | None, typer.Option("--since", help="...submitted since (2h, 3d, or an ISO time).")] = None,
-    until: Annotated[str | None, typer.Option("--until", help="...submitted before (as --since).")] = None,
-    reason: Annotated[str | None, typer.Option("--reason", help="Recorded in the job's events.")] = None,
-    output: OutputOpt = OutputFormat.table,
-) -> None:
-    """Cancel jobs: a queued one at once; a running one is asked to stop (it checkpoints first).
+# The options that pick jobs for cancel, hold and release, when no ids are given.
+TeamSel = Annotated[str | None, typer.Option("--team", "-t", help="Every matching job of this team...")]
+NameSel = Annotated[str | None, typer.Option("--name", help="...with this name.")]
+StateSel = Annotated[list[str] | None, typer.Option("--state", "-s", help="...in these states.")]
+MineSel = Annotated[bool, typer.Option("--mine", help="...that you submitted.")]
+SinceSel = Annotated[str | None, typer.Option("--since", help="...submitted since (2h, 3d, or an ISO time).")]
+UntilSel = Annotated[str | None, typer.Option("--until", help="...submitted before (as --since).")]
+JobIds = Annotated[list[int] | None, typer.Argument(help="Job ids.", min=1, show_default=False)]
 
-    Give job ids, or a filter over the active jobs you can see.
 
-    Examples: kiln cancel 7;  kiln cancel 7 8 9 --reason "wrong lr";  kiln cancel --mine --since 30m
-    """
-    with client() as api:
-        ids = list(job_ids or [])
-        if not ids and any((team, name, state, mine, since, until)):
-            params = job_filter(api, team=team, name=name, state=state, mine=mine, active=not state, since=since,
-                                until=until)  # fmt: skip
-            ids = [int(j["id"]) for j in api.paginate("/v1/jobs", params, limit=None)]
-            if not ids:
-                err_console.print("no active job matches")
-                return
-        if not ids:
-            raise CliError("give job ids, or a filter (--team, --name, --state, --mine, --since, --until)",
-                           ExitCode.USAGE)  # fmt: skip
-        say = console if output is OutputFormat.table else err_console  # stdout stays the data with -o json/yaml
-        results = [_cancel_one(api, job_id, reason, alone=len(ids) == 1, say=say) for job_id in ids]
-    if output is not OutputFormat.table:
+def selected_ids(
+    api: Any, job_ids: list[int] | None, *, team: str | None, name: str | None, state: list[str] | None, mine: bool,
+    since: str | None, until: str | None, default_states: list[str] | None = None, keep: Any = None,
+    none: str = "no active job matches",
+) -> list[int]:  # fmt: skip
+    """The ids given, or the jobs the filter options match (``default_states`` when no --state; None: the active
+    ones); ``keep`` filters the matched jobs. Empty when the filter matches nothing (``none`` said on stderr)."""
+    if job_ids:
+        return list(job_ids)
+    if not any((team, name, state, mine, since, until)):
+        raise CliError("give job ids, or a filter (--team, --name, --state, --mine, --since, --until)",
+                       ExitCode.USAGE)  # fmt: skip
+    params = job_filter(api, team=team, name=name, state=state or default_states, mine=mine,
+                        active=not (state or default_states), since=since, until=until)  # fmt: skip
+    ids = [int(j["id"]) for j in api.paginate("/v1/jobs", params, limit=None) if keep is None or keep(j)]
+    if not ids:
+        err_console.print(none)
+    return ids
+
+
+def act_on_each(
+    api: Any, ids: list[int], action: Any, output: OutputFormat
+) -> None:  # fmt: skip
+    """Run ``action(api, job_id, say)`` on each job; with several, an error is reported and the others go ahead,
+    and the command exits with the first error's code. Prints the answers with -o json/yaml."""
+    say = console if output is OutputFormat.table else err_console  # stdout stays the data with -o json/yaml
+    results = []
+    for job_id in ids:
+        try:
+            results.append(action(api, job_id, say))
+        except CliError as exc:
+            if len(ids) == 1:
+                raise
+            err_console.print(out.text(f"job {job_id}: {exc.message}"))
+            results.append({"id": job_id, "error": exc.message, "exit_code": int(exc.code)})
+    if output is not OutputFormat.table and results:
         out.print_data(results[0] if len(ids) == 1 else results, output)
     codes = [r["exit_code"] for r in results if "exit_code" in r]
     if codes:
         raise typer.Exit(codes[0])
 
 
-def _cancel_one(api: Any, job_id: int, reason: str | None, *, alone: bool, say: Any) -> dict[str, Any]:
-    """Cancel one job and say what happens to it. With several, an error is reported and the others go ahead."""
-    try:
+@app.command()
+def cancel(
+    job_ids: JobIds = None, team: TeamSel = None, name: NameSel = None, state: StateSel = None, mine: MineSel = False,
+    since: SinceSel = None, until: UntilSel = None,
+    reason: Annotated[str | None, typer.Option("--reason", help="Recorded in the job's events.")] = None,
+    output: OutputOpt = OutputFormat.table,
+) -> None:  # fmt: skip
+    """Cancel jobs: a queued one at once; a running one is asked to stop (it checkpoints first).
+
+    Give job ids, or a filter over the active jobs you can see.
+
+    Examples: kiln cancel 7;  kiln cancel 7 8 9 --reason "wrong lr";  kiln cancel --mine --since 30m
+    """
+
+    def one(api: Any, job_id: int, say: Any) -> dict[str, Any]:
         job: dict[str, Any] = api.post(f"/v1/jobs/{job_id}/cancel", json={"reason": reason} if reason else None)
-    except CliError as exc:
-        if alone:
-            raise
-        err_console.print(out.text(f"job {job_id}: {exc.message}"))
-        return {"id": job_id, "error": exc.message, "exit_code": int(exc.code)}
-    if job.get("state") == "CANCELLED":
-        say.print(out.text(f"job {job_id} CANCELLED"))
-    else:
-        say.print(out.text(f"cancelling job {job_id}: stopping, checkpoint first"))
-    return job
+        if job.get("state") == "CANCELLED":
+            say.print(out.text(f"job {job_id} CANCELLED"))
+        else:
+            say.print(out.text(f"cancelling job {job_id}: stopping, checkpoint first"))
+        return job
+
+    with client() as api:
+        ids = selected_ids(api, job_ids, team=team, name=name, state=state, mine=mine, since=since, until=until)
+        act_on_each(api, ids, one, output)
+
+
+@app.command()
+def hold(
+    job_ids: JobIds = None, team: TeamSel = None, name: NameSel = None, mine: MineSel = False,
+    since: SinceSel = None, until: UntilSel = None,
+    reason: Annotated[str | None, typer.Option("--reason", help="Shown as the pending message.")] = None,
+    output: OutputOpt = OutputFormat.table,
+) -> None:  # fmt: skip
+    """Hold queued jobs: they do not start until released (kiln release). Their wait pauses meanwhile: the
+    queue-wait SLA counts no held time.
+
+    Give job ids, or a filter over the queued jobs you can see.
+
+    Examples: kiln hold 7;  kiln hold --mine --reason "dataset not ready";  kiln submit --hold job.yaml
+    """
+
+    def one(api: Any, job_id: int, say: Any) -> dict[str, Any]:
+        job: dict[str, Any] = api.get(f"/v1/jobs/{job_id}")
+        if job.get("held_at"):
+            say.print(out.text(f"job {job_id} is held already ({job.get('pending_message')})"))
+            return job
+        job = api.post(f"/v1/jobs/{job_id}/hold", json={"reason": reason} if reason else None)
+        say.print(out.text(f"job {job_id} held (kiln release {job_id} lets it start)"))
+        return job
+
+    with client() as api:
+        ids = selected_ids(api, job_ids, team=team, name=name, state=None, mine=mine, since=since, until=until,
+                           default_states=["QUEUED"], keep=lambda j: not j.get("held_at"),
+                           none="no queued job matches")  # fmt: skip
+        act_on_each(api, ids, one, output)
+
+
+@app.command()
+def release(
+    job_ids: JobIds = None, team: TeamSel = None, name: NameSel = None, mine: MineSel = False,
+    since: SinceSel = None, until: UntilSel = None, output: OutputOpt = OutputFormat.table,
+) -> None:  # fmt: skip
+    """Release held jobs: the scheduler plans them again (Slurm's scontrol release).
+
+    Give job ids, or a filter over the held jobs you can see.
+
+    Examples: kiln release 7;  kiln release --mine
+    """
+
+    def one(api: Any, job_id: int, say: Any) -> dict[str, Any]:
+        job: dict[str, Any] = api.get(f"/v1/jobs/{job_id}")
+        if not job.get("held_at"):
+            say.print(out.text(f"job {job_id} is not held ({job.get('state')})"))
+            return job
+        job = api.post(f"/v1/jobs/{job_id}/release")
+        say.print(out.text(f"job {job_id} released: the scheduler plans it again"))
+        return job
+
+    with client() as api:
+        ids = selected_ids(api, job_ids, team=team, name=name, state=None, mine=mine, since=since, until=until,
+                           default_states=["QUEUED"], keep=lambda j: bool(j.get("held_at")),
+                           none="no held job matches")  # fmt: skip
+        act_on_each(api, ids, one, output)
 
 
 @app.command()

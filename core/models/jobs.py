@@ -50,6 +50,12 @@ class Job(Base):
     wait_started_at: Mapped[datetime | None] = mapped_column(
         comment="when the current wait after a requeue began (backoff excluded); NULL before the first admission"
     )
+    # A hold (kiln hold): the scheduler leaves the job be until it is released; the wait is paused meanwhile (the
+    # queue-wait SLA and the policy's aging count only the time the job could have started).
+    held_at: Mapped[datetime | None] = mapped_column(comment="held since (NULL: not held)")
+    held_s: Mapped[float] = mapped_column(
+        default=0.0, server_default=text("0"), comment="seconds held in the holds that ended"
+    )
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)

@@ -38,13 +38,12 @@ def waiting_page(
     db: Session, *, team_ids: Sequence[int], qos_class_id: int | None, after_pos: int | None, limit: int
 ) -> tuple[list[tuple[Job, int]], int]:
     """QUEUED jobs in the scheduler's base order (QoS priority, job priority, submission) with their position in
-    the whole queue, after ``after_pos``: up to ``limit`` rows, and how many match in all."""
+    the whole queue, after ``after_pos``: up to ``limit`` rows, and how many match in all. Held jobs come last
+    (the scheduler does not plan them): a waiting job's position counts none of them."""
     # Position is over the whole queue (every team): "you are 57th", not "57th among what you can see".
+    order = (Job.held_at.is_not(None).asc(), QosClass.priority.desc(), Job.priority.desc(), Job.id.asc())
     ranked = (
-        select(
-            Job.id.label("id"),
-            func.row_number().over(order_by=(QosClass.priority.desc(), Job.priority.desc(), Job.id.asc())).label("pos"),
-        )
+        select(Job.id.label("id"), func.row_number().over(order_by=order).label("pos"))
         .join(QosClass, QosClass.id == Job.qos_class_id)
         .where(Job.state == JobState.QUEUED)
         .subquery()

@@ -67,11 +67,11 @@ WITH job AS (
     INSERT INTO jobs (name, team_id, user_id, spec, state, qos_class_id, priority, gpus, gpu_type,
                       predicted_memory_bytes, restart_count, fencing_token, cancel_requested, preempt_requested,
                       last_step, submitted_at, updated_at, idempotency_key, request_sha256, sweep_id,
-                      code_digest)
+                      code_digest, held_at, pending_reason, pending_message)
     VALUES (:name, :team_id, :user_id, CAST(:spec AS JSONB), :state, :qos_class_id, :priority, :gpus, :gpu_type,
             :predicted_memory_bytes, :restart_count, :fencing_token, :cancel_requested, :preempt_requested,
             :last_step, :submitted_at, :updated_at, :idempotency_key, :request_sha256, :sweep_id,
-            :code_digest)
+            :code_digest, :held_at, :pending_reason, :pending_message)
     RETURNING id
 ), deps AS (
     INSERT INTO job_dependencies (job_id, depends_on_id, condition)
@@ -161,7 +161,7 @@ def get(db: Session, job_id: int, *, for_update: bool = False) -> Job | None:
 LIST_COLUMNS = (
     "id", "name", "team", "user", "state", "qos", "priority", "gpus", "gpu_type", "pending_reason",
     "pending_message", "restart_count", "last_step", "last_loss", "steps", "exit_reason", "cancel_requested",
-    "submitted_at", "admitted_at", "started_at", "finished_at", "queued_s", "waiting_since", "spec_json",
+    "submitted_at", "admitted_at", "started_at", "finished_at", "queued_s", "waiting_since", "held_at", "spec_json",
 )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""Jobs: submission (spec -> QUEUED job + effective contract + SUBMITTED event), reading, cancelling."""
+"""Jobs: submission (spec -> QUEUED job + effective contract + SUBMITTED event), reading, cancelling, holding."""
 
 from __future__ import annotations
 
@@ -27,8 +27,10 @@ from core.services.principal import Principal, require_team, require_team_id
 from core.services.sla import BASE_TERMS, DEFAULT_QOS, TERMS, effective_terms, qos_refusal, restart_refusal
 from core.services.why import Why, explain
 from core.spec import JobSpec, did_you_mean
-from core.states import TERMINAL, JobState
+from core.states import TERMINAL, JobState, Reason
+from core.transitions import hold as hold_job
 from core.transitions import record_event, transition
+from core.transitions import release as release_job
 
 
 class JobView(NamedTuple):
@@ -59,6 +61,7 @@ class JobView(NamedTuple):
     finished_at: datetime | None
     queued_s: float  # seconds queued in the waits that ended (the first, every requeue: core.queue_wait)
     waiting_since: datetime | None  # when the wait the job is in began; None when it is not waiting
+    held_at: datetime | None  # held since (kiln hold); None when not held
     spec_json: str
 
 
@@ -82,12 +85,13 @@ class JobPage:
 
 def submit(
     *, db: Session, principal: Principal, spec: JobSpec, idempotency: Idempotency | None = None,
-    sweep_id: int | None = None,
+    sweep_id: int | None = None, hold: bool = False,
 ) -> JobView:  # fmt: skip
     """Statements: one read (team, default contract, QoS, what the cluster has of the GPU type:
     ``teams_repo.submission_context``), one more only when ``depends_on`` is set or the request cannot fit, and
     on PostgreSQL one write (job, dependencies, contract, event and NOTIFY together). The answer is built from
-    what was written: nothing is read back. ``idempotency``: the key is stored with the job (``submit_once``)."""
+    what was written: nothing is read back. ``idempotency``: the key is stored with the job (``submit_once``).
+    ``hold``: the job is submitted held (Slurm's ``sbatch --hold``) and waits for ``release``."""
     spec = canonical_gpu_type(spec)
     ctx = teams_repo.submission_context(
         db, team=spec.team, qos=spec.sla.qos, default_qos=DEFAULT_QOS, terms=TERMS, gpu_type=spec.resources.gpu_type
@@ -119,9 +123,12 @@ def submit(
         "code_digest": code_digest,
         "idempotency_key": idempotency.key if idempotency else None,
         "request_sha256": idempotency.request_sha256 if idempotency else None,
+        "held_at": now if hold else None, "pending_reason": Reason.HELD.value if hold else None,
+        "pending_message": f"held by {principal.name} at submission" if hold else None,
     }  # fmt: skip
-    message = f"submitted by {principal.name} (qos {ctx.qos}, priority {ctx.priority})"
-    data = {"qos": ctx.qos, "priority": ctx.priority, "gpus": values["gpus"], "depends_on": [d for d, _ in depends_on]}
+    message = f"submitted by {principal.name} (qos {ctx.qos}, priority {ctx.priority})" + (", held" if hold else "")
+    data = {"qos": ctx.qos, "priority": ctx.priority, "gpus": values["gpus"], "depends_on": [d for d, _ in depends_on],
+            "held": hold}  # fmt: skip
     spec_json = json.dumps(values["spec"])  # serialized once: the write and the answer
     job_id = jobs_repo.insert_submitted(
         db, job=values, spec_json=spec_json, depends_on=depends_on, contract=terms, event_type="SUBMITTED",
@@ -129,15 +136,16 @@ def submit(
     )  # fmt: skip
     return JobView(
         id=job_id, name=spec.name, team=spec.team, user=principal.name, state=values["state"], qos=ctx.qos,
-        priority=ctx.priority, gpus=values["gpus"], gpu_type=values["gpu_type"], pending_reason=None,
-        pending_message=None, restart_count=0, last_step=0, last_loss=None, steps=spec.steps, exit_reason=None,
-        cancel_requested=False, submitted_at=now, admitted_at=None, started_at=None, finished_at=None,
-        queued_s=0.0, waiting_since=now, spec_json=spec_json,
+        priority=ctx.priority, gpus=values["gpus"], gpu_type=values["gpu_type"],
+        pending_reason=values["pending_reason"], pending_message=values["pending_message"], restart_count=0,
+        last_step=0, last_loss=None, steps=spec.steps, exit_reason=None, cancel_requested=False, submitted_at=now,
+        admitted_at=None, started_at=None, finished_at=None, queued_s=0.0, waiting_since=None if hold else now,
+        held_at=values["held_at"], spec_json=spec_json,
     )  # fmt: skip
 
 
 def submit_once(
-    *, db: Session, principal: Principal, spec: JobSpec, idempotency: Idempotency
+    *, db: Session, principal: Principal, spec: JobSpec, idempotency: Idempotency, hold: bool = False
 ) -> tuple[JobView, bool]:  # fmt: skip
     """A keyed submission: (the job an earlier submission with this key made in the team, True) when the request
     is the same, else (a new job, False). The same key with another request is refused: a key names one request.
@@ -145,7 +153,7 @@ def submit_once(
     team_id = require_team_id(principal, teams_repo.id_by_name(db, spec.team), spec.team, Role.MEMBER)
     job = jobs_repo.by_idempotency_key(db, team_id=team_id, key=idempotency.key)
     if job is None:
-        return submit(db=db, principal=principal, spec=spec, idempotency=idempotency), False
+        return submit(db=db, principal=principal, spec=spec, idempotency=idempotency, hold=hold), False
     if job.request_sha256 != idempotency.request_sha256:
         raise InvalidInput.at(
             "header.Idempotency-Key",
@@ -285,10 +293,7 @@ def _utc(t: datetime | None) -> datetime | None:
 
 def cancel(*, db: Session, principal: Principal, job_id: int, reason: str | None = None) -> JobView:
     """QUEUED (or LOST) jobs are cancelled at once; running ones get ``cancel_requested`` for the worker."""
-    job = _visible(db, principal, job_id, for_update=True)
-    team = teams_repo.get_by_id(db, job.team_id)
-    assert team is not None
-    require_team(principal, team, team.name, Role.MEMBER)
+    job = _changeable(db, principal, job_id)
     state = JobState(job.state)
     why = f"cancelled by {principal.name}" + (f": {reason}" if reason else "")
     if state in TERMINAL:
@@ -305,6 +310,43 @@ def cancel(*, db: Session, principal: Principal, job_id: int, reason: str | None
     db.flush()
     notify_jobs_changed(db, str(job_id))
     return get(db=db, principal=principal, job_id=job_id)
+
+
+def hold(*, db: Session, principal: Principal, job_id: int, reason: str | None = None) -> JobView:
+    """Keep a QUEUED job from starting until it is released (Slurm's ``scontrol hold``); its wait pauses, so its
+    queue-wait SLA and its age in the queue count only the time it could have started. Holding a held job
+    changes nothing. Who may cancel the job may hold and release it."""
+    job = _changeable(db, principal, job_id)
+    if job.held_at is None:
+        if job.state != JobState.QUEUED:
+            raise Conflict(f"job {job_id} is {job.state}: only a queued job can be held (kiln cancel stops a "
+                           "running one, keeping its checkpoint)")  # fmt: skip
+        hold_job(db, job, by=principal.name, reason=reason, actor_user_id=principal.user_id, now=utcnow())
+        db.flush()
+        notify_jobs_changed(db, str(job_id))
+    return get(db=db, principal=principal, job_id=job_id)
+
+
+def release(*, db: Session, principal: Principal, job_id: int) -> JobView:
+    """Let a held job start again: the scheduler plans it on its next cycle. Releasing a job that is not held
+    changes nothing (a finished job is a conflict)."""
+    job = _changeable(db, principal, job_id)
+    if job.held_at is not None:
+        release_job(db, job, by=principal.name, actor_user_id=principal.user_id, now=utcnow())
+        db.flush()
+        notify_jobs_changed(db, str(job_id))
+    elif job.state in TERMINAL:
+        raise Conflict(f"job {job_id} already finished ({job.state})")
+    return get(db=db, principal=principal, job_id=job_id)
+
+
+def _changeable(db: Session, principal: Principal, job_id: int) -> Job:
+    """The job, locked, when the principal may change it (a member of its team); else 404 or 403."""
+    job = _visible(db, principal, job_id, for_update=True)
+    team = teams_repo.get_by_id(db, job.team_id)
+    assert team is not None
+    require_team(principal, team, team.name, Role.MEMBER)
+    return job
 
 
 def events(

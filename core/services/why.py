@@ -65,6 +65,8 @@ def _hints(db: Session, job: Job) -> list[str]:
     elif reason == Reason.BUDGET:
         hints = [f"the team's GPU-hour budget: an admin raises it (kiln teams show {team_name}), or the next "
                  "budget period begins"]  # fmt: skip
+    elif reason == Reason.HELD:
+        hints = [f"release it: kiln release {job.id} (it was {job.pending_message or 'held'})"]
     elif reason == Reason.BANDWIDTH_QUOTA:
         hints = ["a QoS class with a lower interconnect-bandwidth quota (kiln qos), or fewer GPUs per host"]
     return hints
@@ -80,6 +82,7 @@ _UNKNOWABLE: dict[str, str] = {
     Reason.SWEEP_LIMIT: "its sweep runs as many jobs as its max_concurrent allows; it starts as one of them ends",
     Reason.BANDWIDTH_QUOTA: "it waits for the class's interconnect-bandwidth quota",
     Reason.MEMORY_FIT: "no GPU has the memory it needs free: it depends on what shares them",
+    Reason.HELD: "it is held: it starts only after it is released",
 }
 
 

@@ -1,8 +1,8 @@
 """Write a cycle's decisions in the caller's transaction (it commits); dispatch only after that commit.
 
 Each admission bumps the job's fencing token and creates the attempt that carries it, so a worker holding an
-older token can no longer act. Jobs are locked (``FOR UPDATE``) and re-checked: a job cancelled or changed since
-the snapshot is skipped, never overwritten. Pending reasons are written only when they change.
+older token can no longer act. Jobs are locked (``FOR UPDATE``) and re-checked: a job cancelled, held or changed
+since the snapshot is skipped, never overwritten. Pending reasons are written only when they change.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def apply_all(*, db: Session, decisions: Decisions, now: datetime) -> Applied:
     numbers = _next_attempt_numbers(db, [a.job_id for a in decisions.admissions])
     for adm in decisions.admissions:
         job = jobs.get(adm.job_id)
-        if job is None or job.state != JobState.QUEUED or job.cancel_requested:
-            continue
+        if job is None or job.state != JobState.QUEUED or job.cancel_requested or job.held_at is not None:
+            continue  # cancelled, held or changed since the snapshot
         job.fencing_token += 1
         placement = [p.as_json() for p in adm.placement]
         attempt = Attempt(
@@ -95,7 +95,7 @@ def apply_all(*, db: Session, decisions: Decisions, now: datetime) -> Applied:
         out.preempted.append(job.id)
     for fail in decisions.failures:
         job = jobs.get(fail.job_id)
-        if job is None or job.state != JobState.QUEUED:
+        if job is None or job.state != JobState.QUEUED or job.held_at is not None:
             continue
         job.exit_reason = fail.message[:512]
         transition(db, job, JobState.FAILED, message=fail.message, now=now)
@@ -130,8 +130,8 @@ def _write_reasons(db: Session, decisions: Decisions, now: datetime) -> int:
         return 0
     # Compare with what is stored and touch only the rows that change (no write storm on a quiet queue).
     stmt = select(Job.id, Job.pending_reason, Job.pending_message).where(
-        Job.id.in_(sorted(wanted)), Job.state == JobState.QUEUED.value
-    )
+        Job.id.in_(sorted(wanted)), Job.state == JobState.QUEUED.value, Job.held_at.is_(None)
+    )  # a job held since the snapshot keeps the reason its hold wrote
     changed = [jid for jid, reason, message in db.execute(stmt).tuples() if (reason, message) != wanted[jid]]
     if not changed:
         return 0

@@ -29,10 +29,11 @@ def team_default_contracts(db: Session) -> dict[int, SlaContract]:
 
 
 def queued_jobs(db: Session) -> Sequence[tuple[Job, SlaContract | None]]:
+    """The jobs the policy plans: QUEUED and not held (a held job waits for its release, not for the scheduler)."""
     stmt = (
         select(Job, SlaContract)
         .outerjoin(SlaContract, SlaContract.job_id == Job.id)
-        .where(Job.state == JobState.QUEUED.value)
+        .where(Job.state == JobState.QUEUED.value, Job.held_at.is_(None))
         .order_by(Job.id)
     )
     return [(j, c) for j, c in db.execute(stmt).tuples()]

@@ -1,8 +1,9 @@
 """The dashboard in a real browser (Debian's Chromium through Playwright) against the real system.
 
 1. Sign in, validation errors beside the field (form and YAML), submit through the form, the job queues up with
-   its position and wait against the contract (API alone: nothing admits it yet).
-2. The scheduler and a worker start: the job runs, loss/throughput points appear, logs follow, cancel stops it.
+   its position and wait against the contract (API alone: nothing admits it yet); it is held.
+2. The scheduler and a worker start: the held job stays queued until released; it runs, loss/throughput points
+   appear, logs follow, cancel stops it.
 3. Every page at 1280x800 and at a phone width (375px): screenshots (into docs/img/ only with
    KILN_REFRESH_SCREENSHOTS=1, else a temp dir), labels on every control, no horizontal overflow of the page,
    no failed request or script error.
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -105,11 +107,17 @@ def test_sign_in_validation_submit_and_queue(page: Any, kiln: Kiln) -> None:
     expect(page.locator("#job-state")).to_have_attribute("data-state", "QUEUED")
     expect(page.locator("#timeline")).to_contain_text("SUBMITTED")
     job_id = int(page.url.rsplit("/", 1)[1])
+    # Held, it will not start when the scheduler comes (the next test releases it).
+    page.get_by_role("button", name="Hold").click()
+    expect(page.get_by_role("button", name="Release")).to_be_visible()
+    expect(page.locator("#job-facts")).to_contain_text("Held: held by admin")
+    expect(page.locator("#timeline")).to_contain_text("HELD")
 
     page.get_by_role("link", name="Queue", exact=True).click()
     row = page.locator("#queue-list tbody tr", has=page.locator(f"a[href='#/jobs/{job_id}']"))
     expect(row).to_contain_text("e2e-gpt")
-    expect(row.locator("td").first).to_have_text("1")  # its position in the queue
+    expect(row.locator("td").first).to_have_text("—")  # held: no position in the line
+    expect(row).to_contain_text("Held")
     expect(row).to_contain_text("/ 10m 0s")  # wait so far against the contract's maximum (600 s)
     expect(page.locator("#summary-title + .table-wrap")).to_contain_text("silver")
 
@@ -127,6 +135,16 @@ def test_job_runs_live_logs_and_cancel(page: Any, kiln: Kiln) -> None:
     sign_in(page, kiln)
     page.goto(f"{kiln.url}/#/jobs/{job_id}")
     try:
+        # Held by the first test: with a worker's host up and the scheduler cycling every 0.5 s, it stays queued
+        # until the Release button lets it go.
+        with kiln.api() as client:
+            deadline = time.monotonic() + 120
+            while not client.get("/v1/cluster/hosts").json()["items"] and time.monotonic() < deadline:
+                time.sleep(0.5)
+        time.sleep(3)
+        expect(page.locator("#job-state")).to_have_attribute("data-state", "QUEUED")
+        page.get_by_role("button", name="Release").click()
+        expect(page.locator("#timeline")).to_contain_text("RELEASED")
         expect(page.locator("#job-state")).to_have_attribute("data-state", "RUNNING", timeout=120_000)
         # Plot points appear as the trainer reports steps (SSE, or polling as the fallback).
         expect(page.locator("figure[data-chart='loss']")).not_to_have_attribute("data-points", re.compile(r"^[0-2]$"),

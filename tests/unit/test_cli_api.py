@@ -297,6 +297,35 @@ def test_cancel_several_jobs_or_a_filter(kiln: Any, server: Server, tmp_path: Pa
     assert kiln("cancel").exit_code == ExitCode.USAGE
 
 
+def test_hold_and_release_by_id_or_filter(kiln: Any, server: Server, tmp_path: Path) -> None:
+    named = spec_file(tmp_path, **{"name: gpt-tiny": "name: batch-hold"})
+    first, second = submit(kiln, named), submit(kiln, named)
+    one = kiln("hold", str(first), "--reason", "dataset not ready")
+    assert one.exit_code == 0 and one.stdout.splitlines() == [f"job {first} held (kiln release {first} lets it start)"]
+    shown = kiln("describe", str(first))
+    assert "Held: held by admin: dataset not ready" in shown.stdout and "(paused while held)" in shown.stdout
+    assert "release it: kiln release" in kiln("why", str(first)).stdout
+    again = kiln("hold", str(first)).stdout.strip()
+    assert again == f"job {first} is held already (held by admin: dataset not ready)"
+    assert "held " in kiln("ls", "--name", "batch-hold").stdout  # the TIME column: held for how long
+    rest = kiln("hold", "--name", "batch-hold")  # the one not held yet
+    assert rest.stdout.splitlines() == [f"job {second} held (kiln release {second} lets it start)"]
+    assert kiln("hold", "--name", "batch-hold").stderr.strip() == "no queued job matches"
+    listed = as_json(kiln("ls", "--name", "batch-hold", "-o", "json"))
+    assert [(j["pending_reason"], bool(j["held_at"])) for j in listed] == [("Held", True)] * 2
+    back = kiln("release", "--name", "batch-hold", "--mine")
+    assert back.exit_code == 0 and sorted(back.stdout.splitlines()) == sorted(
+        f"job {i} released: the scheduler plans it again" for i in (first, second))  # fmt: skip
+    assert kiln("release", str(first)).stdout.strip() == f"job {first} is not held (QUEUED)"
+    assert kiln("release", "--name", "batch-hold").stderr.strip() == "no held job matches"
+    kiln("cancel", str(first))
+    refused = kiln("hold", str(first))
+    assert refused.exit_code == ExitCode.CONFLICT and "only a queued job can be held" in refused.stderr
+    later = kiln("submit", "--hold", str(named), "-o", "json")
+    assert later.exit_code == 0 and json.loads(later.stdout)["pending_reason"] == "Held"
+    assert kiln("release").exit_code == ExitCode.USAGE
+
+
 def test_ls_mine_and_user_and_yaml_output(kiln: Any, server: Server) -> None:
     job_id = submit(kiln)
     mine = as_json(kiln("ls", "--mine", "-o", "json"))

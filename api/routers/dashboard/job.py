@@ -109,6 +109,7 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
             "steps": (job.spec or {}).get("steps"),
             "exit_reason": job.exit_reason,
             "cancel_requested": job.cancel_requested,
+            "held_at": iso(job.held_at),
             "submitted_at": iso(job.submitted_at),
             "admitted_at": iso(job.admitted_at),
             "started_at": iso(job.started_at),

@@ -106,7 +106,7 @@ def queue(
                 team=page.team_names.get(j.team_id, str(j.team_id)),
                 qos=qos_row.name if qos_row else "?",
                 state=j.state,
-                position=pos,
+                position=None if j.held_at is not None else pos,  # held: not in the line (it sorts last)
                 gpus=j.gpus,
                 gpu_type=j.gpu_type,
                 pending_reason=j.pending_reason,

@@ -117,6 +117,7 @@ export async function jobPage(root, params) {
   let lastMetricId = 0;
 
   const stateEl = h("span", { id: "job-state" });
+  const holdBtn = h("button", { type: "button", id: "hold-job" }, "Hold");
   const cancelBtn = h("button", { type: "button", class: "danger", id: "cancel-job" }, "Cancel job");
   const facts = h("dl", { class: "facts", id: "job-facts" });
   const liveEl = h("span", { class: "muted live", id: "live-mode" }, "");
@@ -144,7 +145,7 @@ export async function jobPage(root, params) {
   const logStatus = h("span", { class: "muted", id: "log-status" }, "connecting…");
 
   root.append(
-    pageHeader(overview.job.name, stateEl, liveEl, cancelBtn),
+    pageHeader(overview.job.name, stateEl, liveEl, holdBtn, cancelBtn),
     h("section", { class: "card", "aria-label": "Summary" }, facts),
     h("section", { class: "grid charts", "aria-label": "Training curves" },
       Object.values(charts).map((c) => h("div", { class: "card" }, c.el))),
@@ -167,6 +168,10 @@ export async function jobPage(root, params) {
     replace(stateEl, stateBadge(j.state));
     stateEl.dataset.state = j.state;
     cancelBtn.hidden = FINISHED.has(j.state) || j.cancel_requested;
+    // A queued job can be held (it does not start until released); a held one released.
+    holdBtn.hidden = j.state !== "QUEUED" || j.cancel_requested;
+    holdBtn.textContent = j.held_at ? "Release" : "Hold";
+    holdBtn.title = j.held_at ? "Let the scheduler start it again" : "Keep it from starting until you release it";
     const waitText = `${fmtDuration(j.wait_s)} / ${j.max_wait_s ? fmtDuration(j.max_wait_s) : "no limit"}`;
     /** @type {Array<[string, any]>} */
     const rows = [
@@ -351,6 +356,20 @@ export async function jobPage(root, params) {
       toast(`Could not cancel: ${err instanceof Error ? err.message : err}`);
     } finally {
       cancelBtn.removeAttribute("disabled");
+    }
+  });
+
+  holdBtn.addEventListener("click", async () => {
+    const action = overview.job.held_at ? "release" : "hold";
+    holdBtn.setAttribute("disabled", "");
+    try {
+      await api(`/v1/jobs/${id}/${action}`, { method: "POST" });
+      toast(action === "hold" ? `Job #${id} is held: it does not start until released.` : `Job #${id} released.`);
+      renderOverview(await api(`/v1/dashboard/jobs/${id}`));
+    } catch (err) {
+      toast(`Could not ${action}: ${err instanceof Error ? err.message : err}`);
+    } finally {
+      holdBtn.removeAttribute("disabled");
     }
   });
 
