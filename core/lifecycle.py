@@ -252,8 +252,9 @@ def requeue_after_failure(
     level = 1 if progressed else prev_level + 1
     backoff = restart_backoff_s(level, settings)
     job.not_before = now + timedelta(seconds=backoff)
-    job.pending_reason = Reason.BACKOFF.value
-    job.pending_message = f"restart {job.restart_count}/{limit} after: {reason}"[:512]
+    if job.held_at is None:  # held while it ran: it comes back held, the hold's reason standing
+        job.pending_reason = Reason.BACKOFF.value
+        job.pending_message = f"restart {job.restart_count}/{limit} after: {reason}"[:512]
     transition(
         db, job, JobState.QUEUED,
         message=f"requeued (restart {job.restart_count}/{limit}, backoff {backoff:.0f} s) from step {job.last_step}",
@@ -297,10 +298,13 @@ def end_attempt_as(
     end_attempt(db, attempt, state=end.attempt, reason=reason, now=now, exit_code=exit_code)
     if end.requeue is Requeue.KEEP_PROGRESS:
         job.preempt_requested = False
-        job.pending_reason = end.pending_reason.value if end.pending_reason is not None else None
-        job.pending_message = reason[:512]
         # Progress is kept (last_step, checkpoints); a preemption is not a restart.
         message = f"{exit_class.value} at step {job.last_step}; back in the queue"
+        if job.held_at is not None:  # held while it ran: the hold's reason stands (core.transitions)
+            message = f"stopped at step {job.last_step}; back in the queue, held until released"
+        else:
+            job.pending_reason = end.pending_reason.value if end.pending_reason is not None else None
+            job.pending_message = reason[:512]
     elif end.job is JobState.SUCCEEDED:
         job.exit_reason = None
         data = {**data, "last_step": job.last_step, "final_loss": job.last_loss}

@@ -56,9 +56,16 @@ def transition(
     if current == JobState.QUEUED.value:
         end_wait(job, now)  # admitted, or cancelled or failed while it waited
         end_hold(job, now)  # cancelled or failed while held
+    elif target is JobState.QUEUED and job.held_at is not None:
+        # Held while it ran (``request_hold``): back in the queue held; the hold, and the pause of its wait, begin
+        # now. The hold's pending reason and message stand (the requeue does not write its own).
+        job.held_at = now
+        job.pending_reason = Reason.HELD.value
     elif target is JobState.QUEUED:
         # A requeue (a preemption, a drain, a lost host): a new wait, from when the job may start again.
         job.wait_started_at = max(now, job.not_before) if job.not_before is not None else now
+    elif target in TERMINAL:
+        job.held_at = None  # a hold asked of a running job that ended before it stopped
     job.state = target.value
     job.updated_at = now
     if target is JobState.ADMITTED:
@@ -93,22 +100,36 @@ def end_wait(job: Job, now: datetime) -> None:
 
 def hold(session: Session, job: Job, *, by: str, reason: str | None, actor_user_id: int | None,
          now: datetime) -> Event:  # fmt: skip
-    """Hold a QUEUED job: the scheduler leaves it be and its wait pauses (the wait so far is kept) until
-    ``release``. Its pending reason says who held it; the caller checks the state and locks the row."""
-    end_wait(job, now)
-    job.held_at = now
+    """Hold a job until ``release``; its pending reason says who held it and why. A QUEUED job: the scheduler
+    leaves it be and its wait pauses (the wait so far is kept). An admitted or running job: its worker stops it as for a
+    preemption (the trainer checkpoints first) and it comes back to the queue held (``transition``), to resume
+    from that checkpoint once released; not a preemption, so neither the scheduler's victim order nor the
+    preemption counts see it. The caller checks the state and holds the row lock."""
     job.pending_reason = Reason.HELD.value
     job.pending_message = (f"held by {by}" + (f": {reason}" if reason else ""))[:512]
     job.updated_at = now
-    return record_event(session, "HELD", job=job, message=job.pending_message, data={"reason": reason},
+    if job.state == JobState.QUEUED.value:
+        end_wait(job, now)
+        job.held_at = now
+        return record_event(session, "HELD", job=job, message=job.pending_message, data={"reason": reason},
+                            actor_user_id=actor_user_id)  # fmt: skip
+    job.held_at = now
+    job.preempt_requested = True
+    message = f"{job.pending_message}: stopping, checkpoint first, then back in the queue held"
+    return record_event(session, "HOLD_REQUESTED", job=job, message=message, data={"reason": reason},
                         actor_user_id=actor_user_id)  # fmt: skip
 
 
 def release(session: Session, job: Job, *, by: str, actor_user_id: int | None, now: datetime) -> Event:
     """Release a held job: its wait resumes now (or when its restart backoff ends) and the scheduler plans it on
-    its next cycle, which writes its pending reason."""
-    end_hold(job, now)
-    job.wait_started_at = max(now, job.not_before) if job.not_before is not None else now
+    its next cycle, which writes its pending reason. A running job whose hold was asked keeps running if its worker
+    has not stopped it yet (if it has, it comes back to the queue as a preempted job does)."""
+    if job.state == JobState.QUEUED.value:
+        end_hold(job, now)
+        job.wait_started_at = max(now, job.not_before) if job.not_before is not None else now
+    else:  # still running: the hold was asked, not begun
+        job.held_at = None
+        job.preempt_requested = False
     job.pending_reason = None
     job.pending_message = None
     job.updated_at = now

@@ -364,6 +364,7 @@ class Directive:
     fenced: bool = False
     cancel: bool = False
     preempt: bool = False
+    held: bool = False  # the preemption is a user's hold (kiln hold on a running job)
     renewed_at: float | None = None  # lease_clock() before the transaction that renewed the database lease
 
 
@@ -460,6 +461,7 @@ class AttemptRunner:
                 return Directive(
                     cancel=job.cancel_requested,
                     preempt=job.preempt_requested or job.state == JobState.PREEMPTING,
+                    held=job.held_at is not None,
                     renewed_at=started,  # committed on the way out of the block; a failed commit returns below
                 )
         except (OperationalError, DBAPIError) as exc:
@@ -500,7 +502,8 @@ class AttemptRunner:
                 elif d.cancel:
                     self.request_stop(ExitClass.CANCELLED, "cancel requested")
                 elif d.preempt:
-                    self.request_stop(ExitClass.PREEMPTED, "preemption requested by the scheduler")
+                    why = "held by the user" if d.held else "preemption requested by the scheduler"
+                    self.request_stop(ExitClass.PREEMPTED, why)
             if deadline is not None and mono >= deadline:
                 self.request_stop(ExitClass.TIMEOUT, "time limit reached")
             if SHUTTING_DOWN.is_set():

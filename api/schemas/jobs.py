@@ -94,7 +94,8 @@ class JobOut(OutModel):
     )
     held_at: datetime | None = Field(
         description="Held since (POST /v1/jobs/{id}/hold; pending_reason Held): it does not start until released. "
-        "Its wait is paused meanwhile: the queue-wait SLA counts no held time."
+        "Its wait is paused meanwhile: the queue-wait SLA counts no held time. On a running job: a hold was asked; "
+        "it stops (checkpoint first) and comes back to the queue held."
     )
     spec: StoredSpec
 

@@ -465,10 +465,10 @@ def hold(
     reason: Annotated[str | None, typer.Option("--reason", help="Shown as the pending message.")] = None,
     output: OutputOpt = OutputFormat.table,
 ) -> None:  # fmt: skip
-    """Hold queued jobs: they do not start until released (kiln release). Their wait pauses meanwhile: the
-    queue-wait SLA counts no held time.
+    """Hold jobs: they do not start until released (kiln release). Their wait pauses meanwhile: the queue-wait
+    SLA counts no held time. A running job stops, checkpoint first, and waits in the queue held.
 
-    Give job ids, or a filter over the queued jobs you can see.
+    Give job ids, or a filter over the queued jobs you can see (running ones only by id).
 
     Examples: kiln hold 7;  kiln hold --mine --reason "dataset not ready";  kiln submit --hold job.yaml
     """
@@ -479,7 +479,10 @@ def hold(
             say.print(out.text(f"job {job_id} is held already ({job.get('pending_message')})"))
             return job
         job = api.post(f"/v1/jobs/{job_id}/hold", json={"reason": reason} if reason else None)
-        say.print(out.text(f"job {job_id} held (kiln release {job_id} lets it start)"))
+        if job.get("state") == "QUEUED":
+            say.print(out.text(f"job {job_id} held (kiln release {job_id} lets it start)"))
+        else:
+            say.print(out.text(f"holding job {job_id}: stopping, checkpoint first, then held in the queue"))
         return job
 
     with client() as api:

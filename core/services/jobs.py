@@ -312,15 +312,21 @@ def cancel(*, db: Session, principal: Principal, job_id: int, reason: str | None
     return get(db=db, principal=principal, job_id=job_id)
 
 
+# A job that has not started yet or is running (an admitted one stops at its first heartbeat, a preempting one is
+# on its way back to the queue).
+HOLDABLE = frozenset({JobState.QUEUED, JobState.ADMITTED, JobState.RUNNING, JobState.PREEMPTING})
+
+
 def hold(*, db: Session, principal: Principal, job_id: int, reason: str | None = None) -> JobView:
-    """Keep a QUEUED job from starting until it is released (Slurm's ``scontrol hold``); its wait pauses, so its
-    queue-wait SLA and its age in the queue count only the time it could have started. Holding a held job
-    changes nothing. Who may cancel the job may hold and release it."""
+    """Keep a job from starting until it is released (Slurm's ``scontrol hold``; a running one as ``scontrol
+    requeuehold``: it stops, checkpoint first, and goes back to the queue held). Its wait pauses, so its queue-wait
+    SLA and its age in the queue count only the time it could have started. Holding a held job changes nothing.
+    Who may cancel the job may hold and release it."""
     job = _changeable(db, principal, job_id)
     if job.held_at is None:
-        if job.state != JobState.QUEUED:
-            raise Conflict(f"job {job_id} is {job.state}: only a queued job can be held (kiln cancel stops a "
-                           "running one, keeping its checkpoint)")  # fmt: skip
+        if job.state not in HOLDABLE or job.cancel_requested:
+            raise Conflict(f"job {job_id} is {job.state}" + (" and stopping" if job.cancel_requested else "")
+                           + ": only a queued or running job can be held")  # fmt: skip
         hold_job(db, job, by=principal.name, reason=reason, actor_user_id=principal.user_id, now=utcnow())
         db.flush()
         notify_jobs_changed(db, str(job_id))

@@ -5,6 +5,7 @@ Real PostgreSQL and Redis, real worker processes as hosts, the trainer on CPU, t
 - a preemption the scheduler's ``plan()`` decides: the worker stops the trainer, which checkpoints on SIGTERM;
   the job goes back to the queue with its progress (no restart counted), resumes from that checkpoint and ends
   with the loss of an uninterrupted twin;
+- a hold on a running job: the same stop, then the job waits held until released, and resumes;
 - a submit through the API (uvicorn) wakes ``python -m scheduler`` through PostgreSQL's NOTIFY: its timer is an
   hour, so only the notification can have admitted the job;
 - the time limit: stopped, checkpointed, FAILED with the reason; the recorded step is its checkpoint's;
@@ -24,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,10 +36,19 @@ import pytest
 from core.db import session_scope
 from core.models import Attempt
 from core.policy_config import PolicyConfig
+from core.services import jobs as jobs_service
 from core.services.bootstrap import bootstrap_admin
 from core.settings import get_settings
 from tests.support.cluster_rows import checkpoint_manifests, finished_state, job_attempts, job_events, job_row
-from tests.support.workers_cluster import ROOT, Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
+from tests.support.workers_cluster import (
+    ROOT,
+    Cluster,
+    cluster_admin,
+    cluster_on_new_database,
+    slow_steps,
+    tiny_spec,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -112,6 +123,36 @@ def test_a_preemption_checkpoints_requeues_and_resumes_with_the_twins_loss(hosts
     ref = job_row(c, twin)
     assert ref.state == "SUCCEEDED" and len(job_attempts(c, twin)) == 1
     assert job.last_loss == pytest.approx(ref.last_loss, rel=1e-6, abs=1e-6)
+
+
+def test_a_running_job_held_checkpoints_waits_held_and_resumes_once_released(hosts: Cluster) -> None:
+    """kiln hold on a running job (Slurm's requeuehold): the worker stops it as for a preemption, the trainer
+    checkpoints on SIGTERM, and the job waits in the queue held, its host idle, until it is released; then it
+    resumes from that checkpoint and succeeds."""
+    c = hosts
+    c.start_worker("a", hooks=slow_steps(0.15))
+    job_id = c.submit_job(_spec("held-while-running"))
+    sched = c.scheduler_thread()
+    try:
+        wait_for(lambda: job_row(c, job_id).last_step >= 5, 120, "the job training")
+        with c.sessionmaker()() as db:
+            jobs_service.hold(db=db, principal=cluster_admin(db), job_id=job_id, reason="e2e")
+            db.commit()
+        wait_for(lambda: job_row(c, job_id).state == "QUEUED", 60, "the job back in the queue")
+        time.sleep(3)  # six scheduler cycles with the host idle
+        job = job_row(c, job_id)
+        assert (job.state, job.pending_reason, len(job_attempts(c, job_id))) == ("QUEUED", "Held", 1)
+        with c.sessionmaker()() as db:
+            jobs_service.release(db=db, principal=cluster_admin(db), job_id=job_id)
+            db.commit()
+        _wait_final(c, job_id)
+    finally:
+        sched.stop()
+    assert job_row(c, job_id).state == "SUCCEEDED"
+    _resumed_from_its_stop_checkpoint(c, job_id, "PREEMPTED")
+    assert job_row(c, job_id).restart_count == 0 and not job_events(c, job_id, "PREEMPTING")
+    assert [e.type for e in job_events(c, job_id, "HOLD_REQUESTED")] == ["HOLD_REQUESTED"]
+    assert "held by the user" in _log(job_id, 1)
 
 
 def _log(job_id: int, attempt: int) -> str:

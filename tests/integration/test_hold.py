@@ -9,10 +9,13 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.models import Job
+from core.lifecycle import ExitClass, end_attempt_as, requeue_after_failure
+from core.models import Event, Job
 from core.policy_config import PolicyConfig
+from core.settings import Settings
 from core.states import JobState
 from core.transitions import hold, release, transition
 from scheduler.live import sla
@@ -115,6 +118,57 @@ def test_a_release_does_not_jump_the_queue_by_the_time_held(db: Session) -> None
     assert pending.submitted_at == pytest.approx(T0.timestamp() + 86400)
 
 
+def running(db: Session, team: str, host: str) -> tuple[Job, Any]:
+    """A gold job alone on the one-GPU ``host``: admitted at T0 + 1 s, running from T0 + 2 s."""
+    f.host(db, host, 1, now=T0)
+    job = f.job(db, f.team(db, team), f.qos(db, "gold"), gpus=1, name="runs", submitted_at=T0)
+    cycle(db, at(1))
+    return job, f.start(db, job, now=at(2))
+
+
+@pytest.mark.usefixtures("dispatched")
+def test_a_running_job_held_stops_checkpoint_first_and_waits_held_in_the_queue(db: Session) -> None:
+    """Slurm's requeuehold: the worker is asked to stop (as for a preemption: the trainer checkpoints on SIGTERM);
+    the job comes back to the queue held, no preemption recorded, and resumes once released."""
+    job, attempt = running(db, "hold-run", "h1")
+    held(db, job, 100, reason="free the GPU for a demo")
+    assert (job.state, job.preempt_requested, job.pending_reason) == ("RUNNING", True, "Held")
+    assert cycle(db, at(101)).preempted == []  # not a preemption: nothing else recorded, the worker stops it
+    end_attempt_as(db, job=job, attempt=attempt, exit_class=ExitClass.PREEMPTED, reason="held by the user",
+                   now=at(110), exit_code=None, data={}, settings=Settings())  # fmt: skip
+    message = "held by mark: free the GPU for a demo"
+    assert (job.state, job.pending_reason, job.pending_message) == ("QUEUED", "Held", message)
+    # held, and its wait paused, from the requeue (the lifecycle dates it by the wall clock)
+    assert job.held_at is not None and job.held_at > at(100) and job.wait_started_at is None
+    assert [e.type for e in violations(db, job)] == [] and not job_events(db, job, "PREEMPTING")
+    assert [e.message for e in job_events(db, job, "QUEUED")] == [
+        "stopped at step 0; back in the queue, held until released"]  # fmt: skip
+    assert cycle(db, at(200)).admitted == []  # its GPU is free
+    released(db, job, 300)
+    assert cycle(db, at(301)).admitted == [job.id]
+
+
+@pytest.mark.usefixtures("dispatched")
+def test_a_running_job_released_before_its_worker_stopped_it_keeps_running(db: Session) -> None:
+    job, _attempt = running(db, "hold-undo", "h1")
+    held(db, job, 100)
+    released(db, job, 101)
+    assert (job.state, job.preempt_requested, job.held_at, job.pending_reason) == ("RUNNING", False, None, None)
+
+
+@pytest.mark.usefixtures("dispatched")
+def test_a_held_running_job_that_loses_its_host_comes_back_held(db: Session) -> None:
+    job, attempt = running(db, "hold-lost", "h1")
+    held(db, job, 100)
+    requeue_after_failure(db, job=job, attempt=attempt, reason="lease expired", now=at(120), settings=Settings())
+    assert (job.state, job.restart_count, job.pending_reason) == ("QUEUED", 1, "Held") and job.held_at > at(100)
+    assert cycle(db, at(400)).admitted == []  # past its restart backoff, still held
+
+
+def job_events(db: Session, job: Job, type_: str) -> list[Event]:
+    return list(db.scalars(select(Event).where(Event.job_id == job.id, Event.type == type_).order_by(Event.id)))
+
+
 def test_cancelling_a_held_job_ends_its_hold(db: Session) -> None:
     gold = f.qos(db, "gold")
     job = f.job(db, f.team(db, "hold-e"), gold, gpus=1, name="held", submitted_at=T0)
@@ -156,15 +210,19 @@ def test_the_api_refuses_what_cannot_be_held(client: TestClient, world: World, d
     for role, status in (("viewer", 403), ("beta-member", 404)):
         r = client.post(f"/v1/jobs/{job}/hold", headers=world.h(role))
         assert (r.status_code, r.headers["content-type"]) == (status, "application/problem+json"), r.text
-    running = db.get(Job, job)
-    assert running is not None
-    transition(db, running, JobState.ADMITTED)
+    row = db.get(Job, job)
+    assert row is not None
+    transition(db, row, JobState.ADMITTED)
+    transition(db, row, JobState.RUNNING)
+    row.cancel_requested = True
     db.flush()
     r = client.post(f"/v1/jobs/{job}/hold", headers=world.h("member"))
-    assert r.status_code == 409 and "only a queued job can be held" in r.json()["detail"]
-    transition(db, running, JobState.CANCELLED)
-    db.flush()
-    assert client.post(f"/v1/jobs/{job}/release", headers=world.h("member")).status_code == 409
+    assert r.status_code == 409 and r.json()["detail"] == (
+        f"job {job} is RUNNING and stopping: only a queued or running job can be held")  # fmt: skip
+    ended = client.post("/v1/jobs", json=spec(name="ended"), headers=world.h("member")).json()["id"]
+    client.post(f"/v1/jobs/{ended}/cancel", headers=world.h("member"))
+    for action in ("hold", "release"):
+        assert client.post(f"/v1/jobs/{ended}/{action}", headers=world.h("member")).status_code == 409
 
 
 def test_a_job_submitted_held_waits_for_its_release(client: TestClient, world: World) -> None:

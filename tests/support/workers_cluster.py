@@ -327,7 +327,7 @@ def submit(
     """Submit ``spec`` through the API's own submission service (``core.services.jobs.submit``), as the cluster's
     admin, with these SLA terms; the team gets at least ``cpu_quota`` CPU slots (the scheduler admits CPU jobs
     against the team's ``cpu`` quota and the hosts' CPU slots) and a restart limit that allows ``max_restarts``."""
-    principal = _cluster_admin(db)
+    principal = cluster_admin(db)
     team = _team(db, spec.get("team", "default"))
     quota = db.scalars(select(TeamQuota).where(TeamQuota.team_id == team.id, TeamQuota.gpu_type == "cpu")).first()
     if quota is None:
@@ -364,12 +364,12 @@ def upload_code(db: Session, team: str, directory: Path) -> str:
     upload = artifacts_service.tmp_dir(settings.resolved_storage_dir) / f"test-upload-{digest}"
     upload.write_bytes(blob)
     artifacts_service.store(
-        db=db, principal=_cluster_admin(db), team=team, digest=digest, upload=upload, settings=settings
+        db=db, principal=cluster_admin(db), team=team, digest=digest, upload=upload, settings=settings
     )
     return digest
 
 
-def _cluster_admin(db: Session) -> Principal:
+def cluster_admin(db: Session) -> Principal:
     """The admin the tests act as: bootstrapped (with the ``default`` team) the way ``kiln up`` does, once."""
     user = db.scalars(select(User).where(User.name == CLUSTER_ADMIN)).first()
     if user is None:

@@ -320,7 +320,7 @@ def test_hold_and_release_by_id_or_filter(kiln: Any, server: Server, tmp_path: P
     assert kiln("release", "--name", "batch-hold").stderr.strip() == "no held job matches"
     kiln("cancel", str(first))
     refused = kiln("hold", str(first))
-    assert refused.exit_code == ExitCode.CONFLICT and "only a queued job can be held" in refused.stderr
+    assert refused.exit_code == ExitCode.CONFLICT and "only a queued or running job can be held" in refused.stderr
     later = kiln("submit", "--hold", str(named), "-o", "json")
     assert later.exit_code == 0 and json.loads(later.stdout)["pending_reason"] == "Held"
     assert kiln("release").exit_code == ExitCode.USAGE

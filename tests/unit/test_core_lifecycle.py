@@ -182,4 +182,4 @@ def test_reasons_are_one_vocabulary() -> None:
     assert len(values) == len(set(values))
     # What the jobs table already holds keeps its meaning: the words are the ones written before the enum.
     assert {"Quota", "Budget", "Resources", "Priority", "Dependency", "BandwidthQuota", "MemoryFit", "Reservation",
-            "Backoff", "Preempted", "Drained", "Unschedulable", "SweepLimit"} == set(values)  # fmt: skip
+            "Backoff", "Preempted", "Drained", "Unschedulable", "SweepLimit", "Held"} == set(values)  # fmt: skip

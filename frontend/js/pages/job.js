@@ -8,6 +8,7 @@ import {
 } from "../dom.js";
 
 const FINISHED = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+const HOLDABLE = new Set(["QUEUED", "ADMITTED", "RUNNING", "PREEMPTING"]);
 const MAX_LOG_LINES = 5000;
 
 /**
@@ -168,8 +169,9 @@ export async function jobPage(root, params) {
     replace(stateEl, stateBadge(j.state));
     stateEl.dataset.state = j.state;
     cancelBtn.hidden = FINISHED.has(j.state) || j.cancel_requested;
-    // A queued job can be held (it does not start until released); a held one released.
-    holdBtn.hidden = j.state !== "QUEUED" || j.cancel_requested;
+    // A queued job can be held (it does not start until released), a running one too (it stops, checkpoint
+    // first, and waits in the queue held); a held one released.
+    holdBtn.hidden = !HOLDABLE.has(j.state) || j.cancel_requested;
     holdBtn.textContent = j.held_at ? "Release" : "Hold";
     holdBtn.title = j.held_at ? "Let the scheduler start it again" : "Keep it from starting until you release it";
     const waitText = `${fmtDuration(j.wait_s)} / ${j.max_wait_s ? fmtDuration(j.max_wait_s) : "no limit"}`;
@@ -361,6 +363,8 @@ export async function jobPage(root, params) {
 
   holdBtn.addEventListener("click", async () => {
     const action = overview.job.held_at ? "release" : "hold";
+    if (action === "hold" && overview.job.state !== "QUEUED"
+      && !window.confirm(`Hold job ${overview.job.name} (#${id})? It stops (checkpoint first) and waits in the queue until released.`)) return;
     holdBtn.setAttribute("disabled", "");
     try {
       await api(`/v1/jobs/${id}/${action}`, { method: "POST" });
