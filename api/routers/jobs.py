@@ -1,5 +1,5 @@
-"""Jobs: submit (JSON or YAML), list (filters + keyset pages), get, cancel, hold and release, and what hangs off a
-job."""
+"""Jobs: submit (JSON or YAML), list (filters + keyset pages), get, change, cancel, hold and release, and what hangs
+off a job."""
 
 from __future__ import annotations
 
@@ -276,6 +276,20 @@ def hold_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, body: Hol
 @router.post("/{job_id}/release", response_model=JobOut, summary="Release a held job: the scheduler plans it again")
 def release_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> Response:
     return JSONBytes(job_json(svc.release(db=db, principal=who, job_id=job_id)))
+
+
+class JobUpdateIn(InModel):
+    """What may change of a queued job (Slurm's scontrol update); a field left out stays as it is."""
+
+    qos: Annotated[str | None, Field(max_length=32, pattern=r"^[a-z0-9-]+$", description="A QoS class the team "
+                                     "may use; the priority and the contract follow it")] = None  # fmt: skip
+    time_limit_s: Annotated[float | None, Field(gt=0, le=30 * 86400, description="Seconds; null: no limit")] = None
+
+
+@router.patch("/{job_id}", response_model=JobOut, summary="Change a queued job's QoS class or time limit")
+def update_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, body: JobUpdateIn) -> Response:
+    limit = body.time_limit_s if "time_limit_s" in body.model_fields_set else svc.UNCHANGED
+    return JSONBytes(job_json(svc.update(db=db, principal=who, job_id=job_id, qos=body.qos, time_limit_s=limit)))
 
 
 @router.get("/{job_id}/events", response_model=EventPageOut, summary="The job's timeline, oldest first")

@@ -129,6 +129,19 @@ def parse_when(text: str, *, now: datetime | None = None) -> str:
     return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
+def parse_duration(text: str) -> float | None:
+    """``--time-limit``: seconds (``7200``), a duration (``90m``, ``2h``, ``1d``) or ``none`` (no limit)."""
+    text = text.strip().lower()
+    if text == "none":
+        return None
+    if m := _AGO.match(text):
+        return float(int(m[1]) * _UNIT_S[m[2]])
+    try:
+        return float(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a duration: seconds (7200), 90m, 2h, 1d, or none") from None
+
+
 def job_filter(
     api: Any, *, team: str | None = None, state: list[str] | None = None, qos: str | None = None,
     name: str | None = None, user: str | None = None, mine: bool = False, active: bool = False,
@@ -518,6 +531,38 @@ def release(
                            default_states=["QUEUED"], keep=lambda j: bool(j.get("held_at")),
                            none="no held job matches")  # fmt: skip
         act_on_each(api, ids, one, output)
+
+
+@app.command()
+def update(
+    job_id: JobArg,
+    qos: Annotated[str | None, typer.Option("--qos", help="Another QoS class of the team's.")] = None,
+    time_limit: Annotated[
+        str | None, typer.Option("--time-limit", help="Seconds, 90m, 2h, 1d, or none (no limit).")
+    ] = None,
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """Change a queued job's QoS class or time limit (Slurm's scontrol update), checked as a submission is.
+
+    A running job: kiln hold it first (it stops, checkpoint first), change it, then kiln release it.
+
+    Examples: kiln update 7 --qos gold;  kiln update 7 --time-limit 2h
+    """
+    body: dict[str, Any] = {}
+    if qos is not None:
+        body["qos"] = qos
+    if time_limit is not None:
+        body["time_limit_s"] = parse_duration(time_limit)
+    if not body:
+        raise CliError("give what to change: --qos, --time-limit", ExitCode.USAGE)
+    with client() as api:
+        job = api.patch(f"/v1/jobs/{job_id}", json=body)
+    if output is not OutputFormat.table:
+        out.print_data(job, output)
+        return
+    limit = (job.get("spec") or {}).get("time_limit_s")
+    shown = out.fmt_duration(limit) if limit else "none"
+    console.print(out.text(f"job {job_id}: qos {job.get('qos')} (priority {job.get('priority')}), time limit {shown}"))
 
 
 @app.command()

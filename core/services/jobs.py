@@ -9,10 +9,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
-from core.models import Attempt, Checkpoint, Event, Job, JobMetric, Role
+from core.models import Attempt, Checkpoint, Event, Job, JobMetric, QosClass, Role
 from core.notify import CHANNEL, notify_jobs_changed
 from core.repositories import jobs as jobs_repo
 from core.repositories import qos as qos_repo
@@ -22,7 +23,7 @@ from core.repositories.keyset import Window
 from core.services import artifacts
 from core.services import datasets as datasets_svc
 from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound
-from core.services.fit import canonical_gpu_type, check_submission
+from core.services.fit import Fitted, canonical_gpu_type, check_submission
 from core.services.principal import Principal, require_team, require_team_id
 from core.services.sla import BASE_TERMS, DEFAULT_QOS, TERMS, effective_terms, qos_refusal, restart_refusal
 from core.services.why import Why, explain
@@ -93,18 +94,7 @@ def submit(
     what was written: nothing is read back. ``idempotency``: the key is stored with the job (``submit_once``).
     ``hold``: the job is submitted held (Slurm's ``sbatch --hold``) and waits for ``release``."""
     spec = canonical_gpu_type(spec)
-    ctx = teams_repo.submission_context(
-        db, team=spec.team, qos=spec.sla.qos, default_qos=DEFAULT_QOS, terms=TERMS, gpu_type=spec.resources.gpu_type
-    )
-    team_id = require_team_id(principal, ctx.team_id if ctx is not None else None, spec.team, Role.MEMBER)
-    assert ctx is not None
-    qos_name = spec.sla.qos or ctx.default_qos or DEFAULT_QOS
-    if ctx.qos_id is None:
-        loc = "sla.qos" if spec.sla.qos else "team.sla.qos"
-        raise InvalidInput.at(loc, f"unknown QoS class {qos_name!r}")
-    if not ctx.qos_allowed:
-        raise Forbidden(qos_refusal(spec.team, qos_name, teams_repo.allowed_qos_names(db, team_id)))
-    fitted = check_submission(db, spec=spec, ctx=ctx, qos_name=qos_name)
+    ctx, team_id, fitted = _checked(db, principal, spec)
     code_digest = _code_digest(db, team_id=team_id, spec=spec)
     datasets_svc.check_names(db, team_id=team_id, team=spec.team, names=spec.datasets)
     depends_on = _dependencies(db, team_id=team_id, team=spec.team, refs=spec.depends_on)
@@ -142,6 +132,23 @@ def submit(
         admitted_at=None, started_at=None, finished_at=None, queued_s=0.0, waiting_since=None if hold else now,
         held_at=values["held_at"], spec_json=spec_json,
     )  # fmt: skip
+
+
+def _checked(db: Session, principal: Principal, spec: JobSpec) -> tuple[Any, int, Fitted]:
+    """What a submission (or a change of a queued job) is checked against, in one read: the team (the principal
+    a member), its QoS class (known, and one the team may use), and the spec's fit (``check_submission``)."""
+    ctx = teams_repo.submission_context(
+        db, team=spec.team, qos=spec.sla.qos, default_qos=DEFAULT_QOS, terms=TERMS, gpu_type=spec.resources.gpu_type
+    )
+    team_id = require_team_id(principal, ctx.team_id if ctx is not None else None, spec.team, Role.MEMBER)
+    assert ctx is not None
+    qos_name = spec.sla.qos or ctx.default_qos or DEFAULT_QOS
+    if ctx.qos_id is None:
+        loc = "sla.qos" if spec.sla.qos else "team.sla.qos"
+        raise InvalidInput.at(loc, f"unknown QoS class {qos_name!r}")
+    if not ctx.qos_allowed:
+        raise Forbidden(qos_refusal(spec.team, qos_name, teams_repo.allowed_qos_names(db, team_id)))
+    return ctx, team_id, check_submission(db, spec=spec, ctx=ctx, qos_name=qos_name)
 
 
 def submit_once(
@@ -344,6 +351,53 @@ def release(*, db: Session, principal: Principal, job_id: int) -> JobView:
     elif job.state in TERMINAL:
         raise Conflict(f"job {job_id} already finished ({job.state})")
     return get(db=db, principal=principal, job_id=job_id)
+
+
+UNCHANGED: Any = object()  # ``update``: a field not given
+
+
+def update(
+    *, db: Session, principal: Principal, job_id: int, qos: str | None = None, time_limit_s: Any = UNCHANGED
+) -> JobView:
+    """Change a QUEUED job's QoS class or time limit (Slurm's ``scontrol update``; ``time_limit_s=None`` removes
+    the limit), checked as a submission is. A running job is held first (it stops, checkpoint first, and waits in
+    the queue), changed, and released. The priority is the new class's; the job's contract follows its class."""
+    job = _changeable(db, principal, job_id)
+    if job.state != JobState.QUEUED:
+        raise Conflict(f"job {job_id} is {job.state}: only a queued job can be changed (kiln hold {job_id} stops a "
+                       f"running one, checkpoint first; change it, then kiln release {job_id})")  # fmt: skip
+    data = dict(job.spec)
+    if qos is not None:
+        data["sla"] = {**(data.get("sla") or {}), "qos": qos}
+    if time_limit_s is not UNCHANGED:
+        data["time_limit_s"] = time_limit_s
+    try:
+        spec = canonical_gpu_type(JobSpec.model_validate(data))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidInput.at(".".join(str(p) for p in first["loc"]), first["msg"]) from None
+    ctx, _team_id, fitted = _checked(db, principal, spec)
+    before = (db.get(QosClass, job.qos_class_id), job.time_limit_s)
+    job.spec = spec.model_dump(mode="json")
+    job.qos_class_id, job.priority = ctx.qos_id, ctx.priority
+    job.predicted_memory_bytes = fitted.predicted_memory_bytes
+    contract = jobs_repo.effective_sla(db, job.id)
+    if contract is not None:
+        contract.qos_class_id = ctx.qos_id
+    changes = {"qos": [before[0].name if before[0] else None, ctx.qos], "time_limit_s": [before[1], job.time_limit_s]}
+    changed = {k: v for k, v in changes.items() if v[0] != v[1]}
+    if changed:
+        said = "; ".join(f"{k.replace('_s', '')} {_shown(v[0])} -> {_shown(v[1])}" for k, v in changed.items())
+        record_event(db, "UPDATED", job=job, message=f"{said} (by {principal.name})", data=changed,
+                     actor_user_id=principal.user_id)  # fmt: skip
+        job.updated_at = utcnow()
+        db.flush()
+        notify_jobs_changed(db, str(job_id))
+    return get(db=db, principal=principal, job_id=job_id)
+
+
+def _shown(value: Any) -> str:
+    return "none" if value is None else f"{value:g} s" if isinstance(value, float) else str(value)
 
 
 def _changeable(db: Session, principal: Principal, job_id: int) -> Job:
