@@ -422,6 +422,13 @@ def selected_ids(
     return ids
 
 
+def queued_ids(api: Any, job_ids: list[int] | None, *, held: bool, **filters: Any) -> list[int]:
+    """The ids given, or the queued jobs the filter options match that are held (``held``) or not."""
+    return selected_ids(api, job_ids, state=None, default_states=["QUEUED"], **filters,
+                        keep=lambda j: bool(j.get("held_at")) == held,
+                        none="no held job matches" if held else "no queued job matches")  # fmt: skip
+
+
 def act_on_each(
     api: Any, ids: list[int], action: Any, output: OutputFormat
 ) -> None:  # fmt: skip
@@ -486,23 +493,8 @@ def hold(
     Examples: kiln hold 7;  kiln hold --mine --reason "dataset not ready";  kiln submit --hold job.yaml
     """
 
-    def one(api: Any, job_id: int, say: Any) -> dict[str, Any]:
-        job: dict[str, Any] = api.get(f"/v1/jobs/{job_id}")
-        if job.get("held_at"):
-            say.print(out.text(f"job {job_id} is held already ({job.get('pending_message')})"))
-            return job
-        job = api.post(f"/v1/jobs/{job_id}/hold", json={"reason": reason} if reason else None)
-        if job.get("state") == "QUEUED":
-            say.print(out.text(f"job {job_id} held (kiln release {job_id} lets it start)"))
-        else:
-            say.print(out.text(f"holding job {job_id}: stopping, checkpoint first, then held in the queue"))
-        return job
-
-    with client() as api:
-        ids = selected_ids(api, job_ids, team=team, name=name, state=None, mine=mine, since=since, until=until,
-                           default_states=["QUEUED"], keep=lambda j: not j.get("held_at"),
-                           none="no queued job matches")  # fmt: skip
-        act_on_each(api, ids, one, output)
+    filters = {"team": team, "name": name, "mine": mine, "since": since, "until": until}
+    hold_or_release(job_ids, hold=True, reason=reason, filters=filters, output=output)
 
 
 @app.command()
@@ -517,20 +509,34 @@ def release(
     Examples: kiln release 7;  kiln release --mine
     """
 
+    filters = {"team": team, "name": name, "mine": mine, "since": since, "until": until}
+    hold_or_release(job_ids, hold=False, reason=None, filters=filters, output=output)
+
+
+def hold_or_release(
+    job_ids: list[int] | None, *, hold: bool, reason: str | None, filters: dict[str, Any], output: OutputFormat
+) -> None:
+    """Hold (``hold``) or release the jobs given or matched; one already so is said, not changed."""
+
     def one(api: Any, job_id: int, say: Any) -> dict[str, Any]:
         job: dict[str, Any] = api.get(f"/v1/jobs/{job_id}")
-        if not job.get("held_at"):
-            say.print(out.text(f"job {job_id} is not held ({job.get('state')})"))
+        if bool(job.get("held_at")) == hold:
+            said = f"is held already ({job.get('pending_message')})" if hold else f"is not held ({job.get('state')})"
+            say.print(out.text(f"job {job_id} {said}"))
             return job
-        job = api.post(f"/v1/jobs/{job_id}/release")
-        say.print(out.text(f"job {job_id} released: the scheduler plans it again"))
+        if not hold:
+            job = api.post(f"/v1/jobs/{job_id}/release")
+            say.print(out.text(f"job {job_id} released: the scheduler plans it again"))
+            return job
+        job = api.post(f"/v1/jobs/{job_id}/hold", json={"reason": reason} if reason else None)
+        if job.get("state") == "QUEUED":
+            say.print(out.text(f"job {job_id} held (kiln release {job_id} lets it start)"))
+        else:
+            say.print(out.text(f"holding job {job_id}: stopping, checkpoint first, then held in the queue"))
         return job
 
     with client() as api:
-        ids = selected_ids(api, job_ids, team=team, name=name, state=None, mine=mine, since=since, until=until,
-                           default_states=["QUEUED"], keep=lambda j: bool(j.get("held_at")),
-                           none="no held job matches")  # fmt: skip
-        act_on_each(api, ids, one, output)
+        act_on_each(api, queued_ids(api, job_ids, held=not hold, **filters), one, output)
 
 
 @app.command()
