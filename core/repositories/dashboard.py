@@ -27,16 +27,21 @@ from core.states import JobState
 # The queue
 
 
-def _job_conditions(team_ids: Sequence[int], qos_class_id: int | None) -> list[ColumnElement[bool]]:
+def _job_conditions(
+    team_ids: Sequence[int], qos_class_id: int | None, submitted_after: datetime | None
+) -> list[ColumnElement[bool]]:
     conds: list[ColumnElement[bool]] = [Job.team_id.in_(team_ids)]
     if qos_class_id is not None:
         conds.append(Job.qos_class_id == qos_class_id)
+    if submitted_after is not None:
+        conds.append(Job.submitted_at >= submitted_after)
     return conds
 
 
 def waiting_page(
-    db: Session, *, team_ids: Sequence[int], qos_class_id: int | None, after_pos: int | None, limit: int
-) -> tuple[list[tuple[Job, int]], int]:
+    db: Session, *, team_ids: Sequence[int], qos_class_id: int | None, after_pos: int | None, limit: int,
+    submitted_after: datetime | None = None,
+) -> tuple[list[tuple[Job, int]], int]:  # fmt: skip
     """QUEUED jobs in the scheduler's base order (QoS priority, job priority, submission) with their position in
     the whole queue, after ``after_pos``: up to ``limit`` rows, and how many match in all. Held jobs come last
     (the scheduler does not plan them): a waiting job's position counts none of them."""
@@ -48,7 +53,7 @@ def waiting_page(
         .where(Job.state == JobState.QUEUED)
         .subquery()
     )
-    conds = _job_conditions(team_ids, qos_class_id)
+    conds = _job_conditions(team_ids, qos_class_id, submitted_after)
     total = db.scalar(select(func.count()).select_from(ranked).join(Job, Job.id == ranked.c.id).where(*conds))
     stmt = select(Job, ranked.c.pos).join(ranked, ranked.c.id == Job.id).where(*conds)
     if after_pos:
@@ -65,9 +70,10 @@ def jobs_page_newest_first(
     states: Sequence[str],
     before_id: int | None,
     limit: int,
+    submitted_after: datetime | None = None,
 ) -> tuple[list[Job], int]:
     """Jobs in ``states``, newest first, below ``before_id``: up to ``limit`` rows, and how many match in all."""
-    conds = [*_job_conditions(team_ids, qos_class_id), Job.state.in_(states)]
+    conds = [*_job_conditions(team_ids, qos_class_id, submitted_after), Job.state.in_(states)]
     total = db.scalar(select(func.count(Job.id)).where(*conds))
     stmt = select(Job).where(*conds)
     if before_id:

@@ -174,10 +174,12 @@ def queue_page(
     qos: str | None,
     after: int | None,
     limit: int,
+    submitted_after: datetime | None = None,
 ) -> QueueSlice:
     """``waiting``: QUEUED jobs in the scheduler's base order, ``after`` a position; ``active``:
     admitted/running/preempting/paused (and LOST, about to be requeued); ``finished``: newest first, ``after``
-    an id (keyset pagination)."""
+    an id (keyset pagination). ``submitted_after``: only jobs submitted then or later (positions stay the
+    whole queue's)."""
     teams = team_filter(db, who, team)
     qos_by_id = {q.id: q for q in qos_repo.list_all(db)}
     qos_id = None
@@ -188,13 +190,15 @@ def queue_page(
     team_names = teams_repo.names_by_id(db, teams)
     rows: list[tuple[Job, int | None]]
     if view == "waiting":
-        ranked, total = repo.waiting_page(db, team_ids=teams, qos_class_id=qos_id, after_pos=after, limit=limit + 1)
+        ranked, total = repo.waiting_page(db, team_ids=teams, qos_class_id=qos_id, after_pos=after, limit=limit + 1,
+                                          submitted_after=submitted_after)  # fmt: skip
         rows = list(ranked)
     else:
         states = (*ACTIVE_STATES, JobState.LOST.value) if view == "active" else FINISHED_STATES
         jobs, total = repo.jobs_page_newest_first(
-            db, team_ids=teams, qos_class_id=qos_id, states=states, before_id=after, limit=limit + 1
-        )
+            db, team_ids=teams, qos_class_id=qos_id, states=states, before_id=after, limit=limit + 1,
+            submitted_after=submitted_after,
+        )  # fmt: skip
         rows = [(j, None) for j in jobs]
     more = len(rows) > limit
     rows = rows[:limit]

@@ -119,6 +119,9 @@ def test_sign_in_validation_submit_and_queue(page: Any, kiln: Kiln) -> None:
     expect(row.locator("td").first).to_have_text("—")  # held: no position in the line
     expect(row).to_contain_text("Held")
     expect(row).to_contain_text("/ 10m 0s")  # wait so far against the contract's maximum (600 s)
+    page.get_by_label("Submitted").select_option("1h")  # a window rolling with each refresh
+    expect(page).to_have_url(re.compile(r"since=1h"))
+    expect(row).to_contain_text("e2e-gpt")
     expect(page.locator("#summary-title + .table-wrap")).to_contain_text("silver")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -89,12 +90,18 @@ def queue(
     qos: QosQuery = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
+    submitted_after: Annotated[
+        datetime | None, Query(description="Only jobs submitted at or after this time (RFC 3339; no zone: UTC)")
+    ] = None,
 ) -> QueuePage:
     """``waiting``: QUEUED jobs in the scheduler's base order (QoS priority, job priority, submission), with the
     position in the whole queue; ``active``: admitted/running/preempting/paused; ``finished``: newest first.
     Keyset pagination: ``next_cursor`` holds the last row's sort key."""
     after = decode_cursor(cursor, "pos" if view == "waiting" else "id") if cursor else None
-    page = dashboard.queue_page(session, who, view=view, team=team, qos=qos, after=after, limit=limit)
+    if submitted_after is not None and submitted_after.tzinfo is None:
+        submitted_after = submitted_after.replace(tzinfo=UTC)
+    page = dashboard.queue_page(session, who, view=view, team=team, qos=qos, after=after, limit=limit,
+                                submitted_after=submitted_after)  # fmt: skip
     now = utcnow()
     items = []
     for j, pos in page.rows:

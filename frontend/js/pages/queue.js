@@ -18,15 +18,19 @@ const REFRESH_MS = 5000;
  */
 
 const VIEWS = /** @type {const} */ ({ waiting: "Waiting", active: "Running", finished: "Finished" });
+// "Submitted": a window that rolls with each refresh (milliseconds back from now).
+const SINCE = /** @type {const} */ ({ "1h": ["Last hour", 3600e3], "24h": ["Last 24 hours", 86400e3],
+  "7d": ["Last 7 days", 7 * 86400e3] });
 
 /** @type {import("../router.js").Page} */
 export async function queuePage(root, _params, query) {
   const ctx = await getContext();
-  /** @type {{view: string, team: string, qos: string, cursors: string[]}} */
+  /** @type {{view: string, team: string, qos: string, since: string, cursors: string[]}} */
   const state = {
     view: query.get("view") && query.get("view") in VIEWS ? /** @type {string} */ (query.get("view")) : "waiting",
     team: query.get("team") ?? "",
     qos: query.get("qos") ?? "",
+    since: query.get("since") && query.get("since") in SINCE ? /** @type {string} */ (query.get("since")) : "",
     cursors: [""], // cursor of each page visited: Previous pops, Next pushes
   };
 
@@ -47,6 +51,12 @@ export async function queuePage(root, _params, query) {
     h("option", { value: "" }, "All classes"),
     ctx.qos_classes.map((q) => h("option", { value: q.name, selected: q.name === state.qos }, q.name)),
   );
+  const sinceSelect = h(
+    "select",
+    { id: "f-since", name: "since" },
+    h("option", { value: "" }, "Any time"),
+    Object.entries(SINCE).map(([key, [label]]) => h("option", { value: key, selected: key === state.since }, label)),
+  );
   const tabs = h(
     "div",
     { class: "segmented", role: "group", "aria-label": "Jobs to show" },
@@ -59,6 +69,7 @@ export async function queuePage(root, _params, query) {
     { class: "filters", role: "search", "aria-label": "Filter the queue" },
     h("div", { class: "field" }, h("label", { for: "f-team" }, "Team"), teamSelect),
     h("div", { class: "field" }, h("label", { for: "f-qos" }, "QoS class"), qosSelect),
+    h("div", { class: "field" }, h("label", { for: "f-since" }, "Submitted"), sinceSelect),
     tabs,
   );
 
@@ -104,8 +115,11 @@ export async function queuePage(root, _params, query) {
     const cursor = state.cursors[state.cursors.length - 1];
     const started = performance.now();
     try {
+      const span = state.since ? SINCE[/** @type {keyof SINCE} */ (state.since)][1] : 0;
+      const after = span ? new Date(Date.now() - span).toISOString() : "";
       const page = await api(
-        `/v1/dashboard/queue${qs({ view: state.view, team: state.team, qos: state.qos, limit: PAGE_SIZE, cursor })}`,
+        `/v1/dashboard/queue${qs({ view: state.view, team: state.team, qos: state.qos, submitted_after: after,
+          limit: PAGE_SIZE, cursor })}`,
         { signal: inflight.signal },
       );
       renderList(page.items, page.total);
@@ -180,7 +194,8 @@ export async function queuePage(root, _params, query) {
   };
 
   const syncUrl = () => {
-    const q = qs({ view: state.view === "waiting" ? "" : state.view, team: state.team, qos: state.qos });
+    const q = qs({ view: state.view === "waiting" ? "" : state.view, team: state.team, qos: state.qos,
+      since: state.since });
     history.replaceState(null, "", `#/queue${q}`);
   };
   const restart = () => {
@@ -194,6 +209,10 @@ export async function queuePage(root, _params, query) {
   });
   qosSelect.addEventListener("change", () => {
     state.qos = /** @type {HTMLSelectElement} */ (qosSelect).value;
+    restart();
+  });
+  sinceSelect.addEventListener("change", () => {
+    state.since = /** @type {HTMLSelectElement} */ (sinceSelect).value;
     restart();
   });
   filters.addEventListener("submit", (ev) => ev.preventDefault());
