@@ -16,7 +16,7 @@ from cli import output as out
 from cli.app import OutputOpt, app, client, flatten, page_items
 from cli.errors import CliError, ExitCode
 from cli.output import OutputFormat, console, err_console
-from core.states import TERMINAL, JobState
+from core.states import TERMINAL, JobState, Reason
 
 JobArg = Annotated[int, typer.Argument(help="The job id.", min=1, show_default=False)]
 
@@ -399,24 +399,34 @@ StateSel = Annotated[list[str] | None, typer.Option("--state", "-s", help="...in
 MineSel = Annotated[bool, typer.Option("--mine", help="...that you submitted.")]
 SinceSel = Annotated[str | None, typer.Option("--since", help="...submitted since (2h, 3d, or an ISO time).")]
 UntilSel = Annotated[str | None, typer.Option("--until", help="...submitted before (as --since).")]
+SweepSel = Annotated[int | None, typer.Option("--sweep", help="The jobs of this sweep (alone, not with the others).")]
 JobIds = Annotated[list[int] | None, typer.Argument(help="Job ids.", min=1, show_default=False)]
 
 
 def selected_ids(
     api: Any, job_ids: list[int] | None, *, team: str | None, name: str | None, state: list[str] | None, mine: bool,
-    since: str | None, until: str | None, default_states: list[str] | None = None, keep: Any = None,
-    none: str = "no active job matches",
+    since: str | None, until: str | None, sweep: int | None = None, default_states: list[str] | None = None,
+    keep: Any = None, none: str = "no active job matches",
 ) -> list[int]:  # fmt: skip
     """The ids given, or the jobs the filter options match (``default_states`` when no --state; None: the active
-    ones); ``keep`` filters the matched jobs. Empty when the filter matches nothing (``none`` said on stderr)."""
+    ones), or those of a sweep (``--sweep``, alone) in those states; ``keep`` filters the matched jobs. Empty when
+    nothing matches (``none`` said on stderr)."""
     if job_ids:
         return list(job_ids)
-    if not any((team, name, state, mine, since, until)):
-        raise CliError("give job ids, or a filter (--team, --name, --state, --mine, --since, --until)",
+    filters = (team, name, state, mine, since, until)
+    if sweep is not None and any(filters):
+        raise CliError("--sweep picks the sweep's jobs: give it without the other filters", ExitCode.USAGE)
+    if sweep is None and not any(filters):
+        raise CliError("give job ids, or a filter (--team, --name, --state, --mine, --since, --until, --sweep)",
                        ExitCode.USAGE)  # fmt: skip
-    params = job_filter(api, team=team, name=name, state=state or default_states, mine=mine,
-                        active=not (state or default_states), since=since, until=until)  # fmt: skip
-    ids = [int(j["id"]) for j in api.paginate("/v1/jobs", params, limit=None) if keep is None or keep(j)]
+    if sweep is not None:
+        wanted = set(default_states or (s.value for s in JobState if s not in TERMINAL))
+        jobs = [j for j in api.paginate(f"/v1/sweeps/{sweep}/jobs", {}, limit=None) if j.get("state") in wanted]
+    else:
+        params = job_filter(api, team=team, name=name, state=state or default_states, mine=mine,
+                            active=not (state or default_states), since=since, until=until)  # fmt: skip
+        jobs = list(api.paginate("/v1/jobs", params, limit=None))
+    ids = [int(j["id"]) for j in jobs if keep is None or keep(j)]
     if not ids:
         err_console.print(none)
     return ids
@@ -425,7 +435,7 @@ def selected_ids(
 def queued_ids(api: Any, job_ids: list[int] | None, *, held: bool, **filters: Any) -> list[int]:
     """The ids given, or the queued jobs the filter options match that are held (``held``) or not."""
     return selected_ids(api, job_ids, state=None, default_states=["QUEUED"], **filters,
-                        keep=lambda j: bool(j.get("held_at")) == held,
+                        keep=lambda j: (j.get("pending_reason") == Reason.HELD) == held,
                         none="no held job matches" if held else "no queued job matches")  # fmt: skip
 
 
@@ -454,7 +464,7 @@ def act_on_each(
 @app.command()
 def cancel(
     job_ids: JobIds = None, team: TeamSel = None, name: NameSel = None, state: StateSel = None, mine: MineSel = False,
-    since: SinceSel = None, until: UntilSel = None,
+    since: SinceSel = None, until: UntilSel = None, sweep: SweepSel = None,
     reason: Annotated[str | None, typer.Option("--reason", help="Recorded in the job's events.")] = None,
     output: OutputOpt = OutputFormat.table,
 ) -> None:  # fmt: skip
@@ -462,7 +472,8 @@ def cancel(
 
     Give job ids, or a filter over the active jobs you can see.
 
-    Examples: kiln cancel 7;  kiln cancel 7 8 9 --reason "wrong lr";  kiln cancel --mine --since 30m
+    Examples: kiln cancel 7;  kiln cancel 7 8 9 --reason "wrong lr";  kiln cancel --mine --since 30m;
+    kiln cancel --sweep 3
     """
 
     def one(api: Any, job_id: int, say: Any) -> dict[str, Any]:
@@ -474,14 +485,15 @@ def cancel(
         return job
 
     with client() as api:
-        ids = selected_ids(api, job_ids, team=team, name=name, state=state, mine=mine, since=since, until=until)
+        ids = selected_ids(api, job_ids, team=team, name=name, state=state, mine=mine, since=since, until=until,
+                           sweep=sweep)  # fmt: skip
         act_on_each(api, ids, one, output)
 
 
 @app.command()
 def hold(
     job_ids: JobIds = None, team: TeamSel = None, name: NameSel = None, mine: MineSel = False,
-    since: SinceSel = None, until: UntilSel = None,
+    since: SinceSel = None, until: UntilSel = None, sweep: SweepSel = None,
     reason: Annotated[str | None, typer.Option("--reason", help="Shown as the pending message.")] = None,
     output: OutputOpt = OutputFormat.table,
 ) -> None:  # fmt: skip
@@ -490,26 +502,27 @@ def hold(
 
     Give job ids, or a filter over the queued jobs you can see (running ones only by id).
 
-    Examples: kiln hold 7;  kiln hold --mine --reason "dataset not ready";  kiln submit --hold job.yaml
+    Examples: kiln hold 7;  kiln hold --mine --reason "dataset not ready";  kiln hold --sweep 3;
+    kiln submit --hold job.yaml
     """
 
-    filters = {"team": team, "name": name, "mine": mine, "since": since, "until": until}
+    filters = {"team": team, "name": name, "mine": mine, "since": since, "until": until, "sweep": sweep}
     hold_or_release(job_ids, hold=True, reason=reason, filters=filters, output=output)
 
 
 @app.command()
 def release(
     job_ids: JobIds = None, team: TeamSel = None, name: NameSel = None, mine: MineSel = False,
-    since: SinceSel = None, until: UntilSel = None, output: OutputOpt = OutputFormat.table,
+    since: SinceSel = None, until: UntilSel = None, sweep: SweepSel = None, output: OutputOpt = OutputFormat.table,
 ) -> None:  # fmt: skip
     """Release held jobs: the scheduler plans them again (Slurm's scontrol release).
 
     Give job ids, or a filter over the held jobs you can see.
 
-    Examples: kiln release 7;  kiln release --mine
+    Examples: kiln release 7;  kiln release --mine;  kiln release --sweep 3
     """
 
-    filters = {"team": team, "name": name, "mine": mine, "since": since, "until": until}
+    filters = {"team": team, "name": name, "mine": mine, "since": since, "until": until, "sweep": sweep}
     hold_or_release(job_ids, hold=False, reason=None, filters=filters, output=output)
 
 

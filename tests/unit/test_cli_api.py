@@ -394,6 +394,23 @@ def test_sweep_submit_show_and_ls(kiln: Any, tmp_path: Path) -> None:
     assert unknown.exit_code == ExitCode.USAGE and "no such column" in unknown.output and "lr" in unknown.output
 
 
+def test_a_sweeps_jobs_are_held_released_and_cancelled_together(kiln: Any, tmp_path: Path) -> None:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(EXAMPLE.read_text() + "sweep:\n  grid: {lr: [0.001, 0.003, 0.01]}\n")
+    sweep_id = int(kiln("sweep", "submit", str(path)).stdout.split()[2])
+    jobs = [j["id"] for j in as_json(kiln("sweep", "show", str(sweep_id), "-o", "json"))["jobs"]]
+    kiln("hold", str(jobs[0]))
+    rest = kiln("hold", "--sweep", str(sweep_id))  # the two not held yet
+    assert rest.exit_code == 0 and len(rest.stdout.splitlines()) == 2, rest.output
+    reasons = {j["pending_reason"] for j in as_json(kiln("sweep", "show", str(sweep_id), "-o", "json"))["jobs"]}
+    assert reasons == {"Held"}
+    assert len(kiln("release", "--sweep", str(sweep_id)).stdout.splitlines()) == 3
+    assert kiln("release", "--sweep", str(sweep_id)).stderr.strip() == "no held job matches"
+    assert kiln("hold", "--sweep", str(sweep_id), "--mine").exit_code == ExitCode.USAGE
+    cancelled = kiln("cancel", "--sweep", str(sweep_id))
+    assert sorted(cancelled.stdout.splitlines()) == sorted(f"job {j} CANCELLED" for j in jobs)
+
+
 def test_sweep_table_has_a_column_per_metric_and_sorts_by_it() -> None:
     from cli.commands.reuse import sweep_rows
 
