@@ -4,9 +4,9 @@ start again), and no time the job ran or was held (``kiln hold``: the wait resum
 
 ``core.transitions`` keeps the two columns: ``queued_s`` (the waits that ended) and ``wait_started_at`` (when the
 current wait after a requeue or a release began; before the first admission the wait runs from submission). A held
-job (``held_at`` set) is not waiting. The scheduler's
-snapshot hands ``plan()`` what is left of the budget from the current wait, as the trace replay does
-(``scheduler/simulate/replay.py``), and the evaluator, the SLA page and ``/metrics`` all read the total here.
+job (``held_at`` set) is not waiting. The scheduler's snapshot hands ``plan()`` what is left of the budget from the
+current wait, as the trace replay does (``scheduler/simulate/replay.py``), and the evaluator, the SLA page and
+``/metrics`` all read the total here.
 """
 
 from __future__ import annotations

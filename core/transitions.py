@@ -57,7 +57,7 @@ def transition(
         end_wait(job, now)  # admitted, or cancelled or failed while it waited
         end_hold(job, now)  # cancelled or failed while held
     elif target is JobState.QUEUED and job.held_at is not None:
-        # Held while it ran (``request_hold``): back in the queue held; the hold, and the pause of its wait, begin
+        # Held while it ran (``hold``): back in the queue held; the hold, and the pause of its wait, begin
         # now. The hold's pending reason and message stand (the requeue does not write its own).
         job.held_at = now
         job.pending_reason = Reason.HELD.value
