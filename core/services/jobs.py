@@ -1,4 +1,5 @@
-"""Jobs: submission (spec -> QUEUED job + effective contract + SUBMITTED event), reading, cancelling, holding."""
+"""Jobs: submission (spec -> QUEUED job + effective contract + SUBMITTED event), reading, changing, cancelling,
+holding."""
 
 from __future__ import annotations
 
