@@ -259,7 +259,10 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         ("started", out.fmt_time(job.get("started_at"))),
         ("finished", out.fmt_time(job.get("finished_at"))),
     ]
-    if job.get("pending_reason"):
+    if job.get("held_at") and job.get("state") != "QUEUED":
+        pairs.append(("hold", f"{job.get('pending_message') or 'held'}: stopping, checkpoint first, then back in the "
+                              "queue held"))  # fmt: skip
+    elif job.get("pending_reason"):
         pairs.append(("waiting", f"{job['pending_reason']}: {job.get('pending_message') or ''}"))
     if job.get("exit_reason"):
         pairs.append(("exit reason", job["exit_reason"]))

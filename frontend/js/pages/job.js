@@ -213,6 +213,7 @@ export async function jobPage(root, params) {
       rows.push(["Evaluation", `step ${j.evaluation.step}: ${shown}`]);
     }
     if (j.cancel_requested && !FINISHED.has(j.state)) rows.push(["Cancel", "requested"]);
+    if (j.held_at && j.state !== "QUEUED") rows.push(["Hold", `${j.pending_message ?? "held"}: stopping, checkpoint first, then back in the queue held`]);
     replace(facts, rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
 
     replace(timeline, ov.events.map((e) =>
