@@ -145,7 +145,7 @@ def parse_duration(text: str) -> float | None:
 def job_filter(
     api: Any, *, team: str | None = None, state: list[str] | None = None, qos: str | None = None,
     name: str | None = None, user: str | None = None, mine: bool = False, active: bool = False,
-    since: str | None = None, until: str | None = None,
+    since: str | None = None, until: str | None = None, held: bool | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The query of ``GET /v1/jobs`` for the CLI's filter options (``--mine``: the token's own user)."""
     states = [s.strip().upper() for chunk in state or [] for s in chunk.split(",") if s.strip()]
@@ -161,6 +161,8 @@ def job_filter(
         params["submitted_after"] = parse_when(since)
     if until:
         params["submitted_before"] = parse_when(until)
+    if held is not None:
+        params["held"] = "true" if held else "false"
     return params
 
 
@@ -198,6 +200,7 @@ def list_jobs(
     user: Annotated[str | None, typer.Option("--user", "-u", help="Only jobs this user submitted.")] = None,
     mine: Annotated[bool, typer.Option("--mine", help="Only jobs you submitted.")] = False,
     active: Annotated[bool, typer.Option("--active", help="Only jobs that have not finished.")] = False,
+    held: Annotated[bool, typer.Option("--held", help="Only held jobs (kiln hold).")] = False,
     since: Annotated[
         str | None, typer.Option("--since", help="Only jobs submitted since: 2h, 3d, 1w ago, or an ISO date or time.")
     ] = None,
@@ -208,11 +211,11 @@ def list_jobs(
 ) -> None:
     """List jobs, newest first.
 
-    Examples: kiln ls --mine --active;  kiln ls -t vision -s FAILED --since 1d;  kiln ls -o yaml
+    Examples: kiln ls --mine --active;  kiln ls -t vision -s FAILED --since 1d;  kiln ls --held;  kiln ls -o yaml
     """
     with client() as api:
         params = job_filter(api, team=team, state=state, qos=qos, name=name, user=user, mine=mine, active=active,
-                            since=since, until=until)  # fmt: skip
+                            since=since, until=until, held=True if held else None)  # fmt: skip
         jobs = list(api.paginate("/v1/jobs", params, limit=None if all_ else limit))
     if output is not OutputFormat.table:
         out.print_data(jobs, output)
@@ -409,10 +412,10 @@ JobIds = Annotated[list[int] | None, typer.Argument(help="Job ids.", min=1, show
 def selected_ids(
     api: Any, job_ids: list[int] | None, *, team: str | None, name: str | None, state: list[str] | None, mine: bool,
     since: str | None, until: str | None, sweep: int | None = None, default_states: list[str] | None = None,
-    keep: Any = None, none: str = "no active job matches",
+    held: bool | None = None, none: str = "no active job matches",
 ) -> list[int]:  # fmt: skip
     """The ids given, or the jobs the filter options match (``default_states`` when no --state; None: the active
-    ones), or those of a sweep (``--sweep``, alone) in those states; ``keep`` filters the matched jobs. Empty when
+    ones), or those of a sweep (``--sweep``, alone) in those states; ``held``: only held jobs, or none. Empty when
     nothing matches (``none`` said on stderr)."""
     if job_ids:
         return list(job_ids)
@@ -424,12 +427,13 @@ def selected_ids(
                        ExitCode.USAGE)  # fmt: skip
     if sweep is not None:
         wanted = set(default_states or (s.value for s in JobState if s not in TERMINAL))
-        jobs = [j for j in api.paginate(f"/v1/sweeps/{sweep}/jobs", {}, limit=None) if j.get("state") in wanted]
+        jobs = [j for j in api.paginate(f"/v1/sweeps/{sweep}/jobs", {}, limit=None) if j.get("state") in wanted
+                and (held is None or (j.get("pending_reason") == Reason.HELD) == held)]  # fmt: skip
     else:
         params = job_filter(api, team=team, name=name, state=state or default_states, mine=mine,
-                            active=not (state or default_states), since=since, until=until)  # fmt: skip
+                            active=not (state or default_states), since=since, until=until, held=held)  # fmt: skip
         jobs = list(api.paginate("/v1/jobs", params, limit=None))
-    ids = [int(j["id"]) for j in jobs if keep is None or keep(j)]
+    ids = [int(j["id"]) for j in jobs]
     if not ids:
         err_console.print(none)
     return ids
@@ -437,8 +441,7 @@ def selected_ids(
 
 def queued_ids(api: Any, job_ids: list[int] | None, *, held: bool, **filters: Any) -> list[int]:
     """The ids given, or the queued jobs the filter options match that are held (``held``) or not."""
-    return selected_ids(api, job_ids, state=None, default_states=["QUEUED"], **filters,
-                        keep=lambda j: (j.get("pending_reason") == Reason.HELD) == held,
+    return selected_ids(api, job_ids, state=None, default_states=["QUEUED"], held=held, **filters,
                         none="no held job matches" if held else "no queued job matches")  # fmt: skip
 
 

@@ -58,6 +58,7 @@ class JobFilter:
     job_id: int | None = None  # one job
     submitted_after: datetime | None = None  # at or after (UTC-aware)
     submitted_before: datetime | None = None  # strictly before
+    held: bool | None = None  # held (kiln hold) or not; None: either
 
 
 # A submission on PostgreSQL: the job, its dependencies, its effective contract, its SUBMITTED event and the
@@ -179,6 +180,7 @@ class _ListShape:
     job: bool
     submitted_after: bool = False
     submitted_before: bool = False
+    held: bool | None = None
 
 
 def list_rows(db: Session, flt: JobFilter, limit: int) -> Sequence[Row[Any]]:
@@ -209,6 +211,7 @@ def _bound(flt: JobFilter, limit: int) -> tuple[_ListShape, dict[str, Any]]:
         states=len(flt.states), qos=flt.qos_id is not None, name=flt.name is not None, user=flt.user is not None,
         before=flt.before_id is not None, job=flt.job_id is not None,
         submitted_after=flt.submitted_after is not None, submitted_before=flt.submitted_before is not None,
+        held=flt.held,
     )  # fmt: skip
     params: dict[str, Any] = {"limit": limit}
     params.update((f"t{i}", team_id) for i, team_id in enumerate(flt.team_ids or ()))
@@ -258,6 +261,8 @@ def _list_statement(shape: _ListShape) -> Select[Any]:
         stmt = stmt.where(jobs.c.submitted_at >= bindparam("submitted_after", type_=jobs.c.submitted_at.type))
     if shape.submitted_before:
         stmt = stmt.where(jobs.c.submitted_at < bindparam("submitted_before", type_=jobs.c.submitted_at.type))
+    if shape.held is not None:
+        stmt = stmt.where(jobs.c.held_at.is_not(None) if shape.held else jobs.c.held_at.is_(None))
     return stmt.order_by(jobs.c.id.desc()).limit(bindparam("limit", type_=Integer))
 
 

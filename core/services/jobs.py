@@ -266,6 +266,7 @@ def list_jobs(
     before_id: int | None = None,
     submitted_after: datetime | None = None,
     submitted_before: datetime | None = None,
+    held: bool | None = None,
 ) -> JobPage:
     """Newest first. ``submitted_after`` (inclusive) and ``submitted_before`` (exclusive) bound the submission
     time; a time without a zone is UTC."""
@@ -287,6 +288,7 @@ def list_jobs(
     flt = JobFilter(
         team_ids=principal.visible_team_ids(), team_id=team_id, states=tuple(states), qos_id=qos_id, name=name,
         user=user, before_id=before_id, submitted_after=submitted_after, submitted_before=submitted_before,
+        held=held,
     )  # fmt: skip
     rows = jobs_repo.list_rows(db, flt, limit + 1)
     page: Sequence[Any] = rows[:limit]

@@ -190,6 +190,10 @@ def test_the_api_holds_and_releases_a_queued_job(client: TestClient, world: Worl
     assert _state(client.post(f"/v1/jobs/{job}/hold", headers=h))[2]  # held again: unchanged, not an error
     page = client.get("/v1/jobs", params={"team": "alpha"}, headers=h).json()["items"]
     assert [j["held_at"] is not None for j in page if j["id"] == job] == [True]
+    other = client.post("/v1/jobs", json=spec(name="not-held"), headers=h).json()["id"]
+    for held, ids in (("true", [job]), ("false", [other])):
+        found = client.get("/v1/jobs", params={"team": "alpha", "held": held}, headers=h).json()["items"]
+        assert [j["id"] for j in found] == ids
     one = client.get(f"/v1/jobs/{job}", headers=h).json()
     assert one["waiting_since"] is None and one["pending_message"] == "held by mark: data"
     why = client.get(f"/v1/jobs/{job}/why", headers=h).json()

@@ -313,6 +313,7 @@ def test_hold_and_release_by_id_or_filter(kiln: Any, server: Server, tmp_path: P
     assert kiln("hold", "--name", "batch-hold").stderr.strip() == "no queued job matches"
     listed = as_json(kiln("ls", "--name", "batch-hold", "-o", "json"))
     assert [(j["pending_reason"], bool(j["held_at"])) for j in listed] == [("Held", True)] * 2
+    assert [j["id"] for j in as_json(kiln("ls", "--held", "-o", "json"))][:2] == [second, first]
     back = kiln("release", "--name", "batch-hold", "--mine")
     assert back.exit_code == 0 and sorted(back.stdout.splitlines()) == sorted(
         f"job {i} released: the scheduler plans it again" for i in (first, second))  # fmt: skip
