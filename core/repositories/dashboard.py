@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, func, or_, select
+from sqlalchemy import ColumnElement, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from core.models import (
@@ -82,9 +82,10 @@ def jobs_page_newest_first(
 
 
 def queue_groups(db: Session, *, team_ids: Sequence[int], states: Sequence[str]) -> Sequence[tuple[Any, ...]]:
-    """(team name, QoS name, state, jobs, GPUs, oldest submission) of the jobs in ``states``."""
+    """(team name, QoS name, state, jobs, GPUs, oldest submission of a job not held) of the jobs in ``states``."""
+    oldest = func.min(case((Job.held_at.is_(None), Job.submitted_at)))  # a held job does not wait for the scheduler
     stmt = (
-        select(Team.name, QosClass.name, Job.state, func.count(Job.id), func.sum(Job.gpus), func.min(Job.submitted_at))
+        select(Team.name, QosClass.name, Job.state, func.count(Job.id), func.sum(Job.gpus), oldest)
         .join(Team, Team.id == Job.team_id)
         .join(QosClass, QosClass.id == Job.qos_class_id)
         .where(Job.team_id.in_(team_ids), Job.state.in_(states))

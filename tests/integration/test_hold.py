@@ -240,7 +240,7 @@ def test_a_job_submitted_held_waits_for_its_release(client: TestClient, world: W
     assert events[0]["data"]["held"] is True and events[0]["message"].endswith(", held")
 
 
-def test_the_queue_page_puts_held_jobs_last_without_a_position(client: TestClient, world: World) -> None:
+def test_the_queue_page_puts_held_jobs_last_without_a_position(client: TestClient, world: World, db: Session) -> None:
     h = world.h("member")
     first = world.jobs["alpha"]
     later = [client.post("/v1/jobs", json=spec(name=f"after-{i}"), headers=h).json()["id"] for i in range(2)]
@@ -248,3 +248,12 @@ def test_the_queue_page_puts_held_jobs_last_without_a_position(client: TestClien
     rows = client.get("/v1/dashboard/queue", params={"view": "waiting", "team": "alpha"}, headers=h).json()["items"]
     assert [(r["id"], r["position"], r["pending_reason"]) for r in rows] == [
         (later[0], 2, None), (later[1], 3, None), (first, None, "Held")]  # fmt: skip
+    # The summary's oldest wait is the oldest job not held: held since submission, the first does not count.
+    for job_id, minutes in ((first, 600), (later[0], 5), (later[1], 1)):
+        row = db.get(Job, job_id)
+        assert row is not None
+        row.submitted_at = datetime.now(UTC) - timedelta(minutes=minutes)
+    db.flush()
+    groups = client.get("/v1/dashboard/queue/summary", headers=h).json()["groups"]
+    (alpha,) = [g for g in groups if g["team"] == "alpha"]
+    assert 290 < alpha["oldest_wait_s"] < 400
