@@ -64,8 +64,9 @@ def transition(
     elif target is JobState.QUEUED:
         # A requeue (a preemption, a drain, a lost host): a new wait, from when the job may start again.
         job.wait_started_at = max(now, job.not_before) if job.not_before is not None else now
-    elif target in TERMINAL:
-        job.held_at = None  # a hold asked of a running job that ended before it stopped
+    elif target in TERMINAL:  # a hold asked of a running job that ended before it stopped
+        job.held_at = None
+        job.held_by_admin = False
     job.state = target.value
     job.updated_at = now
     if target is JobState.ADMITTED:
@@ -98,15 +99,18 @@ def end_wait(job: Job, now: datetime) -> None:
     job.wait_started_at = None
 
 
-def hold(session: Session, job: Job, *, by: str, reason: str | None, actor_user_id: int | None,
-         now: datetime) -> Event:  # fmt: skip
-    """Hold a job until ``release``; its pending reason says who held it and why. A QUEUED job: the scheduler
-    leaves it be and its wait pauses (the wait so far is kept). An admitted or running job: its worker stops it as for a
-    preemption (the trainer checkpoints first) and it comes back to the queue held (``transition``), to resume
-    from that checkpoint once released; not a preemption, so neither the scheduler's victim order nor the
-    preemption counts see it. The caller checks the state and holds the row lock."""
+def hold(session: Session, job: Job, *, by: str, reason: str | None, actor_user_id: int | None, now: datetime,
+         by_admin: bool = False) -> Event:  # fmt: skip
+    """Hold a job until ``release``; its pending reason says who held it and why (``by_admin``: a team admin's
+    hold, which only a team admin releases: Slurm's admin hold). A QUEUED job: the scheduler leaves it be and its
+    wait pauses (the wait so far is kept). An admitted or running job: its worker stops it as for a preemption (the
+    trainer checkpoints first) and it comes back to the queue held (``transition``), to resume from that checkpoint
+    once released; not a preemption, so neither the scheduler's victim order nor the preemption counts see it. The
+    caller checks the state and holds the row lock."""
+    who = f"{by}, team admin" if by_admin else by
     job.pending_reason = Reason.HELD.value
-    job.pending_message = (f"held by {by}" + (f": {reason}" if reason else ""))[:512]
+    job.pending_message = (f"held by {who}" + (f": {reason}" if reason else ""))[:512]
+    job.held_by_admin = by_admin
     job.updated_at = now
     if job.state == JobState.QUEUED.value:
         end_wait(job, now)
@@ -129,6 +133,7 @@ def release(session: Session, job: Job, *, by: str, actor_user_id: int | None, n
         job.wait_started_at = max(now, job.not_before) if job.not_before is not None else now
     else:  # still running: the hold was asked, not begun
         job.held_at = None
+        job.held_by_admin = False
         job.preempt_requested = False
     job.pending_reason = None
     job.pending_message = None
@@ -141,6 +146,7 @@ def end_hold(job: Job, now: datetime) -> None:
     if job.held_at is not None:
         job.held_s = (job.held_s or 0.0) + max(0.0, (now - job.held_at).total_seconds())
         job.held_at = None
+        job.held_by_admin = False
 
 
 def move_attempt(attempt: Attempt, target: AttemptState) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, ForeignKey, Index, String, Text, UniqueConstraint, text
+from sqlalchemy import BigInteger, ForeignKey, Index, String, Text, UniqueConstraint, false, text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from core.db import Base, utcnow
@@ -55,6 +55,9 @@ class Job(Base):
     held_at: Mapped[datetime | None] = mapped_column(comment="held since (NULL: not held)")
     held_s: Mapped[float] = mapped_column(
         default=0.0, server_default=text("0"), comment="seconds held in the holds that ended"
+    )
+    held_by_admin: Mapped[bool] = mapped_column(
+        default=False, server_default=false(), comment="the hold is a team admin's: only a team admin releases it"
     )
     started_at: Mapped[datetime | None] = mapped_column()
     finished_at: Mapped[datetime | None] = mapped_column()

@@ -68,11 +68,11 @@ WITH job AS (
     INSERT INTO jobs (name, team_id, user_id, spec, state, qos_class_id, priority, gpus, gpu_type,
                       predicted_memory_bytes, restart_count, fencing_token, cancel_requested, preempt_requested,
                       last_step, submitted_at, updated_at, idempotency_key, request_sha256, sweep_id,
-                      code_digest, held_at, pending_reason, pending_message)
+                      code_digest, held_at, held_by_admin, pending_reason, pending_message)
     VALUES (:name, :team_id, :user_id, CAST(:spec AS JSONB), :state, :qos_class_id, :priority, :gpus, :gpu_type,
             :predicted_memory_bytes, :restart_count, :fencing_token, :cancel_requested, :preempt_requested,
             :last_step, :submitted_at, :updated_at, :idempotency_key, :request_sha256, :sweep_id,
-            :code_digest, :held_at, :pending_reason, :pending_message)
+            :code_digest, :held_at, :held_by_admin, :pending_reason, :pending_message)
     RETURNING id
 ), deps AS (
     INSERT INTO job_dependencies (job_id, depends_on_id, condition)

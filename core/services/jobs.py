@@ -115,7 +115,7 @@ def submit(
         "idempotency_key": idempotency.key if idempotency else None,
         "request_sha256": idempotency.request_sha256 if idempotency else None,
         "held_at": now if hold else None, "pending_reason": Reason.HELD.value if hold else None,
-        "pending_message": f"held by {principal.name} at submission" if hold else None,
+        "pending_message": f"held by {principal.name} at submission" if hold else None, "held_by_admin": False,
     }  # fmt: skip
     message = f"submitted by {principal.name} (qos {ctx.qos}, priority {ctx.priority})" + (", held" if hold else "")
     data = {"qos": ctx.qos, "priority": ctx.priority, "gpus": values["gpus"], "depends_on": [d for d, _ in depends_on],
@@ -337,16 +337,20 @@ def hold(*, db: Session, principal: Principal, job_id: int, reason: str | None =
         if job.state not in HOLDABLE or job.cancel_requested:
             raise Conflict(f"job {job_id} is {job.state}" + (" and stopping" if job.cancel_requested else "")
                            + ": only a queued or running job can be held")  # fmt: skip
-        hold_job(db, job, by=principal.name, reason=reason, actor_user_id=principal.user_id, now=utcnow())
+        hold_job(db, job, by=principal.name, reason=reason, actor_user_id=principal.user_id, now=utcnow(),
+                 by_admin=_team_admin(principal, job.team_id))  # fmt: skip
         db.flush()
         notify_jobs_changed(db, str(job_id))
     return get(db=db, principal=principal, job_id=job_id)
 
 
 def release(*, db: Session, principal: Principal, job_id: int) -> JobView:
-    """Let a held job start again: the scheduler plans it on its next cycle. Releasing a job that is not held
-    changes nothing (a finished job is a conflict)."""
+    """Let a held job start again: the scheduler plans it on its next cycle. A team admin's hold is released by a
+    team admin or an admin only. Releasing a job that is not held changes nothing (a finished job is a conflict)."""
     job = _changeable(db, principal, job_id)
+    if job.held_by_admin and not _team_admin(principal, job.team_id):
+        raise Forbidden(f"job {job_id} was held by a team admin ({job.pending_message}): only a team admin or an "
+                        "admin releases it")  # fmt: skip
     if job.held_at is not None:
         release_job(db, job, by=principal.name, actor_user_id=principal.user_id, now=utcnow())
         db.flush()
@@ -401,6 +405,10 @@ def update(
 
 def _shown(value: Any) -> str:
     return "none" if value is None else f"{value:g} s" if isinstance(value, float) else str(value)
+
+
+def _team_admin(principal: Principal, team_id: int) -> bool:
+    return principal.is_admin or principal.roles.get(team_id) == Role.TEAM_ADMIN
 
 
 def _changeable(db: Session, principal: Principal, job_id: int) -> Job:

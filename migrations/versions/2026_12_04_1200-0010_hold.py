@@ -1,7 +1,8 @@
-"""jobs.held_at and jobs.held_s: a queued job can be held (kiln hold) and released
+"""jobs.held_at, jobs.held_s and jobs.held_by_admin: a job can be held (kiln hold) and released
 
 A held job stays QUEUED with the pending reason ``Held``; the scheduler leaves it out of its snapshot and its wait
-is paused: the queue-wait SLA and the policy's aging count only the time it could have started.
+is paused: the queue-wait SLA and the policy's aging count only the time it could have started. A team admin's
+hold is released only by a team admin (Slurm's admin hold).
 
 Revision ID: 0010_hold
 Revises: 0009_deployment
@@ -27,9 +28,12 @@ def upgrade() -> None:
                                    comment="held since (NULL: not held)"))  # fmt: skip
         batch.add_column(sa.Column("held_s", sa.Float(), server_default=sa.text("0"), nullable=False,
                                    comment="seconds held in the holds that ended"))  # fmt: skip
+        batch.add_column(sa.Column("held_by_admin", sa.Boolean(), server_default=sa.false(), nullable=False,
+                                   comment="the hold is a team admin's: only a team admin releases it"))  # fmt: skip
 
 
 def downgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("held_by_admin")
         batch.drop_column("held_s")
         batch.drop_column("held_at")

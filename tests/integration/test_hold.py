@@ -257,3 +257,18 @@ def test_the_queue_page_puts_held_jobs_last_without_a_position(client: TestClien
     groups = client.get("/v1/dashboard/queue/summary", headers=h).json()["groups"]
     (alpha,) = [g for g in groups if g["team"] == "alpha"]
     assert 290 < alpha["oldest_wait_s"] < 400
+
+
+def test_a_team_admins_hold_is_released_by_a_team_admin_only(client: TestClient, world: World) -> None:
+    """Slurm's admin hold: a member's hold any member may release; a team admin's only a team admin (or an admin)."""
+    job = world.jobs["alpha"]
+    held_by_admin = client.post(f"/v1/jobs/{job}/hold", json={"reason": "over budget"}, headers=world.h("team-admin"))
+    assert held_by_admin.json()["pending_message"] == "held by alice, team admin: over budget"
+    refused = client.post(f"/v1/jobs/{job}/release", headers=world.h("member"))
+    assert (refused.status_code, refused.headers["content-type"]) == (403, "application/problem+json")
+    assert "only a team admin or an admin releases it" in refused.json()["detail"]
+    assert client.get(f"/v1/jobs/{job}", headers=world.h("member")).json()["held_at"] is not None
+    assert client.post(f"/v1/jobs/{job}/release", headers=world.h("admin")).json()["held_at"] is None
+    # Once released, the next hold is whoever's makes it: a member's, which a member releases.
+    client.post(f"/v1/jobs/{job}/hold", headers=world.h("member"))
+    assert client.post(f"/v1/jobs/{job}/release", headers=world.h("member")).status_code == 200
