@@ -100,17 +100,17 @@ def end_wait(job: Job, now: datetime) -> None:
 
 
 def hold(session: Session, job: Job, *, by: str, reason: str | None, actor_user_id: int | None, now: datetime,
-         by_admin: bool = False) -> Event:  # fmt: skip
-    """Hold a job until ``release``; its pending reason says who held it and why (``by_admin``: a team admin's
-    hold, which only a team admin releases: Slurm's admin hold). A QUEUED job: the scheduler leaves it be and its
-    wait pauses (the wait so far is kept). An admitted or running job: its worker stops it as for a preemption (the
-    trainer checkpoints first) and it comes back to the queue held (``transition``), to resume from that checkpoint
-    once released; not a preemption, so neither the scheduler's victim order nor the preemption counts see it. The
-    caller checks the state and holds the row lock."""
-    who = f"{by}, team admin" if by_admin else by
+         admin_role: str | None = None) -> Event:  # fmt: skip
+    """Hold a job until ``release``; its pending reason says who held it and why (``admin_role``: held by a team
+    admin or an admin, named so; only a team admin or an admin releases such a hold: Slurm's admin hold). A QUEUED
+    job: the scheduler leaves it be and its wait pauses (the wait so far is kept). An admitted or running job: its
+    worker stops it as for a preemption (the trainer checkpoints first) and it comes back to the queue held
+    (``transition``), to resume from that checkpoint once released; not a preemption, so neither the scheduler's
+    victim order nor the preemption counts see it. The caller checks the state and holds the row lock."""
+    who = f"{by} ({admin_role})" if admin_role else by
     job.pending_reason = Reason.HELD.value
     job.pending_message = (f"held by {who}" + (f": {reason}" if reason else ""))[:512]
-    job.held_by_admin = by_admin
+    job.held_by_admin = admin_role is not None
     job.updated_at = now
     if job.state == JobState.QUEUED.value:
         end_wait(job, now)

@@ -338,7 +338,7 @@ def hold(*, db: Session, principal: Principal, job_id: int, reason: str | None =
             raise Conflict(f"job {job_id} is {job.state}" + (" and stopping" if job.cancel_requested else "")
                            + ": only a queued or running job can be held")  # fmt: skip
         hold_job(db, job, by=principal.name, reason=reason, actor_user_id=principal.user_id, now=utcnow(),
-                 by_admin=_team_admin(principal, job.team_id))  # fmt: skip
+                 admin_role=_admin_role(principal, job.team_id))  # fmt: skip
         db.flush()
         notify_jobs_changed(db, str(job_id))
     return get(db=db, principal=principal, job_id=job_id)
@@ -348,7 +348,7 @@ def release(*, db: Session, principal: Principal, job_id: int) -> JobView:
     """Let a held job start again: the scheduler plans it on its next cycle. A team admin's hold is released by a
     team admin or an admin only. Releasing a job that is not held changes nothing (a finished job is a conflict)."""
     job = _changeable(db, principal, job_id)
-    if job.held_by_admin and not _team_admin(principal, job.team_id):
+    if job.held_by_admin and _admin_role(principal, job.team_id) is None:
         raise Forbidden(f"job {job_id} was held by a team admin ({job.pending_message}): only a team admin or an "
                         "admin releases it")  # fmt: skip
     if job.held_at is not None:
@@ -407,8 +407,11 @@ def _shown(value: Any) -> str:
     return "none" if value is None else f"{value:g} s" if isinstance(value, float) else str(value)
 
 
-def _team_admin(principal: Principal, team_id: int) -> bool:
-    return principal.is_admin or principal.roles.get(team_id) == Role.TEAM_ADMIN
+def _admin_role(principal: Principal, team_id: int) -> str | None:
+    """ "admin" or "team admin" when the principal is one for the team (its holds are admin holds), else None."""
+    if principal.is_admin:
+        return "admin"
+    return "team admin" if principal.roles.get(team_id) == Role.TEAM_ADMIN else None
 
 
 def _changeable(db: Session, principal: Principal, job_id: int) -> Job:

@@ -263,7 +263,7 @@ def test_a_team_admins_hold_is_released_by_a_team_admin_only(client: TestClient,
     """Slurm's admin hold: a member's hold any member may release; a team admin's only a team admin (or an admin)."""
     job = world.jobs["alpha"]
     held_by_admin = client.post(f"/v1/jobs/{job}/hold", json={"reason": "over budget"}, headers=world.h("team-admin"))
-    assert held_by_admin.json()["pending_message"] == "held by alice, team admin: over budget"
+    assert held_by_admin.json()["pending_message"] == "held by alice (team admin): over budget"
     refused = client.post(f"/v1/jobs/{job}/release", headers=world.h("member"))
     assert (refused.status_code, refused.headers["content-type"]) == (403, "application/problem+json")
     assert "only a team admin or an admin releases it" in refused.json()["detail"]

@@ -303,10 +303,10 @@ def test_hold_and_release_by_id_or_filter(kiln: Any, server: Server, tmp_path: P
     one = kiln("hold", str(first), "--reason", "dataset not ready")
     assert one.exit_code == 0 and one.stdout.splitlines() == [f"job {first} held (kiln release {first} lets it start)"]
     shown = kiln("describe", str(first))
-    assert "Held: held by admin: dataset not ready" in shown.stdout and "(paused while held)" in shown.stdout
+    assert "Held: held by admin (admin): dataset not ready" in shown.stdout and "(paused while held)" in shown.stdout
     assert "release it: kiln release" in kiln("why", str(first)).stdout
     again = kiln("hold", str(first)).stdout.strip()
-    assert again == f"job {first} is held already (held by admin: dataset not ready)"
+    assert again == f"job {first} is held already (held by admin (admin): dataset not ready)"
     assert "held " in kiln("ls", "--name", "batch-hold").stdout  # the TIME column: held for how long
     rest = kiln("hold", "--name", "batch-hold")  # the one not held yet
     assert rest.stdout.splitlines() == [f"job {second} held (kiln release {second} lets it start)"]
