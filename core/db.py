@@ -51,6 +51,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def as_utc(t: datetime | None) -> datetime | None:
+    """A time from a request: one without a zone is UTC (RFC 3339 filters, ``?submitted_after=``)."""
+    return t.replace(tzinfo=UTC) if t is not None and t.tzinfo is None else t
+
+
 def seconds_between(
     db: Session, later: SQLColumnExpression[Any], earlier: SQLColumnExpression[Any]
 ) -> ColumnElement[Any]:

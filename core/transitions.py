@@ -65,8 +65,7 @@ def transition(
         # A requeue (a preemption, a drain, a lost host): a new wait, from when the job may start again.
         job.wait_started_at = max(now, job.not_before) if job.not_before is not None else now
     elif target in TERMINAL:  # a hold asked of a running job that ended before it stopped
-        job.held_at = None
-        job.held_by_admin = False
+        drop_hold(job)
     job.state = target.value
     job.updated_at = now
     if target is JobState.ADMITTED:
@@ -132,8 +131,7 @@ def release(session: Session, job: Job, *, by: str, actor_user_id: int | None, n
         end_hold(job, now)
         job.wait_started_at = max(now, job.not_before) if job.not_before is not None else now
     else:  # still running: the hold was asked, not begun
-        job.held_at = None
-        job.held_by_admin = False
+        drop_hold(job)
         job.preempt_requested = False
     job.pending_reason = None
     job.pending_message = None
@@ -145,8 +143,13 @@ def end_hold(job: Job, now: datetime) -> None:
     """Add the hold that ends now to ``job.held_s`` (the policy's aging leaves held time out)."""
     if job.held_at is not None:
         job.held_s = (job.held_s or 0.0) + max(0.0, (now - job.held_at).total_seconds())
-        job.held_at = None
-        job.held_by_admin = False
+        drop_hold(job)
+
+
+def drop_hold(job: Job) -> None:
+    """The job is no longer held (nor is a hold asked of it)."""
+    job.held_at = None
+    job.held_by_admin = False
 
 
 def move_attempt(attempt: Attempt, target: AttemptState) -> None:

@@ -106,7 +106,7 @@ def report_submitted(api: Any, job: dict[str, Any], *, follow: bool, output: Out
     raise typer.Exit(int(_state_exit(final.get("state"))))
 
 
-_AGO = re.compile(r"^(\d+)([smhdw])$")
+_DURATION = re.compile(r"^(\d+)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -114,7 +114,7 @@ def parse_when(text: str, *, now: datetime | None = None) -> str:
     """``--since`` / ``--until``: a time ago (``90m``, ``2h``, ``3d``, ``1w``) or an ISO 8601 date or time (no zone:
     UTC), as the RFC 3339 UTC time the API takes."""
     text = text.strip()
-    if m := _AGO.match(text):
+    if m := _DURATION.match(text):
         when = (now or datetime.now(UTC)) - timedelta(seconds=int(m[1]) * _UNIT_S[m[2]])
     else:
         try:
@@ -134,7 +134,7 @@ def parse_duration(text: str) -> float | None:
     text = text.strip().lower()
     if text == "none":
         return None
-    if m := _AGO.match(text):
+    if m := _DURATION.match(text):
         return float(int(m[1]) * _UNIT_S[m[2]])
     try:
         return float(text)
@@ -535,11 +535,12 @@ def release(
 def hold_or_release(
     job_ids: list[int] | None, *, hold: bool, reason: str | None, filters: dict[str, Any], output: OutputFormat
 ) -> None:
-    """Hold (``hold``) or release the jobs given or matched; one already so is said, not changed."""
+    """Hold (``hold``) or release the jobs given or matched; one already so is said, not changed (a filter picks
+    only jobs not so already: their state is read only for ids given)."""
 
     def one(api: Any, job_id: int, say: Any) -> dict[str, Any]:
-        job: dict[str, Any] = api.get(f"/v1/jobs/{job_id}")
-        if bool(job.get("held_at")) == hold:
+        job: dict[str, Any] = api.get(f"/v1/jobs/{job_id}") if job_ids else {}
+        if job and bool(job.get("held_at")) == hold:
             said = f"is held already ({job.get('pending_message')})" if hold else f"is not held ({job.get('state')})"
             say.print(out.text(f"job {job_id} {said}"))
             return job

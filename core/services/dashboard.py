@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from core.db import as_utc
 from core.models import Attempt, Checkpoint, Event, Job, JobMetric, QosClass, SlaContract, Team
 from core.queue_wait import breached_at, queued_seconds
 from core.repositories import dashboard as repo
@@ -181,6 +182,7 @@ def queue_page(
     an id (keyset pagination). ``submitted_after``: only jobs submitted then or later (positions stay the
     whole queue's)."""
     teams = team_filter(db, who, team)
+    submitted_after = as_utc(submitted_after)
     qos_by_id = {q.id: q for q in qos_repo.list_all(db)}
     qos_id = None
     if qos is not None:

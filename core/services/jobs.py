@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from core.db import utcnow
+from core.db import as_utc, utcnow
 from core.models import Attempt, Checkpoint, Event, Job, JobMetric, QosClass, Role
 from core.notify import CHANNEL, notify_jobs_changed
 from core.repositories import jobs as jobs_repo
@@ -28,7 +27,7 @@ from core.services.fit import Fitted, canonical_gpu_type, check_submission
 from core.services.principal import Principal, require_team, require_team_id
 from core.services.sla import BASE_TERMS, DEFAULT_QOS, TERMS, effective_terms, qos_refusal, restart_refusal
 from core.services.why import Why, explain
-from core.spec import JobSpec, did_you_mean
+from core.spec import JobSpec, did_you_mean, parse_spec_data
 from core.states import TERMINAL, JobState, Reason
 from core.transitions import hold as hold_job
 from core.transitions import record_event, transition
@@ -270,7 +269,7 @@ def list_jobs(
 ) -> JobPage:
     """Newest first. ``submitted_after`` (inclusive) and ``submitted_before`` (exclusive) bound the submission
     time; a time without a zone is UTC."""
-    submitted_after, submitted_before = _utc(submitted_after), _utc(submitted_before)
+    submitted_after, submitted_before = as_utc(submitted_after), as_utc(submitted_before)
     if submitted_after is not None and submitted_before is not None and submitted_after >= submitted_before:
         raise InvalidInput.at("submitted_before", "must be later than submitted_after")
     team_id = None
@@ -295,10 +294,6 @@ def list_jobs(
     items = [JobView._make(r) for r in page]
     utc = db.get_bind().dialect.name != "postgresql" or jobs_repo.session_is_utc(db)
     return JobPage(items=items, next_before_id=items[-1].id if len(rows) > limit else None, utc=utc)
-
-
-def _utc(t: datetime | None) -> datetime | None:
-    return t.replace(tzinfo=UTC) if t is not None and t.tzinfo is None else t
 
 
 def cancel(*, db: Session, principal: Principal, job_id: int, reason: str | None = None) -> JobView:
@@ -378,11 +373,7 @@ def update(
         data["sla"] = {**(data.get("sla") or {}), "qos": qos}
     if time_limit_s is not UNCHANGED:
         data["time_limit_s"] = time_limit_s
-    try:
-        spec = canonical_gpu_type(JobSpec.model_validate(data))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise InvalidInput.at(".".join(str(p) for p in first["loc"]), first["msg"]) from None
+    spec = canonical_gpu_type(parse_spec_data(data))
     ctx, _team_id, fitted = _checked(db, principal, spec)
     before = (db.get(QosClass, job.qos_class_id), job.time_limit_s)
     job.spec = spec.model_dump(mode="json")

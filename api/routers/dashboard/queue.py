@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -98,8 +98,6 @@ def queue(
     position in the whole queue; ``active``: admitted/running/preempting/paused; ``finished``: newest first.
     Keyset pagination: ``next_cursor`` holds the last row's sort key."""
     after = decode_cursor(cursor, "pos" if view == "waiting" else "id") if cursor else None
-    if submitted_after is not None and submitted_after.tzinfo is None:
-        submitted_after = submitted_after.replace(tzinfo=UTC)
     page = dashboard.queue_page(session, who, view=view, team=team, qos=qos, after=after, limit=limit,
                                 submitted_after=submitted_after)  # fmt: skip
     now = utcnow()
