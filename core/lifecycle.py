@@ -210,7 +210,7 @@ def final_step_time_check(db: Session, attempt: Attempt, now: datetime) -> None:
     found = step_times.violation(w, contract.step_time_tolerance, attempt.id) if w is not None else None
     if found is not None:
         message, data = found
-        record_event(db, step_times.VIOLATION, job=attempt.job, message=message, data=data).created_at = now
+        record_event(db, step_times.VIOLATION, job=attempt.job, message=message, data=data, now=now)
 
 
 def requeue_after_failure(
@@ -234,12 +234,14 @@ def requeue_after_failure(
         db, job, JobState.LOST, message=reason,
         data={"attempt": attempt.number, "attempt_id": attempt.id, "hosts": host_names, "reason": reason,
               "last_step": job.last_step, **(data or {})},
+        now=now,
     )  # fmt: skip
     end_attempt(db, attempt, state=AttemptState.LOST, reason=reason, now=now)
     limit = max_restarts_for(db, job)
     if job.restart_count >= limit:
         job.exit_reason = f"{reason}; gave up after {job.restart_count} restarts (max_restarts={limit})"[:512]
-        transition(db, job, JobState.FAILED, message=job.exit_reason, data={"restart_count": job.restart_count})
+        transition(db, job, JobState.FAILED, message=job.exit_reason, data={"restart_count": job.restart_count},
+                   now=now)  # fmt: skip
         return f"job {job.id}: FAILED ({job.exit_reason})"
     job.restart_count += 1
     # The backoff escalates only while attempts die without training (a crash loop, a poisoned host);
@@ -260,6 +262,7 @@ def requeue_after_failure(
         message=f"requeued (restart {job.restart_count}/{limit}, backoff {backoff:.0f} s) from step {job.last_step}",
         data={"restart_count": job.restart_count, "max_restarts": limit, "backoff_s": backoff, "backoff_level": level,
               "not_before": job.not_before.isoformat(), "avoid_hosts": host_names},
+        now=now,
     )  # fmt: skip
     return f"job {job.id}: LOST -> QUEUED (restart {job.restart_count}/{limit}): {reason}"
 
@@ -315,4 +318,4 @@ def end_attempt_as(
     else:
         job.exit_reason = reason[:512]
         message = reason
-    transition(db, job, end.job, message=message, data=data)
+    transition(db, job, end.job, message=message, data=data, now=now)

@@ -115,12 +115,12 @@ def hold(session: Session, job: Job, *, by: str, reason: str | None, actor_user_
         end_wait(job, now)
         job.held_at = now
         return record_event(session, "HELD", job=job, message=job.pending_message, data={"reason": reason},
-                            actor_user_id=actor_user_id)  # fmt: skip
+                            actor_user_id=actor_user_id, now=now)  # fmt: skip
     job.held_at = now
     job.preempt_requested = True
     message = f"{job.pending_message}: stopping, checkpoint first, then back in the queue held"
     return record_event(session, "HOLD_REQUESTED", job=job, message=message, data={"reason": reason},
-                        actor_user_id=actor_user_id)  # fmt: skip
+                        actor_user_id=actor_user_id, now=now)  # fmt: skip
 
 
 def release(session: Session, job: Job, *, by: str, actor_user_id: int | None, now: datetime) -> Event:
@@ -136,7 +136,8 @@ def release(session: Session, job: Job, *, by: str, actor_user_id: int | None, n
     job.pending_reason = None
     job.pending_message = None
     job.updated_at = now
-    return record_event(session, "RELEASED", job=job, message=f"released by {by}", actor_user_id=actor_user_id)
+    return record_event(session, "RELEASED", job=job, message=f"released by {by}", actor_user_id=actor_user_id,
+                        now=now)  # fmt: skip
 
 
 def end_hold(job: Job, now: datetime) -> None:
@@ -177,8 +178,10 @@ def record_event(
     message: str = "",
     data: dict[str, Any] | None = None,
     actor_user_id: int | None = None,
+    now: datetime | None = None,
 ) -> Event:
-    """A timeline or audit event that is not a state change (checkpoint, compile fallback, token issued...)."""
+    """A timeline or audit event that is not a state change (checkpoint, compile fallback, token issued...);
+    ``now`` as in ``transition``."""
     event = Event(
         job_id=job.id if job is not None else None,
         team_id=job.team_id if job is not None else team_id,
@@ -186,7 +189,7 @@ def record_event(
         type=type_,
         message=message,
         data=data or {},
-        created_at=utcnow(),
+        created_at=now or utcnow(),
     )
     session.add(event)
     if job is not None:

@@ -86,8 +86,7 @@ def evaluate(*, db: Session, now: datetime) -> list[Violation]:
     found += _bandwidth(db, running, already)
     jobs = {job.id: job for job, _ in rows}
     for v in found:
-        event = record_event(db, v.type, job=jobs[v.job_id], message=v.message, data=v.data)
-        event.created_at = now
+        record_event(db, v.type, job=jobs[v.job_id], message=v.message, data=v.data, now=now)
     return found
 
 

@@ -4,6 +4,7 @@ the job's result is what its checkpoints hold."""
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -191,3 +192,23 @@ def test_a_cancelled_running_job_says_cancelled_by_the_user_never_preempted(db: 
     assert ("STOPPING", "signal 15: checkpointed step 17, exiting (cancelled by the user)") in timeline
     assert ("EXIT", "exiting with 75 (stopped: cancelled by the user)") in timeline
     assert timeline[-1][0] == "CANCELLED" and timeline[-1][1].startswith("cancelled by the user at step")
+
+
+def test_a_lost_attempt_dates_the_jobs_timeline_by_the_callers_clock(db: Session, tmp_path: Path) -> None:
+    """The reconciler declares an attempt lost at its cycle's time: the LOST and QUEUED events, the wait that
+    starts and the attempt's end all carry that time, not the wall clock of the moment the code ran."""
+    host = HostAgent(name="rep-clock", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
+                     settings=SETTINGS).register(db)  # fmt: skip
+    db.flush()
+    job = submit(db, tiny_spec("lost-at-the-cycle", steps=60))
+    first = admit(db, job, host)
+    claim(db, attempt_id=first.id, token=first.fencing_token, node_rank=0, host=host.name, delivery="d1",
+          settings=SETTINGS)  # fmt: skip
+    cycle = utcnow() - timedelta(minutes=5)
+    requeue_after_failure(db, job=job, attempt=first, reason="lease expired", now=cycle,
+                          settings=SETTINGS.model_copy(update={"storage_dir": tmp_path}))  # fmt: skip
+    events = {e.type: e for e in db.scalars(select(Event).where(Event.job_id == job.id))}
+    assert events["LOST"].created_at == cycle and events["QUEUED"].created_at == cycle
+    assert job.updated_at == cycle and first.ended_at == cycle
+    assert job.wait_started_at == job.not_before  # the backoff counted from the cycle's time
+    assert job.not_before is not None and job.not_before > cycle
