@@ -12,7 +12,10 @@
 4. the same spec again (an uninterrupted twin is the first run); at ``--kill-at`` of its steps, SIGKILL of the
    worker's whole process group; ``kiln up`` restarts the worker; each part of the recovery is timed from the
    database's events and the trainer's telemetry; the final loss is compared with the twin's;
-5. every SLA event of both jobs (none may come from kiln's own checkpointing).
+5. every SLA event of both jobs (none may come from kiln's own checkpointing);
+6. the same spec a third time, held with ``kiln hold`` at ``--hold-at`` of its steps while it runs: its worker stops
+   it (the trainer checkpoints on SIGTERM), it waits in the queue held, ``kiln release`` puts it back, and it
+   resumes from that checkpoint; the stop and the resume are timed and the final loss compared with the twin's.
 Only the standard library here: the CLI does the rest. JSON to ``--out`` (and to $OUT when set).
 """
 
@@ -274,6 +277,43 @@ def recovery(kiln: Kiln, job_id: int, kill_t: float) -> dict[str, Any]:
     }
 
 
+def hold_and_release(kiln: Kiln, spec: pathlib.Path, hold_step: int, held_for_s: float) -> dict[str, Any]:
+    """Hold a running job (Slurm's ``requeuehold``), keep it held ``held_for_s``, release it, let it finish."""
+    job_id = kiln.submit(spec)
+    kiln.wait(job_id, lambda j: j["state"] == "RUNNING" and j["last_step"] >= hold_step, 600, f"step {hold_step}")
+    t_hold = time.time()
+    proc = kiln.cli("hold", str(job_id), "--reason", "gpu path bench")
+    if proc.returncode != 0:
+        raise RuntimeError(f"kiln hold failed ({proc.returncode}): {proc.stdout}{proc.stderr}")
+    held = kiln.wait(job_id, lambda j: j["state"] == "QUEUED" and j["held_at"], 300, "QUEUED held")
+    t_queued = time.time()
+    log(f"job {job_id} held at step {held['last_step']} after {t_queued - t_hold:.1f} s: {held['pending_message']}")
+    time.sleep(held_for_s)
+    still = kiln.get(f"/v1/jobs/{job_id}")
+    t_release = time.time()
+    proc = kiln.cli("release", str(job_id))
+    if proc.returncode != 0:
+        raise RuntimeError(f"kiln release failed ({proc.returncode}): {proc.stdout}{proc.stderr}")
+    final = kiln.wait(job_id, lambda j: j["state"] == "SUCCEEDED", 900, "SUCCEEDED after the release")
+    attempts = kiln.attempts(job_id)
+    recs = kiln.telemetry(job_id, attempts[-1]["number"])
+    resumed = next((r for r in recs if r["kind"] == "resumed"), None)
+    first_step = next((r for r in recs if r["kind"] == "step"), None)
+    return {
+        "job_id": job_id,
+        "hold_asked_at_step": hold_step,
+        "hold_to_queued_held_s": round(t_queued - t_hold, 3),
+        "stopped_at_step": held["last_step"],
+        "pending_message": held["pending_message"],
+        "still_held_before_release": {k: still[k] for k in ("state", "held_at", "pending_reason")},
+        "resumed_from_step": resumed["step"] if resumed else None,
+        "release_to_first_resumed_step_s": round(first_step["ts"] - t_release, 3) if first_step else None,
+        "attempts": [{k: a[k] for k in ("number", "state", "resumed_from_step", "exit_reason")} for a in attempts],
+        "events": [e["type"] for e in kiln.events(job_id)],
+        "job": final,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true", help="CPU: a tiny spec instead of the shipped GPU example")
@@ -284,7 +324,9 @@ def main() -> None:
         default=None,
         help="steps of the bare loop (default: as many as the job, so both see the same GPU clocks)",
     )
-    ap.add_argument("--no-victim", action="store_true", help="only the bare loop and the uninterrupted job")
+    ap.add_argument("--no-victim", action="store_true", help="no worker killed")
+    ap.add_argument("--hold-at", type=float, default=0.5, help="fraction of the steps at which a job is held")
+    ap.add_argument("--no-hold", action="store_true", help="no job held and released")
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "gpu_path_bench.json")
     args = ap.parse_args()
     home = pathlib.Path(tempfile.mkdtemp(prefix="kiln-gpu-path-"))
@@ -339,11 +381,20 @@ def main() -> None:
         }
         log(f"through the worker / the faster bare loop: {result['ratio_vs_bare']}")
         save()
+        total = int(result["twin"]["job"]["steps"] or 0)
+        if not args.no_hold:
+            held = hold_and_release(kiln, spec, max(1, int(total * args.hold_at)), held_for_s=10.0)
+            twin_loss = result["twin"]["job"]["last_loss"]
+            held["final_loss_vs_twin"] = {"twin": twin_loss, "held": held["job"]["last_loss"]}
+            result["held"] = held
+            log(f"held job: stopped at step {held['stopped_at_step']}, resumed from {held['resumed_from_step']}, "
+                f"release -> first step {held['release_to_first_resumed_step_s']} s, {held['job']['state']}, "
+                f"final loss {held['final_loss_vs_twin']}")  # fmt: skip
+            save()
         if args.no_victim:
             return
 
         victim = kiln.submit(spec)
-        total = int(result["twin"]["job"]["steps"] or 0)
         kill_step = max(1, int(total * args.kill_at))
         kiln.wait(victim, lambda j: j["state"] == "RUNNING" and j["last_step"] >= kill_step, 600, f"step {kill_step}")
         pid = kiln.worker_pid()
