@@ -113,8 +113,10 @@ class RelayState:
 
 def _as_asked(job: Job, type_: str, message: str) -> tuple[str, str]:
     """The trainer calls every stop on SIGTERM a preemption (it cannot know why it was signalled); a stop the job
-    was asked for is recorded as what it is, so a cancelled job's timeline never says PREEMPTED."""
+    was asked for is recorded as what it is, so a cancelled or held job's timeline never says PREEMPTED."""
     cause = stop_cause(job)
+    if cause is None and job.held_at is not None and job.preempt_requested:
+        cause = job.pending_message or "held"  # "held by NAME: REASON" (core.transitions.hold)
     if cause is None:
         return type_, message
     if type_ == "PREEMPTED":

@@ -16,6 +16,7 @@ from core.db import utcnow
 from core.lifecycle import ExitClass, requeue_after_failure
 from core.models import Checkpoint, Event
 from core.settings import Settings
+from core.transitions import hold
 from tests.support.workers_cluster import admit, submit, tiny_spec
 from workers.exit_classes import Outcome
 from workers.host_agent import HostAgent
@@ -192,6 +193,36 @@ def test_a_cancelled_running_job_says_cancelled_by_the_user_never_preempted(db: 
     assert ("STOPPING", "signal 15: checkpointed step 17, exiting (cancelled by the user)") in timeline
     assert ("EXIT", "exiting with 75 (stopped: cancelled by the user)") in timeline
     assert timeline[-1][0] == "CANCELLED" and timeline[-1][1].startswith("cancelled by the user at step")
+
+
+def test_a_running_job_held_by_its_user_says_held_never_preempted(db: Session, tmp_path: Path) -> None:
+    """A hold stops the trainer with the SIGTERM a preemption sends; the timeline says the user's hold stopped it
+    (the H200 run of bench/gpu_path_bench.py showed PREEMPTED there)."""
+    host = HostAgent(name="rep-h", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
+                     settings=SETTINGS).register(db)  # fmt: skip
+    db.flush()
+    job = submit(db, tiny_spec("held-running", steps=60))
+    attempt = admit(db, job, host)
+    claimed = claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
+                    delivery="d1", settings=SETTINGS)  # fmt: skip
+    hold(db, job, by="alice", reason=None, actor_user_id=None, now=utcnow())  # what POST /v1/jobs/{id}/hold does
+    proc = TrainerProcess([], env={}, log_path=tmp_path / "1.log", run_dir=tmp_path / "run", cwd=tmp_path)
+    runner = AttemptRunner(attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
+                           settings=SETTINGS, claimed=claimed, proc=proc)  # fmt: skip
+    now = time.time()
+    runner.buffer = [
+        {"kind": "event", "rank": 0, "ts": now, "type": "PREEMPTED",
+         "message": "signal 15: checkpointed step 17, exiting", "fields": {"step": 17, "signal": 15}},
+        {"kind": "event", "rank": 0, "ts": now, "type": "EXIT", "message": "exiting with 75 (PREEMPTED)",
+         "fields": {"exit_code": 75, "reason": "PREEMPTED"}},
+    ]  # fmt: skip
+    runner._report(db, Outcome(ExitClass.PREEMPTED, "held by the user"), 75)
+
+    assert job.state == "QUEUED" and job.held_at is not None and job.pending_reason == "Held"
+    timeline = [(e.type, e.message) for e in db.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id))]
+    assert "PREEMPTED" not in [t for t, _ in timeline], timeline
+    assert ("STOPPING", "signal 15: checkpointed step 17, exiting (held by alice)") in timeline
+    assert ("EXIT", "exiting with 75 (stopped: held by alice)") in timeline
 
 
 def test_a_lost_attempt_dates_the_jobs_timeline_by_the_callers_clock(db: Session, tmp_path: Path) -> None:
