@@ -31,6 +31,7 @@ from core.deployment import deployment_uid, local_tier_jobs
 from core.fence import Lease, job_checkpoint_dir, lease_clock, write_fence, write_lease
 from core.lifecycle import ExitClass, end_attempt, end_attempt_as, renew_lease
 from core.models import GPU, Attempt, Host, Job, QosClass, Team, Usage
+from core.models.jobs import spec_time_limit
 from core.private import private_dir, replace_file
 from core.services import datasets as datasets_svc
 from core.settings import Settings, get_settings
@@ -143,7 +144,7 @@ class Claimed:
     qos: QosClass | None
     host_links: dict[str, Any]
     rendezvous: Rendezvous | None
-    time_left_s: float | None
+    ran_before_s: float  # the job's earlier attempts' run time, which its time limit counts too
     deployment: str  # the database's uid (core.deployment): a job's number is unique in one database only
     team: str = ""
     datasets: dict[str, str] = field(default_factory=dict)  # name -> registered path, of those still registered
@@ -238,15 +239,11 @@ def claim(
         rendezvous = Rendezvous(nnodes=len(placement), node_rank=node_rank, endpoint=f"{address}:{port}",
                                 run_id=f"kiln-{job.id}-{attempt.number}")  # fmt: skip
 
-    time_left = None
-    limit = (job.spec or {}).get("time_limit_s")
-    if limit:
-        used = sum(
-            ((a.ended_at or now) - a.started_at).total_seconds()
-            for a in job.attempts
-            if a.started_at is not None and a.id != attempt.id
-        )
-        time_left = float(limit) - used
+    ran_before = sum(
+        ((a.ended_at or now) - a.started_at).total_seconds()
+        for a in job.attempts
+        if a.started_at is not None and a.id != attempt.id
+    )
 
     names = [str(n) for n in (job.spec or {}).get("datasets") or []]
     team = db.get(Team, job.team_id)
@@ -254,7 +251,7 @@ def claim(
         job_id=job.id, team_id=job.team_id, attempt_number=attempt.number, spec=dict(job.spec or {}),
         placement=placement, gpus=gpus,
         qos=qos, host_links=dict(host_row.links or {}) if host_row else {}, rendezvous=rendezvous,
-        time_left_s=time_left, team=team.name if team is not None else "",
+        ran_before_s=ran_before, team=team.name if team is not None else "",
         datasets=datasets_svc.paths_for(db, team_id=job.team_id, names=names), deployment=deployment_uid(db),
     )  # fmt: skip
 
@@ -365,6 +362,8 @@ class Directive:
     cancel: bool = False
     preempt: bool = False
     held: bool = False  # the preemption is a user's hold (kiln hold on a running job)
+    limit_known: bool = False  # time_limit_s was read from the job (not a failed or fenced heartbeat)
+    time_limit_s: float | None = None  # the job's time limit now (kiln update may change it while it runs)
     renewed_at: float | None = None  # lease_clock() before the transaction that renewed the database lease
 
 
@@ -462,6 +461,8 @@ class AttemptRunner:
                     cancel=job.cancel_requested,
                     preempt=job.preempt_requested or job.state == JobState.PREEMPTING,
                     held=job.held_at is not None,
+                    limit_known=True,
+                    time_limit_s=job.time_limit_s,
                     renewed_at=started,  # committed on the way out of the block; a failed commit returns below
                 )
         except (OperationalError, DBAPIError) as exc:
@@ -469,6 +470,10 @@ class AttemptRunner:
             self.buffer = records + self.buffer
             log.warning("heartbeat of attempt %s failed (database unavailable?): %s", self.attempt_id, exc)
             return Directive()
+
+    def deadline(self, launched: float, limit: float | None) -> float | None:
+        """When (``time.monotonic()``) the time limit stops this attempt: the limit counts every attempt's run."""
+        return None if limit is None else launched + max(0.0, limit - self.claimed.ran_before_s)
 
     def request_stop(self, reason: ExitClass, why: str) -> None:
         if self.stop is not None:
@@ -480,7 +485,9 @@ class AttemptRunner:
     def supervise(self) -> int:
         hb = self.settings.heartbeat_interval_s
         next_beat = time.monotonic()  # the first heartbeat right away: RUNNING is visible at once
-        deadline = None if self.claimed.time_left_s is None else time.monotonic() + max(0.0, self.claimed.time_left_s)
+        launched = time.monotonic()
+        limit = spec_time_limit(self.claimed.spec)
+        deadline = self.deadline(launched, limit)
         while True:
             code = self.proc.poll()
             new = self.read_telemetry()
@@ -504,6 +511,10 @@ class AttemptRunner:
                 elif d.preempt:
                     why = "held by the user" if d.held else "preemption requested by the scheduler"
                     self.request_stop(ExitClass.PREEMPTED, why)
+                if d.limit_known and d.time_limit_s != limit:  # kiln update changed it while the job ran
+                    limit = d.time_limit_s
+                    deadline = self.deadline(launched, limit)
+                    self.proc.log_line(f"time limit now {'none' if limit is None else f'{limit:g} s'}")
             if deadline is not None and mono >= deadline:
                 self.request_stop(ExitClass.TIMEOUT, "time limit reached")
             if SHUTTING_DOWN.is_set():

@@ -570,7 +570,8 @@ def update(
 ) -> None:
     """Change a queued job's QoS class or time limit (Slurm's scontrol update), checked as a submission is.
 
-    A running job: kiln hold it first (it stops, checkpoint first), change it, then kiln release it.
+    A running job: its time limit only, which its worker follows at once; you may lower it, a team admin or an
+    admin may raise it. Another class: kiln hold it first (it stops, checkpoint first), change it, kiln release it.
 
     Examples: kiln update 7 --qos gold;  kiln update 7 --time-limit 2h
     """

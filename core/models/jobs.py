@@ -84,8 +84,7 @@ class Job(Base):
     @property
     def time_limit_s(self) -> float | None:
         """The spec's time limit (seconds), None when it sets none."""
-        value = (self.spec or {}).get("time_limit_s")
-        return float(value) if isinstance(value, (int, float)) and value > 0 else None
+        return spec_time_limit(self.spec)
 
 
 class JobDependency(Base):
@@ -236,3 +235,9 @@ class CheckpointExport(Base):
     error: Mapped[str | None] = mapped_column(String(1024))
 
     __table_args__ = (UniqueConstraint("job_id", "step"), Index("ix_checkpoint_exports_state_id", "state", "id"))
+
+
+def spec_time_limit(spec: dict[str, Any] | None) -> float | None:
+    """A stored spec's time limit (seconds), None when it sets none."""
+    value = (spec or {}).get("time_limit_s")
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None

@@ -361,28 +361,36 @@ UNCHANGED: Any = object()  # ``update``: a field not given
 def update(
     *, db: Session, principal: Principal, job_id: int, qos: str | None = None, time_limit_s: Any = UNCHANGED
 ) -> JobView:
-    """Change a QUEUED job's QoS class or time limit (Slurm's ``scontrol update``; ``time_limit_s=None`` removes
-    the limit), checked as a submission is. A running job is held first (it stops, checkpoint first, and waits in
-    the queue), changed, and released. The priority is the new class's; the job's contract follows its class."""
+    """Change a job's QoS class or time limit (Slurm's ``scontrol update``; ``time_limit_s=None`` removes the
+    limit). A QUEUED job: either, checked as a submission is; priority and contract follow the class. A running
+    (or admitted) job: its time limit only (its class chose its placement and victims: hold it, change it, release
+    it), and as Slurm allows: a member may lower it, only a team admin or an admin may raise or remove it, never
+    below the time the job has already run; its worker follows the new limit at its next heartbeat."""
     job = _changeable(db, principal, job_id)
-    if job.state != JobState.QUEUED:
-        raise Conflict(f"job {job_id} is {job.state}: only a queued job can be changed (kiln hold {job_id} stops a "
-                       f"running one, checkpoint first; change it, then kiln release {job_id})")  # fmt: skip
+    before = (db.get(QosClass, job.qos_class_id), job.time_limit_s)
     data = dict(job.spec)
     if qos is not None:
         data["sla"] = {**(data.get("sla") or {}), "qos": qos}
     if time_limit_s is not UNCHANGED:
         data["time_limit_s"] = time_limit_s
     spec = canonical_gpu_type(parse_spec_data(data))
-    ctx, _team_id, fitted = _checked(db, principal, spec)
-    before = (db.get(QosClass, job.qos_class_id), job.time_limit_s)
+    if job.state == JobState.QUEUED:
+        ctx, _team_id, fitted = _checked(db, principal, spec)
+        job.qos_class_id, job.priority = ctx.qos_id, ctx.priority
+        job.predicted_memory_bytes = fitted.predicted_memory_bytes
+        contract = jobs_repo.effective_sla(db, job.id)
+        if contract is not None:
+            contract.qos_class_id = ctx.qos_id
+        after_qos = ctx.qos
+    elif job.state in (JobState.ADMITTED, JobState.RUNNING) and qos is None:
+        _check_running_limit(db, principal, job, before[1], spec.time_limit_s)
+        after_qos = before[0].name if before[0] else None
+    else:
+        what = "its time limit only" if job.state in (JobState.ADMITTED, JobState.RUNNING) else "nothing"
+        raise Conflict(f"job {job_id} is {job.state}: {what} can be changed now (kiln hold {job_id} stops a running "
+                       f"job, checkpoint first; change it, then kiln release {job_id})")  # fmt: skip
     job.spec = spec.model_dump(mode="json")
-    job.qos_class_id, job.priority = ctx.qos_id, ctx.priority
-    job.predicted_memory_bytes = fitted.predicted_memory_bytes
-    contract = jobs_repo.effective_sla(db, job.id)
-    if contract is not None:
-        contract.qos_class_id = ctx.qos_id
-    changes = {"qos": [before[0].name if before[0] else None, ctx.qos], "time_limit_s": [before[1], job.time_limit_s]}
+    changes = {"qos": [before[0].name if before[0] else None, after_qos], "time_limit_s": [before[1], job.time_limit_s]}
     changed = {k: v for k, v in changes.items() if v[0] != v[1]}
     if changed:
         said = "; ".join(f"{k.replace('_s', '')} {_shown(v[0])} -> {_shown(v[1])}" for k, v in changed.items())
@@ -392,6 +400,22 @@ def update(
         db.flush()
         notify_jobs_changed(db, str(job_id))
     return get(db=db, principal=principal, job_id=job_id)
+
+
+def _check_running_limit(db: Session, principal: Principal, job: Job, old: float | None, new: float | None) -> None:
+    """A running job's new time limit: lower it, anyone who may change the job; raise or remove it, a team admin
+    or an admin (the scheduler planned around the old one: Slurm's rule); never below what the job has run."""
+    raised = new is None if old is None else new is None or new > old
+    if raised and old != new and _admin_role(principal, job.team_id) is None:
+        raise Forbidden(f"only a team admin or an admin may raise or remove a running job's time limit (job "
+                        f"{job.id}: {_shown(old)}); you may lower it")  # fmt: skip
+    if new is not None:
+        now = utcnow()
+        ran = sum(((a.ended_at or now) - a.started_at).total_seconds() for a in job.attempts
+                  if a.started_at is not None)  # fmt: skip
+        if new <= ran:
+            raise InvalidInput.at("time_limit_s", f"job {job.id} has already run {ran:.0f} s: a limit of {new:g} s "
+                                  f"would end it at once (kiln cancel {job.id} stops it)")  # fmt: skip
 
 
 def _shown(value: Any) -> str:

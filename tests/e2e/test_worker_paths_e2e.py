@@ -211,6 +211,42 @@ def test_the_time_limit_stops_checkpoints_and_fails_with_the_reason(hosts: Clust
     assert job.last_loss == pytest.approx(manifests[job.last_step]["loss"], abs=1e-9)
 
 
+def _ran_s(c: Cluster, job_id: int) -> float:
+    (attempt,) = job_attempts(c, job_id)
+    assert attempt.started_at is not None
+    return time.time() - attempt.started_at.timestamp()
+
+
+def test_a_time_limit_changed_while_the_job_runs_is_the_one_its_worker_keeps(hosts: Cluster) -> None:
+    """kiln update on a running job: raised, the worker lets it run past its first limit; lowered, the worker stops
+    it at the new one (checkpoint first), long before the scheduler's backstop (60 s past the limit)."""
+    c = hosts
+    c.start_worker("a", hooks=slow_steps(0.15))
+    job_id = c.submit_job(_spec("limit-changed", steps=3000, every_steps=1000, time_limit_s=20))
+
+    def set_limit(seconds: float) -> None:
+        with session_scope() as db:
+            jobs_service.update(db=db, principal=cluster_admin(db), job_id=job_id, time_limit_s=seconds)
+
+    sched = c.scheduler_thread()
+    try:
+        wait_for(lambda: job_row(c, job_id).state == "RUNNING", 120, "the job running")
+        set_limit(600)
+        wait_for(lambda: _ran_s(c, job_id) > 30, 60, "the attempt past its first limit")
+        assert job_row(c, job_id).state == "RUNNING" and job_row(c, job_id).last_step > 0
+        lowered_at = time.time()
+        set_limit(round(_ran_s(c, job_id)) + 5)
+        _wait_final(c, job_id)
+    finally:
+        sched.stop()
+    job = job_row(c, job_id)
+    assert job.state == "FAILED" and (job.exit_reason or "").startswith("timeout: time limit reached"), job.exit_reason
+    assert time.time() - lowered_at < 40  # the worker's stop, not the scheduler's
+    log = _log(job_id, 1)
+    assert "time limit now 600 s" in log and "time limit reached" in log
+    assert [e.message.split(" (by")[0] for e in job_events(c, job_id, "UPDATED")][0] == "time_limit 20 s -> 600 s"
+
+
 # ------------------------------------------------------------------------------------------------------ hang
 
 

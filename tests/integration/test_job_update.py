@@ -1,13 +1,17 @@
-"""Changing a queued job (PATCH /v1/jobs/{id}, kiln update; Slurm's scontrol update) on PostgreSQL: checked as a
-submission is, the priority and the contract following the class, a timeline event; a running job is refused."""
+"""Changing a job (PATCH /v1/jobs/{id}, kiln update; Slurm's scontrol update) on PostgreSQL: checked as a
+submission is, the priority and the contract following the class, a timeline event; a running job's time limit
+only, as Slurm allows it (lowered by a member, raised or removed by a team admin or an admin)."""
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from core.models import Job
+from core.db import utcnow
+from core.models import Attempt, Job
 from core.states import JobState
 from core.transitions import transition
 from tests.support.api import World
@@ -62,3 +66,54 @@ def test_a_change_is_checked_as_a_submission_is(client: TestClient, world: World
     db.flush()
     r = client.patch(f"/v1/jobs/{job}", json={"qos": "bronze"}, headers=h)
     assert r.status_code == 409 and f"kiln hold {job}" in r.json()["detail"]
+
+
+def _running(db: Session, job_id: int, *, limit: float | None, ran_s: float) -> Job:
+    """The job RUNNING for ``ran_s`` seconds under ``limit``."""
+    row = db.get(Job, job_id)
+    assert row is not None
+    row.spec = {**row.spec, "time_limit_s": limit}
+    transition(db, row, JobState.ADMITTED)
+    transition(db, row, JobState.RUNNING)
+    db.add(Attempt(job_id=row.id, number=1, fencing_token=1, state="RUNNING", placement=[],
+                   started_at=utcnow() - timedelta(seconds=ran_s)))  # fmt: skip
+    db.flush()
+    db.expire(row, ["attempts"])
+    return row
+
+
+def test_a_running_jobs_time_limit_is_lowered_by_a_member_and_raised_by_an_admin(
+    client: TestClient, world: World, db: Session
+) -> None:
+    job = world.jobs["alpha"]
+    _running(db, job, limit=7200, ran_s=1800)
+    member, team_admin = world.h("member"), world.h("team-admin")
+
+    lowered = client.patch(f"/v1/jobs/{job}", json={"time_limit_s": 3600}, headers=member)
+    assert lowered.status_code == 200, lowered.text
+    assert lowered.json()["state"] == "RUNNING" and lowered.json()["spec"]["time_limit_s"] == 3600
+    for body in ({"time_limit_s": 5400}, {"time_limit_s": None}):  # raised, removed: an admin's
+        r = client.patch(f"/v1/jobs/{job}", json=body, headers=member)
+        assert (r.status_code, r.headers["content-type"]) == (403, "application/problem+json"), r.text
+        assert "you may lower it" in r.json()["detail"]
+    too_low = client.patch(f"/v1/jobs/{job}", json={"time_limit_s": 1200}, headers=member)
+    assert too_low.status_code == 422 and "has already run 1800 s" in too_low.json()["detail"], too_low.text
+    class_change = client.patch(f"/v1/jobs/{job}", json={"qos": "bronze", "time_limit_s": 3000}, headers=member)
+    assert class_change.status_code == 409 and "its time limit only" in class_change.json()["detail"]
+
+    raised = client.patch(f"/v1/jobs/{job}", json={"time_limit_s": 14400}, headers=team_admin)
+    assert raised.status_code == 200 and raised.json()["spec"]["time_limit_s"] == 14400
+    assert client.patch(f"/v1/jobs/{job}", json={"time_limit_s": None}, headers=world.h("admin")).status_code == 200
+    updates = [e["message"] for e in client.get(f"/v1/jobs/{job}/events", headers=member).json()["items"]
+               if e["type"] == "UPDATED"]  # fmt: skip
+    assert updates == ["time_limit 7200 s -> 3600 s (by mark)", "time_limit 3600 s -> 14400 s (by alice)",
+                       "time_limit 14400 s -> none (by root)"]  # fmt: skip
+
+
+def test_a_running_job_without_a_limit_may_be_given_one_by_a_member(
+    client: TestClient, world: World, db: Session
+) -> None:
+    job = world.jobs["alpha"]
+    _running(db, job, limit=None, ran_s=60)
+    r = client.patch(f"/v1/jobs/{job}", json={"time_limit_s": 3600}, headers=world.h("member"))
+    assert r.status_code == 200 and r.json()["spec"]["time_limit_s"] == 3600, r.text

@@ -245,7 +245,7 @@ def test_attempt_env_enforces_the_qos_caps_on_gpus(db: Session, monkeypatch: pyt
     gpus = [GPU(uuid=f"GPU-{i}", index=i, model="H200", memory_bytes=140 * 10**9, host_id=0,
                 nvlink_peers=["x"]) for i in range(2)]  # fmt: skip
     claimed = Claimed(job_id=5, team_id=1, attempt_number=2, spec={}, placement=[], gpus=gpus, qos=silver,
-                      host_links={"pcie_bytes_per_s": 64 * 10**9}, rendezvous=None, time_left_s=None,
+                      host_links={"pcie_bytes_per_s": 64 * 10**9}, rendezvous=None, ran_before_s=0.0,
                       deployment="d")  # fmt: skip
     monkeypatch.setattr(tasks.os, "sched_getaffinity", lambda pid: set(range(128)))
     monkeypatch.setattr(tasks, "HOST_GPUS", 8)
@@ -441,7 +441,7 @@ def test_attempt_env_of_a_gpu_share_caps_it_and_puts_best_effort_below_normal_pr
     gpu = GPU(uuid="GPU-0", index=0, model="H200", memory_bytes=140 * 2**30, host_id=0, nvlink_peers=[])
     share = {"memory_bytes": 24 * 2**30, "sm_percent": 30, "guaranteed": guaranteed}
     claimed = Claimed(job_id=5, team_id=1, attempt_number=1, spec={}, placement=[{"share": share}], gpus=[gpu],
-                      qos=None, host_links={}, rendezvous=None, time_left_s=None, deployment="d")  # fmt: skip
+                      qos=None, host_links={}, rendezvous=None, ran_before_s=0.0, deployment="d")  # fmt: skip
     monkeypatch.setattr(tasks.os, "sched_getaffinity", lambda pid: set(range(16)))  # the H200 host's 16 cores
     monkeypatch.setattr(tasks, "HOST_GPUS", 1)
     env = attempt_env(claimed, attempt_id=9, token=4, checkpoint_dir=Path("/c"), compile_dir=Path("/k"),

@@ -33,7 +33,7 @@ def test_a_spec_cannot_name_a_checkpoint_directory(client: TestClient, world: Wo
 
 def _claimed(job_id: int, checkpointing: dict[str, Any], deployment: str = "d1") -> Claimed:
     return Claimed(job_id=job_id, team_id=1, attempt_number=1, spec={"checkpointing": checkpointing}, placement=[{}],
-                   gpus=[], qos=None, host_links={}, rendezvous=None, time_left_s=None,
+                   gpus=[], qos=None, host_links={}, rendezvous=None, ran_before_s=0.0,
                    deployment=deployment)  # fmt: skip
 
 
