@@ -30,7 +30,11 @@ class Outcome:
     reason: str
 
 
-def _describe(code: int) -> str:
+def _describe(code: int, *, asked: bool = False) -> str:
+    """A rank's or the launcher's exit code in words; ``asked``: the supervisor had told it to stop, so the
+    trainer's code for a stop on SIGTERM (75) is what was asked for, whatever the reason."""
+    if asked and code == ExitCode.PREEMPTED:
+        return f"exit code {code}, stopped after its checkpoint"
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
@@ -63,6 +67,9 @@ def classify(
         if launcher_code == 0 and codes <= {ExitCode.SUCCEEDED} and rank_codes:
             return Outcome(ExitClass.SUCCEEDED, f"finished before the stop took effect ({detail})")
         said = f"{stop.reason.value}: {stop.why}" if stop.why else stop.reason.value
+        detail = ", ".join(f"rank {r}: {_describe(c, asked=True)}" for r, c in sorted(rank_codes.items())) or _describe(
+            launcher_code, asked=True
+        )
         return Outcome(stop.reason, f"{said} ({detail})")
     if launcher_code == 0 and (not rank_codes or codes == {ExitCode.SUCCEEDED}):
         return Outcome(ExitClass.SUCCEEDED, "succeeded")

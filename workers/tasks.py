@@ -452,7 +452,7 @@ class AttemptRunner:
                 if attempt.state != AttemptState.RUNNING:
                     return Directive(fenced=True)
                 renew_lease(attempt, node_rank=self.node_rank, now=now, lease_s=self.settings.lease_s)
-                relay(db, job=job, attempt=attempt, records=records, state=self.relay_state)
+                relay(db, job=job, attempt=attempt, records=records, state=self.relay_state, asked=self.own_stop())
                 if self.node_rank == 0:
                     usage = db.scalars(select(Usage).where(Usage.attempt_id == attempt.id)).first()
                     if usage is not None:
@@ -474,6 +474,14 @@ class AttemptRunner:
     def deadline(self, launched: float, limit: float | None) -> float | None:
         """When (``time.monotonic()``) the time limit stops this attempt: the limit counts every attempt's run."""
         return None if limit is None else launched + max(0.0, limit - self.claimed.ran_before_s)
+
+    def own_stop(self) -> str | None:
+        """Why this worker stopped the trainer on its own account (the time limit, a hang, its shutdown); None when
+        it did not, or when the job was asked to stop (a preemption, a hold, a cancel: the relay reads the job)."""
+        stop = self.stop
+        if stop is None or stop.reason in (ExitClass.PREEMPTED, ExitClass.CANCELLED):
+            return None
+        return stop.why or None
 
     def request_stop(self, reason: ExitClass, why: str) -> None:
         if self.stop is not None:
@@ -588,7 +596,7 @@ class AttemptRunner:
             if attempt.ended_at is None:
                 end_attempt(db, attempt, state=AttemptState.FENCED, reason=outcome.reason, now=now, exit_code=exit_code)
             return
-        relay(db, job=job, attempt=attempt, records=self.buffer, state=self.relay_state)
+        relay(db, job=job, attempt=attempt, records=self.buffer, state=self.relay_state, asked=self.own_stop())
         if job.state not in ACTIVE:
             # Another node of the same gang reported first.
             return

@@ -111,12 +111,14 @@ class RelayState:
     done: dict[str, Any] | None = None
 
 
-def _as_asked(job: Job, type_: str, message: str) -> tuple[str, str]:
-    """The trainer calls every stop on SIGTERM a preemption (it cannot know why it was signalled); a stop the job
-    was asked for is recorded as what it is, so a cancelled or held job's timeline never says PREEMPTED."""
+def _as_asked(job: Job, type_: str, message: str, asked: str | None) -> tuple[str, str]:
+    """The trainer calls every stop on SIGTERM a preemption (it cannot know why it was signalled); a stop that was
+    not the scheduler's preemption is recorded as what it is, so a cancelled, held or timed-out job's timeline never
+    says PREEMPTED. ``asked``: why the worker itself stopped the trainer (its time limit, a hang, its shutdown)."""
     cause = stop_cause(job)
     if cause is None and job.held_at is not None and job.preempt_requested:
         cause = job.pending_message or "held"  # "held by NAME: REASON" (core.transitions.hold)
+    cause = cause or asked
     if cause is None:
         return type_, message
     if type_ == "PREEMPTED":
@@ -126,8 +128,10 @@ def _as_asked(job: Job, type_: str, message: str) -> tuple[str, str]:
     return type_, message
 
 
-def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[str, Any]], state: RelayState) -> None:
-    """Write ``records`` for ``job``/``attempt``. The caller holds the job row and has checked the token."""
+def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[str, Any]], state: RelayState,
+          asked: str | None = None) -> None:  # fmt: skip
+    """Write ``records`` for ``job``/``attempt``. The caller holds the job row and has checked the token.
+    ``asked``: why the worker stopped the trainer, when it did so on its own account (``_as_asked``)."""
     steps: list[dict[str, Any]] = []
     gpu_samples: list[dict[str, Any]] = []
     for rec in records:
@@ -141,7 +145,8 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
                 state.nccl_error = True
         elif kind == RecordKind.EVENT:
             fields = rec.get("fields") if isinstance(rec.get("fields"), dict) else {}
-            type_, message = _as_asked(job, str(rec.get("type") or "TRAINER_EVENT"), str(rec.get("message") or ""))
+            type_, message = _as_asked(job, str(rec.get("type") or "TRAINER_EVENT"), str(rec.get("message") or ""),
+                                      asked)  # fmt: skip
             record_event(
                 session,
                 type_[:48],

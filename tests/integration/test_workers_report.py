@@ -18,7 +18,7 @@ from core.models import Checkpoint, Event
 from core.settings import Settings
 from core.transitions import hold
 from tests.support.workers_cluster import admit, submit, tiny_spec
-from workers.exit_classes import Outcome
+from workers.exit_classes import Outcome, StopRequest
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus
 from workers.supervisor import TrainerProcess
@@ -223,6 +223,36 @@ def test_a_running_job_held_by_its_user_says_held_never_preempted(db: Session, t
     assert "PREEMPTED" not in [t for t, _ in timeline], timeline
     assert ("STOPPING", "signal 15: checkpointed step 17, exiting (held by alice)") in timeline
     assert ("EXIT", "exiting with 75 (stopped: held by alice)") in timeline
+
+
+def test_a_job_its_worker_stopped_at_its_time_limit_says_so_never_preempted(db: Session, tmp_path: Path) -> None:
+    """The worker's own stops (the time limit, a hang, its shutdown) are named in the timeline as the worker gave
+    them; only the scheduler's preemption says PREEMPTED."""
+    host = HostAgent(name="rep-t", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
+                     settings=SETTINGS).register(db)  # fmt: skip
+    db.flush()
+    job = submit(db, tiny_spec("over-time", steps=60))
+    attempt = admit(db, job, host)
+    claimed = claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
+                    delivery="d1", settings=SETTINGS)  # fmt: skip
+    proc = TrainerProcess([], env={}, log_path=tmp_path / "1.log", run_dir=tmp_path / "run", cwd=tmp_path)
+    runner = AttemptRunner(attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
+                           settings=SETTINGS, claimed=claimed, proc=proc)  # fmt: skip
+    runner.stop = StopRequest(ExitClass.TIMEOUT, "time limit reached")
+    now = time.time()
+    runner.buffer = [
+        {"kind": "event", "rank": 0, "ts": now, "type": "PREEMPTED",
+         "message": "signal 15: checkpointed step 17, exiting", "fields": {"step": 17, "signal": 15}},
+        {"kind": "event", "rank": 0, "ts": now, "type": "EXIT", "message": "exiting with 75 (PREEMPTED)",
+         "fields": {"exit_code": 75, "reason": "PREEMPTED"}},
+    ]  # fmt: skip
+    runner._report(db, Outcome(ExitClass.TIMEOUT, "timeout: time limit reached"), 75)
+
+    assert job.state == "FAILED"
+    timeline = [(e.type, e.message) for e in db.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id))]
+    assert "PREEMPTED" not in [t for t, _ in timeline], timeline
+    assert ("STOPPING", "signal 15: checkpointed step 17, exiting (time limit reached)") in timeline
+    assert ("EXIT", "exiting with 75 (stopped: time limit reached)") in timeline
 
 
 def test_a_lost_attempt_dates_the_jobs_timeline_by_the_callers_clock(db: Session, tmp_path: Path) -> None:

@@ -71,7 +71,7 @@ CASES: dict[str, tuple[dict[int, int], int, StopRequest | None, dict[int, str], 
         StopRequest(ExitClass.TIMEOUT, "time limit reached"),
         {},
         ExitClass.TIMEOUT,
-        "timeout: time limit reached (rank 0: exit code 75",
+        "timeout: time limit reached (rank 0: exit code 75, stopped after its checkpoint)",
     ),
     "finished before our stop": (
         {0: 0},
