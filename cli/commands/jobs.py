@@ -566,22 +566,26 @@ def update(
     time_limit: Annotated[
         str | None, typer.Option("--time-limit", help="Seconds, 90m, 2h, 1d, or none (no limit).")
     ] = None,
+    gpus: Annotated[int | None, typer.Option("--gpus", min=0, help="Total GPUs (before its first checkpoint).")] = None,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
-    """Change a queued job's QoS class or time limit (Slurm's scontrol update), checked as a submission is.
+    """Change a queued job's QoS class, time limit or GPUs (Slurm's scontrol update), checked as a submission is.
 
     A running job: its time limit only, which its worker follows at once; you may lower it, a team admin or an
     admin may raise it. Another class: kiln hold it first (it stops, checkpoint first), change it, kiln release it.
+    GPUs: only before the job's first checkpoint (kiln clone --set resources.gpus=N after).
 
-    Examples: kiln update 7 --qos gold;  kiln update 7 --time-limit 2h
+    Examples: kiln update 7 --qos gold;  kiln update 7 --time-limit 2h;  kiln update 7 --gpus 4
     """
     body: dict[str, Any] = {}
     if qos is not None:
         body["qos"] = qos
     if time_limit is not None:
         body["time_limit_s"] = parse_duration(time_limit)
+    if gpus is not None:
+        body["gpus"] = gpus
     if not body:
-        raise CliError("give what to change: --qos, --time-limit", ExitCode.USAGE)
+        raise CliError("give what to change: --qos, --time-limit, --gpus", ExitCode.USAGE)
     with client() as api:
         job = api.patch(f"/v1/jobs/{job_id}", json=body)
     if output is not OutputFormat.table:
@@ -589,7 +593,8 @@ def update(
         return
     limit = (job.get("spec") or {}).get("time_limit_s")
     shown = out.fmt_duration(limit) if limit else "none"
-    console.print(out.text(f"job {job_id}: qos {job.get('qos')} (priority {job.get('priority')}), time limit {shown}"))
+    said = f"qos {job.get('qos')} (priority {job.get('priority')}), gpus {job.get('gpus')}, time limit {shown}"
+    console.print(out.text(f"job {job_id}: {said}"))
 
 
 @app.command()

@@ -359,38 +359,49 @@ UNCHANGED: Any = object()  # ``update``: a field not given
 
 
 def update(
-    *, db: Session, principal: Principal, job_id: int, qos: str | None = None, time_limit_s: Any = UNCHANGED
-) -> JobView:
-    """Change a job's QoS class or time limit (Slurm's ``scontrol update``; ``time_limit_s=None`` removes the
-    limit). A QUEUED job: either, checked as a submission is; priority and contract follow the class. A running
-    (or admitted) job: its time limit only (its class chose its placement and victims: hold it, change it, release
-    it), and as Slurm allows: a member may lower it, only a team admin or an admin may raise or remove it, never
-    below the time the job has already run; its worker follows the new limit at its next heartbeat."""
+    *, db: Session, principal: Principal, job_id: int, qos: str | None = None, time_limit_s: Any = UNCHANGED,
+    gpus: int | None = None,
+) -> JobView:  # fmt: skip
+    """Change a job's QoS class, time limit or GPU count (Slurm's ``scontrol update``; ``time_limit_s=None``
+    removes the limit). A QUEUED job: any, checked as a submission is; priority and contract follow the class; its
+    GPUs only while it has no checkpoint (a checkpoint is of its model on its GPUs). A running (or admitted) job:
+    its time limit only (its class and GPUs chose its placement and victims: hold it, change it, release it), and as
+    Slurm allows: a member may lower it, only a team admin or an admin may raise or remove it, never below the time
+    the job has already run; its worker follows the new limit at its next heartbeat."""
     job = _changeable(db, principal, job_id)
-    before = (db.get(QosClass, job.qos_class_id), job.time_limit_s)
+    before = (db.get(QosClass, job.qos_class_id), job.time_limit_s, job.gpus)
     data = dict(job.spec)
     if qos is not None:
         data["sla"] = {**(data.get("sla") or {}), "qos": qos}
     if time_limit_s is not UNCHANGED:
         data["time_limit_s"] = time_limit_s
+    if gpus is not None:
+        data["resources"] = {**(data.get("resources") or {}), "gpus": gpus}
     spec = canonical_gpu_type(parse_spec_data(data))
+    running = job.state in (JobState.ADMITTED, JobState.RUNNING)
     if job.state == JobState.QUEUED:
+        if spec.resources.gpus != job.gpus and job.last_step > 0:
+            raise Conflict(f"job {job_id} has trained to step {job.last_step} on {job.gpus} GPU(s) and resumes from "
+                           f"its checkpoint on as many; kiln clone {job_id} --set resources.gpus={gpus} starts it "
+                           "anew on another count")  # fmt: skip
         ctx, _team_id, fitted = _checked(db, principal, spec)
         job.qos_class_id, job.priority = ctx.qos_id, ctx.priority
         job.predicted_memory_bytes = fitted.predicted_memory_bytes
+        job.gpus, job.gpu_type = spec.resources.gpus, spec.resources.gpu_type if spec.resources.gpus else "cpu"
         contract = jobs_repo.effective_sla(db, job.id)
         if contract is not None:
             contract.qos_class_id = ctx.qos_id
         after_qos = ctx.qos
-    elif job.state in (JobState.ADMITTED, JobState.RUNNING) and qos is None:
+    elif running and qos is None and gpus is None:
         _check_running_limit(db, principal, job, before[1], spec.time_limit_s)
         after_qos = before[0].name if before[0] else None
     else:
-        what = "its time limit only" if job.state in (JobState.ADMITTED, JobState.RUNNING) else "nothing"
+        what = "its time limit only" if running else "nothing"
         raise Conflict(f"job {job_id} is {job.state}: {what} can be changed now (kiln hold {job_id} stops a running "
                        f"job, checkpoint first; change it, then kiln release {job_id})")  # fmt: skip
     job.spec = spec.model_dump(mode="json")
-    changes = {"qos": [before[0].name if before[0] else None, after_qos], "time_limit_s": [before[1], job.time_limit_s]}
+    changes = {"qos": [before[0].name if before[0] else None, after_qos], "time_limit_s": [before[1], job.time_limit_s],
+               "gpus": [before[2], job.gpus]}  # fmt: skip
     changed = {k: v for k, v in changes.items() if v[0] != v[1]}
     if changed:
         said = "; ".join(f"{k.replace('_s', '')} {_shown(v[0])} -> {_shown(v[1])}" for k, v in changed.items())

@@ -50,7 +50,8 @@ def test_a_change_is_checked_as_a_submission_is(client: TestClient, world: World
         ({"qos": "gold"}, 403, None),  # not one of the team's classes
         ({"qos": "platinum"}, 422, "sla.qos"),
         ({"time_limit_s": 0}, 422, "time_limit_s"),
-        ({"gpus": 8}, 422, "gpus"),  # not a field that can change
+        ({"steps": 8}, 422, "steps"),  # not a field that can change
+        ({"gpus": -1}, 422, "gpus"),
     ]
     for body, status, loc in cases:
         r = client.patch(f"/v1/jobs/{job}", json=body, headers=h)
@@ -117,3 +118,31 @@ def test_a_running_job_without_a_limit_may_be_given_one_by_a_member(
     _running(db, job, limit=None, ran_s=60)
     r = client.patch(f"/v1/jobs/{job}", json={"time_limit_s": 3600}, headers=world.h("member"))
     assert r.status_code == 200 and r.json()["spec"]["time_limit_s"] == 3600, r.text
+
+
+def test_a_queued_jobs_gpus_change_until_its_first_checkpoint(client: TestClient, world: World, db: Session) -> None:
+    h = world.h("member")
+    job = world.jobs["alpha"]
+    before = client.get(f"/v1/jobs/{job}", headers=h).json()
+    r = client.patch(f"/v1/jobs/{job}", json={"gpus": 2}, headers=h)
+    assert r.status_code == 200, r.text
+    assert (before["gpus"], r.json()["gpus"], r.json()["spec"]["resources"]["gpus"]) == (0, 2, 2)
+    row = db.get(Job, job)
+    assert row is not None and row.gpus == 2  # what the scheduler reads
+    (event,) = [e for e in client.get(f"/v1/jobs/{job}/events", headers=h).json()["items"] if e["type"] == "UPDATED"]
+    assert event["message"] == "gpus 0 -> 2 (by mark)" and event["data"] == {"gpus": [0, 2]}
+
+    row.spec = {**row.spec, "resources": {**row.spec["resources"], "gpus_per_node": 2}}
+    db.flush()
+    odd = client.patch(f"/v1/jobs/{job}", json={"gpus": 3}, headers=h)
+    assert odd.status_code == 422 and "multiple of gpus_per_node" in odd.text, odd.text
+
+    row.last_step = 40  # it ran, checkpointed, and was preempted: its checkpoint is of 2 GPUs' ranks
+    db.flush()
+    trained = client.patch(f"/v1/jobs/{job}", json={"gpus": 4}, headers=h)
+    assert trained.status_code == 409 and f"kiln clone {job} --set resources.gpus=4" in trained.json()["detail"]
+    assert client.patch(f"/v1/jobs/{job}", json={"time_limit_s": 600}, headers=h).status_code == 200  # not GPUs
+
+    _running(db, world.jobs["alpha"], limit=None, ran_s=10)
+    running = client.patch(f"/v1/jobs/{job}", json={"gpus": 2}, headers=h)
+    assert running.status_code == 409 and "its time limit only" in running.json()["detail"]

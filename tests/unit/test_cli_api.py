@@ -331,13 +331,14 @@ def test_update_changes_a_queued_jobs_class_and_time_limit(kiln: Any, server: Se
     job = submit(kiln)
     changed = kiln("update", str(job), "--qos", "bronze", "--time-limit", "2h")
     assert changed.exit_code == 0, changed.output
-    assert changed.stdout.strip() == f"job {job}: qos bronze (priority 200), time limit 2h00m"
+    assert changed.stdout.strip() == f"job {job}: qos bronze (priority 200), gpus 0, time limit 2h00m"
     assert "qos silver -> bronze; time_limit none -> 7200 s (by admin)" in kiln("events", str(job)).stdout
     assert kiln("update", str(job), "--time-limit", "none").stdout.strip().endswith("time limit none")
     assert kiln("update", str(job), "--time-limit", "soon").exit_code == ExitCode.USAGE
     assert kiln("update", str(job)).exit_code == ExitCode.USAGE
     refused = kiln("update", str(job), "--qos", "platinum")
     assert refused.exit_code == ExitCode.INVALID and "unknown QoS class 'platinum'" in refused.stderr
+    assert kiln("update", str(job), "--gpus", "-1").exit_code == ExitCode.USAGE
 
 
 def test_ls_mine_and_user_and_yaml_output(kiln: Any, server: Server) -> None:
