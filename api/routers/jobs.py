@@ -282,8 +282,8 @@ def release_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> Res
 
 class JobUpdateIn(InModel):
     """What may change of a job (Slurm's scontrol update); a field left out stays as it is. A queued job: any (its
-    GPUs until it has a checkpoint); a running one: its time limit (lowered by a member; raised or removed by a team
-    admin or an admin)."""
+    GPUs until it has a checkpoint; dependencies that close no cycle); a running one: its time limit (lowered by a
+    member; raised or removed by a team admin or an admin)."""
 
     qos: Annotated[str | None, Field(max_length=32, pattern=r"^[a-z0-9-]+$", description="A QoS class the team "
                                      "may use; the priority and the contract follow it")] = None  # fmt: skip
@@ -292,15 +292,17 @@ class JobUpdateIn(InModel):
         "next heartbeat"))] = None  # fmt: skip
     gpus: Annotated[int | None, Field(ge=0, le=4096, description="Total GPUs (0: CPU slots only); a queued job that "
                                       "has no checkpoint yet")] = None  # fmt: skip
+    depends_on: Annotated[list[Annotated[str, Field(max_length=40)]] | None, Field(max_length=32, description=(
+        "The jobs it waits for, as a spec writes them (JOB, afterok:JOB, afterany:JOB, afternotok:JOB), instead of "
+        "those it has; []: none"))] = None  # fmt: skip
 
 
-@router.patch("/{job_id}", response_model=JobOut,
-              summary="Change a queued job's QoS class, time limit or GPUs, or a running job's time limit")  # fmt: skip
+@router.patch("/{job_id}", response_model=JobOut, summary="Change a job (Slurm's scontrol update)")
 def update_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, body: JobUpdateIn) -> Response:
     limit = body.time_limit_s if "time_limit_s" in body.model_fields_set else svc.UNCHANGED
-    return JSONBytes(
-        job_json(svc.update(db=db, principal=who, job_id=job_id, qos=body.qos, time_limit_s=limit, gpus=body.gpus))
-    )
+    job = svc.update(db=db, principal=who, job_id=job_id, qos=body.qos, time_limit_s=limit, gpus=body.gpus,
+                     depends_on=body.depends_on)  # fmt: skip
+    return JSONBytes(job_json(job))
 
 
 @router.get("/{job_id}/events", response_model=EventPageOut, summary="The job's timeline, oldest first")

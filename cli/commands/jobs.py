@@ -567,15 +567,22 @@ def update(
         str | None, typer.Option("--time-limit", help="Seconds, 90m, 2h, 1d, or none (no limit).")
     ] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", min=0, help="Total GPUs (before its first checkpoint).")] = None,
+    depends_on: Annotated[
+        list[str] | None,
+        typer.Option("--depends-on", help="JOB or afterok|afterany|afternotok:JOB, repeated; none: no dependency."),
+    ] = None,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
-    """Change a queued job's QoS class, time limit or GPUs (Slurm's scontrol update), checked as a submission is.
+    """Change a queued job's QoS class, time limit, GPUs or dependencies (Slurm's scontrol update), checked as a
+    submission is.
 
     A running job: its time limit only, which its worker follows at once; you may lower it, a team admin or an
     admin may raise it. Another class: kiln hold it first (it stops, checkpoint first), change it, kiln release it.
-    GPUs: only before the job's first checkpoint (kiln clone --set resources.gpus=N after).
+    GPUs: only before the job's first checkpoint (kiln clone --set resources.gpus=N after). --depends-on replaces
+    the job's dependencies.
 
-    Examples: kiln update 7 --qos gold;  kiln update 7 --time-limit 2h;  kiln update 7 --gpus 4
+    Examples: kiln update 7 --qos gold;  kiln update 7 --time-limit 2h;  kiln update 7 --gpus 4;
+    kiln update 7 --depends-on afterok:5 --depends-on 6
     """
     body: dict[str, Any] = {}
     if qos is not None:
@@ -584,8 +591,10 @@ def update(
         body["time_limit_s"] = parse_duration(time_limit)
     if gpus is not None:
         body["gpus"] = gpus
+    if depends_on is not None:
+        body["depends_on"] = [] if [d.lower() for d in depends_on] == ["none"] else depends_on
     if not body:
-        raise CliError("give what to change: --qos, --time-limit, --gpus", ExitCode.USAGE)
+        raise CliError("give what to change: --qos, --time-limit, --gpus, --depends-on", ExitCode.USAGE)
     with client() as api:
         job = api.patch(f"/v1/jobs/{job_id}", json=body)
     if output is not OutputFormat.table:
@@ -594,6 +603,8 @@ def update(
     limit = (job.get("spec") or {}).get("time_limit_s")
     shown = out.fmt_duration(limit) if limit else "none"
     said = f"qos {job.get('qos')} (priority {job.get('priority')}), gpus {job.get('gpus')}, time limit {shown}"
+    if depends_on is not None:
+        said += f", depends on {', '.join((job.get('spec') or {}).get('depends_on') or []) or 'nothing'}"
     console.print(out.text(f"job {job_id}: {said}"))
 
 

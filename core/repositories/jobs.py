@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     bindparam,
     cast,
+    delete,
     false,
     func,
     insert,
@@ -286,9 +287,26 @@ def session_is_utc(db: Session) -> bool:
     return getattr(tz, "key", None) in UTC_ZONES
 
 
-def dependency_ids(db: Session, job_id: int) -> list[int]:
-    stmt = select(JobDependency.depends_on_id).where(JobDependency.job_id == job_id)
-    return list(db.scalars(stmt.order_by(JobDependency.depends_on_id)))
+def dependencies(db: Session, job_id: int) -> list[tuple[int, str]]:
+    """(job id, condition) of each job ``job_id`` depends on, by id."""
+    stmt = select(JobDependency.depends_on_id, JobDependency.condition).where(JobDependency.job_id == job_id)
+    return [(dep, condition) for dep, condition in db.execute(stmt.order_by(JobDependency.depends_on_id)).tuples()]
+
+
+def dependency_closure(db: Session, job_ids: set[int]) -> set[int]:
+    """Every job that one of ``job_ids`` waits for, directly or through others: one query per level."""
+    seen: set[int] = set()
+    frontier = set(job_ids)
+    while frontier:
+        stmt = select(JobDependency.depends_on_id).where(JobDependency.job_id.in_(frontier))
+        frontier = set(db.scalars(stmt)) - seen
+        seen |= frontier
+    return seen
+
+
+def replace_dependencies(db: Session, *, job_id: int, depends_on: Sequence[tuple[int, str]]) -> None:
+    db.execute(delete(JobDependency).where(JobDependency.job_id == job_id))
+    db.add_all(JobDependency(job_id=job_id, depends_on_id=dep, condition=cond) for dep, cond in depends_on)
 
 
 def existing_ids_in_team(db: Session, *, team_id: int, job_ids: Sequence[int]) -> set[int]:

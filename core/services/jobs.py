@@ -360,16 +360,17 @@ UNCHANGED: Any = object()  # ``update``: a field not given
 
 def update(
     *, db: Session, principal: Principal, job_id: int, qos: str | None = None, time_limit_s: Any = UNCHANGED,
-    gpus: int | None = None,
+    gpus: int | None = None, depends_on: list[str] | None = None,
 ) -> JobView:  # fmt: skip
-    """Change a job's QoS class, time limit or GPU count (Slurm's ``scontrol update``; ``time_limit_s=None``
-    removes the limit). A QUEUED job: any, checked as a submission is; priority and contract follow the class; its
-    GPUs only while it has no checkpoint (a checkpoint is of its model on its GPUs). A running (or admitted) job:
-    its time limit only (its class and GPUs chose its placement and victims: hold it, change it, release it), and as
-    Slurm allows: a member may lower it, only a team admin or an admin may raise or remove it, never below the time
-    the job has already run; its worker follows the new limit at its next heartbeat."""
+    """Change a job's QoS class, time limit, GPU count or dependencies (Slurm's ``scontrol update``;
+    ``time_limit_s=None`` removes the limit, ``depends_on=[]`` the dependencies). A QUEUED job: any, checked as a
+    submission is (``_change_queued``). A running (or admitted) job: its time limit only (its class and GPUs chose
+    its placement and victims: hold it, change it, release it), as Slurm allows (``_check_running_limit``); its
+    worker follows the new limit at its next heartbeat."""
     job = _changeable(db, principal, job_id)
-    before = (db.get(QosClass, job.qos_class_id), job.time_limit_s, job.gpus)
+    old_limit = job.time_limit_s
+    before: dict[str, Any] = {"qos": _qos_name(db, job), "time_limit_s": old_limit, "gpus": job.gpus,
+                              "depends_on": _dependency_refs(db, job.id)}  # fmt: skip
     data = dict(job.spec)
     if qos is not None:
         data["sla"] = {**(data.get("sla") or {}), "qos": qos}
@@ -377,32 +378,22 @@ def update(
         data["time_limit_s"] = time_limit_s
     if gpus is not None:
         data["resources"] = {**(data.get("resources") or {}), "gpus": gpus}
+    if depends_on is not None:
+        data["depends_on"] = depends_on
     spec = canonical_gpu_type(parse_spec_data(data))
     running = job.state in (JobState.ADMITTED, JobState.RUNNING)
     if job.state == JobState.QUEUED:
-        if spec.resources.gpus != job.gpus and job.last_step > 0:
-            raise Conflict(f"job {job_id} has trained to step {job.last_step} on {job.gpus} GPU(s) and resumes from "
-                           f"its checkpoint on as many; kiln clone {job_id} --set resources.gpus={gpus} starts it "
-                           "anew on another count")  # fmt: skip
-        ctx, _team_id, fitted = _checked(db, principal, spec)
-        job.qos_class_id, job.priority = ctx.qos_id, ctx.priority
-        job.predicted_memory_bytes = fitted.predicted_memory_bytes
-        job.gpus, job.gpu_type = spec.resources.gpus, spec.resources.gpu_type if spec.resources.gpus else "cpu"
-        contract = jobs_repo.effective_sla(db, job.id)
-        if contract is not None:
-            contract.qos_class_id = ctx.qos_id
-        after_qos = ctx.qos
-    elif running and qos is None and gpus is None:
-        _check_running_limit(db, principal, job, before[1], spec.time_limit_s)
-        after_qos = before[0].name if before[0] else None
+        _change_queued(db, principal, job, spec, dependencies_given=depends_on is not None)
+    elif running and qos is None and gpus is None and depends_on is None:
+        _check_running_limit(db, principal, job, old_limit, spec.time_limit_s)
     else:
         what = "its time limit only" if running else "nothing"
         raise Conflict(f"job {job_id} is {job.state}: {what} can be changed now (kiln hold {job_id} stops a running "
                        f"job, checkpoint first; change it, then kiln release {job_id})")  # fmt: skip
     job.spec = spec.model_dump(mode="json")
-    changes = {"qos": [before[0].name if before[0] else None, after_qos], "time_limit_s": [before[1], job.time_limit_s],
-               "gpus": [before[2], job.gpus]}  # fmt: skip
-    changed = {k: v for k, v in changes.items() if v[0] != v[1]}
+    after = {"qos": _qos_name(db, job), "time_limit_s": job.time_limit_s, "gpus": job.gpus,
+             "depends_on": _dependency_refs(db, job.id)}  # fmt: skip
+    changed = {k: [before[k], after[k]] for k in before if before[k] != after[k]}
     if changed:
         said = "; ".join(f"{k.replace('_s', '')} {_shown(v[0])} -> {_shown(v[1])}" for k, v in changed.items())
         record_event(db, "UPDATED", job=job, message=f"{said} (by {principal.name})", data=changed,
@@ -411,6 +402,40 @@ def update(
         db.flush()
         notify_jobs_changed(db, str(job_id))
     return get(db=db, principal=principal, job_id=job_id)
+
+
+def _change_queued(db: Session, principal: Principal, job: Job, spec: JobSpec, *, dependencies_given: bool) -> None:
+    """A queued job takes ``spec``, checked as a submission is: priority and contract follow the class; the GPU
+    count changes only while the job has no checkpoint (a checkpoint is of its model on its GPUs); dependencies
+    name jobs of the team and close no cycle (which would keep every job in it waiting for good)."""
+    if spec.resources.gpus != job.gpus and job.last_step > 0:
+        raise Conflict(f"job {job.id} has trained to step {job.last_step} on {job.gpus} GPU(s) and resumes from its "
+                       f"checkpoint on as many; kiln clone {job.id} --set resources.gpus={spec.resources.gpus} starts "
+                       "it anew on another count")  # fmt: skip
+    ctx, team_id, fitted = _checked(db, principal, spec)
+    if dependencies_given:
+        deps = _dependencies(db, team_id=team_id, team=spec.team, refs=spec.depends_on)
+        direct = {d for d, _ in deps}
+        if job.id in direct or job.id in jobs_repo.dependency_closure(db, direct):
+            raise InvalidInput.at("depends_on", f"job {job.id} would wait for itself: it would depend on a job that "
+                                  "waits for it")  # fmt: skip
+        jobs_repo.replace_dependencies(db, job_id=job.id, depends_on=deps)
+    job.qos_class_id, job.priority = ctx.qos_id, ctx.priority
+    job.predicted_memory_bytes = fitted.predicted_memory_bytes
+    job.gpus, job.gpu_type = spec.resources.gpus, spec.resources.gpu_type if spec.resources.gpus else "cpu"
+    contract = jobs_repo.effective_sla(db, job.id)
+    if contract is not None:
+        contract.qos_class_id = ctx.qos_id
+
+
+def _qos_name(db: Session, job: Job) -> str | None:
+    qos = db.get(QosClass, job.qos_class_id)
+    return qos.name if qos is not None else None
+
+
+def _dependency_refs(db: Session, job_id: int) -> list[str]:
+    """The job's dependencies as a spec writes them (``afterok:12``), by job id."""
+    return [f"{condition}:{dep}" for dep, condition in jobs_repo.dependencies(db, job_id)]
 
 
 def _check_running_limit(db: Session, principal: Principal, job: Job, old: float | None, new: float | None) -> None:
@@ -430,6 +455,8 @@ def _check_running_limit(db: Session, principal: Principal, job: Job, old: float
 
 
 def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return ", ".join(value) or "none"
     return "none" if value is None else f"{value:g} s" if isinstance(value, float) else str(value)
 
 

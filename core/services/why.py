@@ -60,7 +60,7 @@ def _hints(db: Session, job: Job) -> list[str]:
         hints = ["less memory per GPU: a lower batch_size, or parallelism: fsdp over more GPUs",
                  *_class_hints(db, job, team_name, need_memory=True)]  # fmt: skip
     elif reason == Reason.DEPENDENCY:
-        deps = ", ".join(str(d) for d in jobs_repo.dependency_ids(db, job.id))
+        deps = ", ".join(str(d) for d, _ in jobs_repo.dependencies(db, job.id))
         hints = [f"job(s) {deps} must succeed first (kiln describe shows where they stand)"]
     elif reason == Reason.BUDGET:
         hints = [f"the team's GPU-hour budget: an admin raises it (kiln teams show {team_name}), or the next "

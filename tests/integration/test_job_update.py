@@ -8,13 +8,14 @@ from datetime import timedelta
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
-from core.models import Attempt, Job
+from core.models import Attempt, Job, JobDependency
 from core.states import JobState
 from core.transitions import transition
-from tests.support.api import World
+from tests.support.api import World, spec
 
 pytestmark = pytest.mark.integration
 
@@ -146,3 +147,34 @@ def test_a_queued_jobs_gpus_change_until_its_first_checkpoint(client: TestClient
     _running(db, world.jobs["alpha"], limit=None, ran_s=10)
     running = client.patch(f"/v1/jobs/{job}", json={"gpus": 2}, headers=h)
     assert running.status_code == 409 and "its time limit only" in running.json()["detail"]
+
+
+def test_a_queued_jobs_dependencies_are_replaced_and_close_no_cycle(
+    client: TestClient, world: World, db: Session
+) -> None:
+    h = world.h("member")
+    first = world.jobs["alpha"]
+    second = client.post("/v1/jobs", json=spec(team="alpha", name="second", depends_on=[str(first)]), headers=h)
+    assert second.status_code == 201, second.text
+    job = second.json()["id"]
+    third = client.post("/v1/jobs", json=spec(team="alpha", name="third"), headers=h).json()["id"]
+
+    r = client.patch(f"/v1/jobs/{job}", json={"depends_on": [f"afterany:{first}", str(third)]}, headers=h)
+    assert r.status_code == 200, r.text
+    assert r.json()["spec"]["depends_on"] == [f"afterany:{first}", str(third)]
+    rows = db.scalars(select(JobDependency).where(JobDependency.job_id == job).order_by(JobDependency.depends_on_id))
+    assert [(d.depends_on_id, d.condition) for d in rows] == [(first, "afterany"), (third, "afterok")]
+    (event,) = [e for e in client.get(f"/v1/jobs/{job}/events", headers=h).json()["items"] if e["type"] == "UPDATED"]
+    assert event["message"] == f"depends_on afterok:{first} -> afterany:{first}, afterok:{third} (by mark)"
+
+    # `first` waiting for `job`, which waits for `first`: neither would ever start.
+    for target, deps in ((first, [str(job)]), (job, [str(job)]), (third, [f"afternotok:{job}"])):
+        cycle = client.patch(f"/v1/jobs/{target}", json={"depends_on": deps}, headers=h)
+        assert (cycle.status_code, cycle.headers["content-type"]) == (422, "application/problem+json"), cycle.text
+        assert "would wait for itself" in cycle.json()["detail"]
+    other_team = client.patch(f"/v1/jobs/{job}", json={"depends_on": [str(world.jobs["beta"])]}, headers=h)
+    assert other_team.status_code == 422 and "no job" in other_team.json()["detail"]
+
+    cleared = client.patch(f"/v1/jobs/{job}", json={"depends_on": []}, headers=h)
+    assert cleared.status_code == 200 and cleared.json()["spec"]["depends_on"] == []
+    assert db.scalars(select(JobDependency).where(JobDependency.job_id == job)).first() is None

@@ -327,7 +327,7 @@ def test_hold_and_release_by_id_or_filter(kiln: Any, server: Server, tmp_path: P
     assert kiln("release").exit_code == ExitCode.USAGE
 
 
-def test_update_changes_a_queued_jobs_class_and_time_limit(kiln: Any, server: Server) -> None:
+def test_update_changes_a_queued_jobs_class_time_limit_gpus_and_dependencies(kiln: Any, server: Server) -> None:
     job = submit(kiln)
     changed = kiln("update", str(job), "--qos", "bronze", "--time-limit", "2h")
     assert changed.exit_code == 0, changed.output
@@ -339,6 +339,12 @@ def test_update_changes_a_queued_jobs_class_and_time_limit(kiln: Any, server: Se
     refused = kiln("update", str(job), "--qos", "platinum")
     assert refused.exit_code == ExitCode.INVALID and "unknown QoS class 'platinum'" in refused.stderr
     assert kiln("update", str(job), "--gpus", "-1").exit_code == ExitCode.USAGE
+    later = submit(kiln)
+    waits = kiln("update", str(later), "--depends-on", f"afterok:{job}")
+    assert waits.exit_code == 0 and waits.stdout.strip().endswith(f"depends on afterok:{job}"), waits.output
+    cycle = kiln("update", str(job), "--depends-on", str(later))
+    assert cycle.exit_code == ExitCode.INVALID and "would wait for itself" in cycle.stderr
+    assert kiln("update", str(later), "--depends-on", "none").stdout.strip().endswith("depends on nothing")
 
 
 def test_ls_mine_and_user_and_yaml_output(kiln: Any, server: Server) -> None:
