@@ -304,6 +304,16 @@ def dependency_closure(db: Session, job_ids: set[int]) -> set[int]:
     return seen
 
 
+DEPENDENCY_LOCK_KEY = 0x6B696C6E + 2  # beside the scheduler's leader and cycle locks ("kiln", + 1)
+
+
+def lock_dependency_graph(db: Session) -> None:
+    """Changes of existing jobs' dependencies one at a time, until the transaction ends (PostgreSQL; SQLite runs one
+    writer at a time anyway). A submission needs no lock: a new job cannot be waited for yet."""
+    if db.get_bind().dialect.name == "postgresql":
+        db.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": DEPENDENCY_LOCK_KEY})
+
+
 def replace_dependencies(db: Session, *, job_id: int, depends_on: Sequence[tuple[int, str]]) -> None:
     db.execute(delete(JobDependency).where(JobDependency.job_id == job_id))
     db.add_all(JobDependency(job_id=job_id, depends_on_id=dep, condition=cond) for dep, cond in depends_on)

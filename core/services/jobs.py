@@ -367,6 +367,11 @@ def update(
     submission is (``_change_queued``). A running (or admitted) job: its time limit only (its class and GPUs chose
     its placement and victims: hold it, change it, release it), as Slurm allows (``_check_running_limit``); its
     worker follows the new limit at its next heartbeat."""
+    if depends_on is not None:
+        # Before the job's row lock: two changes at once, each checked against a graph without the other's, could
+        # close a cycle together, and each holding its own job's row while inserting a reference to the other's
+        # would deadlock.
+        jobs_repo.lock_dependency_graph(db)
     job = _changeable(db, principal, job_id)
     old_limit = job.time_limit_s
     before: dict[str, Any] = {"qos": _qos_name(db, job), "time_limit_s": old_limit, "gpus": job.gpus,
