@@ -4,6 +4,7 @@ the job's result is what its checkpoints hold."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from core.db import utcnow
 from core.lifecycle import ExitClass, requeue_after_failure
-from core.models import Checkpoint, Event
+from core.models import Attempt, Checkpoint, Event, Host, Job
 from core.settings import Settings
 from core.transitions import hold
 from tests.support.workers_cluster import admit, submit, tiny_spec
@@ -22,7 +23,7 @@ from workers.exit_classes import Outcome, StopRequest
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus
 from workers.supervisor import TrainerProcess
-from workers.tasks import AttemptRunner, claim
+from workers.tasks import AttemptRunner, Claimed, claim
 from workers.telemetry_relay import RelayState, relay
 
 pytestmark = pytest.mark.integration
@@ -35,14 +36,20 @@ def _checkpoint(step: int, loss: float, **kw: Any) -> dict[str, Any]:
             "bytes": 100, "sha256": f"{step:064d}", "verified": True, "loss": loss, **kw}  # fmt: skip
 
 
-def test_a_resume_that_trains_no_step_records_its_checkpoints_step_and_loss(db: Session, tmp_path: Path) -> None:
-    host = HostAgent(name="rep-a", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
+def _claimed(db: Session, host_name: str, job_name: str) -> tuple[Host, Job, Attempt, Claimed]:
+    """A job admitted on a new host and its attempt claimed, as a worker does before it launches the trainer."""
+    host = HostAgent(name=host_name, inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
                      settings=SETTINGS).register(db)  # fmt: skip
     db.flush()
-    job = submit(db, tiny_spec("resumed-at-the-end", steps=60))
-    first = admit(db, job, host)
-    claim(db, attempt_id=first.id, token=first.fencing_token, node_rank=0, host=host.name, delivery="d1",
-          settings=SETTINGS)  # fmt: skip
+    job = submit(db, tiny_spec(job_name, steps=60))
+    attempt = admit(db, job, host)
+    claimed = claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
+                    delivery="d1", settings=SETTINGS)  # fmt: skip
+    return host, job, attempt, claimed
+
+
+def test_a_resume_that_trains_no_step_records_its_checkpoints_step_and_loss(db: Session, tmp_path: Path) -> None:
+    host, job, first, _ = _claimed(db, "rep-a", "resumed-at-the-end")
     # The first attempt relayed two checkpoints and a step past them; its worker froze, its trainer committed
     # step 60 - the end - before its lease ran out, and the attempt was declared lost.
     steps = [{"kind": "step", "rank": 0, "ts": time.time(), "step": 25, "loss": 3.0}]
@@ -164,51 +171,38 @@ def test_a_gang_succeeds_with_the_result_of_the_node_that_ran_rank_0(db: Session
     assert (job.last_step, job.last_loss) == (40, 2.0)
 
 
-def test_a_cancelled_running_job_says_cancelled_by_the_user_never_preempted(db: Session, tmp_path: Path) -> None:
-    """The trainer calls every SIGTERM stop PREEMPTED (it cannot know why); the cancel the user asked for is what
-    the job's timeline says."""
-    host = HostAgent(name="rep-c", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
-                     settings=SETTINGS).register(db)  # fmt: skip
-    db.flush()
-    job = submit(db, tiny_spec("cancelled-running", steps=60))
-    attempt = admit(db, job, host)
-    claimed = claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
-                    delivery="d1", settings=SETTINGS)  # fmt: skip
+def _cancel(db: Session, job: Job, runner: AttemptRunner) -> Outcome:
     job.cancel_requested = True  # what POST /v1/jobs/{id}/cancel does to a running job
-    proc = TrainerProcess([], env={}, log_path=tmp_path / "1.log", run_dir=tmp_path / "run", cwd=tmp_path)
-    runner = AttemptRunner(attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
-                           settings=SETTINGS, claimed=claimed, proc=proc)  # fmt: skip
-    now = time.time()
-    runner.buffer = [
-        {"kind": "event", "rank": 0, "ts": now, "type": "PREEMPTED",
-         "message": "signal 15: checkpointed step 17, exiting", "fields": {"step": 17, "signal": 15}},
-        {"kind": "event", "rank": 0, "ts": now, "type": "EXIT", "message": "exiting with 75 (PREEMPTED)",
-         "fields": {"exit_code": 75, "reason": "PREEMPTED"}},
-    ]  # fmt: skip
-    runner._report(db, Outcome(ExitClass.CANCELLED, "cancel requested"), 75)
-
-    assert job.state == "CANCELLED" and job.exit_reason == "cancelled by the user"
-    timeline = [(e.type, e.message) for e in db.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id))]
-    assert "PREEMPTED" not in [t for t, _ in timeline], timeline
-    assert ("STOPPING", "signal 15: checkpointed step 17, exiting (cancelled by the user)") in timeline
-    assert ("EXIT", "exiting with 75 (stopped: cancelled by the user)") in timeline
-    assert timeline[-1][0] == "CANCELLED" and timeline[-1][1].startswith("cancelled by the user at step")
+    return Outcome(ExitClass.CANCELLED, "cancel requested")
 
 
-def test_a_running_job_held_by_its_user_says_held_never_preempted(db: Session, tmp_path: Path) -> None:
-    """A hold stops the trainer with the SIGTERM a preemption sends; the timeline says the user's hold stopped it
-    (the H200 run of bench/gpu_path_bench.py showed PREEMPTED there)."""
-    host = HostAgent(name="rep-h", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
-                     settings=SETTINGS).register(db)  # fmt: skip
-    db.flush()
-    job = submit(db, tiny_spec("held-running", steps=60))
-    attempt = admit(db, job, host)
-    claimed = claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
-                    delivery="d1", settings=SETTINGS)  # fmt: skip
+def _hold(db: Session, job: Job, runner: AttemptRunner) -> Outcome:
     hold(db, job, by="alice", reason=None, actor_user_id=None, now=utcnow())  # what POST /v1/jobs/{id}/hold does
+    return Outcome(ExitClass.PREEMPTED, "held by the user")
+
+
+def _time_limit(db: Session, job: Job, runner: AttemptRunner) -> Outcome:
+    runner.stop = StopRequest(ExitClass.TIMEOUT, "time limit reached")  # the worker's own deadline passed
+    return Outcome(ExitClass.TIMEOUT, "timeout: time limit reached")
+
+
+@pytest.mark.parametrize(
+    ("stop", "cause", "state"),
+    [(_cancel, "cancelled by the user", "CANCELLED"), (_hold, "held by alice", "QUEUED"),
+     (_time_limit, "time limit reached", "FAILED")],
+    ids=["cancel", "hold", "time-limit"],
+)  # fmt: skip
+def test_a_stop_that_was_not_the_schedulers_preemption_never_says_preempted(
+    db: Session, tmp_path: Path, stop: Callable[[Session, Job, AttemptRunner], Outcome], cause: str, state: str
+) -> None:
+    """The trainer calls every SIGTERM stop PREEMPTED (it cannot know why); a user's cancel or hold, and the
+    worker's own stops (the time limit, a hang, its shutdown), are what the job's timeline says (the H200 run of
+    bench/gpu_path_bench.py showed PREEMPTED for a hold)."""
+    host, job, attempt, claimed = _claimed(db, "rep-stop", "stopped-running")
     proc = TrainerProcess([], env={}, log_path=tmp_path / "1.log", run_dir=tmp_path / "run", cwd=tmp_path)
     runner = AttemptRunner(attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
                            settings=SETTINGS, claimed=claimed, proc=proc)  # fmt: skip
+    outcome = stop(db, job, runner)
     now = time.time()
     runner.buffer = [
         {"kind": "event", "rank": 0, "ts": now, "type": "PREEMPTED",
@@ -216,55 +210,23 @@ def test_a_running_job_held_by_its_user_says_held_never_preempted(db: Session, t
         {"kind": "event", "rank": 0, "ts": now, "type": "EXIT", "message": "exiting with 75 (PREEMPTED)",
          "fields": {"exit_code": 75, "reason": "PREEMPTED"}},
     ]  # fmt: skip
-    runner._report(db, Outcome(ExitClass.PREEMPTED, "held by the user"), 75)
+    runner._report(db, outcome, 75)
 
-    assert job.state == "QUEUED" and job.held_at is not None and job.pending_reason == "Held"
+    assert job.state == state
     timeline = [(e.type, e.message) for e in db.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id))]
     assert "PREEMPTED" not in [t for t, _ in timeline], timeline
-    assert ("STOPPING", "signal 15: checkpointed step 17, exiting (held by alice)") in timeline
-    assert ("EXIT", "exiting with 75 (stopped: held by alice)") in timeline
-
-
-def test_a_job_its_worker_stopped_at_its_time_limit_says_so_never_preempted(db: Session, tmp_path: Path) -> None:
-    """The worker's own stops (the time limit, a hang, its shutdown) are named in the timeline as the worker gave
-    them; only the scheduler's preemption says PREEMPTED."""
-    host = HostAgent(name="rep-t", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
-                     settings=SETTINGS).register(db)  # fmt: skip
-    db.flush()
-    job = submit(db, tiny_spec("over-time", steps=60))
-    attempt = admit(db, job, host)
-    claimed = claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
-                    delivery="d1", settings=SETTINGS)  # fmt: skip
-    proc = TrainerProcess([], env={}, log_path=tmp_path / "1.log", run_dir=tmp_path / "run", cwd=tmp_path)
-    runner = AttemptRunner(attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
-                           settings=SETTINGS, claimed=claimed, proc=proc)  # fmt: skip
-    runner.stop = StopRequest(ExitClass.TIMEOUT, "time limit reached")
-    now = time.time()
-    runner.buffer = [
-        {"kind": "event", "rank": 0, "ts": now, "type": "PREEMPTED",
-         "message": "signal 15: checkpointed step 17, exiting", "fields": {"step": 17, "signal": 15}},
-        {"kind": "event", "rank": 0, "ts": now, "type": "EXIT", "message": "exiting with 75 (PREEMPTED)",
-         "fields": {"exit_code": 75, "reason": "PREEMPTED"}},
-    ]  # fmt: skip
-    runner._report(db, Outcome(ExitClass.TIMEOUT, "timeout: time limit reached"), 75)
-
-    assert job.state == "FAILED"
-    timeline = [(e.type, e.message) for e in db.scalars(select(Event).where(Event.job_id == job.id).order_by(Event.id))]
-    assert "PREEMPTED" not in [t for t, _ in timeline], timeline
-    assert ("STOPPING", "signal 15: checkpointed step 17, exiting (time limit reached)") in timeline
-    assert ("EXIT", "exiting with 75 (stopped: time limit reached)") in timeline
+    assert ("STOPPING", f"signal 15: checkpointed step 17, exiting ({cause})") in timeline
+    assert ("EXIT", f"exiting with 75 (stopped: {cause})") in timeline
+    if state == "CANCELLED":
+        assert job.exit_reason == cause and timeline[-1][1].startswith("cancelled by the user at step")
+    if state == "QUEUED":
+        assert job.held_at is not None and job.pending_reason == "Held"
 
 
 def test_a_lost_attempt_dates_the_jobs_timeline_by_the_callers_clock(db: Session, tmp_path: Path) -> None:
     """The reconciler declares an attempt lost at its cycle's time: the LOST and QUEUED events, the wait that
     starts and the attempt's end all carry that time, not the wall clock of the moment the code ran."""
-    host = HostAgent(name="rep-clock", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
-                     settings=SETTINGS).register(db)  # fmt: skip
-    db.flush()
-    job = submit(db, tiny_spec("lost-at-the-cycle", steps=60))
-    first = admit(db, job, host)
-    claim(db, attempt_id=first.id, token=first.fencing_token, node_rank=0, host=host.name, delivery="d1",
-          settings=SETTINGS)  # fmt: skip
+    _, job, first, _ = _claimed(db, "rep-clock", "lost-at-the-cycle")
     cycle = utcnow() - timedelta(minutes=5)
     requeue_after_failure(db, job=job, attempt=first, reason="lease expired", now=cycle,
                           settings=SETTINGS.model_copy(update={"storage_dir": tmp_path}))  # fmt: skip
