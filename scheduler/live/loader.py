@@ -141,7 +141,7 @@ def _running(
     rows = [(j, a) for j, a in jobs_repo.active_jobs(db) if a is not None and a.ended_at is None]
     ckpts = repo.last_checkpoints(db, [j.id for j, _ in rows])
     preempted = repo.preemption_counts(db, [j.id for j, _ in rows])
-    attained = repo.attained_seconds(db, [j.id for j, _ in rows if j.restart_count > 0 or preempted.get(j.id)])
+    attained = repo.attained_seconds(db, [j.id for j, a in rows if a.number > 1])  # restarted, preempted or held
     return tuple(
         replace(
             _running_job(job, attempt, teams, qos, model_of, ckpts.get(job.id), preempted.get(job.id, 0)),

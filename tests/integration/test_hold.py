@@ -138,14 +138,18 @@ def test_a_running_job_held_stops_checkpoint_first_and_waits_held_in_the_queue(d
                    now=at(110), exit_code=None, data={}, settings=Settings())  # fmt: skip
     message = "held by mark: free the GPU for a demo"
     assert (job.state, job.pending_reason, job.pending_message) == ("QUEUED", "Held", message)
-    # held, and its wait paused, from the requeue (the lifecycle dates it by the wall clock)
-    assert job.held_at is not None and job.held_at > at(100) and job.wait_started_at is None
+    # held, and its wait paused, from the requeue (dated by the worker's clock: core.lifecycle passes its now)
+    assert job.held_at == at(110) and job.wait_started_at is None
     assert [e.type for e in violations(db, job)] == [] and not job_events(db, job, "PREEMPTING")
     assert [e.message for e in job_events(db, job, "QUEUED")] == [
         "stopped at step 0; back in the queue, held until released"]  # fmt: skip
     assert cycle(db, at(200)).admitted == []  # its GPU is free
     released(db, job, 300)
     assert cycle(db, at(301)).admitted == [job.id]
+    # Resumed, it has run 108 s before: its time limit and kiln's estimate of what is left count them.
+    f.start(db, job, now=at(302))
+    (resumed,) = [r for r in load_snapshot(db=db, now=at(400)).running if r.id == job.id]
+    assert resumed.attained_s == pytest.approx(108.0)
 
 
 @pytest.mark.usefixtures("dispatched")
