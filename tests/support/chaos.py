@@ -242,14 +242,18 @@ class Chaos:
         the job restarts. Several hosts, because after an earlier fault the jobs still running may all have been
         placed elsewhere (a CI run waited 90 s on b while the requeued jobs trained on a)."""
 
-        def training() -> tuple[str, list[int]] | None:
-            return next(((h, jobs) for h in hosts if (jobs := self.running_on(h))), None)
+        def training() -> tuple[str, list[int], int] | None:
+            # A rank alive under the host's worker too: a job the database still shows training may have just
+            # trained its last step (a CI run found the job RUNNING on b and no rank left under b's worker).
+            for h in hosts:
+                jobs = self.running_on(h)
+                rank = next((p for p in self.c.trainer_pids(h) if _is_rank(p)), None) if jobs else None
+                if rank is not None:
+                    return h, jobs, rank
+            return None
 
-        host, victims = wait_for(training, 90, f"a job training on {' or '.join(hosts)}", interval=0.5)
+        host, victims, target = wait_for(training, 90, f"a job training on {' or '.join(hosts)}", interval=0.5)
         since = self.elapsed()
-        pids = self.c.trainer_pids(host)
-        target = next((p for p in pids if _is_rank(p)), None)
-        assert target is not None, f"no rank found under the worker of {host}"
         os.kill(target, signal.SIGKILL)
         wait_for(lambda: self._lost_after(since), 60, "the killed trainer's job LOST")
         self.record("SIGKILL trainer", host, jobs=victims, pid=target, lost=self._lost_after(since), at=since)
