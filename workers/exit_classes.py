@@ -56,7 +56,10 @@ def classify(
     """
     codes = set(rank_codes.values())
     worst = next((c for c in rank_codes.values() if c != 0), launcher_code)
-    detail = ", ".join(f"rank {r}: {_describe(c)}" for r, c in sorted(rank_codes.items())) or _describe(launcher_code)
+    asked = stop is not None
+    detail = ", ".join(f"rank {r}: {_describe(c, asked=asked)}" for r, c in sorted(rank_codes.items())) or _describe(
+        launcher_code, asked=asked
+    )
 
     if ExitCode.FENCED in codes:
         return Outcome(ExitClass.FENCED, f"fenced: a newer attempt owns the job ({detail})")
@@ -67,9 +70,6 @@ def classify(
         if launcher_code == 0 and codes <= {ExitCode.SUCCEEDED} and rank_codes:
             return Outcome(ExitClass.SUCCEEDED, f"finished before the stop took effect ({detail})")
         said = f"{stop.reason.value}: {stop.why}" if stop.why else stop.reason.value
-        detail = ", ".join(f"rank {r}: {_describe(c, asked=True)}" for r, c in sorted(rank_codes.items())) or _describe(
-            launcher_code, asked=True
-        )
         return Outcome(stop.reason, f"{said} ({detail})")
     if launcher_code == 0 and (not rank_codes or codes == {ExitCode.SUCCEEDED}):
         return Outcome(ExitClass.SUCCEEDED, "succeeded")

@@ -239,19 +239,13 @@ def claim(
         rendezvous = Rendezvous(nnodes=len(placement), node_rank=node_rank, endpoint=f"{address}:{port}",
                                 run_id=f"kiln-{job.id}-{attempt.number}")  # fmt: skip
 
-    ran_before = sum(
-        ((a.ended_at or now) - a.started_at).total_seconds()
-        for a in job.attempts
-        if a.started_at is not None and a.id != attempt.id
-    )
-
     names = [str(n) for n in (job.spec or {}).get("datasets") or []]
     team = db.get(Team, job.team_id)
     return Claimed(
         job_id=job.id, team_id=job.team_id, attempt_number=attempt.number, spec=dict(job.spec or {}),
         placement=placement, gpus=gpus,
         qos=qos, host_links=dict(host_row.links or {}) if host_row else {}, rendezvous=rendezvous,
-        ran_before_s=ran_before, team=team.name if team is not None else "",
+        ran_before_s=job.ran_s(now, besides=attempt.id), team=team.name if team is not None else "",
         datasets=datasets_svc.paths_for(db, team_id=job.team_id, names=names), deployment=deployment_uid(db),
     )  # fmt: skip
 
@@ -362,8 +356,7 @@ class Directive:
     cancel: bool = False
     preempt: bool = False
     held: bool = False  # the preemption is a user's hold (kiln hold on a running job)
-    limit_known: bool = False  # time_limit_s was read from the job (not a failed or fenced heartbeat)
-    time_limit_s: float | None = None  # the job's time limit now (kiln update may change it while it runs)
+    time_limit_s: float | None = None  # the job's time limit now, read when renewed_at is set (kiln update)
     renewed_at: float | None = None  # lease_clock() before the transaction that renewed the database lease
 
 
@@ -461,7 +454,6 @@ class AttemptRunner:
                     cancel=job.cancel_requested,
                     preempt=job.preempt_requested or job.state == JobState.PREEMPTING,
                     held=job.held_at is not None,
-                    limit_known=True,
                     time_limit_s=job.time_limit_s,
                     renewed_at=started,  # committed on the way out of the block; a failed commit returns below
                 )
@@ -519,7 +511,8 @@ class AttemptRunner:
                 elif d.preempt:
                     why = "held by the user" if d.held else "preemption requested by the scheduler"
                     self.request_stop(ExitClass.PREEMPTED, why)
-                if d.limit_known and d.time_limit_s != limit:  # kiln update changed it while the job ran
+                # A heartbeat that renewed the lease read the job, its limit too (kiln update may change it).
+                if d.renewed_at is not None and d.time_limit_s != limit:
                     limit = d.time_limit_s
                     deadline = self.deadline(launched, limit)
                     self.proc.log_line(f"time limit now {'none' if limit is None else f'{limit:g} s'}")

@@ -86,6 +86,12 @@ class Job(Base):
         """The spec's time limit (seconds), None when it sets none."""
         return spec_time_limit(self.spec)
 
+    def ran_s(self, now: datetime, *, besides: int | None = None) -> float:
+        """Seconds its attempts have run (one still running: until ``now``), the attempt ``besides`` left out: the
+        run time its time limit counts."""
+        return sum(((a.ended_at or now) - a.started_at).total_seconds() for a in self.attempts
+                   if a.started_at is not None and a.id != besides)  # fmt: skip
+
 
 class JobDependency(Base):
     __tablename__ = "job_dependencies"

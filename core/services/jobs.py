@@ -374,8 +374,9 @@ def update(
         jobs_repo.lock_dependency_graph(db)
     job = _changeable(db, principal, job_id)
     old_limit = job.time_limit_s
-    before: dict[str, Any] = {"qos": _qos_name(db, job), "time_limit_s": old_limit, "gpus": job.gpus,
-                              "depends_on": _dependency_refs(db, job.id)}  # fmt: skip
+    before: dict[str, Any] = {"qos": _qos_name(db, job), "time_limit_s": old_limit, "gpus": job.gpus}
+    if depends_on is not None:
+        before["depends_on"] = _dependency_refs(db, job.id)
     data = dict(job.spec)
     if qos is not None:
         data["sla"] = {**(data.get("sla") or {}), "qos": qos}
@@ -387,8 +388,9 @@ def update(
         data["depends_on"] = depends_on
     spec = canonical_gpu_type(parse_spec_data(data))
     running = job.state in (JobState.ADMITTED, JobState.RUNNING)
+    after: dict[str, Any] = {}
     if job.state == JobState.QUEUED:
-        _change_queued(db, principal, job, spec, dependencies_given=depends_on is not None)
+        after["depends_on"] = _change_queued(db, principal, job, spec, dependencies_given=depends_on is not None)
     elif running and qos is None and gpus is None and depends_on is None:
         _check_running_limit(db, principal, job, old_limit, spec.time_limit_s)
     else:
@@ -396,8 +398,7 @@ def update(
         raise Conflict(f"job {job_id} is {job.state}: {what} can be changed now (kiln hold {job_id} stops a running "
                        f"job, checkpoint first; change it, then kiln release {job_id})")  # fmt: skip
     job.spec = spec.model_dump(mode="json")
-    after = {"qos": _qos_name(db, job), "time_limit_s": job.time_limit_s, "gpus": job.gpus,
-             "depends_on": _dependency_refs(db, job.id)}  # fmt: skip
+    after.update(qos=_qos_name(db, job), time_limit_s=job.time_limit_s, gpus=job.gpus)
     changed = {k: [before[k], after[k]] for k in before if before[k] != after[k]}
     if changed:
         said = "; ".join(f"{k.replace('_s', '')} {_shown(v[0])} -> {_shown(v[1])}" for k, v in changed.items())
@@ -409,15 +410,19 @@ def update(
     return get(db=db, principal=principal, job_id=job_id)
 
 
-def _change_queued(db: Session, principal: Principal, job: Job, spec: JobSpec, *, dependencies_given: bool) -> None:
+def _change_queued(
+    db: Session, principal: Principal, job: Job, spec: JobSpec, *, dependencies_given: bool
+) -> list[str] | None:
     """A queued job takes ``spec``, checked as a submission is: priority and contract follow the class; the GPU
     count changes only while the job has no checkpoint (a checkpoint is of its model on its GPUs); dependencies
-    name jobs of the team and close no cycle (which would keep every job in it waiting for good)."""
+    name jobs of the team and close no cycle (which would keep every job in it waiting for good). The new
+    dependencies as ``_dependency_refs`` writes them, when given."""
     if spec.resources.gpus != job.gpus and job.last_step > 0:
         raise Conflict(f"job {job.id} has trained to step {job.last_step} on {job.gpus} GPU(s) and resumes from its "
                        f"checkpoint on as many; kiln clone {job.id} --set resources.gpus={spec.resources.gpus} starts "
                        "it anew on another count")  # fmt: skip
     ctx, team_id, fitted = _checked(db, principal, spec)
+    refs = None
     if dependencies_given:
         deps = _dependencies(db, team_id=team_id, team=spec.team, refs=spec.depends_on)
         direct = {d for d, _ in deps}
@@ -425,12 +430,14 @@ def _change_queued(db: Session, principal: Principal, job: Job, spec: JobSpec, *
             raise InvalidInput.at("depends_on", f"job {job.id} would wait for itself: it would depend on a job that "
                                   "waits for it")  # fmt: skip
         jobs_repo.replace_dependencies(db, job_id=job.id, depends_on=deps)
+        refs = _as_refs(deps)
     job.qos_class_id, job.priority = ctx.qos_id, ctx.priority
     job.predicted_memory_bytes = fitted.predicted_memory_bytes
     job.gpus, job.gpu_type = spec.resources.gpus, spec.resources.gpu_type if spec.resources.gpus else "cpu"
     contract = jobs_repo.effective_sla(db, job.id)
     if contract is not None:
         contract.qos_class_id = ctx.qos_id
+    return refs
 
 
 def _qos_name(db: Session, job: Job) -> str | None:
@@ -439,8 +446,12 @@ def _qos_name(db: Session, job: Job) -> str | None:
 
 
 def _dependency_refs(db: Session, job_id: int) -> list[str]:
-    """The job's dependencies as a spec writes them (``afterok:12``), by job id."""
-    return [f"{condition}:{dep}" for dep, condition in jobs_repo.dependencies(db, job_id)]
+    return _as_refs(jobs_repo.dependencies(db, job_id))
+
+
+def _as_refs(dependencies: Sequence[tuple[int, str]]) -> list[str]:
+    """(job id, condition) pairs, by job id, as a spec writes them (``afterok:12``)."""
+    return [f"{condition}:{dep}" for dep, condition in dependencies]
 
 
 def _check_running_limit(db: Session, principal: Principal, job: Job, old: float | None, new: float | None) -> None:
@@ -451,9 +462,7 @@ def _check_running_limit(db: Session, principal: Principal, job: Job, old: float
         raise Forbidden(f"only a team admin or an admin may raise or remove a running job's time limit (job "
                         f"{job.id}: {_shown(old)}); you may lower it")  # fmt: skip
     if new is not None:
-        now = utcnow()
-        ran = sum(((a.ended_at or now) - a.started_at).total_seconds() for a in job.attempts
-                  if a.started_at is not None)  # fmt: skip
+        ran = job.ran_s(utcnow())
         if new <= ran:
             raise InvalidInput.at("time_limit_s", f"job {job.id} has already run {ran:.0f} s: a limit of {new:g} s "
                                   f"would end it at once (kiln cancel {job.id} stops it)")  # fmt: skip
