@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 import psutil
@@ -93,6 +93,8 @@ def wait_for(predicate: Callable[[], T | None], timeout: float, what: str, inter
 class Cluster:
     """Environment shared by the test process and its workers; the test process uses the same settings."""
 
+    of_this_test: ClassVar[list[Cluster]] = []  # a failed test reports their logs (tests/e2e/conftest.py)
+
     def __init__(self, tmp: Path, *, database_url: str, broker_url: str, lease_s: float = 8.0,
                  heartbeat_s: float = 1.0, visibility_timeout_s: float | None = None,
                  extra_env: dict[str, str] | None = None):  # fmt: skip
@@ -119,6 +121,7 @@ class Cluster:
         self.api_url: str | None = None
         self.logs: dict[str, Path] = {}
         self._saved: dict[str, str | None] = {}
+        Cluster.of_this_test.append(self)
 
     def host(self, label: str) -> str:
         """Host names unique to this run: other engineers' tests share the Redis server."""
@@ -266,6 +269,22 @@ class Cluster:
             with contextlib.suppress(psutil.Error, ProcessLookupError):
                 for child in psutil.Process(proc.pid).children(recursive=True):
                     child.kill()
+
+    def failure_report(self, lines: int = 6) -> str:
+        """The last lines of every log this cluster wrote - its processes' and each attempt's - and of each rank's
+        telemetry: what a CI failure shows of what the processes were doing (the directory is gone by then)."""
+        storage = self.tmp / "storage"
+        paths = [*self.logs.values(), *sorted(storage.glob("logs/*/*.log")),
+                 *sorted(storage.glob("runs/*/*/telemetry/rank*.jsonl"))]  # fmt: skip
+        out = []
+        for path in paths:
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()
+                if path.suffix == ".jsonl":  # the rank's events, and its last record of any kind
+                    tail = [line for line in tail[:-1] if '"kind":"event"' in line] + tail[-1:]
+                tail = tail[-lines:]
+                out.append(f"--- {path.relative_to(self.tmp)}\n" + "\n".join(line[:300] for line in tail))
+        return "\n".join(out)
 
     def log_text(self, name: str) -> str:
         path = self.logs.get(name)
