@@ -113,6 +113,29 @@ def test_sign_in_validation_submit_and_queue(page: Any, kiln: Kiln) -> None:
     expect(page.locator("#job-facts")).to_contain_text("Held: held by admin")
     expect(page.locator("#timeline")).to_contain_text("HELD")
 
+    # Changed from its page, as `kiln update` changes it: what cannot be read, and what the API refuses, is said
+    # beside the field; the rest is saved, and the facts and the timeline follow.
+    page.get_by_role("button", name="Edit").click()
+    dialog = page.locator("#edit-dialog")
+    expect(dialog).to_be_visible()
+    expect(dialog.get_by_label("QoS class")).to_have_value("silver")
+    dialog.get_by_label("Time limit").fill("soon")
+    dialog.get_by_role("button", name="Save").click()
+    expect(page.locator("#edit-time-limit-s-error")).to_contain_text("not a duration")
+    dialog.get_by_label("Time limit").fill("2h")
+    dialog.get_by_label("QoS class").select_option("bronze")
+    dialog.get_by_label("Depends on").fill(str(job_id))
+    dialog.get_by_role("button", name="Save").click()
+    expect(page.locator("#edit-depends-on-error")).to_contain_text("itself")
+    expect(page.locator("#edit-time-limit-s-error")).to_be_empty()
+    page.screenshot(path=str(screenshot_dir() / "dashboard-job-edit.png"))
+    dialog.get_by_label("Depends on").fill("")
+    dialog.get_by_role("button", name="Save").click()
+    expect(dialog).to_be_hidden()
+    expect(page.locator("#job-facts")).to_contain_text("bronze")
+    expect(page.locator("#job-facts")).to_contain_text("2h 0m")
+    expect(page.locator("#timeline")).to_contain_text("qos silver -> bronze; time_limit none -> 7200 s")
+
     page.get_by_role("link", name="Queue", exact=True).click()
     row = page.locator("#queue-list tbody tr", has=page.locator(f"a[href='#/jobs/{job_id}']"))
     expect(row).to_contain_text("e2e-gpt")
@@ -122,7 +145,7 @@ def test_sign_in_validation_submit_and_queue(page: Any, kiln: Kiln) -> None:
     page.get_by_label("Submitted").select_option("1h")  # a window rolling with each refresh
     expect(page).to_have_url(re.compile(r"since=1h"))
     expect(row).to_contain_text("e2e-gpt")
-    expect(page.locator("#summary-title + .table-wrap")).to_contain_text("silver")
+    expect(page.locator("#summary-title + .table-wrap")).to_contain_text("bronze")
 
 
 def test_job_runs_live_logs_and_cancel(page: Any, kiln: Kiln) -> None:
@@ -160,6 +183,16 @@ def test_job_runs_live_logs_and_cancel(page: Any, kiln: Kiln) -> None:
         # has the tickets and never the token.
         expect(page.locator("#live-mode")).to_have_text("live")
         expect(page.locator("#log-status")).to_have_text("streaming")
+        # Running, its time limit only can change (the admin may raise it); its worker follows at its next heartbeat.
+        page.get_by_role("button", name="Edit").click()
+        dialog = page.locator("#edit-dialog")
+        expect(dialog.get_by_label("QoS class")).to_be_hidden()
+        expect(dialog.get_by_label("Time limit")).to_have_value("2h")
+        dialog.get_by_label("Time limit").fill("1d")
+        dialog.get_by_role("button", name="Save").click()
+        expect(dialog).to_be_hidden()
+        expect(page.locator("#timeline")).to_contain_text("time_limit 7200 s -> 86400 s")
+        expect(page.locator("#job-facts")).to_contain_text("1d 0h")
         access_log = kiln.log("api", tail=10**8)
         assert "/stream?after_id=0&ticket=kst_" in access_log and "/logs?follow=true&ticket=kst_" in access_log
         assert kiln.token not in access_log and "access_token" not in access_log

@@ -3,6 +3,7 @@
 
 import { ApiError, api, follow, getToken, parseEventStream, qs } from "../api.js";
 import { LineChart } from "../chart.js";
+import { jobEditor } from "./job_edit.js";
 import {
   bar, fmtBytes, fmtDuration, fmtNumber, h, pageHeader, replace, showError, stateBadge, table, timeEl, toast,
 } from "../dom.js";
@@ -120,6 +121,7 @@ export async function jobPage(root, params) {
   const stateEl = h("span", { id: "job-state" });
   const holdBtn = h("button", { type: "button", id: "hold-job" }, "Hold");
   const cancelBtn = h("button", { type: "button", class: "danger", id: "cancel-job" }, "Cancel job");
+  const editor = jobEditor(() => overview.job, async () => renderOverview(await api(`/v1/dashboard/jobs/${id}`)));
   const facts = h("dl", { class: "facts", id: "job-facts" });
   const liveEl = h("span", { class: "muted live", id: "live-mode" }, "");
 
@@ -146,7 +148,8 @@ export async function jobPage(root, params) {
   const logStatus = h("span", { class: "muted", id: "log-status" }, "connecting…");
 
   root.append(
-    pageHeader(overview.job.name, stateEl, liveEl, holdBtn, cancelBtn),
+    pageHeader(overview.job.name, stateEl, liveEl, editor.button, holdBtn, cancelBtn),
+    editor.dialog,
     h("section", { class: "card", "aria-label": "Summary" }, facts),
     h("section", { class: "grid charts", "aria-label": "Training curves" },
       Object.values(charts).map((c) => h("div", { class: "card" }, c.el))),
@@ -172,6 +175,7 @@ export async function jobPage(root, params) {
     // A queued job can be held (it does not start until released), a running one too (it stops, checkpoint
     // first, and waits in the queue held); a held one released.
     holdBtn.hidden = !HOLDABLE.has(j.state) || j.cancel_requested;
+    editor.update(j);
     holdBtn.textContent = j.held_at ? "Release" : "Hold";
     holdBtn.title = j.held_at ? "Let the scheduler start it again" : "Keep it from starting until you release it";
     const waitText = `${fmtDuration(j.wait_s)} / ${j.max_wait_s ? fmtDuration(j.max_wait_s) : "no limit"}`;
@@ -181,6 +185,7 @@ export async function jobPage(root, params) {
       ["Team", j.team],
       ["QoS class", j.qos],
       ["Resources", resources(j)],
+      ["Time limit", j.spec?.time_limit_s ? fmtDuration(j.spec.time_limit_s) : "none"],
       ["Progress", j.steps ? `step ${j.last_step} of ${j.steps}` : `step ${j.last_step}`],
       ["Last loss", fmtNumber(j.last_loss, 4)],
       ["Queue wait", bar(j.wait_s, j.max_wait_s, waitText, "Queue wait against the contract")],
@@ -190,6 +195,7 @@ export async function jobPage(root, params) {
       ["Finished", timeEl(j.finished_at)],
     ];
     if (j.state === "QUEUED") rows.splice(4, 0, ["Pending reason", j.pending_reason ? `${j.pending_reason}${j.pending_message ? `: ${j.pending_message}` : ""}` : "not yet planned"]);
+    if (j.spec?.depends_on?.length) rows.push(["Depends on", j.spec.depends_on.join(", ")]);
     if (j.exit_reason) rows.push(["Exit reason", j.exit_reason]);
     if (ov.contract?.standing) {
       const terms = Object.entries(ov.contract.standing).map(([k, v]) => `${k === "step_time_tolerance" ? "step time" : k} ${v}`);
