@@ -225,25 +225,26 @@ async def list_jobs(
         datetime | None, Query(description="Only jobs submitted before this time (RFC 3339; no zone: UTC)")
     ] = None,
     held: Annotated[bool | None, Query(description="Only held jobs (true) or only those not held (false)")] = None,
+    sweep: Annotated[int | None, Query(ge=1, le=INT64, description="Only this sweep's jobs")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> Response:
     states = [s.value for s in state or ()]
     window = (submitted_after, submitted_before)
-    return await run_hot(_list, request, db, team, states, qos, name, user, window, held, limit, cursor)
+    return await run_hot(_list, request, db, team, states, qos, name, user, window, held, sweep, limit, cursor)
 
 
 def _list(
     request: Request, db: Session, team: str | None, states: list[str], qos: str | None, name: str | None,
-    user: str | None, window: tuple[datetime | None, datetime | None], held: bool | None, limit: int,
-    cursor: str | None,
+    user: str | None, window: tuple[datetime | None, datetime | None], held: bool | None, sweep: int | None,
+    limit: int, cursor: str | None,
 ) -> Response:  # fmt: skip
     autocommit(db)
     who = principal_for(request, db)  # in this thread: one hop for the whole request (see submit)
     page = svc.list_jobs(
         db=db, principal=who, team=team, states=states, qos=qos, name=name, user=user, limit=limit,
         before_id=decode_cursor(cursor, "before") if cursor else None, submitted_after=window[0],
-        submitted_before=window[1], held=held,
+        submitted_before=window[1], held=held, sweep=sweep,
     )  # fmt: skip
     next_cursor = encode_cursor("before", page.next_before_id) if page.next_before_id else None
     finish(db)

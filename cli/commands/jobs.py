@@ -16,7 +16,7 @@ from cli import output as out
 from cli.app import OutputOpt, app, client, flatten, page_items
 from cli.errors import CliError, ExitCode
 from cli.output import OutputFormat, console, err_console
-from core.states import TERMINAL, JobState, Reason
+from core.states import TERMINAL, JobState
 
 JobArg = Annotated[int, typer.Argument(help="The job id.", min=1, show_default=False)]
 
@@ -145,7 +145,7 @@ def parse_duration(text: str) -> float | None:
 def job_filter(
     api: Any, *, team: str | None = None, state: list[str] | None = None, qos: str | None = None,
     name: str | None = None, user: str | None = None, mine: bool = False, active: bool = False,
-    since: str | None = None, until: str | None = None, held: bool | None = None,
+    since: str | None = None, until: str | None = None, held: bool | None = None, sweep: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The query of ``GET /v1/jobs`` for the CLI's filter options (``--mine``: the token's own user)."""
     states = [s.strip().upper() for chunk in state or [] for s in chunk.split(",") if s.strip()]
@@ -163,6 +163,8 @@ def job_filter(
         params["submitted_before"] = parse_when(until)
     if held is not None:
         params["held"] = "true" if held else "false"
+    if sweep is not None:
+        params["sweep"] = sweep
     return params
 
 
@@ -205,17 +207,18 @@ def list_jobs(
         str | None, typer.Option("--since", help="Only jobs submitted since: 2h, 3d, 1w ago, or an ISO date or time.")
     ] = None,
     until: Annotated[str | None, typer.Option("--until", help="Only jobs submitted before (as --since).")] = None,
+    sweep: Annotated[int | None, typer.Option("--sweep", help="Only this sweep's jobs.")] = None,
     all_: Annotated[bool, typer.Option("--all", "-a", help="Every matching job (follows all pages).")] = False,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many jobs.")] = 20,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
     """List jobs, newest first.
 
-    Examples: kiln ls --mine --active;  kiln ls -t vision -s FAILED --since 1d;  kiln ls --held;  kiln ls -o yaml
+    Examples: kiln ls --mine --active;  kiln ls -t vision -s FAILED --since 1d;  kiln ls --held;  kiln ls --sweep 3
     """
     with client() as api:
         params = job_filter(api, team=team, state=state, qos=qos, name=name, user=user, mine=mine, active=active,
-                            since=since, until=until, held=True if held else None)  # fmt: skip
+                            since=since, until=until, held=True if held else None, sweep=sweep)  # fmt: skip
         jobs = list(api.paginate("/v1/jobs", params, limit=None if all_ else limit))
     if output is not OutputFormat.table:
         out.print_data(jobs, output)
@@ -405,7 +408,7 @@ StateSel = Annotated[list[str] | None, typer.Option("--state", "-s", help="...in
 MineSel = Annotated[bool, typer.Option("--mine", help="...that you submitted.")]
 SinceSel = Annotated[str | None, typer.Option("--since", help="...submitted since (2h, 3d, or an ISO time).")]
 UntilSel = Annotated[str | None, typer.Option("--until", help="...submitted before (as --since).")]
-SweepSel = Annotated[int | None, typer.Option("--sweep", help="The jobs of this sweep (alone, not with the others).")]
+SweepSel = Annotated[int | None, typer.Option("--sweep", help="...of this sweep.")]
 JobIds = Annotated[list[int] | None, typer.Argument(help="Job ids.", min=1, show_default=False)]
 
 
@@ -415,25 +418,16 @@ def selected_ids(
     held: bool | None = None, none: str = "no active job matches",
 ) -> list[int]:  # fmt: skip
     """The ids given, or the jobs the filter options match (``default_states`` when no --state; None: the active
-    ones), or those of a sweep (``--sweep``, alone) in those states; ``held``: only held jobs, or none. Empty when
-    nothing matches (``none`` said on stderr)."""
+    ones); ``held``: only held jobs, or none. Empty when nothing matches (``none`` said on stderr)."""
     if job_ids:
         return list(job_ids)
-    filters = (team, name, state, mine, since, until)
-    if sweep is not None and any(filters):
-        raise CliError("--sweep picks the sweep's jobs: give it without the other filters", ExitCode.USAGE)
-    if sweep is None and not any(filters):
+    if not any((team, name, state, mine, since, until, sweep is not None)):
         raise CliError("give job ids, or a filter (--team, --name, --state, --mine, --since, --until, --sweep)",
                        ExitCode.USAGE)  # fmt: skip
-    if sweep is not None:
-        wanted = set(default_states or (s.value for s in JobState if s not in TERMINAL))
-        jobs = [j for j in api.paginate(f"/v1/sweeps/{sweep}/jobs", {}, limit=None) if j.get("state") in wanted
-                and (held is None or (j.get("pending_reason") == Reason.HELD) == held)]  # fmt: skip
-    else:
-        params = job_filter(api, team=team, name=name, state=state or default_states, mine=mine,
-                            active=not (state or default_states), since=since, until=until, held=held)  # fmt: skip
-        jobs = list(api.paginate("/v1/jobs", params, limit=None))
-    ids = [int(j["id"]) for j in jobs]
+    params = job_filter(api, team=team, name=name, state=state or default_states, mine=mine,
+                        active=not (state or default_states), since=since, until=until, held=held,
+                        sweep=sweep)  # fmt: skip
+    ids = [int(j["id"]) for j in api.paginate("/v1/jobs", params, limit=None)]
     if not ids:
         err_console.print(none)
     return ids

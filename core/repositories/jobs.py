@@ -60,6 +60,7 @@ class JobFilter:
     submitted_after: datetime | None = None  # at or after (UTC-aware)
     submitted_before: datetime | None = None  # strictly before
     held: bool | None = None  # held (kiln hold) or not; None: either
+    sweep_id: int | None = None  # one sweep's jobs
 
 
 # A submission on PostgreSQL: the job, its dependencies, its effective contract, its SUBMITTED event and the
@@ -182,6 +183,7 @@ class _ListShape:
     submitted_after: bool = False
     submitted_before: bool = False
     held: bool | None = None
+    sweep: bool = False
 
 
 def list_rows(db: Session, flt: JobFilter, limit: int) -> Sequence[Row[Any]]:
@@ -212,14 +214,14 @@ def _bound(flt: JobFilter, limit: int) -> tuple[_ListShape, dict[str, Any]]:
         states=len(flt.states), qos=flt.qos_id is not None, name=flt.name is not None, user=flt.user is not None,
         before=flt.before_id is not None, job=flt.job_id is not None,
         submitted_after=flt.submitted_after is not None, submitted_before=flt.submitted_before is not None,
-        held=flt.held,
+        held=flt.held, sweep=flt.sweep_id is not None,
     )  # fmt: skip
     params: dict[str, Any] = {"limit": limit}
     params.update((f"t{i}", team_id) for i, team_id in enumerate(flt.team_ids or ()))
     params.update((f"s{i}", state) for i, state in enumerate(flt.states))
     named = {"team_id": flt.team_id, "qos_id": flt.qos_id, "name": flt.name, "user": flt.user,
              "before_id": flt.before_id, "job_id": flt.job_id, "submitted_after": flt.submitted_after,
-             "submitted_before": flt.submitted_before}  # fmt: skip
+             "submitted_before": flt.submitted_before, "sweep_id": flt.sweep_id}  # fmt: skip
     params.update((key, value) for key, value in named.items() if value is not None)
     return shape, params
 
@@ -264,6 +266,8 @@ def _list_statement(shape: _ListShape) -> Select[Any]:
         stmt = stmt.where(jobs.c.submitted_at < bindparam("submitted_before", type_=jobs.c.submitted_at.type))
     if shape.held is not None:
         stmt = stmt.where(jobs.c.held_at.is_not(None) if shape.held else jobs.c.held_at.is_(None))
+    if shape.sweep:
+        stmt = stmt.where(jobs.c.sweep_id == bindparam("sweep_id"))
     return stmt.order_by(jobs.c.id.desc()).limit(bindparam("limit", type_=Integer))
 
 

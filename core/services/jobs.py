@@ -266,9 +266,10 @@ def list_jobs(
     submitted_after: datetime | None = None,
     submitted_before: datetime | None = None,
     held: bool | None = None,
+    sweep: int | None = None,
 ) -> JobPage:
     """Newest first. ``submitted_after`` (inclusive) and ``submitted_before`` (exclusive) bound the submission
-    time; a time without a zone is UTC."""
+    time; a time without a zone is UTC. ``sweep``: that sweep's jobs (a sweep of no visible team has none)."""
     submitted_after, submitted_before = as_utc(submitted_after), as_utc(submitted_before)
     if submitted_after is not None and submitted_before is not None and submitted_after >= submitted_before:
         raise InvalidInput.at("submitted_before", "must be later than submitted_after")
@@ -287,7 +288,7 @@ def list_jobs(
     flt = JobFilter(
         team_ids=principal.visible_team_ids(), team_id=team_id, states=tuple(states), qos_id=qos_id, name=name,
         user=user, before_id=before_id, submitted_after=submitted_after, submitted_before=submitted_before,
-        held=held,
+        held=held, sweep_id=sweep,
     )  # fmt: skip
     rows = jobs_repo.list_rows(db, flt, limit + 1)
     page: Sequence[Any] = rows[:limit]

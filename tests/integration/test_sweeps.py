@@ -41,6 +41,13 @@ def test_a_grid_becomes_one_job_per_combination(client: TestClient, world: World
     listed = client.get("/v1/sweeps", headers=world.h("viewer")).json()
     assert [s["id"] for s in listed["items"]] == [sweep["id"]] and listed["next_cursor"] is None
     assert client.get(f"/v1/sweeps/{sweep['id']}", headers=world.h("beta-member")).status_code == 404
+    # The job list takes the sweep as a filter, with the others; another team's member sees none of its jobs.
+    jobs = client.get("/v1/jobs", params={"sweep": sweep["id"]}, headers=world.h("viewer")).json()["items"]
+    assert sorted(j["id"] for j in jobs) == sorted(j["id"] for j in sweep["jobs"])  # the world's own job left out
+    some = client.get("/v1/jobs", params={"sweep": sweep["id"], "name": "lr-1"}, headers=world.h("viewer")).json()
+    assert [j["name"] for j in some["items"]] == ["lr-1"]
+    assert client.get("/v1/jobs", params={"sweep": sweep["id"]}, headers=world.h("beta-member")).json()["items"] == []
+    assert client.get("/v1/jobs", params={"sweep": 0}, headers=world.h("viewer")).status_code == 422
 
 
 def test_bad_sweeps_are_refused_with_the_field(client: TestClient, world: World) -> None:

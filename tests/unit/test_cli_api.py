@@ -407,14 +407,19 @@ def test_a_sweeps_jobs_are_held_released_and_cancelled_together(kiln: Any, tmp_p
     path.write_text(EXAMPLE.read_text() + "sweep:\n  grid: {lr: [0.001, 0.003, 0.01]}\n")
     sweep_id = int(kiln("sweep", "submit", str(path)).stdout.split()[2])
     jobs = [j["id"] for j in as_json(kiln("sweep", "show", str(sweep_id), "-o", "json"))["jobs"]]
+    other = kiln("submit", str(EXAMPLE)).stdout.split()[2]  # a job of no sweep, which --sweep never picks
     kiln("hold", str(jobs[0]))
     rest = kiln("hold", "--sweep", str(sweep_id))  # the two not held yet
     assert rest.exit_code == 0 and len(rest.stdout.splitlines()) == 2, rest.output
     reasons = {j["pending_reason"] for j in as_json(kiln("sweep", "show", str(sweep_id), "-o", "json"))["jobs"]}
     assert reasons == {"Held"}
-    assert len(kiln("release", "--sweep", str(sweep_id)).stdout.splitlines()) == 3
+    held = as_json(kiln("ls", "--sweep", str(sweep_id), "--held", "-o", "json"))
+    assert sorted(j["id"] for j in held) == sorted(jobs)
+    assert kiln("release", "--sweep", str(sweep_id), "--name", "nobody").stderr.strip() == "no held job matches"
+    assert len(kiln("release", "--sweep", str(sweep_id), "--mine").stdout.splitlines()) == 3
     assert kiln("release", "--sweep", str(sweep_id)).stderr.strip() == "no held job matches"
-    assert kiln("hold", "--sweep", str(sweep_id), "--mine").exit_code == ExitCode.USAGE
+    assert not set(jobs) & {j["id"] for j in as_json(kiln("ls", "--held", "-o", "json"))}
+    assert int(other) not in [j["id"] for j in as_json(kiln("ls", "--sweep", str(sweep_id), "-o", "json"))]
     cancelled = kiln("cancel", "--sweep", str(sweep_id))
     assert sorted(cancelled.stdout.splitlines()) == sorted(f"job {j} CANCELLED" for j in jobs)
 
