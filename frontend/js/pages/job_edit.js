@@ -158,7 +158,12 @@ export function jobEditor(current, saved) {
 
   button.addEventListener("click", async () => {
     clearErrors();
-    await fill();
+    try {
+      await fill();
+    } catch (err) {
+      toast(`Could not load the team's classes: ${err instanceof Error ? err.message : err}`);
+      return;
+    }
     dialog.showModal();
     (fields.get(current().state === "QUEUED" ? "qos" : "time_limit_s")?.input)?.focus();
   });
