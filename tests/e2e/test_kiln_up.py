@@ -4,6 +4,7 @@ real scheduler, worker and trainer; then Ctrl-C, and nothing left running."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.support.services import free_port
+from tests.support.services import free_port, process_tree
 
 pytestmark = pytest.mark.e2e
 
@@ -233,11 +234,12 @@ def test_up_detach_returns_when_ready_and_down_stops_everything(tmp_path: Path) 
 
     up = kiln("up", "--detach", "--port", str(port), "--no-worker", "--grace", "20")
     pid = int((home / "up.lock").read_text() or 0) if (home / "up.lock").exists() else 0
+    # Handles taken while it runs: they never signal another process that got one of its pids later.
+    procs = process_tree(pid) if up.returncode == 0 else []
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "kiln is up" in up.stdout and "down" in up.stdout, up.stdout
         assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
         assert len(procs) >= 3, procs  # kiln up, its API and its scheduler
         again = kiln("up", "--detach", "--port", str(free_port()))
         assert again.returncode == 8 and f"already up on {home} (pid {pid})" in again.stderr, again.stderr
@@ -250,5 +252,6 @@ def test_up_detach_returns_when_ready_and_down_stops_everything(tmp_path: Path) 
             httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2)
         assert "kiln is not up" in kiln("down").stdout
     finally:
-        if pid and psutil.pid_exists(pid):
-            os.killpg(pid, signal.SIGKILL)
+        for p in procs:  # what is left of it after a failure
+            with contextlib.suppress(psutil.Error):
+                p.kill()

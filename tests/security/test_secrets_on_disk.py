@@ -5,6 +5,7 @@ hashes, every team's jobs) and the attempt logs were world-readable (0644)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -17,6 +18,7 @@ import psutil
 import pytest
 
 from tests.e2e.dashboard_harness import ROOT, free_port
+from tests.support.services import process_tree
 from workers.supervisor import TrainerProcess
 
 
@@ -40,6 +42,8 @@ def test_kiln_up_detached_keeps_its_secrets(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     pid = int((home / "up.lock").read_text() or 0)
+    # Handles taken while it runs: they never signal another process that got one of its pids later.
+    procs = process_tree(pid) if up.returncode == 0 else []
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200
@@ -55,9 +59,10 @@ def test_kiln_up_detached_keeps_its_secrets(tmp_path: Path) -> None:
         for path in private:
             assert mode(path) & 0o077 == 0, f"{path}: {oct(mode(path))}"
     finally:
-        down = kiln("down")
-        if pid and psutil.pid_exists(pid) and down.returncode != 0:
-            os.killpg(pid, 9)
+        if kiln("down").returncode != 0:
+            for p in procs:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
 
 
 @pytest.mark.parametrize("gid", [None, os.getgid()])

@@ -231,7 +231,7 @@ class Chaos:
                 killed = self.c.kill_worker(host)
             else:
                 proc = self.c.workers[host]
-                os.kill(proc.pid, signal.SIGKILL)
+                proc.kill()  # Popen's: never a signal to a pid it has already reaped
                 proc.wait(10)
                 killed = [proc.pid]
         self.record("SIGKILL worker" + (" and trainers" if whole_node else ""), host, jobs=victims, pids=killed,

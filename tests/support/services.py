@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import psutil
 import psycopg
 
 from tests.support.deps import missing
@@ -86,3 +87,14 @@ def wait_until_serving(url: str, proc: subprocess.Popen[bytes], *, timeout: floa
         if proc.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(f"{url} did not answer:\n{log.read_text(errors='replace')[-3000:]}")
         time.sleep(0.2)
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The running process ``pid`` (e.g. a detached ``kiln up``, from its lock file) and its descendants, as psutil
+    handles: each checks before a signal that its pid was not reused since, which ``os.kill(pid)`` later would
+    not (pids wrap around within a CI run, and the pid may be another test's process by then). [] if none runs."""
+    try:
+        root = psutil.Process(pid) if pid else None
+        return [root, *root.children(recursive=True)] if root is not None else []
+    except psutil.Error:
+        return []

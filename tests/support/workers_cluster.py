@@ -209,28 +209,34 @@ class Cluster:
         return self.start_service(label, [sys.executable, "-m", "scheduler"],
                                   KILN_SCHEDULER_INTERVAL_S=str(interval_s), **env)  # fmt: skip
 
+    def tree(self, name: str) -> list[psutil.Process]:
+        """The worker and every process under it, as psutil handles, each of which checks before a signal that its
+        pid was not reused; empty once the worker has exited. Never ``psutil.Process(pid)`` of a worker that may
+        have exited: once reaped, its pid can be another test's process (pids wrap around within a CI run), whose
+        children a "kill what it left behind" would then kill."""
+        proc = self.workers[name]
+        if proc.poll() is not None:  # exited, and reaped by this call if it had not been: the pid is not its own
+            return []
+        try:
+            root = psutil.Process(proc.pid)  # unreaped, so the pid is still the worker's
+            return [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return []
+
     def kill_worker(self, name: str) -> list[int]:
         """SIGKILL the worker and every process under it (torchrun, the ranks), all at once."""
-        proc = self.workers[name]
-        try:
-            tree = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            tree = []
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
-        killed = [proc.pid]
-        for p in tree:
+        killed = []
+        for p in self.tree(name):
             with contextlib.suppress(psutil.Error):
                 p.kill()
                 killed.append(p.pid)
-        proc.wait(10)
+        self.workers[name].wait(10)
         return killed
 
     def freeze_worker(self, name: str) -> list[psutil.Process]:
         """SIGSTOP the worker and every process under it (a frozen VM, a host that stopped answering): no
         connection is reset, nothing exits. Returns the processes for :meth:`thaw`."""
-        root = psutil.Process(self.workers[name].pid)
-        tree = [root, *root.children(recursive=True)]
+        tree = self.tree(name)
         for p in tree:
             with contextlib.suppress(psutil.Error):
                 p.suspend()
@@ -243,15 +249,14 @@ class Cluster:
                 p.resume()
 
     def trainer_pids(self, name: str) -> list[int]:
-        proc = self.workers[name]
-        try:
-            return [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        return [p.pid for p in self.tree(name)[1:]]
 
     def stop_all(self) -> None:
+        # Each worker's processes as they are now, before any exits: what a worker leaves behind is killed below
+        # through these handles, never looked up again by a pid that may have been reused since.
+        trees = {name: self.tree(name) for name in self.workers}
         for proc in [*self.services.values(), *self.workers.values()]:
-            if proc.poll() is None:
+            if proc.poll() is None:  # not reaped: the pid is still this process's
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGTERM)
         for proc in self.services.values():
@@ -264,11 +269,10 @@ class Cluster:
                 proc.wait(20)
             except subprocess.TimeoutExpired:
                 self.kill_worker(name)
-            # Anything the worker left behind (it should have stopped its trainers).
-        for proc in self.workers.values():
-            with contextlib.suppress(psutil.Error, ProcessLookupError):
-                for child in psutil.Process(proc.pid).children(recursive=True):
-                    child.kill()
+        for tree in trees.values():  # anything a worker left behind (it should have stopped its trainers)
+            for p in tree[1:]:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
 
     def failure_report(self, lines: int = 6) -> str:
         """The last lines of every log this cluster wrote - its processes' and each attempt's - and of each rank's
