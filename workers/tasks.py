@@ -558,7 +558,9 @@ class AttemptRunner:
                                              f"(resources.gpu_share.memory_gb) ({outcome.reason})")  # fmt: skip
         if outcome.exit_class is ExitClass.INFRASTRUCTURE and self.relay_state.nccl_error:
             outcome = Outcome(ExitClass.NCCL_ERROR, f"NCCL error reported by a rank; {outcome.reason}")
-        self.proc.log_line(f"trainer exited with {launcher_code}: {outcome.exit_class.value}: {outcome.reason}")
+        kind, why = outcome.exit_class.value, outcome.reason
+        said = why if why.startswith(kind) else f"{kind}: {why}"  # a reason often begins with its class already
+        self.proc.log_line(f"trainer exited with {launcher_code}: {said}")
         give_up = time.monotonic() + self.settings.report_retry_window_s
         delay = 0.5
         while True:
