@@ -38,8 +38,8 @@ class PolicyConfig(SettingsGroup):
     time_limit_grace_s: float = Field(
         default=60.0,
         ge=0,
-        description="A job still RUNNING this long past its time limit is failed by the scheduler: the backstop, "
-        "since its worker stops it at the limit itself (checkpoint first) and should win.",
+        description="A job still RUNNING this long past its time limit (every attempt's run counted) is failed by "
+        "the scheduler: the backstop, since its worker stops it at the limit itself (checkpoint first) and should win.",
     )
     placement: Literal["pack", "spread"] = Field(
         default="pack",

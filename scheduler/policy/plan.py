@@ -133,13 +133,15 @@ class _Planner:
     # -- the pass ------------------------------------------------------------------------------------------------
 
     def run(self) -> Decisions:
+        # The backstop behind the worker, which stops a job at its limit itself: the limit counts every attempt's
+        # run (``attained_s``, the earlier ones), as the worker counts it.
         kills = tuple(
             Failure(r.id, f"time limit of {_fmt_s(r.time_limit_s)} exceeded")
             for r in self.s.running
             if r.time_limit_s is not None
             and not r.preempt_requested
             and r.state == JobState.RUNNING
-            and self.now - r.started_at > r.time_limit_s + self.c.time_limit_grace_s
+            and r.attained_s + self.now - r.started_at > r.time_limit_s + self.c.time_limit_grace_s
         )
         running_gpu_s = 0.0
         capacity = 0

@@ -14,6 +14,10 @@ Model (stated, so the figures can be judged):
   and exit; it keeps only the progress of its last periodic checkpoint (every ``CHECKPOINT_S`` = 30 min of
   training; conservatively, as if the SIGTERM checkpoint were lost); on restart it holds its GPUs ``RESTORE_S`` +
   ``WARM_COMPILE_S`` (120 + 60 s) before it trains again. All of that is GPU time lost (``lost_gpu_h``).
+* **time limits** are enforced as ``plan()`` enforces them live (every attempt's run counted, after a minute of
+  grace): a job preempted often enough to run past its limit fails (``jobs_failed``); its GPU time counts as lost,
+  its work as not done (not in ``util_makespan``) and its JCT is left out of the mean (the table's JCT is over the
+  jobs that finished).
 * **what the policy knows** (``Submission`` and the observed state only; no job view carries the trace's
   runtime): the user's time limit, modelled as users give them: none for 40% of jobs; otherwise the run time
   times a log-normal overestimate (median 3x, sigma 0.8, at least 1.1x), rounded up to 1, 2, 4, 8, 12 h, 1, 2, 3,

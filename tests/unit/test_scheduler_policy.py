@@ -440,6 +440,14 @@ def test_time_limit_kill() -> None:
     assert [k.job_id for k in d.time_limit_kills] == [1]
 
 
+def test_the_time_limit_backstop_counts_every_attempt_as_the_worker_does() -> None:
+    # 40 min in this attempt after 30 min in earlier ones: past a 1-hour limit and its minute of grace.
+    over = rj(1, "h0000", [0], qos="silver", ran=2400, time_limit_s=3600.0, attained_s=1800.0)
+    within = rj(2, "h0000", [1], qos="silver", ran=2400, time_limit_s=3600.0, attained_s=1200.0)  # 60 min in all
+    d = plan(snap(running=(over, within)))
+    assert [k.job_id for k in d.time_limit_kills] == [1]
+
+
 def test_quota_key_for() -> None:
     t = TeamInfo(1, "a", quotas=(QuotaInfo("H100", 8),))
     assert quota_key_for(t, 0, None) == CPU
