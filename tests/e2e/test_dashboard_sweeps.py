@@ -108,3 +108,49 @@ def test_sweep_summary_best_first_and_sortable(kiln: Kiln) -> None:
         expect(page.locator("#job-state")).to_have_attribute("data-state", "SUCCEEDED")
         context.close()
     assert not problems, problems
+
+
+def test_a_sweeps_queued_jobs_are_held_and_released_from_its_page(kiln: Kiln) -> None:
+    from playwright.sync_api import expect
+
+    doc = yaml.safe_load((ROOT / "examples" / "gpt-tiny.yaml").read_text())
+    doc.update(name="held-sweep", steps=100_000, sweep={"grid": {"lr": LRS}, "max_concurrent": 1})
+    with kiln.api() as api:
+        r = api.post("/v1/sweeps", json=doc)
+        assert r.status_code == 201, r.text
+        sweep_id = r.json()["id"]
+        kiln.start_scheduler()
+        kiln.start_worker(cpu_slots=2)
+
+        def held() -> list[int]:
+            return [j["id"] for j in api.get("/v1/jobs", params={"sweep": sweep_id, "held": "true"}).json()["items"]]
+
+        deadline = time.monotonic() + 120  # one runs, the sweep's limit keeps the two others queued
+        while sorted(j["state"] for j in api.get(f"/v1/sweeps/{sweep_id}").json()["jobs"]) != ["QUEUED", "QUEUED",
+                                                                                               "RUNNING"]:  # fmt: skip
+            assert time.monotonic() < deadline, (kiln.log("worker"), kiln.log("scheduler"))
+            time.sleep(0.5)
+        try:
+            with chromium() as browser:
+                page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()  # type: ignore[attr-defined]
+                problems: list[str] = []
+                page.on("pageerror", lambda e: problems.append(f"script error: {e}"))
+                page.goto(f"{kiln.url}/")
+                page.get_by_label("API token").fill(kiln.token)
+                page.get_by_role("button", name="Sign in").click()
+                page.wait_for_selector("#queue-list table")
+                page.goto(f"{kiln.url}/#/sweeps/{sweep_id}")
+                page.get_by_role("button", name="Hold queued").click()
+                expect(page.locator("#toast")).to_contain_text(f"Held 2 jobs of sweep {sweep_id}")
+                expect(page.locator("#sweep-summary tbody")).to_contain_text("QUEUED held")
+                assert len(held()) == 2
+                page.get_by_role("button", name="Hold queued").click()  # nothing left to hold
+                expect(page.locator("#toast")).to_contain_text("No queued job of this sweep to hold.")
+                page.get_by_role("button", name="Release held").click()
+                expect(page.locator("#toast")).to_contain_text(f"Released 2 jobs of sweep {sweep_id}")
+                expect(page.locator("#sweep-summary tbody")).not_to_contain_text("QUEUED held")
+                assert held() == []
+                assert not problems, problems
+        finally:
+            for j in api.get(f"/v1/sweeps/{sweep_id}").json()["jobs"]:
+                api.post(f"/v1/jobs/{j['id']}/cancel")

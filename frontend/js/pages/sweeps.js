@@ -1,9 +1,10 @@
 // Sweeps: the sweeps you can see, and for one sweep a summary table of its jobs' final metrics, best first by the
 // sweep's objective, sortable by any column (click a heading; again to reverse). Refreshed every few seconds, the
-// chosen order kept, so a running sweep's table fills in as its jobs end.
+// chosen order kept, so a running sweep's table fills in as its jobs end. "Hold queued" and "Release held" act on
+// the sweep's queued jobs at once, as `kiln hold --sweep` / `kiln release --sweep` do.
 
-import { api } from "../api.js";
-import { fmtNumber, h, pageHeader, replace, showError, stateBadge, table, timeEl } from "../dom.js";
+import { api, apiAll, qs } from "../api.js";
+import { fmtNumber, h, pageHeader, replace, showError, stateBadge, table, timeEl, toast } from "../dom.js";
 
 const REFRESH_MS = 5000;
 
@@ -56,7 +57,9 @@ function compare(a, b, dir) {
 async function sweepPage(root, id) {
   const status = h("p", { id: "sweep-objective", class: "muted" });
   const body = h("div", { id: "sweep-summary", "aria-busy": "true" });
-  root.append(pageHeader(`Sweep ${id}`), status, body);
+  const holdBtn = h("button", { type: "button", id: "hold-sweep", title: "Keep the sweep's queued jobs from starting until released" }, "Hold queued");
+  const releaseBtn = h("button", { type: "button", id: "release-sweep", title: "Let the sweep's held jobs start again" }, "Release held");
+  root.append(pageHeader(`Sweep ${id}`, holdBtn, releaseBtn), status, body);
   let sort = { key: "rank", dir: 1 }; // best first: the sweep's own ranking
 
   /** @param {any} sweep */
@@ -66,7 +69,8 @@ async function sweepPage(root, id) {
     const cols = [
       { key: "rank", title: "Rank", value: (j) => j.rank, num: true },
       { key: "job", title: "Job", value: (j) => j.id, cell: (j) => h("a", { href: `#/jobs/${j.id}` }, `${j.id} ${j.name}`) },
-      { key: "state", title: "State", value: (j) => j.state, cell: (j) => stateBadge(j.state) },
+      { key: "state", title: "State", value: (j) => j.state,
+        cell: (j) => h("span", {}, stateBadge(j.state), j.pending_reason === "Held" ? " held" : "") },
       ...sweep.keys.map((/** @type {string} */ k) => ({ key: `setting:${k}`, title: k, value: (/** @type {any} */ j) => j.settings[k], num: true })),
       { key: "step", title: "Step", value: (j) => j.last_step, cell: (j) => `${j.last_step} / ${j.steps}`, num: true },
       { key: "loss", title: "Final loss", value: (j) => j.last_loss, cell: (j) => fmtNumber(j.last_loss, 4), num: true },
@@ -107,6 +111,42 @@ async function sweepPage(root, id) {
       body.setAttribute("aria-busy", "false");
     }
   };
+  /**
+   * Hold the sweep's queued jobs that are not held, or release its held ones, one request each (a job that
+   * changed meanwhile is reported and the others go ahead, as with the CLI's --sweep).
+   * @param {"hold" | "release"} action
+   */
+  const actOnQueued = async (action) => {
+    const jobs = await apiAll(`/v1/jobs${qs({ sweep: id, state: "QUEUED", held: action === "release" })}`);
+    if (!jobs.length) {
+      toast(action === "hold" ? "No queued job of this sweep to hold." : "No held job in this sweep.");
+      return;
+    }
+    const failed = [];
+    for (const j of jobs) {
+      try {
+        await api(`/v1/jobs/${j.id}/${action}`, { method: "POST" });
+      } catch (err) {
+        failed.push(`#${j.id}: ${err instanceof Error ? err.message : err}`);
+      }
+    }
+    const done = jobs.length - failed.length;
+    toast(`${action === "hold" ? "Held" : "Released"} ${done} job${done === 1 ? "" : "s"} of sweep ${id}${failed.length ? `; not ${failed.join("; ")}` : ""}.`);
+    await load();
+  };
+  for (const [btn, action] of /** @type {Array<[HTMLElement, "hold" | "release"]>} */ ([[holdBtn, "hold"], [releaseBtn, "release"]])) {
+    btn.addEventListener("click", async () => {
+      btn.setAttribute("disabled", "");
+      try {
+        await actOnQueued(action);
+      } catch (err) {
+        toast(`Could not ${action}: ${err instanceof Error ? err.message : err}`);
+      } finally {
+        btn.removeAttribute("disabled");
+      }
+    });
+  }
+
   await load();
   const timer = window.setInterval(() => !document.hidden && load(), REFRESH_MS);
   return () => window.clearInterval(timer);
