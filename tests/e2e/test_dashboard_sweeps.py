@@ -29,16 +29,21 @@ def kiln(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kiln]:
         yield k
 
 
-def run_sweep(kiln: Kiln) -> dict[str, Any]:
+def submit_sweep(kiln: Kiln, api: Any, name: str, *, steps: int, max_concurrent: int) -> int:
+    """The shipped example over ``LRS``, with the scheduler and a worker running; returns the sweep's id."""
     doc = yaml.safe_load((ROOT / "examples" / "gpt-tiny.yaml").read_text())
-    doc.update(name="lr-sweep", steps=6, sweep={"grid": {"lr": LRS}, "max_concurrent": 2})
+    doc.update(name=name, steps=steps, sweep={"grid": {"lr": LRS}, "max_concurrent": max_concurrent})
     doc["checkpointing"] = {"every_steps": 3, "keep_last": 1}
+    r = api.post("/v1/sweeps", json=doc)
+    assert r.status_code == 201, r.text
+    kiln.start_scheduler()
+    kiln.start_worker(cpu_slots=2)
+    return int(r.json()["id"])
+
+
+def run_sweep(kiln: Kiln) -> dict[str, Any]:
     with kiln.api() as api:
-        r = api.post("/v1/sweeps", json=doc)
-        assert r.status_code == 201, r.text
-        sweep_id = r.json()["id"]
-        kiln.start_scheduler()
-        kiln.start_worker(cpu_slots=2)
+        sweep_id = submit_sweep(kiln, api, "lr-sweep", steps=6, max_concurrent=2)
         deadline = time.monotonic() + 900  # three real trainings on a shared CPU: a generous bound, not a measure
         while True:
             sweep = api.get(f"/v1/sweeps/{sweep_id}").json()
@@ -113,14 +118,8 @@ def test_sweep_summary_best_first_and_sortable(kiln: Kiln) -> None:
 def test_a_sweeps_queued_jobs_are_held_and_released_from_its_page(kiln: Kiln) -> None:
     from playwright.sync_api import expect
 
-    doc = yaml.safe_load((ROOT / "examples" / "gpt-tiny.yaml").read_text())
-    doc.update(name="held-sweep", steps=100_000, sweep={"grid": {"lr": LRS}, "max_concurrent": 1})
     with kiln.api() as api:
-        r = api.post("/v1/sweeps", json=doc)
-        assert r.status_code == 201, r.text
-        sweep_id = r.json()["id"]
-        kiln.start_scheduler()
-        kiln.start_worker(cpu_slots=2)
+        sweep_id = submit_sweep(kiln, api, "held-sweep", steps=100_000, max_concurrent=1)
 
         def held() -> list[int]:
             return [j["id"] for j in api.get("/v1/jobs", params={"sweep": sweep_id, "held": "true"}).json()["items"]]
