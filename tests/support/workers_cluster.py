@@ -43,7 +43,7 @@ from core.trainer_protocol import ENV_TEST_HOOKS
 from scheduler.live.apply import apply_all
 from scheduler.live.loop import CycleResult, run_cycle
 from scheduler.policy.decisions import Admission, Decisions, PlacementEntry
-from tests.support.services import free_port, redis_url, temporary_database
+from tests.support.services import free_port, process_tree, redis_url, temporary_database
 from workers import celery_app
 from workers.dispatch import dispatch_attempt
 
@@ -215,13 +215,8 @@ class Cluster:
         have exited: once reaped, its pid can be another test's process (pids wrap around within a CI run), whose
         children a "kill what it left behind" would then kill."""
         proc = self.workers[name]
-        if proc.poll() is not None:  # exited, and reaped by this call if it had not been: the pid is not its own
-            return []
-        try:
-            root = psutil.Process(proc.pid)  # unreaped, so the pid is still the worker's
-            return [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return []
+        # Exited (and reaped by this poll if it had not been): the pid is no longer its own. Unreaped, it still is.
+        return [] if proc.poll() is not None else process_tree(proc.pid)
 
     def kill_worker(self, name: str) -> list[int]:
         """SIGKILL the worker and every process under it (torchrun, the ranks), all at once."""
