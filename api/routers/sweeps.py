@@ -1,4 +1,4 @@
-"""Sweeps: submit a job spec with a ``sweep`` section (grid or list), read its jobs best first."""
+"""Sweeps: submit a job spec with a ``sweep`` section (grid, list or random draws), read its jobs best first."""
 
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ SWEEP_BODY: dict[str, Any] = {
         "required": True,
         "content": {
             "application/json": {"schema": {"type": "object", "description": "A job spec with a sweep section: "
-                                            "{grid: {key: [values]}} or {list: [{key: value}]}, max_concurrent"}},
+                                            "{grid: {key: [values]}}, {list: [{key: value}]} or {random: {key: "
+                                            "[values] | {uniform|log_uniform|int_uniform: [low, high]}}, count, "
+                                            "seed}; max_concurrent; objective: {metric, goal}"}},
             **{t: {"schema": {"type": "string", "description": "The same, as YAML"}} for t in sorted(YAML_TYPES)},
         },
     }
@@ -63,9 +65,12 @@ async def document_from_body(request: Request) -> dict[str, Any]:
 
 @router.post("", response_model=SweepOut, status_code=status.HTTP_201_CREATED, openapi_extra=SWEEP_BODY,
              summary="Submit a sweep: one job per point of its grid or list", responses=LOCATION)  # fmt: skip
-async def submit_sweep(request: Request, db: SessionDep, who: CurrentPrincipal, response: Response) -> SweepOut:
+async def submit_sweep(
+    request: Request, db: SessionDep, who: CurrentPrincipal, response: Response,
+    hold: Annotated[bool, Query(description="Submit its jobs held: they wait until released")] = False,
+) -> SweepOut:  # fmt: skip
     document = await document_from_body(request)
-    view = await run_in_threadpool(svc.submit_sweep, db=db, principal=who, document=document)
+    view = await run_in_threadpool(svc.submit_sweep, db=db, principal=who, document=document, hold=hold)
     response.headers["Location"] = f"/v1/sweeps/{view.sweep.id}"
     return SweepOut.from_view(view)
 

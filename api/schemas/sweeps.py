@@ -9,7 +9,7 @@ from pydantic import Field
 
 from api.schemas.common import NEXT_CURSOR_DOC, OutModel
 from core.models import Job
-from core.services.sweeps import MAX_JOBS, RANKING, SweepView, setting
+from core.services.sweeps import MAX_JOBS, SweepView, evaluated, setting
 from core.states import JobState
 
 
@@ -28,20 +28,15 @@ class SweepJobOut(OutModel):
 
     @classmethod
     def from_job(cls, j: Job, keys: list[str]) -> SweepJobOut:
-        evaluation = (j.eval_metrics or {}).get("metrics") if isinstance(j.eval_metrics, dict) else None
-        metrics = {str(k): float(v) for k, v in (evaluation or {}).items() if isinstance(v, (int, float))}
         return cls(id=j.id, name=j.name, state=JobState(j.state), last_step=j.last_step,
                    steps=int(j.spec.get("steps", 0)), last_loss=j.last_loss, pending_reason=j.pending_reason,
-                   settings={k: setting(j, k) for k in keys}, metrics=metrics)  # fmt: skip
+                   settings={k: setting(j, k) for k in keys}, metrics=evaluated(j))  # fmt: skip
 
 
 class SweepObjective(OutModel):
-    metric: str = Field(examples=["last_loss"], description="What ranks the sweep's jobs")
-    goal: str = Field(examples=["minimize"], description="minimize: lower is better")
+    metric: str = Field(examples=["loss", "accuracy"], description="What ranks its jobs: loss, or an evaluated metric")
+    goal: str = Field(examples=["minimize"], description="minimize: lower is better; maximize: higher is better")
     rule: str = Field(description="The ranking in words")
-
-
-OBJECTIVE = SweepObjective(metric="last_loss", goal="minimize", rule=RANKING)
 
 
 class SweepOut(OutModel):
@@ -50,11 +45,12 @@ class SweepOut(OutModel):
     team: str
     user: str | None
     max_concurrent: int | None
-    parameters: dict[str, Any] = Field(description="The grid or list it expanded, as submitted.")
+    parameters: dict[str, Any] = Field(description="Its sweep section as submitted (the grid, list or random draws it "
+                                       "expanded), with a random sweep's seed filled in.")  # fmt: skip
     keys: list[str] = Field(description="The settings it varies.")
     created_at: datetime
     objective: SweepObjective = Field(description="How its jobs are ranked, best first.")
-    jobs: list[SweepJobOut] = Field(description="Best first: succeeded jobs by final loss, then the others (at most "
+    jobs: list[SweepJobOut] = Field(description="Best first by the objective (at most "
                                     f"{MAX_JOBS}; GET /v1/sweeps/{{id}}/jobs pages them by id).")  # fmt: skip
 
     @classmethod
@@ -62,7 +58,9 @@ class SweepOut(OutModel):
         s = view.sweep
         jobs = [SweepJobOut.from_job(j, view.keys) for j in view.jobs]
         return cls(id=s.id, name=s.name, team=view.team, user=view.user, max_concurrent=s.max_concurrent,
-                   parameters=s.parameters, keys=view.keys, created_at=s.created_at, objective=OBJECTIVE,
+                   parameters=s.parameters, keys=view.keys, created_at=s.created_at,
+                   objective=SweepObjective(metric=view.objective.metric, goal=view.objective.goal,
+                                            rule=view.objective.rule()),
                    jobs=jobs)  # fmt: skip
 
 

@@ -44,23 +44,26 @@ def read_spec_file(path: str) -> str:
     return text
 
 
+WorkdirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--workdir",
+        "-w",
+        help="Your code: packed (.gitignore/.kilnignore honoured), uploaded once by its SHA-256, named in the "
+        "spec's code.digest.",
+        file_okay=False,
+        exists=True,
+    ),
+]
+
+
 @app.command()
 def submit(
     file: Annotated[str, typer.Argument(help="Job spec, YAML or JSON ('-' reads stdin).", metavar="FILE")],
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Show progress and live loss until the job ends.")
     ] = False,
-    workdir: Annotated[
-        Path | None,
-        typer.Option(
-            "--workdir",
-            "-w",
-            help="Your code: packed (.gitignore/.kilnignore honoured), uploaded once by "
-            "its SHA-256, named in the spec's code.digest.",
-            file_okay=False,
-            exists=True,
-        ),
-    ] = None,
+    workdir: WorkdirOpt = None,
     check: Annotated[
         bool,
         typer.Option(

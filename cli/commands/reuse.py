@@ -1,4 +1,5 @@
-"""Reusing a job: ``kiln clone`` (a job's spec again, with changes) and ``kiln sweep`` (one spec over a grid)."""
+"""Reusing a job: ``kiln clone`` (a job's spec again, with changes) and ``kiln sweep`` (one spec over a grid, a
+list or random draws of settings)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import typer
 
 from cli import output as out
 from cli.app import OutputOpt, app, client
-from cli.commands.jobs import JobArg, read_text, report_submitted, submit_text
+from cli.commands.jobs import JobArg, WorkdirOpt, read_text, report_submitted, submit_text
 from cli.errors import CliError, ExitCode
 from cli.output import Column, OutputFormat, console, err_console
 
-sweep_app = typer.Typer(help="Sweeps: one spec over a grid or a list of settings, a job each.",
+sweep_app = typer.Typer(help="Sweeps: one spec over a grid, a list or random draws of settings, a job each.",
                         no_args_is_help=True)  # fmt: skip
 
 
@@ -121,23 +122,54 @@ def _fmt_metric(name: str) -> Callable[[dict[str, Any]], str]:
 @sweep_app.command("submit")
 def sweep_submit(
     file: Annotated[str, typer.Argument(help="A job spec with a sweep section (YAML or JSON; '-' reads stdin).")],
+    workdir: WorkdirOpt = None,
+    hold: Annotated[bool, typer.Option("--hold", help="Submit its jobs held: none starts until kiln release.")] = False,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
-    """Submit a sweep: one job per point of its grid (every combination) or list.
+    """Submit a sweep: one job per point of its grid (every combination) or list, or COUNT random draws.
 
     Example file: a job spec plus
       sweep: {grid: {lr: [0.001, 0.003], batch_size: [8, 16]}, max_concurrent: 2}
+      sweep: {random: {lr: {log_uniform: [0.0001, 0.01]}, width: [64, 128]}, count: 8,
+              objective: {metric: accuracy, goal: maximize}}
     """
+    from cli import code as user_code
+
     text = read_text(file)
+    params = {"hold": "true"} if hold else None
     with client() as api:
-        sweep = api.post("/v1/sweeps", content=text.encode(), headers={"Content-Type": "application/yaml"})
+        if workdir is not None:
+            data = user_code.with_code(text, file)
+            user_code.upload(api, data, workdir)
+            sweep = api.post("/v1/sweeps", json=data, params=params)
+        else:
+            sweep = api.post("/v1/sweeps", content=text.encode(), headers={"Content-Type": "application/yaml"},
+                             params=params)  # fmt: skip
     if output is not OutputFormat.table:
         out.print_data(sweep, output)
         return
     limit = sweep.get("max_concurrent")
+    seed = (sweep.get("parameters") or {}).get("seed")
     console.print(out.text(f"submitted sweep {sweep['id']} ({sweep['name']}, team {sweep['team']}): "
-                           f"{len(sweep['jobs'])} jobs" + (f", at most {limit} at once" if limit else "")))  # fmt: skip
+                           f"{len(sweep['jobs'])} jobs" + (f", at most {limit} at once" if limit else "")
+                           + (" (held)" if hold else "") + (f", drawn with seed {seed}" if seed is not None else "")
+                           + f"; best first by {_objective(sweep)}"))  # fmt: skip
     console.print(out.text(f"see it with: kiln sweep show {sweep['id']}"))
+
+
+def _best(sweep: dict[str, Any]) -> str:
+    """The objective's value of the sweep's best job (``accuracy 0.975``), ``-`` while none has one."""
+    metric = (sweep.get("objective") or {}).get("metric", "loss")
+    best = (sweep.get("jobs") or [{}])[0]
+    if metric == "loss":
+        return "-" if best.get("last_loss") is None else f"loss {out.fmt_loss(best['last_loss'])}"
+    value = _metric(metric)(best)
+    return "-" if value is None else f"{metric} {value:.4g}"
+
+
+def _objective(sweep: dict[str, Any]) -> str:
+    objective = sweep.get("objective") or {}
+    return f"{objective.get('metric', 'loss')} ({objective.get('goal', 'minimize')})"
 
 
 @sweep_app.command("show")
@@ -157,7 +189,7 @@ def sweep_show(
     with client() as api:
         sweep = api.get(f"/v1/sweeps/{sweep_id}")
     columns, rows = sweep_rows(sweep, sort)
-    title = f"Sweep {sweep['id']} {sweep['name']} (team {sweep['team']})"
+    title = f"Sweep {sweep['id']} {sweep['name']} (team {sweep['team']}), best first by {_objective(sweep)}"
     out.render(sweep, output, lambda: out.table(columns, rows, title=title))
 
 
@@ -175,6 +207,6 @@ def sweep_ls(output: OutputOpt = OutputFormat.table) -> None:
     cols: list[Column] = [
         ("ID", lambda s: s["id"]), ("NAME", lambda s: s["name"]), ("TEAM", lambda s: s["team"]),
         ("JOBS", lambda s: len(s["jobs"])), ("SUCCEEDED", lambda s: sum(j["state"] == "SUCCEEDED" for j in s["jobs"])),
-        ("BEST LOSS", lambda s: out.fmt_loss((s["jobs"] or [{}])[0].get("last_loss"))),
+        ("BEST", _best),
     ]  # fmt: skip
     console.print(out.table(cols, items))

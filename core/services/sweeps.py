@@ -1,15 +1,22 @@
-"""Sweeps (job arrays): one submission expanded over a grid or a list of settings into jobs that share the sweep.
+"""Sweeps (job arrays): one submission expanded over a grid, a list or random draws of settings into jobs that
+share the sweep.
 
 A sweep document is a job spec with a ``sweep`` section::
 
     sweep:
       grid: {lr: [0.001, 0.003], batch_size: [8, 16]}   # every combination: 4 jobs
       list: [{lr: 0.01}, {lr: 0.03, steps: 200}]         # or these settings, one job each
+      random: {lr: {log_uniform: [1e-4, 1e-2]}, channels: [8, 16, 32]}   # or count random draws
+      count: 8
+      seed: 3                                             # the draws' seed (drawn and stored when left out)
       max_concurrent: 2                                   # at most 2 of its jobs run at once (Slurm's %N)
+      objective: {metric: accuracy, goal: maximize}       # what ranks its jobs (default: the final loss, lowest)
 
 A key names a field of the spec (``steps``, ``resources.gpus``: a dotted path) or else a hyperparameter of the
 recipe (``lr`` is ``recipe.hyperparameters.lr``). Job ``i`` is named ``<name>-<i>``. The scheduler holds back
-jobs beyond ``max_concurrent`` with the pending reason ``SweepLimit``.
+jobs beyond ``max_concurrent`` with the pending reason ``SweepLimit``. A random key is a list (one of its values,
+each as likely) or one of ``uniform``, ``log_uniform`` (a float, uniform in its logarithm: learning rates) and
+``int_uniform`` (an integer, both ends included) over ``[low, high]``; floats are kept to 4 significant digits.
 """
 
 from __future__ import annotations
@@ -17,9 +24,11 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import random
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 from sqlalchemy.orm import Session
@@ -38,10 +47,82 @@ from core.states import JobState
 MAX_JOBS = 256
 
 
+LOSS = "loss"  # the objective's metric that means the job's loss (its final loss once it succeeded)
+
+
+class Objective(StrictModel):
+    """What ranks a sweep's jobs: the loss, or a metric its code's ``evaluate`` reports (``accuracy``)."""
+
+    metric: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")] = LOSS
+    goal: Literal["minimize", "maximize"] = "minimize"
+
+    def rule(self) -> str:
+        better = "lower" if self.goal == "minimize" else "higher"
+        if self.metric == LOSS:
+            return (
+                f"succeeded jobs by final loss ({better} is better), then the others by their last loss, "
+                "then those with none"
+            )
+        return (
+            f"succeeded jobs by their last evaluated {self.metric} ({better} is better), then the others by "
+            f"theirs, then those without one"
+        )
+
+
+DISTRIBUTIONS = ("uniform", "log_uniform", "int_uniform")
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """One random key: ``values`` (one of them, each as likely) or ``kind`` over ``[low, high]``."""
+
+    values: tuple[Any, ...] = ()
+    kind: str = ""
+    low: float = 0.0
+    high: float = 0.0
+
+    @classmethod
+    def parse(cls, key: str, raw: Any) -> Distribution:
+        loc, usage = f"sweep.random.{key}", "a list of values, or {uniform|log_uniform|int_uniform: [low, high]}"
+        if isinstance(raw, list):
+            if not raw:
+                raise InvalidInput.at(loc, "no values")
+            return cls(values=tuple(raw))
+        if not (isinstance(raw, dict) and len(raw) == 1 and next(iter(raw)) in DISTRIBUTIONS):
+            raise InvalidInput.at(loc, f"expected {usage}")
+        kind, ends = next(iter(raw.items()))
+        numbers = isinstance(ends, list) and len(ends) == 2 and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in ends)  # fmt: skip
+        if not numbers or (kind == "int_uniform" and not all(isinstance(x, int) for x in ends)):
+            what = "integers" if kind == "int_uniform" else "numbers"
+            raise InvalidInput.at(f"{loc}.{kind}", f"expected [low, high], two {what}")
+        low, high = ends
+        if low > high:
+            raise InvalidInput.at(f"{loc}.{kind}", f"the low end {low} is above the high end {high}")
+        if kind == "log_uniform" and low <= 0:
+            raise InvalidInput.at(f"{loc}.{kind}", "a log-uniform range is above 0")
+        return cls(kind=kind, low=low, high=high)
+
+    def draw(self, rng: random.Random) -> Any:
+        if self.values:
+            return rng.choice(self.values)
+        if self.kind == "int_uniform":
+            return rng.randint(int(self.low), int(self.high))
+        if self.kind == "log_uniform":
+            x = math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
+        else:
+            x = rng.uniform(self.low, self.high)
+        return min(max(float(f"{x:.4g}"), self.low), self.high)  # 4 significant digits, never outside the range
+
+
 class SweepSection(StrictModel):
     grid: Annotated[dict[str, list[Any]], Field(max_length=16)] = Field(default_factory=dict)
     list_: Annotated[list[dict[str, Any]], Field(alias="list", max_length=MAX_JOBS)] = Field(default_factory=list)
+    random: Annotated[dict[str, Any], Field(max_length=16)] = Field(default_factory=dict)
+    count: Annotated[int | None, Field(ge=1, le=MAX_JOBS)] = None
+    seed: Annotated[int | None, Field(ge=0, lt=2**63)] = None
     max_concurrent: Annotated[int | None, Field(ge=1, le=MAX_JOBS)] = None
+    objective: Objective = Objective()
 
 
 @dataclass(frozen=True)
@@ -50,17 +131,35 @@ class SweepView:
     team: str
     user: str | None
     keys: list[str]  # the settings it varies, in order
+    objective: Objective
     jobs: list[Job]  # best first (see ``ranked``)
 
 
+def with_seed(section: SweepSection) -> SweepSection:
+    """A random sweep's section with its seed: the one given, or one drawn now (stored, so the draws can be
+    repeated by submitting the stored section again)."""
+    if not section.random or section.seed is not None:
+        return section
+    return section.model_copy(update={"seed": secrets.randbelow(2**31)})
+
+
 def settings_of(section: SweepSection) -> list[dict[str, Any]]:
-    """One dict of settings per job: the grid's product, or the list as given."""
-    if section.grid and section.list_:
-        raise InvalidInput.at("sweep", "give a grid or a list, not both")
+    """One dict of settings per job: the grid's product, the list as given, or ``count`` random draws."""
+    if sum(map(bool, (section.grid, section.list_, section.random))) > 1:
+        raise InvalidInput.at("sweep", "give one of a grid, a list or random draws, not several")
+    if section.random:
+        if section.count is None:
+            raise InvalidInput.at("sweep.count", f"random draws need a count: how many jobs (1..{MAX_JOBS})")
+        dists = {key: Distribution.parse(key, raw) for key, raw in section.random.items()}
+        rng = random.Random(section.seed)
+        return [{key: dist.draw(rng) for key, dist in dists.items()} for _ in range(section.count)]
+    if section.count is not None or section.seed is not None:
+        loc = "sweep.count" if section.count is not None else "sweep.seed"
+        raise InvalidInput.at(loc, "only random draws take a count and a seed")
     if section.list_:
         return [dict(point) for point in section.list_]
     if not section.grid:
-        raise InvalidInput.at("sweep", "a sweep needs a grid (every combination) or a list of settings")
+        raise InvalidInput.at("sweep", "a sweep needs a grid (every combination), a list of settings or random draws")
     for key, values in section.grid.items():
         if not values:
             raise InvalidInput.at(f"sweep.grid.{key}", "no values")
@@ -103,6 +202,7 @@ def parse(document: dict[str, Any]) -> tuple[SweepSection, list[JobSpec], dict[s
     except ValidationError as exc:
         errors = [{**e, "loc": f"sweep.{e['loc']}"} for e in validation_errors(exc)]
         raise SpecError(f"invalid sweep: {errors[0]['loc']}: {errors[0]['msg']}", errors) from exc
+    section = with_seed(section)
     points = settings_of(section)
     name = str(base.get("name", "sweep"))[:58]
     specs = []
@@ -114,7 +214,8 @@ def parse(document: dict[str, Any]) -> tuple[SweepSection, list[JobSpec], dict[s
     return section, specs, base
 
 
-def submit_sweep(*, db: Session, principal: Principal, document: dict[str, Any]) -> SweepView:
+def submit_sweep(*, db: Session, principal: Principal, document: dict[str, Any], hold: bool = False) -> SweepView:
+    """``hold``: every job of the sweep is submitted held (released one by one or with ``kiln release --sweep``)."""
     section, specs, base = parse(document)
     team = specs[0].team
     team_id = require_team_id(principal, teams_repo.id_by_name(db, team), team, Role.MEMBER)
@@ -128,13 +229,13 @@ def submit_sweep(*, db: Session, principal: Principal, document: dict[str, Any])
     db.add(sweep)
     db.flush()
     for spec in specs:
-        submit(db=db, principal=principal, spec=spec, sweep_id=sweep.id)
+        submit(db=db, principal=principal, spec=spec, sweep_id=sweep.id, hold=hold)
     return get(db=db, principal=principal, sweep_id=sweep.id)
 
 
 def keys_of(sweep: Sweep) -> list[str]:
     params = sweep.parameters or {}
-    keys = list((params.get("grid") or {}).keys())
+    keys = [*(params.get("grid") or {}), *(params.get("random") or {})]
     for point in params.get("list") or []:
         keys += [k for k in point if k not in keys]
     return keys
@@ -147,16 +248,29 @@ def setting(job: Job, key: str) -> Any:
     return node
 
 
-RANKING = "succeeded jobs by final loss (lower is better), then the others by their last loss, then those with none"
+def objective_of(sweep: Sweep) -> Objective:
+    """The objective it was submitted with (sweeps stored before there was one rank by the loss)."""
+    return Objective.model_validate((sweep.parameters or {}).get("objective") or {})
 
 
-def ranked(jobs: list[Job]) -> list[Job]:
-    """Best first: succeeded jobs by final loss, then the others by their last loss, then those with none."""
+def evaluated(job: Job) -> dict[str, float]:
+    """The job's last evaluation of its own code, ``{name: value}`` (empty without one)."""
+    found = job.eval_metrics.get("metrics") if isinstance(job.eval_metrics, dict) else None
+    if not isinstance(found, dict):
+        return {}
+    return {str(k): float(v) for k, v in found.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def ranked(jobs: list[Job], objective: Objective | None = None) -> list[Job]:
+    """Best first by the objective (``Objective.rule`` says it in words)."""
+    objective = objective or Objective()
+    sign = 1.0 if objective.goal == "minimize" else -1.0
 
     def key(job: Job) -> tuple[int, float, int]:
-        done = job.state == JobState.SUCCEEDED
-        loss = job.last_loss if job.last_loss is not None and math.isfinite(job.last_loss) else math.inf
-        return (0 if done else 1 if loss < math.inf else 2, loss, job.id)
+        value = job.last_loss if objective.metric == LOSS else evaluated(job).get(objective.metric)
+        score = sign * value if value is not None and math.isfinite(value) else math.inf
+        return (0 if job.state == JobState.SUCCEEDED and score < math.inf else 1 if score < math.inf else 2,
+                score, job.id)  # fmt: skip
 
     return sorted(jobs, key=key)
 
@@ -168,7 +282,8 @@ def get(*, db: Session, principal: Principal, sweep_id: int) -> SweepView:
     team = teams_repo.get_by_id(db, sweep.team_id)
     user = users_repo.names_by_id(db, [sweep.user_id]).get(sweep.user_id or 0)
     jobs = list(jobs_repo.of_sweep(db, sweep.id))
-    return SweepView(sweep, team.name if team else "", user, keys_of(sweep), ranked(jobs))
+    objective = objective_of(sweep)
+    return SweepView(sweep, team.name if team else "", user, keys_of(sweep), objective, ranked(jobs, objective))
 
 
 def list_sweeps(*, db: Session, principal: Principal, window: Window | None = None) -> Sequence[Sweep]:

@@ -80,7 +80,7 @@ def test_sweep_summary_best_first_and_sortable(kiln: Kiln) -> None:
 
         page.get_by_role("link", name="Sweeps", exact=True).click()
         page.get_by_role("link", name=str(sweep["id"]), exact=True).click()
-        expect(page.locator("#sweep-objective")).to_contain_text("Best first by last_loss (minimize)")
+        expect(page.locator("#sweep-objective")).to_contain_text("Best first by loss (minimize)")
         table = page.locator("#sweep-summary table")
         expect(table.locator("thead th")).to_have_text(["Rank ▲", "Job", "State", "lr", "Step", "Final loss"])
 

@@ -88,3 +88,38 @@ def test_at_most_max_concurrent_run_and_the_best_comes_first(db: Session, client
     shown = client.get(f"/v1/sweeps/{r.json()['id']}", headers=world.h("member")).json()
     assert [(j["state"], j["last_loss"]) for j in shown["jobs"]] == [
         ("SUCCEEDED", 1.9), ("SUCCEEDED", 2.5), ("QUEUED", None)]  # fmt: skip
+
+
+def test_random_draws_held_and_ranked_by_their_objective(db: Session, client: TestClient, world: World) -> None:
+    doc = sweep_doc(random={"lr": {"log_uniform": [1e-4, 1e-2]}, "steps": [10, 20]}, count=4,
+                    objective={"metric": "accuracy", "goal": "maximize"})  # fmt: skip
+    r = client.post("/v1/sweeps", json=doc, params={"hold": "true"}, headers=world.h("member"))
+    assert r.status_code == 201, r.text
+    sweep = r.json()
+    seed = sweep["parameters"]["seed"]  # drawn and stored: the same section with it draws the same jobs
+    assert isinstance(seed, int) and sweep["keys"] == ["lr", "steps"] and len(sweep["jobs"]) == 4
+    assert sweep["objective"]["metric"] == "accuracy" and sweep["objective"]["goal"] == "maximize"
+    assert all(1e-4 <= j["settings"]["lr"] <= 1e-2 and j["settings"]["steps"] in (10, 20) for j in sweep["jobs"])
+    again = client.post("/v1/sweeps", json={**doc, "sweep": {**doc["sweep"], "seed": seed}},  # type: ignore[dict-item]
+                        headers=world.h("member")).json()  # fmt: skip
+    assert [j["settings"] for j in again["jobs"]] == [j["settings"] for j in sweep["jobs"]]
+    held = client.get("/v1/jobs", params={"sweep": sweep["id"], "held": "true"}, headers=world.h("member")).json()
+    assert sorted(j["id"] for j in held["items"]) == sorted(j["id"] for j in sweep["jobs"])
+    assert client.get("/v1/jobs", params={"sweep": again["id"], "held": "true"},
+                      headers=world.h("member")).json()["items"] == []  # fmt: skip
+
+    ids = sorted(j["id"] for j in sweep["jobs"])
+    for i, (state, accuracy) in zip(ids, (("SUCCEEDED", 0.91), ("SUCCEEDED", 0.97), ("FAILED", 0.99), ("QUEUED", None)),
+                                     strict=True):  # fmt: skip
+        job = db.get(Job, i)
+        assert job is not None
+        job.state, job.last_loss = state, 1.0
+        job.eval_metrics = {"step": 10, "metrics": {"accuracy": accuracy}} if accuracy is not None else None
+    db.flush()
+    shown = client.get(f"/v1/sweeps/{sweep['id']}", headers=world.h("member")).json()
+    assert [j["id"] for j in shown["jobs"]] == [ids[1], ids[0], ids[2], ids[3]]
+    assert shown["jobs"][0]["metrics"] == {"accuracy": 0.97}
+    bad = client.post(
+        "/v1/sweeps", json=sweep_doc(random={"lr": {"uniform": [1, 0]}}, count=2), headers=world.h("member")
+    )
+    assert bad.status_code == 422 and bad.json()["errors"][0]["loc"] == "sweep.random.lr.uniform", bad.text

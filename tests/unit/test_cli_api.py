@@ -402,6 +402,32 @@ def test_sweep_submit_show_and_ls(kiln: Any, tmp_path: Path) -> None:
     assert unknown.exit_code == ExitCode.USAGE and "no such column" in unknown.output and "lr" in unknown.output
 
 
+def test_a_random_sweep_of_the_teams_own_code_ranked_by_its_metric(kiln: Any) -> None:
+    """``kiln sweep submit --workdir DIR --hold``: the code uploaded once for the whole sweep, its jobs held."""
+    example = ROOT / "examples" / "digits"
+    made = kiln("sweep", "submit", str(example / "sweep.yaml"), "--workdir", str(example), "--hold")
+    assert made.exit_code == 0, made.output
+    assert "uploaded" in made.stderr and "6 jobs, at most 2 at once (held), drawn with seed 7" in made.stdout
+    assert "best first by accuracy (maximize)" in made.stdout
+    sweep_id = made.stdout.split()[2]
+    data = as_json(kiln("sweep", "show", sweep_id, "-o", "json"))
+    assert data["keys"] == ["lr", "channels", "hidden"] and data["parameters"]["seed"] == 7
+    digests = {
+        as_json(kiln("describe", str(j["id"]), "-o", "json"))["job"]["spec"]["code"]["digest"] for j in data["jobs"]
+    }
+    assert len(digests) == 1 and None not in digests
+    assert {j["pending_reason"] for j in data["jobs"]} == {"Held"}
+    again = kiln("sweep", "submit", str(example / "sweep.yaml"), "--workdir", str(example), "-o", "json")
+    assert "already uploaded, 0 bytes sent" in again.stderr, again.output
+    assert [j["settings"] for j in as_json(again)["jobs"]] == [j["settings"] for j in data["jobs"]]  # seed 7 again
+    shown = kiln("sweep", "show", sweep_id)
+    assert "best first by accuracy (maximize)" in shown.stdout.splitlines()[0]
+    listed = kiln("sweep", "ls")
+    assert listed.stdout.splitlines()[0].split()[-1] == "BEST", listed.output
+    kiln("cancel", "--sweep", sweep_id)
+    kiln("cancel", "--sweep", str(as_json(again)["id"]))
+
+
 def test_a_sweeps_jobs_are_held_released_and_cancelled_together(kiln: Any, tmp_path: Path) -> None:
     path = tmp_path / "sweep.yaml"
     path.write_text(EXAMPLE.read_text() + "sweep:\n  grid: {lr: [0.001, 0.003, 0.01]}\n")

@@ -30,3 +30,17 @@ def test_unknown_field_is_rejected_with_its_path() -> None:
     with pytest.raises(SpecError) as err:
         parse_spec_text(nested)
     assert err.value.errors[0]["loc"] == "resources.gpu_kind"
+
+
+SWEEPS = sorted((Path(__file__).resolve().parents[2] / "examples").glob("**/sweep*.yaml"))
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: str(p.relative_to(p.parents[1])))
+def test_sweep_example_expands(path: Path) -> None:
+    import yaml
+
+    from core.services.sweeps import parse
+
+    section, specs, _ = parse(yaml.safe_load(path.read_text()))
+    assert specs and all(spec.team == "default" for spec in specs)
+    assert section.seed is not None or not section.random  # a shipped random sweep draws the same jobs every time

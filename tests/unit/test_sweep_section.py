@@ -1,0 +1,95 @@
+"""A sweep's section: random draws (repeatable by their seed, inside their ranges, refused with the field when
+malformed) and the objective that ranks its jobs."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from core.models import Job
+from core.services.errors import InvalidInput
+from core.services.sweeps import Objective, SweepSection, ranked, settings_of, with_seed
+from core.states import JobState
+
+
+def section(**fields: Any) -> SweepSection:
+    return SweepSection.model_validate(fields)
+
+
+RANDOM = {"lr": {"log_uniform": [1e-4, 1e-2]}, "dropout": {"uniform": [0.0, 0.5]},
+          "hidden": {"int_uniform": [32, 128]}, "channels": [8, 16, 32]}  # fmt: skip
+
+
+def test_random_draws_are_repeatable_by_their_seed_and_inside_their_ranges() -> None:
+    points = settings_of(section(random=RANDOM, count=200, seed=3))
+    assert points == settings_of(section(random=RANDOM, count=200, seed=3))
+    assert points != settings_of(section(random=RANDOM, count=200, seed=4))
+    assert len(points) == 200 and all(set(p) == set(RANDOM) for p in points)
+    assert all(1e-4 <= p["lr"] <= 1e-2 and 0.0 <= p["dropout"] <= 0.5 for p in points)
+    assert all(isinstance(p["hidden"], int) and 32 <= p["hidden"] <= 128 for p in points)
+    assert {p["channels"] for p in points} == {8, 16, 32}
+    assert all(float(f"{p['lr']:.4g}") == p["lr"] for p in points)  # 4 significant digits
+    # Log-uniform: a decade is as likely as another (about half the draws below 1e-3).
+    below = sum(p["lr"] < 1e-3 for p in points) / len(points)
+    assert 0.35 < below < 0.65, below
+    assert min(p["hidden"] for p in points) < 40 and max(p["hidden"] for p in points) > 120
+
+
+def test_a_random_sweep_without_a_seed_gets_one_and_keeps_it() -> None:
+    drawn = with_seed(section(random=RANDOM, count=3))
+    assert drawn.seed is not None
+    assert settings_of(drawn) == settings_of(section(random=RANDOM, count=3, seed=drawn.seed))
+    assert with_seed(section(random=RANDOM, count=3, seed=9)).seed == 9
+    assert with_seed(section(grid={"lr": [0.1]})).seed is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "loc"),
+    [
+        ({"random": {"lr": [0.1]}}, "sweep.count"),
+        ({"random": {"lr": [0.1]}, "grid": {"lr": [0.2]}, "count": 1}, "sweep"),
+        ({"grid": {"lr": [0.2]}, "count": 2}, "sweep.count"),
+        ({"list": [{"lr": 0.2}], "seed": 2}, "sweep.seed"),
+        ({"random": {"lr": []}, "count": 1}, "sweep.random.lr"),
+        ({"random": {"lr": {"normal": [0, 1]}}, "count": 1}, "sweep.random.lr"),
+        ({"random": {"lr": {"uniform": [0.1, 0.2], "log_uniform": [0.1, 0.2]}}, "count": 1}, "sweep.random.lr"),
+        ({"random": {"lr": {"uniform": [0.2, 0.1]}}, "count": 1}, "sweep.random.lr.uniform"),
+        ({"random": {"lr": {"uniform": [0.1]}}, "count": 1}, "sweep.random.lr.uniform"),
+        ({"random": {"lr": {"uniform": [0.1, "high"]}}, "count": 1}, "sweep.random.lr.uniform"),
+        ({"random": {"lr": {"log_uniform": [0, 0.1]}}, "count": 1}, "sweep.random.lr.log_uniform"),
+        ({"random": {"n": {"int_uniform": [1, 2.5]}}, "count": 1}, "sweep.random.n.int_uniform"),
+    ],
+)
+def test_a_malformed_random_section_is_refused_with_its_field(fields: dict[str, Any], loc: str) -> None:
+    with pytest.raises(InvalidInput) as err:
+        settings_of(section(**fields))
+    assert err.value.errors[0]["loc"] == loc, err.value
+
+
+def job(i: int, state: JobState, loss: float | None, metrics: dict[str, Any] | None) -> Job:
+    return Job(id=i, state=state.value, last_loss=loss,
+               eval_metrics={"step": 10, "metrics": metrics} if metrics is not None else None)  # fmt: skip
+
+
+def test_the_objective_ranks_the_jobs_best_first() -> None:
+    done, running, queued = JobState.SUCCEEDED, JobState.RUNNING, JobState.QUEUED
+    jobs = [job(1, done, 0.30, {"accuracy": 0.91}), job(2, done, 0.20, {"accuracy": 0.97}),
+            job(3, running, 0.10, {"accuracy": 0.99}), job(4, done, 0.25, None), job(5, queued, None, None),
+            job(6, done, math.nan, {"accuracy": math.nan})]  # fmt: skip
+    ids = lambda js: [j.id for j in js]  # noqa: E731
+    assert ids(ranked(jobs)) == [2, 4, 1, 3, 5, 6]  # the default: final loss, lowest first
+    assert ids(ranked(jobs, Objective(metric="accuracy", goal="maximize"))) == [2, 1, 3, 4, 5, 6]
+    assert ids(ranked(jobs, Objective(metric="accuracy"))) == [1, 2, 3, 4, 5, 6]  # minimize, as asked
+    assert "higher is better" in Objective(metric="accuracy", goal="maximize").rule()
+    assert Objective().rule().startswith("succeeded jobs by final loss (lower is better)")
+
+
+def test_an_objective_names_a_metric_and_a_goal() -> None:
+    from pydantic import ValidationError
+
+    for bad in ({"goal": "max"}, {"metric": ""}, {"metric": "acc uracy"}, {"metric": "x" * 65}, {"metrc": "a"}):
+        with pytest.raises(ValidationError):
+            Objective.model_validate(bad)
+    assert Objective.model_validate({"metric": "val/accuracy", "goal": "maximize"}).metric == "val/accuracy"
