@@ -223,7 +223,7 @@ def submit_sweep(*, db: Session, principal: Principal, document: dict[str, Any],
         name=specs[0].name.rsplit("-", 1)[0],
         team_id=team_id,
         user_id=principal.user_id,
-        parameters=section.model_dump(mode="json", by_alias=True),
+        parameters=section.model_dump(mode="json", by_alias=True, exclude_unset=True),
         max_concurrent=section.max_concurrent,
     )
     db.add(sweep)
