@@ -79,6 +79,9 @@ def test_sweep_summary_best_first_and_sortable(kiln: Kiln) -> None:
         page.wait_for_selector("#queue-list table")
 
         page.get_by_role("link", name="Sweeps", exact=True).click()
+        link = page.get_by_role("link", name=str(sweep["id"]), exact=True)
+        best = page.locator("#sweeps tbody tr").filter(has=link).locator("td").nth(5)  # its objective, its best job's
+        expect(best).to_have_text(f"loss {by_loss[0]['last_loss']:.4f}")
         page.get_by_role("link", name=str(sweep["id"]), exact=True).click()
         expect(page.locator("#sweep-objective")).to_contain_text("Best first by loss (minimize)")
         table = page.locator("#sweep-summary table")

@@ -13,7 +13,7 @@ export async function sweepsPage(root, params) {
   if (params.id) return sweepPage(root, params.id);
   const body = h("div", { id: "sweeps", "aria-busy": "true" });
   root.append(pageHeader("Sweeps"),
-    h("p", { class: "muted" }, "One submission expanded over a grid or a list of settings: kiln sweep submit FILE (docs/cli.md)."),
+    h("p", { class: "muted" }, "One submission expanded over a grid, a list or random draws of settings: kiln sweep submit FILE (docs/cli.md)."),
     body);
   try {
     const page = await api("/v1/sweeps?limit=50");
@@ -23,6 +23,7 @@ export async function sweepsPage(root, params) {
       { title: "Team", cell: (/** @type {any} */ s) => s.team },
       { title: "Varies", cell: (/** @type {any} */ s) => s.keys.join(", ") },
       { title: "Jobs", cell: (/** @type {any} */ s) => `${s.jobs.filter((/** @type {any} */ j) => j.state === "SUCCEEDED").length} / ${s.jobs.length} succeeded`, class: "num" },
+      { title: "Best", cell: best },
       { title: "Created", cell: (/** @type {any} */ s) => timeEl(s.created_at) },
     ], page.items, "No sweep yet."),
     page.next_cursor ? h("p", { class: "muted" }, "The 50 newest; kiln sweep ls lists them all.") : null);
@@ -31,6 +32,17 @@ export async function sweepsPage(root, params) {
   } finally {
     body.setAttribute("aria-busy", "false");
   }
+}
+
+/**
+ * The sweep's objective and its best job's value of it ("accuracy 0.9861"), or "-" while none has one.
+ * @param {any} sweep
+ */
+function best(sweep) {
+  const metric = sweep.objective.metric;
+  const top = sweep.jobs[0];
+  const value = !top ? null : metric === "loss" ? top.last_loss : top.metrics?.[metric];
+  return value === null || value === undefined ? "-" : `${metric} ${fmtNumber(value, 4)}`;
 }
 
 /**
