@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from core.lifecycle import stop_cause
 from core.models import Attempt, Checkpoint, Job, JobMetric
 from core.private import read_regular
+from core.services import sweep_stopping
 from core.trainer_protocol import TELEMETRY_DIR, RecordKind
 from core.transitions import record_event
 
@@ -223,7 +224,8 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
 
 
 def _evaluation(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any]) -> None:
-    """The team code's evaluation: the job's latest metrics, and an event on its timeline (CLI, dashboard)."""
+    """The team code's evaluation: the job's latest metrics, an event on its timeline (CLI, dashboard), and its
+    sweep's early-stopping rule applied to it (a job asked to stop hears it in the answer to this heartbeat)."""
     raw = rec.get("metrics") if isinstance(rec.get("metrics"), dict) else {}
     metrics = {str(k)[:64]: _float(v) for k, v in list((raw or {}).items())[:32]}
     step = _int(rec.get("step")) or 0
@@ -236,6 +238,7 @@ def _evaluation(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, 
         message=f"step {step}: {shown}"[:1000],
         data={"attempt": attempt.number, "step": step, "metrics": metrics},
     )
+    sweep_stopping.stop_if_worse(session, job=job, step=step, metrics=metrics)  # its sweep's early stopping
 
 
 def _resumed(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any], step: int) -> None:

@@ -11,12 +11,14 @@ A sweep document is a job spec with a ``sweep`` section::
       seed: 3                                             # the draws' seed (drawn and stored when left out)
       max_concurrent: 2                                   # at most 2 of its jobs run at once (Slurm's %N)
       objective: {metric: accuracy, goal: maximize}       # what ranks its jobs (default: the final loss, lowest)
+      early_stopping: {rule: median, min_jobs: 3}         # stop a job worse than the others' median at a step
 
 A key names a field of the spec (``steps``, ``resources.gpus``: a dotted path) or else a hyperparameter of the
 recipe (``lr`` is ``recipe.hyperparameters.lr``). Job ``i`` is named ``<name>-<i>``. The scheduler holds back
 jobs beyond ``max_concurrent`` with the pending reason ``SweepLimit``. A random key is a list (one of its values,
 each as likely) or one of ``uniform``, ``log_uniform`` (a float, uniform in its logarithm: learning rates) and
 ``int_uniform`` (an integer, both ends included) over ``[low, high]``; floats are kept to 4 significant digits.
+Early stopping: ``core.services.sweep_stopping``.
 """
 
 from __future__ import annotations
@@ -115,6 +117,15 @@ class Distribution:
         return min(max(float(f"{x:.4g}"), self.low), self.high)  # 4 significant digits, never outside the range
 
 
+class EarlyStopping(StrictModel):
+    """The median stopping rule (``core.services.sweep_stopping``): a job whose objective, at an evaluation after
+    ``after_steps``, is worse than the median of at least ``min_jobs`` other jobs' values at that step stops."""
+
+    rule: Literal["median"] = "median"
+    min_jobs: Annotated[int, Field(ge=1, le=MAX_JOBS)] = 3
+    after_steps: Annotated[int, Field(ge=0)] = 0
+
+
 class SweepSection(StrictModel):
     grid: Annotated[dict[str, list[Any]], Field(max_length=16)] = Field(default_factory=dict)
     list_: Annotated[list[dict[str, Any]], Field(alias="list", max_length=MAX_JOBS)] = Field(default_factory=list)
@@ -123,6 +134,7 @@ class SweepSection(StrictModel):
     seed: Annotated[int | None, Field(ge=0, lt=2**63)] = None
     max_concurrent: Annotated[int | None, Field(ge=1, le=MAX_JOBS)] = None
     objective: Objective = Objective()
+    early_stopping: EarlyStopping | None = None
 
 
 @dataclass(frozen=True)
@@ -203,6 +215,12 @@ def parse(document: dict[str, Any]) -> tuple[SweepSection, list[JobSpec], dict[s
         errors = [{**e, "loc": f"sweep.{e['loc']}"} for e in validation_errors(exc)]
         raise SpecError(f"invalid sweep: {errors[0]['loc']}: {errors[0]['msg']}", errors) from exc
     section = with_seed(section)
+    if section.early_stopping is not None and section.objective.metric == LOSS:
+        raise InvalidInput.at(
+            "sweep.early_stopping",
+            "the median rule compares a metric the jobs' evaluations report: name it as the objective "
+            "(objective: {metric: accuracy, goal: maximize})",
+        )
     points = settings_of(section)
     name = str(base.get("name", "sweep"))[:58]
     specs = []
@@ -251,6 +269,11 @@ def setting(job: Job, key: str) -> Any:
 def objective_of(sweep: Sweep) -> Objective:
     """The objective it was submitted with (sweeps stored before there was one rank by the loss)."""
     return Objective.model_validate((sweep.parameters or {}).get("objective") or {})
+
+
+def early_stopping_of(sweep: Sweep) -> EarlyStopping | None:
+    raw = (sweep.parameters or {}).get("early_stopping")
+    return None if raw is None else EarlyStopping.model_validate(raw)
 
 
 def evaluated(job: Job) -> dict[str, float]:

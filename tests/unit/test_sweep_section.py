@@ -93,3 +93,31 @@ def test_an_objective_names_a_metric_and_a_goal() -> None:
         with pytest.raises(ValidationError):
             Objective.model_validate(bad)
     assert Objective.model_validate({"metric": "val/accuracy", "goal": "maximize"}).metric == "val/accuracy"
+
+
+def test_the_median_rule_stops_only_what_is_worse_than_enough_others() -> None:
+    from core.services.sweep_stopping import median_to_beat
+
+    up, down = Objective(metric="accuracy", goal="maximize"), Objective(metric="heldout_loss")
+    assert median_to_beat(0.5, [0.9, 0.8, 0.7], up, min_jobs=3) == 0.8
+    assert median_to_beat(0.8, [0.9, 0.8, 0.7], up, min_jobs=3) is None  # a tie is not worse
+    assert median_to_beat(0.5, [0.9, 0.8], up, min_jobs=3) is None  # too few to compare with
+    assert median_to_beat(0.5, [0.9, 0.8, 0.7, 0.6], up, min_jobs=3) == 0.75
+    assert median_to_beat(0.3, [0.1, 0.2, 0.25], down, min_jobs=1) == 0.2  # lower is better
+    assert median_to_beat(0.15, [0.1, 0.2, 0.25], down, min_jobs=1) is None
+
+
+def test_early_stopping_needs_an_evaluated_objective() -> None:
+    from core.services.sweeps import parse
+
+    base = {"name": "s", "team": "default", "recipe": {"name": "gpt"}, "steps": 10}
+    with pytest.raises(InvalidInput) as err:
+        parse({**base, "sweep": {"grid": {"lr": [0.1, 0.2]}, "early_stopping": {"rule": "median"}}})
+    assert err.value.errors[0]["loc"] == "sweep.early_stopping" and "objective" in str(err.value)
+    section, _, _ = parse({**base, "sweep": {"grid": {"lr": [0.1, 0.2]}, "early_stopping": {},
+                                             "objective": {"metric": "accuracy", "goal": "maximize"}}})  # fmt: skip
+    assert section.early_stopping is not None and section.early_stopping.min_jobs == 3
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        SweepSection.model_validate({"early_stopping": {"rule": "asha"}})
