@@ -591,7 +591,8 @@ class AttemptRunner:
             if attempt.ended_at is None:
                 end_attempt(db, attempt, state=AttemptState.FENCED, reason=outcome.reason, now=now, exit_code=exit_code)
             return
-        relay(db, job=job, attempt=attempt, records=self.buffer, state=self.relay_state, asked=self.own_stop())
+        relay(db, job=job, attempt=attempt, records=self.buffer, state=self.relay_state, asked=self.own_stop(),
+              running=False)  # fmt: skip
         if job.state not in ACTIVE:
             # Another node of the same gang reported first.
             return

@@ -130,9 +130,12 @@ def _as_asked(job: Job, type_: str, message: str, asked: str | None) -> tuple[st
 
 
 def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[str, Any]], state: RelayState,
-          asked: str | None = None) -> None:  # fmt: skip
+          asked: str | None = None, running: bool = True) -> None:  # fmt: skip
     """Write ``records`` for ``job``/``attempt``. The caller holds the job row and has checked the token.
-    ``asked``: why the worker stopped the trainer, when it did so on its own account (``_as_asked``)."""
+    ``asked``: why the worker stopped the trainer, when it did so on its own account (``_as_asked``).
+    ``running``: the trainer still runs (a heartbeat; False for the report after it exited), so a stop asked for
+    now can still act: only then does its sweep's early stopping judge an evaluation."""
+    judge = running and not any(rec.get("kind") == RecordKind.DONE for rec in records)  # not once it has finished
     steps: list[dict[str, Any]] = []
     gpu_samples: list[dict[str, Any]] = []
     for rec in records:
@@ -176,7 +179,7 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
                 data={k: v for k, v in rec.items() if k not in ("kind", "ts")},
             )
         elif kind == RecordKind.EVAL and rank == 0:
-            _evaluation(session, job=job, attempt=attempt, rec=rec)
+            _evaluation(session, job=job, attempt=attempt, rec=rec, judge=judge)
         elif kind == RecordKind.DONE and rank == 0:
             state.done = rec
 
@@ -223,9 +226,10 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
         )  # fmt: skip
 
 
-def _evaluation(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any]) -> None:
-    """The team code's evaluation: the job's latest metrics, an event on its timeline (CLI, dashboard), and its
-    sweep's early-stopping rule applied to it (a job asked to stop hears it in the answer to this heartbeat)."""
+def _evaluation(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any], judge: bool) -> None:
+    """The team code's evaluation: the job's latest metrics, an event on its timeline (CLI, dashboard), and, with
+    ``judge``, its sweep's early-stopping rule applied to it (a job asked to stop hears it in the answer to this
+    heartbeat)."""
     raw = rec.get("metrics") if isinstance(rec.get("metrics"), dict) else {}
     metrics = {str(k)[:64]: _float(v) for k, v in list((raw or {}).items())[:32]}
     step = _int(rec.get("step")) or 0
@@ -238,7 +242,8 @@ def _evaluation(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, 
         message=f"step {step}: {shown}"[:1000],
         data={"attempt": attempt.number, "step": step, "metrics": metrics},
     )
-    sweep_stopping.stop_if_worse(session, job=job, step=step, metrics=metrics)  # its sweep's early stopping
+    if judge:
+        sweep_stopping.stop_if_worse(session, job=job, step=step, metrics=metrics)
 
 
 def _resumed(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any], step: int) -> None:

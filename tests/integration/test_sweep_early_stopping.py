@@ -58,11 +58,16 @@ def running(db: Session, job: Job, tmp_path: Path) -> AttemptRunner:
                          settings=SETTINGS, claimed=claimed, proc=proc)  # fmt: skip
 
 
-def report_eval(db: Session, job: Job, runner: AttemptRunner, step: int, accuracy: float) -> None:
+def report_eval(db: Session, job: Job, runner: AttemptRunner, step: int, accuracy: float, *, running: bool = True,
+                done: bool = False) -> None:  # fmt: skip
+    """A heartbeat relaying the evaluation (``running=False``: the report after the trainer exited; ``done``: the
+    trainer's last record came with it)."""
     attempt = db.get(Attempt, runner.attempt_id)
     assert attempt is not None
-    record = {"kind": "eval", "rank": 0, "ts": time.time(), "step": step, "metrics": {"accuracy": accuracy}}
-    relay(db, job=job, attempt=attempt, state=RelayState(), records=[record])
+    records = [{"kind": "eval", "rank": 0, "ts": time.time(), "step": step, "metrics": {"accuracy": accuracy}}]
+    if done:
+        records.append({"kind": "done", "rank": 0, "ts": time.time(), "final_loss": 1.0, "steps": 60})
+    relay(db, job=job, attempt=attempt, state=RelayState(), records=records, running=running)
 
 
 def test_a_job_below_the_median_at_a_step_is_stopped_and_says_why(db: Session, tmp_path: Path) -> None:
@@ -105,3 +110,18 @@ def test_too_few_to_compare_or_the_last_step_never_stops_a_job(db: Session, tmp_
         evaluated(db, job, 60, 0.9)
     report_eval(db, jobs[3], runner, 60, 0.1)  # its last step: it ends anyway
     assert not jobs[3].cancel_requested and jobs[3].exit_reason is None
+
+
+def test_an_evaluation_relayed_once_the_trainer_finished_stops_nothing(db: Session, tmp_path: Path) -> None:
+    """A short job's evaluations may all arrive with its end (one heartbeat): too late to stop it, so it is not
+    said to have been stopped (the digits example on a CPU trains 200 steps within one heartbeat)."""
+    jobs = sweep_of(db, 4, min_jobs=3)
+    for job in jobs[:3]:
+        evaluated(db, job, 20, 0.9)
+    runner = running(db, jobs[3], tmp_path)
+    report_eval(db, jobs[3], runner, 20, 0.1, done=True)
+    report_eval(db, jobs[3], runner, 20, 0.1, running=False)
+    assert not jobs[3].cancel_requested
+    assert not db.scalars(select(Event).where(Event.job_id == jobs[3].id, Event.type == "STOPPED_EARLY")).all()
+    report_eval(db, jobs[3], runner, 20, 0.1)
+    assert jobs[3].cancel_requested
