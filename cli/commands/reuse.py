@@ -102,7 +102,7 @@ def sweep_rows(sweep: dict[str, Any], sort: str | None = None) -> tuple[list[Col
     columns += [(key.upper(), _setting(key)) for key in sweep.get("keys", [])]
     columns += [("STEP", lambda r: f"{r['last_step']}/{r['steps']}"), ("LOSS", lambda r: out.fmt_loss(r["last_loss"]))]
     columns += [(name.upper(), _fmt_metric(name)) for name in metrics]
-    columns += [("REASON", lambda r: r.get("pending_reason") or "-")]
+    columns += [("REASON", lambda r: r.get("pending_reason") or r.get("exit_reason") or "-")]
     return columns, rows
 
 
