@@ -22,7 +22,8 @@ from api.routers.common import (
     paged_query,
 )
 from api.routers.jobs import JSON_TYPES, YAML_TYPES, has_yaml_alias
-from api.schemas.sweeps import SweepJobOut, SweepJobPageOut, SweepOut, SweepPageOut
+from api.schemas.sweeps import SweepCurvesOut, SweepJobOut, SweepJobPageOut, SweepOut, SweepPageOut
+from core.services import sweep_curves
 from core.services import sweeps as svc
 from core.spec import SpecError
 
@@ -100,3 +101,8 @@ def list_sweep_jobs(
     view = svc.get(db=db, principal=who, sweep_id=sweep_id)
     rows, more = paged(view.jobs, lambda j: (j.id,), limit, cursor)
     return SweepJobPageOut(items=[SweepJobOut.from_job(j, view.keys) for j in rows], next_cursor=more)
+
+
+@router.get("/{sweep_id}/curves", response_model=SweepCurvesOut, summary="Each job's objective over its steps")
+def get_sweep_curves(sweep_id: SweepIdPath, db: SessionDep, who: CurrentPrincipal) -> SweepCurvesOut:
+    return SweepCurvesOut.from_curves(*sweep_curves.curves(db=db, principal=who, sweep_id=sweep_id))

@@ -9,7 +9,8 @@ from pydantic import Field
 
 from api.schemas.common import NEXT_CURSOR_DOC, OutModel
 from core.models import Job
-from core.services.sweeps import MAX_JOBS, SweepView, evaluated, setting
+from core.services.sweep_curves import Curve
+from core.services.sweeps import MAX_JOBS, Objective, SweepView, evaluated, setting
 from core.states import JobState
 
 
@@ -65,6 +66,25 @@ class SweepOut(OutModel):
                    objective=SweepObjective(metric=view.objective.metric, goal=view.objective.goal,
                                             rule=view.objective.rule()),
                    jobs=jobs)  # fmt: skip
+
+
+class SweepCurveOut(OutModel):
+    job_id: int
+    name: str
+    state: JobState
+    points: list[tuple[int, float]] = Field(description="[step, value] by step (at most about 200)")
+
+
+class SweepCurvesOut(OutModel):
+    metric: str = Field(description="The sweep's objective: loss (the training loss) or an evaluated metric")
+    goal: str
+    curves: list[SweepCurveOut] = Field(description="Each job's curve of the objective, best job first.")
+
+    @classmethod
+    def from_curves(cls, objective: Objective, curves: list[Curve]) -> SweepCurvesOut:
+        return cls(metric=objective.metric, goal=objective.goal,
+                   curves=[SweepCurveOut(job_id=c.job.id, name=c.job.name, state=JobState(c.job.state),
+                                         points=c.points) for c in curves])  # fmt: skip
 
 
 class SweepPageOut(OutModel):

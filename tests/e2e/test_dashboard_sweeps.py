@@ -84,6 +84,11 @@ def test_sweep_summary_best_first_and_sortable(kiln: Kiln) -> None:
         expect(best).to_have_text(f"loss {by_loss[0]['last_loss']:.4f}")
         page.get_by_role("link", name=str(sweep["id"]), exact=True).click()
         expect(page.locator("#sweep-objective")).to_contain_text("Best first by loss (minimize)")
+        # Each job's curve of the objective (here its training loss) over its steps, in one chart.
+        curves = page.locator("figure[data-chart='sweep-curves']")
+        expect(curves.locator("figcaption")).to_have_text("loss over steps, each job (best first)")
+        expect(curves.locator("path.series")).to_have_count(3)
+        expect(curves.locator(".legend li")).to_have_count(3)
         table = page.locator("#sweep-summary table")
         expect(table.locator("thead th")).to_have_text(["Rank ▲", "Job", "State", "lr", "Step", "Final loss"])
 

@@ -123,3 +123,42 @@ def test_random_draws_held_and_ranked_by_their_objective(db: Session, client: Te
         "/v1/sweeps", json=sweep_doc(random={"lr": {"uniform": [1, 0]}}, count=2), headers=world.h("member")
     )
     assert bad.status_code == 422 and bad.json()["errors"][0]["loc"] == "sweep.random.lr.uniform", bad.text
+
+
+def test_a_sweeps_curves_are_each_jobs_objective_over_its_steps(db: Session, client: TestClient, world: World) -> None:
+    from core.models import JobMetric
+    from core.transitions import record_event
+
+    doc = sweep_doc(list=[{"lr": 0.1}, {"lr": 0.01}], objective={"metric": "accuracy", "goal": "maximize"})
+    sweep = client.post("/v1/sweeps", json=doc, headers=world.h("member")).json()
+    first, second = (db.get(Job, j["id"]) for j in sorted(sweep["jobs"], key=lambda j: j["id"]))
+    assert first is not None and second is not None
+    for job, step, accuracy in (
+        (first, 10, 0.5),
+        (first, 20, 0.7),
+        (second, 10, 0.6),
+        (second, 20, 0.9),
+        (first, 20, 0.75),
+    ):  # fmt: skip  (a step again after a resume: the latest counts)
+        record_event(db, "EVALUATION", job=job, data={"step": step, "metrics": {"accuracy": accuracy, "f1": 0.1}})
+        job.eval_metrics = {"step": step, "metrics": {"accuracy": accuracy}}
+    db.flush()
+    shown = client.get(f"/v1/sweeps/{sweep['id']}/curves", headers=world.h("viewer")).json()
+    assert (shown["metric"], shown["goal"]) == ("accuracy", "maximize")
+    assert [(c["job_id"], c["points"]) for c in shown["curves"]] == [
+        (second.id, [[10, 0.6], [20, 0.9]]),
+        (first.id, [[10, 0.5], [20, 0.75]]),
+    ]  # fmt: skip  (best first)
+    assert client.get(f"/v1/sweeps/{sweep['id']}/curves", headers=world.h("beta-member")).status_code == 404
+
+    doc = {**sweep_doc(list=[{"lr": 0.1}]), "steps": 1000}
+    by_loss = client.post("/v1/sweeps", json=doc, headers=world.h("member")).json()
+    job = db.get(Job, by_loss["jobs"][0]["id"])
+    assert job is not None
+    db.add_all(JobMetric(job_id=job.id, step=s, loss=10.0 - s / 100) for s in range(1, 1000))
+    job.last_step, job.last_loss = 999, 0.01
+    db.flush()
+    curve = client.get(f"/v1/sweeps/{by_loss['id']}/curves", headers=world.h("member")).json()["curves"][0]
+    steps = [s for s, _ in curve["points"]]
+    assert len(steps) <= 201 and steps[0] == 5 and steps[-1] == 999 and steps == sorted(steps)  # every 5th, the last
+    assert curve["points"][-1] == [999, 0.01]

@@ -4,6 +4,7 @@
 // the sweep's queued jobs at once, as `kiln hold --sweep` / `kiln release --sweep` do.
 
 import { api, apiAll, qs } from "../api.js";
+import { LineChart } from "../chart.js";
 import { fmtNumber, h, pageHeader, replace, showError, stateBadge, table, timeEl, toast } from "../dom.js";
 
 const REFRESH_MS = 5000;
@@ -71,7 +72,10 @@ async function sweepPage(root, id) {
   const body = h("div", { id: "sweep-summary", "aria-busy": "true" });
   const holdBtn = h("button", { type: "button", id: "hold-sweep", title: "Keep the sweep's queued jobs from starting until released" }, "Hold queued");
   const releaseBtn = h("button", { type: "button", id: "release-sweep", title: "Let the sweep's held jobs start again" }, "Release held");
-  root.append(pageHeader(`Sweep ${id}`, holdBtn, releaseBtn), status, body);
+  const chartBox = h("div", { class: "card", id: "sweep-curves" });
+  root.append(pageHeader(`Sweep ${id}`, holdBtn, releaseBtn), status, chartBox, body);
+  /** @type {LineChart | null} */
+  let chart = null; // made once the objective's name is known
   let sort = { key: "rank", dir: 1 }; // best first: the sweep's own ranking
 
   /** @param {any} sweep */
@@ -115,9 +119,22 @@ async function sweepPage(root, id) {
       + `. Best first by ${sweep.objective.metric} (${sweep.objective.goal}): ${sweep.objective.rule}.`);
   };
 
+  /** Each job's objective over its steps, best job first (GET /v1/sweeps/{id}/curves). @param {any} curves */
+  const plot = (curves) => {
+    if (!chart) {
+      chart = new LineChart({ id: "sweep-curves", title: `${curves.metric} over steps, each job (best first)`,
+        xLabel: "step", yLabel: curves.metric, empty: "No job has reported it yet." });
+      replace(chartBox, chart.el);
+    }
+    chart.setSeries(curves.curves.map((/** @type {any} */ c) => ({ name: `${c.job_id} ${c.name}`, points: c.points })));
+  };
+
   const load = async () => {
     try {
-      render(await api(`/v1/sweeps/${encodeURIComponent(id)}`));
+      const path = `/v1/sweeps/${encodeURIComponent(id)}`;
+      const [sweep, curves] = await Promise.all([api(path), api(`${path}/curves`)]);
+      render(sweep);
+      plot(curves);
     } catch (err) {
       showError(body, err);
     } finally {
