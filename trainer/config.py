@@ -44,6 +44,9 @@ class GuardConfig:
     window: int = 20  # rolling window of accepted steps for the moving average / z-score
     factor: float = 2.0  # a loss above 2x its moving average is a suspect step
     grad_z: float = 8.0  # or grad-norm z-score above this *and* grad norm > factor x its average
+    # A step whose loss is under this is never suspect: near zero (a classifier that has learned its data) one hard
+    # batch is many times the average loss and its grad norm an outlier, and neither is a sign of divergence.
+    min_loss: float = 0.05
     confirm_steps: int = 2  # consecutive suspect steps before acting (a lone blip is not a spike)
     max_spikes: int = 3  # rollbacks allowed before giving up with TOO_MANY_SPIKES
     # Steps in a row whose update was skipped for a non-finite loss or grad norm before giving up the same way: a
@@ -109,7 +112,8 @@ class TrainerConfig:
         params = training_hyperparameters(spec)
         guard = GuardConfig(
             enabled=params.spike_guard, window=params.spike_window, factor=params.spike_factor,
-            grad_z=params.spike_grad_z, confirm_steps=params.spike_confirm_steps, max_spikes=params.max_spikes,
+            grad_z=params.spike_grad_z, min_loss=params.spike_min_loss, confirm_steps=params.spike_confirm_steps,
+            max_spikes=params.max_spikes,
             max_nonfinite_steps=params.max_nonfinite_steps,
         )  # fmt: skip
         return cls(

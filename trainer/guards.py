@@ -3,7 +3,8 @@ outlier detector).
 
 Each finished step reports its (globally averaged) loss and the global grad norm.  A step is *suspect* when
 its loss exceeds ``factor`` x the moving average of the last ``window`` accepted steps, or when its grad
-norm is both ``grad_z`` standard deviations above its mean and ``factor`` x that mean.  ``confirm_steps``
+norm is both ``grad_z`` standard deviations above its mean and ``factor`` x that mean; never when its loss is
+under ``min_loss`` (near zero, one hard batch is many times the mean and no sign of divergence).  ``confirm_steps``
 consecutive suspect steps confirm a spike: the loop then rolls back to the newest checkpoint taken before the
 first suspect step and skips the batches involved.  Suspect steps never enter the statistics.
 Non-finite values are handled before this guard (the update is skipped) and never enter them either.
@@ -63,6 +64,8 @@ class SpikeGuard:
     def suspect(self, loss: float, grad_norm: float) -> bool:
         if not self.loss.full:
             return False  # too little history to call anything an outlier (early loss falls fast)
+        if loss < self.cfg.min_loss:
+            return False
         if loss > self.cfg.factor * self.loss.mean():
             return True
         g_mean, g_std = self.grad.mean(), self.grad.std()

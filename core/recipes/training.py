@@ -34,6 +34,9 @@ class TrainingHyperparameters(BaseModel):
     spike_window: Annotated[int, Field(ge=3, le=10_000)] = 20
     spike_factor: Annotated[float, Finite, Field(ge=1.01, le=1e6, description="Suspect: loss > factor x avg.")] = 2.0
     spike_grad_z: Annotated[float, Finite, Field(ge=1.0, le=1e6)] = 8.0
+    spike_min_loss: Annotated[
+        float, Finite, Field(ge=0.0, le=1e6, description="A loss under this is never a spike.")
+    ] = 0.05
     spike_confirm_steps: Annotated[int, Field(ge=1, le=100)] = 2
     max_spikes: Annotated[int, Field(ge=0, le=1000, description="Rollbacks before giving up.")] = 3
     max_nonfinite_steps: Annotated[

@@ -61,6 +61,23 @@ def test_guard_flags_grad_norm_outliers() -> None:
     assert g.observe(10, 10, 3.0, 50.0) is not None
 
 
+def test_guard_never_calls_a_loss_near_zero_a_spike() -> None:
+    """A classifier that has learned its data (examples/digits at lr 0.02 for 1000 steps): a loss of 1e-5 with a
+    hard batch at 1e-2 now and then is 1000x its mean, and its grad norm an outlier, but no divergence."""
+    g = SpikeGuard(GuardConfig(window=5, confirm_steps=2))
+    for i in range(10):
+        g.observe(i, i, 1e-5, 0.001)
+    assert g.observe(10, 10, 0.01, 0.5) is None and g.observe(11, 11, 0.02, 0.5) is None and g.spikes == 0
+    low = SpikeGuard(GuardConfig(window=5, confirm_steps=2, min_loss=0.0))  # without the floor: rolled back
+    for i in range(10):
+        low.observe(i, i, 1e-5, 0.001)
+    assert low.observe(10, 10, 0.01, 0.5) is None and low.observe(11, 11, 0.02, 0.5) is not None
+    rising = SpikeGuard(GuardConfig(window=5, confirm_steps=2))  # a loss that leaves zero far behind still is
+    for i in range(10):
+        rising.observe(i, i, 0.01, 0.001)
+    assert rising.observe(10, 10, 0.5, 0.5) is None and rising.observe(11, 11, 0.9, 0.5) is not None
+
+
 def test_guard_needs_a_full_window() -> None:
     g = SpikeGuard(GuardConfig(window=20, confirm_steps=1))
     assert g.observe(0, 0, 3.0, 1.0) is None
