@@ -7,6 +7,7 @@ final losses best first by the sweep's objective, and sorts by any column, both 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -161,3 +162,38 @@ def test_a_sweeps_queued_jobs_are_held_and_released_from_its_page(kiln: Kiln) ->
         finally:
             for j in api.get(f"/v1/sweeps/{sweep_id}").json()["jobs"]:
                 api.post(f"/v1/jobs/{j['id']}/cancel")
+
+
+def test_a_sweep_is_submitted_from_the_yaml_editor(kiln: Kiln) -> None:
+    """A spec with a sweep section in the Submit page's YAML editor is a sweep: a malformed range is shown at its
+    line, and once fixed the sweep's page opens with its jobs."""
+    from playwright.sync_api import expect
+
+    with chromium() as browser:
+        page = browser.new_context(viewport={"width": 1280, "height": 800}).new_page()  # type: ignore[attr-defined]
+        problems: list[str] = []
+        page.on("pageerror", lambda e: problems.append(f"script error: {e}"))
+        page.goto(f"{kiln.url}/")
+        page.get_by_label("API token").fill(kiln.token)
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_selector("#queue-list table")
+        page.get_by_role("link", name="Submit", exact=True).click()
+        page.get_by_role("button", name="YAML editor").click()
+        box = page.get_by_label("Job spec (YAML)")
+        spec = box.input_value().replace("name: gpt-tiny", "name: yaml-sweep")
+        section = "sweep:\n  random:\n    lr: {log_uniform: [0.01, 0.001]}\n  count: 2\n  max_concurrent: 1\n"
+        box.fill(spec.rstrip("\n") + "\n" + section)
+        page.get_by_role("button", name="Submit YAML").click()
+        error = page.locator("#yaml-errors li[data-loc='sweep.random.lr.log_uniform']")
+        lr_line = (spec.rstrip("\n") + "\n" + section).splitlines().index("    lr: {log_uniform: [0.01, 0.001]}") + 1
+        expect(error).to_contain_text(f"line {lr_line}")
+        expect(error).to_contain_text("the low end 0.01 is above the high end 0.001")
+        box.fill(box.input_value().replace("[0.01, 0.001]", "[0.001, 0.01]"))
+        page.get_by_role("button", name="Submit YAML").click()
+        expect(page).to_have_url(re.compile(r"#/sweeps/\d+$"))
+        sweep_id = int(page.url.rsplit("/", 1)[1])
+        expect(page.locator("#sweep-summary tbody tr")).to_have_count(2)
+        assert not problems, problems
+    with kiln.api() as api:
+        for j in api.get(f"/v1/sweeps/{sweep_id}").json()["jobs"]:
+            api.post(f"/v1/jobs/{j['id']}/cancel")

@@ -190,7 +190,7 @@ export async function submitPage(root) {
   const yamlForm = h("form", { id: "yaml-form", novalidate: true, "aria-labelledby": "yaml-title" },
     h("h2", { id: "yaml-title" }, "YAML"),
     h("label", { for: "yaml" }, "Job spec (YAML)"),
-    h("p", { id: "yaml-help", class: "help" }, "The same schema as `kiln submit FILE`; see examples/ in the repository."),
+    h("p", { id: "yaml-help", class: "help" }, "The same schema as `kiln submit FILE`; with a `sweep:` section, a sweep (as `kiln sweep submit FILE`); see examples/ in the repository."),
     h("div", { class: "yaml-editor" }, yamlInput, yamlErrors),
     h("div", { class: "actions" }, yamlBtn));
 
@@ -285,8 +285,10 @@ export async function submitPage(root) {
     clearErrors();
     yamlBtn.setAttribute("disabled", "");
     try {
-      const job = await api("/v1/jobs", { text: yamlInput.value, contentType: "application/yaml" });
-      navigate(`/jobs/${job.id}`);
+      // A spec with a sweep section is a sweep (as `kiln sweep submit`): it lands on the sweep's page.
+      const sweep = /^sweep\s*:/m.test(yamlInput.value);
+      const made = await api(sweep ? "/v1/sweeps" : "/v1/jobs", { text: yamlInput.value, contentType: "application/yaml" });
+      navigate(sweep ? `/sweeps/${made.id}` : `/jobs/${made.id}`);
     } catch (err) {
       const errors = err instanceof ApiError && err.errors.length ? err.errors : [{ loc: "", msg: err instanceof Error ? err.message : String(err) }];
       yamlInput.setAttribute("aria-invalid", "true");
