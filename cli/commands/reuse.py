@@ -123,6 +123,14 @@ def _fmt_metric(name: str) -> Callable[[dict[str, Any]], str]:
 def sweep_submit(
     file: Annotated[str, typer.Argument(help="A job spec with a sweep section (YAML or JSON; '-' reads stdin).")],
     workdir: WorkdirOpt = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Before uploading: expand the sweep and run its first job's model one step on "
+            "the CPU (needs torch), as kiln submit --check does; submit only if it passes.",
+        ),
+    ] = False,
     hold: Annotated[bool, typer.Option("--hold", help="Submit its jobs held: none starts until kiln release.")] = False,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
@@ -136,6 +144,8 @@ def sweep_submit(
     from cli import code as user_code
 
     text = read_text(file)
+    if check:
+        user_code.check(_first_job(text, file), workdir)
     params = {"hold": "true"} if hold else None
     with client() as api:
         if workdir is not None:
@@ -155,6 +165,25 @@ def sweep_submit(
                            + (" (held)" if hold else "") + (f", drawn with seed {seed}" if seed is not None else "")
                            + f"; best first by {_objective(sweep)}"))  # fmt: skip
     console.print(out.text(f"see it with: kiln sweep show {sweep['id']}"))
+
+
+def _first_job(text: str, path: str) -> dict[str, Any]:
+    """The spec of the sweep's first job, expanded here as the API will (its errors as the API would say them)."""
+    import yaml
+
+    from core.services.errors import InvalidInput
+    from core.services.sweeps import parse
+    from core.spec import SpecError
+
+    document = yaml.safe_load(text)
+    if not isinstance(document, dict):
+        raise CliError(f"{path}: a sweep is a job spec with a sweep section", ExitCode.INVALID)
+    try:
+        _, specs, _ = parse(document)
+    except (SpecError, InvalidInput) as exc:
+        details = [f"{e['loc']}: {e['msg']}" for e in exc.errors]
+        raise CliError(f"{path}: invalid sweep ({len(details)} error(s))", ExitCode.INVALID, details) from None
+    return specs[0].model_dump(mode="json", exclude_none=True)
 
 
 def _best(sweep: dict[str, Any]) -> str:

@@ -208,7 +208,7 @@ def parse(document: dict[str, Any]) -> tuple[SweepSection, list[JobSpec], dict[s
     base = dict(document)
     raw = base.pop("sweep", None)
     if not isinstance(raw, dict):
-        raise InvalidInput.at("sweep", "a sweep document is a job spec with a sweep section (grid or list)")
+        raise InvalidInput.at("sweep", "a sweep document is a job spec with a sweep section (a grid, a list or random draws)")
     try:
         section = SweepSection.model_validate(raw)
     except ValidationError as exc:

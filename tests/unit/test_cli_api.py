@@ -428,6 +428,21 @@ def test_a_random_sweep_of_the_teams_own_code_ranked_by_its_metric(kiln: Any) ->
     kiln("cancel", "--sweep", str(as_json(again)["id"]))
 
 
+def test_sweep_submit_check_runs_the_first_job_before_anything_is_submitted(kiln: Any, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    example = ROOT / "examples" / "digits"
+    before = len(as_json(kiln("sweep", "ls", "-o", "json")))
+    no_section = kiln("sweep", "submit", str(EXAMPLE), "--check")
+    assert no_section.exit_code == ExitCode.INVALID and "invalid sweep" in no_section.output, no_section.output
+    bad = tmp_path / "sweep.yaml"
+    doc = (example / "sweep.yaml").read_text().split("\nsweep:\n")[0] + "\nsweep:\n  list: [{channels: 0}]\n"
+    bad.write_text(doc)
+    failed = kiln("sweep", "submit", str(bad), "--workdir", str(example), "--check")
+    assert failed.exit_code == ExitCode.INVALID and "check failed" in failed.output, failed.output
+    assert "channels" in failed.output
+    assert len(as_json(kiln("sweep", "ls", "-o", "json"))) == before  # nothing submitted, nothing uploaded
+
+
 def test_a_sweeps_jobs_are_held_released_and_cancelled_together(kiln: Any, tmp_path: Path) -> None:
     path = tmp_path / "sweep.yaml"
     path.write_text(EXAMPLE.read_text() + "sweep:\n  grid: {lr: [0.001, 0.003, 0.01]}\n")
