@@ -21,7 +21,7 @@ from api.routers.common import (
     paged,
     paged_query,
 )
-from api.routers.jobs import JSON_TYPES, YAML_TYPES, has_yaml_alias
+from api.routers.jobs import JSON_TYPES, YAML_TYPES, CancelIn, HoldIn, has_yaml_alias
 from api.schemas.sweeps import SweepCurvesOut, SweepJobOut, SweepJobPageOut, SweepOut, SweepPageOut
 from core.services import sweep_curves
 from core.services import sweeps as svc
@@ -106,3 +106,18 @@ def list_sweep_jobs(
 @router.get("/{sweep_id}/curves", response_model=SweepCurvesOut, summary="Each job's objective over its steps")
 def get_sweep_curves(sweep_id: SweepIdPath, db: SessionDep, who: CurrentPrincipal) -> SweepCurvesOut:
     return SweepCurvesOut.from_curves(*sweep_curves.curves(db=db, principal=who, sweep_id=sweep_id))
+
+
+@router.post("/{sweep_id}/hold", response_model=SweepOut, summary="Hold the sweep's queued jobs, all at once")
+def hold_sweep(sweep_id: SweepIdPath, db: SessionDep, who: CurrentPrincipal, body: HoldIn = HoldIn()) -> SweepOut:
+    return SweepOut.from_view(svc.hold_queued(db=db, principal=who, sweep_id=sweep_id, reason=body.reason))
+
+
+@router.post("/{sweep_id}/release", response_model=SweepOut, summary="Release the sweep's held jobs, all at once")
+def release_sweep(sweep_id: SweepIdPath, db: SessionDep, who: CurrentPrincipal) -> SweepOut:
+    return SweepOut.from_view(svc.release_held(db=db, principal=who, sweep_id=sweep_id))
+
+
+@router.post("/{sweep_id}/cancel", response_model=SweepOut, summary="Cancel every job of the sweep not yet ended")
+def cancel_sweep(sweep_id: SweepIdPath, db: SessionDep, who: CurrentPrincipal, body: CancelIn = CancelIn()) -> SweepOut:
+    return SweepOut.from_view(svc.cancel_all(db=db, principal=who, sweep_id=sweep_id, reason=body.reason))

@@ -23,6 +23,7 @@ class SweepJobOut(OutModel):
     steps: int
     last_loss: float | None = Field(description="The final loss once SUCCEEDED; the latest before.")
     pending_reason: str | None
+    held: bool = Field(description="Held: it does not start until released.")
     exit_reason: str | None = Field(description="Why it ended when it did not succeed (`stopped early: ...` by the "
                                     "sweep's early stopping, a failure, a cancel); null otherwise.")  # fmt: skip
     metrics: dict[str, float] = Field(
@@ -33,6 +34,7 @@ class SweepJobOut(OutModel):
     def from_job(cls, j: Job, keys: list[str]) -> SweepJobOut:
         return cls(id=j.id, name=j.name, state=JobState(j.state), last_step=j.last_step,
                    steps=int(j.spec.get("steps", 0)), last_loss=j.last_loss, pending_reason=j.pending_reason,
+                   held=j.held_at is not None,
                    exit_reason=j.exit_reason, settings={k: setting(j, k) for k in keys},
                    metrics=evaluated(j))  # fmt: skip
 

@@ -40,11 +40,11 @@ from core.repositories import jobs as jobs_repo
 from core.repositories import teams as teams_repo
 from core.repositories import users as users_repo
 from core.repositories.keyset import Window
+from core.services import jobs as jobs_svc
 from core.services.errors import InvalidInput, NotFound
-from core.services.jobs import submit
 from core.services.principal import Principal, require_team_id
 from core.spec import JobSpec, SpecError, StrictModel, parse_spec_data, validation_errors
-from core.states import JobState
+from core.states import TERMINAL, JobState
 
 MAX_JOBS = 256
 
@@ -208,7 +208,9 @@ def parse(document: dict[str, Any]) -> tuple[SweepSection, list[JobSpec], dict[s
     base = dict(document)
     raw = base.pop("sweep", None)
     if not isinstance(raw, dict):
-        raise InvalidInput.at("sweep", "a sweep document is a job spec with a sweep section (a grid, a list or random draws)")
+        raise InvalidInput.at(
+            "sweep", "a sweep document is a job spec with a sweep section (a grid, a list or random draws)"
+        )
     try:
         section = SweepSection.model_validate(raw)
     except ValidationError as exc:
@@ -247,7 +249,7 @@ def submit_sweep(*, db: Session, principal: Principal, document: dict[str, Any],
     db.add(sweep)
     db.flush()
     for spec in specs:
-        submit(db=db, principal=principal, spec=spec, sweep_id=sweep.id, hold=hold)
+        jobs_svc.submit(db=db, principal=principal, spec=spec, sweep_id=sweep.id, hold=hold)
     return get(db=db, principal=principal, sweep_id=sweep.id)
 
 
@@ -312,3 +314,29 @@ def get(*, db: Session, principal: Principal, sweep_id: int) -> SweepView:
 def list_sweeps(*, db: Session, principal: Principal, window: Window | None = None) -> Sequence[Sweep]:
     """Newest first."""
     return jobs_repo.sweeps(db, team_ids=principal.visible_team_ids(), window=window)
+
+
+def hold_queued(*, db: Session, principal: Principal, sweep_id: int, reason: str | None = None) -> SweepView:
+    """Hold every queued job of the sweep that is not held (Slurm's ``scontrol hold`` of a job array: its pending
+    tasks), in one transaction: a job the caller may not change refuses them all."""
+    for job in get(db=db, principal=principal, sweep_id=sweep_id).jobs:
+        if job.state == JobState.QUEUED and job.held_at is None and not job.cancel_requested:
+            jobs_svc.hold(db=db, principal=principal, job_id=job.id, reason=reason)
+    return get(db=db, principal=principal, sweep_id=sweep_id)
+
+
+def release_held(*, db: Session, principal: Principal, sweep_id: int) -> SweepView:
+    """Release every held job of the sweep, in one transaction."""
+    for job in get(db=db, principal=principal, sweep_id=sweep_id).jobs:
+        if job.held_at is not None and JobState(job.state) not in TERMINAL:
+            jobs_svc.release(db=db, principal=principal, job_id=job.id)
+    return get(db=db, principal=principal, sweep_id=sweep_id)
+
+
+def cancel_all(*, db: Session, principal: Principal, sweep_id: int, reason: str | None = None) -> SweepView:
+    """Cancel every job of the sweep that has not ended (a running one stops, checkpoint first), in one
+    transaction (Determined's ``experiment kill``)."""
+    for job in get(db=db, principal=principal, sweep_id=sweep_id).jobs:
+        if JobState(job.state) not in TERMINAL and not job.cancel_requested:
+            jobs_svc.cancel(db=db, principal=principal, job_id=job.id, reason=reason)
+    return get(db=db, principal=principal, sweep_id=sweep_id)

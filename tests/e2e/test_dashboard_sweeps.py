@@ -158,6 +158,12 @@ def test_a_sweeps_queued_jobs_are_held_and_released_from_its_page(kiln: Kiln) ->
                 expect(page.locator("#toast")).to_contain_text(f"Released 2 jobs of sweep {sweep_id}")
                 expect(page.locator("#sweep-summary tbody")).not_to_contain_text("QUEUED held")
                 assert held() == []
+                page.once("dialog", lambda dialog: dialog.accept())  # "Cancel the 3 jobs of sweep N ...?"
+                page.get_by_role("button", name="Cancel sweep").click()
+                expect(page.locator("#toast")).to_contain_text(f"Cancelled 3 jobs of sweep {sweep_id}")
+                cancelled = api.get(f"/v1/sweeps/{sweep_id}").json()["jobs"]
+                queued = [j for j in cancelled if j["state"] != "RUNNING"]  # the running one stops, checkpoint first
+                assert len(queued) >= 2 and all(j["state"] == "CANCELLED" for j in queued), cancelled
                 assert not problems, problems
         finally:
             for j in api.get(f"/v1/sweeps/{sweep_id}").json()["jobs"]:

@@ -162,3 +162,31 @@ def test_a_sweeps_curves_are_each_jobs_objective_over_its_steps(db: Session, cli
     steps = [s for s, _ in curve["points"]]
     assert len(steps) <= 201 and steps[0] == 5 and steps[-1] == 999 and steps == sorted(steps)  # every 5th, the last
     assert curve["points"][-1] == [999, 0.01]
+
+
+def test_a_sweep_is_held_released_and_cancelled_as_one(db: Session, client: TestClient, world: World) -> None:
+    sweep = client.post("/v1/sweeps", json=sweep_doc(list=[{"lr": 0.1}, {"lr": 0.01}, {"lr": 0.001}]),
+                        headers=world.h("member")).json()  # fmt: skip
+    ids = sorted(j["id"] for j in sweep["jobs"])
+    path = f"/v1/sweeps/{sweep['id']}"
+    assert client.post(f"{path}/hold", headers=world.h("viewer")).status_code == 403  # nothing changed
+    assert client.post(f"{path}/cancel", headers=world.h("beta-member")).status_code == 404
+    assert not any(db.get(Job, i).held_at or db.get(Job, i).cancel_requested for i in ids)  # type: ignore[union-attr]
+    done = db.get(Job, ids[0])
+    assert done is not None
+    done.state = "SUCCEEDED"  # an ended job is left as it is
+    db.flush()
+
+    held = client.post(f"{path}/hold", json={"reason": "wait for the data"}, headers=world.h("member"))
+    assert held.status_code == 200, held.text
+    by_id = {j["id"]: j for j in held.json()["jobs"]}
+    assert [by_id[i]["pending_reason"] for i in ids] == [None, "Held", "Held"]
+    assert client.post(f"{path}/hold", headers=world.h("member")).status_code == 200  # none left: a no-op
+    released = {j["id"]: j for j in client.post(f"{path}/release", headers=world.h("member")).json()["jobs"]}
+    assert [released[i]["pending_reason"] for i in ids[1:]] != ["Held", "Held"]
+    assert all(db.get(Job, i).held_at is None for i in ids)  # type: ignore[union-attr]
+
+    cancelled = client.post(f"{path}/cancel", json={"reason": "a bug in the data"}, headers=world.h("member"))
+    assert cancelled.status_code == 200, cancelled.text
+    assert sorted(j["state"] for j in cancelled.json()["jobs"]) == ["CANCELLED", "CANCELLED", "SUCCEEDED"]
+    assert client.post(f"{path}/cancel", headers=world.h("member")).status_code == 200  # nothing left to cancel

@@ -1,9 +1,10 @@
-// Sweeps: the sweeps you can see, and for one sweep a summary table of its jobs' final metrics, best first by the
-// sweep's objective, sortable by any column (click a heading; again to reverse). Refreshed every few seconds, the
-// chosen order kept, so a running sweep's table fills in as its jobs end. "Hold queued" and "Release held" act on
-// the sweep's queued jobs at once, as `kiln hold --sweep` / `kiln release --sweep` do.
+// Sweeps: the sweeps you can see, and for one sweep a chart of its jobs' objective over their steps and a summary
+// table of their final metrics, best first by the sweep's objective, sortable by any column (click a heading; again
+// to reverse). Refreshed every few seconds, the chosen order kept, so a running sweep fills in as its jobs report.
+// "Hold queued", "Release held" and "Cancel sweep" act on the whole sweep in one request, as `kiln hold --sweep`,
+// `kiln release --sweep` and `kiln cancel --sweep` do.
 
-import { api, apiAll, qs } from "../api.js";
+import { api } from "../api.js";
 import { LineChart } from "../chart.js";
 import { fmtNumber, h, pageHeader, replace, showError, stateBadge, table, timeEl, toast } from "../dom.js";
 
@@ -73,7 +74,8 @@ async function sweepPage(root, id) {
   const holdBtn = h("button", { type: "button", id: "hold-sweep", title: "Keep the sweep's queued jobs from starting until released" }, "Hold queued");
   const releaseBtn = h("button", { type: "button", id: "release-sweep", title: "Let the sweep's held jobs start again" }, "Release held");
   const chartBox = h("div", { class: "card", id: "sweep-curves" });
-  root.append(pageHeader(`Sweep ${id}`, holdBtn, releaseBtn), status, chartBox, body);
+  const cancelBtn = h("button", { type: "button", class: "danger", id: "cancel-sweep", title: "Cancel every job of the sweep not yet ended" }, "Cancel sweep");
+  root.append(pageHeader(`Sweep ${id}`, holdBtn, releaseBtn, cancelBtn), status, chartBox, body);
   /** @type {LineChart | null} */
   let chart = null; // made once the objective's name is known
   let sort = { key: "rank", dir: 1 }; // best first: the sweep's own ranking
@@ -86,7 +88,7 @@ async function sweepPage(root, id) {
       { key: "rank", title: "Rank", value: (j) => j.rank, num: true },
       { key: "job", title: "Job", value: (j) => j.id, cell: (j) => h("a", { href: `#/jobs/${j.id}` }, `${j.id} ${j.name}`) },
       { key: "state", title: "State", value: (j) => j.state,
-        cell: (j) => h("span", { title: j.exit_reason ?? "" }, stateBadge(j.state), j.pending_reason === "Held" ? " held" : "",
+        cell: (j) => h("span", { title: j.exit_reason ?? "" }, stateBadge(j.state), j.held ? " held" : "",
           j.exit_reason?.startsWith("stopped early") ? " stopped early" : "") },
       ...sweep.keys.map((/** @type {string} */ k) => ({ key: `setting:${k}`, title: k, value: (/** @type {any} */ j) => j.settings[k], num: true })),
       { key: "step", title: "Step", value: (j) => j.last_step, cell: (j) => `${j.last_step} / ${j.steps}`, num: true },
@@ -142,33 +144,35 @@ async function sweepPage(root, id) {
     }
   };
   /**
-   * Hold the sweep's queued jobs that are not held, or release its held ones, one request each (a job that
-   * changed meanwhile is reported and the others go ahead, as with the CLI's --sweep).
-   * @param {"hold" | "release"} action
+   * Hold the sweep's queued jobs that are not held, release its held ones, or cancel every job not yet ended: one
+   * request (POST /v1/sweeps/{id}/hold|release|cancel), all or none, as `kiln hold|release|cancel --sweep`.
+   * @param {"hold" | "release" | "cancel"} action
    */
-  const actOnQueued = async (action) => {
-    const jobs = await apiAll(`/v1/jobs${qs({ sweep: id, state: "QUEUED", held: action === "release" })}`);
-    if (!jobs.length) {
-      toast(action === "hold" ? "No queued job of this sweep to hold." : "No held job in this sweep.");
+  const actOnSweep = async (action) => {
+    const path = `/v1/sweeps/${encodeURIComponent(id)}`;
+    const ended = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+    const applies = {
+      hold: (/** @type {any} */ j) => j.state === "QUEUED" && !j.held,
+      release: (/** @type {any} */ j) => j.held && !ended.has(j.state),
+      cancel: (/** @type {any} */ j) => !ended.has(j.state),
+    }[action];
+    const count = (await api(path)).jobs.filter(applies).length;
+    if (!count) {
+      toast({ hold: "No queued job of this sweep to hold.", release: "No held job in this sweep.",
+        cancel: "Every job of this sweep has ended." }[action]);
       return;
     }
-    const failed = [];
-    for (const j of jobs) {
-      try {
-        await api(`/v1/jobs/${j.id}/${action}`, { method: "POST" });
-      } catch (err) {
-        failed.push(`#${j.id}: ${err instanceof Error ? err.message : err}`);
-      }
-    }
-    const done = jobs.length - failed.length;
-    toast(`${action === "hold" ? "Held" : "Released"} ${done} job${done === 1 ? "" : "s"} of sweep ${id}${failed.length ? `; not ${failed.join("; ")}` : ""}.`);
+    if (action === "cancel" && !window.confirm(`Cancel the ${count} job${count === 1 ? "" : "s"} of sweep ${id} not yet ended? Running ones stop, checkpoint first.`)) return;
+    render(await api(`${path}/${action}`, { method: "POST" }));
+    const verb = { hold: "Held", release: "Released", cancel: "Cancelled" }[action];
+    toast(`${verb} ${count} job${count === 1 ? "" : "s"} of sweep ${id}.`);
     await load();
   };
-  for (const [btn, action] of /** @type {Array<[HTMLElement, "hold" | "release"]>} */ ([[holdBtn, "hold"], [releaseBtn, "release"]])) {
+  for (const [btn, action] of /** @type {Array<[HTMLElement, "hold" | "release" | "cancel"]>} */ ([[holdBtn, "hold"], [releaseBtn, "release"], [cancelBtn, "cancel"]])) {
     btn.addEventListener("click", async () => {
       btn.setAttribute("disabled", "");
       try {
-        await actOnQueued(action);
+        await actOnSweep(action);
       } catch (err) {
         toast(`Could not ${action}: ${err instanceof Error ? err.message : err}`);
       } finally {
