@@ -147,6 +147,29 @@ def test_local_checkpoint_of_an_overtaken_attempt_is_not_used(tmp_path: pathlib.
     assert stale and stale[0]["fields"]["step"] == 6
 
 
+def test_a_local_checkpoint_kept_while_it_was_copied_goes_once_the_copy_is_done(tmp_path: pathlib.Path) -> None:
+    """A slow copy of step 12 to the durable tier: steps 13 and 14 commit locally meanwhile and their prune keeps 12
+    (it is being copied); once the copy is done 12 goes from the local tier (it stayed there before: a flake of the
+    test below on a loaded CI box)."""
+    s = Setup(tmp_path)
+    ck = s.checkpointer(persist_every=2, keep_last=2)
+    copy = ck._persist
+    copied_12 = threading.Event()
+
+    def slow(job: Any) -> None:
+        if job.step == 12:
+            copied_12.wait(timeout=30)  # until 13 and 14 have committed locally
+        copy(job)
+
+    ck._persist = slow  # type: ignore[method-assign]
+    s.train_and_save(ck, range(1, 15))
+    ck.wait()
+    assert 12 in steps_in(tmp_path / "local")  # kept while its copy runs
+    copied_12.set()
+    ck.finish()
+    assert steps_in(tmp_path / "durable") == [12, 14] and steps_in(tmp_path / "local") == [13, 14]
+
+
 def test_nothing_half_written_is_visible_in_either_tier(tmp_path: pathlib.Path) -> None:
     s = Setup(tmp_path)
     (tmp_path / "local").mkdir()

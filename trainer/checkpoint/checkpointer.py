@@ -393,6 +393,10 @@ class Checkpointer:
             finally:
                 with self._cv:
                     self._active = None
+                    # The local copy was kept past keep_last while it was being copied: it may go now (before
+                    # wait_persist() returns, so a finished run leaves keep_last in each tier).
+                    if self.local_root is not None:
+                        self.prune(self.local_root)
                     self._cv.notify_all()
 
     def _persist(self, job: _Persist) -> None:
