@@ -11,6 +11,8 @@ A hook hears the event kinds it asked for, of one job or of every job of its tea
 | ``preempted`` | the scheduler preempts it (PREEMPTING: checkpoint, then back in the queue) |
 | ``restarted`` | it was LOST and is QUEUED again to restart from its last checkpoint |
 | ``sla_violation`` | the SLA evaluator recorded a violation (``SLA_*``) |
+| ``sweep_finished`` | the last job of a sweep ended (a team's hooks only): how many succeeded, failed, were
+  cancelled or stopped early, and the best job by the sweep's objective |
 | ``test`` | sent on request (``kiln webhooks test``) |
 """
 
@@ -24,13 +26,14 @@ import socket
 from typing import Any
 from urllib.parse import urlsplit
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from core.models import Event, Job, Team, Webhook, WebhookDelivery
-from core.states import JobState
+from core.models import Event, Job, Sweep, Team, Webhook, WebhookDelivery
+from core.states import TERMINAL, JobState
 
-KINDS = ("finished", "failed", "cancelled", "preempted", "restarted", "sla_violation")
+KINDS = ("finished", "failed", "cancelled", "preempted", "restarted", "sla_violation", "sweep_finished")
+SWEEP_KIND = "sweep_finished"  # heard by a team's hooks, not by a hook on one job
 TEST_KIND = "test"
 FORMATS = ("json", "slack")
 SIGNATURE_HEADER = "Kiln-Signature"
@@ -65,15 +68,61 @@ def enqueue_for_event(db: Session, event: Event, job: Job) -> list[WebhookDelive
         .where(Webhook.team_id == job.team_id, or_(Webhook.job_id.is_(None), Webhook.job_id == job.id))
         .order_by(Webhook.id)
     ).all()
-    hooks = [h for h in hooks if kind in (h.events or [])]
+    out = _deliveries(db, [h for h in hooks if kind in (h.events or [])], kind, event, job)
+    if job.sweep_id is not None and event.type in (s.value for s in TERMINAL):
+        out += _sweep_finished(db, [h for h in hooks if h.job_id is None and SWEEP_KIND in (h.events or [])],
+                               event, job)  # fmt: skip
+    return out
+
+
+def _deliveries(db: Session, hooks: list[Webhook], kind: str, event: Event, job: Job,
+                extra: dict[str, Any] | None = None) -> list[WebhookDelivery]:  # fmt: skip
     if not hooks:
         return []
     team = db.get(Team, job.team_id)
-    body = payload(kind, event, job, team.name if team is not None else "")
+    body = {**payload(kind, event, job, team.name if team is not None else ""), **(extra or {})}
     out = [WebhookDelivery(webhook_id=h.id, event=event, kind=kind, payload=body, created_at=event.created_at)
            for h in hooks]  # fmt: skip
     db.add_all(out)
     return out
+
+
+def _sweep_finished(db: Session, hooks: list[Webhook], event: Event, job: Job) -> list[WebhookDelivery]:
+    """``sweep_finished`` when ``job`` (its end recorded by ``event``) is the last of its sweep to end."""
+    if not hooks:
+        return []
+    # The sweep's row serialises its jobs' last ends: of two jobs ending at once, the second to take the lock
+    # sees the first ended (each statement reads what was committed when it began).
+    sweep = db.get(Sweep, job.sweep_id, with_for_update=True, populate_existing=True)
+    if sweep is None:
+        return []
+    active = db.scalar(
+        select(func.count()).select_from(Job)
+        .where(Job.sweep_id == sweep.id, Job.id != job.id, Job.state.not_in([s.value for s in TERMINAL]))
+    )  # fmt: skip
+    if active:
+        return []
+    return _deliveries(db, hooks, SWEEP_KIND, event, job, {"sweep": sweep_summary(db, sweep)})
+
+
+def sweep_summary(db: Session, sweep: Sweep) -> dict[str, Any]:
+    """How the sweep ended: its jobs by end, and its best job by its objective (``core.services.sweeps``)."""
+    from core.services import sweeps  # a service of its own, which imports what writes events (as this module)
+
+    objective = sweeps.objective_of(sweep)
+    jobs = sweeps.ranked(list(db.scalars(select(Job).where(Job.sweep_id == sweep.id))), objective)
+    states = [j.state for j in jobs]
+    best = jobs[0] if jobs else None
+    value = None
+    if best is not None:
+        value = best.last_loss if objective.metric == sweeps.LOSS else sweeps.evaluated(best).get(objective.metric)
+    return {
+        "id": sweep.id, "name": sweep.name, "jobs": len(jobs), "succeeded": states.count(JobState.SUCCEEDED),
+        "failed": states.count(JobState.FAILED), "cancelled": states.count(JobState.CANCELLED),
+        "stopped_early": sum(1 for j in jobs if (j.exit_reason or "").startswith("stopped early")),
+        "objective": {"metric": objective.metric, "goal": objective.goal},
+        "best": None if best is None or value is None else {"job_id": best.id, "name": best.name, "value": value},
+    }  # fmt: skip
 
 
 def payload(kind: str, event: Event, job: Job, team: str) -> dict[str, Any]:
@@ -95,6 +144,15 @@ def body_bytes(fmt: str, delivery_id: int, payload: dict[str, Any]) -> bytes:
 
 
 def slack_text(payload: dict[str, Any]) -> str:
+    if payload.get("kind") == SWEEP_KIND and isinstance(payload.get("sweep"), dict):
+        sw, team = payload["sweep"], (payload.get("job") or {}).get("team")
+        best = sw.get("best")
+        metric = (sw.get("objective") or {}).get("metric", "loss")
+        told = f"; best {metric} {best['value']:.4g} (job {best['job_id']} {best['name']})" if best else ""
+        return (
+            f"kiln: sweep {sw['id']} ({sw['name']}, team {team}) finished: {sw['succeeded']} succeeded, "
+            f"{sw['failed']} failed, {sw['cancelled']} cancelled ({sw['stopped_early']} stopped early){told}"
+        )
     job = payload.get("job") or {}
     event = payload.get("event") or {}
     head = f"kiln: job {job.get('id')} ({job.get('name')}, team {job.get('team')}) {payload.get('kind')}"

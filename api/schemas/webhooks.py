@@ -9,7 +9,7 @@ from pydantic import Field
 
 from api.schemas.common import INT64, NEXT_CURSOR_DOC, InModel, OutModel, TeamName, Text
 
-EventKind = Literal["finished", "failed", "cancelled", "preempted", "restarted", "sla_violation"]
+EventKind = Literal["finished", "failed", "cancelled", "preempted", "restarted", "sla_violation", "sweep_finished"]
 WebhookUrl = Annotated[str, Field(min_length=8, max_length=2048, pattern=r"^https?://[^\s]+$",
                                   examples=["https://hooks.example.com/kiln"])]  # fmt: skip
 
@@ -18,7 +18,7 @@ class WebhookCreate(InModel):
     team: TeamName | None = Field(default=None, description="Every job of this team (team-admins).")
     job_id: Annotated[int, Field(ge=1, le=INT64)] | None = Field(default=None, description="Only this job (members).")
     url: WebhookUrl
-    events: Annotated[list[EventKind], Field(min_length=1, max_length=6)] = ["finished", "failed"]
+    events: Annotated[list[EventKind], Field(min_length=1, max_length=7)] = ["finished", "failed"]
     format: Literal["json", "slack"] = Field(default="json", description="slack: a {\"text\": ...} body for a "
                                              "Slack incoming-webhook URL.")  # fmt: skip
     description: Text = ""

@@ -16,7 +16,7 @@ webhooks_app = typer.Typer(
     no_args_is_help=False,
 )
 
-KINDS = ("finished", "failed", "cancelled", "preempted", "restarted", "sla_violation")
+KINDS = ("finished", "failed", "cancelled", "preempted", "restarted", "sla_violation", "sweep_finished")
 
 
 @webhooks_app.callback(invoke_without_command=True)

@@ -20,7 +20,7 @@ from core.repositories import teams as teams_repo
 from core.repositories.keyset import Window, page
 from core.services.errors import InvalidInput, NotFound
 from core.services.principal import ROLE_RANK, Principal, require_team_id
-from core.webhooks import FORMATS, KINDS, TEST_KIND, target_refusal
+from core.webhooks import FORMATS, KINDS, SWEEP_KIND, TEST_KIND, target_refusal
 
 MAX_HOOKS_PER_TEAM = 50
 
@@ -46,6 +46,8 @@ def create(
     if unknown or not events:
         raise InvalidInput.at("events", f"unknown event kinds {unknown}; choose from {', '.join(KINDS)}"
                               if unknown else f"name at least one of {', '.join(KINDS)}")  # fmt: skip
+    if job_id is not None and SWEEP_KIND in events:
+        raise InvalidInput.at("events", f"{SWEEP_KIND} is heard by a team's hooks (--team), not by a hook on one job")
     if fmt not in FORMATS:
         raise InvalidInput.at("format", f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     refusal = target_refusal(url, allow_private=allow_private)

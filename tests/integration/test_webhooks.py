@@ -132,6 +132,47 @@ def test_cancel_writes_the_delivery_with_its_event(hooks_client: TestClient, hoo
     assert test.status_code == 202 and test.json()["kind"] == "test"
 
 
+def test_a_sweep_tells_its_teams_hooks_once_its_last_job_ended(
+    hooks_client: TestClient, hooks_world: World, db: Session
+) -> None:
+    from core.webhooks import slack_text
+    from tests.support.api import spec
+
+    h = hooks_world.h("team-admin")
+    hook = hooks_client.post("/v1/webhooks", json={"team": "alpha", "url": "http://127.0.0.1:9/k",
+                                                   "events": ["sweep_finished"]}, headers=h).json()  # fmt: skip
+    refused = hooks_client.post("/v1/webhooks", json={"job_id": hooks_world.jobs["alpha"], "url": "http://127.0.0.1:9/k",
+                                                      "events": ["sweep_finished"]}, headers=h)  # fmt: skip
+    assert refused.status_code == 422 and "team's hooks" in refused.text
+    section = {"list": [{"lr": 0.1}, {"lr": 0.01}, {"lr": 0.001}], "objective": {"metric": "accuracy",
+                                                                                  "goal": "maximize"}}  # fmt: skip
+    doc = {**spec(team="alpha", name="search"), "sweep": section}
+    sweep = hooks_client.post("/v1/sweeps", json=doc, headers=hooks_world.h("member")).json()
+    jobs = [db.get(Job, j["id"]) for j in sorted(sweep["jobs"], key=lambda j: j["id"])]
+
+    def deliveries() -> list[dict[str, Any]]:
+        return hooks_client.get(f"/v1/webhooks/{hook['id']}/deliveries", headers=h).json()["items"]
+
+    for job, accuracy in zip(jobs[:2], (0.91, 0.97), strict=True):
+        assert job is not None
+        job.state = JobState.RUNNING.value
+        job.eval_metrics = {"step": 10, "metrics": {"accuracy": accuracy}}
+        transition(db, job, JobState.SUCCEEDED)
+    db.flush()
+    assert deliveries() == []  # one job still queued
+    assert hooks_client.post(f"/v1/jobs/{jobs[2].id}/cancel", headers=hooks_world.h("member")).status_code == 202  # type: ignore[union-attr]
+    (delivery,) = deliveries()
+    assert delivery["kind"] == "sweep_finished" and delivery["payload"]["job"]["id"] == jobs[2].id  # type: ignore[union-attr]
+    summary = delivery["payload"]["sweep"]
+    assert (summary["id"], summary["jobs"], summary["succeeded"], summary["cancelled"]) == (sweep["id"], 3, 2, 1)
+    assert summary["best"] == {"job_id": jobs[1].id, "name": "search-1", "value": 0.97}  # type: ignore[union-attr]
+    text = slack_text(delivery["payload"])
+    assert text.startswith(
+        f"kiln: sweep {sweep['id']} (search, team alpha) finished: 2 succeeded, 0 failed, 1 cancelled"
+    )
+    assert text.endswith(f"best accuracy 0.97 (job {jobs[1].id} search-1)")  # type: ignore[union-attr]
+
+
 def test_a_rolled_back_event_leaves_no_delivery(hooks_client: TestClient, hooks_world: World, db: Session) -> None:
     """The outbox row and its event commit or vanish together."""
     hooks_client.post("/v1/webhooks", json={"team": "alpha", "url": "http://127.0.0.1:9/k", "events": ["failed"]},
@@ -335,3 +376,49 @@ def test_sla_violations_and_restarts_notify(outbox_db: sessionmaker[Session]) ->
 def test_backoff_doubles_up_to_the_cap() -> None:
     s = Settings(webhook_backoff_base_s=5, webhook_backoff_max_s=60)
     assert [backoff_s(n, s) for n in (1, 2, 3, 4, 5, 6)] == [5, 10, 20, 40, 60, 60]
+
+
+def test_two_last_jobs_of_a_sweep_ending_at_once_tell_it_once(outbox_db: sessionmaker[Session]) -> None:
+    """Two transactions end a sweep's last two jobs at the same time: the second to lock the sweep sees the first's
+    end, so exactly one sweep_finished is written (without the lock each would see the other running: none)."""
+    from core.models import Sweep
+
+    with outbox_db() as db:
+        team = Team(name=f"s{time.monotonic_ns()}")
+        db.add(team)
+        db.flush()
+        hook = Webhook(team_id=team.id, url="http://127.0.0.1:9/k", secret="whsec_test", events=["sweep_finished"])
+        sweep = Sweep(name="both", team_id=team.id, parameters={"list": [{"lr": 0.1}, {"lr": 0.2}]})
+        db.add_all([hook, sweep])
+        db.flush()
+        qos = db.scalars(select(QosClass)).first()
+        assert qos is not None
+        jobs = [Job(name=f"both-{i}", team_id=team.id, spec={}, qos_class_id=qos.id, sweep_id=sweep.id,
+                    state=JobState.RUNNING.value) for i in range(2)]  # fmt: skip
+        db.add_all(jobs)
+        db.commit()
+        ids, hook_id = [j.id for j in jobs], hook.id
+
+    first = outbox_db()
+    job = first.get(Job, ids[0])
+    assert job is not None
+    transition(first, job, JobState.SUCCEEDED)
+    first.flush()  # holds the sweep's lock, its end not committed yet
+    ended = threading.Event()
+
+    def end_the_other() -> None:
+        with outbox_db() as second:
+            other = second.get(Job, ids[1])
+            assert other is not None
+            transition(second, other, JobState.SUCCEEDED)  # waits for the sweep's lock
+            second.commit()
+        ended.set()
+
+    thread = threading.Thread(target=end_the_other)
+    thread.start()
+    assert not ended.wait(1.0)  # blocked on the lock the first transaction holds
+    first.commit()
+    first.close()
+    thread.join(timeout=30)
+    assert ended.is_set()
+    assert [d.kind for d in _deliveries(outbox_db, hook_id)] == ["sweep_finished"]
