@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from core.models import Event, Job, Sweep, Team, Webhook, WebhookDelivery
 from core.states import TERMINAL, JobState
+from core.sweep_ranking import LOSS, evaluated, objective_of, ranked
 
 KINDS = ("finished", "failed", "cancelled", "preempted", "restarted", "sla_violation", "sweep_finished")
 SWEEP_KIND = "sweep_finished"  # heard by a team's hooks, not by a hook on one job
@@ -106,16 +107,14 @@ def _sweep_finished(db: Session, hooks: list[Webhook], event: Event, job: Job) -
 
 
 def sweep_summary(db: Session, sweep: Sweep) -> dict[str, Any]:
-    """How the sweep ended: its jobs by end, and its best job by its objective (``core.services.sweeps``)."""
-    from core.services import sweeps  # a service of its own, which imports what writes events (as this module)
-
-    objective = sweeps.objective_of(sweep)
-    jobs = sweeps.ranked(list(db.scalars(select(Job).where(Job.sweep_id == sweep.id))), objective)
+    """How the sweep ended: its jobs by end, and its best job by its objective."""
+    objective = objective_of(sweep)
+    jobs = ranked(list(db.scalars(select(Job).where(Job.sweep_id == sweep.id))), objective)
     states = [j.state for j in jobs]
     best = jobs[0] if jobs else None
     value = None
     if best is not None:
-        value = best.last_loss if objective.metric == sweeps.LOSS else sweeps.evaluated(best).get(objective.metric)
+        value = best.last_loss if objective.metric == LOSS else evaluated(best).get(objective.metric)
     return {
         "id": sweep.id, "name": sweep.name, "jobs": len(jobs), "succeeded": states.count(JobState.SUCCEEDED),
         "failed": states.count(JobState.FAILED), "cancelled": states.count(JobState.CANCELLED),

@@ -10,8 +10,9 @@ from pydantic import Field
 from api.schemas.common import NEXT_CURSOR_DOC, OutModel
 from core.models import Job
 from core.services.sweep_curves import Curve
-from core.services.sweeps import MAX_JOBS, Objective, SweepView, evaluated, setting
+from core.services.sweeps import MAX_JOBS, SweepView, setting
 from core.states import JobState
+from core.sweep_ranking import Objective, evaluated
 
 
 class SweepJobOut(OutModel):

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from core.models import Event, Job, JobMetric
 from core.services import sweeps
 from core.services.principal import Principal
+from core.sweep_ranking import LOSS, Objective
 
 MAX_POINTS = 200  # per job, at most about this many points
 
@@ -63,11 +64,11 @@ def _evaluations(db: Session, jobs: list[Job], metric: str) -> dict[int, dict[in
     return found
 
 
-def curves(*, db: Session, principal: Principal, sweep_id: int) -> tuple[sweeps.Objective, list[Curve]]:
+def curves(*, db: Session, principal: Principal, sweep_id: int) -> tuple[Objective, list[Curve]]:
     """The sweep's objective and each of its jobs' curve of it, in the sweep's order (best first)."""
     view = sweeps.get(db=db, principal=principal, sweep_id=sweep_id)
     metric = view.objective.metric
-    if metric == sweeps.LOSS:
+    if metric == LOSS:
         return view.objective, [Curve(j, _thinned(_losses(db, j))) for j in view.jobs]
     evaluated = _evaluations(db, view.jobs, metric) if view.jobs else {}
     return view.objective, [Curve(j, _thinned(evaluated[j.id])) for j in view.jobs]

@@ -22,7 +22,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.models import Event, Job, Sweep
-from core.services.sweeps import Objective, early_stopping_of, objective_of
+from core.services.sweeps import early_stopping_of
+from core.sweep_ranking import Objective, objective_of
 from core.transitions import record_event
 
 

@@ -18,7 +18,7 @@ recipe (``lr`` is ``recipe.hyperparameters.lr``). Job ``i`` is named ``<name>-<i
 jobs beyond ``max_concurrent`` with the pending reason ``SweepLimit``. A random key is a list (one of its values,
 each as likely) or one of ``uniform``, ``log_uniform`` (a float, uniform in its logarithm: learning rates) and
 ``int_uniform`` (an integer, both ends included) over ``[low, high]``; floats are kept to 4 significant digits.
-Early stopping: ``core.services.sweep_stopping``.
+Ranking by the objective: ``core.sweep_ranking``; early stopping: ``core.services.sweep_stopping``.
 """
 
 from __future__ import annotations
@@ -45,30 +45,9 @@ from core.services.errors import InvalidInput, NotFound
 from core.services.principal import Principal, require_team_id
 from core.spec import JobSpec, SpecError, StrictModel, parse_spec_data, validation_errors
 from core.states import TERMINAL, JobState
+from core.sweep_ranking import LOSS, Objective, objective_of, ranked
 
 MAX_JOBS = 256
-
-
-LOSS = "loss"  # the objective's metric that means the job's loss (its final loss once it succeeded)
-
-
-class Objective(StrictModel):
-    """What ranks a sweep's jobs: the loss, or a metric its code's ``evaluate`` reports (``accuracy``)."""
-
-    metric: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")] = LOSS
-    goal: Literal["minimize", "maximize"] = "minimize"
-
-    def rule(self) -> str:
-        better = "lower" if self.goal == "minimize" else "higher"
-        if self.metric == LOSS:
-            return (
-                f"succeeded jobs by final loss ({better} is better), then the others by their last loss, "
-                "then those with none"
-            )
-        return (
-            f"succeeded jobs by their last evaluated {self.metric} ({better} is better), then the others by "
-            f"theirs, then those without one"
-        )
 
 
 DISTRIBUTIONS = ("uniform", "log_uniform", "int_uniform")
@@ -268,36 +247,9 @@ def setting(job: Job, key: str) -> Any:
     return node
 
 
-def objective_of(sweep: Sweep) -> Objective:
-    """The objective it was submitted with (sweeps stored before there was one rank by the loss)."""
-    return Objective.model_validate((sweep.parameters or {}).get("objective") or {})
-
-
 def early_stopping_of(sweep: Sweep) -> EarlyStopping | None:
     raw = (sweep.parameters or {}).get("early_stopping")
     return None if raw is None else EarlyStopping.model_validate(raw)
-
-
-def evaluated(job: Job) -> dict[str, float]:
-    """The job's last evaluation of its own code, ``{name: value}`` (empty without one)."""
-    found = job.eval_metrics.get("metrics") if isinstance(job.eval_metrics, dict) else None
-    if not isinstance(found, dict):
-        return {}
-    return {str(k): float(v) for k, v in found.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-
-
-def ranked(jobs: list[Job], objective: Objective | None = None) -> list[Job]:
-    """Best first by the objective (``Objective.rule`` says it in words)."""
-    objective = objective or Objective()
-    sign = 1.0 if objective.goal == "minimize" else -1.0
-
-    def key(job: Job) -> tuple[int, float, int]:
-        value = job.last_loss if objective.metric == LOSS else evaluated(job).get(objective.metric)
-        score = sign * value if value is not None and math.isfinite(value) else math.inf
-        return (0 if job.state == JobState.SUCCEEDED and score < math.inf else 1 if score < math.inf else 2,
-                score, job.id)  # fmt: skip
-
-    return sorted(jobs, key=key)
 
 
 def get(*, db: Session, principal: Principal, sweep_id: int) -> SweepView:

@@ -10,8 +10,9 @@ import pytest
 
 from core.models import Job
 from core.services.errors import InvalidInput
-from core.services.sweeps import Objective, SweepSection, ranked, settings_of, with_seed
+from core.services.sweeps import SweepSection, settings_of, with_seed
 from core.states import JobState
+from core.sweep_ranking import Objective, ranked
 
 
 def section(**fields: Any) -> SweepSection:
