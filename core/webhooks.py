@@ -35,6 +35,7 @@ from core.sweep_ranking import LOSS, evaluated, objective_of, ranked
 
 KINDS = ("finished", "failed", "cancelled", "preempted", "restarted", "sla_violation", "sweep_finished")
 SWEEP_KIND = "sweep_finished"  # heard by a team's hooks, not by a hook on one job
+ENDED = tuple(s.value for s in TERMINAL)
 TEST_KIND = "test"
 FORMATS = ("json", "slack")
 SIGNATURE_HEADER = "Kiln-Signature"
@@ -70,7 +71,7 @@ def enqueue_for_event(db: Session, event: Event, job: Job) -> list[WebhookDelive
         .order_by(Webhook.id)
     ).all()
     out = _deliveries(db, [h for h in hooks if kind in (h.events or [])], kind, event, job)
-    if job.sweep_id is not None and event.type in (s.value for s in TERMINAL):
+    if job.sweep_id is not None and event.type in ENDED:
         out += _sweep_finished(db, [h for h in hooks if h.job_id is None and SWEEP_KIND in (h.events or [])],
                                event, job)  # fmt: skip
     return out
@@ -99,7 +100,7 @@ def _sweep_finished(db: Session, hooks: list[Webhook], event: Event, job: Job) -
         return []
     active = db.scalar(
         select(func.count()).select_from(Job)
-        .where(Job.sweep_id == sweep.id, Job.id != job.id, Job.state.not_in([s.value for s in TERMINAL]))
+        .where(Job.sweep_id == sweep.id, Job.id != job.id, Job.state.not_in(ENDED))
     )  # fmt: skip
     if active:
         return []

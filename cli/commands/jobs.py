@@ -56,6 +56,15 @@ WorkdirOpt = Annotated[
     ),
 ]
 
+CheckOpt = Annotated[
+    bool,
+    typer.Option(
+        "--check",
+        help="Before uploading: validate the spec and hyperparameters and run one forward/backward step of the "
+        "model (a sweep's: its first job's) on the CPU (needs torch); submit only if it passes.",
+    ),
+]
+
 
 @app.command()
 def submit(
@@ -64,14 +73,7 @@ def submit(
         bool, typer.Option("--follow", "-f", help="Show progress and live loss until the job ends.")
     ] = False,
     workdir: WorkdirOpt = None,
-    check: Annotated[
-        bool,
-        typer.Option(
-            "--check",
-            help="Before uploading: validate the spec and hyperparameters and run one "
-            "forward/backward step on the CPU (needs torch); submit only if it passes.",
-        ),
-    ] = False,
+    check: CheckOpt = False,
     hold: Annotated[bool, typer.Option("--hold", help="Submit it held: it does not start until kiln release.")] = False,
     output: OutputOpt = OutputFormat.table,
 ) -> None:

@@ -10,7 +10,7 @@ import typer
 
 from cli import output as out
 from cli.app import OutputOpt, app, client
-from cli.commands.jobs import JobArg, WorkdirOpt, read_text, report_submitted, submit_text
+from cli.commands.jobs import CheckOpt, JobArg, WorkdirOpt, read_text, report_submitted, submit_text
 from cli.errors import CliError, ExitCode
 from cli.output import Column, OutputFormat, console, err_console
 
@@ -123,14 +123,7 @@ def _fmt_metric(name: str) -> Callable[[dict[str, Any]], str]:
 def sweep_submit(
     file: Annotated[str, typer.Argument(help="A job spec with a sweep section (YAML or JSON; '-' reads stdin).")],
     workdir: WorkdirOpt = None,
-    check: Annotated[
-        bool,
-        typer.Option(
-            "--check",
-            help="Before uploading: expand the sweep and run its first job's model one step on "
-            "the CPU (needs torch), as kiln submit --check does; submit only if it passes.",
-        ),
-    ] = False,
+    check: CheckOpt = False,
     hold: Annotated[bool, typer.Option("--hold", help="Submit its jobs held: none starts until kiln release.")] = False,
     output: OutputOpt = OutputFormat.table,
 ) -> None:

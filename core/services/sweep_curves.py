@@ -48,13 +48,12 @@ def _losses(db: Session, job: Job) -> dict[int, float]:
     return points
 
 
-def _evaluations(db: Session, jobs: list[Job], metric: str) -> dict[int, dict[int, float]]:
+def evaluations(db: Session, job_ids: list[int], metric: str) -> dict[int, dict[int, float]]:
+    """Each job's ``metric`` by the step its code evaluated it at (a step evaluated again: its latest value)."""
     rows = db.execute(
-        select(Event.job_id, Event.data)
-        .where(Event.job_id.in_([j.id for j in jobs]), Event.type == "EVALUATION")
-        .order_by(Event.id)
+        select(Event.job_id, Event.data).where(Event.job_id.in_(job_ids), Event.type == "EVALUATION").order_by(Event.id)
     ).all()
-    found: dict[int, dict[int, float]] = {j.id: {} for j in jobs}
+    found: dict[int, dict[int, float]] = {job_id: {} for job_id in job_ids}
     for job_id, data in rows:
         if not isinstance(data, dict) or not isinstance(data.get("step"), int):
             continue
@@ -70,5 +69,5 @@ def curves(*, db: Session, principal: Principal, sweep_id: int) -> tuple[Objecti
     metric = view.objective.metric
     if metric == LOSS:
         return view.objective, [Curve(j, _thinned(_losses(db, j))) for j in view.jobs]
-    evaluated = _evaluations(db, view.jobs, metric) if view.jobs else {}
+    evaluated = evaluations(db, [j.id for j in view.jobs], metric)
     return view.objective, [Curve(j, _thinned(evaluated[j.id])) for j in view.jobs]

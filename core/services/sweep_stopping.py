@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.models import Event, Job, Sweep
+from core.models import Job, Sweep
+from core.services.sweep_curves import evaluations
 from core.services.sweeps import early_stopping_of
 from core.sweep_ranking import Objective, objective_of
 from core.transitions import record_event
@@ -37,24 +38,6 @@ def median_to_beat(value: float, others: Sequence[float], objective: Objective, 
     return median if worse else None
 
 
-def values_at(db: Session, *, sweep_id: int, step: int, metric: str, but: int) -> list[float]:
-    """Each other job's latest value of ``metric`` evaluated at ``step`` (one per job)."""
-    rows = db.execute(
-        select(Event.job_id, Event.data)
-        .join(Job, Job.id == Event.job_id)
-        .where(Job.sweep_id == sweep_id, Job.id != but, Event.type == "EVALUATION")
-        .order_by(Event.id)
-    ).all()
-    latest: dict[int, float] = {}
-    for job_id, data in rows:
-        if not isinstance(data, dict) or data.get("step") != step:
-            continue
-        value = (data.get("metrics") or {}).get(metric)
-        if isinstance(value, (int, float)):
-            latest[int(job_id)] = float(value)
-    return list(latest.values())
-
-
 def stop_if_worse(db: Session, *, job: Job, step: int, metrics: dict[str, float | None]) -> str | None:
     """Judge ``job``'s evaluation at ``step`` by its sweep's rule; when it is worse, ask it to stop (the caller holds
     the job's row lock) and return why. None when it goes on, or it is in no sweep that stops early."""
@@ -68,7 +51,9 @@ def stop_if_worse(db: Session, *, job: Job, step: int, metrics: dict[str, float 
     value = metrics.get(objective.metric)
     if value is None:
         return None
-    others = values_at(db, sweep_id=sweep.id, step=step, metric=objective.metric, but=job.id)
+    other_ids = list(db.scalars(select(Job.id).where(Job.sweep_id == sweep.id, Job.id != job.id)))
+    by_step = evaluations(db, other_ids, objective.metric)
+    others = [values[step] for values in by_step.values() if step in values]
     median = median_to_beat(value, others, objective, rule.min_jobs)
     if median is None:
         return None
