@@ -163,7 +163,7 @@ async function sweepPage(root, id) {
       return;
     }
     if (action === "cancel" && !window.confirm(`Cancel the ${count} job${count === 1 ? "" : "s"} of sweep ${id} not yet ended? Running ones stop, checkpoint first.`)) return;
-    render(await api(`${path}/${action}`, { method: "POST" }));
+    await api(`${path}/${action}`, { method: "POST" }); // its answer is the sweep; load() below redraws it and its curves
     const verb = { hold: "Held", release: "Released", cancel: "Cancelled" }[action];
     toast(`${verb} ${count} job${count === 1 ? "" : "s"} of sweep ${id}.`);
     await load();
