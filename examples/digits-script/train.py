@@ -95,6 +95,9 @@ def main() -> None:
         kiln.evaluation(kiln.steps(), {"accuracy": accuracy})
         print(f"held-out accuracy {accuracy:.4f} after {kiln.steps()} steps, final loss {loss.item():.4f}", flush=True)
     if world > 1:
+        # Leave together: a rank that tore its group down while rank 0 still evaluated aborted once in gloo's
+        # threads ("terminate called without an active exception", on a box busy with other work).
+        dist.barrier()
         dist.destroy_process_group()
 
 
