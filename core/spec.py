@@ -276,6 +276,7 @@ def validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
 
 def _explain(err: Any) -> str:
     kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    msg = str(err["msg"]).removeprefix("Value error, ")  # a validator's own sentence, without pydantic's label
     if kind == "extra_forbidden":
         name = str(err["loc"][-1])
         known = fields_at(err["loc"][:-1])
@@ -286,13 +287,13 @@ def _explain(err: Any) -> str:
         return f"{value!r} is not a valid name: {NAME_RULE}"
     if isinstance(value, bool) and kind in ("literal_error", "string_type", "enum"):
         field = err["loc"][-1] if err["loc"] else "value"
-        return f"{err['msg']}, got the boolean {str(value).lower()}: {YAML_BOOLEAN_HINT} ({field}: 'off')"
+        return f"{msg}, got the boolean {str(value).lower()}: {YAML_BOOLEAN_HINT} ({field}: 'off')"
     if kind == "literal_error":
         allowed = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
-        return f"{err['msg']}, got {value!r}{did_you_mean(str(value), allowed)}"
+        return f"{msg}, got {value!r}{did_you_mean(str(value), allowed)}"
     if isinstance(value, (str, int, float)) and not isinstance(value, bool) and len(repr(value)) <= 80:
-        return f"{err['msg']}, got {value!r}"
-    return str(err["msg"])
+        return f"{msg}, got {value!r}"
+    return msg
 
 
 def did_you_mean(name: str, known: list[str]) -> str:

@@ -1,13 +1,22 @@
-"""Early stopping of a sweep's jobs by the median stopping rule (Google Vizier's; Optuna's ``MedianPruner`` and
-Katib's ``medianstop`` are the same idea).
+"""Early stopping of a sweep's jobs, by one of two rules on the sweep's evaluated objective
+(``objective: {metric: accuracy, goal: maximize}``):
 
-A sweep with ``early_stopping: {rule: median, min_jobs: 3, after_steps: 0}`` and an evaluated objective
-(``objective: {metric: accuracy, goal: maximize}``) judges each of its jobs at every evaluation after
-``after_steps``: when the job's value is worse than the median of the values the sweep's other jobs reported at
-the same step (at least ``min_jobs`` of them; a job that ended counts, a job's latest evaluation at a step counts
-once), it is stopped as a cancel stops it (a checkpoint first) and ends ``CANCELLED`` with the reason ``stopped
-early: ...``. A tie is not worse. Jobs compare at the steps they evaluate at: before every checkpoint and at the end,
-so the same ``checkpointing.every_steps`` gives them the same steps.
+* the **median stopping rule** (Google Vizier's; Optuna's ``MedianPruner`` and Katib's ``medianstop``):
+  ``early_stopping: {rule: median, min_jobs: 3, after_steps: 0}`` judges each job at every evaluation after
+  ``after_steps``: when its value is worse than the median of the values the sweep's other jobs reported at the
+  same step (at least ``min_jobs`` of them; a job that ended counts, a job's latest evaluation at a step counts
+  once), it stops. A tie is not worse.
+* **asynchronous successive halving** (ASHA, Li et al., MLSys 2020; Optuna's ``SuccessiveHalvingPruner``, Ray
+  Tune's ``ASHAScheduler``, Determined's adaptive searchers): ``early_stopping: {rule: successive_halving,
+  min_steps: 100, reduction_factor: 3, min_jobs: 3}`` sets rungs at 100, 300, 900, ... steps. A job's first
+  evaluation in a rung (at or after its step, before the next rung's) is its value there, judged once, as it
+  arrives: it goes on only if it is among the best ``max(1, n // reduction_factor)`` of the ``n`` values the sweep's
+  jobs have had in that rung so far (its own included), when at least ``min_jobs`` others have one. Jobs that came
+  early are judged against fewer, as ASHA's promotions are; a tie is not worse.
+
+A stopped job is stopped as a cancel stops it (a checkpoint first) and ends ``CANCELLED`` with the reason
+``stopped early: ...``. Jobs compare at the steps they evaluate at: before every checkpoint and at the end, so the
+same ``checkpointing.every_steps`` gives them the same steps; a job's last step is never judged (it ends anyway).
 
 The worker's telemetry relay calls ``stop_if_worse`` as an evaluation arrives, in the heartbeat's transaction, so
 the same heartbeat tells the trainer to stop.
@@ -17,13 +26,14 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.models import Job, Sweep
 from core.services.sweep_curves import evaluations
-from core.services.sweeps import early_stopping_of
+from core.services.sweeps import EarlyStopping, early_stopping_of
 from core.sweep_ranking import Objective, objective_of
 from core.transitions import record_event
 
@@ -38,6 +48,19 @@ def median_to_beat(value: float, others: Sequence[float], objective: Objective, 
     return median if worse else None
 
 
+def rung_cutoff(value: float, others: Sequence[float], objective: Objective, reduction_factor: int,
+                min_jobs: int) -> tuple[int, float] | None:  # fmt: skip
+    """Successive halving at one rung: when ``value`` is not among the best ``max(1, n // reduction_factor)`` of
+    the ``n`` values (``others`` and it), how many go on and the worst value that does (so the job stops); None
+    when it goes on, or fewer than ``min_jobs`` others reached the rung."""
+    if len(others) < min_jobs:
+        return None
+    kept = max(1, (len(others) + 1) // reduction_factor)
+    best_first = sorted(others, reverse=objective.goal == "maximize")
+    better = sum(1 for v in others if (v > value if objective.goal == "maximize" else v < value))
+    return None if better < kept else (kept, best_first[kept - 1])
+
+
 def stop_if_worse(db: Session, *, job: Job, step: int, metrics: dict[str, float | None]) -> str | None:
     """Judge ``job``'s evaluation at ``step`` by its sweep's rule; when it is worse, ask it to stop (the caller holds
     the job's row lock) and return why. None when it goes on, or it is in no sweep that stops early."""
@@ -45,12 +68,30 @@ def stop_if_worse(db: Session, *, job: Job, step: int, metrics: dict[str, float 
         return None
     sweep = db.get(Sweep, job.sweep_id)
     rule = early_stopping_of(sweep) if sweep is not None else None
-    if sweep is None or rule is None or step <= rule.after_steps or step >= int(job.spec.get("steps", 0)):
-        return None  # not judged yet, or its last evaluation: it ends anyway
+    if sweep is None or rule is None or step >= int(job.spec.get("steps", 0)):
+        return None  # in no sweep that stops early, or its last evaluation: it ends anyway
     objective = objective_of(sweep)
     value = metrics.get(objective.metric)
     if value is None:
         return None
+    if rule.rule == "successive_halving":
+        found = _at_rung(db, sweep, job, step, value, objective, rule)
+    elif step > rule.after_steps:
+        found = _below_median(db, sweep, job, step, value, objective, rule)
+    else:
+        found = None
+    if found is None:
+        return None
+    reason, data = found
+    job.cancel_requested = True
+    job.exit_reason = reason[:512]
+    data = {"step": step, "metric": objective.metric, "value": value, "rule": rule.rule, **data}
+    record_event(db, "STOPPED_EARLY", job=job, message=reason, data=data)
+    return reason
+
+
+def _below_median(db: Session, sweep: Sweep, job: Job, step: int, value: float, objective: Objective,
+                  rule: EarlyStopping) -> tuple[str, dict[str, Any]] | None:  # fmt: skip
     other_ids = list(db.scalars(select(Job.id).where(Job.sweep_id == sweep.id, Job.id != job.id)))
     by_step = evaluations(db, other_ids, objective.metric)
     others = [values[step] for values in by_step.values() if step in values]
@@ -59,9 +100,33 @@ def stop_if_worse(db: Session, *, job: Job, step: int, metrics: dict[str, float 
         return None
     reason = (f"stopped early: {objective.metric} {value:.4g} at step {step}, worse than the median of the "
               f"{len(others)} other jobs of sweep {sweep.id} there ({median:.4g})")  # fmt: skip
-    job.cancel_requested = True
-    job.exit_reason = reason[:512]
-    record_event(db, "STOPPED_EARLY", job=job, message=reason,
-                 data={"step": step, "metric": objective.metric, "value": value, "median": median,
-                       "compared": len(others)})  # fmt: skip
-    return reason
+    return reason, {"median": median, "compared": len(others)}
+
+
+def _at_rung(db: Session, sweep: Sweep, job: Job, step: int, value: float, objective: Objective,
+             rule: EarlyStopping) -> tuple[str, dict[str, Any]] | None:  # fmt: skip
+    rung = rule.rung(step)
+    if rung is None:
+        return None
+    start, end = rung
+    by_job = evaluations(db, list(db.scalars(select(Job.id).where(Job.sweep_id == sweep.id))), objective.metric)
+    if any(start <= s < step for s in by_job.get(job.id, {})):
+        return None  # judged at this rung already, at its first evaluation there
+    others = []
+    for other, values in by_job.items():
+        first = min((s for s in values if start <= s < end), default=None)
+        if other != job.id and first is not None:
+            others.append(values[first])
+    cutoff = rung_cutoff(value, others, objective, rule.reduction_factor, rule.min_jobs)
+    if cutoff is None:
+        return None
+    kept, worst_kept = cutoff
+    reason = (f"stopped early: {objective.metric} {value:.4g} at step {step}, not among the best {kept} of the "
+              f"{len(others) + 1} jobs of sweep {sweep.id} at rung {start} (successive halving by "
+              f"{rule.reduction_factor}; the {_ordinal(kept)} best: {worst_kept:.4g})")  # fmt: skip
+    return reason, {"rung": start, "kept": kept, "compared": len(others), "cutoff": worst_kept}
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

@@ -12,6 +12,7 @@ A sweep document is a job spec with a ``sweep`` section::
       max_concurrent: 2                                   # at most 2 of its jobs run at once (Slurm's %N)
       objective: {metric: accuracy, goal: maximize}       # what ranks its jobs (default: the final loss, lowest)
       early_stopping: {rule: median, min_jobs: 3}         # stop a job worse than the others' median at a step
+                                                          # (or {rule: successive_halving, min_steps: 100})
 
 A key names a field of the spec (``steps``, ``resources.gpus``: a dotted path) or else a hyperparameter of the
 recipe (``lr`` is ``recipe.hyperparameters.lr``). Job ``i`` is named ``<name>-<i>``. The scheduler holds back
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from sqlalchemy.orm import Session
 
 from core.models import Job, Role, Sweep
@@ -97,12 +98,43 @@ class Distribution:
 
 
 class EarlyStopping(StrictModel):
-    """The median stopping rule (``core.services.sweep_stopping``): a job whose objective, at an evaluation after
-    ``after_steps``, is worse than the median of at least ``min_jobs`` other jobs' values at that step stops."""
+    """When a sweep stops its hopeless jobs (``core.services.sweep_stopping``), judged on its objective at the
+    jobs' evaluations by one of two rules:
 
-    rule: Literal["median"] = "median"
+    * ``median`` (the default): a job whose value at a step after ``after_steps`` is worse than the median of at
+      least ``min_jobs`` other jobs' values at that step stops;
+    * ``successive_halving`` (asynchronous successive halving, ASHA): at rungs of ``min_steps`` times powers of
+      ``reduction_factor`` steps, a job goes on only while its value is among the best ``1 / reduction_factor`` of
+      the values the sweep's jobs had at that rung (judged once there, against at least ``min_jobs`` others).
+    """
+
+    rule: Literal["median", "successive_halving"] = "median"
     min_jobs: Annotated[int, Field(ge=1, le=MAX_JOBS)] = 3
     after_steps: Annotated[int, Field(ge=0)] = 0
+    min_steps: Annotated[int | None, Field(ge=1)] = None
+    reduction_factor: Annotated[int, Field(ge=2, le=16)] = 3
+
+    @model_validator(mode="after")
+    def _fields_of_its_rule(self) -> EarlyStopping:
+        given = self.model_fields_set
+        if self.rule == "median" and given & {"min_steps", "reduction_factor"}:
+            raise ValueError("min_steps and reduction_factor are successive_halving's (rule: successive_halving)")
+        if self.rule == "successive_halving":
+            if "after_steps" in given:
+                raise ValueError("after_steps is the median rule's; successive_halving's first rung is min_steps")
+            if self.min_steps is None:
+                raise ValueError("successive_halving needs min_steps: its first rung, in steps")
+        return self
+
+    def rung(self, step: int) -> tuple[int, int] | None:
+        """Successive halving's rung that ``step`` is in, as ``[start, next rung's start)``; None before the first."""
+        assert self.min_steps is not None
+        if step < self.min_steps:
+            return None
+        start = self.min_steps
+        while start * self.reduction_factor <= step:
+            start *= self.reduction_factor
+        return start, start * self.reduction_factor
 
 
 class SweepSection(StrictModel):
@@ -199,7 +231,7 @@ def parse(document: dict[str, Any]) -> tuple[SweepSection, list[JobSpec], dict[s
     if section.early_stopping is not None and section.objective.metric == LOSS:
         raise InvalidInput.at(
             "sweep.early_stopping",
-            "the median rule compares a metric the jobs' evaluations report: name it as the objective "
+            "early stopping compares a metric the jobs' evaluations report: name it as the objective "
             "(objective: {metric: accuracy, goal: maximize})",
         )
     points = settings_of(section)

@@ -125,3 +125,34 @@ def test_an_evaluation_relayed_once_the_trainer_finished_stops_nothing(db: Sessi
     assert not db.scalars(select(Event).where(Event.job_id == jobs[3].id, Event.type == "STOPPED_EARLY")).all()
     report_eval(db, jobs[3], runner, 20, 0.1)
     assert jobs[3].cancel_requested
+
+
+def test_successive_halving_keeps_the_best_third_at_each_rung_judging_a_job_once_there(
+    db: Session, tmp_path: Path
+) -> None:
+    jobs = sweep_of(db, 7, rule="successive_halving", min_steps=10, reduction_factor=3, min_jobs=2)
+    for job, accuracy in zip(jobs[:4], (0.9, 0.8, 0.7, 0.6), strict=True):
+        evaluated(db, job, 10, accuracy)  # rung 10
+    evaluated(db, jobs[0], 20, 0.1)  # a later evaluation in the same rung is not its value there
+
+    runner = running(db, jobs[4], tmp_path / "a")
+    report_eval(db, jobs[4], runner, 10, 0.85)  # 5 at the rung: the best 1 goes on (5 // 3); 0.9 beats it
+    assert jobs[4].cancel_requested
+    why = ("stopped early: accuracy 0.85 at step 10, not among the best 1 of the 5 jobs of sweep "
+           f"{jobs[0].sweep_id} at rung 10 (successive halving by 3; the 1st best: 0.9)")  # fmt: skip
+    assert jobs[4].exit_reason == why
+
+    runner = running(db, jobs[5], tmp_path / "b")
+    report_eval(db, jobs[5], runner, 5, 0.1)  # before the first rung: not judged
+    report_eval(db, jobs[5], runner, 10, 0.95)  # 6 there (with the stopped job's): the best 2 go on; it is 1st
+    assert not jobs[5].cancel_requested
+    report_eval(db, jobs[5], runner, 20, 0.01)  # judged once at a rung: its first evaluation there
+    assert not jobs[5].cancel_requested
+    evaluated(db, jobs[0], 30, 0.9)  # rung 30: two others
+    evaluated(db, jobs[1], 30, 0.95)
+    report_eval(db, jobs[5], runner, 30, 0.92)  # 3 // 3 = 1 goes on: 0.95
+    assert jobs[5].cancel_requested and jobs[5].exit_reason is not None
+    assert "at rung 30" in jobs[5].exit_reason and "the 1st best: 0.95" in jobs[5].exit_reason
+    stopped = db.scalars(select(Event).where(Event.job_id == jobs[5].id, Event.type == "STOPPED_EARLY")).one()
+    assert stopped.data == {"step": 30, "metric": "accuracy", "value": 0.92, "rule": "successive_halving",
+                            "rung": 30, "kept": 1, "compared": 2, "cutoff": 0.95}  # fmt: skip

@@ -122,3 +122,44 @@ def test_early_stopping_needs_an_evaluated_objective() -> None:
 
     with pytest.raises(ValidationError):
         SweepSection.model_validate({"early_stopping": {"rule": "asha"}})
+
+
+def test_successive_halvings_rungs_and_who_goes_on_at_one() -> None:
+    from core.services.sweep_stopping import rung_cutoff
+    from core.services.sweeps import EarlyStopping
+
+    rule = EarlyStopping(rule="successive_halving", min_steps=100, reduction_factor=3)
+    assert [rule.rung(s) for s in (99, 100, 299, 300, 899, 900, 2700)] == [
+        None, (100, 300), (100, 300), (300, 900), (300, 900), (900, 2700), (2700, 8100)]  # fmt: skip
+    up, down = Objective(metric="accuracy", goal="maximize"), Objective(metric="heldout_loss")
+    # 6 values at the rung with it: the best 2 go on (6 // 3)
+    assert rung_cutoff(0.85, [0.9, 0.8, 0.7, 0.6, 0.5], up, 3, min_jobs=3) is None  # 2nd best: goes on
+    assert rung_cutoff(0.75, [0.9, 0.8, 0.7, 0.6, 0.5], up, 3, min_jobs=3) == (2, 0.8)  # 3rd: stops; 0.8 went on
+    assert rung_cutoff(0.8, [0.9, 0.8, 0.7, 0.6, 0.5], up, 3, min_jobs=3) is None  # a tie with the 2nd is not worse
+    assert rung_cutoff(0.1, [0.9, 0.8], up, 3, min_jobs=3) is None  # too few at the rung yet
+    assert rung_cutoff(0.5, [0.9, 0.8, 0.7], up, 3, min_jobs=3) == (1, 0.9)  # 4 // 3 = 1: only the best
+    assert rung_cutoff(0.3, [0.1, 0.2, 0.25], down, 2, min_jobs=1) == (2, 0.2)  # lower is better, halving
+    assert rung_cutoff(0.15, [0.1, 0.2, 0.25], down, 2, min_jobs=1) is None
+
+
+@pytest.mark.parametrize(
+    ("early_stopping", "says"),
+    [
+        ({"rule": "successive_halving"}, "needs min_steps"),
+        ({"rule": "successive_halving", "min_steps": 100, "after_steps": 50}, "after_steps is the median rule's"),
+        ({"rule": "median", "min_steps": 100}, "min_steps and reduction_factor are successive_halving's"),
+        ({"rule": "successive_halving", "min_steps": 100, "reduction_factor": 1}, "greater than or equal to 2"),
+    ],
+)
+def test_an_early_stopping_rule_with_another_rules_fields_is_refused_saying_which(
+    early_stopping: dict[str, Any], says: str
+) -> None:
+    from core.services.sweeps import parse
+    from core.spec import SpecError
+
+    doc = {"name": "s", "team": "default", "recipe": {"name": "gpt"}, "steps": 10,
+           "sweep": {"grid": {"lr": [0.1, 0.2]}, "early_stopping": early_stopping,
+                     "objective": {"metric": "accuracy", "goal": "maximize"}}}  # fmt: skip
+    with pytest.raises(SpecError) as err:
+        parse(doc)
+    assert err.value.errors[0]["loc"].startswith("sweep.early_stopping") and says in str(err.value), err.value
