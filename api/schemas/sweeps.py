@@ -10,7 +10,7 @@ from pydantic import Field
 from api.schemas.common import NEXT_CURSOR_DOC, OutModel
 from core.models import Job
 from core.services.sweep_curves import Curve
-from core.services.sweeps import MAX_JOBS, SweepView, setting
+from core.services.sweeps import MAX_JOBS, SweepView, early_stopping_of, setting
 from core.states import JobState
 from core.sweep_ranking import Objective, evaluated
 
@@ -57,6 +57,8 @@ class SweepOut(OutModel):
     keys: list[str] = Field(description="The settings it varies.")
     created_at: datetime
     objective: SweepObjective = Field(description="How its jobs are ranked, best first.")
+    early_stopping: str | None = Field(description="Its early-stopping rule, in words (`parameters.early_stopping` "
+                                       "has its settings); null when its jobs all run to the end.")  # fmt: skip
     jobs: list[SweepJobOut] = Field(description="Best first by the objective (at most "
                                     f"{MAX_JOBS}; GET /v1/sweeps/{{id}}/jobs pages them by id).")  # fmt: skip
 
@@ -68,6 +70,7 @@ class SweepOut(OutModel):
                    parameters=s.parameters, keys=view.keys, created_at=s.created_at,
                    objective=SweepObjective(metric=view.objective.metric, goal=view.objective.goal,
                                             rule=view.objective.rule()),
+                   early_stopping=None if (rule := early_stopping_of(s)) is None else rule.described(),
                    jobs=jobs)  # fmt: skip
 
 

@@ -212,6 +212,8 @@ def sweep_show(
         sweep = api.get(f"/v1/sweeps/{sweep_id}")
     columns, rows = sweep_rows(sweep, sort)
     title = f"Sweep {sweep['id']} {sweep['name']} (team {sweep['team']}), best first by {_objective(sweep)}"
+    if sweep.get("early_stopping"):
+        title += f"\nStops early by {sweep['early_stopping']}"
     out.render(sweep, output, lambda: out.table(columns, rows, title=title))
 
 

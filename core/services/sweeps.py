@@ -126,6 +126,18 @@ class EarlyStopping(StrictModel):
                 raise ValueError("successive_halving needs min_steps: its first rung, in steps")
         return self
 
+    def described(self) -> str:
+        """The rule in words (the API's ``early_stopping``, ``kiln sweep show``, the dashboard's sweep page)."""
+        if self.rule == "successive_halving":
+            assert self.min_steps is not None
+            f, first = self.reduction_factor, self.min_steps
+            return (f"successive halving: at {first}, {first * f}, {first * f * f}, ... steps a job goes on only "
+                    f"while among the best 1/{f} of the sweep's jobs there (judged against at least "
+                    f"{self.min_jobs} others)")  # fmt: skip
+        after = f" after step {self.after_steps}" if self.after_steps else ""
+        return (f"the median rule: a job worse than the median of at least {self.min_jobs} other jobs at a "
+                f"step{after} stops")  # fmt: skip
+
     def rung(self, step: int) -> tuple[int, int] | None:
         """Successive halving's rung that ``step`` is in, as ``[start, next rung's start)``; None before the first."""
         assert self.min_steps is not None

@@ -169,7 +169,7 @@ def test_a_sweeps_queued_jobs_are_held_and_released_from_its_page(kiln: Kiln) ->
 
 def test_a_sweep_is_submitted_from_the_yaml_editor(kiln: Kiln) -> None:
     """A spec with a sweep section in the Submit page's YAML editor is a sweep: a malformed range is shown at its
-    line, and once fixed the sweep's page opens with its jobs."""
+    line, and once fixed the sweep's page opens with its jobs and says how it stops jobs early."""
     from playwright.sync_api import expect
 
     with chromium() as browser:
@@ -178,7 +178,11 @@ def test_a_sweep_is_submitted_from_the_yaml_editor(kiln: Kiln) -> None:
         page.get_by_role("button", name="YAML editor").click()
         box = page.get_by_label("Job spec (YAML)")
         spec = box.input_value().replace("name: gpt-tiny", "name: yaml-sweep")
-        section = "sweep:\n  random:\n    lr: {log_uniform: [0.01, 0.001]}\n  count: 2\n  max_concurrent: 1\n"
+        section = (
+            "sweep:\n  random:\n    lr: {log_uniform: [0.01, 0.001]}\n  count: 2\n  max_concurrent: 1\n"
+            "  objective: {metric: accuracy, goal: maximize}\n"
+            "  early_stopping: {rule: successive_halving, min_steps: 4}\n"
+        )
         box.fill(spec.rstrip("\n") + "\n" + section)
         page.get_by_role("button", name="Submit YAML").click()
         error = page.locator("#yaml-errors li[data-loc='sweep.random.lr.log_uniform']")
@@ -190,6 +194,9 @@ def test_a_sweep_is_submitted_from_the_yaml_editor(kiln: Kiln) -> None:
         expect(page).to_have_url(re.compile(r"#/sweeps/\d+$"))
         sweep_id = int(page.url.rsplit("/", 1)[1])
         expect(page.locator("#sweep-summary tbody tr")).to_have_count(2)
+        expect(page.locator("#sweep-objective")).to_contain_text(
+            "Stops early by successive halving: at 4, 12, 36, ... steps a job goes on only while among the best 1/3"
+        )
         assert problems == [f"422 {kiln.url}/v1/sweeps"], problems  # the malformed range, and nothing else
     with kiln.api() as api:
         for j in api.get(f"/v1/sweeps/{sweep_id}").json()["jobs"]:

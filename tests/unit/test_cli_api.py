@@ -423,6 +423,9 @@ def test_a_random_sweep_of_the_teams_own_code_ranked_by_its_metric(kiln: Any) ->
     assert [j["settings"] for j in as_json(again)["jobs"]] == [j["settings"] for j in data["jobs"]]  # seed 7 again
     shown = kiln("sweep", "show", sweep_id)
     assert "best first by accuracy (maximize)" in shown.stdout.splitlines()[0]
+    stops = "Stops early by the median rule: a job worse than the median of at least 2 other jobs at a step stops"
+    assert shown.stdout.splitlines()[1].strip() == stops, shown.stdout
+    assert data["early_stopping"] == stops.removeprefix("Stops early by ")
     listed = kiln("sweep", "ls")
     assert listed.stdout.splitlines()[0].split()[-1] == "BEST", listed.output
     kiln("cancel", "--sweep", sweep_id)

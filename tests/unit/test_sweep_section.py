@@ -129,6 +129,8 @@ def test_successive_halvings_rungs_and_who_goes_on_at_one() -> None:
     from core.services.sweeps import EarlyStopping
 
     rule = EarlyStopping(rule="successive_halving", min_steps=100, reduction_factor=3)
+    assert rule.described() == ("successive halving: at 100, 300, 900, ... steps a job goes on only while among the "
+                                "best 1/3 of the sweep's jobs there (judged against at least 3 others)")  # fmt: skip
     assert [rule.rung(s) for s in (99, 100, 299, 300, 899, 900, 2700)] == [
         None, (100, 300), (100, 300), (300, 900), (300, 900), (900, 2700), (2700, 8100)]  # fmt: skip
     up, down = Objective(metric="accuracy", goal="maximize"), Objective(metric="heldout_loss")

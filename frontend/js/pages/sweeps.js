@@ -118,7 +118,8 @@ async function sweepPage(root, id) {
     replace(status,
       `${sweep.name} · team ${sweep.team} · varies ${sweep.keys.join(", ")}`
       + (sweep.max_concurrent ? ` · at most ${sweep.max_concurrent} at once` : "")
-      + `. Best first by ${sweep.objective.metric} (${sweep.objective.goal}): ${sweep.objective.rule}.`);
+      + `. Best first by ${sweep.objective.metric} (${sweep.objective.goal}): ${sweep.objective.rule}.`
+      + (sweep.early_stopping ? ` Stops early by ${sweep.early_stopping}.` : ""));
   };
 
   /** Each job's objective over its steps, best job first (GET /v1/sweeps/{id}/curves). @param {any} curves */
