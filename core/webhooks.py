@@ -32,9 +32,8 @@ from sqlalchemy.orm import Session
 from core.models import Event, Job, Sweep, Team, Webhook, WebhookDelivery
 from core.states import TERMINAL, JobState
 from core.sweep_ranking import LOSS, evaluated, objective_of, ranked
+from core.webhook_kinds import SWEEP_KIND
 
-KINDS = ("finished", "failed", "cancelled", "preempted", "restarted", "sla_violation", "sweep_finished")
-SWEEP_KIND = "sweep_finished"  # heard by a team's hooks, not by a hook on one job
 ENDED = tuple(s.value for s in TERMINAL)
 TEST_KIND = "test"
 FORMATS = ("json", "slack")

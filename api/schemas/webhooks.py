@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from api.schemas.common import INT64, NEXT_CURSOR_DOC, InModel, OutModel, TeamName, Text
+from core.webhook_kinds import EventKind
 
-EventKind = Literal["finished", "failed", "cancelled", "preempted", "restarted", "sla_violation", "sweep_finished"]
 WebhookUrl = Annotated[str, Field(min_length=8, max_length=2048, pattern=r"^https?://[^\s]+$",
                                   examples=["https://hooks.example.com/kiln"])]  # fmt: skip
 

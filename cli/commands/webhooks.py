@@ -10,13 +10,12 @@ from cli import output as out
 from cli.app import OutputOpt, client, show_list
 from cli.errors import CliError
 from cli.output import OutputFormat, console
+from core.webhook_kinds import KINDS
 
 webhooks_app = typer.Typer(
     help="Webhooks: signed notifications when a job finishes, fails, is preempted or restarted, or breaks its SLA.",
     no_args_is_help=False,
 )
-
-KINDS = ("finished", "failed", "cancelled", "preempted", "restarted", "sla_violation", "sweep_finished")
 
 
 @webhooks_app.callback(invoke_without_command=True)

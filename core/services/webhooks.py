@@ -20,7 +20,8 @@ from core.repositories import teams as teams_repo
 from core.repositories.keyset import Window, page
 from core.services.errors import InvalidInput, NotFound
 from core.services.principal import ROLE_RANK, Principal, require_team_id
-from core.webhooks import FORMATS, KINDS, SWEEP_KIND, TEST_KIND, target_refusal
+from core.webhook_kinds import KINDS, SWEEP_KIND
+from core.webhooks import FORMATS, TEST_KIND, target_refusal
 
 MAX_HOOKS_PER_TEAM = 50
 
