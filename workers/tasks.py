@@ -491,13 +491,17 @@ class AttemptRunner:
         while True:
             code = self.proc.poll()
             new = self.read_telemetry()
+            mono = time.monotonic()
             if new:
                 self.note_progress(new)
                 self.buffer.extend(new)
+                if any(rec.get("kind") == RecordKind.EVAL for rec in new):
+                    # An evaluation goes out at once, not at the next heartbeat: its sweep's early stopping judges
+                    # it there, and a fast job would otherwise train on, or end, before the answer came back.
+                    next_beat = mono
             if code is not None:
                 return code
             self.proc.refresh_tree()
-            mono = time.monotonic()
             if mono >= next_beat:
                 next_beat = mono + hb
                 d = self.heartbeat()
