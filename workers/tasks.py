@@ -78,6 +78,7 @@ SHUTTING_DOWN = threading.Event()
 CONSUMER_PROBE: ConsumerProbe | None = None
 
 POLL_S = 0.25  # how often the supervisor looks at the trainer and its telemetry
+EVAL_BEAT_S = 1.0  # an evaluation's own heartbeat comes no sooner than this after the last heartbeat
 RDZV_PORT_SPAN = 20000  # gang jobs: node 0's c10d store listens on settings.rendezvous_port_base + id % span
 NCCL_MAX_CHANNELS = 32
 DEFAULT_LINK_BYTES_PER_S = {"pcie": 64 * 10**9, "nvlink": 900 * 10**9}  # PCIe 5 x16; H100/H200 NVLink 4
@@ -485,6 +486,7 @@ class AttemptRunner:
     def supervise(self) -> int:
         hb = self.settings.heartbeat_interval_s
         next_beat = time.monotonic()  # the first heartbeat right away: RUNNING is visible at once
+        last_beat = float("-inf")
         launched = time.monotonic()
         limit = spec_time_limit(self.claimed.spec)
         deadline = self.deadline(launched, limit)
@@ -497,13 +499,14 @@ class AttemptRunner:
                 self.buffer.extend(new)
                 if any(rec.get("kind") == RecordKind.EVAL for rec in new):
                     # An evaluation goes out at once, not at the next heartbeat: its sweep's early stopping judges
-                    # it there, and a fast job would otherwise train on, or end, before the answer came back.
-                    next_beat = mono
+                    # it there, and a fast job would otherwise train on, or end, before the answer came back. At
+                    # most one such heartbeat a second: code that evaluates every step does not load the database.
+                    next_beat = min(next_beat, max(mono, last_beat + EVAL_BEAT_S))
             if code is not None:
                 return code
             self.proc.refresh_tree()
             if mono >= next_beat:
-                next_beat = mono + hb
+                next_beat, last_beat = mono + hb, mono
                 d = self.heartbeat()
                 if d.renewed_at is not None:
                     self.renew_lease(d.renewed_at)
