@@ -6,7 +6,9 @@ default 80% of the host's memory; ``KILN_ATTEMPT_MAX_PIDS``). How the limits are
 the worker starts, and said in its log:
 
 * cgroup v1 ``memory`` and ``pids`` controllers writable (a root worker on a cgroup v1 host): each attempt node
-  runs in groups of its own, ``/sys/fs/cgroup/{memory,pids}/kiln/<host>/attempt-<id>[.node<r>]``, joined by the
+  runs in groups of its own, ``/sys/fs/cgroup/{memory,pids}/kiln/<deployment>/<host>/attempt-<id>[.node<r>]``
+  (``<deployment>``: ``deployment_id``, so that two kiln deployments' workers on one host, whose attempt ids repeat,
+  never share or sweep away each other's groups), joined by the
   launcher between fork and exec, so torchrun and every rank are inside before they start. The limits are
   ``memory.limit_in_bytes`` (and ``memory.memsw.limit_in_bytes`` where swap is accounted, so swapping does not
   dodge it) and ``pids.max`` (threads count). An attempt over its memory is OOM-killed inside its own group --
@@ -23,6 +25,7 @@ Each team's attempts also run as an unprivileged user of its own where the worke
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -191,7 +194,7 @@ class Isolation:
     @classmethod
     def detect(cls, *, host: str, settings: Settings, host_slots: int, root: Path = CGROUP_ROOT) -> Isolation:
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", host)[:100] or "host"
-        bases = [root / c / "kiln" / safe for c in CONTROLLERS]
+        bases = [root / c / "kiln" / deployment_id(settings) / safe for c in CONTROLLERS]
         try:
             for base in bases:
                 base.mkdir(parents=True, exist_ok=True)
@@ -248,11 +251,19 @@ class Isolation:
                     group.rmdir()
 
     def close(self) -> None:
-        """At worker exit: the host's own (empty) groups go too."""
+        """At worker exit: the host's own (empty) groups go too, and its deployment's when no other host uses it."""
         self.sweep()
         for base in self.cgroup_bases or []:
-            with contextlib.suppress(OSError):
-                base.rmdir()
+            for group in (base, base.parent):
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+
+
+def deployment_id(settings: Settings) -> str:
+    """The deployment a worker serves, as a name: a digest of its database's URL, without a password read from a
+    file (the embedded default's URL names its SQLite file, so each KILN_HOME is a deployment of its own)."""
+    url = settings.database_url or settings.resolved_database_url
+    return hashlib.sha256(url.encode()).hexdigest()[:12]
 
 
 _current: Isolation | None = None
