@@ -222,7 +222,8 @@ class UserCodeSettings(SettingsGroup):
         default=None,
         ge=1000,
         description="Each team's attempts run as uid and gid base + team id (workers/attempt_user.py; the worker must "
-        "be root). Empty: attempts run as the worker's user, and the worker says so when it starts.",
+        "be root). Empty: attempts run as the worker's user, and the worker says so when it starts. Two deployments "
+        "on one host: give each a range of its own (team ids of each count from 1).",
     )
     attempt_uid_count: int = Field(default=100_000, ge=1, description="Team ids below this have an attempt user.")
 
