@@ -14,6 +14,7 @@ from core.spec import StrictModel
 from core.states import JobState
 
 LOSS = "loss"  # the objective's metric that means the job's loss (its final loss once it succeeded)
+STOPPED_EARLY = "stopped early"  # how the exit reason of a job its sweep's early stopping stopped begins
 
 
 class Objective(StrictModel):
@@ -48,13 +49,23 @@ def evaluated(job: Job) -> dict[str, float]:
     return {str(k): float(v) for k, v in found.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
+def value_of(job: Job, objective: Objective) -> float | None:
+    """The job's value of the objective: its (final, once it succeeded) loss, or its last evaluation of the metric."""
+    return job.last_loss if objective.metric == LOSS else evaluated(job).get(objective.metric)
+
+
+def stopped_early(job: Job) -> bool:
+    """Its sweep's early stopping stopped it (``core.services.sweep_stopping`` wrote its exit reason)."""
+    return (job.exit_reason or "").startswith(STOPPED_EARLY)
+
+
 def ranked(jobs: list[Job], objective: Objective | None = None) -> list[Job]:
     """Best first by the objective (``Objective.rule`` says it in words)."""
     objective = objective or Objective()
     sign = 1.0 if objective.goal == "minimize" else -1.0
 
     def key(job: Job) -> tuple[int, float, int]:
-        value = job.last_loss if objective.metric == LOSS else evaluated(job).get(objective.metric)
+        value = value_of(job, objective)
         score = sign * value if value is not None and math.isfinite(value) else math.inf
         return (0 if job.state == JobState.SUCCEEDED and score < math.inf else 1 if score < math.inf else 2,
                 score, job.id)  # fmt: skip

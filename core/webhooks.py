@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 
 from core.models import Event, Job, Sweep, Team, Webhook, WebhookDelivery
 from core.states import TERMINAL, JobState
-from core.sweep_ranking import LOSS, evaluated, objective_of, ranked
+from core.sweep_ranking import objective_of, ranked, stopped_early, value_of
 from core.webhook_kinds import SWEEP_KIND
 
 ENDED = tuple(s.value for s in TERMINAL)
@@ -112,13 +112,11 @@ def sweep_summary(db: Session, sweep: Sweep) -> dict[str, Any]:
     jobs = ranked(list(db.scalars(select(Job).where(Job.sweep_id == sweep.id))), objective)
     states = [j.state for j in jobs]
     best = jobs[0] if jobs else None
-    value = None
-    if best is not None:
-        value = best.last_loss if objective.metric == LOSS else evaluated(best).get(objective.metric)
+    value = None if best is None else value_of(best, objective)
     return {
         "id": sweep.id, "name": sweep.name, "jobs": len(jobs), "succeeded": states.count(JobState.SUCCEEDED),
         "failed": states.count(JobState.FAILED), "cancelled": states.count(JobState.CANCELLED),
-        "stopped_early": sum(1 for j in jobs if (j.exit_reason or "").startswith("stopped early")),
+        "stopped_early": sum(1 for j in jobs if stopped_early(j)),
         "objective": {"metric": objective.metric, "goal": objective.goal},
         "best": None if best is None or value is None else {"job_id": best.id, "name": best.name, "value": value},
     }  # fmt: skip

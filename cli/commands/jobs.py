@@ -29,6 +29,12 @@ def read_text(path: str) -> str:
         raise CliError(f"cannot read {path}: {exc.strerror or exc}", ExitCode.USAGE) from None
 
 
+def spec_errors(where: str, what: str, errors: list[dict[str, Any]], headline: str | None = None) -> CliError:
+    """A spec's errors as the CLI says them: ``where: what (N error(s))`` (or ``headline``), then a line per field."""
+    details = [f"{e['loc']}: {e['msg']}" for e in errors]
+    return CliError(f"{where}: {headline or f'{what} ({len(details)} error(s))'}", ExitCode.INVALID, details)
+
+
 def read_spec_file(path: str) -> str:
     """Read a job spec and validate it locally (quick, precise errors; the server validates again)."""
     from core.spec import SpecError, parse_spec_text
@@ -37,10 +43,8 @@ def read_spec_file(path: str) -> str:
     try:
         parse_spec_text(text)
     except SpecError as exc:
-        details = [f"{e['loc']}: {e['msg']}" for e in exc.errors]
-        what = "malformed YAML" if str(exc).startswith("malformed") else "invalid job spec"
-        headline = str(exc) if what == "malformed YAML" else f"{what} ({len(details)} error(s))"
-        raise CliError(f"{path}: {headline}", ExitCode.INVALID, details) from None
+        malformed = str(exc).startswith("malformed")
+        raise spec_errors(path, "invalid job spec", exc.errors, str(exc) if malformed else None) from None
     return text
 
 

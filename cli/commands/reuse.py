@@ -10,7 +10,7 @@ import typer
 
 from cli import output as out
 from cli.app import OutputOpt, app, client
-from cli.commands.jobs import CheckOpt, JobArg, WorkdirOpt, read_text, report_submitted, submit_text
+from cli.commands.jobs import CheckOpt, JobArg, WorkdirOpt, read_text, report_submitted, spec_errors, submit_text
 from cli.errors import CliError, ExitCode
 from cli.output import Column, OutputFormat, console, err_console
 
@@ -73,8 +73,7 @@ def validate_locally(text: str, what: str) -> None:
     try:
         parse_spec_text(text)
     except SpecError as exc:
-        details = [f"{e['loc']}: {e['msg']}" for e in exc.errors]
-        raise CliError(f"{what}: invalid job spec ({len(details)} error(s))", ExitCode.INVALID, details) from None
+        raise spec_errors(what, "invalid job spec", exc.errors) from None
 
 
 def sweep_rows(sweep: dict[str, Any], sort: str | None = None) -> tuple[list[Column], list[dict[str, Any]]]:
@@ -174,8 +173,7 @@ def _first_job(text: str, path: str) -> dict[str, Any]:
     try:
         _, specs, _ = parse(document)
     except (SpecError, InvalidInput) as exc:
-        details = [f"{e['loc']}: {e['msg']}" for e in exc.errors]
-        raise CliError(f"{path}: invalid sweep ({len(details)} error(s))", ExitCode.INVALID, details) from None
+        raise spec_errors(path, "invalid sweep", exc.errors) from None
     return specs[0].model_dump(mode="json", exclude_none=True)
 
 

@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 from core.models import Job, Sweep
 from core.services.sweep_curves import evaluations
 from core.services.sweeps import EarlyStopping, early_stopping_of
-from core.sweep_ranking import Objective, objective_of
+from core.sweep_ranking import STOPPED_EARLY, Objective, objective_of
 from core.transitions import record_event
 
 
@@ -74,12 +74,17 @@ def stop_if_worse(db: Session, *, job: Job, step: int, metrics: dict[str, float 
     value = metrics.get(objective.metric)
     if value is None:
         return None
-    if rule.rule == "successive_halving":
-        found = _at_rung(db, sweep, job, step, value, objective, rule)
-    elif step > rule.after_steps:
-        found = _below_median(db, sweep, job, step, value, objective, rule)
+    rung = rule.rung(step) if rule.rule == "successive_halving" else None
+    if rule.rule == "successive_halving" and rung is None:
+        return None  # before its first rung
+    if rule.rule == "median" and step <= rule.after_steps:
+        return None  # not judged until after after_steps
+    # The evaluations of the metric by every job of the sweep (its own too), by step: one query for either rule.
+    by_job = evaluations(db, list(db.scalars(select(Job.id).where(Job.sweep_id == sweep.id))), objective.metric)
+    if rung is not None:
+        found = _at_rung(by_job, sweep, job, step, value, objective, rule, rung)
     else:
-        found = None
+        found = _below_median(by_job, sweep, job, step, value, objective, rule)
     if found is None:
         return None
     reason, data = found
@@ -90,26 +95,23 @@ def stop_if_worse(db: Session, *, job: Job, step: int, metrics: dict[str, float 
     return reason
 
 
-def _below_median(db: Session, sweep: Sweep, job: Job, step: int, value: float, objective: Objective,
+ByJob = dict[int, dict[int, float]]  # job id -> step -> value (``sweep_curves.evaluations``)
+
+
+def _below_median(by_job: ByJob, sweep: Sweep, job: Job, step: int, value: float, objective: Objective,
                   rule: EarlyStopping) -> tuple[str, dict[str, Any]] | None:  # fmt: skip
-    other_ids = list(db.scalars(select(Job.id).where(Job.sweep_id == sweep.id, Job.id != job.id)))
-    by_step = evaluations(db, other_ids, objective.metric)
-    others = [values[step] for values in by_step.values() if step in values]
+    others = [values[step] for other, values in by_job.items() if other != job.id and step in values]
     median = median_to_beat(value, others, objective, rule.min_jobs)
     if median is None:
         return None
-    reason = (f"stopped early: {objective.metric} {value:.4g} at step {step}, worse than the median of the "
+    reason = (f"{STOPPED_EARLY}: {objective.metric} {value:.4g} at step {step}, worse than the median of the "
               f"{len(others)} other jobs of sweep {sweep.id} there ({median:.4g})")  # fmt: skip
     return reason, {"median": median, "compared": len(others)}
 
 
-def _at_rung(db: Session, sweep: Sweep, job: Job, step: int, value: float, objective: Objective,
-             rule: EarlyStopping) -> tuple[str, dict[str, Any]] | None:  # fmt: skip
-    rung = rule.rung(step)
-    if rung is None:
-        return None
+def _at_rung(by_job: ByJob, sweep: Sweep, job: Job, step: int, value: float, objective: Objective,
+             rule: EarlyStopping, rung: tuple[int, int]) -> tuple[str, dict[str, Any]] | None:  # fmt: skip
     start, end = rung
-    by_job = evaluations(db, list(db.scalars(select(Job.id).where(Job.sweep_id == sweep.id))), objective.metric)
     if any(start <= s < step for s in by_job.get(job.id, {})):
         return None  # judged at this rung already, at its first evaluation there
     others = []
@@ -121,7 +123,7 @@ def _at_rung(db: Session, sweep: Sweep, job: Job, step: int, value: float, objec
     if cutoff is None:
         return None
     kept, worst_kept = cutoff
-    reason = (f"stopped early: {objective.metric} {value:.4g} at step {step}, not among the best {kept} of the "
+    reason = (f"{STOPPED_EARLY}: {objective.metric} {value:.4g} at step {step}, not among the best {kept} of the "
               f"{len(others) + 1} jobs of sweep {sweep.id} at rung {start} (successive halving by "
               f"{rule.reduction_factor}; the {_ordinal(kept)} best: {worst_kept:.4g})")  # fmt: skip
     return reason, {"rung": start, "kept": kept, "compared": len(others), "cutoff": worst_kept}
