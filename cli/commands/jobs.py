@@ -494,6 +494,9 @@ def cancel(
         return job
 
     with client() as api:
+        if (whole := whole_sweep(sweep, job_ids, team, name, state, mine, since, until)) is not None:
+            act_on_sweep(api, whole, "cancel", {"reason": reason} if reason else None, output)
+            return
         ids = selected_ids(api, job_ids, team=team, name=name, state=state, mine=mine, since=since, until=until,
                            sweep=sweep)  # fmt: skip
         act_on_each(api, ids, one, output)
@@ -535,6 +538,40 @@ def release(
     hold_or_release(job_ids, hold=False, reason=None, filters=filters, output=output)
 
 
+def whole_sweep(sweep: int | None, job_ids: list[int] | None, *filters: Any) -> int | None:
+    """The sweep given alone (``--sweep S``, no ids, no other filter), whose own endpoint acts on all its jobs in one
+    transaction; None otherwise."""
+    return sweep if not job_ids and not any(filters) else None
+
+
+def act_on_sweep(
+    api: Any, sweep_id: int, action: str, body: dict[str, Any] | None, output: OutputFormat
+) -> None:  # fmt: skip
+    """Cancel, hold or release a whole sweep through ``POST /v1/sweeps/{id}/{action}``: all its jobs in one
+    transaction (Determined's ``experiment kill``, Slurm's ``scancel`` of a job array), none if one may not be
+    changed. Says what changed, job by job, from the sweep as it was just before and as the answer gives it."""
+    say = console if output is OutputFormat.table else err_console
+    before = {j["id"]: (j["state"], j["held"]) for j in api.get(f"/v1/sweeps/{sweep_id}")["jobs"]}
+    sweep: dict[str, Any] = api.post(f"/v1/sweeps/{sweep_id}/{action}", json=body)
+    # A running job asked to cancel is still running in the answer: it stops, checkpoint first.
+    changed = [j for j in sweep["jobs"] if (j["state"], j["held"]) != before[j["id"]]
+               or (action == "cancel" and j["state"] not in out.TERMINAL_STATES)]  # fmt: skip
+    for j in sorted(changed, key=lambda j: j["id"]):
+        if action == "cancel":
+            done = j["state"] == JobState.CANCELLED.value
+            say.print(out.text(f"job {j['id']} CANCELLED" if done else f"cancelling job {j['id']}: stopping, "
+                               "checkpoint first"))  # fmt: skip
+        elif action == "hold":
+            say.print(out.text(f"job {j['id']} held (kiln release {j['id']} lets it start)"))
+        else:
+            say.print(out.text(f"job {j['id']} released: the scheduler plans it again"))
+    if not changed:
+        err_console.print({"cancel": "no active job matches", "hold": "no queued job matches",
+                           "release": "no held job matches"}[action])  # fmt: skip
+    if output is not OutputFormat.table:
+        out.print_data(sweep, output)
+
+
 def hold_or_release(
     job_ids: list[int] | None, *, hold: bool, reason: str | None, filters: dict[str, Any], output: OutputFormat
 ) -> None:
@@ -559,6 +596,11 @@ def hold_or_release(
         return job
 
     with client() as api:
+        others = [v for k, v in filters.items() if k != "sweep"]
+        if (whole := whole_sweep(filters["sweep"], job_ids, *others)) is not None:
+            body = {"reason": reason} if hold and reason else None
+            act_on_sweep(api, whole, "hold" if hold else "release", body, output)
+            return
         act_on_each(api, queued_ids(api, job_ids, held=not hold, **filters), one, output)
 
 

@@ -469,6 +469,32 @@ def test_a_sweeps_jobs_are_held_released_and_cancelled_together(kiln: Any, tmp_p
     assert sorted(cancelled.stdout.splitlines()) == sorted(f"job {j} CANCELLED" for j in jobs)
 
 
+def test_a_sweep_given_alone_is_released_in_one_transaction_or_not_at_all(server: Server, kiln: Any,
+                                                                            tmp_path: Path) -> None:  # fmt: skip
+    # kiln release --sweep S is POST /v1/sweeps/S/release: a job its caller may not release refuses them all
+    # (before, the CLI released job by job and left the sweep half released).
+    with KilnClient(CliConfig(server.url, server.token, "t", "t")) as api:
+        api.post("/v1/users", json={"name": "mia"})
+    assert kiln("teams", "add-member", "default", "mia", "--role", "member").exit_code == 0
+    mia = as_json(kiln("tokens", "create", "mia-laptop", "--user", "mia", "-o", "json"))["secret"]
+    path = tmp_path / "sweep.yaml"
+    path.write_text(EXAMPLE.read_text() + "sweep:\n  grid: {lr: [0.001, 0.003, 0.01]}\n")
+    sweep_id = int(kiln("sweep", "submit", str(path), "--hold", token=mia).stdout.split()[2])
+    jobs = sorted(j["id"] for j in as_json(kiln("sweep", "show", str(sweep_id), "-o", "json"))["jobs"])
+    kiln("release", str(jobs[0]), token=mia)
+    assert kiln("hold", str(jobs[0]), "--reason", "quota review").exit_code == 0  # held by an admin
+    refused = kiln("release", "--sweep", str(sweep_id), token=mia)
+    assert refused.exit_code == ExitCode.FORBIDDEN, refused.output
+    held = sorted(j["id"] for j in as_json(kiln("ls", "--sweep", str(sweep_id), "--held", "-o", "json")))
+    assert held == jobs  # none released
+    released = kiln("release", "--sweep", str(sweep_id))  # an admin may
+    assert sorted(released.stdout.splitlines()) == sorted(f"job {j} released: the scheduler plans it again"
+                                                          for j in jobs)  # fmt: skip
+    again = kiln("cancel", "--sweep", str(sweep_id), "-o", "json")
+    assert again.exit_code == 0 and as_json(again)["id"] == sweep_id, again.output
+    assert {j["state"] for j in as_json(again)["jobs"]} == {"CANCELLED"}
+
+
 def test_sweep_table_has_a_column_per_metric_and_sorts_by_it() -> None:
     from cli.commands.reuse import sweep_rows
 
