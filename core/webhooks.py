@@ -103,6 +103,10 @@ def _sweep_finished(db: Session, hooks: list[Webhook], event: Event, job: Job) -
     )  # fmt: skip
     if active:
         return []
+    if sweep.search is not None:  # an adaptive search with jobs still to propose has not finished
+        submitted = db.scalar(select(func.count()).select_from(Job).where(Job.sweep_id == sweep.id)) or 0
+        if sweep.jobs_to_come(submitted):
+            return []
     return _deliveries(db, hooks, SWEEP_KIND, event, job, {"sweep": sweep_summary(db, sweep)})
 
 

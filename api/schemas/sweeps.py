@@ -10,7 +10,7 @@ from pydantic import Field
 from api.schemas.common import NEXT_CURSOR_DOC, OutModel
 from core.models import Job
 from core.services.sweep_curves import Curve
-from core.services.sweeps import MAX_JOBS, SweepView, early_stopping_of, setting
+from core.services.sweeps import MAX_JOBS, SweepView, early_stopping_of, section_of, setting
 from core.states import JobState
 from core.sweep_ranking import Objective, evaluated
 
@@ -59,6 +59,12 @@ class SweepOut(OutModel):
     objective: SweepObjective = Field(description="How its jobs are ranked, best first.")
     early_stopping: str | None = Field(description="Its early-stopping rule, in words (`parameters.early_stopping` "
                                        "has its settings); null when its jobs all run to the end.")  # fmt: skip
+    search: str | None = Field(description="Its adaptive search (`search: tpe`), in words: how many random draws it "
+                               "starts with, then each next job proposed from the jobs that ended; null for a grid, "
+                               "a list or random draws, all submitted at once.")  # fmt: skip
+    search_closed: str | None = Field(description="Why its search proposes no more jobs (all submitted, "
+                                      "cancelled, a proposal refused); null while it proposes, or without a "
+                                      "search.")  # fmt: skip
     jobs: list[SweepJobOut] = Field(description="Best first by the objective (at most "
                                     f"{MAX_JOBS}; GET /v1/sweeps/{{id}}/jobs pages them by id).")  # fmt: skip
 
@@ -71,7 +77,7 @@ class SweepOut(OutModel):
                    objective=SweepObjective(metric=view.objective.metric, goal=view.objective.goal,
                                             rule=view.objective.rule()),
                    early_stopping=None if (rule := early_stopping_of(s)) is None else rule.described(),
-                   jobs=jobs)  # fmt: skip
+                   search=section_of(s).described_search(), search_closed=s.closed_reason, jobs=jobs)  # fmt: skip
 
 
 class SweepCurveOut(OutModel):

@@ -151,9 +151,13 @@ def sweep_submit(
         out.print_data(sweep, output)
         return
     limit = sweep.get("max_concurrent")
-    seed = (sweep.get("parameters") or {}).get("seed")
+    parameters = sweep.get("parameters") or {}
+    seed = parameters.get("seed")
+    # An adaptive search submits its first random draws now and proposes the others as they end.
+    jobs = (f"{len(sweep['jobs'])} jobs now, {parameters.get('count')} in all by TPE (each next one proposed as "
+            "others end)") if sweep.get("search") else f"{len(sweep['jobs'])} jobs"  # fmt: skip
     console.print(out.text(f"submitted sweep {sweep['id']} ({sweep['name']}, team {sweep['team']}): "
-                           f"{len(sweep['jobs'])} jobs" + (f", at most {limit} at once" if limit else "")
+                           f"{jobs}" + (f", at most {limit} at once" if limit else "")
                            + (" (held)" if hold else "") + (f", drawn with seed {seed}" if seed is not None else "")
                            + f"; best first by {_objective(sweep)}"))  # fmt: skip
     console.print(out.text(f"see it with: kiln sweep show {sweep['id']}"))
@@ -212,6 +216,9 @@ def sweep_show(
     title = f"Sweep {sweep['id']} {sweep['name']} (team {sweep['team']}), best first by {_objective(sweep)}"
     if sweep.get("early_stopping"):
         title += f"\nStops early by {sweep['early_stopping']}"
+    if sweep.get("search"):
+        closed = f" (proposes no more: {sweep['search_closed']})" if sweep.get("search_closed") else ""
+        title += f"\nSearches by {sweep['search']}{closed}"
     out.render(sweep, output, lambda: out.table(columns, rows, title=title))
 
 

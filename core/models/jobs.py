@@ -105,7 +105,8 @@ class JobDependency(Base):
 
 
 class Sweep(Base):
-    """One submission expanded over a grid or a list of hyperparameters: its jobs share it (``jobs.sweep_id``)."""
+    """One submission expanded over a grid, a list or random draws of hyperparameters, or searched adaptively: its
+    jobs share it (``jobs.sweep_id``)."""
 
     __tablename__ = "sweeps"
 
@@ -116,6 +117,15 @@ class Sweep(Base):
     parameters: Mapped[dict[str, Any]] = mapped_column(comment="the grid or list it expanded, as submitted")
     max_concurrent: Mapped[int | None] = mapped_column(comment="at most this many of its jobs run at once")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    search: Mapped[str | None] = mapped_column(String(16), comment="tpe: its next jobs are proposed as others end")
+    closed_at: Mapped[datetime | None] = mapped_column(comment="its search proposes no more jobs since")
+    closed_reason: Mapped[str | None] = mapped_column(String(512), comment="why its search proposes no more jobs")
+
+    def jobs_to_come(self, jobs: int) -> int:
+        """Jobs its search will still propose, with ``jobs`` submitted so far (0 for a sweep without a search)."""
+        if self.search is None or self.closed_at is not None:
+            return 0
+        return max(0, int((self.parameters or {}).get("count") or 0) - jobs)
 
 
 class Attempt(Base):

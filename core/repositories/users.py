@@ -30,6 +30,12 @@ def any_admin(db: Session) -> User | None:
     return db.scalars(select(User).where(User.is_admin.is_(True)).order_by(User.id).limit(1)).first()
 
 
+def roles_of(db: Session, user_id: int) -> dict[int, str]:
+    """The user's role in each team it is a member of: {team id: role}."""
+    rows = db.execute(select(Membership.team_id, Membership.role).where(Membership.user_id == user_id)).all()
+    return {team_id: role for team_id, role in rows}
+
+
 def names_by_id(db: Session, user_ids: Sequence[int | None]) -> dict[int, str]:
     wanted = {u for u in user_ids if u is not None}
     if not wanted:

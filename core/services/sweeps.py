@@ -13,6 +13,9 @@ A sweep document is a job spec with a ``sweep`` section::
       objective: {metric: accuracy, goal: maximize}       # what ranks its jobs (default: the final loss, lowest)
       early_stopping: {rule: median, min_jobs: 3}         # stop a job worse than the others' median at a step
                                                           # (or {rule: successive_halving, min_steps: 100})
+      search: tpe                                         # with random and count: start with ``initial`` random
+      initial: 4                                          # draws, then propose each next job from the jobs
+                                                          # that ended (``core.services.sweep_search``)
 
 A key names a field of the spec (``steps``, ``resources.gpus``: a dotted path) or else a hyperparameter of the
 recipe (``lr`` is ``recipe.hyperparameters.lr``). Job ``i`` is named ``<name>-<i>``. The scheduler holds back
@@ -36,6 +39,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, model_validator
 from sqlalchemy.orm import Session
 
+from core.db import utcnow
 from core.models import Job, Role, Sweep
 from core.repositories import jobs as jobs_repo
 from core.repositories import teams as teams_repo
@@ -158,6 +162,40 @@ class SweepSection(StrictModel):
     max_concurrent: Annotated[int | None, Field(ge=1, le=MAX_JOBS)] = None
     objective: Objective = Objective()
     early_stopping: EarlyStopping | None = None
+    search: Literal["tpe"] | None = None
+    initial: Annotated[int | None, Field(ge=1, le=MAX_JOBS)] = None
+
+    @model_validator(mode="after")
+    def _search_needs_random_draws(self) -> SweepSection:
+        if self.search is None:
+            if self.initial is not None:
+                raise ValueError("initial is an adaptive search's first random draws (search: tpe)")
+            return self
+        if not self.random or self.count is None:
+            raise ValueError("search: tpe searches the space of a random section, up to count jobs: give both")
+        if self.initial is not None and self.initial > self.count:
+            raise ValueError(f"initial ({self.initial}) is more than count ({self.count})")
+        return self
+
+    def first_draws(self) -> int:
+        """How many random draws the sweep starts with: all ``count`` of them, or an adaptive search's ``initial``
+        (by default a quarter of its count, 2 to 10)."""
+        assert self.count is not None
+        if self.search is None:
+            return self.count
+        return self.initial if self.initial is not None else min(self.count, 10, max(2, self.count // 4))
+
+    def at_once(self) -> int:
+        """How many of an adaptive search's jobs are unfinished at a time: ``max_concurrent``, else ``initial``."""
+        return self.max_concurrent if self.max_concurrent is not None else self.first_draws()
+
+    def described_search(self) -> str | None:
+        """An adaptive search in words (the API's ``search``, ``kiln sweep show``, the dashboard); None without."""
+        if self.search is None:
+            return None
+        return (f"TPE (tree-structured Parzen estimators): {self.first_draws()} random draws, then each next "
+                f"job's settings proposed from the jobs that ended, {self.at_once()} at a time, {self.count} jobs "
+                "in all")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -185,9 +223,9 @@ def settings_of(section: SweepSection) -> list[dict[str, Any]]:
     if section.random:
         if section.count is None:
             raise InvalidInput.at("sweep.count", f"random draws need a count: how many jobs (1..{MAX_JOBS})")
-        dists = {key: Distribution.parse(key, raw) for key, raw in section.random.items()}
+        dists = space_of(section)
         rng = random.Random(section.seed)
-        return [{key: dist.draw(rng) for key, dist in dists.items()} for _ in range(section.count)]
+        return [{key: dist.draw(rng) for key, dist in dists.items()} for _ in range(section.first_draws())]
     if section.count is not None or section.seed is not None:
         loc = "sweep.count" if section.count is not None else "sweep.seed"
         raise InvalidInput.at(loc, "only random draws take a count and a seed")
@@ -237,7 +275,7 @@ def parse(document: dict[str, Any]) -> tuple[SweepSection, list[JobSpec], dict[s
     try:
         section = SweepSection.model_validate(raw)
     except ValidationError as exc:
-        errors = [{**e, "loc": f"sweep.{e['loc']}"} for e in validation_errors(exc)]
+        errors = [{**e, "loc": "sweep" if e["loc"] == "$" else f"sweep.{e['loc']}"} for e in validation_errors(exc)]
         raise SpecError(f"invalid sweep: {errors[0]['loc']}: {errors[0]['msg']}", errors) from exc
     section = with_seed(section)
     if section.early_stopping is not None and section.objective.metric == LOSS:
@@ -268,12 +306,23 @@ def submit_sweep(*, db: Session, principal: Principal, document: dict[str, Any],
         user_id=principal.user_id,
         parameters=section.model_dump(mode="json", by_alias=True, exclude_unset=True),
         max_concurrent=section.max_concurrent,
+        search=section.search,
     )
     db.add(sweep)
     db.flush()
     for spec in specs:
         jobs_svc.submit(db=db, principal=principal, spec=spec, sweep_id=sweep.id, hold=hold)
     return get(db=db, principal=principal, sweep_id=sweep.id)
+
+
+def section_of(sweep: Sweep) -> SweepSection:
+    """The sweep section as stored (validated when it was submitted)."""
+    return SweepSection.model_validate(sweep.parameters or {})
+
+
+def space_of(section: SweepSection) -> dict[str, Distribution]:
+    """A random section's keys and what each is drawn from."""
+    return {key: Distribution.parse(key, raw) for key, raw in section.random.items()}
 
 
 def keys_of(sweep: Sweep) -> list[str]:
@@ -332,7 +381,16 @@ def release_held(*, db: Session, principal: Principal, sweep_id: int) -> SweepVi
 def cancel_all(*, db: Session, principal: Principal, sweep_id: int, reason: str | None = None) -> SweepView:
     """Cancel every job of the sweep that has not ended (a running one stops, checkpoint first), in one
     transaction (Determined's ``experiment kill``)."""
-    for job in get(db=db, principal=principal, sweep_id=sweep_id).jobs:
+    view = get(db=db, principal=principal, sweep_id=sweep_id)
+    if view.sweep.search is not None and view.sweep.closed_at is None:  # before its jobs end: no proposal after
+        close(view.sweep, f"cancelled by {principal.name}")
+    for job in view.jobs:
         if JobState(job.state) not in TERMINAL and not job.cancel_requested:
             jobs_svc.cancel(db=db, principal=principal, job_id=job.id, reason=reason)
     return get(db=db, principal=principal, sweep_id=sweep_id)
+
+
+def close(sweep: Sweep, reason: str) -> None:
+    """Its search proposes no more jobs (``core.services.sweep_search``), and says why."""
+    sweep.closed_at = utcnow()
+    sweep.closed_reason = reason[:512]

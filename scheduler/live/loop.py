@@ -1,4 +1,5 @@
-"""The live loop: reconcile -> snapshot -> plan -> apply -> commit -> dispatch, on NOTIFY and on a timer."""
+"""The live loop: reconcile -> adaptive sweeps' proposals -> snapshot -> plan -> apply -> commit -> dispatch, on
+NOTIFY and on a timer."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from core.liveness import Pulse
 from core.policy_config import PolicyConfig
 from core.retention import RetentionReport, prune_database
 from core.services import artifacts
+from core.services.sweep_search import propose_due
 from core.settings import Settings, get_settings
 from scheduler.live import sla
 from scheduler.live.apply import Dispatch, apply_all
@@ -41,6 +43,7 @@ class CycleResult:
     pending: int = 0
     reasons_written: int = 0
     reconciled: list[str] = field(default_factory=list)
+    proposed: list[int] = field(default_factory=list)  # jobs adaptive sweeps submitted
     violations: list[str] = field(default_factory=list)
     dispatched: int = 0
     dispatch_errors: int = 0
@@ -84,6 +87,7 @@ def run_cycle(
         if db.get_bind().dialect.name == "postgresql":
             db.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CYCLE_LOCK_KEY})
         result.reconciled = reconcile(db=db, now=now, settings=settings, dispatch=dispatch)
+        result.proposed = propose_due(db=db)  # adaptive sweeps' next jobs, planned in this very cycle
         db.flush()
         policy = config or settings.policy
         snapshot = load_snapshot(db=db, now=now, half_life_s=policy.fairshare_half_life_s)
@@ -128,7 +132,7 @@ def observe(metrics: SchedulerMetrics, result: CycleResult) -> None:
     metrics.plan_seconds.observe(result.plan_s)
     for kind, n in (("admitted", len(result.admitted)), ("preempted", len(result.preempted)),
                     ("failed", len(result.failed)), ("killed", len(result.killed)),
-                    ("reconciled", len(result.reconciled))):  # fmt: skip
+                    ("reconciled", len(result.reconciled)), ("proposed", len(result.proposed))):  # fmt: skip
         if n:
             metrics.decisions.labels(kind).inc(n)
     metrics.pending.set(result.pending)
@@ -213,11 +217,11 @@ def run_forever(
                         result = run_cycle(session_factory=factory, dispatch=dispatch, settings=settings)
                         pulse.beat("leading")  # only a committed cycle: a leader failing every cycle goes stale
                         observe(metrics, result)
-                        if result.admitted or result.preempted or result.failed or result.reconciled:
+                        if result.admitted or result.preempted or result.failed or result.reconciled or result.proposed:
                             log.info(
-                                "cycle: admitted %s preempted %s failed %s reconciled %d (plan %.1f ms)",
+                                "cycle: admitted %s preempted %s failed %s reconciled %d proposed %s (plan %.1f ms)",
                                 result.admitted, result.preempted, result.failed, len(result.reconciled),
-                                result.plan_s * 1000,
+                                result.proposed, result.plan_s * 1000,
                             )  # fmt: skip
                     except Exception:
                         metrics.cycle_failures.inc()

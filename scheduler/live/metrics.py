@@ -6,7 +6,7 @@
 | ``kiln_scheduler_cycle_seconds`` | histogram | one cycle: reconcile, snapshot, plan, apply, commit, dispatch |
 | ``kiln_scheduler_plan_seconds`` | histogram | ``plan()`` alone |
 | ``kiln_scheduler_cycle_failures_total`` | counter | cycles that raised (rolled back, retried on the next tick) |
-| ``kiln_scheduler_decisions_total`` | counter | by ``decision``: admitted, preempted, failed, killed, reconciled |
+| ``kiln_scheduler_decisions_total`` | counter | decision: admitted, preempted, failed, killed, reconciled, proposed |
 | ``kiln_scheduler_pending_jobs`` | gauge | jobs left waiting by the last cycle |
 | ``kiln_scheduler_dispatch_seconds`` | histogram | sending one attempt's Celery message to its host's queue |
 | ``kiln_scheduler_dispatch_errors_total`` | counter | messages the broker refused (the reconciler re-dispatches) |
@@ -20,7 +20,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 FAST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-DECISIONS = ("admitted", "preempted", "failed", "killed", "reconciled")
+DECISIONS = ("admitted", "preempted", "failed", "killed", "reconciled", "proposed")
 
 
 class SchedulerMetrics:

@@ -432,6 +432,21 @@ def test_a_random_sweep_of_the_teams_own_code_ranked_by_its_metric(kiln: Any) ->
     kiln("cancel", "--sweep", str(as_json(again)["id"]))
 
 
+def test_an_adaptive_sweep_says_what_it_submitted_now_and_how_it_searches(kiln: Any) -> None:
+    example = ROOT / "examples" / "digits"
+    made = kiln("sweep", "submit", str(example / "sweep-tpe.yaml"), "--workdir", str(example), "--hold")
+    assert made.exit_code == 0, made.output
+    assert ("4 jobs now, 12 in all by TPE (each next one proposed as others end), at most 2 at once (held), drawn "
+            "with seed 7") in made.stdout, made.stdout  # fmt: skip
+    sweep_id = made.stdout.split()[2]
+    searches = ("Searches by TPE (tree-structured Parzen estimators): 4 random draws, then each next job's settings "
+                "proposed from the jobs that ended, 2 at a time, 12 jobs in all")  # fmt: skip
+    assert kiln("sweep", "show", sweep_id).stdout.splitlines()[2].strip() == searches
+    kiln("cancel", "--sweep", sweep_id)
+    closed = kiln("sweep", "show", sweep_id).stdout.splitlines()[2].strip()
+    assert closed == f"{searches} (proposes no more: cancelled by admin)", closed
+
+
 def test_sweep_submit_check_runs_the_first_job_before_anything_is_submitted(kiln: Any, tmp_path: Path) -> None:
     require_module("torch")  # --check runs the model: a host that tests has torch (the dev set-up installs it)
     example = ROOT / "examples" / "digits"

@@ -82,7 +82,8 @@ def test_replays_are_deterministic_and_sizes_are_reported_each(tmp_path: Path) -
 
 
 def test_another_limit_seed_draws_other_user_limits_and_the_report_says_which(tmp_path: Path) -> None:
-    """A policy tuned on one draw of the users' limits is checked on others (docs/scheduler-experiments.md, makespan guard)."""
+    """A policy tuned on one draw of the users' limits is checked on others (docs/scheduler-experiments.md, the
+    makespan guard)."""
     assert user_time_limit("job3", 20 * H, 7) != user_time_limit("job3", 20 * H)  # this job's limit differs
     args = ["synthetic:120", "--hosts", "4", "--no-plots", "--policies", "easy", "--workers", "1"]
     assert main([*args, "--out", str(tmp_path / "a")]) == 0

@@ -1,0 +1,100 @@
+"""Adaptive sweeps (``search: tpe``) through the API and the scheduler's cycle, on PostgreSQL: the first random draws
+at submit, each next job proposed as others end, and the search closed by its count, a cancel or a refusal."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from core.db import utcnow
+from core.models import Job, Membership, Webhook, WebhookDelivery
+from core.states import JobState
+from core.transitions import transition
+from tests.integration.test_scheduler_loop import cycle, dispatched  # noqa: F401  (fixture)
+from tests.support.api import World, spec
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("dispatched")]
+
+SPACE = {"lr": {"log_uniform": [1e-4, 1e-2]}, "steps": [10, 20]}
+
+
+def submit(client: TestClient, world: World, **section: object) -> dict[str, object]:
+    doc = {**spec(team="alpha", name="lr"), "sweep": {"random": SPACE, "search": "tpe", "seed": 11, **section}}
+    r = client.post("/v1/sweeps", json=doc, headers=world.h("member"))
+    assert r.status_code == 201, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def jobs_of(db: Session, sweep_id: object) -> list[Job]:
+    return list(db.scalars(select(Job).where(Job.sweep_id == sweep_id).order_by(Job.id)))
+
+
+def end(job: Job, state: JobState, loss: float | None = None) -> None:
+    job.state, job.last_loss = state.value, loss
+
+
+def test_each_next_job_is_proposed_as_others_end_until_its_count(db: Session, client: TestClient,
+                                                                  world: World) -> None:  # fmt: skip
+    sweep = submit(client, world, count=5, initial=2)
+    assert sweep["search"] == ("TPE (tree-structured Parzen estimators): 2 random draws, then each next job's settings "
+                               "proposed from the jobs that ended, 2 at a time, 5 jobs in all")  # fmt: skip
+    assert sweep["search_closed"] is None and len(sweep["jobs"]) == 2  # type: ignore[arg-type]
+    now = utcnow()
+    assert cycle(db, now).proposed == []  # both unfinished: 2 at a time
+    first = jobs_of(db, sweep["id"])
+    end(first[0], JobState.SUCCEEDED, 2.1)
+    end(first[1], JobState.SUCCEEDED, 3.4)
+    db.flush()
+    proposed = cycle(db, now + timedelta(seconds=1)).proposed
+    jobs = jobs_of(db, sweep["id"])
+    assert proposed == [j.id for j in jobs[2:]] and [j.name for j in jobs] == [f"lr-{i}" for i in range(4)]
+    settings = [j.spec["recipe"]["hyperparameters"]["lr"] for j in jobs[2:]]
+    assert all(1e-4 <= lr <= 1e-2 for lr in settings) and settings[0] != settings[1]
+    assert all(j.spec["steps"] in (10, 20) and j.user_id == world.users["member"].id for j in jobs[2:])
+    assert cycle(db, now + timedelta(seconds=2)).proposed == []
+    end(jobs[2], JobState.FAILED)
+    db.flush()
+    (last,) = cycle(db, now + timedelta(seconds=3)).proposed  # the fifth and last
+    assert cycle(db, now + timedelta(seconds=4)).proposed == []
+    shown = client.get(f"/v1/sweeps/{sweep['id']}", headers=world.h("viewer")).json()
+    assert shown["search_closed"] == "all 5 jobs submitted" and last in [j["id"] for j in shown["jobs"]]
+
+
+def test_a_cancelled_search_proposes_nothing_more(db: Session, client: TestClient, world: World) -> None:
+    sweep = submit(client, world, count=4, initial=1)
+    cancelled = client.post(f"/v1/sweeps/{sweep['id']}/cancel", headers=world.h("member")).json()
+    assert cancelled["search_closed"] == "cancelled by mark"
+    assert cycle(db, utcnow()).proposed == [] and len(jobs_of(db, sweep["id"])) == 1
+
+
+def test_a_proposal_its_submitter_may_no_longer_make_closes_the_search(db: Session, client: TestClient,
+                                                                       world: World) -> None:  # fmt: skip
+    sweep = submit(client, world, count=4, initial=1)
+    (job,) = jobs_of(db, sweep["id"])
+    end(job, JobState.SUCCEEDED, 1.0)
+    db.execute(delete(Membership).where(Membership.user_id == world.users["member"].id))
+    db.flush()
+    assert cycle(db, utcnow()).proposed == []  # the cycle itself goes on
+    shown = client.get(f"/v1/sweeps/{sweep['id']}", headers=world.h("viewer")).json()
+    assert shown["search_closed"] == ("its next job could not be submitted: mark, who submitted the sweep, is no "
+                                      "longer a member of its team")  # fmt: skip
+    assert len(shown["jobs"]) == 1
+
+
+def test_sweep_finished_waits_for_the_jobs_the_search_is_still_to_propose(db: Session, client: TestClient,
+                                                                          world: World) -> None:  # fmt: skip
+    team_id = jobs_of(db, submit(client, world, count=1, initial=1)["id"])[0].team_id
+    db.add(Webhook(team_id=team_id, url="http://127.0.0.1:9/k", secret="whsec_test", events=["sweep_finished"]))
+    sweep = submit(client, world, count=3, initial=1)
+    now = utcnow()
+    for i in range(3):
+        job = jobs_of(db, sweep["id"])[-1]
+        transition(db, job, JobState.FAILED)
+        db.flush()
+        kinds = db.scalars(select(WebhookDelivery.kind)).all()
+        assert kinds == (["sweep_finished"] if i == 2 else []), (i, kinds)
+        assert len(cycle(db, now + timedelta(seconds=i)).proposed) == (0 if i == 2 else 1)
