@@ -188,12 +188,19 @@ def _in_range(value: Any, dist: Distribution) -> bool:
 
 
 def propose_due(*, db: Session) -> list[int]:
-    """Submit the jobs the open adaptive sweeps are due (each cycle, before the snapshot, in the cycle's
-    transaction): for each, as many as keep ``at_once`` of its jobs unfinished, up to its count. Its jobs are
-    submitted as its submitter, with the permissions it has now; a proposal that cannot be submitted (the user left
-    the team, the spec no longer validates) closes the search and says why. Returns the new jobs' ids."""
+    """Submit the jobs the open adaptive sweeps are due (at the end of each cycle, in its transaction): for each, as
+    many as keep ``at_once`` of its jobs unfinished, up to its count. Its jobs are submitted as its submitter, with
+    the permissions it has now; a proposal that cannot be submitted (the user left the team, the spec no longer
+    validates) closes the search and says why. Returns the new jobs' ids.
+
+    Each sweep's row is locked, and one locked elsewhere is left to the next cycle (``SKIP LOCKED``): a cancel of
+    the sweep (which closes it first) then sees the jobs proposed here, or this cycle sees it closed; and the cycle
+    never waits on a sweep that a job's end holds (the end locks the job, then its sweep)."""
     new: list[int] = []
-    open_searches = select(Sweep).where(Sweep.search.is_not(None), Sweep.closed_at.is_(None)).order_by(Sweep.id)
+    open_searches = (
+        select(Sweep).where(Sweep.search.is_not(None), Sweep.closed_at.is_(None)).order_by(Sweep.id)
+        .with_for_update(skip_locked=True)
+    )  # fmt: skip
     for sweep in db.scalars(open_searches):
         section = sweeps.section_of(sweep)
         jobs = list(jobs_repo.of_sweep(db, sweep.id))
@@ -240,7 +247,9 @@ def _submitter(db: Session, sweep: Sweep) -> Principal:
     roles = users_repo.roles_of(db, user.id)
     if sweep.team_id not in roles and not user.is_admin:
         raise Forbidden(f"{user.name}, who submitted the sweep, is no longer a member of its team")
-    return Principal(user_id=user.id, name=user.name, user_is_admin=user.is_admin, roles=roles)
+    # An admin's sweep in a team it is no member of was submitted with the admin scope: its proposals need it too.
+    scopes = frozenset({"read", "write", "admin"} if user.is_admin else {"read", "write"})
+    return Principal(user_id=user.id, name=user.name, user_is_admin=user.is_admin, scopes=scopes, roles=roles)
 
 
 def _observed(job: Job, space: Mapping[str, Distribution], objective: Objective) -> Observation | None:

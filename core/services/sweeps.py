@@ -382,8 +382,12 @@ def cancel_all(*, db: Session, principal: Principal, sweep_id: int, reason: str 
     """Cancel every job of the sweep that has not ended (a running one stops, checkpoint first), in one
     transaction (Determined's ``experiment kill``)."""
     view = get(db=db, principal=principal, sweep_id=sweep_id)
-    if view.sweep.search is not None and view.sweep.closed_at is None:  # before its jobs end: no proposal after
+    if view.sweep.search is not None and view.sweep.closed_at is None:
+        # Closed, and written (its row locked: a cycle proposing for it finishes first), before its jobs are read:
+        # a job proposed meanwhile is among them, and none is proposed after.
         close(view.sweep, f"cancelled by {principal.name}")
+        db.flush()
+        view = get(db=db, principal=principal, sweep_id=sweep_id)
     for job in view.jobs:
         if JobState(job.state) not in TERMINAL and not job.cancel_requested:
             jobs_svc.cancel(db=db, principal=principal, job_id=job.id, reason=reason)

@@ -1,4 +1,4 @@
-"""The live loop: reconcile -> adaptive sweeps' proposals -> snapshot -> plan -> apply -> commit -> dispatch, on
+"""The live loop: reconcile -> snapshot -> plan -> apply -> adaptive sweeps' proposals -> commit -> dispatch, on
 NOTIFY and on a timer."""
 
 from __future__ import annotations
@@ -87,7 +87,6 @@ def run_cycle(
         if db.get_bind().dialect.name == "postgresql":
             db.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CYCLE_LOCK_KEY})
         result.reconciled = reconcile(db=db, now=now, settings=settings, dispatch=dispatch)
-        result.proposed = propose_due(db=db)  # adaptive sweeps' next jobs, planned in this very cycle
         db.flush()
         policy = config or settings.policy
         snapshot = load_snapshot(db=db, now=now, half_life_s=policy.fairshare_half_life_s)
@@ -98,6 +97,9 @@ def run_cycle(
         violations = sla.evaluate(db=db, now=now)
         enforced = apply_all(db=db, decisions=sla.enforcement(violations), now=now)
         result.violations = [f"{v.type} job {v.job_id}" for v in violations]
+        # Last, once no job row is to be locked any more (a job's end locks its row, then its sweep's): adaptive
+        # sweeps' next jobs, planned by the cycle their NOTIFY starts.
+        result.proposed = propose_due(db=db)
         db.commit()
     except BaseException:
         db.rollback()

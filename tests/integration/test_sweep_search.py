@@ -98,3 +98,63 @@ def test_sweep_finished_waits_for_the_jobs_the_search_is_still_to_propose(db: Se
         kinds = db.scalars(select(WebhookDelivery.kind)).all()
         assert kinds == (["sweep_finished"] if i == 2 else []), (i, kinds)
         assert len(cycle(db, now + timedelta(seconds=i)).proposed) == (0 if i == 2 else 1)
+
+
+def test_a_cancel_racing_a_proposal_cancels_the_proposed_job_too() -> None:
+    """The cycle holds the sweep's row while it proposes; a cancel of the sweep, which closes it before it reads its
+    jobs, waits for that cycle and then cancels the job it proposed as well (before, the job was read too early and
+    ran on after the sweep was cancelled)."""
+    import threading
+
+    from sqlalchemy.orm import sessionmaker
+
+    from core.db import make_engine
+    from core.migrate import upgrade
+    from core.models import User
+    from core.services import teams as teams_svc
+    from core.services.principal import Principal
+    from core.services.sweep_search import propose_due
+    from core.services.sweeps import cancel_all, submit_sweep
+    from tests.support.services import temporary_database
+
+    with temporary_database("kiln_sweep_race") as url:
+        upgrade(url)
+        engine = make_engine(url)
+        factory = sessionmaker(bind=engine, expire_on_commit=False)
+        with factory() as db:
+            user = User(name="root", is_admin=True)
+            db.add(user)
+            db.flush()
+            root = Principal(user_id=user.id, name="root", user_is_admin=True,
+                             scopes=frozenset({"read", "write", "admin"}))  # fmt: skip
+            teams_svc.create_team(db=db, principal=root, name="alpha", quotas=[teams_svc.Quota("cpu", 4)])
+            db.flush()
+            doc = {**spec(team="alpha", name="lr"), "sweep": {"random": SPACE, "search": "tpe", "seed": 3,
+                                                              "count": 4, "initial": 1}}  # fmt: skip
+            sweep_id = submit_sweep(db=db, principal=root, document=doc).sweep.id
+            (first,) = jobs_of(db, sweep_id)
+            end(first, JobState.SUCCEEDED, 1.5)
+            db.commit()
+
+        cycle_db = factory()
+        (proposed,) = propose_due(db=cycle_db)  # the sweep's row locked until the cycle commits
+        cancelled = threading.Event()
+
+        def cancel() -> None:
+            with factory() as api_db:
+                cancel_all(db=api_db, principal=root, sweep_id=sweep_id)
+                api_db.commit()
+            cancelled.set()
+
+        thread = threading.Thread(target=cancel)
+        thread.start()
+        assert not cancelled.wait(1.0)  # waits for the cycle
+        cycle_db.commit()
+        cycle_db.close()
+        thread.join(timeout=30)
+        assert cancelled.is_set()
+        with factory() as db:
+            states = {j.id: j.state for j in jobs_of(db, sweep_id)}
+            assert states == {first.id: "SUCCEEDED", proposed: "CANCELLED"}, states
+            assert propose_due(db=db) == []
+        engine.dispose()
