@@ -169,7 +169,8 @@ def test_a_sweeps_queued_jobs_are_held_and_released_from_its_page(kiln: Kiln) ->
 
 def test_a_sweep_is_submitted_from_the_yaml_editor(kiln: Kiln) -> None:
     """A spec with a sweep section in the Submit page's YAML editor is a sweep: a malformed range is shown at its
-    line, and once fixed the sweep's page opens with its jobs and says how it stops jobs early."""
+    line, and once fixed the sweep's page opens with its first jobs and says how it stops jobs early and how it
+    searches (adaptively: its first two random draws now, the third proposed later)."""
     from playwright.sync_api import expect
 
     with chromium() as browser:
@@ -179,7 +180,8 @@ def test_a_sweep_is_submitted_from_the_yaml_editor(kiln: Kiln) -> None:
         box = page.get_by_label("Job spec (YAML)")
         spec = box.input_value().replace("name: gpt-tiny", "name: yaml-sweep")
         section = (
-            "sweep:\n  random:\n    lr: {log_uniform: [0.01, 0.001]}\n  count: 2\n  max_concurrent: 1\n"
+            "sweep:\n  random:\n    lr: {log_uniform: [0.01, 0.001]}\n  count: 3\n  max_concurrent: 1\n"
+            "  search: tpe\n  initial: 2\n"
             "  objective: {metric: accuracy, goal: maximize}\n"
             "  early_stopping: {rule: successive_halving, min_steps: 4}\n"
         )
@@ -197,7 +199,10 @@ def test_a_sweep_is_submitted_from_the_yaml_editor(kiln: Kiln) -> None:
         expect(page.locator("#sweep-objective")).to_contain_text(
             "Stops early by successive halving: at 4, 12, 36, ... steps a job goes on only while among the best 1/3"
         )
+        expect(page.locator("#sweep-objective")).to_contain_text(
+            "Searches by TPE (tree-structured Parzen estimators): 2 random draws, then each next job's settings "
+            "proposed from the jobs that ended, 1 at a time, 3 jobs in all."
+        )
         assert problems == [f"422 {kiln.url}/v1/sweeps"], problems  # the malformed range, and nothing else
     with kiln.api() as api:
-        for j in api.get(f"/v1/sweeps/{sweep_id}").json()["jobs"]:
-            api.post(f"/v1/jobs/{j['id']}/cancel")
+        assert api.post(f"/v1/sweeps/{sweep_id}/cancel").json()["search_closed"] == "cancelled by admin"
