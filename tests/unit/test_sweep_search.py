@@ -96,3 +96,20 @@ def test_a_search_starts_with_a_quarter_of_its_count_in_random_draws_two_to_ten(
     words = of(count=16).described_search()
     assert words is not None and words.startswith("TPE (tree-structured Parzen estimators): 4 random draws")
     assert SweepSection.model_validate({"random": {"lr": [0.1]}, "count": 5}).first_draws() == 5
+
+
+def test_a_range_of_one_value_and_boolean_choices_are_proposed_as_they_are() -> None:
+    space = {
+        "x": Distribution.parse("x", {"uniform": [0.5, 0.5]}),
+        "n": Distribution.parse("n", {"int_uniform": [3, 3]}),
+        "lr": Distribution.parse("lr", {"log_uniform": [0.01, 0.01]}),
+        "b": Distribution.parse("b", [True, 1]),  # two values: True is not 1 here
+    }
+    seen: list[Observation] = [
+        ({"x": 0.5, "n": 3, "lr": 0.01, "b": True}, 1.0),
+        ({"x": 0.5, "n": 3, "lr": 0.01, "b": 1}, 2.0),
+    ]
+    for seed in range(5):
+        s = propose(space, seen, random.Random(seed))
+        assert (s["x"], s["n"], s["lr"]) == (0.5, 3, 0.01) and s["b"] in (True, 1)
+        assert isinstance(s["n"], int)
