@@ -487,10 +487,7 @@ def cancel(
 
     def one(api: Any, job_id: int, say: Any) -> dict[str, Any]:
         job: dict[str, Any] = api.post(f"/v1/jobs/{job_id}/cancel", json={"reason": reason} if reason else None)
-        if job.get("state") == "CANCELLED":
-            say.print(out.text(f"job {job_id} CANCELLED"))
-        else:
-            say.print(out.text(f"cancelling job {job_id}: stopping, checkpoint first"))
+        say.print(out.text(done_said("cancel", job_id, job.get("state"))))
         return job
 
     with client() as api:
@@ -538,6 +535,17 @@ def release(
     hold_or_release(job_ids, hold=False, reason=None, filters=filters, output=output)
 
 
+def done_said(action: str, job_id: int, state: str | None) -> str:
+    """What the CLI says of a job it cancelled, held or released, by the state the answer gives it."""
+    if action == "cancel":
+        return f"job {job_id} CANCELLED" if state == JobState.CANCELLED.value else (
+            f"cancelling job {job_id}: stopping, checkpoint first")  # fmt: skip
+    if action == "hold":
+        return f"job {job_id} held (kiln release {job_id} lets it start)" if state == JobState.QUEUED.value else (
+            f"holding job {job_id}: stopping, checkpoint first, then held in the queue")  # fmt: skip
+    return f"job {job_id} released: the scheduler plans it again"
+
+
 def whole_sweep(sweep: int | None, job_ids: list[int] | None, *filters: Any) -> int | None:
     """The sweep given alone (``--sweep S``, no ids, no other filter), whose own endpoint acts on all its jobs in one
     transaction; None otherwise."""
@@ -553,18 +561,12 @@ def act_on_sweep(
     say = console if output is OutputFormat.table else err_console
     before = {j["id"]: (j["state"], j["held"]) for j in api.get(f"/v1/sweeps/{sweep_id}")["jobs"]}
     sweep: dict[str, Any] = api.post(f"/v1/sweeps/{sweep_id}/{action}", json=body)
-    # A running job asked to cancel is still running in the answer: it stops, checkpoint first.
-    changed = [j for j in sweep["jobs"] if (j["state"], j["held"]) != before[j["id"]]
+    # A running job asked to cancel is still running in the answer: it stops, checkpoint first. A job an adaptive
+    # search proposed between the two requests is new to ``before``.
+    changed = [j for j in sweep["jobs"] if (j["state"], j["held"]) != before.get(j["id"])
                or (action == "cancel" and j["state"] not in out.TERMINAL_STATES)]  # fmt: skip
     for j in sorted(changed, key=lambda j: j["id"]):
-        if action == "cancel":
-            done = j["state"] == JobState.CANCELLED.value
-            say.print(out.text(f"job {j['id']} CANCELLED" if done else f"cancelling job {j['id']}: stopping, "
-                               "checkpoint first"))  # fmt: skip
-        elif action == "hold":
-            say.print(out.text(f"job {j['id']} held (kiln release {j['id']} lets it start)"))
-        else:
-            say.print(out.text(f"job {j['id']} released: the scheduler plans it again"))
+        say.print(out.text(done_said(action, j["id"], j["state"])))
     if not changed:
         err_console.print({"cancel": "no active job matches", "hold": "no queued job matches",
                            "release": "no held job matches"}[action])  # fmt: skip
@@ -586,13 +588,9 @@ def hold_or_release(
             return job
         if not hold:
             job = api.post(f"/v1/jobs/{job_id}/release")
-            say.print(out.text(f"job {job_id} released: the scheduler plans it again"))
-            return job
-        job = api.post(f"/v1/jobs/{job_id}/hold", json={"reason": reason} if reason else None)
-        if job.get("state") == "QUEUED":
-            say.print(out.text(f"job {job_id} held (kiln release {job_id} lets it start)"))
         else:
-            say.print(out.text(f"holding job {job_id}: stopping, checkpoint first, then held in the queue"))
+            job = api.post(f"/v1/jobs/{job_id}/hold", json={"reason": reason} if reason else None)
+        say.print(out.text(done_said("hold" if hold else "release", job_id, job.get("state"))))
         return job
 
     with client() as api:

@@ -141,7 +141,7 @@ def _index(values: tuple[Any, ...], value: Any) -> int | None:
 def split(observations: Sequence[Observation]) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
     """(good, bad): the best ``GAMMA`` of the observations by value (at least one, at most ``MAX_GOOD``), and the
     rest, with every observation without a value."""
-    valued = sorted((o for o in observations if o[1] is not None), key=lambda o: o[1])  # type: ignore[arg-type,return-value]
+    valued = sorted(((s, v) for s, v in observations if v is not None), key=lambda o: o[1])
     n_good = min(len(valued), MAX_GOOD, max(1, math.ceil(GAMMA * len(observations))))
     good = [s for s, _v in valued[:n_good]]
     bad = [s for s, _v in valued[n_good:]] + [s for s, v in observations if v is None]
@@ -204,11 +204,12 @@ def propose_due(*, db: Session) -> list[int]:
     for sweep in db.scalars(open_searches):
         section = sweeps.section_of(sweep)
         jobs = list(jobs_repo.of_sweep(db, sweep.id))
-        if sweep.jobs_to_come(len(jobs)) == 0:
+        to_come = sweep.jobs_to_come(len(jobs))
+        if to_come == 0:
             sweeps.close(sweep, f"all {len(jobs)} jobs submitted")
             continue
         unfinished = sum(1 for j in jobs if JobState(j.state) not in TERMINAL)
-        due = min(sweep.jobs_to_come(len(jobs)), section.at_once() - unfinished)
+        due = min(to_come, section.at_once() - unfinished)
         if due <= 0:
             continue
         try:
