@@ -110,6 +110,36 @@ def _sweep_finished(db: Session, hooks: list[Webhook], event: Event, job: Job) -
     return _deliveries(db, hooks, SWEEP_KIND, event, job, {"sweep": sweep_summary(db, sweep)})
 
 
+def enqueue_for_closed_search(db: Session, sweep: Sweep, jobs: list[Job]) -> list[WebhookDelivery]:
+    """``sweep_finished`` for an adaptive sweep whose search was closed before its count (a cancel, a proposal
+    refused) when every one of its ``jobs`` had already ended: their last end heard of jobs still to come, so it
+    sent nothing, and no end is left to send it. The event is that last end. The caller holds the sweep's row, as
+    an end does (``_sweep_finished``), so exactly one of the two sends it."""
+    if not jobs or any(j.state not in ENDED for j in jobs):
+        return []  # the last job to end sends it: the search is closed now, so no job is to come
+    hooks = [
+        h
+        for h in db.scalars(
+            select(Webhook).where(Webhook.team_id == sweep.team_id, Webhook.job_id.is_(None)).order_by(Webhook.id)
+        )
+        if SWEEP_KIND in (h.events or [])
+    ]
+    if not hooks:
+        return []
+    last, event = max(
+        ((j, e) for j in jobs if (e := _end_event(db, j)) is not None), key=lambda je: je[1].id, default=(None, None)
+    )
+    if last is None or event is None:
+        return []
+    return _deliveries(db, hooks, SWEEP_KIND, event, last, {"sweep": sweep_summary(db, sweep)})
+
+
+def _end_event(db: Session, job: Job) -> Event | None:
+    return db.scalar(
+        select(Event).where(Event.job_id == job.id, Event.type.in_(ENDED)).order_by(Event.id.desc()).limit(1)
+    )
+
+
 def sweep_summary(db: Session, sweep: Sweep) -> dict[str, Any]:
     """How the sweep ended: its jobs by end, and its best job by its objective."""
     objective = objective_of(sweep)

@@ -206,7 +206,7 @@ def propose_due(*, db: Session) -> list[int]:
         jobs = list(jobs_repo.of_sweep(db, sweep.id))
         to_come = sweep.jobs_to_come(len(jobs))
         if to_come == 0:
-            sweeps.close(sweep, f"all {len(jobs)} jobs submitted")
+            sweeps.close(db, sweep, f"all {len(jobs)} jobs submitted")
             continue
         unfinished = sum(1 for j in jobs if JobState(j.state) not in TERMINAL)
         due = min(to_come, section.at_once() - unfinished)
@@ -215,7 +215,7 @@ def propose_due(*, db: Session) -> list[int]:
         try:
             new += _submit_proposals(db, sweep, section, jobs, due)
         except ServiceError as exc:
-            sweeps.close(sweep, f"its next job could not be submitted: {exc}")
+            sweeps.close(db, sweep, f"its next job could not be submitted: {exc}")
     return new
 
 

@@ -39,6 +39,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, model_validator
 from sqlalchemy.orm import Session
 
+from core import webhooks
 from core.db import utcnow
 from core.models import Job, Role, Sweep
 from core.repositories import jobs as jobs_repo
@@ -385,7 +386,7 @@ def cancel_all(*, db: Session, principal: Principal, sweep_id: int, reason: str 
     if view.sweep.search is not None and view.sweep.closed_at is None:
         # Closed, and written (its row locked: a cycle proposing for it finishes first), before its jobs are read:
         # a job proposed meanwhile is among them, and none is proposed after.
-        close(view.sweep, f"cancelled by {principal.name}")
+        close(db, view.sweep, f"cancelled by {principal.name}")
         db.flush()
         view = get(db=db, principal=principal, sweep_id=sweep_id)
     for job in view.jobs:
@@ -394,7 +395,13 @@ def cancel_all(*, db: Session, principal: Principal, sweep_id: int, reason: str 
     return get(db=db, principal=principal, sweep_id=sweep_id)
 
 
-def close(sweep: Sweep, reason: str) -> None:
-    """Its search proposes no more jobs (``core.services.sweep_search``), and says why."""
+def close(db: Session, sweep: Sweep, reason: str) -> None:
+    """Its search proposes no more jobs (``core.services.sweep_search``), and says why. The caller holds the sweep's
+    row. Closed before its count with every job already ended, the sweep has finished now: its ``sweep_finished``
+    webhook is written here, since no job's end is left to write it."""
+    jobs = list(jobs_repo.of_sweep(db, sweep.id))
+    early = sweep.jobs_to_come(len(jobs)) > 0
     sweep.closed_at = utcnow()
     sweep.closed_reason = reason[:512]
+    if early:
+        webhooks.enqueue_for_closed_search(db, sweep, jobs)

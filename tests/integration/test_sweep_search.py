@@ -98,6 +98,36 @@ def test_sweep_finished_waits_for_the_jobs_the_search_is_still_to_propose(db: Se
         kinds = db.scalars(select(WebhookDelivery.kind)).all()
         assert kinds == (["sweep_finished"] if i == 2 else []), (i, kinds)
         assert len(cycle(db, now + timedelta(seconds=i)).proposed) == (0 if i == 2 else 1)
+    # That last cycle closed the search ("all 3 jobs submitted"): the last end had sent it, and nothing sends it again.
+    assert db.scalars(select(WebhookDelivery.kind)).all() == ["sweep_finished"]
+
+
+def test_a_search_closed_early_once_its_jobs_all_ended_sends_sweep_finished(db: Session, client: TestClient,
+                                                                            world: World) -> None:  # fmt: skip
+    """Each job's end heard of jobs still to come, so none sent ``sweep_finished``; a cancel of the sweep, or a
+    refused proposal, closes the search with no end left to send it: the close sends it, once."""
+    team_id = jobs_of(db, submit(client, world, count=1, initial=1)["id"])[0].team_id
+    db.add(Webhook(team_id=team_id, url="http://127.0.0.1:9/k", secret="whsec_test", events=["sweep_finished"]))
+    cancelled, refused = submit(client, world, count=4, initial=1), submit(client, world, count=4, initial=1)
+    for sweep in (cancelled, refused):
+        (job,) = jobs_of(db, sweep["id"])
+        transition(db, job, JobState.FAILED)
+    db.flush()
+
+    def sent() -> list[object]:
+        return [d.payload["sweep"]["id"] for d in db.scalars(select(WebhookDelivery).order_by(WebhookDelivery.id))]
+
+    assert sent() == []  # three jobs to come in each
+    client.post(f"/v1/sweeps/{cancelled['id']}/cancel", headers=world.h("member"))
+    assert sent() == [cancelled["id"]]
+    db.execute(delete(Membership).where(Membership.user_id == world.users["member"].id))
+    db.flush()
+    cycle(db, utcnow())
+    assert sent() == [cancelled["id"], refused["id"]]
+    body = next(d.payload for d in db.scalars(select(WebhookDelivery)) if d.payload["sweep"]["id"] == refused["id"])
+    assert body["sweep"]["failed"] == 1 and body["event"]["type"] == "FAILED"
+    cycle(db, utcnow() + timedelta(seconds=1))
+    assert len(sent()) == 2
 
 
 def test_a_cancel_racing_a_proposal_cancels_the_proposed_job_too() -> None:
