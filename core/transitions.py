@@ -141,7 +141,7 @@ def release(session: Session, job: Job, *, by: str, actor_user_id: int | None, n
 
 
 def end_hold(job: Job, now: datetime) -> None:
-    """Add the hold that ends now to ``job.held_s`` (the policy's aging leaves held time out)."""
+    """Add the hold that ends now to ``job.held_s`` (the policy's backlog bound leaves held time out)."""
     if job.held_at is not None:
         job.held_s = (job.held_s or 0.0) + max(0.0, (now - job.held_at).total_seconds())
         drop_hold(job)

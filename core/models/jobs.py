@@ -51,7 +51,7 @@ class Job(Base):
         comment="when the current wait after a requeue began (backoff excluded); NULL before the first admission"
     )
     # A hold (kiln hold): the scheduler leaves the job be until it is released; the wait is paused meanwhile (the
-    # queue-wait SLA and the policy's aging count only the time the job could have started).
+    # queue-wait SLA and the policy's backlog bound count only the time the job could have started).
     held_at: Mapped[datetime | None] = mapped_column(comment="held since (NULL: not held)")
     held_s: Mapped[float] = mapped_column(
         default=0.0, server_default=text("0"), comment="seconds held in the holds that ended"

@@ -246,8 +246,8 @@ def _pending(
                 qos_priority=q.priority if q else 0,
                 preemptible=bool(q and q.preemptible),
                 gpus=job.gpus,
-                # aging counts the time the job could have started: a hold's time is left out (Slurm's
-                # accrue time), so a released job does not jump the queue by the time it was held
+                # the backlog bound and aging count the time the job could have started: a hold's time is left out
+                # (Slurm's accrue time), so a released job does not jump the queue by the time it was held
                 submitted_at=job.submitted_at.timestamp() + (job.held_s or 0.0),
                 gpus_per_node=int(per_node) if isinstance(per_node, int) else None,
                 gpu_type=job.gpu_type,

@@ -15,8 +15,9 @@ Within a tier and after the jobs at risk, ``kiln`` orders by discretised expecte
 (``scheduler.policy.estimate``: GPUs x the run time still expected from the user's time limit, the attained service and
 the team's history; Tiresias' least-attained-service queues with the estimates kiln really has), then by QoS class,
 then by fair share and age within one service class and class. In the first tier with a preemptible class, right
-after its jobs at risk, go the jobs overdue by the backlog bound (``backlog_bound``: waited longer than the cluster
-needs to drain all the work it knows of; oldest first) and then the makespan guard's (off by default); both may
+after its jobs at risk, go the jobs overdue by the backlog bound (``backlog_bound``: queued longer than the cluster
+needs to drain all the work it knows of, or twice that for a job whose time limit ends sooner; the most time-limit
+left first) and then the makespan guard's (off by default); both may
 reserve but never preempt.
 
 ``priority`` (the Slurm multifactor / Kueue baseline): QoS class, then fair share, then age; no SLA urgency.
@@ -219,28 +220,38 @@ class JobOrder:
         return critical
 
     def _overdue(self, jobs: list[PendingJob], taken: set[int]) -> list[PendingJob]:
-        """The backlog bound (``PolicyConfig.backlog_bound``): the jobs of preemptible classes that have waited
-        (since submission) at least ``backlog_bound`` times the time the cluster needs to drain the work it knows
-        of, oldest first, at most ``backlog_bound_jobs``. FIFO bounds every job's wait by the backlog ahead of it;
-        the service order does not, and a long or large low-class job it keeps passing over starts only once the
-        backlog is gone, on an emptying cluster, which then idles while it runs. They may reserve but never
-        preempt (``aged``)."""
+        """The backlog bound (``PolicyConfig.backlog_bound``): the jobs of preemptible classes that have been queued
+        (since submission, less the time they ran) at least ``backlog_bound`` times the time the cluster needs to
+        drain the work it knows of, if they could outlast that backlog (no time limit, or more of it left than
+        the drain time), or ``backlog_bound_short`` times it otherwise; the most time-limit left first (a job
+        without a limit first), then the oldest; at most ``backlog_bound_jobs``. FIFO bounds every job's wait by
+        the backlog ahead of it; the service order does not, and a long or large low-class job it keeps passing
+        over starts only once the backlog is gone, on an emptying cluster, which then idles while it runs. A job
+        that could run longer than the backlog takes to drain is the one that sets the makespan if it starts
+        late: it is overdue sooner, and first (longest-processing-time first, on the only upper bound kiln has:
+        the user's limit). A job whose limit ends within the drain time cannot set the makespan, and the service
+        order keeps it longer. They may reserve but never preempt (``aged``)."""
         config = self.config
         if self.estimator is None or self.capacity <= 0 or config.backlog_bound is None:
             return []
-        oldest = self.now - config.backlog_bound * self._drain_s(jobs)  # submitted at or before: overdue
-        overdue = sorted(
-            (
-                j
-                for j in jobs
-                if j.submitted_at <= oldest and j.preemptible and j.gpus and j.share is None and j.id not in taken
-            ),
-            key=_SUBMITTED,
-        )[: config.backlog_bound_jobs]
-        for j in overdue:
+        drain = self._drain_s(jobs)
+        long_before = self.now - config.backlog_bound * drain  # queued since at or before: overdue
+        short = config.backlog_bound_short
+        short_before = -math.inf if short is None else self.now - short * drain
+        overdue: list[tuple[float, float, int, PendingJob]] = []
+        for j in jobs:
+            if not (j.preemptible and j.gpus and j.share is None and j.id not in taken):
+                continue
+            queued_since = j.submitted_at + j.attained_s
+            left = math.inf if j.estimated_runtime_s is None else j.estimated_runtime_s - j.attained_s
+            if queued_since <= (long_before if left >= drain else short_before):
+                overdue.append((-left, j.submitted_at, j.id, j))
+        overdue.sort(key=operator.itemgetter(0, 1, 2))
+        lane = [j for *_key, j in overdue[: config.backlog_bound_jobs]]
+        for j in lane:
             self.urgent.add(j.id)
             self.aged.add(j.id)  # reserves, never preempts
-        return overdue
+        return lane
 
     def _drain_s(self, jobs: list[PendingJob]) -> float:
         """Seconds the cluster needs to finish the work it knows of, once a cycle: the pending GPU jobs' expected

@@ -1,6 +1,6 @@
 """Holding a queued job (kiln hold, Slurm's scontrol hold) and releasing it, on PostgreSQL: the scheduler leaves a
 held job be, even one held after its snapshot was taken; the hold pauses the wait the queue-wait SLA and the
-policy's aging count; the API answers who may hold and what can be held."""
+policy's backlog bound count; the API answers who may hold and what can be held."""
 
 from __future__ import annotations
 
@@ -109,7 +109,8 @@ def test_held_time_is_not_queue_wait(db: Session) -> None:
 
 
 def test_a_release_does_not_jump_the_queue_by_the_time_held(db: Session) -> None:
-    """Aging counts the time a job could have started: held for a day, a job ages as one submitted a day later."""
+    """The backlog bound counts the time a job could have started: held for a day, a job waits as one submitted a day
+    later."""
     gold = f.qos(db, "gold")
     job = f.job(db, f.team(db, "hold-d"), gold, gpus=1, name="held", submitted_at=T0)
     held(db, job, 60)

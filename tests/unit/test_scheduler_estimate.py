@@ -232,7 +232,7 @@ def test_the_backlog_bound_puts_a_job_waiting_longer_than_the_backlog_first_in_t
     jobs = long_behind_short(30)
     short, old, gold = jobs[:2], jobs[2], jobs[3]
     teams = (team(ratio=0.5),)
-    bound = PolicyConfig(starvation_age_s=None)  # no aging: only the bound moves the old job
+    bound = PolicyConfig()
     order = JobOrder(jobs, teams, NOW, bound, capacity=8)
     assert [j.id for j in order] == [4, 1, 2, 3]  # after the non-preemptible tier, ahead of the short jobs
     assert order.aged == {1} and 1 in order.urgent  # it may reserve, never preempt
@@ -241,14 +241,46 @@ def test_the_backlog_bound_puts_a_job_waiting_longer_than_the_backlog_first_in_t
     # Waited 15 days of the ~20 the backlog needs: FIFO would not have started it either.
     young = dataclasses.replace(old, submitted_at=NOW - 15 * 86400)
     assert [j.id for j in JobOrder((*short, young, gold), teams, NOW, bound, capacity=8)] == [4, 2, 3, 1]
+    # Queued 6 of its 30 days (it ran 24 before a preemption, 8 are expected to be left): the bound counts the time
+    # queued, not the time since submission.
+    ran = dataclasses.replace(old, attained_s=24 * 86400)
+    assert [j.id for j in JobOrder((*short, ran, gold), teams, NOW, bound, capacity=8)] == [4, 2, 3, 1]
     # The running work adds to the backlog: 30 days is no longer overdue.
     busy = JobOrder(jobs, teams, NOW, bound, capacity=8, running_gpu_s=8 * 20 * 86400)
     assert [j.id for j in busy] == [4, 2, 3, 1]
-    # At most ``backlog_bound_jobs`` a cycle, the oldest.
-    older = bronze(5, limit=2 * H, age=31 * 86400)
-    assert [j.id for j in JobOrder((*jobs, older), teams, NOW, bound, capacity=8)] == [4, 5, 1, 2, 3]
-    one = bound.model_copy(update={"backlog_bound_jobs": 1})
-    assert [j.id for j in JobOrder((*jobs, older), teams, NOW, one, capacity=8)] == [4, 5, 2, 3, 1]
+
+
+def test_a_job_whose_limit_ends_within_the_backlog_is_overdue_only_at_the_short_bound() -> None:
+    # A 2-hour job cannot outlast a 20-day backlog, so it cannot set the makespan: after 31 days (1.5 drain times)
+    # it keeps its place by service class (oldest of its class); after 41 (2) it is overdue, behind the long job.
+    jobs = long_behind_short(30)
+    teams = (team(ratio=0.5),)
+    config = PolicyConfig()
+    waited_31 = bronze(5, limit=2 * H, age=31 * 86400)
+    assert [j.id for j in JobOrder((*jobs, waited_31), teams, NOW, config, capacity=8)] == [4, 1, 5, 2, 3]
+    waited_41 = bronze(5, limit=2 * H, age=41 * 86400)
+    order = JobOrder((*jobs, waited_41), teams, NOW, config, capacity=8)
+    assert [j.id for j in order] == [4, 1, 5, 2, 3] and order.aged == {1, 5}
+    never = config.model_copy(update={"backlog_bound_short": None})
+    order = JobOrder((*jobs, waited_41), teams, NOW, never, capacity=8)
+    assert [j.id for j in order] == [4, 1, 5, 2, 3] and order.aged == {1}
+
+
+def test_the_backlog_bounds_lane_takes_the_most_time_limit_left_first() -> None:
+    # Longest processing time first on the only upper bound kiln has: a job without a limit may run longest, then
+    # the longest limit left (what it already ran counted off), however long each has waited.
+    jobs = long_behind_short(30)  # 1: 40-day limit, waited 30 days
+    teams = (team(ratio=0.5),)
+    unlimited = bronze(5, age=60 * 86400)  # no limit: expected as the team's history says (none yet: a default)
+    longer = bronze(6, limit=60 * 86400, attained=10 * 86400, age=70 * 86400)  # 50 days left
+    config = PolicyConfig()
+    # 16 GPUs: the work known (20 + 25 days of 8 GPUs, and hours) drains in about 23 days; all three are overdue.
+    order = JobOrder((*jobs, unlimited, longer), teams, NOW, config, capacity=16)
+    assert [j.id for j in order][:4] == [4, 5, 6, 1] and order.aged == {1, 5, 6}
+    # At most ``backlog_bound_jobs`` a cycle, the first by that order.
+    one = config.model_copy(update={"backlog_bound_jobs": 1})
+    first = JobOrder((*jobs, unlimited, longer), teams, NOW, one, capacity=16)
+    assert [j.id for j in first][:2] == [4, 5] and first.aged == {5}
 
 
 def test_a_job_overdue_by_the_backlog_bound_reserves_but_never_preempts() -> None:
@@ -257,9 +289,9 @@ def test_a_job_overdue_by_the_backlog_bound_reserves_but_never_preempts() -> Non
     # best-effort job; overdue, it reserves instead.
     old = bronze(1, limit=4 * 86400, age=30 * 86400, max_queue_wait_s=0.5 * H, wait_started_at=NOW - 0.4 * H)
     s = Snapshot(now=NOW, hosts=gpu_cluster(1), running=(busy,), pending=(old,), teams=(team(ratio=0.5),))
-    d = plan(s, PolicyConfig(starvation_age_s=None))
+    d = plan(s, PolicyConfig())
     assert d.preemptions == () and [r.job_id for r in d.reservations] == [1]
-    off = plan(s, PolicyConfig(starvation_age_s=None, backlog_bound=None))
+    off = plan(s, PolicyConfig(backlog_bound=None))
     assert [p.job_id for p in off.preemptions] == [9]
 
 

@@ -519,8 +519,9 @@ def test_aging_within_a_class_puts_the_oldest_starved_job_first() -> None:
     teams = (TeamInfo(1, "heavy", decayed_usage=1e9), TeamInfo(2, "light"))
     old = pj(1, 8, team=1, qos="best-effort", age=2 * 86400)
     new = pj(2, 8, team=2, qos="best-effort", age=60)
-    assert admitted(snap(teams=teams, pending=(old, new))) == [1]  # aging after a day, the default
-    assert admitted(snap(teams=teams, pending=(old, new)), PolicyConfig(starvation_age_s=None)) == [2]
+    aging = PolicyConfig(starvation_age_s=86400.0)
+    assert admitted(snap(teams=teams, pending=(old, new)), aging) == [1]  # aging after a day
+    assert admitted(snap(teams=teams, pending=(old, new))) == [2]  # off by default: fair share
 
 
 def test_identical_jobs_get_identical_answers() -> None:
