@@ -126,18 +126,14 @@ def enqueue_for_closed_search(db: Session, sweep: Sweep, jobs: list[Job]) -> lis
     ]
     if not hooks:
         return []
-    last, event = max(
-        ((j, e) for j in jobs if (e := _end_event(db, j)) is not None), key=lambda je: je[1].id, default=(None, None)
-    )
-    if last is None or event is None:
+    event = db.scalar(
+        select(Event).join(Job, Job.id == Event.job_id)
+        .where(Job.sweep_id == sweep.id, Event.type.in_(ENDED)).order_by(Event.id.desc()).limit(1)
+    )  # fmt: skip
+    last = None if event is None else next((j for j in jobs if j.id == event.job_id), None)
+    if event is None or last is None:
         return []
     return _deliveries(db, hooks, SWEEP_KIND, event, last, {"sweep": sweep_summary(db, sweep)})
-
-
-def _end_event(db: Session, job: Job) -> Event | None:
-    return db.scalar(
-        select(Event).where(Event.job_id == job.id, Event.type.in_(ENDED)).order_by(Event.id.desc()).limit(1)
-    )
 
 
 def sweep_summary(db: Session, sweep: Sweep) -> dict[str, Any]:
