@@ -110,13 +110,11 @@ def _sweep_finished(db: Session, hooks: list[Webhook], event: Event, job: Job) -
     return _deliveries(db, hooks, SWEEP_KIND, event, job, {"sweep": sweep_summary(db, sweep)})
 
 
-def enqueue_for_closed_search(db: Session, sweep: Sweep, jobs: list[Job]) -> list[WebhookDelivery]:
+def enqueue_for_closed_search(db: Session, sweep: Sweep) -> list[WebhookDelivery]:
     """``sweep_finished`` for an adaptive sweep whose search was closed before its count (a cancel, a proposal
-    refused) when every one of its ``jobs`` had already ended: their last end heard of jobs still to come, so it
-    sent nothing, and no end is left to send it. The event is that last end. The caller holds the sweep's row, as
-    an end does (``_sweep_finished``), so exactly one of the two sends it."""
-    if not jobs or any(j.state not in ENDED for j in jobs):
-        return []  # the last job to end sends it: the search is closed now, so no job is to come
+    refused) once every one of its jobs had ended (``core.services.sweeps.close``, holding the sweep's row as an
+    end does, so exactly one of the two sends it): their last end heard of jobs still to come, so it sent nothing,
+    and no end is left to send it. The event is that last end."""
     hooks = [
         h
         for h in db.scalars(
@@ -130,7 +128,7 @@ def enqueue_for_closed_search(db: Session, sweep: Sweep, jobs: list[Job]) -> lis
         select(Event).join(Job, Job.id == Event.job_id)
         .where(Job.sweep_id == sweep.id, Event.type.in_(ENDED)).order_by(Event.id.desc()).limit(1)
     )  # fmt: skip
-    last = None if event is None else next((j for j in jobs if j.id == event.job_id), None)
+    last = None if event is None or event.job_id is None else db.get(Job, event.job_id, populate_existing=True)
     if event is None or last is None:
         return []
     return _deliveries(db, hooks, SWEEP_KIND, event, last, {"sweep": sweep_summary(db, sweep)})

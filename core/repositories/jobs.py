@@ -140,6 +140,11 @@ def of_sweep(db: Session, sweep_id: int) -> Sequence[Job]:
     return db.scalars(select(Job).where(Job.sweep_id == sweep_id).order_by(Job.id)).all()
 
 
+def states_of_sweep(db: Session, sweep_id: int) -> list[str]:
+    """Its jobs' states as the database has them now (columns, not the session's copies of the rows)."""
+    return list(db.scalars(select(Job.state).where(Job.sweep_id == sweep_id)))
+
+
 def sweeps(db: Session, *, team_ids: Sequence[int] | None, window: Window | None = None) -> Sequence[Sweep]:
     """Newest first, in the visible teams (None: all)."""
     stmt = select(Sweep)

@@ -70,8 +70,7 @@ class _Numeric:
     def unscale(self, x: float, dist: Distribution) -> Any:
         if self.integer:
             return min(max(round(x), int(dist.low)), int(dist.high))
-        value = math.exp(x) if self.log else x
-        return min(max(float(f"{value:.4g}"), dist.low), dist.high)  # as ``Distribution.draw`` keeps them
+        return dist.kept(math.exp(x) if self.log else x)
 
 
 class _Parzen:

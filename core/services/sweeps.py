@@ -99,7 +99,11 @@ class Distribution:
             x = math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
         else:
             x = rng.uniform(self.low, self.high)
-        return min(max(float(f"{x:.4g}"), self.low), self.high)  # 4 significant digits, never outside the range
+        return self.kept(x)
+
+    def kept(self, x: float) -> float:
+        """A number drawn or proposed as the sweep keeps it: 4 significant digits, never outside the range."""
+        return min(max(float(f"{x:.4g}"), self.low), self.high)
 
 
 class EarlyStopping(StrictModel):
@@ -384,10 +388,9 @@ def cancel_all(*, db: Session, principal: Principal, sweep_id: int, reason: str 
     transaction (Determined's ``experiment kill``)."""
     view = get(db=db, principal=principal, sweep_id=sweep_id)
     if view.sweep.search is not None and view.sweep.closed_at is None:
-        # Closed, and written (its row locked: a cycle proposing for it finishes first), before its jobs are read:
-        # a job proposed meanwhile is among them, and none is proposed after.
+        # Closed under its row's lock (a cycle proposing for it finishes first) before its jobs are read again: a
+        # job proposed meanwhile is among them, and none is proposed after.
         close(db, view.sweep, f"cancelled by {principal.name}")
-        db.flush()
         view = get(db=db, principal=principal, sweep_id=sweep_id)
     for job in view.jobs:
         if JobState(job.state) not in TERMINAL and not job.cancel_requested:
@@ -396,12 +399,17 @@ def cancel_all(*, db: Session, principal: Principal, sweep_id: int, reason: str 
 
 
 def close(db: Session, sweep: Sweep, reason: str) -> None:
-    """Its search proposes no more jobs (``core.services.sweep_search``), and says why. The caller holds the sweep's
-    row. Closed before its count with every job already ended, the sweep has finished now: its ``sweep_finished``
-    webhook is written here, since no job's end is left to write it."""
-    jobs = list(jobs_repo.of_sweep(db, sweep.id))
-    early = sweep.jobs_to_come(len(jobs)) > 0
+    """Its search proposes no more jobs (``core.services.sweep_search``), and says why; a sweep closed meanwhile
+    keeps its reason. Its row is locked first (the scheduler's cycle holds it already; a job's end takes it too), so
+    its jobs' states are read after any end that went before. Closed before its count with every job already
+    ended, the sweep has finished now: its ``sweep_finished`` webhook is written here, since no job's end is left
+    to write it."""
+    db.refresh(sweep, with_for_update=True)
+    if sweep.closed_at is not None:
+        return
+    states = jobs_repo.states_of_sweep(db, sweep.id)
+    early = sweep.jobs_to_come(len(states)) > 0
     sweep.closed_at = utcnow()
     sweep.closed_reason = reason[:512]
-    if early:
-        webhooks.enqueue_for_closed_search(db, sweep, jobs)
+    if early and states and all(JobState(state) in TERMINAL for state in states):
+        webhooks.enqueue_for_closed_search(db, sweep)

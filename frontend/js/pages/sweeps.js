@@ -120,8 +120,9 @@ async function sweepPage(root, id) {
       + (sweep.max_concurrent ? ` · at most ${sweep.max_concurrent} at once` : "")
       + `. Best first by ${sweep.objective.metric} (${sweep.objective.goal}): ${sweep.objective.rule}.`
       + (sweep.early_stopping ? ` Stops early by ${sweep.early_stopping}.` : "")
-      + (sweep.search ? ` Searches by ${sweep.search}` : "")
-      + (sweep.search && sweep.search_closed ? ` (proposes no more: ${sweep.search_closed}).` : sweep.search ? "." : ""));
+      + (sweep.search
+        ? ` Searches by ${sweep.search}${sweep.search_closed ? ` (proposes no more: ${sweep.search_closed})` : ""}.`
+        : ""));
   };
 
   /** Each job's objective over its steps, best job first (GET /v1/sweeps/{id}/curves). @param {any} curves */
