@@ -2,7 +2,8 @@
 
 GET/HEAD need ``read``; every other method needs ``write``. Admin powers additionally need the ``admin`` scope,
 which the services check through ``Principal.is_admin``. The rate limit is per user, so minting tokens does not
-multiply it; failed authentications are limited per client address (``api.ratelimit.FailedAuthentications``).
+multiply it; failed authentications are limited per client address (``api.ratelimit.FailedAuthentications``), and
+only they: a valid token is never refused for its address's failures.
 
 A token is never accepted in a URL (access logs keep URLs). A stream endpoint, which a browser's EventSource
 opens without headers, also takes a short-lived stream ticket for its own path as ``?ticket=``.
@@ -48,18 +49,20 @@ def principal_for(request: Request, db: Session, *, stream: bool = False, scope:
                 + (" or a stream ticket (POST /v1/stream-tickets) as ?ticket=" if stream else "")
             )
         raise Unauthenticated("missing 'Authorization: Bearer <token>' header")
-    failures: FailedAuthentications = request.app.state.auth_failures
-    address = client_address(request)
-    wait = failures.blocked_for(address)
-    if wait > 0:
-        raise _too_many(wait, "too many failed authentications from this address")
+    # The token is looked up first, whatever the address did: the failed-authentication limit refuses failures
+    # only, so a guesser behind the same NAT or proxy never locks the address's valid users out. A lookup is one
+    # indexed read of the secret's SHA-256 (a ticket's HMAC: the same read), and a token is 256 random bits, so
+    # looking each one up opens no brute force; a bad one from an address past its limit is refused with 429, and
+    # costs no call to the shared bucket (the note in this process).
     try:
         if secret is not None:
             principal = authenticate(db=db, secret=secret)
         else:
             principal = authenticate_ticket(db=db, ticket=str(ticket), path=request.url.path)
     except Unauthenticated:
-        wait = failures.failed(address)
+        failures: FailedAuthentications = request.app.state.auth_failures
+        address = client_address(request)
+        wait = failures.blocked_for(address) or failures.failed(address)
         if wait > 0:
             raise _too_many(wait, "too many failed authentications from this address") from None
         raise

@@ -120,8 +120,8 @@ def make_limiter(broker_url: str, per_minute: int, burst: int, *, prefix: str = 
 
 class FailedAuthentications:
     """Failed authentications per client address: a bucket shared like the others, and, once it is empty, a note
-    in this process so that the address's next requests are refused before any lookup (no database query and no
-    Redis call while it waits)."""
+    in this process so that the address's next failures are refused without a Redis call while it waits. Only
+    failures count and only failures are refused: a request whose token is valid never asks (``api.auth``)."""
 
     def __init__(self, limiter: Limiter, *, max_keys: int = 100_000):
         self.limiter = limiter
