@@ -1,5 +1,5 @@
 """Checkpoint exports: request (a worker converts the weights to safetensors), follow, download. The job's team
-only (core/services/exports.py)."""
+only (core/services/exports.py): its members and team-admins request, any of its roles reads."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def export_out(e: CheckpointExport) -> ExportOut:
 
 
 @router.post("", response_model=ExportOut, status_code=status.HTTP_202_ACCEPTED,
-             summary="Export a checkpoint's weights as safetensors (the job's team)",
+             summary="Export a checkpoint's weights as safetensors (the job's team's members)",
              responses={200: {"model": ExportOut, "description": "Already exported"}})  # fmt: skip
 def request_export(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, response: Response,
                    body: ExportIn | None = None) -> ExportOut:  # fmt: skip

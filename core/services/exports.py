@@ -2,7 +2,9 @@
 it (workers/exports.py runs ``python -m trainer.export``: torch is there, never in the API); the team downloads it.
 
 Only the job's own team may request or download an export (admins included only as members): the weights are
-the team's work. An export is kept under ``<storage>/exports/<job>/<step>/`` beside the checkpoints.
+the team's work. Requesting one is a write (a worker converts and stores a copy of the weights): its members and
+team-admins, not its viewers (403, as for the team's other writes); its viewers read and download. An export is
+kept under ``<storage>/exports/<job>/<step>/`` beside the checkpoints.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
-from core.models import Checkpoint, CheckpointExport, Job
+from core.models import Checkpoint, CheckpointExport, Job, Role
 from core.repositories import jobs as jobs_repo
-from core.services.errors import Conflict, NotFound
-from core.services.principal import Principal
+from core.services.errors import Conflict, Forbidden, NotFound
+from core.services.principal import ROLE_RANK, Principal
 
 FILES = ("model.safetensors", "manifest.json")
 # A claim older than this is taken to be a crashed worker's, and is claimed again.
@@ -29,17 +31,23 @@ def export_dir(storage_dir: Path, job_id: int, step: int) -> Path:
     return storage_dir / "exports" / str(job_id) / str(step)
 
 
-def _team_job(db: Session, principal: Principal, job_id: int) -> Job:
+def _team_job(db: Session, principal: Principal, job_id: int, min_role: Role = Role.VIEWER) -> Job:
+    """The job, when the caller has ``min_role`` or above in its team: NotFound outside the team (whatever the
+    role there would be), Forbidden for a lower role."""
     job = jobs_repo.get(db, job_id)
-    if job is None or job.team_id not in principal.roles:
+    role = principal.roles.get(job.team_id) if job is not None else None
+    if job is None or role is None:
         raise NotFound(f"job {job_id} not found (checkpoints are exported for the job's own team only)")
+    if ROLE_RANK[role] < ROLE_RANK[min_role]:
+        raise Forbidden(f"your role in job {job_id}'s team is {role}; exporting a checkpoint needs "
+                        f"{min_role.value} or above")  # fmt: skip
     return job
 
 
 def request(*, db: Session, principal: Principal, job_id: int, step: int | None = None) -> CheckpointExport:
     """Queue an export of ``step`` (default: the job's latest verified checkpoint), or return the existing one;
-    a failed export is queued again."""
-    job = _team_job(db, principal, job_id)
+    a failed export is queued again. A member's or team-admin's (``_team_job``)."""
+    job = _team_job(db, principal, job_id, Role.MEMBER)
     stmt = select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.verified.is_(True))
     if step is not None:
         stmt = stmt.where(Checkpoint.step == step)
