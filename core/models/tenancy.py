@@ -147,6 +147,10 @@ class ApiToken(Base):
     expires_at: Mapped[datetime | None] = mapped_column()
     revoked_at: Mapped[datetime | None] = mapped_column()
     last_used_at: Mapped[datetime | None] = mapped_column()
+    parent_id: Mapped[int | None] = mapped_column(
+        ForeignKey("api_tokens.id", ondelete="SET NULL"), index=True,
+        comment="the token that minted this one: revoking it revokes this one",
+    )  # fmt: skip
 
     user: Mapped[User] = relationship(lazy="joined")
 

@@ -117,6 +117,34 @@ def get_token(db: Session, token_id: int) -> ApiToken | None:
     return db.get(ApiToken, token_id)
 
 
+def lock_token(db: Session, token_id: int) -> Any:
+    """The token's ``revoked_at`` and ``expires_at`` as committed now, its row held against a revocation until the
+    transaction ends (``FOR SHARE``: minting from it waits for a revocation in progress, then sees it; a revocation
+    waits for the mint, then revokes its child). None when it is gone."""
+    stmt = select(ApiToken.revoked_at, ApiToken.expires_at).where(ApiToken.id == token_id).with_for_update(read=True)
+    return db.execute(stmt).first()
+
+
+def revoke_tree(db: Session, token_id: int, now: datetime) -> list[tuple[int, int, str]]:
+    """Revoke the token and every token minted from it, at any depth; returns (id, user id, name) of those revoked
+    now. Each statement reads the tree as committed when it starts, so it is repeated until it revokes nothing: a
+    token minted from one of them while the first ran (its mint held the parent's row, and the update waited for
+    it) is revoked by the next. A mint that comes later waits for this transaction and finds its parent revoked."""
+    done: list[tuple[int, int, str]] = []
+    while True:
+        tree = select(ApiToken.id).where(ApiToken.id == token_id).cte("tree", recursive=True)
+        tree = tree.union_all(select(ApiToken.id).where(ApiToken.parent_id == tree.c.id))
+        stmt = (
+            update(ApiToken).where(ApiToken.id.in_(select(tree.c.id)), ApiToken.revoked_at.is_(None))
+            .values(revoked_at=now).returning(ApiToken.id, ApiToken.user_id, ApiToken.name)
+            .execution_options(synchronize_session=False)
+        )  # fmt: skip
+        rows = [(int(i), int(u), str(n)) for i, u, n in db.execute(stmt).all()]
+        if not rows:
+            return done
+        done += rows
+
+
 def count_active_tokens(db: Session, user_id: int, now: datetime) -> int:
     return int(
         db.scalar(

@@ -1,4 +1,8 @@
-"""API tokens: issued (the secret shown once), listed, revoked; every issue and revocation is audited."""
+"""API tokens: issued (the secret shown once), listed, revoked; every issue and revocation is audited.
+
+A token minted with a token remembers it (``parent_id``): revoking a token revokes every token minted from it, at
+any depth, whoever owns them (an admin's token takes the tokens it minted for other users with it), so a leaked
+token leaves no working child behind once it is revoked."""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from core.models import ApiToken
 from core.repositories import users as users_repo
 from core.repositories.keyset import Window
 from core.security import new_token
-from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound
+from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound, Unauthenticated
 from core.services.principal import SCOPES, Principal
 from core.transitions import record_event
 
@@ -52,16 +56,29 @@ def issue(
     active = users_repo.count_active_tokens(db, owner_id, utcnow()) if max_active is not None else 0
     if max_active is not None and active >= max_active:
         raise Conflict(f"{user or principal.name} has {active} live tokens, the most allowed; revoke one first")
+    if principal.token_id is not None:
+        _hold_live_parent(db, principal.token_id)
     secret, prefix, digest = new_token()
     token = ApiToken(user_id=owner_id, name=name, prefix=prefix, token_hash=digest, scopes=scopes,
-                     expires_at=expires_at)  # fmt: skip
+                     expires_at=expires_at, parent_id=principal.token_id)  # fmt: skip
     db.add(token)
     db.flush()
     record_event(
         db, "TOKEN_ISSUED", actor_user_id=principal.user_id, message=f"token {token.id} ({name}) issued",
-        data={"token_id": token.id, "user_id": owner_id, "scopes": token.scopes},
+        data={"token_id": token.id, "user_id": owner_id, "scopes": token.scopes, "parent_id": principal.token_id},
     )  # fmt: skip
     return token, secret
+
+
+def _hold_live_parent(db: Session, token_id: int) -> None:
+    """The minting token, held until the new token is committed (a revocation of it or of its ancestors waits, then
+    revokes the new token too), and still live now: its revocation may have committed since the request
+    authenticated."""
+    parent = users_repo.lock_token(db, token_id)
+    if parent is None or parent.revoked_at is not None:
+        raise Unauthenticated("this API token was revoked")
+    if parent.expires_at is not None and parent.expires_at <= utcnow():
+        raise Unauthenticated("this API token has expired")
 
 
 def _scopes(principal: Principal, wanted: Sequence[str] | None) -> list[str]:
@@ -110,13 +127,16 @@ def list_tokens(
 
 
 def revoke(*, db: Session, principal: Principal, token_id: int) -> ApiToken:
+    """Revoke the token and every token minted from it (transitively, whoever owns them); each one revoked now is
+    audited. Revoking a revoked token again revokes what is still live below it."""
     token = users_repo.get_token(db, token_id)
     if token is None or (token.user_id != principal.user_id and not principal.is_admin):
         raise NotFound(f"token {token_id} not found")
-    if token.revoked_at is None:
-        token.revoked_at = utcnow()
+    for revoked_id, owner_id, name in users_repo.revoke_tree(db, token.id, utcnow()):
+        why = "" if revoked_id == token.id else f" with token {token.id}, which it was minted from (directly or not)"
         record_event(
-            db, "TOKEN_REVOKED", actor_user_id=principal.user_id, message=f"token {token.id} ({token.name}) revoked",
-            data={"token_id": token.id, "user_id": token.user_id},
+            db, "TOKEN_REVOKED", actor_user_id=principal.user_id, message=f"token {revoked_id} ({name}) revoked{why}",
+            data={"token_id": revoked_id, "user_id": owner_id, **({"with": token.id} if why else {})},
         )  # fmt: skip
+    db.refresh(token)
     return token
