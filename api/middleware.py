@@ -11,11 +11,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.bodies import MAX_DEPTH, DocumentError, json_depth
 from api.errors import PROBLEM_JSON, problem_body
 
 
-async def _send_problem(send: Send, status: int, detail: str, path: str) -> None:
-    body = json.dumps(problem_body(status, detail, instance=path)).encode()
+async def _send_problem(
+    send: Send, status: int, detail: str, path: str, *, errors: list[dict[str, Any]] | None = None
+) -> None:
+    body = json.dumps(problem_body(status, detail, instance=path, errors=errors)).encode()
     await send({
         "type": "http.response.start",
         "status": status,
@@ -26,12 +29,17 @@ async def _send_problem(send: Send, status: int, detail: str, path: str) -> None
 
 class BodyLimitMiddleware:
     """413 for bodies over ``max_bytes``: counts the bytes as they arrive (Content-Length is only a first check,
-    a chunked or lying client is cut off at the limit), then replays the buffered body to the app."""
+    a chunked or lying client is cut off at the limit), then replays the buffered body to the app. A JSON body (or
+    one without a type, which FastAPI reads as JSON) nested deeper than ``max_depth`` answers 422 before anything
+    parses it (``api.bodies.json_depth``)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, streamed: re.Pattern[str] | None = None) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, streamed: re.Pattern[str] | None = None, max_depth: int = MAX_DEPTH
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.streamed = streamed  # PUT paths whose handler streams the body under a limit of its own
+        self.max_depth = max_depth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -65,6 +73,10 @@ class BodyLimitMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        if _json_typed(scope) and json_depth(body, self.max_depth) > self.max_depth:
+            refused = DocumentError(f"the document is nested more than {self.max_depth} levels deep", "depth")
+            await _send_problem(send, 422, str(refused), path, errors=refused.errors)
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -75,6 +87,16 @@ class BodyLimitMiddleware:
             return await receive()  # later calls wait for the disconnect (SSE uses this)
 
         await self.app(scope, replay, send)
+
+
+def _json_typed(scope: Scope) -> bool:
+    """Whether the request's body is JSON as FastAPI reads bodies: typed ``application/json`` or ``...+json``, or
+    not typed at all."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            media = value.split(b";", 1)[0].strip().lower()
+            return media == b"application/json" or (media.startswith(b"application/") and media.endswith(b"+json"))
+    return True
 
 
 class MetricsMiddleware:
