@@ -38,7 +38,7 @@ import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, NoReturn
+from typing import BinaryIO, NoReturn, Protocol
 
 DIGEST_PATTERN = r"^[0-9a-f]{64}$"
 IGNORE_FILES = (".gitignore", ".kilnignore")
@@ -69,6 +69,10 @@ _OUT_STEP = 256 << 10  # the most one inflate step may produce
 _ZERO_BLOCK = bytes(BLOCK)
 
 FILE, DIRECTORY, LINK = "file", "directory", "link"
+
+
+class Readable(Protocol):
+    def read(self, size: int, /) -> bytes: ...
 
 
 class ArchiveError(ValueError):
@@ -274,7 +278,7 @@ class _Inflater:
     a member whose size it has already counted against the limits. Concatenated gzip members are one stream
     (zero bytes between them skipped, as gzip does). ``hasher`` sees every compressed byte read."""
 
-    def __init__(self, fh: BinaryIO, hasher: hashlib._Hash | None = None) -> None:
+    def __init__(self, fh: Readable, hasher: hashlib._Hash | None = None) -> None:
         self._fh = fh
         self._hasher = hasher
         self._z: zlib._Decompress | None = None  # None: at the start of a gzip member
@@ -800,7 +804,7 @@ class _Writer:
             raise ArchiveError(f"{_show(entry)}: already exists") from None
 
 
-def _scan(fh: BinaryIO, limits: ArchiveLimits, writer: _Writer | None = None,
+def _scan(fh: Readable, limits: ArchiveLimits, writer: _Writer | None = None,
           hasher: hashlib._Hash | None = None) -> tuple[ArchiveSummary, list[_Member]]:  # fmt: skip
     """Read the whole archive (to its end-of-archive block), checking every member, creating it through
     ``writer`` if one is given (links excepted: returned, to be made last); the tree's resolution of links at the
@@ -830,6 +834,11 @@ def check(path: Path, limits: ArchiveLimits) -> ArchiveSummary:
     """Every entry of the .tar.gz at ``path`` against the rules above; raises ArchiveError. Nothing is written."""
     with path.open("rb") as fh:
         return _scan(fh, limits)[0]
+
+
+def check_stream(fh: Readable, limits: ArchiveLimits) -> ArchiveSummary:
+    """``check`` of what ``fh.read`` returns (b"": the end), read only as far as the end-of-archive block."""
+    return _scan(fh, limits)[0]
 
 
 def extract(path: Path, digest: str, dest: Path, limits: ArchiveLimits) -> ArchiveSummary:

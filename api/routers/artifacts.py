@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from datetime import datetime
 from functools import partial
-from pathlib import Path as FsPath
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response, status
@@ -114,21 +111,25 @@ async def upload_artifact(
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise svc.TooLarge(f"the archive is {declared} bytes; the limit is {limit}")
-    tmp = svc.tmp_dir(storage)
-    fd, name = tempfile.mkstemp(dir=tmp, prefix="upload-")
-    upload = FsPath(name)
+    # The body goes to a temporary file, hashed as it comes, while a thread checks the archive from that file as
+    # it grows (core/services/artifacts.py, Upload): the check's verdict is ready about when the last byte is.
+    upload = svc.Upload(storage, settings.archive_limits, limit)
     try:
-        size = 0
-        with os.fdopen(fd, "wb") as fh:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise svc.TooLarge(f"the archive is over the limit of {limit} bytes")
-                fh.write(chunk)
+        async for chunk in request.stream():
+            upload.write(chunk)
+        upload.complete()
+        checked = await run_in_threadpool(upload.finish)
         stored = await run_in_threadpool(
-            svc.store, db=db, principal=who, team=team, digest=digest, upload=upload, settings=settings
+            svc.store,
+            db=db,
+            principal=who,
+            team=team,
+            digest=digest,
+            upload=upload.path,
+            settings=settings,
+            checked=checked,
         )
     finally:
-        upload.unlink(missing_ok=True)
+        upload.abandon()  # a check still waiting for bytes ends; the file goes
     response.status_code = status.HTTP_201_CREATED if stored.created else status.HTTP_200_OK
     return _out(stored.artifact, team, stored.created)
