@@ -846,29 +846,42 @@ def extract(path: Path, digest: str, dest: Path, limits: ArchiveLimits) -> Archi
     every entry again as it goes: files and directories as they come, links last, after the whole archive passed
     and its digest was found the same again. On an error what was unpacked so far stays in ``dest``."""
     with path.open("rb") as fh:
-        actual = hashlib.file_digest(fh, "sha256").hexdigest()
+        return extract_file(fh, digest, dest, limits)
+
+
+def extract_file(fh: BinaryIO, digest: str, dest: Path, limits: ArchiveLimits) -> ArchiveSummary:
+    """``extract`` of an open archive (standard input, say). Seekable: hashed whole before anything is written,
+    then read again. Not (a pipe): hashed as it is unpacked, so a wrong digest is found only at the end (before any
+    link is made; the files so far stay in ``dest``)."""
+    if fh.seekable():
+        start = fh.tell()
+        whole = hashlib.sha256()
+        while chunk := fh.read(CHUNK):
+            whole.update(chunk)
+        actual = whole.hexdigest()
         if actual != digest:
             raise ArchiveError(f"archive {digest[:12]} does not match its digest (found {actual[:12]})")
-        fh.seek(0)
-        dest.mkdir(parents=True, exist_ok=True)
-        root = os.open(dest, _DIR_FLAGS)
+        fh.seek(start)
+    dest.mkdir(parents=True, exist_ok=True)
+    root = os.open(dest, _DIR_FLAGS)
+    try:
+        if os.listdir(root):
+            raise ArchiveError(f"{dest} is not empty")
+        writer = _Writer(root)
         try:
-            if os.listdir(root):
-                raise ArchiveError(f"{dest} is not empty")
-            writer = _Writer(root)
-            try:
-                hasher = hashlib.sha256()
-                summary, links = _scan(fh, limits, writer, hasher)
-                while chunk := fh.read(CHUNK):
-                    hasher.update(chunk)
-                if hasher.hexdigest() != digest:
-                    raise ArchiveError(f"archive {digest[:12]} changed while it was unpacked")
-                for m in links:
-                    writer.symlink(m.parts, m.target, m.name)
-            finally:
-                writer.close()
+            hasher = hashlib.sha256()
+            summary, links = _scan(fh, limits, writer, hasher)
+            while chunk := fh.read(CHUNK):
+                hasher.update(chunk)
+            if hasher.hexdigest() != digest:
+                found = hasher.hexdigest()[:12]
+                raise ArchiveError(f"archive {digest[:12]} does not match its digest (found {found} as it was read)")
+            for m in links:
+                writer.symlink(m.parts, m.target, m.name)
         finally:
-            os.close(root)
+            writer.close()
+    finally:
+        os.close(root)
     return summary
 
 
@@ -899,12 +912,13 @@ def _digest(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m core.code_archive extract --archive PATH --digest SHA256 --dest DIR --max-unpacked-bytes N
-    --max-entries N``: prints {"entries": N, "unpacked_bytes": N} and exits 0; an archive that breaks a rule:
-    the reason on stderr, exit 65 (EX_DATAERR); anything else (bad arguments, I/O): exit 1."""
+    --max-entries N`` (``--archive -``: the archive on standard input): prints {"entries": N, "unpacked_bytes": N}
+    and exits 0; an archive that breaks a rule (a digest that does not match, a destination not empty): the
+    reason on stderr, exit 65 (EX_DATAERR); anything else (bad arguments, I/O): exit 1."""
     parser = _Parser(prog="python -m core.code_archive", description="kiln's code archives")
     commands = parser.add_subparsers(dest="command", required=True)
     ex = commands.add_parser("extract", help="verify an archive and unpack it into an empty directory")
-    ex.add_argument("--archive", type=Path, required=True, help="the .tar.gz")
+    ex.add_argument("--archive", required=True, help="the .tar.gz ('-': standard input)")
     ex.add_argument("--digest", type=_digest, required=True, help="its SHA-256 (hex)")
     ex.add_argument("--dest", type=Path, required=True, help="an empty directory (made if missing)")
     ex.add_argument("--max-unpacked-bytes", type=_count, required=True)
@@ -915,7 +929,10 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else 1
     limits = ArchiveLimits(max_unpacked_bytes=args.max_unpacked_bytes, max_entries=args.max_entries)
     try:
-        summary = extract(args.archive, args.digest, args.dest, limits)
+        if args.archive == "-":
+            summary = extract_file(sys.stdin.buffer, args.digest, args.dest, limits)
+        else:
+            summary = extract(Path(args.archive), args.digest, args.dest, limits)
     except ArchiveError as exc:
         print(f"archive refused: {exc}", file=sys.stderr)
         return EX_DATAERR

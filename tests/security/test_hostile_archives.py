@@ -147,11 +147,21 @@ def test_zz_figures(api: Live) -> None:
 # ------------------------------------------------------------------------------------- the worker's unpacking
 
 
-def extract_process(archive: Path, dest: Path, digest: str | None = None) -> subprocess.CompletedProcess[str]:
+def extract_process(
+    archive: Path, dest: Path, digest: str | None = None, via: str = "path"
+) -> subprocess.CompletedProcess[str]:
+    """``python -m core.code_archive extract`` in a process of its own, the archive named (``via`` "path"), or on
+    its standard input as the worker hands it to its sandbox ("stdin": the open file; "pipe": a pipe)."""
     digest = digest or hashlib.sha256(archive.read_bytes()).hexdigest()
-    cmd = [sys.executable, "-m", "core.code_archive", "extract", "--archive", str(archive), "--digest", digest,
-           "--dest", str(dest), *LIMIT_ARGS]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    cmd = [sys.executable, "-m", "core.code_archive", "extract", "--archive", str(archive) if via == "path" else "-",
+           "--digest", digest, "--dest", str(dest), *LIMIT_ARGS]  # fmt: skip
+    if via == "pipe":
+        done = subprocess.run(cmd, input=archive.read_bytes(), capture_output=True, timeout=120, cwd=ROOT)
+    else:
+        with archive.open("rb") as stdin:
+            given = stdin if via == "stdin" else subprocess.DEVNULL
+            done = subprocess.run(cmd, stdin=given, capture_output=True, timeout=120, cwd=ROOT)
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
 
 def tree_of(root: Path) -> dict[str, str]:
@@ -176,13 +186,14 @@ def box(tmp_path: Path) -> Path:
     return tmp_path / "box"
 
 
+@pytest.mark.parametrize("via", ["path", "stdin"])
 @pytest.mark.parametrize("case", ["cve-2025-4517 through links", "cve-2025-4517 with a hard link",
                                   "link leaves through a link", "link leaves through a later link",
                                   "chain of links leaves", "file written through a link to a directory",
                                   "file written through a link that leaves", "pth into site-packages (relative)",
                                   "pth into site-packages (absolute)", "pth through a link to site-packages",
                                   "hard link to an escaping link", "fifo", "character device"])  # fmt: skip
-def test_the_unpacking_process_refuses_them_and_writes_nothing_outside(box: Path, case: str) -> None:
+def test_the_unpacking_process_refuses_them_and_writes_nothing_outside(box: Path, case: str, via: str) -> None:
     build, why = HOSTILE[case]
     if case.startswith("cve"):  # sized for this destination: the resolved path outgrows PATH_MAX
         blob = tc.cve_2025_4517((4096 - len(str(box / "dest")) - 1) // 17, hard_link="hard" in case)
@@ -191,7 +202,7 @@ def test_the_unpacking_process_refuses_them_and_writes_nothing_outside(box: Path
     archive = box / "code.tar.gz"
     archive.write_bytes(blob)
     outside = tree_of(box.parent)
-    done = extract_process(archive, box / "dest")
+    done = extract_process(archive, box / "dest", via=via)
     assert done.returncode == 65, done.stderr
     assert done.stdout == ""
     assert re.fullmatch(f"archive refused: .*{why}.*\n", done.stderr, re.S), done.stderr
@@ -203,8 +214,13 @@ def test_the_unpacking_process_refuses_them_and_writes_nothing_outside(box: Path
 
 TRICKY = {
     "links inside, through an up-link": (
-        [entry("pkg", D), entry("pkg/m.py", data=b"m"), entry("pkg/up", S, ".."), entry("alias", S, "pkg/up/pkg"),
-         entry("again", S, "alias/up/alias/m.py")],  # fmt: skip
+        [
+            entry("pkg", D),
+            entry("pkg/m.py", data=b"m"),
+            entry("pkg/up", S, ".."),
+            entry("alias", S, "pkg/up/pkg"),
+            entry("again", S, "alias/up/alias/m.py"),
+        ],  # fmt: skip
         {"alias/m.py": "m", "again": "m", "pkg/up/pkg/m.py": "m"},
     ),
     "a link to a directory, then its files (by the directory's name)": (
@@ -247,12 +263,13 @@ def test_a_file_under_a_links_name_is_refused_by_the_process(box: Path) -> None:
     assert sorted(p.name for p in (box / "dest").iterdir()) == ["real"]
 
 
-def test_the_examples_unpack_by_the_process_as_they_were_packed(box: Path) -> None:
+@pytest.mark.parametrize("via", ["path", "stdin", "pipe"])
+def test_the_examples_unpack_by_the_process_as_they_were_packed(box: Path, via: str) -> None:
     for example in ("digits", "digits-script"):
         blob, summary = pack_bytes(ROOT / "examples" / example)
         archive = box / f"{example}.tar.gz"
         archive.write_bytes(blob)
-        done = extract_process(archive, box / example)
+        done = extract_process(archive, box / example, via=via)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == {"entries": summary.entries, "unpacked_bytes": summary.unpacked_bytes}
         for src in (ROOT / "examples" / example).iterdir():

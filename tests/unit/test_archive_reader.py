@@ -502,3 +502,28 @@ def test_uploads_beyond_the_early_checks_are_checked_once_received(tmp_path: Pat
             u.abandon()
     assert artifacts._EARLY_CHECKS.acquire(blocking=False)  # all four slots are free again
     artifacts._EARLY_CHECKS.release()
+
+
+class Pipe(io.BytesIO):
+    def seekable(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("source", [io.BytesIO, Pipe])
+def test_the_command_reads_the_archive_from_standard_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], source: type[io.BytesIO]
+) -> None:
+    """``--archive -``: the worker opens the archive and hands it over as standard input (the sandbox gets no path
+    into the store). A pipe is hashed as it is unpacked: a wrong digest is found at the end, before any link."""
+    blob = tc.tar_gz(entry("m.py", data=b"x = 1\n"), entry("l", S, "m.py"))
+    digest = hashlib.sha256(blob).hexdigest()
+    limits = ["--max-unpacked-bytes", "1000", "--max-entries", "10"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(source(blob)))
+    assert ca.main(["extract", "--archive", "-", "--digest", digest, "--dest", str(tmp_path / "a"), *limits]) == 0
+    assert json.loads(capsys.readouterr().out) == {"entries": 2, "unpacked_bytes": 6}
+    assert (tmp_path / "a" / "l").read_text() == "x = 1\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(source(blob)))
+    assert ca.main(["extract", "--archive", "-", "--digest", "1" * 64, "--dest", str(tmp_path / "b"), *limits]) == 65
+    assert "does not match its digest" in capsys.readouterr().err
+    assert not (tmp_path / "b" / "l").exists()
+    assert (tmp_path / "b" / "m.py").exists() == (source is Pipe)  # seekable: nothing written at all
