@@ -207,7 +207,9 @@ def verify(secret: str, header: str, body: bytes, now: float, tolerance_s: float
 
 def target_refusal(url: str, *, allow_private: bool) -> str | None:
     """Why kiln will not send to ``url``, or None. Checked when a hook is created and again before each delivery
-    (a name may resolve elsewhere later)."""
+    (a name may resolve elsewhere later); the delivery's own connection is checked again, on the address it
+    connects to (``scheduler/live/egress.py``). A name is refused when any address it resolves to is
+    (``address_refusal``)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "the URL must be http:// or https:// with a host"
@@ -216,12 +218,87 @@ def target_refusal(url: str, *, allow_private: bool) -> str | None:
     if allow_private:
         return None
     try:
-        infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
-    except (socket.gaierror, UnicodeError):
+        infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80),
+                                   type=socket.SOCK_STREAM)  # fmt: skip
+    except (socket.gaierror, UnicodeError, ValueError):
         return f"the host {parts.hostname!r} does not resolve"
     for info in infos:
-        address = ipaddress.ip_address(info[4][0])
-        if not address.is_global:
-            return (f"{parts.hostname} resolves to {address}, a private, loopback or link-local address "
-                    "(KILN_WEBHOOK_ALLOW_PRIVATE_TARGETS allows them)")  # fmt: skip
+        why = address_refusal(str(info[4][0]))
+        if why is not None:
+            return f"{parts.hostname} resolves to {why} ({ALLOW_PRIVATE_HINT})"
+    return None
+
+
+ALLOW_PRIVATE_HINT = "KILN_WEBHOOK_ALLOW_PRIVATE_TARGETS allows targets that are not globally reachable"
+
+# IPv6 forms that carry an IPv4 address: judged as that IPv4 (RFC 4291 mapped, RFC 6052 NAT64 well-known prefix,
+# RFC 3056 6to4). The IPv4-compatible form (deprecated, ::/96), Teredo and the local-use NAT64 prefix (RFC 8215)
+# are refused whatever they carry: nothing global is reached through them.
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_NAT64_LOCAL = ipaddress.IPv6Network("64:ff9b:1::/48")
+_V4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+_IETF_ASSIGNMENTS = ipaddress.IPv4Network("192.0.0.0/24")  # anycast services and NAT64 discovery, never a receiver
+_THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
+
+
+def address_refusal(address: str) -> str | None:
+    """None for an address kiln may connect to, else the address and why not (``"127.0.0.1, a loopback
+    address"``): every address that is not globally reachable (``ipaddress``'s ``is_global``), multicast ones,
+    ``192.0.0.0/24``, and IPv4 written inside IPv6 judged as the IPv4 it is."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])  # an IPv6 scope (fe80::1%eth0) is no part of it
+    except ValueError:
+        return f"{address}, not an IP address"
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour or (_v4_in(ip) if ip in _NAT64 else None)
+        if embedded is not None:
+            why = _v4_refusal(embedded)
+            return None if why is None else f"{address}, which carries {embedded}, {why}"
+        if ip in _V4_COMPATIBLE and int(ip) > 1:
+            return f"{address}, an IPv4-compatible IPv6 address (of {_v4_in(ip)})"
+        if ip.teredo is not None:
+            return f"{address}, a Teredo tunnel address (of {ip.teredo[1]})"
+        if ip in _NAT64_LOCAL:
+            return f"{address}, a local-use NAT64 address"
+        why = _v6_refusal(ip)
+    else:
+        why = _v4_refusal(ip)
+    return None if why is None else f"{address}, {why}"
+
+
+def _v4_in(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address:
+    return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+
+
+def _v4_refusal(ip: ipaddress.IPv4Address) -> str | None:
+    if ip.is_loopback:
+        return "a loopback address"
+    if ip in _THIS_NETWORK or ip.is_unspecified:
+        return "an address of 'this network' (0.0.0.0/8)"
+    if ip.is_link_local:
+        return "a link-local address"
+    if ip.is_multicast:
+        return "a multicast address"
+    if ip in _IETF_ASSIGNMENTS:
+        return "an IETF protocol assignment (192.0.0.0/24)"
+    if ip.is_private:
+        return "a private address"
+    if not ip.is_global or ip.is_reserved:
+        return "an address that is not globally reachable"
+    return None
+
+
+def _v6_refusal(ip: ipaddress.IPv6Address) -> str | None:
+    if ip.is_loopback:
+        return "a loopback address"
+    if ip.is_unspecified:
+        return "the unspecified address"
+    if ip.is_link_local or ip.is_site_local:
+        return "a link-local or site-local address"
+    if ip.is_multicast:
+        return "a multicast address"
+    if ip.is_private:
+        return "a private address"
+    if not ip.is_global:
+        return "an address that is not globally reachable"
     return None

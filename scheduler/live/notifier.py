@@ -28,6 +28,7 @@ from core.db import utcnow
 from core.models import Webhook, WebhookDelivery
 from core.settings import Settings
 from core.webhooks import SIGNATURE_HEADER, body_bytes, sign, target_refusal
+from scheduler.live.egress import GuardedTransport, refusal_of
 from scheduler.live.metrics import SchedulerMetrics
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,12 @@ class Notifier:
         self.settings = settings
         self.session_factory = session_factory
         self.metrics = metrics
-        self.client = client or httpx.Client(timeout=settings.webhook_timeout_s, follow_redirects=False,
-                                             headers={"User-Agent": USER_AGENT})  # fmt: skip
+        # Connections go only where the target rules allow, to the address checked (scheduler/live/egress.py),
+        # never through a proxy from the environment (it would resolve the name itself).
+        self.client = client or httpx.Client(
+            timeout=settings.webhook_timeout_s, follow_redirects=False, headers={"User-Agent": USER_AGENT},
+            transport=GuardedTransport(allow_private=settings.webhook_allow_private_targets), trust_env=False,
+        )  # fmt: skip
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -126,6 +131,9 @@ class Notifier:
         try:
             response = self.client.post(hook.url, content=body, headers=headers)
         except httpx.HTTPError as exc:
+            refused = refusal_of(exc)
+            if refused is not None:
+                return f"refused: {refused}"[:1000], None
             return f"{type(exc).__name__}: {exc}"[:1000], None
         if 200 <= response.status_code < 300:
             return None, response.status_code
