@@ -26,6 +26,7 @@ from core.services.errors import (
     InvalidInput,
     NotFound,
     PreconditionFailed,
+    QueueFull,
     ServiceError,
     Unauthenticated,
 )
@@ -61,10 +62,10 @@ class ProblemResponse(JSONResponse):
 
 def problem_body(
     status: int, detail: str = "", *, title: str | None = None, instance: str | None = None,
-    errors: Sequence[Mapping[str, Any]] | None = None,
+    errors: Sequence[Mapping[str, Any]] | None = None, slug: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     body: dict[str, Any] = {
-        "type": PROBLEM_BASE + SLUGS.get(status, str(status)),
+        "type": PROBLEM_BASE + (slug or SLUGS.get(status, str(status))),
         "title": title or (HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"),
         "status": status,
         "detail": detail,
@@ -78,9 +79,10 @@ def problem_body(
 def problem(
     status: int, detail: str = "", *, request: Request | None = None, title: str | None = None,
     errors: Sequence[Mapping[str, Any]] | None = None, headers: Mapping[str, str] | None = None,
+    slug: str | None = None,
 ) -> ProblemResponse:  # fmt: skip
     instance = request.url.path if request is not None else None
-    body = problem_body(status, detail, title=title, instance=instance, errors=errors)
+    body = problem_body(status, detail, title=title, instance=instance, errors=errors, slug=slug)
     return ProblemResponse(body, status_code=status, headers=dict(headers or {}))
 
 
@@ -115,6 +117,11 @@ async def _service(request: Request, exc: Exception) -> ProblemResponse:
         return problem(401, exc.detail, request=request, headers={"WWW-Authenticate": "Bearer"})
     if isinstance(exc, InvalidInput):
         return problem(422, exc.detail, request=request, title="Request validation failed", errors=exc.errors)
+    if isinstance(exc, QueueFull):  # not a rate: room comes when the team's jobs end, so no Retry-After
+        errors = [{"loc": "team", "msg": exc.detail, "type": "queue_full", "limit": exc.limit,
+                   "unfinished": exc.unfinished}]  # fmt: skip
+        return problem(429, exc.detail, request=request, title="Too many unfinished jobs", errors=errors,
+                       slug="queue-full")  # fmt: skip
     status = {NotFound: 404, Forbidden: 403, Conflict: 409, PreconditionFailed: 412, TooLarge: 413}.get(type(exc), 400)
     return problem(status, exc.detail, request=request)
 

@@ -16,7 +16,7 @@ class ExitCode(enum.IntEnum):
     NOT_FOUND = 6  # 404
     INVALID = 7  # 422 / 400 / local spec validation
     CONFLICT = 8  # 409
-    RATE_LIMITED = 9  # 429
+    RATE_LIMITED = 9  # 429 (a rate limit, or the team's queue is full)
     SERVER = 10  # 5xx
     INTERRUPTED = 130  # Ctrl-C
 
@@ -101,6 +101,9 @@ def error_for_status(
         return CliError(f"conflict: {said('the request conflicts with the current state')}", ExitCode.CONFLICT, details)
     if status in (400, 413, 415, 422):
         return CliError(f"invalid request: {said('the server rejected the request')}", ExitCode.INVALID, details)
+    if status == 429 and str(problem.get("type") or "").endswith("/queue-full"):
+        # Not a rate: the team's queue is full until some of its jobs end (KILN_MAX_UNFINISHED_JOBS_PER_TEAM).
+        return CliError(f"too many unfinished jobs: {detail or title}", ExitCode.RATE_LIMITED)
     if status == 429:
         wait = f" (retry after {retry_after}s)" if retry_after else ""
         return CliError(f"rate limited: {said('too many requests')}{wait}", ExitCode.RATE_LIMITED, details)

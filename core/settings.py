@@ -102,6 +102,13 @@ class ApiLimits(SettingsGroup):
     auth_failures_burst: int = Field(
         default=20, description="Failed authentications a client address may make at once."
     )
+    max_unfinished_jobs_per_team: int = Field(
+        default=1000,
+        ge=1,
+        description="Jobs one team may have unfinished at once (queued, held, running, preempting, lost), like "
+        "Slurm's MaxSubmitJobs: a submission, clone or sweep past it answers 429 (a sweep is refused whole), and an "
+        "adaptive sweep whose next job does not fit closes its search.",
+    )
 
 
 class Timings(SettingsGroup):

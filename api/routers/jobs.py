@@ -170,10 +170,12 @@ def _submit(
     autocommit(db)
     who = principal_for(request, db)
     replayed = False
+    cap = request.app.state.settings.max_unfinished_jobs_per_team
     if idempotency is None:
-        view = svc.submit(db=db, principal=who, spec=spec, hold=hold)
+        view = svc.submit(db=db, principal=who, spec=spec, hold=hold, max_unfinished=cap)
     else:
-        view, replayed = svc.submit_once(db=db, principal=who, spec=spec, idempotency=idempotency, hold=hold)
+        view, replayed = svc.submit_once(db=db, principal=who, spec=spec, idempotency=idempotency, hold=hold,
+                                         max_unfinished=cap)  # fmt: skip
     finish(db)
     headers = {"Location": f"/v1/jobs/{view.id}"}
     if replayed:

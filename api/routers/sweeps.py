@@ -70,7 +70,9 @@ async def submit_sweep(
     hold: Annotated[bool, Query(description="Submit its jobs held: they wait until released")] = False,
 ) -> SweepOut:  # fmt: skip
     document = await document_from_body(request)
-    view = await run_in_threadpool(svc.submit_sweep, db=db, principal=who, document=document, hold=hold)
+    cap = request.app.state.settings.max_unfinished_jobs_per_team
+    view = await run_in_threadpool(svc.submit_sweep, db=db, principal=who, document=document, hold=hold,
+                                   max_unfinished=cap)  # fmt: skip
     response.headers["Location"] = f"/v1/sweeps/{view.sweep.id}"
     return SweepOut.from_view(view)
 

@@ -44,7 +44,7 @@ from core.models import (
 )
 from core.queue_wait import current_wait_start_sql
 from core.repositories.keyset import Window, page
-from core.states import ACTIVE
+from core.states import ACTIVE, TERMINAL, JobState
 
 
 @dataclass(frozen=True)
@@ -65,16 +65,18 @@ class JobFilter:
 
 # A submission on PostgreSQL: the job, its dependencies, its effective contract, its SUBMITTED event and the
 # scheduler's wake-up, in one statement (one round trip). Every value is written explicitly (no ORM defaults run).
-_SUBMIT_PG = text("""
+_SUBMIT_PG = text(
+    """
 WITH job AS (
     INSERT INTO jobs (name, team_id, user_id, spec, state, qos_class_id, priority, gpus, gpu_type,
                       predicted_memory_bytes, restart_count, fencing_token, cancel_requested, preempt_requested,
                       last_step, submitted_at, updated_at, idempotency_key, request_sha256, sweep_id,
                       code_digest, held_at, held_by_admin, pending_reason, pending_message)
-    VALUES (:name, :team_id, :user_id, CAST(:spec AS JSONB), :state, :qos_class_id, :priority, :gpus, :gpu_type,
-            :predicted_memory_bytes, :restart_count, :fencing_token, :cancel_requested, :preempt_requested,
-            :last_step, :submitted_at, :updated_at, :idempotency_key, :request_sha256, :sweep_id,
-            :code_digest, :held_at, :held_by_admin, :pending_reason, :pending_message)
+    SELECT :name, :team_id, :user_id, CAST(:spec AS JSONB), :state, :qos_class_id, :priority, :gpus, :gpu_type,
+           :predicted_memory_bytes, :restart_count, :fencing_token, :cancel_requested, :preempt_requested,
+           :last_step, :submitted_at, :updated_at, :idempotency_key, :request_sha256, :sweep_id,
+           :code_digest, :held_at, :held_by_admin, :pending_reason, :pending_message
+    WHERE (SELECT count(*) FROM jobs WHERE team_id = :team_id AND state IN (UNFINISHED)) < :max_unfinished
     RETURNING id
 ), deps AS (
     INSERT INTO job_dependencies (job_id, depends_on_id, condition)
@@ -84,16 +86,17 @@ WITH job AS (
     INSERT INTO sla_contracts (team_id, job_id, qos_class_id, max_queue_wait_s, deadline, max_restarts,
                                recovery_time_objective_s, checkpoint_interval_s, min_checkpoint_success_rate,
                                step_time_tolerance, created_at, updated_at)
-    VALUES (:team_id, (SELECT id FROM job), :qos_class_id, :max_queue_wait_s, :deadline, :max_restarts,
-            :recovery_time_objective_s, :checkpoint_interval_s, :min_checkpoint_success_rate, :step_time_tolerance,
-            :submitted_at, :submitted_at)
+    SELECT :team_id, job.id, :qos_class_id, :max_queue_wait_s, :deadline, :max_restarts,
+           :recovery_time_objective_s, :checkpoint_interval_s, :min_checkpoint_success_rate, :step_time_tolerance,
+           :submitted_at, :submitted_at FROM job
 ), ev AS (
     INSERT INTO events (job_id, team_id, actor_user_id, type, message, data, created_at)
-    VALUES ((SELECT id FROM job), :team_id, :user_id, :event_type, :event_message, CAST(:event_data AS JSONB),
-            :submitted_at)
+    SELECT job.id, :team_id, :user_id, :event_type, :event_message, CAST(:event_data AS JSONB), :submitted_at
+    FROM job
 )
 SELECT job.id, pg_notify(:channel, CAST(job.id AS TEXT)) FROM job
-""")
+""".replace("UNFINISHED", ", ".join(f"'{s.value}'" for s in JobState if s not in TERMINAL))
+)
 # Run as driver SQL (psycopg's %(name)s placeholders): no bind processing or compiled-cache lookup per submission.
 _SUBMIT_PG_SQL = re.sub(r"(?<!:):(\w+)", r"%(\1)s", _SUBMIT_PG.text)
 
@@ -102,22 +105,28 @@ def insert_submitted(
     db: Session, *, job: Mapping[str, Any], spec_json: str, depends_on: Sequence[tuple[int, str]],
     contract: Mapping[str, Any],
     event_type: str, event_message: str, event_data: Mapping[str, Any], channel: str,
-) -> int:  # fmt: skip
+    max_unfinished: int | None = None,
+) -> int | None:  # fmt: skip
     """Write a submission: the job (``job`` holds every NOT NULL column of ``jobs``; ``spec_json`` is its spec,
     serialized), its dependencies ((job id, condition) pairs), its effective contract, its event; returns the new
-    id. PostgreSQL: one statement
+    id, or None, writing nothing, when the team has ``max_unfinished`` unfinished jobs already (counted in the
+    write's own statement; the caller holds the team's row, ``teams.submission_context(lock=True)``, so the count
+    sees every submission of the team that went before). PostgreSQL: one statement
     (``_SUBMIT_PG``), whose ``NOTIFY channel, '<id>'`` is sent when the transaction commits. Elsewhere (SQLite,
-    which has no NOTIFY) the same rows, one insert each."""
+    which has no NOTIFY, and writes one transaction at a time) a count, then the same rows, one insert each."""
+    limit = max_unfinished if max_unfinished is not None else 2**62
     params = {
         **job, "spec": spec_json, "depends_on": [d for d, _ in depends_on],
         "dep_conditions": [c for _, c in depends_on], **contract,
         "event_type": event_type, "event_message": event_message, "event_data": json.dumps(event_data),
-        "channel": channel,
+        "channel": channel, "max_unfinished": limit,
     }  # fmt: skip
     conn = db.connection()
     if conn.dialect.name == "postgresql":
-        job_id: int = conn.exec_driver_sql(_SUBMIT_PG_SQL, params).scalar_one()
-        return job_id
+        written: int | None = conn.exec_driver_sql(_SUBMIT_PG_SQL, params).scalar()
+        return written
+    if count_unfinished(db, job["team_id"]) >= limit:
+        return None
     created = job["submitted_at"]
     job_id = conn.execute(insert(Job).values(**job).returning(Job.id)).scalar_one()
     if depends_on:
@@ -134,6 +143,15 @@ def insert_submitted(
                              message=event_message, data=dict(event_data), created_at=created)
     )  # fmt: skip
     return job_id
+
+
+UNFINISHED = tuple(s.value for s in JobState if s not in TERMINAL)
+
+
+def count_unfinished(db: Session, team_id: int) -> int:
+    """The team's jobs that have not ended (queued, held, admitted, running, preempting, paused, lost)."""
+    stmt = select(func.count()).select_from(Job).where(Job.team_id == team_id, Job.state.in_(UNFINISHED))
+    return int(db.scalar(stmt) or 0)
 
 
 def of_sweep(db: Session, sweep_id: int) -> Sequence[Job]:

@@ -7,7 +7,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import String, and_, bindparam, func, select, update
+from sqlalchemy import String, and_, bindparam, func, select, text, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -27,18 +27,23 @@ def all_ids(db: Session) -> list[int]:
 
 
 def submission_context(
-    db: Session, *, team: str, qos: str | None, default_qos: str, terms: Sequence[str], gpu_type: str | None
-) -> Any:
+    db: Session, *, team: str, qos: str | None, default_qos: str, terms: Sequence[str], gpu_type: str | None,
+    lock: bool = False,
+) -> Any:  # fmt: skip
     """Everything a submission reads, in one statement (it runs on every submission): the team's id and restart
     limit, its default contract's ``terms`` (NULL ``sla_id``: none) and that contract's QoS name, the QoS class the
     job gets -- ``qos`` if given, else the default contract's, else ``default_qos`` (NULL ``qos_id``: no such
     class) -- with its memory cap and whether the team may use it (``qos_allowed``), and what the cluster has of
     ``gpu_type`` (any type when None): ``type_gpus`` GPUs, the largest with ``type_max_memory`` bytes, out of
-    ``cluster_gpus`` in all. None when there is no such team."""
+    ``cluster_gpus`` in all. None when there is no such team.
+
+    ``lock``: the team's row is held until the transaction ends (PostgreSQL; ``FOR NO KEY UPDATE``, which the
+    foreign keys of other writes do not wait for): a submission counts the team's unfinished jobs after it, so two
+    submissions of one team at once are counted one after the other (``jobs.insert_submitted``)."""
     conn = db.connection()
     if conn.dialect.name == "postgresql":  # the same statement as plain SQL: nothing to build or compile per call
         params = {"team": team, "qos": qos, "default_qos": default_qos, "gpu_type": gpu_type}
-        return conn.exec_driver_sql(_submission_context_pg(tuple(terms)), params).first()
+        return conn.exec_driver_sql(_submission_context_pg(tuple(terms), lock), params).first()
     t, s, tq = Team.__table__, SlaContract.__table__, team_qos_classes
     dq, q = QosClass.__table__.alias("default_qos"), QosClass.__table__.alias("qos")
     wanted = func.coalesce(bindparam("qos", qos, type_=String), dq.c.name, default_qos)
@@ -66,7 +71,7 @@ def submission_context(
 
 
 @lru_cache(maxsize=8)
-def _submission_context_pg(terms: tuple[str, ...]) -> str:
+def _submission_context_pg(terms: tuple[str, ...], lock: bool = False) -> str:
     """``submission_context``'s statement for PostgreSQL (``terms`` are column names from code, never input)."""
     cols = "".join(f", s.{k}" for k in terms)
     of_type = "(CAST(%(gpu_type)s AS VARCHAR) IS NULL OR g.model = %(gpu_type)s)"
@@ -81,8 +86,19 @@ def _submission_context_pg(terms: tuple[str, ...]) -> str:
         " LEFT OUTER JOIN qos_classes AS dq ON dq.id = s.qos_class_id"
         " LEFT OUTER JOIN qos_classes AS q ON q.name = coalesce(CAST(%(qos)s AS VARCHAR), dq.name, %(default_qos)s)"
         " LEFT OUTER JOIN team_qos_classes AS tq ON tq.team_id = t.id AND tq.qos_class_id = q.id"
-        " WHERE t.name = %(team)s LIMIT 1"
+        " WHERE t.name = %(team)s LIMIT 1" + (" FOR NO KEY UPDATE OF t" if lock else "")
     )
+
+
+def lock_for_submissions(db: Session, team_id: int, *, wait: bool = True) -> bool:
+    """Hold the team's row as a submission does (``submission_context(lock=True)``); False when ``wait`` is False
+    and another transaction holds it (PostgreSQL; elsewhere always True: SQLite writes one transaction at a
+    time)."""
+    if db.get_bind().dialect.name != "postgresql":
+        return True
+    skip = "" if wait else " SKIP LOCKED"
+    found = db.execute(text(f"SELECT id FROM teams WHERE id = :id FOR NO KEY UPDATE{skip}"), {"id": team_id}).first()
+    return found is not None
 
 
 def bump_version(db: Session, row: Team | SlaContract, *, expected: int | None) -> bool:

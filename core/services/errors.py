@@ -46,5 +46,17 @@ class InvalidInput(ServiceError):
         return cls(f"{loc}: {msg}", [{"loc": loc, "msg": msg, "type": type_}])
 
 
+class QueueFull(ServiceError):
+    """The team has as many unfinished jobs as it may (``KILN_MAX_UNFINISHED_JOBS_PER_TEAM``): 429."""
+
+    def __init__(self, team: str, unfinished: int, limit: int, adding: int = 1):
+        more = f"; its {adding} jobs would make {unfinished + adding}" if adding > 1 else ""
+        super().__init__(
+            f"team {team!r} has {unfinished} unfinished jobs{more}, and a team may have {limit} at most "
+            "(KILN_MAX_UNFINISHED_JOBS_PER_TEAM): wait for some to end, or cancel some"
+        )
+        self.team, self.unfinished, self.limit = team, unfinished, limit
+
+
 class Unauthenticated(ServiceError):
     """No credentials, or credentials that are unknown, expired or revoked."""

@@ -22,7 +22,7 @@ from core.repositories.jobs import JobFilter
 from core.repositories.keyset import Window
 from core.services import artifacts
 from core.services import datasets as datasets_svc
-from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound
+from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound, QueueFull
 from core.services.fit import Fitted, canonical_gpu_type, check_submission
 from core.services.principal import Principal, require_team, require_team_id
 from core.services.sla import BASE_TERMS, DEFAULT_QOS, TERMS, effective_terms, qos_refusal, restart_refusal
@@ -84,17 +84,25 @@ class JobPage:
     utc: bool = True  # False: the rows' datetimes are in the database session's zone (not UTC)
 
 
+# A team's unfinished jobs at most, unless the caller says otherwise (the API and the scheduler pass
+# KILN_MAX_UNFINISHED_JOBS_PER_TEAM, whose default this is).
+MAX_UNFINISHED = 1000
+
+
 def submit(
     *, db: Session, principal: Principal, spec: JobSpec, idempotency: Idempotency | None = None,
-    sweep_id: int | None = None, hold: bool = False,
+    sweep_id: int | None = None, hold: bool = False, max_unfinished: int = MAX_UNFINISHED,
 ) -> JobView:  # fmt: skip
     """Statements: one read (team, default contract, QoS, what the cluster has of the GPU type:
     ``teams_repo.submission_context``), one more only when ``depends_on`` is set or the request cannot fit, and
     on PostgreSQL one write (job, dependencies, contract, event and NOTIFY together). The answer is built from
     what was written: nothing is read back. ``idempotency``: the key is stored with the job (``submit_once``).
-    ``hold``: the job is submitted held (Slurm's ``sbatch --hold``) and waits for ``release``."""
+    ``hold``: the job is submitted held (Slurm's ``sbatch --hold``) and waits for ``release``.
+
+    ``max_unfinished``: QueueFull when the team has that many unfinished jobs already. The first read holds the
+    team's row and the write counts them, so two submissions at once cannot both take the last place."""
     spec = canonical_gpu_type(spec)
-    ctx, team_id, fitted = _checked(db, principal, spec)
+    ctx, team_id, fitted = _checked(db, principal, spec, lock=True)
     code_digest = _code_digest(db, team_id=team_id, spec=spec)
     datasets_svc.check_names(db, team_id=team_id, team=spec.team, names=spec.datasets)
     depends_on = _dependencies(db, team_id=team_id, team=spec.team, refs=spec.depends_on)
@@ -122,8 +130,10 @@ def submit(
     spec_json = json.dumps(values["spec"])  # serialized once: the write and the answer
     job_id = jobs_repo.insert_submitted(
         db, job=values, spec_json=spec_json, depends_on=depends_on, contract=terms, event_type="SUBMITTED",
-        event_message=message, event_data=data, channel=CHANNEL,
+        event_message=message, event_data=data, channel=CHANNEL, max_unfinished=max_unfinished,
     )  # fmt: skip
+    if job_id is None:
+        raise QueueFull(spec.team, jobs_repo.count_unfinished(db, team_id), max_unfinished)
     return JobView(
         id=job_id, name=spec.name, team=spec.team, user=principal.name, state=values["state"], qos=ctx.qos,
         priority=ctx.priority, gpus=values["gpus"], gpu_type=values["gpu_type"],
@@ -134,11 +144,18 @@ def submit(
     )  # fmt: skip
 
 
-def _checked(db: Session, principal: Principal, spec: JobSpec) -> tuple[Any, int, Fitted]:
+def _checked(db: Session, principal: Principal, spec: JobSpec, *, lock: bool = False) -> tuple[Any, int, Fitted]:
     """What a submission (or a change of a queued job) is checked against, in one read: the team (the principal
-    a member), its QoS class (known, and one the team may use), and the spec's fit (``check_submission``)."""
+    a member), its QoS class (known, and one the team may use), and the spec's fit (``check_submission``).
+    ``lock``: the read holds the team's row (a submission, which then counts the team's unfinished jobs)."""
     ctx = teams_repo.submission_context(
-        db, team=spec.team, qos=spec.sla.qos, default_qos=DEFAULT_QOS, terms=TERMS, gpu_type=spec.resources.gpu_type
+        db,
+        team=spec.team,
+        qos=spec.sla.qos,
+        default_qos=DEFAULT_QOS,
+        terms=TERMS,
+        gpu_type=spec.resources.gpu_type,
+        lock=lock,
     )
     team_id = require_team_id(principal, ctx.team_id if ctx is not None else None, spec.team, Role.MEMBER)
     assert ctx is not None
@@ -152,7 +169,8 @@ def _checked(db: Session, principal: Principal, spec: JobSpec) -> tuple[Any, int
 
 
 def submit_once(
-    *, db: Session, principal: Principal, spec: JobSpec, idempotency: Idempotency, hold: bool = False
+    *, db: Session, principal: Principal, spec: JobSpec, idempotency: Idempotency, hold: bool = False,
+    max_unfinished: int = MAX_UNFINISHED,
 ) -> tuple[JobView, bool]:  # fmt: skip
     """A keyed submission: (the job an earlier submission with this key made in the team, True) when the request
     is the same, else (a new job, False). The same key with another request is refused: a key names one request.
@@ -160,7 +178,9 @@ def submit_once(
     team_id = require_team_id(principal, teams_repo.id_by_name(db, spec.team), spec.team, Role.MEMBER)
     job = jobs_repo.by_idempotency_key(db, team_id=team_id, key=idempotency.key)
     if job is None:
-        return submit(db=db, principal=principal, spec=spec, idempotency=idempotency, hold=hold), False
+        view = submit(db=db, principal=principal, spec=spec, idempotency=idempotency, hold=hold,
+                      max_unfinished=max_unfinished)  # fmt: skip
+        return view, False
     if job.request_sha256 != idempotency.request_sha256:
         raise InvalidInput.at(
             "header.Idempotency-Key",

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 
 from core.models import Job, Sweep
 from core.repositories import jobs as jobs_repo
+from core.repositories import teams as teams_repo
 from core.repositories import users as users_repo
 from core.services import jobs as jobs_svc
 from core.services import sweeps
@@ -186,7 +187,7 @@ def _in_range(value: Any, dist: Distribution) -> bool:
 # -- the scheduler's step ------------------------------------------------------------------------------------------
 
 
-def propose_due(*, db: Session) -> list[int]:
+def propose_due(*, db: Session, max_unfinished: int = jobs_svc.MAX_UNFINISHED) -> list[int]:
     """Submit the jobs the open adaptive sweeps are due (at the end of each cycle, in its transaction): for each, as
     many as keep ``at_once`` of its jobs unfinished, up to its count. Its jobs are submitted as its submitter, with
     the permissions it has now; a proposal that cannot be submitted (the user left the team, the spec no longer
@@ -194,7 +195,10 @@ def propose_due(*, db: Session) -> list[int]:
 
     Each sweep's row is locked, and one locked elsewhere is left to the next cycle (``SKIP LOCKED``): a cancel of
     the sweep (which closes it first) then sees the jobs proposed here, or this cycle sees it closed; and the cycle
-    never waits on a sweep that a job's end holds (the end locks the job, then its sweep)."""
+    never waits on a sweep that a job's end holds (the end locks the job, then its sweep). Nor on a team's row that
+    a submission holds (it may wait for a job row this cycle locked): that sweep too is left to the next cycle.
+    ``max_unfinished``: a proposal that would bring the team past that many unfinished jobs is refused like any
+    submission (KILN_MAX_UNFINISHED_JOBS_PER_TEAM), and closes the search, saying so."""
     new: list[int] = []
     open_searches = (
         select(Sweep).where(Sweep.search.is_not(None), Sweep.closed_at.is_(None)).order_by(Sweep.id)
@@ -211,14 +215,18 @@ def propose_due(*, db: Session) -> list[int]:
         due = min(to_come, section.at_once() - unfinished)
         if due <= 0:
             continue
+        if not teams_repo.lock_for_submissions(db, sweep.team_id, wait=False):
+            continue
         try:
-            new += _submit_proposals(db, sweep, section, jobs, due)
+            new += _submit_proposals(db, sweep, section, jobs, due, max_unfinished)
         except ServiceError as exc:
             sweeps.close(db, sweep, f"its next job could not be submitted: {exc}")
     return new
 
 
-def _submit_proposals(db: Session, sweep: Sweep, section: sweeps.SweepSection, jobs: list[Job], due: int) -> list[int]:
+def _submit_proposals(
+    db: Session, sweep: Sweep, section: sweeps.SweepSection, jobs: list[Job], due: int, max_unfinished: int
+) -> list[int]:
     principal = _submitter(db, sweep)
     space = sweeps.space_of(section)
     objective = objective_of(sweep)
@@ -234,7 +242,7 @@ def _submit_proposals(db: Session, sweep: Sweep, section: sweeps.SweepSection, j
             spec = parse_spec_data(sweeps.expand(base, settings, f"{name}-{n}"))
         except SpecError as exc:
             raise InvalidInput.at("sweep", f"proposed {settings}: {exc}") from None
-        view = jobs_svc.submit(db=db, principal=principal, spec=spec, sweep_id=sweep.id)
+        view = jobs_svc.submit(db=db, principal=principal, spec=spec, sweep_id=sweep.id, max_unfinished=max_unfinished)
         out.append(view.id)
         observations.append((settings, None))  # unfinished: counted bad, as below
     return out

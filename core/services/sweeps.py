@@ -47,7 +47,7 @@ from core.repositories import teams as teams_repo
 from core.repositories import users as users_repo
 from core.repositories.keyset import Window
 from core.services import jobs as jobs_svc
-from core.services.errors import InvalidInput, NotFound
+from core.services.errors import InvalidInput, NotFound, QueueFull
 from core.services.principal import Principal, require_team_id
 from core.spec import JobSpec, SpecError, StrictModel, parse_spec_data, validation_errors
 from core.states import TERMINAL, JobState
@@ -300,11 +300,20 @@ def parse(document: dict[str, Any]) -> tuple[SweepSection, list[JobSpec], dict[s
     return section, specs, base
 
 
-def submit_sweep(*, db: Session, principal: Principal, document: dict[str, Any], hold: bool = False) -> SweepView:
-    """``hold``: every job of the sweep is submitted held (released one by one or with ``kiln release --sweep``)."""
+def submit_sweep(
+    *, db: Session, principal: Principal, document: dict[str, Any], hold: bool = False,
+    max_unfinished: int = jobs_svc.MAX_UNFINISHED,
+) -> SweepView:  # fmt: skip
+    """``hold``: every job of the sweep is submitted held (released one by one or with ``kiln release --sweep``).
+    ``max_unfinished``: a sweep whose jobs would bring its team past that many unfinished jobs is refused whole
+    (QueueFull), counted under the team's row as each submission is."""
     section, specs, base = parse(document)
     team = specs[0].team
     team_id = require_team_id(principal, teams_repo.id_by_name(db, team), team, Role.MEMBER)
+    teams_repo.lock_for_submissions(db, team_id)
+    unfinished = jobs_repo.count_unfinished(db, team_id)
+    if unfinished + len(specs) > max_unfinished:
+        raise QueueFull(team, unfinished, max_unfinished, adding=len(specs))
     sweep = Sweep(
         name=specs[0].name.rsplit("-", 1)[0],
         team_id=team_id,
@@ -316,7 +325,8 @@ def submit_sweep(*, db: Session, principal: Principal, document: dict[str, Any],
     db.add(sweep)
     db.flush()
     for spec in specs:
-        jobs_svc.submit(db=db, principal=principal, spec=spec, sweep_id=sweep.id, hold=hold)
+        jobs_svc.submit(db=db, principal=principal, spec=spec, sweep_id=sweep.id, hold=hold,
+                        max_unfinished=max_unfinished)  # fmt: skip
     return get(db=db, principal=principal, sweep_id=sweep.id)
 
 

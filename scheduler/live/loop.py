@@ -99,7 +99,7 @@ def run_cycle(
         result.violations = [f"{v.type} job {v.job_id}" for v in violations]
         # Last, once no job row is to be locked any more (a job's end locks its row, then its sweep's): adaptive
         # sweeps' next jobs, planned by the cycle their NOTIFY starts.
-        result.proposed = propose_due(db=db)
+        result.proposed = propose_due(db=db, max_unfinished=settings.max_unfinished_jobs_per_team)
         db.commit()
     except BaseException:
         db.rollback()
