@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 import random
 import secrets
@@ -54,6 +55,10 @@ from core.states import TERMINAL, JobState
 from core.sweep_ranking import LOSS, Objective, objective_of, ranked
 
 MAX_JOBS = 256
+# The sweep's job specs together, as JSON, at most: each job is a copy of the document, expanded and validated
+# before anything else is checked, so a large document over many points costs seconds of CPU. A spec of 16 KiB
+# 256 times; kiln's examples are under 1 KiB.
+MAX_EXPANDED_BYTES = 4 * 2**20
 
 
 DISTRIBUTIONS = ("uniform", "log_uniform", "int_uniform")
@@ -290,6 +295,11 @@ def parse(document: dict[str, Any]) -> tuple[SweepSection, list[JobSpec], dict[s
             "(objective: {metric: accuracy, goal: maximize})",
         )
     points = settings_of(section)
+    size = len(json.dumps(base, separators=(",", ":"), default=str))
+    if size * len(points) > MAX_EXPANDED_BYTES:
+        msg = (f"its {len(points)} jobs would carry {size * len(points)} bytes of spec ({size} each), over "
+               f"{MAX_EXPANDED_BYTES}: fewer points, or a smaller spec (large inputs belong in a dataset)")  # fmt: skip
+        raise SpecError(f"the sweep is too large: {msg}", [{"loc": "sweep", "msg": msg, "type": "size"}])
     name = str(base.get("name", "sweep"))[:58]
     specs = []
     for i, point in enumerate(points):

@@ -65,6 +65,19 @@ def test_a_body_nested_or_sized_past_the_bounds_is_refused_quickly(
     assert took < BUDGET_S, f"{case} on {path}: {took:.2f} s"
 
 
+def test_a_sweep_multiplying_a_large_spec_is_refused_before_it_is_expanded(client: TestClient, world: World) -> None:
+    """120 KB of hyperparameters (a team's own recipe: kiln does not know its fields) over 256 grid points: 30 MB of
+    specs to copy and validate. Before: 2.9 s of CPU here, before the 422 of its first check (no such code)."""
+    doc = {**spec(name="amp", code={"digest": "0" * 64, "entry_point": "mine"}),
+           "recipe": {"name": "mine", "hyperparameters": {"x": [1] * 60_000}},
+           "sweep": {"grid": {"lr": [i / 1000 for i in range(256)]}}}  # fmt: skip
+    started = time.perf_counter()
+    r = client.post("/v1/sweeps", json=doc, headers=world.h("member"))
+    assert r.status_code == 422 and r.json()["errors"][0]["type"] == "size", r.text[:300]
+    assert "256 jobs" in r.json()["detail"]
+    assert time.perf_counter() - started < BUDGET_S
+
+
 @pytest.mark.parametrize("path", ["/v1/tokens", "/v1/webhooks", "/v1/teams/alpha/datasets"])
 def test_every_json_body_is_bounded(client: TestClient, world: World, path: str) -> None:
     body = b'{"name": "x", "description": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
