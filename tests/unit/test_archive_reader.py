@@ -21,7 +21,6 @@ import pytest
 
 from core import code_archive as ca
 from core.code_archive import ArchiveError, ArchiveLimits, check, extract, pack_bytes
-from core.services import artifacts
 from tests.support import tarcraft as tc
 from tests.support.tarcraft import D, H, S, entry
 
@@ -439,69 +438,6 @@ def test_the_extract_path_needs_no_tarfile() -> None:
     top = source[: source.index("# ---")]
     assert "import tarfile" not in top and "import gzip" not in top
     assert not re.search(r"^(?:import|from) (?!__future__)(?:api|core|cli|workers|trainer)\b", source, re.M)
-
-
-# ------------------------------------------------------------------------------------ the API's side: Upload
-
-
-def test_an_upload_is_hashed_and_checked_while_it_arrives(tmp_path: Path) -> None:
-    blob = tc.tar_gz(entry("m.py", data=b"x" * 5000), entry("pkg/n.py"))
-    upload = artifacts.Upload(tmp_path, SMALL, max_bytes=1 << 20)
-    try:
-        assert upload._checker is not None and upload._checker.is_alive()  # waiting for bytes
-        for i in range(0, len(blob), 100):
-            upload.write(blob[i : i + 100])
-        upload.complete()
-        checked = upload.finish()
-    finally:
-        upload.abandon()
-    assert checked == artifacts.Checked(hashlib.sha256(blob).hexdigest(), ca.ArchiveSummary(3, 5015))
-    assert not upload.path.exists()
-    assert not upload._checker.is_alive()
-
-
-def test_a_hostile_upload_is_refused_as_soon_as_its_entry_arrives(tmp_path: Path) -> None:
-    blob = tc.tar_gz(entry("/etc/cron.d/x")) + b"\0" * 4096
-    upload = artifacts.Upload(tmp_path, SMALL, max_bytes=1 << 20)
-    try:
-        upload.write(blob[:-4096])
-        assert upload._checker is not None
-        upload._checker.join(timeout=10)  # the verdict, before the rest of the body
-        assert not upload._checker.is_alive()
-        upload.write(blob[-4096:])
-        upload.complete()
-        checked = upload.finish()
-    finally:
-        upload.abandon()
-    assert checked.summary is None and "absolute path" in checked.error
-
-
-def test_an_abandoned_upload_ends_its_check_and_leaves_nothing(tmp_path: Path) -> None:
-    upload = artifacts.Upload(tmp_path, SMALL, max_bytes=1000)
-    upload.write(tc.tar_gz(entry("m.py"))[:20])
-    with pytest.raises(artifacts.TooLarge, match="over the limit of 1000 bytes"):
-        upload.write(b"x" * 1000)
-    upload.abandon()
-    assert upload._checker is not None
-    upload._checker.join(timeout=10)
-    assert not upload._checker.is_alive()
-    assert list(tmp_path.rglob("upload-*")) == []
-
-
-def test_uploads_beyond_the_early_checks_are_checked_once_received(tmp_path: Path) -> None:
-    blob = tc.tar_gz(entry("m.py"))
-    uploads = [artifacts.Upload(tmp_path, SMALL, max_bytes=1 << 20) for _ in range(6)]
-    try:
-        assert [u._checker is not None for u in uploads] == [True] * 4 + [False] * 2  # no pool thread waits
-        for u in uploads:
-            u.write(blob)
-            u.complete()
-        assert {u.finish().summary for u in uploads} == {ca.ArchiveSummary(1, 15)}
-    finally:
-        for u in uploads:
-            u.abandon()
-    assert artifacts._EARLY_CHECKS.acquire(blocking=False)  # all four slots are free again
-    artifacts._EARLY_CHECKS.release()
 
 
 class Pipe(io.BytesIO):
