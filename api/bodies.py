@@ -1,15 +1,16 @@
 """Documents from request bodies, read within bounds: a body nested too deeply, or a YAML body of too many nodes, is
 refused while it is read, before it costs the API more than a few milliseconds.
 
-* **YAML** (job specs and sweeps): libyaml's parser (C) emits the events and ``BoundedLoader``'s composer counts
-  depth and nodes as it builds the document, so a ``[[[[...`` or a long flat list stops at the bound, not at the
-  end of the body; an alias is refused where it is met (specs never need one, and aliases let a small document
-  expand). PyYAML's pure-Python parser, where libyaml is missing, is bounded the same way, and its scanner stops
-  at the same depth (its cost per token grows with the depth of open flow collections).
+* **YAML** (job specs and sweeps): first libyaml's parser (C) runs over the events alone, counting depth and values
+  and stopping at the first alias, so a ``[[[[...`` or a long flat list is refused at the bound, not at the end of
+  the body (specs never need an alias, and aliases let a small document expand); a document within the bounds is
+  then read by PyYAML's C safe loader. Where libyaml is missing, PyYAML's pure-Python loader is bounded the same
+  way while it composes, and its scanner stops at the same depth (its cost per token grows with the depth of open
+  flow collections).
 * **JSON** (every body the API reads): ``json_depth`` measures the nesting from the bytes, outside strings, before
   anything parses them (``api.middleware.BodyLimitMiddleware``); the parsers then meet only shallow documents.
 
-Refusals are ``DocumentError``: 422, with ``errors[0].type`` ``depth``, ``size`` or ``alias``.
+Refusals are ``DocumentError``: 422, with ``errors[0].type`` ``depth``, ``size``, ``alias`` or ``value``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,16 @@ from typing import Any
 import yaml
 from yaml.composer import Composer
 from yaml.constructor import SafeConstructor
-from yaml.events import AliasEvent, CollectionStartEvent
+from yaml.events import (
+    AliasEvent,
+    CollectionStartEvent,
+    MappingEndEvent,
+    MappingStartEvent,
+    ScalarEvent,
+    SequenceEndEvent,
+    SequenceStartEvent,
+    StreamEndEvent,
+)
 from yaml.nodes import Node
 from yaml.parser import Parser
 from yaml.reader import Reader
@@ -97,35 +107,65 @@ try:  # libyaml, where PyYAML was built with it (its wheels are)
 except ImportError:  # pragma: no cover
     _CParser = None
 
-if _CParser is not None:
 
-    class BoundedLoader(_BoundedComposer, _CParser, SafeConstructor, Resolver):
-        def __init__(self, stream: str) -> None:
-            _CParser.__init__(self, stream)
-            _BoundedComposer.__init__(self)
-            SafeConstructor.__init__(self)
-            Resolver.__init__(self)
+class BoundedLoader(Reader, _BoundedScanner, Parser, _BoundedComposer, SafeConstructor, Resolver):
+    """PyYAML's pure-Python safe loader, bounded while it scans and composes (where libyaml is missing)."""
 
-else:  # pragma: no cover - PyYAML without libyaml
+    def __init__(self, stream: str) -> None:
+        Reader.__init__(self, stream)
+        _BoundedScanner.__init__(self)
+        Parser.__init__(self)
+        _BoundedComposer.__init__(self)
+        SafeConstructor.__init__(self)
+        Resolver.__init__(self)
 
-    class BoundedLoader(Reader, _BoundedScanner, Parser, _BoundedComposer, SafeConstructor, Resolver):  # type: ignore[no-redef]
-        def __init__(self, stream: str) -> None:
-            Reader.__init__(self, stream)
-            _BoundedScanner.__init__(self)
-            Parser.__init__(self)
-            _BoundedComposer.__init__(self)
-            SafeConstructor.__init__(self)
-            Resolver.__init__(self)
+
+_OPEN = (MappingStartEvent, SequenceStartEvent)
+_CLOSE = (MappingEndEvent, SequenceEndEvent)
+
+
+def _check_events(text: str) -> None:
+    """libyaml's events of ``text``, counted: ``DocumentError`` at the first alias, the first collection deeper than
+    ``MAX_DEPTH``, or the value after ``MAX_YAML_NODES``; ``yaml.YAMLError`` for malformed YAML."""
+    parser = _CParser(text)
+    depth = nodes = 0
+    try:
+        while True:
+            event = parser.get_event()
+            kind = type(event)
+            if kind is ScalarEvent:
+                nodes += 1
+            elif kind in _OPEN:
+                nodes += 1
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise _too_deep(MAX_DEPTH)
+            elif kind in _CLOSE:
+                depth -= 1
+            elif kind is AliasEvent:
+                raise DocumentError("YAML aliases are not accepted", "alias", _line(event))
+            elif event is None or kind is StreamEndEvent:
+                return
+            if nodes > MAX_YAML_NODES:
+                raise DocumentError(f"the document has more than {MAX_YAML_NODES} values", "size", _line(event))
+    finally:
+        parser.dispose()
 
 
 def load_yaml(text: str) -> Any:
     """One YAML document, as ``yaml.safe_load`` reads it, within ``MAX_DEPTH`` and ``MAX_YAML_NODES``, without
     aliases. Raises ``DocumentError`` past a bound, ``yaml.YAMLError`` for malformed YAML."""
-    loader = BoundedLoader(text)
     try:
-        return loader.get_single_data()
+        if _CParser is not None:
+            _check_events(text)
+            return yaml.load(text, Loader=yaml.CSafeLoader)  # noqa: S506 - the C build of the safe loader
+        loader = BoundedLoader(text)  # pragma: no cover - PyYAML without libyaml
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as exc:
-        # libyaml looks ahead of the composer within a line, and stops at 1,000 open collections itself
+        # libyaml looks ahead of the events within a line, and stops at 1,000 open collections itself
         if "maximum nesting depth" in str(exc.problem):
             raise _too_deep(MAX_DEPTH) from None
         raise
@@ -133,8 +173,6 @@ def load_yaml(text: str) -> Any:
         if isinstance(exc, DocumentError):
             raise
         raise DocumentError(f"a value cannot be read: {str(exc)[:200]}", "value") from None
-    finally:
-        loader.dispose()
 
 
 def yaml_body(body: bytes) -> Any:
