@@ -26,8 +26,9 @@ ROLES = ("member", "viewer", "team-admin", "admin", "beta-member")
 
 
 def _address() -> tuple[str, int]:
-    """A client address of this test's own (TEST-NET-2), so a shared Redis bucket from another run never counts."""
-    return f"198.51.100.{secrets.randbelow(250) + 1}", 40000 + secrets.randbelow(20000)
+    """A client address of this test's own (IPv6 documentation range, 2^64 of them), so a shared Redis bucket from
+    another run never counts."""
+    return f"2001:db8::{secrets.token_hex(2)}:{secrets.token_hex(2)}:{secrets.token_hex(2)}", 40000
 
 
 def _settings(shared: bool, **more: object) -> dict[str, object]:
