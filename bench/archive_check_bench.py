@@ -93,6 +93,7 @@ def cases(smoke: bool) -> dict[str, Callable[[], bytes]]:
             tc.header(b"././@LongLink", b"L", (256 << 20) // scale), (256 << 20) // scale
         ),
         "20,001 entries at depth 64, parent cache defeated": lambda: tc.deep_alternating(MAX_ENTRIES // scale + 1),
+        "20,000 directories at depth 64": lambda: tc.deep_directories(MAX_ENTRIES // scale),
         "links: 2 MiB of targets, chains of 39": lambda: tc.many_links((2 << 20) // scale),
         "pax records: 20,000 entries x 16": lambda: pax_records(MAX_ENTRIES // scale, 16),
         "CVE-2025-4517 shape": lambda: tc.cve_2025_4517(236),

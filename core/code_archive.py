@@ -405,12 +405,16 @@ def _parts(name: str) -> tuple[str, ...]:
     size = len(name) if name.isascii() else len(name.encode())
     if size > MAX_NAME_BYTES:
         raise ArchiveError(f"{_show(name)}: name over {MAX_NAME_BYTES} bytes ({size})")
-    parts = tuple(p for p in name.split("/") if p and p != ".")
+    split = name.split("/")
+    parts = tuple(p for p in split if p and p != ".") if "" in split or "." in split else tuple(split)
     if ".." in parts:
         raise ArchiveError(f"{_show(name)}: path leaves the archive ('..')")
     if len(parts) > MAX_DEPTH:
         raise ArchiveError(f"{_show(name)}: more than {MAX_DEPTH} levels of directories")
-    if size > MAX_COMPONENT_BYTES and any(len(p.encode()) > MAX_COMPONENT_BYTES for p in parts):
+    if size > MAX_COMPONENT_BYTES and (
+        max(map(len, parts)) > MAX_COMPONENT_BYTES
+        or (not name.isascii() and any(len(p.encode()) > MAX_COMPONENT_BYTES for p in parts))
+    ):
         raise ArchiveError(f"{_show(name)}: a component of the path is over {MAX_COMPONENT_BYTES} bytes")
     return parts
 
@@ -602,8 +606,8 @@ class _Tree:
         self.targets: dict[int, str] = {}
         self.unpacked = 0
         self.link_bytes = 0
-        self._dir_parts: tuple[str, ...] = ()  # the last directory looked up, and its node
-        self._dir_node = 0
+        self._dirs: dict[tuple[str, ...], int] = {(): 0}  # every directory's path, to its node
+        self._names: dict[str, str] = {}  # one string per name, shared by the paths above
 
     def path(self, node: int) -> str:
         names = []
@@ -624,32 +628,37 @@ class _Tree:
 
     def directory(self, parts: tuple[str, ...], entry: str) -> int:
         """The node of the directory ``parts``, made (implied) where missing; refuses a path through a link or
-        a file."""
-        if parts == self._dir_parts:
-            return self._dir_node
-        node = 0
-        for i, part in enumerate(parts):
-            child = self.children.get((node, part))
+        a file. One lookup for a directory already held, whatever its depth; else from the deepest one held."""
+        node = self._dirs.get(parts)
+        if node is not None:
+            return node
+        held = len(parts) - 1
+        while held and parts[:held] not in self._dirs:
+            held -= 1
+        node = self._dirs[parts[:held]]
+        for i in range(held, len(parts)):
+            child = self.children.get((node, parts[i]))
             if child is None:
-                child = self._new(node, part, DIRECTORY)
+                child = self._new(node, parts[i], DIRECTORY)
             elif self.kind[child] != DIRECTORY:
                 through = "/".join(parts[: i + 1])
                 raise ArchiveError(f"{_show(entry)}: written through the {self.kind[child]} {_show(through)}")
             node = child
-        self._dir_parts, self._dir_node = parts, node
+            self._dirs[parts[: i + 1]] = node
         return node
 
-    def add(self, m: _Member) -> int | None:
-        """The new node of ``m`` (None: the root directory, or a directory again)."""
+    def add(self, m: _Member) -> None:
+        """``m`` in the tree, or ArchiveError (the root directory, or a directory again: nothing to add)."""
         if not m.parts:
             if m.kind == DIRECTORY:
-                return None
+                return
             raise ArchiveError(f"{_show(m.name)}: a {m.kind} in the place of the archive's own directory")
-        parent = self.directory(m.parts[:-1], m.name)
-        existing = self.children.get((parent, m.parts[-1]))
+        parts = tuple(map(self._names.setdefault, m.parts, m.parts))
+        parent = self.directory(parts[:-1], m.name)
+        existing = self.children.get((parent, parts[-1]))
         if existing is not None:
             if m.kind == DIRECTORY == self.kind[existing]:
-                return None
+                return
             raise ArchiveError(f"{_show(m.name)}: a {m.kind} where the archive already has a {self.kind[existing]}")
         if m.kind == FILE:
             self.unpacked += m.size
@@ -658,10 +667,11 @@ class _Tree:
                     f"{_show(m.name)}: more than {self.limits.max_unpacked_bytes} bytes unpacked "
                     f"({self.unpacked} with this file of {m.size})"
                 )
-        node = self._new(parent, m.parts[-1], m.kind)
-        if m.kind == LINK:
+        node = self._new(parent, parts[-1], m.kind)
+        if m.kind == DIRECTORY:
+            self._dirs[parts] = node
+        elif m.kind == LINK:
             self._link(node, m)
-        return node
 
     def _link(self, node: int, m: _Member) -> None:
         target = m.target
@@ -746,38 +756,38 @@ class _Writer:
 
     def __init__(self, root: int) -> None:
         self.root = root
-        self._parts: tuple[str, ...] = ()  # the directory last walked to, held open
-        self._fd = root
+        self._parts: list[str] = []  # the directory last walked to,
+        self._fds: list[int] = []  # and each directory on the way there, held open
 
     def close(self) -> None:
-        if self._fd != self.root:
-            os.close(self._fd)
-        self._parts, self._fd = (), self.root
+        for fd in self._fds:
+            os.close(fd)
+        self._parts, self._fds = [], []
 
     def directory(self, parts: tuple[str, ...], entry: str) -> int:
-        """A descriptor of the directory ``parts`` (the writer's: not to be closed), made where missing."""
-        if parts == self._parts:
-            return self._fd
-        self.close()
-        fd = self.root
+        """A descriptor of the directory ``parts`` (the writer's: not to be closed), made where missing; the
+        directories it shares with the last one walked to are not walked again."""
+        same, most = 0, min(len(parts), len(self._parts))
+        while same < most and parts[same] == self._parts[same]:
+            same += 1
+        for fd in self._fds[same:]:
+            os.close(fd)
+        del self._fds[same:], self._parts[same:]
+        fd = self._fds[-1] if self._fds else self.root
         try:
-            for part in parts:
+            for part in parts[same:]:
                 try:
-                    child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except FileNotFoundError:
                     os.mkdir(part, 0o700, dir_fd=fd)
-                    child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                    os.fchmod(child, 0o755)
-                if fd != self.root:
-                    os.close(fd)
-                fd = child
+                    fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                    os.fchmod(fd, 0o755)
+                self._fds.append(fd)
+                self._parts.append(part)
         except OSError as exc:
-            if fd != self.root:
-                os.close(fd)
             if isinstance(exc, NotADirectoryError | FileExistsError) or exc.errno == errno.ELOOP:
                 raise ArchiveError(f"{_show(entry)}: a link or a file is where a directory should be") from None
             raise
-        self._parts, self._fd = parts, fd
         return fd
 
     def file(self, m: _Member, reader: _TarReader) -> None:

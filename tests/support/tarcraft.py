@@ -186,6 +186,14 @@ def deep_alternating(entries: int) -> bytes:
     return gz(b"".join(parts) + END)
 
 
+def deep_directories(entries: int) -> bytes:
+    """``entries`` directories, all but a chain of 63 at depth 64, each named in full by a pax path: the most
+    directory paths of the most components a checker may have to hold."""
+    chain = "/".join(["d" * 14] * 63)
+    parts = [pax([("path", f"{chain}/x{i}")]) + header(f"x{i}", kind=b"5") for i in range(entries - 63)]
+    return gz(b"".join(parts) + END)
+
+
 def many_links(link_bytes: int) -> bytes:
     """Links whose targets walk down and up a directory ('d/../' repeated: 101 components, 255 bytes), up to
     ``link_bytes`` of targets in all, then a chain of 39 links through one another."""
@@ -317,6 +325,7 @@ def hostile(site_packages: str, full: bool) -> dict[str, tuple[Build, str]]:
         "too many entries": (lambda: tiny_entries(entries + 1), f"more than {entries} entries"),
         "deep nesting": (lambda: gz(pax([("path", "/".join(["a"] * 65))]) + member("f") + END), "more than 64 levels"),
         "deep entries defeat the cache": (lambda: deep_alternating(entries + 1), f"more than {entries} entries"),
+        "deep directories": (lambda: deep_directories(entries + 1), f"more than {entries} entries"),
         "bad checksum": (lambda: gz(header("f", checksum=1) + END), "bad header checksum"),
         "not a tar": (lambda: gz(b"just some text\n"), "not a readable .tar.gz"),
         "not gzip": (lambda: b"PK\x03\x04 not a tarball", "not a readable .tar.gz"),
