@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -135,6 +136,7 @@ def main() -> None:
               f"{row['new'].get('rss_growth_mb', 0):>6} MB  old {row['old']['wall_s']:>6} s "
               f"{row['old'].get('rss_growth_mb', '-'):>6} MB  | {row['new']['verdict'][:70]}", flush=True)  # fmt: skip
         archive.unlink()
+    shutil.rmtree(work)
     worst = max(rows, key=lambda r: r["new"]["wall_s"])
     summary = {
         "worst_new_wall_s": worst["new"]["wall_s"],
