@@ -251,6 +251,12 @@ class JobSpec(StrictModel):
         return v
 
 
+def runs_team_code(spec: dict[str, Any]) -> bool:
+    """Whether a job (its stored spec) runs code of its team's, an uploaded archive or a script, rather than only
+    kiln's own recipes: such a job runs only on hosts that sandbox it (``workers.isolation``)."""
+    return bool((spec.get("code") or {}).get("digest") or spec.get("command"))
+
+
 class SpecError(ValueError):
     """A spec that failed to parse or validate; ``errors`` carry field paths for problem+json."""
 

@@ -54,6 +54,13 @@ class HostAgent:
         self.consumer = consumer  # None: nothing to probe (a test's agent without a Celery worker)
         self.metrics = metrics or WorkerMetrics()
 
+    def record_isolation(self, db: Session, mode: str, note: str) -> None:
+        """Whether this host sandboxes attempts (``workers.isolation``): the scheduler places a team's own code only
+        where it does (or where the operator turned the sandbox off), and ``kiln hosts`` shows it."""
+        host = db.scalars(select(Host).where(Host.name == self.name).with_for_update()).first()
+        if host is not None:
+            host.isolation, host.isolation_note = mode, note[:512]
+
     def register(self, db: Session) -> Host:
         """Create or update the host row and its GPUs (GPUs that disappeared are removed)."""
         now = utcnow()

@@ -34,6 +34,8 @@ def list_hosts(
                 exclusion_reason=h.exclusion_reason,
                 links=h.links,
                 mps=h.mps,
+                isolation=h.isolation,
+                isolation_note=h.isolation_note,
                 last_heartbeat_at=h.last_heartbeat_at,
                 registered_at=h.registered_at,
             )  # fmt: skip

@@ -35,6 +35,12 @@ class HostOut(OutModel):
     links: dict[str, Any]
     mps: str | None = Field(None, description="its MPS daemon for fractional jobs: running, restarting, failed; "
                             "null: none (no GPU, no binary, or KILN_MPS=off)")  # fmt: skip
+    isolation: str | None = Field(
+        None,
+        description="how its worker runs teams' code: sandbox; none (turned off by the operator: every job says so); "
+        "unavailable (it cannot sandbox: it runs kiln's own recipes only); null: its worker has not said yet",
+    )
+    isolation_note: str | None = Field(None, description="how, or why not, in words")
     last_heartbeat_at: datetime | None
     registered_at: datetime
 

@@ -308,12 +308,17 @@ def usage(
     out.render(data, output, lambda: out.table(out.USAGE_COLUMNS, rows, title=title))
 
 
+def _sandbox_column(host: dict[str, Any]) -> str:
+    mode = host.get("isolation") or "-"
+    return f"{mode}: {host.get('isolation_note') or ''}"[:100] if mode == "unavailable" else mode
+
+
 @app.command()
 def hosts(
     gpus: Annotated[bool, typer.Option("--gpus", help="List the GPUs instead of the hosts.")] = False,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
-    """Hosts (state, slots, last heartbeat) or, with --gpus, their GPUs."""
+    """Hosts (state, slots, whether they sandbox teams' code, last heartbeat) or, with --gpus, their GPUs."""
     if gpus:
         columns: list[out.Column] = [
             ("HOST", lambda g: g.get("host")),
@@ -330,6 +335,7 @@ def hosts(
             ("GPUS", lambda h: h.get("gpu_count")),
             ("CPU SLOTS", lambda h: h.get("cpu_slots")),
             ("MPS", lambda h: h.get("mps") or "-"),
+            ("SANDBOX", _sandbox_column),
             ("HEARTBEAT", lambda h: out.fmt_age(h.get("last_heartbeat_at"))),
             ("EXCLUDED", lambda h: h.get("exclusion_reason") or ""),
         ]

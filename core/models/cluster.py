@@ -27,6 +27,11 @@ class Host(Base):
     mps: Mapped[str | None] = mapped_column(
         String(16), comment="its MPS daemon: running, restarting, failed; NULL: none (workers/mps.py)"
     )
+    isolation: Mapped[str | None] = mapped_column(
+        String(16),
+        comment="sandbox, none (turned off), unavailable (runs kiln's own recipes only); NULL: not said yet",
+    )
+    isolation_note: Mapped[str | None] = mapped_column(String(512), comment="how, or why not, in words")
     last_heartbeat_at: Mapped[datetime | None] = mapped_column()
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
 

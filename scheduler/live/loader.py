@@ -13,6 +13,7 @@ from core.models import Attempt, Job, QosClass, SlaContract, Team, Usage
 from core.policy_config import PolicyConfig
 from core.repositories import jobs as jobs_repo
 from core.services.fit import share_of
+from core.spec import runs_team_code
 from core.states import HostState, MpsState
 from scheduler.live import repository as repo
 from scheduler.policy.snapshot import (
@@ -85,7 +86,19 @@ def _hosts(db: Session, now: datetime) -> tuple[HostInfo, ...]:
             )
             for g in h.gpus
         )
-        out.append(HostInfo(h.name, h.queue, gpus, h.cpu_slots, links, excluded, mps=h.mps == MpsState.RUNNING))
+        sandboxes = h.isolation in ("sandbox", "none")  # workers.isolation; NULL: not said yet
+        out.append(
+            HostInfo(
+                h.name,
+                h.queue,
+                gpus,
+                h.cpu_slots,
+                links,
+                excluded,
+                mps=h.mps == MpsState.RUNNING,
+                runs_team_code=sandboxes,
+            )
+        )
     return tuple(out)
 
 
@@ -268,6 +281,7 @@ def _pending(
                 sweep_limit=sweep_limits.get(job.sweep_id) if job.sweep_id is not None else None,
                 attained_s=attained.get(job.id, 0.0),
                 wait_started_at=_ts(job.wait_started_at),
+                team_code=runs_team_code(job.spec or {}),
             )
         )
     return tuple(out)

@@ -29,6 +29,7 @@ class Request:
     bandwidth: tuple[tuple[str, float], ...] = ()
     end: float | None = None  # projected end if started now; may use reserved units that free later than this
     avoid: frozenset[str] = frozenset()  # hosts to use only when no placement without them fits
+    team_code: bool = False  # only on hosts that may run a team's own code (``HostInfo.runs_team_code``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +132,7 @@ class ClusterState:
         self.job_units: dict[int, tuple[str, ...]] = {}  # whole units only: what a job's end or preemption frees
         self.shared: dict[str, SharedGpu] = {}  # uuid -> the fractional jobs it holds (scheduler.policy.sharing)
         self.mps_hosts = {h.name for h in infos if h.mps}  # hosts whose MPS daemon runs: shares go there only
+        self.code_hosts = {h.name for h in infos if h.runs_team_code}  # a team's own code goes there only
         for job in running:
             taken = self._take_running(job)
             if job.share is not None:
@@ -229,7 +231,16 @@ class ClusterState:
             else:
                 mode = ""
             if mode:
-                memo = (self.version, req.models, req.per_node, req.min_memory, req.bandwidth, mode, check_links)
+                memo = (
+                    self.version,
+                    req.models,
+                    req.per_node,
+                    req.min_memory,
+                    req.bandwidth,
+                    mode,
+                    check_links,
+                    req.team_code,
+                )
                 failed = self._failed.get(memo)
                 if failed is not None and req.units >= failed:
                     return None
@@ -281,6 +292,8 @@ class ClusterState:
             visit = visit | {self.by_name[name].index for name in extra_map}
         for i in sorted(visit):
             h = self.hosts[i]
+            if req.team_code and h.name not in self.code_hosts:
+                continue
             extra = extra_map.get(h.name) if extra_map else None
             units = self._usable(h, model, req, respect, extra)
             if not units or (per_node and len(units) < per_node):
@@ -341,12 +354,14 @@ class ClusterState:
         joined = best_shared(self.shared.values(), team_id, req.models, share, req.avoid)
         if joined is not None:
             return joined.host, joined.uuid, False
-        whole = Request(req.models, 1, min_memory=max(req.min_memory, share.memory_bytes), end=req.end)
+        whole = Request(
+            req.models, 1, min_memory=max(req.min_memory, share.memory_bytes), end=req.end, team_code=req.team_code
+        )
         best: tuple[bool, int, int, str, str] | None = None
         for model in req.models:
             for i in sorted(self.free_hosts.get(model, ())):
                 h = self.hosts[i]
-                if h.name not in self.mps_hosts:
+                if h.name not in self.mps_hosts or (req.team_code and h.name not in self.code_hosts):
                     continue
                 units = self._usable(h, model, whole, True, None)
                 if units:

@@ -213,7 +213,14 @@ class _Planner:
 
     def _request(self, job: PendingJob, end: float | None) -> Request:
         if job.gpus == 0:
-            return Request(models=(CPU,), units=job.cpu_slots, bandwidth=job.bandwidth, end=end, avoid=job.avoid_hosts)
+            return Request(
+                models=(CPU,),
+                units=job.cpu_slots,
+                bandwidth=job.bandwidth,
+                end=end,
+                avoid=job.avoid_hosts,
+                team_code=job.team_code,
+            )
         models = (job.gpu_type,) if job.gpu_type else self.state.models
         return Request(
             models=models,
@@ -223,6 +230,7 @@ class _Planner:
             bandwidth=job.bandwidth,
             end=end,
             avoid=job.avoid_hosts,
+            team_code=job.team_code,
         )
 
     def _version(self) -> tuple[int, int, int, int, int]:
@@ -266,7 +274,7 @@ class _Planner:
             key = (
                 job.qos_priority, job.team_id, job.quota_key, job.gpus, job.cpu_slots, job.gpu_type,
                 job.gpus_per_node, job.memory_bytes, job.memory_cap_bytes, job.bandwidth,
-                (job.id in urgent) + (job.id in self.aged), end_class, job.share,
+                (job.id in urgent) + (job.id in self.aged), end_class, job.share, job.team_code,
             )  # fmt: skip
             version = (state.version, self.ledger.version, len(self.victimized), self.preemptors,
                        len(self.reservations))  # fmt: skip
@@ -335,6 +343,13 @@ class _Planner:
                 Reason.UNSCHEDULABLE,
                 f"requests {job.demand} {kind}; the whole cluster has {capacity}: it starts only once hosts with "
                 "more join",
+            )
+            return False
+        if job.team_code and not self.state.code_hosts:
+            self.wait(
+                job,
+                Reason.UNSCHEDULABLE,
+                "it runs its team's own code and no host may run it: none sandboxes attempts (`kiln hosts` says why)",
             )
             return False
         if self._over_budget(job):
@@ -599,7 +614,9 @@ class _Planner:
         Units freed by the first k ends (sorted; preempted jobs end now; claimed and reserved units excluded).
         Fitting is monotone in k, so the smallest k is found by bisection. Cached per shape and state.
         """
-        head = Request(req.models, req.units, req.per_node, req.min_memory, req.bandwidth, end=None)
+        head = Request(
+            req.models, req.units, req.per_node, req.min_memory, req.bandwidth, end=None, team_code=req.team_code
+        )
         key = (head, self.state.version, len(self.claimed))
         hit = self.earliest_memo.get(key)
         if hit is not None:
@@ -660,7 +677,9 @@ class _Planner:
         """Whether a job of shape ``req`` can start by ``limit`` once the running jobs projected to end by then
         have ended: one placement trial (``_earliest`` would bisect for the exact start, which this question does
         not need; fitting is monotone in the ends, so the answers agree)."""
-        head = Request(req.models, req.units, req.per_node, req.min_memory, req.bandwidth, end=None)
+        head = Request(
+            req.models, req.units, req.per_node, req.min_memory, req.bandwidth, end=None, team_code=req.team_code
+        )
         models = set(req.models)
         free = sum(self.state.free_count.get(m, 0) - self.state.reserved_free.get(m, 0) for m in models)
         freed: list[str] = []

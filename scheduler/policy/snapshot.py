@@ -34,6 +34,7 @@ class HostInfo:
     links: tuple[tuple[str, float], ...] = ()  # link name -> capacity, bytes/s
     excluded: bool = False
     mps: bool = False  # its MPS daemon runs: it may hold fractional jobs
+    runs_team_code: bool = True  # its worker sandboxes attempts (or was told not to): a team's own code may run there
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +113,7 @@ class PendingJob:
     # a one-host cluster still restarts it there; DOWN and EXCLUDED hosts are avoided outright).
     avoid_hosts: frozenset[str] = frozenset()
     share: GpuShare | None = None  # a fractional job (resources.gpu_share, resolved against its class)
+    team_code: bool = False  # it runs its team's own code (an upload, a script): only on hosts that sandbox it
     sweep_id: int | None = None  # the sweep it belongs to, if any...
     sweep_limit: int | None = None  # ...and how many of that sweep's jobs may run at once (None: no limit)
 
