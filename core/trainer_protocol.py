@@ -26,6 +26,7 @@ ENV_MEMORY_FRACTION = "KILN_GPU_MEMORY_FRACTION"  # float in (0, 1]; QoS memory 
 ENV_JOB_ID = "KILN_JOB_ID"
 ENV_ATTEMPT_ID = "KILN_ATTEMPT_ID"
 ENV_RANK_STARTED_AT = "KILN_RANK_STARTED_AT"  # unix time the rank's entry point began (set by the rank itself)
+ENV_LAUNCHED_AT = "KILN_LAUNCHED_AT"  # unix time the worker launched the attempt (before its sandbox was set up)
 # The team's own code (spec ``code``), unpacked and verified by the worker: the trainer imports its entry point.
 ENV_CODE_DIR = "KILN_CODE_DIR"
 # The job's datasets (spec ``datasets``): a JSON object, name -> the directory the attempt reads it at (read-only

@@ -35,6 +35,7 @@ from core.trainer_protocol import (
     ENV_CHECKPOINT_DIR,
     ENV_COMPILE_CACHE_DIR,
     ENV_FENCING_TOKEN,
+    ENV_LAUNCHED_AT,
     ENV_LOCAL_CHECKPOINT_DIR,
     ENV_RANK_STARTED_AT,
     ExitCode,
@@ -748,8 +749,13 @@ def run(spec: JobSpec, run_dir: pathlib.Path, env: DistEnv) -> ExitCode:
     code (torchrun itself exits 1 when any rank fails, hiding 75/77/...; the worker reads this instead)."""
     tel = Telemetry(run_dir, env.rank)
     # Where a start's time goes (a restart is timed from the worker's launch to the first resumed step).
-    started = os.environ.get(ENV_RANK_STARTED_AT)
-    tel.diagnostic("STARTED", "trainer started", process_start_ts=float(started) if started else None)
+    started, launched = os.environ.get(ENV_RANK_STARTED_AT), os.environ.get(ENV_LAUNCHED_AT)
+    tel.diagnostic(
+        "STARTED",
+        "trainer started",
+        process_start_ts=float(started) if started else None,
+        launched_ts=float(launched) if launched else None,
+    )
     code: int = 1
     error: str | None = None
     try:

@@ -43,11 +43,11 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from core.db import session_scope
-    from core.deployment import StorageOfAnotherDeployment, check_storage
+    from core.deployment import StorageOfAnotherDeployment, check_storage, deployment_uid
     from core.liveness import Pulse
     from core.process_metrics import serve
     from core.settings import get_settings
-    from workers import isolation, mps, tasks
+    from workers import attempt_setup, isolation, mps, tasks
     from workers.celery_app import declare_host_queue, get_app
     from workers.consumer_probe import ConsumerProbe, quiet_probe_logs
     from workers.exports import ExportRunner
@@ -81,6 +81,13 @@ def main(argv: list[str] | None = None) -> None:
     tasks.CURRENT_HOST = args.host
     host_isolation = isolation.configure(host=args.host, settings=settings, host_slots=agent.slots or cpu_slots)
     log.info(host_isolation.describe())
+    with session_scope() as db:
+        clash = host_isolation.users.check_range(deployment_uid(db))
+        if clash is not None:
+            log.error("%s", clash)
+            raise SystemExit(2)
+        agent.record_isolation(db, host_isolation.mode, host_isolation.describe_sandbox())
+    attempt_setup.GPU_MINORS.update({g.uuid: g.minor for g in inventory.discover() if g.minor is not None})
     daemon = None
     if has_gpus:  # fractional jobs share GPUs through the host's MPS daemon (its state goes out with the heartbeat)
         daemon = mps.configure(settings.mps, settings.mps_control, settings.resolved_storage_dir / "mps" / args.host,
@@ -91,8 +98,12 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["KILN_WORKER_HOST"] = args.host
     agent.start()
     probe.start()
-    exporter = ExportRunner(worker=f"{args.host}:{tasks.WORKER_INCARNATION}",
-                            storage_dir=settings.resolved_storage_dir)  # fmt: skip
+    exporter = ExportRunner(
+        worker=f"{args.host}:{tasks.WORKER_INCARNATION}",
+        storage_dir=settings.resolved_storage_dir,
+        isolation=host_isolation,
+        storage_gid=settings.storage_gid,
+    )
     exporter.start()
     try:
         consume(app, host=args.host, loglevel=args.loglevel)

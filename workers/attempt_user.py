@@ -1,27 +1,34 @@
-"""Each team's attempts run as an unprivileged user of its own (docs/security.md, "What a job can reach").
+"""Each team's attempts run as an unprivileged uid and gid of its own (docs/security.md, "The sandbox").
 
-With ``KILN_ATTEMPT_UID_BASE`` set and the worker running as root, the attempt of team ``t`` runs as uid and gid
-``base + t`` (team ids below ``KILN_ATTEMPT_UID_COUNT``), started through ``setpriv``: no supplementary groups,
-no capabilities (inheritable and bounding sets cleared) and ``no_new_privs`` (a setuid binary gains nothing). The
-worker keeps root to switch. The attempt's directories (run, checkpoints, compile cache, local tier) are that
-uid's, 0700, so another team's attempt cannot read or change them; the directories above them are traversable
-(0711) but not listable; the code it runs is root's and read-only to it; its HOME and TMPDIR are in its run
-directory. The worker's settings never reach it (``workers.tasks.attempt_env``), and the database, the broker's
-file and the worker's own process are root's alone. Where kiln cannot switch users (not root, no setpriv, the
-setting unset) attempts run as the worker's user, and the worker says so when it starts.
+A root worker gives the attempts of team ``t`` uid and gid ``base + t``, with no setting to remember: ``base`` is
+a range of kiln's own for this database (``KILN_ATTEMPT_UID_BASE`` places it by hand). The ranges lie in
+0x70000000-0x7fffffff, above what hosts give to people (1000-60000), systemd's dynamic users (61184-65519) and
+container ranges (``/etc/subuid``, systemd-nspawn's 0x80000-0x6fffffff), and below 2^31; each database takes one
+of 2,047 slots of 131,072 uids by its uid (``core.deployment``), so every host of a deployment agrees on a team's uid
+(its files on the shared storage) and two deployments on one host almost never meet (a worker refuses to start when
+a uid of its range belongs to a user of the host).
+
+The switch happens inside the sandbox (``workers.sandbox``), through ``setpriv``: no supplementary groups, no
+capabilities (inheritable and bounding sets cleared), ``no_new_privs`` (a setuid binary gains nothing). The
+attempt's directories (run, checkpoints, compile cache, local tier) are its uid's, 0700, so even a process that got
+out of its namespaces cannot read another team's. A worker that is not root runs every attempt as its own uid.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pwd
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from core.settings import Settings
 
 SETPRIV = "setpriv"
+RANGE_START = 0x7000_0000
+SLOT_SIZE = 131_072  # team ids of one deployment
+SLOTS = 2_047  # RANGE_START + SLOTS * SLOT_SIZE < 2**31
 
 
 @dataclass(frozen=True)
@@ -29,7 +36,8 @@ class AttemptUser:
     uid: int
     gid: int
 
-    def command(self, argv: list[str]) -> list[str]:
+    def drop(self) -> list[str]:
+        """The command prefix that becomes this user, with nothing of root's left."""
         return [
             SETPRIV,
             f"--reuid={self.uid}",
@@ -37,14 +45,10 @@ class AttemptUser:
             "--clear-groups",
             "--no-new-privs",
             "--inh-caps=-all",
+            "--ambient-caps=-all",
             "--bounding-set=-all",
             "--",
-            *argv,
         ]
-
-    def env(self, run_dir: Path) -> dict[str, str]:
-        name = f"kiln-{self.uid}"
-        return {"HOME": str(run_dir), "TMPDIR": str(run_dir / "tmp"), "USER": name, "LOGNAME": name}
 
     def take(self, directory: Path, *, stop: Path) -> None:
         """``directory`` becomes this user's (0700, as is every file already in it); its ancestors below ``stop``
@@ -64,42 +68,21 @@ class AttemptUser:
             os.chmod(parent, os.stat(parent).st_mode & 0o7777 | 0o711)
             parent = parent.parent
 
-    @staticmethod
-    def readable(path: Path) -> None:
-        """A file or tree the worker writes for the attempt to read, not to change (its spec, code, fence, lease):
-        the worker's, world-readable (it lies in the attempt's 0700 directories, so no one else reaches it)."""
-        if not path.exists():
-            return
-        for root, dirs, files in os.walk(path) if path.is_dir() else []:
-            for d in dirs:
-                os.lchown(os.path.join(root, d), 0, 0)
-                os.chmod(os.path.join(root, d), 0o755)
-            for f in files:
-                os.lchown(os.path.join(root, f), 0, 0)
-                if not os.path.islink(os.path.join(root, f)):
-                    os.chmod(os.path.join(root, f), 0o644)
-        os.lchown(path, 0, 0)
-        os.chmod(path, 0o755 if path.is_dir() else 0o644)
 
-
-def closed_ancestor(path: Path) -> Path | None:
-    """The first directory above ``path`` that other users cannot enter (not o+x), if any."""
-    for parent in reversed(path.parents):
-        if not os.stat(parent).st_mode & 0o001:
-            return parent
-    return None
+def deployment_base(deployment: str) -> int:
+    """The first uid of a deployment's range, from its database's uid."""
+    slot = int(hashlib.sha256(deployment.encode()).hexdigest()[:8], 16) % SLOTS
+    return RANGE_START + slot * SLOT_SIZE
 
 
 class AttemptUsers:
-    """The uid range, or why there is none."""
+    """Which uid a team's attempts run as on this worker, or why every attempt runs as the worker's own."""
 
     def __init__(self, settings: Settings) -> None:
         self.base = settings.attempt_uid_base
-        self.count = settings.attempt_uid_count
+        self.count = settings.attempt_uid_count if self.base is not None else SLOT_SIZE
         self.why_not: str | None = None
-        if self.base is None:
-            self.why_not = "KILN_ATTEMPT_UID_BASE is not set"
-        elif os.geteuid() != 0:
+        if os.geteuid() != 0:
             self.why_not = f"the worker is not root (uid {os.geteuid()}) and cannot switch users"
         elif shutil.which(SETPRIV) is None:
             self.why_not = "setpriv (util-linux) is not installed"
@@ -108,30 +91,33 @@ class AttemptUsers:
     def enabled(self) -> bool:
         return self.why_not is None
 
-    def for_team(self, team_id: int) -> AttemptUser | None:
-        if self.base is None or not self.enabled:
+    def range_of(self, deployment: str) -> range:
+        base = self.base if self.base is not None else deployment_base(deployment)
+        return range(base, base + self.count)
+
+    def check_range(self, deployment: str) -> str | None:
+        """Why this deployment's range cannot be used on this host (a user of the host has a uid in it), if so."""
+        if not self.enabled:
             return None
-        if not 0 <= team_id < self.count:
-            raise RuntimeError(f"team id {team_id} is outside KILN_ATTEMPT_UID_COUNT ({self.count}): no uid for it")
-        return AttemptUser(uid=self.base + team_id, gid=self.base + team_id)
+        uids = self.range_of(deployment)
+        taken = sorted(p.pw_name for p in pwd.getpwall() if p.pw_uid in uids)
+        if taken:
+            return (
+                f"the attempt uids {uids.start}-{uids.stop - 1} include users of this host ({', '.join(taken[:5])}): "
+                "set KILN_ATTEMPT_UID_BASE to a free range"
+            )
+        return None
+
+    def for_team(self, team_id: int, deployment: str) -> AttemptUser | None:
+        if not self.enabled:
+            return None
+        uids = self.range_of(deployment)
+        if not 0 <= team_id < len(uids):
+            raise RuntimeError(f"team id {team_id} is outside the attempt uid range ({len(uids)} teams): no uid for it")
+        return AttemptUser(uid=uids[team_id], gid=uids[team_id])
 
     def describe(self) -> str:
         if self.enabled:
-            assert self.base is not None
-            closed = closed_ancestor(Path(os.path.realpath(sys.executable)))
-            warning = (
-                ""
-                if closed is None
-                else (
-                    f"; WARNING: the interpreter {os.path.realpath(sys.executable)} lies under {closed}, which other "
-                    "users cannot enter: an attempt of several processes (torchrun) cannot start its ranks"
-                )
-            )
-            return (
-                f"attempt users: each team's attempts run as uid/gid {self.base} + team id (setpriv, no "
-                f"capabilities, no_new_privs, 0700 directories){warning}"
-            )
-        return (
-            f"attempt users: OFF ({self.why_not}): every attempt runs as the worker's own user, so one team's "
-            "attempt can read another's files on this host"
-        )
+            where = f"{self.base} + team id" if self.base is not None else "this deployment's range + team id"
+            return f"attempt users: each team's attempts run as uid/gid {where} (setpriv inside the sandbox)"
+        return f"attempt users: OFF ({self.why_not}): every attempt runs as the worker's own user"

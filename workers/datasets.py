@@ -5,15 +5,14 @@ the attempt starts the worker resolves each one again under the storage root (``
 removed since the submit, gone from disk, no longer a directory or now leading out of its area (a link swapped
 in) ends the attempt as the user's error, with its name and why - a restart would fail the same way.
 
-How read-only is enforced is chosen once, when the worker starts, and said in its log (``describe``):
+How they reach the attempt:
 
-* ``mount`` (the worker is root and this host lets it make mount namespaces: probed at start-up): the attempt runs
-  in a private mount namespace (``workers.mount_entry``) in which each dataset is bind-mounted read-only, nosuid,
-  nodev at ``RUN_DIR/datasets/<name>``; a write fails with EROFS whoever the attempt runs as.
-* ``permissions`` (no mount namespace, but attempts run as their team's own user): the attempt is given the
-  dataset's own directory; it cannot write there only if the files' owner and modes say so (the operator's).
-* ``none`` (a laptop: no root): the attempt is given the directory itself, writable if the worker's user may
-  write it.
+* in a sandbox (``workers.sandbox``): the worker opens each dataset's directory (``O_PATH``, never through a final
+  link), checks through ``/proc/self/fd`` that what it opened lies in its area, and bubblewrap binds that very
+  descriptor read-only at ``/datasets/<name>`` (what is bound is what was checked); a write fails with EROFS,
+  whoever the attempt runs as;
+* without one (``KILN_ISOLATION=none``): the attempt is given the dataset's own directory, writable if the
+  worker's user may write it.
 
 The trainer gets name -> path in ``KILN_DATASETS`` (JSON), for the recipe (``datasets=``) and for scripts.
 """
@@ -22,17 +21,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+import stat
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
-from core.datasets import DatasetPathError, area_of, check_relative, resolve
+from core.datasets import SHARED_AREA, DatasetPathError, area_of, check_relative, resolve
 from core.trainer_protocol import ENV_DATASETS
-from workers.attempt_user import AttemptUser, AttemptUsers
 
-MOUNT_DIR = "datasets"
+SANDBOX_DIR = Path("/datasets")  # where a sandboxed attempt finds its datasets, one directory each
 
 
 class DatasetUnavailable(Exception):
@@ -62,65 +58,44 @@ def resolve_all(*, names: list[str], registered: dict[str, str], storage: Path, 
     return out
 
 
-class DatasetAccess:
-    """How this worker makes datasets read-only for its attempts (see the module's docstring)."""
+def open_checked(dataset: Resolved) -> int:
+    """An ``O_PATH`` descriptor of the dataset's directory, checked to lie in its area now (a link swapped in since
+    ``resolve_all`` is refused, as a dataset gone from its area)."""
+    fd = os.open(dataset.source, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    real = os.readlink(f"/proc/self/fd/{fd}")
+    area = str(dataset.area).rstrip("/")
+    if real != area and not real.startswith(area + "/"):
+        os.close(fd)
+        raise DatasetUnavailable(f"dataset {dataset.name!r} is now {real}, outside its area {area}")
+    return fd
 
-    def __init__(self, users: AttemptUsers) -> None:
-        self.users = users
 
-    @cached_property
-    def why_no_mounts(self) -> str | None:
-        if os.geteuid() != 0:
-            return f"the worker is not root (uid {os.geteuid()}) and cannot make mount namespaces"
-        try:
-            probe = subprocess.run(
-                [sys.executable, "-m", "workers.mount_entry", "--probe"], capture_output=True, text=True, timeout=60
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"the mount probe could not run: {exc}"
-        if probe.returncode != 0:
-            return f"this host refuses a private mount namespace: {probe.stderr.strip()[:200]}"
-        return None
+def close_area(dataset: Resolved) -> None:
+    """A team's own data area (``datasets/<team>``) closed to other uids (o-rwx, owner and group kept): a process
+    of another team's that got out of its sandbox cannot reach it. The shared area stays as the operator made it."""
+    if dataset.area.name == SHARED_AREA:
+        return
+    st = os.lstat(dataset.area)
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & 0o007:
+        os.chmod(dataset.area, stat.S_IMODE(st.st_mode) & ~0o007)
 
-    @property
-    def mode(self) -> str:
-        if self.why_no_mounts is None:
-            return "mount"
-        return "permissions" if self.users.enabled else "none"
 
-    def describe(self) -> str:
-        mode = self.mode
-        if mode == "mount":
-            return ("datasets: read-only bind mounts in a private mount namespace per attempt (a write fails with "
-                    "EROFS)")  # fmt: skip
-        if mode == "permissions":
-            return (f"datasets: NOT mounted read-only ({self.why_no_mounts}): attempts read the dataset's own "
-                    "directory, read-only only where its files' owner and modes make it so")  # fmt: skip
-        return (f"datasets: NOT read-only ({self.why_no_mounts}; attempts run as the worker's own user): an attempt "
-                "can write into a dataset the worker's user can write")  # fmt: skip
-
-    def prepare(
-        self, datasets: list[Resolved], *, run_dir: Path, argv: list[str], user: AttemptUser | None
-    ) -> tuple[list[str], dict[str, str], str]:
-        """(the attempt's command, its ``KILN_DATASETS`` environment, a line for its log)."""
-        if not datasets:
-            return argv, {}, ""
-        if self.mode != "mount":
-            paths = {d.name: str(d.source) for d in datasets}
-            return argv, {ENV_DATASETS: json.dumps(paths, sort_keys=True)}, (
-                f"datasets {', '.join(paths)} at their own directories ({self.describe()})"
-            )  # fmt: skip
-        base = run_dir / MOUNT_DIR
-        base.mkdir(exist_ok=True)
-        binds: list[str] = []
-        paths = {}
+def sandboxed(datasets: list[Resolved]) -> tuple[list[tuple[int, Path]], dict[str, str]]:
+    """(descriptor, where it appears in the sandbox) for each dataset, and the attempt's ``KILN_DATASETS``."""
+    binds: list[tuple[int, Path]] = []
+    try:
         for d in datasets:
-            target = base / d.name
-            target.mkdir(exist_ok=True)
-            binds += ["--bind", str(d.source), str(d.area), str(target)]
-            paths[d.name] = str(target)
-        if user is not None:
-            user.readable(base)  # the mount points are root's: the attempt cannot swap them
-        command = [sys.executable, "-m", "workers.mount_entry", *binds, "--", *argv]
-        env = {ENV_DATASETS: json.dumps(paths, sort_keys=True)}
-        return command, env, f"datasets {', '.join(paths)} mounted read-only at {base}"
+            close_area(d)
+            binds.append((open_checked(d), SANDBOX_DIR / d.name))
+    except BaseException:
+        for fd, _ in binds:
+            os.close(fd)
+        raise
+    paths = {d.name: str(SANDBOX_DIR / d.name) for d in datasets}
+    return binds, ({ENV_DATASETS: json.dumps(paths, sort_keys=True)} if paths else {})
+
+
+def unsandboxed(datasets: list[Resolved]) -> dict[str, str]:
+    """The attempt's ``KILN_DATASETS`` when it runs without a sandbox: each dataset's own directory."""
+    paths = {d.name: str(d.source) for d in datasets}
+    return {ENV_DATASETS: json.dumps(paths, sort_keys=True)} if paths else {}

@@ -24,6 +24,7 @@ class GpuInfo:
     mig_mode: bool
     pcie_gen: int | None
     nvlink_peers: list[str] = field(default_factory=list)
+    minor: int | None = None  # its device node is /dev/nvidia<minor> (what a sandbox binds for the GPU)
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ class NvmlInventory:
                     memory_bytes=int(nv.nvmlDeviceGetMemoryInfo(h).total),
                     mig_mode=bool(mig and mig[0] == nv.NVML_DEVICE_MIG_ENABLE),
                     pcie_gen=self._try(nv.nvmlDeviceGetCurrPcieLinkGeneration, h), nvlink_peers=peers,
+                    minor=self._try(nv.nvmlDeviceGetMinorNumber, h),
                 )
             )  # fmt: skip
         return gpus

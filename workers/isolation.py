@@ -18,8 +18,16 @@ the worker starts, and said in its log:
   attempt's memory divided among its processes; no per-attempt process limit (``RLIMIT_NPROC`` counts every
   process of the worker's user, and root ignores it).
 
-Each team's attempts also run as an unprivileged user of its own where the worker can switch users
-(``workers/attempt_user.py``).
+Every attempt also runs in a sandbox (``workers/sandbox.py``), as its team's own unprivileged uid where the worker is
+root (``workers/attempt_user.py``). Which of three modes a worker is in is decided here when it starts, said in its
+log and recorded on its host (``kiln hosts``):
+
+* ``sandbox``: every attempt sandboxed;
+* ``none``: the operator turned the sandbox off (``KILN_ISOLATION=none``, a single-user laptop): attempts run as the
+  worker's own user, and each job says so in its events;
+* ``unavailable``: the sandbox was asked for and this host cannot make one (no bubblewrap, no user namespaces for a
+  worker that is not root): the host runs kiln's own recipes only, never a team's code (the scheduler places those
+  jobs elsewhere), and says why.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import psutil
 
 from core.settings import Settings
 from workers.attempt_user import AttemptUsers
-from workers.datasets import DatasetAccess
+from workers.sandbox import Sandbox, SandboxUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +197,14 @@ class Isolation:
         self.cgroup_bases = cgroup_bases  # None: rlimits
         self.cgroup_error: str | None = None  # why cgroups were present but not usable, if they were
         self.users = AttemptUsers(settings)
-        self.datasets = DatasetAccess(self.users)  # how datasets are made read-only (probed on first use)
+        self.sandbox: Sandbox | None = None
+        self.sandbox_error: str | None = None  # why there is no sandbox, when one was asked for
+        if settings.isolation == "sandbox":
+            try:
+                self.sandbox = Sandbox.detect(hidden_paths(settings), bwrap=settings.sandbox_bwrap)
+            except SandboxUnavailable as exc:
+                self.sandbox_error = str(exc)
+                log.error("this host cannot sandbox attempts (%s): it will run kiln's own recipes only", exc)
 
     @classmethod
     def detect(cls, *, host: str, settings: Settings, host_slots: int, root: Path = CGROUP_ROOT) -> Isolation:
@@ -214,8 +229,27 @@ class Isolation:
     def mechanism(self) -> str:
         return "cgroup" if self.cgroup_bases is not None else "rlimit"
 
+    @property
+    def mode(self) -> str:
+        """``sandbox``, ``none`` (turned off by the operator) or ``unavailable`` (see the module's docstring)."""
+        if self.sandbox is not None:
+            return "sandbox"
+        return "none" if self.settings.isolation == "none" else "unavailable"
+
+    def runs_team_code(self) -> bool:
+        return self.mode != "unavailable"
+
+    def describe_sandbox(self) -> str:
+        if self.sandbox is not None:
+            return self.sandbox.describe()
+        if self.mode == "none":
+            return ("sandbox: OFF (KILN_ISOLATION=none): attempts run as the worker's own user and can read what it "
+                    "can; every job run here says so")  # fmt: skip
+        return f"sandbox: UNAVAILABLE ({self.sandbox_error}): this host runs kiln's own recipes only, no team's code"
+
     def describe(self) -> str:
-        return f"{self._describe_limits()}; {self.users.describe()}; {self.datasets.describe()}"
+        users = self.users.describe() if self.sandbox is not None and self.sandbox.as_root else ""
+        return "; ".join(p for p in (self._describe_limits(), self.describe_sandbox(), users) if p)
 
     def _describe_limits(self) -> str:
         ceiling = host_max_memory(self.settings)
@@ -257,6 +291,19 @@ class Isolation:
             for group in (base, base.parent):
                 with contextlib.suppress(OSError):
                     group.rmdir()
+
+
+def hidden_paths(settings: Settings) -> list[Path]:
+    """What no sandbox may show, even as part of the runtime: kiln's state (the embedded default's database and
+    broker files, logs, locks), the storage root (every team's files), the CLI's configuration (tokens)."""
+    paths = [settings.home, settings.resolved_storage_dir, Path.home() / ".config" / "kiln"]
+    for url in (settings.resolved_database_url, settings.resolved_broker_url):
+        match = re.match(r"^[a-z+]*sqlite:///(.+)$", url)
+        if match:
+            paths.append(Path(match.group(1)).parent)
+    if settings.local_tier_dir is not None:
+        paths.append(settings.local_tier_dir)
+    return [p.absolute() for p in paths]
 
 
 def deployment_id(settings: Settings) -> str:

@@ -22,7 +22,7 @@ from typing import IO
 import psutil
 
 from core.private import open_private, private_dir, read_regular
-from core.trainer_protocol import EXIT_DIR
+from core.trainer_protocol import ENV_LAUNCHED_AT, EXIT_DIR
 from workers.isolation import Confinement, preexec
 from workers.rank_entry import set_parent_death_signal
 
@@ -76,6 +76,9 @@ def torchrun_command(*, nproc_per_node: int, rendezvous: Rendezvous | None, entr
     return cmd
 
 
+# bubblewrap's outer process, its PID namespace's init, and the shim stand above torchrun in a sandbox.
+SANDBOX_LEVELS = 3
+
 # If the worker dies (SIGKILL), torchrun gets SIGTERM and forwards it: the ranks checkpoint and stop
 # instead of training on, unsupervised, until a newer attempt fences them.
 _parent_death_sigterm = functools.partial(set_parent_death_signal, signal.SIGTERM)
@@ -87,7 +90,13 @@ class TrainerProcess:
     def __init__(self, argv: list[str], *, env: Mapping[str, str], log_path: Path, run_dir: Path, cwd: Path,
                  confinement: Confinement | None = None, log_gid: int | None = None):  # fmt: skip
         self.argv = argv
+        # Sandboxed (workers.sandbox): argv starts bubblewrap, whose two processes and the shim come first in the
+        # tree; the descriptors the sandbox inherits; the write end of the shim's lifeline, held while we live.
+        self.sandboxed = False
+        self.pass_fds: list[int] = []
+        self.lifeline: int | None = None
         self.log_gid = log_gid  # the group that may read the log (KILN_STORAGE_GID), else owner-only
+        self.log_owner: int | None = None  # the team's uid, which owns its logs (workers.attempt_setup)
         self.confinement = confinement  # the attempt's host memory and process limits (workers/isolation.py)
         self.env = dict(env)
         self.log_path = log_path
@@ -111,24 +120,38 @@ class TrainerProcess:
             f.write(f"[kiln-worker {stamp}] {message}\n".encode())
 
     def _open_log(self) -> int:
-        """The attempt's log: owner-only, or readable by the storage group only (core/private.py)."""
+        """The attempt's log: owner-only (the team's uid where attempts run as one), or readable by the storage group
+        only (core/private.py), in a directory of kiln's (no process of the team's may plant a link where the worker
+        opens it). Only the worker and the ranks' inherited stdout write it: it is not in the sandbox."""
         private_dir(self.log_path.parent, gid=self.log_gid)
-        return open_private(self.log_path, gid=self.log_gid)
+        fd = open_private(self.log_path, gid=self.log_gid)
+        if self.log_owner is not None:
+            os.fchown(fd, self.log_owner, -1)
+        return fd
 
     def start(self) -> None:
         private_dir(self.run_dir)
-        self.log_line("launching: " + " ".join(self.argv))
+        shown = self.argv[self.argv.index("--") + 1 :] if self.sandboxed else self.argv
+        self.log_line("launching: " + " ".join(shown) + (" (inside its bubblewrap sandbox)" if self.sandboxed else ""))
+        self.env[ENV_LAUNCHED_AT] = repr(time.time())  # where a start's time goes (the trainer's STARTED record)
         self._log = open(self._open_log(), "ab", buffering=0)  # noqa: SIM115 - closed in wait()/close()
-        self._proc = subprocess.Popen(
-            self.argv,
-            env=self.env,
-            cwd=self.cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # signals to the worker (Ctrl-C) are not signals to the trainer
-            preexec_fn=preexec(self.confinement, _parent_death_sigterm),
-        )
+        try:
+            self._proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # signals to the worker (Ctrl-C) are not signals to the trainer
+                preexec_fn=preexec(self.confinement, _parent_death_sigterm),
+                pass_fds=self.pass_fds,
+            )
+        finally:
+            for fd in self.pass_fds:  # the sandbox has its copies (or never will)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self.pass_fds = []
         self._tree = {self._proc.pid: psutil.Process(self._proc.pid)}
 
     def refresh_tree(self) -> None:
@@ -149,13 +172,26 @@ class TrainerProcess:
         if self.term_sent_at is None:
             self.term_sent_at = time.monotonic()
         self.refresh_tree()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGTERM)
-        # The ranks too, directly: if torchrun is wedged the ranks still get the request.
-        for pid, proc in self._tree.items():
-            if pid != self.pid:
+        # torchrun, and the ranks directly: if torchrun is wedged the ranks still get the request. In a sandbox,
+        # not bubblewrap (its end would end the sandbox before the ranks checkpoint) nor the shim (it would pass
+        # the signal on a second time).
+        for proc in self._launched():
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGTERM)
+
+    def _launched(self) -> list[psutil.Process]:
+        """torchrun (or the one rank) and every process under it, without what the sandbox put above them."""
+        if not self.sandboxed:
+            return list(self._tree.values())
+        levels = [[self._tree[self.pid]]] if self.pid in self._tree else []
+        for _ in range(SANDBOX_LEVELS):
+            below: list[psutil.Process] = []
+            for proc in levels[-1] if levels else []:
                 with contextlib.suppress(psutil.Error):
-                    proc.send_signal(signal.SIGTERM)
+                    below += proc.children()
+            levels.append(below)
+        skipped = {p.pid for level in levels[:SANDBOX_LEVELS] for p in level}
+        return [proc for pid, proc in self._tree.items() if pid not in skipped]
 
     def kill_tree(self) -> None:
         """SIGKILL torchrun and every rank it ever started (psutil checks pid reuse through create time)."""
@@ -169,12 +205,18 @@ class TrainerProcess:
         assert self._proc is not None
         code = self._proc.wait(timeout)
         self.close()
+        if self.sandboxed and 128 < code < 128 + signal.NSIG:
+            return 128 - code  # the shim's "killed by signal N" (workers.sandbox_shim), as Popen says it
         return code
 
     def close(self) -> None:
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self.lifeline is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.lifeline)
+            self.lifeline = None
 
     def rank_exit_codes(self) -> dict[int, int]:
         """Exit codes the ranks recorded through ``workers.rank_entry``; killed ranks are missing."""

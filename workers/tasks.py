@@ -12,10 +12,11 @@ import functools
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,6 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
-from core.code_archive import artifact_path, extract
 from core.db import session_scope, utcnow
 from core.deployment import deployment_uid, local_tier_jobs
 from core.fence import Lease, job_checkpoint_dir, lease_clock, write_fence, write_lease
@@ -37,10 +37,8 @@ from core.services import datasets as datasets_svc
 from core.settings import Settings, get_settings
 from core.states import ACTIVE, ATTEMPT_LIVE, AttemptState, JobState, MpsState
 from core.trainer_protocol import (
-    COMPILER_CACHE_ENV,
     ENV_ATTEMPT_ID,
     ENV_CHECKPOINT_DIR,
-    ENV_CODE_DIR,
     ENV_COMPILE_CACHE_DIR,
     ENV_FENCING_TOKEN,
     ENV_JOB_ID,
@@ -52,12 +50,13 @@ from core.trainer_protocol import (
     RecordKind,
 )
 from core.transitions import move_attempt, record_event, transition
-from workers import isolation, mps
-from workers.attempt_user import AttemptUser
+from workers import attempt_setup, isolation, mps
+from workers.attempt_setup import AttemptDirs, CodeRefused
 from workers.celery_app import TASK_PROBE_CONSUMER, TASK_RUN_ATTEMPT, get_app
+from workers.claimed import Claimed
 from workers.consumer_probe import ConsumerProbe
 from workers.cpu_budget import cpu_threads_per_rank
-from workers.datasets import DatasetUnavailable, resolve_all
+from workers.datasets import DatasetUnavailable
 from workers.exit_classes import Outcome, StopRequest, classify
 from workers.metrics import WorkerMetrics
 from workers.supervisor import Rendezvous, TrainerProcess, launch_command
@@ -81,6 +80,8 @@ POLL_S = 0.25  # how often the supervisor looks at the trainer and its telemetry
 EVAL_BEAT_S = 1.0  # an evaluation's own heartbeat comes no sooner than this after the last heartbeat
 RDZV_PORT_SPAN = 20000  # gang jobs: node 0's c10d store listens on settings.rendezvous_port_base + id % span
 NCCL_MAX_CHANNELS = 32
+HOST_ENV = ("LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH")
+HOST_ENV_PREFIXES = ("LC_", "NCCL_", "GLOO_", "NVIDIA_")
 DEFAULT_LINK_BYTES_PER_S = {"pcie": 64 * 10**9, "nvlink": 900 * 10**9}  # PCIe 5 x16; H100/H200 NVLink 4
 
 
@@ -132,23 +133,6 @@ class Supervisions:
 
 
 SUPERVISIONS = Supervisions()
-
-
-@dataclass
-class Claimed:
-    job_id: int
-    team_id: int
-    attempt_number: int
-    spec: dict[str, Any]
-    placement: list[dict[str, Any]]
-    gpus: list[GPU]
-    qos: QosClass | None
-    host_links: dict[str, Any]
-    rendezvous: Rendezvous | None
-    ran_before_s: float  # the job's earlier attempts' run time, which its time limit counts too
-    deployment: str  # the database's uid (core.deployment): a job's number is unique in one database only
-    team: str = ""
-    datasets: dict[str, str] = field(default_factory=dict)  # name -> registered path, of those still registered
 
 
 class Refused(Exception):
@@ -215,6 +199,15 @@ def claim(
         move_attempt(attempt, AttemptState.RUNNING)
         attempt.started_at = now
     renew_lease(attempt, node_rank=node_rank, now=now, lease_s=settings.lease_s)
+    host_isolation = isolation.current(host, settings)
+    if host_isolation.mode != "sandbox":  # the operator turned it off, or a kiln recipe on a host that cannot
+        record_event(
+            db,
+            "UNSANDBOXED",
+            job=job,
+            message=f"attempt {attempt.number} runs without a sandbox on {host}: {host_isolation.describe_sandbox()}",
+            data={"attempt": attempt.number, "host": host},
+        )
     if job.state == JobState.ADMITTED:
         transition(db, job, JobState.RUNNING, message=f"attempt {attempt.number} started on {host}",
                    data={"attempt": attempt.number, "host": host, "token": token})  # fmt: skip
@@ -275,15 +268,13 @@ def attempt_env(
     claimed: Claimed, *, attempt_id: int, token: int, checkpoint_dir: Path, compile_dir: Path, lease_file: Path,
     local_dir: Path | None = None,
 ) -> dict[str, str]:  # fmt: skip
-    env = dict(os.environ)
-    # The worker's own settings are not the trainer's business (and a broker URL may carry a password). The
-    # one exception is the test harness's fault injection, which reaches the ranks only this way.
-    for key in [k for k in env if k.startswith("KILN_") and k != ENV_TEST_HOOKS]:
-        del env[key]
-    # The compiler's caches are the job's (its compile dir, carried to a restart on another host, owned by the
-    # team's attempt user): a cache directory set in the worker's own environment would override that.
-    for key in COMPILER_CACHE_ENV:
-        env.pop(key, None)
+    # Built from nothing: the worker's own environment (its KILN_* settings, database and broker URLs that may hold
+    # passwords, whatever its service manager set) is not the attempt's. From the host: the locale, time zone and
+    # library path, and the operator's NCCL/gloo/NVIDIA tuning of the host's network and devices.
+    env = {k: v for k, v in os.environ.items() if k in HOST_ENV or k.startswith(HOST_ENV_PREFIXES)}
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"])
+    if ENV_TEST_HOOKS in os.environ:  # the test harness's fault injection reaches the ranks only this way
+        env[ENV_TEST_HOOKS] = os.environ[ENV_TEST_HOOKS]
     env.update({
         ENV_FENCING_TOKEN: str(token),
         ENV_CHECKPOINT_DIR: str(checkpoint_dir),
@@ -704,6 +695,14 @@ def _run_claimed(
     proc = TrainerProcess(argv, env=env, log_path=log_path, run_dir=run_dir, cwd=run_dir, log_gid=settings.storage_gid)
     runner = AttemptRunner(attempt_id=attempt_id, token=fencing_token, node_rank=node_rank, host=host,
                            settings=settings, claimed=claimed, proc=proc)  # fmt: skip
+    dirs = AttemptDirs(
+        storage=storage,
+        run_dir=run_dir,
+        checkpoint_dir=checkpoint_dir,
+        compile_dir=compile_dir,
+        local_dir=local_dir,
+        local_root=settings.local_tier_dir.resolve() if local_dir and settings.local_tier_dir else None,
+    )
     try:
         # Everything between the claim and a running trainer: a failure here must end the attempt now (as an
         # infrastructure failure on this host), not leave it RUNNING until its lease runs out.
@@ -714,25 +713,7 @@ def _run_claimed(
         write_fence(checkpoint_dir, fencing_token)
         runner.renew_lease(claimed_at)  # the lease the claim granted, before any rank starts
         replace_file(spec_path, json.dumps(claimed.spec, indent=2, sort_keys=True))
-        fetch_code(claimed, storage=storage, run_dir=run_dir, proc=proc, settings=settings)
-        datasets = resolve_all(names=[str(n) for n in claimed.spec.get("datasets") or []],
-                               registered=claimed.datasets, storage=storage, team=claimed.team)  # fmt: skip
-        user = host_isolation.users.for_team(claimed.team_id)
-        if user is not None:
-            run_as(
-                user,
-                proc,
-                storage=storage,
-                checkpoint_dir=checkpoint_dir,
-                compile_dir=compile_dir,
-                local_dir=local_dir,
-                settings=settings,
-            )
-        proc.argv, dataset_env, said = host_isolation.datasets.prepare(datasets, run_dir=run_dir, argv=proc.argv,
-                                                                       user=user)  # fmt: skip
-        proc.env.update(dataset_env)
-        if said:
-            proc.log_line(said)
+        attempt_setup.prepare(proc, claimed, dirs, host_isolation, settings)
         proc.log_line(f"attempt {claimed.attempt_number} (token {fencing_token}) node {node_rank} on {host}")
         if ENV_TEST_HOOKS in env:
             proc.log_line(f"TEST HOOKS ACTIVE ({ENV_TEST_HOOKS} is set on this worker): {env[ENV_TEST_HOOKS]}")
@@ -741,7 +722,7 @@ def _run_claimed(
                       f"{limits.pids} processes")  # fmt: skip
         proc.start()
     except Exception as exc:
-        if isinstance(exc, DatasetUnavailable):  # the user's (or team-admin's) to fix: a restart fails the same way
+        if isinstance(exc, DatasetUnavailable | CodeRefused):  # the user's to fix: a restart fails the same way
             forced = Outcome(ExitClass.USER_ERROR, f"user error: {exc}"[:480])
         else:
             log.exception("could not launch attempt %s", attempt_id)
@@ -763,53 +744,6 @@ def _run_claimed(
     _release(proc)
     log.info("attempt %s node %s: %s (%s)", attempt_id, node_rank, outcome.exit_class.value, outcome.reason)
     return outcome.exit_class.value
-
-
-def fetch_code(claimed: Claimed, *, storage: Path, run_dir: Path, proc: TrainerProcess, settings: Settings) -> None:
-    """The team's own code (spec ``code``): its archive from the artifact store, its digest and entries verified,
-    unpacked into the attempt's run directory, where the trainer imports it (``KILN_CODE_DIR``)."""
-    code = claimed.spec.get("code") or {}
-    digest = code.get("digest")
-    if not digest:
-        return
-    dest = run_dir / "code"
-    summary = extract(artifact_path(storage, claimed.team_id, digest), digest, dest, settings.archive_limits)
-    proc.env[ENV_CODE_DIR] = str(dest)
-    proc.log_line(
-        f"code {digest[:12]} ({summary.entries} entries, {summary.unpacked_bytes} bytes) verified and "
-        + (
-            f"unpacked; command {json.dumps(claimed.spec['command'])}"
-            if claimed.spec.get("command")
-            else f"unpacked; entry point {code.get('entry_point')}"
-        )
-    )
-
-
-def run_as(
-    user: AttemptUser,
-    proc: TrainerProcess,
-    *,
-    storage: Path,
-    checkpoint_dir: Path,
-    compile_dir: Path,
-    local_dir: Path | None,
-    settings: Settings,
-) -> None:
-    """The attempt as its team's own unprivileged user: its directories its own (0700), what the worker wrote for
-    it (spec, code, fence, lease) readable and not writable, launched through setpriv."""
-    run_dir = proc.run_dir
-    (run_dir / "tmp").mkdir(exist_ok=True)
-    for directory in (run_dir, checkpoint_dir, compile_dir):
-        user.take(directory, stop=storage)
-    if local_dir is not None and settings.local_tier_dir is not None:
-        user.take(local_dir, stop=settings.local_tier_dir.resolve())
-    # The spec, lease and fence are written 0644 through core.private.replace_file (readable by the user, who owns
-    # their directories and so could replace them whoever owns the files); changing their owner or mode here, in a
-    # directory the user may be writing to, would follow a link it planted.
-    user.readable(run_dir / "code")
-    proc.argv = user.command(proc.argv)
-    proc.env.update(user.env(run_dir))
-    proc.log_line(f"running as uid {user.uid} gid {user.gid}: no capabilities, no_new_privs")
 
 
 def _release(proc: TrainerProcess) -> None:

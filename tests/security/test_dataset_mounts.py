@@ -1,6 +1,6 @@
-"""A dataset is read-only to the team's attempts (workers/datasets.py): a root worker with attempt users mounts it
-read-only in the attempt's own mount namespace, and the attempt - its team's unprivileged user, no capabilities -
-reads it but cannot write into it, unmount it or remount it writable. Each attempt fails with the kernel's refusal
+"""A dataset is read-only to the team's attempts (workers/datasets.py): the sandbox binds it read-only, and the
+attempt - its team's unprivileged uid, no capabilities - reads it but cannot write into it, unmount it or remount
+it writable. Each attempt fails with the kernel's refusal
 as the user's error (no restart) and the dataset's files are unchanged.
 
 Real PostgreSQL, Redis, a `python -m workers` process as root, the real trainer on CPU."""
@@ -69,5 +69,5 @@ def test_a_dataset_is_read_only_to_its_teams_unprivileged_attempts(host: Cluster
         assert "PermissionError" in (reason or "") and "ATTACK SUCCEEDED" not in (reason or ""), report
     assert tree_digest(data) == before and sorted(os.listdir(data)) == ["data.bin"]
     log = (storage / "logs" / str(jobs["read"]) / "1.log").read_text()
-    assert "running as uid" in log and "datasets shared-data mounted read-only" in log, log
-    assert "datasets: read-only bind mounts in a private mount namespace" in c.log_text(c.host("a"))
+    assert "running as uid" in log and "datasets shared-data bound read-only under /datasets" in log, log
+    assert "sandbox: bubblewrap" in c.log_text(c.host("a"))

@@ -1,13 +1,11 @@
-"""Datasets: the path rules (``core.datasets``), the spec's field, the worker's resolution at attempt start, the
-read-only mount (``workers.mount_entry``, as root where the host allows mount namespaces) and the recipe's
+"""Datasets: the path rules (``core.datasets``), the spec's field, the worker's resolution at attempt start and the
+directory it opens for the sandbox's read-only bind (``workers.datasets.open_checked``), and the recipe's
 ``datasets=`` keyword."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +15,8 @@ from pydantic import BaseModel
 from core.datasets import DatasetPathError, check_relative, resolve
 from core.spec import JobSpec, SpecError, parse_spec_data
 from core.trainer_protocol import ENV_DATASETS
-from tests.support.deps import missing, require_module
-from workers.datasets import DatasetUnavailable, Resolved, resolve_all
-from workers.mount_entry import probe
+from tests.support.deps import require_module
+from workers.datasets import DatasetUnavailable, Resolved, open_checked, resolve_all
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -163,59 +160,27 @@ def test_no_spec_field_names_a_host_path() -> None:
         parse_spec_data({**BASE, "checkpointing": {"local_dir": "/etc"}})
 
 
-def _mounts_work() -> bool:
-    return os.geteuid() == 0 and probe_in_child() is None
-
-
-def probe_in_child() -> str | None:
-    r = subprocess.run([sys.executable, "-m", "workers.mount_entry", "--probe"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=60)  # fmt: skip
-    return None if r.returncode == 0 else r.stderr.strip() or "failed"
-
-
-@pytest.fixture
-def needs_mounts() -> None:
-    if not _mounts_work():
-        missing("needs root and mount namespaces (the CI runs as root)")
-
-
-@pytest.mark.usefixtures("needs_mounts")
-def test_a_write_into_a_mounted_dataset_fails_with_erofs(storage: Path, tmp_path: Path) -> None:
+def test_a_dataset_swapped_for_a_link_after_its_check_is_refused_when_opened(storage: Path, tmp_path: Path) -> None:
+    """The worker opens the directory bubblewrap will bind (``O_NOFOLLOW``) and checks what it opened: a link swapped
+    in between the resolve and the launch is refused, not followed."""
     source = (storage / "datasets" / "default" / "digits").resolve()
-    area = source.parent
-    target = tmp_path / "run" / "datasets" / "digits"
-    target.mkdir(parents=True)
-    script = f"import os; print(open({str(target / 'a.npz')!r}, 'rb').read());open({str(target / 'new')!r}, 'w')"
-    r = subprocess.run(
-        [sys.executable, "-m", "workers.mount_entry", "--bind", str(source), str(area), str(target), "--",
-         sys.executable, "-c", script],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "b'x'" in r.stdout  # read through the mount
-    assert "OSError: [Errno 30] Read-only file system" in r.stderr, r.stderr
-    assert not (source / "new").exists()
-    assert not os.path.ismount(target)  # the mount lived in the attempt's namespace only
-    assert os.listdir(target) == []
-
-
-@pytest.mark.usefixtures("needs_mounts")
-def test_the_mount_helper_refuses_a_source_outside_its_area(storage: Path, tmp_path: Path) -> None:
-    target = tmp_path / "t"
-    target.mkdir()
-    r = subprocess.run(
-        [sys.executable, "-m", "workers.mount_entry", "--bind", str(storage / "checkpoints" / "3"),
-         str((storage / "datasets" / "default").resolve()), str(target), "--", "true"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert r.returncode == 70 and "outside" in r.stderr, r.stderr
-
-
-def test_probe_says_why_not_when_not_root() -> None:
-    if os.geteuid() == 0:
-        assert probe_in_child() is None or isinstance(probe_in_child(), str)
-    else:
-        assert probe() is not None
+    dataset = Resolved(name="digits", source=source, area=source.parent)
+    fd = open_checked(dataset)
+    try:
+        assert os.readlink(f"/proc/self/fd/{fd}") == str(source)
+    finally:
+        os.close(fd)
+    moved = tmp_path / "moved"
+    source.rename(moved)
+    source.symlink_to(storage / "checkpoints")
+    with pytest.raises(OSError):
+        open_checked(dataset)
+    source.unlink()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    escaped = Resolved(name="digits", source=outside, area=source.parent)
+    with pytest.raises(DatasetUnavailable, match="outside its area"):
+        open_checked(escaped)
 
 
 def test_the_recipe_gets_datasets_where_it_asks_for_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
