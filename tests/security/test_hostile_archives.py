@@ -7,10 +7,11 @@ archive below wrote ``newfile`` next to the destination. A 0.5 MB pax header of 
 memory.
 
 Now every archive of ``tarcraft.hostile`` (at the API's default limits: up to 64 MiB of gzip, 512 MiB unpacked,
-20,000 entries) is refused by the real API process (uvicorn) with problem+json within 2 s, its memory (RSS, the
-peak while the request runs) growing by 50 MB at most, and nothing is stored. The worker's side runs as the sandbox
-runs it: ``python -m core.code_archive extract`` in a process of its own, which refuses them too (exit 65) and
-unpacks what is accepted inside its destination only; the CLI's packing of the examples is still accepted."""
+20,000 entries) is refused by the real API process (uvicorn) with problem+json within seconds (1.46 s at most on an
+idle box), its memory (RSS, the peak while the request runs) growing by 50 MB at most, and nothing is stored. The
+worker's side runs as the sandbox runs it: ``python -m core.code_archive extract`` in a process of its own, which
+refuses them too (exit 65) and unpacks what is accepted inside its destination only; the CLI's packing of the
+examples is still accepted."""
 
 from __future__ import annotations
 
@@ -41,7 +42,10 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 SITE_PACKAGES = f"{sys.prefix}/lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
 HOSTILE = tc.hostile(SITE_PACKAGES, full=True)
-MAX_SECONDS = 2.0
+# The API answered each within 1.46 s on an idle 2-core box (bench/archive_check_bench.py keeps the figure); a test
+# on a CI box loaded by the other half of the suite holds the order of magnitude (the old check: 7-20 s), not the
+# figure, which is the bench's to measure.
+MAX_SECONDS = 6.0
 MAX_GROWTH = 50_000_000
 UPLOAD_LIMIT = 64 << 20  # the API's default (KILN_ARTIFACT_MAX_UPLOAD_BYTES)
 LIMIT_ARGS = ["--max-unpacked-bytes", str(512 << 20), "--max-entries", "20000"]  # the defaults
