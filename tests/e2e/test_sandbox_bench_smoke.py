@@ -1,0 +1,43 @@
+"""The sandbox's benches in their smoke modes, so neither rots on main: ``bench/sandbox_bench.py --smoke`` (the
+shipped tiny example through two ``kiln up``s, the sandbox off and on) and ``bench/sandbox_gpu_probe.py --smoke``
+(the worker's sandbox called directly). Their figures are the GPU host's; here only that they run and what they say
+holds: the sandboxed job ran in its sandbox, as another uid, and trained to the same loss."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def bench(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "out.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_") and k != "OUT"}
+    done = subprocess.run(
+        [sys.executable, *args, "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=540
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_the_sandbox_bench_runs_the_example_with_the_sandbox_off_and_on(tmp_path: Path) -> None:
+    got = bench(tmp_path, "bench/sandbox_bench.py", "--smoke", "--example", "tiny")["examples"]["tiny"]
+    assert got["runs"]["sandboxed"]["sandboxed_in_log"] and not got["runs"]["baseline"]["sandboxed_in_log"]
+    assert got["sandboxed_vs_baseline"]["same_final_loss"]
+    assert got["runs"]["sandboxed"]["launch_to_first_step_s"] > got["runs"]["sandboxed"]["launch_to_process_s"] > 0
+
+
+def test_the_gpu_probe_runs_the_snippet_in_the_workers_sandbox(tmp_path: Path) -> None:
+    got = bench(tmp_path, "bench/sandbox_gpu_probe.py", "--smoke")
+    assert got["outside"]["returncode"] == 0 and got["sandboxed"]["returncode"] == 0, got
+    assert got["sandboxed"]["finite"] and got["sandboxed"]["dev_nvidia"] == []
+    if os.geteuid() == 0:
+        assert got["sandboxed"]["uid"] != 0
