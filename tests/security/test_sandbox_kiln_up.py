@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import socket
+import subprocess
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,7 +86,7 @@ def test_a_hostile_recipe_and_script_are_denied_everything(up: Up, tmp_path: Pat
     victim_spec["checkpointing"]["every_steps"] = 10
     victim = submit(up, tmp_path, victim_spec, ROOT / "examples" / "digits")
     assert _finished(up, victim)["state"] == "SUCCEEDED", up.logs()
-    victim_team = json.loads(ok(up, "teams", "show", "victims", "-o", "json"))["id"]
+    victim_team = team_id(up, "victims")
 
     listener = socket.create_server(("0.0.0.0", 0))  # something the host's network would answer on
     host_ip = next(
@@ -124,7 +125,15 @@ def test_a_hostile_recipe_and_script_are_denied_everything(up: Up, tmp_path: Pat
         "venv": Path(sysconfig.get_paths()["purelib"]),
         "config": Path(up.env["XDG_CONFIG_HOME"]),
     }
+    site = Path(sysconfig.get_paths()["purelib"])
+
+    def runtime() -> tuple[list[str], dict[str, str]]:  # kiln's virtualenv: what a .pth or module planted changes
+        return sorted(os.listdir(site)), {
+            p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in site.glob("*.pth")
+        }
+
     before = {name: tree_digest(path) for name, path in watched.items()}
+    runtime_before = runtime()
     assert before["checkpoints"] and before["artifacts"] and before["logs"]
 
     common = {
@@ -173,5 +182,59 @@ def test_a_hostile_recipe_and_script_are_denied_everything(up: Up, tmp_path: Pat
     assert f"uid {team_uid} gid {team_uid}" in (storage / "logs" / commit / "1.log").read_text()
 
     assert {name: tree_digest(path) for name, path in watched.items()} == before
+    assert runtime() == runtime_before
     left = [p.info for p in psutil.process_iter(["pid", "uids", "cmdline"]) if p.info["uids"].real == team_uid]
     assert not left, left
+
+    # As if out of its namespaces: the attacker's uid, on the host itself, opens none of the other team's or kiln's
+    # files (each team's directories are its uid's, 0700; kiln's are kiln's), even with every directory above the
+    # storage root open to it, as a shared filesystem's mount point is.
+    own = [storage / "datasets" / "attackers", storage / "artifacts" / str(team_id(up, "attackers"))]
+    own += [
+        storage / d / job for job in (recipe, script, commit) for d in ("runs", "logs", "checkpoints", "compile_cache")
+    ]
+    others = [p for p in up.home.rglob("*") if p.is_file() and not any(p.is_relative_to(o) for o in own)]
+    assert len(others) > 20 and any(p.is_relative_to(storage / "checkpoints" / victim) for p in others)
+    opened = [(d, d.stat().st_mode) for d in storage.parents if not d.stat().st_mode & 0o001]
+    try:
+        for d, mode in opened:
+            d.chmod(mode | 0o001)
+        assert readable_by(team_uid, others) == []
+        mine = storage / "checkpoints" / commit / "step_00000004" / "state.txt"
+        assert readable_by(team_uid, [mine]) == [str(mine)]  # the check can say yes: its own files
+    finally:
+        for d, mode in opened:
+            d.chmod(mode)
+
+
+def team_id(up: Up, team: str) -> int:
+    return int(json.loads(ok(up, "teams", "show", team, "-o", "json"))["id"])
+
+
+def readable_by(uid: int, paths: list[Path]) -> list[str]:
+    """Which of ``paths`` a process of ``uid`` (no groups, no capabilities) can open, outside any sandbox."""
+    script = (
+        "import sys\n"
+        "for p in sys.stdin.read().split('\\0'):\n"
+        "    try: open(p, 'rb').read(1); print(p)\n"
+        "    except OSError: pass"
+    )
+    done = subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            script,
+        ],
+        input="\0".join(str(p) for p in paths),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
