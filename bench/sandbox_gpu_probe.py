@@ -31,6 +31,11 @@ from workers.sandbox import NVIDIA_CONTROL_DEVICES, Sandbox, View  # noqa: E402
 SNIPPET = """
 import glob, json, os, torch
 out = {"uid": os.getuid(), "dev_nvidia": sorted(glob.glob("/dev/nvidia*")), "cuda": torch.cuda.is_available()}
+if not out["cuda"]:
+    try:
+        torch.cuda.init()
+    except Exception as exc:
+        out["cuda_error"] = repr(exc)[:300]
 dev = "cuda" if out["cuda"] else "cpu"
 n = 8192 if dev == "cuda" else 512
 a = torch.randn(n, n, device=dev, dtype=torch.bfloat16 if dev == "cuda" else torch.float32)
@@ -75,6 +80,43 @@ def run(argv: list[str], env: dict[str, str], fds: list[int] | None = None) -> d
     return out
 
 
+def mps_variants(
+    argv: list[str], env: dict[str, str], sandbox: Sandbox, py: list[str], view: View, user: AttemptUser | None
+) -> dict[str, Any]:
+    """What an MPS client in the sandbox needs of the host: its /dev/shm, its IPC namespace, its PID namespace."""
+    out: dict[str, Any] = {}
+    changes = {
+        "host_shm": lambda a: _replace(
+            a, ["--perms", "1777", "--tmpfs", "/dev/shm"], ["--bind", "/dev/shm", "/dev/shm"]
+        ),
+        "host_ipc": lambda a: [x for x in a if x != "--unshare-ipc"],
+        "host_pid": lambda a: [x for x in a if x != "--unshare-pid"],
+    }
+    combos = [
+        ("host_shm",),
+        ("host_shm", "host_ipc"),
+        ("host_shm", "host_pid"),
+        ("host_ipc", "host_pid"),
+        ("host_shm", "host_ipc", "host_pid"),
+    ]
+    for combo in combos:
+        launch = sandbox.command(py, view, user=user)
+        args = launch.argv
+        for name in combo:
+            args = changes[name](args)
+        got = run(args, env, launch.fds)
+        launch.close()
+        out["+".join(combo)] = {k: got.get(k) for k in ("returncode", "cuda", "cuda_error", "tflops", "stderr")}
+    return out
+
+
+def _replace(argv: list[str], old: list[str], new: list[str]) -> list[str]:
+    for i in range(len(argv) - len(old) + 1):
+        if argv[i : i + len(old)] == old:
+            return argv[:i] + new + argv[i + len(old) :]
+    return argv
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true")
@@ -112,6 +154,7 @@ def main() -> None:
             result["sandboxed_mps_50pct"] = run(launch.argv, share, launch.fds)
             launch.close()
             result["outside_mps_50pct"] = run(py, share)
+            result["mps_variants"] = mps_variants(launch.argv, share, sandbox, py, view, user)
             daemon.stop()
     base, box = result["outside"].get("tflops"), result["sandboxed"].get("tflops")
     result["sandboxed_vs_outside_tflops"] = round(box / base, 4) if base and box else None

@@ -382,7 +382,12 @@ def _local_host(database_url: str) -> None:
     )
     by_type = {t: len(gs) for t, gs in groups.items()}
     mps = shutil.which("nvidia-cuda-mps-control")
-    console.print(f"{TAG} this host: {described}; MPS " + (f"available ({mps})" if mps else "not installed"))
+    if mps and os.environ.get("KILN_ISOLATION", "sandbox") != "none":
+        # workers/__main__.py: an MPS client cannot connect from inside the sandbox yet, so no shares are offered
+        said = f"installed ({mps}), but GPU shares are off while jobs run sandboxed (docs/security.md)"
+    else:
+        said = f"available ({mps})" if mps else "not installed"
+    console.print(f"{TAG} this host: {described}; MPS {said}")
     try:
         added = give_default_team_gpus(database_url, by_type)
     except BootstrapError as exc:

@@ -89,7 +89,15 @@ def main(argv: list[str] | None = None) -> None:
         agent.record_isolation(db, host_isolation.mode, host_isolation.describe_sandbox())
     attempt_setup.GPU_MINORS.update({g.uuid: g.minor for g in inventory.discover() if g.minor is not None})
     daemon = None
-    if has_gpus:  # fractional jobs share GPUs through the host's MPS daemon (its state goes out with the heartbeat)
+    if has_gpus and host_isolation.sandbox is not None:
+        # Measured on an H100 (2026-12-06): a client in the sandbox, as its team's uid, is refused by the control
+        # daemon ("User did not send valid credentials", CUDA error 805) while the same uid outside connects; a
+        # share would fail at its first CUDA call. Fail closed: no daemon, so the scheduler places no share here.
+        log.warning(
+            "MPS: not offered on a host that sandboxes attempts: an MPS client cannot connect from inside "
+            "the sandbox yet (docs/security.md); GPU shares run only where KILN_ISOLATION=none"
+        )
+    elif has_gpus:  # fractional jobs share GPUs through the host's MPS daemon (its state goes out with the heartbeat)
         daemon = mps.configure(settings.mps, settings.mps_control, settings.resolved_storage_dir / "mps" / args.host,
                                for_team_users=host_isolation.users.enabled)  # fmt: skip
         log.info(

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.code_archive import ArchiveError, artifact_path, extract
 from core.settings import Settings
@@ -69,7 +70,7 @@ def prepare(proc: TrainerProcess, claimed: Claimed, dirs: AttemptDirs, host: Iso
     if user is not None:
         for directory in dirs.writable:
             in_tier = directory == dirs.local_dir and dirs.local_root is not None
-            user.take(directory, stop=dirs.local_root if in_tier and dirs.local_root else dirs.storage)
+            user.take(directory, stop=(dirs.local_root or dirs.storage) if in_tier else dirs.storage)
         proc.log_owner = user.uid
         proc.log_line(f"running as uid {user.uid} gid {user.gid}: no capabilities, no_new_privs")
     code_dir = unpack_code(proc, claimed, dirs, sandbox, user, settings)
@@ -106,9 +107,9 @@ def wrap(
         read_only_fds=tuple(binds),
         devices=gpu_devices(claimed.gpus),
         shared=mps_dirs(claimed),
-        host_network=claimed.rendezvous is not None,
         cwd=dirs.run_dir,
         lifeline_fd=lifeline,
+        **gang_names(claimed),
     )
     launch = sandbox.command(proc.argv, view, user=user)
     proc.argv = launch.argv
@@ -119,6 +120,22 @@ def wrap(
         proc.log_line(f"datasets {', '.join(d.name for d in datasets)} bound read-only under /datasets")
     network = "the host's (a gang's node)" if view.host_network else "loopback only"
     proc.log_line(f"sandboxed (bubblewrap): {len(view.devices)} device nodes, network {network}")
+
+
+def gang_names(claimed: Claimed) -> dict[str, Any]:
+    """A gang's node keeps the host's network, and a hostname of its own that every node resolves: torch's c10d
+    rendezvous tells the nodes node 0's hostname (as ``MASTER_ADDR``), tells participants apart by hostname and pid
+    (two nodes on one host, each pid 3 in its own PID namespace, would be one), and gloo advertises the address its
+    own hostname resolves to."""
+    rdzv = claimed.rendezvous
+    if rdzv is None:
+        return {}
+    name = f"kiln-{claimed.job_id}-{claimed.attempt_number}-node{{}}"
+    head = socket.gethostbyname(rdzv.endpoint.rsplit(":", 1)[0])
+    hosts = [(head, name.format(0))]
+    if rdzv.node_rank != 0:  # its own name first: an address's first name is what its reverse lookup gives
+        hosts.insert(0, (socket.gethostbyname(claimed.address or socket.gethostname()), name.format(rdzv.node_rank)))
+    return {"host_network": True, "hostname": name.format(rdzv.node_rank), "hosts": tuple(hosts)}
 
 
 def gpu_devices(gpus: list[GPU]) -> tuple[Path, ...]:

@@ -24,4 +24,5 @@ class Claimed:
     ran_before_s: float  # the job's earlier attempts' run time, which its time limit counts too
     deployment: str  # the database's uid (core.deployment): a job's number is unique in one database only
     team: str = ""
+    address: str | None = None  # where the other nodes of a gang reach this host (its worker's --address)
     datasets: dict[str, str] = field(default_factory=dict)  # name -> registered path, of those still registered

@@ -96,6 +96,8 @@ class View:
     devices: tuple[Path, ...] = ()  # device nodes (the attempt's GPUs)
     shared: tuple[Path, ...] = ()  # host directories bound writable as they are (the MPS pipe directory)
     host_network: bool = False  # a gang's node: the host's network, for the rendezvous and NCCL
+    hostname: str = SANDBOX_HOSTNAME
+    hosts: tuple[tuple[str, str], ...] = ()  # (address, name) the sandbox's /etc/hosts adds: a gang's node names
     cwd: Path | None = None
     lifeline_fd: int | None = None  # the read end of a pipe the worker holds open (workers.sandbox_shim)
 
@@ -174,7 +176,7 @@ class Sandbox:
         """``argv`` run inside the sandbox described by ``view``, as ``user`` (root workers only)."""
         made: set[Path] = {Path("/")}
         uid, gid = (user.uid, user.gid) if user is not None else (os.geteuid(), os.getegid())
-        files = _etc_files(uid, gid, home=view.cwd or Path("/tmp"), host_network=view.host_network)
+        files = _etc_files(uid, gid, home=view.cwd or Path("/tmp"), view=view)
         cmd = [self.bwrap, *self._namespaces(view), *self._runtime(made), *self._attempt(view, made)]
         fds = []
         for name, content in files.items():
@@ -198,7 +200,7 @@ class Sandbox:
             args += ["--unshare-user", "--disable-userns"]
         if not view.host_network:
             args += ["--unshare-net"]
-        args += ["--hostname", SANDBOX_HOSTNAME if not view.host_network else os.uname().nodename]
+        args += ["--hostname", view.hostname]
         return args
 
     def _runtime(self, made: set[Path]) -> list[str]:
@@ -210,7 +212,9 @@ class Sandbox:
             elif path.is_dir():
                 args += ["--ro-bind", str(path), str(path)]
             made.add(path)
-        for name in ETC_FILES:
+        # Debian's Python keeps part of its standard library's files in /etc/python3.X (sitecustomize.py is a link
+        # there): without it the stdlib has dangling links (the gpt recipe's corpus reads every file of it).
+        for name in (*ETC_FILES, *sorted(p.name for p in Path("/etc").glob("python3*"))):
             path = Path("/etc") / name
             if path.exists() or path.is_symlink():
                 args += _parents(path, made) + ["--ro-bind", str(path), str(path)]
@@ -238,13 +242,8 @@ class Sandbox:
             made.add(where)
         for device in view.devices:
             args += ["--dev-bind", str(device), str(device)]
-        if view.host_network:  # the host's names, as the other nodes of the gang know them
-            args += [
-                a
-                for name in ("hosts", "resolv.conf")
-                if Path("/etc", name).exists()
-                for a in ("--ro-bind", f"/etc/{name}", f"/etc/{name}")
-            ]
+        if view.host_network and Path("/etc/resolv.conf").exists():  # the host's names, as the gang's nodes know them
+            args += ["--ro-bind", "/etc/resolv.conf", "/etc/resolv.conf"]
         return args
 
 
@@ -259,22 +258,29 @@ def _parents(path: Path, made: set[Path]) -> list[str]:
     return args
 
 
-def _etc_files(uid: int, gid: int, *, home: Path, host_network: bool) -> dict[str, str]:
-    """The attempt's own ``passwd`` and ``group`` (its uid has a name, the host's users are not listed) and, in
-    a network namespace of its own, a ``hosts`` that resolves its hostname to the loopback (gloo looks it up)."""
+def _etc_files(uid: int, gid: int, *, home: Path, view: View) -> dict[str, str]:
+    """The attempt's own ``passwd`` and ``group`` (its uid has a name, the host's users are not listed), and its
+    ``hosts``: in a network namespace of its own, its hostname on the loopback (gloo looks it up); a gang's node, the
+    host's names and the gang's own (torch's rendezvous tells the nodes node 0's hostname, and gloo advertises the
+    address its own hostname resolves to)."""
     files = {
         "passwd": f"root:x:0:0:root:/root:/usr/sbin/nologin\nkiln:x:{uid}:{gid}:kiln attempt:{home}:/usr/sbin/nologin\n"
         "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
         "group": f"root:x:0:\nkiln:x:{gid}:\nnogroup:x:65534:\n",
     }
-    if not host_network:
-        files["hosts"] = f"127.0.0.1 localhost {SANDBOX_HOSTNAME}\n::1 localhost ip6-localhost ip6-loopback\n"
+    if view.host_network:  # the gang's names first: torch's node names come from reverse lookups of their addresses
+        host = Path("/etc/hosts").read_text() if Path("/etc/hosts").exists() else "127.0.0.1 localhost\n"
+        files["hosts"] = "".join(f"{address} {name}\n" for address, name in view.hosts) + host
+    else:
+        files["hosts"] = f"127.0.0.1 localhost {view.hostname}\n::1 localhost ip6-localhost ip6-loopback\n"
     return files
 
 
 def _data_fd(content: str) -> int:
-    """A pipe's read end holding ``content`` (a few hundred bytes: well within the pipe's buffer), for bwrap's
-    ``--ro-bind-data``."""
+    """A pipe's read end holding ``content`` (a few hundred bytes, or a host's /etc/hosts: within the pipe's 64 KiB
+    buffer, so nothing waits for bwrap to read it), for bwrap's ``--ro-bind-data``."""
+    if len(content.encode()) > 60_000:
+        raise ValueError(f"{len(content)} bytes for the sandbox's /etc: more than a pipe holds")
     read, write = os.pipe()
     try:
         os.write(write, content.encode())

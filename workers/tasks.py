@@ -240,6 +240,7 @@ def claim(
         placement=placement, gpus=gpus,
         qos=qos, host_links=dict(host_row.links or {}) if host_row else {}, rendezvous=rendezvous,
         ran_before_s=job.ran_s(now, besides=attempt.id), team=team.name if team is not None else "",
+        address=host_row.address if host_row is not None else None,
         datasets=datasets_svc.paths_for(db, team_id=job.team_id, names=names), deployment=deployment_uid(db),
     )  # fmt: skip
 

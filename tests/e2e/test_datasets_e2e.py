@@ -103,7 +103,7 @@ def _job_id(out: str) -> str:
 
 def test_a_job_trains_on_a_read_only_dataset(kiln_up: Up, tmp_path: Path) -> None:
     up = kiln_up
-    said = "datasets: read-only bind mounts in a private mount namespace"
+    said = "sandbox: bubblewrap"
 
     def started() -> str:
         return "\n".join(p.read_text() for p in (up.home / "logs").glob("*.log")) + up.output()
@@ -146,8 +146,8 @@ def test_a_job_trains_on_a_read_only_dataset(kiln_up: Up, tmp_path: Path) -> Non
     described = up.kiln("describe", job_id).stdout
     assert "digits-npz (read-only)" in described, described
     log = next((up.home / "storage" / "logs" / job_id).glob("*.log")).read_text()
-    assert "datasets digits-npz mounted read-only at" in log, log
-    assert "1 dataset(s) mounted read-only in a private mount namespace" in log, log
+    assert "datasets digits-npz bound read-only under /datasets" in log, log
+    assert "inside its bubblewrap sandbox" in log, log
 
     dashboard_shows_the_datasets(up, job_id)
 

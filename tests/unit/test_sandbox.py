@@ -140,3 +140,17 @@ def test_a_range_that_holds_a_hosts_user_is_refused() -> None:
     clash = users.check_range("ab" * 16)
     assert clash is not None and "nobody" in clash and "KILN_ATTEMPT_UID_BASE" in clash
     assert AttemptUsers(Settings()).check_range("ab" * 16) is None
+
+
+def test_a_gang_node_names_itself_and_node_0_first_in_its_hosts() -> None:
+    """torch's c10d rendezvous names a node by the reverse lookup of its address and hands node 0's name out as the
+    address to meet at: two nodes on one host (each pid 3 in its own PID namespace) once waited for ever as one."""
+    hosts = (("10.0.0.6", "kiln-5-1-node1"), ("10.0.0.5", "kiln-5-1-node0"))
+    launch = command(View(host_network=True, hostname="kiln-5-1-node1", hosts=hosts))
+    try:
+        opts = launch.argv[: launch.argv.index("--")]
+        assert opts[opts.index("--hostname") + 1] == "kiln-5-1-node1"
+        files = {dst: os.read(int(fd), 65536).decode() for fd, dst in binds(launch.argv)["--ro-bind-data"]}
+        assert files["/etc/hosts"].startswith("10.0.0.6 kiln-5-1-node1\n10.0.0.5 kiln-5-1-node0\n")
+    finally:
+        launch.close()
