@@ -39,14 +39,19 @@ def _read(path: str) -> str:
     raise Succeeded(f"read {len(data)} bytes of {path}")
 
 
-def _read_any(paths: list[str]) -> str:
+def _each(action: Callable[[str], object], paths: list[str]) -> str:
+    """``action`` on every path (it raises Succeeded when one works); the OS's refusals, one per path."""
     errors = []
     for path in paths:
         try:
-            _read(path)
+            action(path)
         except OSError as exc:
             errors.append(f"{path}: {exc.strerror}")
     return "; ".join(errors)
+
+
+def _read_any(paths: list[str]) -> str:
+    return _each(_read, paths)
 
 
 def _listing(path: str) -> list[str]:
@@ -122,13 +127,7 @@ def _write(path: str) -> None:
 
 
 def _write_any(paths: list[str]) -> str:
-    errors = []
-    for path in paths:
-        try:
-            _write(path)
-        except OSError as exc:
-            errors.append(f"{path}: {exc.strerror}")
-    return "; ".join(errors)
+    return _each(_write, paths)
 
 
 @attack
