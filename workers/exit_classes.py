@@ -47,12 +47,20 @@ def _describe(code: int, *, asked: bool = False) -> str:
 
 
 def classify(
-    rank_codes: dict[int, int], launcher_code: int, stop: StopRequest | None, rank_errors: dict[int, str] | None = None
+    rank_codes: dict[int, int],
+    launcher_code: int,
+    stop: StopRequest | None,
+    rank_errors: dict[int, str] | None = None,
+    *,
+    ranks: range | None = None,
+    backend: str = "NCCL",
 ) -> Outcome:
     """``rank_codes``: the exit code each rank recorded (a rank killed by a signal records none).
 
     ``launcher_code`` is torchrun's own code, which only says "some rank failed"; the ranks' codes say how.
-    ``rank_errors``: the exception line a rank gave in its last telemetry record, when it had one.
+    ``rank_errors``: the exception line a rank gave in its last telemetry record, when it had one. ``ranks``: the
+    ranks this node ran, when known (one node: all of them), so that a rank that died without a code is named;
+    ``backend``: the collectives' library, as the user knows it (NCCL on GPUs, gloo on CPUs).
     """
     codes = set(rank_codes.values())
     worst = next((c for c in rank_codes.values() if c != 0), launcher_code)
@@ -87,7 +95,15 @@ def classify(
     if ExitCode.TOO_MANY_SPIKES in codes:  # the trainer's line says how it diverged (spikes, non-finite steps)
         return Outcome(ExitClass.USER_ERROR, first_line(ExitCode.TOO_MANY_SPIKES) or f"training diverged ({detail})")
     if ExitCode.NCCL_ERROR in codes:
-        return Outcome(ExitClass.NCCL_ERROR, f"NCCL error ({detail})")
+        dead = [r for r in ranks or () if r not in rank_codes]
+        if dead:  # the peer that died first is the cause; the others only saw their collective fail
+            said = ", ".join(f"rank {r}" for r in dead)
+            return Outcome(
+                ExitClass.NCCL_ERROR,
+                f"{backend} error: {said} died without an exit code (killed by a signal) and the others' "
+                f"collectives failed ({detail})",
+            )
+        return Outcome(ExitClass.NCCL_ERROR, f"{backend} error ({detail})")
     if ExitCode.LEASE_EXPIRED in codes:
         return Outcome(ExitClass.INFRASTRUCTURE, f"lease expired: the worker could not renew it in time ({detail})")
     if ExitCode.PREEMPTED in codes:

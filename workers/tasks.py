@@ -538,7 +538,16 @@ class AttemptRunner:
         if left:
             self.proc.log_line(f"killed ranks left behind by torchrun: {left}")
         self.buffer.extend(self.read_telemetry())
-        outcome = forced or classify(self.proc.rank_exit_codes(), launcher_code, self.stop, self.rank_errors)
+        node = self.claimed.placement[self.node_rank]
+        slots = len(node.get("gpus") or []) or int(node.get("slots") or 1)
+        outcome = forced or classify(
+            self.proc.rank_exit_codes(),
+            launcher_code,
+            self.stop,
+            self.rank_errors,
+            ranks=range(slots) if self.claimed.rendezvous is None else None,  # a gang's ranks: set at its rendezvous
+            backend="NCCL" if self.claimed.gpus else "gloo",
+        )
         confinement = self.proc.confinement
         if outcome.exit_class is ExitClass.INFRASTRUCTURE and confinement is not None and confinement.oom_killed():
             limit = confinement.limits.memory_bytes

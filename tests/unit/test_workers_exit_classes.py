@@ -84,6 +84,17 @@ CASES: dict[str, tuple[dict[int, int], int, StopRequest | None, dict[int, str], 
 }
 
 
+def test_a_rank_that_died_is_named_as_the_cause_of_its_peers_collective_errors() -> None:
+    """A two-rank CPU job whose rank 1 was killed read "NCCL error (rank 0: exit code 79)": neither the rank that
+    died nor the library (gloo) was named."""
+    outcome = classify({0: 79}, 1, None, ranks=range(2), backend="gloo")
+    assert outcome.exit_class is ExitClass.NCCL_ERROR
+    assert outcome.reason.startswith("gloo error: rank 1 died without an exit code (killed by a signal)"), outcome
+    assert "rank 0: exit code 79" in outcome.reason
+    gang = classify({0: 79}, 1, None, ranks=None, backend="NCCL")  # a gang's node: its ranks' numbers are not known
+    assert gang.reason.startswith("NCCL error (rank 0: exit code 79"), gang
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_classify(name: str) -> None:
     codes, launcher, stop, errors, cls, reason = CASES[name]
