@@ -11,7 +11,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.bodies import MAX_DEPTH, DocumentError, json_depth
+from api.bodies import MAX_DEPTH, DocumentError, check_json
 from api.errors import PROBLEM_JSON, problem_body
 
 
@@ -31,7 +31,7 @@ class BodyLimitMiddleware:
     """413 for bodies over ``max_bytes``: counts the bytes as they arrive (Content-Length is only a first check,
     a chunked or lying client is cut off at the limit), then replays the buffered body to the app. A JSON body (or
     one without a type, which FastAPI reads as JSON) nested deeper than ``max_depth`` answers 422 before anything
-    parses it (``api.bodies.json_depth``)."""
+    parses it (``api.bodies.check_json``)."""
 
     def __init__(
         self, app: ASGIApp, max_bytes: int, streamed: re.Pattern[str] | None = None, max_depth: int = MAX_DEPTH
@@ -73,10 +73,12 @@ class BodyLimitMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        if _json_typed(scope) and json_depth(body, self.max_depth) > self.max_depth:
-            refused = DocumentError(f"the document is nested more than {self.max_depth} levels deep", "depth")
-            await _send_problem(send, 422, str(refused), path, errors=refused.errors)
-            return
+        if _json_typed(scope):  # every JSON body, the routes' own included: they need not check again
+            try:
+                check_json(body, self.max_depth)
+            except DocumentError as refused:
+                await _send_problem(send, 422, str(refused), path, errors=refused.errors)
+                return
         replayed = False
 
         async def replay() -> Message:

@@ -36,6 +36,9 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
 
 TERMINAL: frozenset[JobState] = frozenset(s for s, targets in TRANSITIONS.items() if not targets)
 ACTIVE: frozenset[JobState] = frozenset({S.ADMITTED, S.RUNNING, S.PREEMPTING, S.PAUSED})
+# Every job that has not ended (queued, held or not, admitted, running, preempting, paused, lost): what a team's cap
+# on its jobs counts (KILN_MAX_UNFINISHED_JOBS_PER_TEAM), in a fixed order for the SQL that names them.
+UNFINISHED: tuple[str, ...] = tuple(sorted(s.value for s in JobState if s not in TERMINAL))
 
 
 class AttemptState(enum.StrEnum):

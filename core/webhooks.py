@@ -217,16 +217,23 @@ def target_refusal(url: str, *, allow_private: bool) -> str | None:
         return "the URL must not carry a user name or password (the signature authenticates kiln)"
     if allow_private:
         return None
+    _, why = checked_addresses(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80))
+    return why
+
+
+def checked_addresses(host: str, port: int) -> tuple[list[str], str | None]:
+    """The addresses ``host`` resolves to (each once, in the resolver's order), and why it is refused: it does not
+    resolve, or any of them is not globally reachable (``address_refusal``); None when every one is."""
     try:
-        infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if parts.scheme == "https" else 80),
-                                   type=socket.SOCK_STREAM)  # fmt: skip
-    except (socket.gaierror, UnicodeError, ValueError):
-        return f"the host {parts.hostname!r} does not resolve"
-    for info in infos:
-        why = address_refusal(str(info[4][0]))
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError, ValueError):
+        return [], f"the host {host!r} does not resolve"
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+    for address in addresses:
+        why = address_refusal(address)
         if why is not None:
-            return f"{parts.hostname} resolves to {why} ({ALLOW_PRIVATE_HINT})"
-    return None
+            return addresses, f"{host} resolves to {why} ({ALLOW_PRIVATE_HINT})"
+    return addresses, None
 
 
 ALLOW_PRIVATE_HINT = "KILN_WEBHOOK_ALLOW_PRIVATE_TARGETS allows targets that are not globally reachable"

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
             log.error("%s", clash)
             raise SystemExit(2)
         agent.record_isolation(db, host_isolation.mode, host_isolation.describe_sandbox())
-    attempt_setup.GPU_MINORS.update({g.uuid: g.minor for g in inventory.discover() if g.minor is not None})
+    attempt_setup.GPU_MINORS.update({g.uuid: g.minor for g in agent.discovered if g.minor is not None})
     daemon = None
     if has_gpus and host_isolation.sandbox is not None:
         # Measured on an H100 (2026-12-06): a client in the sandbox, as its team's uid, is refused by the control

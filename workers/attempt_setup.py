@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.code_archive import ArchiveError, artifact_path, extract
+from core.code_archive import EX_DATAERR, ArchiveError, artifact_path, extract
 from core.settings import Settings
 from core.spec import runs_team_code
 from core.trainer_protocol import ENV_CODE_DIR
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from core.models import GPU
 
 UNPACK_TIMEOUT_S = 600.0
-EX_DATAERR = 65  # ``python -m core.code_archive extract``: the archive breaks a rule
 # A GPU's device node is /dev/nvidia<minor>; the worker learns the minors from NVML when it starts.
 GPU_MINORS: dict[str, int] = {}
 

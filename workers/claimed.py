@@ -26,3 +26,8 @@ class Claimed:
     team: str = ""
     address: str | None = None  # where the other nodes of a gang reach this host (its worker's --address)
     datasets: dict[str, str] = field(default_factory=dict)  # name -> registered path, of those still registered
+
+    def slots(self, node_rank: int) -> int:
+        """The training processes of one node: one per GPU, or its CPU slots."""
+        node = self.placement[node_rank]
+        return len(node.get("gpus") or []) or int(node.get("slots") or 1)

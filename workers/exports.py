@@ -105,14 +105,23 @@ class ExportRunner:
         private_dir(out, gid=self.storage_gid)
         for name in exports.FILES:
             try:
-                st = os.lstat(staging / name)
+                os.rename(staging / name, out / name)
             except OSError as exc:
                 return f"the conversion left no {name}: {exc.strerror}"
-            if not stat.S_ISREG(st.st_mode):
+            # Checked once in kiln's own directory, where nothing of the team's can swap it any more; never followed.
+            try:
+                fd = os.open(out / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:  # a link (ELOOP), or something that cannot be opened as a file
+                os.unlink(out / name)
                 return f"the conversion's {name} is not a regular file"
-            os.rename(staging / name, out / name)
-            os.chown(out / name, 0 if os.geteuid() == 0 else -1, self.storage_gid if self.storage_gid else -1)
-            os.chmod(out / name, 0o640 if self.storage_gid is not None else 0o600)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    os.unlink(out / name)
+                    return f"the conversion's {name} is not a regular file"
+                os.fchown(fd, 0 if os.geteuid() == 0 else -1, self.storage_gid if self.storage_gid else -1)
+                os.fchmod(fd, 0o640 if self.storage_gid is not None else 0o600)
+            finally:
+                os.close(fd)
         return None
 
     def _loop(self) -> None:

@@ -29,7 +29,7 @@ from core.transitions import move_host, record_event
 from workers import mps
 from workers.celery_app import host_queue
 from workers.consumer_probe import ConsumerProbe
-from workers.inventory import Inventory
+from workers.inventory import GpuInfo, Inventory
 from workers.metrics import WorkerMetrics
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,7 @@ class HostAgent:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.slots = 0
+        self.discovered: list[GpuInfo] = []  # what NVML said at the last registration (device minors included)
         self.incarnation = incarnation  # this worker process (tasks.WORKER_INCARNATION)
         self.consumer = consumer  # None: nothing to probe (a test's agent without a Celery worker)
         self.metrics = metrics or WorkerMetrics()
@@ -64,7 +65,7 @@ class HostAgent:
     def register(self, db: Session) -> Host:
         """Create or update the host row and its GPUs (GPUs that disappeared are removed)."""
         now = utcnow()
-        gpus = self.inventory.discover()
+        gpus = self.discovered = self.inventory.discover()
         host = db.scalars(select(Host).where(Host.name == self.name).with_for_update()).first()
         if host is None:
             host = Host(name=self.name, queue=host_queue(self.name), links={}, registered_at=now,

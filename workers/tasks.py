@@ -538,8 +538,7 @@ class AttemptRunner:
         if left:
             self.proc.log_line(f"killed ranks left behind by torchrun: {left}")
         self.buffer.extend(self.read_telemetry())
-        node = self.claimed.placement[self.node_rank]
-        slots = len(node.get("gpus") or []) or int(node.get("slots") or 1)
+        slots = self.claimed.slots(self.node_rank)
         outcome = forced or classify(
             self.proc.rank_exit_codes(),
             launcher_code,
@@ -640,6 +639,7 @@ def claim_delivery(
 ) -> tuple[Claimed, float] | None:
     """Claim in its own committed transaction: the claim and the lease clock read before it, or None if refused."""
     refused: Refused | None = None
+    isolation.current(host, settings)  # detected (a probe process) before the claim's transaction, never in it
     claimed_at = lease_clock()  # before the claim's transaction: the lease file never outlasts its lease
     with session_scope() as db:
         try:
@@ -683,7 +683,7 @@ def _run_claimed(
     compile_dir = storage / "compile_cache" / str(claimed.job_id)
     local_dir = local_tier_dir(settings, claimed)
     node = claimed.placement[node_rank]
-    slots = len(node.get("gpus") or []) or int(node.get("slots") or 1)
+    slots = claimed.slots(node_rank)
     spec_path = run_dir / "spec.json"
     argv, launch_env = launch_command(nproc_per_node=slots, spec_path=spec_path, run_dir=run_dir,
                                       rendezvous=claimed.rendezvous,

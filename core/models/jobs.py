@@ -9,7 +9,9 @@ from sqlalchemy import BigInteger, ForeignKey, Index, String, Text, UniqueConstr
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from core.db import Base, utcnow
-from core.states import AttemptState, JobState
+from core.states import UNFINISHED, AttemptState, JobState
+
+_UNFINISHED_SQL = text("state IN (" + ", ".join(f"'{s}'" for s in UNFINISHED) + ")")
 
 
 class Job(Base):
@@ -73,6 +75,8 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_team_id_id", "team_id", "id"),
         Index("ix_jobs_state_id", "state", "id"),
+        # every submission counts its team's unfinished jobs (the team's cap): only those rows, by team
+        Index("ix_jobs_team_id_unfinished", "team_id", postgresql_where=_UNFINISHED_SQL, sqlite_where=_UNFINISHED_SQL),
         # /metrics and the SLA page read windows of recent submissions and admissions
         Index("ix_jobs_submitted_at", "submitted_at"),
         Index("ix_jobs_admitted_at", "admitted_at"),

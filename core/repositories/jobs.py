@@ -44,7 +44,7 @@ from core.models import (
 )
 from core.queue_wait import current_wait_start_sql
 from core.repositories.keyset import Window, page
-from core.states import ACTIVE, TERMINAL, JobState
+from core.states import ACTIVE, UNFINISHED
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ WITH job AS (
     FROM job
 )
 SELECT job.id, pg_notify(:channel, CAST(job.id AS TEXT)) FROM job
-""".replace("UNFINISHED", ", ".join(f"'{s.value}'" for s in JobState if s not in TERMINAL))
+""".replace("UNFINISHED", ", ".join(f"'{s}'" for s in UNFINISHED))
 )
 # Run as driver SQL (psycopg's %(name)s placeholders): no bind processing or compiled-cache lookup per submission.
 _SUBMIT_PG_SQL = re.sub(r"(?<!:):(\w+)", r"%(\1)s", _SUBMIT_PG.text)
@@ -143,9 +143,6 @@ def insert_submitted(
                              message=event_message, data=dict(event_data), created_at=created)
     )  # fmt: skip
     return job_id
-
-
-UNFINISHED = tuple(s.value for s in JobState if s not in TERMINAL)
 
 
 def count_unfinished(db: Session, team_id: int) -> int:

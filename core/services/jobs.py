@@ -27,6 +27,7 @@ from core.services.fit import Fitted, canonical_gpu_type, check_submission
 from core.services.principal import Principal, require_team, require_team_id
 from core.services.sla import BASE_TERMS, DEFAULT_QOS, TERMS, effective_terms, qos_refusal, restart_refusal
 from core.services.why import Why, explain
+from core.settings import ApiLimits
 from core.spec import JobSpec, did_you_mean, parse_spec_data
 from core.states import TERMINAL, JobState, Reason
 from core.transitions import hold as hold_job
@@ -85,8 +86,8 @@ class JobPage:
 
 
 # A team's unfinished jobs at most, unless the caller says otherwise (the API and the scheduler pass
-# KILN_MAX_UNFINISHED_JOBS_PER_TEAM, whose default this is).
-MAX_UNFINISHED = 1000
+# KILN_MAX_UNFINISHED_JOBS_PER_TEAM): the setting's default, read from the setting.
+MAX_UNFINISHED: int = ApiLimits.model_fields["max_unfinished_jobs_per_team"].default
 
 
 def submit(

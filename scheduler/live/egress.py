@@ -15,14 +15,13 @@ resolve the name itself.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterable
 from typing import Any
 
 import httpcore
 import httpx
 
-from core.webhooks import ALLOW_PRIVATE_HINT, address_refusal
+from core.webhooks import ALLOW_PRIVATE_HINT, address_refusal, checked_addresses
 
 
 class RefusedTarget(httpcore.ConnectError):
@@ -42,15 +41,9 @@ class GuardedBackend(httpcore.NetworkBackend):
     ) -> httpcore.NetworkStream:  # fmt: skip
         if self.allow_private:
             return self.inner.connect_tcp(host, port, timeout, local_address, socket_options)
-        try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except (OSError, UnicodeError) as exc:
-            raise httpcore.ConnectError(f"{host} does not resolve: {exc}") from exc
-        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
-        for address in addresses:
-            why = address_refusal(address)
-            if why is not None:
-                raise RefusedTarget(f"{host} resolves to {why} ({ALLOW_PRIVATE_HINT})")
+        addresses, why = checked_addresses(host, port)
+        if why is not None:
+            raise RefusedTarget(why) if addresses else httpcore.ConnectError(why)
         failure: httpcore.ConnectError | httpcore.ConnectTimeout | None = None
         for address in addresses:
             try:

@@ -5,6 +5,7 @@ a child process), downloaded, and read back with the safetensors library: the ve
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,14 +17,17 @@ from safetensors.torch import load as load_safetensors
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from core.deployment import deployment_uid
 from core.fence import job_checkpoint_dir
-from core.models import Checkpoint
+from core.models import Checkpoint, Job
+from core.settings import get_settings
 from tests.support.api import World, build_world, make_app
 from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.checkpoint.store import list_checkpoints, sha256_file
 from trainer.recipes.gpt import GPTRecipe
 from trainer.telemetry import Telemetry
 from workers.exports import ExportRunner
+from workers.isolation import Isolation
 
 pytestmark = pytest.mark.integration
 
@@ -133,3 +137,38 @@ def test_a_checkpoint_that_does_not_verify_fails_the_export(
     failed = export_client.get(f"/v1/jobs/{job_id}/exports/{step}", headers=export_world.h("member")).json()
     assert failed["state"] == "failed" and "sha256 mismatch" in failed["error"], failed
     assert json.dumps(failed)  # a clear reason, no traceback
+
+
+def test_a_sandboxed_export_converts_as_the_teams_uid_into_kilns_own_files(
+    export_client: TestClient, export_world: World, db: Session, storage: Path
+) -> None:
+    """A worker that sandboxes (every default one) converts in the team's sandbox, as the team's uid, which may read
+    only its own checkpoint; the files the API serves are then kiln's, moved out of the team's staging directory."""
+    if os.geteuid() != 0:
+        pytest.skip("a worker switches to the team's uid only as root (the CI runs as root)")
+    job_id = export_world.jobs["alpha"]
+    weights = write_checkpoint(storage, job_id, sharded=False)
+    ((step, path),) = list_checkpoints(job_checkpoint_dir(storage, job_id))
+    db.add(Checkpoint(job_id=job_id, step=step, path=str(path), bytes=1, sha256="x", verified=True))
+    db.flush()
+    isolation = Isolation(host="test", settings=get_settings(), host_slots=1, cgroup_bases=None)
+    assert isolation.sandbox is not None, isolation.sandbox_error
+    job = db.get(Job, job_id)
+    assert job is not None
+    user = isolation.users.for_team(job.team_id, deployment_uid(db))
+    assert user is not None
+    user.take(job_checkpoint_dir(storage, job_id), stop=storage)  # as the team's attempts leave it
+    export_client.post(f"/v1/jobs/{job_id}/exports", json={}, headers=export_world.h("member"))
+    runner = ExportRunner(
+        worker="test", storage_dir=storage, sessions=lambda: in_test_transaction(db), isolation=isolation
+    )
+    assert runner.run_once()
+    ready = export_client.get(f"/v1/jobs/{job_id}/exports/{step}", headers=export_world.h("member")).json()
+    assert ready["state"] == "ready", ready
+    exported = load_safetensors(export_client.get(ready["files"][0], headers=export_world.h("member")).content)
+    assert all(torch.equal(exported[name], tensor) for name, tensor in weights.items())
+    out = storage / "exports" / str(job_id) / str(step)
+    assert sorted(p.name for p in out.parent.iterdir()) == [str(step)]  # the staging directory is gone
+    for name in ("model.safetensors", "manifest.json"):
+        st = (out / name).lstat()
+        assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600), name  # kiln's, not the team's

@@ -63,6 +63,11 @@ HOSTILE = {
     "IPv4 multicast": "224.0.1.1",
     "IPv6 multicast": "ff0e::1",
     "this network": "0.1.2.3",
+    "loopback as one decimal number": "2130706433",
+    "loopback in hex": "0x7f.1",
+    "loopback shortened": "127.1",
+    "shared address space (CGNAT)": "100.64.0.1",
+    "reserved": "240.0.0.1",
 }
 GLOBAL = {"IPv4": "8.8.8.8", "IPv6": "2001:4860:4860::8888", "NAT64 of a global": "64:ff9b::808:808"}
 

@@ -75,5 +75,7 @@ def test_uploads_beyond_the_early_checks_are_checked_once_received(tmp_path: Pat
     finally:
         for u in uploads:
             u.abandon()
-    assert artifacts._EARLY_CHECKS.acquire(blocking=False)  # all four slots are free again
-    artifacts._EARLY_CHECKS.release()
+    taken = [artifacts._EARLY_CHECKS.acquire(blocking=False) for _ in range(4)]  # all four slots are free again
+    for _ in range(sum(taken)):
+        artifacts._EARLY_CHECKS.release()
+    assert taken == [True] * 4

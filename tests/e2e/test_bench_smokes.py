@@ -1,7 +1,8 @@
-"""The sandbox's benches in their smoke modes, so neither rots on main: ``bench/sandbox_bench.py --smoke`` (the
-shipped tiny example through two ``kiln up``s, the sandbox off and on) and ``bench/sandbox_gpu_probe.py --smoke``
-(the worker's sandbox called directly). Their figures are the GPU host's; here only that they run and what they say
-holds: the sandboxed job ran in its sandbox, as another uid, and trained to the same loss."""
+"""Issue 38's benches in their smoke modes, so none rots on main: ``bench/sandbox_bench.py --smoke`` (the shipped tiny
+example through two ``kiln up``s, the sandbox off and on), ``bench/sandbox_gpu_probe.py --smoke`` (the worker's
+sandbox called directly) and ``bench/archive_check_bench.py --smoke`` (hostile archives against the check, the old
+one beside it). Their figures are the GPU host's or an idle box's; here only that they run and what they say holds:
+the sandboxed job ran in its sandbox, as another uid, and trained to the same loss; the check refused in bounds."""
 
 from __future__ import annotations
 
@@ -41,3 +42,18 @@ def test_the_gpu_probe_runs_the_snippet_in_the_workers_sandbox(tmp_path: Path) -
     assert got["sandboxed"]["finite"] and got["sandboxed"]["dev_nvidia"] == []
     if os.geteuid() == 0:
         assert got["sandboxed"]["uid"] != 0
+
+
+def test_the_archive_check_bench_runs_and_the_check_stays_in_bounds() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    done = subprocess.run(
+        [sys.executable, "bench/archive_check_bench.py", "--smoke"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["worst_new_rss_growth_mb"] <= 50, summary
