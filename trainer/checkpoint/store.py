@@ -11,34 +11,45 @@ what changed on disk since.  Removal renames out of the listed names first, for 
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
 import pathlib
 import shutil
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
+from core.checkpoint_files import (
+    MANIFEST,
+    PREFIX,
+    list_checkpoints,
+    remove_checkpoint,
+    sha256_file,
+    step_dir_name,
+    verify,
+)
 from core.fence import fence_names
 
-PREFIX = "step_"
-MANIFEST = "manifest.json"
+# The read side is core's (the control plane reads checkpoints without importing the trainer); named here too, so
+# the trainer's modules keep one place to import the format from.
+__all__ = [
+    "MANIFEST",
+    "PREFIX",
+    "EXTRA",
+    "FencedError",
+    "list_checkpoints",
+    "remove_checkpoint",
+    "sha256_file",
+    "step_dir_name",
+    "verify",
+    "write_manifest_and_commit",
+]
+
 EXTRA = "extra.pt"
 
 
 class FencedError(RuntimeError):
     """The fence file names another attempt: this one may no longer commit state (-> ExitCode.FENCED)."""
-
-
-def sha256_file(path: pathlib.Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync_dir(path: pathlib.Path) -> None:
@@ -47,50 +58,6 @@ def _fsync_dir(path: pathlib.Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def remove_checkpoint(path: pathlib.Path) -> None:
-    """Delete a committed checkpoint without ever exposing a half-deleted one: rename it out of the listed
-    names first (atomic), then delete; a crash in between leaves a ``.tmp-*`` that start-up removes."""
-    gone = path.parent / f".tmp-gone-{path.name}-{uuid.uuid4().hex[:8]}"
-    try:
-        os.rename(path, gone)
-    except FileNotFoundError:
-        return
-    shutil.rmtree(gone, ignore_errors=True)
-
-
-def step_dir_name(step: int) -> str:
-    return f"{PREFIX}{step:08d}"
-
-
-def list_checkpoints(root: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
-    """Committed checkpoint directories, oldest first (temporary directories are never listed)."""
-    out = []
-    if root.is_dir():
-        for p in root.iterdir():
-            if p.is_dir() and p.name.startswith(PREFIX):
-                with contextlib.suppress(ValueError):
-                    out.append((int(p.name[len(PREFIX) :]), p))
-    return sorted(out)
-
-
-def verify(path: pathlib.Path) -> str | None:
-    """None if every file in the manifest is present with its recorded size and sha256, else why not."""
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-        files = manifest["files"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return f"unreadable manifest: {exc!r}"
-    for name, meta in files.items():
-        f = path / name
-        if not f.is_file():
-            return f"missing file {name}"
-        if f.stat().st_size != meta["bytes"]:
-            return f"size mismatch in {name}"
-        if sha256_file(f) != meta["sha256"]:
-            return f"sha256 mismatch in {name}"
-    return None
 
 
 def write_manifest_and_commit(
