@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from core.lifecycle import stop_cause
 from core.models import Attempt, Checkpoint, Job, JobMetric
 from core.private import read_regular
+from core.repositories import checkpoints as checkpoints_repo
 from core.services import sweep_stopping
 from core.trainer_protocol import TELEMETRY_DIR, RecordKind
 from core.transitions import record_event
@@ -275,17 +276,17 @@ def _forget_checkpoints_after(session: Session, *, job: Job, step: int) -> None:
 
 
 def _upsert_checkpoint(session: Session, *, job: Job, attempt_id: int | None, rec: dict[str, Any], step: int) -> None:
-    # A resumed attempt may commit the same step again (after a rollback or a lost relay): one row per step.
-    row = session.scalars(select(Checkpoint).where(Checkpoint.job_id == job.id, Checkpoint.step == step)).first()
-    if row is None:
-        row = Checkpoint(job_id=job.id, step=step, path="", bytes=0, sha256="")
-        session.add(row)
-    row.attempt_id = attempt_id
-    row.path = str(rec.get("path") or "")[:1024]
-    row.bytes = _int(rec.get("bytes")) or 0
-    row.sha256 = str(rec.get("sha256") or "")[:64]
-    row.verified = bool(rec.get("verified", False))
-    row.created_at = _ts(rec)
+    checkpoints_repo.record(
+        session,
+        job_id=job.id,
+        step=step,
+        attempt_id=attempt_id,
+        path=str(rec.get("path") or ""),
+        size=_int(rec.get("bytes")) or 0,
+        sha256=str(rec.get("sha256") or ""),
+        verified=bool(rec.get("verified", False)),
+        created_at=_ts(rec),
+    )
 
 
 def _checkpoint(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any]) -> None:
