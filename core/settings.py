@@ -16,6 +16,7 @@ from core.code_archive import ArchiveLimits
 from core.gpu_types import canonical_key
 from core.policy_config import PolicyConfig, SettingsGroup
 from core.secrets import SecretError, read_secret, with_password
+from core.trainer_protocol import DEFAULT_FINAL_CHECKPOINT_RETRY_S
 
 
 def _default_home() -> Path:
@@ -165,6 +166,14 @@ class Timings(SettingsGroup):
         description="An attempt that makes no training progress (no new step, checkpoint or event) for this long "
         "once it trained a step is hung and stopped. The trainer's heartbeat thread alone is not progress: a loop "
         "stuck in a collective keeps it ticking. Longer than any one checkpoint save or restore of a large model.",
+    )
+    final_checkpoint_retry_s: float = Field(
+        default=DEFAULT_FINAL_CHECKPOINT_RETRY_S,
+        ge=0,
+        description="A job's final checkpoint that fails to commit (storage read-only, full, unreachable) is "
+        "retried with exponential backoff for this long; still failing, the attempt ends as an infrastructure "
+        "failure (exit 81, STORAGE_ERROR) and restarts from the last verified checkpoint: a job is SUCCEEDED only "
+        "once its final state is durable. Keep it under `hang_timeout_s`.",
     )
     idle_in_transaction_timeout_s: float | None = Field(
         default=None,

@@ -33,6 +33,10 @@ ENV_CODE_DIR = "KILN_CODE_DIR"
 # where the worker can mount it so: workers/datasets.py).
 ENV_DATASETS = "KILN_DATASETS"
 ENV_LEASE_FILE = "KILN_LEASE_FILE"  # RUN_DIR/lease: this node's lease, renewed by its worker (core.fence)
+# Seconds a final checkpoint that failed to commit is retried (Settings.final_checkpoint_retry_s); the trainer's and
+# the script client's default when the variable is absent (a bare run with no worker).
+ENV_FINAL_CHECKPOINT_RETRY_S = "KILN_FINAL_CHECKPOINT_RETRY_S"
+DEFAULT_FINAL_CHECKPOINT_RETRY_S = 120.0
 # Script mode (spec ``command``, trainer.script_client): what kiln's trainer reads from the spec, given to a script.
 ENV_RUN_DIR = "KILN_RUN_DIR"  # the attempt's run directory (telemetry, exit codes); the script's cwd is the code
 ENV_SEED = "KILN_SEED"  # the spec's seed
@@ -67,6 +71,7 @@ class ExitCode(enum.IntEnum):
     OOM = 78
     NCCL_ERROR = 79
     LEASE_EXPIRED = 80  # the worker stopped renewing the lease (frozen, cut off, dead): no commit, exit
+    STORAGE_ERROR = 81  # the final checkpoint could not be made durable within its retry window: infrastructure
 
 
 class RecordKind(enum.StrEnum):

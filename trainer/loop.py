@@ -42,7 +42,8 @@ from core.trainer_protocol import (
     RecordKind,
 )
 from trainer import memory
-from trainer.checkpoint import MANIFEST, Checkpointer, FencedError, sha256_file
+from trainer.checkpoint import DURABLE, MANIFEST, Checkpointer, FencedError, sha256_file
+from trainer.checkpoint.final import StorageUnwritable, save_durably
 from trainer.compile import Compiler, CompileReport
 from trainer.config import TrainerConfig
 from trainer.determinism import enable_determinism
@@ -171,6 +172,7 @@ class Trainer:
         self.final_loss: float | None = None
         self.last_sync_latency: float | None = None
         self.report: CompileReport | None = None
+        self.final_durable = False  # the final checkpoint is committed to the durable tier (``_save_final``)
 
     # ---- set-up ---------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -377,6 +379,8 @@ class Trainer:
         if path is not None:
             self.restore(path)
             self._resumed(path)
+        # A resume from the final checkpoint has nothing to save, if that checkpoint is already durable.
+        self.final_durable = path is not None and self.step == self.spec.steps and self.ckpt.tier_of(path) == DURABLE
         flag = PreemptionFlag()
         flag.install()
         tel.every(self.cfg.heartbeat_s, self._heartbeat, "heartbeat")
@@ -509,9 +513,10 @@ class Trainer:
                 if not stop:  # a preemption checkpoints at once; the next attempt evaluates
                     self._evaluate()
                 self.phase = "checkpointing"
-                self.ckpt.save(
-                    self.step, self.model, self.optimizer, self.extra_state(), blocking=stop or self.step == spec.steps
-                )
+                if self.step == spec.steps and not stop:
+                    self._save_final()
+                else:
+                    self.ckpt.save(self.step, self.model, self.optimizer, self.extra_state(), blocking=stop)
                 self._note_overhead("save")  # the save's stall falls into the next reported step's time
                 last_ckpt_t = time.monotonic()
                 self.phase = "training"
@@ -525,9 +530,25 @@ class Trainer:
                     return ExitCode.PREEMPTED
         self._drain(pending, 0)
         self.ckpt.finish()
+        if not self.final_durable:  # resumed from a final checkpoint of the local tier only: make it durable
+            self._save_final()
         self.phase = "done"
         self._done()
         return ExitCode.SUCCEEDED
+
+    def _save_final(self) -> None:
+        """The job's final state, committed to the durable tier, or ``StorageUnwritable`` (exit STORAGE_ERROR):
+        the job is SUCCEEDED only with it (``trainer.checkpoint.final``)."""
+        self.ckpt.wait()  # a failure of an earlier asynchronous save is its own event, not this save's
+        self.ckpt.wait_persist()
+        self.ckpt.take_failure()
+
+        def save() -> BaseException | None:
+            self.ckpt.save(self.step, self.model, self.optimizer, self.extra_state(), blocking=True)
+            return self.ckpt.take_failure()
+
+        save_durably(save, step=self.step, tel=self.tel if self.env.rank == 0 else None, agree=self._agree)
+        self.final_durable = True
 
     def _evaluate(self) -> None:
         """The user's evaluation, before each checkpoint (so the metrics are saved with the state they score)."""
@@ -769,6 +790,11 @@ def run(spec: JobSpec, run_dir: pathlib.Path, env: DistEnv) -> ExitCode:
         code, error = ExitCode.TOO_MANY_SPIKES, str(exc)
         print(f"kiln trainer: {exc}", file=sys.stderr, flush=True)
         return ExitCode.TOO_MANY_SPIKES
+    except StorageUnwritable as exc:  # the host's storage, not the job: restarted from its last verified checkpoint
+        code, error = ExitCode.STORAGE_ERROR, str(exc)[:2000]
+        tel.event("CHECKPOINT_STORAGE_ERROR", error)
+        print(f"kiln trainer: {exc}", file=sys.stderr, flush=True)
+        return ExitCode.STORAGE_ERROR
     except BaseException as exc:  # a crash: python exits 1 (re-raised below, after the record)
         code, error = 1, f"{type(exc).__name__}: {exc}"[:2000]
         raise

@@ -30,6 +30,7 @@ makes the script exit FENCED (``Fenced``, a ``SystemExit``), which kiln does not
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import pathlib
@@ -39,10 +40,10 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 from core.fence import fence_names
 from core.trainer_protocol import (
@@ -57,6 +58,7 @@ from core.trainer_protocol import (
     ExitCode,
     RecordKind,
 )
+from trainer.checkpoint.final import StorageUnwritable, save_durably
 from trainer.checkpoint.store import (
     MANIFEST,
     FencedError,
@@ -88,6 +90,10 @@ __all__ = [
 ]
 
 DEFAULT_CHECKPOINT_DIR = "kiln-checkpoints"  # outside kiln (no KILN_CHECKPOINT_DIR): under the working directory
+# What a checkpoint block's own writes meet when the storage, not the script, fails: read-only, full, over quota,
+# an I/O error, a stale NFS handle. Any other OSError in the block (a missing subdirectory) is the script's.
+STORAGE_ERRNOS = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ESTALE})
+T = TypeVar("T")
 
 
 class Fenced(SystemExit):
@@ -261,19 +267,31 @@ def checkpoint(step: int, *, loss: float | None = None) -> Iterator[pathlib.Path
     c = _client()
     c.ensure_lease(f"checkpoint of step {step}")
     t0 = time.perf_counter()
-    c.root.mkdir(parents=True, exist_ok=True)
     tmp = c.root / f".tmp-{step_dir_name(step)}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    _durably(c, step, lambda: tmp.mkdir(parents=True))
     try:
         yield tmp
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.errno in STORAGE_ERRNOS:  # the storage failed under the script's writes: kiln's failure, not its
+            c.exit_with(
+                ExitCode.STORAGE_ERROR,
+                "CHECKPOINT_STORAGE_ERROR",
+                f"checkpoint storage unwritable: writing the checkpoint of step {step}: {exc}",
+            )
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     final = c.root / step_dir_name(step)
     meta = {"world_size": world_size(), "format": "script", "tier": "durable", "loss": loss}
     try:
-        manifest = write_manifest_and_commit(
-            tmp, final, step=int(step), token=c.token, meta=meta, lease=c.lease.ensure if c.lease else None
+        manifest = _durably(
+            c,
+            step,
+            lambda: write_manifest_and_commit(
+                tmp, final, step=int(step), token=c.token, meta=meta, lease=c.lease.ensure if c.lease else None
+            ),
         )
     except LeaseExpired as exc:
         c.exit_with(ExitCode.LEASE_EXPIRED, "LEASE_EXPIRED_EXIT", str(exc))
@@ -302,6 +320,27 @@ def checkpoint(step: int, *, loss: float | None = None) -> Iterator[pathlib.Path
         c.ensure_lease("removing an old checkpoint")
         if fence_names(c.root, c.token):
             remove_checkpoint(path)
+
+
+def _durably(c: _Client, step: int, write: Callable[[], T]) -> T:
+    """``write`` (kiln's own part of a commit), retried with backoff through a storage failure for
+    ``KILN_FINAL_CHECKPOINT_RETRY_S``; still failing, the script exits STORAGE_ERROR: an infrastructure failure,
+    restarted from the last verified checkpoint. Every commit of a script is retried, not only its last: the
+    block that wrote the files cannot be told its checkpoint did not happen."""
+    done: list[T] = []
+
+    def attempt() -> BaseException | None:
+        try:
+            done.append(write())
+        except OSError as exc:
+            return exc
+        return None
+
+    try:
+        save_durably(attempt, step=int(step), tel=c.tel, what="checkpoint")
+    except StorageUnwritable as exc:
+        c.exit_with(ExitCode.STORAGE_ERROR, "CHECKPOINT_STORAGE_ERROR", str(exc))
+    return done[-1]
 
 
 def latest_checkpoint(*, resume: bool = True) -> Checkpoint | None:

@@ -94,6 +94,9 @@ def classify(
         return Outcome(ExitClass.USER_ERROR, f"user error: {line}" if line else f"user error ({detail})")
     if ExitCode.TOO_MANY_SPIKES in codes:  # the trainer's line says how it diverged (spikes, non-finite steps)
         return Outcome(ExitClass.USER_ERROR, first_line(ExitCode.TOO_MANY_SPIKES) or f"training diverged ({detail})")
+    if ExitCode.STORAGE_ERROR in codes:  # the line names the storage's error (the OSError the final save met)
+        line = first_line(ExitCode.STORAGE_ERROR)
+        return Outcome(ExitClass.INFRASTRUCTURE, line or f"checkpoint storage unwritable ({detail})")
     if ExitCode.NCCL_ERROR in codes:
         dead = [r for r in ranks or () if r not in rank_codes]
         if dead:  # the peer that died first is the cause; the others only saw their collective fail

@@ -7,8 +7,8 @@ checkpoint directory, the lease, ``KILN_RUN_DIR``, ``KILN_SEED``, ``KILN_STEPS``
 rank's exit code, which the worker classifies (``workers.exit_classes``):
 
 - 0: succeeded;
-- a code kiln's client chose (``trainer.script_client``: FENCED, LEASE_EXPIRED, PREEMPTED), read from the intent
-  file it wrote just before it exited with that code;
+- a code kiln's client chose (``trainer.script_client``: FENCED, LEASE_EXPIRED, PREEMPTED, STORAGE_ERROR), read
+  from the intent file it wrote just before it exited with that code;
 - killed by a signal (directly, or through a shell: 128 + N), which the script did not cause (the worker's stop,
   the host's OOM killer, a lost host): no code is recorded, and the worker reads "killed": an infrastructure
   failure, restarted from the last verified checkpoint (or what the worker asked for);
@@ -51,7 +51,7 @@ MAX_LINE = 440
 # A last stderr line that names what a host, a device or a link caused, not the script.
 OOM_MARKERS = ("MemoryError", "OutOfMemoryError", "CUDA out of memory")
 COLLECTIVE_MARKERS = ("DistBackendError", "DistNetworkError", "DistStoreError", "gloo/transport", "NCCL error")
-INTENDED = {ExitCode.FENCED, ExitCode.LEASE_EXPIRED, ExitCode.PREEMPTED}
+INTENDED = {ExitCode.FENCED, ExitCode.LEASE_EXPIRED, ExitCode.PREEMPTED, ExitCode.STORAGE_ERROR}
 
 
 def command_of(spec: dict[str, Any]) -> list[str]:

@@ -41,6 +41,7 @@ from core.trainer_protocol import (
     ENV_CHECKPOINT_DIR,
     ENV_COMPILE_CACHE_DIR,
     ENV_FENCING_TOKEN,
+    ENV_FINAL_CHECKPOINT_RETRY_S,
     ENV_JOB_ID,
     ENV_LEASE_FILE,
     ENV_LOCAL_CHECKPOINT_DIR,
@@ -58,9 +59,10 @@ from workers.consumer_probe import ConsumerProbe
 from workers.cpu_budget import cpu_threads_per_rank
 from workers.datasets import DatasetUnavailable
 from workers.exit_classes import Outcome, StopRequest, classify
+from workers.final_state import FinalCheckpoint, judge
 from workers.metrics import WorkerMetrics
 from workers.supervisor import Rendezvous, TrainerProcess, launch_command
-from workers.telemetry_relay import RelayState, TelemetryTail, relay
+from workers.telemetry_relay import RelayState, TelemetryTail, adopt_checkpoint, relay
 
 log = logging.getLogger(__name__)
 app = get_app()
@@ -267,7 +269,7 @@ def _nccl_channels(qos: QosClass | None, links: dict[str, Any], gpus: list[GPU])
 
 def attempt_env(
     claimed: Claimed, *, attempt_id: int, token: int, checkpoint_dir: Path, compile_dir: Path, lease_file: Path,
-    local_dir: Path | None = None,
+    local_dir: Path | None = None, final_retry_s: float | None = None,
 ) -> dict[str, str]:  # fmt: skip
     # Built from nothing: the worker's own environment (its KILN_* settings, database and broker URLs that may hold
     # passwords, whatever its service manager set) is not the attempt's. From the host: the locale, time zone and
@@ -290,6 +292,8 @@ def attempt_env(
     })  # fmt: skip
     if local_dir is not None:
         env[ENV_LOCAL_CHECKPOINT_DIR] = str(local_dir)
+    if final_retry_s is not None:  # the worker's setting; the ranks default to the same value without it
+        env[ENV_FINAL_CHECKPOINT_RETRY_S] = f"{final_retry_s:g}"
     if not claimed.gpus:
         # A CPU slot is one core: without this every rank starts a thread per core and they all fight.
         env["OMP_NUM_THREADS"] = "1"
@@ -373,6 +377,7 @@ class AttemptRunner:
         self.progress_step = -1  # the furthest step any record showed (see ``note_progress``)
         self.last_progress = time.monotonic()
         self.rank_errors: dict[int, str] = {}  # the exception line each rank's EXIT record gave, if any
+        self.final: FinalCheckpoint | None = None  # what a success's result is read from (``durable_outcome``)
         # A fractional job is a client of the host's MPS daemon of this generation (workers/mps.py).
         self.share: dict[str, Any] | None = next((n["share"] for n in claimed.placement if n.get("share")), None)
         self.mps_generation = mps.DAEMON.generation if self.share and mps.DAEMON is not None else None
@@ -565,6 +570,7 @@ class AttemptRunner:
                                              f"(resources.gpu_share.memory_gb) ({outcome.reason})")  # fmt: skip
         if outcome.exit_class is ExitClass.INFRASTRUCTURE and self.relay_state.nccl_error:
             outcome = Outcome(ExitClass.NCCL_ERROR, f"NCCL error reported by a rank; {outcome.reason}")
+        outcome = self.durable_outcome(outcome)
         kind, why = outcome.exit_class.value, outcome.reason
         said = why if why.startswith(kind) else f"{kind}: {why}"  # a reason often begins with its class already
         self.proc.log_line(f"trainer exited with {launcher_code}: {said}")
@@ -584,6 +590,26 @@ class AttemptRunner:
                 log.warning("report of attempt %s failed, retrying: %s", self.attempt_id, exc)
                 time.sleep(delay)
                 delay = min(5.0, delay * 2)
+
+    def durable_outcome(self, outcome: Outcome) -> Outcome:
+        """A success stands only on its final checkpoint, verified on the durable storage (``workers.final_state``):
+        without it the attempt is an infrastructure failure and the job restarts from its last verified one. Run
+        before the report's transaction: it hashes the checkpoint's files."""
+        done = next(
+            (r for r in reversed(self.buffer) if r.get("kind") == RecordKind.DONE and not r.get("rank")),
+            self.relay_state.done,
+        )
+        if outcome.exit_class is not ExitClass.SUCCEEDED or done is None:
+            return outcome  # not a success, or a gang's node whose ranks did not include rank 0
+        script = bool(self.claimed.spec.get("command"))
+        steps = done.get("steps")
+        root = job_checkpoint_dir(self.settings.resolved_storage_dir.resolve(), self.claimed.job_id)
+        verdict = judge(root, final_step=None if script or steps is None else int(steps))
+        if verdict.problem is not None:
+            self.proc.log_line(f"not a success: {verdict.problem}")
+            return Outcome(ExitClass.INFRASTRUCTURE, verdict.problem)
+        self.final = verdict.final
+        return outcome
 
     def _report(self, db: Session, outcome: Outcome, launcher_code: int) -> None:
         now = utcnow()
@@ -613,7 +639,11 @@ class AttemptRunner:
         data = {"attempt": attempt.number, "host": self.host, "exit_code": exit_code, "last_step": job.last_step,
                 "exit_class": cls.value}  # fmt: skip
         done = self.relay_state.done
-        if cls is ExitClass.SUCCEEDED and done is not None and done.get("steps") is not None:
+        if cls is ExitClass.SUCCEEDED and self.final is not None:
+            # What the durable storage holds, verified (``durable_outcome``): its row too, if its relay was missed.
+            adopt_checkpoint(db, job=job, rec=self.final.record, step=self.final.step)
+            job.last_step, job.last_loss = self.final.step, self.final.loss
+        elif cls is ExitClass.SUCCEEDED and done is not None and done.get("steps") is not None:
             # The trainer's final record is its last checkpoint's step and loss (also when it resumed from
             # the final checkpoint and trained no step): the job's result is what its checkpoint holds.
             job.last_step = int(done["steps"])
@@ -697,6 +727,7 @@ def _run_claimed(
             compile_dir=compile_dir,
             lease_file=run_dir / LEASE_FILE,
             local_dir=local_dir,
+            final_retry_s=settings.final_checkpoint_retry_s,
         )
         | launch_env
     )

@@ -254,12 +254,7 @@ def _resumed(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any
     job.last_loss = _float(rec.get("loss"))
     _forget_checkpoints_after(session, job=job, step=step)
     if rec.get("tier", "durable") == "durable" and rec.get("sha256"):
-        token = _int(rec.get("token"))
-        writer = session.scalars(
-            select(Attempt.id).where(Attempt.job_id == job.id, Attempt.fencing_token == token)
-        ).first()
-        row = {**rec, "verified": True, "ts": rec.get("created") or rec.get("ts")}  # when it was committed
-        _upsert_checkpoint(session, job=job, attempt_id=writer, rec=row, step=step)
+        adopt_checkpoint(session, job=job, rec=rec, step=step)
     record_event(
         session,
         "RESUMED",
@@ -268,6 +263,16 @@ def _resumed(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any
         data={"attempt": attempt.number, "step": step, "path": rec.get("path"), "loss": rec.get("loss"),
               "checkpoint_token": rec.get("token")},
     )  # fmt: skip
+
+
+def adopt_checkpoint(session: Session, *, job: Job, rec: dict[str, Any], step: int) -> None:
+    """The row of a verified durable checkpoint whose writer may never have relayed it (cut off, or its relay
+    lost): ``rec`` carries its manifest's token, creation time, size and sha256; the writer is the attempt of that
+    token."""
+    token = _int(rec.get("token"))
+    writer = session.scalars(select(Attempt.id).where(Attempt.job_id == job.id, Attempt.fencing_token == token)).first()
+    row = {**rec, "verified": True, "ts": rec.get("created") or rec.get("ts")}  # when it was committed
+    _upsert_checkpoint(session, job=job, attempt_id=writer, rec=row, step=step)
 
 
 def _forget_checkpoints_after(session: Session, *, job: Job, step: int) -> None:

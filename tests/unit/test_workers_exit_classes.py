@@ -10,6 +10,10 @@ from workers.exit_classes import StopRequest, classify
 
 HUNG = "no training progress for 900 s: hung"
 DATA_LINE = "building the data: ValueError: corpus shorter than one sequence"
+STORAGE_LINE = (
+    "checkpoint storage unwritable: the final checkpoint of step 400 could not be committed in 6 tries over 20 s "
+    "(KILN_FINAL_CHECKPOINT_RETRY_S): OSError(30, 'Read-only file system')"
+)
 DIVERGED_LINE = "training diverged: the loss or grad norm was non-finite for 20 steps in a row (steps 6-25)"
 
 CASES: dict[str, tuple[dict[int, int], int, StopRequest | None, dict[int, str], ExitClass, str]] = {
@@ -53,6 +57,16 @@ CASES: dict[str, tuple[dict[int, int], int, StopRequest | None, dict[int, str], 
     "collective failed": ({0: 79, 1: 1}, 1, None, {}, ExitClass.NCCL_ERROR, "NCCL error"),
     "out of memory": ({0: 78}, 1, None, {}, ExitClass.OOM, "out of memory"),
     "lease not renewed": ({0: 80}, 1, None, {}, ExitClass.INFRASTRUCTURE, "lease expired"),
+    # The final checkpoint could not be made durable: the storage's fault, restarted; the reason names its error.
+    "storage unwritable, with the trainer's line": (
+        {0: 81, 1: 81},
+        1,
+        None,
+        {0: STORAGE_LINE, 1: "checkpoint storage unwritable: ... another rank's write failed"},
+        ExitClass.INFRASTRUCTURE,
+        STORAGE_LINE,
+    ),
+    "storage unwritable, no line": ({0: 81}, 1, None, {}, ExitClass.INFRASTRUCTURE, "checkpoint storage unwritable"),
     "fenced": ({0: 76}, 1, None, {}, ExitClass.FENCED, "fenced"),
     "outside SIGTERM": ({0: 75}, 1, None, {}, ExitClass.DRAINED, "stopped by an outside SIGTERM"),
     "preempted by us": ({0: 75}, 1, StopRequest(ExitClass.PREEMPTED), {}, ExitClass.PREEMPTED, "preempted"),

@@ -115,6 +115,7 @@ class Checkpointer:
         self.saves = 0  # committed in the tier written to (local when tiered)
         self.persisted = 0  # local checkpoints copied to the durable tier
         self.failures = 0
+        self._failed: BaseException | None = None  # the last failure wait()/wait_persist() reported (take_failure)
         self.last_save_stall_s = 0.0
         self._count = 0  # saves started by this attempt: every persist_every-th is made durable
         self._stalls: dict[int, float] = {}  # step -> its save()'s stall, read by the writer's record
@@ -348,6 +349,7 @@ class Checkpointer:
             if isinstance(err, FencedError):
                 raise err
             self.failures += 1
+            self._failed = err
             self.tel.event(
                 "CHECKPOINT_FAILED",
                 f"checkpoint write failed: {err!r}",
@@ -477,7 +479,14 @@ class Checkpointer:
         if isinstance(err, FencedError):
             raise err
         self.failures += 1
+        self._failed = err
         self.tel.event("CHECKPOINT_FAILED", f"copy to the durable tier failed: {err!r}", error=repr(err), tier=DURABLE)
+
+    def take_failure(self) -> BaseException | None:
+        """The last write or persist failure reported since the previous call (None: none), then forgotten. A
+        failed save is only an event to the training loop; the final save asks, since the job's success needs it."""
+        err, self._failed = self._failed, None
+        return err
 
     def finish(self) -> None:
         """End of the run: every write committed, every persist durable."""
