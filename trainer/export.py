@@ -55,6 +55,11 @@ def _replace(path: pathlib.Path, write: Any) -> None:
     with open(tmp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)  # the rename itself, durable before the next file
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def export(checkpoint: pathlib.Path, out: pathlib.Path, *, job_id: int | None = None) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from core.deployment import deployment_uid
 from core.models import Job
 from core.private import private_dir
 from core.services import exports
+from trainer.checkpoint.store import sha256_file
 from workers.isolation import Isolation
 from workers.sandbox import View
 
@@ -68,7 +69,12 @@ class ExportRunner:
             team_id, deployment = (job.team_id if job else 0), deployment_uid(db)
         out = exports.export_dir(self.storage_dir, job_id, step)
         log.info("exporting job %s step %s from %s", job_id, step, source)
-        error, manifest = self._convert(source, out, job_id, team_id=team_id, deployment=deployment)
+        try:
+            error, manifest = self._convert(source, out, job_id, team_id=team_id, deployment=deployment)
+            if error is None and manifest is not None:
+                error = sealed(out, manifest)
+        except OSError as exc:  # the export's storage (read-only, full, gone): the export fails, it is not retried
+            error, manifest = f"the export could not be written: {exc}", None
         with self.sessions() as db:
             exports.finish(db, export_id, now=utcnow(), error=error,
                            size=int(manifest["bytes"]) if manifest else None,
@@ -142,6 +148,31 @@ class ExportRunner:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+
+
+def sealed(out: Path, manifest: dict[str, Any]) -> str | None:
+    """The export as the API will serve it, made durable and checked: each file and then the directory (its renames)
+    fsynced, and the weights read back against the size and sha256 the conversion reported. An export is ``ready``
+    only past this; None when it is sound, else why it is not."""
+    try:
+        for name in exports.FILES:
+            _fsync(out / name, os.O_RDONLY | os.O_NOFOLLOW)
+        _fsync(out, os.O_RDONLY | os.O_DIRECTORY)
+        weights = out / exports.FILES[0]
+        size, digest = weights.stat().st_size, sha256_file(weights)
+    except OSError as exc:
+        return f"the export could not be made durable: {exc}"
+    if (size, digest) != (manifest.get("bytes"), manifest.get("sha256")):
+        return f"the exported weights read back do not match the conversion's ({size} bytes, sha256 {digest[:12]})"
+    return None
+
+
+def _fsync(path: Path, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _run(argv: list[str], pass_fds: list[int] | None = None) -> tuple[str | None, dict[str, Any] | None]:

@@ -22,6 +22,7 @@ from core.fence import job_checkpoint_dir
 from core.models import Checkpoint, Job
 from core.settings import get_settings
 from tests.support.api import World, build_world, make_app
+from tests.support.read_only import read_only, require_mounts
 from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.checkpoint.store import list_checkpoints, sha256_file
 from trainer.recipes.gpt import GPTRecipe
@@ -172,3 +173,30 @@ def test_a_sandboxed_export_converts_as_the_teams_uid_into_kilns_own_files(
     for name in ("model.safetensors", "manifest.json"):
         st = (out / name).lstat()
         assert (st.st_uid, st.st_mode & 0o777) == (0, 0o600), name  # kiln's, not the team's
+
+
+def test_an_export_that_cannot_be_written_fails_with_the_storages_error(
+    export_client: TestClient, export_world: World, db: Session, storage: Path, tmp_path: Path
+) -> None:
+    """The exports' storage read-only (a real read-only bind mount): the export ends ``failed`` naming the error, at
+    once, never ``ready``; it was left claimed, its worker's loop raising, until its claim went stale (15 min) and
+    the next worker met the same error."""
+    require_mounts(tmp_path)
+    job_id = export_world.jobs["alpha"]
+    write_checkpoint(storage, job_id, sharded=False)
+    ((step, path),) = list_checkpoints(job_checkpoint_dir(storage, job_id))
+    db.add(Checkpoint(job_id=job_id, step=step, path=str(path), bytes=1, sha256="x", verified=True))
+    db.flush()
+    isolation = Isolation(host="test", settings=get_settings(), host_slots=1, cgroup_bases=None)
+    if isolation.sandbox is None:
+        pytest.skip(f"no sandbox here: {isolation.sandbox_error}")
+    export_client.post(f"/v1/jobs/{job_id}/exports", json={}, headers=export_world.h("member"))
+    runner = ExportRunner(
+        worker="test", storage_dir=storage, sessions=lambda: in_test_transaction(db), isolation=isolation
+    )
+    (storage / "exports").mkdir()
+    with read_only(storage / "exports"):
+        assert runner.run_once()
+    failed = export_client.get(f"/v1/jobs/{job_id}/exports/{step}", headers=export_world.h("member")).json()
+    assert failed["state"] == "failed", failed
+    assert failed["error"].startswith("the export could not be written") and "Read-only file system" in failed["error"]
