@@ -119,10 +119,18 @@ class Timings(SettingsGroup):
         default=2.0, description="A scheduling cycle at least this often (and on each NOTIFY)."
     )
     standby_retry_s: float = Field(
-        default=2.0,
+        default=1.0,
         gt=0,
         description="A standby scheduler tries to take the leadership this often (or each cycle's interval, if "
-        "shorter), so a standby takes over within seconds of the leader's death.",
+        "shorter), so a standby takes over within this of the leader's lease ending.",
+    )
+    leader_lease_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="The scheduler leader's lease (PostgreSQL): renewed at every cycle, on the database's clock. A "
+        "leader that has not renewed it for this long (frozen, cut off) stops acting by itself, its late writes are "
+        "refused, and a standby takes over within this plus `standby_retry_s`. Keep it above twice "
+        "`scheduler_interval_s`.",
     )
     lease_s: float = Field(
         default=30.0,

@@ -1,7 +1,7 @@
 """ORM models, one module per domain; importing this package registers every table on ``Base.metadata``."""
 
 from core.models.artifacts import Artifact
-from core.models.cluster import GPU, Deployment, Host
+from core.models.cluster import GPU, Deployment, Host, SchedulerLease
 from core.models.datasets import Dataset
 from core.models.jobs import (
     Attempt,
@@ -45,6 +45,7 @@ __all__ = [
     "Membership",
     "QosClass",
     "Role",
+    "SchedulerLease",
     "SlaContract",
     "Sweep",
     "Team",

@@ -71,3 +71,20 @@ class Deployment(Base):
     id: Mapped[int] = mapped_column(primary_key=True, comment="always 1: one row")
     uid: Mapped[str] = mapped_column(String(32), comment="random, hex")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SchedulerLease(Base):
+    """Who leads the schedulers, until when: one row (``scheduler.live.leader``). A leader renews it every cycle
+    on the database's clock; a standby takes it only once it expired, with the next term, so a frozen leader loses
+    it after one lease whatever its connection does. Every cycle's transaction locks it and checks the term."""
+
+    __tablename__ = "scheduler_lease"
+
+    id: Mapped[int] = mapped_column(primary_key=True, comment="always 1: one row")
+    holder: Mapped[str] = mapped_column(String(160), comment="host:pid:random of the leading process")
+    term: Mapped[int] = mapped_column(BigInteger, comment="raised by one at each takeover")
+    renewed_at: Mapped[datetime] = mapped_column()
+    expires_at: Mapped[datetime] = mapped_column()
+    watched_since: Mapped[datetime] = mapped_column(
+        comment="since when some leader renewed without a gap: the reconciler's grace counts from it"
+    )

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
@@ -23,7 +24,7 @@ from core.services.sweep_search import propose_due
 from core.settings import Settings, get_settings
 from scheduler.live import sla
 from scheduler.live.apply import Dispatch, apply_all
-from scheduler.live.leader import LOCK_KEY, leadership_for
+from scheduler.live.leader import LOCK_KEY, Leadership, LeadershipLost, leadership_for
 from scheduler.live.loader import load_snapshot
 from scheduler.live.metrics import SchedulerMetrics
 from scheduler.live.reconciler import DispatchAttempt, reconcile
@@ -74,10 +75,12 @@ def run_cycle(
     now: datetime | None = None,
     config: PolicyConfig | None = None,
     settings: Settings | None = None,
+    leadership: Leadership | None = None,
 ) -> CycleResult:
     """One scheduling cycle in one transaction; ``dispatch`` sends each new attempt to its hosts after the commit
     (the process entry point passes the broker's: ``workers.dispatch.dispatch_attempt``). The policy is ``config``,
-    else the settings' (``KILN_POLICY__*``)."""
+    else the settings' (``KILN_POLICY__*``). With ``leadership``, the cycle first renews its term inside the
+    transaction (``LeadershipLost``: nothing is written)."""
     started = time.perf_counter()
     now = now or utcnow()
     settings = settings or get_settings()
@@ -86,7 +89,8 @@ def run_cycle(
     try:
         if db.get_bind().dialect.name == "postgresql":
             db.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": CYCLE_LOCK_KEY})
-        result.reconciled = reconcile(db=db, now=now, settings=settings, dispatch=dispatch)
+        term = leadership.hold(db) if leadership is not None else None
+        result.reconciled = reconcile(db=db, now=now, settings=settings, dispatch=dispatch, term=term)
         db.flush()
         policy = config or settings.policy
         snapshot = load_snapshot(db=db, now=now, half_life_s=policy.fairshare_half_life_s)
@@ -115,10 +119,14 @@ def run_cycle(
     return result
 
 
-def retain(*, session_factory: Callable[[], Session], settings: Settings, now: datetime) -> RetentionReport:
+def retain(
+    *, session_factory: Callable[[], Session], settings: Settings, now: datetime, leadership: Leadership | None = None
+) -> RetentionReport:
     """One retention pass (core/retention.py) in a transaction of its own, outside the scheduling cycle."""
     db = session_factory()
     try:
+        if leadership is not None:
+            leadership.hold(db)
         report = prune_database(db, settings, now)
         db.commit()
         return report
@@ -144,9 +152,13 @@ def observe(metrics: SchedulerMetrics, result: CycleResult) -> None:
         metrics.dispatch_errors.inc(result.dispatch_errors)
 
 
-def _retain_logged(factory: Callable[[], Session], settings: Settings, metrics: SchedulerMetrics) -> None:
+def _retain_logged(
+    factory: Callable[[], Session], settings: Settings, metrics: SchedulerMetrics, leadership: Leadership
+) -> None:
     try:
-        report = retain(session_factory=factory, settings=settings, now=utcnow())
+        report = retain(session_factory=factory, settings=settings, now=utcnow(), leadership=leadership)
+    except LeadershipLost:
+        raise
     except Exception:
         log.exception("retention pass failed; retrying after the next interval")
         return
@@ -160,16 +172,29 @@ def _retain_logged(factory: Callable[[], Session], settings: Settings, metrics: 
 ARTIFACT_GC_INTERVAL_S = 600.0  # how often the leader collects unused code archives (their age is a setting)
 
 
-def collect_artifacts(session_factory: Callable[[], Session], settings: Settings) -> int:
+def collect_artifacts(
+    session_factory: Callable[[], Session], settings: Settings, leadership: Leadership | None = None
+) -> int:
     """Delete the archives no active job names whose last use is older than ``artifact_retention_s``: the rows in
     one transaction, the files after it committed."""
     with session_factory() as db:
+        if leadership is not None:
+            leadership.hold(db)
         files = artifacts.collect(db, storage=settings.resolved_storage_dir, retention_s=settings.artifact_retention_s)
         db.commit()
     artifacts.remove_files(files)
     if files:
         log.info("collected %d unused code archives", len(files))
     return len(files)
+
+
+def _scheduler_engine_args(url: str, settings: Settings) -> dict[str, Any]:
+    """A leader frozen inside a cycle's transaction holds the lease row: the server ends that session within half a
+    leader's lease (or the deployment's shorter idle-in-transaction timeout), so a standby can take over."""
+    if not url.startswith("postgresql"):
+        return {}
+    idle_s = min(settings.idle_in_transaction_timeout_s or settings.lease_s / 2, settings.leader_lease_s / 2)
+    return {"connect_args": {"options": f"-c idle_in_transaction_session_timeout={int(idle_s * 1000)}"}}
 
 
 def run_forever(
@@ -181,9 +206,9 @@ def run_forever(
     stop = stop or threading.Event()
     metrics = metrics or SchedulerMetrics()
     url = settings.resolved_database_url
-    engine = make_engine(url)
+    engine = make_engine(url, **_scheduler_engine_args(url, settings))
     factory = sessionmaker(bind=engine, expire_on_commit=False)
-    leadership = leadership_for(url, settings.home)
+    leadership = leadership_for(url, settings.home, lease_s=settings.leader_lease_s)
     interval = settings.scheduler_interval_s
     pulse = Pulse(settings.liveness_file, interval)  # the container healthcheck reads it
     next_retention = 0.0  # monotonic; the leader prunes at its start, then every retention_interval_s
@@ -212,11 +237,15 @@ def run_forever(
                     if time.monotonic() >= next_gc:
                         next_gc = time.monotonic() + ARTIFACT_GC_INTERVAL_S
                         try:
-                            collect_artifacts(factory, settings)
+                            collect_artifacts(factory, settings, leadership)
+                        except LeadershipLost:
+                            raise
                         except Exception:
                             log.exception("collecting unused code archives failed; retrying later")
                     try:
-                        result = run_cycle(session_factory=factory, dispatch=dispatch, settings=settings)
+                        result = run_cycle(
+                            session_factory=factory, dispatch=dispatch, settings=settings, leadership=leadership
+                        )
                         pulse.beat("leading")  # only a committed cycle: a leader failing every cycle goes stale
                         observe(metrics, result)
                         if result.admitted or result.preempted or result.failed or result.reconciled or result.proposed:
@@ -225,13 +254,17 @@ def run_forever(
                                 result.admitted, result.preempted, result.failed, len(result.reconciled),
                                 result.proposed, result.plan_s * 1000,
                             )  # fmt: skip
+                    except LeadershipLost:
+                        raise
                     except Exception:
                         metrics.cycle_failures.inc()
                         log.exception("scheduling cycle failed; retrying on the next tick")
                     if time.monotonic() >= next_retention:
                         next_retention = time.monotonic() + settings.retention_interval_s
-                        _retain_logged(factory, settings, metrics)
+                        _retain_logged(factory, settings, metrics, leadership)
                     leadership.wait(interval, stop)
+            except LeadershipLost as e:
+                log.warning("scheduler: stepping down: %s", e)
             except Exception:
                 log.exception("scheduler: lost leadership")
             finally:

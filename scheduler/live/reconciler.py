@@ -8,6 +8,8 @@
   losing every message), or given up as LOST when its host is gone;
 - hosts whose heartbeat went stale are DOWN; hosts reporting GPU hardware errors (Xid, uncorrected ECC) are
   EXCLUDED for a while, so restarts avoid them;
+- a committed checkpoint of an ended attempt found on disk without its row is adopted, deleted or reported
+  (``scheduler.live.orphan_checkpoints``);
 - each failover incident's recovery time (LOST detected -> first training step of the next attempt) is
   recorded against the contract's objective (``RECOVERED`` event);
 - after a database outage (this process could not connect, or lost its connection), nothing is declared LOST or
@@ -48,6 +50,8 @@ from core.models import Attempt, Event, Host, Job
 from core.settings import Settings
 from core.states import ACTIVE, AttemptState, HostState, JobState
 from core.transitions import move_host, record_event
+from scheduler.live.leader import Term
+from scheduler.live.orphan_checkpoints import reconcile_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -125,14 +129,15 @@ def _outage_state(db: Session) -> _Outage:
         return state
 
 
-def _grace(db: Session, now: datetime, settings: Settings) -> tuple[datetime | None, list[str]]:
+def _grace(db: Session, now: datetime, settings: Settings, term: Term | None) -> tuple[datetime | None, list[str]]:
     """``grace_until`` while the database is freshly back (None otherwise), and the action that started it.
 
     The grace is one lease from the first pass after the outage: a live worker retries its heartbeat every
     ``heartbeat_interval_s`` and renews its lease well within it; a worker that died during the outage does not,
     and is declared LOST when the grace ends. This process sees an outage through its engine's errors; on its
     first pass it also looks for one it cannot have seen (it started, or became the leader, after it):
-    ``_outage_before_this_process``.
+    ``_outage_before_this_process``. Whichever scheduler leads, the leader's lease says since when some scheduler
+    watched without a gap (``Term.watched_since``): the grace also counts from there.
     """
     state = _outage_state(db)
     actions: list[str] = []
@@ -149,9 +154,11 @@ def _grace(db: Session, now: datetime, settings: Settings) -> tuple[datetime | N
                 )  # fmt: skip
             actions.append(f"database back before this scheduler: grace for leases and hosts until "
                            f"{earlier.isoformat(timespec='seconds')}")  # fmt: skip
+    if term is not None:
+        actions += _unwatched_grace(db, now, settings, term, state)
     with _OUTAGES_LOCK:
         seen, state.seen = state.seen, False
-    if seen:
+    if seen and (term is None or term.unwatched_s is None):  # a gap the lease saw is said once, above
         state.grace_until = now + timedelta(seconds=settings.lease_s)
         record_event(
             db, "DATABASE_BACK",
@@ -163,6 +170,25 @@ def _grace(db: Session, now: datetime, settings: Settings) -> tuple[datetime | N
     if state.grace_until is not None and now >= state.grace_until:
         state.grace_until = None
     return state.grace_until, actions
+
+
+def _unwatched_grace(db: Session, now: datetime, settings: Settings, term: Term, state: _Outage) -> list[str]:
+    """Grace for silence that fell where no scheduler held the lease (the database was away, or every scheduler
+    was): it counts from the first renewal after the gap, whichever scheduler made it, not from this one's start."""
+    until = term.watched_since + timedelta(seconds=settings.lease_s)
+    if until > now and (state.grace_until is None or until > state.grace_until):
+        state.grace_until = until
+    if term.unwatched_s is None:
+        return []
+    record_event(
+        db, "DATABASE_BACK",
+        message=f"no scheduler held the lease for {term.unwatched_s:.1f} s (the database or every scheduler was "
+                f"away): leases and host heartbeats get grace until {until.isoformat(timespec='seconds')}",
+        data={"grace_until": until.isoformat(), "grace_s": settings.lease_s, "unwatched_s": term.unwatched_s,
+              "cause": "lease gap"},
+    )  # fmt: skip
+    return [f"no scheduler for {term.unwatched_s:.1f} s: grace for leases and hosts until "
+            f"{until.isoformat(timespec='seconds')}"]  # fmt: skip
 
 
 def _outage_before_this_process(db: Session, now: datetime, settings: Settings) -> tuple[datetime | None, str | None]:
@@ -202,13 +228,16 @@ def reset_outage_tracking() -> None:
 # ------------------------------------------------------------------------------------------------- reconcile
 
 
-def reconcile(*, db: Session, now: datetime, settings: Settings, dispatch: DispatchAttempt) -> list[str]:
+def reconcile(
+    *, db: Session, now: datetime, settings: Settings, dispatch: DispatchAttempt, term: Term | None = None
+) -> list[str]:
     """One pass; returns what it did, one line per action. Does not commit; ``dispatch`` sends an attempt that
-    no worker picked up once more, after the caller's commit."""
-    grace_until, actions = _grace(db, now, settings)
+    no worker picked up once more, after the caller's commit. ``term``: the leader's renewal of this cycle."""
+    grace_until, actions = _grace(db, now, settings, term)
     actions += _hosts(db, now, settings, grace_until)
     actions += _expired_leases(db, now, settings, grace_until)
     actions += _unclaimed_attempts(db, now, settings, dispatch, grace_until)
+    actions += reconcile_checkpoints(db, now, settings)  # disk and rows agree for the attempts that ended
     actions += _recoveries(db)
     return actions
 

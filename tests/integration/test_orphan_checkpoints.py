@@ -281,7 +281,6 @@ def test_a_token_no_attempt_held_is_deleted(
     assert not path.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="until reconcile() calls reconcile_checkpoints (scheduler/live/reconciler.py)")
 def test_the_reconcilers_pass_settles_the_checkpoints_of_the_attempt_it_declares_lost(
     db: Session, world: World, api: TestClient, settings: Settings, storage: Path
 ) -> None:

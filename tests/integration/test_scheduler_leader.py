@@ -1,4 +1,5 @@
-"""Leader election between two live loops on PostgreSQL (advisory lock), NOTIFY wake-ups, and SQLite's file lock."""
+"""Leader election between two live loops on PostgreSQL (a lease with a term), NOTIFY wake-ups, and SQLite's file
+lock."""
 
 from __future__ import annotations
 
@@ -8,21 +9,26 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.db import Base, make_engine, utcnow
 from core.migrate import upgrade
-from core.models import Attempt, Job
+from core.models import Attempt, Event, Job
 from core.notify import notify_jobs_changed
 from core.settings import Settings
-from scheduler.live.leader import LOCK_KEY, FileLeadership, psycopg_conninfo
+from scheduler.live.leader import FileLeadership, LeadershipLost, PostgresLeadership
 from scheduler.live.loop import run_cycle
 from tests.integration import test_scheduler_support as f
+from tests.support.leader import leader_holder, leader_term
 from tests.support.scheduler_loop import LoopThread
 from tests.support.services import temporary_database
+from tests.support.workers_cluster import admit, tiny_spec
+from tests.support.workers_cluster import submit as submit_spec
+from workers.host_agent import HostAgent
+from workers.inventory import NoGpus
+from workers.tasks import claim
 
 pytestmark = pytest.mark.integration
 
@@ -57,14 +63,6 @@ def wait_for(cond: Callable[[], bool], timeout: float = 15.0) -> bool:
     return cond()
 
 
-def leader_pid(url: str) -> int | None:
-    with psycopg.connect(psycopg_conninfo(url)) as conn:
-        row = conn.execute(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = %s AND granted", (LOCK_KEY,)
-        ).fetchone()
-        return int(row[0]) if row else None
-
-
 def submit(factory: sessionmaker[Session], name: str, *, with_host: bool = False) -> int:
     with factory() as db:
         now = utcnow()
@@ -82,12 +80,12 @@ def test_two_loops_one_leader_and_failover(fresh_pg: str, no_dispatch: list[int]
     engine = make_engine(fresh_pg)
     factory = sessionmaker(bind=engine, expire_on_commit=False)
     a = LoopThread(settings, record_dispatch)
-    assert wait_for(lambda: leader_pid(fresh_pg) is not None)
-    first_leader = leader_pid(fresh_pg)
+    assert wait_for(lambda: leader_holder(fresh_pg) is not None)
+    first_leader = leader_holder(fresh_pg)
     b = LoopThread(settings, record_dispatch)
     try:
         time.sleep(0.5)
-        assert leader_pid(fresh_pg) == first_leader  # the standby did not take the lock
+        assert leader_holder(fresh_pg) == first_leader  # the standby did not take the lock
         j1 = submit(factory, "one", with_host=True)
 
         def admitted(job_id: int) -> bool:
@@ -98,7 +96,7 @@ def test_two_loops_one_leader_and_failover(fresh_pg: str, no_dispatch: list[int]
         # Woken by NOTIFY, long before the 30 s timer.
         assert wait_for(lambda: admitted(j1), timeout=10)
         assert a.halt()  # the leader goes away; its connection closes and the lock with it
-        assert wait_for(lambda: leader_pid(fresh_pg) not in (None, first_leader), timeout=40)
+        assert wait_for(lambda: leader_holder(fresh_pg) not in (None, first_leader), timeout=40)
         j2 = submit(factory, "two")
         assert wait_for(lambda: admitted(j2), timeout=10)
         with factory() as db:
@@ -141,3 +139,128 @@ def test_file_leadership_is_exclusive(tmp_path: Path) -> None:
     one.release()
     assert two.try_acquire()
     two.release()
+
+
+def _states(factory: sessionmaker[Session], job_id: int) -> tuple[str, int]:
+    with factory() as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        return job.state, len(db.scalars(select(Attempt).where(Attempt.job_id == job_id)).all())
+
+
+def test_a_leader_that_stops_renewing_loses_its_term_and_its_late_cycle_writes_nothing(
+    fresh_pg: str, no_dispatch: list[int], tmp_path: Path
+) -> None:
+    settings = Settings(database_url=fresh_pg, home=tmp_path, leader_lease_s=1.0)
+    engine = make_engine(fresh_pg)
+    factory = sessionmaker(bind=engine, expire_on_commit=False)
+    frozen, standby = PostgresLeadership(fresh_pg, lease_s=1.0), PostgresLeadership(fresh_pg, lease_s=1.0)
+    try:
+        assert frozen.try_acquire() and not standby.try_acquire()
+        job_id = submit(factory, "late", with_host=True)
+        time.sleep(1.3)  # the leader is frozen past its lease: it renews nothing
+        assert standby.try_acquire() and leader_term(fresh_pg) == 2
+        # Woken, it knows by its own clock that it is stale ...
+        with pytest.raises(LeadershipLost, match="within the 1 s lease"):
+            run_cycle(session_factory=factory, dispatch=record_dispatch, settings=settings, leadership=frozen)
+        # ... and were its clock wrong, the database refuses its term.
+        frozen.valid_until = time.monotonic() + 60
+        with pytest.raises(LeadershipLost, match="term 1 is over"):
+            run_cycle(session_factory=factory, dispatch=record_dispatch, settings=settings, leadership=frozen)
+        assert _states(factory, job_id) == ("QUEUED", 0) and no_dispatch == []
+        result = run_cycle(session_factory=factory, dispatch=record_dispatch, settings=settings, leadership=standby)
+        assert result.admitted == [job_id] and _states(factory, job_id) == ("ADMITTED", 1)
+    finally:
+        frozen.release()
+        standby.release()
+        engine.dispose()
+
+
+def test_no_standby_takes_the_lease_while_the_leaders_transaction_holds_it(fresh_pg: str) -> None:
+    engine = make_engine(fresh_pg)
+    factory = sessionmaker(bind=engine, expire_on_commit=False)
+    leader, standby = PostgresLeadership(fresh_pg, lease_s=1.0), PostgresLeadership(fresh_pg, lease_s=1.0)
+    try:
+        assert leader.try_acquire()
+        with factory() as db:
+            leader.hold(db)  # a cycle's transaction: the term checked, the row locked till it ends
+            time.sleep(1.3)
+            assert not standby.try_acquire()  # expired by the clock, but not between the check and the commit
+            db.commit()
+        assert standby.try_acquire() and leader_term(fresh_pg) == 2
+    finally:
+        leader.release()
+        standby.release()
+        engine.dispose()
+
+
+def _running_attempt(factory: sessionmaker[Session], settings: Settings, silent_s: float) -> tuple[int, int]:
+    """A job running on a host whose agent and worker have been silent for ``silent_s`` (the database was away)."""
+    with factory() as db:
+        agent = HostAgent(name="gap", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1", settings=settings)
+        host = agent.register(db)
+        db.flush()
+        job = submit_spec(db, tiny_spec("gap"))
+        attempt = admit(db, job, host)
+        claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name, delivery="d",
+              settings=settings)  # fmt: skip
+        then = utcnow() - timedelta(seconds=silent_s)
+        host.last_heartbeat_at, attempt.lease_expires_at = then, then + timedelta(seconds=settings.lease_s)
+        db.commit()
+        return job.id, attempt.id
+
+
+def test_grace_counts_from_the_database_s_return_when_the_leader_changes(fresh_pg: str, tmp_path: Path) -> None:
+    """The outside chaos run: after a PostgreSQL outage the standby won the lead and declared attempts LOST and a
+    live host DOWN 0.9 s after the database came back. Silence that fell where no scheduler held the lease is no
+    evidence: the new leader's grace counts from its takeover."""
+    settings = Settings(database_url=fresh_pg, home=tmp_path, lease_s=4.0, heartbeat_interval_s=1.0,
+                        leader_lease_s=1.0)  # fmt: skip
+    engine = make_engine(fresh_pg)
+    factory = sessionmaker(bind=engine, expire_on_commit=False)
+    old, new = PostgresLeadership(fresh_pg, lease_s=1.0), PostgresLeadership(fresh_pg, lease_s=1.0)
+    try:
+        assert old.try_acquire()
+        run_cycle(session_factory=factory, dispatch=record_dispatch, settings=settings, leadership=old)
+        job_id, attempt_id = _running_attempt(factory, settings, silent_s=settings.lease_s + 6)
+        time.sleep(1.5)  # the outage: nobody renews the scheduler's lease either
+        assert new.try_acquire()
+        result = run_cycle(session_factory=factory, dispatch=record_dispatch, settings=settings, leadership=new)
+        assert not any("LOST" in a or "DOWN" in a for a in result.reconciled), result.reconciled
+        assert any(a.startswith("no scheduler for ") for a in result.reconciled), result.reconciled
+        with factory() as db:
+            back = db.scalars(select(Event).where(Event.type == "DATABASE_BACK")).one()
+            assert back.data["cause"] == "lease gap" and back.data["unwatched_s"] > 1.0
+        assert _states(factory, job_id) == ("RUNNING", 1)
+        # Still no evidence half-way through the grace; past it, the silent attempt is LOST and its host DOWN.
+        later = utcnow() + timedelta(seconds=settings.lease_s + 1)
+        new.valid_until = time.monotonic() + 60  # the test jumps the cycle's clock, not the lease's
+        result = run_cycle(session_factory=factory, dispatch=record_dispatch, settings=settings, leadership=new,
+                           now=later)  # fmt: skip
+        assert "host gap: DOWN" in result.reconciled and _states(factory, job_id)[0] == "QUEUED", result.reconciled
+        with factory() as db:
+            attempt = db.get(Attempt, attempt_id)
+            assert attempt is not None and attempt.state == "LOST"
+    finally:
+        old.release()
+        new.release()
+        engine.dispose()
+
+
+def test_a_handover_without_a_gap_gives_no_grace(fresh_pg: str, tmp_path: Path) -> None:
+    settings = Settings(database_url=fresh_pg, home=tmp_path, leader_lease_s=10.0)
+    engine = make_engine(fresh_pg)
+    factory = sessionmaker(bind=engine, expire_on_commit=False)
+    old, new = PostgresLeadership(fresh_pg, lease_s=10.0), PostgresLeadership(fresh_pg, lease_s=10.0)
+    try:
+        assert old.try_acquire() and not new.try_acquire()
+        run_cycle(session_factory=factory, dispatch=record_dispatch, settings=settings, leadership=old)
+        old.release()  # a clean shutdown gives the lease back
+        assert new.try_acquire()
+        result = run_cycle(session_factory=factory, dispatch=record_dispatch, settings=settings, leadership=new)
+        assert result.reconciled == []
+        with factory() as db:
+            assert not db.scalars(select(Event).where(Event.type == "DATABASE_BACK")).all()
+    finally:
+        new.release()
+        engine.dispose()

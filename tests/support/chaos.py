@@ -25,7 +25,6 @@ from typing import Any
 
 import httpx
 import psutil
-import psycopg
 from sqlalchemy import select, update
 
 from core.db import session_scope
@@ -33,7 +32,7 @@ from core.fence import job_checkpoint_dir
 from core.models import Attempt, Checkpoint, Event, Job, Team, TeamQuota
 from core.services.bootstrap import bootstrap_admin
 from core.states import TERMINAL, AttemptState, JobState
-from scheduler.live.leader import LOCK_KEY
+from tests.support.leader import leader_pid
 from tests.support.private_servers import PrivatePostgres
 from tests.support.redis_server import RedisServer
 from tests.support.workers_cluster import Cluster, cluster, slow_steps, tiny_spec, wait_for
@@ -135,20 +134,9 @@ class Chaos:
         return sorted(k for k in self.c.services if k.startswith("scheduler"))
 
     def leader(self) -> str | None:
-        """The scheduler process holding the leader's advisory lock, found by its connection's client port."""
-        with psycopg.connect(self.pg.admin_url, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-                "WHERE l.locktype = 'advisory' AND l.granted AND l.objid = %s", (LOCK_KEY,)
-            ).fetchone()  # fmt: skip
-        if row is None:
-            return None
-        for label in self.schedulers():
-            with contextlib.suppress(psutil.Error):
-                conns = psutil.Process(self.c.services[label].pid).net_connections("tcp")
-                if any(conn.laddr and conn.laddr.port == row[0] for conn in conns):
-                    return label
-        return None
+        """The scheduler process holding the leader's lease, by its pid."""
+        pid = leader_pid(self.c.env["KILN_DATABASE_URL"])
+        return next((label for label in self.schedulers() if self.c.services[label].pid == pid), None)
 
     # ----------------------------------------------------------------------------------------------- jobs
 
