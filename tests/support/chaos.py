@@ -34,6 +34,7 @@ from core.services.bootstrap import bootstrap_admin
 from core.states import TERMINAL, AttemptState, JobState
 from tests.support.leader import leader_pid
 from tests.support.private_servers import PrivatePostgres
+from tests.support.read_only import read_only, shared_mount
 from tests.support.redis_server import RedisServer
 from tests.support.workers_cluster import Cluster, cluster, slow_steps, tiny_spec, wait_for
 
@@ -181,12 +182,15 @@ class Chaos:
 
     # ---------------------------------------------------------------------------------------------- faults
 
-    def _lost_after(self, since: float) -> list[int]:
-        """Jobs with a LOST event since ``since`` (seconds of the harness)."""
+    def _lost_after(self, since: float, *, silent_only: bool = False) -> list[int]:
+        """Jobs with a LOST event since ``since`` (seconds of the harness); ``silent_only``: those declared LOST for
+        silence (a lease expired, an attempt never started), not for a crash their worker reported."""
         cutoff = time.time() - (self.elapsed() - since)
         with self.c.sessionmaker()() as db:
             events = db.scalars(select(Event).where(Event.type == JobState.LOST)).all()
-        return sorted({e.job_id for e in events if e.job_id is not None and e.created_at.timestamp() >= cutoff})
+        silence = ("lease_expired", "never_started")
+        return sorted({e.job_id for e in events if e.job_id is not None and e.created_at.timestamp() >= cutoff
+                       and (not silent_only or (e.data or {}).get("incident") in silence)})  # fmt: skip
 
     def wait_for_victims(self, host: str, timeout_s: float = 90) -> list[int]:
         return wait_for(lambda: self.running_on(host), timeout_s, f"a job training on {host}", interval=0.5)
@@ -256,6 +260,72 @@ class Chaos:
             new = wait_for(lambda: (lead := self.leader()) in others and lead, 60, "a standby taking the lead")
         self.record("SIGKILL leader scheduler", leader, new_leader=new, down_s=down_s, at=since)
 
+    def sigstop_leader(self, *, for_s: float, submit: Callable[[], int]) -> None:
+        """Freeze the leading scheduler (SIGSTOP) for ``for_s``, past its lease, and ``submit`` a job at once: a
+        standby must take the lease and admit it (the cluster has room: call this while it is idle); thawed, the
+        old leader must step down by itself."""
+        leader = wait_for(self.leader, 60, "a leading scheduler")
+        proc = self.c.services[leader]
+        since = self.elapsed()
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            job = submit()
+            wait_for(lambda: self._admitted(job), for_s, f"job {job} admitted while the leader is frozen", interval=0.1)
+            admitted_s = time.monotonic() - t0
+            new = self.leader()
+            time.sleep(max(0.0, for_s - (time.monotonic() - t0)))
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        stepped_down = wait_for(lambda: "stepping down" in self.c.log_text(leader), 30, f"{leader} stepping down")
+        self.record("SIGSTOP leader scheduler past its lease", leader, new_leader=new, frozen_s=for_s, job=job,
+                    admitted_s=round(admitted_s, 2), old_leader_stepped_down=stepped_down, at=since)  # fmt: skip
+
+    def _admitted(self, job_id: int) -> bool:
+        with self.c.sessionmaker()() as db:
+            return db.scalars(select(Attempt.id).where(Attempt.job_id == job_id)).first() is not None
+
+    def read_only_across_last_step(self, *, for_s: float, steps: int, every_steps: int) -> None:
+        """The checkpoint directory of a job about to take its last step read-only (a read-only bind mount, which
+        reaches its sandbox through the shared storage mount) for ``for_s``: its final save fails meanwhile. It
+        must never read SUCCEEDED on a final checkpoint that is not on disk."""
+
+        def near_the_end() -> int | None:
+            with self.c.sessionmaker()() as db:
+                rows = db.execute(select(Job.id, Job.last_step).where(Job.state == JobState.RUNNING)).all()
+            close = [(step, j) for j, step in rows if step is not None and steps - 2 * every_steps <= step < steps]
+            return max(close)[1] if close else None
+
+        job = wait_for(near_the_end, 180, "a job near its last step", interval=0.2)
+        since = self.elapsed()
+        with read_only(job_checkpoint_dir(Path(self.c.env["KILN_STORAGE_DIR"]), job)):
+            time.sleep(for_s)
+        with self.c.sessionmaker()() as db:
+            row = db.get(Job, job)
+            state = row.state if row else None
+        self.record("checkpoint storage read-only across the last step", "storage", jobs=[job], read_only_s=for_s,
+                    state_after=state, lost=self._lost_after(since), at=since)  # fmt: skip
+
+    def postgres_outage_with_leader_change(self, *, down_s: float, lease_s: float) -> None:
+        """PostgreSQL stopped for ``down_s`` (past the attempts' leases) while the leading scheduler dies, so that a
+        standby leads when it comes back; no attempt may be declared LOST for silence that fell in the outage. The
+        LOST count is taken one lease (and a little) after the database came back."""
+        leader = wait_for(self.leader, 60, "a leading scheduler")
+        since = self.elapsed()
+        self.pg.stop_immediate()
+        with self.down(leader, 0.0):
+            proc = self.c.services[leader]
+            proc.kill()
+            proc.wait(10)
+            time.sleep(down_s)
+            self.pg.start()
+            back = self.elapsed()
+            new = wait_for(lambda: (lead := self.leader()) not in (None, leader) and lead, 60, "a new leader")
+        time.sleep(lease_s + 3.0)
+        lost = self._lost_after(since, silent_only=True)
+        self.record("PostgreSQL outage ending with a leader change", "postgres", down_s=down_s, old_leader=leader,
+                    new_leader=new, back_at_s=back, lost=lost, at=since)  # fmt: skip
+
     def sigkill_api(self, *, down_s: float) -> None:
         since = self.elapsed()
         with self.down("api", down_s):
@@ -278,7 +348,7 @@ class Chaos:
         stop()
         time.sleep(down_s)
         start()
-        self.record(fault, server, down_s=down_s, at=since)
+        self.record(fault, server, down_s=down_s, lost=self._lost_after(since, silent_only=True), at=since)
 
     def consumer_died(self, host: str) -> bool:
         """Whether a worker process of ``host`` lost its Celery consumer in kombu's ``restore_unacked_once`` after
@@ -300,10 +370,15 @@ def _is_rank(pid: int) -> bool:
 
 @contextmanager
 def chaos_cluster(tmp: Path, *, lease_s: float, heartbeat_s: float = 1.0, scheduler_interval_s: float = 1.0,
-                  worker_slots: int = 3, step_sleep_s: float = 0.15) -> Iterator[Chaos]:  # fmt: skip
+                  worker_slots: int = 3, step_sleep_s: float = 0.15, leader_lease_s: float = 3.0,
+                  final_checkpoint_retry_s: float = 3.0) -> Iterator[Chaos]:  # fmt: skip
     """PostgreSQL and Redis of its own, migrated and bootstrapped (an admin, the ``default`` team with CPU slots
-    for both hosts); the API, two schedulers and two workers running."""
+    for both hosts); the API, two schedulers and two workers running. The storage directory is a shared mount, so
+    that a read-only mount made under it later reaches the sandboxes (as a remount of real storage would)."""
     with ExitStack() as stack:
+        storage = tmp / "storage"
+        storage.mkdir(parents=True, exist_ok=True)
+        stack.enter_context(shared_mount(storage))
         pg = PrivatePostgres().init()
         stack.callback(pg.remove)
         pg.start()
@@ -311,8 +386,12 @@ def chaos_cluster(tmp: Path, *, lease_s: float, heartbeat_s: float = 1.0, schedu
         stack.callback(redis.stop)
         redis.start()
         url = pg.create_database("kiln")
+        env = {
+            "KILN_LEADER_LEASE_S": str(leader_lease_s),
+            "KILN_FINAL_CHECKPOINT_RETRY_S": str(final_checkpoint_retry_s),
+        }
         c = stack.enter_context(cluster(tmp, database_url=url, broker_url=redis.url(), lease_s=lease_s,
-                                        heartbeat_s=heartbeat_s))  # fmt: skip
+                                        heartbeat_s=heartbeat_s, extra_env=env))  # fmt: skip
         with session_scope() as db:
             _user, token = bootstrap_admin(db=db, name="admin")
             team = db.scalars(select(Team).where(Team.name == "default")).one()
