@@ -2,19 +2,23 @@
 
 A PostgreSQL and a Redis of its own (free ports; the shared 5432/6379 never see a fault), the API (uvicorn), two
 schedulers (one leads), two workers as two hosts with 3 CPU slots each, the tiny GPT on CPU. First the fault-free
-twins (one per seed, nothing else running), then the jobs (``--jobs``, through the API in three batches) under the
-faults: a worker frozen (SIGSTOP) past its lease while its trainers train on, a trainer SIGKILLed, the leading
-scheduler SIGKILLed, the API SIGKILLed, a worker SIGKILLed and kept away past its lease (its trainers told by the
-parent-death signal), Redis SIGKILLed, PostgreSQL stopped with ``pg_ctl stop -m immediate``, a whole host (worker
-and trainers) SIGKILLed, a whole node frozen and thawed worker first. A killed process comes back as its
-supervisor would bring it back; no job is ever touched by hand.
+twins (one per seed, nothing else running), then the jobs (``--jobs``, through the API: one during the first fault,
+the rest in three batches) under 12 faults: the leading scheduler frozen (SIGSTOP) past its lease while a job is
+submitted, a worker frozen past its lease while its trainers train on, a trainer SIGKILLed, the leading scheduler
+SIGKILLed, the API SIGKILLed, a job's checkpoint directory read-only for 20 s across its last step, a worker
+SIGKILLed and kept away past its lease (its trainers told by the lifeline), Redis SIGKILLed, PostgreSQL stopped
+with ``pg_ctl stop -m immediate``, PostgreSQL away for 14 s while the leader dies (a standby leads when it is back),
+a whole host (worker and trainers) SIGKILLed, a whole node frozen and thawed worker first. A killed process comes
+back as its supervisor would bring it back; no job is ever touched by hand.
 
 Afterwards, from the database and the checkpoints on disk (``tests/support/chaos.py``): every job SUCCEEDED; no
 checkpoint committed by an attempt after it was declared LOST (manifests, checkpoint rows, telemetry); each job's
 recorded step, loss and checkpoint list are what its last checkpoint holds (which verifies); each final loss equals
-its twin's. The ratio against the baseline: each job's wall time against its fault-free twin's.
+its twin's; no attempt declared LOST for silence inside a database outage; the job submitted while the leader was
+frozen admitted by a standby within the leader's lease + 2 s, the old leader stepping down. The ratio against the
+baseline: each job's wall time against its fault-free twin's.
 
-    .venv/bin/python bench/chaos_bench.py [--jobs 12] [--steps 160] [--lease 6]
+    .venv/bin/python bench/chaos_bench.py [--jobs 30] [--steps 160] [--lease 6] [--leader-lease 3]
 """
 
 from __future__ import annotations
@@ -40,7 +44,14 @@ from sqlalchemy import select  # noqa: E402
 
 from core.models import Attempt, Event, Job  # noqa: E402
 from core.states import JobState  # noqa: E402
-from tests.support.chaos import Chaos, chaos_cluster, chaos_spec, check_invariants, job_summaries  # noqa: E402
+from tests.support.chaos import (  # noqa: E402
+    Chaos,
+    chaos_cluster,
+    chaos_spec,
+    check_invariants,
+    job_summaries,
+    timeline_verdicts,
+)
 from trainer.checkpoint.store import verify  # noqa: E402
 
 
@@ -61,11 +72,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "config": {"jobs": args.jobs, "seeds": seeds, "steps": args.steps, "every_steps": args.every,
                    "lease_s": lease, "heartbeat_s": 1.0, "scheduler_interval_s": 1.0, "workers": 2,
-                   "slots_per_worker": 3, "schedulers": 2, "step_sleep_s": args.step_sleep},
+                   "slots_per_worker": 3, "schedulers": 2, "step_sleep_s": args.step_sleep,
+                   "leader_lease_s": args.leader_lease, "final_checkpoint_retry_s": args.final_retry},
         "load_average_start": os.getloadavg(),
     }  # fmt: skip
     started = time.monotonic()
-    with chaos_cluster(tmp, lease_s=lease, worker_slots=3, step_sleep_s=args.step_sleep) as chaos:
+    timings = {"leader_lease_s": args.leader_lease, "final_checkpoint_retry_s": args.final_retry}
+    with chaos_cluster(tmp, lease_s=lease, worker_slots=3, step_sleep_s=args.step_sleep, **timings) as chaos:
         spec = lambda name, seed: chaos_spec(name, seed=seed, steps=args.steps, every_steps=args.every)  # noqa: E731
 
         # The baseline: one fault-free twin per seed, alone on the cluster.
@@ -77,28 +90,42 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         jobs: list[int] = []
         seed_of: dict[int, int] = {}
 
+        def submit_one() -> int:
+            seed = seeds[len(jobs) % len(seeds)]
+            j = chaos.submit(spec(f"chaos-{len(jobs) + 1}", seed))
+            jobs.append(j)
+            seed_of[j] = seed
+            return j
+
         def submit_batch(n: int) -> None:
             for _ in range(n):
-                seed = seeds[len(jobs) % len(seeds)]
-                j = chaos.submit(spec(f"chaos-{len(jobs) + 1}", seed))
-                jobs.append(j)
-                seed_of[j] = seed
+                submit_one()
             chaos.record("submitted through the API", "api", jobs=jobs[-n:])
 
         a, b = chaos.c.host("a"), chaos.c.host("b")
         batch1 = args.jobs // 2
         batch2 = (args.jobs - batch1) // 2
         timeline: list[tuple[str, Callable[[], None]]] = [
-            ("batch 1", lambda: submit_batch(batch1)),
+            # First, on an idle cluster (room to admit): a job submitted while the leader is frozen.
+            ("freeze the leader", lambda: chaos.sigstop_leader(for_s=3 * args.leader_lease, submit=submit_one)),
+            ("batch 1", lambda: submit_batch(batch1 - 1)),
             ("freeze worker a", lambda: chaos.sigstop_worker(a, for_s=2.5 * lease)),
             ("kill a trainer on b", lambda: chaos.sigkill_trainer(b)),
             ("kill the leader", lambda: chaos.sigkill_leader(down_s=3.0)),
             ("kill the API", lambda: chaos.sigkill_api(down_s=3.0)),
             ("batch 2", lambda: submit_batch(batch2)),
+            (
+                "storage read-only across a last step",
+                lambda: chaos.read_only_across_last_step(for_s=20.0, steps=args.steps, every_steps=args.every),
+            ),
             ("kill worker b past the lease", lambda: chaos.sigkill_worker(b, down_s=1.5 * lease)),
             ("kill Redis", lambda: chaos.sigkill_redis(down_s=3.0)),
             ("stop PostgreSQL", lambda: chaos.postgres_immediate_stop(down_s=lease / 2)),
             ("batch 3", lambda: submit_batch(args.jobs - batch1 - batch2)),
+            (
+                "PostgreSQL away past the leases, the leader dies",
+                lambda: chaos.postgres_outage_with_leader_change(down_s=14.0, lease_s=lease),
+            ),
             ("kill host a", lambda: chaos.sigkill_worker(a, down_s=1.5 * lease, whole_node=True)),
             ("freeze node b", lambda: chaos.sigstop_worker(b, for_s=2.5 * lease, whole_node=True)),
         ]
@@ -117,6 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             finished = False
             out["unfinished"] = str(exc)
         verdicts = check_invariants(chaos, jobs, {j: twins[seed_of[j]] for j in jobs}, verify=verify)
+        verdicts += timeline_verdicts(chaos, args.leader_lease)
         walls = [w / t for j in jobs if (w := wall_s(chaos, j)) and (t := twin_wall[seed_of[j]])]
         consumer_died = {h: chaos.consumer_died(h) for h in (a, b)}
         out.update({
@@ -149,11 +177,13 @@ def _count(chaos: Chaos, type_: str) -> int:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--jobs", type=int, default=12)
+    p.add_argument("--jobs", type=int, default=30)
     p.add_argument("--seeds", type=int, default=3, help="distinct specs; one fault-free twin each")
     p.add_argument("--steps", type=int, default=160)
     p.add_argument("--every", type=int, default=10, help="checkpoint every N steps")
     p.add_argument("--lease", type=float, default=6.0)
+    p.add_argument("--leader-lease", type=float, default=3.0, help="the schedulers' leader lease")
+    p.add_argument("--final-retry", type=float, default=5.0, help="KILN_FINAL_CHECKPOINT_RETRY_S")
     p.add_argument("--step-sleep", type=float, default=0.2, help="test hook: seconds added to every step")
     p.add_argument("--settle", type=float, default=3.0, help="seconds between faults")
     p.add_argument("--timeout", type=float, default=900.0, help="for every job to end after the last fault")

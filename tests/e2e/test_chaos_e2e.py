@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.chaos import chaos_cluster, chaos_spec, check_invariants
+from tests.support.chaos import chaos_cluster, chaos_spec, check_invariants, timeline_verdicts
 from tests.support.private_servers import private_servers_available
 from tests.support.workers_cluster import wait_for
 from trainer.checkpoint.store import verify
@@ -63,16 +63,11 @@ def test_jobs_survive_the_faults_and_their_results_are_their_checkpoints(tmp_pat
         chaos.read_only_across_last_step(for_s=2 * LEASE_S, steps=60, every_steps=10)
         chaos.wait_final(jobs, 240)
         verdicts = check_invariants(chaos, jobs, {j: twin for j in jobs}, verify=verify)
+        verdicts += timeline_verdicts(chaos, LEADER_LEASE_S)
         timeline = [(f.at_s, f.fault, f.target, f.detail) for f in chaos.timeline]
     for v in verdicts:
         assert v.ok, (v.name, v.failures, timeline)
     # The faults hit what they were aimed at: the frozen worker's and the killed trainer's jobs were LOST.
     faults = {f[1]: f[3] for f in timeline}
     assert faults["SIGSTOP worker"]["lost"] and faults["SIGKILL trainer"]["lost"], timeline
-    # A frozen leader: a standby admitted the job submitted meanwhile within the lease and 2 s; thawed, it stepped
-    # down. No attempt was declared LOST for silence inside either database outage.
-    frozen = faults["SIGSTOP leader scheduler past its lease"]
-    assert frozen["new_leader"] and frozen["admitted_s"] <= LEADER_LEASE_S + 2.0, frozen
-    assert frozen["old_leader_stepped_down"], frozen
-    assert faults["PostgreSQL stop -m immediate"]["lost"] == [], timeline
-    assert faults["PostgreSQL outage ending with a leader change"]["lost"] == [], timeline
+    assert faults["SIGSTOP leader scheduler past its lease"]["new_leader"], timeline

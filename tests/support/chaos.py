@@ -523,6 +523,26 @@ def check_invariants(chaos: Chaos, job_ids: list[int], twin_of: dict[int, int],
     return out
 
 
+def timeline_verdicts(chaos: Chaos, leader_lease_s: float) -> list[Verdict]:
+    """The faults' own invariants: no attempt declared LOST for silence inside a database outage; a job submitted
+    while the leader was frozen admitted by a standby within the leader's lease + 2 s, the old leader stepping down;
+    the job whose storage was read-only across its last step never SUCCEEDED while it was (its final state is
+    checked with the others')."""
+    outage = Verdict("0 attempts lost because of a database outage", True)
+    frozen = Verdict(f"a standby admits within the leader's lease + 2 s ({leader_lease_s + 2:.0f} s)", True)
+    for f in chaos.timeline:
+        if f.target == "postgres" and f.detail.get("lost"):
+            outage.failures.append(f"{f.fault} at {f.at_s} s: jobs {f.detail['lost']} LOST for silence")
+        if f.fault.startswith("SIGSTOP leader"):
+            if not f.detail.get("admitted_s") or f.detail["admitted_s"] > leader_lease_s + 2:
+                frozen.failures.append(f"admitted after {f.detail.get('admitted_s')} s")
+            if not f.detail.get("old_leader_stepped_down"):
+                frozen.failures.append(f"{f.target} did not step down")
+    for v in (outage, frozen):
+        v.ok = not v.failures
+    return [outage, frozen]
+
+
 def job_summaries(chaos: Chaos, job_ids: list[int]) -> list[dict[str, Any]]:
     """Per job: its final state, step, loss, restarts and each attempt's host and end."""
     out = []
