@@ -45,6 +45,7 @@ from api.routers.common import (
 )
 from api.schemas.common import INT32, INT64, InModel, OutModel, Text
 from api.schemas.jobs import (
+    AttemptCompileOut,
     AttemptOut,
     AttemptPageOut,
     CheckpointOut,
@@ -59,6 +60,7 @@ from api.schemas.jobs import (
     job_json,
     page_json,
 )
+from core.services import compile_cache
 from core.services import jobs as svc
 from core.services.errors import InvalidInput
 from core.spec import NAME_PATTERN, JobSpec, SpecError, parse_spec_data, validation_errors
@@ -363,7 +365,12 @@ def list_job_attempts(
     rows, more = paged_query(
         partial(svc.attempts, db=db, principal=who, job_id=job_id), lambda a: (a.number,), (0,), limit, cursor
     )
-    return AttemptPageOut(items=[AttemptOut.model_validate(a) for a in rows], next_cursor=more)
+    compiles = compile_cache.for_attempts(db, principal=who, job_id=job_id, attempts=rows)
+    items = [
+        AttemptOut.model_validate(a).model_copy(update={"compile": AttemptCompileOut.model_validate(c)})
+        for a, c in zip(rows, compiles, strict=True)
+    ]
+    return AttemptPageOut(items=items, next_cursor=more)
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointPageOut, summary="The job's checkpoints, by step")

@@ -45,12 +45,23 @@ class HostOut(OutModel):
     registered_at: datetime
 
 
+class CompileReuseOut(OutModel):
+    """A team's compiles over the window and what its compile cache saved (from the trainer's COMPILE_* events)."""
+
+    compiled: int = Field(description="attempts whose compile succeeded")
+    hits: int = Field(description="of those, the ones whose compiled code came from a cache")
+    hit_rate: float | None = Field(description="hits / compiled (null: nothing compiled)")
+    saved_s: float = Field(description="seconds the hits saved against their entries' cold compiles")
+    rejected: int = Field(description="cache entries refused (failed their check) before compiling")
+
+
 class TeamUsageOut(OutModel):
     team: str
     budget_gpu_hours: float | None
     used_gpu_hours: float
     remaining_gpu_hours: float | None
     by_gpu_type: dict[str, float]
+    compile_cache: CompileReuseOut | None = Field(None, description="the compile cache's reuse over the window")
 
 
 class UsageOut(OutModel):

@@ -153,6 +153,34 @@ class EventPageOut(OutModel):
     next_cursor: str | None = Field(default=None, description=NEXT_CURSOR_DOC)
 
 
+class CacheRejectionOut(OutModel):
+    reason: str = Field(description="why the trainer refused the entry, e.g. numeric_mismatch, digest_mismatch")
+    key: str | None = Field(description="the refused entry's cache key")
+
+
+class AttemptCompileOut(OutModel):
+    """An attempt's compile and what the compile cache gave it (from the trainer's COMPILE_* events)."""
+
+    status: str = Field(
+        description="hit, miss, fallback (compiled, then fell back to eager), off (no compile: turned off, a script, "
+        "or the attempt ended before compiling), pending (not compiled yet)"
+    )
+    source: str | None = Field(
+        description="a hit's source: local (this host's compiler caches), team (the team's cache in kiln's "
+        "storage), shared (a cache an admin published for every team)"
+    )
+    key: str | None = Field(description="the cache key: a digest of everything that decides the compiled code")
+    compile_s: float | None = Field(description="compile time in seconds, loading the cache included")
+    load_s: float | None = Field(description="seconds spent loading the cache entry")
+    saved_s: float | None = Field(
+        description="a hit's seconds saved against the cold compile recorded with the entry (null: not said)"
+    )
+    published: bool = Field(description="this attempt's compile was published to the team's cache")
+    rejections: list[CacheRejectionOut] = Field(description="cache entries refused before compiling")
+    fallback: str | None = Field(description="the fallback's event type when status is fallback")
+    summary: str = Field(description="in words, as kiln describe says it: hit (team cache, key 3f9a1c2e) 0.4 s, ...")
+
+
 class AttemptOut(OutModel):
     id: int
     number: int
@@ -166,6 +194,7 @@ class AttemptOut(OutModel):
     ended_at: datetime | None
     exit_code: int | None
     exit_reason: str | None
+    compile: AttemptCompileOut | None = None
 
 
 class CheckpointOut(OutModel):

@@ -10,6 +10,8 @@ from sqlalchemy.orm import Session
 from core.db import utcnow
 from core.repositories import teams as teams_repo
 from core.repositories import usage as usage_repo
+from core.services import compile_cache
+from core.services.compile_cache import TeamReuse
 from core.services.errors import InvalidInput
 from core.services.principal import Principal, require_team
 
@@ -22,6 +24,7 @@ class TeamUsage:
     budget_gpu_hours: float | None
     used_gpu_hours: float = 0.0
     by_gpu_type: dict[str, float] = field(default_factory=dict)
+    compile_cache: TeamReuse | None = None
 
     @property
     def remaining_gpu_hours(self) -> float | None:
@@ -58,4 +61,7 @@ def report(
         hours = seconds / 3600.0
         entry.by_gpu_type[gpu_type] = entry.by_gpu_type.get(gpu_type, 0.0) + hours
         entry.used_gpu_hours += hours
+    reuse = compile_cache.by_team(db, teams={t.id: t.name for t in teams}, since=since, until=until)
+    for team_id, entry in out.items():
+        entry.compile_cache = reuse[team_id]
     return UsageReport(since=since, until=until, teams=list(out.values()))

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.routers.dashboard.common import epoch_iso, iso
 from core.db import utcnow
-from core.services import capacity
+from core.services import capacity, compile_cache
 from core.states import HostState
 
 router = APIRouter(tags=["dashboard"])
@@ -60,7 +60,8 @@ def cost(
     days: Annotated[int, Query(ge=1, le=366)] = 30,
     bucket: Annotated[str, Query(pattern="^(hour|day)$")] = "day",
 ) -> dict[str, Any]:
-    """Each usage row's GPU-seconds are spread evenly over its time span and cut into buckets."""
+    """Each usage row's GPU-seconds are spread evenly over its time span and cut into buckets; ``compile_cache``:
+    each team's compile-cache reuse over the same days (teams that compiled in them)."""
     now = utcnow()
     since = now - timedelta(days=days)
     step = 3600 if bucket == "hour" else 86400
@@ -81,4 +82,15 @@ def cost(
         "start": epoch_iso(int(since.timestamp()) // step * step),
         "bucket_s": step,
         "series": series,
+        "compile_cache": [
+            {
+                "team": r.team,
+                "compiled": r.compiled,
+                "hits": r.hits,
+                "hit_rate": r.hit_rate,
+                "saved_s": r.saved_s,
+                "rejected": r.rejected,
+            }
+            for r in compile_cache.visible_by_team(session, principal=who, since=since, until=now)
+        ],
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -20,15 +21,16 @@ from api.schemas.common import INT64
 from core.db import utcnow
 from core.models import Attempt, Job
 from core.queue_wait import queued_seconds
-from core.services import dashboard
+from core.services import compile_cache, dashboard
 from core.services import datasets as datasets_svc
+from core.services.compile_cache import AttemptCompile, compile_off
 from core.services.dashboard import FINISHED_STATES, get_visible_job
 from core.services.sla import step_standing
 
 router = APIRouter(tags=["dashboard"])
 
 
-def _attempt_dict(a: Attempt) -> dict[str, Any]:
+def _attempt_dict(a: Attempt, compiled: AttemptCompile) -> dict[str, Any]:
     return {
         "number": a.number,
         "state": a.state,
@@ -40,6 +42,7 @@ def _attempt_dict(a: Attempt) -> dict[str, Any]:
         "resumed_from_step": a.resumed_from_step,
         "exit_code": a.exit_code,
         "exit_reason": a.exit_reason,
+        "compile": {**asdict(compiled), "summary": compiled.summary},
     }
 
 
@@ -91,6 +94,7 @@ def _datasets(session: Session, job: Job) -> list[dict[str, Any]]:
 def overview_of(session: Session, job: Job) -> dict[str, Any]:
     view = dashboard.job_overview(session, job)
     team, qos, contract, attempts, events = view.team, view.qos, view.contract, view.attempts, view.events
+    compiles = compile_cache.summarise(events, attempts, compile_off=compile_off(job))
     now = utcnow()
     return {
         "job": {
@@ -138,7 +142,7 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
             # compare, a script that reports none, or the step time of a best-effort GPU share)
             "standing": step_standing(session, job=job, contract=contract),
         },
-        "attempts": [_attempt_dict(a) for a in attempts],
+        "attempts": [_attempt_dict(a, c) for a, c in zip(attempts, compiles, strict=True)],
         "restarts": restarts_with_recovery(attempts),
         "checkpoints": [
             {
