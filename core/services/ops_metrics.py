@@ -20,6 +20,9 @@ kiln_gpu_utilization_ratio             gauge          host, gpu                 
 kiln_gpu_memory_used_bytes             gauge          host, gpu                           gpus.last_sample
 kiln_gpu_link_bytes_per_second         gauge          host, gpu, link, direction          gpus.last_sample
 kiln_hosts                             gauge          state                               hosts
+kiln_compile_cache_lookups_total       counter        team, result, source                COMPILE_OK (hit, miss),
+                                                                                          COMPILE_CACHE_REJECTED
+kiln_compile_cache_seconds_saved_total counter        team                                COMPILE_OK's saved_s
 =====================================  =============  ==================================  ==========================
 
 The window is the last 24 h. Counters are all-time event counts (monotonic, so ``rate``/``increase`` work);
@@ -50,7 +53,9 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
+from core.repositories import compile_cache as compile_repo
 from core.repositories import ops_metrics as repo
+from core.services import compile_cache
 from core.states import HostState
 
 WINDOW = timedelta(hours=24)
@@ -125,10 +130,12 @@ class OpsSnapshot:
     gpu_links: dict[tuple[str, str, str, str], float] = field(default_factory=dict)  # host, gpu, link, direction
     hosts: dict[str, int] = field(default_factory=dict)  # state
     evaluation: dict[tuple[str, str, str, str], float] = field(default_factory=dict)  # team, job, name, metric
+    compile_lookups: dict[tuple[str, str, str], int] = field(default_factory=lambda: defaultdict(int))
+    compile_saved: dict[str, float] = field(default_factory=lambda: defaultdict(float))  # team
 
 
 def snapshot(db: Session, *, now: datetime | None = None, window: timedelta = WINDOW) -> OpsSnapshot:
-    """Everything the collector exports, in six statements."""
+    """Everything the collector exports, in seven statements."""
     now = now or utcnow()
     since = now - window
     snap = OpsSnapshot(window_s=window.total_seconds())
@@ -167,6 +174,12 @@ def snapshot(db: Session, *, now: datetime | None = None, window: timedelta = WI
             number = _number(value)
             if number is not None:
                 snap.evaluation[(team, str(job_id), name, str(metric))] = number
+
+    for team, type_, hit, source, n, saved in compile_repo.lookup_counts(db):
+        result = "rejected" if type_ != compile_repo.COMPILE_OK else "hit" if hit else "miss"
+        label = (compile_cache.source_name(source) if result == "hit" else None) or "none"
+        snap.compile_lookups[(team, result, label)] += int(n)
+        snap.compile_saved[team] += float(saved or 0.0)
 
     snap.hosts = dict.fromkeys(HOST_STATES, 0)
     seen_hosts: set[str] = set()
@@ -299,6 +312,23 @@ def families(snap: OpsSnapshot) -> list[Metric]:
             snap.gpu_links,
         ),
         _with_samples(GaugeMetricFamily("kiln_hosts", "Hosts by state", labels=["state"]), snap.hosts),
+        _with_samples(
+            CounterMetricFamily(
+                "kiln_compile_cache_lookups",
+                "Compile-cache lookups of attempts: result hit (source local, team or shared), miss (compiled cold), "
+                "rejected (an entry refused by its check, then compiled cold: also a miss)",
+                labels=["team", "result", "source"],
+            ),
+            snap.compile_lookups,
+        ),
+        _with_samples(
+            CounterMetricFamily(
+                "kiln_compile_cache_seconds_saved",
+                "Compile seconds the compile cache's hits saved against their entries' cold compiles",
+                labels=["team"],
+            ),
+            snap.compile_saved,
+        ),
         _with_samples(
             GaugeMetricFamily(
                 "kiln_job_evaluation",

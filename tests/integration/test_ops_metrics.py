@@ -18,13 +18,14 @@ from core.db import utcnow
 from core.models import GPU, Event, Host, Job, QosClass, SlaContract, Team, User
 from core.services import tokens as tokens_svc
 from core.services.principal import Principal
+from tests.support.compile_events import relay_compiles
 from tests.support.sql import statements
 
 pytestmark = pytest.mark.integration
 
 # The scrape token's lookup; kiln_jobs by state; attainment; queue wait; pending; event counters; hosts and GPUs;
-# the evaluations of teams' own code
-SCRAPE_BUDGET = 8
+# the evaluations of teams' own code; the compile cache's lookups
+SCRAPE_BUDGET = 9
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 Scrape = Callable[[TestClient], Samples]
@@ -351,3 +352,18 @@ def test_the_last_evaluation_of_a_teams_code_is_exported(client: TestClient, db:
         frozenset({**labels, "metric": "accuracy"}.items()): 0.975,
         frozenset({**labels, "metric": "heldout_loss"}.items()): 0.12,
     }
+
+
+def test_compile_cache_lookups_by_result_and_source_and_the_seconds_saved(
+    client: TestClient, db: Session, scrape: Scrape
+) -> None:
+    w = World(db)
+    job = w.job(w.team("ops-cc"), "gold", state="RUNNING", submitted_ago=600)
+    relay_compiles(db, job)  # two misses (one after a rejection), two hits from the team cache; every rank reports
+    s = scrape(client)
+    assert series(s, "kiln_compile_cache_lookups_total") == {
+        frozenset({"team": "ops-cc", "result": "hit", "source": "team"}.items()): 2,
+        frozenset({"team": "ops-cc", "result": "miss", "source": "none"}.items()): 2,
+        frozenset({"team": "ops-cc", "result": "rejected", "source": "none"}.items()): 1,
+    }
+    assert value(s, "kiln_compile_cache_seconds_saved_total", team="ops-cc") == pytest.approx(21.3)
