@@ -317,7 +317,16 @@ USAGE_COLUMNS: list[Column] = [
     ("BUDGET", lambda u: u.get("budget_gpu_hours")),
     ("REMAINING", lambda u: u.get("remaining_gpu_hours")),
     ("BY TYPE", lambda u: ", ".join(f"{k}={v:.2f}" for k, v in (u.get("by_gpu_type") or {}).items())),
+    ("COMPILE HITS", lambda u: fmt_compile_hits(u.get("compile_cache"))),
+    ("COMPILE SAVED", lambda u: fmt_duration((u.get("compile_cache") or {}).get("saved_s"))),
 ]
+
+
+def fmt_compile_hits(reuse: Any) -> str:
+    """A team's compile-cache hits over its compiles: '11/12 (92%)'; '-' when nothing compiled."""
+    if not isinstance(reuse, dict) or not reuse.get("compiled"):
+        return "-"
+    return f"{reuse.get('hits')}/{reuse['compiled']} ({100 * (reuse.get('hit_rate') or 0):.0f}%)"
 
 
 def fmt_placement(placement: Any) -> str:

@@ -292,6 +292,9 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
     if attempts:
         console.print()
         console.print(out.table(out.ATTEMPT_COLUMNS, attempts, title="Attempts"))
+        for a in attempts:  # the compile cache's reuse, one line per attempt: hit/miss, source, key, time saved
+            if isinstance(a.get("compile"), dict):
+                console.print(f"attempt {a.get('number')}  compile: {a['compile'].get('summary')}", highlight=False)
     if checkpoints:
         console.print()
         console.print(out.table(out.CHECKPOINT_COLUMNS, checkpoints[-5:], title="Checkpoints (latest)"))

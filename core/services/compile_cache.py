@@ -28,6 +28,7 @@ from core.services.principal import Principal
 # Where a hit's compiled code came from. ``artifacts`` is an older trainer's name for a hit loaded from the
 # portable artifacts in kiln's storage, which the team cache now holds: the same source, named as today.
 SOURCE_NAMES = {"local": "local", "team": "team", "shared": "shared", "artifacts": "team"}
+REASON_SHOWN = 80  # characters of a rejection's reason in the summary (the API's rejections carry it whole)
 SHORT_KEY = 8  # hex digits of the key shown: enough to tell a team's few keys apart, as git's short hashes do
 
 
@@ -78,9 +79,13 @@ class AttemptCompile:
             text = "not yet" if self.status == "pending" else "off"
         if self.rejections:
             n = len(self.rejections)
-            reasons = ", ".join(r.reason for r in self.rejections)
+            reasons = "; ".join(_clip(r.reason, REASON_SHOWN) for r in self.rejections)
             text += f"; rejected {n} cache entr{'y' if n == 1 else 'ies'} ({reasons})"
         return text
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _number(value: Any) -> float | None:

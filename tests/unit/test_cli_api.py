@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
 from cli.bootstrap import bootstrap
@@ -24,7 +25,10 @@ from cli.client import KilnClient
 from cli.config import CliConfig
 from cli.errors import ExitCode
 from cli.main import app
+from core.db import make_engine
 from core.migrate import upgrade
+from core.models import Job
+from tests.support.compile_events import SUMMARIES, relay_compiles
 from tests.support.deps import require_module
 from tests.support.services import free_port, wait_until_serving
 
@@ -275,6 +279,32 @@ def test_teams_qos_sla_tokens_hosts_usage(kiln: Any) -> None:
     usage = as_json(kiln("usage", "-o", "json"))
     assert "default" in [t["team"] for t in usage["teams"]]
     assert kiln("usage").exit_code == 0
+
+
+def test_describe_says_each_attempts_compile_and_usage_the_teams_hit_rate(
+    kiln: Any, server: Server, tmp_path: Path
+) -> None:
+    assert kiln("teams", "create", "compilers", "--quota", "cpu=2").exit_code == 0
+    job_id = submit(kiln, spec_file(tmp_path, **{"team: default": "team: compilers", 'mode: "off"': "mode: auto"}))
+    # The trainer's compile events of five attempts, written by the worker's own relay into the server's database.
+    engine = make_engine(f"sqlite:///{server.home / 'kiln.db'}")
+    with Session(engine) as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        relay_compiles(db, job)
+        db.commit()
+    engine.dispose()
+
+    text = kiln("describe", str(job_id)).stdout
+    for number, summary in enumerate(SUMMARIES, start=1):
+        assert f"attempt {number}  compile: {summary}" in text, text
+    attempts = as_json(kiln("describe", str(job_id), "-o", "json"))["attempts"]
+    assert attempts[2]["compile"]["saved_s"] == 21.3 and attempts[2]["compile"]["source"] == "team"
+
+    usage = kiln("usage", "--team", "compilers")
+    assert "COMPILE HITS" in usage.stdout and "2/4 (50%)" in usage.stdout and "21s" in usage.stdout, usage.stdout
+    reuse = as_json(kiln("usage", "--team", "compilers", "-o", "json"))["teams"][0]["compile_cache"]
+    assert (reuse["compiled"], reuse["hits"], reuse["hit_rate"], reuse["rejected"]) == (4, 2, 0.5, 1)
 
 
 def test_cancel_several_jobs_or_a_filter(kiln: Any, server: Server, tmp_path: Path) -> None:
