@@ -21,6 +21,7 @@ from api.schemas.common import INT64
 from core.db import utcnow
 from core.models import Attempt, Job
 from core.queue_wait import queued_seconds
+from core.repositories.compile_cache import COMPILE_EVENT_TYPES
 from core.services import compile_cache, dashboard
 from core.services import datasets as datasets_svc
 from core.services.compile_cache import AttemptCompile, compile_off
@@ -162,7 +163,8 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
         "compile_fallbacks": [
             {"type": e.type, "message": e.message, "created_at": iso(e.created_at)}
             for e in events
-            if "FALLBACK" in e.type.upper() or "COMPILE" in e.type.upper()
+            # the compile cache's own events are each attempt's compile (above), not fallbacks
+            if "FALLBACK" in e.type.upper() or ("COMPILE" in e.type.upper() and e.type not in COMPILE_EVENT_TYPES)
         ],
         "loss_spikes": [
             {"message": e.message, "data": e.data, "created_at": iso(e.created_at)}

@@ -1,8 +1,11 @@
-// Cost: GPU-hours and their cost per team over time, at the configured price per GPU-hour (KILN_GPU_PRICES).
+// Cost: GPU-hours and their cost per team over time, at the configured price per GPU-hour (KILN_GPU_PRICES), and
+// each team's compile-cache hit rate and the compile time it saved over the same window.
 
 import { api, qs } from "../api.js";
 import { LineChart } from "../chart.js";
-import { fmtBucket, fmtNumber, h, pageHeader, replace, showError, table, windowPicker } from "../dom.js";
+import {
+  fmtBucket, fmtDuration, fmtNumber, fmtPercent, h, pageHeader, replace, showError, table, windowPicker,
+} from "../dom.js";
 
 /** @type {import("../router.js").Page} */
 export async function costPage(root) {
@@ -11,11 +14,13 @@ export async function costPage(root) {
   const costChart = new LineChart({ id: "cost", title: "Cost per team", xFormat: fmtBucket, yMin: 0, empty: "No usage in this window" });
   const totals = h("div", { id: "cost-totals" });
   const pricesEl = h("div", { id: "prices" });
+  const compileEl = h("div", { id: "compile-cache" });
   root.append(
     pageHeader("Cost"),
     filters,
     h("div", { class: "grid two" }, h("section", { class: "card" }, hoursChart.el), h("section", { class: "card" }, costChart.el)),
     h("section", { class: "card", "aria-labelledby": "tot-title" }, h("h2", { id: "tot-title" }, "Totals"), totals),
+    h("section", { class: "card", "aria-labelledby": "cc-title" }, h("h2", { id: "cc-title" }, "Compile cache"), compileEl),
     h("section", { class: "card", "aria-labelledby": "price-title" }, h("h2", { id: "price-title" }, "Prices"), pricesEl),
   );
 
@@ -33,6 +38,15 @@ export async function costPage(root) {
         { title: "By type", cell: (/** @type {any} */ s) => Object.entries(s.by_gpu_type).map(([t, v]) => `${t}: ${fmtNumber(Number(v), 3)}`).join(", ") },
         { title: "Cost", cell: (/** @type {any} */ s) => money(s.cost), class: "num" },
       ], data.series, "No usage in this window."));
+      // Compiles that reused a team's cache instead of compiling cold, over the same window.
+      replace(compileEl, table("Compile-cache reuse per team", [
+        { title: "Team", cell: (/** @type {any} */ c) => c.team },
+        { title: "Compiles", cell: (/** @type {any} */ c) => c.compiled, class: "num" },
+        { title: "Hits", cell: (/** @type {any} */ c) => c.hits, class: "num" },
+        { title: "Hit rate", cell: (/** @type {any} */ c) => fmtPercent(c.hit_rate), class: "num" },
+        { title: "Time saved", cell: (/** @type {any} */ c) => fmtDuration(c.saved_s), class: "num" },
+        { title: "Rejected entries", cell: (/** @type {any} */ c) => c.rejected, class: "num" },
+      ], data.compile_cache, "No compile in this window."));
       replace(pricesEl, table("Price per GPU-hour", [
         { title: "GPU type", cell: (/** @type {[string, number]} */ p) => (p[0] === "*" ? "any other" : p[0]) },
         { title: `Price (${cur}/h)`, cell: (/** @type {[string, number]} */ p) => p[1].toFixed(2), class: "num" },

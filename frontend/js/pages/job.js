@@ -1,5 +1,6 @@
 // One job: state, wait against the contract, curves (loss, throughput, GPU), timeline, live logs, checkpoints,
-// restarts with their recovery times, compile fallbacks and loss spikes.
+// restarts with their recovery times, each attempt's compile (the compile cache's reuse), compile fallbacks and loss
+// spikes.
 
 import { ApiError, api, follow, getToken, parseEventStream, qs } from "../api.js";
 import { LineChart } from "../chart.js";
@@ -141,6 +142,7 @@ export async function jobPage(root, params) {
   const timeline = h("ol", { class: "timeline", id: "timeline", "aria-label": "Events, oldest first" });
   const restartsEl = h("div", { id: "restarts" });
   const checkpointsEl = h("div", { id: "checkpoints" });
+  const compileEl = h("ul", { id: "compile-cache" });
   const healthEl = h("div", { id: "health" });
 
   const logBox = h("pre", { class: "logs", id: "logs", role: "log", tabindex: "0", "aria-label": "Job logs", "aria-live": "off" });
@@ -156,7 +158,8 @@ export async function jobPage(root, params) {
     h("div", { class: "grid two" },
       h("section", { class: "card", "aria-labelledby": "tl-title" }, h("h2", { id: "tl-title" }, "Timeline"), timeline),
       h("section", { class: "card", "aria-labelledby": "health-title" }, h("h2", { id: "health-title" }, "Health"),
-        healthEl, h("h3", {}, "Restarts"), restartsEl, h("h3", {}, "Checkpoints"), checkpointsEl)),
+        healthEl, h("h3", {}, "Compile cache"), compileEl, h("h3", {}, "Restarts"), restartsEl,
+        h("h3", {}, "Checkpoints"), checkpointsEl)),
     h("section", { class: "card", "aria-labelledby": "logs-title" },
       h("div", { class: "row" }, h("h2", { id: "logs-title" }, "Logs"), logStatus,
         h("label", { class: "inline", for: "follow-logs" }, followBox, " Follow")),
@@ -224,6 +227,12 @@ export async function jobPage(root, params) {
 
     replace(timeline, ov.events.map((e) =>
       h("li", { "data-type": e.type }, timeEl(e.created_at), " ", h("strong", {}, e.type), " ", e.message)));
+
+    // Each attempt's compile, in the API's words (the same as kiln describe): hit or miss, source, key, time saved.
+    replace(compileEl, ov.attempts.length
+      ? ov.attempts.map((a) => h("li", { "data-status": a.compile.status },
+        h("strong", {}, `Attempt ${a.number}: `), a.compile.summary))
+      : h("li", {}, "No attempt yet."));
 
     const rto = ov.contract?.recovery_time_objective_s;
     replace(restartsEl, table("Restarts", [

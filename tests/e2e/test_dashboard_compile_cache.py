@@ -1,0 +1,87 @@
+"""The compile cache's reuse on the dashboard, in a real browser (Debian's Chromium through Playwright) against the
+real API: the job page says each attempt's compile (hit or miss, source, key, time saved, rejections) and the cost
+page each team's hit rate and time saved over its window.
+
+The trainer's compile events of five attempts are written by the worker's own relay (workers.telemetry_relay) into
+the API's database (tests/support/compile_events.py): compiling for real takes minutes on a CPU.
+
+    .venv/bin/pytest tests/e2e/test_dashboard_compile_cache.py -v
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session
+
+from core.db import make_engine
+from core.models import Job
+from tests.e2e.dashboard_harness import Kiln, chromium, running_kiln, screenshot_dir, signed_in_page
+from tests.support.compile_events import SUMMARIES, relay_compiles
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gpt-tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def kiln(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kiln]:
+    with running_kiln(tmp_path_factory.mktemp("kiln-compile-cache")) as k:
+        yield k
+
+
+@pytest.fixture(scope="module")
+def job_id(kiln: Kiln) -> int:
+    """A job that compiles (``mode: auto``), with its attempts' compile events relayed."""
+    body = EXAMPLE.read_text().replace('mode: "off"', "mode: auto")
+    with kiln.api() as client:
+        r = client.post("/v1/jobs", content=body, headers={"Content-Type": "application/yaml"})
+        assert r.status_code == 201, r.text
+        job_id = int(r.json()["id"])
+    engine = make_engine(kiln.env["KILN_DATABASE_URL"])
+    with Session(engine) as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        relay_compiles(db, job)
+        db.commit()
+    engine.dispose()
+    return job_id
+
+
+@pytest.fixture
+def page(kiln: Kiln) -> Iterator[Any]:
+    with chromium() as browser:
+        pg = signed_in_page(browser, kiln.url, kiln.token)
+        problems: list[str] = []
+        pg.on("pageerror", lambda e: problems.append(f"script error: {e}"))
+        yield pg
+        assert not problems, problems
+
+
+def test_job_page_says_each_attempts_compile(page: Any, kiln: Kiln, job_id: int) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{kiln.url}/#/jobs/{job_id}")
+    items = page.locator("#compile-cache li")
+    expect(items).to_have_text([f"Attempt {n}: {s}" for n, s in enumerate(SUMMARIES, start=1)])
+    expect(items.nth(2)).to_have_attribute("data-status", "hit")
+    # The cache's own events are the attempts' compiles, not compile fallbacks.
+    expect(page.locator("#health")).to_contain_text("Compile fallbacks: none")
+    page.locator("#compile-cache").scroll_into_view_if_needed()
+    page.screenshot(path=str(screenshot_dir() / "dashboard-job-compile-cache.png"))
+
+
+def test_cost_page_shows_the_teams_hit_rate_and_time_saved(page: Any, kiln: Kiln, job_id: int) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{kiln.url}/#/cost")
+    row = page.locator("#compile-cache tbody tr")
+    # default: 4 compiles, 2 hits (team cache), 21.3 s saved by the one hit that said, 1 entry rejected.
+    expect(row).to_have_count(1)
+    expect(row.locator("td")).to_have_text(["default", "4", "2", "50.0%", "21s", "1"])
+    page.get_by_label("Window").select_option(index=0)  # the shortest window: the events are minutes old
+    expect(row.locator("td").nth(3)).to_have_text("50.0%")
+    page.screenshot(path=str(screenshot_dir() / "dashboard-cost-compile-cache.png"))
