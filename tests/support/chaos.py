@@ -311,6 +311,7 @@ class Chaos:
         standby leads when it comes back; no attempt may be declared LOST for silence that fell in the outage. The
         LOST count is taken one lease (and a little) after the database came back."""
         leader = wait_for(self.leader, 60, "a leading scheduler")
+        training = self.running_on(self.c.host("a")) + self.running_on(self.c.host("b"))
         since = self.elapsed()
         self.pg.stop_immediate()
         with self.down(leader, 0.0):
@@ -324,7 +325,7 @@ class Chaos:
         time.sleep(lease_s + 3.0)
         lost = self._lost_after(since, silent_only=True)
         self.record("PostgreSQL outage ending with a leader change", "postgres", down_s=down_s, old_leader=leader,
-                    new_leader=new, back_at_s=back, lost=lost, at=since)  # fmt: skip
+                    new_leader=new, back_at_s=back, training=training, lost=lost, at=since)  # fmt: skip
 
     def sigkill_api(self, *, down_s: float) -> None:
         since = self.elapsed()
