@@ -156,6 +156,7 @@ class EventPageOut(OutModel):
 class CacheRejectionOut(OutModel):
     reason: str = Field(description="why the trainer refused the entry, e.g. numeric_mismatch, digest_mismatch")
     key: str | None = Field(description="the refused entry's cache key")
+    source: str | None = Field(description="where the refused entry came from: local, team or shared (null: not said)")
 
 
 class AttemptCompileOut(OutModel):

@@ -40,6 +40,12 @@ def source_name(raw: Any) -> str | None:
 class Rejection:
     reason: str
     key: str | None
+    source: str | None = None  # the tier the refused entry came from (local, team, shared), where the event says
+
+    @property
+    def described(self) -> str:
+        reason = _clip(self.reason, REASON_SHOWN)
+        return f"{self.source}: {reason}" if self.source else reason
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,7 @@ class AttemptCompile:
             text = "not yet" if self.status == "pending" else "off"
         if self.rejections:
             n = len(self.rejections)
-            reasons = "; ".join(_clip(r.reason, REASON_SHOWN) for r in self.rejections)
+            reasons = "; ".join(r.described for r in self.rejections)
             text += f"; rejected {n} cache entr{'y' if n == 1 else 'ies'} ({reasons})"
         return text
 
@@ -123,7 +129,8 @@ def _collect(events: Iterable[Event]) -> dict[int, _Seen]:
         elif e.type == repo.PUBLISHED:
             s.published = True
         elif e.type in (repo.REJECTED, repo.INVALID):
-            s.rejections.append(Rejection(str(data.get("reason") or "invalid"), _key(data)))
+            reason = str(data.get("reason") or "invalid")
+            s.rejections.append(Rejection(reason, _key(data), source_name(data.get("cache_source"))))
     return seen
 
 

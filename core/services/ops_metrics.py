@@ -177,7 +177,7 @@ def snapshot(db: Session, *, now: datetime | None = None, window: timedelta = WI
 
     for team, type_, hit, source, n, saved in compile_repo.lookup_counts(db):
         result = "rejected" if type_ != compile_repo.COMPILE_OK else "hit" if hit else "miss"
-        label = (compile_cache.source_name(source) if result == "hit" else None) or "none"
+        label = (compile_cache.source_name(source) if result != "miss" else None) or "none"
         snap.compile_lookups[(team, result, label)] += int(n)
         snap.compile_saved[team] += float(saved or 0.0)
 
@@ -316,7 +316,7 @@ def families(snap: OpsSnapshot) -> list[Metric]:
             CounterMetricFamily(
                 "kiln_compile_cache_lookups",
                 "Compile-cache lookups of attempts: result hit (source local, team or shared), miss (compiled cold), "
-                "rejected (an entry refused by its check, then compiled cold: also a miss)",
+                "rejected (an entry from that source refused by its check; the attempt then compiles cold: a miss)",
                 labels=["team", "result", "source"],
             ),
             snap.compile_lookups,

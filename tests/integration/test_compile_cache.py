@@ -37,7 +37,7 @@ def test_each_attempt_says_hit_or_miss_source_key_time_and_saving(db: Session, a
     assert [c.summary for c in got] == SUMMARIES
     first, rejected, hit, old, running = got
     assert (first.status, first.source, first.key, first.compile_s, first.published) == ("miss", None, KEY, 24.9, True)
-    assert rejected.rejections == (compile_cache.Rejection("numeric_mismatch", POISONED),)
+    assert rejected.rejections == (compile_cache.Rejection("numeric_mismatch", POISONED, "team"),)
     assert (hit.status, hit.source, hit.load_s, hit.compile_s, hit.saved_s) == ("hit", "team", 0.3, 0.4, 21.3)
     # An older trainer's event: the key from its graph, "artifacts" named as today's team cache, no saving said.
     assert (old.source, old.key, old.saved_s) == ("team", KEY, None)

@@ -364,6 +364,6 @@ def test_compile_cache_lookups_by_result_and_source_and_the_seconds_saved(
     assert series(s, "kiln_compile_cache_lookups_total") == {
         frozenset({"team": "ops-cc", "result": "hit", "source": "team"}.items()): 2,
         frozenset({"team": "ops-cc", "result": "miss", "source": "none"}.items()): 2,
-        frozenset({"team": "ops-cc", "result": "rejected", "source": "none"}.items()): 1,
+        frozenset({"team": "ops-cc", "result": "rejected", "source": "team"}.items()): 1,
     }
     assert value(s, "kiln_compile_cache_seconds_saved_total", team="ops-cc") == pytest.approx(21.3)

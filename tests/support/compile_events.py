@@ -37,7 +37,7 @@ ATTEMPTS: list[list[dict[str, Any]]] = [
         event("COMPILE_CACHE_PUBLISHED", cache_key=KEY),
     ],
     [
-        event("COMPILE_CACHE_REJECTED", reason="numeric_mismatch", cache_key=POISONED),
+        event("COMPILE_CACHE_REJECTED", reason="numeric_mismatch", cache_key=POISONED, cache_source="team"),
         ok(cache_hit=False, cache_source=None, cache_key=KEY, load_s=0.2, elapsed_s=25.3, saved_s=None),
     ],
     [
@@ -51,7 +51,7 @@ ATTEMPTS: list[list[dict[str, Any]]] = [
 # What kiln describe and the job page say of each attempt, and the team's figures over them.
 SUMMARIES = [
     "miss (key 3f9a1c2e) 24.9 s, published",
-    "miss (key 3f9a1c2e) 25.3 s; rejected 1 cache entry (numeric_mismatch)",
+    "miss (key 3f9a1c2e) 25.3 s; rejected 1 cache entry (team: numeric_mismatch)",
     "hit (team cache, key 3f9a1c2e) 0.4 s, saved 21.3 s",
     "hit (team cache, key 3f9a1c2e) 5.2 s",
     "not yet",
