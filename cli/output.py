@@ -318,7 +318,7 @@ USAGE_COLUMNS: list[Column] = [
     ("REMAINING", lambda u: u.get("remaining_gpu_hours")),
     ("BY TYPE", lambda u: ", ".join(f"{k}={v:.2f}" for k, v in (u.get("by_gpu_type") or {}).items())),
     ("COMPILE HITS", lambda u: fmt_compile_hits(u.get("compile_cache"))),
-    ("COMPILE SAVED", lambda u: fmt_duration((u.get("compile_cache") or {}).get("saved_s"))),
+    ("COMPILE SAVED", lambda u: fmt_compile_saved(u.get("compile_cache"))),
 ]
 
 
@@ -327,6 +327,13 @@ def fmt_compile_hits(reuse: Any) -> str:
     if not isinstance(reuse, dict) or not reuse.get("compiled"):
         return "-"
     return f"{reuse.get('hits')}/{reuse['compiled']} ({100 * (reuse.get('hit_rate') or 0):.0f}%)"
+
+
+def fmt_compile_saved(reuse: Any) -> str:
+    """The compile time a team's cache hits saved; '-' when nothing compiled."""
+    if not isinstance(reuse, dict) or not reuse.get("compiled"):
+        return "-"
+    return fmt_duration(reuse.get("saved_s"))
 
 
 def fmt_placement(placement: Any) -> str:
