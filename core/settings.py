@@ -337,6 +337,16 @@ class RetentionSettings(SettingsGroup):
     retention_deliveries_days: float = Field(
         default=30.0, description="Delivered or given-up webhook deliveries are deleted after this."
     )
+    compile_cache_retention_days: float = Field(
+        default=30.0,
+        description="A team compile-cache entry (`{storage}/compile_cache/teams/<team>/<key>`) unused this long is "
+        "deleted (0: never); checked every 10 minutes by the scheduler's leader.",
+    )
+    compile_cache_team_quota_bytes: int = Field(
+        default=20 * 2**30,
+        ge=0,
+        description="A team's compile-cache entries together; over it, the least recently used go first.",
+    )
 
 
 class Settings(

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
+from core import compile_cache
 from core.db import make_engine, utcnow
 from core.deployment import StorageOfAnotherDeployment, check_storage
 from core.liveness import Pulse
@@ -188,6 +189,19 @@ def collect_artifacts(
     return len(files)
 
 
+def collect_compile_caches(settings: Settings) -> int:
+    """Delete team compile-cache entries unused for ``compile_cache_retention_days``, then each team's least
+    recently used ones over ``compile_cache_team_quota_bytes``. Files only: no row names an entry."""
+    done = compile_cache.collect(
+        settings.resolved_storage_dir,
+        max_age_s=settings.compile_cache_retention_days * 86400.0,
+        quota_bytes=settings.compile_cache_team_quota_bytes,
+    )
+    if done.entries:
+        log.info("collected %d compile-cache entries (%d bytes)", done.entries, done.bytes)
+    return done.entries
+
+
 def _scheduler_engine_args(url: str, settings: Settings) -> dict[str, Any]:
     """A leader frozen inside a cycle's transaction holds the lease row: the server ends that session within half a
     leader's lease (or the deployment's shorter idle-in-transaction timeout), so a standby can take over."""
@@ -242,6 +256,10 @@ def run_forever(
                             raise
                         except Exception:
                             log.exception("collecting unused code archives failed; retrying later")
+                        try:
+                            collect_compile_caches(settings)
+                        except Exception:
+                            log.exception("collecting compile-cache entries failed; retrying later")
                     try:
                         result = run_cycle(
                             session_factory=factory, dispatch=dispatch, settings=settings, leadership=leadership

@@ -1,0 +1,266 @@
+"""The team compile cache on kiln's storage: its layout, its entries, their checks, publishing and collection.
+
+Torch-free, so the three sides share it: the trainer reads and publishes entries, the worker makes and binds the
+team's directory, the scheduler's leader collects old entries. One entry is one directory named by its key::
+
+    {storage}/compile_cache/teams/{team id}/{key}/artifacts.bin   torch.compiler.save_cache_artifacts()'s blob
+                                                 /entry.json      the key, the fields it hashes, the blob's sha256
+                                                                  and size, who wrote it and its cold compile time
+    {storage}/compile_cache/shared/{key}/...                      an admin's, for every team (read-only to them)
+
+An entry is trusted only if ``entry.json`` names the key it was looked up by, its fields hash to that key and the
+blob has the recorded size and sha256 (``read``); the trainer also compares the compiled step with eager before
+using it. The blob is torch's pickle: nothing of it is deserialised before these checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import errno
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = "compile_cache"
+TEAMS = "teams"
+SHARED = "shared"
+BLOB = "artifacts.bin"
+ENTRY = "entry.json"
+FORMAT = 1  # of entry.json; part of every key, so a new format never reads an old entry
+TMP_PREFIX = ".tmp-"
+GONE_PREFIX = ".gone-"
+STALE_TMP_S = 3600.0  # a publish left half-done by a dead trainer is swept after this
+
+
+class Rejected(Exception):
+    """The entry fails a check: ``check`` names which (entry, key, digest), the message is the reason
+    (``COMPILE_CACHE_REJECTED``'s ``check`` and ``reason``)."""
+
+    def __init__(self, check: str, reason: str) -> None:
+        super().__init__(reason)
+        self.check = check
+
+
+def team_dir(storage: Path, team_id: int) -> Path:
+    return storage / ROOT / TEAMS / str(team_id)
+
+
+def shared_dir(storage: Path) -> Path:
+    return storage / ROOT / SHARED
+
+
+def key_of(fields: Mapping[str, Any]) -> str:
+    """The key: a hash of every field that decides the compiled code (``trainer.compile.cache_fields``)."""
+    payload = json.dumps({"format": FORMAT, **fields}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    key: str
+    fields: dict[str, Any]
+    sha256: str
+    size_bytes: int
+    torch: str | None
+    triton: str | None
+    job_id: str | None
+    attempt: str | None
+    written_at: float
+    cold_compile_s: float | None  # the writer's compile time, so a hit can say what it saved
+    format: int = FORMAT
+
+    @classmethod
+    def for_blob(cls, fields: dict[str, Any], blob: bytes, **writer: Any) -> Entry:
+        return cls(
+            key=key_of(fields),
+            fields=fields,
+            sha256=hashlib.sha256(blob).hexdigest(),
+            size_bytes=len(blob),
+            torch=fields.get("torch"),
+            triton=fields.get("triton"),
+            written_at=time.time(),
+            **writer,
+        )
+
+    @classmethod
+    def parse(cls, raw: bytes) -> Entry:
+        try:
+            data = json.loads(raw)
+            return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+        except (ValueError, TypeError, KeyError) as exc:
+            raise Rejected("entry", f"{ENTRY} is not a kiln cache entry: {exc!r}"[:300]) from None
+
+
+def read(root: Path, key: str) -> tuple[Entry, bytes] | None:
+    """The entry ``key`` under ``root`` and its blob, checked; None when there is none; ``Rejected`` when it fails a
+    check."""
+    where = root / key
+    try:
+        entry = Entry.parse((where / ENTRY).read_bytes())
+    except FileNotFoundError:
+        return None
+    if entry.key != key:
+        raise Rejected("key", f"{ENTRY} names key {entry.key!r}, not {key}")
+    if key_of(entry.fields) != key:
+        raise Rejected("key", f"{ENTRY}'s fields hash to {key_of(entry.fields)}, not {key}")
+    try:
+        blob = (where / BLOB).read_bytes()
+    except FileNotFoundError:
+        if not where.exists():  # collected between the two reads: a miss
+            return None
+        raise Rejected("digest", f"{BLOB} is missing") from None
+    if len(blob) != entry.size_bytes:
+        raise Rejected("digest", f"{BLOB} has {len(blob)} bytes, the entry says {entry.size_bytes}")
+    digest = hashlib.sha256(blob).hexdigest()
+    if digest != entry.sha256:
+        raise Rejected("digest", f"{BLOB}'s sha256 {digest[:16]}... is not the entry's {entry.sha256[:16]}...")
+    return entry, blob
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        os.fchmod(fd, 0o644)  # whatever the umask: a shared entry is read by every team's uid (a team's own
+        fh.write(data)  # entries sit in its 0700 directory, closed to the others)
+        fh.flush()
+        os.fsync(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(root: Path, entry: Entry, blob: bytes) -> bool:
+    """Publish atomically: both files written and fsynced in a temporary directory beside the entry's, then one
+    rename. The first writer of a key wins: renaming onto a published (non-empty) directory fails, and a later
+    writer drops its copy. False when another writer was first."""
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"{TMP_PREFIX}{entry.key}-{secrets.token_hex(6)}"
+    tmp.mkdir()
+    os.chmod(tmp, 0o755)
+    try:
+        _write_synced(tmp / BLOB, blob)
+        _write_synced(tmp / ENTRY, json.dumps(dataclasses.asdict(entry), indent=2, sort_keys=True).encode())
+        _fsync_dir(tmp)
+        try:
+            os.rename(tmp, root / entry.key)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            return False
+        _fsync_dir(root)
+        return True
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already once renamed
+
+
+def discard(root: Path, key: str) -> bool:
+    """Take an entry away: renamed aside first (a reader never sees half of it), then deleted. False if it was
+    already gone (another rank or the collector took it)."""
+    gone = root / f"{GONE_PREFIX}{key}-{secrets.token_hex(6)}"
+    try:
+        os.rename(root / key, gone)
+    except FileNotFoundError:
+        return False
+    shutil.rmtree(gone, ignore_errors=True)
+    return True
+
+
+def touch(root: Path, key: str) -> None:
+    """Mark an entry used now: the collector goes by last use, the directory's mtime."""
+    with contextlib.suppress(OSError):  # the shared tier is read-only to teams: its entries are never collected
+        os.utime(root / key)
+
+
+@dataclasses.dataclass
+class Collected:
+    entries: int = 0
+    bytes: int = 0
+
+
+def _entry_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+def collect_team(root: Path, *, max_age_s: float, quota_bytes: int, now: float) -> Collected:
+    """One team's entries: those unused for ``max_age_s`` (0: no age limit), then the least recently used until the
+    rest fit ``quota_bytes``; and publishes or discards a dead trainer left behind."""
+    done = Collected()
+    live: list[tuple[float, int, str]] = []
+    for path in root.iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            mtime = path.stat().st_mtime
+            if path.name.startswith((TMP_PREFIX, GONE_PREFIX)):
+                if now - mtime > STALE_TMP_S:
+                    shutil.rmtree(path, ignore_errors=True)
+                continue
+            if path.is_dir():
+                live.append((mtime, _entry_size(path), path.name))
+    live.sort()  # least recently used first
+    total = sum(size for _, size, _ in live)
+    for mtime, size, key in live:
+        if not (max_age_s and now - mtime > max_age_s) and total <= quota_bytes:
+            break
+        if discard(root, key):
+            done.entries += 1
+            done.bytes += size
+        total -= size
+    return done
+
+
+def collect(storage: Path, *, max_age_s: float, quota_bytes: int, now: float | None = None) -> Collected:
+    """Every team's cache (the admin's shared tier is the admin's to manage). Run by the scheduler's leader."""
+    done = Collected()
+    teams = storage / ROOT / TEAMS
+    if not teams.is_dir():
+        return done
+    for root in sorted(teams.iterdir()):
+        if root.is_dir():
+            got = collect_team(root, max_age_s=max_age_s, quota_bytes=quota_bytes, now=now or time.time())
+            done.entries += got.entries
+            done.bytes += got.bytes
+    return done
+
+
+def promote(storage: Path, team_id: int, key: str) -> bool:
+    """An admin's publish for every team: a team's entry, checked, copied into the shared tier. False if the shared
+    tier already has the key."""
+    found = read(team_dir(storage, team_id), key)
+    if found is None:
+        raise FileNotFoundError(f"team {team_id} has no compile-cache entry {key}")
+    entry, blob = found
+    return publish(shared_dir(storage), entry, blob)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m core.compile_cache promote --storage DIR --team ID --key KEY`` (on a host with the storage)."""
+    parser = argparse.ArgumentParser(prog="python -m core.compile_cache")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cmd = sub.add_parser("promote", help="copy a team's verified entry into the shared tier, for every team")
+    cmd.add_argument("--storage", type=Path, required=True)
+    cmd.add_argument("--team", type=int, required=True)
+    cmd.add_argument("--key", required=True)
+    args = parser.parse_args(argv)
+    try:
+        new = promote(args.storage, args.team, args.key)
+    except (Rejected, FileNotFoundError) as exc:
+        print(f"not promoted: {exc}")
+        return 1
+    print(f"{args.key}: {'published to' if new else 'already in'} {shared_dir(args.storage)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
