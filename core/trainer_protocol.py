@@ -16,6 +16,10 @@ import enum
 ENV_FENCING_TOKEN = "KILN_FENCING_TOKEN"  # int; the attempt's fencing token
 ENV_CHECKPOINT_DIR = "KILN_CHECKPOINT_DIR"  # the job's checkpoints, shared by all its attempts
 ENV_COMPILE_CACHE_DIR = "KILN_COMPILE_CACHE_DIR"  # compile artifacts, beside the checkpoints
+# The team's compile cache on kiln's storage (read-write: the trainer publishes there; core.compile_cache) and the
+# admin's shared one (read-only), each named by the worker; the sandbox binds those two directories only.
+ENV_TEAM_COMPILE_CACHE_DIR = "KILN_TEAM_COMPILE_CACHE_DIR"
+ENV_SHARED_COMPILE_CACHE_DIR = "KILN_SHARED_COMPILE_CACHE_DIR"
 # torch's own cache dirs, which the trainer points into the job's compile dir (trainer.loop); a worker's own
 # values must not reach an attempt, nor one test's the next
 COMPILER_CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
 import pathlib
+import secrets
+import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,10 +38,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from core import compile_cache as store
+from core.trainer_protocol import COMPILER_CACHE_ENV
 from trainer import compile_preload
+from trainer.cache_tiers import Loaded, Tiers, cache_fields, forget_recorded_artifacts
 from trainer.config import TestHooks
 from trainer.telemetry import Telemetry
 from trainer.user_error import user_code
+
+LOCAL = "local"  # a hit from the job's own Inductor/Triton dirs (the other sources: cache_tiers.TEAM, SHARED)
 
 
 class _Trip(Exception):
@@ -60,45 +65,10 @@ class CompileReport:
     eager_loss: float | None = None
     compiled_loss: float | None = None
     error: str | None = None
-    cache_source: str | None = None  # "artifacts" (installed from the blob) or "local" (Inductor's dirs here)
-    load_s: float = 0.0  # reading + installing cached artifacts (part of elapsed_s)
+    cache_source: str | None = None  # "local" (the job's own Inductor dirs), "team" or "shared" (cache_tiers)
+    load_s: float = 0.0  # reading, checking and installing cached artifacts (part of elapsed_s)
+    saved_s: float | None = None  # a hit: the cold compile time recorded with the entry, minus this compile's
     phases: dict[str, Any] = dataclasses.field(default_factory=dict)  # where the compile time went
-
-
-def cache_key(
-    *,
-    mode: str,
-    model_config: dict[str, Any],
-    precision: str,
-    device: torch.device,
-    extra: dict[str, Any] | None = None,
-) -> str:
-    """Compile artifacts are only reusable on the same torch/Triton/CUDA, the same GPU architecture, the same
-    compile options and the same model; the key names all of them."""
-    try:
-        import triton
-
-        triton_version: str | None = triton.__version__
-    except ImportError:
-        triton_version = None
-    gpu: dict[str, Any] = {}
-    if device.type == "cuda":
-        gpu = {
-            "name": torch.cuda.get_device_name(device),
-            "capability": list(torch.cuda.get_device_capability(device)),
-            "cuda": torch.version.cuda,
-        }
-    payload = {
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "device": device.type,
-        "gpu": gpu,
-        "mode": mode,
-        "precision": precision,
-        "model": model_config,
-        **(extra or {}),
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
 class _RssTree:
@@ -212,6 +182,8 @@ class Compiler:
         rank: int,
         world_size: int,
         group: Any,
+        strategy: str = "single",
+        tiers: Tiers | None = None,
     ) -> None:
         self.mode = mode
         self.timeout_s = timeout_s
@@ -224,6 +196,9 @@ class Compiler:
         self.model_name = model_name
         self.cache_dir = cache_dir
         self.rank, self.world_size, self.group = rank, world_size, group
+        self.strategy = strategy
+        self.tiers = tiers if tiers is not None else Tiers.from_env(cache_dir)
+        self.poll_s = 0.0
 
     def _apply(self, model: nn.Module, blocks: list[nn.Module]) -> None:
         kwargs: dict[str, Any] = {"fullgraph": True, "dynamic": False}
@@ -265,57 +240,81 @@ class Compiler:
         # The eager reference forward is the recipe's first run on the user's settings: what fails here is theirs.
         with torch.no_grad(), user_code("the first forward"):
             report.eager_loss = float(loss_fn().item())
-        graphs = {"cuda_graphs": True} if self.cuda_graphs else None
-        key = cache_key(
-            mode=self.mode, model_config=model_config, precision=precision, device=self.device, extra=graphs
-        )
-        report.cache_key = key
-        cache_file = self.cache_dir / f"{key}.bin" if self.cache_dir else None
+        fields = cache_fields(
+            mode=self.mode, model_config=model_config, precision=precision, device=self.device,
+            world_size=self.world_size, strategy=self.strategy,
+            extra={"cuda_graphs": True} if self.cuda_graphs else None,
+        )  # fmt: skip
+        report.cache_key = key = store.key_of(fields)
         # torch's compiler modules were being imported in the background since start-up (compile_preload);
         # what is left of that is waited for here and reported, not counted as compile time.
         preload = compile_preload.wait()
         modules_before = set(sys.modules)
         # The compile time reported (and compared cold vs warm) includes loading the cached artifacts.
         t0 = time.perf_counter()
-        marker = self.cache_dir / f"{key}.local" if self.cache_dir else None
-        if (
-            cache_file is not None
-            and cache_file.is_file()
-            and marker is not None
-            and self._local_caches_here()
-            and marker.is_file()
-        ):
+        loaded, cold_s = self._lookup(key, report)
+        failure, state = self._run(model, loss_fn, blocks, report)
+        # Cached code is trusted only once it computes eager's loss on the first batch, whatever the spec says.
+        if self._anyone(report.cache_hit and failure is None and not _close(report, rtol, atol)):
+            failure, state = self._refuse(loaded, model, blocks, loss_fn, report)
+        report.elapsed_s = time.perf_counter() - t0
+        report.phases = {**_compile_phases(), **report.phases, "rss_poll_s": round(self.poll_s, 3), **preload}
+        for p in model.parameters():
+            p.grad = None
+        if failure is None and self.check_allclose and not _close(report, rtol, atol):
+            failure = "FALLBACK_NUMERIC_MISMATCH"
+        failure = self._agree(failure)
+        if failure is not None:
+            self._fall_back(model, blocks, report, failure)
+            return report
+        report.active = True
+        if report.cache_hit and cold_s is not None:
+            report.saved_s = round(cold_s - report.elapsed_s, 3)
+        self._keep(report, fields, cold_s if report.cache_hit else report.elapsed_s, modules_before)
+        self._report_ok(report)
+        return report
+
+    def _lookup(self, key: str, report: CompileReport) -> tuple[Loaded | None, float | None]:
+        """Install the cached artifacts for ``key``, if any: the job's own caches (``{key}.local``), else the
+        team's tier, else the shared one. Returns the tier's entry loaded and the cold compile time it saves."""
+        forget_recorded_artifacts()
+        t0 = time.perf_counter()
+        loaded: Loaded | None = None
+        marker = self._marker(key)
+        if marker is not None and marker.is_file() and self._local_caches_here():
             # Inductor's and Triton's own caches in this directory already hold this graph (a run with this
             # key completed here): installing the portable artifacts again only rewrites the same entries
             # (1.8 s of the 6.6 s warm start on the H200).  If they were pruned, this is a cold compile.
-            report.cache_hit = True
-            report.cache_source = "local"
-        elif cache_file is not None and cache_file.is_file():
-            try:
-                torch.compiler.load_cache_artifacts(cache_file.read_bytes())
-                report.cache_hit = True
-                report.cache_source = "artifacts"
-            except Exception as exc:  # a bad cache costs a cold compile, nothing more
-                self.tel.event(
-                    "COMPILE_CACHE_INVALID", f"ignoring compile cache {cache_file.name}: {exc!r}", path=str(cache_file)
-                )
+            report.cache_hit, report.cache_source = True, LOCAL
+            cold_s = _marker_cold_s(marker)
+        else:
+            loaded = self.tiers.load(key, self.tel)
+            if loaded is not None:
+                report.cache_hit, report.cache_source = True, loaded.source
+            cold_s = loaded.entry.cold_compile_s if loaded is not None else None
         report.load_s = time.perf_counter() - t0
+        return loaded, cold_s
+
+    def _run(
+        self, model: nn.Module, loss_fn: Callable[[], torch.Tensor], blocks: list[nn.Module], report: CompileReport
+    ) -> tuple[str | None, dict[str, Any]]:
+        """Compile and run the first forward and backward behind the breaker; the FALLBACK_* reason, if any."""
         self._apply(model, blocks)
         failure: str | None = None
-        split: dict[str, float] = {}
         try:
-            with _breaker(self.timeout_s, self.max_rss) as state, _in_process_kernels(report.cache_source == "local"):
+            with _breaker(self.timeout_s, self.max_rss) as state, _in_process_kernels(report.cache_source == LOCAL):
                 if state["reason"] is not None:
                     raise _Trip(state["reason"])
                 t1 = time.perf_counter()
                 loss = loss_fn()  # Dynamo traces (or its caches answer) here, then the forward runs
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
+                self._sync()
                 t2 = time.perf_counter()
                 loss.backward()
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-                split = {"first_forward_s": round(t2 - t1, 3), "first_backward_s": round(time.perf_counter() - t2, 3)}
+                self._sync()
+            report.phases = {
+                "first_forward_s": round(t2 - t1, 3),
+                "first_backward_s": round(time.perf_counter() - t2, 3),
+            }
             report.compiled_loss = float(loss.detach().item())
         except _Trip:
             failure = state["reason"]
@@ -324,68 +323,125 @@ class Compiler:
                 "FALLBACK_UNSUPPORTED_OP" if _is_unsupported(exc) else "FALLBACK_COMPILE_ERROR"
             )
             report.error = f"{type(exc).__name__}: {str(exc)[:2000]}"
-        report.elapsed_s = time.perf_counter() - t0
-        report.phases = {
-            **_compile_phases(),
-            **(split if failure is None else {}),
-            "rss_poll_s": round(state["poll_s"], 3),
-            **preload,
-        }
-        report.peak_rss_bytes = int(state["peak_rss"])
+        self.poll_s += state["poll_s"]
+        report.peak_rss_bytes = max(report.peak_rss_bytes, int(state["peak_rss"]))
+        if failure is not None:
+            report.phases = {}
+        return failure, state
+
+    def _refuse(
+        self,
+        loaded: Loaded | None,
+        model: nn.Module,
+        blocks: list[nn.Module],
+        loss_fn: Callable[[], torch.Tensor],
+        report: CompileReport,
+    ) -> tuple[str | None, dict[str, Any]]:
+        """A cached compile whose first loss is not eager's (on some rank): the entry is rejected and discarded,
+        the job's own compiler caches (which loading it filled) purged, and the model compiled afresh. Every rank
+        purges before any compiles again (two agreements), so none compiles into a directory being renamed away."""
+        reason = f"numeric mismatch: compiled loss {report.compiled_loss} vs eager {report.eager_loss}"
+        source = report.cache_source
+        if loaded is not None and report.compiled_loss is not None:
+            self.tiers.reject(self.tel, loaded, reason, check="numeric")
+        elif source == LOCAL and report.compiled_loss is not None and report.cache_key is not None:
+            self.tel.event(
+                "COMPILE_CACHE_REJECTED", f"the job's own compiler caches rejected: {reason}",
+                cache_key=report.cache_key, cache_source=LOCAL, reason=reason, check="numeric", discarded=True,
+            )  # fmt: skip
+        self._revert(model)
         for p in model.parameters():
             p.grad = None
-        if failure is None and self.check_allclose and report.compiled_loss is not None:
-            ok = abs(report.compiled_loss - report.eager_loss) <= atol + rtol * abs(report.eager_loss)
-            if not ok:
-                failure = "FALLBACK_NUMERIC_MISMATCH"
-        failure = self._agree(failure)
-        if failure is not None:
-            self._revert(model)
-            if self.hooks.unsupported_op:
-                for b in blocks:
-                    b.inject_unsupported = False  # type: ignore[assignment]
-            report.reason = failure
-            self.tel.event(
-                failure,
-                f"compile fell back to eager: {failure}",
-                model=self.model_name,
-                graph=f"{self.mode}:{key}",
-                elapsed_s=report.elapsed_s,
-                timeout_s=self.timeout_s,
-                peak_rss_bytes=report.peak_rss_bytes,
-                max_rss_bytes=self.max_rss,
-                device=str(self.device),
-                device_name=_device_name(self.device),
-                eager_loss=report.eager_loss,
-                compiled_loss=report.compiled_loss,
-                error=report.error,
-            )
-            return report
-        report.active = True
-        if cache_file is not None and not report.cache_hit and self.rank == 0:
-            self._save_cache(cache_file)
-        if self.rank == 0:
-            compile_preload.record(modules_before, self.cache_dir)
-        if marker is not None and self.rank == 0 and self._local_caches_here() and not marker.is_file():
+        purged = self._purge_local_caches(report.cache_key)
+        self._anyone(False)  # every rank has purged
+        report.cache_hit, report.cache_source, report.compiled_loss = False, None, None
+        forget_recorded_artifacts()
+        import torch._inductor.config as inductor_config
+
+        # Where the caches could not be purged (they are not kiln's), the fresh compile bypasses them instead.
+        with contextlib.nullcontext() if purged else inductor_config.patch(force_disable_caches=True):
+            return self._run(model, loss_fn, blocks, report)
+
+    def _purge_local_caches(self, key: str | None) -> bool:
+        """Rename the job's Inductor and Triton caches aside and delete them, with the ``.local`` marker."""
+        if not self._local_caches_here() or self.cache_dir is None:
+            return False
+        if key is not None:
+            with contextlib.suppress(OSError):
+                self._marker(key).unlink(missing_ok=True)  # type: ignore[union-attr]
+        for var in COMPILER_CACHE_ENV:
+            raw = os.environ.get(var)
+            if not raw:
+                continue
+            gone = pathlib.Path(raw).with_name(f".gone-{pathlib.Path(raw).name}-{secrets.token_hex(4)}")
+            with contextlib.suppress(FileNotFoundError):  # another rank was first
+                os.rename(raw, gone)
+            shutil.rmtree(gone, ignore_errors=True)
+        return True
+
+    def _fall_back(self, model: nn.Module, blocks: list[nn.Module], report: CompileReport, failure: str) -> None:
+        self._revert(model)
+        if self.hooks.unsupported_op:
+            for b in blocks:
+                b.inject_unsupported = False  # type: ignore[assignment]
+        report.reason = failure
+        self.tel.event(
+            failure,
+            f"compile fell back to eager: {failure}",
+            model=self.model_name,
+            graph=f"{self.mode}:{report.cache_key}",
+            elapsed_s=report.elapsed_s,
+            timeout_s=self.timeout_s,
+            peak_rss_bytes=report.peak_rss_bytes,
+            max_rss_bytes=self.max_rss,
+            device=str(self.device),
+            device_name=_device_name(self.device),
+            eager_loss=report.eager_loss,
+            compiled_loss=report.compiled_loss,
+            error=report.error,
+        )
+
+    def _keep(self, report: CompileReport, fields: dict[str, Any], cold_s: float | None, before: set[str]) -> None:
+        """Rank 0 keeps what the next compile needs: a miss's artifacts for the team, the modules to preload and
+        the ``.local`` marker (with the cold compile time, so a warm restart can say what it saved)."""
+        if self.rank != 0:
+            return
+        if not report.cache_hit:
+            self.tiers.publish(fields, report.elapsed_s, self.tel)
+        compile_preload.record(before, self.cache_dir)
+        marker = self._marker(report.cache_key) if report.cache_key else None
+        if marker is not None and self._local_caches_here() and not marker.is_file():
             with contextlib.suppress(OSError):
                 marker.parent.mkdir(parents=True, exist_ok=True)
-                marker.write_text(json.dumps({"key": key, "created": time.time()}))
+                marker.write_text(
+                    json.dumps({"key": report.cache_key, "created": time.time(), "cold_compile_s": cold_s})
+                )
+
+    def _report_ok(self, report: CompileReport) -> None:
         self.tel.event(
             "COMPILE_OK",
             f"{self.mode} compile in {report.elapsed_s:.2f}s",
             model=self.model_name,
-            graph=f"{self.mode}:{key}",
+            graph=f"{self.mode}:{report.cache_key}",
             elapsed_s=report.elapsed_s,
             peak_rss_bytes=report.peak_rss_bytes,
             cache_hit=report.cache_hit,
             cache_source=report.cache_source,
+            cache_key=report.cache_key,
             load_s=report.load_s,
+            saved_s=report.saved_s,
             phases=report.phases,
             eager_loss=report.eager_loss,
             compiled_loss=report.compiled_loss,
             device=str(self.device),
         )
-        return report
+
+    def _marker(self, key: str) -> pathlib.Path | None:
+        return self.cache_dir / f"{key}.local" if self.cache_dir else None
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _local_caches_here(self) -> bool:
         """Inductor's cache directory lives inside this compile-cache dir (trainer.loop keeps it there)."""
@@ -394,6 +450,14 @@ class Compiler:
             return False
         return pathlib.Path(raw).resolve().is_relative_to(self.cache_dir.resolve())
 
+    def _anyone(self, flag: bool) -> bool:
+        """True on every rank if ``flag`` is on any (a collective on the control group when distributed)."""
+        if self.world_size == 1:
+            return flag
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, flag, group=self.group)
+        return any(everyone)
+
     def _agree(self, failure: str | None) -> str | None:
         if self.world_size == 1:
             return failure
@@ -401,19 +465,20 @@ class Compiler:
         dist.all_gather_object(everyone, failure, group=self.group)
         return next((f for f in everyone if f is not None), None)
 
-    def _save_cache(self, cache_file: pathlib.Path) -> None:
-        try:
-            saved = torch.compiler.save_cache_artifacts()
-            if saved is None:
-                return
-            blob, _info = saved
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cache_file.parent, prefix=".cache-")
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(blob)
-            os.replace(tmp, cache_file)
-        except Exception as exc:
-            self.tel.event("COMPILE_CACHE_SAVE_FAILED", f"could not save compile cache: {exc!r}")
+
+def _close(report: CompileReport, rtol: float, atol: float) -> bool:
+    """The compiled first-step loss is eager's within the precision's tolerance."""
+    if report.compiled_loss is None or report.eager_loss is None:
+        return True  # nothing to compare: the compile failed, and says so itself
+    return abs(report.compiled_loss - report.eager_loss) <= atol + rtol * abs(report.eager_loss)
+
+
+def _marker_cold_s(marker: pathlib.Path) -> float | None:
+    try:
+        value = json.loads(marker.read_text()).get("cold_compile_s")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 @contextlib.contextmanager

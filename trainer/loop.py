@@ -246,6 +246,7 @@ class Trainer:
             rank=env.rank,
             world_size=env.world_size,
             group=env.ctrl,
+            strategy=self.strategy,
         )
         rtol, atol = ALLCLOSE[self.prec.precision]
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
@@ -259,7 +260,7 @@ class Trainer:
                 recipe.compile_regions(model),
                 loss_fn=warm_loss,
                 precision=self.prec.precision,
-                model_config=recipe.config_dict(),
+                model_config=recipe.graph_config(),
                 rtol=rtol,
                 atol=atol,
             )

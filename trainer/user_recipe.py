@@ -252,8 +252,8 @@ class UserRecipe(Recipe):
     def activation_bytes(self, precision: Precision, compiled: bool) -> int:
         return 0  # unknown without the model's own arithmetic: the prediction counts weights and optimiser only
 
-    def config_dict(self) -> dict[str, Any]:
-        return {"recipe": self.name, "code": self.digest, **dict(sorted(self.hp.items()))}
+    def graph_config(self) -> dict[str, Any]:
+        return {**super().graph_config(), "code": self.digest}
 
     def batch_to(self, batch: Any, device: torch.device) -> Any:
         if isinstance(batch, list):

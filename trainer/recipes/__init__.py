@@ -82,9 +82,12 @@ class Recipe(abc.ABC):
         """Transient bytes of the compile breaker's eager, no-grad reference forward (memory predictor)."""
         return 0
 
-    def config_dict(self) -> dict[str, Any]:
-        """What identifies the compiled graph (compile-cache key)."""
-        return {"recipe": self.name, **dict(sorted(self.hp.items()))}
+    def graph_config(self) -> dict[str, Any]:
+        """What identifies the compiled graph (part of the compile-cache key): the hyperparameters but kiln's own
+        training settings (optimiser, schedule, guards, telemetry), which never enter the model or its loss, so the
+        jobs of a sweep over them share one compiled graph."""
+        graph = {k: v for k, v in sorted(self.hp.items()) if k not in TrainingHyperparameters.model_fields}
+        return {"recipe": self.name, **graph}
 
     def batch_to(self, batch: Any, device: torch.device) -> Any:
         non_blocking = device.type == "cuda"

@@ -1,0 +1,151 @@
+"""The team compile cache's store (core.compile_cache): entries checked before use, published atomically by the
+first writer, collected by age and quota; and the key (trainer.cache_tiers.cache_fields): what decides the compiled
+code is in it, the optimiser's settings are not. No process, no compile."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from core import compile_cache as store
+from core.settings import Settings
+from scheduler.live.loop import collect_compile_caches
+from tests.support.deps import require_module
+
+FIELDS = {"torch": "2.13.0", "triton": None, "mode": "regional", "graph": {"recipe": "gpt", "n_layer": 1}}
+
+
+def entry_for(blob: bytes, fields: dict[str, object] = FIELDS, cold_s: float = 40.0) -> store.Entry:
+    return store.Entry.for_blob(dict(fields), blob, job_id="7", attempt="12", cold_compile_s=cold_s)
+
+
+def published(root: Path, blob: bytes = b"artifacts " * 100) -> store.Entry:
+    entry = entry_for(blob)
+    assert store.publish(root, entry, blob)
+    return entry
+
+
+def test_a_published_entry_reads_back_with_its_key_digest_and_writer(tmp_path: Path) -> None:
+    entry = published(tmp_path)
+    found = store.read(tmp_path, entry.key)
+    assert found is not None and found[1] == b"artifacts " * 100
+    written = json.loads((tmp_path / entry.key / store.ENTRY).read_text())
+    assert written["sha256"] == hashlib.sha256(b"artifacts " * 100).hexdigest() and written["size_bytes"] == 1000
+    assert (written["job_id"], written["attempt"], written["cold_compile_s"]) == ("7", "12", 40.0)
+    assert written["fields"] == FIELDS and written["torch"] == "2.13.0"
+    assert store.read(tmp_path, "0" * 32) is None  # no entry: a miss
+    assert [p.name for p in tmp_path.iterdir()] == [entry.key]  # no temporary directory left
+
+
+def test_changed_bytes_are_rejected_by_their_digest(tmp_path: Path) -> None:
+    entry = published(tmp_path)
+    blob = tmp_path / entry.key / store.BLOB
+    data = bytearray(blob.read_bytes())
+    data[10] ^= 0xFF  # same size, other bytes
+    blob.write_bytes(bytes(data))
+    with pytest.raises(store.Rejected, match="sha256") as info:
+        store.read(tmp_path, entry.key)
+    assert info.value.check == "digest"
+    blob.write_bytes(bytes(data) + b"x")
+    with pytest.raises(store.Rejected, match="1001 bytes"):
+        store.read(tmp_path, entry.key)
+
+
+def test_an_entry_built_for_another_key_is_rejected(tmp_path: Path) -> None:
+    other = published(tmp_path)
+    wanted = store.key_of({**FIELDS, "precision": "bf16"})
+    os.rename(tmp_path / other.key, tmp_path / wanted)  # a cache built for another key, placed under this one
+    with pytest.raises(store.Rejected, match=f"names key '{other.key}', not {wanted}") as info:
+        store.read(tmp_path, wanted)
+    assert info.value.check == "key"
+    # entry.json rewritten to name the key it sits under: its fields still hash to the other key.
+    path = tmp_path / wanted / store.ENTRY
+    path.write_text(json.dumps({**json.loads(path.read_text()), "key": wanted}))
+    with pytest.raises(store.Rejected, match=f"fields hash to {other.key}, not {wanted}"):
+        store.read(tmp_path, wanted)
+    path.write_text("{not json")
+    with pytest.raises(store.Rejected, match="not a kiln cache entry"):
+        store.read(tmp_path, wanted)
+
+
+def test_concurrent_publishers_of_one_key_leave_one_valid_entry(tmp_path: Path) -> None:
+    blobs = [f"writer {i} ".encode() * 50_000 for i in range(8)]  # 400-450 kB each: the writes overlap
+    start = threading.Barrier(len(blobs))
+    won: list[bool] = [False] * len(blobs)
+
+    def write(i: int) -> None:
+        start.wait()
+        won[i] = store.publish(tmp_path, entry_for(blobs[i]), blobs[i])
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(len(blobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(won) == 1
+    key = store.key_of(FIELDS)
+    found = store.read(tmp_path, key)
+    assert found is not None and found[1] == blobs[won.index(True)]  # the winner's blob, whole
+    assert [p.name for p in tmp_path.iterdir()] == [key]  # the others dropped theirs
+
+
+def test_collection_goes_by_last_use_then_by_the_team_quota(tmp_path: Path) -> None:
+    now = time.time()
+    team = store.team_dir(tmp_path, 3)
+    keys = []
+    for i, age_days in enumerate((40, 20, 10, 1)):
+        entry = entry_for(b"x" * 1000, {**FIELDS, "i": i})
+        assert store.publish(team, entry, b"x" * 1000)
+        os.utime(team / entry.key, (now - age_days * 86400, now - age_days * 86400))
+        keys.append(entry.key)
+    store.touch(team, keys[1])  # used just now: the youngest
+    stale = team / f"{store.TMP_PREFIX}abandoned"
+    stale.mkdir()
+    os.utime(stale, (now - 2 * store.STALE_TMP_S, now - 2 * store.STALE_TMP_S))
+    size = sum(f.stat().st_size for f in (team / keys[0]).iterdir())  # the blob and entry.json
+    quota = 2 * size + 100  # two entries fit
+    settings = Settings(storage_dir=tmp_path, compile_cache_retention_days=30, compile_cache_team_quota_bytes=quota)
+    assert collect_compile_caches(settings) == 2  # the 40-day-old one, then the least recently used over quota
+    assert sorted(p.name for p in team.iterdir()) == sorted([keys[1], keys[3]])
+    assert store.collect(tmp_path, max_age_s=0, quota_bytes=10**9).entries == 0  # 0: no age limit
+
+
+def test_an_admin_promotes_a_team_entry_to_the_shared_tier(tmp_path: Path) -> None:
+    entry = published(store.team_dir(tmp_path, 5))
+    assert store.main(["promote", "--storage", str(tmp_path), "--team", "5", "--key", entry.key]) == 0
+    found = store.read(store.shared_dir(tmp_path), entry.key)
+    assert found is not None and found[0] == entry
+    assert (store.shared_dir(tmp_path) / entry.key / store.BLOB).stat().st_mode & 0o777 == 0o644  # every team reads
+    assert store.promote(tmp_path, 5, entry.key) is False  # already there
+    assert store.main(["promote", "--storage", str(tmp_path), "--team", "6", "--key", entry.key]) == 1
+
+
+def test_the_key_holds_what_decides_the_code_and_not_the_optimiser() -> None:
+    torch = require_module("torch")
+    from trainer.cache_tiers import cache_fields
+    from trainer.recipes import load_recipe
+
+    def key(lr: float = 3e-3, n_layer: int = 1, **over: object) -> str:
+        recipe = load_recipe("gpt", {"size": "tiny", "n_layer": n_layer, "lr": lr, "warmup_steps": 3})
+        args: dict[str, object] = {
+            "mode": "regional", "model_config": recipe.graph_config(), "precision": "fp32",
+            "device": torch.device("cpu"), "world_size": 1, "strategy": "single", **over,
+        }  # fmt: skip
+        return store.key_of(cache_fields(**args))  # type: ignore[arg-type]
+
+    base = key()
+    assert key(lr=1e-4) == base  # a sweep over the optimiser shares one entry
+    others = [key(n_layer=2), key(precision="bf16"), key(world_size=2), key(strategy="ddp"), key(mode="whole")]
+    others.append(key(extra={"cuda_graphs": True}))
+    assert len({base, *others}) == len(others) + 1
+    fields = cache_fields(mode="regional", model_config={}, precision="fp32", device=torch.device("cpu"),
+                          world_size=1, strategy="single")  # fmt: skip
+    assert {"torch", "triton", "python", "gpu", "options", "world_size", "parallelism"} <= set(fields)
+    assert dataclasses.asdict(entry_for(b"")).keys() >= {"key", "sha256", "size_bytes", "written_at"}
