@@ -54,10 +54,14 @@ class AttemptDirs:
     compile_dir: Path
     local_dir: Path | None
     local_root: Path | None  # the host's local tier, when the job has a directory in it
+    # The team's compile cache (its own entries: read-write) and the admin's shared one (read-only), if any.
+    team_cache_dir: Path | None = None
+    shared_cache_dir: Path | None = None
 
     @property
     def writable(self) -> tuple[Path, ...]:
-        return (self.run_dir, self.checkpoint_dir, self.compile_dir, *([self.local_dir] if self.local_dir else []))
+        mine = (self.run_dir, self.checkpoint_dir, self.compile_dir)
+        return (*mine, *(d for d in (self.team_cache_dir, self.local_dir) if d is not None))
 
 
 def prepare(proc: TrainerProcess, claimed: Claimed, dirs: AttemptDirs, host: Isolation, settings: Settings) -> None:
@@ -102,7 +106,7 @@ def wrap(
     lifeline, holder = os.pipe()
     view = View(
         writable=dirs.writable,
-        read_only=(code_dir,) if code_dir is not None else (),
+        read_only=tuple(d for d in (code_dir, dirs.shared_cache_dir) if d is not None),
         read_only_fds=tuple(binds),
         devices=gpu_devices(claimed.gpus),
         shared=mps_dirs(claimed),

@@ -26,6 +26,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session
 
+from core import compile_cache
 from core.db import session_scope, utcnow
 from core.deployment import deployment_uid, local_tier_jobs
 from core.fence import Lease, job_checkpoint_dir, lease_clock, write_fence, write_lease
@@ -46,6 +47,8 @@ from core.trainer_protocol import (
     ENV_LEASE_FILE,
     ENV_LOCAL_CHECKPOINT_DIR,
     ENV_MEMORY_FRACTION,
+    ENV_SHARED_COMPILE_CACHE_DIR,
+    ENV_TEAM_COMPILE_CACHE_DIR,
     ENV_TEST_HOOKS,
     LEASE_FILE,
     RecordKind,
@@ -269,7 +272,8 @@ def _nccl_channels(qos: QosClass | None, links: dict[str, Any], gpus: list[GPU])
 
 def attempt_env(
     claimed: Claimed, *, attempt_id: int, token: int, checkpoint_dir: Path, compile_dir: Path, lease_file: Path,
-    local_dir: Path | None = None, final_retry_s: float | None = None,
+    local_dir: Path | None = None, final_retry_s: float | None = None, team_cache_dir: Path | None = None,
+    shared_cache_dir: Path | None = None,
 ) -> dict[str, str]:  # fmt: skip
     # Built from nothing: the worker's own environment (its KILN_* settings, database and broker URLs that may hold
     # passwords, whatever its service manager set) is not the attempt's. From the host: the locale, time zone and
@@ -292,6 +296,10 @@ def attempt_env(
     })  # fmt: skip
     if local_dir is not None:
         env[ENV_LOCAL_CHECKPOINT_DIR] = str(local_dir)
+    if team_cache_dir is not None:  # the team's compile cache: every job and host of the team reuses its entries
+        env[ENV_TEAM_COMPILE_CACHE_DIR] = str(team_cache_dir)
+    if shared_cache_dir is not None:
+        env[ENV_SHARED_COMPILE_CACHE_DIR] = str(shared_cache_dir)
     if final_retry_s is not None:  # the worker's setting; the ranks default to the same value without it
         env[ENV_FINAL_CHECKPOINT_RETRY_S] = f"{final_retry_s:g}"
     if not claimed.gpus:
@@ -711,6 +719,8 @@ def _run_claimed(
     log_path = storage / "logs" / str(claimed.job_id) / f"{claimed.attempt_number}{suffix}.log"
     checkpoint_dir = job_checkpoint_dir(storage, claimed.job_id)
     compile_dir = storage / "compile_cache" / str(claimed.job_id)
+    team_cache = compile_cache.team_dir(storage, claimed.team_id)  # this team's only: never another's
+    shared_cache = compile_cache.shared_dir(storage) if compile_cache.shared_dir(storage).is_dir() else None
     local_dir = local_tier_dir(settings, claimed)
     node = claimed.placement[node_rank]
     slots = claimed.slots(node_rank)
@@ -728,6 +738,8 @@ def _run_claimed(
             lease_file=run_dir / LEASE_FILE,
             local_dir=local_dir,
             final_retry_s=settings.final_checkpoint_retry_s,
+            team_cache_dir=team_cache,
+            shared_cache_dir=shared_cache,
         )
         | launch_env
     )
@@ -741,13 +753,15 @@ def _run_claimed(
         run_dir=run_dir,
         checkpoint_dir=checkpoint_dir,
         compile_dir=compile_dir,
+        team_cache_dir=team_cache,
+        shared_cache_dir=shared_cache,
         local_dir=local_dir,
         local_root=settings.local_tier_dir.resolve() if local_dir and settings.local_tier_dir else None,
     )
     try:
         # Everything between the claim and a running trainer: a failure here must end the attempt now (as an
         # infrastructure failure on this host), not leave it RUNNING until its lease runs out.
-        for d in (run_dir, compile_dir, *([local_dir] if local_dir else [])):
+        for d in (run_dir, compile_dir, team_cache, *([local_dir] if local_dir else [])):
             private_dir(d)
         if node.get("share") and (mps.DAEMON is None or mps.DAEMON.state != MpsState.RUNNING):
             raise RuntimeError("this host's MPS daemon is not running: a GPU share cannot be enforced")
