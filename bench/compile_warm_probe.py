@@ -117,7 +117,7 @@ def child(args: argparse.Namespace) -> None:
         recipe.compile_regions(model),
         loss_fn=loss_fn,
         precision=prec.precision,
-        model_config=recipe.config_dict(),
+        model_config=recipe.graph_config(),
         rtol=rtol,
         atol=atol,
     )
