@@ -40,6 +40,7 @@ from api.routers.health import register_collectors
 from core.db import make_engine
 from core.deployment import StorageOfAnotherDeployment, check_storage
 from core.settings import Settings, get_settings
+from scheduler.live.forecast import forecast_start
 
 log = logging.getLogger("kiln.api")
 
@@ -84,6 +85,10 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.auth_failures = FailedAuthentications(make_limiter(
         settings.resolved_broker_url, settings.auth_failures_per_minute, settings.auth_failures_burst,
         prefix="kiln:authfail:"))  # fmt: skip
+    # The expected start is the scheduler's own plan() run forward (core.services.why): wired in here, the API's
+    # composition root, so no router or service imports the scheduler.
+    policy = settings.policy
+    app.state.forecaster = lambda db, job, now: forecast_start(db, job, now=now, policy=policy)
     app.state.registry = CollectorRegistry()
     register_collectors(app.state.registry)
 

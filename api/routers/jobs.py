@@ -21,7 +21,6 @@ from api.deps import (
     CurrentPrincipal,
     SessionDep,
     SessionFactoryDep,
-    SettingsDep,
     StorageDirDep,
     StreamPrincipal,
     autocommit,
@@ -408,9 +407,11 @@ def code(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> CodeOut:
 
 
 @router.get("/{job_id}/why", response_model=WhyOut, summary="Why the job is (not) running, and what would let it start")
-def get_job_pending_reason(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep) -> WhyOut:
-    why = svc.why(db=db, principal=who, job_id=job_id, grace_s=settings.policy.time_limit_grace_s)
-    job = why.job
+def get_job_pending_reason(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, request: Request) -> WhyOut:
+    why = svc.why(db=db, principal=who, job_id=job_id, forecaster=request.app.state.forecaster)
+    job, forecast = why.job, why.forecast
     return WhyOut(state=JobState(job.state), pending_reason=job.pending_reason, pending_message=job.pending_message,
-                  unblock=why.unblock, expected_start=why.expected_start,
-                  expected_start_basis=why.expected_start_basis)  # fmt: skip
+                  unblock=why.unblock, expected_start=forecast.earliest if forecast else None,
+                  expected_start_latest=forecast.latest if forecast else None,
+                  expected_start_hosts=list(forecast.hosts) if forecast else [],
+                  expected_start_basis=forecast.basis if forecast else None)  # fmt: skip

@@ -241,14 +241,23 @@ class WhyOut(OutModel):
     )
     expected_start: datetime | None = Field(
         default=None,
-        description="It can start at the latest then: once running jobs reach their time limits (and the "
-        "scheduler's grace), never from how long jobs ran. Null when that cannot be known honestly.",
+        description="The earliest it would start: the scheduler's own plan() run forward from now, running jobs "
+        "ending by their measured progress, else as kiln expects them to use their time limits. Null when that "
+        "cannot be known (expected_start_basis says why); never given together with 'cannot be known'.",
+    )
+    expected_start_latest: datetime | None = Field(
+        default=None,
+        description="The latest it would start, as the queue stands: running jobs ending at their time limits (plus "
+        "the scheduler's grace), or their measured progress at a slower pace. Null exactly when expected_start is.",
+    )
+    expected_start_hosts: list[str] = Field(
+        default_factory=list, description="Where it would start (the earliest projection's hosts)."
     )
     expected_start_basis: str | None = Field(
         default=None,
         description="How expected_start is known, or why it cannot be (null when the job is not queued).",
-        examples=["cannot be known: running job(s) 3 have no time limit (time_limit_s), and kiln does not guess "
-                  "how long a job runs"],
+        examples=["cannot be known: it starts only after running job(s) 3 end, which have no time limit "
+                  "(time_limit_s) and report no progress yet; kiln does not guess how long a job runs"],
     )  # fmt: skip
 
 

@@ -26,7 +26,7 @@ from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound, Qu
 from core.services.fit import Fitted, canonical_gpu_type, check_submission
 from core.services.principal import Principal, require_team, require_team_id
 from core.services.sla import BASE_TERMS, DEFAULT_QOS, TERMS, effective_terms, qos_refusal, restart_refusal
-from core.services.why import Why, explain
+from core.services.why import Forecaster, Why, explain
 from core.settings import ApiLimits
 from core.spec import JobSpec, did_you_mean, parse_spec_data
 from core.states import TERMINAL, JobState, Reason
@@ -538,8 +538,8 @@ def metrics(
     return jobs_repo.metrics(db, job_id=job_id, after_step=after_step, max_points=max_points)
 
 
-def why(*, db: Session, principal: Principal, job_id: int, grace_s: float = 0.0) -> Why:
-    return explain(db=db, job=_visible(db, principal, job_id), grace_s=grace_s)
+def why(*, db: Session, principal: Principal, job_id: int, forecaster: Forecaster | None = None) -> Why:
+    return explain(db=db, job=_visible(db, principal, job_id), forecaster=forecaster)
 
 
 @dataclass(frozen=True)

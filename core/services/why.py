@@ -2,46 +2,64 @@
 
 The scheduler says why a job waits (its pending reason, Slurm's REASON); this turns that reason into the changes
 that would let it start, from what the cluster and the team have now: fewer GPUs, another GPU type or QoS class,
-the team's quota, a dependency; and when it can be known honestly, the expected start.
+the team's quota, a dependency; and the expected start.
 
-The expected start is a bound, never a guess: each running job ends at the latest at its time limit (plus the
-scheduler's grace before its kill), so once enough of them have reached theirs the capacity the job needs is free.
-A running job without a time limit may run for ever: then no start can be promised, and the answer says which
-jobs those are. How long jobs happened to run before is never used.
+The expected start is the scheduler's own: its ``plan()`` run forward from the live snapshot as running jobs end,
+earliest and latest (``scheduler.live.forecast``, handed in by the API's composition root as ``forecaster``, since
+``core`` imports no scheduler). It is one answer: a range of times with where the job would start, or "cannot be
+known" with the reason, never both. Reasons no clock bounds (a dependency's outcome, a budget period, a hold, a
+cluster too small) are said without running the projection.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
-from core.models import GPU, Host, Job, QosClass, TeamQuota
+from core.models import GPU, Job, QosClass, TeamQuota
 from core.repositories import jobs as jobs_repo
 from core.repositories import teams as teams_repo
-from core.states import ACTIVE, HostState, JobState, Reason
+from core.states import ACTIVE, JobState, Reason
+
+
+@dataclass(frozen=True)
+class StartForecast:
+    earliest: datetime | None  # None: cannot be known (``basis`` says why)
+    latest: datetime | None
+    hosts: tuple[str, ...]  # where it would start (the earliest scenario's placement)
+    basis: str  # how it is known, or why it cannot be
+
+
+# (session, the queued job, now) -> its forecast: scheduler.live.forecast.forecast_start with the policy bound
+Forecaster = Callable[[Session, Job, datetime], StartForecast]
 
 
 @dataclass(frozen=True)
 class Why:
     job: Job
     unblock: list[str]  # what would let it start, most direct first; empty when nothing is known to help
-    expected_start: datetime | None = None  # at the latest then (see the module's doc); None: cannot be known
-    expected_start_basis: str | None = None  # how the expected start is known, or why it cannot be
+    forecast: StartForecast | None = None  # None when the job is not queued
+
+    @property
+    def expected_start(self) -> datetime | None:
+        return self.forecast.earliest if self.forecast else None
+
+    @property
+    def expected_start_basis(self) -> str | None:
+        return self.forecast.basis if self.forecast else None
 
 
-def explain(*, db: Session, job: Job, grace_s: float = 0.0, now: datetime | None = None) -> Why:
-    """``grace_s``: how long past a time limit the scheduler waits before its kill (KILN_POLICY__TIME_LIMIT_GRACE_S)."""
+def explain(*, db: Session, job: Job, forecaster: Forecaster | None = None, now: datetime | None = None) -> Why:
+    """``forecaster``: the scheduler's projection (None: the expected start is said to be unavailable)."""
     if job.state != JobState.QUEUED:
         return Why(job, [])
-    at, basis = expected_start(db, job, grace_s=grace_s, now=now or utcnow())
-    if not job.pending_reason:
-        return Why(job, [], at, basis)
-    hints = _hints(db, job)
-    return Why(job, hints, at, basis)
+    forecast = expected_start(db, job, forecaster, now or utcnow())
+    return Why(job, _hints(db, job) if job.pending_reason else [], forecast)
 
 
 def _hints(db: Session, job: Job) -> list[str]:
@@ -72,88 +90,25 @@ def _hints(db: Session, job: Job) -> list[str]:
     return hints
 
 
-# Reasons for which the start depends on something no clock bounds, and what that is.
+# Reasons for which the start depends on something no clock bounds, and what that is. The others (Resources,
+# Reservation, Priority, Quota, MemoryFit, BandwidthQuota, a sweep's limit, a backoff) free as running jobs end:
+# the projection answers them.
 _UNKNOWABLE: dict[str, str] = {
     Reason.UNSCHEDULABLE: "no host as the cluster is now can ever run it (see what would let it start)",
     Reason.DEPENDENCY: "it waits for other jobs to end as it requires, and whether they succeed cannot be known",
-    Reason.QUOTA: "it waits for the team's quota, which frees as the team's own jobs end or an admin raises it",
     Reason.BUDGET: "it waits for the team's GPU-hour budget (the next period, or an admin raising it)",
-    Reason.PRIORITY: "the capacity it could use is held for a higher-priority job, and more of those may come",
-    Reason.SWEEP_LIMIT: "its sweep runs as many jobs as its max_concurrent allows; it starts as one of them ends",
-    Reason.BANDWIDTH_QUOTA: "it waits for the class's interconnect-bandwidth quota",
-    Reason.MEMORY_FIT: "no GPU has the memory it needs free: it depends on what shares them",
     Reason.HELD: "it is held: it starts only after it is released",
 }
 
 
-def expected_start(db: Session, job: Job, *, grace_s: float, now: datetime) -> tuple[datetime | None, str]:
-    """When a queued job can start at the latest, from the running jobs' time limits, or why that cannot be known."""
+def expected_start(db: Session, job: Job, forecaster: Forecaster | None, now: datetime) -> StartForecast:
+    """One answer for a queued job: the scheduler's projection, or why no start can be promised."""
     reason = job.pending_reason
-    if reason is None:
-        return None, "not planned yet: the scheduler looks at it within a few seconds"
     if reason in _UNKNOWABLE:
-        return None, f"cannot be known: {_UNKNOWABLE[reason]}"
-    if job.not_before is not None and job.not_before > now:
-        return job.not_before, "its restart backoff ends then (it may start then if capacity is free)"
-    if reason not in (Reason.RESOURCES, Reason.RESERVATION):  # back in the queue (Backoff, Preempted, Drained)
-        return None, "not planned again yet: the scheduler looks at it within a few seconds"
-    need = job.gpus or _cpu_slots(job)
-    unit = f"{job.gpu_type} GPU" if job.gpus and job.gpu_type else "GPU" if job.gpus else "CPU slot"
-    total = _capacity(db, job)
-    running = _running_on_same(db, job)
-    free = total - sum(units for _id, units, _end in running)
-    if need > total:
-        return None, f"cannot be known: it needs {_n(need, unit)} and the hosts up have {total}"
-    ahead = ("the scheduler holds that capacity for it" if reason == Reason.RESERVATION
-             else "unless a job ahead of it takes that capacity first")  # fmt: skip
-    if free >= need:
-        return None, (f"cannot be known: {_n(free, unit)} free, but not in the shape it needs (per host, links or "
-                      "memory); it starts when running jobs end")  # fmt: skip
-    known = sorted((end, jid, units) for jid, units, end in running if end is not None)
-    freed = 0
-    for end, _jid, units in known:
-        freed += units
-        if free + freed >= need:
-            at = max(end + timedelta(seconds=grace_s), now)
-            ended = [str(i) for _e, i, _u in known if _e <= end]
-            return at, (f"at the latest: {_n(need, unit)} free once running job(s) {', '.join(ended)} reach their "
-                        f"time limits; {ahead}")  # fmt: skip
-    unbounded = sorted(jid for jid, _units, end in running if end is None)
-    return None, (f"cannot be known: running job(s) {', '.join(map(str, unbounded))} have no time limit "
-                  "(time_limit_s), and kiln does not guess how long a job runs")  # fmt: skip
-
-
-def _n(count: int, unit: str) -> str:
-    return f"{count} {unit}" + ("" if count == 1 else "s")
-
-
-def _cpu_slots(job: Job) -> int:
-    return int((job.spec.get("resources") or {}).get("cpu_slots") or 1)
-
-
-def _capacity(db: Session, job: Job) -> int:
-    up = select(Host.id).where(Host.state == HostState.UP.value)
-    if not job.gpus:
-        return int(db.scalar(select(func.coalesce(func.sum(Host.cpu_slots), 0)).where(Host.id.in_(up))) or 0)
-    stmt = select(func.count()).select_from(GPU).where(GPU.host_id.in_(up), GPU.healthy.is_(True))
-    if job.gpu_type is not None:
-        stmt = stmt.where(GPU.model == job.gpu_type)
-    return int(db.scalar(stmt) or 0)
-
-
-def _running_on_same(db: Session, job: Job) -> list[tuple[int, int, datetime | None]]:
-    """(id, units, end at its time limit or None) of the active jobs that hold what ``job`` needs: the scheduler's
-    own reading of a running job's end (its current attempt's start plus the spec's time limit)."""
-    rows = []
-    for other, attempt in jobs_repo.active_jobs(db):
-        same_kind = other.gpus > 0 if job.gpus else other.gpus == 0
-        if other.id == job.id or not same_kind or (job.gpus and job.gpu_type and other.gpu_type != job.gpu_type):
-            continue
-        limit = other.time_limit_s
-        begun = (attempt.started_at or attempt.created_at) if attempt is not None else other.admitted_at or utcnow()
-        end = begun + timedelta(seconds=limit) if limit is not None else None
-        rows.append((other.id, other.gpus or _cpu_slots(other), end))
-    return rows
+        return StartForecast(None, None, (), f"cannot be known: {_UNKNOWABLE[reason]}")
+    if forecaster is None:
+        return StartForecast(None, None, (), "cannot be known: this server does not run the scheduler's projection")
+    return forecaster(db, job, now)
 
 
 def _gpu_counts(db: Session) -> dict[str, int]:

@@ -660,8 +660,9 @@ class _Planner:
         self.state.reserve(units, until, job.id)
         self.reserved_classes.add(job.qos_priority)
         self.reservations.append(Reservation(job.id, None if start == INF else start, tuple(units)))
-        when = "when running jobs end (no time limits known)" if start == INF else f"at {_at(start)}"
-        self.wait(job, Reason.RESERVATION, f"capacity reserved for it; expected start {when}")
+        # No time here: the expected start is kiln why's (the plan run forward), one answer in one place. This
+        # reservation's start counts only running jobs' ends, and read beside it, disagreed with it.
+        self.wait(job, Reason.RESERVATION, "capacity reserved for it")
         return True
 
     def _should_preempt(self, job: PendingJob, req: Request) -> bool:

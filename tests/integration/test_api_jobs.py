@@ -246,9 +246,9 @@ def test_attempts_checkpoints_metrics_why(client: TestClient, world: World, db: 
     assert why == {"state": "QUEUED", "pending_reason": "Quota", "pending_message": "alpha: 4/4 cpu slots in use",
                    "unblock": ["the team's quota: alpha uses 0 of its 4 CPU slots; an admin raises it (kiln teams set "
                                "alpha --quota cpu=N), or its running jobs end"],
-                   "expected_start": None,
-                   "expected_start_basis": "cannot be known: it waits for the team's quota, which frees as the "
-                                           "team's own jobs end or an admin raises it"}  # fmt: skip
+                   "expected_start": None, "expected_start_latest": None, "expected_start_hosts": [],
+                   "expected_start_basis": "cannot be known: it does not start even once every running job has "
+                                           "ended (its pending reason says what holds it)"}  # fmt: skip
 
 
 def _sse_events(text: str) -> list[tuple[str, str]]:

@@ -395,7 +395,7 @@ def test_why_says_what_the_job_waits_for(kiln: Any) -> None:
     result = kiln("why", str(job_id))
     assert result.exit_code == 0, result.output
     assert "QUEUED and not planned yet" in result.stdout
-    assert "expected start: not planned yet: the scheduler looks at it within a few seconds" in result.stdout
+    assert "expected start: cannot be known: it does not start even once every running job has ended" in result.stdout
     assert as_json(kiln("why", str(job_id), "-o", "json"))["unblock"] == []
 
 

@@ -2,9 +2,10 @@
 bodies included, read with ``ast``):
 
 - ``core`` imports no other kiln package: it is below everything;
-- ``workers`` and ``scheduler`` do not import each other: both call ``core``. The one exception is the scheduler's
-  process entry point (``scheduler/__main__.py``), which hands the broker's ``workers.dispatch.dispatch_attempt``
-  to the loop as a callable;
+- ``api``, ``workers`` and ``scheduler`` do not import each other: they call ``core``. The exceptions are entry
+  points: the scheduler's (``scheduler/__main__.py``) hands the broker's ``workers.dispatch.dispatch_attempt`` to
+  the loop as a callable, and the API's factory (``api/app.py``) hands ``scheduler.live.forecast`` to the why
+  service;
 - the control plane (``api``, ``core``, ``scheduler``, ``cli``) never imports ``trainer`` or torch;
 - the pure policy (``scheduler.policy``) reads no database: it imports neither SQLAlchemy nor ``scheduler.live``;
 - the API's routers build no queries: they parse input, call a service and shape output, so no module under
@@ -23,7 +24,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("api", "core", "scheduler", "workers", "cli", "trainer")
 CONTROL_PLANE = ("api", "core", "scheduler", "cli")
-COMPOSITION_ROOTS = {("scheduler.__main__", "workers.dispatch")}
+# A process's entry point may wire a lower layer's callable in: the scheduler hands the broker's dispatch to its loop;
+# the API's factory hands the scheduler's start projection (plan() run forward) to the why service.
+COMPOSITION_ROOTS = {("scheduler.__main__", "workers.dispatch"), ("api.app", "scheduler.live.forecast")}
 QUERY_BUILDERS = ("sqlalchemy", "sqlalchemy.select", "sqlalchemy.sql.select", "sqlalchemy.future.select")
 
 
@@ -77,6 +80,8 @@ def violations(root: Path) -> list[str]:
         wired = any(imp.module == m and _within(imp.target, t) for m, t in COMPOSITION_ROOTS)
         if {source, target} == {"scheduler", "workers"} and not wired:
             found.append(f"scheduler and workers must not import each other: {where}")
+        if {source, target} in ({"api", "scheduler"}, {"api", "workers"}) and not wired:
+            found.append(f"api, scheduler and workers must not import each other: {where}")
         if source in CONTROL_PLANE and target in ("trainer", "torch"):
             found.append(f"the control plane must not import {target}: {where}")
         if _within(imp.module, "scheduler.policy") and (
@@ -179,6 +184,7 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
         ({"workers/t.py": "def f():\n    from scheduler.live import reconciler\n"}, "must not import each other"),
         ({"scheduler/live/loop.py": "from workers.dispatch import dispatch_attempt\n"}, "must not import each other"),
         ({"api/x.py": "import torch\n"}, "the control plane must not import torch"),
+        ({"api/routers/w.py": "from scheduler.live import loader\n"}, "api, scheduler and workers must not import"),
         ({"cli/x.py": "from trainer.recipes import gpt\n"}, "the control plane must not import trainer"),
         ({"scheduler/policy/p.py": "from sqlalchemy import select\n"}, "the pure policy must not read the database"),
         ({"api/routers/q.py": "from sqlalchemy import func, select\n"}, "a router must leave queries to core's"),
