@@ -132,6 +132,19 @@ def fmt_time(value: Any) -> str:
     return "-" if dt is None else dt.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def expected_start(why: dict[str, Any]) -> str | None:
+    """A queued job's expected start as ``GET /v1/jobs/{id}/why`` gives it, in the words ``kiln why`` and ``kiln
+    describe`` both print: a range of times and where, with how it is known; or why it cannot be known."""
+    basis = why.get("expected_start_basis")
+    if not why.get("expected_start"):
+        return basis
+    early, late = fmt_time(why["expected_start"]), fmt_time(why.get("expected_start_latest"))
+    when = early if late in ("-", early) else f"{early} to {late}"
+    hosts = why.get("expected_start_hosts") or []
+    where = f" on {', '.join(hosts)}" if hosts else ""
+    return f"{when}{where} ({basis})" if basis else f"{when}{where}"
+
+
 def fmt_bytes(n: float | None) -> str:
     if n is None:
         return "-"

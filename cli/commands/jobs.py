@@ -247,8 +247,17 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         checkpoints = _optional_pages(api, f"/v1/jobs/{job_id}/checkpoints")
         events = job_events(api, job_id)
         code = _optional(api, f"/v1/jobs/{job_id}/code") if (job.get("spec") or {}).get("code") else None
+        why = _optional(api, f"/v1/jobs/{job_id}/why") if job.get("state") == "QUEUED" else None
         base = str(api.base_url)
-    data = {"job": job, "sla": sla, "attempts": attempts, "checkpoints": checkpoints, "events": events, "code": code}
+    data = {
+        "job": job,
+        "sla": sla,
+        "attempts": attempts,
+        "checkpoints": checkpoints,
+        "events": events,
+        "code": code,
+        "why": why,
+    }
     if output is not OutputFormat.table:
         out.print_data(data, output)
         return
@@ -279,6 +288,8 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
                               "queue held"))  # fmt: skip
     elif job.get("pending_reason"):
         pairs.append(("waiting", f"{job['pending_reason']}: {job.get('pending_message') or ''}"))
+    if isinstance(why, dict) and out.expected_start(why):  # the same answer as kiln why, from the same endpoint
+        pairs.append(("expected start", out.expected_start(why)))
     if job.get("exit_reason"):
         pairs.append(("exit reason", job["exit_reason"]))
     if isinstance(code, dict):
@@ -669,11 +680,9 @@ def why(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         console.print(out.text(f"job {job_id} is QUEUED and not planned yet (the scheduler runs every few seconds)"))
     else:
         console.print(out.text(f"job {job_id} is {data.get('state')}: not waiting"))
-    if data.get("expected_start"):
-        when = out.fmt_time(data["expected_start"])
-        console.print(out.text(f"expected start: {when}, {data.get('expected_start_basis') or ''}".rstrip(", ")))
-    elif data.get("expected_start_basis"):
-        console.print(out.text(f"expected start: {data['expected_start_basis']}"))
+    start = out.expected_start(data)
+    if start:
+        console.print(out.text(f"expected start: {start}"))
     hints = data.get("unblock") or []
     if hints:
         console.print("what would let it start:")

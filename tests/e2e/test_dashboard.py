@@ -112,6 +112,10 @@ def test_sign_in_validation_submit_and_queue(page: Any, kiln: Kiln) -> None:
     expect(page.get_by_role("button", name="Release")).to_be_visible()
     expect(page.locator("#job-facts")).to_contain_text("Held: held by admin")
     expect(page.locator("#timeline")).to_contain_text("HELD")
+    # the expected start, as kiln why says it (the same endpoint)
+    expect(page.locator("#expected-start")).to_have_text(
+        "cannot be known: it is held: it starts only after it is released"
+    )
 
     # Changed from its page, as `kiln update` changes it: what cannot be read, and what the API refuses, is said
     # beside the field; the rest is saved, and the facts and the timeline follow.

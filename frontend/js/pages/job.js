@@ -6,7 +6,7 @@ import { ApiError, api, follow, getToken, parseEventStream, qs } from "../api.js
 import { LineChart } from "../chart.js";
 import { jobEditor } from "./job_edit.js";
 import {
-  bar, fmtBytes, fmtDuration, fmtNumber, h, pageHeader, replace, showError, stateBadge, table, timeEl, toast,
+  bar, fmtBytes, fmtDuration, fmtNumber, fmtTime, h, pageHeader, replace, showError, stateBadge, table, timeEl, toast,
 } from "../dom.js";
 
 const FINISHED = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
@@ -101,6 +101,28 @@ function downloadLink(path, filename) {
 }
 
 /** @type {import("../router.js").Page} */
+/**
+ * A queued job's expected start: the API's one answer (GET /v1/jobs/{id}/why, as kiln why and kiln describe say it),
+ * a range of times and where, or why it cannot be known.
+ * @param {{expected_start: string | null, expected_start_latest: string | null, expected_start_hosts: string[],
+ *   expected_start_basis: string | null}} why
+ */
+export function expectedStartText(why) {
+  if (!why.expected_start) return why.expected_start_basis ?? "—";
+  const early = fmtTime(why.expected_start);
+  const late = fmtTime(why.expected_start_latest);
+  const when = !why.expected_start_latest || late === early ? early : `${early} to ${late}`;
+  const where = why.expected_start_hosts?.length ? ` on ${why.expected_start_hosts.join(", ")}` : "";
+  return `${when}${where}${why.expected_start_basis ? ` (${why.expected_start_basis})` : ""}`;
+}
+
+/** @param {number} id */
+function expectedStartEl(id) {
+  const el = h("span", { id: "expected-start" }, "…");
+  api(`/v1/jobs/${id}/why`).then((why) => replace(el, expectedStartText(why)), () => replace(el, "—"));
+  return el;
+}
+
 export async function jobPage(root, params) {
   const id = Number(params.id);
   /** @type {Overview} */
@@ -198,6 +220,7 @@ export async function jobPage(root, params) {
       ["Finished", timeEl(j.finished_at)],
     ];
     if (j.state === "QUEUED") rows.splice(4, 0, ["Pending reason", j.pending_reason ? `${j.pending_reason}${j.pending_message ? `: ${j.pending_message}` : ""}` : "not yet planned"]);
+    if (j.state === "QUEUED") rows.splice(5, 0, ["Expected start", expectedStartEl(j.id)]);
     if (j.spec?.depends_on?.length) rows.push(["Depends on", j.spec.depends_on.join(", ")]);
     if (j.exit_reason) rows.push(["Exit reason", j.exit_reason]);
     if (ov.contract?.standing) {
