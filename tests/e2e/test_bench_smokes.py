@@ -57,3 +57,10 @@ def test_the_archive_check_bench_runs_and_the_check_stays_in_bounds() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["worst_new_rss_growth_mb"] <= 50, summary
+
+
+def test_the_young_daly_bench_finds_the_advised_interval_near_the_best(tmp_path: Path) -> None:
+    got = bench(tmp_path, "bench/young_daly_bench.py", "--smoke")
+    (case,) = got["cases"]
+    assert got["smoke"] and case["within_10pct"], case
+    assert case["quarter_advised_vs_best"] > 1.1 and case["four_times_advised_vs_best"] > 1.1  # the check can fail
