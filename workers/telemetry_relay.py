@@ -307,5 +307,5 @@ def _checkpoint(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, 
         job=job,
         message=f"checkpoint at step {step} ({row_bytes} bytes)",
         data={"attempt": attempt.number, "step": step, "bytes": row_bytes, "verified": verified,
-              "loss": rec.get("loss"), "duration_s": rec.get("duration_s")},
+              "loss": rec.get("loss"), "stall_s": rec.get("stall_s"), "write_s": rec.get("write_s")},
     )  # fmt: skip

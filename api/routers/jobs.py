@@ -47,20 +47,24 @@ from api.schemas.jobs import (
     AttemptCompileOut,
     AttemptOut,
     AttemptPageOut,
+    CheckpointAdviceOut,
     CheckpointOut,
     CheckpointPageOut,
     EventOut,
     EventPageOut,
+    JobDetailOut,
     JobOut,
     JobPageOut,
     MetricOut,
     MetricsOut,
     WhyOut,
+    job_detail_json,
     job_json,
     page_json,
 )
 from core.services import compile_cache
 from core.services import jobs as svc
+from core.services.checkpoint_advice import CheckpointAdvice
 from core.services.errors import InvalidInput
 from core.spec import NAME_PATTERN, JobSpec, SpecError, parse_spec_data, validation_errors
 from core.states import JobState
@@ -235,9 +239,21 @@ def _list(
     return JSONBytes(page_json(page.items, next_cursor, utc=page.utc))
 
 
-@router.get("/{job_id}", response_model=JobOut, summary="One job")
+@router.get("/{job_id}", response_model=JobDetailOut, summary="One job, with its checkpoint advice")
 def get_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> Response:
-    return JSONBytes(job_json(svc.get(db=db, principal=who, job_id=job_id)))
+    view = svc.get(db=db, principal=who, job_id=job_id)
+    return JSONBytes(job_detail_json(view, _advice_out(svc.checkpoint_advice(db=db, principal=who, job_id=job_id))))
+
+
+def _advice_out(a: CheckpointAdvice | None) -> CheckpointAdviceOut | None:
+    if a is None:
+        return None
+    r = a.rate
+    return CheckpointAdviceOut(summary=a.summary, advised_interval_s=a.advised_s, chosen_interval_s=a.chosen_s,
+                               checkpoint_cost_s=a.cost_s, checkpoint_cost_measured=a.cost_measured,
+                               gpu_type=r.gpu_type, mtbf_h=r.mtbf_h, failures=r.failures, host_hours=r.host_hours,
+                               from_prior=r.from_prior, hosts=a.hosts, expected_loss_gpu_h=a.loss_gpu_h,
+                               advised_expected_loss_gpu_h=a.advised_loss_gpu_h)  # fmt: skip
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, status_code=status.HTTP_202_ACCEPTED, summary="Cancel a job")

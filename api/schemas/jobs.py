@@ -132,6 +132,38 @@ def page_json(items: Sequence[JobView], next_cursor: str | None, *, utc: bool = 
     return b'{"items":[' + parts + b'],"next_cursor":' + to_json(next_cursor) + b"}"
 
 
+class CheckpointAdviceOut(OutModel):
+    """How often the job should checkpoint, by Young/Daly from what kiln measured (core.services.checkpoint_advice)."""
+
+    summary: str = Field(examples=["checkpoint every 200 steps (~6 min); advised ~18 min (~587 steps) (Young/Daly: "
+                                   "save 4.1 s, MTBF 38 h on H200 from 3 failure(s) in 114 host-hours); expected loss "
+                                   "0.9 vs 0.6 GPU-h"])  # fmt: skip
+    advised_interval_s: float = Field(description="Seconds of training between checkpoints (Daly's optimum).")
+    chosen_interval_s: float | None = Field(description="The job's own, where its step time is measured.")
+    checkpoint_cost_s: float = Field(description="What one checkpoint costs the job (its save's stall).")
+    checkpoint_cost_measured: bool = Field(description="False: predicted from the checkpoint's size.")
+    gpu_type: str
+    mtbf_h: float = Field(description="A busy host's mean time between infrastructure failures, this GPU type.")
+    failures: int
+    host_hours: float
+    from_prior: bool = Field(description="Fewer than 3 failures seen: a prior of one in 6,000 host-hours weighs in.")
+    hosts: int
+    expected_loss_gpu_h: float | None = Field(description="Over its remaining steps, at its interval.")
+    advised_expected_loss_gpu_h: float | None = Field(description="The same, at the advised interval.")
+
+
+class JobDetailOut(JobOut):
+    checkpoint_advice: CheckpointAdviceOut | None = Field(
+        default=None, description="Null for an ended job, or before its first checkpoint."
+    )
+
+
+def job_detail_json(view: JobView, advice: CheckpointAdviceOut | None) -> bytes:
+    """One ``JobDetailOut`` document: the job's, then its checkpoint advice."""
+    extra = advice.model_dump_json().encode() if advice is not None else b"null"
+    return job_json(view)[:-1] + b',"checkpoint_advice":' + extra + b"}"
+
+
 class JobPageOut(OutModel):
     items: list[JobOut]
     next_cursor: str | None = Field(description="Pass as ?cursor= for the next (older) page; None = last page.")

@@ -22,6 +22,7 @@ from core.repositories.jobs import JobFilter
 from core.repositories.keyset import Window
 from core.services import artifacts
 from core.services import datasets as datasets_svc
+from core.services.checkpoint_advice import CheckpointAdvice, advise
 from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound, QueueFull
 from core.services.fit import Fitted, canonical_gpu_type, check_submission
 from core.services.principal import Principal, require_team, require_team_id
@@ -536,6 +537,10 @@ def metrics(
 ) -> Sequence[JobMetric]:
     _visible(db, principal, job_id)
     return jobs_repo.metrics(db, job_id=job_id, after_step=after_step, max_points=max_points)
+
+
+def checkpoint_advice(*, db: Session, principal: Principal, job_id: int) -> CheckpointAdvice | None:
+    return advise(db, _visible(db, principal, job_id), utcnow())
 
 
 def why(*, db: Session, principal: Principal, job_id: int, forecaster: Forecaster | None = None) -> Why:

@@ -95,3 +95,7 @@ def test_the_advice_line_from_the_jobs_own_checkpoints(world: Any, db: Session) 
     assert "(Young/Daly: save 4.1 s, MTBF 38 h on H200 from 3 failure(s) in 114 host-hours)" in advice.summary
     assert advice.loss_gpu_h is not None and advice.advised_loss_gpu_h is not None
     assert advice.advised_loss_gpu_h <= advice.loss_gpu_h, advice.summary
+    shown = client.get(f"/v1/jobs/{job.id}", headers=w.h("viewer")).json()["checkpoint_advice"]  # the job's detail
+    assert shown["summary"] == advice.summary and shown["failures"] == 3 and not shown["from_prior"]
+    listed = client.get("/v1/jobs", headers=w.h("viewer")).json()["items"]
+    assert all("checkpoint_advice" not in j for j in listed)  # the list stays as it was
