@@ -49,7 +49,7 @@ def forecast_start(db: Session, job: Job, *, now: datetime, policy: PolicyConfig
         project(snapshot, policy, job.id, ends, horizon_s=HORIZON_S, max_events=MAX_EVENTS, budget_s=BUDGET_S)
         for ends in (early, late)
     )
-    return _said(first, last, measured=bool(rates))
+    return _said(first, last, measured=bool(rates), running={r.id for r in snapshot.running})
 
 
 def _measured_rates(db: Session, now: datetime) -> dict[int, tuple[float, float]]:
@@ -94,11 +94,11 @@ def _scenarios(snapshot: Snapshot, rates: dict[int, tuple[float, float]], grace_
     return Ends(early, run_early), Ends(late, run_late)
 
 
-def _said(first: Start, last: Start, *, measured: bool) -> StartForecast:
+def _said(first: Start, last: Start, *, measured: bool, running: set[int]) -> StartForecast:
     if first.stopped == "absent":
         return StartForecast(None, None, (), "not in the scheduler's plan (held, or no longer queued)")
     if last.at is None or first.failed:
-        return StartForecast(None, None, (), f"cannot be known: {_why_not(first if first.failed else last)}")
+        return StartForecast(None, None, (), f"cannot be known: {_why_not(first if first.failed else last, running)}")
     at = first.at if first.at is not None else last.at  # plan()'s choices may differ between the scenarios
     how = "measured progress where known, else " if measured else ""
     basis = (
@@ -108,11 +108,16 @@ def _said(first: Start, last: Start, *, measured: bool) -> StartForecast:
     return StartForecast(_dt(min(at, last.at)), _dt(max(at, last.at)), first.hosts or last.hosts, basis)
 
 
-def _why_not(start: Start) -> str:
+def _why_not(start: Start, running: set[int]) -> str:
     if start.stopped == "unknown":
-        jobs = ", ".join(map(str, start.waits_on))
-        return (f"it starts only after running job(s) {jobs} end, which have no time limit (time_limit_s) and "
-                "report no progress yet; kiln does not guess how long a job runs")  # fmt: skip
+        now = [str(j) for j in start.waits_on if j in running]
+        ahead = [str(j) for j in start.waits_on if j not in running]
+        who = " and ".join(
+            [*([f"running job(s) {', '.join(now)}"] if now else []),
+             *([f"job(s) {', '.join(ahead)} ahead of it in the queue"] if ahead else [])]
+        )  # fmt: skip
+        return (f"it starts only after {who} end, which have no time limit (time_limit_s) and report no progress "
+                "yet; kiln does not guess how long a job runs")  # fmt: skip
     if start.stopped == "failed":
         return f"the scheduler would fail it: {start.failed}"
     if start.stopped == "drained":

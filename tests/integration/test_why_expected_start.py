@@ -164,3 +164,14 @@ def test_reasons_that_no_clock_bounds_say_so(setup: Any, db: Session) -> None:
     assert cancelled.status_code == 202
     data = _why(client, world, job)
     assert data["expected_start"] is None and data["expected_start_basis"] is None  # not waiting
+
+
+def test_a_job_ahead_without_a_time_limit_is_named_as_ahead_not_running(setup: Any, db: Session) -> None:
+    client, world = setup
+    busy = _job(client, world, db, name="busy", time_limit_s=600, resources={"gpus": 0, "cpu_slots": 3})
+    _running(db, busy, utcnow(), slots=3)
+    ahead = _job(client, world, db, name="ahead")  # no time limit: once it starts, nothing bounds its end
+    waiting = _job(client, world, db, name="waiting", resources={"gpus": 0, "cpu_slots": 3})
+    data = _why(client, world, waiting)
+    assert data["expected_start"] is None
+    assert f"after job(s) {ahead.id} ahead of it in the queue end" in data["expected_start_basis"], data
