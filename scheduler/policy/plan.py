@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from core.host_fit import Ask, Capacity, HostCapacity
 from core.policy_config import PolicyConfig
 from core.states import JobState, Reason
 from scheduler.policy import sharing
@@ -25,7 +26,7 @@ from scheduler.policy.fairshare import JobOrder
 from scheduler.policy.placement import INF, Chosen, ClusterState, Request
 from scheduler.policy.preemption import choose, eligible
 from scheduler.policy.quota import Key, QuotaLedger
-from scheduler.policy.snapshot import CPU, GpuShare, PendingJob, RunningJob, Snapshot
+from scheduler.policy.snapshot import CPU, GpuShare, HostInfo, PendingJob, RunningJob, Snapshot
 
 DEP_FAILED = frozenset({JobState.FAILED, JobState.CANCELLED})
 DEP_ENDED = DEP_FAILED | {JobState.SUCCEEDED}
@@ -70,12 +71,18 @@ def placement_entries(state: ClusterState, chosen: Chosen, cpu: bool) -> tuple[P
     )
 
 
+def _capacity(host: HostInfo) -> HostCapacity:
+    """What a host has for ``core.host_fit``: its GPUs the placement may use (healthy ones), by type."""
+    return HostCapacity(tuple(Counter(g.model for g in host.gpus if g.healthy).items()), host.cpu_slots)
+
+
 class _Planner:
     def __init__(self, snapshot: Snapshot, config: PolicyConfig) -> None:
         self.s = snapshot
         self.c = config
         self.now = snapshot.now
         self.state = ClusterState(snapshot.hosts, snapshot.running, spread=config.placement == "spread")
+        self.capacity = Capacity(_capacity(h) for h in snapshot.hosts)
         self.ledger = QuotaLedger(snapshot.teams, snapshot.running, enabled=config.enforce_quotas)
         self.teams = {t.id: t for t in snapshot.teams}
         # Strict FIFO: the first job that cannot be placed blocks everything behind it (no reservations, no
@@ -316,7 +323,6 @@ class _Planner:
         """Admit ``job`` or record why it waits (possibly preempting or reserving for it). True if admitted."""
         self.placement_failed = False
         req = self._request(job, end)
-        capacity = sum(self.state.total.get(m, 0) for m in req.models)
         if job.gpus and job.memory_bytes:
             if job.memory_cap_bytes is not None and job.memory_bytes > job.memory_cap_bytes:
                 self.wait(
@@ -336,14 +342,11 @@ class _Planner:
                     f"{largest / 2**30:.1f} GiB",
                 )
                 return False
-        if capacity < job.demand:
-            kind = "CPU slots" if job.gpus == 0 else f"{job.gpu_type or 'any'} GPUs"
-            self.wait(
-                job,
-                Reason.UNSCHEDULABLE,
-                f"requests {job.demand} {kind}; the whole cluster has {capacity}: it starts only once hosts with "
-                "more join",
-            )
+        # The submit check asks the same question (core.host_fit), so a job it accepted waits here only when hosts
+        # left since, or an operator let it wait for hosts that have not joined.
+        short = self.capacity.shortfall(Ask(job.gpus, job.gpu_type, job.gpus_per_node, job.cpu_slots))
+        if short is not None:
+            self.wait(job, Reason.UNSCHEDULABLE, f"{short}; it starts only once hosts with more join")
             return False
         if job.team_code and not self.state.code_hosts:
             self.wait(

@@ -110,6 +110,16 @@ def test_reason_unschedulable_when_the_cluster_is_too_small() -> None:
     assert d.pending[0].reason == Reason.UNSCHEDULABLE and "the whole cluster has 8" in d.pending[0].message
 
 
+def test_reason_unschedulable_for_shapes_the_total_alone_hid() -> None:
+    """16 GPUs, 8 a host, on one 8-GPU host per type: the cluster has 16 GPUs but no two hosts of one type; they
+    waited as Resources for ever (the check compared the total only)."""
+    hosts = (gpu_host("a", 8, model="H100"), gpu_host("b", 8, model="H200"))
+    d = plan(snap(host_list=hosts, pending=(pj(1, 16), pj(2, 16, gpus_per_node=8, gpu_type="H100"))))
+    assert {p.job_id: p.reason for p in d.pending} == {1: Reason.UNSCHEDULABLE, 2: Reason.UNSCHEDULABLE}
+    assert "the whole cluster has 8 of one type" in d.pending[0].message
+    assert "the whole cluster has 1 host with 8 (" in d.pending[1].message, d.pending[1].message
+
+
 def test_reason_quota() -> None:
     team = TeamInfo(1, "a", quotas=(QuotaInfo(ANY, 4),))
     s = snap(pending=(pj(1, 4), pj(2, 2)), teams=(team,))
@@ -200,7 +210,7 @@ def test_a_gpu_job_on_a_cluster_without_gpus_waits_for_capacity_not_memory() -> 
     d = plan(snap(pending=(pj(1, memory_bytes=11 * GIB),), host_list=(HostInfo("laptop", "host.laptop", cpu_slots=2),)))
     (waiting,) = d.pending
     assert waiting.reason == Reason.UNSCHEDULABLE
-    assert "requests 1 any GPUs; the whole cluster has 0" in waiting.message
+    assert waiting.message.startswith("no host has GPUs (the cluster has 2 CPU slots a host, 1 host)"), waiting.message
 
 
 def test_memory_fit_picks_gpus_large_enough() -> None:
