@@ -19,9 +19,23 @@ from sqlalchemy.orm import Session
 
 from core.db import UTCDateTime, seconds_between
 from core.models import Job
-from core.states import JobState
+from core.states import JobState, Reason
 
 QUEUED = JobState.QUEUED.value
+UNSCHEDULABLE = Reason.UNSCHEDULABLE.value
+
+
+def waits_for_capacity(job: Job) -> bool:
+    """Waiting as Unschedulable: no set of the hosts could ever hold it (``core.host_fit``). Such a wait is the
+    cluster's shape, not the service falling behind, so no SLA term counts it: the evaluator, the SLA page and the
+    attainment leave it out (hosts can leave after a job was accepted, and an operator may accept jobs beyond
+    what has joined)."""
+    return job.state == QUEUED and job.pending_reason == UNSCHEDULABLE
+
+
+def waits_for_capacity_sql() -> ColumnElement[bool]:
+    """``waits_for_capacity`` in SQL, never NULL (a NULL reason would make its negation NULL too)."""
+    return and_(Job.state == QUEUED, Job.pending_reason.is_not_distinct_from(UNSCHEDULABLE))
 
 
 def current_wait_start(job: Job) -> datetime | None:

@@ -15,7 +15,7 @@ from sqlalchemy import ColumnElement, SQLColumnExpression, and_, case, exists, f
 from sqlalchemy.orm import Session, aliased
 
 from core.models import GPU, Event, Host, Job, QosClass, SlaContract, Team
-from core.queue_wait import queued_seconds_sql
+from core.queue_wait import queued_seconds_sql, waits_for_capacity_sql
 from core.states import JobState
 
 # Event types counted by ``event_counts``.
@@ -55,7 +55,7 @@ def attainment(db: Session, *, since: datetime, now: datetime) -> Sequence[tuple
         team_default,
         QosClass.default_max_queue_wait_s,
     )
-    queue_violation = and_(limit.is_not(None), queued_seconds_sql(db, now) > limit)
+    queue_violation = and_(limit.is_not(None), ~waits_for_capacity_sql(), queued_seconds_sql(db, now) > limit)
     event_violation = exists().where(Event.job_id == Job.id, Event.created_at >= since, is_violation_type(Event.type))
     met = case((or_(queue_violation, event_violation), 0), else_=1)
     stmt = (

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from core.db import as_utc
 from core.models import Attempt, Checkpoint, Event, Job, JobMetric, QosClass, SlaContract, Team
-from core.queue_wait import breached_at, queued_seconds
+from core.queue_wait import breached_at, queued_seconds, waits_for_capacity
 from core.repositories import dashboard as repo
 from core.repositories import jobs as jobs_repo
 from core.repositories import qos as qos_repo
@@ -126,7 +126,7 @@ def sla_of_jobs_since(db: Session, who: Principal, *, team: str | None, since: d
         waited = queued_seconds(j, now)
         limit = max_waits.get(j.id)
         reasons: list[dict[str, str | None]] = []
-        if limit is not None and waited > limit:
+        if limit is not None and waited > limit and not waits_for_capacity(j):
             at = breached_at(j, limit) or _recorded_breach(violation_events.get(j.id, []))
             reasons.append({"type": "QUEUE_WAIT", "message": f"waited {waited:.0f}s in the queue > {limit:.0f}s",
                             "at": at.isoformat() if at is not None else None})  # fmt: skip

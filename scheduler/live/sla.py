@@ -35,7 +35,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
 from core.models import Attempt, Event, Job, JobMetric, QosClass, SlaContract
-from core.queue_wait import breached_at, queued_seconds
+from core.queue_wait import breached_at, queued_seconds, waits_for_capacity_sql
 from core.repositories import jobs as jobs_repo
 from core.repositories import step_times
 from core.states import ACTIVE, JobState
@@ -107,7 +107,8 @@ LIVE = frozenset(s.value for s in (JobState.QUEUED, JobState.LOST, *ACTIVE))
 
 def _candidates(db: Session, now: datetime) -> Sequence[tuple[Job, SlaContract]]:
     """Jobs a term can still be measured on. The cycle runs this every time, so waiting jobs come only when their
-    contract has a queue-wait or deadline term, and the spec (large JSON) is loaded only when a deadline asks."""
+    contract has a queue-wait or deadline term, and the spec (large JSON) is loaded only when a deadline asks. A job
+    waiting as Unschedulable is left out: it can never start as the cluster is (``core.queue_wait``)."""
     waiting = [JobState.QUEUED.value, JobState.LOST.value]
     running = sorted(LIVE - set(waiting))
     stmt = (
@@ -116,7 +117,11 @@ def _candidates(db: Session, now: datetime) -> Sequence[tuple[Job, SlaContract]]
         .options(defer(Job.spec))
         .where(
             (Job.state.in_(running))
-            | (Job.state.in_(waiting) & (SlaContract.max_queue_wait_s.is_not(None) | SlaContract.deadline.is_not(None)))
+            | (
+                Job.state.in_(waiting)
+                & ~waits_for_capacity_sql()
+                & (SlaContract.max_queue_wait_s.is_not(None) | SlaContract.deadline.is_not(None))
+            )
             | ((Job.finished_at >= now - FINISHED_LOOKBACK) & SlaContract.deadline.is_not(None))
         )
     )

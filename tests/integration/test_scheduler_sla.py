@@ -98,6 +98,29 @@ def test_queue_wait_violation_is_recorded_once_when_the_wait_passes(db: Session)
     assert violations(db, blocker) == []  # admitted in time: met for good
 
 
+def test_a_job_no_host_can_ever_hold_is_not_counted_against_its_sla(db: Session) -> None:
+    """4 GPUs on a 2-GPU cluster (accepted before the hosts left, or by an operator for hosts that will join): it
+    waits as Unschedulable past its maximum wait and its deadline, and neither the evaluator, the SLA page nor the
+    attainment counts it (each counted it, and attainment fell, for a job that could never start)."""
+    from core.services.dashboard import sla_of_jobs_since
+    from core.services.ops_metrics import snapshot
+    from core.services.principal import Principal
+
+    team = f.team(db, "sla-never")
+    f.host(db, "h1", 2, now=T0)
+    job = f.job(db, team, f.qos(db, "gold"), gpus=4, name="too-big", submitted_at=T0)
+    contract(db, job, max_queue_wait_s=60.0, deadline=T0 + timedelta(minutes=5))
+    for minutes in (1, 10, 11):
+        cycle(db, T0 + timedelta(minutes=minutes))
+    assert job.pending_reason == "Unschedulable" and "the whole cluster has 2" in (job.pending_message or "")
+    assert violations(db, job) == []
+    root = Principal(user_id=0, name="root", user_is_admin=True, scopes=frozenset({"admin"}))
+    later = T0 + timedelta(minutes=12)
+    (row,) = sla_of_jobs_since(db, root, team="sla-never", since=T0, now=later)
+    assert row.reasons == []
+    assert snapshot(db, now=later).attainment[("sla-never", "gold")] == (1, 1)
+
+
 def test_a_requeued_job_is_measured_on_its_waits_not_on_its_run_time(db: Session) -> None:
     """Admitted within a second, run for two hours, preempted and admitted again a minute later: 61 s in the queue
     in all. (The evaluator used to measure from submission to the latest admission, run time included, and record
@@ -161,7 +184,9 @@ def test_the_sla_page_dates_a_queue_wait_miss_of_a_job_admitted_since(db: Sessio
 def test_deadline_missed_by_an_unfinished_job(db: Session) -> None:
     silver = f.qos(db, "silver")
     team = f.team(db, "sla-b")
-    job = f.job(db, team, silver, gpus=4, name="late", submitted_at=T0)  # no host: it cannot run
+    f.host(db, "h1", 4, now=T0)
+    f.job(db, team, f.qos(db, "gold"), gpus=4, name="first", submitted_at=T0 - timedelta(seconds=1))
+    job = f.job(db, team, silver, gpus=4, name="late", submitted_at=T0)  # behind "first" on the one host
     contract(db, job, deadline=T0 + timedelta(minutes=5))
     cycle(db, T0 + timedelta(minutes=1))
     assert violations(db, job) == []
