@@ -68,6 +68,13 @@ class ConnectionSettings(SettingsGroup):
         description="GPU types of hosts that will join later (comma-separated, e.g. `H100-80GB,H200`): jobs and "
         "quotas may name them before any such host registers.",
     )
+    accept_beyond_capacity: bool = Field(
+        default=False,
+        description="Accept jobs larger than every registered host together could ever hold (more GPUs or CPU "
+        "slots, a GPU type or a gang shape no host has): they wait as Unschedulable for hosts that have not joined "
+        "yet, and no SLA counts that wait. Off: such jobs are refused at submit with the largest request the "
+        "cluster could hold.",
+    )
     liveness_file: Path | None = Field(
         default=None,
         description="The scheduler loop and the worker's host agent write this file after each iteration that did "

@@ -105,6 +105,8 @@ def report_submitted(api: Any, job: dict[str, Any], *, follow: bool, output: Out
     if output is OutputFormat.table:
         console.print(out.text(f"submitted job {job['id']} ({job.get('name')}, team {job.get('team')}, "
                                f"qos {job.get('qos')}) — {job.get('state')}"))  # fmt: skip
+        if job.get("pending_message") and not job.get("held_at"):  # accepted beyond what the hosts could hold
+            err_console.print(out.text(f"warning: {job['pending_message']}"))  # (an operator's choice, or none yet)
     if not follow:
         if output is OutputFormat.table and sys.stdout.isatty():
             console.print(f"follow it with: kiln logs -f {job['id']}   or   kiln describe {job['id']}")

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from core.host_fit import HostCapacity
 from core.models import GPU, Host
 from core.repositories.keyset import Window, page
 
@@ -30,3 +31,21 @@ def gpu_types(db: Session) -> dict[str, int]:
     """Each GPU type the hosts have registered, with the memory of its largest GPU (bytes)."""
     stmt = select(GPU.model, func.max(GPU.memory_bytes)).group_by(GPU.model).order_by(GPU.model)
     return {model: int(memory) for model, memory in db.execute(stmt).tuples()}
+
+
+def capacity(db: Session) -> list[HostCapacity]:
+    """What each host has for ``core.host_fit``: its GPUs the scheduler may place on (healthy, not in MIG mode, as
+    its snapshot counts them) by type, and its CPU slots. One statement."""
+    usable = (GPU.host_id == Host.id) & GPU.healthy & GPU.mig_mode.is_(False)
+    stmt = (
+        select(Host.id, Host.cpu_slots, GPU.model, func.count(GPU.id))
+        .outerjoin(GPU, usable)
+        .group_by(Host.id, Host.cpu_slots, GPU.model)
+        .order_by(Host.id)
+    )
+    hosts: dict[int, tuple[int, list[tuple[str, int]]]] = {}
+    for host_id, cpu_slots, model, count in db.execute(stmt).tuples():
+        _, gpus = hosts.setdefault(host_id, (cpu_slots, []))
+        if model is not None:
+            gpus.append((model, int(count)))
+    return [HostCapacity(tuple(gpus), cpu_slots) for cpu_slots, gpus in hosts.values()]

@@ -11,7 +11,7 @@ from sqlalchemy import String, and_, bindparam, func, select, text, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from core.models import GPU, Job, Membership, QosClass, SlaContract, Team, TeamInvitation, User, team_qos_classes
+from core.models import GPU, Host, Job, Membership, QosClass, SlaContract, Team, TeamInvitation, User, team_qos_classes
 
 
 def get_by_name(db: Session, name: str) -> Team | None:
@@ -34,8 +34,8 @@ def submission_context(
     limit, its default contract's ``terms`` (NULL ``sla_id``: none) and that contract's QoS name, the QoS class the
     job gets -- ``qos`` if given, else the default contract's, else ``default_qos`` (NULL ``qos_id``: no such
     class) -- with its memory cap and whether the team may use it (``qos_allowed``), and what the cluster has of
-    ``gpu_type`` (any type when None): ``type_gpus`` GPUs, the largest with ``type_max_memory`` bytes, out of
-    ``cluster_gpus`` in all. None when there is no such team.
+    ``gpu_type`` (any type when None): ``type_gpus`` usable GPUs, the largest with ``type_max_memory`` bytes, and
+    ``cluster_hosts`` hosts with ``cluster_cpu_slots`` CPU slots in all. None when there is no such team.
 
     ``lock``: the team's row is held until the transaction ends (PostgreSQL; ``FOR NO KEY UPDATE``, which the
     foreign keys of other writes do not wait for): a submission counts the team's unfinished jobs after it, so two
@@ -47,16 +47,18 @@ def submission_context(
     t, s, tq = Team.__table__, SlaContract.__table__, team_qos_classes
     dq, q = QosClass.__table__.alias("default_qos"), QosClass.__table__.alias("qos")
     wanted = func.coalesce(bindparam("qos", qos, type_=String), dq.c.name, default_qos)
-    g = GPU.__table__
+    g, h = GPU.__table__, Host.__table__
     of_type = g.c.model == gpu_type if gpu_type is not None else g.c.id.is_not(None)
+    usable = and_(g.c.healthy, g.c.mig_mode.is_(False))  # what the scheduler places on (core.host_fit)
     stmt = (
         select(
             t.c.id.label("team_id"), t.c.restart_limit, s.c.id.label("sla_id"), *(s.c[k] for k in terms),
             dq.c.name.label("default_qos"), q.c.id.label("qos_id"), q.c.name.label("qos"), q.c.priority,
             q.c.gpu_memory_cap_bytes, tq.c.team_id.is_not(None).label("qos_allowed"),
-            select(func.count()).select_from(g).where(of_type).scalar_subquery().label("type_gpus"),
+            select(func.count()).select_from(g).where(of_type, usable).scalar_subquery().label("type_gpus"),
             select(func.max(g.c.memory_bytes)).where(of_type).scalar_subquery().label("type_max_memory"),
-            select(func.count()).select_from(g).scalar_subquery().label("cluster_gpus"),
+            select(func.count()).select_from(h).scalar_subquery().label("cluster_hosts"),
+            select(func.coalesce(func.sum(h.c.cpu_slots), 0)).scalar_subquery().label("cluster_cpu_slots"),
         )
         .select_from(
             t.outerjoin(s, and_(s.c.team_id == t.c.id, s.c.job_id.is_(None)))
@@ -78,9 +80,10 @@ def _submission_context_pg(terms: tuple[str, ...], lock: bool = False) -> str:
     return (
         f"SELECT t.id AS team_id, t.restart_limit, s.id AS sla_id{cols}, dq.name AS default_qos, q.id AS qos_id,"
         " q.name AS qos, q.priority, q.gpu_memory_cap_bytes, tq.team_id IS NOT NULL AS qos_allowed,"
-        f" (SELECT count(*) FROM gpus AS g WHERE {of_type}) AS type_gpus,"
+        f" (SELECT count(*) FROM gpus AS g WHERE {of_type} AND g.healthy AND NOT g.mig_mode) AS type_gpus,"
         f" (SELECT max(g.memory_bytes) FROM gpus AS g WHERE {of_type}) AS type_max_memory,"
-        " (SELECT count(*) FROM gpus) AS cluster_gpus"
+        " (SELECT count(*) FROM hosts) AS cluster_hosts,"
+        " (SELECT coalesce(sum(cpu_slots), 0) FROM hosts) AS cluster_cpu_slots"
         " FROM teams AS t"
         " LEFT OUTER JOIN sla_contracts AS s ON s.team_id = t.id AND s.job_id IS NULL"
         " LEFT OUTER JOIN qos_classes AS dq ON dq.id = s.qos_class_id"

@@ -2,10 +2,12 @@
 
 The rules, as a user meets them:
 - a GPU type is written either way (``H200``, ``NVIDIA H200``, ``h100-80gb``) and stored as its canonical type;
-- once any GPU host has registered, a type that no host has (and that the operator has not declared with
-  ``KILN_GPU_TYPES`` for hosts that will join later) is refused, with the types the cluster has;
-- once any GPU host has registered, a job asking more GPUs of its type than all the hosts together have is
-  refused, unless the operator declared that type for hosts that will join (it then waits as ``Unschedulable``);
+- once any host has registered, a job no set of the hosts could ever hold (a GPU type no host has, more GPUs of
+  one type or more CPU slots than all the hosts together, a ``gpus_per_node`` too few hosts have) is refused with
+  what the cluster has and the largest request it could hold (``core.host_fit``, which the scheduler's
+  ``Unschedulable`` asks too); an operator may accept such jobs to wait for hosts that will join
+  (``KILN_ACCEPT_BEYOND_CAPACITY``, or the type declared in ``KILN_GPU_TYPES``), and before any host has registered
+  every job is accepted: both then wait as ``Unschedulable``, and the answer says so;
 - a job whose predicted per-GPU peak exceeds its QoS class's memory cap is refused, naming the classes whose cap
   fits; one that exceeds the largest GPU of its type is refused with that GPU's size;
 - a fractional job's share (``resources.gpu_share``) stays within its class's caps and must hold its predicted
@@ -22,6 +24,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from core.gpu_types import GpuTypeError, canonical, canonical_key
+from core.host_fit import Ask, Capacity
 from core.memory import predict_for_spec
 from core.repositories import cluster as cluster_repo
 from core.repositories import qos as qos_repo
@@ -36,6 +39,7 @@ GIB = 2**30
 class Fitted:
     spec: JobSpec  # with the canonical GPU type
     predicted_memory_bytes: int | None  # per GPU; None for CPU jobs and recipes kiln cannot predict
+    waits_for: str | None = None  # accepted beyond what the registered hosts could ever hold: what they lack
 
 
 def canonical_gpu_type(spec: JobSpec) -> JobSpec:
@@ -47,11 +51,6 @@ def canonical_gpu_type(spec: JobSpec) -> JobSpec:
     except GpuTypeError as exc:
         raise InvalidInput.at("resources.gpu_type", str(exc)) from None
     return spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpu_type": gpu_type})})
-
-
-def known_types(db: Session) -> list[str]:
-    """What the hosts have registered, and what the operator declared for hosts that will join."""
-    return sorted(set(cluster_repo.gpu_types(db)) | declared_types())
 
 
 def declared_types() -> set[str]:
@@ -119,23 +118,54 @@ def _check_share(spec: JobSpec, cap: int | None, sm_percent: int, qos_name: str,
         )
 
 
-def _check_gpu_count(spec: JobSpec, ctx: Any) -> None:
-    """More GPUs than every registered host together has: refused, unless hosts that may join are declared
-    (``KILN_GPU_TYPES``; then the job waits as ``Unschedulable`` until they do) or none has registered yet."""
-    wanted, have = spec.resources.gpus, ctx.type_gpus or 0
-    if not wanted or not ctx.cluster_gpus or wanted <= have:
-        return
-    gpu_type = spec.resources.gpu_type
-    declared = declared_types()
-    if (gpu_type in declared) if gpu_type is not None else bool(declared):
-        return
-    kind = f"{gpu_type} GPUs" if gpu_type else "GPUs"
-    raise InvalidInput.at(
-        "resources.gpus",
-        f"requests {wanted} {kind}; the whole cluster has {have} (ask for at most {have}, or an operator declares "
-        "hosts that will join in KILN_GPU_TYPES: the job then waits as Unschedulable until they do)",
-        "unschedulable",
+NO_HOST_YET = "no host has registered yet"
+
+
+def _ask(spec: JobSpec) -> Ask:
+    r = spec.resources
+    return Ask(r.gpus, r.gpu_type if r.gpus else None, r.gpus_per_node, r.cpu_slots)
+
+
+def _surely_fits(ask: Ask, ctx: Any) -> bool:
+    """What the submission's one read already proves, so that the hosts are read only for the rest: a CPU job within
+    every host's slots together, a typed job without a per-host count within its type's usable GPUs."""
+    if ask.gpus == 0:
+        return ask.cpu_slots <= (ctx.cluster_cpu_slots or 0)
+    spans = not ask.gpus_per_node or ask.gpus_per_node >= ask.gpus
+    return ask.gpu_type is not None and spans and ask.gpus <= (ctx.type_gpus or 0)
+
+
+def _refusal(ask: Ask, capacity: Capacity, short: str) -> InvalidInput:
+    beyond = " (an operator may accept such jobs to wait for hosts that will join: KILN_ACCEPT_BEYOND_CAPACITY)"
+    if ask.gpus and ask.gpu_type is not None and ask.gpu_type not in capacity.per_type:
+        close = difflib.get_close_matches(ask.gpu_type, sorted(capacity.per_type), n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return InvalidInput.at("resources.gpu_type", short + hint + beyond, "unknown_gpu_type")
+    loc = (
+        "resources.cpu_slots" if not ask.gpus else "resources.gpus_per_node" if ask.gpus_per_node else "resources.gpus"
     )
+    return InvalidInput.at(loc, short + beyond, "unschedulable")
+
+
+def check_capacity(db: Session, *, spec: JobSpec, ctx: Any) -> str | None:
+    """Refuse a job no set of the registered hosts could ever hold (``core.host_fit``, the scheduler's own test of
+    ``Unschedulable``), naming what the cluster has. None when some set can hold it. Accepted instead, with why it
+    waits for hosts that have not joined (returned): when an operator allows it (``KILN_ACCEPT_BEYOND_CAPACITY``,
+    or its GPU type declared in ``KILN_GPU_TYPES``), or before any host has registered -- a fresh deployment whose
+    workers have not joined yet has nothing to compare with, and refusing everything there would be wrong."""
+    if not ctx.cluster_hosts:
+        return NO_HOST_YET
+    ask = _ask(spec)
+    if _surely_fits(ask, ctx):
+        return None
+    capacity = Capacity(cluster_repo.capacity(db))
+    short = capacity.shortfall(ask)
+    if short is None:
+        return None
+    declared = declared_types()
+    if get_settings().accept_beyond_capacity or (ask.gpus and (ask.gpu_type in declared if ask.gpu_type else declared)):
+        return short
+    raise _refusal(ask, capacity, short)
 
 
 def check_submission(db: Session, *, spec: JobSpec, ctx: Any, qos_name: str) -> Fitted:
@@ -143,17 +173,14 @@ def check_submission(db: Session, *, spec: JobSpec, ctx: Any, qos_name: str) -> 
     and what the cluster has of the type). Raises SpecError or InvalidInput."""
     hyperparameters = check_recipe(spec)
     gpu_type = spec.resources.gpu_type
-    known_nowhere = ctx.cluster_gpus and not ctx.type_gpus
-    if spec.resources.gpus and gpu_type is not None and known_nowhere and gpu_type not in declared_types():
-        raise refuse_unknown_type(gpu_type, known_types(db), loc="resources.gpu_type")
-    _check_gpu_count(spec, ctx)
+    waits_for = check_capacity(db, spec=spec, ctx=ctx)
     predicted = predict_for_spec(spec, hyperparameters) if hyperparameters is not None else None
     cap = ctx.gpu_memory_cap_bytes
     if spec.resources.gpu_share is not None:
         qos = qos_repo.get_by_name(db, qos_name)
         _check_share(spec, cap, qos.sm_percent if qos is not None else 100, qos_name, predicted)
     if predicted is None:
-        return Fitted(spec, None)
+        return Fitted(spec, None, waits_for)
     if cap is not None and predicted > cap:
         fitting = [q.name for q in qos_repo.list_all(db) if (q.gpu_memory_cap_bytes or predicted) >= predicted]
         raise InvalidInput.at(
@@ -172,4 +199,4 @@ def check_submission(db: Session, *, spec: JobSpec, ctx: Any, qos_name: str) -> 
             "or shard with parallelism: fsdp on more GPUs)",
             "memory_fit",
         )
-    return Fitted(spec, predicted)
+    return Fitted(spec, predicted, waits_for)

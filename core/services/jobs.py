@@ -24,7 +24,7 @@ from core.services import artifacts
 from core.services import datasets as datasets_svc
 from core.services.checkpoint_advice import CheckpointAdvice, advise
 from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound, QueueFull
-from core.services.fit import Fitted, canonical_gpu_type, check_submission
+from core.services.fit import NO_HOST_YET, Fitted, canonical_gpu_type, check_submission
 from core.services.principal import Principal, require_team, require_team_id
 from core.services.sla import BASE_TERMS, DEFAULT_QOS, TERMS, effective_terms, qos_refusal, restart_refusal
 from core.services.why import Forecaster, Why, explain
@@ -123,12 +123,15 @@ def submit(
         "code_digest": code_digest,
         "idempotency_key": idempotency.key if idempotency else None,
         "request_sha256": idempotency.request_sha256 if idempotency else None,
-        "held_at": now if hold else None, "pending_reason": Reason.HELD.value if hold else None,
-        "pending_message": f"held by {principal.name} at submission" if hold else None, "held_by_admin": False,
+        "held_at": now if hold else None, "held_by_admin": False, **_pending_at_submit(principal, fitted, hold),
     }  # fmt: skip
     message = f"submitted by {principal.name} (qos {ctx.qos}, priority {ctx.priority})" + (", held" if hold else "")
     data = {"qos": ctx.qos, "priority": ctx.priority, "gpus": values["gpus"], "depends_on": [d for d, _ in depends_on],
             "held": hold}  # fmt: skip
+    if fitted.waits_for is not None:
+        data["waits_for_capacity"] = fitted.waits_for
+        if fitted.waits_for != NO_HOST_YET:  # an operator's choice, worth a line in the timeline; every job of a
+            message += f"; {WAITS_FOR_CAPACITY}: {fitted.waits_for}"  # cluster being set up is not
     spec_json = json.dumps(values["spec"])  # serialized once: the write and the answer
     job_id = jobs_repo.insert_submitted(
         db, job=values, spec_json=spec_json, depends_on=depends_on, contract=terms, event_type="SUBMITTED",
@@ -144,6 +147,19 @@ def submit(
         admitted_at=None, started_at=None, finished_at=None, queued_s=0.0, waiting_since=None if hold else now,
         held_at=values["held_at"], spec_json=spec_json,
     )  # fmt: skip
+
+
+WAITS_FOR_CAPACITY = "waits for capacity not yet joined"
+
+
+def _pending_at_submit(principal: Principal, fitted: Fitted, hold: bool) -> dict[str, str | None]:
+    """What a new job says before the scheduler's first cycle: held; or, accepted beyond what the registered hosts
+    could ever hold (or before any registered), that it waits for capacity not yet joined, and what is lacking. The
+    reason itself is the scheduler's to give (Unschedulable, at its next cycle)."""
+    if hold:
+        return {"pending_reason": Reason.HELD.value, "pending_message": f"held by {principal.name} at submission"}
+    message = f"{WAITS_FOR_CAPACITY}: {fitted.waits_for}" if fitted.waits_for is not None else None
+    return {"pending_reason": None, "pending_message": message}
 
 
 def _checked(db: Session, principal: Principal, spec: JobSpec, *, lock: bool = False) -> tuple[Any, int, Fitted]:

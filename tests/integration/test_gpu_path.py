@@ -239,7 +239,8 @@ def test_more_gpus_than_the_cluster_has_is_refused_or_waits_unschedulable_with_w
     assert r.status_code == 422, r.text
     err = r.json()["errors"][0]
     assert err["loc"] == "resources.gpus" and err["type"] == "unschedulable"
-    assert "requests 8 H200 GPUs; the whole cluster has 2 (ask for at most 2" in err["msg"]
+    assert err["msg"].startswith("requests 8 H200 GPUs; the whole cluster has 2 (H100-80GB: 8 GPUs a host, 1 host; "
+                                 "H200: 2 GPUs a host, 1 host): ask for at most 2"), err["msg"]  # fmt: skip
 
     # The operator declares that H200 hosts will join: accepted, and it waits as Unschedulable until they do.
     from core.settings import get_settings

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import delete
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
@@ -27,7 +28,7 @@ from cli.errors import ExitCode
 from cli.main import app
 from core.db import make_engine
 from core.migrate import upgrade
-from core.models import Job
+from core.models import Host, Job
 from tests.support.compile_events import SUMMARIES, relay_compiles
 from tests.support.deps import require_module
 from tests.support.services import free_port, wait_until_serving
@@ -571,3 +572,34 @@ def test_cancelling_a_running_job_says_it_stops_after_a_checkpoint(kiln: Any, se
     events = as_json(kiln("events", str(job_id), "-o", "json"))
     assert events[-1]["type"] == "CANCEL_REQUESTED"
     assert events[-1]["message"] == "cancelled by admin: stopping, checkpoint first (while RUNNING)"
+
+
+def test_a_request_no_host_can_ever_run_is_refused_with_the_largest_it_could_hold(
+    kiln: Any, server: Server, tmp_path: Path
+) -> None:
+    """Before any host registers a job is accepted with a warning; once ``kiln up``'s one CPU host (2 slots) has,
+    16 CPU slots or a GPU are refused with what the cluster has, exit 7 as for any refused spec."""
+    early = kiln("submit", str(EXAMPLE))
+    assert early.exit_code == 0, early.output
+    assert "warning: waits for capacity not yet joined: no host has registered yet" in early.output
+    engine = make_engine(f"sqlite:///{server.home / 'kiln.db'}")
+    try:
+        with Session(engine) as db:
+            db.add(Host(name="laptop", queue="host.laptop", cpu_slots=2, links={}))
+            db.commit()
+        wide = kiln("submit", str(spec_file(tmp_path, **{"cpu_slots: 1": "cpu_slots: 16"})))
+        assert wide.exit_code == ExitCode.INVALID, wide.output
+        assert (
+            "  - resources.cpu_slots: requests 16 CPU slots; the whole cluster has 2 (2 CPU slots a host, 1 host): "
+            "ask for at most 2" in wide.output
+        ), wide.output
+        gpu = kiln("submit", str(spec_file(tmp_path, **{"gpus: 0": "gpus: 64\n  gpu_type: H300"})))
+        assert gpu.exit_code == ExitCode.INVALID, gpu.output
+        assert "no host has GPU type H300 (the cluster has 2 CPU slots a host, 1 host)" in gpu.output, gpu.output
+        fits = kiln("submit", str(EXAMPLE))
+        assert fits.exit_code == 0 and "warning" not in fits.output, fits.output
+    finally:
+        with Session(engine) as db:  # the module's other tests run on a cluster without hosts
+            db.execute(delete(Host).where(Host.name == "laptop"))
+            db.commit()
+        engine.dispose()

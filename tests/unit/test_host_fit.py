@@ -55,9 +55,8 @@ MIXED = Capacity([HostCapacity((("H100-80GB", 4),), 8), HostCapacity((("H200", 8
         (
             MIXED,
             Ask(8, "H200", 4),
-            "requests 8 H200 GPUs, 4 a host; the whole cluster has 1 host with 4 (H100-80GB: "
-            "4 GPUs a host, 1 host; H200: 10 GPUs on 2 hosts, at most 8 a host; 8 CPU slots a host, 1 host): ask for at "
-            "most 4, 4 a host",
+            "requests 8 H200 GPUs, 4 a host; the whole cluster has 1 host with 4 (H100-80GB: 4 GPUs a host, 1 host; "
+            "H200: 10 GPUs on 2 hosts, at most 8 a host; 8 CPU slots a host, 1 host): ask for at most 4, 4 a host",
         ),
         (
             MIXED,
