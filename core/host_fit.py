@@ -64,6 +64,8 @@ class Capacity:
         parts = [f"{t}: {_spread(c, 'GPU')}" for t, c in sorted(self.per_type.items())]
         if self.cpu:
             parts.append(_spread(self.cpu, "CPU slot"))
+        if not self.hosts:
+            return "no hosts"
         return "; ".join(parts) or f"{_plural(self.hosts, 'host')} with neither GPUs nor CPU slots"
 
     def shortfall(self, ask: Ask) -> str | None:
