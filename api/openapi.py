@@ -90,6 +90,9 @@ def document(app: FastAPI) -> dict[str, Any]:
     schemas["JobOut"]["properties"]["spec"] = {"$ref": "#/components/schemas/JobSpec"}
     # FastAPI drops every None from the document, the nulls of this example included: put it back whole.
     schemas["JobOut"]["examples"] = [JOB_EXAMPLE]
+    # The job's detail (GET /v1/jobs/{id}) is a JobOut with its spec and example the same, and its checkpoint advice.
+    schemas["JobDetailOut"]["properties"]["spec"] = {"$ref": "#/components/schemas/JobSpec"}
+    schemas["JobDetailOut"]["examples"] = [{**JOB_EXAMPLE, "checkpoint_advice": None}]
     _add_model(schemas, "Problem", Problem.model_json_schema(ref_template="#/components/schemas/{model}"))
     doc["components"]["securitySchemes"] = {"bearer": BEARER_SCHEME}
     for path, operations in doc.get("paths", {}).items():

@@ -83,7 +83,7 @@ def test_generated_client_submits_lists_gets_follows_and_cancels(
     assert job.id in [j.id for j in page.items]
 
     got = jobs["get_job"].sync(job.id, client=api)
-    assert isinstance(got, models.JobOut) and got.spec.steps == 10 and got.submitted_at == job.submitted_at
+    assert isinstance(got, models.JobDetailOut) and got.spec.steps == 10 and got.submitted_at == job.submitted_at
 
     events = jobs["list_job_events"].sync(job.id, client=api)
     assert [e.type_ for e in events.items] == ["SUBMITTED"]
