@@ -12,11 +12,17 @@ and not the other:
 
 The host's GPU row keeps NVML's name beside the type. ``canonical`` is idempotent, so a type written by a person
 and a type made from NVML's name compare equal.
+
+A job may ask for a whole family: a type that is a model alone (``H100``, ``A100``, ``H200``) matches that model
+with any memory size or form (``H100-80GB``, ``H100-PCIE``, ``H100``), since whoever writes no variant accepts any;
+a type that names a variant (``H100-80GB``) matches that variant only (``matches``). All a job's GPUs are still of
+one type.
 """
 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 ANY = "*"  # a quota or price that covers every GPU type
 CPU = "cpu"  # the "type" of CPU slots (jobs with gpus == 0)
@@ -45,6 +51,29 @@ def canonical(name: str) -> str:
     if not result or not re.match(TYPE_PATTERN, result):
         raise GpuTypeError(f"{name!r} is not a GPU type (letters, digits, '.' and '-', such as 'H200')")
     return result
+
+
+# What ``canonical`` appends to a model: a memory size, then the PCIe/NVL/MIG form.
+_VARIANT = r"-(?:\d+(?:GB|TB)|PCIE|NVL|MIG)"
+
+
+@lru_cache(maxsize=256)  # the scheduler asks for every GPU type it meets, each cycle
+def family(gpu_type: str) -> str:
+    """The model a canonical type is a variant of: ``H100-80GB-PCIE`` -> ``H100``, ``H200`` -> ``H200``."""
+    return re.sub(f"(?:{_VARIANT})+$", "", gpu_type)
+
+
+def variants_pattern(asked: str) -> str | None:
+    """A regular expression for the types a family name matches besides itself (for SQL); None for a variant."""
+    if family(asked) != asked:
+        return None
+    return f"^{re.escape(asked)}(?:{_VARIANT})+$"
+
+
+def matches(asked: str, gpu_type: str) -> bool:
+    """Whether a job asking for ``asked`` may run on GPUs of ``gpu_type`` (both canonical): the same type, or a
+    variant of the family ``asked`` names."""
+    return asked == gpu_type or (family(asked) == asked and family(gpu_type) == asked)
 
 
 def canonical_key(name: str) -> str:

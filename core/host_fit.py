@@ -2,10 +2,12 @@
 
 "Ever" means with every host empty: what runs, is reserved or is drained now does not count (a drained or down
 host may come back, and the job then waits as Resources), only what the hosts have. The rules are the placement's
-own (``scheduler/policy/placement.py``): a job's GPUs are all of one type; a gang without ``gpus_per_node`` (or
-with one not below its GPUs) takes as many hosts as it needs; with one, it takes that many GPUs on each of
-``gpus // gpus_per_node`` hosts; a CPU job's slots may span hosts too; a fractional job (``gpu_share``) asks one
-GPU. GPUs that are unhealthy or in MIG mode are not counted: the scheduler places nothing on them.
+own (``scheduler/policy/placement.py``): a job's GPUs are all of one type, any type its ``gpu_type`` matches (a
+family name such as ``H100`` matches each of its variants: ``core.gpu_types.matches``); a gang without
+``gpus_per_node`` (or with one not below its GPUs) takes as many hosts as it needs; with one, it takes that many
+GPUs on each of ``gpus // gpus_per_node`` hosts; a CPU job's slots may span hosts too; a fractional job
+(``gpu_share``) asks one GPU. GPUs that are unhealthy or in MIG mode are not counted: the scheduler places
+nothing on them.
 
 Pure: the submit path builds ``HostCapacity`` from the database (``core.repositories.cluster.capacity``), the
 scheduler from its snapshot, and both ask ``Capacity.shortfall``.
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from core.gpu_types import matches
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +88,16 @@ class Capacity:
         if not self.per_type:
             what = f"GPU type {ask.gpu_type}" if ask.gpu_type else "GPUs"
             return f"no host has {what} (the cluster has {self.describe()}): only CPU jobs (gpus: 0) can run"
-        if ask.gpu_type is not None and ask.gpu_type not in self.per_type:
+        types = self.types_for(ask.gpu_type)
+        if not types:
             return f"no host has GPU type {ask.gpu_type} (the cluster has {self.describe()})"
-        types = [ask.gpu_type] if ask.gpu_type is not None else sorted(self.per_type)
         if any(self._holds(t, ask) for t in types):
             return None
         return self._too_large(ask, types)
+
+    def types_for(self, asked: str | None) -> list[str]:
+        """The cluster's GPU types a job asking ``asked`` may run on (every type for None)."""
+        return sorted(t for t in self.per_type if asked is None or matches(asked, t))
 
     def _holds(self, gpu_type: str, ask: Ask) -> bool:
         per_node = ask.gpus_per_node
@@ -99,7 +107,7 @@ class Capacity:
 
     def _too_large(self, ask: Ask, types: list[str]) -> str:
         kind = f"{ask.gpu_type} GPUs" if ask.gpu_type else "GPUs"
-        of_one = "" if ask.gpu_type else " of one type"
+        of_one = " of one type" if ask.gpu_type is None or len(types) > 1 else ""  # a family may have several
         have = f"({self.describe()})"
         per_node = ask.gpus_per_node
         if per_node and per_node < ask.gpus:

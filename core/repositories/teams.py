@@ -7,10 +7,11 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import String, and_, bindparam, func, select, text, update
+from sqlalchemy import String, and_, bindparam, func, or_, select, text, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
+from core.gpu_types import variants_pattern
 from core.models import GPU, Host, Job, Membership, QosClass, SlaContract, Team, TeamInvitation, User, team_qos_classes
 
 
@@ -34,21 +35,26 @@ def submission_context(
     limit, its default contract's ``terms`` (NULL ``sla_id``: none) and that contract's QoS name, the QoS class the
     job gets -- ``qos`` if given, else the default contract's, else ``default_qos`` (NULL ``qos_id``: no such
     class) -- with its memory cap and whether the team may use it (``qos_allowed``), and what the cluster has of
-    ``gpu_type`` (any type when None): ``type_gpus`` usable GPUs, the largest with ``type_max_memory`` bytes, and
-    ``cluster_hosts`` hosts with ``cluster_cpu_slots`` CPU slots in all. None when there is no such team.
+    ``gpu_type`` (any type when None; a family name, its variants too): ``type_gpus`` usable GPUs, the largest with
+    ``type_max_memory`` bytes, and ``cluster_hosts`` hosts with ``cluster_cpu_slots`` CPU slots in all. None when
+    there is no such team.
 
     ``lock``: the team's row is held until the transaction ends (PostgreSQL; ``FOR NO KEY UPDATE``, which the
     foreign keys of other writes do not wait for): a submission counts the team's unfinished jobs after it, so two
     submissions of one team at once are counted one after the other (``jobs.insert_submitted``)."""
     conn = db.connection()
     if conn.dialect.name == "postgresql":  # the same statement as plain SQL: nothing to build or compile per call
-        params = {"team": team, "qos": qos, "default_qos": default_qos, "gpu_type": gpu_type}
+        variants = variants_pattern(gpu_type) if gpu_type is not None else None
+        params = {"team": team, "qos": qos, "default_qos": default_qos, "gpu_type": gpu_type, "variants": variants}
         return conn.exec_driver_sql(_submission_context_pg(tuple(terms), lock), params).first()
     t, s, tq = Team.__table__, SlaContract.__table__, team_qos_classes
     dq, q = QosClass.__table__.alias("default_qos"), QosClass.__table__.alias("qos")
     wanted = func.coalesce(bindparam("qos", qos, type_=String), dq.c.name, default_qos)
     g, h = GPU.__table__, Host.__table__
-    of_type = g.c.model == gpu_type if gpu_type is not None else g.c.id.is_not(None)
+    variants = variants_pattern(gpu_type) if gpu_type is not None else None
+    of_type = g.c.id.is_not(None) if gpu_type is None else g.c.model == gpu_type
+    if variants is not None:  # a family name (H100) counts its variants too (H100-80GB): core.gpu_types.matches
+        of_type = or_(of_type, g.c.model.regexp_match(variants))
     usable = and_(g.c.healthy, g.c.mig_mode.is_(False))  # what the scheduler places on (core.host_fit)
     stmt = (
         select(
@@ -76,7 +82,9 @@ def submission_context(
 def _submission_context_pg(terms: tuple[str, ...], lock: bool = False) -> str:
     """``submission_context``'s statement for PostgreSQL (``terms`` are column names from code, never input)."""
     cols = "".join(f", s.{k}" for k in terms)
-    of_type = "(CAST(%(gpu_type)s AS VARCHAR) IS NULL OR g.model = %(gpu_type)s)"
+    of_type = (
+        "(CAST(%(gpu_type)s AS VARCHAR) IS NULL OR g.model = %(gpu_type)s OR g.model ~ CAST(%(variants)s AS VARCHAR))"
+    )
     return (
         f"SELECT t.id AS team_id, t.restart_limit, s.id AS sla_id{cols}, dq.name AS default_qos, q.id AS qos_id,"
         " q.name AS qos, q.priority, q.gpu_memory_cap_bytes, tq.team_id IS NOT NULL AS qos_allowed,"

@@ -1,7 +1,8 @@
 """Does a request fit the cluster? GPU types and memory, checked at submit and when a quota names a type.
 
 The rules, as a user meets them:
-- a GPU type is written either way (``H200``, ``NVIDIA H200``, ``h100-80gb``) and stored as its canonical type;
+- a GPU type is written either way (``H200``, ``NVIDIA H200``, ``h100-80gb``) and stored as its canonical type; a
+  family name (``H100``) matches any of its variants the cluster has (``H100-80GB``), a variant only itself;
 - once any host has registered, a job no set of the hosts could ever hold (a GPU type no host has, more GPUs of
   one type or more CPU slots than all the hosts together, a ``gpus_per_node`` too few hosts have) is refused with
   what the cluster has and the largest request it could hold (``core.host_fit``, which the scheduler's
@@ -23,7 +24,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from core.gpu_types import GpuTypeError, canonical, canonical_key
+from core.gpu_types import GpuTypeError, canonical, canonical_key, matches
 from core.host_fit import Ask, Capacity
 from core.memory import predict_for_spec
 from core.repositories import cluster as cluster_repo
@@ -137,7 +138,7 @@ def _surely_fits(ask: Ask, ctx: Any) -> bool:
 
 def _refusal(ask: Ask, capacity: Capacity, short: str) -> InvalidInput:
     beyond = " (an operator may accept such jobs to wait for hosts that will join: KILN_ACCEPT_BEYOND_CAPACITY)"
-    if ask.gpus and ask.gpu_type is not None and ask.gpu_type not in capacity.per_type:
+    if ask.gpus and ask.gpu_type is not None and not capacity.types_for(ask.gpu_type):
         close = difflib.get_close_matches(ask.gpu_type, sorted(capacity.per_type), n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         return InvalidInput.at("resources.gpu_type", short + hint + beyond, "unknown_gpu_type")
@@ -145,6 +146,11 @@ def _refusal(ask: Ask, capacity: Capacity, short: str) -> InvalidInput:
         "resources.cpu_slots" if not ask.gpus else "resources.gpus_per_node" if ask.gpus_per_node else "resources.gpus"
     )
     return InvalidInput.at(loc, short + beyond, "unschedulable")
+
+
+def _declared(asked: str | None, declared: set[str]) -> bool:
+    """Whether an operator declared a type ``asked`` matches (any type for None) for hosts that will join."""
+    return any(asked is None or matches(asked, d) for d in declared)
 
 
 def check_capacity(db: Session, *, spec: JobSpec, ctx: Any) -> str | None:
@@ -163,7 +169,7 @@ def check_capacity(db: Session, *, spec: JobSpec, ctx: Any) -> str | None:
     if short is None:
         return None
     declared = declared_types()
-    if get_settings().accept_beyond_capacity or (ask.gpus and (ask.gpu_type in declared if ask.gpu_type else declared)):
+    if get_settings().accept_beyond_capacity or (ask.gpus and _declared(ask.gpu_type, declared)):
         return short
     raise _refusal(ask, capacity, short)
 

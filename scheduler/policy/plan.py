@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from core.gpu_types import matches
 from core.host_fit import Ask, Capacity, HostCapacity
 from core.policy_config import PolicyConfig
 from core.states import JobState, Reason
@@ -228,7 +229,9 @@ class _Planner:
                 avoid=job.avoid_hosts,
                 team_code=job.team_code,
             )
-        models = (job.gpu_type,) if job.gpu_type else self.state.models
+        models = self.state.models
+        if job.gpu_type:  # a family name (H100) takes any of its variants; with none here, the capacity test says so
+            models = tuple(m for m in models if matches(job.gpu_type, m)) or (job.gpu_type,)
         return Request(
             models=models,
             units=job.gpus,

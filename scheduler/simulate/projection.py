@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from core.gpu_types import matches
 from core.policy_config import PolicyConfig
 from core.states import JobState, Reason
 from scheduler.policy.decisions import Admission, Decisions
@@ -101,7 +102,7 @@ def _holds(r: RunningJob, job: PendingJob) -> bool:
     """Whether running job ``r`` holds units of the kind ``job`` needs (CPU slots, or GPUs of its type)."""
     if not job.gpus:
         return r.gpu_type == CPU
-    return r.gpu_type != CPU and (job.gpu_type is None or r.gpu_type == job.gpu_type)
+    return r.gpu_type != CPU and (job.gpu_type is None or matches(job.gpu_type, r.gpu_type))
 
 
 def _apply(world: _World, d: Decisions) -> None:

@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.models import Event
+from core.repositories.teams import submission_context
 from core.settings import Settings, get_settings
 from tests.support.api import World, spec
 from tests.support.nvml_replay import NVMLReplay
@@ -130,3 +131,22 @@ def test_before_any_host_has_registered_every_job_is_accepted_and_waits_for_host
     assert r.status_code == 201, r.text
     assert r.json()["pending_message"] == "waits for capacity not yet joined: no host has registered yet"
     assert submitted_event(db, r.json()["id"]).data["waits_for_capacity"] == "no host has registered yet"
+
+
+def test_a_gpu_family_name_matches_any_of_its_variants_and_a_variant_only_itself(
+    db: Session, tmp_path: Path, client: TestClient, world: World
+) -> None:
+    """An H100 host registers as H100-80GB (NVML's "NVIDIA H100 80GB HBM3"); ``gpu_type: H100`` was refused with
+    "did you mean 'H100-80GB'?"."""
+    join(db, tmp_path, "h100", gpus=8, model="NVIDIA H100 80GB HBM3")
+    ctx = submission_context(db, team="alpha", qos=None, default_qos="silver", terms=(), gpu_type="H100")
+    assert (ctx.type_gpus, ctx.type_max_memory) == (8, 141 * GIB)  # the submission's one read counts the family
+    ok = client.post("/v1/jobs", json=gpu_job(gpu_type="H100", gpus=8), headers=world.h("member"))
+    assert ok.status_code == 201, ok.text
+    assert client.post("/v1/jobs", json=gpu_job(gpu_type="h100-80gb"), headers=world.h("member")).status_code == 201
+    err = refused(client, world, gpu_job(gpu_type="H100", gpus=16))
+    assert err["msg"] == (
+        "requests 16 H100 GPUs; the whole cluster has 8 (H100-80GB: 8 GPUs a host, 1 host): ask for at most 8 " + BEYOND
+    )
+    err = refused(client, world, gpu_job(gpu_type="H100-PCIE"))
+    assert (err["loc"], err["type"]) == ("resources.gpu_type", "unknown_gpu_type")

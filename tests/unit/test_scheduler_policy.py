@@ -197,6 +197,16 @@ def test_a_sweep_runs_at_most_max_concurrent_of_its_jobs() -> None:
     assert len(unlimited.admissions) == 3
 
 
+def test_a_family_name_is_placed_on_any_of_its_variants_and_a_variant_on_itself_only() -> None:
+    """An H100 host registers as H100-80GB; a job asking ``H100`` waited as Unschedulable ("no host has GPU type
+    H100") beside idle H100s."""
+    hosts = (gpu_host("a", 8, model="H100-80GB"), gpu_host("b", 4, model="H100-PCIE"))
+    d = plan(snap(host_list=hosts, pending=(pj(1, 8, gpu_type="H100"), pj(2, 4, gpu_type="H100"),
+                                           pj(3, 1, gpu_type="H100-80GB-PCIE"))))  # fmt: skip
+    assert {a.job_id: a.placement[0].host for a in d.admissions} == {1: "a", 2: "b"}
+    assert [(p.job_id, p.reason) for p in d.pending] == [(3, Reason.UNSCHEDULABLE)]
+
+
 def test_reason_memory_fit_against_qos_cap_and_gpu() -> None:
     s = snap(pending=(pj(1, memory_bytes=9 * GIB, memory_cap_bytes=8 * GIB), pj(2, memory_bytes=100 * GIB),
                       pj(3, memory_bytes=40 * GIB)))  # fmt: skip
