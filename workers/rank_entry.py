@@ -78,10 +78,10 @@ def script_main(argv: list[str]) -> None:
     if run_dir is None or spec_path is None:
         print("usage: python -m workers.rank_entry --script --spec SPEC --run-dir RUN_DIR", file=sys.stderr)
         sys.exit(2)
-    code, _ = script_rank.run(spec_path, run_dir, set_death_signal=set_parent_death_signal)
+    code, _, said = script_rank.run(spec_path, run_dir, set_death_signal=set_parent_death_signal)
     if code is not None:
         _record(run_dir, code)
-    print(f"{_who()} exit code {code if code is not None else 'none (killed)'}", file=sys.stderr, flush=True)
+    print(f"{_who()} {said}", file=sys.stderr, flush=True)  # the command's own code, as the timeline says it
     sys.exit(code if code is not None else 128 + int(signal.SIGKILL))
 
 

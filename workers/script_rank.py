@@ -125,8 +125,26 @@ class _StderrTee:
         self.thread.join(timeout=10.0)
 
 
-def run(spec_path: pathlib.Path, run_dir: pathlib.Path, *, set_death_signal: Any) -> tuple[int | None, str | None]:
-    """Run the spec's command to its end; (the rank's code or None for "killed", the user's error line)."""
+def ended(returncode: int, code: int | None) -> str:
+    """How the command ended, as both the timeline's EXIT event and the attempt's log say it: the command's own exit
+    code, then what kiln makes of it (``code``, the rank's code). The log said the rank's code alone, so a script
+    that exited 1 read "exited with 1" in the timeline and "exit code 2" (USER_ERROR) in the log."""
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"the command was killed by {signal.Signals(-returncode).name} ({_reason(code)})"
+    return f"the command exited with {returncode} ({_reason(code)})"
+
+
+def _reason(code: int | None) -> str:
+    try:
+        return ExitCode(code).name if code is not None else "KILLED"
+    except ValueError:
+        return "CRASH"
+
+
+def run(spec_path: pathlib.Path, run_dir: pathlib.Path, *, set_death_signal: Any) -> tuple[int | None, str | None, str]:
+    """Run the spec's command to its end; (the rank's code or None for "killed", the user's error line, how the
+    command ended in words: ``ended``)."""
     from trainer.telemetry import Telemetry  # the standard library only
 
     rank = os.environ.get("RANK", "0")
@@ -155,24 +173,16 @@ def run(spec_path: pathlib.Path, run_dir: pathlib.Path, *, set_death_signal: Any
     returncode = proc.wait()
     tee.join()
     code, error = classify_exit(returncode, tee.last, intended_code(run_dir, rank))
-    shown = code if code is not None else 1
-    try:
-        reason = ExitCode(shown).name if code is not None else "KILLED"
-    except ValueError:
-        reason = "CRASH"
+    said = ended(returncode, code)
     if code == ExitCode.SUCCEEDED and rank == "0":
         # The job's result comes from rank 0's node (a gang's other nodes wait for it, workers.tasks); a script's
         # progress and loss are what it reported, so the record carries no step of its own.
         tel.emit(RecordKind.DONE, steps=None, final_loss=None, exit_code=0, source="script", eval=None)
+    reason = _reason(code)
     tel.event(
-        "EXIT",
-        f"the command exited with {returncode} ({reason})",
-        exit_code=shown,
-        reason=reason,
-        error=error,
-        returncode=returncode,
+        "EXIT", said, exit_code=code if code is not None else 1, reason=reason, error=error, returncode=returncode
     )
     tel.close()
     if error:
         print(f"kiln: your command failed: {error}", file=sys.stderr, flush=True)
-    return code, error
+    return code, error, said

@@ -232,7 +232,8 @@ def launch(tmp_path: Path, script: str, *, term_after: bool = False) -> tuple[in
             if "ready" in line:
                 break
         proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=120)
+    output, _ = proc.communicate(timeout=120)
+    (tmp_path / "output").write_text(output)
     return proc.returncode, run_dir
 
 
@@ -247,6 +248,10 @@ def test_a_script_that_raises_is_the_users_error_with_its_exception_line(tmp_pat
     assert rc == ExitCode.USER_ERROR
     assert (run_dir / EXIT_DIR / "rank0").read_text() == "2"
     assert exit_record(run_dir)["error"] == "ValueError: lr must be positive, got -1 (exit code 1)"
+    # The timeline's EXIT event and the attempt's log say the command's own code alike (the log said "exit code 2").
+    said = "the command exited with 1 (USER_ERROR)"
+    assert [r["message"] for r in records(run_dir) if r.get("type") == "EXIT"] == [said]
+    assert (tmp_path / "output").read_text().rstrip().endswith(f"[rank 0/1 local 0] {said}")
 
 
 def test_a_script_reports_steps_and_succeeds(tmp_path: Path) -> None:
