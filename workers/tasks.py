@@ -30,7 +30,7 @@ from core import compile_cache
 from core.db import session_scope, utcnow
 from core.deployment import deployment_uid, local_tier_jobs
 from core.fence import Lease, job_checkpoint_dir, lease_clock, write_fence, write_lease
-from core.lifecycle import ExitClass, end_attempt, end_attempt_as, renew_lease
+from core.lifecycle import ExitClass, end_attempt, end_attempt_as, renew_lease, stop_cause
 from core.models import GPU, Attempt, Host, Job, QosClass, Team, Usage
 from core.models.jobs import spec_time_limit
 from core.private import private_dir, replace_file
@@ -192,9 +192,11 @@ def claim(
     if job.state not in (JobState.ADMITTED, JobState.RUNNING):
         raise refuse(f"job is {job.state}")
     if job.cancel_requested:
-        transition(db, job, JobState.CANCELLED, message="cancelled before it started", data={"attempt": attempt.number})
-        end_attempt(db, attempt, state=AttemptState.CANCELLED, reason="cancelled before it started", now=now)
-        raise Refused("cancelled before it started")
+        why = f"{stop_cause(job)}, before it started"
+        job.exit_reason = why[:512]
+        transition(db, job, JobState.CANCELLED, message=why, data={"attempt": attempt.number})
+        end_attempt(db, attempt, state=AttemptState.CANCELLED, reason=why, now=now)
+        raise Refused(why)
 
     node["claimed_by"] = delivery
     node["claimed_at"] = now.isoformat()

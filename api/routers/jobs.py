@@ -67,7 +67,7 @@ from core.services import jobs as svc
 from core.services.checkpoint_advice import CheckpointAdvice
 from core.services.errors import InvalidInput
 from core.spec import NAME_PATTERN, JobSpec, SpecError, parse_spec_data, validation_errors
-from core.states import JobState
+from core.states import TERMINAL, JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS)
 
@@ -430,4 +430,5 @@ def get_job_pending_reason(job_id: JobIdPath, db: SessionDep, who: CurrentPrinci
                   unblock=why.unblock, expected_start=forecast.earliest if forecast else None,
                   expected_start_latest=forecast.latest if forecast else None,
                   expected_start_hosts=list(forecast.hosts) if forecast else [],
-                  expected_start_basis=forecast.basis if forecast else None)  # fmt: skip
+                  expected_start_basis=forecast.basis if forecast else None,
+                  exit_reason=job.exit_reason if job.state in TERMINAL else None)  # fmt: skip

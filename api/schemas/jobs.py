@@ -285,6 +285,12 @@ class WhyOut(OutModel):
     expected_start_hosts: list[str] = Field(
         default_factory=list, description="Where it would start (the earliest projection's hosts)."
     )
+    exit_reason: str | None = Field(
+        default=None,
+        description="Why a finished job ended (FAILED, CANCELLED, LOST): a cancel's reason and who gave it, the "
+        "error of a failure. Null for a job that has not finished, or that succeeded.",
+        examples=["cancelled by mark: wrong lr"],
+    )
     expected_start_basis: str | None = Field(
         default=None,
         description="How expected_start is known, or why it cannot be (null when the job is not queued).",

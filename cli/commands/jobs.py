@@ -682,6 +682,8 @@ def why(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         console.print(Text.assemble(out.text(reason, "bold"), out.text(f": {message}" if message else "")))
     elif data.get("state") == "QUEUED":
         console.print(out.text(f"job {job_id} is QUEUED and not planned yet (the scheduler runs every few seconds)"))
+    elif data.get("exit_reason"):  # a finished job: how it ended (a cancel's reason, a failure's error)
+        console.print(out.text(f"job {job_id} is {data.get('state')}: {data['exit_reason']}"))
     else:
         console.print(out.text(f"job {job_id} is {data.get('state')}: not waiting"))
     start = out.expected_start(data)

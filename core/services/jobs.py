@@ -343,10 +343,12 @@ def cancel(*, db: Session, principal: Principal, job_id: int, reason: str | None
     if state in TERMINAL:
         raise Conflict(f"job {job_id} already finished ({state.value})")
     if state in (JobState.QUEUED, JobState.LOST):
+        job.exit_reason = why[:512]
         transition(db, job, JobState.CANCELLED, message=why, data={"reason": reason}, actor_user_id=principal.user_id)
         job.cancel_requested = True
     elif not job.cancel_requested:
         job.cancel_requested = True
+        job.exit_reason = why[:512]  # the CANCELLED the worker writes once it stopped says it (lifecycle.stop_cause)
         record_event(
             db, "CANCEL_REQUESTED", job=job, actor_user_id=principal.user_id,
             message=f"{why}: stopping, checkpoint first (while {state.value})", data={"reason": reason},

@@ -185,6 +185,9 @@ def test_cancel_queued_at_once_and_running_by_request(client: TestClient, world:
     events = client.get(f"/v1/jobs/{queued}/events", headers=h).json()["items"]
     assert [e["type"] for e in events] == ["SUBMITTED", "CANCELLED"]
     assert "wrong lr" in events[1]["message"] and events[1]["actor"] == "mark"
+    # the reason is kept on the job, which describe and why show (it was in the event's message only)
+    assert client.get(f"/v1/jobs/{queued}", headers=h).json()["exit_reason"] == "cancelled by mark: wrong lr"
+    assert client.get(f"/v1/jobs/{queued}/why", headers=h).json()["exit_reason"] == "cancelled by mark: wrong lr"
 
     running_id = client.post("/v1/jobs", json=spec(name="running"), headers=h).json()["id"]
     job = db.get(Job, running_id)
@@ -193,11 +196,12 @@ def test_cancel_queued_at_once_and_running_by_request(client: TestClient, world:
     transition(db, job, JobState.RUNNING)
     db.flush()
     for _ in range(2):
-        r = client.post(f"/v1/jobs/{running_id}/cancel", headers=h)
+        r = client.post(f"/v1/jobs/{running_id}/cancel", json={"reason": "out of budget"}, headers=h)
         assert r.status_code == 202, r.text
         assert (r.json()["state"], r.json()["cancel_requested"]) == ("RUNNING", True)
     types = [e["type"] for e in client.get(f"/v1/jobs/{running_id}/events", headers=h).json()["items"]]
     assert types == ["SUBMITTED", "ADMITTED", "RUNNING", "CANCEL_REQUESTED"]
+    assert job.exit_reason == "cancelled by mark: out of budget"  # what the worker's CANCELLED will say (stop_cause)
 
 
 def test_events_keyset_after(client: TestClient, world: World) -> None:

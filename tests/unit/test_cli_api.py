@@ -603,3 +603,12 @@ def test_a_request_no_host_can_ever_run_is_refused_with_the_largest_it_could_hol
             db.execute(delete(Host).where(Host.name == "laptop"))
             db.commit()
         engine.dispose()
+
+
+def test_a_cancels_reason_is_kept_and_why_and_describe_say_it(kiln: Any) -> None:
+    job_id = submit(kiln)
+    assert kiln("cancel", str(job_id), "--reason", "wrong lr").exit_code == 0
+    said = as_json(kiln("describe", str(job_id), "-o", "json"))["job"]["exit_reason"]
+    assert said.startswith("cancelled by ") and said.endswith(": wrong lr"), said
+    assert f"job {job_id} is CANCELLED: {said}" in kiln("why", str(job_id)).stdout  # was "not waiting"
+    assert said in kiln("describe", str(job_id)).stdout
