@@ -239,6 +239,23 @@ class Supervisor:
         return codes
 
 
+def stop_summary(codes: dict[str, int | None]) -> str:
+    """How each child ended once ``stop`` was done, in words. A child that exits on kiln's own SIGTERM without
+    handling it reports -15: that is the clean stop asked for, and "api -15" read as a failure."""
+    said = []
+    for name, code in codes.items():
+        if code in (0, -signal.SIGTERM):
+            said.append(f"{name} ok")
+        elif code is None:
+            said.append(f"{name} not started")
+        elif code < 0:
+            what = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+            said.append(f"{name} killed by {what}")
+        else:
+            said.append(f"{name} exit {code}")
+    return ", ".join(said)
+
+
 def _reap_group(pgid: int) -> None:
     """Kill whatever is left in a child's process group (a trainer orphaned by a crashed worker)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -480,8 +497,7 @@ def run_up(opts: UpOptions) -> int:
             codes = sup.stop(opts.grace_s, force)
             for s, handler in previous.items():
                 signal.signal(s, handler)
-        summary = ", ".join(f"{name} {code}" for name, code in codes.items())
-        console.print(f"{TAG} stopped ({summary})")
+        console.print(f"{TAG} stopped ({stop_summary(codes)})")
     return 0
 
 

@@ -25,6 +25,7 @@ from cli.up import (
     home_lock,
     mask_url,
     port_in_use,
+    stop_summary,
     tail,
 )
 
@@ -188,3 +189,9 @@ def test_kiln_up_adds_a_profile_instead_of_rewriting_another_kilns(
     assert resolve(environ={"XDG_CONFIG_HOME": str(tmp_path / "xdg")}).token == "kiln_theirs"
     save("https://kiln.example.com", "kiln_rotated", config)  # the default changes: the profile stays
     assert json.loads(config.read_text())["profiles"]["local-8421"]["token"] == mine.token
+
+
+def test_a_child_ended_by_kilns_own_sigterm_stopped_cleanly() -> None:
+    """``kiln down`` logged "stopped (api -15, ...)": the API exits on the SIGTERM kiln sent it, as asked."""
+    codes = {"api": -int(signal.SIGTERM), "scheduler": 0, "worker": 3, "extra": -int(signal.SIGKILL), "late": None}
+    assert stop_summary(codes) == "api ok, scheduler ok, worker exit 3, extra killed by SIGKILL, late not started"
