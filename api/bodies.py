@@ -38,7 +38,7 @@ from yaml.reader import Reader
 from yaml.resolver import Resolver
 from yaml.scanner import Scanner
 
-from core.spec import SpecError
+from core.spec import SpecError, yaml_error
 
 MAX_DEPTH = 32  # nested mappings and sequences; a job spec or a sweep needs fewer than 10
 MAX_YAML_NODES = 10_000  # scalars, mappings and sequences of one YAML document (a sweep of 256 points: ~2,000)
@@ -185,14 +185,7 @@ def yaml_body(body: bytes) -> Any:
     try:
         return load_yaml(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = ""
-        if mark is not None:
-            line, column = mark.line, mark.column
-            if line > text.count("\n"):  # libyaml's end of a text without a last newline: the line after it
-                line, column = text.count("\n"), len(text.rsplit("\n", 1)[-1])
-            where = f" at line {line + 1}, column {column + 1}"
-        raise SpecError(f"malformed YAML{where}", [{"loc": "$", "msg": str(exc), "type": "yaml"}]) from None
+        raise yaml_error(exc, text) from None
 
 
 # JSON: what is left of a body once strings are out is its brackets; each opening one is a step down.

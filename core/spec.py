@@ -323,14 +323,34 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
 
 
+def _at(mark: Any, text: str) -> str:
+    line, column = mark.line, mark.column
+    if line > text.count("\n"):  # libyaml's end of a text without a last newline: the line after it
+        line, column = text.count("\n"), len(text.rsplit("\n", 1)[-1])
+    return f"line {line + 1}, column {column + 1}"
+
+
+def yaml_error(exc: yaml.YAMLError, text: str) -> SpecError:
+    """Malformed YAML as a person reads it: ``line 2, column 2: expected ',' or ']', but got ':' (while parsing a
+    flow sequence from line 1, column 4)``. PyYAML's own text quotes its source as ``"<unicode string>"`` and the
+    error item's path was ``$``."""
+    mark = getattr(exc, "problem_mark", None)
+    if mark is None:
+        return SpecError("malformed YAML", [{"loc": "$", "msg": str(exc), "type": "yaml"}])
+    problem = getattr(exc, "problem", None) or "not valid YAML"
+    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    if context:
+        problem += f" ({context}" + (f" from {_at(context_mark, text)})" if context_mark is not None else ")")
+    where = _at(mark, text)
+    return SpecError(f"malformed YAML at {where}", [{"loc": where, "msg": problem, "type": "yaml"}])
+
+
 def parse_spec_text(text: str) -> JobSpec:
     """Parse YAML (a superset of JSON) and validate it."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise SpecError(f"malformed YAML{where}", [{"loc": "$", "msg": str(exc), "type": "yaml"}]) from exc
+        raise yaml_error(exc, text) from None
     return parse_spec_data(data)
 
 

@@ -93,7 +93,14 @@ def test_submit_rejections_are_problems_with_field_paths(client: TestClient, wor
     body = _problem(
         client.post("/v1/jobs", content="name: [unclosed", headers={**h, "content-type": "application/yaml"}), 422
     )
-    assert "malformed YAML at line 1" in body["detail"]
+    assert body["detail"] == "malformed YAML at line 1, column 16"
+    assert body["errors"] == [
+        {
+            "loc": "line 1, column 16",
+            "type": "yaml",
+            "msg": "did not find expected ',' or ']' (while parsing a flow sequence from line 1, column 7)",
+        }
+    ]  # libyaml's words
     _problem(client.post("/v1/jobs", content="{not json", headers={**h, "content-type": "application/json"}), 422)
     _problem(client.post("/v1/jobs", content="name: x", headers={**h, "content-type": "text/plain"}), 415)
     bomb = "a: &a [1, 1]\nb: &b [*a, *a]\nc: [*b, *b]\n"
@@ -252,7 +259,8 @@ def test_attempts_checkpoints_metrics_why(client: TestClient, world: World, db: 
                                "alpha --quota cpu=N), or its running jobs end"],
                    "expected_start": None, "expected_start_latest": None, "expected_start_hosts": [],
                    "expected_start_basis": "cannot be known: it does not start even once every running job has "
-                                           "ended (its pending reason says what holds it)"}  # fmt: skip
+                                           "ended (its pending reason says what holds it)",
+                   "exit_reason": None}  # fmt: skip
 
 
 def _sse_events(text: str) -> list[tuple[str, str]]:

@@ -63,6 +63,12 @@ def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
     result = runner.invoke(app, ["submit", str(spec)])
     assert result.exit_code == ExitCode.INVALID
     assert "malformed YAML at line" in result.output
+    # the problem in words at its line and column, without PyYAML's internals ("$:", "<unicode string>")
+    assert (
+        "  - line 3, column 1: expected ',' or ']', but got '<stream end>' (while parsing a flow sequence from "
+        "line 2, column 7)" in result.output
+    )
+    assert "<unicode string>" not in result.output and "$:" not in result.output
 
 
 def test_missing_file_is_a_usage_error(tmp_path: Path) -> None:
