@@ -70,7 +70,9 @@ class Base(DeclarativeBase):
     type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSONType, list[Any]: JSONType}
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def make_engine(url: str, *, idle_in_transaction_s: float | None = None, **kwargs: Any) -> Engine:
+    """``idle_in_transaction_s``: PostgreSQL ends this engine's sessions left idle in a transaction this long (default:
+    the settings' ``idle_in_transaction_timeout_s``, else half the attempts' lease)."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs)
         path = engine.url.database
@@ -92,7 +94,7 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     # server ends it: the reconciler, which locks every host row and the jobs it ends, would wait for it with the
     # whole scheduler, and the frozen attempt's lease would never be declared expired (the chaos bench found it).
     settings = get_settings()
-    idle_s = settings.idle_in_transaction_timeout_s or settings.lease_s / 2
+    idle_s = idle_in_transaction_s or settings.idle_in_transaction_timeout_s or settings.lease_s / 2
     connect_args = dict(kwargs.pop("connect_args", {}))
     options = connect_args.get("options", "")
     if "idle_in_transaction_session_timeout" not in options:  # a caller's own value stands

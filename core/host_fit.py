@@ -53,7 +53,6 @@ class Capacity:
         self.hosts = 0
         self.per_type: dict[str, list[int]] = {}  # GPU type -> its GPUs on each host that has some
         self.cpu: list[int] = []  # CPU slots of each host that has some
-        self.total: dict[str, int] = {}  # GPU type -> its GPUs on all hosts
         for h in hosts:
             self.hosts += 1
             for gpu_type, count in h.gpus:
@@ -61,7 +60,7 @@ class Capacity:
                     self.per_type.setdefault(gpu_type, []).append(count)
             if h.cpu_slots > 0:
                 self.cpu.append(h.cpu_slots)
-        self.total = {t: sum(counts) for t, counts in self.per_type.items()}
+        self.total: dict[str, int] = {t: sum(counts) for t, counts in self.per_type.items()}  # on all hosts
 
     def describe(self) -> str:
         """What the cluster has, in words: ``H200: 8 GPUs a host, 2 hosts; 2 CPU slots a host, 1 host``."""

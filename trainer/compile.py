@@ -24,8 +24,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import secrets
-import shutil
 import signal
 import sys
 import threading
@@ -373,10 +371,8 @@ class Compiler:
             raw = os.environ.get(var)
             if not raw:
                 continue
-            gone = pathlib.Path(raw).with_name(f".gone-{pathlib.Path(raw).name}-{secrets.token_hex(4)}")
-            with contextlib.suppress(FileNotFoundError):  # another rank was first
-                os.rename(raw, gone)
-            shutil.rmtree(gone, ignore_errors=True)
+            path = pathlib.Path(raw)
+            store.discard(path.parent, path.name)  # False: another rank was first
         return True
 
     def _fall_back(self, model: nn.Module, blocks: list[nn.Module], report: CompileReport, failure: str) -> None:
@@ -452,11 +448,7 @@ class Compiler:
 
     def _anyone(self, flag: bool) -> bool:
         """True on every rank if ``flag`` is on any (a collective on the control group when distributed)."""
-        if self.world_size == 1:
-            return flag
-        everyone: list[Any] = [None] * self.world_size
-        dist.all_gather_object(everyone, flag, group=self.group)
-        return any(everyone)
+        return self._agree("on" if flag else None) is not None
 
     def _agree(self, failure: str | None) -> str | None:
         if self.world_size == 1:

@@ -26,12 +26,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from core.checkpoint_files import sha256_file
 from core.db import session_scope, utcnow
 from core.deployment import deployment_uid
 from core.models import Job
 from core.private import private_dir
 from core.services import exports
-from trainer.checkpoint.store import sha256_file
 from workers.isolation import Isolation
 from workers.sandbox import View
 

@@ -18,12 +18,11 @@ from its manifest.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint.store import MANIFEST, list_checkpoints, sha256_file, verify
+from core.checkpoint_files import MANIFEST, list_checkpoints, read_manifest, sha256_file, verify
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ def newest_verified(root: Path) -> tuple[FinalCheckpoint | None, str | None]:
         if why is not None:
             skipped.append(f"step {step}: {why}")
             continue
-        manifest = json.loads((path / MANIFEST).read_text())
+        manifest = read_manifest(path)
         loss = manifest.get("loss")
         record = {
             "kind": "checkpoint",

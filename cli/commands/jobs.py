@@ -290,8 +290,8 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
                               "queue held"))  # fmt: skip
     elif job.get("pending_reason"):
         pairs.append(("waiting", f"{job['pending_reason']}: {job.get('pending_message') or ''}"))
-    if isinstance(why, dict) and out.expected_start(why):  # the same answer as kiln why, from the same endpoint
-        pairs.append(("expected start", out.expected_start(why)))
+    if isinstance(why, dict) and (start := out.expected_start(why)):  # kiln why's answer, from the same endpoint
+        pairs.append(("expected start", start))
     if isinstance(job.get("checkpoint_advice"), dict):  # Young/Daly from the job's saves and its GPU type's failures
         pairs.append(("checkpointing", job["checkpoint_advice"]["summary"]))
     if job.get("exit_reason"):

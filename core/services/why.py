@@ -45,14 +45,6 @@ class Why:
     unblock: list[str]  # what would let it start, most direct first; empty when nothing is known to help
     forecast: StartForecast | None = None  # None when the job is not queued
 
-    @property
-    def expected_start(self) -> datetime | None:
-        return self.forecast.earliest if self.forecast else None
-
-    @property
-    def expected_start_basis(self) -> str | None:
-        return self.forecast.basis if self.forecast else None
-
 
 def explain(*, db: Session, job: Job, forecaster: Forecaster | None = None, now: datetime | None = None) -> Why:
     """``forecaster``: the scheduler's projection (None: the expected start is said to be unavailable)."""

@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
@@ -202,15 +201,6 @@ def collect_compile_caches(settings: Settings) -> int:
     return done.entries
 
 
-def _scheduler_engine_args(url: str, settings: Settings) -> dict[str, Any]:
-    """A leader frozen inside a cycle's transaction holds the lease row: the server ends that session within half a
-    leader's lease (or the deployment's shorter idle-in-transaction timeout), so a standby can take over."""
-    if not url.startswith("postgresql"):
-        return {}
-    idle_s = min(settings.idle_in_transaction_timeout_s or settings.lease_s / 2, settings.leader_lease_s / 2)
-    return {"connect_args": {"options": f"-c idle_in_transaction_session_timeout={int(idle_s * 1000)}"}}
-
-
 def run_forever(
     settings: Settings, *, dispatch: DispatchAttempt, stop: threading.Event | None = None,
     metrics: SchedulerMetrics | None = None,
@@ -220,7 +210,10 @@ def run_forever(
     stop = stop or threading.Event()
     metrics = metrics or SchedulerMetrics()
     url = settings.resolved_database_url
-    engine = make_engine(url, **_scheduler_engine_args(url, settings))
+    # A leader frozen inside a cycle's transaction holds the lease row: the server ends that session within half a
+    # leader's lease (or the deployment's shorter timeout), so a standby can take over.
+    idle_s = min(settings.idle_in_transaction_timeout_s or settings.lease_s / 2, settings.leader_lease_s / 2)
+    engine = make_engine(url, idle_in_transaction_s=idle_s)
     factory = sessionmaker(bind=engine, expire_on_commit=False)
     leadership = leadership_for(url, settings.home, lease_s=settings.leader_lease_s)
     interval = settings.scheduler_interval_s

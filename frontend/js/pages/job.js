@@ -100,7 +100,6 @@ function downloadLink(path, filename) {
   return link;
 }
 
-/** @type {import("../router.js").Page} */
 /**
  * A queued job's expected start: the API's one answer (GET /v1/jobs/{id}/why, as kiln why and kiln describe say it),
  * a range of times and where, or why it cannot be known.
@@ -123,6 +122,7 @@ function expectedStartEl(id) {
   return el;
 }
 
+/** @type {import("../router.js").Page} */
 export async function jobPage(root, params) {
   const id = Number(params.id);
   /** @type {Overview} */
