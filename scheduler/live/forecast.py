@@ -5,8 +5,10 @@ Two scenarios bound it (``scheduler.simulate.projection``):
 * **earliest**: each running job ends as its measured progress says (steps left at its measured step rate), else
   as the policy itself expects (its time limit scaled by the team's use of its limits, or the team's history);
 * **latest**: each running job ends at its time limit plus the scheduler's grace before its kill, or, measured,
-  its steps left at its rate slowed by ``PACE_SLACK``, never past its limit. A job with neither a time limit nor
-  measured progress has no latest end: if the job waits on it, the start cannot be known, and is not given.
+  its steps left at its rate slowed by ``projection.PACE_SLACK``, never past its limit. A job with neither a time
+  limit nor measured progress has no latest end: if the job waits on it, the start cannot be known, and is not given.
+
+Both are ``projection.scenarios``, pure, so the trace replay can measure the same forecast.
 
 The jobs admitted on the way run for the same estimates of their own. ``kiln why``, ``kiln describe``, the job's
 ``/why`` and the dashboard all show this one computation.
@@ -24,14 +26,9 @@ from core.policy_config import PolicyConfig
 from core.repositories import jobs as jobs_repo
 from core.services.why import StartForecast
 from scheduler.live.loader import load_snapshot
-from scheduler.policy.estimate import Estimator
-from scheduler.policy.snapshot import Snapshot
-from scheduler.simulate.projection import Ends, Start, project
+from scheduler.simulate.projection import Start, project, scenarios
 
 INF = math.inf
-# The slowest pace the latest end allows a measured job: a job slower than 1.3x its own baseline breaks a silver
-# step-time SLA (its default tolerance), so kiln does not plan on a slower one.
-PACE_SLACK = 1.3
 HORIZON_S = 14 * 86400.0  # beyond two weeks the queue will have changed past recognition
 # plan() calls per scenario, and the time each scenario may take: one plan() over 300 pending and 100 running jobs
 # on 320 GPUs takes ~10 ms on this project's 2-core box, and the why endpoint is interactive (docs/scheduler.md,
@@ -44,7 +41,7 @@ def forecast_start(db: Session, job: Job, *, now: datetime, policy: PolicyConfig
     """When and where ``job`` (queued) would start as the queue stands, or why that cannot be known."""
     snapshot = load_snapshot(db=db, now=now, half_life_s=policy.fairshare_half_life_s)
     rates = _measured_rates(db, now)
-    early, late = _scenarios(snapshot, rates, policy.time_limit_grace_s)
+    early, late = scenarios(snapshot, rates, policy.time_limit_grace_s)
     first, last = (
         project(snapshot, policy, job.id, ends, horizon_s=HORIZON_S, max_events=MAX_EVENTS, budget_s=BUDGET_S)
         for ends in (early, late)
@@ -69,29 +66,6 @@ def _rate(job: Job, attempt: Attempt | None, now: datetime) -> float | None:
     done = job.last_step - (attempt.resumed_from_step or 0)
     seen = (attempt.heartbeat_at or now) - attempt.first_step_at
     return done / seen.total_seconds() if done > 0 and seen.total_seconds() > 0 else None
-
-
-def _scenarios(snapshot: Snapshot, rates: dict[int, tuple[float, float]], grace_s: float) -> tuple[Ends, Ends]:
-    now = snapshot.now
-    est = Estimator(snapshot.teams)
-    early: dict[int, float] = {}
-    late: dict[int, float] = {}
-    for r in snapshot.running:
-        attained = r.attained_s + max(0.0, now - r.started_at)
-        limit_end = r.started_at + r.time_limit_s - r.attained_s + grace_s if r.time_limit_s is not None else INF
-        if r.id in rates:
-            left, rate = rates[r.id]
-            early[r.id] = now + left / rate
-            late[r.id] = max(early[r.id], min(limit_end, now + PACE_SLACK * left / rate))
-        else:
-            early[r.id] = now + est.remaining_s(r.team_id, r.time_limit_s, attained)
-            late[r.id] = max(now, limit_end)
-    run_early = {p.id: est.remaining_s(p.team_id, p.estimated_runtime_s, p.attained_s) for p in snapshot.pending}
-    run_late = {
-        p.id: p.estimated_runtime_s - p.attained_s + grace_s if p.estimated_runtime_s is not None else INF
-        for p in snapshot.pending
-    }
-    return Ends(early, run_early), Ends(late, run_late)
 
 
 def _said(first: Start, last: Start, *, measured: bool, running: set[int]) -> StartForecast:

@@ -22,11 +22,15 @@ from core.gpu_types import matches
 from core.policy_config import PolicyConfig
 from core.states import JobState, Reason
 from scheduler.policy.decisions import Admission, Decisions
+from scheduler.policy.estimate import Estimator
 from scheduler.policy.plan import plan
 from scheduler.policy.snapshot import CPU, PendingJob, PlacedHost, RunningJob, Snapshot, quota_key_for
 
 INF = math.inf
 STOP_S = 60.0  # a preempted job's checkpoint and exit, before its units are free (the simulator's figure)
+# The slowest pace the latest end allows a measured job: a job slower than 1.3x its own baseline breaks a silver
+# step-time SLA (its default tolerance), so kiln does not plan on a slower one.
+PACE_SLACK = 1.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,3 +216,29 @@ def _requeued(r: RunningJob, now: float) -> PendingJob:
         share=r.share,
         sweep_id=r.sweep_id,
     )
+
+
+def scenarios(snapshot: Snapshot, rates: dict[int, tuple[float, float]], grace_s: float) -> tuple[Ends, Ends]:
+    """The earliest and the latest scenario of the running jobs' ends and the pending jobs' run times, from what the
+    live system knows: ``rates`` (running job -> steps left, steps per second) where a job reports progress, else
+    its time limit and its team's history (``Estimator``); never a job's true run time."""
+    now = snapshot.now
+    est = Estimator(snapshot.teams)
+    early: dict[int, float] = {}
+    late: dict[int, float] = {}
+    for r in snapshot.running:
+        attained = r.attained_s + max(0.0, now - r.started_at)
+        limit_end = r.started_at + r.time_limit_s - r.attained_s + grace_s if r.time_limit_s is not None else INF
+        if r.id in rates:
+            left, rate = rates[r.id]
+            early[r.id] = now + left / rate
+            late[r.id] = max(early[r.id], min(limit_end, now + PACE_SLACK * left / rate))
+        else:
+            early[r.id] = now + est.remaining_s(r.team_id, r.time_limit_s, attained)
+            late[r.id] = max(now, limit_end)
+    run_early = {p.id: est.remaining_s(p.team_id, p.estimated_runtime_s, p.attained_s) for p in snapshot.pending}
+    run_late = {
+        p.id: p.estimated_runtime_s - p.attained_s + grace_s if p.estimated_runtime_s is not None else INF
+        for p in snapshot.pending
+    }
+    return Ends(early, run_early), Ends(late, run_late)
