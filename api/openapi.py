@@ -62,6 +62,12 @@ TAGS: list[dict[str, str]] = [
     {"name": "health", "description": "Liveness, readiness and Prometheus metrics."},
 ]
 
+# Relative: the document describes the API of whichever origin serves it (kiln up's, a deployment's), and Swagger
+# UI's "Try it out" calls that origin.
+SERVERS: list[dict[str, str]] = [{"url": "/", "description": "the origin that serves this document"}]
+# The repository grants no licence (it has no LICENSE file): say so rather than leave generators guessing.
+LICENSE: dict[str, str] = {"name": "Proprietary: no licence is granted"}
+
 BEARER_SCHEME: dict[str, Any] = {
     "type": "http",
     "scheme": "bearer",
@@ -82,7 +88,15 @@ def document(app: FastAPI) -> dict[str, Any]:
     """The app's OpenAPI document (built once per app)."""
     if app.openapi_schema:
         return app.openapi_schema
-    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes, tags=TAGS)
+    doc = get_openapi(
+        title=app.title,
+        version=app.version,
+        description=app.description,
+        routes=app.routes,
+        tags=TAGS,
+        servers=SERVERS,
+        license_info=LICENSE,
+    )
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     _add_model(schemas, "JobSpec", JobSpec.model_json_schema(ref_template="#/components/schemas/{model}"))
     schemas["JobSpec"]["examples"] = [SPEC_EXAMPLE]
@@ -122,5 +136,5 @@ def _complete(path: str, operation: dict[str, Any]) -> None:
             response["content"] = problem
             if not response.get("description"):
                 response["description"] = HTTPStatus(int(code)).phrase
-    if path not in PUBLIC_PATHS:
-        operation["security"] = [{"bearer": []}]
+    # Declared either way: a public route's empty list says "no token" rather than leaving readers to assume one.
+    operation["security"] = [] if path in PUBLIC_PATHS else [{"bearer": []}]
