@@ -36,11 +36,12 @@ def cache_fields(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything that decides the compiled code, and so the key of its cache entry: the compiler stack (torch,
-    Triton, CUDA, Python: Dynamo traces its bytecode), the GPU (name and capability: kernels and autotuning are
-    per architecture), the compile options, the precision, the model's graph (``Recipe.graph_config``: its
-    hyperparameters but the optimiser's, whose changes leave the graph as it is), and the world size and
-    parallelism. A field left out that did change the graph costs no correctness: Inductor's own entries are keyed by
-    the graph's hash, so they would miss, and the compiled step is compared with eager before use."""
+    Triton, CUDA, Python: Dynamo traces its bytecode), the GPU (name, capability and MPS SM cap: kernels and
+    autotuning are per architecture and SM count), the compile options (the GEMM backend among them), the
+    precision, the model's graph (``Recipe.graph_config``: its hyperparameters but the optimiser's, whose changes
+    leave the graph as it is), and the world size and parallelism. A field left out that did change the graph costs
+    no correctness: Inductor's own entries are keyed by the graph's hash, so they would miss, and the compiled step
+    is compared with eager before use."""
     try:
         import triton
 
@@ -53,6 +54,8 @@ def cache_fields(
             "name": torch.cuda.get_device_name(device),
             "capability": list(torch.cuda.get_device_capability(device)),
             "cuda": torch.version.cuda,
+            # An MPS client's SM cap: Triton's autotuning under it chooses for the SMs it may use.
+            "sm_percent": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
         }
     return {
         "torch": torch.__version__,

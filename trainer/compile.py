@@ -182,6 +182,7 @@ class Compiler:
         group: Any,
         strategy: str = "single",
         tiers: Tiers | None = None,
+        triton_gemms: bool = False,
     ) -> None:
         self.mode = mode
         self.timeout_s = timeout_s
@@ -196,6 +197,9 @@ class Compiler:
         self.rank, self.world_size, self.group = rank, world_size, group
         self.strategy = strategy
         self.tiers = tiers if tiers is not None else Tiers.from_env(cache_dir)
+        # GEMMs through Triton because cuBLAS's are wrong here (trainer.gemm_check): part of the key, and the
+        # first backward's gradients must come out finite (a GEMM left on cuBLAS would make NaNs).
+        self.triton_gemms = triton_gemms
         self.poll_s = 0.0
 
     def _apply(self, model: nn.Module, blocks: list[nn.Module]) -> None:
@@ -241,7 +245,7 @@ class Compiler:
         fields = cache_fields(
             mode=self.mode, model_config=model_config, precision=precision, device=self.device,
             world_size=self.world_size, strategy=self.strategy,
-            extra={"cuda_graphs": True} if self.cuda_graphs else None,
+            extra=self._key_options(),
         )  # fmt: skip
         report.cache_key = key = store.key_of(fields)
         # torch's compiler modules were being imported in the background since start-up (compile_preload);
@@ -271,6 +275,12 @@ class Compiler:
         self._keep(report, fields, cold_s if report.cache_hit else report.elapsed_s, modules_before)
         self._report_ok(report)
         return report
+
+    def _key_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"cuda_graphs": True} if self.cuda_graphs else {}
+        if self.triton_gemms:
+            options["gemm_backends"] = "TRITON"
+        return options
 
     def _lookup(self, key: str, report: CompileReport) -> tuple[Loaded | None, float | None]:
         """Install the cached artifacts for ``key``, if any: the job's own caches (``{key}.local``), else the
@@ -309,13 +319,17 @@ class Compiler:
                 t2 = time.perf_counter()
                 loss.backward()
                 self._sync()
+            if self.triton_gemms and not _finite_grads(model):
+                raise _Trip("FALLBACK_NUMERIC_MISMATCH")
             report.phases = {
                 "first_forward_s": round(t2 - t1, 3),
                 "first_backward_s": round(time.perf_counter() - t2, 3),
             }
             report.compiled_loss = float(loss.detach().item())
-        except _Trip:
-            failure = state["reason"]
+        except _Trip as trip:
+            failure = state["reason"] or str(trip)
+            if failure == "FALLBACK_NUMERIC_MISMATCH":
+                report.error = "non-finite gradients from the compiled backward's Triton GEMMs"
         except Exception as exc:
             failure = state["reason"] or (
                 "FALLBACK_UNSUPPORTED_OP" if _is_unsupported(exc) else "FALLBACK_COMPILE_ERROR"
@@ -456,6 +470,11 @@ class Compiler:
         everyone: list[Any] = [None] * self.world_size
         dist.all_gather_object(everyone, failure, group=self.group)
         return next((f for f in everyone if f is not None), None)
+
+
+def _finite_grads(model: nn.Module) -> bool:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return bool(torch.stack([g.isfinite().all() for g in grads]).all()) if grads else True
 
 
 def _close(report: CompileReport, rtol: float, atol: float) -> bool:

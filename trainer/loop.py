@@ -47,7 +47,7 @@ from trainer.checkpoint.final import StorageUnwritable, save_durably
 from trainer.compile import Compiler, CompileReport
 from trainer.config import TrainerConfig
 from trainer.determinism import enable_determinism
-from trainer.gemm_check import usable_precision
+from trainer.gemm_check import check_gemms, fall_back, usable_precision
 from trainer.guards import Spike, SpikeGuard
 from trainer.lease import LeaseExpired, LeaseGuard
 from trainer.parallel import DistEnv, choose_strategy, device_capacity, wrap
@@ -151,14 +151,16 @@ class Trainer:
         self.device = env.device
         if spec.deterministic:  # before the first GEMM (the check below): cuBLAS reads it once
             tel.event("DETERMINISTIC", enable_determinism())
-        # Checked, not assumed: under an MPS SM cap the H200's bf16 GEMMs come out NaN (trainer/gemm_check.py).
-        precision, tf32 = usable_precision(resolve(spec.precision, self.device), self.device, tel)
-        self.prec = PrecisionContext.create(precision, self.device, tf32=tf32)
+        self.compile_mode = compile_mode(spec, self.device)
+        # Checked, not assumed: under an MPS SM cap cuBLAS's bf16 GEMMs come out NaN (trainer/gemm_check.py).
+        self.gemms = usable_precision(
+            resolve(spec.precision, self.device), self.device, tel, compiled=self.compile_mode != "off"
+        )
+        self.prec = PrecisionContext.create(self.gemms.precision, self.device, tf32=self.gemms.tf32)
         token = os.environ.get(ENV_FENCING_TOKEN)
         self.token = int(token) if token else None
         self.ckpt_root = checkpoint_root(run_dir)
         self.cache_dir = compile_cache_dir(run_dir)
-        self.compile_mode = compile_mode(spec, self.device)
         persist_compiler_caches(self.cache_dir)
         if not fence_names(self.ckpt_root, self.token):
             raise FencedError(f"fence does not name token {self.token} at start")
@@ -247,6 +249,7 @@ class Trainer:
             world_size=env.world_size,
             group=env.ctrl,
             strategy=self.strategy,
+            triton_gemms=self.gemms.triton_gemms,
         )
         rtol, atol = ALLCLOSE[self.prec.precision]
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
@@ -264,6 +267,11 @@ class Trainer:
                 rtol=rtol,
                 atol=atol,
             )
+        if self.gemms.triton_gemms and not self.report.active:
+            # Eager GEMMs are cuBLAS's, the ones that are wrong here: the job trains in fp32 instead.
+            why = f"the compile fell back to eager ({self.report.reason}), whose {self.prec.precision} GEMMs are wrong"
+            self.gemms = fall_back(self.prec.precision, self.device, self.tel, why, check=check_gemms)
+            self.prec = PrecisionContext.create(self.gemms.precision, self.device, tf32=self.gemms.tf32)
         self.raw_model = model
         self.model = wrap(model, blocks, strategy=self.strategy, env=env, precision=self.prec)
         self.optimizer, self.fused = self._optimizer()

@@ -212,3 +212,43 @@ def test_a_poisoned_entry_is_rejected_and_the_job_compiles_afresh(
     again = compile_and_train(base, f"next-{poison}", team)  # the team's next job hits the fresh entry
     assert again.report.cache_source == "team" and not of(again, "COMPILE_CACHE_REJECTED")
     assert again.losses == pytest.approx(eager.losses, rel=COMPILE_RTOL)
+
+
+class NanGradBlock(Block):
+    """A finite loss whose gradients are NaN (d sqrt(x) at 0 times 0): what a wrong GEMM in a backward makes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + torch.sqrt(self.a.bias.sum() * 0.0)
+
+
+@pytest.mark.timeout(300)
+def test_compiled_gemms_moved_to_triton_must_give_finite_gradients_or_the_compile_falls_back(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Where cuBLAS is wrong the trainer compiles the model's GEMMs with Triton (trainer.gemm_check); a GEMM left
+    elsewhere would make NaN gradients, so the first backward is checked and such a compile falls back to eager
+    (the trainer then trains in fp32). The choice is part of the cache key."""
+    from trainer.cache_tiers import Tiers
+    from trainer.compile import Compiler
+    from trainer.config import TestHooks
+    from trainer.telemetry import Telemetry
+
+    torch._dynamo.reset()
+    model, x = NanGradBlock(), torch.randn(4, 8)
+    reports, tel = [], Telemetry(tmp_path / "run", 0)
+    for triton_gemms in (False, True):
+        compiler = Compiler(
+            mode="whole", timeout_s=300.0, max_rss_bytes=None, check_allclose=True, cuda_graphs=False,
+            hooks=TestHooks(), telemetry=tel, device=torch.device("cpu"), model_name="block", cache_dir=None,
+            rank=0, world_size=1, group=None, tiers=Tiers(team=None, shared=None), triton_gemms=triton_gemms,
+        )  # fmt: skip
+        reports.append(compiler.compile(
+            model, [model], loss_fn=lambda: model(x).square().mean(), precision="fp32",
+            model_config={"block": 1}, rtol=1e-4, atol=1e-5,
+        ))  # fmt: skip
+    tel.close()
+    unchecked, checked = reports
+    assert unchecked.active and unchecked.reason is None  # NaN gradients pass where no GEMM was moved
+    assert not checked.active and checked.reason == "FALLBACK_NUMERIC_MISMATCH"
+    assert checked.error == "non-finite gradients from the compiled backward's Triton GEMMs"
+    assert checked.cache_key != unchecked.cache_key
