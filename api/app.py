@@ -23,6 +23,7 @@ from api.routers import (
     artifacts,
     cluster,
     datasets,
+    estimates,
     exports,
     health,
     jobs,
@@ -110,6 +111,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         usage,
         webhooks,
         exports,
+        estimates,
     ):
         app.include_router(module.router)
     _install_dashboard(app)

@@ -41,6 +41,7 @@ SPEC_EXAMPLE: dict[str, Any] = {
 
 TAGS: list[dict[str, str]] = [
     {"name": "jobs", "description": "Submit, list, follow and cancel training jobs."},
+    {"name": "estimates", "description": "A job's memory, step time, GPU-hours and cost per option, before it runs."},
     {"name": "sweeps", "description": "Sweeps: one submission expanded over a grid or list of settings."},
     {"name": "exports", "description": "A checkpoint's weights exported as safetensors, with a manifest."},
     {"name": "artifacts", "description": "A team's code archives, content-addressed by SHA-256 (docs/user-code.md)."},

@@ -1,0 +1,166 @@
+"""POST /v1/estimates on PostgreSQL: options from the hosts the cluster has, step times from finished attempts' step
+telemetry (measured, scaled, or none), the cheapest option that meets the deadline, and bad input as problem+json."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+
+from core.db import utcnow
+from core.models import GPU, Attempt, Host, Job, JobMetric, Usage
+from tests.support.api import World, spec
+
+pytestmark = pytest.mark.integration
+
+GIB = 2**30
+MINI = {"name": "gpt", "hyperparameters": {"size": "mini", "batch_size": 8}}
+
+
+def _gpu_spec(**fields: Any) -> dict[str, Any]:
+    return spec(**{"recipe": MINI, "steps": 1000, "resources": {"gpus": 1, "gpu_type": "H200"}, **fields})
+
+
+def _hosts(db: Session) -> None:
+    for name, model, count, memory in (("h200-a", "H200", 2, 141 * GIB), ("h100-a", "H100-80GB", 1, 80 * GIB)):
+        host = Host(name=name, queue=f"q.{name}", cpu_slots=0)
+        host.gpus = [GPU(uuid=f"{name}-{i}", index=i, model=model, memory_bytes=memory) for i in range(count)]
+        db.add(host)
+    db.flush()
+
+
+def _ran(client: TestClient, world: World, db: Session, body: dict[str, Any], *, startup_s: float,
+         step_s: list[float], gpu_type: str = "H200") -> Job:  # fmt: skip
+    """A job of ``body`` with one finished attempt: ``startup_s`` to its first step, then steps of ``step_s``."""
+    r = client.post("/v1/jobs", json=body, headers=world.h("member"))
+    assert r.status_code == 201, r.text
+    job = db.get(Job, r.json()["id"])
+    assert job is not None
+    start = utcnow() - timedelta(hours=1)
+    first = start + timedelta(seconds=startup_s)
+    attempt = Attempt(job_id=job.id, number=1, fencing_token=1, state="SUCCEEDED", placement=[], started_at=start,
+                      first_step_at=first, ended_at=first + timedelta(seconds=sum(step_s)))  # fmt: skip
+    db.add(attempt)
+    db.flush()
+    db.add(Usage(team_id=job.team_id, job_id=job.id, attempt_id=attempt.id, gpu_type=gpu_type, gpus=job.gpus or 1,
+                 started_at=start, ended_at=attempt.ended_at))  # fmt: skip
+    db.add_all(JobMetric(job_id=job.id, attempt_id=attempt.id, step=i + 1, step_time_s=t, loss=1.0)
+               for i, t in enumerate(step_s))  # fmt: skip
+    db.flush()
+    return job
+
+
+def _estimate(client: TestClient, world: World, body: dict[str, Any]) -> dict[str, Any]:
+    r = client.post("/v1/estimates", json=body, headers=world.h("member"))
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _option(answer: dict[str, Any], **config: Any) -> dict[str, Any]:
+    found = [o for o in answer["options"] if all(o[k] == v for k, v in config.items())]
+    assert len(found) == 1, (config, [o["description"] for o in answer["options"]])
+    return found[0]
+
+
+def test_without_history_memory_is_predicted_and_step_time_said_unknown(
+    client: TestClient, world: World, db: Session
+) -> None:  # fmt: skip
+    _hosts(db)
+    answer = _estimate(client, world, _gpu_spec(name="new"))
+    assert answer["measured_runs"] == 0
+    assert answer["summary"].startswith("no measured history of this recipe yet")
+    assert answer["recommended"] is None
+    written = answer["options"][0]
+    assert (written["gpu_type"], written["gpus"], written["parallelism"], written["compiled"]) == ("H200", 1, "single",
+                                                                                                   True)  # fmt: skip
+    assert written["changes"] == {}
+    assert written["memory_basis"] == "predicted" and written["fits"] is True
+    assert written["step_time"] is None and written["gpu_hours"] is None
+    # every GPU type the cluster has, 1 and 2 GPUs of the H200 (the global batch of 8 kept: 4 a rank), one H100
+    assert {(o["gpu_type"], o["gpus"]) for o in answer["options"]} == {("H200", 1), ("H200", 2), ("H100-80GB", 1)}
+    two = _option(answer, gpu_type="H200", gpus=2, parallelism="fsdp", compiled=True)
+    assert two["changes"] == {"resources.gpus": 2, "recipe.hyperparameters.batch_size": 4, "parallelism": "fsdp"}
+    assert two["peak_memory_bytes"] < written["peak_memory_bytes"]  # sharded, and half the batch a rank
+    assert not any(o["gpu_share"] for o in answer["options"])  # no host runs MPS
+    assert any("MPS" in n for n in answer["notes"])
+
+
+def test_measured_history_picks_the_cheapest_that_meets_the_deadline(
+    client: TestClient, world: World, db: Session
+) -> None:  # fmt: skip
+    _hosts(db)
+    # compiled: 30 s to its first step, then 0.10 s a step; eager: 2 s, then 0.12 s; each run's first fifth of steps
+    # is warm-up, left out (1 s here); and the same global batch on 2 GPUs (4 a rank), compiled, 0.07 s a step
+    _ran(client, world, db, _gpu_spec(name="compiled"), startup_s=30, step_s=[1.0] * 20 + [0.1] * 80)
+    _ran(client, world, db, _gpu_spec(name="eager", compile={"mode": "off"}), startup_s=2,
+         step_s=[1.0] * 20 + [0.12] * 70 + [0.14] * 10)  # fmt: skip
+    wide = {"name": "gpt", "hyperparameters": {"size": "mini", "batch_size": 4}}
+    _ran(client, world, db, _gpu_spec(name="wide", recipe=wide, resources={"gpus": 2, "gpu_type": "H200"},
+                                      parallelism="ddp"), startup_s=30, step_s=[0.07] * 100)  # fmt: skip
+    answer = _estimate(client, world, _gpu_spec(name="next"))
+    assert answer["measured_runs"] == 3
+    compiled, eager = answer["options"][0], _option(answer, gpu_type="H200", gpus=1, compiled=False)
+    assert compiled["step_time"]["basis"] == "measured" and compiled["step_time"]["median_s"] == pytest.approx(0.1)
+    assert compiled["step_time"]["startup_s"] == pytest.approx(30)
+    assert compiled["gpu_hours"] == pytest.approx((30 + 1000 * 0.1) / 3600)
+    assert compiled["cost"] == pytest.approx(compiled["gpu_hours"] * 4.5)  # the H200's default price
+    assert eager["step_time"]["high_s"] == pytest.approx(0.14)  # its spread: the 90th percentile
+    assert eager["gpu_hours"] == pytest.approx((2 + 1000 * 0.12) / 3600)
+    assert answer["options"][answer["recommended"]] == eager  # 122 s against 130 s for 1,000 steps
+    assert eager["changes"] == {"compile.mode": "off"}
+    assert "6% less" in answer["summary"]
+    ddp = _option(answer, gpu_type="H200", gpus=2, parallelism="ddp", compiled=True)
+    assert ddp["step_time"]["basis"] == "measured" and ddp["hours"] == pytest.approx(100 / 3600)
+    assert ddp["gpu_hours"] == pytest.approx(200 / 3600)
+    # No measured H100 run, no other shape of the recipe there: said, not made up
+    assert _option(answer, gpu_type="H100-80GB", gpus=1, compiled=True)["step_time"] is None
+
+    # A deadline 110 s away: only the 2-GPU run (100 s) ends before it, at more GPU-hours
+    soon = (utcnow() + timedelta(seconds=110)).isoformat()
+    answer = _estimate(client, world, _gpu_spec(name="next", sla={"deadline": soon}))
+    best = answer["options"][answer["recommended"]]
+    assert best["changes"] == {"resources.gpus": 2, "recipe.hyperparameters.batch_size": 4, "parallelism": "ddp"}
+    assert best["meets_deadline"] is True and answer["options"][0]["meets_deadline"] is False
+    assert any("queue" in n for n in answer["notes"])
+
+
+def test_a_shape_never_run_is_scaled_from_one_that_was(client: TestClient, world: World, db: Session) -> None:
+    _hosts(db)
+    _ran(client, world, db, _gpu_spec(name="measured"), startup_s=10, step_s=[0.2] * 50)
+    doubled = _gpu_spec(name="bigger", recipe={"name": "gpt", "hyperparameters": {"size": "mini", "batch_size": 16}})
+    answer = _estimate(client, world, doubled)
+    step = answer["options"][0]["step_time"]
+    assert step["basis"] == "scaled" and "not measured" in step["detail"]
+    assert step["median_s"] == pytest.approx(0.4)  # twice the tokens a rank, twice the FLOPs
+    # the same shape on 2 GPUs (8 a rank) is the measured 1-GPU shape's work per rank: scaled x1
+    two = _option(answer, gpu_type="H200", gpus=2, parallelism="ddp", compiled=True)
+    assert two["step_time"]["median_s"] == pytest.approx(0.2)
+    assert two["gpu_hours"] == pytest.approx(2 * (10 + 1000 * 0.2) / 3600)
+
+
+def test_bad_input_is_problem_json(client: TestClient, world: World) -> None:
+    r = client.post("/v1/estimates", json=_gpu_spec(name="x", steps=0), headers=world.h("member"))
+    assert r.status_code == 422
+    assert r.headers["content-type"].startswith("application/problem+json")
+    assert r.json()["errors"][0]["loc"] == "steps"
+    bad = {**MINI, "hyperparameters": {"size": "mini", "batch_sise": 8}}
+    r = client.post("/v1/estimates", json=_gpu_spec(name="x", recipe=bad), headers=world.h("member"))
+    assert r.status_code == 422 and "did you mean 'batch_size'" in r.text
+    r = client.post("/v1/estimates", json=_gpu_spec(name="x", team="gamma"), headers=world.h("member"))
+    assert r.status_code == 404
+    r = client.post("/v1/estimates", json=_gpu_spec(name="x"))
+    assert r.status_code == 401
+
+
+def test_yaml_body_and_nothing_created(client: TestClient, world: World, db: Session) -> None:
+    before = db.query(Job).count()
+    text = "name: y\nteam: alpha\nrecipe: {name: gpt}\nresources: {gpus: 0, cpu_slots: 1}\nsteps: 5\n"
+    r = client.post("/v1/estimates", content=text,
+                    headers={**world.h("viewer"), "Content-Type": "application/yaml"})  # fmt: skip
+    assert r.status_code == 200, r.text
+    options = r.json()["options"]
+    assert options[0]["gpu_type"] == "cpu" and options[0]["peak_memory_bytes"] is None
+    assert db.query(Job).count() == before
