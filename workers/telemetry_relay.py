@@ -23,11 +23,12 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from core.forecast_errors import PEAK_MEMORY, TRAINER
 from core.lifecycle import stop_cause
 from core.models import Attempt, Checkpoint, Job, JobMetric
 from core.private import read_regular
 from core.repositories import checkpoints as checkpoints_repo
-from core.services import sweep_stopping
+from core.services import forecasts, sweep_stopping
 from core.trainer_protocol import TELEMETRY_DIR, RecordKind
 from core.transitions import record_event
 
@@ -179,6 +180,7 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
                 message=f"predicted peak memory {rec.get('predicted_peak_bytes')} bytes",
                 data={k: v for k, v in rec.items() if k not in ("kind", "ts")},
             )
+            _predicted_memory(session, job=job, rec=rec)
         elif kind == RecordKind.EVAL and rank == 0:
             _evaluation(session, job=job, attempt=attempt, rec=rec, judge=judge)
         elif kind == RecordKind.DONE and rank == 0:
@@ -225,6 +227,21 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
                 extra={"gpu": gpu_samples[-8:]},
             )
         )  # fmt: skip
+
+
+def _predicted_memory(session: Session, *, job: Job, rec: dict[str, Any]) -> None:
+    """The trainer's prediction, held to account against the job's measured peak (the first attempt's is kept)."""
+    predicted = _int(rec.get("predicted_peak_bytes"))
+    if predicted:
+        forecasts.record_forecast(
+            session,
+            job=job,
+            kind=PEAK_MEMORY,
+            source=TRAINER,
+            predicted=float(predicted),
+            made_at=_ts(rec),
+            note="predicted by the trainer on its device",
+        )
 
 
 def _evaluation(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any], judge: bool) -> None:

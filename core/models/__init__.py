@@ -3,6 +3,7 @@
 from core.models.artifacts import Artifact
 from core.models.cluster import GPU, Deployment, Host, SchedulerLease
 from core.models.datasets import Dataset
+from core.models.forecasts import Forecast
 from core.models.jobs import (
     Attempt,
     Checkpoint,
@@ -38,6 +39,7 @@ __all__ = [
     "Dataset",
     "Deployment",
     "Event",
+    "Forecast",
     "Host",
     "Job",
     "JobDependency",

@@ -26,6 +26,7 @@ from core.policy_config import PolicyConfig
 from core.repositories import jobs as jobs_repo
 from core.services.why import StartForecast
 from scheduler.live.loader import load_snapshot
+from scheduler.policy.snapshot import Snapshot
 from scheduler.simulate.projection import Start, project, scenarios
 
 INF = math.inf
@@ -40,16 +41,29 @@ BUDGET_S = 0.5
 def forecast_start(db: Session, job: Job, *, now: datetime, policy: PolicyConfig) -> StartForecast:
     """When and where ``job`` (queued) would start as the queue stands, or why that cannot be known."""
     snapshot = load_snapshot(db=db, now=now, half_life_s=policy.fairshare_half_life_s)
-    rates = _measured_rates(db, now)
-    early, late = scenarios(snapshot, rates, policy.time_limit_grace_s)
-    first, last = (
-        project(snapshot, policy, job.id, ends, horizon_s=HORIZON_S, max_events=MAX_EVENTS, budget_s=BUDGET_S)
-        for ends in (early, late)
-    )
-    return _said(first, last, measured=bool(rates), running={r.id for r in snapshot.running})
+    return StartProjector(snapshot, measured_rates(db, now), policy).forecast(job.id)
 
 
-def _measured_rates(db: Session, now: datetime) -> dict[int, tuple[float, float]]:
+class StartProjector:
+    """Forecasts for the pending jobs of one snapshot, its two scenarios computed once: the scheduler's pass
+    forecasts each newly queued job of its own snapshot (``scheduler.live.forecast_record``)."""
+
+    def __init__(self, snapshot: Snapshot, rates: dict[int, tuple[float, float]], policy: PolicyConfig) -> None:
+        self.snapshot, self.policy, self.measured = snapshot, policy, bool(rates)
+        self.scenarios = scenarios(snapshot, rates, policy.time_limit_grace_s)
+        self.running = {r.id for r in snapshot.running}
+
+    def forecast(self, job_id: int) -> StartForecast:
+        first, last = (
+            project(
+                self.snapshot, self.policy, job_id, ends, horizon_s=HORIZON_S, max_events=MAX_EVENTS, budget_s=BUDGET_S
+            )
+            for ends in self.scenarios
+        )
+        return _said(first, last, measured=self.measured, running=self.running)
+
+
+def measured_rates(db: Session, now: datetime) -> dict[int, tuple[float, float]]:
     """Running job -> (steps left, steps per second of its current attempt), where it has trained a step."""
     out: dict[int, tuple[float, float]] = {}
     for job, attempt in jobs_repo.active_jobs(db):

@@ -24,6 +24,7 @@ from core.services.sweep_search import propose_due
 from core.settings import Settings, get_settings
 from scheduler.live import sla
 from scheduler.live.apply import Dispatch, apply_all
+from scheduler.live.forecast_record import Recorded, record_pass
 from scheduler.live.leader import LOCK_KEY, Leadership, LeadershipLost, leadership_for
 from scheduler.live.loader import load_snapshot
 from scheduler.live.metrics import SchedulerMetrics
@@ -49,6 +50,7 @@ class CycleResult:
     dispatched: int = 0
     dispatch_errors: int = 0
     dispatch_s: list[float] = field(default_factory=list)  # each message's send time
+    forecasts: Recorded = Recorded(0, 0)  # first start forecasts made, forecasts settled (after the commit)
     plan_s: float = 0.0
     total_s: float = 0.0
 
@@ -115,6 +117,9 @@ def run_cycle(
     result.pending = len(decisions.pending)
     result.reasons_written = applied.reasons_written
     result.dispatched, result.dispatch_errors = _dispatch(applied.dispatches, dispatch, result.dispatch_s)
+    result.forecasts = record_pass(
+        session_factory=session_factory, snapshot=snapshot, policy=policy, now=now, leadership=leadership
+    )
     result.total_s = time.perf_counter() - started
     return result
 

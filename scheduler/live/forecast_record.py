@@ -1,0 +1,113 @@
+"""The scheduler's part in holding forecasts to account (``core.services.forecasts``).
+
+After each cycle, in a transaction of its own (the cycle's locks are released and its attempts dispatched first):
+
+* every job of the cycle's snapshot that waits in the queue for the first time and has no start forecast gets the
+  one ``kiln why`` would have given then: the same projection (``StartProjector``) over the cycle's own snapshot,
+  taken before ``plan()``, so a job this cycle admitted is forecast to start now, as it was; a reason no clock
+  bounds (a dependency, a budget) is recorded as "cannot be known", as ``kiln why`` says it. The memory predicted
+  at submit is recorded with it (the trainer's own prediction replaces it on the job once the job runs);
+* every forecast whose job can now tell what happened is settled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from core.forecast_errors import PEAK_MEMORY, SCHEDULER, START_TIME, SUBMIT
+from core.policy_config import PolicyConfig
+from core.repositories import forecasts as forecasts_repo
+from core.services import forecasts, why
+from scheduler.live.forecast import StartProjector, measured_rates
+from scheduler.live.leader import Leadership, LeadershipLost
+from scheduler.policy.snapshot import Snapshot
+
+log = logging.getLogger(__name__)
+
+# Projections started per pass stop after this long (one takes 10-20 ms behind a few running jobs, up to 1 s for a
+# job 40 ends away on 320 GPUs): a burst of submissions is forecast over the next passes, each at its own time.
+BUDGET_S = 1.0
+
+
+@dataclass(frozen=True)
+class Recorded:
+    forecast: int  # jobs given their first start forecast
+    settled: int  # forecasts settled against what their job measured
+
+
+def record_pass(
+    *,
+    session_factory: Callable[[], Session],
+    snapshot: Snapshot,
+    policy: PolicyConfig,
+    now: datetime,
+    leadership: Leadership | None = None,
+) -> Recorded:
+    """Forecast the newly queued jobs of ``snapshot`` and settle what can be; a failure is logged, never the
+    cycle's (which has committed)."""
+    db = session_factory()
+    try:
+        if leadership is not None:
+            leadership.hold(db)
+        made = record_starts(db, snapshot, policy, now)
+        settled = forecasts.settle(db, now=now)
+        db.commit()
+        return Recorded(made, settled)
+    except LeadershipLost:
+        db.rollback()
+        raise
+    except Exception:
+        db.rollback()
+        log.exception("recording forecasts failed; the next cycle tries again")
+        return Recorded(0, 0)
+    finally:
+        db.close()
+
+
+def record_starts(db: Session, snapshot: Snapshot, policy: PolicyConfig, now: datetime) -> int:
+    """The first start forecast (and the memory predicted at submit) of each job of ``snapshot`` queued for the
+    first time, oldest first, within ``BUDGET_S``."""
+    memory = {p.id: p.memory_bytes for p in snapshot.pending}
+    jobs = forecasts_repo.never_forecast(db, kind=START_TIME, source=SCHEDULER, job_ids=memory)
+    if not jobs:
+        return 0
+    projector = StartProjector(snapshot, measured_rates(db, now), policy)
+    deadline = time.perf_counter() + BUDGET_S
+    made = 0
+    for job in jobs:
+        if time.perf_counter() > deadline:
+            break
+        said = why.expected_start(db, job, lambda _db, queued, _now: projector.forecast(queued.id), now)
+        forecasts.record_forecast(
+            db,
+            job=job,
+            kind=START_TIME,
+            source=SCHEDULER,
+            predicted=_after(said.earliest, now),
+            predicted_high=_after(said.latest, now),
+            note=said.basis,
+            made_at=now,
+        )
+        submitted = memory[job.id]  # the predictor's figure at submit (the trainer's replaces it once it runs)
+        if submitted:
+            forecasts.record_forecast(
+                db,
+                job=job,
+                kind=PEAK_MEMORY,
+                source=SUBMIT,
+                predicted=float(submitted),
+                note="predicted at submit",
+                made_at=job.submitted_at,
+            )
+        made += 1
+    return made
+
+
+def _after(at: datetime | None, now: datetime) -> float | None:
+    return None if at is None else max(0.0, (at - now).total_seconds())
