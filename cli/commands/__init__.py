@@ -5,5 +5,5 @@ order whichever of them is imported first.
 """
 
 # isort: off
-from cli.commands import access, jobs, reuse, teams, admin, webhooks, checkpoints  # noqa: F401
+from cli.commands import access, jobs, estimate, reuse, teams, admin, webhooks, checkpoints  # noqa: F401
 # isort: on

@@ -23,6 +23,7 @@ from core.spec import JobSpec, check_recipe
 # kiln's own training settings that do not change a step's work (the optimiser, its schedule, the guards' cadence):
 # left out of a shape's key so that a sweep over them is one shape. Gradient accumulation does change it.
 NOT_SHAPE = frozenset(TrainingHyperparameters.model_fields) - {"grad_accum"}
+UNSAID = {("dropout", 0.0), ("grad_accum", 1)}  # defaults a shape's label leaves out
 
 
 def resolved_precision(spec: JobSpec) -> str:
@@ -42,7 +43,8 @@ def shape_of(spec: JobSpec, hp: TrainingHyperparameters | None) -> Shape:
         fields = {**vars(shape), "grad_accum": hp.grad_accum}
         key = " ".join(f"{k}={v}" for k, v in fields.items())
         flops = shape.flops_per_item() * shape.items_per_batch() * hp.grad_accum
-        return Shape(recipe, key, flops, f"{recipe} ({key})")
+        label = " ".join(f"{k}={v}" for k, v in fields.items() if (k, v) not in UNSAID)
+        return Shape(recipe, key, flops, f"{recipe} ({label})")
     if spec.command is not None:
         return Shape(recipe, " ".join(spec.command), None, f"script {' '.join(spec.command)}")
     assert spec.recipe is not None

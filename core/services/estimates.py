@@ -152,15 +152,15 @@ def _option(spec: JobSpec, hp: TrainingHyperparameters | None, config: est.Confi
             cluster: _Cluster) -> est.Option:  # fmt: skip
     hp_here = hp
     changes: dict[str, object] = {}
-    if hp is not None and config.count != written.count and hasattr(hp, "batch_size"):
-        per_rank = hp.batch_size * written.count // config.count
-        hp_here = hp.model_copy(update={"batch_size": per_rank})
-        changes["recipe.hyperparameters.batch_size"] = per_rank
     if config.device != written.device:
         changes["resources.gpu_type"] = config.device
     if config.count != written.count:
         changes["resources.gpus" if config.device != "cpu" else "resources.cpu_slots"] = config.count
-    if config.parallelism != written.parallelism and config.parallelism != est.SINGLE:
+        if hp is not None and hasattr(hp, "batch_size"):
+            per_rank = hp.batch_size * written.count // config.count
+            hp_here = hp.model_copy(update={"batch_size": per_rank})
+            changes["recipe.hyperparameters.batch_size"] = per_rank
+    if config.parallelism not in (est.SINGLE, _written_parallelism(spec, written)):
         changes["parallelism"] = config.parallelism
     if config.compiled != written.compiled:
         changes["compile.mode"] = "auto" if config.compiled else "off"
@@ -169,6 +169,14 @@ def _option(spec: JobSpec, hp: TrainingHyperparameters | None, config: est.Confi
     return est.Option(config, shape_of(spec, hp_here), changes, _memory(config, hp_here),
                       "predicted" if hp_here is not None and config.device != "cpu" else None,
                       _capacity(config, spec, cluster))  # fmt: skip
+
+
+def _written_parallelism(spec: JobSpec, written: est.Config) -> str:
+    """What the spec's parallelism comes to on more than one GPU: as written, or what ``auto`` resolved to (DDP
+    where the written job is one process)."""
+    if spec.parallelism != "auto":
+        return spec.parallelism
+    return written.parallelism if written.parallelism != est.SINGLE else "ddp"
 
 
 def _memory(config: est.Config, hp: TrainingHyperparameters | None) -> int | None:
@@ -215,7 +223,7 @@ def _summary(options: list[est.Option], best: int | None, runs: list[est.Run], c
              deadline: datetime | None) -> str:  # fmt: skip
     if not runs:
         return ("no measured history of this recipe yet: step time, GPU-hours and cost cannot be estimated (memory is "
-                "predicted); run it once, and the next estimate has its measurements")  # fmt: skip
+                "predicted where kiln can); run it once, and the next estimate has its measurements")  # fmt: skip
     written = options[0]
     if best is None:
         why = "meets the deadline" if deadline is not None else "fits"
@@ -235,10 +243,11 @@ def _money(o: est.Option, currency: str) -> str:
 
 
 def _notes(spec: JobSpec, hp: TrainingHyperparameters | None, cluster: _Cluster) -> list[str]:
-    notes = [
-        "activation checkpointing: no built-in recipe has it, so it is not an option",
-        "step times are not carried from one GPU type to another: a type with no run of this recipe has none",
-    ]
+    notes = ["activation checkpointing: no built-in recipe has it, so it is not an option"]
+    if spec.resources.gpus:
+        notes.append(
+            "step times are not carried from one GPU type to another: a type with no run of this recipe has none"
+        )
     if spec.sla.deadline:
         notes.append("the deadline is met if the run alone ends before it: time in the queue is not counted")
     if hp is None:
