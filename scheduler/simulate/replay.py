@@ -19,10 +19,14 @@ Model (stated, so the figures can be judged):
   its work as not done (not in ``util_makespan``) and its JCT is left out of the mean (the table's JCT is over the
   jobs that finished).
 * **what the policy knows** (``Submission`` and the observed state only; no job view carries the trace's
-  runtime): the user's time limit, modelled as users give them: none for 40% of jobs; otherwise the run time
-  times a log-normal overestimate (median 3x, sigma 0.8, at least 1.1x), rounded up to 1, 2, 4, 8, 12 h, 1, 2, 3,
-  5, 7, 14, 30 or 60 days (seeded per job id, ``user_time_limit``); the job's attained service (seconds its
-  earlier attempts ran); the team's finished jobs (their run times and the share of their limits they used).
+  runtime): the user's time limit, modelled as users give them (``scheduler.simulate.limits``, ``--limits``): none
+  for 40% of jobs; otherwise the run time times a log-normal overestimate (median 3x, sigma 0.8, at least 1.1x),
+  rounded up to 1, 2, 4, 8, 12 h, 1, 2, 3, 5, 7, 14, 30 or 60 days (seeded per job id); with ``--limits
+  underestimating`` a share of the limits (15%) is below the run time instead: such a job is killed at its limit,
+  its run lost, and resubmitted by its user 30 minutes later with twice the limit, as a new job (its JCT counts
+  from the first submission, its waits all count, its killed runs are ``lost_gpu_h``); the job's attained service
+  (seconds its earlier attempts ran); the team's finished jobs (their run times and the share of their limits they
+  used).
   The one exception is the ``sjf-oracle`` baseline, given each job's true runtime as its limit: a bound, not a
   policy one can run.
 * each trace job gets a team and a QoS class from SHA-256 of its id: byte 0 picks the class (15% gold, 30% silver,
@@ -36,6 +40,9 @@ Model (stated, so the figures can be judged):
   its aging age), and every ``--period`` seconds while jobs wait (the live loop's timer).
 * utilisation: ``util_makespan`` = useful GPU time (the trace's work, the same for every policy) over each
   policy's own makespan; ``busy_window`` = GPU time held (useful or lost) over the submission window.
+
+``--holdout`` replays EASY and kiln on the parts of the trace the defaults were not tuned on
+(``scheduler.simulate.holdout``).
 
 Policies: ``fifo`` (strict, the head blocks); ``easy`` (EASY backfill: FIFO, the head reserves, later jobs
 backfill on their time limits; jobs without one do not backfill into a reservation); ``priority`` (Slurm
@@ -56,18 +63,28 @@ import random
 import statistics
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from core.policy_config import PolicyConfig
 from core.settings import get_settings
 from core.states import JobState, Reason
 from scheduler.policy.plan import plan
 from scheduler.policy.snapshot import ANY, HostInfo, PendingJob, PlacedHost, QuotaInfo, RunningJob, Snapshot, TeamInfo
+from scheduler.simulate import holdout
+from scheduler.simulate.limits import (
+    LIMIT_SEED,
+    MODELS,
+    OVERESTIMATING,
+    RESUBMIT_DELAY_S,
+    LimitModel,
+    resubmitted_limit,
+)
+from scheduler.simulate.limits import model as limit_model
 from scheduler.simulate.synthetic import gpu_cluster
 
 CLASSES = {"gold": (1000, False, 1800.0), "silver": (500, False, 7200.0), "bronze": (200, True, 28800.0),
@@ -81,11 +98,6 @@ WARM_COMPILE_S = 60.0  # and compiles from the warm cache (bench/results/compile
 RESTART_S = RESTORE_S + WARM_COMPILE_S
 CYCLE_S = 3600.0  # a cycle at least this often while jobs wait
 HISTORY = 200  # finished jobs per team the policy is told about
-LIMIT_SEED = 16
-NO_LIMIT_SHARE = 0.4
-OVERESTIMATE_MEDIAN = 3.0
-OVERESTIMATE_SIGMA = 0.8
-LIMIT_LADDER_H = (1, 2, 4, 8, 12, 24, 48, 72, 120, 168, 336, 720, 1440)
 ORACLE = "sjf-oracle"
 
 
@@ -138,25 +150,20 @@ class Submission:
     time_limit_s: float | None
 
 
+class Observer(Protocol):
+    """Watches a replay from outside the policy (the start-time forecast measurement): told of each cycle's new
+    submissions with the snapshot ``plan()`` is about to get, and of every start."""
+
+    def submitted(self, sim: Simulation, snapshot: Snapshot, job_ids: list[int]) -> None: ...
+
+    def started(self, job_id: int, now: float) -> None: ...
+
+
 def qos_and_team(job_id: str) -> tuple[str, int]:
     digest = hashlib.sha256(job_id.encode()).digest()
     pct = digest[0] * 100 // 256
     qos = "gold" if pct < 15 else "silver" if pct < 45 else "bronze" if pct < 75 else "best-effort"
     return qos, digest[1] % TEAMS
-
-
-def user_time_limit(job_id: str, work: float, seed: int = LIMIT_SEED) -> float | None:
-    """The time limit a user gives: none for ``NO_LIMIT_SHARE`` of jobs; otherwise the run time times a
-    log-normal overestimate (median ``OVERESTIMATE_MEDIAN``, at least 1.1: a limit below the run time would have
-    killed a job that, in the trace, finished), rounded up to the round figures users type. Seeded per job id."""
-    rng = random.Random(f"{seed}:{job_id}")
-    if rng.random() < NO_LIMIT_SHARE:
-        return None
-    want = work * max(1.1, rng.lognormvariate(math.log(OVERESTIMATE_MEDIAN), OVERESTIMATE_SIGMA))
-    for hours in LIMIT_LADDER_H:
-        if hours * 3600.0 >= want:
-            return hours * 3600.0
-    return math.ceil(want / 86400.0) * 86400.0
 
 
 def _parse_ts(text: str) -> float:
@@ -215,6 +222,17 @@ class SimJob:
     preempting: bool = False
     miss_reason: str | None = None  # its pending reason when its waits went past its max queue wait
     placement: tuple[PlacedHost, ...] = ()
+    # Killed at a time limit below its run time and resubmitted (the underestimating limit model): ``sub`` is then
+    # the resubmission, a new job to kiln (its own limit, wait budget and attempts), ``original`` the first one.
+    original: Submission | None = None
+    kills: int = 0
+    waited_before_s: float = 0.0  # queued_s when the current submission was made
+    first_attempt: int = 0  # ``attempt`` when the current submission was made
+
+    @property
+    def submitted_at(self) -> float:
+        """When the user first submitted the job: its completion time counts from there, resubmissions included."""
+        return (self.original or self.sub).submit
 
 
 @dataclass
@@ -234,6 +252,7 @@ class Result:
     window: float = 0.0
     teams: list[tuple[float, float]] = field(default_factory=list)  # per team: (GPU-seconds used, borrowed)
     oracle: bool = False
+    limits: str = OVERESTIMATING.name
 
 
 def window_utilisation(r: Result) -> float:
@@ -259,7 +278,8 @@ def idle_while_queued_gpu_h(r: Result) -> float:
 class Simulation:
     def __init__(self, trace: Sequence[TraceJob], hosts: tuple[HostInfo, ...], config: PolicyConfig, *,
                  tick: float = 0.0, period: float = CYCLE_S, oracle: bool = False,
-                 limit_seed: int = LIMIT_SEED) -> None:  # fmt: skip
+                 limit_seed: int = LIMIT_SEED, limits: LimitModel = OVERESTIMATING,
+                 observer: Observer | None = None) -> None:  # fmt: skip
         self.hosts = hosts
         self.gpus = sum(len(h.gpus) for h in hosts)
         self.config = config
@@ -277,7 +297,7 @@ class Simulation:
         for i, tj in enumerate(trace, 1):
             qos, team = qos_and_team(tj.id)
             # The oracle baseline is told each job's true run time as its time limit: an exact estimate.
-            limit = tj.work if oracle else user_time_limit(tj.id, tj.work, limit_seed)
+            limit = tj.work if oracle else limits.draw(tj.id, tj.work, limit_seed)
             self.jobs[i] = SimJob(Submission(i, tj.id, tj.gpus, tj.submit, qos, team, limit))
             self._work[i] = tj.work
             self.arrivals.append((tj.submit, i))
@@ -292,6 +312,11 @@ class Simulation:
         self.history: list[list[tuple[float, float | None]]] = [[] for _ in range(TEAMS)]  # (run time, limit)
         self.teams_view: tuple[TeamInfo, ...] | None = None
         self.views: dict[int, tuple[int, float | None, RunningJob]] = {}  # job -> (attempt, checkpoint, view)
+        self.limits = limits
+        self.resubmitting = 0  # jobs killed at their limit whose users have not resubmitted them yet
+        self.kills = 0
+        self.observer = observer
+        self.submitted_now: list[int] = []  # submissions since the last cycle, for the observer
 
     def push(self, t: float, job: int, kind: str, attempt: int = 0) -> None:
         self.seq += 1
@@ -303,7 +328,8 @@ class Simulation:
         sj = self.jobs[jid]
         sub = sj.sub
         prio, pre, max_wait = CLASSES[sub.qos]
-        budget = None if max_wait is None else max(0.0, max_wait - sj.queued_s)  # all waits count
+        # All waits of this submission count (a resubmission is a new job, with a budget of its own).
+        budget = None if max_wait is None else max(0.0, max_wait - sj.queued_s + sj.waited_before_s)
         return PendingJob(
             id=jid, team_id=sub.team, qos=sub.qos, qos_priority=prio, preemptible=pre, gpus=sub.gpus,
             submitted_at=sub.submit, gpus_per_node=8 if sub.gpus > 8 and sub.gpus % 8 == 0 else None,
@@ -373,6 +399,11 @@ class Simulation:
             self.borrowed_gpu_s[i] += max(0, per_team[i] - self.nominal[i]) * dt
         self.usage_t = now
 
+    def _submit(self, jid: int, now: float) -> None:
+        """A user submits the job (or resubmits it): queued, and the observer told at the next cycle."""
+        self._enqueue(jid, now)
+        self.submitted_now.append(jid)
+
     def _enqueue(self, jid: int, now: float) -> None:
         sj = self.jobs[jid]
         sj.queued_since = now
@@ -380,10 +411,10 @@ class Simulation:
         sub = sj.sub
         max_wait = CLASSES[sub.qos][2]
         if max_wait is not None:  # cycles when its standing changes: at risk of its SLA, near breach
-            budget = max(0.0, max_wait - sj.queued_s)
+            budget = max(0.0, max_wait - sj.queued_s + sj.waited_before_s)
             for frac in (self.config.sla_reserve_fraction, 0.9):
                 self.push(now + frac * budget, jid, "wake", sj.attempt)
-        elif self.config.starvation_age_s is not None and sj.attempt == 0:
+        elif self.config.starvation_age_s is not None and sj.attempt == sj.first_attempt:
             self.push(sub.submit + self.config.starvation_age_s, jid, "wake", sj.attempt)
 
     def _start(self, jid: int, placement: tuple[PlacedHost, ...], now: float, reason: str | None) -> None:
@@ -400,11 +431,18 @@ class Simulation:
             sj.first_start = now
         sj.attempt += 1
         sj.attempt_start = now
-        sj.overhead = RESTART_S if sj.attempt > 1 else 0.0  # a restart restores its checkpoint, compiles warm
+        # A restart restores its checkpoint and compiles warm; a resubmission starts afresh, as the first did.
+        sj.overhead = RESTART_S if sj.attempt > sj.first_attempt + 1 else 0.0
         sj.placement = placement
         sj.preempting = False
         self.running[jid] = self._running_view(jid, now)
         self.push(now + sj.overhead + self._work[jid] - sj.progress, jid, "end", sj.attempt)
+        limit = sj.sub.time_limit_s
+        if limit is not None:  # a cycle once it is past its limit and the grace, as the live loop's timer would run
+            kill_at = now + limit - sj.attained_s + self.config.time_limit_grace_s + 1.0
+            self.push(max(now, kill_at), jid, "limit", sj.attempt)
+        if self.observer is not None:
+            self.observer.started(jid, now)
 
     def _release(self, jid: int, now: float, useful: float) -> None:
         """The attempt ends at ``now`` having added ``useful`` seconds of lasting progress."""
@@ -419,8 +457,12 @@ class Simulation:
 
     def _event(self, t: float, jid: int, kind: str, attempt: int) -> None:
         sj = self.jobs[jid]
-        if kind == "wake" or jid not in self.running or attempt != sj.attempt:
+        if kind == "resubmit":
+            self.resubmitting -= 1
+            self._submit(jid, t)
             return
+        if kind in ("wake", "limit") or jid not in self.running or attempt != sj.attempt:
+            return  # a wake or a limit only makes the cycle run; plan() decides
         if kind == "end":  # finished (also when a preemption was asked too late to matter)
             self._release(jid, t, self._work[jid] - sj.progress)
             sj.finish = t
@@ -433,6 +475,8 @@ class Simulation:
     def _stale(self, event: tuple[float, int, int, str, int]) -> bool:
         _t, _seq, jid, kind, attempt = event
         sj = self.jobs[jid]
+        if kind == "resubmit":
+            return False
         if attempt != sj.attempt:
             return True
         if kind == "wake":
@@ -458,6 +502,26 @@ class Simulation:
         self._release(jid, now, 0.0)
         sj.failed = message
 
+    def _kill_and_resubmit(self, jid: int, now: float) -> None:
+        """Killed at its time limit: everything the job ran is lost (a new kiln job resumes nothing of it, so the
+        progress its earlier attempts kept is lost too), and its user submits it again, with a longer limit."""
+        sj = self.jobs[jid]
+        kept = sj.progress
+        self._release(jid, now, 0.0)
+        self.lost_gpu_s += sj.sub.gpus * kept
+        self.kills += 1
+        sj.kills += 1
+        sj.original = sj.original or sj.sub
+        assert sj.sub.time_limit_s is not None  # only a job with a limit is killed at it
+        again = now + RESUBMIT_DELAY_S
+        sj.sub = replace(sj.sub, submit=again, time_limit_s=resubmitted_limit(sj.sub.time_limit_s))
+        sj.progress = sj.attained_s = 0.0
+        sj.preemptions = 0
+        sj.waited_before_s = sj.queued_s
+        sj.first_attempt = sj.attempt
+        self.resubmitting += 1
+        self.push(again, jid, "resubmit", sj.attempt)
+
     def run(self, name: str) -> Result:
         arrivals = sorted(self.arrivals)
         ai = 0
@@ -466,7 +530,7 @@ class Simulation:
         plan_s: list[float] = []
         series: list[tuple[float, int, int]] = []
         last_cycle = -math.inf
-        while ai < len(arrivals) or self.running or self.pending:
+        while ai < len(arrivals) or self.running or self.pending or self.resubmitting:
             while self.events and self._stale(self.events[0]):
                 # Superseded (an end of an attempt that was preempted, a wake for a wait that is over): no cycle for
                 # it, or the cycles' timing would tell plan() when a preempted attempt would have ended.
@@ -481,20 +545,26 @@ class Simulation:
             # one on every NOTIFY, and every ``period`` while jobs wait, as its timer does.
             now = max(now, math.ceil(nxt / self.tick) * self.tick if self.tick > 0 else nxt)
             while ai < len(arrivals) and arrivals[ai][0] <= now:
-                self._enqueue(arrivals[ai][1], now)
+                self._submit(arrivals[ai][1], now)
                 ai += 1
             while self.events and self.events[0][0] <= now:
                 t, _s, jid, kind, attempt = heapq.heappop(self.events)
                 self._event(t, jid, kind, attempt)
             self._decay(now)
             snap = self.snapshot(now)
+            if self.observer is not None and self.submitted_now:
+                self.observer.submitted(self, snap, self.submitted_now)
+            self.submitted_now = []
             t0 = time.perf_counter()
             decisions = plan(snap, self.config)
             plan_s.append(time.perf_counter() - t0)
             cycles += 1
             last_cycle = now
             for kill in decisions.time_limit_kills:
-                self._fail(kill.job_id, now, kill.message)
+                if self.limits.resubmit:
+                    self._kill_and_resubmit(kill.job_id, now)
+                else:
+                    self._fail(kill.job_id, now, kill.message)
             reasons = {w.job_id: w.reason for w in decisions.pending}
             for adm in decisions.admissions:
                 place = tuple(PlacedHost(p.host, p.gpus) for p in adm.placement)
@@ -515,12 +585,13 @@ class Simulation:
         work = sum(self._work[i] * j.sub.gpus for i, j in self.jobs.items() if j.finish is not None)
         return Result(name, list(self.jobs.values()), work, self.busy_gpu_s, self.lost_gpu_s, makespan, self.gpus,
                       self.preemptions, self.reclaims, cycles, plan_s, series, window,
-                      list(zip(self.used_gpu_s, self.borrowed_gpu_s, strict=True)), self.oracle)  # fmt: skip
+                      list(zip(self.used_gpu_s, self.borrowed_gpu_s, strict=True)), self.oracle,
+                      self.limits.name)  # fmt: skip
 
 
 def summarize(r: Result) -> dict[str, Any]:
     done = [j for j in r.jobs if j.finish is not None]
-    jct = [j.finish - j.sub.submit for j in done]  # type: ignore[operator]
+    jct = [j.finish - j.submitted_at for j in done]  # type: ignore[operator]
     wait = [j.queued_s for j in done]
 
     def stats(xs: list[float]) -> dict[str, float]:
@@ -550,6 +621,10 @@ def summarize(r: Result) -> dict[str, Any]:
         "jobs_finished": len(done),
         "jobs_total": len(r.jobs),
         "jobs_failed": sum(1 for j in r.jobs if j.failed),
+        "limits": r.limits,
+        # Killed at a limit below their run time and resubmitted (the underestimating model): their runs are lost.
+        "jobs_killed_at_limit": sum(1 for j in r.jobs if j.kills),
+        "kills_at_limit": sum(j.kills for j in r.jobs),
         "jct": stats(jct),
         "wait": stats(wait),
         "util_makespan": round(r.work_gpu_s / (r.gpus * r.makespan), 4) if r.makespan else 0.0,
@@ -642,11 +717,27 @@ def offered_load(trace: Sequence[TraceJob], gpus: int) -> float:
 
 
 def replay_one(trace: Sequence[TraceJob], hosts: int, gpus_per_host: int, name: str, tick: float,
-               period: float, limit_seed: int = LIMIT_SEED) -> Result:  # fmt: skip
+               period: float, limit_seed: int = LIMIT_SEED, limits: LimitModel = OVERESTIMATING) -> Result:  # fmt: skip
     config, oracle = policies()[name]
     sim = Simulation(trace, gpu_cluster(hosts, gpus_per_host), config, tick=tick, period=period, oracle=oracle,
-                     limit_seed=limit_seed)  # fmt: skip
+                     limit_seed=limit_seed, limits=limits)  # fmt: skip
     return sim.run(name)
+
+
+K = TypeVar("K")
+
+
+def replay_all(argsets: dict[K, tuple[Any, ...]], workers: int, finished: Callable[[K, Result], None]) -> None:
+    """``replay_one(*args)`` for each entry, each in its own process (at most ``workers``), ``finished`` called as
+    each is done (a long run can be read, or resumed by hand, part-way)."""
+    if workers <= 1 or len(argsets) == 1:
+        for key, a in argsets.items():
+            finished(key, replay_one(*a))
+        return
+    with ProcessPoolExecutor(max_workers=min(len(argsets), workers)) as pool:
+        futures = {pool.submit(replay_one, *a): key for key, a in argsets.items()}
+        for future in as_completed(futures):
+            finished(futures[future], future.result())
 
 
 def _ints(text: str) -> list[int]:
@@ -721,7 +812,17 @@ def _draw(trace: Sequence[TraceJob], seed: int, sizes: list[int], names: list[st
     return {"limit_seed": seed, "sizes": entries}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _share(text: str) -> float:
+    try:
+        share = float(text)
+    except ValueError:
+        share = -1.0
+    if not 0.0 <= share <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share between 0 and 1: {text!r}")
+    return share
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="kiln simulate", description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", help="Philly-format JSON, or synthetic:N")
     ap.add_argument(
@@ -755,23 +856,48 @@ def main(argv: list[str] | None = None) -> int:
         help=f"draw the users' time limits with another seed (default {LIMIT_SEED}); a list (16,7,3) replays each "
         "draw and reports on which the targets hold (a policy tuned to one draw shows it)",
     )
-    args = ap.parse_args(argv)
-    policy = get_settings().policy  # the live loop's policy (each replay process reads the same settings)
+    ap.add_argument(
+        "--limits",
+        choices=list(MODELS),
+        default=OVERESTIMATING.name,
+        help="the users' time limits: overestimating (default: never below 1.1x the run time) or "
+        "underestimating (a share of them below it: killed at the limit, resubmitted with twice it)",
+    )
+    ap.add_argument(
+        "--underestimate-share",
+        type=_share,
+        default=None,
+        help="with --limits underestimating: the share of the jobs with a limit that get one below their "
+        "run time (default 0.15)",
+    )
+    ap.add_argument(
+        "--holdout",
+        action="store_true",
+        help="replay EASY and kiln on the parts of the trace the defaults were not tuned on: each half by "
+        "submission time at 40, 48 and 52 hosts, and the whole trace at 36, 44, 56 and 64",
+    )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    limits = limit_model(args.limits, args.underestimate_share)
     trace = load_trace(args.trace, args.jobs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.holdout:
+        return _holdout(trace, args, limits, out)
     started = time.perf_counter()
     sizes: list[int] = args.hosts
     names: list[str] = args.policies
     seeds: list[int] = args.limit_seed
     # policy by policy, so the first finish first
     tasks = [(seed, n, p) for seed in seeds for p in names for n in sizes]
-    argsets = [(trace, n, args.gpus_per_host, p, args.tick, args.period, seed) for seed, n, p in tasks]
+    argsets = [(trace, n, args.gpus_per_host, p, args.tick, args.period, seed, limits) for seed, n, p in tasks]
     done: dict[tuple[int, int, str], Result] = {}
     summarized: dict[tuple[int, int, str], dict[str, Any]] = {}
 
     def finished(task: tuple[int, int, str], result: Result) -> None:
-        # Each replay's summary as soon as it is done (a long run can be read, or resumed by hand, part-way).
         done[task] = result
         summarized[task] = summarize(result)
         seed, n, p = task
@@ -779,20 +905,11 @@ def main(argv: list[str] | None = None) -> int:
         (out / name).write_text(json.dumps(summarized[task], indent=2) + "\n")
         print(f"done: {n} hosts, {p}" + (f", limit seed {seed}" if len(seeds) > 1 else ""), flush=True)
 
-    if args.workers <= 1 or len(tasks) == 1:
-        for task, a in zip(tasks, argsets, strict=True):
-            finished(task, replay_one(*a))
-    else:
-        with ProcessPoolExecutor(max_workers=min(len(tasks), args.workers)) as pool:
-            futures = {pool.submit(replay_one, *a): task for task, a in zip(tasks, argsets, strict=True)}
-            for future in as_completed(futures):
-                finished(futures[future], future.result())
+    replay_all(dict(zip(tasks, argsets, strict=True)), args.workers, finished)
     wall_s = round(time.perf_counter() - started, 1)
     print(f"{len(trace)} jobs; {len(tasks)} replays took {wall_s} s")
     draws = [_draw(trace, seed, sizes, names, args.gpus_per_host, summarized) for seed in seeds]
-    report: dict[str, Any] = {"trace": args.trace, "jobs": len(trace), "gpus_per_host": args.gpus_per_host,
-                              "tick_s": args.tick, "period_s": args.period, "limit_seed": seeds[0], "wall_s": wall_s,
-                              "policy": policy.model_dump(), "sizes": draws[0]["sizes"]}  # fmt: skip
+    report = _report(args, limits, len(trace), wall_s) | {"sizes": draws[0]["sizes"]}
     if len(seeds) > 1:
         report["draws"] = draws
         report["across_draws"] = across_draws(draws)
@@ -805,6 +922,58 @@ def main(argv: list[str] | None = None) -> int:
             print("plot:", p)
     report["plots"] = plots
     (out / "simulate.json").write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def _report(args: argparse.Namespace, limits: LimitModel, jobs: int, wall_s: float) -> dict[str, Any]:
+    policy = get_settings().policy  # the live loop's policy (each replay process reads the same settings)
+    return {
+        "trace": args.trace,
+        "jobs": jobs,
+        "gpus_per_host": args.gpus_per_host,
+        "tick_s": args.tick,
+        "period_s": args.period,
+        "limit_seed": args.limit_seed[0],
+        "limits": limits.name,
+        "underestimate_share": limits.underestimate_share,
+        "wall_s": wall_s,
+        "policy": policy.model_dump(),
+    }
+
+
+def _holdout(trace: list[TraceJob], args: argparse.Namespace, limits: LimitModel, out: Path) -> int:
+    """``--holdout``: EASY and kiln on each held-out part (``holdout.parts``), one table of kiln against EASY."""
+    started = time.perf_counter()
+    seed = args.limit_seed[0]
+    held = holdout.parts(trace)
+    argsets = {
+        (i, p): (list(part.jobs), part.hosts, args.gpus_per_host, p, args.tick, args.period, seed, limits)
+        for p in holdout.POLICIES
+        for i, part in enumerate(held)
+    }
+    summarized: dict[tuple[int, str], dict[str, Any]] = {}
+
+    def finished(task: tuple[int, str], result: Result) -> None:
+        summarized[task] = summarize(result)
+        i, p = task
+        (out / f"holdout_{held[i].key}_{p}.json").write_text(json.dumps(summarized[task], indent=2) + "\n")
+        print(f"done: {held[i].name}, {held[i].hosts} hosts, {p}", flush=True)
+
+    replay_all(argsets, args.workers, finished)
+    wall_s = round(time.perf_counter() - started, 1)
+    rows = [
+        holdout.compare(
+            part,
+            offered_load(part.jobs, part.hosts * args.gpus_per_host),
+            summarized[(i, "easy")],
+            summarized[(i, "kiln")],
+        )
+        for i, part in enumerate(held)
+    ]
+    print(f"\nheld out ({limits.name} limits, seed {seed}; {len(argsets)} replays took {wall_s} s)")
+    print(holdout.table(rows))
+    report = _report(args, limits, len(trace), wall_s) | {"holdout": rows}
+    (out / "holdout.json").write_text(json.dumps(report, indent=2) + "\n")
     return 0
 
 

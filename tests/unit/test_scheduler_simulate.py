@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from core.policy_config import PolicyConfig
+from scheduler.simulate.limits import LIMIT_LADDER_H, user_time_limit
 from scheduler.simulate.replay import (
     CHECKPOINT_S,
-    LIMIT_LADDER_H,
     ORACLE,
     RESTART_S,
     STOP_S,
@@ -20,7 +20,6 @@ from scheduler.simulate.replay import (
     main,
     qos_and_team,
     synthetic_trace,
-    user_time_limit,
 )
 from scheduler.simulate.synthetic import gpu_cluster
 
