@@ -7,5 +7,8 @@ test:
 up:
 	./kiln up
 
+bench-api:
+	scripts/bootstrap trainer,dev && .venv/bin/python bench/api_bench.py $(ARGS)
+
 lint:
 	scripts/bootstrap trainer,dev && .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy api core scheduler workers cli trainer
