@@ -335,6 +335,39 @@ USAGE_COLUMNS: list[Column] = [
 ]
 
 
+# How far kiln's forecasts were from what happened (GET /v1/usage's ``forecasts``): one row per kind and source.
+FORECAST_COLUMNS: list[Column] = [
+    ("KIND", lambda e: str(e.get("kind") or "").replace("_", " ")),
+    ("SOURCE", lambda e: e.get("source")),
+    ("MADE", lambda e: e.get("forecasts")),
+    ("UNKNOWN", lambda e: e.get("unknown")),
+    ("MEASURED", lambda e: e.get("measured")),
+    ("MEDIAN |ERR|", lambda e: fmt_error(e, "median_abs_error")),
+    ("P90 |ERR|", lambda e: fmt_error(e, "p90_abs_error")),
+    ("MEDIAN ERR", lambda e: fmt_error(e, "median_error", signed=True)),
+    ("MEDIAN REL", lambda e: fmt_share(e.get("median_rel_error"))),
+    ("P90 REL", lambda e: fmt_share(e.get("p90_rel_error"))),
+    ("IN RANGE", lambda e: "-" if e.get("in_range") is None else f"{e['in_range']}/{e.get('measured')}"),
+]
+
+
+def fmt_error(summary: dict[str, Any], key: str, *, signed: bool = False) -> str:
+    """A forecast error in its kind's unit: '0.031s', '4m00s', '1.0 GiB', '0.25 GPU-hours'; ``signed``: '+' when
+    the job came out later, bigger or slower than forecast."""
+    value = summary.get(key)
+    if value is None:
+        return "-"
+    size, unit = abs(float(value)), summary.get("unit")
+    sign = ("+" if value > 0 else "-" if value < 0 else "") if signed else ""
+    if unit == "s":
+        return sign + (f"{size:.3g}s" if size < 60 else fmt_duration(size))
+    return sign + (fmt_bytes(size) if unit == "bytes" else f"{size:.2f} {unit}")
+
+
+def fmt_share(value: Any) -> str:
+    return "-" if value is None else f"{100 * float(value):.1f}%"
+
+
 def fmt_compile_hits(reuse: Any) -> str:
     """A team's compile-cache hits over its compiles: '11/12 (92%)'; '-' when nothing compiled."""
     if not isinstance(reuse, dict) or not reuse.get("compiled"):

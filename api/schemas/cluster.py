@@ -64,10 +64,31 @@ class TeamUsageOut(OutModel):
     compile_cache: CompileReuseOut | None = Field(None, description="the compile cache's reuse over the window")
 
 
+class ForecastErrorOut(OutModel):
+    """How far kiln's forecasts of one kind, by one source, were from what the jobs then measured. An error is
+    ``actual - predicted`` in ``unit``; percentiles are nearest-rank over the forecasts that were measured."""
+
+    kind: str = Field(description="start_time, peak_memory (per rank), step_time, gpu_hours")
+    source: str = Field(description="who forecast it: scheduler, submit, trainer, or an estimate's own name")
+    unit: str = Field(description="s, bytes or GPU-hours (a start: seconds)")
+    forecasts: int = Field(description="forecasts made for the teams' jobs in the window")
+    unknown: int = Field(description="of those, the ones kiln said cannot be known")
+    measured: int = Field(description="with a forecast and a measured value: the errors are over these")
+    median_abs_error: float | None
+    p90_abs_error: float | None
+    median_error: float | None = Field(description="signed: positive when later, bigger or slower than forecast")
+    median_rel_error: float | None = Field(description="|error| / measured, a share (null for start times)")
+    p90_rel_error: float | None
+    in_range: int | None = Field(description="starts between their earliest and latest (null for other kinds)")
+
+
 class UsageOut(OutModel):
     since: datetime
     until: datetime
     teams: list[TeamUsageOut]
+    forecasts: list[ForecastErrorOut] = Field(
+        default_factory=list, description="the errors of the forecasts made for these teams' jobs in the window"
+    )
 
 
 class HostPageOut(OutModel):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
+from rich.console import Group
 
 from cli import output as out
 from cli.app import OutputOpt, app, client, flatten, show_list
@@ -305,7 +306,17 @@ def usage(
     title = None
     if isinstance(data, dict) and data.get("since"):
         title = f"GPU-hours from {out.fmt_time(data.get('since'))} to {out.fmt_time(data.get('until'))}"
-    out.render(data, output, lambda: out.table(out.USAGE_COLUMNS, rows, title=title))
+    errors = data.get("forecasts") if isinstance(data, dict) else None
+    out.render(data, output, lambda: _usage_tables(rows, errors or [], title))
+
+
+def _usage_tables(rows: list[dict[str, Any]], errors: list[dict[str, Any]], title: str | None) -> Any:
+    """The teams' GPU-hours; under them, how far kiln's forecasts for their jobs were from what happened."""
+    teams = out.table(out.USAGE_COLUMNS, rows, title=title)
+    if not errors:
+        return teams
+    said = "Forecasts against what happened (error = measured - forecast; a start's from its earliest)"
+    return Group(teams, "", out.table(out.FORECAST_COLUMNS, errors, title=said))
 
 
 def _sandbox_column(host: dict[str, Any]) -> str:

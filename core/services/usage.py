@@ -1,4 +1,5 @@
-"""GPU-hours per team and GPU type over a window, against each team's budget."""
+"""GPU-hours per team and GPU type over a window, against each team's budget; and how far kiln's forecasts for
+those teams' jobs were from what happened (``core.services.forecasts``)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
+from core.forecast_errors import ErrorSummary
 from core.repositories import teams as teams_repo
 from core.repositories import usage as usage_repo
-from core.services import compile_cache
+from core.services import compile_cache, forecasts
 from core.services.compile_cache import TeamReuse
 from core.services.errors import InvalidInput
 from core.services.principal import Principal, require_team
@@ -36,6 +38,7 @@ class UsageReport:
     since: datetime
     until: datetime
     teams: list[TeamUsage]
+    forecasts: list[ErrorSummary]  # the forecasts made for these teams' jobs in the window, per kind and source
 
 
 def report(
@@ -64,4 +67,5 @@ def report(
     reuse = compile_cache.by_team(db, teams={t.id: t.name for t in teams}, since=since, until=until)
     for team_id, entry in out.items():
         entry.compile_cache = reuse[team_id]
-    return UsageReport(since=since, until=until, teams=list(out.values()))
+    errors = forecasts.summary(db, team_ids=list(out), since=since, until=until)
+    return UsageReport(since=since, until=until, teams=list(out.values()), forecasts=errors)

@@ -7,9 +7,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core.db import utcnow
 from core.forecast_errors import GPU_HOURS, PEAK_MEMORY, START_TIME, STEP_TIME
 from core.models import Attempt, Forecast, Job, JobMetric, Usage
 from core.services.forecasts import record_forecast
@@ -17,6 +19,7 @@ from core.states import JobState
 from core.transitions import transition
 from tests.integration import test_scheduler_support as f
 from tests.integration.test_scheduler_loop import cycle
+from tests.support.api import World, spec
 from workers.telemetry_relay import RelayState, relay
 
 pytestmark = pytest.mark.integration
@@ -138,3 +141,61 @@ def test_an_unknown_kind_is_refused(db: Session) -> None:
     job = f.job(db, t, f.qos(db, "silver"), gpus=1, submitted_at=T0)
     with pytest.raises(ValueError, match="unknown forecast kind 'loss'"):
         record_forecast(db, job=job, kind="loss", source="estimate", predicted=1.0)
+
+
+def test_usage_gives_the_errors_of_the_teams_forecasts_in_its_window(
+    db: Session, client: TestClient, world: World
+) -> None:
+    now = utcnow()
+    alpha = [db.get(Job, world.jobs["alpha"]), *(submitted(db, client, world, "alpha") for _ in range(2))]
+    beta = db.get(Job, world.jobs["beta"])
+    assert beta is not None and all(alpha)
+    for job, (predicted, actual) in zip(
+        alpha, [(10 * GIB, 11 * GIB), (10 * GIB, 9 * GIB), (8 * GIB, 8 * GIB)], strict=True
+    ):
+        settled(db, job, PEAK_MEMORY, "trainer", predicted, actual, made_at=now - timedelta(hours=1))
+    settled(db, alpha[0], START_TIME, "scheduler", 60.0, 300.0, made_at=now - timedelta(hours=2), high=600.0)
+    settled(db, alpha[1], START_TIME, "scheduler", None, None, made_at=now - timedelta(hours=2))  # cannot be known
+    settled(db, alpha[2], START_TIME, "scheduler", 0.0, 5.0, made_at=now - timedelta(days=40))  # before the window
+    settled(db, beta, PEAK_MEMORY, "trainer", 1.0, 1000.0, made_at=now - timedelta(hours=1))  # another team's
+
+    r = client.get("/v1/usage", headers=world.h("member"))
+    assert r.status_code == 200, r.text
+    by_kind = {(e["kind"], e["source"]): e for e in r.json()["forecasts"]}
+    assert list(by_kind) == [("start_time", "scheduler"), ("peak_memory", "trainer")]
+    start = by_kind[("start_time", "scheduler")]
+    assert (start["forecasts"], start["unknown"], start["measured"], start["in_range"]) == (2, 1, 1, 1)
+    assert (start["median_abs_error"], start["p90_abs_error"], start["median_rel_error"]) == (240.0, 240.0, None)
+    memory = by_kind[("peak_memory", "trainer")]
+    assert (memory["forecasts"], memory["measured"], memory["unit"]) == (3, 3, "bytes")
+    assert (memory["median_abs_error"], memory["p90_abs_error"], memory["median_error"]) == (GIB, GIB, 0.0)
+    assert memory["median_rel_error"] == pytest.approx(1 / 11) and memory["p90_rel_error"] == pytest.approx(1 / 9)
+
+    # beta's own: its one forecast, 999 bytes off
+    r = client.get("/v1/usage", params={"team": "beta"}, headers=world.h("admin"))
+    assert [(e["kind"], e["median_abs_error"]) for e in r.json()["forecasts"]] == [("peak_memory", 999.0)]
+
+
+def submitted(db: Session, client: TestClient, world: World, team: str) -> Job | None:
+    r = client.post("/v1/jobs", json=spec(team=team), headers=world.h("member"))
+    assert r.status_code == 201, r.text
+    return db.get(Job, r.json()["id"])
+
+
+def settled(
+    db: Session,
+    job: Job | None,
+    kind: str,
+    source: str,
+    predicted: float | None,
+    actual: float | None,
+    *,
+    made_at: datetime,
+    high: float | None = None,
+) -> None:
+    assert job is not None
+    row = record_forecast(
+        db, job=job, kind=kind, source=source, predicted=predicted, predicted_high=high, made_at=made_at
+    )
+    row.actual, row.settled_at = actual, made_at + timedelta(minutes=5)
+    db.flush()

@@ -29,6 +29,7 @@ from cli.main import app
 from core.db import make_engine
 from core.migrate import upgrade
 from core.models import Host, Job
+from core.services.forecasts import record_forecast
 from tests.support.compile_events import SUMMARIES, relay_compiles
 from tests.support.deps import require_module
 from tests.support.services import free_port, wait_until_serving
@@ -306,6 +307,40 @@ def test_describe_says_each_attempts_compile_and_usage_the_teams_hit_rate(
     assert "COMPILE HITS" in usage.stdout and "2/4 (50%)" in usage.stdout and "21s" in usage.stdout, usage.stdout
     reuse = as_json(kiln("usage", "--team", "compilers", "-o", "json"))["teams"][0]["compile_cache"]
     assert (reuse["compiled"], reuse["hits"], reuse["hit_rate"], reuse["rejected"]) == (4, 2, 0.5, 1)
+
+
+def test_usage_says_how_far_the_forecasts_were_from_what_happened(kiln: Any, server: Server, tmp_path: Path) -> None:
+    assert kiln("teams", "create", "forecasters", "--quota", "cpu=2").exit_code == 0
+    ids = [submit(kiln, spec_file(tmp_path, **{"team: default": "team: forecasters"})) for _ in range(2)]
+    # What the scheduler and the trainer forecast for the team's two jobs, and what the jobs then measured.
+    engine = make_engine(f"sqlite:///{server.home / 'kiln.db'}")
+    with Session(engine) as db:
+        for job_id, (start, started, memory, peak) in zip(
+            ids, [(60, 300, 100e6, 110e6), (0, 2, 50e6, 50e6)], strict=True
+        ):
+            job = db.get(Job, job_id)
+            assert job is not None
+            rows = [
+                record_forecast(
+                    db, job=job, kind="start_time", source="scheduler", predicted=start, predicted_high=600
+                ),
+                record_forecast(db, job=job, kind="peak_memory", source="trainer", predicted=memory),
+            ]
+            for row, actual in zip(rows, (started, peak), strict=True):
+                row.actual, row.settled_at = actual, row.made_at
+        db.commit()
+    engine.dispose()
+
+    lines = kiln("usage", "--team", "forecasters").stdout.splitlines()
+    assert any("Forecasts against what happened" in line for line in lines), lines
+    start = next(line for line in lines if line.startswith("start time"))
+    assert start.split()[2:] == ["scheduler", "2", "0", "2", "2s", "4m00s", "+2s", "-", "-", "2/2"], start
+    memory = next(line for line in lines if line.startswith("peak memory"))
+    assert memory.split()[2:] == ["trainer", "2", "0", "2", "0", "B", "9.5", "MiB", "0", "B", "0.0%", "9.1%", "-"], (
+        memory
+    )
+    errors = as_json(kiln("usage", "--team", "forecasters", "-o", "json"))["forecasts"]
+    assert [(e["kind"], e["p90_abs_error"]) for e in errors] == [("start_time", 240.0), ("peak_memory", 10e6)]
 
 
 def test_cancel_several_jobs_or_a_filter(kiln: Any, server: Server, tmp_path: Path) -> None:
