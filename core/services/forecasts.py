@@ -27,6 +27,8 @@ from core.db import utcnow
 from core.forecast_errors import GPU_HOURS, KINDS, PEAK_MEMORY, START_TIME, STEP_TIME, ErrorSummary, Outcome, summarize
 from core.models import Forecast, Job
 from core.repositories import forecasts as repo
+from core.repositories import teams as teams_repo
+from core.services.principal import Principal
 
 
 def record_forecast(
@@ -95,3 +97,9 @@ def summary(db: Session, *, team_ids: Sequence[int], since: datetime, until: dat
     order = list(KINDS)
     keys = sorted(groups, key=lambda k: (order.index(k[0]) if k[0] in order else len(order), k[1]))
     return [summarize(kind, source, groups[(kind, source)]) for kind, source in keys]
+
+
+def visible_summary(db: Session, *, principal: Principal, since: datetime, until: datetime) -> list[ErrorSummary]:
+    """``summary`` over the teams ``principal`` sees (the dashboard's cost page)."""
+    teams = [t.id for t in teams_repo.list_teams(db, principal.visible_team_ids())]
+    return summary(db, team_ids=teams, since=since, until=until)

@@ -1,6 +1,7 @@
 """The compile cache's reuse on the dashboard, in a real browser (Debian's Chromium through Playwright) against the
 real API: the job page says each attempt's compile (hit or miss, source, key, time saved, rejections) and the cost
-page each team's hit rate and time saved over its window.
+page each team's hit rate and time saved over its window, and how far the forecasts for its jobs were from what
+happened.
 
 The trainer's compile events of five attempts are written by the worker's own relay (workers.telemetry_relay) into
 the API's database (tests/support/compile_events.py): compiling for real takes minutes on a CPU.
@@ -17,8 +18,9 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
-from core.db import make_engine
+from core.db import make_engine, utcnow
 from core.models import Job
+from core.services.forecasts import record_forecast
 from tests.e2e.dashboard_harness import Kiln, chromium, running_kiln, screenshot_dir, signed_in_page
 from tests.support.compile_events import SUMMARIES, relay_compiles
 
@@ -85,3 +87,30 @@ def test_cost_page_shows_the_teams_hit_rate_and_time_saved(page: Any, kiln: Kiln
     page.get_by_label("Window").select_option(index=0)  # the shortest window: the events are minutes old
     expect(row.locator("td").nth(3)).to_have_text("50.0%")
     page.screenshot(path=str(screenshot_dir() / "dashboard-cost-compile-cache.png"))
+
+
+def test_cost_page_shows_how_far_the_forecasts_were_from_what_happened(page: Any, kiln: Kiln, job_id: int) -> None:
+    from playwright.sync_api import expect
+
+    # The scheduler's start forecast and the trainer's memory prediction, settled against what the job measured.
+    engine = make_engine(kiln.env["KILN_DATABASE_URL"])
+    with Session(engine) as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        start = record_forecast(db, job=job, kind="start_time", source="scheduler", predicted=60, predicted_high=600)
+        memory = record_forecast(db, job=job, kind="peak_memory", source="trainer", predicted=100e6)
+        (start.actual, start.settled_at), (memory.actual, memory.settled_at) = (300, utcnow()), (110e6, utcnow())
+        db.commit()
+    engine.dispose()
+
+    page.goto(f"{kiln.url}/#/cost")
+    rows = page.locator("#forecasts tbody tr")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(0).locator("td")).to_have_text(
+        ["start time", "scheduler", "1", "0", "1", "4m 0s", "4m 0s", "+4m 0s", "—", "—", "1/1"]
+    )
+    expect(rows.nth(1).locator("td")).to_have_text(
+        ["peak memory", "trainer", "1", "0", "1", "10.0 MB", "10.0 MB", "+10.0 MB", "9.1%", "9.1%", "—"]
+    )
+    page.locator("#forecasts").scroll_into_view_if_needed()
+    page.screenshot(path=str(screenshot_dir() / "dashboard-cost-forecasts.png"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import timedelta
 from typing import Annotated, Any
 
@@ -10,7 +11,7 @@ from fastapi import APIRouter, Query
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.routers.dashboard.common import epoch_iso, iso
 from core.db import utcnow
-from core.services import capacity, compile_cache
+from core.services import capacity, compile_cache, forecasts
 from core.states import HostState
 
 router = APIRouter(tags=["dashboard"])
@@ -61,7 +62,8 @@ def cost(
     bucket: Annotated[str, Query(pattern="^(hour|day)$")] = "day",
 ) -> dict[str, Any]:
     """Each usage row's GPU-seconds are spread evenly over its time span and cut into buckets; ``compile_cache``:
-    each team's compile-cache reuse over the same days (teams that compiled in them)."""
+    each team's compile-cache reuse over the same days (teams that compiled in them); ``forecasts``: how far the
+    forecasts made for the visible teams' jobs in those days were from what happened (as ``GET /v1/usage``)."""
     now = utcnow()
     since = now - timedelta(days=days)
     step = 3600 if bucket == "hour" else 86400
@@ -93,4 +95,5 @@ def cost(
             }
             for r in compile_cache.visible_by_team(session, principal=who, since=since, until=now)
         ],
+        "forecasts": [asdict(e) for e in forecasts.visible_summary(session, principal=who, since=since, until=now)],
     }

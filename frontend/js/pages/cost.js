@@ -1,10 +1,11 @@
-// Cost: GPU-hours and their cost per team over time, at the configured price per GPU-hour (KILN_GPU_PRICES), and
-// each team's compile-cache hit rate and the compile time it saved over the same window.
+// Cost: GPU-hours and their cost per team over time, at the configured price per GPU-hour (KILN_GPU_PRICES),
+// each team's compile-cache hit rate and the compile time it saved over the same window, and how far kiln's
+// forecasts for the jobs of that window (start, peak memory, step time, GPU-hours) were from what happened.
 
 import { api, qs } from "../api.js";
 import { LineChart } from "../chart.js";
 import {
-  fmtBucket, fmtDuration, fmtNumber, fmtPercent, h, pageHeader, replace, showError, table, windowPicker,
+  fmtBucket, fmtBytes, fmtDuration, fmtNumber, fmtPercent, h, pageHeader, replace, showError, table, windowPicker,
 } from "../dom.js";
 
 /** @type {import("../router.js").Page} */
@@ -15,12 +16,14 @@ export async function costPage(root) {
   const totals = h("div", { id: "cost-totals" });
   const pricesEl = h("div", { id: "prices" });
   const compileEl = h("div", { id: "compile-cache" });
+  const forecastsEl = h("div", { id: "forecasts" });
   root.append(
     pageHeader("Cost"),
     filters,
     h("div", { class: "grid two" }, h("section", { class: "card" }, hoursChart.el), h("section", { class: "card" }, costChart.el)),
     h("section", { class: "card", "aria-labelledby": "tot-title" }, h("h2", { id: "tot-title" }, "Totals"), totals),
     h("section", { class: "card", "aria-labelledby": "cc-title" }, h("h2", { id: "cc-title" }, "Compile cache"), compileEl),
+    h("section", { class: "card", "aria-labelledby": "fc-title" }, h("h2", { id: "fc-title" }, "Forecasts against what happened"), forecastsEl),
     h("section", { class: "card", "aria-labelledby": "price-title" }, h("h2", { id: "price-title" }, "Prices"), pricesEl),
   );
 
@@ -47,6 +50,8 @@ export async function costPage(root) {
         { title: "Time saved", cell: (/** @type {any} */ c) => fmtDuration(c.saved_s), class: "num" },
         { title: "Rejected entries", cell: (/** @type {any} */ c) => c.rejected, class: "num" },
       ], data.compile_cache, "No compile in this window."));
+      replace(forecastsEl, forecastTable(data.forecasts), h("p", { class: "help" },
+        "Error = measured − forecast (+: later, bigger or slower than forecast); a start's is from its earliest time. Median and p90 are nearest-rank over the measured forecasts."));
       replace(pricesEl, table("Price per GPU-hour", [
         { title: "GPU type", cell: (/** @type {[string, number]} */ p) => (p[0] === "*" ? "any other" : p[0]) },
         { title: `Price (${cur}/h)`, cell: (/** @type {[string, number]} */ p) => p[1].toFixed(2), class: "num" },
@@ -57,4 +62,34 @@ export async function costPage(root) {
   };
   select.addEventListener("change", load);
   await load();
+}
+
+/** How far the forecasts of each kind and source were from what the jobs measured (GET /v1/usage's `forecasts`).
+ * @param {any[]} rows */
+function forecastTable(rows) {
+  const err = (/** @type {string} */ key, signed = false) => (/** @type {any} */ e) => fmtError(e, key, signed);
+  return table("Forecast errors per kind", [
+    { title: "Kind", cell: (/** @type {any} */ e) => e.kind.replace("_", " ") },
+    { title: "Source", cell: (/** @type {any} */ e) => e.source },
+    { title: "Made", cell: (/** @type {any} */ e) => e.forecasts, class: "num" },
+    { title: "Unknown", cell: (/** @type {any} */ e) => e.unknown, class: "num" },
+    { title: "Measured", cell: (/** @type {any} */ e) => e.measured, class: "num" },
+    { title: "Median |error|", cell: err("median_abs_error"), class: "num" },
+    { title: "p90 |error|", cell: err("p90_abs_error"), class: "num" },
+    { title: "Median error", cell: err("median_error", true), class: "num" },
+    { title: "Median relative", cell: (/** @type {any} */ e) => fmtPercent(e.median_rel_error), class: "num" },
+    { title: "p90 relative", cell: (/** @type {any} */ e) => fmtPercent(e.p90_rel_error), class: "num" },
+    { title: "In range", cell: (/** @type {any} */ e) => (e.in_range === null ? "—" : `${e.in_range}/${e.measured}`), class: "num" },
+  ], rows, "No forecast made in this window.");
+}
+
+/** A forecast error in its kind's unit; `signed`: "+" when the job came out later, bigger or slower.
+ * @param {any} e @param {string} key @param {boolean} signed */
+function fmtError(e, key, signed) {
+  const v = e[key];
+  if (v === null || v === undefined) return "—";
+  const plus = signed && v > 0 ? "+" : "";
+  if (e.unit === "s") return plus + (Math.abs(v) < 1 ? `${(v * 1000).toFixed(0)} ms` : fmtDuration(v));
+  if (e.unit === "bytes") return plus + fmtBytes(v);
+  return `${plus}${fmtNumber(v, 3)} ${e.unit}`;
 }
