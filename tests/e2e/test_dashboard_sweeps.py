@@ -206,3 +206,32 @@ def test_a_sweep_is_submitted_from_the_yaml_editor(kiln: Kiln) -> None:
         assert problems == [f"422 {kiln.url}/v1/sweeps"], problems  # the malformed range, and nothing else
     with kiln.api() as api:
         assert api.post(f"/v1/sweeps/{sweep_id}/cancel").json()["search_closed"] == "cancelled by admin"
+
+
+def test_a_finished_sweep_offers_no_hold_release_or_cancel(kiln: Kiln) -> None:
+    """Issue 42, point 7: once every job of a sweep has ended, its page no longer offers to hold, release or cancel
+    it (they did nothing but say so); it says the sweep is over. The buttons go at the page's own refresh."""
+    from playwright.sync_api import expect
+
+    doc = yaml.safe_load((ROOT / "examples" / "gpt-tiny.yaml").read_text())
+    doc.update(name="over-sweep", sweep={"grid": {"lr": LRS[:2]}})
+    with kiln.api() as api:
+        r = api.post("/v1/sweeps", json=doc, params={"hold": "true"})  # held: nothing starts, whatever runs
+        assert r.status_code == 201, r.text
+        sweep_id = r.json()["id"]
+        with chromium() as browser:
+            page, problems = signed_in(browser, kiln)
+            page.goto(f"{kiln.url}/#/sweeps/{sweep_id}")
+            buttons = [page.get_by_role("button", name=n) for n in ("Hold queued", "Release held", "Cancel sweep")]
+            for button in buttons:  # a live sweep: all three
+                expect(button).to_be_visible()
+            cancelled = api.post(f"/v1/sweeps/{sweep_id}/cancel").json()
+            assert [j["state"] for j in cancelled["jobs"]] == ["CANCELLED", "CANCELLED"], cancelled
+            for button in buttons:
+                expect(button).to_be_hidden(timeout=15_000)
+            expect(page.locator("#sweep-objective")).to_contain_text("Over: every job has ended.")
+            page.reload()  # opened once it is over: never shown
+            expect(page.locator("#sweep-summary tbody tr")).to_have_count(2)
+            for button in buttons:
+                expect(button).to_be_hidden()
+            assert not problems, problems

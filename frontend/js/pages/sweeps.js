@@ -2,7 +2,7 @@
 // table of their final metrics, best first by the sweep's objective, sortable by any column (click a heading; again
 // to reverse). Refreshed every few seconds, the chosen order kept, so a running sweep fills in as its jobs report.
 // "Hold queued", "Release held" and "Cancel sweep" act on the whole sweep in one request, as `kiln hold --sweep`,
-// `kiln release --sweep` and `kiln cancel --sweep` do.
+// `kiln release --sweep` and `kiln cancel --sweep` do; once the sweep is over they are gone.
 
 import { api } from "../api.js";
 import { LineChart } from "../chart.js";
@@ -64,6 +64,27 @@ function compare(a, b, dir) {
   return String(a).localeCompare(String(b), undefined, { numeric: true }) * dir;
 }
 
+const ENDED = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+
+/**
+ * Which of the sweep's jobs each whole-sweep action would change.
+ * @type {Record<"hold" | "release" | "cancel", (j: any) => boolean>}
+ */
+const APPLIES = {
+  hold: (j) => j.state === "QUEUED" && !j.held,
+  release: (j) => j.held && !ENDED.has(j.state),
+  cancel: (j) => !ENDED.has(j.state),
+};
+
+/**
+ * Over: every job has ended and no search will propose another (a TPE sweep between proposals is not over: its
+ * cancel closes the search). Nothing is left to hold, release or cancel.
+ * @param {any} sweep
+ */
+function sweepOver(sweep) {
+  return sweep.jobs.every((/** @type {any} */ j) => ENDED.has(j.state)) && (!sweep.search || Boolean(sweep.search_closed));
+}
+
 /**
  * @param {HTMLElement} root
  * @param {string} id
@@ -115,6 +136,8 @@ async function sweepPage(root, id) {
       }, c.title, h("span", { "aria-hidden": "true" }, arrow)));
     });
     replace(body, wrap);
+    const over = sweepOver(sweep);
+    for (const btn of [holdBtn, releaseBtn, cancelBtn]) btn.hidden = over;
     replace(status,
       `${sweep.name} · team ${sweep.team} · varies ${sweep.keys.join(", ")}`
       + (sweep.max_concurrent ? ` · at most ${sweep.max_concurrent} at once` : "")
@@ -122,7 +145,8 @@ async function sweepPage(root, id) {
       + (sweep.early_stopping ? ` Stops early by ${sweep.early_stopping}.` : "")
       + (sweep.search
         ? ` Searches by ${sweep.search}${sweep.search_closed ? ` (proposes no more: ${sweep.search_closed})` : ""}.`
-        : ""));
+        : "")
+      + (over ? " Over: every job has ended." : ""));
   };
 
   /** Each job's objective over its steps, best job first (GET /v1/sweeps/{id}/curves). @param {any} curves */
@@ -154,13 +178,7 @@ async function sweepPage(root, id) {
    */
   const actOnSweep = async (action) => {
     const path = `/v1/sweeps/${encodeURIComponent(id)}`;
-    const ended = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
-    const applies = {
-      hold: (/** @type {any} */ j) => j.state === "QUEUED" && !j.held,
-      release: (/** @type {any} */ j) => j.held && !ended.has(j.state),
-      cancel: (/** @type {any} */ j) => !ended.has(j.state),
-    }[action];
-    const count = (await api(path)).jobs.filter(applies).length;
+    const count = (await api(path)).jobs.filter(APPLIES[action]).length;
     if (!count) {
       toast({ hold: "No queued job of this sweep to hold.", release: "No held job in this sweep.",
         cancel: "Every job of this sweep has ended." }[action]);
