@@ -93,6 +93,13 @@ class CompileOptions(StrictModel):
 class Checkpointing(StrictModel):
     every_steps: Annotated[int | None, Field(ge=1)] = 100
     every_seconds: Annotated[float | None, Field(gt=0)] = None
+    # auto: kiln chooses the interval at submit (Young/Daly from the predicted checkpoint cost and the failure rate
+    # seen on the GPU type: core.services.auto_choices), stores it as every_seconds and says why in the SUBMITTED
+    # event; the stored spec no longer says auto.
+    every: Annotated[
+        Literal["auto"] | None,
+        Field(description="auto: kiln chooses the interval (Young/Daly) in place of every_steps / every_seconds."),
+    ] = None
     keep_last: Annotated[int, Field(ge=1, le=100)] = 3
     asynchronous: bool = True
     # Tiered checkpoints: every checkpoint is committed to the host's fast local tier (tmpfs or local NVMe, a
@@ -104,6 +111,12 @@ class Checkpointing(StrictModel):
     persist_every: Annotated[int, Field(ge=1, le=1_000_000)] = 1
     # The free path this replaced: refused with the name of its replacement (not "extra inputs").
     local_dir: SkipJsonSchema[Any] = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _auto_or_given(self) -> Checkpointing:
+        if self.every == "auto" and self.model_fields_set & {"every_steps", "every_seconds"}:
+            raise ValueError("every: auto chooses the interval: give it, or every_steps / every_seconds, not both")
+        return self
 
     @field_validator("local_dir")
     @classmethod

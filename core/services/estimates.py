@@ -44,7 +44,7 @@ class Estimate:
     shape: str
     deadline: datetime | None
     currency: str
-    options: list[est.Option]  # the job as written first, then by cost (options without one last)
+    options: list[est.Option]  # as ``Priced.options``
     recommended: int | None  # index into options
     measured_runs: int  # the recipe's measured attempts kiln read
     summary: str
@@ -65,6 +65,30 @@ def estimate(*, db: Session, principal: Principal, spec: JobSpec, now: datetime,
     spec = canonical_gpu_type(spec)
     hp = check_recipe(spec)
     team_id = require_team_id(principal, teams_repo.id_by_name(db, spec.team), spec.team, Role.VIEWER)
+    priced = priced_options(db, spec=spec, hp=hp, team_id=team_id, now=now, prices=prices)
+    options = priced.options
+    best = est.cheapest(options)
+    return Estimate(
+        name=spec.name, recipe=spec.recipe_name, steps=spec.steps, shape=options[0].shape.label,
+        deadline=priced.deadline, currency=currency, options=options, recommended=best,
+        measured_runs=priced.measured_runs, summary=_summary(options, best, priced.measured_runs, currency,
+                                                             priced.deadline),
+        notes=_notes(spec, hp, priced.shares),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Priced:
+    options: list[est.Option]  # the job as written first, then by cost (options without one last)
+    measured_runs: int
+    deadline: datetime | None
+    shares: bool  # some host runs MPS
+
+
+def priced_options(db: Session, *, spec: JobSpec, hp: TrainingHyperparameters | None, team_id: int, now: datetime,
+                   prices: dict[str, float]) -> Priced:  # fmt: skip
+    """Every option of ``spec`` (its GPU type canonical, its recipe checked), priced from the recipe's history (a
+    team's own code: the team's runs only)."""
     cluster = _cluster(db, spec)
     own_code = spec.code is not None or spec.command is not None
     runs = history(db, recipe=spec.recipe_name, team_id=team_id if own_code else None)
@@ -72,12 +96,7 @@ def estimate(*, db: Session, principal: Principal, spec: JobSpec, now: datetime,
     written = _as_written(spec, hp, cluster, prices)
     options = [_priced(o, spec, runs, prices, now, deadline) for o in _options(spec, hp, cluster, written)]
     options.sort(key=lambda o: (o.config != written, o.cost is None, o.cost or 0.0))
-    best = est.cheapest(options)
-    return Estimate(
-        name=spec.name, recipe=spec.recipe_name, steps=spec.steps, shape=options[0].shape.label, deadline=deadline,
-        currency=currency, options=options, recommended=best, measured_runs=len(runs),
-        summary=_summary(options, best, runs, currency, deadline), notes=_notes(spec, hp, cluster),
-    )  # fmt: skip
+    return Priced(options, len(runs), deadline, bool(cluster.shares))
 
 
 def _cluster(db: Session, spec: JobSpec) -> _Cluster:
@@ -219,7 +238,7 @@ def _priced(option: est.Option, spec: JobSpec, runs: list[est.Run], prices: dict
     return est.cost(priced, steps=spec.steps, now=now, deadline=deadline)
 
 
-def _summary(options: list[est.Option], best: int | None, runs: list[est.Run], currency: str,
+def _summary(options: list[est.Option], best: int | None, runs: int, currency: str,
              deadline: datetime | None) -> str:  # fmt: skip
     if not runs:
         return ("no measured history of this recipe yet: step time, GPU-hours and cost cannot be estimated (memory is "
@@ -242,7 +261,7 @@ def _money(o: est.Option, currency: str) -> str:
     return f"{o.gpu_hours:.3g} GPU-h, {o.cost:.3g} {currency}"
 
 
-def _notes(spec: JobSpec, hp: TrainingHyperparameters | None, cluster: _Cluster) -> list[str]:
+def _notes(spec: JobSpec, hp: TrainingHyperparameters | None, shares: bool) -> list[str]:
     notes = ["activation checkpointing: no built-in recipe has it, so it is not an option"]
     if spec.resources.gpus:
         notes.append(
@@ -252,6 +271,6 @@ def _notes(spec: JobSpec, hp: TrainingHyperparameters | None, cluster: _Cluster)
         notes.append("the deadline is met if the run alone ends before it: time in the queue is not counted")
     if hp is None:
         notes.append("this code's batch is its own: only the GPU count as written is offered")
-    if spec.resources.gpus and not cluster.shares:
+    if spec.resources.gpus and not shares:
         notes.append("no host runs MPS: no GPU share is offered")
     return notes

@@ -22,6 +22,7 @@ from core.repositories.jobs import JobFilter
 from core.repositories.keyset import Window
 from core.services import artifacts
 from core.services import datasets as datasets_svc
+from core.services.auto_choices import choose
 from core.services.checkpoint_advice import CheckpointAdvice, advise
 from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound, QueueFull
 from core.services.fit import NO_HOST_YET, Fitted, canonical_gpu_type, check_submission
@@ -113,11 +114,13 @@ def submit(
     if terms["max_restarts"] > ctx.restart_limit:
         raise Forbidden(restart_refusal(spec.team, terms["max_restarts"], ctx.restart_limit))
     now = utcnow()
+    chosen = choose(db, spec=spec, team_id=team_id, contract_interval_s=terms["checkpoint_interval_s"], now=now)
+    spec = chosen.spec
     values: dict[str, Any] = {
         "name": spec.name, "team_id": team_id, "user_id": principal.user_id, "spec": spec.model_dump(mode="json"),
         "state": JobState.QUEUED.value, "qos_class_id": ctx.qos_id, "priority": ctx.priority,
         "gpus": spec.resources.gpus, "gpu_type": spec.resources.gpu_type if spec.resources.gpus else "cpu",
-        "predicted_memory_bytes": fitted.predicted_memory_bytes,
+        "predicted_memory_bytes": chosen.memory_bytes(fitted.predicted_memory_bytes),
         "restart_count": 0, "fencing_token": 0, "cancel_requested": False, "preempt_requested": False,
         "last_step": 0, "submitted_at": now, "updated_at": now, "sweep_id": sweep_id,
         "code_digest": code_digest,
@@ -128,6 +131,9 @@ def submit(
     message = f"submitted by {principal.name} (qos {ctx.qos}, priority {ctx.priority})" + (", held" if hold else "")
     data = {"qos": ctx.qos, "priority": ctx.priority, "gpus": values["gpus"], "depends_on": [d for d, _ in depends_on],
             "held": hold}  # fmt: skip
+    if chosen.data:  # what kiln chose where the spec said auto, and why
+        message += "; " + "; ".join(chosen.said)
+        data["auto"] = chosen.data
     if fitted.waits_for is not None:
         data["waits_for_capacity"] = fitted.waits_for
         if fitted.waits_for != NO_HOST_YET:  # an operator's choice, worth a line in the timeline; every job of a

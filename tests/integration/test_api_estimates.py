@@ -164,3 +164,58 @@ def test_yaml_body_and_nothing_created(client: TestClient, world: World, db: Ses
     options = r.json()["options"]
     assert options[0]["gpu_type"] == "cpu" and options[0]["peak_memory_bytes"] is None
     assert db.query(Job).count() == before
+
+
+def _submitted(client: TestClient, world: World, db: Session, body: dict[str, Any]) -> tuple[Job, dict[str, Any]]:
+    r = client.post("/v1/jobs", json=body, headers=world.h("member"))
+    assert r.status_code == 201, r.text
+    job = db.get(Job, r.json()["id"])
+    assert job is not None
+    event = client.get(f"/v1/jobs/{job.id}/events", headers=world.h("member")).json()["items"][0]
+    assert event["type"] == "SUBMITTED"
+    return job, event
+
+
+def test_checkpointing_every_auto_is_young_daly_within_the_contract(
+    client: TestClient, world: World, db: Session
+) -> None:  # fmt: skip
+    from core.checkpoint_interval import daly_interval_s
+    from core.recipes.gpt import GPTHyperparameters
+    from core.services.checkpoint_advice import PRIOR_MTBF_H
+
+    _hosts(db)
+    params = GPTHyperparameters(size="mini").shape().param_count()
+    advised = daly_interval_s(params * 12 / 1e9, PRIOR_MTBF_H * 3600)  # no failure seen: the prior's MTBF
+    assert 600 < advised < 3600
+    job, event = _submitted(client, world, db, _gpu_spec(name="auto", checkpointing={"every": "auto"},
+                                                         sla={"checkpoint_interval_s": 3600}))  # fmt: skip
+    assert job.spec["checkpointing"]["every_seconds"] == round(advised)
+    assert job.spec["checkpointing"]["every_steps"] is None and job.spec["checkpointing"]["every"] is None
+    assert f"checkpoint every {round(advised)} s (Young/Daly" in event["message"]
+    assert "prior of 1 in 6000" in event["data"]["auto"]["checkpointing.every"]["why"]
+
+    job, event = _submitted(client, world, db, _gpu_spec(name="held", checkpointing={"every": "auto"}))
+    assert job.spec["checkpointing"]["every_seconds"] == 600  # the default contract's checkpoint interval
+    assert "held to the contract's checkpoint interval of 600 s" in event["message"]
+
+    both = _gpu_spec(name="both", checkpointing={"every": "auto", "every_steps": 50})
+    r = client.post("/v1/jobs", json=both, headers=world.h("member"))
+    assert r.status_code == 422 and "every: auto chooses the interval" in r.text
+
+
+def test_compile_auto_written_out_takes_the_cheapest_measured(client: TestClient, world: World, db: Session) -> None:
+    _hosts(db)
+    job, event = _submitted(client, world, db, _gpu_spec(name="unmeasured", compile={"mode": "auto"}))
+    assert job.spec["compile"]["mode"] == "auto" and "auto left to the trainer" in event["message"]
+
+    _ran(client, world, db, _gpu_spec(name="compiled"), startup_s=30, step_s=[0.1] * 50)
+    _ran(client, world, db, _gpu_spec(name="eager", compile={"mode": "off"}), startup_s=2, step_s=[0.12] * 50)
+    job, event = _submitted(client, world, db, _gpu_spec(name="chosen", compile={"mode": "auto"}))
+    assert job.spec["compile"]["mode"] == "off"
+    assert event["data"]["auto"]["compile.mode"]["chose"] == "off"
+    assert "auto chose 1 x H200, eager, bf16 (cheapest measured: 0.0339 GPU-h" in event["message"]
+    eager_peak = job.predicted_memory_bytes
+    job, event = _submitted(client, world, db, _gpu_spec(name="default"))  # auto by default: left to the trainer
+    assert job.spec["compile"]["mode"] == "auto" and "auto" not in event["data"]
+    assert eager_peak is not None and job.predicted_memory_bytes is not None
+    assert eager_peak > job.predicted_memory_bytes  # the eager layout's own prediction: more activations kept
