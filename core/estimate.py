@@ -15,7 +15,7 @@ The total is the attempt's start-up (launch to first step, compile included: wha
 plus ``steps`` x the step time; GPU-hours count every GPU of the job (a GPU share is charged as a whole GPU, as
 ``core.lifecycle`` accounts it); cost is GPU-hours x the GPU type's price. The recommendation is the cheapest option
 that fits memory and, where the spec has a deadline, finishes before it (queue wait not counted), measured options
-before scaled ones.
+before scaled ones; the job as written stands unless another option is cheaper at its slow end too.
 """
 
 from __future__ import annotations
@@ -174,13 +174,23 @@ def cost(option: Option, *, steps: int, now: datetime, deadline: datetime | None
     )  # fmt: skip
 
 
-def cheapest(options: Sequence[Option]) -> int | None:
+def _qualifies(o: Option) -> bool:
+    return o.step is not None and o.cost is not None and o.fits is not False and o.meets_deadline is not False
+
+
+def cheapest(options: Sequence[Option], written: int | None = None) -> int | None:
     """The index of the cheapest option with a step time that does not overflow its GPU and meets the deadline (where
     there is one); ties go to the fewer GPU-hours, then the shorter run. A measured option is preferred to any
     scaled one: a FLOPs ratio knows nothing of communication or launch overheads, so a scaled figure is advice to
-    measure, not to act on, while a measured one qualifies. None when no option qualifies."""
-    ok = [
-        (o.step.basis != "measured", o.cost, o.gpu_hours, o.hours, i) for i, o in enumerate(options)
-        if o.step is not None and o.cost is not None and o.fits is not False and o.meets_deadline is not False
-    ]  # fmt: skip
-    return min(ok)[-1] if ok else None
+    measure, not to act on, while a measured one qualifies. The job as written (``written``), where it qualifies,
+    gives way only to an option cheaper even at its slow end (90th percentile step time): a saving inside the
+    measurements' spread is no reason to change a spec. None when no option qualifies."""
+    ok = [(o.step.basis != "measured", o.cost, o.gpu_hours, o.hours, i)  # type: ignore[union-attr]
+          for i, o in enumerate(options) if _qualifies(o)]  # fmt: skip
+    if not ok:
+        return None
+    best = min(ok)[-1]
+    if written is None or best == written or not _qualifies(options[written]):
+        return best
+    b, w = options[best], options[written]
+    return best if (b.gpu_hours_high or 0.0) * b.price < (w.cost or 0.0) else written

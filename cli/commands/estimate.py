@@ -6,14 +6,14 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.app import OutputOpt, app, client
+from cli.app import OutputOpt, app, client, examples
 from cli.commands.jobs import read_spec_file
 from cli.output import OutputFormat
 
 MARKS = {"written": "=", "recommended": "*"}
 
 
-@app.command()
+@app.command(epilog=examples("kiln estimate examples/gpt-tiny.yaml", "kiln estimate job.yaml --all -o json"))
 def estimate(
     file: Annotated[str, typer.Argument(help="Job spec, YAML or JSON ('-' reads stdin).", metavar="FILE")],
     all_options: Annotated[
@@ -51,7 +51,7 @@ def _report(answer: dict[str, Any], all_options: bool) -> Any:
         ("STEP (p10-p90)", _step),
         ("BASIS", lambda r: (r["step_time"] or {}).get("basis", "no history")),
         ("RUN", lambda r: out.fmt_duration(r["hours"] * 3600) if r["hours"] is not None else "-"),
-        ("GPU-H", lambda r: _range(r)),
+        ("SLOT-H" if all(r["gpu_type"] == "cpu" for r in rows) else "GPU-H", _range),
         ("COST", lambda r: f"{r['cost']:.3g} {answer['currency']}" if r["cost"] is not None else "-"),
         ("DEADLINE", lambda r: {True: "meets", False: "misses", None: "-"}[r["meets_deadline"]]),
     ]

@@ -67,7 +67,7 @@ def estimate(*, db: Session, principal: Principal, spec: JobSpec, now: datetime,
     team_id = require_team_id(principal, teams_repo.id_by_name(db, spec.team), spec.team, Role.VIEWER)
     priced = priced_options(db, spec=spec, hp=hp, team_id=team_id, now=now, prices=prices)
     options = priced.options
-    best = est.cheapest(options)
+    best = est.cheapest(options, written=0)
     return Estimate(
         name=spec.name, recipe=spec.recipe_name, steps=spec.steps, shape=options[0].shape.label,
         deadline=priced.deadline, currency=currency, options=options, recommended=best,

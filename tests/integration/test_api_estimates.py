@@ -96,7 +96,7 @@ def test_measured_history_picks_the_cheapest_that_meets_the_deadline(
     # is warm-up, left out (1 s here); and the same global batch on 2 GPUs (4 a rank), compiled, 0.07 s a step
     _ran(client, world, db, _gpu_spec(name="compiled"), startup_s=30, step_s=[1.0] * 20 + [0.1] * 80)
     _ran(client, world, db, _gpu_spec(name="eager", compile={"mode": "off"}), startup_s=2,
-         step_s=[1.0] * 20 + [0.12] * 70 + [0.14] * 10)  # fmt: skip
+         step_s=[1.0] * 20 + [0.12] * 70 + [0.125] * 10)  # fmt: skip
     wide = {"name": "gpt", "hyperparameters": {"size": "mini", "batch_size": 4}}
     _ran(client, world, db, _gpu_spec(name="wide", recipe=wide, resources={"gpus": 2, "gpu_type": "H200"},
                                       parallelism="ddp"), startup_s=30, step_s=[0.07] * 100)  # fmt: skip
@@ -107,9 +107,9 @@ def test_measured_history_picks_the_cheapest_that_meets_the_deadline(
     assert compiled["step_time"]["startup_s"] == pytest.approx(30)
     assert compiled["gpu_hours"] == pytest.approx((30 + 1000 * 0.1) / 3600)
     assert compiled["cost"] == pytest.approx(compiled["gpu_hours"] * 4.5)  # the H200's default price
-    assert eager["step_time"]["high_s"] == pytest.approx(0.14)  # its spread: the 90th percentile
+    assert eager["step_time"]["high_s"] == pytest.approx(0.125)  # its spread: the 90th percentile
     assert eager["gpu_hours"] == pytest.approx((2 + 1000 * 0.12) / 3600)
-    assert answer["options"][answer["recommended"]] == eager  # 122 s against 130 s for 1,000 steps
+    assert answer["options"][answer["recommended"]] == eager  # 122 s (127 s at its p90) against 130 s
     assert eager["changes"] == {"compile.mode": "off"}
     assert "6% less" in answer["summary"]
     ddp = _option(answer, gpu_type="H200", gpus=2, parallelism="ddp", compiled=True)

@@ -114,6 +114,16 @@ def test_the_cheapest_that_fits_and_meets_the_deadline_measured_before_scaled() 
     assert cheapest([Option(ONE, SMALL), _priced(1.0, meets=False)]) is None
 
 
+def test_the_job_as_written_gives_way_only_to_a_saving_beyond_the_spread() -> None:
+    def spread(gpu_hours: float, high: float) -> Option:
+        o = _priced(gpu_hours)
+        return replace(o, gpu_hours_high=high)
+
+    assert cheapest([_priced(2.0), spread(1.8, 2.1)], written=0) == 0  # 10% cheaper, but 5% dearer at its p90
+    assert cheapest([_priced(2.0), spread(1.8, 1.9)], written=0) == 1
+    assert cheapest([_priced(2.0, meets=False), spread(1.8, 2.1)], written=0) == 1  # as written misses the deadline
+
+
 def test_describe_says_the_configuration_in_words() -> None:
     assert describe(TWO) == "2 x H200, ddp, compiled, bf16"
     assert describe(Config("cpu", 1, SINGLE, False, "fp32")) == "1 CPU slot, eager, fp32"
