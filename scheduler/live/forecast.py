@@ -27,14 +27,10 @@ from core.repositories import jobs as jobs_repo
 from core.services.why import StartForecast
 from scheduler.live.loader import load_snapshot
 from scheduler.policy.snapshot import Snapshot
-from scheduler.simulate.projection import Start, project, scenarios
+from scheduler.simulate.projection import HORIZON_S, MAX_EVENTS, Start, project, scenarios
 
 INF = math.inf
-HORIZON_S = 14 * 86400.0  # beyond two weeks the queue will have changed past recognition
-# plan() calls per scenario, and the time each scenario may take: one plan() over 300 pending and 100 running jobs
-# on 320 GPUs takes ~10 ms on this project's 2-core box, and the why endpoint is interactive (docs/scheduler.md,
-# "Expected start").
-MAX_EVENTS = 64
+# The time each scenario may take: the why endpoint is interactive (docs/scheduler.md, "Expected start").
 BUDGET_S = 0.5
 
 

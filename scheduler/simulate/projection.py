@@ -31,6 +31,10 @@ STOP_S = 60.0  # a preempted job's checkpoint and exit, before its units are fre
 # The slowest pace the latest end allows a measured job: a job slower than 1.3x its own baseline breaks a silver
 # step-time SLA (its default tolerance), so kiln does not plan on a slower one.
 PACE_SLACK = 1.3
+HORIZON_S = 14 * 86400.0  # beyond two weeks the queue will have changed past recognition
+# plan() calls per scenario: one plan() over 300 pending and 100 running jobs on 320 GPUs takes ~10 ms on this
+# project's 2-core box (docs/scheduler.md, "Expected start"); kiln why and the replay's measurement use the same.
+MAX_EVENTS = 64
 
 
 @dataclass(frozen=True, slots=True)
