@@ -152,11 +152,14 @@ class Trainer:
         if spec.deterministic:  # before the first GEMM (the check below): cuBLAS reads it once
             tel.event("DETERMINISTIC", enable_determinism())
         self.compile_mode = compile_mode(spec, self.device)
+        t0 = time.perf_counter()
         # Checked, not assumed: under an MPS SM cap cuBLAS's bf16 GEMMs come out NaN (trainer/gemm_check.py).
         self.gemms = usable_precision(
             resolve(spec.precision, self.device), self.device, tel, compiled=self.compile_mode != "off"
         )
         self.prec = PrecisionContext.create(self.gemms.precision, self.device, tf32=self.gemms.tf32)
+        # Where a start's time goes before the compile (reported as the SETUP_TIMES diagnostic).
+        self.setup_s: dict[str, float] = {"precision_check_s": round(time.perf_counter() - t0, 3)}
         token = os.environ.get(ENV_FENCING_TOKEN)
         self.token = int(token) if token else None
         self.ckpt_root = checkpoint_root(run_dir)
@@ -181,6 +184,7 @@ class Trainer:
         spec, env, recipe = self.spec, self.env, self.recipe
         cap = memory.apply_memory_cap(self.device)
         torch.manual_seed(spec.seed)
+        t0 = time.perf_counter()
         with user_code("building the model"):
             model = recipe.build_model()
             blocks = recipe.blocks(model)
@@ -190,7 +194,9 @@ class Trainer:
                 "activation_bytes": recipe.activation_bytes(self.prec.precision, compiled),
                 "check_bytes": recipe.eager_check_bytes(self.prec.precision) if compiled else 0,
             }
+        t1 = time.perf_counter()
         model = model.to(self.device)
+        t2 = time.perf_counter()
         largest = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=0)
 
         def prediction(strategy: str) -> dict[str, Any]:
@@ -232,6 +238,10 @@ class Trainer:
             first_batch = self.data.batch(0)
         if isinstance(recipe, UserRecipe):
             recipe.note_batch(first_batch)
+        self.setup_s.update(build_s=t1 - t0, to_device_s=t2 - t1, data_s=time.perf_counter() - t2)
+        self.tel.diagnostic(
+            "SETUP_TIMES", "set-up before the compile", **{k: round(v, 3) for k, v in self.setup_s.items()}
+        )
         self.phase = "compiling"
         warm_batch = recipe.batch_to(first_batch, self.device)
         compiler = Compiler(

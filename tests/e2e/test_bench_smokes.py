@@ -1,4 +1,4 @@
-"""Issue 38's benches in their smoke modes, so none rots on main: ``bench/sandbox_bench.py --smoke`` (the shipped tiny
+"""The benches in their smoke modes, so none rots on main: ``bench/sandbox_bench.py --smoke`` (the shipped tiny
 example through two ``kiln up``s, the sandbox off and on), ``bench/sandbox_gpu_probe.py --smoke`` (the worker's
 sandbox called directly) and ``bench/archive_check_bench.py --smoke`` (hostile archives against the check, the old
 one beside it). Their figures are the GPU host's or an idle box's; here only that they run and what they say holds:
@@ -64,3 +64,16 @@ def test_the_young_daly_bench_finds_the_advised_interval_near_the_best(tmp_path:
     (case,) = got["cases"]
     assert got["smoke"] and case["within_10pct"], case
     assert case["quarter_advised_vs_best"] > 1.1 and case["four_times_advised_vs_best"] > 1.1  # the check can fail
+
+
+def test_the_compile_cache_bench_finds_the_team_entry_on_another_host_and_in_a_sweep(tmp_path: Path) -> None:
+    """Issue 40's bench: job A compiles cold on kiln up's worker; job B on a second worker (another name and job
+    directory, the storage shared) starts from the team's entry; a sweep of a new shape misses once, then hits."""
+    got = bench(tmp_path, "bench/compile_cache_bench.py", "--smoke", "--sweep-jobs", "2")
+    assert (got["cold"]["cache_hit"], got["cold"]["cache_source"]) == (False, None)
+    b = got["second_host"]
+    assert (b["cache_hit"], b["cache_source"], b["cache_key"]) == (True, "team", got["cold"]["cache_key"])
+    assert b["placement"] and "host2" in json.dumps(b["placement"])
+    sweep = got["sweep"]
+    assert [j["cache_hit"] for j in sweep["jobs"]] == [False, True], sweep["jobs"]
+    assert set(sweep["states"].values()) == {"SUCCEEDED"}
