@@ -4,7 +4,9 @@ The error of one forecast is ``actual - predicted`` in the kind's unit (positive
 foretold). The relative error divides its absolute value by the measured value; a start time has none, since a job
 that starts within seconds of its forecast would read as hundreds of percent off a wait of one second. A start is
 foretold as a range (earliest to latest): its error is measured from the earliest, the time ``kiln why`` leads with,
-and ``in_range`` says how many starts fell inside the range.
+and ``in_range`` says how many starts fell inside the range, or within ``START_SLACK_S`` of it: a range is of
+admissions, and the attempt runs only once dispatched and started by its worker (0.5 s after the scheduler's pass on
+the CPU worker of ``kiln up``), so a job forecast to start "now" and running half a second later was forecast right.
 
 Percentiles are nearest-rank (the smallest value with at least p% of the values at or below it): with 10 errors the
 p90 is the 9th smallest, always an error that happened, never an interpolation between two.
@@ -24,6 +26,7 @@ KINDS: dict[str, str] = {START_TIME: "s", PEAK_MEMORY: "bytes", STEP_TIME: "s", 
 # Who forecast it: the scheduler's pass, the memory predictor at submit, the trainer on its device (an estimate of
 # step time or GPU-hours names its own source).
 SCHEDULER, SUBMIT, TRAINER = "scheduler", "submit", "trainer"
+START_SLACK_S = 10.0
 RELATIVE = frozenset({PEAK_MEMORY, STEP_TIME, GPU_HOURS})  # kinds whose relative error means something
 
 
@@ -68,9 +71,7 @@ def summarize(kind: str, source: str, outcomes: Sequence[Outcome]) -> ErrorSumma
     errors = [a - p for p, a, _ in measured]
     absolute = [abs(e) for e in errors]
     relative = [abs(a - p) / a for p, a, _ in measured if a > 0] if kind in RELATIVE else []
-    in_range = (
-        sum(1 for p, a, hi in measured if p <= a <= (hi if hi is not None else p)) if kind == START_TIME else None
-    )
+    in_range = sum(1 for p, a, hi in measured if _inside(p, a, hi)) if kind == START_TIME else None
     return ErrorSummary(
         kind=kind,
         source=source,
@@ -85,3 +86,7 @@ def summarize(kind: str, source: str, outcomes: Sequence[Outcome]) -> ErrorSumma
         p90_rel_error=percentile(relative, 90),
         in_range=in_range,
     )
+
+
+def _inside(earliest: float, actual: float, latest: float | None) -> bool:
+    return earliest - START_SLACK_S <= actual <= (latest if latest is not None else earliest) + START_SLACK_S

@@ -5,8 +5,9 @@ After each cycle, in a transaction of its own (the cycle's locks are released an
 * every job of the cycle's snapshot that waits in the queue for the first time and has no start forecast gets the
   one ``kiln why`` would have given then: the same projection (``StartProjector``) over the cycle's own snapshot,
   taken before ``plan()``, so a job this cycle admitted is forecast to start now, as it was; a reason no clock
-  bounds (a dependency, a budget) is recorded as "cannot be known", as ``kiln why`` says it. The memory predicted
-  at submit is recorded with it (the trainer's own prediction replaces it on the job once the job runs);
+  bounds (a dependency, a budget) is recorded as "cannot be known", as ``kiln why`` says it. With it, the
+  GPU-hours of the run time the policy plans with, and the memory predicted at submit (the trainer's own
+  prediction replaces it on the job once the job runs);
 * every forecast whose job can now tell what happened is settled.
 """
 
@@ -17,15 +18,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 
 from sqlalchemy.orm import Session
 
-from core.forecast_errors import PEAK_MEMORY, SCHEDULER, START_TIME, SUBMIT
+from core.forecast_errors import GPU_HOURS, PEAK_MEMORY, SCHEDULER, START_TIME, SUBMIT
 from core.policy_config import PolicyConfig
 from core.repositories import forecasts as forecasts_repo
 from core.services import forecasts, why
 from scheduler.live.forecast import StartProjector, measured_rates
 from scheduler.live.leader import Leadership, LeadershipLost
+from scheduler.policy.estimate import Estimator
 from scheduler.policy.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -71,37 +74,43 @@ def record_pass(
 
 
 def record_starts(db: Session, snapshot: Snapshot, policy: PolicyConfig, now: datetime) -> int:
-    """The first start forecast (and the memory predicted at submit) of each job of ``snapshot`` queued for the
-    first time, oldest first, within ``BUDGET_S``."""
-    memory = {p.id: p.memory_bytes for p in snapshot.pending}
-    jobs = forecasts_repo.never_forecast(db, kind=START_TIME, source=SCHEDULER, job_ids=memory)
+    """The first forecasts of each job of ``snapshot`` queued for the first time, oldest first, within
+    ``BUDGET_S``."""
+    pending = {p.id: p for p in snapshot.pending}
+    jobs = forecasts_repo.never_forecast(db, kind=START_TIME, source=SCHEDULER, job_ids=pending)
     if not jobs:
         return 0
     projector = StartProjector(snapshot, measured_rates(db, now), policy)
+    estimator = Estimator(snapshot.teams)
     deadline = time.perf_counter() + BUDGET_S
     made = 0
     for job in jobs:
         if time.perf_counter() > deadline:
             break
         said = why.expected_start(db, job, lambda _db, queued, _now: projector.forecast(queued.id), now)
-        forecasts.record_forecast(
-            db,
-            job=job,
+        record = partial(forecasts.record_forecast, db, job=job, made_at=now)
+        record(
             kind=START_TIME,
             source=SCHEDULER,
             predicted=_after(said.earliest, now),
             predicted_high=_after(said.latest, now),
             note=said.basis,
-            made_at=now,
         )
-        submitted = memory[job.id]  # the predictor's figure at submit (the trainer's replaces it once it runs)
-        if submitted:
-            forecasts.record_forecast(
-                db,
-                job=job,
+        # The run time the policy plans with (its time limit scaled by the team's use of its limits, the team's
+        # history, or 4 h), on the GPUs (CPU slots) the usage records will count.
+        p = pending[job.id]
+        runtime_s = estimator.remaining_s(p.team_id, p.estimated_runtime_s, p.attained_s)
+        record(
+            kind=GPU_HOURS,
+            source=SCHEDULER,
+            predicted=runtime_s * (p.gpus or p.cpu_slots) / 3600.0,
+            note=f"the scheduler's expected run time, {runtime_s:.0f} s",
+        )
+        if p.memory_bytes:  # the predictor's figure at submit (the trainer's replaces it on the job once it runs)
+            record(
                 kind=PEAK_MEMORY,
                 source=SUBMIT,
-                predicted=float(submitted),
+                predicted=float(p.memory_bytes),
                 note="predicted at submit",
                 made_at=job.submitted_at,
             )

@@ -66,6 +66,8 @@ def test_the_first_start_forecast_is_kept_and_settled_by_the_first_start(db: Ses
     assert start.note and "plan run forward" in start.note
     memory = forecast[(PEAK_MEMORY, "submit")]
     assert (memory.predicted, memory.made_at) == (30 * GIB, second.submitted_at)
+    # The run time the policy plans with, on its 8 GPUs: half of its 600 s limit.
+    assert forecast[(GPU_HOURS, "scheduler")].predicted == pytest.approx(300 * 8 / 3600)
 
     # A later pass keeps the first forecast as it was made.
     cycle(db, T0 + timedelta(seconds=600))
@@ -78,8 +80,10 @@ def test_the_first_start_forecast_is_kept_and_settled_by_the_first_start(db: Ses
     cycle(db, T0 + timedelta(seconds=1001))
     start = forecasts_of(db, second)[(START_TIME, "scheduler")]
     assert start.actual == pytest.approx(980.0) and start.settled_at == T0 + timedelta(seconds=1001)
-    # Its memory is settled once it has ended, not before.
+    # Its memory is settled once it has ended, not before; the first's GPU-hours are: 986 s on 8 GPUs.
     assert forecasts_of(db, second)[(PEAK_MEMORY, "submit")].settled_at is None
+    hours = forecasts_of(db, first)[(GPU_HOURS, "scheduler")]
+    assert (hours.predicted, hours.actual) == (pytest.approx(1800 * 8 / 3600), pytest.approx(986 * 8 / 3600))
 
 
 def test_a_start_no_clock_bounds_is_recorded_as_unknown(db: Session) -> None:
@@ -133,6 +137,7 @@ def test_memory_step_time_and_gpu_hours_are_settled_when_the_job_ends(db: Sessio
     assert got[(PEAK_MEMORY, "trainer")] == (10 * GIB, 12 * GIB)  # the highest peak any step reported
     assert got[(STEP_TIME, "estimate")] == (0.25, pytest.approx(0.25))  # median of 2.0, 0.2, 0.3, 0.2 (not the save)
     assert got[(GPU_HOURS, "estimate")] == (0.5, pytest.approx(1.0))
+    assert got[(GPU_HOURS, "scheduler")] == (1.0, pytest.approx(1.0))  # half its hour's limit, on 2 GPUs
     assert got[(START_TIME, "scheduler")] == (0.0, 0.0)
 
 

@@ -45,10 +45,11 @@ def test_a_start_has_no_relative_error_and_counts_the_starts_inside_its_range() 
         Outcome(60.0, 30.0, 600.0),  # early: before the range
         Outcome(60.0, 300.0, 600.0),  # inside
         Outcome(60.0, 900.0, 600.0),  # late: after it
-        Outcome(0.0, 0.0),  # foretold and started at once (a range of one time)
+        Outcome(0.0, 0.5),  # foretold to start now (a range of one time), running once its worker started it
+        Outcome(0.0, 10.5),  # later than the worker's start explains
     ]
     s = summarize(START_TIME, "scheduler", outcomes)
-    assert (s.measured, s.in_range, s.unit) == (4, 2, "s")
+    assert (s.measured, s.in_range, s.unit) == (5, 2, "s")
     assert (s.median_abs_error, s.p90_abs_error) == (30.0, 840.0)
     assert s.median_rel_error is None and s.p90_rel_error is None
 
