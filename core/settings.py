@@ -283,7 +283,7 @@ class DashboardSettings(SettingsGroup):
     gpu_prices: dict[str, float] = Field(
         default_factory=lambda: {"H200": 4.5, "H100-80GB": 3.5, "A100-80GB": 2.0, "cpu": 0.05, "*": 2.0},
         description="JSON object, price per GPU-hour (CPU slot-hour for `cpu`) by GPU type; `*` prices a type "
-        "not listed.",
+        "not listed. The dashboard's cost page and `kiln estimate` (`POST /v1/estimates`) price by it.",
     )
     currency: str = Field(default="USD", description="What the operator bills in.")
 

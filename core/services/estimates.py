@@ -258,7 +258,8 @@ def _summary(options: list[est.Option], best: int | None, runs: int, currency: s
 
 
 def _money(o: est.Option, currency: str) -> str:
-    return f"{o.gpu_hours:.3g} GPU-h, {o.cost:.3g} {currency}"
+    unit = "slot-h" if o.config.device == "cpu" else "GPU-h"
+    return f"{o.gpu_hours:.3g} {unit}, {o.cost:.3g} {currency}"
 
 
 def _notes(spec: JobSpec, hp: TrainingHyperparameters | None, shares: bool) -> list[str]:
