@@ -439,7 +439,23 @@ def child_env(settings: Any, opts: UpOptions, api_url: str) -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     env.pop("KILN_TOKEN", None)  # children authenticate as services, not as the CLI user
+    # The scheduler's and the worker's own metrics on the two ports after the API's (unless set: 0 turns one off),
+    # on KILN_METRICS_BIND (127.0.0.1 unless set): they take no token.
+    env.setdefault("KILN_SCHEDULER_METRICS_PORT", str(opts.port + 1))
+    env.setdefault("KILN_WORKER_METRICS_PORT", str(opts.port + 2))
     return env
+
+
+def metrics_urls(sup: Supervisor, api_url: str) -> list[str]:
+    """Where each child's Prometheus metrics are: the API's /metrics (a scrape token's) and the listeners of the
+    scheduler and the worker that :func:`child_env` turned on."""
+    urls = [f"api {api_url}/metrics (a token of the metrics scope)"]
+    bind = connect_host(sup.env.get("KILN_METRICS_BIND", "127.0.0.1"))
+    for child in sup.children[1:]:
+        port = sup.env.get(f"KILN_{child.name.upper()}_METRICS_PORT", "0")
+        if port != "0":
+            urls.append(f"{child.name} http://{bind}:{port}/metrics")
+    return urls
 
 
 def api_ready(api_url: str) -> bool:
@@ -530,6 +546,7 @@ def _banner(sup: Supervisor, api_url: str, token: str, profile: str | None = Non
     cli = os.environ.get("KILN_CLI_NAME", "kiln") + (f" --profile {profile}" if profile else "")
     console.print(f"{TAG} [bold green]kiln is up[/]: API {api_url}/v1 (docs {api_url}/docs, dashboard {api_url}/)")
     console.print(f"{TAG} logs: {logs}")
+    console.print(f"{TAG} metrics: {', '.join(metrics_urls(sup, api_url))}")
     print_token(token)
     console.print(f"{TAG} next, in another terminal:  {cli} submit examples/gpt-tiny.yaml --follow")
     console.print(f"{TAG} {BANNER_END}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -224,6 +225,24 @@ def test_a_second_database_on_the_host_never_resumes_from_the_firsts_local_tier(
         assert "CHECKPOINT_LOCAL" in types, types  # the tier was used, by both
     tiers = list((tmp_path / "shm").iterdir())
     assert len(tiers) == 2, tiers  # one directory per database
+
+
+def test_kiln_up_serves_the_scheduler_and_worker_metrics(kiln_up: Up) -> None:
+    """Issue 42, point 9: the scheduler and the worker export metrics of their own, which kiln up left off; it turns
+    them on, on the ports after the API's, and says where (the API's /metrics needs a scrape token)."""
+    line = next((x for x in kiln_up.output().splitlines() if "metrics:" in x), "")
+    urls = dict(re.findall(r"(scheduler|worker) (http://\S+/metrics)", line))
+    assert set(urls) == {"scheduler", "worker"} and f"{kiln_up.url}/metrics" in line, kiln_up.output()
+    expected = {"scheduler": "kiln_scheduler_leader", "worker": "kiln_worker_last_heartbeat_timestamp_seconds"}
+    for name, url in urls.items():
+        deadline = time.monotonic() + 60  # the banner follows the API; each listener starts with its process
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                scraped = httpx.get(url, timeout=5)
+                if scraped.status_code == 200 and expected[name] in scraped.text:
+                    break
+            assert time.monotonic() < deadline, f"{name}: nothing at {url}\n{kiln_up.logs()}"
+            time.sleep(1)
 
 
 def test_up_detach_returns_when_ready_and_down_stops_everything(tmp_path: Path) -> None:
