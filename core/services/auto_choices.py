@@ -80,8 +80,11 @@ def _layout(chosen: Chosen, options: list[est.Option], compile_: bool, layout: b
         said.append(f"auto left to the trainer ({why})")
         return Chosen(spec, said, data)
     pick = measured[best].config
-    others = ", ".join(f"{est.describe(o.config)} {o.gpu_hours:.3g}" for o in measured if o is not measured[best])
-    why = f"cheapest measured: {measured[best].gpu_hours:.3g} GPU-h" + (f" (against {others})" if others else "")
+    unit = "slot-h" if pick.device == "cpu" else "GPU-h"
+    others = "; ".join(
+        f"{est.describe(o.config)}: {o.gpu_hours:.3g} {unit}" for o in measured if o is not measured[best]
+    )
+    why = f"the cheapest measured at {measured[best].gpu_hours:.3g} {unit}" + (f" ({others})" if others else "")
     if compile_:
         mode = "auto" if pick.compiled else "off"
         spec = spec.model_copy(update={"compile": spec.compile.model_copy(update={"mode": mode})})
@@ -89,7 +92,7 @@ def _layout(chosen: Chosen, options: list[est.Option], compile_: bool, layout: b
     if layout and pick.parallelism != est.SINGLE:
         spec = spec.model_copy(update={"parallelism": pick.parallelism})
         data["parallelism"] = {"chose": pick.parallelism, "why": why}
-    said.append(f"auto chose {est.describe(pick)} ({why})")
+    said.append(f"auto chose {est.describe(pick)}: {why}")
     return Chosen(spec, said, data, relaid=spec is not chosen.spec)
 
 

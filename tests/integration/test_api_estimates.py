@@ -213,7 +213,8 @@ def test_compile_auto_written_out_takes_the_cheapest_measured(client: TestClient
     job, event = _submitted(client, world, db, _gpu_spec(name="chosen", compile={"mode": "auto"}))
     assert job.spec["compile"]["mode"] == "off"
     assert event["data"]["auto"]["compile.mode"]["chose"] == "off"
-    assert "auto chose 1 x H200, eager, bf16 (cheapest measured: 0.0339 GPU-h" in event["message"]
+    assert ("auto chose 1 x H200, eager, bf16: the cheapest measured at 0.0339 GPU-h (1 x H200, compiled, bf16: "
+            "0.0361 GPU-h)") in event["message"]  # fmt: skip
     eager_peak = job.predicted_memory_bytes
     job, event = _submitted(client, world, db, _gpu_spec(name="default"))  # auto by default: left to the trainer
     assert job.spec["compile"]["mode"] == "auto" and "auto" not in event["data"]
