@@ -28,6 +28,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kiln trainer: bad spec: {exc}", file=sys.stderr)
         return int(ExitCode.USER_ERROR)
 
+    # The context and cuBLAS load while the rest imports (trainer/early_cuda.py); not for a deterministic job, whose
+    # cuBLAS workspace setting must come before the first GEMM (trainer/determinism.py).
+    if spec.resources.gpus and not spec.deterministic:
+        from trainer import early_cuda
+
+        early_cuda.start()
     from trainer import compile_preload
     from trainer.loop import compile_cache_dir, persist_compiler_caches, run
     from trainer.parallel import init_distributed, shutdown

@@ -41,7 +41,7 @@ from core.trainer_protocol import (
     ExitCode,
     RecordKind,
 )
-from trainer import memory
+from trainer import early_cuda, memory
 from trainer.checkpoint import DURABLE, MANIFEST, Checkpointer, FencedError, sha256_file
 from trainer.checkpoint.final import StorageUnwritable, save_durably
 from trainer.compile import Compiler, CompileReport
@@ -153,6 +153,7 @@ class Trainer:
             tel.event("DETERMINISTIC", enable_determinism())
         self.compile_mode = compile_mode(spec, self.device)
         t0 = time.perf_counter()
+        cuda_warm_s = early_cuda.wait()  # the precision check's GEMMs need the context it was creating
         # Checked, not assumed: under an MPS SM cap cuBLAS's bf16 GEMMs come out NaN (trainer/gemm_check.py).
         self.gemms = usable_precision(
             resolve(spec.precision, self.device), self.device, tel, compiled=self.compile_mode != "off"
@@ -160,6 +161,8 @@ class Trainer:
         self.prec = PrecisionContext.create(self.gemms.precision, self.device, tf32=self.gemms.tf32)
         # Where a start's time goes before the compile (reported as the SETUP_TIMES diagnostic).
         self.setup_s: dict[str, float] = {"precision_check_s": round(time.perf_counter() - t0, 3)}
+        if cuda_warm_s is not None:
+            self.setup_s["cuda_warm_thread_s"] = cuda_warm_s
         token = os.environ.get(ENV_FENCING_TOKEN)
         self.token = int(token) if token else None
         self.ckpt_root = checkpoint_root(run_dir)
