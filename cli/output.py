@@ -337,7 +337,7 @@ USAGE_COLUMNS: list[Column] = [
 
 # How far kiln's forecasts were from what happened (GET /v1/usage's ``forecasts``): one row per kind and source.
 FORECAST_COLUMNS: list[Column] = [
-    ("KIND", lambda e: str(e.get("kind") or "").replace("_", " ")),
+    ("KIND", lambda e: "GPU-hours" if e.get("kind") == "gpu_hours" else str(e.get("kind") or "").replace("_", " ")),
     ("SOURCE", lambda e: e.get("source")),
     ("MADE", lambda e: e.get("forecasts")),
     ("UNKNOWN", lambda e: e.get("unknown")),
@@ -352,7 +352,7 @@ FORECAST_COLUMNS: list[Column] = [
 
 
 def fmt_error(summary: dict[str, Any], key: str, *, signed: bool = False) -> str:
-    """A forecast error in its kind's unit: '0.031s', '4m00s', '1.0 GiB', '0.25 GPU-hours'; ``signed``: '+' when
+    """A forecast error in its kind's unit: '0.031s', '4m00s', '1.0 GiB', '0.25' (GPU-hours); ``signed``: '+' when
     the job came out later, bigger or slower than forecast."""
     value = summary.get(key)
     if value is None:
@@ -361,7 +361,7 @@ def fmt_error(summary: dict[str, Any], key: str, *, signed: bool = False) -> str
     sign = ("+" if value > 0 else "-" if value < 0 else "") if signed else ""
     if unit == "s":
         return sign + (f"{size:.3g}s" if size < 60 else fmt_duration(size))
-    return sign + (fmt_bytes(size) if unit == "bytes" else f"{size:.2f} {unit}")
+    return sign + (fmt_bytes(size) if unit == "bytes" else f"{size:.2f}")
 
 
 def fmt_share(value: Any) -> str:

@@ -69,7 +69,7 @@ export async function costPage(root) {
 function forecastTable(rows) {
   const err = (/** @type {string} */ key, signed = false) => (/** @type {any} */ e) => fmtError(e, key, signed);
   return table("Forecast errors per kind", [
-    { title: "Kind", cell: (/** @type {any} */ e) => e.kind.replace("_", " ") },
+    { title: "Kind", cell: (/** @type {any} */ e) => (e.kind === "gpu_hours" ? "GPU-hours" : e.kind.replace("_", " ")) },
     { title: "Source", cell: (/** @type {any} */ e) => e.source },
     { title: "Made", cell: (/** @type {any} */ e) => e.forecasts, class: "num" },
     { title: "Unknown", cell: (/** @type {any} */ e) => e.unknown, class: "num" },
@@ -91,5 +91,5 @@ function fmtError(e, key, signed) {
   const plus = signed && v > 0 ? "+" : "";
   if (e.unit === "s") return plus + (Math.abs(v) < 1 ? `${(v * 1000).toFixed(0)} ms` : fmtDuration(v));
   if (e.unit === "bytes") return plus + fmtBytes(v);
-  return `${plus}${fmtNumber(v, 3)} ${e.unit}`;
+  return plus + fmtNumber(v, 3);  // GPU-hours
 }
