@@ -48,10 +48,17 @@ def report(exc: CliError) -> None:
         err_console.print(Text(f"  - {safe(line)}"), highlight=False)
 
 
+def examples(*commands: str) -> str:
+    """A command's epilog, which ends its ``--help``: one command line a paragraph (docs/cli.md promises every
+    command's help ends with examples; tests/unit/test_cli_help.py walks them all)."""
+    return "\n".join(["Examples:", *commands])
+
+
 app = typer.Typer(
     cls=KilnGroup,
     name="kiln",
     help="kiln: GPU training jobs under SLA contracts.",
+    epilog=examples("kiln up", "kiln submit examples/gpt-tiny.yaml --follow", "kiln ls --mine --active"),
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,  # locals may hold the API token
     context_settings={"help_option_names": ["-h", "--help"]},

@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 from cli.errors import CliError, ExitCode
-from cli.up import BANNER_END, LOCK_FILE, TAG, api_ready, console, print_token, tail
+from cli.up import BANNER_END, DETACHED_LOG, LOCK_FILE, TAG, api_ready, console, print_token, tail
 from core.private import open_private, private_dir
 
-LOG_FILE = "up.log"
 DOWN = "[dim]\\[kiln down][/]"
 
 
@@ -45,7 +44,7 @@ def start_detached(up_args: list[str], home: Path, api_url: str, timeout_s: floa
     pid = running_pid(home)
     if pid is not None:
         raise CliError(f"kiln is already up on {home} (pid {pid}); `kiln down` stops it", ExitCode.CONFLICT)
-    log_path = private_dir(home / "logs") / LOG_FILE
+    log_path = private_dir(home / "logs") / DETACHED_LOG
     with open(open_private(log_path), "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "cli.main", "up", *up_args],
@@ -93,6 +92,6 @@ def stop(home: Path, timeout_s: float) -> int:
         if attempt == 0:
             console.print(f"{DOWN} [yellow]still stopping after {timeout_s:.0f}s[/]: killing what is left")
     if running_pid(home) == pid:
-        raise CliError(f"kiln up (pid {pid}) did not stop; see {home / 'logs' / LOG_FILE}", ExitCode.CONFLICT)
+        raise CliError(f"kiln up (pid {pid}) did not stop; see {home / 'logs' / DETACHED_LOG}", ExitCode.CONFLICT)
     console.print(f"{DOWN} stopped")
     return 0

@@ -12,7 +12,7 @@ commands in :mod:`cli.commands` (importing it registers them), and the sub-apps 
 from __future__ import annotations
 
 from cli.app import app, report
-from cli.commands.access import tokens_app
+from cli.commands.access import tokens_app, users_app
 from cli.commands.admin import admin_app
 from cli.commands.checkpoints import checkpoint_app
 from cli.commands.datasets import datasets_app
@@ -27,6 +27,7 @@ app.add_typer(sweep_app, name="sweep")
 app.add_typer(teams_app, name="teams")
 app.add_typer(datasets_app, name="datasets")
 app.add_typer(tokens_app, name="tokens")
+app.add_typer(users_app, name="users")
 app.add_typer(sla_app, name="sla")
 app.add_typer(invitations_app, name="invitations")
 app.add_typer(webhooks_app, name="webhooks")

@@ -41,6 +41,7 @@ READY_WARN_AFTER_S = 90.0
 # The banner's last line: `kiln up --detach` returns once it is in the log, the whole banner before it.
 BANNER_END = "Ctrl-C stops everything"
 LOCK_FILE = "up.lock"  # in KILN_HOME: held (flock) by the running kiln up, its pid written in it
+DETACHED_LOG = "up.log"  # in KILN_HOME/logs: the output of a kiln up started with --detach
 
 
 @dataclass(frozen=True)
@@ -547,20 +548,30 @@ def _banner(sup: Supervisor, api_url: str, token: str, profile: str | None = Non
     console.print(f"{TAG} [bold green]kiln is up[/]: API {api_url}/v1 (docs {api_url}/docs, dashboard {api_url}/)")
     console.print(f"{TAG} logs: {logs}")
     console.print(f"{TAG} metrics: {', '.join(metrics_urls(sup, api_url))}")
-    print_token(token)
+    print_token(token, own_log=sup.children[0].log_path.parent / DETACHED_LOG)
     console.print(f"{TAG} next, in another terminal:  {cli} submit examples/gpt-tiny.yaml --follow")
     console.print(f"{TAG} {BANNER_END}")
 
 
-def print_token(token: str) -> None:
-    """A local, single-user service: the admin's token is shown so the dashboard can be signed in to -- on a
-    terminal only. Output that goes to a file (``--detach``'s log, a pipe) never holds it."""
-    if sys.stdout.isatty():
-        console.print(f"{TAG} dashboard sign-in token (also in the CLI config): {token}", soft_wrap=True)
-    else:
+def print_token(token: str, own_log: Path | None = None) -> None:
+    """A local, single-user service: the admin's token is shown so the dashboard can be signed in to, wherever the
+    output of the command the user ran goes (a terminal, a pipe, a file of theirs), but never into kiln's own log
+    (``own_log``: the detached kiln up's ``up.log``; ``kiln up --detach`` prints it to the user instead)."""
+    if own_log is not None and writes_to(own_log):
         from cli.config import config_path
 
         console.print(f"{TAG} dashboard sign-in token: in the CLI config, {config_path()} (not written to logs)")
+    else:
+        console.print(f"{TAG} dashboard sign-in token (also in the CLI config): {token}", soft_wrap=True)
+
+
+def writes_to(path: Path) -> bool:
+    """Whether standard output is the file at ``path``."""
+    try:
+        out, file = os.fstat(sys.stdout.fileno()), path.stat()
+    except (OSError, ValueError):  # no such file; an output with no descriptor (io.UnsupportedOperation)
+        return False
+    return (out.st_dev, out.st_ino) == (file.st_dev, file.st_ino)
 
 
 def _submit(path: str, api_url: str, token: str) -> None:

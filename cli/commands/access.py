@@ -1,4 +1,5 @@
-"""Who you are to the API: ``kiln login``, ``logout``, ``whoami`` and the ``kiln tokens`` sub-app."""
+"""Who you are to the API: ``kiln login``, ``logout``, ``whoami``, and the ``kiln tokens`` and ``kiln users``
+sub-apps."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import typer
 from rich.text import Text
 
 from cli import output as out
-from cli.app import GLOBALS, OutputOpt, app, client, show_list
+from cli.app import GLOBALS, OutputOpt, app, client, examples, show_list
 from cli.output import OutputFormat, console
 
 tokens_app = typer.Typer(help="API tokens: create, list, revoke.", no_args_is_help=False)
+users_app = typer.Typer(help="Users (admin): list, create.", no_args_is_help=False)
 
 
-@app.command()
+@app.command(epilog=examples("kiln login --url http://127.0.0.1:8421"))
 def login(
     url: Annotated[str | None, typer.Option("--url", help="API base URL.")] = None,
     token: Annotated[str | None, typer.Option("--token", help="API token (prompted for when absent).")] = None,
@@ -32,7 +34,7 @@ def login(
     console.print(Text.assemble(f"logged in to {url} as ", out.text(name, "bold"), f"; saved to {path}"))
 
 
-@app.command()
+@app.command(epilog=examples("kiln logout"))
 def logout() -> None:
     """Forget the saved token (the URL stays)."""
     from cli.config import DEFAULT_API_URL, config_path, load_file, save
@@ -45,7 +47,7 @@ def logout() -> None:
     console.print(f"token removed from {config_path()}")
 
 
-@app.command()
+@app.command(epilog=examples("kiln whoami -o json"))
 def whoami(output: OutputOpt = OutputFormat.table) -> None:
     """Who the token belongs to, and the teams and roles it can act in."""
     with client() as api:
@@ -64,7 +66,9 @@ def _me_table(me: dict[str, Any]) -> Any:
 # -- tokens -----------------------------------------------------------------------------------------------------
 
 
-@tokens_app.callback(invoke_without_command=True)
+@tokens_app.callback(
+    invoke_without_command=True, epilog=examples("kiln tokens", "kiln tokens create ci --scope read --expires-in 30")
+)
 def tokens(ctx: typer.Context, output: OutputOpt = OutputFormat.table) -> None:
     """Your API tokens (subcommands: create, revoke)."""
     if ctx.invoked_subcommand is not None:
@@ -82,7 +86,13 @@ def tokens(ctx: typer.Context, output: OutputOpt = OutputFormat.table) -> None:
     show_list("/v1/tokens", columns, output)
 
 
-@tokens_app.command("create")
+@tokens_app.command(
+    "create",
+    epilog=examples(
+        "kiln tokens create ci --scope read --expires-in 30",
+        "kiln tokens create prometheus --scope metrics --user prometheus",
+    ),
+)
 def tokens_create(
     name: str,
     scope: Annotated[
@@ -110,9 +120,53 @@ def tokens_create(
     console.print(data.get("secret"), markup=False)
 
 
-@tokens_app.command("revoke")
+@tokens_app.command("revoke", epilog=examples("kiln tokens revoke 3"))
 def tokens_revoke(token_id: int) -> None:
     """Revoke a token by id."""
     with client() as api:
         api.delete(f"/v1/tokens/{token_id}")
     console.print(f"token {token_id} revoked")
+
+
+# -- users ------------------------------------------------------------------------------------------------------
+
+
+@users_app.callback(
+    invoke_without_command=True, epilog=examples("kiln users", "kiln users create alice --email alice@example.com")
+)
+def users(ctx: typer.Context, output: OutputOpt = OutputFormat.table) -> None:
+    """Every user, by name (admin; subcommand: create)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    columns: list[out.Column] = [
+        ("NAME", lambda u: u.get("name")),
+        ("ADMIN", lambda u: "yes" if u.get("is_admin") else "-"),
+        ("EMAIL", lambda u: u.get("email") or "-"),
+        ("TEAMS", lambda u: ", ".join(f"{t['team']} ({t['role']})" for t in u.get("teams") or []) or "-"),
+        ("CREATED", lambda u: out.fmt_time(u.get("created_at"))),
+    ]
+    show_list("/v1/users", columns, output)
+
+
+@users_app.command(
+    "create",
+    epilog=examples(
+        "kiln users create alice --email alice@example.com",
+        "kiln users create prometheus",
+    ),
+)
+def users_create(
+    name: str,
+    email: Annotated[str | None, typer.Option("--email", help="Their e-mail address.")] = None,
+    admin: Annotated[bool, typer.Option("--admin", help="A global admin (every team, every setting).")] = False,
+    output: OutputOpt = OutputFormat.table,
+) -> None:
+    """Create a user (admin). They join teams with kiln teams add-member, and sign in with a token made for them
+    (kiln tokens create NAME --user USER); a user of no team may still hold a scrape-only token for /metrics."""
+    body: dict[str, Any] = {"name": name, "email": email, "is_admin": admin}
+    with client() as api:
+        data = api.post("/v1/users", json=body)
+    if output is not OutputFormat.table:
+        out.print_data(data, output)
+        return
+    console.print(out.text(f"user {data.get('name')} created{' (admin)' if data.get('is_admin') else ''}"))

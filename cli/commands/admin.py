@@ -7,11 +7,15 @@ from typing import Annotated
 
 import typer
 
-from cli.app import GLOBALS, app
+from cli.app import GLOBALS, app, examples
 from cli.errors import CliError, ExitCode
 from cli.output import console
 
-admin_app = typer.Typer(help="Operator commands that talk to the database directly.", no_args_is_help=True)
+admin_app = typer.Typer(
+    help="Operator commands that talk to the database directly.",
+    no_args_is_help=True,
+    epilog=examples("kiln admin bootstrap --name admin --save"),
+)
 
 DatabaseOpt = Annotated[
     str | None, typer.Option("--database-url", help="Default: KILN_DATABASE_URL, else the SQLite file in KILN_HOME.")
@@ -24,7 +28,7 @@ def _database_url(flag: str | None) -> str:
     return flag or Settings().resolved_database_url
 
 
-@admin_app.command("bootstrap")
+@admin_app.command("bootstrap", epilog=examples("kiln admin bootstrap --name admin --save"))
 def admin_bootstrap(
     name: Annotated[str, typer.Option("--name", help="The first admin's user name.")] = "admin",
     database_url: DatabaseOpt = None,
@@ -49,7 +53,7 @@ def admin_bootstrap(
         console.print(f"saved to {path}")
 
 
-@app.command()
+@app.command(epilog=examples("kiln migrate", "kiln migrate --database-url postgresql+psycopg://kiln@db:5432/kiln"))
 def migrate(database_url: DatabaseOpt = None) -> None:
     """Upgrade the database schema to the newest migration."""
     from cli.up import mask_url
@@ -60,9 +64,13 @@ def migrate(database_url: DatabaseOpt = None) -> None:
     console.print(f"database at {mask_url(url)} is at the newest migration")
 
 
+SIMULATE_EXAMPLES = examples("kiln simulate synthetic:50 --hosts 2,1 --no-plots --out sim")
+
+
 @app.command(
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []},
     add_help_option=False,
+    epilog=SIMULATE_EXAMPLES,
 )
 def simulate(ctx: typer.Context) -> None:
     """Replay a trace through the very policy the live scheduler runs: kiln simulate TRACE [--hosts N ...]
@@ -75,10 +83,14 @@ def simulate(ctx: typer.Context) -> None:
         code = simulate_main(list(ctx.args))
     except SystemExit as exc:  # argparse: --help (0) or bad arguments (2)
         code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
+    if code == 0 and {"-h", "--help"} & set(ctx.args):  # the simulator's own help, ended as every command's is
+        typer.echo(f"\n{SIMULATE_EXAMPLES}")
     raise typer.Exit(int(code))
 
 
-@app.command()
+@app.command(
+    epilog=examples("KILN_HOME=/srv/kiln kiln up --no-worker", "kiln up", "kiln up --detach --port 8431 --cpu-slots 4")
+)
 def up(
     port: Annotated[int, typer.Option("--port", help="API port.")] = 8421,
     host: Annotated[str, typer.Option("--host", help="API bind address.")] = "127.0.0.1",
@@ -92,7 +104,12 @@ def up(
         bool, typer.Option("--detach", "-d", help="Run in the background; `kiln down` stops it.")
     ] = False,
 ) -> None:
-    """Bring kiln up: migrate, bootstrap on first run, then run and supervise the API, scheduler and a worker."""
+    """Bring kiln up: migrate, bootstrap on first run, then run and supervise the API, scheduler and a worker.
+
+    Its state (a SQLite database, the broker's file, logs, checkpoints, the lock that keeps a second kiln up off it)
+    lives in KILN_HOME, default ./.kiln; KILN_DATABASE_URL and KILN_BROKER_URL put the database and broker on
+    PostgreSQL and Redis instead. It saves the admin's token in the CLI config and prints it for the dashboard's
+    sign-in (never into kiln's own logs)."""
     from cli.up import UpOptions, connect_host, run_up
 
     if detach:
@@ -109,7 +126,7 @@ def up(
     )
 
 
-@app.command()
+@app.command(epilog=examples("kiln down", "kiln down --timeout 120"))
 def down(
     timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds to wait for a clean stop before killing what is left.")

@@ -9,17 +9,23 @@ from typing import Annotated, Any
 import typer
 
 from cli import output as out
-from cli.app import OutputOpt, client
+from cli.app import OutputOpt, client, examples
 from cli.errors import CliError, ExitCode
 from cli.output import OutputFormat, console
 
-checkpoint_app = typer.Typer(help="Checkpoints: export a job's weights (safetensors) for use outside kiln.",
-                             no_args_is_help=True)  # fmt: skip
+checkpoint_app = typer.Typer(
+    help="Checkpoints: export a job's weights (safetensors) for use outside kiln.",
+    no_args_is_help=True,
+    epilog=examples("kiln checkpoint export 42 -d ./weights"),
+)
 
 FILES = ("model.safetensors", "manifest.json")
 
 
-@checkpoint_app.command("export")
+@checkpoint_app.command(
+    "export",
+    epilog=examples("kiln checkpoint export 42 -d ./weights", "kiln checkpoint export 42 --step 200 --no-wait -o json"),
+)
 def export(
     job_id: int,
     step: Annotated[int | None, typer.Option("--step", help="The checkpoint's step (default: the latest).")] = None,
@@ -29,12 +35,7 @@ def export(
     output: OutputOpt = OutputFormat.table,
 ) -> None:
     """Export a job's checkpoint (the job's team only): a worker converts its weights to safetensors, then the
-    files are downloaded as job<ID>-step<N>-model.safetensors and job<ID>-step<N>-manifest.json.
-
-    Example:
-
-      kiln checkpoint export 42 -d ./weights
-    """
+    files are downloaded as job<ID>-step<N>-model.safetensors and job<ID>-step<N>-manifest.json."""
     with client() as api:
         body: dict[str, Any] = {} if step is None else {"step": step}
         state = api.post(f"/v1/jobs/{job_id}/exports", json=body)

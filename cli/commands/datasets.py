@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from cli import output as out
-from cli.app import OutputOpt, client, show_list
+from cli.app import OutputOpt, client, examples, show_list
 from cli.output import OutputFormat
 
 datasets_app = typer.Typer(
@@ -25,20 +25,23 @@ DATASET_COLUMNS: list[out.Column] = [
 ]
 
 
-@datasets_app.callback(invoke_without_command=True)
+@datasets_app.callback(invoke_without_command=True, epilog=examples("kiln datasets --team vision"))
 def datasets(ctx: typer.Context, team: TeamOpt = "default", output: OutputOpt = OutputFormat.table) -> None:
     """List the team's datasets (subcommands: ls, add, rm)."""
     if ctx.invoked_subcommand is None:
         show_list(f"/v1/teams/{team}/datasets", DATASET_COLUMNS, output)
 
 
-@datasets_app.command("ls")
+@datasets_app.command("ls", epilog=examples("kiln datasets ls --team vision -o json"))
 def datasets_ls(team: TeamOpt = "default", output: OutputOpt = OutputFormat.table) -> None:
     """List the team's datasets, and whether each is there now."""
     show_list(f"/v1/teams/{team}/datasets", DATASET_COLUMNS, output)
 
 
-@datasets_app.command("add")
+@datasets_app.command(
+    "add",
+    epilog=examples("kiln datasets add digits-npz datasets/default/digits-npz"),
+)
 def datasets_add(
     name: Annotated[str, typer.Argument(help="The name a job's spec uses (datasets: [NAME]).")],
     path: Annotated[
@@ -49,7 +52,7 @@ def datasets_add(
     description: Annotated[str | None, typer.Option("--description", "-d", help="What it holds.")] = None,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
-    """Register a dataset (team-admin). Example: kiln datasets add digits-npz datasets/default/digits-npz"""
+    """Register a dataset (team-admin)."""
     body = {"name": name, "path": path, **({"description": description} if description else {})}
     with client() as api:
         data = api.post(f"/v1/teams/{team}/datasets", json=body)
@@ -57,7 +60,7 @@ def datasets_add(
                                      "for jobs that name it)")  # fmt: skip
 
 
-@datasets_app.command("rm")
+@datasets_app.command("rm", epilog=examples("kiln datasets rm digits-npz --team default"))
 def datasets_rm(name: str, team: TeamOpt = "default") -> None:
     """Remove a dataset (team-admin; refused while a job that has not ended names it). The files stay where they are."""
     with client() as api:

@@ -13,7 +13,7 @@ import yaml
 from rich.text import Text
 
 from cli import output as out
-from cli.app import OutputOpt, app, client, flatten, page_items
+from cli.app import OutputOpt, app, client, examples, flatten, page_items
 from cli.errors import CliError, ExitCode
 from cli.output import OutputFormat, console, err_console
 from core.states import TERMINAL, JobState
@@ -70,7 +70,13 @@ CheckOpt = Annotated[
 ]
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "kiln submit examples/gpt-tiny.yaml --follow",
+        "kiln submit examples/digits/job.yaml --workdir examples/digits",
+        "kiln submit job.yaml --hold -o json",
+    )
+)
 def submit(
     file: Annotated[str, typer.Argument(help="Job spec, YAML or JSON ('-' reads stdin).", metavar="FILE")],
     follow: Annotated[
@@ -202,7 +208,12 @@ def _state_exit(state: str | None) -> ExitCode:
     return exit_code_for_state(state)
 
 
-@app.command("ls")
+@app.command(
+    "ls",
+    epilog=examples(
+        "kiln ls --mine --active", "kiln ls -t vision -s FAILED --since 1d", "kiln ls --held", "kiln ls --sweep 3"
+    ),
+)
 def list_jobs(
     team: Annotated[str | None, typer.Option("--team", "-t", help="Only this team's jobs.")] = None,
     state: Annotated[
@@ -223,10 +234,7 @@ def list_jobs(
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="At most this many jobs.")] = 20,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
-    """List jobs, newest first.
-
-    Examples: kiln ls --mine --active;  kiln ls -t vision -s FAILED --since 1d;  kiln ls --held;  kiln ls --sweep 3
-    """
+    """List jobs, newest first."""
     with client() as api:
         params = job_filter(api, team=team, state=state, qos=qos, name=name, user=user, mine=mine, active=active,
                             since=since, until=until, held=True if held else None, sweep=sweep)  # fmt: skip
@@ -239,7 +247,7 @@ def list_jobs(
         console.print(out.table(out.JOB_COLUMNS, jobs))
 
 
-@app.command()
+@app.command(epilog=examples("kiln describe 7", "kiln describe 7 -o json"))
 def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
     """A job: its state, spec, SLA contract and standing, attempts and recent events."""
     with client() as api:
@@ -367,7 +375,7 @@ def _optional(api: Any, path: str) -> Any:
         raise
 
 
-@app.command()
+@app.command(epilog=examples("kiln events 7 -n 50"))
 def events(
     job_id: JobArg,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="The last this many events.")] = 200,
@@ -379,17 +387,14 @@ def events(
     out.render(items, output, lambda: out.table(out.EVENT_COLUMNS, items))
 
 
-@app.command()
+@app.command(epilog=examples("kiln logs 7", "kiln logs -f --tail 20 7", "kiln logs --attempt 1 7"))
 def logs(
     job_id: JobArg,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming until the job ends.")] = False,
     attempt: Annotated[int | None, typer.Option("--attempt", min=1, help="Default: the latest attempt.")] = None,
     tail: Annotated[int | None, typer.Option("--tail", "-n", min=0, help="Begin with the last N lines.")] = None,
 ) -> None:
-    """A job's training logs (server-sent events); -f follows them live until the job ends.
-
-    Examples: kiln logs 7;  kiln logs -f --tail 20 7;  kiln logs --attempt 1 7
-    """
+    """A job's training logs (server-sent events); -f follows them live until the job ends."""
     from cli.follow import END_EVENTS, log_line
 
     params: dict[str, Any] = {"follow": "true" if follow else "false"}
@@ -488,7 +493,14 @@ def act_on_each(
         raise typer.Exit(codes[0])
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "kiln cancel 7",
+        "kiln cancel 7 8 9 --reason 'wrong lr'",
+        "kiln cancel --mine --since 30m",
+        "kiln cancel --sweep 3",
+    )
+)
 def cancel(
     job_ids: JobIds = None, team: TeamSel = None, name: NameSel = None, state: StateSel = None, mine: MineSel = False,
     since: SinceSel = None, until: UntilSel = None, sweep: SweepSel = None,
@@ -497,11 +509,7 @@ def cancel(
 ) -> None:  # fmt: skip
     """Cancel jobs: a queued one at once; a running one is asked to stop (it checkpoints first).
 
-    Give job ids, or a filter over the active jobs you can see.
-
-    Examples: kiln cancel 7;  kiln cancel 7 8 9 --reason "wrong lr";  kiln cancel --mine --since 30m;
-    kiln cancel --sweep 3
-    """
+    Give job ids, or a filter over the active jobs you can see."""
 
     def one(api: Any, job_id: int, say: Any) -> dict[str, Any]:
         job: dict[str, Any] = api.post(f"/v1/jobs/{job_id}/cancel", json={"reason": reason} if reason else None)
@@ -517,7 +525,7 @@ def cancel(
         act_on_each(api, ids, one, output)
 
 
-@app.command()
+@app.command(epilog=examples("kiln hold 7", "kiln hold --mine --reason 'dataset not ready'", "kiln hold --sweep 3"))
 def hold(
     job_ids: JobIds = None, team: TeamSel = None, name: NameSel = None, mine: MineSel = False,
     since: SinceSel = None, until: UntilSel = None, sweep: SweepSel = None,
@@ -527,27 +535,21 @@ def hold(
     """Hold jobs: they do not start until released (kiln release). Their wait pauses meanwhile: the queue-wait
     SLA counts no held time. A running job stops, checkpoint first, and waits in the queue held.
 
-    Give job ids, or a filter over the queued jobs you can see (running ones only by id).
-
-    Examples: kiln hold 7;  kiln hold --mine --reason "dataset not ready";  kiln hold --sweep 3;
-    kiln submit --hold job.yaml
-    """
+    Give job ids, or a filter over the queued jobs you can see (running ones only by id); kiln submit --hold
+    submits a job held."""
 
     filters = {"team": team, "name": name, "mine": mine, "since": since, "until": until, "sweep": sweep}
     hold_or_release(job_ids, hold=True, reason=reason, filters=filters, output=output)
 
 
-@app.command()
+@app.command(epilog=examples("kiln release 7", "kiln release --mine", "kiln release --sweep 3"))
 def release(
     job_ids: JobIds = None, team: TeamSel = None, name: NameSel = None, mine: MineSel = False,
     since: SinceSel = None, until: UntilSel = None, sweep: SweepSel = None, output: OutputOpt = OutputFormat.table,
 ) -> None:  # fmt: skip
     """Release held jobs: the scheduler plans them again (Slurm's scontrol release).
 
-    Give job ids, or a filter over the held jobs you can see.
-
-    Examples: kiln release 7;  kiln release --mine;  kiln release --sweep 3
-    """
+    Give job ids, or a filter over the held jobs you can see."""
 
     filters = {"team": team, "name": name, "mine": mine, "since": since, "until": until, "sweep": sweep}
     hold_or_release(job_ids, hold=False, reason=None, filters=filters, output=output)
@@ -620,7 +622,14 @@ def hold_or_release(
         act_on_each(api, queued_ids(api, job_ids, held=not hold, **filters), one, output)
 
 
-@app.command()
+@app.command(
+    epilog=examples(
+        "kiln update 7 --qos gold",
+        "kiln update 7 --time-limit 2h",
+        "kiln update 7 --gpus 4",
+        "kiln update 7 --depends-on afterok:5 --depends-on 6",
+    )
+)
 def update(
     job_id: JobArg,
     qos: Annotated[str | None, typer.Option("--qos", help="Another QoS class of the team's.")] = None,
@@ -640,11 +649,7 @@ def update(
     A running job: its time limit only, which its worker follows at once; you may lower it, a team admin or an
     admin may raise it. Another class: kiln hold it first (it stops, checkpoint first), change it, kiln release it.
     GPUs: only before the job's first checkpoint (kiln clone --set resources.gpus=N after). --depends-on replaces
-    the job's dependencies.
-
-    Examples: kiln update 7 --qos gold;  kiln update 7 --time-limit 2h;  kiln update 7 --gpus 4;
-    kiln update 7 --depends-on afterok:5 --depends-on 6
-    """
+    the job's dependencies."""
     body: dict[str, Any] = {}
     if qos is not None:
         body["qos"] = qos
@@ -669,7 +674,7 @@ def update(
     console.print(out.text(f"job {job_id}: {said}"))
 
 
-@app.command()
+@app.command(epilog=examples("kiln why 7", "kiln why 7 -o json"))
 def why(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
     """Why a job is waiting (the scheduler's pending reason) and what would let it start."""
     with client() as api:
@@ -696,7 +701,7 @@ def why(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
             console.print(out.text(f"  - {hint}"))
 
 
-@app.command()
+@app.command(epilog=examples("kiln metrics 7 -n 5"))
 def metrics(
     job_id: JobArg,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="The last this many points.")] = 20,

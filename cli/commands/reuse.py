@@ -9,13 +9,16 @@ from typing import Annotated, Any
 import typer
 
 from cli import output as out
-from cli.app import OutputOpt, app, client
+from cli.app import OutputOpt, app, client, examples
 from cli.commands.jobs import CheckOpt, JobArg, WorkdirOpt, read_text, report_submitted, spec_errors, submit_text
 from cli.errors import CliError, ExitCode
 from cli.output import Column, OutputFormat, console, err_console
 
-sweep_app = typer.Typer(help="Sweeps: one spec over a grid, a list or random draws of settings, a job each.",
-                        no_args_is_help=True)  # fmt: skip
+sweep_app = typer.Typer(
+    help="Sweeps: one spec over a grid, a list or random draws of settings, a job each.",
+    no_args_is_help=True,
+    epilog=examples("kiln sweep submit examples/digits/sweep.yaml --workdir examples/digits", "kiln sweep show 1"),
+)
 
 
 def apply_override(spec: dict[str, Any], item: str) -> None:
@@ -40,7 +43,9 @@ def apply_override(spec: dict[str, Any], item: str) -> None:
     node[leaf] = value
 
 
-@app.command()
+@app.command(
+    epilog=examples("kiln clone 7 --set recipe.hyperparameters.lr=0.001", "kiln clone 7 -s steps=2000 --name longer -f")
+)
 def clone(
     job_id: JobArg,
     set_: Annotated[
@@ -50,10 +55,7 @@ def clone(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Follow the new job until it ends.")] = False,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
-    """Submit a job's spec again, with changes.
-
-    Examples: kiln clone 7 --set recipe.hyperparameters.lr=0.001;  kiln clone 7 -s steps=2000 --name longer -f
-    """
+    """Submit a job's spec again, with changes."""
     import yaml
 
     with client() as api:
@@ -118,7 +120,12 @@ def _fmt_metric(name: str) -> Callable[[dict[str, Any]], str]:
     return lambda row: "-" if value(row) is None else f"{value(row):.4g}"
 
 
-@sweep_app.command("submit")
+@sweep_app.command(
+    "submit",
+    epilog=examples(
+        "kiln sweep submit examples/digits/sweep.yaml --workdir examples/digits", "kiln sweep submit sweep.yaml --hold"
+    ),
+)
 def sweep_submit(
     file: Annotated[str, typer.Argument(help="A job spec with a sweep section (YAML or JSON; '-' reads stdin).")],
     workdir: WorkdirOpt = None,
@@ -196,7 +203,7 @@ def _objective(sweep: dict[str, Any]) -> str:
     return f"{objective.get('metric', 'loss')} ({objective.get('goal', 'minimize')})"
 
 
-@sweep_app.command("show")
+@sweep_app.command("show", epilog=examples("kiln sweep show 2", "kiln sweep show 2 --sort -accuracy"))
 def sweep_show(
     sweep_id: Annotated[int, typer.Argument(help="The sweep id.", min=1, show_default=False)],
     sort: Annotated[
@@ -206,10 +213,7 @@ def sweep_show(
     output: OutputOpt = OutputFormat.table,
 ) -> None:
     """A sweep's jobs, best first: succeeded ones by final loss, then the others; a column per setting it varies
-    and per metric its jobs' evaluations report.
-
-    Example: kiln sweep show 2 --sort -accuracy
-    """
+    and per metric its jobs' evaluations report."""
     with client() as api:
         sweep = api.get(f"/v1/sweeps/{sweep_id}")
     columns, rows = sweep_rows(sweep, sort)
@@ -222,7 +226,7 @@ def sweep_show(
     out.render(sweep, output, lambda: out.table(columns, rows, title=title))
 
 
-@sweep_app.command("ls")
+@sweep_app.command("ls", epilog=examples("kiln sweep ls", "kiln sweep ls -o json"))
 def sweep_ls(output: OutputOpt = OutputFormat.table) -> None:
     """Sweeps you can see, newest first."""
     with client() as api:

@@ -8,7 +8,7 @@ import typer
 from rich.console import Group
 
 from cli import output as out
-from cli.app import OutputOpt, app, client, flatten, show_list
+from cli.app import OutputOpt, app, client, examples, flatten, show_list
 from cli.errors import CliError, ExitCode
 from cli.output import OutputFormat, console
 
@@ -17,7 +17,7 @@ sla_app = typer.Typer(help="A team's default SLA contract.", no_args_is_help=Fal
 invitations_app = typer.Typer(help="Teams that invited you: accept or decline.", no_args_is_help=False)
 
 
-@teams_app.callback(invoke_without_command=True)
+@teams_app.callback(invoke_without_command=True, epilog=examples("kiln teams", "kiln teams show default"))
 def teams(ctx: typer.Context, output: OutputOpt = OutputFormat.table) -> None:
     """List the teams you can see (subcommands: show, create, set, members, add-member, remove-member,
     invitations)."""
@@ -26,7 +26,7 @@ def teams(ctx: typer.Context, output: OutputOpt = OutputFormat.table) -> None:
     show_list("/v1/teams", out.TEAM_COLUMNS, output)
 
 
-@teams_app.command("show")
+@teams_app.command("show", epilog=examples("kiln teams show default -o json"))
 def teams_show(team: str, output: OutputOpt = OutputFormat.table) -> None:
     """A team: quotas, budget, fair-share weight."""
     with client() as api:
@@ -61,7 +61,9 @@ def _parse_quota(text: str) -> dict[str, Any]:
     return quota
 
 
-@teams_app.command("create")
+@teams_app.command(
+    "create", epilog=examples("kiln teams create research --quota cpu=2 --quota H200=8:borrow=4 --cohort lab")
+)
 def teams_create(
     name: str,
     quota: Annotated[
@@ -93,7 +95,12 @@ def teams_create(
     out.render(data, output, lambda: f"team {data.get('name', name)} created")
 
 
-@teams_app.command("set")
+@teams_app.command(
+    "set",
+    epilog=examples(
+        "kiln teams set vision --quota H200=8", "kiln teams set vision --qos gold,silver --restart-limit 5"
+    ),
+)
 def teams_set(
     team: str,
     qos: Annotated[str | None, typer.Option("--qos", help="The QoS classes the team may use, comma-separated.")] = None,
@@ -106,10 +113,7 @@ def teams_set(
     ] = None,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
-    """Change what a team may use (admin): its QoS classes, restart limit and quotas.
-
-    Examples: kiln teams set vision --quota H200=8;  kiln teams set vision --qos gold,silver --restart-limit 5
-    """
+    """Change what a team may use (admin): its QoS classes, restart limit and quotas."""
     body: dict[str, Any] = {}
     if qos is not None:
         body["qos_classes"] = [q.strip() for q in qos.split(",") if q.strip()]
@@ -130,7 +134,7 @@ def teams_set(
     out.render(data, output, lambda: out.kv_table(_flatten_lists(data), title=f"Team {team}"))
 
 
-@teams_app.command("members")
+@teams_app.command("members", epilog=examples("kiln teams members default"))
 def teams_members(team: str, output: OutputOpt = OutputFormat.table) -> None:
     """A team's members and their roles."""
     columns: list[out.Column] = [
@@ -141,7 +145,7 @@ def teams_members(team: str, output: OutputOpt = OutputFormat.table) -> None:
     show_list(f"/v1/teams/{team}/members", columns, output)
 
 
-@teams_app.command("add-member")
+@teams_app.command("add-member", epilog=examples("kiln teams add-member research alice --role team-admin"))
 def teams_add_member(
     team: str,
     user: str,
@@ -159,7 +163,7 @@ def teams_add_member(
     out.render(data, output, lambda: text)
 
 
-@teams_app.command("invitations")
+@teams_app.command("invitations", epilog=examples("kiln teams invitations research"))
 def teams_invitations(team: str, output: OutputOpt = OutputFormat.table) -> None:
     """A team's pending invitations (team-admin)."""
     show_list(f"/v1/teams/{team}/invitations", INVITATION_COLUMNS, output)
@@ -174,14 +178,16 @@ INVITATION_COLUMNS: list[out.Column] = [
 ]
 
 
-@invitations_app.callback(invoke_without_command=True)
+@invitations_app.callback(
+    invoke_without_command=True, epilog=examples("kiln invitations", "kiln invitations accept research")
+)
 def invitations(ctx: typer.Context, output: OutputOpt = OutputFormat.table) -> None:
     """Teams that invited you (subcommands: accept TEAM, decline TEAM)."""
     if ctx.invoked_subcommand is None:
         show_list("/v1/me/invitations", INVITATION_COLUMNS, output)
 
 
-@invitations_app.command("accept")
+@invitations_app.command("accept", epilog=examples("kiln invitations accept research"))
 def invitations_accept(team: str) -> None:
     """Join a team that invited you."""
     with client() as api:
@@ -189,7 +195,7 @@ def invitations_accept(team: str) -> None:
     console.print(f"you joined {team} as {data.get('role')}", markup=False)
 
 
-@invitations_app.command("decline")
+@invitations_app.command("decline", epilog=examples("kiln invitations decline research"))
 def invitations_decline(team: str) -> None:
     """Decline a team's invitation."""
     with client() as api:
@@ -197,7 +203,7 @@ def invitations_decline(team: str) -> None:
     console.print(f"declined the invitation to {team}", markup=False)
 
 
-@teams_app.command("remove-member")
+@teams_app.command("remove-member", epilog=examples("kiln teams remove-member research bob"))
 def teams_remove_member(team: str, user: str) -> None:
     """Remove a user from a team."""
     with client() as api:
@@ -205,7 +211,7 @@ def teams_remove_member(team: str, user: str) -> None:
     console.print(out.text(f"{user} removed from {team}"))
 
 
-@app.command()
+@app.command(epilog=examples("kiln qos", "kiln qos -o yaml"))
 def qos(output: OutputOpt = OutputFormat.table) -> None:
     """QoS classes: priority, preemption, GPU memory and SM caps, bandwidth quotas."""
     columns: list[out.Column] = [
@@ -229,14 +235,14 @@ def qos(output: OutputOpt = OutputFormat.table) -> None:
     show_list("/v1/qos", columns, output)
 
 
-@sla_app.callback(invoke_without_command=True)
+@sla_app.callback(invoke_without_command=True, epilog=examples("kiln sla", "kiln sla show research"))
 def sla(ctx: typer.Context, output: OutputOpt = OutputFormat.table) -> None:
     """Show your team's default SLA contract (subcommands: show TEAM, set TEAM ...)."""
     if ctx.invoked_subcommand is None:
         sla_show(None, output)
 
 
-@sla_app.command("show")
+@sla_app.command("show", epilog=examples("kiln sla show research -o json"))
 def sla_show(
     team: Annotated[str | None, typer.Argument(help="The team (default: your only team).")] = None,
     output: OutputOpt = OutputFormat.table,
@@ -256,7 +262,7 @@ def _default_team(api: Any) -> str:
     raise CliError(f"say which team: you belong to {', '.join(map(str, names)) or 'no team'}", ExitCode.USAGE)
 
 
-@sla_app.command("set")
+@sla_app.command("set", epilog=examples("kiln sla set default --max-queue-wait 300 --max-restarts 5"))
 def sla_set(
     team: str,
     qos: Annotated[str | None, typer.Option("--qos", help="QoS class.")] = None,
@@ -292,7 +298,7 @@ def sla_set(
     out.render(data, output, lambda: out.kv_table(flatten(data), title=f"SLA contract of team {team}"))
 
 
-@app.command()
+@app.command(epilog=examples("kiln usage", "kiln usage --team vision --since 2026-11-01"))
 def usage(
     team: Annotated[str | None, typer.Option("--team", "-t", help="Only this team.")] = None,
     since: Annotated[str | None, typer.Option("--since", help="ISO-8601 start (default: the budget period).")] = None,
@@ -324,7 +330,7 @@ def _sandbox_column(host: dict[str, Any]) -> str:
     return f"{mode}: {host.get('isolation_note') or ''}"[:100] if mode == "unavailable" else mode
 
 
-@app.command()
+@app.command(epilog=examples("kiln hosts", "kiln hosts --gpus"))
 def hosts(
     gpus: Annotated[bool, typer.Option("--gpus", help="List the GPUs instead of the hosts.")] = False,
     output: OutputOpt = OutputFormat.table,

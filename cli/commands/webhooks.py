@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from cli import output as out
-from cli.app import OutputOpt, client, show_list
+from cli.app import OutputOpt, client, examples, show_list
 from cli.errors import CliError
 from cli.output import OutputFormat, console
 from core.webhook_kinds import KINDS
@@ -18,7 +18,7 @@ webhooks_app = typer.Typer(
 )
 
 
-@webhooks_app.callback(invoke_without_command=True)
+@webhooks_app.callback(invoke_without_command=True, epilog=examples("kiln webhooks --team vision"))
 def webhooks(
     ctx: typer.Context,
     team: Annotated[str | None, typer.Option("--team", help="Only this team's hooks.")] = None,
@@ -40,7 +40,13 @@ def webhooks(
     show_list("/v1/webhooks", columns, output, params)
 
 
-@webhooks_app.command("create")
+@webhooks_app.command(
+    "create",
+    epilog=examples(
+        "kiln webhooks create https://example.com/hook --team vision --events failed",
+        "kiln webhooks create https://hooks.slack.com/services/T/B/X --job 42 --slack",
+    ),
+)
 def create(
     url: Annotated[str, typer.Argument(help="Where to POST (http:// or https://).")],
     team: Annotated[str | None, typer.Option("--team", help="Every job of this team (team-admins).")] = None,
@@ -50,14 +56,7 @@ def create(
     description: Annotated[str, typer.Option("--description", help="A note for the list.")] = "",
     output: OutputOpt = OutputFormat.table,
 ) -> None:
-    """Create a webhook; its signing secret is shown once.
-
-    Examples:
-
-      kiln webhooks create https://hooks.example.com/kiln --team vision --events finished,failed,sla_violation
-
-      kiln webhooks create https://hooks.slack.com/services/T/B/X --job 42 --events finished --slack
-    """
+    """Create a webhook; its signing secret is shown once."""
     if team is None and job is None:
         raise CliError("name --team (every job of the team) or --job (one job)")
     body: dict[str, Any] = {"url": url, "events": [e.strip() for e in events.split(",") if e.strip()],
@@ -77,7 +76,7 @@ def create(
     console.print(data.get("secret"), markup=False)
 
 
-@webhooks_app.command("delete")
+@webhooks_app.command("delete", epilog=examples("kiln webhooks delete 3"))
 def delete(hook_id: int) -> None:
     """Delete a webhook (its pending deliveries are dropped)."""
     with client() as api:
@@ -85,7 +84,7 @@ def delete(hook_id: int) -> None:
     console.print(f"webhook {hook_id} deleted")
 
 
-@webhooks_app.command("test")
+@webhooks_app.command("test", epilog=examples("kiln webhooks test 3"))
 def test(hook_id: int, output: OutputOpt = OutputFormat.table) -> None:
     """Queue a signed test delivery (it goes out behind the hook's pending ones)."""
     with client() as api:
@@ -98,7 +97,7 @@ def test(hook_id: int, output: OutputOpt = OutputFormat.table) -> None:
     )
 
 
-@webhooks_app.command("deliveries")
+@webhooks_app.command("deliveries", epilog=examples("kiln webhooks deliveries 3 -n 20"))
 def deliveries(
     hook_id: int,
     limit: Annotated[int, typer.Option("--limit", "-n", help="How many, newest first.")] = 20,

@@ -132,6 +132,8 @@ def test_kiln_up_runs_the_main_job_to_the_end(kiln_up: Up, tmp_path: Path) -> No
     up = kiln_up
     config = json.loads((tmp_path / "xdg" / "kiln" / "config.json").read_text())
     assert config["api_url"] == up.url and config["token"].startswith("kiln_")
+    # Off a terminal too (its output is a file here): the dashboard's sign-in token, as README and the page say.
+    assert f"dashboard sign-in token (also in the CLI config): {config['token']}" in up.output()
     for name in ("api", "scheduler", "worker"):
         assert f"{name}" in up.output() and (up.home / "logs" / f"{name}.log").exists()
 

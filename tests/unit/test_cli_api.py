@@ -647,3 +647,19 @@ def test_a_cancels_reason_is_kept_and_why_and_describe_say_it(kiln: Any) -> None
     assert said.startswith("cancelled by ") and said.endswith(": wrong lr"), said
     assert f"job {job_id} is CANCELLED: {said}" in kiln("why", str(job_id)).stdout  # was "not waiting"
     assert said in kiln("describe", str(job_id)).stdout
+
+
+def test_the_prometheus_recipe_of_docs_cli_md_works(kiln: Any, server: Server) -> None:
+    """docs/cli.md's scrape token for Prometheus: the metrics user is made with `kiln users create` (issue 42, point
+    6: no command made it, so `kiln tokens create ... --user prometheus` exited 6), then its metrics-only token reads
+    /metrics and nothing else."""
+    import httpx
+
+    created = kiln("users", "create", "prometheus")
+    assert created.exit_code == 0 and "user prometheus created" in created.stdout, created.output
+    assert "prometheus" in kiln("users").stdout
+    token = as_json(kiln("tokens", "create", "prometheus", "--scope", "metrics", "--user", "prometheus", "-o", "json"))
+    secret = {"Authorization": f"Bearer {token['secret']}"}
+    scraped = httpx.get(f"{server.url}/metrics", headers=secret, timeout=30)
+    assert scraped.status_code == 200 and "kiln_jobs" in scraped.text
+    assert httpx.get(f"{server.url}/v1/jobs", headers=secret, timeout=30).status_code == 403  # scrape-only
