@@ -8,14 +8,15 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from core.models import GPU, Attempt, Event, Host, Job, JobMetric, Usage
-from core.repositories.step_times import CHUNK
+from core.repositories.step_times import CHUNK, WARMUP_STEPS
 from core.states import MpsState
 
 RECENT_ATTEMPTS = 200  # a recipe's newest measured attempts: the calibration follows the newest runs
+STEADY_STEPS = 500  # an attempt's newest steady steps read (the dashboard asks as the user types)
 
 
 class MeasuredAttempt(NamedTuple):
@@ -48,19 +49,30 @@ def measured_attempts(db: Session, *, recipe: str, team_id: int | None) -> list[
     return [MeasuredAttempt(*row) for row in db.execute(stmt).tuples()]
 
 
-def step_rows(db: Session, attempt_ids: Sequence[int]) -> dict[int, list[tuple[float, int | None]]]:
-    """Per attempt, its steps' (time, peak memory) in step order: those with a time and no overhead of kiln's own
-    (a checkpoint's or a restore's), as the step-time SLA counts them."""
+def steady_steps(db: Session, attempt_ids: Sequence[int]) -> dict[int, list[tuple[float, int | None]]]:
+    """Per attempt, its steady steps' (time, peak memory), oldest first: of the steps with a time and no overhead of
+    kiln's own (a checkpoint's or a restore's, as the step-time SLA counts them), those after the first fifth (at
+    most ``WARMUP_STEPS``: the compile's last traces, the allocator's growth, the first checkpoint's staging), the
+    newest ``STEADY_STEPS`` of them, ranked in the database so that a long run's rows do not all travel."""
     out: dict[int, list[tuple[float, int | None]]] = defaultdict(list)
     for start in range(0, len(attempt_ids), CHUNK):
-        stmt = (
-            select(JobMetric.attempt_id, JobMetric.step_time_s, JobMetric.mem_peak_bytes)
-            .where(
-                JobMetric.attempt_id.in_(attempt_ids[start : start + CHUNK]),
-                JobMetric.step_time_s.is_not(None),
-                JobMetric.overhead.is_(None),
+        part, order = JobMetric.attempt_id, (JobMetric.step, JobMetric.id)
+        ranked = (
+            select(
+                JobMetric.attempt_id, JobMetric.step_time_s, JobMetric.mem_peak_bytes,
+                func.row_number().over(partition_by=part, order_by=order).label("first"),
+                func.row_number().over(partition_by=part, order_by=[c.desc() for c in order]).label("last"),
+                func.count().over(partition_by=part).label("count"),
             )
-            .order_by(JobMetric.attempt_id, JobMetric.step)
+            .where(JobMetric.attempt_id.in_(attempt_ids[start : start + CHUNK]), JobMetric.step_time_s.is_not(None),
+                   JobMetric.overhead.is_(None))
+            .subquery()
+        )  # fmt: skip
+        warmup = case((ranked.c.count / 5 < WARMUP_STEPS, ranked.c.count / 5), else_=WARMUP_STEPS)
+        stmt = (
+            select(ranked.c.attempt_id, ranked.c.step_time_s, ranked.c.mem_peak_bytes)
+            .where(ranked.c.first > warmup, ranked.c.last <= STEADY_STEPS)
+            .order_by(ranked.c.attempt_id, ranked.c.first)
         )
         for attempt_id, step_time, peak in db.execute(stmt).tuples():
             if attempt_id is not None and step_time is not None:  # both are in the WHERE: for the type checker

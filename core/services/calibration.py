@@ -2,9 +2,7 @@
 start-up and its measured peak memory, with the shape it trained and how it ran (``Shape``, ``Config``).
 
 Nothing is stored for this: it is read from the attempts, their step telemetry and events at each estimate, so every
-run that finishes is part of the next estimate. A step is steady once the first fifth of the attempt's reported
-steps (at most ``WARMUP_STEPS``) are past: those carry the compile's last traces, the allocator's growth and the
-first checkpoint's staging.
+run that finishes is part of the next estimate (its steady steps: ``core.repositories.estimates.steady_steps``).
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from sqlalchemy.orm import Session
 from core.estimate import SINGLE, Config, Run, Shape
 from core.recipes import TrainingHyperparameters
 from core.repositories import estimates as repo
-from core.repositories.step_times import WARMUP_STEPS
 from core.spec import JobSpec, check_recipe
 
 # kiln's own training settings that do not change a step's work (the optimiser, its schedule, the guards' cadence):
@@ -64,23 +61,18 @@ def config_of(spec: JobSpec, device: str, *, strategy: str | None, fell_back: bo
     return Config(device, count, parallelism, compiled, resolved_precision(spec), r.gpu_share is not None)
 
 
-def steady(rows: list[tuple[float, int | None]]) -> list[float]:
-    skip = min(WARMUP_STEPS, len(rows) // 5)
-    return [t for t, _ in rows[skip:]]
-
-
 def history(db: Session, *, recipe: str, team_id: int | None) -> list[Run]:
     """The measured runs of ``recipe`` (of ``team_id`` only, where given), newest first."""
     attempts = repo.measured_attempts(db, recipe=recipe, team_id=team_id)
     if not attempts:
         return []
-    steps = repo.step_rows(db, [a.attempt_id for a in attempts])
+    steps = repo.steady_steps(db, [a.attempt_id for a in attempts])
     strategy, fell_back = repo.run_events(db, sorted({a.job_id for a in attempts}))
     runs = []
     for a in attempts:
         spec = _spec(a.spec)
         rows = steps.get(a.attempt_id) or []
-        times = steady(rows)
+        times = [t for t, _ in rows]
         if spec is None or not times:
             continue
         device = "cpu" if not spec.resources.gpus else a.gpu_type or spec.resources.gpu_type or "*"
