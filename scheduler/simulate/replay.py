@@ -497,6 +497,13 @@ class Simulation:
         self.running[jid] = self._running_view(jid, now)
         self.push(now + STOP_S, jid, "stopped", sj.attempt)
 
+    def true_remaining_s(self, jid: int, now: float) -> float:
+        """The running job's true training time left: for measurements outside the policy only (the start-time
+        forecasts' bound of what progress reports would tell, ``scheduler.simulate.forecasts``)."""
+        sj = self.jobs[jid]
+        trained = max(0.0, now - sj.attempt_start - sj.overhead)
+        return max(0.0, self._work[jid] - sj.progress - trained)
+
     def _fail(self, jid: int, now: float, message: str) -> None:
         sj = self.jobs[jid]
         self._release(jid, now, 0.0)
