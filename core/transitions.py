@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from core.db import utcnow
 from core.models import Attempt, Event, Host, Job
+from core.notify import notify_jobs_changed
 from core.queue_wait import queued_seconds
 from core.states import (
     ATTEMPT_TRANSITIONS,
@@ -88,6 +89,8 @@ def transition(
     )
     session.add(event)
     enqueue_for_event(session, event, job)
+    if target is JobState.LOST or target in TERMINAL:  # a job to requeue, or capacity freed: a cycle now
+        notify_jobs_changed(session, str(job.id))
     return event
 
 

@@ -34,7 +34,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from core.notify import CHANNEL
+from core.notify import CHANNEL, wake_file
 
 log = logging.getLogger(__name__)
 
@@ -181,9 +181,22 @@ class PostgresLeadership:
 
 
 class FileLeadership:
-    def __init__(self, path: Path) -> None:
+    """One scheduler per embedded (SQLite) deployment: an exclusive lock on a file. It is woken by the database's
+    wake file (``core.notify``), whose time stamp it checks every ``WAKE_POLL_S``."""
+
+    WAKE_POLL_S = 0.1
+
+    def __init__(self, path: Path, wake: Path | None = None) -> None:
         self.path = path
+        self.wake = wake
         self.fh: IO[str] | None = None
+        self.woken_at = self._stamp()
+
+    def _stamp(self) -> int | None:
+        try:
+            return os.stat(self.wake).st_mtime_ns if self.wake is not None else None
+        except OSError:
+            return None
 
     def try_acquire(self) -> bool:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -205,7 +218,13 @@ class FileLeadership:
             raise LeadershipLost("not the leader")
 
     def wait(self, timeout_s: float, stop: threading.Event) -> bool:
-        stop.wait(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+            stamp = self._stamp()
+            if stamp != self.woken_at:
+                self.woken_at = stamp
+                return True
+            stop.wait(min(left, self.WAKE_POLL_S))
         return False
 
     def release(self) -> None:
@@ -219,4 +238,4 @@ class FileLeadership:
 def leadership_for(url: str, home: Path, *, lease_s: float) -> Leadership:
     if url.startswith("postgresql"):
         return PostgresLeadership(url, lease_s=lease_s)
-    return FileLeadership(home / "scheduler.lock")
+    return FileLeadership(home / "scheduler.lock", wake_file(make_url(url)))

@@ -264,3 +264,42 @@ def test_a_handover_without_a_gap_gives_no_grace(fresh_pg: str, tmp_path: Path) 
     finally:
         new.release()
         engine.dispose()
+
+
+def test_the_embedded_scheduler_wakes_at_once_when_a_job_is_submitted_or_lost(
+    no_dispatch: list[int], tmp_path: Path
+) -> None:
+    """SQLite has no NOTIFY: a submit, and a job lost with its worker, touch the database's wake file when they
+    commit, and the embedded scheduler runs a cycle at once rather than at its next tick (30 s here)."""
+    from sqlalchemy.engine import make_url
+
+    from core.notify import wake_file
+    from core.states import JobState
+    from core.transitions import transition
+
+    url = f"sqlite:///{tmp_path / 'kiln.db'}"
+    upgrade(url)
+    wake = wake_file(make_url(url))
+    assert wake == tmp_path / "kiln.db.wake"
+    engine = make_engine(url)
+    factory = sessionmaker(bind=engine, expire_on_commit=False)
+    loop = LoopThread(Settings(database_url=url, home=tmp_path, scheduler_interval_s=30.0), record_dispatch)
+    try:
+        time.sleep(1.5)  # its first cycle (at start) is over: the next tick is 30 s away
+        t0 = time.monotonic()
+        job_id = submit(factory, "woken", with_host=True)
+        assert wait_for(lambda: len(no_dispatch) == 1, timeout=5.0), "the submit did not wake the scheduler"
+        assert time.monotonic() - t0 < 5.0
+        stamp = wake.stat().st_mtime_ns
+        with factory() as db:
+            job = db.get(Job, job_id)
+            assert job is not None
+            transition(db, job, JobState.RUNNING)
+            transition(db, job, JobState.LOST, message="its worker died")
+            db.flush()
+            assert wake.stat().st_mtime_ns == stamp  # not before the commit: the scheduler would not see it yet
+            db.commit()
+        assert wake.stat().st_mtime_ns > stamp
+    finally:
+        assert loop.halt()
+        engine.dispose()
