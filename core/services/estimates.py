@@ -175,6 +175,9 @@ def _option(spec: JobSpec, hp: TrainingHyperparameters | None, config: est.Confi
         changes["resources.gpu_type"] = config.device
     if config.count != written.count:
         changes["resources.gpus" if config.device != "cpu" else "resources.cpu_slots"] = config.count
+        per_node = spec.resources.gpus_per_node
+        if config.device != "cpu" and per_node is not None and config.count < per_node:
+            changes["resources.gpus_per_node"] = None  # fewer GPUs than a host's share: one host, any count
         if hp is not None and hasattr(hp, "batch_size"):
             per_rank = hp.batch_size * written.count // config.count
             hp_here = hp.model_copy(update={"batch_size": per_rank})
@@ -244,6 +247,11 @@ def _summary(options: list[est.Option], best: int | None, runs: int, currency: s
         return ("no measured history of this recipe yet: step time, GPU-hours and cost cannot be estimated (memory is "
                 "predicted where kiln can); run it once, and the next estimate has its measurements")  # fmt: skip
     written = options[0]
+    if not any(o.step is not None for o in options):
+        return (
+            "no measured run of this recipe matches these options (GPU type, compile, precision): step time, "
+            "GPU-hours and cost cannot be estimated; run it once, and the next estimate has its measurements"
+        )
     if best is None:
         why = "meets the deadline" if deadline is not None else "fits"
         return f"no option with a measured or scaled step time {why}"

@@ -220,3 +220,16 @@ def test_compile_auto_written_out_takes_the_cheapest_measured(client: TestClient
     assert job.spec["compile"]["mode"] == "auto" and "auto" not in event["data"]
     assert eager_peak is not None and job.predicted_memory_bytes is not None
     assert eager_peak > job.predicted_memory_bytes  # the eager layout's own prediction: more activations kept
+
+
+def test_fewer_gpus_than_a_hosts_share_drop_it_and_other_recipes_runs_say_nothing(
+    client: TestClient, world: World, db: Session
+) -> None:  # fmt: skip
+    _ran(client, world, db, spec(name="cpu-run", recipe=MINI, resources={"gpus": 0, "cpu_slots": 1}), startup_s=1,
+         step_s=[0.3] * 20, gpu_type="cpu")  # fmt: skip
+    _hosts(db)  # after: a cluster of GPU hosts only refuses a CPU job
+    answer = _estimate(client, world, _gpu_spec(name="gang", resources={"gpus": 2, "gpus_per_node": 2}))
+    one = _option(answer, gpu_type="H200", gpus=1, compiled=True)
+    assert one["changes"]["resources.gpus_per_node"] is None
+    assert answer["measured_runs"] == 1  # a CPU run of the recipe: nothing to say of a GPU's step time
+    assert answer["summary"].startswith("no measured run of this recipe matches these options")
