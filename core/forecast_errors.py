@@ -23,9 +23,8 @@ PEAK_MEMORY = "peak_memory"
 STEP_TIME = "step_time"
 GPU_HOURS = "gpu_hours"
 KINDS: dict[str, str] = {START_TIME: "s", PEAK_MEMORY: "bytes", STEP_TIME: "s", GPU_HOURS: "GPU-hours"}
-# Who forecast it: the scheduler's pass, the memory predictor at submit, the trainer on its device (an estimate of
-# step time or GPU-hours names its own source).
-SCHEDULER, SUBMIT, TRAINER = "scheduler", "submit", "trainer"
+# Who forecast it: the scheduler's pass, the memory predictor at submit, the trainer on its device, kiln estimate.
+SCHEDULER, SUBMIT, TRAINER, ESTIMATE = "scheduler", "submit", "trainer", "estimate"
 START_SLACK_S = 10.0
 RELATIVE = frozenset({PEAK_MEMORY, STEP_TIME, GPU_HOURS})  # kinds whose relative error means something
 

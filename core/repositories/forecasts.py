@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from core.forecast_errors import START_TIME
 from core.models import Attempt, Forecast, Job, JobMetric, Usage
+from core.repositories import estimates as estimates_repo
 
 
 def get(db: Session, *, job_id: int, kind: str, source: str) -> Forecast | None:
@@ -54,11 +55,10 @@ def peak_memory(db: Session, job_id: int) -> int | None:
 
 
 def step_times(db: Session, job_id: int) -> list[float]:
-    """The job's step times, those kiln's own work overlapped left out (the step-time SLA's usable steps)."""
-    stmt = select(JobMetric.step_time_s).where(
-        JobMetric.job_id == job_id, JobMetric.step_time_s.is_not(None), JobMetric.overhead.is_(None)
-    )
-    return [float(s) for s in db.scalars(stmt) if s is not None]
+    """The job's steady step times, as ``kiln estimate`` reads a run's (``estimates.steady_steps``: no warm-up, no
+    step that kiln's own checkpoint or restore overlapped), over all its attempts."""
+    attempts = list(db.scalars(select(Attempt.id).where(Attempt.job_id == job_id)))
+    return [t for steps in estimates_repo.steady_steps(db, attempts).values() for t, _ in steps]
 
 
 def gpu_seconds(db: Session, job_id: int) -> float | None:

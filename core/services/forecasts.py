@@ -3,10 +3,12 @@
 Who records what (``record_forecast``; the first forecast of a kind by a source is kept, later ones are not):
 
 * the scheduler, in the first pass that sees the job queued: its expected start (``start_time``, the range
-  ``kiln why`` would have said) and the memory predicted at submit (``peak_memory`` by ``submit``);
+  ``kiln why`` would have said), the memory predicted at submit (``peak_memory`` by ``submit``), the GPU-hours of
+  the run time the policy plans with (``gpu_hours`` by ``scheduler``), and the step time and GPU-hours ``kiln
+  estimate`` gives for the job as written (``record_estimate``: ``step_time`` and ``gpu_hours`` by ``estimate``);
 * the worker's relay: the trainer's own memory prediction, made on the device it runs on (``peak_memory`` by
   ``trainer``);
-* an estimate of step time or GPU-hours (``step_time``, ``gpu_hours``) by whoever makes one (``source`` says who).
+* any other forecaster: ``record_forecast`` with a ``source`` of its own.
 
 The scheduler's pass settles them (``settle``): a start once the job's first attempt runs, the rest once the job
 has ended: its highest reported peak memory, its median step time (steps without kiln's checkpoint or restore
@@ -24,11 +26,24 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
-from core.forecast_errors import GPU_HOURS, KINDS, PEAK_MEMORY, START_TIME, STEP_TIME, ErrorSummary, Outcome, summarize
+from core.forecast_errors import (
+    ESTIMATE,
+    GPU_HOURS,
+    KINDS,
+    PEAK_MEMORY,
+    START_TIME,
+    STEP_TIME,
+    ErrorSummary,
+    Outcome,
+    summarize,
+)
 from core.models import Forecast, Job
 from core.repositories import forecasts as repo
 from core.repositories import teams as teams_repo
+from core.services.estimates import priced_options
+from core.services.fit import canonical_gpu_type
 from core.services.principal import Principal
+from core.spec import SpecError, check_recipe, parse_spec_data
 
 
 def record_forecast(
@@ -62,6 +77,25 @@ def record_forecast(
         db.add(row)
         db.flush()
     return row
+
+
+def record_estimate(db: Session, *, job: Job, made_at: datetime) -> None:
+    """The step time and GPU-hours ``kiln estimate`` gives for ``job`` as written (the first of its options), held
+    to account as ``estimate``'s forecasts; a step time it cannot give (nothing of the recipe measured or scaled) is
+    recorded as unknown. A stored spec today's schema no longer reads is not estimated."""
+    try:
+        spec = canonical_gpu_type(parse_spec_data(job.spec))
+    except SpecError:
+        return
+    hp = check_recipe(spec)
+    written = priced_options(db, spec=spec, hp=hp, team_id=job.team_id, now=made_at, prices={}).options[0]
+    step = written.step
+    note = f"{step.basis}: {step.detail}" if step else "no step time: nothing of this recipe measured or scaled"
+    predicted = step.median_s if step else None
+    record_forecast(db, job=job, kind=STEP_TIME, source=ESTIMATE, predicted=predicted, note=note, made_at=made_at)
+    record_forecast(
+        db, job=job, kind=GPU_HOURS, source=ESTIMATE, predicted=written.gpu_hours, note=note, made_at=made_at
+    )
 
 
 def settle(db: Session, *, now: datetime) -> int:

@@ -6,8 +6,8 @@ After each cycle, in a transaction of its own (the cycle's locks are released an
   one ``kiln why`` would have given then: the same projection (``StartProjector``) over the cycle's own snapshot,
   taken before ``plan()``, so a job this cycle admitted is forecast to start now, as it was; a reason no clock
   bounds (a dependency, a budget) is recorded as "cannot be known", as ``kiln why`` says it. With it, the
-  GPU-hours of the run time the policy plans with, and the memory predicted at submit (the trainer's own
-  prediction replaces it on the job once the job runs);
+  GPU-hours of the run time the policy plans with, ``kiln estimate``'s step time and GPU-hours for the job as
+  written, and the memory predicted at submit (the trainer's own prediction replaces it on the job once it runs);
 * every forecast whose job can now tell what happened is settled.
 """
 
@@ -106,6 +106,7 @@ def record_starts(db: Session, snapshot: Snapshot, policy: PolicyConfig, now: da
             predicted=runtime_s * (p.gpus or p.cpu_slots) / 3600.0,
             note=f"the scheduler's expected run time, {runtime_s:.0f} s",
         )
+        forecasts.record_estimate(db, job=job, made_at=now)
         if p.memory_bytes:  # the predictor's figure at submit (the trainer's replaces it on the job once it runs)
             record(
                 kind=PEAK_MEMORY,

@@ -102,43 +102,64 @@ def test_a_start_no_clock_bounds_is_recorded_as_unknown(db: Session) -> None:
     assert start.settled_at is not None and start.actual is None
 
 
+def trained(db: Session, job: Job, attempt: Attempt, steps: list[tuple[float, int | None, str | None]]) -> None:
+    """The worker's relay of ``steps`` (step time, peak memory, kiln's own overhead) of ``attempt``."""
+    attempt.first_step_at = attempt.started_at
+    for number, (seconds, peak, overhead) in enumerate(steps, start=1):
+        metric = JobMetric(job_id=job.id, attempt_id=attempt.id, step=number, step_time_s=seconds, overhead=overhead)
+        metric.mem_peak_bytes = peak
+        db.add(metric)
+    db.flush()
+
+
 def test_memory_step_time_and_gpu_hours_are_settled_when_the_job_ends(db: Session) -> None:
     t = f.team(db, "ml")
     f.host(db, "h1", 8, now=T0)
-    job = f.job(db, t, f.qos(db, "silver"), gpus=2, submitted_at=T0, time_limit_s=3600)
-    assert cycle(db, T0).admitted == [job.id]
-    attempt = f.start(db, job, now=T0)
+    silver = f.qos(db, "silver")
+    # A run of the same recipe and shape before it: kiln estimate's measured history.
+    earlier = f.job(db, t, silver, gpus=2, name="earlier", submitted_at=T0, time_limit_s=3600)
+    cycle(db, T0)
+    trained(db, earlier, f.start(db, earlier, now=T0), [(0.2, None, None)] * 20)
+    finish(db, earlier, now=T0 + timedelta(seconds=60))
+    later = T0 + timedelta(minutes=2)
+    job = f.job(db, t, silver, gpus=2, submitted_at=later, time_limit_s=3600)
+    assert cycle(db, later).admitted == [job.id]
+    estimated = forecasts_of(db, job)[(STEP_TIME, "estimate")]
+    assert estimated.predicted == pytest.approx(0.2) and estimated.note and estimated.note.startswith("measured: ")
+    attempt = f.start(db, job, now=later)
     # The trainer's prediction, relayed by the worker: the first attempt's is the one held to account.
-    prediction = {"kind": "memory_prediction", "rank": 0, "ts": (T0 + timedelta(seconds=9)).timestamp()}
+    prediction = {"kind": "memory_prediction", "rank": 0, "ts": (later + timedelta(seconds=9)).timestamp()}
     relay(db, job=job, attempt=attempt, state=RelayState(), records=[{**prediction, "predicted_peak_bytes": 10 * GIB}])
     relay(db, job=job, attempt=attempt, state=RelayState(), records=[{**prediction, "predicted_peak_bytes": 99 * GIB}])
-    # An estimate of step time and GPU-hours, as the estimate's own code would record it.
-    record_forecast(db, job=job, kind=STEP_TIME, source="estimate", predicted=0.25, made_at=T0)
-    record_forecast(db, job=job, kind=GPU_HOURS, source="estimate", predicted=0.5, made_at=T0)
-    for step, (seconds, peak, overhead) in enumerate(
-        [(2.0, 9 * GIB, None), (0.2, 11 * GIB, None), (0.3, 10 * GIB, None), (0.3, 12 * GIB, "save"), (0.2, None, None)]
-    ):
-        db.add(
-            JobMetric(
-                job_id=job.id,
-                attempt_id=attempt.id,
-                step=step + 1,
-                step_time_s=seconds,
-                mem_peak_bytes=peak,
-                overhead=overhead,
-            )
-        )
-    cycle(db, T0 + timedelta(seconds=30))
+    # Steady steps as the estimate counts them: the first fifth left out (a warm-up), and the checkpoint's save.
+    warmup = [(2.0, 9 * GIB, None), (1.5, 9 * GIB, None)]
+    steady = [(0.2, 11 * GIB, None), (0.3, 10 * GIB, None), (0.2, None, None), (0.3, 12 * GIB, "save")]
+    trained(db, job, attempt, [*warmup, *steady, *[(0.2, None, None), (0.3, None, None)] * 3])
+    cycle(db, later + timedelta(seconds=30))
     assert forecasts_of(db, job)[(PEAK_MEMORY, "trainer")].settled_at is None  # still running
 
-    finish(db, job, now=T0 + timedelta(minutes=30))  # 2 GPUs for half an hour
-    cycle(db, T0 + timedelta(minutes=31))
+    finish(db, job, now=later + timedelta(minutes=30))  # 2 GPUs for half an hour
+    cycle(db, later + timedelta(minutes=31))
     got = {key: (r.predicted, r.actual) for key, r in forecasts_of(db, job).items()}
     assert got[(PEAK_MEMORY, "trainer")] == (10 * GIB, 12 * GIB)  # the highest peak any step reported
-    assert got[(STEP_TIME, "estimate")] == (0.25, pytest.approx(0.25))  # median of 2.0, 0.2, 0.3, 0.2 (not the save)
-    assert got[(GPU_HOURS, "estimate")] == (0.5, pytest.approx(1.0))
-    assert got[(GPU_HOURS, "scheduler")] == (1.0, pytest.approx(1.0))  # half its hour's limit, on 2 GPUs
+    assert got[(STEP_TIME, "estimate")] == (
+        pytest.approx(0.2),
+        pytest.approx(0.2),
+    )  # 5 of the 8 steady steps took 0.2 s
+    assert got[(GPU_HOURS, "estimate")][0] and got[(GPU_HOURS, "estimate")][1] == pytest.approx(1.0)
+    # The policy learnt from the team's one finished job (60 s of its hour, under the 5% it assumes at least):
+    # 180 s on 2 GPUs, where it ran half an hour.
+    assert got[(GPU_HOURS, "scheduler")] == (pytest.approx(0.1), pytest.approx(1.0))
     assert got[(START_TIME, "scheduler")] == (0.0, 0.0)
+
+
+def test_a_recipe_never_measured_has_no_step_time_estimate(db: Session) -> None:
+    t = f.team(db, "ml")
+    f.host(db, "h1", 8, now=T0)
+    job = f.job(db, t, f.qos(db, "silver"), gpus=2, submitted_at=T0, time_limit_s=3600)
+    cycle(db, T0)
+    estimated = forecasts_of(db, job)[(STEP_TIME, "estimate")]
+    assert estimated.predicted is None and estimated.note == "no step time: nothing of this recipe measured or scaled"
 
 
 def test_an_unknown_kind_is_refused(db: Session) -> None:
