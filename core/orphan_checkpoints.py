@@ -165,6 +165,7 @@ def _adopt(
         sha256=sha256_file(path / MANIFEST),
         verified=True,
         created_at=_created(manifest) or now,
+        keep_last=checkpoints_repo.keep_last(job.spec),
     )
     record_event(
         db,

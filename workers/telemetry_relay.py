@@ -308,6 +308,7 @@ def _upsert_checkpoint(session: Session, *, job: Job, attempt_id: int | None, re
         sha256=str(rec.get("sha256") or ""),
         verified=bool(rec.get("verified", False)),
         created_at=_ts(rec),
+        keep_last=checkpoints_repo.keep_last(job.spec),
     )
 
 
