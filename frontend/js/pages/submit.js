@@ -5,6 +5,7 @@ import { ApiError, api } from "../api.js";
 import { getContext } from "../context.js";
 import { h, pageHeader, replace } from "../dom.js";
 import { navigate } from "../router.js";
+import { estimatePanel } from "./estimate_panel.js";
 
 /**
  * A form field: `loc` is its path in the job spec, which is also how API errors find it.
@@ -203,14 +204,29 @@ export async function submitPage(root) {
     tabForm.setAttribute("aria-pressed", String(which === "form"));
     tabYaml.setAttribute("aria-pressed", String(which === "yaml"));
   };
-  tabForm.addEventListener("click", () => show("form"));
-  tabYaml.addEventListener("click", () => show("yaml"));
+  /** The form's spec: each field at its path, empty ones left out. */
+  const formSpec = () => {
+    /** @type {Record<string, any>} */
+    const spec = {};
+    for (const { input, def } of controls.values()) setPath(spec, def.loc, (def.parse ?? str)(input.value));
+    return spec;
+  };
+  // The estimate follows whichever of the two is shown, as the user types.
+  const estimate = estimatePanel(() => (yamlForm.hidden ? { json: formSpec() }
+    : { text: yamlInput.value, contentType: "application/yaml" }));
+  form.addEventListener("input", estimate.refresh);
+  form.addEventListener("change", estimate.refresh);
+  yamlInput.addEventListener("input", estimate.refresh);
+  tabForm.addEventListener("click", () => { show("form"); estimate.refresh(); });
+  tabYaml.addEventListener("click", () => { show("yaml"); estimate.refresh(); });
   show("form");
+  estimate.refresh();
 
   root.append(
     pageHeader("Submit a job"),
     h("div", { class: "segmented", role: "group", "aria-label": "How to write the spec" }, tabForm, tabYaml),
     h("section", { class: "card" }, form, yamlForm),
+    estimate.el,
   );
 
   const clearErrors = () => {
@@ -266,9 +282,7 @@ export async function submitPage(root) {
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     clearErrors();
-    /** @type {Record<string, any>} */
-    const spec = {};
-    for (const { input, def } of controls.values()) setPath(spec, def.loc, (def.parse ?? str)(input.value));
+    const spec = formSpec();
     submitBtn.setAttribute("disabled", "");
     try {
       const job = await api("/v1/jobs", { json: spec });
