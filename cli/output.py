@@ -352,7 +352,7 @@ FORECAST_COLUMNS: list[Column] = [
 
 
 def fmt_error(summary: dict[str, Any], key: str, *, signed: bool = False) -> str:
-    """A forecast error in its kind's unit: '0.031s', '4m00s', '1.0 GiB', '0.25' (GPU-hours); ``signed``: '+' when
+    """A forecast error in its kind's unit: '0.031s', '4m00s', '1.0 GiB', '0.0052' (GPU-hours); ``signed``: '+' when
     the job came out later, bigger or slower than forecast."""
     value = summary.get(key)
     if value is None:
@@ -361,7 +361,9 @@ def fmt_error(summary: dict[str, Any], key: str, *, signed: bool = False) -> str
     sign = ("+" if value > 0 else "-" if value < 0 else "") if signed else ""
     if unit == "s":
         return sign + (f"{size:.3g}s" if size < 60 else fmt_duration(size))
-    return sign + (fmt_bytes(size) if unit == "bytes" else f"{size:.2f}")
+    if unit == "bytes":
+        return sign + fmt_bytes(size)
+    return sign + (f"{size:.2f}" if size >= 1 else f"{size:.2g}")  # GPU-hours: a small job's are thousandths
 
 
 def fmt_share(value: Any) -> str:

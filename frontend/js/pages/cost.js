@@ -91,5 +91,5 @@ function fmtError(e, key, signed) {
   const plus = signed && v > 0 ? "+" : "";
   if (e.unit === "s") return plus + (Math.abs(v) < 1 ? `${(v * 1000).toFixed(0)} ms` : fmtDuration(v));
   if (e.unit === "bytes") return plus + fmtBytes(v);
-  return plus + fmtNumber(v, 3);  // GPU-hours
+  return plus + (Math.abs(v) < 1 ? v.toPrecision(2) : fmtNumber(v, 2));  // GPU-hours: a small job's are thousandths
 }
