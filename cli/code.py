@@ -64,10 +64,22 @@ def upload(api: Any, data: dict[str, Any], workdir: Path) -> str:
     return digest
 
 
-def check(data: dict[str, Any], workdir: Path | None) -> None:
+def can_check(data: dict[str, Any] | None) -> bool:
+    """Whether this client can read the hyperparameters of the team's own code before it uploads it: a spec with an
+    entry point (script mode has none to read), its directory at hand and torch installed here."""
+    code = (data or {}).get("code")
+    return isinstance(code, dict) and bool(code.get("entry_point")) and _has_trainer()
+
+
+def _has_trainer() -> bool:
+    return importlib.util.find_spec("torch") is not None and importlib.util.find_spec("trainer") is not None
+
+
+def check(data: dict[str, Any], workdir: Path | None, *, run_model: bool = True) -> None:
     """One forward and backward step of the spec's model on the CPU, in a child process (torch stays out of the
-    CLI); without torch, says what was not checked."""
-    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("trainer") is None:
+    CLI), or with ``run_model`` false only its hyperparameters read by the code's own ``Hyperparameters``; without
+    torch, says what was not checked."""
+    if not _has_trainer():
         err_console.print(
             "check: spec and hyperparameters valid; torch is not installed here, so the model was not "
             "run (pip install 'kiln[trainer]')"
@@ -79,6 +91,8 @@ def check(data: dict[str, Any], workdir: Path | None) -> None:
         argv = [sys.executable, "-m", "trainer.check", "--spec", str(spec_path)]
         if workdir is not None:
             argv += ["--code", str(workdir)]
+        if not run_model:
+            argv.append("--hyperparameters-only")
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
     line = (proc.stdout.strip().splitlines() or [""])[-1]
     if proc.returncode != 0:

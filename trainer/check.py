@@ -1,7 +1,10 @@
-"""``python -m trainer.check --spec SPEC.json [--code DIR]``: what ``kiln submit --check`` runs before it uploads.
+"""``python -m trainer.check --spec SPEC.json [--code DIR] [--hyperparameters-only]``: what ``kiln submit`` runs
+before it uploads.
 
 Loads the recipe (the team's own module from DIR when the spec has ``code``), reads the hyperparameters, builds
-the model, draws the first batch and runs one forward and backward step on the CPU, eagerly. Prints one line:
+the model, draws the first batch and runs one forward and backward step on the CPU, eagerly (``kiln submit
+--check``). With ``--hyperparameters-only`` it stops once the module is loaded and its hyperparameters are read
+(what ``kiln submit --workdir`` does by default: seconds, whatever the model's size). Prints one line:
 ``check: ok ...`` (exit 0), or the user's own error line as the trainer would report it (exit 2).
 """
 
@@ -20,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.check", description=__doc__)
     parser.add_argument("--spec", required=True, type=pathlib.Path)
     parser.add_argument("--code", type=pathlib.Path, help="the directory --workdir uploads")
+    parser.add_argument("--hyperparameters-only", action="store_true", help="load the recipe and read its settings")
     args = parser.parse_args(argv)
 
     from core.spec import SpecError, parse_spec_text
@@ -53,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 with user_code(f"loading recipe {spec.recipe.name!r}"):
                     recipe = load_recipe(spec.recipe.name, spec.recipe.hyperparameters)
+            if args.hyperparameters_only:
+                print(f"check: ok - hyperparameters valid for {spec.recipe.name!r} (the model was not run: --check)")
+                return 0
             torch.manual_seed(spec.seed)
             with user_code("building the model"):
                 model = recipe.build_model()

@@ -61,13 +61,27 @@ WorkdirOpt = Annotated[
 ]
 
 CheckOpt = Annotated[
-    bool,
+    bool | None,
     typer.Option(
-        "--check",
+        "--check/--no-check",
         help="Before uploading: validate the spec and hyperparameters and run one forward/backward step of the "
-        "model (a sweep's: its first job's) on the CPU (needs torch); submit only if it passes.",
+        "model (a sweep's: its first job's) on the CPU (needs torch); submit only if it passes. By default, with "
+        "--workdir and torch here, the code's own hyperparameters are read (no model step); --no-check: neither.",
+        show_default=False,
     ),
 ]
+
+
+def local_check(data: dict[str, Any] | None, workdir: Path | None, check: bool | None) -> None:
+    """``--check`` runs the model one step; by default the team's own code's hyperparameters are read wherever
+    this client can (a mistake in them is refused here, not a minute later by the job); ``--no-check`` skips it."""
+    from cli import code as user_code
+
+    if check is True and data is not None:
+        user_code.check(data, workdir)
+    elif check is None and workdir is not None and user_code.can_check(data):
+        assert data is not None
+        user_code.check(data, workdir, run_model=False)
 
 
 @app.command(
@@ -83,7 +97,7 @@ def submit(
         bool, typer.Option("--follow", "-f", help="Show progress and live loss until the job ends.")
     ] = False,
     workdir: WorkdirOpt = None,
-    check: CheckOpt = False,
+    check: CheckOpt = None,
     hold: Annotated[bool, typer.Option("--hold", help="Submit it held: it does not start until kiln release.")] = False,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
@@ -92,8 +106,7 @@ def submit(
 
     text = read_spec_file(file)
     data = user_code.with_code(text, file) if workdir is not None else None
-    if check:
-        user_code.check(data if data is not None else yaml.safe_load(text), workdir)
+    local_check(data if data is not None else yaml.safe_load(text), workdir, check)
     with client() as api:
         if workdir is not None and data is not None:
             user_code.upload(api, data, workdir)

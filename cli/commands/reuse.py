@@ -10,7 +10,16 @@ import typer
 
 from cli import output as out
 from cli.app import OutputOpt, app, client, examples
-from cli.commands.jobs import CheckOpt, JobArg, WorkdirOpt, read_text, report_submitted, spec_errors, submit_text
+from cli.commands.jobs import (
+    CheckOpt,
+    JobArg,
+    WorkdirOpt,
+    local_check,
+    read_text,
+    report_submitted,
+    spec_errors,
+    submit_text,
+)
 from cli.errors import CliError, ExitCode
 from cli.output import Column, OutputFormat, console, err_console
 
@@ -129,7 +138,7 @@ def _fmt_metric(name: str) -> Callable[[dict[str, Any]], str]:
 def sweep_submit(
     file: Annotated[str, typer.Argument(help="A job spec with a sweep section (YAML or JSON; '-' reads stdin).")],
     workdir: WorkdirOpt = None,
-    check: CheckOpt = False,
+    check: CheckOpt = None,
     hold: Annotated[bool, typer.Option("--hold", help="Submit its jobs held: none starts until kiln release.")] = False,
     output: OutputOpt = OutputFormat.table,
 ) -> None:
@@ -143,8 +152,7 @@ def sweep_submit(
     from cli import code as user_code
 
     text = read_text(file)
-    if check:
-        user_code.check(_first_job(text, file), workdir)
+    local_check(_first_job(text, file) if check or workdir is not None else None, workdir, check)
     params = {"hold": "true"} if hold else None
     with client() as api:
         if workdir is not None:

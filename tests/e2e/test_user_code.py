@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -139,3 +140,54 @@ def test_a_mistake_in_the_code_fails_once_with_the_users_own_line(kiln_up: Up, t
     assert "RuntimeError" in job["exit_reason"] and f"(mymodel.py:{line_no})" in job["exit_reason"], job
     listed = up.kiln("ls").stdout
     assert "FAILED" in listed and "mymodel.py" in listed, listed
+
+
+TYPO = JOB.replace("name: broken", "name: typo").replace("{width: 8}", "{widht: 8}")
+TYPO_REASON = (
+    "reading the hyperparameters: ValueError: recipe.hyperparameters.widht: unknown hyperparameter; "
+    "did you mean 'width'?"
+)
+
+
+def test_a_misspelt_hyperparameter_is_refused_at_submit_or_fails_at_once_saying_so(kiln_up: Up, tmp_path: Path) -> None:
+    """Issue 42, point 3. The CLI has torch here, so `kiln submit --workdir` reads the code's own hyperparameters by
+    default (it accepted the typo unless --check was given) and refuses the job with the trainer's line. Past that
+    (--no-check, or a client without torch) the job fails in its first seconds, with that same line in kiln ls,
+    describe, why and the dashboard's queue and job pages."""
+    up = kiln_up
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "mymodel.py").write_text(BROKEN.replace("hp.width + 1", "hp.width"))  # nothing else wrong with it
+    (tmp_path / "typo.yaml").write_text(TYPO)
+
+    refused = up.kiln("submit", str(tmp_path / "typo.yaml"), "--workdir", str(work), timeout=120)
+    assert refused.returncode == 7, refused.stdout + refused.stderr
+    assert f"check failed: {TYPO_REASON}" in refused.stderr
+    assert json.loads(up.kiln("ls", "-o", "json").stdout) == []  # nothing submitted
+
+    sent = up.kiln("submit", str(tmp_path / "typo.yaml"), "--workdir", str(work), "--no-check", "--follow", timeout=300)
+    assert sent.returncode == 1, sent.stdout + sent.stderr
+    job_id = re.search(r"submitted job (\d+)", sent.stdout).group(1)  # type: ignore[union-attr]
+    shown = json.loads(up.kiln("describe", job_id, "-o", "json").stdout)
+    reason = f"user error: {TYPO_REASON}"
+    assert (shown["job"]["state"], shown["job"]["exit_reason"]) == ("FAILED", reason), shown["job"]
+    (attempt,) = shown["attempts"]
+    ran = datetime.fromisoformat(attempt["ended_at"]) - datetime.fromisoformat(attempt["started_at"])
+    assert ran.total_seconds() < 60, attempt  # 8 s on this box: before the model or the data is built
+    assert reason in up.kiln("ls").stdout and reason in up.kiln("describe", job_id).stdout
+    assert up.kiln("why", job_id).stdout.strip() == f"job {job_id} is FAILED: {reason}"
+
+    from playwright.sync_api import expect
+
+    from tests.e2e.dashboard_harness import chromium
+
+    token = json.loads((tmp_path / "xdg" / "kiln" / "config.json").read_text())["token"]
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
+        page.goto(f"{up.url}/")
+        page.get_by_label("API token").fill(token)
+        page.get_by_role("button", name="Sign in").click()
+        page.get_by_role("button", name="Finished").click()
+        expect(page.locator("#queue-list tbody tr").filter(has_text=f"#{job_id}")).to_contain_text(reason)
+        page.goto(f"{up.url}/#/jobs/{job_id}")
+        expect(page.locator("#job-facts")).to_contain_text(reason)

@@ -73,6 +73,7 @@ class QueueRow(BaseModel):
     steps: int | None
     last_loss: float | None
     restart_count: int
+    exit_reason: str | None  # why a finished job ended (kiln ls's REASON): a failure's own line, a cancel's reason
 
 
 class QueuePage(BaseModel):
@@ -125,6 +126,7 @@ def queue(
                 steps=(j.spec or {}).get("steps"),
                 last_loss=j.last_loss,
                 restart_count=j.restart_count,
+                exit_reason=j.exit_reason if view == "finished" else None,
             )
         )
     next_cursor = None

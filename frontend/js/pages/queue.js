@@ -13,7 +13,7 @@ const REFRESH_MS = 5000;
  *   gpus: number, gpu_type: string | null, pending_reason: string | null, pending_message: string | null,
  *   submitted_at: string, started_at: string | null, finished_at: string | null, wait_s: number,
  *   max_wait_s: number | null, last_step: number, steps: number | null, last_loss: number | null,
- *   restart_count: number,
+ *   restart_count: number, exit_reason: string | null,
  * }} QueueRow
  */
 
@@ -171,6 +171,8 @@ export async function queuePage(root, _params, query) {
         { title: "Restarts", cell: (r) => r.restart_count, class: "num" },
         { title: "Queue wait", cell: (r) => bar(r.wait_s, r.max_wait_s, fmtDuration(r.wait_s), "Wait against contract") },
       );
+      // Why it ended, as kiln ls says it: a failure's own line (the team's code's error, a time limit), a cancel's reason.
+      if (state.view === "finished") columns.push({ title: "Reason", cell: (r) => r.exit_reason ?? "—" });
     }
     columns.push({ title: state.view === "finished" ? "Finished" : "Submitted",
       cell: (r) => timeEl(state.view === "finished" ? r.finished_at : r.submitted_at) });
