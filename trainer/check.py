@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                 with user_code(f"loading recipe {spec.recipe.name!r}"):
                     recipe = load_recipe(spec.recipe.name, spec.recipe.hyperparameters)
             if args.hyperparameters_only:
-                print(f"check: ok - hyperparameters valid for {spec.recipe.name!r} (the model was not run: --check)")
+                print(f"check: ok - hyperparameters valid for {spec.recipe.name!r} (--check runs the model too)")
                 return 0
             torch.manual_seed(spec.seed)
             with user_code("building the model"):
