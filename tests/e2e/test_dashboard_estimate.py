@@ -8,7 +8,6 @@ and says why there is none while the spec is invalid.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import yaml
 from sqlalchemy.orm import Session
 
 from tests.e2e.dashboard_harness import Kiln, chromium, running_kiln, screenshot_dir, signed_in_page
+from tests.support.measured_runs import record_run
 
 pytestmark = pytest.mark.e2e
 
@@ -30,10 +30,9 @@ def kiln(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kiln]:
 
 
 def measured_run(kiln: Kiln) -> None:
-    """The shipped example, submitted (to the team bootstrap made), with what a worker would have recorded of one run: its attempt, its usage
-    and 60 steps of ``STEP_S`` after ``STARTUP_S`` (no worker runs here: the figures are known)."""
-    from core.db import make_engine, utcnow
-    from core.models import Attempt, Job, JobMetric, Usage
+    """The shipped example, submitted (to the team bootstrap made), with what a worker would have recorded of one
+    run: 60 steps of ``STEP_S`` after ``STARTUP_S`` (no worker runs here: the figures are known)."""
+    from core.db import make_engine
 
     with kiln.api() as api:
         r = api.post("/v1/jobs", json=yaml.safe_load((ROOT / "examples" / "gpt-tiny.yaml").read_text()))
@@ -41,16 +40,7 @@ def measured_run(kiln: Kiln) -> None:
         job_id = r.json()["id"]
     engine = make_engine(kiln.env["KILN_DATABASE_URL"])
     with Session(engine) as db:
-        start = utcnow() - timedelta(minutes=5)
-        first = start + timedelta(seconds=STARTUP_S)
-        attempt = Attempt(job_id=job_id, number=1, fencing_token=1, state="SUCCEEDED", placement=[], started_at=start,
-                          first_step_at=first, ended_at=first + timedelta(seconds=60 * STEP_S))  # fmt: skip
-        db.add(attempt)
-        db.flush()
-        team_id = db.get_one(Job, job_id).team_id
-        db.add(Usage(team_id=team_id, job_id=job_id, attempt_id=attempt.id, gpu_type="cpu", gpus=1, started_at=start,
-                     ended_at=attempt.ended_at))  # fmt: skip
-        db.add_all(JobMetric(job_id=job_id, attempt_id=attempt.id, step=i, step_time_s=STEP_S) for i in range(1, 61))
+        record_run(db, job_id, startup_s=STARTUP_S, step_s=[STEP_S] * 60, gpu_type="cpu")
         db.commit()
     engine.dispose()
 

@@ -11,8 +11,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
-from core.models import GPU, Attempt, Host, Job, JobMetric, Usage
+from core.models import GPU, Host, Job
 from tests.support.api import World, spec
+from tests.support.measured_runs import record_run
 
 pytestmark = pytest.mark.integration
 
@@ -37,19 +38,8 @@ def _ran(client: TestClient, world: World, db: Session, body: dict[str, Any], *,
     """A job of ``body`` with one finished attempt: ``startup_s`` to its first step, then steps of ``step_s``."""
     r = client.post("/v1/jobs", json=body, headers=world.h("member"))
     assert r.status_code == 201, r.text
-    job = db.get(Job, r.json()["id"])
-    assert job is not None
-    start = utcnow() - timedelta(hours=1)
-    first = start + timedelta(seconds=startup_s)
-    attempt = Attempt(job_id=job.id, number=1, fencing_token=1, state="SUCCEEDED", placement=[], started_at=start,
-                      first_step_at=first, ended_at=first + timedelta(seconds=sum(step_s)))  # fmt: skip
-    db.add(attempt)
-    db.flush()
-    db.add(Usage(team_id=job.team_id, job_id=job.id, attempt_id=attempt.id, gpu_type=gpu_type, gpus=job.gpus or 1,
-                 started_at=start, ended_at=attempt.ended_at))  # fmt: skip
-    db.add_all(JobMetric(job_id=job.id, attempt_id=attempt.id, step=i + 1, step_time_s=t, loss=1.0)
-               for i, t in enumerate(step_s))  # fmt: skip
-    db.flush()
+    job = db.get_one(Job, r.json()["id"])
+    record_run(db, job.id, startup_s=startup_s, step_s=step_s, gpu_type=gpu_type)
     return job
 
 

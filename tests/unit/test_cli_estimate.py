@@ -4,15 +4,14 @@ what it says with no history and with a measured run, and its exit codes."""
 from __future__ import annotations
 
 import json
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from cli.errors import ExitCode
-from core.db import make_engine, utcnow
-from core.models import Attempt, Job, JobMetric, Usage
+from core.db import make_engine
+from tests.support.measured_runs import record_run
 from tests.unit import test_cli_api
 from tests.unit.test_cli_api import EXAMPLE, Server, spec_file, submit
 
@@ -22,20 +21,10 @@ DIGITS = EXAMPLE.parent / "digits" / "job.yaml"
 
 
 def _finished(server: Server, job_id: int, step_s: float, startup_s: float) -> None:
-    """What the worker would have recorded for a run of the job: one attempt, its usage, its 60 steps' times."""
+    """What the worker would have recorded for a run of the job: 60 steps of ``step_s`` after ``startup_s``."""
     engine = make_engine(f"sqlite:///{server.home / 'kiln.db'}")
     with Session(engine) as db:
-        job = db.get(Job, job_id)
-        assert job is not None
-        start = utcnow() - timedelta(minutes=10)
-        first = start + timedelta(seconds=startup_s)
-        attempt = Attempt(job_id=job_id, number=1, fencing_token=1, state="SUCCEEDED", placement=[], started_at=start,
-                          first_step_at=first, ended_at=first + timedelta(seconds=60 * step_s))  # fmt: skip
-        db.add(attempt)
-        db.flush()
-        db.add(Usage(team_id=job.team_id, job_id=job_id, attempt_id=attempt.id, gpu_type="cpu", gpus=1,
-                     started_at=start, ended_at=attempt.ended_at))  # fmt: skip
-        db.add_all(JobMetric(job_id=job_id, attempt_id=attempt.id, step=i, step_time_s=step_s) for i in range(1, 61))
+        record_run(db, job_id, startup_s=startup_s, step_s=[step_s] * 60, gpu_type="cpu")
         db.commit()
     engine.dispose()
 
