@@ -199,7 +199,8 @@ class Supervisor:
             child.exit_codes.append(code)
             _reap_group(child.proc.pid)
             uptime = now - child.started_at
-            child.failures = 1 if uptime >= STABLE_AFTER_S else child.failures + 1
+            # One that ran stably is restarted at once (a killed worker's jobs wait on it); quick failures back off.
+            child.failures = 0 if uptime >= STABLE_AFTER_S else child.failures + 1
             delay = backoff_delay(child.failures)
             child.restart_at = now + delay
             self.out.print(

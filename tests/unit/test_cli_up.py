@@ -16,6 +16,7 @@ from rich.console import Console
 
 from cli.errors import CliError, ExitCode
 from cli.up import (
+    STABLE_AFTER_S,
     ChildSpec,
     Supervisor,
     UpOptions,
@@ -112,6 +113,23 @@ def test_supervisor_restarts_a_crashed_child_with_backoff(tmp_path: Path) -> Non
     assert (tmp_path / "crasher.log").read_text().count("boom") >= 2
     assert codes["sleeper"] == -signal.SIGTERM
     assert all(not _alive(c.pid) for c in sup.children if c.pid)
+
+
+def test_a_child_that_ran_stably_is_restarted_at_once(tmp_path: Path) -> None:
+    """A worker killed after a long run is back without a backoff: its lost jobs wait on its registration."""
+    code = "import sys, time; time.sleep(0.5); sys.exit(9)"
+    buf = io.StringIO()
+    sup = Supervisor([ChildSpec("worker", [sys.executable, "-c", code])], env=dict(os.environ), log_dir=tmp_path,
+                     out=Console(file=buf, width=200))  # fmt: skip
+    sup.start_all()
+    worker = sup.children[0]
+    worker.started_at -= STABLE_AFTER_S  # as if it had run for longer than that
+    deadline = time.monotonic() + 10
+    while worker.restarts < 1 and time.monotonic() < deadline:
+        sup.poll()
+        time.sleep(0.05)
+    sup.stop(5.0, threading.Event())
+    assert worker.restarts == 1 and "restarting in 0s" in buf.getvalue()
 
 
 def test_stop_kills_what_ignores_sigterm_and_orphaned_grandchildren(tmp_path: Path) -> None:
