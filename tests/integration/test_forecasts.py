@@ -17,6 +17,7 @@ from core.models import Attempt, Forecast, Job, JobMetric, Usage
 from core.services.forecasts import record_forecast
 from core.states import JobState
 from core.transitions import transition
+from scheduler.live import forecast_record
 from tests.integration import test_scheduler_support as f
 from tests.integration.test_scheduler_loop import cycle
 from tests.support.api import World, spec
@@ -100,6 +101,20 @@ def test_a_start_no_clock_bounds_is_recorded_as_unknown(db: Session) -> None:
     cycle(db, T0 + timedelta(seconds=6))
     start = forecasts_of(db, job)[(START_TIME, "scheduler")]
     assert start.settled_at is not None and start.actual is None
+
+
+def test_a_burst_past_the_pass_budget_is_said_not_to_be_forecast(db: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forecast_record, "BUDGET_S", 0.0)  # spent by the first job: one job per pass at least
+    t = f.team(db, "ml")
+    f.host(db, "h1", 8, now=T0)
+    jobs = [f.job(db, t, f.qos(db, "silver"), gpus=8, submitted_at=T0, time_limit_s=600) for _ in range(3)]
+    assert cycle(db, T0 + timedelta(seconds=1)).forecasts.forecast == 1
+    starts = [forecasts_of(db, job)[(START_TIME, "scheduler")] for job in jobs]
+    assert starts[0].predicted == 0.0 and starts[0].note and starts[0].note.startswith("the scheduler's plan")
+    assert [(s.predicted, s.note) for s in starts[1:]] == [
+        (None, "not forecast: the pass's 0 s went to 1 job(s) before it")
+    ] * 2
+    assert (GPU_HOURS, "scheduler") not in forecasts_of(db, jobs[1])
 
 
 def trained(db: Session, job: Job, attempt: Attempt, steps: list[tuple[float, int | None, str | None]]) -> None:
