@@ -7,6 +7,7 @@ together. Like them, this module imports nothing heavy at the top, so ``kiln --h
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Annotated, Any
 
@@ -46,6 +47,12 @@ def report(exc: CliError) -> None:
     err_console.print(Text.assemble(("error:", "bold red"), " ", safe(exc.message)))
     for line in exc.details:
         err_console.print(Text(f"  - {safe(line)}"), highlight=False)
+
+
+def cli_name() -> str:
+    """The command as the user types it, for hints they paste: ``./kiln`` from a fresh clone (the wrapper sets
+    KILN_CLI_NAME: no ``kiln`` is on the PATH then), else ``kiln``."""
+    return os.environ.get("KILN_CLI_NAME", "kiln")
 
 
 def examples(*commands: str) -> str:

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from cli.app import cli_name
 from cli.errors import CliError, ExitCode
 from cli.up import BANNER_END, DETACHED_LOG, LOCK_FILE, TAG, api_ready, console, print_token, tail
 from core.private import open_private, private_dir
@@ -67,7 +68,7 @@ def start_detached(up_args: list[str], home: Path, api_url: str, timeout_s: floa
             token = load_file().get("token")  # kiln up saved the admin's token before it started the API
             if token:
                 print_token(str(token))
-            console.print(f"{TAG} stop it with: {os.environ.get('KILN_CLI_NAME', 'kiln')} down")
+            console.print(f"{TAG} stop it with: {cli_name()} down")
             return 0
         time.sleep(0.3)
     raise CliError(f"the API is not ready after {timeout_s:.0f}s (kiln up, pid {proc.pid}, still runs); see {log_path}")

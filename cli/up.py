@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from rich.console import Console
 
+from cli.app import cli_name
 from cli.errors import CliError, ExitCode
 
 console = Console(highlight=False, soft_wrap=True)
@@ -544,8 +545,7 @@ def _supervise(
 
 def _banner(sup: Supervisor, api_url: str, token: str, profile: str | None = None) -> None:
     logs = ", ".join(str(c.log_path) for c in sup.children)
-    # The ./kiln wrapper of a fresh clone sets KILN_CLI_NAME, so the hint can be pasted as it is.
-    cli = os.environ.get("KILN_CLI_NAME", "kiln") + (f" --profile {profile}" if profile else "")
+    cli = cli_name() + (f" --profile {profile}" if profile else "")
     console.print(f"{TAG} [bold green]kiln is up[/]: API {api_url}/v1 (docs {api_url}/docs, dashboard {api_url}/)")
     console.print(f"{TAG} logs: {logs}")
     console.print(f"{TAG} metrics: {', '.join(metrics_urls(sup, api_url))}")
@@ -590,4 +590,4 @@ def _submit(path: str, api_url: str, token: str) -> None:
         for line in exc.details:
             console.print(f"    {line}", markup=False)
         return
-    console.print(f"{TAG} submitted job {job['id']} ({job.get('name')}); follow it: kiln logs -f {job['id']}")
+    console.print(f"{TAG} submitted job {job['id']} ({job.get('name')}); follow it: {cli_name()} logs -f {job['id']}")

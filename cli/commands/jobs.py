@@ -13,7 +13,7 @@ import yaml
 from rich.text import Text
 
 from cli import output as out
-from cli.app import OutputOpt, app, client, examples, flatten, page_items
+from cli.app import OutputOpt, app, cli_name, client, examples, flatten, page_items
 from cli.errors import CliError, ExitCode
 from cli.output import OutputFormat, console, err_console
 from core.states import TERMINAL, JobState
@@ -128,7 +128,7 @@ def report_submitted(api: Any, job: dict[str, Any], *, follow: bool, output: Out
             err_console.print(out.text(f"warning: {job['pending_message']}"))  # (an operator's choice, or none yet)
     if not follow:
         if output is OutputFormat.table and sys.stdout.isatty():
-            console.print(f"follow it with: kiln logs -f {job['id']}   or   kiln describe {job['id']}")
+            console.print(f"follow it with: {cli_name()} logs -f {job['id']}   or   {cli_name()} describe {job['id']}")
         return
     final = _follow(api, job["id"])
     if output is not OutputFormat.table:
@@ -211,7 +211,7 @@ def _follow(api: Any, job_id: int) -> dict[str, Any]:
     try:
         return follow_job(api, job_id, console if sys.stdout.isatty() else err_console)
     except KeyboardInterrupt:
-        err_console.print(f"stopped following; job {job_id} keeps going (kiln cancel {job_id} stops it)")
+        err_console.print(f"stopped following; job {job_id} keeps going ({cli_name()} cancel {job_id} stops it)")
         raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
 
 
@@ -573,9 +573,10 @@ def done_said(action: str, job_id: int, state: str | None) -> str:
     if action == "cancel":
         return f"job {job_id} CANCELLED" if state == JobState.CANCELLED.value else (
             f"cancelling job {job_id}: stopping, checkpoint first")  # fmt: skip
+    if action == "hold" and state == JobState.QUEUED.value:
+        return f"job {job_id} held ({cli_name()} release {job_id} lets it start)"
     if action == "hold":
-        return f"job {job_id} held (kiln release {job_id} lets it start)" if state == JobState.QUEUED.value else (
-            f"holding job {job_id}: stopping, checkpoint first, then held in the queue")  # fmt: skip
+        return f"holding job {job_id}: stopping, checkpoint first, then held in the queue"
     return f"job {job_id} released: the scheduler plans it again"
 
 

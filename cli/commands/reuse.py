@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from cli import output as out
-from cli.app import OutputOpt, app, client, examples
+from cli.app import OutputOpt, app, cli_name, client, examples
 from cli.commands.jobs import (
     CheckOpt,
     JobArg,
@@ -175,7 +175,7 @@ def sweep_submit(
                            f"{jobs}" + (f", at most {limit} at once" if limit else "")
                            + (" (held)" if hold else "") + (f", drawn with seed {seed}" if seed is not None else "")
                            + f"; best first by {_objective(sweep)}"))  # fmt: skip
-    console.print(out.text(f"see it with: kiln sweep show {sweep['id']}"))
+    console.print(out.text(f"see it with: {cli_name()} sweep show {sweep['id']}"))
 
 
 def _first_job(text: str, path: str) -> dict[str, Any]:

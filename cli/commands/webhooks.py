@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from cli import output as out
-from cli.app import OutputOpt, client, examples, show_list
+from cli.app import OutputOpt, cli_name, client, examples, show_list
 from cli.errors import CliError
 from cli.output import OutputFormat, console
 from core.webhook_kinds import KINDS
@@ -93,7 +93,7 @@ def test(hook_id: int, output: OutputOpt = OutputFormat.table) -> None:
         out.print_json(data)
         return
     console.print(
-        f"test delivery {data.get('id')} queued for webhook {hook_id}; see: kiln webhooks deliveries {hook_id}"
+        f"test delivery {data.get('id')} queued for webhook {hook_id}; see: {cli_name()} webhooks deliveries {hook_id}"
     )
 
 

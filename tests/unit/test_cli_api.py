@@ -663,3 +663,13 @@ def test_the_prometheus_recipe_of_docs_cli_md_works(kiln: Any, server: Server) -
     scraped = httpx.get(f"{server.url}/metrics", headers=secret, timeout=30)
     assert scraped.status_code == 200 and "kiln_jobs" in scraped.text
     assert httpx.get(f"{server.url}/v1/jobs", headers=secret, timeout=30).status_code == 403  # scrape-only
+
+
+def test_hints_name_the_command_as_the_user_types_it(kiln: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From a fresh clone the command is ./kiln (its wrapper says so in KILN_CLI_NAME): a hint to run another command
+    can be pasted as printed (issue 42, point 6)."""
+    monkeypatch.setenv("KILN_CLI_NAME", "./kiln")
+    job_id = submit(kiln)
+    held = kiln("hold", str(job_id))
+    assert f"job {job_id} held (./kiln release {job_id} lets it start)" in held.stdout, held.output
+    assert kiln("cancel", str(job_id)).exit_code == 0
