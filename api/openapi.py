@@ -67,7 +67,7 @@ TAGS: list[dict[str, str]] = [
 # UI's "Try it out" calls that origin.
 SERVERS: list[dict[str, str]] = [{"url": "/", "description": "the origin that serves this document"}]
 # The repository grants no licence (it has no LICENSE file): say so rather than leave generators guessing.
-LICENSE: dict[str, str] = {"name": "Proprietary: no licence is granted"}
+LICENSE: dict[str, str] = {"name": "Proprietary: no licence is granted", "identifier": "LicenseRef-Proprietary"}
 
 BEARER_SCHEME: dict[str, Any] = {
     "type": "http",
