@@ -29,15 +29,18 @@ class MeasuredAttempt(NamedTuple):
     first_step_at: datetime
 
 
-def measured_attempts(db: Session, *, recipe: str, team_id: int | None) -> list[MeasuredAttempt]:
-    """Ended attempts that trained at least one step, of jobs whose spec names ``recipe`` (of ``team_id`` only where
-    given: a team's own code is its own business), newest first."""
+def measured_attempts(db: Session, *, recipe: str | None, team_id: int | None) -> list[MeasuredAttempt]:
+    """Ended attempts that trained at least one step, of jobs whose spec names ``recipe`` (None: of script jobs, which
+    name a command instead), of ``team_id`` only where given (a team's own code is its own business), newest
+    first."""
+    named = Job.spec[("recipe", "name")].as_string() == recipe if recipe is not None else None
+    script = Job.spec["command"].as_string().is_not(None)  # JSON null (no command) reads as SQL NULL on both
     stmt = (
         select(Job.id, Job.spec, Attempt.id, Attempt.number, Usage.gpu_type, Attempt.started_at, Attempt.first_step_at)
         .join(Attempt, Attempt.job_id == Job.id)
         .outerjoin(Usage, Usage.attempt_id == Attempt.id)
         .where(
-            Job.spec[("recipe", "name")].as_string() == recipe,
+            named if named is not None else script,
             Attempt.ended_at.is_not(None),
             Attempt.first_step_at.is_not(None),
         )

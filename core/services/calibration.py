@@ -61,8 +61,8 @@ def config_of(spec: JobSpec, device: str, *, strategy: str | None, fell_back: bo
     return Config(device, count, parallelism, compiled, resolved_precision(spec), r.gpu_share is not None)
 
 
-def history(db: Session, *, recipe: str, team_id: int | None) -> list[Run]:
-    """The measured runs of ``recipe`` (of ``team_id`` only, where given), newest first."""
+def history(db: Session, *, recipe: str | None, team_id: int | None) -> list[Run]:
+    """The measured runs of ``recipe`` (None: of scripts), of ``team_id`` only where given, newest first."""
     attempts = repo.measured_attempts(db, recipe=recipe, team_id=team_id)
     if not attempts:
         return []

@@ -91,7 +91,8 @@ def priced_options(db: Session, *, spec: JobSpec, hp: TrainingHyperparameters | 
     team's own code: the team's runs only)."""
     cluster = _cluster(db, spec)
     own_code = spec.code is not None or spec.command is not None
-    runs = history(db, recipe=spec.recipe_name, team_id=team_id if own_code else None)
+    recipe = spec.recipe.name if spec.recipe is not None else None  # None: a script's runs
+    runs = history(db, recipe=recipe, team_id=team_id if own_code else None)
     deadline = datetime.fromisoformat(spec.sla.deadline) if spec.sla.deadline else None
     written = _as_written(spec, hp, cluster, prices)
     options = [_priced(o, spec, runs, prices, now, deadline) for o in _options(spec, hp, cluster, written)]

@@ -223,3 +223,17 @@ def test_fewer_gpus_than_a_hosts_share_drop_it_and_other_recipes_runs_say_nothin
     assert one["changes"]["resources.gpus_per_node"] is None
     assert answer["measured_runs"] == 1  # a CPU run of the recipe: nothing to say of a GPU's step time
     assert answer["summary"].startswith("no measured run of this recipe matches these options")
+
+
+def test_a_scripts_history_is_its_teams_runs_of_the_same_command(client: TestClient, world: World, db: Session) -> None:
+    script = spec(name="script", recipe=None, command=["python", "train.py"], code={},
+                  resources={"gpus": 0, "cpu_slots": 1})  # fmt: skip
+    job = _ran(client, world, db, spec(name="recipe-run"), startup_s=2, step_s=[0.2] * 20, gpu_type="cpu")
+    job.spec = {**job.spec, "recipe": None, "command": ["python", "train.py"], "code": {"digest": "0" * 64}}
+    db.flush()  # what a script job's stored spec says (its upload is not needed here)
+    answer = _estimate(client, world, script)
+    assert answer["options"][0]["step_time"]["median_s"] == pytest.approx(0.2)
+    other = _estimate(client, world, {**script, "command": ["python", "other.py"]})
+    assert other["options"][0]["step_time"] is None
+    r = client.post("/v1/estimates", json={**script, "team": "beta"}, headers=world.h("beta-member"))
+    assert r.status_code == 200 and r.json()["options"][0]["step_time"] is None  # alpha's runs are alpha's
