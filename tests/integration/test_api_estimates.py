@@ -237,3 +237,18 @@ def test_a_scripts_history_is_its_teams_runs_of_the_same_command(client: TestCli
     assert other["options"][0]["step_time"] is None
     r = client.post("/v1/estimates", json={**script, "team": "beta"}, headers=world.h("beta-member"))
     assert r.status_code == 200 and r.json()["options"][0]["step_time"] is None  # alpha's runs are alpha's
+
+
+def test_a_gpu_share_is_an_option_where_a_host_runs_mps(client: TestClient, world: World, db: Session) -> None:
+    _hosts(db)
+    host = db.query(Host).filter_by(name="h200-a").one()
+    host.mps = "running"
+    db.flush()
+    tiny_share = {"gpus": 1, "gpu_type": "H200", "gpu_share": {"memory_gb": 0.01}}
+    answer = _estimate(client, world, _gpu_spec(name="shared", resources=tiny_share))
+    written = answer["options"][0]
+    assert written["gpu_share"] is True and written["description"] == "a share of 1 x H200, compiled, bf16"
+    assert written["gpu_memory_bytes"] == int(0.01 * GIB) and written["fits"] is False  # the mini GPT needs more
+    whole = _option(answer, gpu_type="H200", gpus=1, gpu_share=False, compiled=True)
+    assert whole["changes"] == {"resources.gpu_share": None} and whole["fits"] is True
+    assert not any(o["gpu_share"] for o in answer["options"] if o["gpu_type"] == "H100-80GB")  # no MPS there
