@@ -252,3 +252,13 @@ def test_a_gpu_share_is_an_option_where_a_host_runs_mps(client: TestClient, worl
     whole = _option(answer, gpu_type="H200", gpus=1, gpu_share=False, compiled=True)
     assert whole["changes"] == {"resources.gpu_share": None} and whole["fits"] is True
     assert not any(o["gpu_share"] for o in answer["options"] if o["gpu_type"] == "H100-80GB")  # no MPS there
+
+
+def test_what_no_option_can_mend_is_refused_as_at_submit(client: TestClient, world: World, db: Session) -> None:
+    _hosts(db)
+    r = client.post("/v1/estimates", json=_gpu_spec(name="x", resources={"gpus": 1, "gpu_type": "H20O"}),
+                    headers=world.h("member"))  # fmt: skip
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == "resources.gpu_type"
+    assert "did you mean 'H200'?" in r.text
+    r = client.post("/v1/estimates", json=_gpu_spec(name="x", sla={"qos": "platinum"}), headers=world.h("member"))
+    assert r.status_code == 422 and r.json()["errors"][0]["loc"] == "sla.qos"
