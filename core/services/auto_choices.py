@@ -115,8 +115,9 @@ def _interval(db: Session, chosen: Chosen, hp: TrainingHyperparameters | None, d
            + (f" over {hosts} hosts" if hosts > 1 else ""))  # fmt: skip
     if contract_s is not None and interval > contract_s:
         interval, why = contract_s, why + f"; held to the contract's checkpoint interval of {contract_s:.0f} s"
-    ckpt = spec.checkpointing.model_copy(update={"every": None, "every_steps": None, "every_seconds": round(interval)})
-    return _set_interval(chosen, ckpt, f"every {round(interval)} s", why)
+    every_s = max(1, round(interval))  # whole seconds, and never 0 (the spec's every_seconds is > 0)
+    ckpt = spec.checkpointing.model_copy(update={"every": None, "every_steps": None, "every_seconds": every_s})
+    return _set_interval(chosen, ckpt, f"every {every_s} s", why)
 
 
 def _set_interval(chosen: Chosen, ckpt: Any, what: str, why: str) -> Chosen:
