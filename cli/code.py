@@ -75,10 +75,10 @@ def _has_trainer() -> bool:
     return importlib.util.find_spec("torch") is not None and importlib.util.find_spec("trainer") is not None
 
 
-def check(data: dict[str, Any], workdir: Path | None, *, run_model: bool = True) -> None:
-    """One forward and backward step of the spec's model on the CPU, in a child process (torch stays out of the
-    CLI), or with ``run_model`` false only its hyperparameters read by the code's own ``Hyperparameters``; without
-    torch, says what was not checked."""
+def check(specs: list[dict[str, Any]], workdir: Path | None, *, run_model: bool = True) -> None:
+    """Every spec's hyperparameters read (a sweep's jobs: each one's settings) and one forward and backward step of
+    the first one's model on the CPU, in a child process (torch stays out of the CLI); with ``run_model`` false the
+    hyperparameters only. Without torch, says what was not checked."""
     if not _has_trainer():
         err_console.print(
             "check: spec and hyperparameters valid; torch is not installed here, so the model was not "
@@ -86,9 +86,11 @@ def check(data: dict[str, Any], workdir: Path | None, *, run_model: bool = True)
         )
         return
     with tempfile.TemporaryDirectory(prefix="kiln-check-") as tmp:
-        spec_path = Path(tmp) / "spec.json"
-        spec_path.write_text(json.dumps(data))
-        argv = [sys.executable, "-m", "trainer.check", "--spec", str(spec_path)]
+        argv = [sys.executable, "-m", "trainer.check"]
+        for i, spec in enumerate(specs):
+            spec_path = Path(tmp) / f"spec{i}.json"
+            spec_path.write_text(json.dumps(spec))
+            argv += ["--spec", str(spec_path)]
         if workdir is not None:
             argv += ["--code", str(workdir)]
         if not run_model:

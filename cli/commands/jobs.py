@@ -66,22 +66,23 @@ CheckOpt = Annotated[
         "--check/--no-check",
         help="Before uploading: validate the spec and hyperparameters and run one forward/backward step of the "
         "model (a sweep's: its first job's) on the CPU (needs torch); submit only if it passes. By default, with "
-        "--workdir and torch here, the code's own hyperparameters are read (no model step); --no-check: neither.",
+        "--workdir and torch here, the code's own hyperparameters are read (every job's of a sweep; no model "
+        "step); --no-check: neither.",
         show_default=False,
     ),
 ]
 
 
-def local_check(data: dict[str, Any] | None, workdir: Path | None, check: bool | None) -> None:
-    """``--check`` runs the model one step; by default the team's own code's hyperparameters are read wherever
-    this client can (a mistake in them is refused here, not a minute later by the job); ``--no-check`` skips it."""
+def local_check(specs: list[dict[str, Any]], workdir: Path | None, check: bool | None) -> None:
+    """``--check`` runs the (first) job's model one step; by default the team's own code's hyperparameters are read
+    wherever this client can, every job's of a sweep (a mistake in them is refused here, not later by the job);
+    ``--no-check`` skips both."""
     from cli import code as user_code
 
-    if check is True and data is not None:
-        user_code.check(data, workdir)
-    elif check is None and workdir is not None and user_code.can_check(data):
-        assert data is not None
-        user_code.check(data, workdir, run_model=False)
+    if check is True and specs:
+        user_code.check(specs, workdir)
+    elif check is None and workdir is not None and specs and user_code.can_check(specs[0]):
+        user_code.check(specs, workdir, run_model=False)
 
 
 @app.command(
@@ -106,7 +107,7 @@ def submit(
 
     text = read_spec_file(file)
     data = user_code.with_code(text, file) if workdir is not None else None
-    local_check(data if data is not None else yaml.safe_load(text), workdir, check)
+    local_check([data if data is not None else yaml.safe_load(text)], workdir, check)
     with client() as api:
         if workdir is not None and data is not None:
             user_code.upload(api, data, workdir)

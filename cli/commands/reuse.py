@@ -152,7 +152,7 @@ def sweep_submit(
     from cli import code as user_code
 
     text = read_text(file)
-    local_check(_first_job(text, file) if check or workdir is not None else None, workdir, check)
+    local_check(_jobs(text, file) if check or workdir is not None else [], workdir, check)
     params = {"hold": "true"} if hold else None
     with client() as api:
         if workdir is not None:
@@ -178,8 +178,9 @@ def sweep_submit(
     console.print(out.text(f"see it with: {cli_name()} sweep show {sweep['id']}"))
 
 
-def _first_job(text: str, path: str) -> dict[str, Any]:
-    """The spec of the sweep's first job, expanded here as the API will (its errors as the API would say them)."""
+def _jobs(text: str, path: str) -> list[dict[str, Any]]:
+    """The specs of the sweep's jobs (an adaptive search's first draws), expanded here as the API will (its errors
+    as the API would say them)."""
     import yaml
 
     from core.services.errors import InvalidInput
@@ -193,7 +194,7 @@ def _first_job(text: str, path: str) -> dict[str, Any]:
         _, specs, _ = parse(document)
     except (SpecError, InvalidInput) as exc:
         raise spec_errors(path, "invalid sweep", exc.errors) from None
-    return specs[0].model_dump(mode="json", exclude_none=True)
+    return [spec.model_dump(mode="json", exclude_none=True) for spec in specs]
 
 
 def _best(sweep: dict[str, Any]) -> str:

@@ -528,6 +528,25 @@ def test_sweep_submit_check_runs_the_first_job_before_anything_is_submitted(kiln
     assert len(as_json(kiln("sweep", "ls", "-o", "json"))) == before  # nothing submitted, nothing uploaded
 
 
+def test_sweep_submit_reads_every_jobs_hyperparameters_by_default(kiln: Any, tmp_path: Path) -> None:
+    """Without --check, a sweep of the team's own code has each job's settings read by its Hyperparameters before
+    anything is sent (issue 42, point 3): a value only the third job gets is refused, naming that job."""
+    require_module("torch")
+    example = ROOT / "examples" / "digits"
+    before = len(as_json(kiln("sweep", "ls", "-o", "json")))
+    bad = tmp_path / "sweep.yaml"
+    doc = (example / "sweep.yaml").read_text().split("\nsweep:\n")[0] + "\nsweep:\n  grid: {hidden: [32, 64, 9999]}\n"
+    bad.write_text(doc)
+    failed = kiln("sweep", "submit", str(bad), "--workdir", str(example))
+    assert failed.exit_code == ExitCode.INVALID, failed.output
+    assert "check failed: job 3 of the sweep's 3: reading the hyperparameters" in failed.output, failed.output
+    assert "hidden" in failed.output
+    assert len(as_json(kiln("sweep", "ls", "-o", "json"))) == before  # nothing submitted
+    skipped = kiln("sweep", "submit", str(bad), "--workdir", str(example), "--no-check", "--hold", "-o", "json")
+    assert skipped.exit_code == 0, skipped.output  # --no-check: the jobs find it out (the third fails at once)
+    assert kiln("cancel", "--sweep", str(json.loads(skipped.stdout)["id"])).exit_code == 0
+
+
 def test_a_sweeps_jobs_are_held_released_and_cancelled_together(kiln: Any, tmp_path: Path) -> None:
     path = tmp_path / "sweep.yaml"
     path.write_text(EXAMPLE.read_text() + "sweep:\n  grid: {lr: [0.001, 0.003, 0.01]}\n")
