@@ -62,13 +62,15 @@ def record_forecast(
     first. ``predicted`` None: kiln said it cannot be known (``note``: why)."""
     if kind not in KINDS:
         raise ValueError(f"unknown forecast kind {kind!r}: one of {', '.join(KINDS)}")
+    if not 0 < len(source) <= 16:
+        raise ValueError(f"a forecast's source is 1 to 16 characters, not {source!r}")
     row = repo.get(db, job_id=job.id, kind=kind, source=source)
     if row is None:
         row = Forecast(
             job_id=job.id,
             team_id=job.team_id,
             kind=kind,
-            source=source[:16],
+            source=source,
             predicted=predicted,
             predicted_high=predicted_high,
             note=note[:512] if note else None,

@@ -177,11 +177,13 @@ def test_a_recipe_never_measured_has_no_step_time_estimate(db: Session) -> None:
     assert estimated.predicted is None and estimated.note == "no step time: nothing of this recipe measured or scaled"
 
 
-def test_an_unknown_kind_is_refused(db: Session) -> None:
+def test_an_unknown_kind_or_a_long_source_is_refused(db: Session) -> None:
     t = f.team(db, "ml")
     job = f.job(db, t, f.qos(db, "silver"), gpus=1, submitted_at=T0)
     with pytest.raises(ValueError, match="unknown forecast kind 'loss'"):
         record_forecast(db, job=job, kind="loss", source="estimate", predicted=1.0)
+    with pytest.raises(ValueError, match="1 to 16 characters"):
+        record_forecast(db, job=job, kind=STEP_TIME, source="a-source-of-17-ch", predicted=1.0)
 
 
 def test_usage_gives_the_errors_of_the_teams_forecasts_in_its_window(
