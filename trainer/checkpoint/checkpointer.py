@@ -148,19 +148,21 @@ class Checkpointer:
         return {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """Lay out and allocate the staging buffers now (start-up, once the optimizer state exists) rather
-        than on the first save, and start the writer threads."""
+        """Lay out the staging buffers now (start-up, once the optimizer state exists) rather than on the first
+        save, allocating them in a thread while training goes on, and start the writer threads."""
         if self.sharded or self.rank != 0:
             return  # DCP stages its own CPU copies; in a replicated run rank 0 writes everything
         leaves: list[torch.Tensor] = []
         _flatten(self._state(model, optimizer), leaves, {})
-        self.stager.layout(leaves)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.stager.files, thread_name_prefix="kiln-ckpt-io")
+        self.stager.layout(leaves, background=self._staged)
+
+    def _staged(self) -> None:
         self.tel.diagnostic(
             "CHECKPOINT_STAGING",
             f"staging buffers: {self.stager.nbytes} bytes in "
-            f"{len(self.stager.buffers)} files, allocated in {self.stager.alloc_s:.2f}s",
+            f"{len(self.stager.buffers)} files, allocated in {self.stager.alloc_s:.2f}s (beside the training)",
             bytes=self.stager.nbytes,
             files=len(self.stager.buffers),
             alloc_s=self.stager.alloc_s,

@@ -19,7 +19,9 @@ import hashlib
 import json
 import os
 import pathlib
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -85,15 +87,38 @@ class _FlatStager:
         self.alloc_s = 0.0
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.done: torch.cuda.Event | None = None
+        self._allocating: threading.Thread | None = None
 
     @property
     def nbytes(self) -> int:
         return sum(b.numel() for b in self.buffers)
 
-    def layout(self, leaves: list[torch.Tensor]) -> None:
+    def layout(self, leaves: list[torch.Tensor], *, background: Callable[[], None] | None = None) -> None:
+        """Lay the buffers out for ``leaves``; with ``background`` (called when done), allocate them in a thread:
+        pinning a GB takes about a second, which a resumed job's first step need not wait for (the first
+        ``stage`` does, if it comes sooner)."""
+        self.ready()
         sig = [(tuple(t.shape), t.dtype) for t in leaves]
         if sig == self.signature:
             return
+        if background is None:
+            self._allocate(leaves, sig)
+            return
+
+        def allocate() -> None:
+            self._allocate(leaves, sig)
+            background()
+
+        self._allocating = threading.Thread(target=allocate, name="kiln-ckpt-staging", daemon=True)
+        self._allocating.start()
+
+    def ready(self) -> None:
+        """Wait for a background allocation, if one is under way."""
+        if self._allocating is not None:
+            self._allocating.join()
+            self._allocating = None
+
+    def _allocate(self, leaves: list[torch.Tensor], sig: list[tuple[tuple[int, ...], torch.dtype]]) -> None:
         t0 = time.perf_counter()
         sizes = [t.numel() * t.element_size() for t in leaves]
         files = max(1, min(self.files, sum(1 for n in sizes if n)))  # no empty data files
@@ -124,7 +149,7 @@ class _FlatStager:
         """Copy ``state``'s tensors into the buffers (asynchronously on CUDA); returns the tensor-free tree."""
         leaves: list[torch.Tensor] = []
         tree = _flatten(state, leaves, {})
-        self.layout(leaves)
+        self.layout(leaves)  # waits for a background allocation first
         if self.stream is not None:
             # The copy must see the state as of now: order it after the work already queued.
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
