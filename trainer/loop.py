@@ -236,12 +236,31 @@ class Trainer:
             param_count=sizes["param_count"],
         )
 
+        sharded = self.strategy == "fsdp" and env.distributed
+        self.ckpt = Checkpointer(
+            self.ckpt_root,
+            rank=env.rank,
+            world_size=env.world_size,
+            token=self.token,
+            keep_last=spec.checkpointing.keep_last,
+            asynchronous=spec.checkpointing.asynchronous,
+            sharded=sharded,
+            group=env.ckpt,
+            device=self.device,
+            telemetry=self.tel,
+            local_root=self._local_root(sharded),
+            persist_every=spec.checkpointing.persist_every,
+            lease=self.lease.ensure,
+        )
+        self.ckpt.verify_ahead()  # the newest checkpoints are hashed while the model compiles
+
+        t3 = time.perf_counter()
         with user_code("building the data"):
             self.data = recipe.make_data(rank=env.rank, world_size=env.world_size, seed=spec.seed)
             first_batch = self.data.batch(0)
         if isinstance(recipe, UserRecipe):
             recipe.note_batch(first_batch)
-        self.setup_s.update(build_s=t1 - t0, to_device_s=t2 - t1, data_s=time.perf_counter() - t2)
+        self.setup_s.update(build_s=t1 - t0, to_device_s=t2 - t1, data_s=time.perf_counter() - t3)
         self.tel.diagnostic(
             "SETUP_TIMES", "set-up before the compile", **{k: round(v, 3) for k, v in self.setup_s.items()}
         )
@@ -289,22 +308,6 @@ class Trainer:
         self.model = wrap(model, blocks, strategy=self.strategy, env=env, precision=self.prec)
         self.optimizer, self.fused = self._optimizer()
         self.guard = SpikeGuard(self.cfg.guard)
-        sharded = self.strategy == "fsdp" and env.distributed
-        self.ckpt = Checkpointer(
-            self.ckpt_root,
-            rank=env.rank,
-            world_size=env.world_size,
-            token=self.token,
-            keep_last=spec.checkpointing.keep_last,
-            asynchronous=spec.checkpointing.asynchronous,
-            sharded=sharded,
-            group=env.ckpt,
-            device=self.device,
-            telemetry=self.tel,
-            local_root=self._local_root(sharded),
-            persist_every=spec.checkpointing.persist_every,
-            lease=self.lease.ensure,
-        )
         self.flops = peak_flops(self.device, self.prec.precision, self.cfg.peak_flops)
 
     def _local_root(self, sharded: bool) -> pathlib.Path | None:

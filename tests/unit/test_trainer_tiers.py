@@ -213,3 +213,24 @@ def test_fence_blocks_local_commits_too(tmp_path: pathlib.Path) -> None:
         s.train_and_save(ck, range(1, 2))
         ck.finish()
     assert steps_in(tmp_path / "local") == [] and steps_in(tmp_path / "durable") == []
+
+
+def test_a_checkpoint_verified_ahead_and_changed_since_is_verified_again(tmp_path: pathlib.Path) -> None:
+    """``verify_ahead`` hashes the newest checkpoints while the model compiles; ``choose`` takes those answers only
+    for checkpoints whose files are unchanged since: one corrupted in between is caught and skipped."""
+    s = Setup(tmp_path)
+    ck = s.checkpointer(persist_every=4)
+    s.train_and_save(ck, range(1, 7))
+    ck.finish()
+    fresh = s.checkpointer(persist_every=4)  # a restarted attempt on the same host
+    fresh.verify_ahead()
+    assert fresh._verifying is not None
+    fresh._verifying.join()
+    newest = tmp_path / "local" / "step_00000006"
+    assert fresh._verified[newest][1] is None  # verified: the thread stopped at the first good one
+    assert tmp_path / "local" / "step_00000005" not in fresh._verified
+    corrupt(newest)  # after the verification: the same size, other bytes, a new modification time
+    path = fresh.choose()
+    assert path == tmp_path / "local" / "step_00000005"
+    bad = [r["fields"] for r in s.records() if r["kind"] == "event" and r["type"] == "CHECKPOINT_CORRUPT"]
+    assert [(f["step"], f["tier"]) for f in bad] == [(6, "local")] and "sha256" in bad[0]["reason"]

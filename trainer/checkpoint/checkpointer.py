@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import pathlib
 import shutil
 import threading
@@ -68,6 +69,19 @@ class _Persist:
 
     def __init__(self, step: int, path: pathlib.Path) -> None:
         self.step, self.path = step, path
+
+
+VERIFY_AHEAD = 3  # checkpoints verify_ahead hashes at most, newest first, until one verifies
+
+
+def _files_stamp(path: pathlib.Path) -> tuple[Any, ...] | None:
+    """What a checkpoint directory holds, as names, sizes, inodes and modification times: a file rewritten,
+    replaced or added since a verification changes it."""
+    try:
+        with os.scandir(path) as it:
+            return tuple(sorted((e.name, e.stat().st_size, e.inode(), e.stat().st_mtime_ns) for e in it))
+    except OSError:
+        return None
 
 
 class Checkpointer:
@@ -126,6 +140,8 @@ class Checkpointer:
         self._persist_error: BaseException | None = None
         self._persister: threading.Thread | None = None
         self._copy_pool: ThreadPoolExecutor | None = None
+        self._verifying: threading.Thread | None = None  # verify_ahead's thread
+        self._verified: dict[pathlib.Path, tuple[tuple[Any, ...] | None, str | None]] = {}
         if rank == 0:
             for tier_root in self.roots():
                 tier_root.mkdir(parents=True, exist_ok=True)
@@ -532,24 +548,52 @@ class Checkpointer:
         return sorted(removed)
 
     # ---- loading --------------------------------------------------------------------------------------
+    def verify_ahead(self) -> None:
+        """Rank 0: hash the newest checkpoints against their manifests in a thread now, while the model compiles
+        (a GB takes most of a second; hashing and reading release the GIL); ``choose`` takes each answer for a
+        checkpoint whose files are unchanged since, and verifies anything else itself."""
+        if self.rank != 0 or self._verifying is not None:
+            return
+
+        def run() -> None:
+            for _, _, path in self._candidates(local_ok=True)[:VERIFY_AHEAD]:
+                why = verify(path)
+                self._verified[path] = (_files_stamp(path), why)
+                if why is None:
+                    return
+
+        self._verifying = threading.Thread(target=run, name="kiln-ckpt-verify", daemon=True)
+        self._verifying.start()
+
+    def _verify(self, path: pathlib.Path) -> str | None:
+        if self._verifying is not None:
+            self._verifying.join()
+        stamp, why = self._verified.pop(path, (None, "not verified ahead"))
+        return why if stamp is not None and stamp == _files_stamp(path) else verify(path)
+
+    def _candidates(self, *, local_ok: bool) -> list[tuple[int, int, pathlib.Path]]:
+        """Every checkpoint of both tiers, newest first (durable first at equal steps)."""
+        cands: list[tuple[int, int, pathlib.Path]] = [(s, 1, p) for s, p in list_checkpoints(self.root)]
+        if self.local_root is not None and local_ok:
+            cands += [(s, 0, p) for s, p in list_checkpoints(self.local_root)]
+        return sorted(cands, key=lambda c: (c[0], c[1]), reverse=True)
+
     def _pick(self, before_step: int | None, local_ok: bool) -> str | None:
         """Rank 0: the newest checkpoint that verifies, across tiers (durable first at equal steps).  A local
         one older in lineage than the durable tier (written under a lower fencing token than the newest
         durable checkpoint: an earlier attempt on this host, since overtaken elsewhere) is skipped."""
-        cands: list[tuple[int, int, pathlib.Path]] = [(s, 1, p) for s, p in list_checkpoints(self.root)]
-        if self.local_root is not None and local_ok:
-            cands += [(s, 0, p) for s, p in list_checkpoints(self.local_root)]
+        cands = self._candidates(local_ok=local_ok)
         durable_token = -1
         for _, _, p in cands:
             if p.parent == self.root:
                 with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
                     tok = json.loads((p / MANIFEST).read_text()).get("fencing_token")
                     durable_token = max(durable_token, tok if tok is not None else -1)
-        for step, _, path in sorted(cands, key=lambda c: (c[0], c[1]), reverse=True):
+        for step, _, path in cands:
             if before_step is not None and step >= before_step:
                 continue
             tier = self.tier_of(path)
-            why = verify(path)
+            why = self._verify(path)
             if why is None and tier == LOCAL:
                 tok = json.loads((path / MANIFEST).read_text()).get("fencing_token")
                 if (tok if tok is not None else -1) < durable_token:
