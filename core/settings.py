@@ -318,8 +318,13 @@ class NotificationSettings(SettingsGroup):
 class MetricsSettings(SettingsGroup):
     """The scheduler's and each worker's own Prometheus listener (the API's metrics are on its `/metrics`)."""
 
-    scheduler_metrics_port: int = Field(default=0, description="The scheduler process's metrics port; 0: none.")
-    worker_metrics_port: int = Field(default=0, description="A worker process's metrics port; 0: none.")
+    scheduler_metrics_port: int = Field(
+        default=0,
+        description="The scheduler process's metrics port; 0: none (`kiln up`: the API's port + 1 unless set).",
+    )
+    worker_metrics_port: int = Field(
+        default=0, description="A worker process's metrics port; 0: none (`kiln up`: the API's port + 2 unless set)."
+    )
     metrics_bind: str = Field(
         default="127.0.0.1", description="The address those listeners bind (they take no token: keep it private)."
     )
