@@ -227,7 +227,10 @@ class Bench:
         """``python -m trainer`` as an MPS client (the bound): with ``refuse_triton`` the Triton check reports
         failure, so the trainer takes the fp32 fallback it took before Triton GEMMs (nothing else changes)."""
         run = self.work / f"direct-{name}"
-        env = {**self.kiln.env, **mps, "KILN_COMPILE_CACHE_DIR": str(self.work / f"direct-cache-{name}")}
+        # The team's tier in kiln's storage: the kiln job's autotuned Triton GEMMs (same key) serve the direct run.
+        (team,) = (self.kiln.home / "storage" / "compile_cache" / "teams").iterdir()
+        env = {**self.kiln.env, **mps, "KILN_COMPILE_CACHE_DIR": str(self.work / f"direct-cache-{name}"),
+               "KILN_TEAM_COMPILE_CACHE_DIR": str(team)}  # fmt: skip
         prelude = ("import sys, trainer.gemm_check as g; g.check_triton_gemms = lambda *a, **k: g.GemmCheck(False, "
                    "'refused by the bench'); " if refuse_triton else "import sys; ")  # fmt: skip
         code = prelude + "from trainer.__main__ import main; sys.exit(main(sys.argv[1:]))"
