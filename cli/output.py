@@ -13,7 +13,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from rich.console import Console
@@ -337,7 +337,7 @@ USAGE_COLUMNS: list[Column] = [
 
 # How far kiln's forecasts were from what happened (GET /v1/usage's ``forecasts``): one row per kind and source.
 FORECAST_COLUMNS: list[Column] = [
-    ("KIND", lambda e: "GPU-hours" if e.get("kind") == "gpu_hours" else str(e.get("kind") or "").replace("_", " ")),
+    ("KIND", lambda e: forecast_kind(e.get("kind"))),
     ("SOURCE", lambda e: e.get("source")),
     ("MADE", lambda e: e.get("forecasts")),
     ("UNKNOWN", lambda e: e.get("unknown")),
@@ -351,19 +351,50 @@ FORECAST_COLUMNS: list[Column] = [
 ]
 
 
+def forecast_kind(kind: Any) -> str:
+    return "GPU-hours" if kind == "gpu_hours" else str(kind or "").replace("_", " ")
+
+
 def fmt_error(summary: dict[str, Any], key: str, *, signed: bool = False) -> str:
     """A forecast error in its kind's unit: '0.031s', '4m00s', '1.0 GiB', '0.0052' (GPU-hours); ``signed``: '+' when
     the job came out later, bigger or slower than forecast."""
     value = summary.get(key)
-    if value is None:
-        return "-"
-    size, unit = abs(float(value)), summary.get("unit")
+    return "-" if value is None else fmt_amount(float(value), summary.get("unit"), signed=signed)
+
+
+def fmt_amount(value: float, unit: Any, *, signed: bool = False) -> str:
+    size = abs(value)
     sign = ("+" if value > 0 else "-" if value < 0 else "") if signed else ""
     if unit == "s":
         return sign + (f"{size:.3g}s" if size < 60 else fmt_duration(size))
     if unit == "bytes":
         return sign + fmt_bytes(size)
     return sign + (f"{size:.2f}" if size >= 1 else f"{size:.2g}")  # GPU-hours: a small job's are thousandths
+
+
+def fmt_forecast(f: dict[str, Any]) -> str:
+    """One of a job's forecasts and what happened, by whom: 'expected 00:27:39 to 00:32:32 UTC, started 00:26:50
+    UTC (-49s) (scheduler)', '0.0998s, measured 0.106s (+0.0058s, 5.5%) (estimate)'."""
+    predicted, actual, source = f.get("predicted"), f.get("actual"), f.get("source")
+    if predicted is None:
+        return f"{f.get('note') or 'cannot be known'} ({source})"
+    start = f.get("kind") == "start_time"
+    made = parse_time(f.get("made_at")) or datetime.now(UTC)
+
+    def shown(v: float) -> str:
+        return fmt_time(made + timedelta(seconds=v)) if start else fmt_amount(v, f.get("unit"))
+
+    high = f.get("predicted_high")
+    said = (
+        ("expected " if start else "")
+        + shown(predicted)
+        + (f" to {shown(high)}" if high not in (None, predicted) else "")
+    )
+    if actual is None:
+        return f"{said}, {'not measured yet' if f.get('settled_at') is None else 'never measured'} ({source})"
+    error = fmt_amount(actual - predicted, f.get("unit"), signed=True)
+    share = "" if start or not actual else f", {100 * abs(actual - predicted) / actual:.1f}%"
+    return f"{said}, {'started' if start else 'measured'} {shown(actual)} ({error}{share}) ({source})"
 
 
 def fmt_share(value: Any) -> str:

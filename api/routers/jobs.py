@@ -53,6 +53,7 @@ from api.schemas.jobs import (
     EventOut,
     EventPageOut,
     JobDetailOut,
+    JobForecastOut,
     JobOut,
     JobPageOut,
     MetricOut,
@@ -62,7 +63,9 @@ from api.schemas.jobs import (
     job_json,
     page_json,
 )
-from core.services import compile_cache
+from core.forecast_errors import KINDS
+from core.models import Forecast
+from core.services import compile_cache, forecasts
 from core.services import jobs as svc
 from core.services.checkpoint_advice import CheckpointAdvice
 from core.services.errors import InvalidInput
@@ -239,10 +242,26 @@ def _list(
     return JSONBytes(page_json(page.items, next_cursor, utc=page.utc))
 
 
-@router.get("/{job_id}", response_model=JobDetailOut, summary="One job, with its checkpoint advice")
+@router.get("/{job_id}", response_model=JobDetailOut, summary="One job, with its checkpoint advice and forecasts")
 def get_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> Response:
     view = svc.get(db=db, principal=who, job_id=job_id)
-    return JSONBytes(job_detail_json(view, _advice_out(svc.checkpoint_advice(db=db, principal=who, job_id=job_id))))
+    advice = _advice_out(svc.checkpoint_advice(db=db, principal=who, job_id=job_id))
+    said = [_forecast_out(f) for f in forecasts.of_job(db, job_id=job_id)]
+    return JSONBytes(job_detail_json(view, advice, said))
+
+
+def _forecast_out(f: Forecast) -> JobForecastOut:
+    return JobForecastOut(
+        kind=f.kind,
+        source=f.source,
+        unit=KINDS.get(f.kind, ""),
+        predicted=f.predicted,
+        predicted_high=f.predicted_high,
+        actual=f.actual,
+        note=f.note,
+        made_at=f.made_at,
+        settled_at=f.settled_at,
+    )
 
 
 def _advice_out(a: CheckpointAdvice | None) -> CheckpointAdviceOut | None:

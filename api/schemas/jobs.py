@@ -152,16 +152,32 @@ class CheckpointAdviceOut(OutModel):
     advised_expected_loss_gpu_h: float | None = Field(description="The same, at the advised interval.")
 
 
+class JobForecastOut(OutModel):
+    """What kiln forecast for the job, and what then happened (docs/scheduler.md, "Forecasts held to account")."""
+
+    kind: str = Field(description="start_time, peak_memory (per rank), step_time, gpu_hours")
+    source: str = Field(description="who forecast it: scheduler, submit, trainer, estimate")
+    unit: str = Field(description="s (a start: seconds after made_at), bytes or GPU-hours")
+    predicted: float | None = Field(description="Null: kiln said it cannot be known (note says why).")
+    predicted_high: float | None = Field(description="The top of a range (a start's latest).")
+    actual: float | None = Field(description="As measured; null until settled, or if it never happened.")
+    note: str | None
+    made_at: datetime
+    settled_at: datetime | None
+
+
 class JobDetailOut(JobOut):
     checkpoint_advice: CheckpointAdviceOut | None = Field(
         default=None, description="Null for an ended job, or before its first checkpoint."
     )
+    forecasts: list[JobForecastOut] = Field(default_factory=list, description="Its forecasts, first of each kind.")
 
 
-def job_detail_json(view: JobView, advice: CheckpointAdviceOut | None) -> bytes:
-    """One ``JobDetailOut`` document: the job's, then its checkpoint advice."""
+def job_detail_json(view: JobView, advice: CheckpointAdviceOut | None, forecasts: Sequence[JobForecastOut]) -> bytes:
+    """One ``JobDetailOut`` document: the job's, then its checkpoint advice and its forecasts."""
     extra = advice.model_dump_json().encode() if advice is not None else b"null"
-    return job_json(view)[:-1] + b',"checkpoint_advice":' + extra + b"}"
+    said = b",".join(f.model_dump_json().encode() for f in forecasts)
+    return job_json(view)[:-1] + b',"checkpoint_advice":' + extra + b',"forecasts":[' + said + b"]}"
 
 
 class JobPageOut(OutModel):

@@ -316,6 +316,8 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         pairs.append(("expected start", start))
     if isinstance(job.get("checkpoint_advice"), dict):  # Young/Daly from the job's saves and its GPU type's failures
         pairs.append(("checkpointing", job["checkpoint_advice"]["summary"]))
+    for f in job.get("forecasts") or []:  # what kiln forecast, against what happened (kiln usage sums them up)
+        pairs.append((f"forecast: {out.forecast_kind(f.get('kind'))}", out.fmt_forecast(f)))
     if job.get("exit_reason"):
         pairs.append(("exit reason", job["exit_reason"]))
     if isinstance(code, dict):

@@ -18,6 +18,11 @@ def get(db: Session, *, job_id: int, kind: str, source: str) -> Forecast | None:
     return db.scalars(stmt).first()
 
 
+def of_job(db: Session, job_id: int) -> list[Forecast]:
+    stmt = select(Forecast).where(Forecast.job_id == job_id).order_by(Forecast.kind, Forecast.source)
+    return list(db.scalars(stmt))
+
+
 def never_forecast(db: Session, *, kind: str, source: str, job_ids: Collection[int]) -> list[Job]:
     """Those of ``job_ids`` that have never started and have no forecast of ``kind`` by ``source`` yet, oldest
     first."""

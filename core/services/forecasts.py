@@ -125,6 +125,12 @@ def _measured(db: Session, forecast: Forecast, job: Job) -> float | None:
     return None
 
 
+def of_job(db: Session, *, job_id: int) -> list[Forecast]:
+    """A job's forecasts, each with what was measured (the caller has checked the job is visible)."""
+    order = list(KINDS)
+    return sorted(repo.of_job(db, job_id), key=lambda f: (order.index(f.kind), f.source))
+
+
 def summary(db: Session, *, team_ids: Sequence[int], since: datetime, until: datetime) -> list[ErrorSummary]:
     """The errors of the forecasts made for these teams' jobs in [since, until), per kind and source."""
     groups: dict[tuple[str, str], list[Outcome]] = defaultdict(list)

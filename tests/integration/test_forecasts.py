@@ -186,7 +186,7 @@ def test_an_unknown_kind_or_a_long_source_is_refused(db: Session) -> None:
         record_forecast(db, job=job, kind=STEP_TIME, source="a-source-of-17-ch", predicted=1.0)
 
 
-def test_usage_gives_the_errors_of_the_teams_forecasts_in_its_window(
+def test_usage_and_the_job_give_the_teams_forecasts_in_its_window(
     db: Session, client: TestClient, world: World
 ) -> None:
     now = utcnow()
@@ -213,6 +213,19 @@ def test_usage_gives_the_errors_of_the_teams_forecasts_in_its_window(
     assert (memory["forecasts"], memory["measured"], memory["unit"]) == (3, 3, "bytes")
     assert (memory["median_abs_error"], memory["p90_abs_error"], memory["median_error"]) == (GIB, GIB, 0.0)
     assert memory["median_rel_error"] == pytest.approx(1 / 11) and memory["p90_rel_error"] == pytest.approx(1 / 9)
+
+    # Each job's own, on its page: the forecast as made and what was measured.
+    r = client.get(f"/v1/jobs/{alpha[0].id}", headers=world.h("viewer"))
+    assert r.status_code == 200, r.text
+    said = [
+        (f["kind"], f["source"], f["unit"], f["predicted"], f["predicted_high"], f["actual"])
+        for f in r.json()["forecasts"]
+    ]
+    assert said == [
+        ("start_time", "scheduler", "s", 60.0, 600.0, 300.0),
+        ("peak_memory", "trainer", "bytes", 10 * GIB, None, 11 * GIB),
+    ]
+    assert client.get(f"/v1/jobs/{beta.id}", headers=world.h("viewer")).status_code == 404  # another team's
 
     # beta's own: its one forecast, 999 bytes off
     r = client.get("/v1/usage", params={"team": "beta"}, headers=world.h("admin"))

@@ -341,6 +341,10 @@ def test_usage_says_how_far_the_forecasts_were_from_what_happened(kiln: Any, ser
     )
     errors = as_json(kiln("usage", "--team", "forecasters", "-o", "json"))["forecasts"]
     assert [(e["kind"], e["p90_abs_error"]) for e in errors] == [("start_time", 240.0), ("peak_memory", 10e6)]
+    # The job's own, in kiln describe: the start as times (forecast at its submission), the memory as sizes.
+    described = kiln("describe", str(ids[0])).stdout
+    assert "forecast: start time" in described and "(+4m00s) (scheduler)" in described, described
+    assert "forecast: peak memory  95.4 MiB, measured 104.9 MiB (+9.5 MiB, 9.1%) (trainer)" in described, described
 
 
 def test_cancel_several_jobs_or_a_filter(kiln: Any, server: Server, tmp_path: Path) -> None:
