@@ -5,13 +5,15 @@ better) and the order it gives them, best first. Plain functions of the jobs' ro
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field
 
-from core.models import Job, Sweep
 from core.spec import StrictModel
 from core.states import JobState
+
+if TYPE_CHECKING:  # the rows' types only: a sweep document is parsed without the database (core.sweep_spec)
+    from core.models import Job, Sweep
 
 LOSS = "loss"  # the objective's metric that means the job's loss (its final loss once it succeeded)
 STOPPED_EARLY = "stopped early"  # how the exit reason of a job its sweep's early stopping stopped begins

@@ -10,9 +10,10 @@ from pydantic import Field
 from api.schemas.common import NEXT_CURSOR_DOC, OutModel
 from core.models import Job
 from core.services.sweep_curves import Curve
-from core.services.sweeps import MAX_JOBS, SweepView, early_stopping_of, section_of, setting
+from core.services.sweeps import SweepView, early_stopping_of, section_of, setting
 from core.states import JobState
 from core.sweep_ranking import Objective, evaluated
+from core.sweep_spec import MAX_JOBS
 
 
 class SweepJobOut(OutModel):

@@ -184,8 +184,8 @@ def _jobs(text: str, path: str) -> list[dict[str, Any]]:
     import yaml
 
     from core.services.errors import InvalidInput
-    from core.services.sweeps import parse
     from core.spec import SpecError
+    from core.sweep_spec import parse
 
     document = yaml.safe_load(text)
     if not isinstance(document, dict):

@@ -35,10 +35,10 @@ from core.services import jobs as jobs_svc
 from core.services import sweeps
 from core.services.errors import Forbidden, InvalidInput, NotFound, ServiceError
 from core.services.principal import Principal
-from core.services.sweeps import Distribution
 from core.spec import SpecError, parse_spec_data
 from core.states import TERMINAL, JobState
 from core.sweep_ranking import Objective, objective_of, stopped_early, value_of
+from core.sweep_spec import Distribution, SweepSection, expand, space_of
 
 GAMMA = 0.25  # the share of the ended jobs that is "good"
 MAX_GOOD = 25
@@ -225,10 +225,10 @@ def propose_due(*, db: Session, max_unfinished: int = jobs_svc.MAX_UNFINISHED) -
 
 
 def _submit_proposals(
-    db: Session, sweep: Sweep, section: sweeps.SweepSection, jobs: list[Job], due: int, max_unfinished: int
+    db: Session, sweep: Sweep, section: SweepSection, jobs: list[Job], due: int, max_unfinished: int
 ) -> list[int]:
     principal = _submitter(db, sweep)
-    space = sweeps.space_of(section)
+    space = space_of(section)
     objective = objective_of(sweep)
     observations = [o for j in jobs if (o := _observed(j, space, objective)) is not None]
     base = dict(jobs[0].spec)  # the sweep's first job: the document it was submitted as, with its settings
@@ -239,7 +239,7 @@ def _submit_proposals(
         rng = random.Random(f"{section.seed}:{n}")  # the same ended jobs propose the same settings again
         settings = propose(space, observations, rng)
         try:
-            spec = parse_spec_data(sweeps.expand(base, settings, f"{name}-{n}"))
+            spec = parse_spec_data(expand(base, settings, f"{name}-{n}"))
         except SpecError as exc:
             raise InvalidInput.at("sweep", f"proposed {settings}: {exc}") from None
         view = jobs_svc.submit(db=db, principal=principal, spec=spec, sweep_id=sweep.id, max_unfinished=max_unfinished)

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from core.services.sweep_search import Observation, propose, split
-from core.services.sweeps import Distribution, SweepSection
+from core.sweep_spec import Distribution, SweepSection
 
 SPACE = {
     "lr": Distribution.parse("lr", {"log_uniform": [1e-5, 1e-1]}),

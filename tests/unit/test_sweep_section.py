@@ -10,9 +10,9 @@ import pytest
 
 from core.models import Job
 from core.services.errors import InvalidInput
-from core.services.sweeps import SweepSection, settings_of, with_seed
 from core.states import JobState
 from core.sweep_ranking import Objective, ranked
+from core.sweep_spec import SweepSection, settings_of, with_seed
 
 
 def section(**fields: Any) -> SweepSection:
@@ -109,7 +109,7 @@ def test_the_median_rule_stops_only_what_is_worse_than_enough_others() -> None:
 
 
 def test_early_stopping_needs_an_evaluated_objective() -> None:
-    from core.services.sweeps import parse
+    from core.sweep_spec import parse
 
     base = {"name": "s", "team": "default", "recipe": {"name": "gpt"}, "steps": 10}
     with pytest.raises(InvalidInput) as err:
@@ -126,7 +126,7 @@ def test_early_stopping_needs_an_evaluated_objective() -> None:
 
 def test_successive_halvings_rungs_and_who_goes_on_at_one() -> None:
     from core.services.sweep_stopping import rung_cutoff
-    from core.services.sweeps import EarlyStopping
+    from core.sweep_spec import EarlyStopping
 
     rule = EarlyStopping(rule="successive_halving", min_steps=100, reduction_factor=3)
     assert rule.described() == ("successive halving: at 100, 300, 900, ... steps a job goes on only while among the "
@@ -156,8 +156,8 @@ def test_successive_halvings_rungs_and_who_goes_on_at_one() -> None:
 def test_an_early_stopping_rule_with_another_rules_fields_is_refused_saying_which(
     early_stopping: dict[str, Any], says: str
 ) -> None:
-    from core.services.sweeps import parse
     from core.spec import SpecError
+    from core.sweep_spec import parse
 
     doc = {"name": "s", "team": "default", "recipe": {"name": "gpt"}, "steps": 10,
            "sweep": {"grid": {"lr": [0.1, 0.2]}, "early_stopping": early_stopping,
