@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from cli.app import app, report
 from cli.commands.access import tokens_app, users_app
-from cli.commands.admin import admin_app
 from cli.commands.checkpoints import checkpoint_app
 from cli.commands.datasets import datasets_app
 from cli.commands.reuse import sweep_app
 from cli.commands.teams import invitations_app, sla_app, teams_app
 from cli.commands.webhooks import webhooks_app
+from cli.server.commands import admin_app
 
 __all__ = ["app", "report"]  # the entry point (pyproject's ``kiln = "cli.main:app"``) and its error reporter
 

@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from cli.errors import CliError, ExitCode
-from cli.up import _claim_storage
+from cli.server.up import _claim_storage
 from core.deployment import deployment_uid
 from core.models import Deployment
 from core.settings import Settings

@@ -25,9 +25,9 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 from typer.testing import CliRunner
 
-from cli.bootstrap import bootstrap
 from cli.errors import ExitCode
 from cli.main import app as cli_app
+from cli.server.bootstrap import bootstrap
 from core.db import make_engine
 from core.migrate import upgrade
 from core.models import Job, Membership, Sweep, Team, User

@@ -21,11 +21,11 @@ from sqlalchemy import delete
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
-from cli.bootstrap import bootstrap
 from cli.client import KilnClient
 from cli.config import CliConfig
 from cli.errors import ExitCode
 from cli.main import app
+from cli.server.bootstrap import bootstrap
 from core.db import make_engine
 from core.migrate import upgrade
 from core.models import Host, Job

@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from cli.errors import CliError, ExitCode
-from cli.up import (
+from cli.server.up import (
     STABLE_AFTER_S,
     ChildSpec,
     Supervisor,
@@ -164,8 +164,8 @@ def test_prepare_bootstraps_once_then_reuses_or_reissues_the_token(
 ) -> None:
     import json
 
-    from cli.bootstrap import token_owner
-    from cli.up import prepare
+    from cli.server.bootstrap import token_owner
+    from cli.server.up import prepare
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     db = f"sqlite:///{tmp_path / 'kiln.db'}"
@@ -192,7 +192,7 @@ def test_kiln_up_adds_a_profile_instead_of_rewriting_another_kilns(
     import json
 
     from cli.config import resolve, save
-    from cli.up import prepare
+    from cli.server.up import prepare
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
     config = tmp_path / "xdg" / "kiln" / "config.json"

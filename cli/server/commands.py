@@ -1,5 +1,5 @@
 """Operator commands, which work on the database or this machine rather than through the API: the ``kiln admin``
-sub-app, ``kiln migrate``, ``simulate`` and ``up``."""
+sub-app, ``kiln migrate``, ``simulate``, ``up`` and ``down`` (the server side of the CLI: ``cli.server``)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def admin_bootstrap(
     ] = False,
 ) -> None:
     """Create the first admin, the `default` team and a token (printed once). Talks to the database directly."""
-    from cli.bootstrap import BootstrapError, bootstrap
+    from cli.server.bootstrap import BootstrapError, bootstrap
 
     url = _database_url(database_url)
     try:
@@ -56,7 +56,7 @@ def admin_bootstrap(
 @app.command(epilog=examples("kiln migrate", "kiln migrate --database-url postgresql+psycopg://kiln@db:5432/kiln"))
 def migrate(database_url: DatabaseOpt = None) -> None:
     """Upgrade the database schema to the newest migration."""
-    from cli.up import mask_url
+    from cli.server.up import mask_url
     from core.migrate import upgrade
 
     url = _database_url(database_url)
@@ -110,10 +110,10 @@ def up(
     lives in KILN_HOME, default ./.kiln; KILN_DATABASE_URL and KILN_BROKER_URL put the database and broker on
     PostgreSQL and Redis instead. It saves the admin's token in the CLI config and prints it for the dashboard's
     sign-in (never into kiln's own logs)."""
-    from cli.up import UpOptions, connect_host, run_up
+    from cli.server.up import UpOptions, connect_host, run_up
 
     if detach:
-        from cli.detach import start_detached
+        from cli.server.detach import start_detached
         from core.settings import Settings
 
         args = ["--port", str(port), "--host", host, "--cpu-slots", str(cpu_slots), "--grace", str(grace)]
@@ -133,7 +133,7 @@ def down(
     ] = 60.0,
 ) -> None:
     """Stop the kiln started with `kiln up --detach` (or any `kiln up` on this KILN_HOME), as Ctrl-C would."""
-    from cli.detach import stop
+    from cli.server.detach import stop
     from core.settings import Settings
 
     raise typer.Exit(stop(Settings().home.resolve(), timeout))

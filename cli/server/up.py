@@ -314,8 +314,8 @@ class Credentials:
 
 def prepare(database_url: str, api_url: str) -> Credentials:
     """Migrate, bootstrap on first run, and make sure the CLI config holds a live token for ``api_url``."""
-    from cli.bootstrap import BootstrapError, bootstrap, existing_admin, token_owner
     from cli.config import ConfigError, config_path, load_file, normalize_url, save
+    from cli.server.bootstrap import BootstrapError, bootstrap, existing_admin, token_owner
     from core.migrate import upgrade
 
     try:
@@ -386,7 +386,7 @@ def _local_host(database_url: str) -> None:
     """Say what this host offers to the local worker, and give the ``default`` team its GPUs."""
     import shutil
 
-    from cli.bootstrap import BootstrapError, give_default_team_gpus
+    from cli.server.bootstrap import BootstrapError, give_default_team_gpus
     from core.gpu_types import canonical
     from workers.inventory import local_gpus
 
