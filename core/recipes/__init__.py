@@ -20,8 +20,19 @@ from core.recipes.mlp import MLPHyperparameters
 from core.recipes.training import RecipeShape, TrainingHyperparameters
 
 CATALOGUE: dict[str, type[TrainingHyperparameters]] = {"gpt": GPTHyperparameters, "mlp": MLPHyperparameters}
+# What a built-in recipe's items_per_batch() counts: the throughput the trainer reports is these per second.
+ITEMS: dict[str, str] = {"gpt": "tokens", "mlp": "samples"}
 
-__all__ = ["CATALOGUE", "HyperparameterError", "RecipeShape", "TrainingHyperparameters", "known_recipes", "validate"]
+__all__ = [
+    "CATALOGUE",
+    "ITEMS",
+    "HyperparameterError",
+    "RecipeShape",
+    "TrainingHyperparameters",
+    "known_recipes",
+    "throughput_unit",
+    "validate",
+]
 
 
 class HyperparameterError(ValueError):
@@ -31,6 +42,18 @@ class HyperparameterError(ValueError):
         first = errors[0]
         super().__init__(f"{first['loc']}: {first['msg']}")
         self.errors = errors
+
+
+def throughput_unit(spec: Mapping[str, Any]) -> str:
+    """The unit of a job's throughput (the telemetry's ``tokens_per_s``): a built-in recipe's items per second
+    (the GPT's tokens, the MLP's samples); a team's own code counts the batch's leading dimension unless its
+    ``items_per_batch()`` says otherwise, so samples; a script without a recipe reports its own items."""
+    recipe = spec.get("recipe") or {}
+    if spec.get("command") or not recipe:
+        return "items/s"
+    if spec.get("code"):
+        return "samples/s"
+    return f"{ITEMS.get(str(recipe.get('name')), 'items')}/s"
 
 
 def known_recipes() -> list[str]:

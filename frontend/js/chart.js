@@ -1,8 +1,15 @@
-// A small SVG line chart: several series, nice ticks, markers, live appends, a table fallback for screen readers.
+// Line charts drawn by uPlot (frontend/vendor/uplot, loaded by index.html as the global `uPlot`): several series,
+// round ticks that enclose every point, distinct colours for 20 and more series, the values under the cursor in
+// the legend, drag across to zoom (double-click zooms out), markers, series of time buckets drawn across each
+// bucket, and a text summary for screen readers.
 
-const SVG_NS = "http://www.w3.org/2000/svg";
+const uPlot = /** @type {any} */ (window).uPlot;
+
+// The first eight hand-picked; further series take hues a golden angle apart at alternating lightness, so no two
+// of a sweep's jobs share a colour however many there are.
 const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#4b5563"];
-const MAX_DRAWN = 1500; // points per series actually drawn; more are thinned keeping each bucket's min and max
+const HEIGHT = 220;
+const Y_TICKS = 5; // about this many intervals on the y axis
 
 /**
  * @typedef {[number, number]} Point  x, y
@@ -13,76 +20,110 @@ const MAX_DRAWN = 1500; // points per series actually drawn; more are thinned ke
  *   title: string,
  *   xLabel?: string,
  *   yLabel?: string,
+ *   time?: boolean,
  *   xFormat?: (v: number) => string,
  *   yFormat?: (v: number) => string,
  *   yMin?: number,
  *   yMax?: number,
+ *   bucketMs?: number,
  *   height?: number,
  *   empty?: string,
  * }} ChartOptions
+ * `time`: x is a time in ms since the epoch (ticks on round times). `bucketMs`: each point stands for the bucket
+ * [x, x + bucketMs) and is drawn across it.
  */
 
 /**
- * @param {string} tag
- * @param {Record<string, string | number>} attrs
- * @returns {SVGElement}
+ * The colour of the i-th series.
+ * @param {number} i
  */
-function svg(tag, attrs = {}) {
-  const el = document.createElementNS(SVG_NS, tag);
-  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, String(v));
-  return el;
+export function seriesColor(i) {
+  if (i < PALETTE.length) return PALETTE[i];
+  const k = i - PALETTE.length;
+  const hue = Math.round((k * 137.508 + 17) % 360);
+  return `hsl(${hue} ${[75, 60, 85][k % 3]}% ${[40, 30, 52][Math.floor(k / 3) % 3]}%)`;
 }
 
 /**
- * About `count` round tick values covering [min, max].
- * @param {number} min
- * @param {number} max
- * @param {number} count
- * @returns {number[]}
+ * The smallest of 1, 2, 5 or 10 times a power of ten that is at least `raw`.
+ * @param {number} raw
  */
-export function niceTicks(min, max, count = 5) {
-  if (!Number.isFinite(min) || !Number.isFinite(max)) return [];
-  if (min === max) return [min];
-  const raw = (max - min) / Math.max(1, count);
+function niceStep(raw) {
   const mag = 10 ** Math.floor(Math.log10(raw));
   const norm = raw / mag;
-  const step = (norm >= 5 ? 10 : norm >= 2 ? 5 : norm >= 1 ? 2 : 1) * mag;
-  const ticks = [];
-  for (let v = Math.ceil(min / step) * step; v <= max + step * 1e-9; v += step) ticks.push(Number(v.toPrecision(12)));
-  return ticks;
+  return (norm <= 1 ? 1 : norm <= 2 ? 2 : norm <= 5 ? 5 : 10) * mag;
 }
 
 /**
- * Thin a series to at most `limit` points, keeping each bucket's minimum and maximum (spikes stay visible).
- * @param {Point[]} points
- * @param {number} limit
- * @returns {Point[]}
+ * A range from one round tick to another that holds [min, max], and the step between its ticks. A single value
+ * gets room around it (100 alone: 94 to 106 by 2).
+ * @param {number} min
+ * @param {number} max
+ * @param {number} count  about this many intervals
+ * @returns {{min: number, max: number, step: number}}
  */
-export function thin(points, limit = MAX_DRAWN) {
-  if (points.length <= limit) return points;
-  const buckets = Math.floor(limit / 2);
-  const size = points.length / buckets;
-  /** @type {Point[]} */
-  const out = [];
-  for (let b = 0; b < buckets; b++) {
-    const slice = points.slice(Math.floor(b * size), Math.floor((b + 1) * size));
-    if (!slice.length) continue;
-    let lo = slice[0];
-    let hi = slice[0];
-    for (const p of slice) {
-      if (p[1] < lo[1]) lo = p;
-      if (p[1] > hi[1]) hi = p;
-    }
-    out.push(...(lo[0] <= hi[0] ? [lo, hi] : [hi, lo]));
+export function niceScale(min, max, count = Y_TICKS) {
+  if (min === max) {
+    const pad = Math.abs(min) * 0.05 || 1;
+    [min, max] = [min - pad, max + pad];
   }
-  return out;
+  const step = niceStep((max - min) / count);
+  const round = (/** @type {number} */ v) => Number(v.toPrecision(12));
+  return { min: round(Math.floor(min / step) * step), max: round(Math.ceil(max / step) * step), step };
 }
 
-const defaultFormat = (/** @type {number} */ v) =>
+/**
+ * Tick labels with as many decimals as their step needs (never `100 101 101` for 100, 100.5, 101), in k, M or G
+ * when the values are that large.
+ * @param {number[]} values
+ * @param {number} step
+ * @returns {string[]}
+ */
+export function tickLabels(values, step) {
+  const big = Math.max(...values.map(Math.abs));
+  const [div, suffix] = big >= 1e9 ? [1e9, "G"] : big >= 1e6 ? [1e6, "M"] : big >= 1e3 ? [1e3, "k"] : [1, ""];
+  const decimals = Math.min(12, Math.max(0, Math.ceil(-Math.log10(step / div) - 1e-9)));
+  return values.map((v) => `${(v / div).toFixed(decimals)}${suffix}`);
+}
+
+/** @param {number} v */
+const defaultFormat = (v) =>
   Math.abs(v) >= 1e9 ? `${(v / 1e9).toPrecision(3)}G`
   : Math.abs(v) >= 1e6 ? `${(v / 1e6).toPrecision(3)}M`
   : Math.abs(v) >= 1e3 ? `${(v / 1e3).toPrecision(3)}k`
-  : Number.isInteger(v) ? String(v) : v.toPrecision(3);
+  : Number.isInteger(v) ? String(v) : v.toPrecision(4);
+
+/**
+ * Each point drawn as a flat segment across its bucket [x, x + bucket), joined to the next bucket when they touch.
+ * @param {number} bucket
+ */
+function bucketPaths(bucket) {
+  return (/** @type {any} */ u, /** @type {number} */ si, /** @type {number} */ i0, /** @type {number} */ i1) => {
+    const stroke = new Path2D();
+    const xs = u.data[0];
+    const ys = u.data[si];
+    for (let i = i0; i <= i1; i++) {
+      if (ys[i] === null || ys[i] === undefined) continue;
+      const y = u.valToPos(ys[i], "y", true);
+      const x1 = u.valToPos(xs[i] + bucket, "x", true);
+      stroke.moveTo(u.valToPos(xs[i], "x", true), y);
+      stroke.lineTo(x1, y);
+      const next = xs.findIndex((/** @type {number} */ x, /** @type {number} */ j) => j > i && ys[j] !== null && ys[j] !== undefined);
+      if (next > 0 && xs[next] === xs[i] + bucket) stroke.lineTo(x1, u.valToPos(ys[next], "y", true));
+    }
+    return { stroke, fill: null, clip: null, band: null, gaps: null, flags: 0 };
+  };
+}
+
+/**
+ * The window an answer of the API covers, from its first bucket to now (or the end of its last bucket).
+ * @param {{start: string, bucket_s: number, series: Array<{points: Array<{t: string}>}>}} data
+ * @returns {[number, number]}
+ */
+export function windowRange(data) {
+  const ends = data.series.flatMap((s) => s.points.map((p) => Date.parse(p.t) + data.bucket_s * 1000));
+  return [Date.parse(data.start), Math.max(Date.now(), ...ends)];
+}
 
 /** A line chart; create once, then call `setSeries` as data arrives. */
 export class LineChart {
@@ -93,31 +134,34 @@ export class LineChart {
     this.series = [];
     /** @type {Marker[]} */
     this.markers = [];
-    this.width = 640;
-    this.height = opts.height ?? 220;
+    /** @type {[number, number] | null} */
+    this.xRange = null;
+    /** @type {any} */
+    this.plot = null;
+    this.plotKey = "";
+    this.zoomed = false;
+    this.yStep = 1;
     this.el = document.createElement("figure");
     this.el.className = "chart";
     this.el.dataset.chart = opts.id;
     this.el.dataset.points = "0";
+    this.el.dataset.series = "0";
+    Object.assign(this.el, { chart: this }); // for the browser tests
     const caption = document.createElement("figcaption");
     caption.textContent = opts.title;
     caption.id = `chart-${opts.id}-title`;
-    this.svg = /** @type {SVGSVGElement} */ (svg("svg", {
-      viewBox: `0 0 ${this.width} ${this.height}`,
-      role: "img",
-      "aria-labelledby": caption.id,
-    }));
-    this.legend = document.createElement("ul");
-    this.legend.className = "legend";
+    this.box = document.createElement("div");
+    this.box.className = "chart-plot";
+    this.emptyEl = document.createElement("p");
+    this.emptyEl.className = "chart-empty";
     this.summary = document.createElement("p");
     this.summary.className = "visually-hidden";
-    this.el.append(caption, this.svg, this.legend, this.summary);
-    // Draw in the element's own pixels (text stays crisp and unstretched); redraw when its width changes.
+    this.el.append(caption, this.box, this.emptyEl, this.summary);
     if (typeof ResizeObserver !== "undefined") {
       new ResizeObserver(() => {
-        const w = Math.round(this.svg.clientWidth);
-        if (w > 0 && w !== this.width) this.render();
-      }).observe(this.svg);
+        const w = Math.round(this.box.clientWidth);
+        if (this.plot && w > 0 && w !== this.plot.width) this.plot.setSize({ width: w, height: this.height() });
+      }).observe(this.box);
     }
     this.render();
   }
@@ -131,89 +175,164 @@ export class LineChart {
   /** @param {Marker[]} markers */
   setMarkers(markers) {
     this.markers = markers;
+    this.plot?.redraw(false, false);
+  }
+
+  /**
+   * The x range to show whatever the data (a window of time: its buckets without jobs stay empty).
+   * @param {[number, number] | null} range
+   */
+  setXRange(range) {
+    this.xRange = range;
     this.render();
+  }
+
+  height() {
+    return this.opts.height ?? (window.matchMedia?.("(max-width: 640px)").matches ? 180 : HEIGHT);
   }
 
   render() {
     const { xFormat = defaultFormat, yFormat = defaultFormat } = this.opts;
-    this.width = Math.round(this.svg.clientWidth) || this.width;
-    this.height = Math.round(this.svg.clientHeight) || this.height;
-    const W = this.width;
-    const H = this.height;
-    this.svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-    const pad = { l: 56, r: 12, t: 10, b: 30 };
-    this.svg.replaceChildren();
-    const all = this.series.flatMap((s) => s.points).filter((p) => Number.isFinite(p[0]) && Number.isFinite(p[1]));
-    this.el.dataset.points = String(all.length);
-    if (!all.length) {
-      const t = svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "chart-empty" });
-      t.textContent = this.opts.empty ?? "No data yet";
-      this.svg.append(t);
-      this.legend.replaceChildren();
+    const finite = (/** @type {Point} */ p) => Number.isFinite(p[0]) && Number.isFinite(p[1]);
+    const shown = this.series.map((s) => ({ ...s, points: s.points.filter(finite) })).filter((s) => s.points.length);
+    const total = shown.reduce((n, s) => n + s.points.length, 0);
+    this.el.dataset.points = String(total);
+    this.el.dataset.series = String(shown.length);
+    this.emptyEl.textContent = total ? "" : (this.opts.empty ?? "No data yet");
+    this.emptyEl.hidden = total > 0;
+    this.box.hidden = !total;
+    if (!total) {
       this.summary.textContent = `${this.opts.title}: no data yet.`;
       return;
     }
-    let [x0, x1] = [Infinity, -Infinity];
-    let [y0, y1] = [Infinity, -Infinity];
-    for (const [x, y] of all) {
-      if (x < x0) x0 = x;
-      if (x > x1) x1 = x;
-      if (y < y0) y0 = y;
-      if (y > y1) y1 = y;
+    const data = align(shown, this.xRange);
+    const key = [this.opts.bucketMs ?? "", ...shown.map((s) => s.name)].join("\u0000"); // a new bucket size redraws
+    if (!this.plot || key !== this.plotKey) {
+      this.plot?.destroy();
+      this.plotKey = key;
+      this.zoomed = false;
+      this.plot = new uPlot(this.options(shown), data, this.box);
+      const canvas = this.box.querySelector("canvas");
+      canvas?.setAttribute("role", "img");
+      canvas?.setAttribute("aria-labelledby", `chart-${this.opts.id}-title`);
+      this.box.querySelector(".u-over")?.setAttribute("title", "Drag across to zoom in; double-click to zoom out");
+    } else {
+      this.plot.setData(data, !this.zoomed); // live points keep a zoom the user chose
     }
-    if (this.opts.yMin !== undefined) y0 = Math.min(y0, this.opts.yMin);
-    if (this.opts.yMax !== undefined) y1 = Math.max(y1, this.opts.yMax);
-    if (x0 === x1) [x0, x1] = [x0 - 1, x1 + 1];
-    if (y0 === y1) [y0, y1] = [y0 - Math.abs(y0 || 1) * 0.1, y1 + Math.abs(y1 || 1) * 0.1];
-    const sx = (/** @type {number} */ x) => pad.l + ((x - x0) / (x1 - x0)) * (W - pad.l - pad.r);
-    const sy = (/** @type {number} */ y) => H - pad.b - ((y - y0) / (y1 - y0)) * (H - pad.t - pad.b);
-
-    const grid = svg("g", { class: "chart-grid" });
-    for (const v of niceTicks(y0, y1, 4)) {
-      grid.append(svg("line", { x1: pad.l, x2: W - pad.r, y1: sy(v), y2: sy(v) }));
-      const t = svg("text", { x: pad.l - 6, y: sy(v) + 4, "text-anchor": "end" });
-      t.textContent = yFormat(v);
-      grid.append(t);
-    }
-    for (const v of niceTicks(x0, x1, 5)) {
-      const t = svg("text", { x: sx(v), y: H - pad.b + 16, "text-anchor": "middle" });
-      t.textContent = xFormat(v);
-      grid.append(t);
-    }
-    if (this.opts.xLabel) {
-      const t = svg("text", { x: W - pad.r, y: H - 2, "text-anchor": "end", class: "chart-axis-label" });
-      t.textContent = this.opts.xLabel;
-      grid.append(t);
-    }
-    this.svg.append(grid);
-
-    for (const m of this.markers) {
-      if (m.x < x0 || m.x > x1) continue;
-      const line = svg("line", { x1: sx(m.x), x2: sx(m.x), y1: pad.t, y2: H - pad.b, class: "chart-marker" });
-      const title = svg("title");
-      title.textContent = m.label;
-      line.append(title);
-      this.svg.append(line);
-    }
-
-    this.legend.replaceChildren();
-    const described = [];
-    this.series.forEach((s, i) => {
-      const color = s.color ?? PALETTE[i % PALETTE.length];
-      const pts = thin(s.points.filter((p) => Number.isFinite(p[0]) && Number.isFinite(p[1])));
-      if (!pts.length) return;
-      const d = pts.map((p, j) => `${j ? "L" : "M"}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join("");
-      this.svg.append(svg("path", { d, class: "series", stroke: color, "data-series": s.name }));
-      if (pts.length === 1) this.svg.append(svg("circle", { cx: sx(pts[0][0]), cy: sy(pts[0][1]), r: 3, fill: color }));
-      const li = document.createElement("li");
-      const sw = document.createElement("span");
-      sw.className = "swatch";
-      sw.style.background = color;
-      li.append(sw, document.createTextNode(s.name));
-      this.legend.append(li);
+    const described = shown.map((s) => {
       const last = s.points[s.points.length - 1];
-      described.push(`${s.name}: ${s.points.length} points, last ${yFormat(last[1])} at ${xFormat(last[0])}`);
+      return `${s.name}: ${s.points.length} points, last ${yFormat(last[1])} at ${xFormat(last[0])}`;
     });
-    this.summary.textContent = `${this.opts.title}. ${described.join("; ")}.`;
+    const marks = this.markers.map((m) => m.label);
+    this.summary.textContent = `${this.opts.title}. ${described.join("; ")}.${marks.length ? ` Marked: ${marks.join("; ")}.` : ""}`;
   }
+
+  /**
+   * uPlot's options for these series.
+   * @param {Series[]} shown
+   */
+  options(shown) {
+    const o = this.opts;
+    const css = getComputedStyle(document.documentElement);
+    const muted = css.getPropertyValue("--muted").trim() || "#5b6472";
+    const line = css.getPropertyValue("--line").trim() || "#d9dde3";
+    const bad = css.getPropertyValue("--bad").trim() || "#b91c1c";
+    const xFormat = o.xFormat ?? (o.time ? (/** @type {number} */ v) => new Date(v).toLocaleString() : defaultFormat);
+    const yFormat = o.yFormat ?? defaultFormat;
+    const axis = { stroke: muted, grid: { stroke: line, width: 1 }, ticks: { stroke: line, width: 1 }, font: "11px system-ui, sans-serif" };
+    return {
+      width: Math.round(this.box.clientWidth) || 640,
+      height: this.height(),
+      ms: 1,
+      cursor: { drag: { x: true, y: false, setScale: true }, points: { size: 6 } },
+      legend: { live: true },
+      scales: {
+        x: { time: Boolean(o.time) },
+        y: {
+          range: (/** @type {any} */ _u, /** @type {number | null} */ lo, /** @type {number | null} */ hi) => {
+            if (lo === null || hi === null) [lo, hi] = [o.yMin ?? 0, o.yMax ?? 1]; // nothing in view
+            const s = niceScale(Math.min(lo, o.yMin ?? lo), Math.max(hi, o.yMax ?? hi));
+            this.yStep = s.step;
+            return [s.min, s.max];
+          },
+        },
+      },
+      axes: [
+        { ...axis, label: o.xLabel, labelSize: o.xLabel ? 18 : 0, labelFont: "italic 11px system-ui, sans-serif",
+          ...(o.time ? {} : { values: (/** @type {any} */ _u, /** @type {number[]} */ ticks) => ticks.map((v) => xFormat(v)) }) },
+        { ...axis, size: 56, label: o.yLabel, labelSize: o.yLabel ? 18 : 0,
+          splits: (/** @type {any} */ u) => {
+            const { min, max } = u.scales.y;
+            const out = [];
+            for (let v = min; v <= max + this.yStep * 1e-9; v += this.yStep) out.push(Number(v.toPrecision(12)));
+            return out;
+          },
+          values: (/** @type {any} */ _u, /** @type {number[]} */ ticks) =>
+            (o.yFormat ? ticks.map(o.yFormat) : tickLabels(ticks, this.yStep)) },
+      ],
+      series: [
+        { label: o.xLabel ?? (o.time ? "time" : "x"), value: (/** @type {any} */ _u, /** @type {number | null} */ v) => (v === null ? "—" : xFormat(v)) },
+        ...shown.map((s, i) => ({
+          label: s.name,
+          stroke: s.color ?? seriesColor(i),
+          width: 1.8,
+          spanGaps: !o.bucketMs,
+          value: (/** @type {any} */ _u, /** @type {number | null} */ v) => (v === null || v === undefined ? "—" : yFormat(v)),
+          ...(o.bucketMs ? { paths: bucketPaths(o.bucketMs), points: { show: false } } : {}),
+        })),
+      ],
+      hooks: {
+        setSelect: [() => { this.zoomed = true; }],
+        setScale: [(/** @type {any} */ u, /** @type {string} */ scale) => {
+          if (scale !== "x") return;
+          this.el.dataset.xMin = String(u.scales.x.min);
+          this.el.dataset.xMax = String(u.scales.x.max);
+        }],
+        draw: [(/** @type {any} */ u) => this.drawMarkers(u, bad)],
+      },
+    };
+  }
+
+  /**
+   * Dashed vertical lines at the markers.
+   * @param {any} u
+   * @param {string} color
+   */
+  drawMarkers(u, color) {
+    const { ctx, bbox } = u;
+    ctx.save();
+    ctx.strokeStyle = color;
+    ctx.setLineDash([3 * devicePixelRatio, 3 * devicePixelRatio]);
+    ctx.lineWidth = devicePixelRatio;
+    for (const m of this.markers) {
+      if (m.x < u.scales.x.min || m.x > u.scales.x.max) continue;
+      const x = Math.round(u.valToPos(m.x, "x", true));
+      ctx.beginPath();
+      ctx.moveTo(x, bbox.top);
+      ctx.lineTo(x, bbox.top + bbox.height);
+      ctx.stroke();
+    }
+    ctx.restore();
+  }
+}
+
+/**
+ * uPlot's aligned columns: the x values of every series, sorted, and each series' y at them (null where it has
+ * none). `range`: its ends are added as x values, so the axis spans it.
+ * @param {Series[]} series
+ * @param {[number, number] | null} range
+ * @returns {(number | null)[][]}
+ */
+function align(series, range) {
+  const xs = new Set(series.flatMap((s) => s.points.map((p) => p[0])));
+  if (range) range.forEach((x) => xs.add(x));
+  const x = [...xs].sort((a, b) => a - b);
+  const index = new Map(x.map((v, i) => [v, i]));
+  const columns = series.map((s) => {
+    /** @type {(number | null)[]} */
+    const col = new Array(x.length).fill(null);
+    for (const [px, py] of s.points) col[/** @type {number} */ (index.get(px))] = py;
+    return col;
+  });
+  return [x, ...columns];
 }

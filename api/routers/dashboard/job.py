@@ -21,6 +21,7 @@ from api.schemas.common import INT64
 from core.db import utcnow
 from core.models import Attempt, Job
 from core.queue_wait import queued_seconds
+from core.recipes import throughput_unit
 from core.repositories.compile_cache import COMPILE_EVENT_TYPES
 from core.services import compile_cache, dashboard
 from core.services import datasets as datasets_svc
@@ -112,6 +113,7 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
             "last_step": job.last_step,
             "last_loss": job.last_loss,
             "steps": (job.spec or {}).get("steps"),
+            "throughput_unit": throughput_unit(job.spec or {}),
             "exit_reason": job.exit_reason,
             "cancel_requested": job.cancel_requested,
             "held_at": iso(job.held_at),

@@ -3,7 +3,7 @@
 // forecasts for the jobs of that window (start, peak memory, step time, GPU-hours) were from what happened.
 
 import { api, qs } from "../api.js";
-import { LineChart } from "../chart.js";
+import { LineChart, windowRange } from "../chart.js";
 import {
   fmtBucket, fmtBytes, fmtDuration, fmtNumber, fmtPercent, h, pageHeader, replace, showError, table, windowPicker,
 } from "../dom.js";
@@ -11,8 +11,9 @@ import {
 /** @type {import("../router.js").Page} */
 export async function costPage(root) {
   const { select, filters } = windowPicker("cost-window", "30:day");
-  const hoursChart = new LineChart({ id: "gpu-hours", title: "GPU-hours per team", xFormat: fmtBucket, yMin: 0, empty: "No usage in this window" });
-  const costChart = new LineChart({ id: "cost", title: "Cost per team", xFormat: fmtBucket, yMin: 0, empty: "No usage in this window" });
+  const chartOpts = { time: true, xFormat: fmtBucket, yMin: 0, empty: "No usage in this window" };
+  const hoursChart = new LineChart({ id: "gpu-hours", title: "GPU-hours per team", ...chartOpts });
+  const costChart = new LineChart({ id: "cost", title: "Cost per team", ...chartOpts });
   const totals = h("div", { id: "cost-totals" });
   const pricesEl = h("div", { id: "prices" });
   const compileEl = h("div", { id: "compile-cache" });
@@ -33,6 +34,10 @@ export async function costPage(root) {
       const data = await api(`/v1/dashboard/cost${qs({ days, bucket })}`);
       const cur = data.currency;
       const money = (/** @type {number} */ v) => `${v.toFixed(2)} ${cur}`;
+      for (const chart of [hoursChart, costChart]) { // each bucket drawn across its span, over the whole window
+        chart.opts.bucketMs = data.bucket_s * 1000;
+        chart.xRange = windowRange(data);
+      }
       hoursChart.setSeries(data.series.map((/** @type {any} */ s) => ({ name: s.team, points: s.points.map((/** @type {any} */ p) => [Date.parse(p.t), p.gpu_hours]) })));
       costChart.setSeries(data.series.map((/** @type {any} */ s) => ({ name: s.team, points: s.points.map((/** @type {any} */ p) => [Date.parse(p.t), p.cost]) })));
       replace(totals, table("Totals per team", [

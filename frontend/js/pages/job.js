@@ -148,20 +148,22 @@ export async function jobPage(root, params) {
   const facts = h("dl", { class: "facts", id: "job-facts" });
   const liveEl = h("span", { class: "muted live", id: "live-mode" }, "");
 
+  // tokens/s for a language model, samples/s for an image model: what its recipe counts (the API says which)
+  const unit = overview.job.throughput_unit ?? "items/s";
   const charts = {
     loss: new LineChart({ id: "loss", title: "Loss over steps", xLabel: "step" }),
-    throughput: new LineChart({ id: "throughput", title: "Throughput (tokens/s) over steps", xLabel: "step" }),
-    util: new LineChart({ id: "gpu-util", title: "GPU utilisation (%)", xFormat: clock, yMin: 0, yMax: 100,
+    throughput: new LineChart({ id: "throughput", title: `Throughput (${unit}) over steps`, xLabel: "step", yLabel: unit }),
+    util: new LineChart({ id: "gpu-util", title: "GPU utilisation (%)", time: true, xFormat: clock, yMin: 0, yMax: 100,
       empty: "No GPU samples (a CPU job, or none yet)" }),
-    mem: new LineChart({ id: "gpu-mem", title: "GPU memory used (bytes)", xFormat: clock, yMin: 0,
+    mem: new LineChart({ id: "gpu-mem", title: "GPU memory used (bytes)", time: true, xFormat: clock, yMin: 0,
       empty: "No GPU samples (a CPU job, or none yet)" }),
-    bw: new LineChart({ id: "gpu-bw", title: "Interconnect bandwidth (bytes/s)", xFormat: clock, yMin: 0,
+    bw: new LineChart({ id: "gpu-bw", title: "Interconnect bandwidth (bytes/s)", time: true, xFormat: clock, yMin: 0,
       empty: "No PCIe/NVLink samples yet" }),
     evaluation: new LineChart({ id: "evaluation", title: "Evaluation metrics over steps", xLabel: "step",
       empty: "No evaluation (a built-in recipe, or a team's code without evaluate())" }),
   };
 
-  const timeline = h("ol", { class: "timeline", id: "timeline", "aria-label": "Events, oldest first" });
+  const timeline = h("ol", { class: "timeline", id: "timeline", "aria-label": "Events, newest first" });
   const restartsEl = h("div", { id: "restarts" });
   const checkpointsEl = h("div", { id: "checkpoints" });
   const compileEl = h("ul", { id: "compile-cache" });
@@ -248,7 +250,8 @@ export async function jobPage(root, params) {
     if (j.held_at && j.state !== "QUEUED") rows.push(["Hold", `${j.pending_message ?? "held"}: stopping, checkpoint first, then back in the queue held`]);
     replace(facts, rows.flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
 
-    replace(timeline, ov.events.map((e) =>
+    // Newest first: how the job ended (SUCCEEDED, CANCELLED) is the first line, never below the box's fold.
+    replace(timeline, [...ov.events].reverse().map((e) =>
       h("li", { "data-type": e.type }, timeEl(e.created_at), " ", h("strong", {}, e.type), " ", e.message)));
 
     // Each attempt's compile, in the API's words (the same as kiln describe): hit or miss, source, key, time saved.
@@ -315,7 +318,7 @@ export async function jobPage(root, params) {
       if (m.tokens_per_s !== null && m.tokens_per_s !== undefined) s?.tput.push([m.step, m.tokens_per_s]);
     }
     charts.loss.setSeries([...byAttempt.entries()].map(([name, s]) => ({ name, points: s.loss })));
-    charts.throughput.setSeries([...byAttempt.entries()].map(([name, s]) => ({ name: name === "loss" ? "tokens/s" : name, points: s.tput })));
+    charts.throughput.setSeries([...byAttempt.entries()].map(([name, s]) => ({ name: name === "loss" ? unit : name, points: s.tput })));
     const gpu = gpuSeries(metrics);
     charts.util.setSeries(gpu.util);
     charts.mem.setSeries(gpu.mem);

@@ -1,7 +1,7 @@
 // SLA: attainment per team and QoS class over time, and the violations, each linked to its job.
 
 import { api, qs } from "../api.js";
-import { LineChart } from "../chart.js";
+import { LineChart, windowRange } from "../chart.js";
 import { fmtBucket, fmtPercent, h, pageHeader, replace, showError, table, timeEl, windowPicker } from "../dom.js";
 
 /** @type {import("../router.js").Page} */
@@ -10,7 +10,7 @@ export async function slaPage(root) {
   const chart = new LineChart({
     id: "sla-attainment", title: "SLA attainment (share of jobs that met their contract)",
     yMin: 0, yMax: 1, yFormat: (v) => `${Math.round(v * 100)}%`,
-    xFormat: fmtBucket,
+    time: true, xFormat: fmtBucket,
     empty: "No job submitted in this window",
   });
   const totals = h("div", { id: "sla-totals" });
@@ -32,6 +32,10 @@ export async function slaPage(root) {
     const [days, bucket] = select.value.split(":");
     try {
       const data = await api(`/v1/sla/attainment${qs({ days, bucket })}`);
+      // Each bucket (an hour or a day) drawn across its span, over the whole window: a 7-day window with jobs on
+      // one day is a day-wide segment on a 7-day axis, not a dot.
+      chart.opts.bucketMs = data.bucket_s * 1000;
+      chart.xRange = windowRange(data);
       chart.setSeries(data.series.map((/** @type {any} */ s) => ({
         name: `${s.team} / ${s.qos}`,
         points: s.points.map((/** @type {any} */ p) => [Date.parse(p.t), p.attainment]),
