@@ -59,12 +59,12 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     t_import = time.perf_counter()
+    from core.telemetry import Telemetry
     from trainer.compile import Compiler
     from trainer.config import TestHooks
     from trainer.loop import ALLCLOSE, persist_compiler_caches
     from trainer.precision import PrecisionContext, resolve
     from trainer.recipes.gpt import GPTRecipe
-    from trainer.telemetry import Telemetry
 
     cache = pathlib.Path(args.cache)
     persist_compiler_caches(cache)  # Inductor's and Triton's caches inside the kiln cache dir, as the trainer does

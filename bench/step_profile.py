@@ -50,9 +50,9 @@ def profiled(wait: int, active: int) -> Any:
 
 
 def run_kiln(spec: JobSpec, wait: int, active: int) -> dict[str, Any]:
+    from core.telemetry import Telemetry
     from trainer.loop import Trainer
     from trainer.parallel import DistEnv
-    from trainer.telemetry import Telemetry
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from core import compile_cache as store
+from core.telemetry import Telemetry
 from core.trainer_protocol import ENV_ATTEMPT_ID, ENV_JOB_ID, ENV_SHARED_COMPILE_CACHE_DIR, ENV_TEAM_COMPILE_CACHE_DIR
-from trainer.telemetry import Telemetry
 
 TEAM = "team"
 SHARED = "shared"

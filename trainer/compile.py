@@ -37,11 +37,11 @@ import torch.distributed as dist
 from torch import nn
 
 from core import compile_cache as store
+from core.telemetry import Telemetry
 from core.trainer_protocol import COMPILER_CACHE_ENV
 from trainer import compile_preload
 from trainer.cache_tiers import Loaded, Tiers, cache_fields, forget_recorded_artifacts
 from trainer.config import TestHooks
-from trainer.telemetry import Telemetry
 from trainer.user_error import user_code
 
 LOCAL = "local"  # a hit from the job's own Inductor/Triton dirs (the other sources: cache_tiers.TEAM, SHARED)

@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
+from core.telemetry import Telemetry
 from trainer.precision import Precision
-from trainer.telemetry import Telemetry
 
 # (rows, columns, reduction): weight gradients of a 768-wide transformer over a batch of 32 x 1024 tokens. The
 # long reduction over a small output is what a BLAS library splits across SMs.

@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable
 
 from core.fence import lease_clock, read_lease
+from core.telemetry import Telemetry
 from core.trainer_protocol import ENV_LEASE_FILE
 from trainer.checkpoint.store import FencedError
-from trainer.telemetry import Telemetry
 
 POLL_S = 0.2  # how often a rank waiting on an expired lease looks at the lease and the fence again
 DEFAULT_LEASE_S = 30.0  # the wait's bound when the lease file cannot be read at all (Settings.lease_s default)

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from core import memory as memory_model
 from core.fence import fence_names
 from core.spec import JobSpec
+from core.telemetry import Telemetry
 from core.trainer_protocol import (
     ENV_CHECKPOINT_DIR,
     ENV_COMPILE_CACHE_DIR,
@@ -54,7 +55,7 @@ from trainer.parallel import DistEnv, choose_strategy, device_capacity, wrap
 from trainer.precision import PrecisionContext, resolve
 from trainer.preemption import PreemptionFlag
 from trainer.recipes import Recipe, load_recipe
-from trainer.telemetry import NvmlSampler, Telemetry
+from trainer.telemetry import NvmlSampler
 from trainer.user_error import UserError, is_collective_failure, user_code
 from trainer.user_recipe import UserRecipe
 

@@ -46,6 +46,7 @@ from types import FrameType
 from typing import Any, TypeVar
 
 from core.fence import fence_names
+from core.telemetry import Telemetry
 from core.trainer_protocol import (
     ENV_CHECKPOINT_DIR,
     ENV_FENCING_TOKEN,
@@ -70,7 +71,6 @@ from trainer.checkpoint.store import (
     write_manifest_and_commit,
 )
 from trainer.lease import LeaseExpired, LeaseGuard
-from trainer.telemetry import Telemetry
 
 __all__ = [
     "Checkpoint",

@@ -145,7 +145,7 @@ def _reason(code: int | None) -> str:
 def run(spec_path: pathlib.Path, run_dir: pathlib.Path, *, set_death_signal: Any) -> tuple[int | None, str | None, str]:
     """Run the spec's command to its end; (the rank's code or None for "killed", the user's error line, how the
     command ended in words: ``ended``)."""
-    from trainer.telemetry import Telemetry  # the standard library only
+    from core.telemetry import Telemetry  # the standard library only
 
     rank = os.environ.get("RANK", "0")
     spec = json.loads(spec_path.read_text())

@@ -101,11 +101,11 @@ class Job:
 
 def compile_and_train(base: pathlib.Path, host: str, team: pathlib.Path, *, compiled: bool = True) -> Job:
     """A job on ``host`` (its own compile dir): kiln's Compiler on a fresh model, then three SGD steps."""
+    from core.telemetry import Telemetry
     from trainer.cache_tiers import Tiers
     from trainer.compile import Compiler
     from trainer.config import TestHooks
     from trainer.loop import persist_compiler_caches
-    from trainer.telemetry import Telemetry
 
     cache = base / host / "compile_cache" / "1"
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
@@ -228,10 +228,10 @@ def test_compiled_gemms_moved_to_triton_must_give_finite_gradients_or_the_compil
     """Where cuBLAS is wrong the trainer compiles the model's GEMMs with Triton (trainer.gemm_check); a GEMM left
     elsewhere would make NaN gradients, so the first backward is checked and such a compile falls back to eager
     (the trainer then trains in fp32). The choice is part of the cache key."""
+    from core.telemetry import Telemetry
     from trainer.cache_tiers import Tiers
     from trainer.compile import Compiler
     from trainer.config import TestHooks
-    from trainer.telemetry import Telemetry
 
     torch._dynamo.reset()
     model, x = NanGradBlock(), torch.randn(4, 8)

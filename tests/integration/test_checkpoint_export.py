@@ -21,12 +21,12 @@ from core.deployment import deployment_uid
 from core.fence import job_checkpoint_dir
 from core.models import Checkpoint, Job
 from core.settings import get_settings
+from core.telemetry import Telemetry
 from tests.support.api import World, build_world, make_app
 from tests.support.read_only import read_only, require_mounts
 from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.checkpoint.store import list_checkpoints, sha256_file
 from trainer.recipes.gpt import GPTRecipe
-from trainer.telemetry import Telemetry
 from workers.exports import ExportRunner
 from workers.isolation import Isolation
 

@@ -22,7 +22,7 @@ POISONED = "9d0e4b11" + "0c" * 28
 
 
 def event(type_: str, rank: int = 0, **fields: Any) -> dict[str, Any]:
-    """A trainer's telemetry record of an event (trainer.telemetry.Telemetry.event)."""
+    """A trainer's telemetry record of an event (core.telemetry.Telemetry.event)."""
     return {"kind": "event", "type": type_, "message": type_.lower(), "fields": fields, "rank": rank}
 
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
+from core.telemetry import Telemetry
 from trainer.gemm_check import GemmCheck, PrecisionChoice, check_gemms, check_triton_gemms, usable_precision
-from trainer.telemetry import Telemetry
 
 CUDA = torch.device("cuda")  # a device object only: nothing here touches a GPU
 

@@ -20,12 +20,12 @@ import torch.distributed as dist  # noqa: E402
 
 from core.fence import Lease, lease_clock, read_fence, revoke_fence, write_fence, write_lease  # noqa: E402
 from core.spec import JobSpec, SpecError, parse_spec_data  # noqa: E402
+from core.telemetry import Telemetry  # noqa: E402
 from core.trainer_protocol import ENV_TEST_HOOKS, ExitCode  # noqa: E402
 from trainer import config  # noqa: E402
 from trainer.checkpoint import Checkpointer, FencedError, list_checkpoints, write_manifest_and_commit  # noqa: E402
 from trainer.config import ConfigError, TrainerConfig  # noqa: E402
 from trainer.lease import LeaseExpired, LeaseGuard  # noqa: E402
-from trainer.telemetry import Telemetry  # noqa: E402
 from trainer.user_error import UserError, user_code  # noqa: E402
 
 

@@ -14,6 +14,7 @@ from tests.support.deps import require_module
 
 torch = require_module("torch")
 
+from core.telemetry import Telemetry  # noqa: E402
 from trainer.checkpoint import (  # noqa: E402
     MANIFEST,
     Checkpointer,
@@ -21,7 +22,6 @@ from trainer.checkpoint import (  # noqa: E402
     list_checkpoints,
     verify,
 )
-from trainer.telemetry import Telemetry  # noqa: E402
 
 
 class Setup:

@@ -14,6 +14,7 @@ torch = require_module("torch")
 
 from core import memory  # noqa: E402
 from core.spec import JobSpec  # noqa: E402
+from core.telemetry import Telemetry  # noqa: E402
 from trainer.checkpoint import (  # noqa: E402
     Checkpointer,
     FencedError,
@@ -27,7 +28,6 @@ from trainer.guards import SpikeGuard  # noqa: E402
 from trainer.precision import SCALER_INIT, PrecisionContext, resolve  # noqa: E402
 from trainer.recipes import RecipeError, load_recipe  # noqa: E402
 from trainer.recipes.gpt import GPTRecipe  # noqa: E402
-from trainer.telemetry import Telemetry  # noqa: E402
 
 
 def spec(**hp: object) -> JobSpec:

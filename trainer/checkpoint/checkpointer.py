@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from core.fence import fence_names
+from core.telemetry import Telemetry
 from core.trainer_protocol import RecordKind
 from trainer.checkpoint.raw import (
     TENSORS,
@@ -59,7 +60,6 @@ from trainer.checkpoint.store import (
     verify,
     write_manifest_and_commit,
 )
-from trainer.telemetry import Telemetry
 
 LOCAL, DURABLE = "local", "durable"
 
