@@ -26,7 +26,7 @@ from core.spec import JobSpec
 OTHER_ERROR_CODES = (413, 500, 503)
 
 # Routes anyone may call: no token. Every other operation requires ``Authorization: Bearer kiln_...``.
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/v1/auth/oidc", "/v1/auth/oidc/code", "/v1/auth/oidc/id-token"})
 
 SPEC_EXAMPLE: dict[str, Any] = {
     "name": "gpt-tiny",
@@ -55,6 +55,7 @@ TAGS: list[dict[str, str]] = [
     {"name": "teams", "description": "Teams, their quotas, members and invitations."},
     {"name": "users", "description": "Users, the caller (`/v1/me`) and the caller's invitations."},
     {"name": "tokens", "description": "API tokens: issue, list, revoke."},
+    {"name": "sign-in", "description": "Sign-in with an OpenID provider: a kiln token for the dashboard or the CLI."},
     {"name": "streams", "description": "Single-purpose tickets for Server-Sent Event streams."},
     {"name": "qos", "description": "QoS classes: priority, preemption, default queue-wait objectives."},
     {"name": "cluster", "description": "Hosts and GPUs the workers registered."},

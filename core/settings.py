@@ -361,6 +361,60 @@ class RetentionSettings(SettingsGroup):
     )
 
 
+class OidcSettings(SettingsGroup):
+    """Sign-in with the company's OpenID provider (docs/deploy.md: Keycloak, Okta, Entra ID, Google). Off while
+    `oidc_issuer` is empty; API tokens keep working either way (machines use them)."""
+
+    oidc_issuer: str = Field(
+        default="", description="The provider's issuer URL (its `/.well-known/openid-configuration` is read)."
+    )
+    oidc_client_id: str = Field(default="", description="kiln's client id at the provider (the ID token's `aud`).")
+    oidc_client_secret: str = Field(
+        default="", description="kiln's client secret, for a confidential client (empty: a public client, PKCE only)."
+    )
+    oidc_cli_client_id: str = Field(
+        default="",
+        description="The public client the CLI's device sign-in (`kiln login --sso`) uses; empty: `oidc_client_id`. "
+        "ID tokens for either client are accepted.",
+    )
+    oidc_scopes: str = Field(default="openid profile email", description="Scopes asked for at sign-in.")
+    oidc_groups_claim: str = Field(default="groups", description="The ID token claim that lists the user's groups.")
+    oidc_username_claim: str = Field(
+        default="preferred_username",
+        description="The claim that names the kiln user (then `email`'s local part, then `sub`).",
+    )
+    oidc_group_map: dict[str, str] = Field(
+        default_factory=dict,
+        description='JSON object, provider group -> kiln grants: `"team:role"` (`viewer`, `member`, `team-admin`) '
+        'or `"admin"`, several comma-separated: `{"ml-eng": "research:member", "kiln-ops": "admin"}`. Each '
+        "sign-in sets the user's grants from their groups: a group removed at the provider removes its team, "
+        "role or admin flag at the user's next sign-in. Memberships added in kiln by hand are left alone.",
+    )
+    oidc_session_s: int = Field(
+        default=8 * 3600,
+        ge=60,
+        description="Lifetime of the kiln token a sign-in issues (the dashboard keeps it for the tab; the CLI "
+        "saves it); the provider is asked again after it.",
+    )
+    oidc_clock_skew_s: int = Field(default=60, ge=0, description="Clock difference allowed on `exp`/`iat`.")
+
+    @field_validator("oidc_group_map")
+    @classmethod
+    def _grants_known(cls, mapping: dict[str, str]) -> dict[str, str]:
+        """A misspelt role would grant nothing, silently: refused at start-up instead."""
+        for group, grants in mapping.items():
+            for grant in (g.strip() for g in grants.split(",")):
+                team, _, role = grant.partition(":")
+                if grant != "admin" and (not team or role not in ("viewer", "member", "team-admin")):
+                    why = "is neither 'admin' nor 'team:role' (role: viewer, member, team-admin)"
+                    raise ValueError(f"group {group!r}: {grant!r} {why}")
+        return mapping
+
+    @property
+    def oidc_enabled(self) -> bool:
+        return bool(self.oidc_issuer and self.oidc_client_id)
+
+
 class Settings(
     ConnectionSettings,
     ApiLimits,
@@ -371,6 +425,7 @@ class Settings(
     NotificationSettings,
     MetricsSettings,
     RetentionSettings,
+    OidcSettings,
     BaseSettings,
 ):
     """Every setting of every kiln process: ``KILN_<FIELD>``, and ``KILN_POLICY__<FIELD>`` for the policy.

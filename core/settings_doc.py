@@ -21,6 +21,7 @@ from core.settings import (
     DashboardSettings,
     MetricsSettings,
     NotificationSettings,
+    OidcSettings,
     RetentionSettings,
     Timings,
     UserCodeSettings,
@@ -55,6 +56,7 @@ GROUPS: tuple[tuple[str, str, type[BaseModel]], ...] = (
     ("Notifications", "KILN_", NotificationSettings),
     ("Process metrics", "KILN_", MetricsSettings),
     ("Retention", "KILN_", RetentionSettings),
+    ("Sign-in with OpenID Connect", "KILN_", OidcSettings),
     ("Scheduling policy", "KILN_POLICY__", PolicyConfig),
 )
 

@@ -16,16 +16,23 @@ tokens_app = typer.Typer(help="API tokens: create, list, revoke.", no_args_is_he
 users_app = typer.Typer(help="Users (admin): list, create.", no_args_is_help=False)
 
 
-@app.command(epilog=examples("kiln login --url http://127.0.0.1:8421"))
+@app.command(epilog=examples("kiln login --url http://127.0.0.1:8421", "kiln login --sso"))
 def login(
     url: Annotated[str | None, typer.Option("--url", help="API base URL.")] = None,
     token: Annotated[str | None, typer.Option("--token", help="API token (prompted for when absent).")] = None,
+    sso: Annotated[bool, typer.Option("--sso", help="Sign in at your organisation's provider (device code).")] = False,
 ) -> None:
-    """Save the API URL and token (verified against /v1/me) in ~/.config/kiln/config.json (mode 0600)."""
+    """Save the API URL and token (verified against /v1/me) in ~/.config/kiln/config.json (mode 0600); with
+    --sso, the token kiln issues when you sign in at your organisation's OpenID provider."""
     from cli.client import KilnClient
     from cli.config import DEFAULT_API_URL, CliConfig, config_path, normalize_url, save
 
     url = normalize_url(url or GLOBALS.api_url or DEFAULT_API_URL)
+    if sso:
+        from cli.sso import sign_in
+
+        answer = sign_in(url, lambda line: console.print(line, markup=False))
+        token = str(answer.get("secret") or "")
     token = token or GLOBALS.token or typer.prompt("API token", hide_input=True)
     with KilnClient(CliConfig(url, token, "flag", "flag")) as api:
         me = api.get("/v1/me")

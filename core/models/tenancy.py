@@ -86,6 +86,11 @@ class User(Base):
     email: Mapped[str | None] = mapped_column(String(254))
     is_admin: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Who this user is at the OpenID provider; NULL for a local user (sign-in never takes one over by name).
+    oidc_issuer: Mapped[str | None] = mapped_column(String(255))
+    oidc_subject: Mapped[str | None] = mapped_column(String(255))
+
+    __table_args__ = (UniqueConstraint("oidc_issuer", "oidc_subject"),)
 
     memberships: Mapped[list[Membership]] = relationship(
         back_populates="user", cascade="all, delete-orphan", lazy="selectin"
@@ -100,6 +105,8 @@ class Membership(Base):
     team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"))
     role: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Granted by the provider's groups at sign-in: the next sign-in takes it away when the group is gone.
+    from_sso: Mapped[bool] = mapped_column(default=False, server_default=text("false"))
 
     user: Mapped[User] = relationship(back_populates="memberships")
     team: Mapped[Team] = relationship(lazy="joined")

@@ -4,6 +4,7 @@ import { ApiError, api, clearToken, setToken } from "../api.js";
 import { h } from "../dom.js";
 import { resetContext } from "../context.js";
 import { navigate } from "../router.js";
+import { finishSignIn, ssoConfig, startSignIn } from "../sso.js";
 
 /** @type {import("../router.js").Page} */
 export function signInPage(root, _params, query) {
@@ -57,4 +58,31 @@ export function signInPage(root, _params, query) {
   });
   root.append(form);
   input.focus();
+  offerSso(form, error, query.get("next") || "/queue");
+}
+
+/**
+ * Sign-in with the company's provider where kiln has one (KILN_OIDC_ISSUER), and the return from it.
+ * @param {HTMLElement} form
+ * @param {HTMLElement} error
+ * @param {string} next
+ */
+async function offerSso(form, error, next) {
+  try {
+    const back = await finishSignIn();
+    if (back) {
+      resetContext();
+      navigate(back);
+      return;
+    }
+  } catch (err) {
+    clearToken();
+    error.textContent = `Sign-in failed: ${err instanceof Error ? err.message : String(err)}`;
+  }
+  const config = await ssoConfig();
+  if (!config) return;
+  const button = h("button", { type: "button", id: "sso", class: "primary" }, "Sign in with your organisation");
+  button.addEventListener("click", () => startSignIn(config, next));
+  const label = form.querySelector("label");
+  form.insertBefore(h("div", { class: "sso" }, button, h("p", { class: "help" }, "or with an API token:")), label);
 }
