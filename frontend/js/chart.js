@@ -10,6 +10,7 @@ const uPlot = /** @type {any} */ (window).uPlot;
 const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#4b5563"];
 const HEIGHT = 220;
 const Y_TICKS = 5; // about this many intervals on the y axis
+const WHOLE_INCRS = Array.from({ length: 30 }, (_, i) => [1, 2, 5][i % 3] * 10 ** Math.floor(i / 3));
 
 /**
  * @typedef {[number, number]} Point  x, y
@@ -239,6 +240,7 @@ export class LineChart {
     const bad = css.getPropertyValue("--bad").trim() || "#b91c1c";
     const xFormat = o.xFormat ?? (o.time ? (/** @type {number} */ v) => new Date(v).toLocaleString() : defaultFormat);
     const yFormat = o.yFormat ?? defaultFormat;
+    const integerX = shown.every((s) => s.points.every((p) => Number.isInteger(p[0])));
     const axis = { stroke: muted, grid: { stroke: line, width: 1 }, ticks: { stroke: line, width: 1 }, font: "11px system-ui, sans-serif" };
     return {
       width: Math.round(this.box.clientWidth) || 640,
@@ -259,7 +261,12 @@ export class LineChart {
       },
       axes: [
         { ...axis, label: o.xLabel, labelSize: o.xLabel ? 18 : 0, labelFont: "italic 11px system-ui, sans-serif",
-          ...(o.time ? {} : { values: (/** @type {any} */ _u, /** @type {number[]} */ ticks) => ticks.map((v) => xFormat(v)) }) },
+          ...(o.time ? {} : {
+            // steps are whole numbers: no tick at step 1.5
+            ...(integerX ? { incrs: WHOLE_INCRS } : {}),
+            values: (/** @type {any} */ _u, /** @type {number[]} */ ticks, /** @type {number} */ _i,
+              /** @type {number} */ _space, /** @type {number} */ incr) => (o.xFormat ? ticks.map(o.xFormat) : tickLabels(ticks, incr)),
+          }) },
         { ...axis, size: 56, label: o.yLabel, labelSize: o.yLabel ? 18 : 0,
           splits: (/** @type {any} */ u) => {
             const { min, max } = u.scales.y;

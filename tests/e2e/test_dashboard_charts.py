@@ -142,6 +142,8 @@ def test_ticks_enclose_the_points_and_units_follow_the_recipe(
         y = page.locator(f"figure[data-chart='{chart}']").evaluate(Y_AXIS)
         assert y["splits"][0] <= y["lo"] and y["hi"] <= y["splits"][-1], (chart, y)
         assert len(set(y["labels"])) == len(y["labels"]), (chart, y)
+        steps = page.locator(f"figure[data-chart='{chart}']").evaluate("(fig) => fig.chart.plot.axes[0]._values")
+        assert all(re.fullmatch(r"\d+", s) for s in steps), steps  # whole steps: no tick at step 1.5
     page.locator("figure[data-chart='throughput']").scroll_into_view_if_needed()
     page.screenshot(path=str(screenshot_dir() / "dashboard-job-charts.png"))
 
@@ -193,7 +195,11 @@ def test_a_sweeps_jobs_each_have_their_own_colour(page: Any, kiln: Kiln) -> None
     expect(chart).to_have_attribute("data-series", str(SWEEP_JOBS))
     colours = chart.evaluate("(fig) => fig.chart.plot.series.slice(1).map((s) => s._stroke ?? s.stroke())")
     assert len(colours) == SWEEP_JOBS and len(set(colours)) == SWEEP_JOBS, colours
-    chart.scroll_into_view_if_needed()
+    over = chart.locator(".u-over")
+    over.scroll_into_view_if_needed()
+    box = over.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.5)  # each job's value in the legend
+    expect(chart.locator(".u-legend .u-value").nth(1)).to_have_text(re.compile(r"^\d\.\d+$"))
     page.screenshot(path=str(screenshot_dir() / "dashboard-sweep-colours.png"))
 
 
