@@ -60,7 +60,7 @@ LEASE_FILE = "lease"
 TELEMETRY_DIR = "telemetry"  # RUN_DIR/telemetry/rank{R}.jsonl, one JSON object per line
 # Script mode: RUN_DIR/exit/script-rank{R} holds the exit code kiln's client chose for the script (FENCED,
 # LEASE_EXPIRED, PREEMPTED) just before it made the script exit with it; any other exit is the script's own.
-EXIT_DIR = "exit"  # RUN_DIR/exit/rank{R}: each rank's exit code, written by workers.rank_entry
+EXIT_DIR = "exit"  # RUN_DIR/exit/rank{R}: each rank's exit code, written by rank.entry
 SCRIPT_INTENT_PREFIX = "script-rank"
 
 

@@ -70,15 +70,15 @@ def _spec_path(argv: list[str]) -> Path | None:
 
 
 def script_main(argv: list[str]) -> None:
-    """Script mode (``--script``): the spec's command instead of the trainer (``workers.script_rank``). A command
+    """Script mode (``--script``): the spec's command instead of the trainer (``rank.script``). A command
     killed by a signal records no code (the worker reads "killed"), as a killed trainer does."""
-    from workers import script_rank
+    from rank import script
 
     run_dir, spec_path = _run_dir(argv), _spec_path(argv)
     if run_dir is None or spec_path is None:
-        print("usage: python -m workers.rank_entry --script --spec SPEC --run-dir RUN_DIR", file=sys.stderr)
+        print("usage: python -m rank.entry --script --spec SPEC --run-dir RUN_DIR", file=sys.stderr)
         sys.exit(2)
-    code, _, said = script_rank.run(spec_path, run_dir, set_death_signal=set_parent_death_signal)
+    code, _, said = script.run(spec_path, run_dir, set_death_signal=set_parent_death_signal)
     if code is not None:
         _record(run_dir, code)
     print(f"{_who()} {said}", file=sys.stderr, flush=True)  # the command's own code, as the timeline says it

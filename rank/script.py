@@ -1,6 +1,6 @@
 """Script mode (spec ``command:``): what each rank runs instead of kiln's trainer.
 
-``python -m workers.rank_entry --script --spec SPEC --run-dir RUN_DIR`` (started by torchrun, one per GPU or CPU
+``python -m rank.entry --script --spec SPEC --run-dir RUN_DIR`` (started by torchrun, one per GPU or CPU
 slot, or directly for one process) runs the spec's command from the job's unpacked code directory with torchrun's
 environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``PORT``) and kiln's (the fencing token, the
 checkpoint directory, the lease, ``KILN_RUN_DIR``, ``KILN_SEED``, ``KILN_STEPS``), and turns how it ended into the
@@ -33,6 +33,7 @@ import threading
 from types import FrameType
 from typing import IO, Any
 
+from core.telemetry import Telemetry
 from core.trainer_protocol import (
     ENV_CODE_DIR,
     ENV_KEEP_LAST,
@@ -145,8 +146,6 @@ def _reason(code: int | None) -> str:
 def run(spec_path: pathlib.Path, run_dir: pathlib.Path, *, set_death_signal: Any) -> tuple[int | None, str | None, str]:
     """Run the spec's command to its end; (the rank's code or None for "killed", the user's error line, how the
     command ended in words: ``ended``)."""
-    from core.telemetry import Telemetry  # the standard library only
-
     rank = os.environ.get("RANK", "0")
     spec = json.loads(spec_path.read_text())
     command = command_of(spec)

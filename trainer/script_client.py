@@ -194,7 +194,7 @@ class _Client:
             self.exit_with(ExitCode.FENCED, "FENCED", str(exc))
 
     def exit_with(self, code: ExitCode, event: str, message: str) -> None:
-        """Tell the rank's launcher (workers.rank_entry) that this exit is kiln's, then raise it."""
+        """Tell the rank's launcher (rank.entry) that this exit is kiln's, then raise it."""
         self.event(event, message)
         if self.run_dir is not None:
             target = self.run_dir / EXIT_DIR / f"{SCRIPT_INTENT_PREFIX}{rank()}"

@@ -6,8 +6,8 @@ What an attempt gets (docs/security.md, "The sandbox"):
   namespace with only a loopback device (a gang's ranks reach each other over the host's network);
 * a file view of the runtime only, read-only: the system's ``/usr`` (and the ``/lib``-style links to it), a few
   files of ``/etc`` (the dynamic linker's cache, certificates, time zone; ``passwd`` and ``group`` written for it),
-  kiln's interpreter and virtualenv, and kiln's rank-side packages (``core``, ``workers``, ``trainer``); then the
-  directories the worker names for the attempt: its run, checkpoint, compile-cache and local-tier directories
+  kiln's interpreter and virtualenv, and kiln's rank-side packages (``core``, ``rank``, ``workers``, ``trainer``);
+  then the directories the worker names for the attempt: its run, checkpoint, compile-cache and local-tier directories
   writable, its code and datasets read-only, its GPUs' device nodes and, for a GPU share, the MPS pipe directory;
 * a private ``/tmp`` and ``/dev/shm`` (tmpfs, counted in its memory group), a minimal ``/dev``, its own ``/proc``;
 * an environment the worker builds from nothing (``workers.tasks.attempt_env``): never the worker's own.
@@ -61,7 +61,7 @@ ETC_FILES = (
 # The NVIDIA device nodes every CUDA process opens, besides its GPUs' own /dev/nvidia<minor>.
 NVIDIA_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 SANDBOX_HOSTNAME = "kiln-attempt"
-KILN_PACKAGES = ("core", "workers", "trainer")  # what runs on the rank side (never the API, CLI or scheduler)
+KILN_PACKAGES = ("core", "rank", "workers", "trainer")  # what runs on the rank side (never the API, CLI or scheduler)
 # Bound whole (or made fresh) by every sandbox: a runtime directory under one of them needs no bind of its own.
 SYSTEM_ROOTS = tuple(Path(p) for p in ("/usr", "/proc", "/sys", "/dev", "/etc"))
 PROBE_UID = 65534 - 1  # an unused uid for the start-up probe (nobody's neighbour)

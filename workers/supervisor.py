@@ -23,8 +23,8 @@ import psutil
 
 from core.private import open_private, private_dir, read_regular
 from core.trainer_protocol import ENV_LAUNCHED_AT, EXIT_DIR
+from rank.entry import set_parent_death_signal
 from workers.isolation import Confinement, preexec
-from workers.rank_entry import set_parent_death_signal
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,9 @@ def launch_command(
     itself, started directly with the environment torchrun would give it: torchrun's own interpreter and torch
     import add seconds to every start and restart (a restart on the H200 host spent 15.7 s from launch to the
     first telemetry record). Several ranks, or several nodes, go through torchrun. ``script``: each rank runs the
-    spec's ``command`` (script mode, ``workers.script_rank``) instead of kiln's trainer."""
+    spec's ``command`` (script mode, ``rank.script``) instead of kiln's trainer."""
     mode = ["--script"] if script else []
-    entry = ["-m", "workers.rank_entry", *mode, "--spec", str(spec_path), "--run-dir", str(run_dir)]
+    entry = ["-m", "rank.entry", *mode, "--spec", str(spec_path), "--run-dir", str(run_dir)]
     if nproc_per_node == 1 and (rendezvous is None or rendezvous.nnodes == 1):
         env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0"}
         return [sys.executable, *entry], env
@@ -219,7 +219,7 @@ class TrainerProcess:
         self.pass_fds, self.lifeline = [], None
 
     def rank_exit_codes(self) -> dict[int, int]:
-        """Exit codes the ranks recorded through ``workers.rank_entry``; killed ranks are missing."""
+        """Exit codes the ranks recorded through ``rank.entry``; killed ranks are missing."""
         codes: dict[int, int] = {}
         exit_dir = self.run_dir / EXIT_DIR
         if not exit_dir.is_dir():

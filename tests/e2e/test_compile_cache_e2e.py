@@ -45,7 +45,7 @@ def run_job(spec: pathlib.Path, run_dir: pathlib.Path, host: pathlib.Path, team:
         "KILN_JOB_ID": str(job_id),
         "KILN_ATTEMPT_ID": str(job_id * 10),
     }
-    cmd = [sys.executable, "-m", "workers.rank_entry", "--spec", str(spec), "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "rank.entry", "--spec", str(spec), "--run-dir", str(run_dir)]
     done = subprocess.run(cmd, cwd=ROOT, env=env(**extra), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
 

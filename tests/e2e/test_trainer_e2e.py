@@ -101,8 +101,8 @@ def env(hooks: Hooks = None, **extra: str) -> dict[str, str]:
 
 
 def cmd(spec: pathlib.Path, run_dir: pathlib.Path, nproc: int) -> list[str]:
-    """Each rank as a worker starts it: ``python -m workers.rank_entry`` (the trainer as ``__main__``)."""
-    tail = ["-m", "workers.rank_entry", "--spec", str(spec), "--run-dir", str(run_dir)]
+    """Each rank as a worker starts it: ``python -m rank.entry`` (the trainer as ``__main__``)."""
+    tail = ["-m", "rank.entry", "--spec", str(spec), "--run-dir", str(run_dir)]
     if nproc == 1:
         return [sys.executable, *tail]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *tail]
@@ -241,7 +241,7 @@ def test_compiled_matches_eager(tmp_path: pathlib.Path) -> None:
 
 
 def _children_of(pid: int) -> list[Any]:
-    return [c for c in psutil.Process(pid).children(recursive=True) if "workers.rank_entry" in c.cmdline()]
+    return [c for c in psutil.Process(pid).children(recursive=True) if "rank.entry" in c.cmdline()]
 
 
 @pytest.mark.timeout(400)

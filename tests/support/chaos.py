@@ -365,7 +365,7 @@ def _signal(pids: list[int], sig: signal.Signals) -> None:
 
 def _is_rank(pid: int) -> bool:
     with contextlib.suppress(psutil.Error):
-        return "workers.rank_entry" in " ".join(psutil.Process(pid).cmdline())
+        return "rank.entry" in " ".join(psutil.Process(pid).cmdline())
     return False
 
 

@@ -1,4 +1,4 @@
-"""``python -m workers.rank_entry`` as torchrun starts each rank of a worker's attempt: the trainer's own exit code
+"""``python -m rank.entry`` as torchrun starts each rank of a worker's attempt: the trainer's own exit code
 is recorded for the worker (``RUN_DIR/exit/rank{R}``) and is the process's exit code."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def test_the_trainers_exit_code_is_recorded_and_returned(tmp_path: Path) -> None
     spec.write_text('{"name": "x", "steps": -1}')  # a bad spec: the trainer exits USER_ERROR before importing torch
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")} | {"RANK": "0", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "workers.rank_entry", "--spec", str(spec), "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "rank.entry", "--spec", str(spec), "--run-dir", str(run_dir)],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == ExitCode.USER_ERROR, proc.stderr

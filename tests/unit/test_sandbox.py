@@ -16,7 +16,7 @@ from workers.sandbox import Launch, Sandbox, View, runtime_paths
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path("/opt/venv")
 BASE = Path("/opt/python")
-PACKAGES = tuple(ROOT / p for p in ("core", "workers", "trainer"))
+PACKAGES = tuple(ROOT / p for p in ("core", "rank", "workers", "trainer"))
 
 
 def sandbox(*, as_root: bool = True) -> Sandbox:
@@ -39,7 +39,7 @@ def binds(argv: list[str]) -> dict[str, list[tuple[str, str]]]:
 
 def command(view: View, **kw: bool) -> Launch:
     user = AttemptUser(uid=RANGE_START + 7, gid=RANGE_START + 7) if kw.get("as_root", True) else None
-    return sandbox(**kw).command(["python", "-m", "workers.rank_entry"], view, user=user)
+    return sandbox(**kw).command(["python", "-m", "rank.entry"], view, user=user)
 
 
 def test_an_attempt_sees_the_runtime_read_only_and_only_its_own_directories_writable(tmp_path: Path) -> None:
@@ -78,7 +78,7 @@ def test_the_team_uid_is_taken_inside_with_nothing_of_roots_left_and_a_lifeline_
         assert inner[:9] == ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
                              "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--"]  # fmt: skip
         assert inner[10:14] == ["-m", "workers.sandbox_shim", "--lifeline", str(lifeline)]
-        assert inner[-3:] == ["python", "-m", "workers.rank_entry"]
+        assert inner[-3:] == ["python", "-m", "rank.entry"]
         assert lifeline in launch.fds
         files = {dst: os.read(int(fd), 4096).decode() for fd, dst in binds(launch.argv)["--ro-bind-data"]}
         assert f"kiln:x:{uid}:{uid}:" in files["/etc/passwd"] and "root:x:0:0:" in files["/etc/passwd"]

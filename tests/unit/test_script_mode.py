@@ -27,9 +27,9 @@ from core.trainer_protocol import (
     TELEMETRY_DIR,
     ExitCode,
 )
+from rank.script import classify_exit, command_of
 from trainer import script_client
 from trainer.checkpoint.store import MANIFEST, list_checkpoints, verify
-from workers.script_rank import classify_exit, command_of
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = "name: s\nteam: default\ncommand: [python, train.py]\n"
@@ -211,7 +211,7 @@ def test_the_client_imports_no_torch_and_works_outside_kiln(tmp_path: Path) -> N
 
 
 def launch(tmp_path: Path, script: str, *, term_after: bool = False) -> tuple[int, Path]:
-    """``python -m workers.rank_entry --script`` as the worker launches one rank, on a real command."""
+    """``python -m rank.entry --script`` as the worker launches one rank, on a real command."""
     code, run_dir, ckpt = tmp_path / "code", tmp_path / "run", tmp_path / "ckpt"
     code.mkdir()
     run_dir.mkdir()
@@ -223,7 +223,7 @@ def launch(tmp_path: Path, script: str, *, term_after: bool = False) -> tuple[in
     env |= {ENV_CODE_DIR: str(code), ENV_CHECKPOINT_DIR: str(ckpt), ENV_FENCING_TOKEN: "3",
             ENV_LEASE_FILE: str(run_dir / "lease"), "RANK": "0", "WORLD_SIZE": "1",
             "PYTHONPATH": str(ROOT)}  # fmt: skip
-    argv = [sys.executable, "-m", "workers.rank_entry", "--script", "--spec", str(run_dir / "spec.json"),
+    argv = [sys.executable, "-m", "rank.entry", "--script", "--spec", str(run_dir / "spec.json"),
             "--run-dir", str(run_dir)]  # fmt: skip
     proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if term_after:
