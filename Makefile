@@ -11,4 +11,4 @@ bench-api:
 	scripts/bootstrap trainer,dev && .venv/bin/python bench/api_bench.py $(ARGS)
 
 lint:
-	scripts/bootstrap trainer,dev && .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy api core scheduler workers cli trainer
+	scripts/bootstrap trainer,dev && .venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy api core scheduler workers cli trainer rank && .venv/bin/lint-imports --no-cache
