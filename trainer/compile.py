@@ -163,6 +163,16 @@ def _slow_backend(delay_s: float) -> Callable[..., Any]:
     return backend
 
 
+def _unsupported_op(block: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """Test hook (TestHooks.unsupported_op), run before each block's forward: a data-dependent Python branch, which
+    Dynamo cannot put in one graph; with fullgraph=True the compile fails the way a genuinely unsupported op does.
+    The branch is never taken on real activations, so the eager model computes what it would without the hook."""
+    x = args[0] if args else None
+    if isinstance(x, torch.Tensor) and x.sum().item() > 1e30:
+        return (x * 2.0, *args[1:])
+    return None
+
+
 class Compiler:
     def __init__(
         self,
@@ -201,6 +211,7 @@ class Compiler:
         # first backward's gradients must come out finite (a GEMM left on cuBLAS would make NaNs).
         self.triton_gemms = triton_gemms
         self.poll_s = 0.0
+        self._fault_hooks: list[torch.utils.hooks.RemovableHandle] = []  # TestHooks.unsupported_op, while on
 
     def _apply(self, model: nn.Module, blocks: list[nn.Module]) -> None:
         kwargs: dict[str, Any] = {"fullgraph": True, "dynamic": False}
@@ -237,8 +248,7 @@ class Compiler:
         if self.mode == "off":
             return report
         if self.hooks.unsupported_op:
-            for b in blocks:
-                b.inject_unsupported = True  # type: ignore[assignment]
+            self._fault_hooks = [b.register_forward_pre_hook(_unsupported_op) for b in blocks]
         # The eager reference forward is the recipe's first run on the user's settings: what fails here is theirs.
         with torch.no_grad(), user_code("the first forward"):
             report.eager_loss = float(loss_fn().item())
@@ -391,9 +401,9 @@ class Compiler:
 
     def _fall_back(self, model: nn.Module, blocks: list[nn.Module], report: CompileReport, failure: str) -> None:
         self._revert(model)
-        if self.hooks.unsupported_op:
-            for b in blocks:
-                b.inject_unsupported = False  # type: ignore[assignment]
+        for handle in self._fault_hooks:
+            handle.remove()
+        self._fault_hooks = []
         report.reason = failure
         self.tel.event(
             failure,

@@ -65,7 +65,9 @@ class TestHooks:
     loss_spike_len: int = 1  # consecutive poisoned batches from each index
     compile_timeout: bool = False  # make the compile breaker see a compile slower than its limit
     compile_oom: bool = False  # make the breaker see host RSS over its limit
-    unsupported_op: bool = False  # put an op Dynamo cannot trace (fullgraph) into the model's blocks
+    # put an op Dynamo cannot trace (fullgraph) before each of the model's blocks: a forward pre-hook the compiler
+    # installs (trainer.compile), never the recipe's model code
+    unsupported_op: bool = False
     nonfinite_at_step: tuple[int, ...] = ()  # batch indices whose loss is made NaN
     sleep_per_step_s: float = 0.0  # slow each step down so a test can signal mid-run
     # The worker's, not the trainer's (read by ``workers.tasks``, accepted here so the shared variable parses):

@@ -45,13 +45,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd)
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=False)
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=False)
-        # Test hook (TestHooks.unsupported_op): a data-dependent Python branch, which Dynamo cannot put in one
-        # graph; with fullgraph=True the compile fails the way a genuinely unsupported op does.
-        self.inject_unsupported = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.inject_unsupported and x.sum().item() > 1e30:
-            x = x * 2.0
         x = x + self.attn(self.ln_1(x))
         return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
 
