@@ -91,8 +91,10 @@ def sign_in(
 
 def _user(db: Session, settings: OidcSettings, claims: dict[str, Any]) -> User:
     issuer, subject = str(claims["iss"]), str(claims["sub"])
-    user = db.scalar(select(User).where(User.oidc_issuer == issuer, User.oidc_subject == subject))
+    # Locked: two sign-ins of one user at once would otherwise both add the same membership.
+    user = db.scalar(select(User).where(User.oidc_issuer == issuer, User.oidc_subject == subject).with_for_update())
     if user is not None:
+        db.refresh(user, ["memberships"])
         return user
     name = user_name(settings, claims)
     if users_repo.get_by_name(db, name) is not None:

@@ -146,8 +146,11 @@ def test_the_cli_signs_in_with_the_device_flow(world: World, tmp_path: Path) -> 
     proc = subprocess.Popen([str(ROOT / "kiln"), "login", "--sso", "--url", kiln.url], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
     assert proc.stdout is not None
-    lines = [proc.stdout.readline(), proc.stdout.readline()]
-    printed = "".join(lines)
+    printed = ""
+    while "enter the code" not in printed:  # ./kiln may first say it prepares the venv
+        line = proc.stdout.readline()
+        assert line, printed
+        printed += line
     uri = re.search(r"open (\S+)", printed)
     code = re.search(r"enter the code (\S+)", printed)
     assert uri and code, printed
@@ -204,3 +207,14 @@ def test_bad_sign_in_input_is_a_problem_not_a_traceback(world: World) -> None:
     body = {"code": "made-up", "code_verifier": "v" * 43, "redirect_uri": f"{kiln.url}/", "nonce": "n" * 16}
     r = httpx.post(f"{kiln.url}/v1/auth/oidc/code", json=body, timeout=30)
     refused(r, "the provider refused the sign-in code")
+
+
+def test_the_cli_says_what_went_wrong_with_an_exit_code(tmp_path: Path) -> None:
+    from tests.support.services import free_port
+
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path), "KILN_TOKEN": ""}
+    down = f"http://127.0.0.1:{free_port()}"
+    r = subprocess.run([str(ROOT / "kiln"), "login", "--sso", "--url", down], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert f"{down} (connection refused)" in r.stderr and "Traceback" not in r.stderr
