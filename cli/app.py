@@ -15,6 +15,7 @@ import typer
 from typer._click import Context as ClickContext
 from typer.core import TyperGroup
 
+from cli.config import ENV_CLI_NAME
 from cli.errors import CliError, ExitCode
 from cli.output import Column, OutputFormat, err_console
 from core.secrets import SecretError
@@ -51,8 +52,8 @@ def report(exc: CliError) -> None:
 
 def cli_name() -> str:
     """The command as the user types it, for hints they paste: ``./kiln`` from a fresh clone (the wrapper sets
-    KILN_CLI_NAME: no ``kiln`` is on the PATH then), else ``kiln``."""
-    return os.environ.get("KILN_CLI_NAME", "kiln")
+    KILN_CLI_NAME: no ``kiln`` is on the PATH then), else ``kiln`` (the client's environment: ``cli.config``)."""
+    return os.environ.get(ENV_CLI_NAME, "kiln")
 
 
 def examples(*commands: str) -> str:

@@ -6,6 +6,11 @@ The file holds a secret, so it is written atomically with mode 0600.
 
 The file's top-level ``api_url`` and ``token`` are the default; ``profiles`` holds others by name, chosen with
 ``kiln --profile NAME`` or ``KILN_PROFILE`` (``kiln up`` adds one rather than overwrite another kiln's default).
+
+These variables, and ``KILN_CLI_NAME`` (how the user runs the command, set by the ``./kiln`` wrapper of a fresh
+clone), are the client's whole environment. They are not kiln's ``Settings`` (``core.settings``): those configure
+the server's processes (database, broker, storage), which a laptop running the CLI has none of; the CLI reads
+``Settings`` only in its server-side commands (``cli.server``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_API_URL = "http://127.0.0.1:8421"
+ENV_CLI_NAME = "KILN_CLI_NAME"  # the command as the user types it: ``./kiln`` from the wrapper, else ``kiln``
 
 
 @dataclass(frozen=True)

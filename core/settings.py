@@ -227,6 +227,12 @@ class WorkerHost(SettingsGroup):
         "never does (fractional jobs then wait: no host offers shares).",
     )
     mps_control: str = Field(default="nvidia-cuda-mps-control", description="The MPS control binary's name or path.")
+    ckpt_writers: int | None = Field(
+        default=None,
+        ge=1,
+        description="Writer threads (and data files) of each checkpoint a rank saves; the worker passes it to its "
+        "ranks. Empty: min(8, the host's cores).",
+    )
     rendezvous_port_base: int = Field(
         default=29400,
         ge=1024,

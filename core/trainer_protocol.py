@@ -41,6 +41,9 @@ ENV_LEASE_FILE = "KILN_LEASE_FILE"  # RUN_DIR/lease: this node's lease, renewed 
 # the script client's default when the variable is absent (a bare run with no worker).
 ENV_FINAL_CHECKPOINT_RETRY_S = "KILN_FINAL_CHECKPOINT_RETRY_S"
 DEFAULT_FINAL_CHECKPOINT_RETRY_S = 120.0
+# Writer threads (and data files) of each checkpoint a rank saves (Settings.ckpt_writers, passed by the worker only
+# when the operator set it); absent: min(8, the rank's cores) (trainer.checkpoint.raw.writer_count).
+ENV_CKPT_WRITERS = "KILN_CKPT_WRITERS"
 # Script mode (spec ``command``, trainer.script_client): what kiln's trainer reads from the spec, given to a script.
 ENV_RUN_DIR = "KILN_RUN_DIR"  # the attempt's run directory (telemetry, exit codes); the script's cwd is the code
 ENV_SEED = "KILN_SEED"  # the spec's seed

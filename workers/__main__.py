@@ -37,16 +37,18 @@ def main(argv: list[str] | None = None) -> None:
     # Checkpoints, compile caches, run dirs and logs hold a team's work: nothing the worker or a trainer writes is
     # readable by other users of the host (the logs the API reads: core/private.py).
     os.umask(0o077)
+    from core.settings import get_settings
+
+    settings = get_settings()
     if args.broker:
-        # Before anything reads the settings: the Celery app is built from them.
-        os.environ["KILN_BROKER_URL"] = args.broker
+        # The flag overrides KILN_BROKER_URL in this process's settings, before the Celery app is built from them.
+        settings.broker_url = args.broker
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from core.db import session_scope
     from core.deployment import StorageOfAnotherDeployment, check_storage, deployment_uid
     from core.liveness import Pulse
     from core.process_metrics import serve
-    from core.settings import get_settings
     from workers import attempt_setup, isolation, mps, tasks
     from workers.celery_app import declare_host_queue, get_app
     from workers.consumer_probe import ConsumerProbe, quiet_probe_logs
@@ -54,7 +56,6 @@ def main(argv: list[str] | None = None) -> None:
     from workers.host_agent import HostAgent
     from workers.inventory import detect_inventory
 
-    settings = get_settings()
     inventory = detect_inventory()
     tasks.WORKER_INCARNATION = secrets.token_hex(6)
     cpu_slots = args.cpu_slots if args.cpu_slots is not None else max(1, (os.cpu_count() or 2) // 2)
@@ -103,7 +104,6 @@ def main(argv: list[str] | None = None) -> None:
         log.info(
             "MPS: " + (f"daemon {daemon.state} ({daemon.control})" if daemon else "off or not installed: no shares")
         )
-    os.environ["KILN_WORKER_HOST"] = args.host
     agent.start()
     probe.start()
     exporter = ExportRunner(

@@ -40,6 +40,7 @@ from core.states import ACTIVE, ATTEMPT_LIVE, AttemptState, JobState, MpsState
 from core.trainer_protocol import (
     ENV_ATTEMPT_ID,
     ENV_CHECKPOINT_DIR,
+    ENV_CKPT_WRITERS,
     ENV_COMPILE_CACHE_DIR,
     ENV_FENCING_TOKEN,
     ENV_FINAL_CHECKPOINT_RETRY_S,
@@ -275,7 +276,7 @@ def _nccl_channels(qos: QosClass | None, links: dict[str, Any], gpus: list[GPU])
 def attempt_env(
     claimed: Claimed, *, attempt_id: int, token: int, checkpoint_dir: Path, compile_dir: Path, lease_file: Path,
     local_dir: Path | None = None, final_retry_s: float | None = None, team_cache_dir: Path | None = None,
-    shared_cache_dir: Path | None = None,
+    shared_cache_dir: Path | None = None, ckpt_writers: int | None = None,
 ) -> dict[str, str]:  # fmt: skip
     # Built from nothing: the worker's own environment (its KILN_* settings, database and broker URLs that may hold
     # passwords, whatever its service manager set) is not the attempt's. From the host: the locale, time zone and
@@ -304,6 +305,8 @@ def attempt_env(
         env[ENV_SHARED_COMPILE_CACHE_DIR] = str(shared_cache_dir)
     if final_retry_s is not None:  # the worker's setting; the ranks default to the same value without it
         env[ENV_FINAL_CHECKPOINT_RETRY_S] = f"{final_retry_s:g}"
+    if ckpt_writers is not None:  # the worker's setting; without it each rank picks min(8, its cores)
+        env[ENV_CKPT_WRITERS] = str(ckpt_writers)
     if not claimed.gpus:
         # A CPU slot is one core: without this every rank starts a thread per core and they all fight.
         env["OMP_NUM_THREADS"] = "1"
@@ -742,6 +745,7 @@ def _run_claimed(
             final_retry_s=settings.final_checkpoint_retry_s,
             team_cache_dir=team_cache,
             shared_cache_dir=shared_cache,
+            ckpt_writers=settings.ckpt_writers,
         )
         | launch_env
     )
@@ -814,7 +818,7 @@ def run_attempt(self: Any, attempt_id: int, fencing_token: int, node_rank: int =
     """Claim, then hand the attempt to a supervision thread of the worker process and return: the message is
     acknowledged once the claim is committed (see ``workers.celery_app``), and the consumer's life is no longer
     tied to the attempt's (hours)."""
-    host = CURRENT_HOST or os.environ.get("KILN_WORKER_HOST") or ""
+    host = CURRENT_HOST or ""
     delivery = str(getattr(self.request, "id", "") or "")
     redelivered = bool((getattr(self.request, "delivery_info", None) or {}).get("redelivered"))
     if redelivered:

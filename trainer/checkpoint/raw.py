@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from core.trainer_protocol import ENV_CKPT_WRITERS
+
 ALIGN = 4096  # tensor offsets in the data files: any dtype's view of the byte buffer is aligned
 CHUNK = 64 << 20  # bytes per write/hash call: large enough to release the GIL, small enough to interleave
 TENSORS = "tensors.json"
@@ -34,8 +36,9 @@ _REF = "__kiln_tensor__"
 
 
 def writer_count() -> int:
-    """Parallel writer threads (and data files) per checkpoint: ``KILN_CKPT_WRITERS``, else min(8, cores)."""
-    raw = os.environ.get("KILN_CKPT_WRITERS")
+    """Parallel writer threads (and data files) per checkpoint: ``KILN_CKPT_WRITERS`` (the worker's
+    ``Settings.ckpt_writers``, core.trainer_protocol), else min(8, cores)."""
+    raw = os.environ.get(ENV_CKPT_WRITERS)
     return max(1, int(raw)) if raw else max(1, min(8, os.cpu_count() or 1))
 
 
