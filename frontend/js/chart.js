@@ -103,14 +103,15 @@ function bucketPaths(bucket) {
     const stroke = new Path2D();
     const xs = u.data[0];
     const ys = u.data[si];
+    let prev = -1;
     for (let i = i0; i <= i1; i++) {
       if (ys[i] === null || ys[i] === undefined) continue;
+      const x0 = u.valToPos(xs[i], "x", true);
       const y = u.valToPos(ys[i], "y", true);
-      const x1 = u.valToPos(xs[i] + bucket, "x", true);
-      stroke.moveTo(u.valToPos(xs[i], "x", true), y);
-      stroke.lineTo(x1, y);
-      const next = xs.findIndex((/** @type {number} */ x, /** @type {number} */ j) => j > i && ys[j] !== null && ys[j] !== undefined);
-      if (next > 0 && xs[next] === xs[i] + bucket) stroke.lineTo(x1, u.valToPos(ys[next], "y", true));
+      if (prev >= 0 && xs[prev] + bucket === xs[i]) stroke.lineTo(x0, y); // it touches the previous bucket: join them
+      else stroke.moveTo(x0, y);
+      stroke.lineTo(u.valToPos(xs[i] + bucket, "x", true), y);
+      prev = i;
     }
     return { stroke, fill: null, clip: null, band: null, gaps: null, flags: 0 };
   };

@@ -92,8 +92,8 @@ def test_sweep_summary_best_first_and_sortable(kiln: Kiln) -> None:
         # Each job's curve of the objective (here its training loss) over its steps, in one chart.
         curves = page.locator("figure[data-chart='sweep-curves']")
         expect(curves.locator("figcaption")).to_have_text("loss over steps, each job (best first)")
-        expect(curves.locator("path.series")).to_have_count(3)
-        expect(curves.locator(".legend li")).to_have_count(3)
+        expect(curves).to_have_attribute("data-series", "3")
+        expect(curves.locator(".u-legend .u-series")).to_have_count(4)  # the step, then each job
         table = page.locator("#sweep-summary table")
         expect(table.locator("thead th")).to_have_text(["Rank ▲", "Job", "State", "lr", "Step", "Final loss"])
 
