@@ -201,6 +201,11 @@ def test_a_sweeps_jobs_each_have_their_own_colour(page: Any, kiln: Kiln) -> None
     page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.5)  # each job's value in the legend
     expect(chart.locator(".u-legend .u-value").nth(1)).to_have_text(re.compile(r"^\d\.\d+$"))
     page.screenshot(path=str(screenshot_dir() / "dashboard-sweep-colours.png"))
+    page.set_viewport_size(
+        {"width": 375, "height": 740}
+    )  # on a phone the legend wraps: the page never scrolls sideways
+    page.wait_for_timeout(300)
+    assert page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth") <= 1
 
 
 def test_sla_page_one_violation_per_job_and_the_window_at_its_buckets(page: Any, kiln: Kiln) -> None:
