@@ -290,9 +290,11 @@ export class LineChart {
         })),
       ],
       hooks: {
-        setSelect: [() => { this.zoomed = true; }],
         setScale: [(/** @type {any} */ u, /** @type {string} */ scale) => {
           if (scale !== "x") return;
+          // zoomed in while the x scale leaves data out; a double-click back to all of it follows live points again
+          const xs = u.data[0];
+          this.zoomed = u.scales.x.min > xs[0] || u.scales.x.max < xs[xs.length - 1];
           this.el.dataset.xMin = String(u.scales.x.min);
           this.el.dataset.xMax = String(u.scales.x.max);
         }],

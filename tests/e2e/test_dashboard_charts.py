@@ -176,8 +176,17 @@ def test_hover_values_and_zoom(page: Any, kiln: Kiln, ended_job: int) -> None:
     page.mouse.up()
     zoomed = chart.evaluate("(fig) => [fig.chart.plot.scales.x.min, fig.chart.plot.scales.x.max]")
     assert 10 < zoomed[0] < zoomed[1] < 40, zoomed
+    # A live point (as the job's stream adds them) keeps the zoom; zoomed out, the axis follows the new points.
+    scale = "(fig) => [fig.chart.plot.scales.x.min, fig.chart.plot.scales.x.max]"
+    add = (
+        "(fig, step) => fig.chart.setSeries(fig.chart.series.map((s) => ({...s, points: [...s.points, [step, 0.6]]})))"
+    )
+    chart.evaluate(add, 61)
+    assert chart.evaluate(scale) == zoomed
     over.dblclick()
-    assert chart.evaluate("(fig) => [fig.chart.plot.scales.x.min, fig.chart.plot.scales.x.max]") == [1, 60]
+    assert chart.evaluate(scale) == [1, 61]
+    chart.evaluate(add, 62)
+    assert chart.evaluate(scale) == [1, 62]
 
 
 def test_a_sweeps_jobs_each_have_their_own_colour(page: Any, kiln: Kiln) -> None:
