@@ -53,7 +53,7 @@ every error is RFC 9457 `application/problem+json`. See docs/api.md."""
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
     settings = settings or get_settings()
     owns_engine = engine is None
-    engine = engine or make_api_engine(settings.resolved_database_url)
+    engine = engine or make_api_engine(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -127,15 +127,16 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     return app
 
 
-def make_api_engine(url: str) -> Engine:
+def make_api_engine(settings: Settings) -> Engine:
     """The API's engine. On PostgreSQL: a pool for 32 concurrent clients over 2 workers (each worker's thread
     pool runs at most 40 handlers; 16 connections cover its share, 16 more absorb bursts), and instead of
     ``pool_pre_ping`` (a ``BEGIN; SELECT 1`` round trip on every checkout) a check that costs no round trip: an idle
     connection has nothing to read, so a readable socket means the server closed it (restart, failover,
     ``pg_terminate_backend``); the pool then replaces it before the request sees it."""
+    url = settings.resolved_database_url
     if url.startswith("sqlite"):
-        return make_engine(url)
-    engine = make_engine(url, pool_size=16, max_overflow=16, pool_pre_ping=False)
+        return make_engine(url, settings=settings)
+    engine = make_engine(url, settings=settings, pool_size=16, max_overflow=16, pool_pre_ping=False)
 
     @event.listens_for(engine, "checkout")
     def _alive(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:

@@ -15,7 +15,7 @@ from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
 from core.private import create_private_file
-from core.settings import get_settings
+from core.settings import Settings, get_settings
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -70,9 +70,18 @@ class Base(DeclarativeBase):
     type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSONType, list[Any]: JSONType}
 
 
-def make_engine(url: str, *, idle_in_transaction_s: float | None = None, **kwargs: Any) -> Engine:
-    """``idle_in_transaction_s``: PostgreSQL ends this engine's sessions left idle in a transaction this long (default:
-    the settings' ``idle_in_transaction_timeout_s``, else half the attempts' lease)."""
+def idle_timeout_s(settings: Settings) -> float:
+    """How long PostgreSQL lets a session of a process with these settings sit idle inside a transaction: the
+    settings' ``idle_in_transaction_timeout_s``, else half the attempts' lease."""
+    return settings.idle_in_transaction_timeout_s or settings.lease_s / 2
+
+
+def make_engine(
+    url: str, *, settings: Settings | None = None, idle_in_transaction_s: float | None = None, **kwargs: Any
+) -> Engine:
+    """``idle_in_transaction_s``: PostgreSQL ends this engine's sessions left idle in a transaction this long;
+    default: what the process's ``settings`` give (``idle_timeout_s``); given neither (a one-off command, a
+    test), the server's own setting."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs)
         path = engine.url.database
@@ -93,11 +102,10 @@ def make_engine(url: str, *, idle_in_transaction_s: float | None = None, **kwarg
     # A session frozen inside a transaction (its process SIGSTOPped, its VM paused) holds its row locks until the
     # server ends it: the reconciler, which locks every host row and the jobs it ends, would wait for it with the
     # whole scheduler, and the frozen attempt's lease would never be declared expired (the chaos bench found it).
-    settings = get_settings()
-    idle_s = idle_in_transaction_s or settings.idle_in_transaction_timeout_s or settings.lease_s / 2
+    idle_s = idle_in_transaction_s or (idle_timeout_s(settings) if settings is not None else None)
     connect_args = dict(kwargs.pop("connect_args", {}))
     options = connect_args.get("options", "")
-    if "idle_in_transaction_session_timeout" not in options:  # a caller's own value stands
+    if idle_s is not None and "idle_in_transaction_session_timeout" not in options:  # a caller's own value stands
         connect_args["options"] = f"{options} -c idle_in_transaction_session_timeout={int(idle_s * 1000)}".strip()
     kwargs["connect_args"] = connect_args
     if "poolclass" not in kwargs:
@@ -109,7 +117,9 @@ def make_engine(url: str, *, idle_in_transaction_s: float | None = None, **kwarg
 
 @lru_cache
 def get_engine() -> Engine:
-    return make_engine(get_settings().resolved_database_url)
+    """The process's engine, on the process's settings."""
+    settings = get_settings()
+    return make_engine(settings.resolved_database_url, settings=settings)
 
 
 @lru_cache

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from typing import Any
 
 from sqlalchemy.orm import sessionmaker
 
@@ -35,8 +36,10 @@ def main() -> None:
     metrics = SchedulerMetrics()
     serve(metrics.registry, port=settings.scheduler_metrics_port, bind=settings.metrics_bind, what="scheduler")
     # Its own small pool: a slow receiver holds one connection, never one the scheduling cycle needs.
-    engine = make_engine(settings.resolved_database_url, **({} if settings.resolved_database_url.startswith("sqlite")
-                                                             else {"pool_size": 2, "max_overflow": 2}))  # fmt: skip
+    pool: dict[str, Any] = (
+        {} if settings.resolved_database_url.startswith("sqlite") else {"pool_size": 2, "max_overflow": 2}
+    )
+    engine = make_engine(settings.resolved_database_url, settings=settings, **pool)
     notifier = Notifier(settings=settings, session_factory=sessionmaker(bind=engine, expire_on_commit=False),
                         metrics=metrics)  # fmt: skip
     thread = threading.Thread(target=notifier.run, args=(stop,), name="webhook-notifier", daemon=True)

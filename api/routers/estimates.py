@@ -13,6 +13,7 @@ from api.routers.jobs import SUBMIT_BODY, spec_from_body
 from api.schemas.estimates import EstimateOut, estimate_out
 from core.db import utcnow
 from core.services import estimates as svc
+from core.services.fit import FitSettings
 
 router = APIRouter(prefix="/v1/estimates", tags=["estimates"], responses=ERRORS)
 
@@ -27,6 +28,6 @@ async def create_estimate(request: Request, db: SessionDep, who: CurrentPrincipa
     settings = request.app.state.settings
     result = await run_in_threadpool(
         svc.estimate, db=db, principal=who, spec=spec, now=utcnow(), prices=settings.gpu_prices,
-        currency=settings.currency,
+        currency=settings.currency, fit=FitSettings.of(settings),
     )  # fmt: skip
     return estimate_out(result)

@@ -21,6 +21,7 @@ from api.deps import (
     CurrentPrincipal,
     SessionDep,
     SessionFactoryDep,
+    SettingsDep,
     StorageDirDep,
     StreamPrincipal,
     autocommit,
@@ -69,6 +70,7 @@ from core.services import compile_cache, forecasts
 from core.services import jobs as svc
 from core.services.checkpoint_advice import CheckpointAdvice
 from core.services.errors import InvalidInput
+from core.services.fit import FitSettings
 from core.spec import NAME_PATTERN, JobSpec, SpecError, parse_spec_data, validation_errors
 from core.states import TERMINAL, JobState
 
@@ -177,12 +179,13 @@ def _submit(
     autocommit(db)
     who = principal_for(request, db)
     replayed = False
-    cap = request.app.state.settings.max_unfinished_jobs_per_team
+    settings = request.app.state.settings
+    cap, fit = settings.max_unfinished_jobs_per_team, FitSettings.of(settings)
     if idempotency is None:
-        view = svc.submit(db=db, principal=who, spec=spec, hold=hold, max_unfinished=cap)
+        view = svc.submit(db=db, principal=who, spec=spec, hold=hold, max_unfinished=cap, fit=fit)
     else:
         view, replayed = svc.submit_once(db=db, principal=who, spec=spec, idempotency=idempotency, hold=hold,
-                                         max_unfinished=cap)  # fmt: skip
+                                         max_unfinished=cap, fit=fit)  # fmt: skip
     finish(db)
     headers = {"Location": f"/v1/jobs/{view.id}"}
     if replayed:
@@ -318,10 +321,12 @@ class JobUpdateIn(InModel):
 
 
 @router.patch("/{job_id}", response_model=JobOut, summary="Change a job (Slurm's scontrol update)")
-def update_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, body: JobUpdateIn) -> Response:
+def update_job(
+    job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, body: JobUpdateIn, settings: SettingsDep
+) -> Response:
     limit = body.time_limit_s if "time_limit_s" in body.model_fields_set else svc.UNCHANGED
     job = svc.update(db=db, principal=who, job_id=job_id, qos=body.qos, time_limit_s=limit, gpus=body.gpus,
-                     depends_on=body.depends_on)  # fmt: skip
+                     depends_on=body.depends_on, fit=FitSettings.of(settings))  # fmt: skip
     return JSONBytes(job_json(job))
 
 

@@ -25,6 +25,7 @@ from api.routers.jobs import JSON_TYPES, YAML_TYPES, CancelIn, HoldIn
 from api.schemas.sweeps import SweepCurvesOut, SweepJobOut, SweepJobPageOut, SweepOut, SweepPageOut
 from core.services import sweep_curves
 from core.services import sweeps as svc
+from core.services.fit import FitSettings
 from core.spec import SpecError
 
 router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], responses=ERRORS)
@@ -69,9 +70,10 @@ async def submit_sweep(
     hold: Annotated[bool, Query(description="Submit its jobs held: they wait until released")] = False,
 ) -> SweepOut:  # fmt: skip
     document = await document_from_body(request)
-    cap = request.app.state.settings.max_unfinished_jobs_per_team
+    settings = request.app.state.settings
     view = await run_in_threadpool(svc.submit_sweep, db=db, principal=who, document=document, hold=hold,
-                                   max_unfinished=cap)  # fmt: skip
+                                   max_unfinished=settings.max_unfinished_jobs_per_team,
+                                   fit=FitSettings.of(settings))  # fmt: skip
     response.headers["Location"] = f"/v1/sweeps/{view.sweep.id}"
     return SweepOut.from_view(view)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response, status
 
-from api.deps import CurrentPrincipal, SessionDep
+from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.routers.common import (
     ERRORS,
     ETAG,
@@ -35,6 +35,7 @@ from core.models import Membership, TeamInvitation
 from core.repositories import users as users_repo
 from core.services import invitations
 from core.services import teams as svc
+from core.services.fit import FitSettings
 
 router = APIRouter(prefix="/v1/teams", tags=["teams"], responses=ERRORS)
 
@@ -57,9 +58,11 @@ def list_teams(
 
 @router.post("", response_model=TeamOut, status_code=status.HTTP_201_CREATED, summary="Create a team (admin)",
              responses=LOCATION)  # fmt: skip
-def create_team(body: TeamCreate, db: SessionDep, who: CurrentPrincipal, response: Response) -> TeamOut:
+def create_team(
+    body: TeamCreate, db: SessionDep, who: CurrentPrincipal, response: Response, settings: SettingsDep
+) -> TeamOut:
     fields = body.model_dump(exclude={"quotas"})
-    team = svc.create_team(db=db, principal=who, quotas=_quotas(body.quotas), **fields)
+    team = svc.create_team(db=db, principal=who, quotas=_quotas(body.quotas), fit=FitSettings.of(settings), **fields)
     response.headers["Location"] = f"/v1/teams/{team.name}"
     return TeamOut.model_validate(team)
 
@@ -75,7 +78,7 @@ def get_team(team: TeamPath, db: SessionDep, who: CurrentPrincipal, response: Re
               responses=ETAG)  # fmt: skip
 def update_team(
     team: TeamPath, body: TeamUpdate, db: SessionDep, who: CurrentPrincipal, response: Response,
-    if_match: IfMatchHeader = None,
+    settings: SettingsDep, if_match: IfMatchHeader = None,
 ) -> TeamOut:  # fmt: skip
     changes = body.model_dump(exclude_unset=True, exclude={"quotas"})
     for key in ("fair_share_weight", "budget_period_s", "restart_limit", "qos_classes"):
@@ -84,7 +87,8 @@ def update_team(
     if body.quotas is not None:
         changes["quotas"] = _quotas(body.quotas)
     version = if_match_version(if_match, "team")
-    row = svc.update_team(db=db, principal=who, name=team, changes=changes, if_version=version)
+    fit = FitSettings.of(settings)
+    row = svc.update_team(db=db, principal=who, name=team, changes=changes, if_version=version, fit=fit)
     response.headers["ETag"] = etag("team", row.version)
     return TeamOut.model_validate(row)
 

@@ -27,7 +27,7 @@ from core.repositories import teams as teams_repo
 from core.services.calibration import history, resolved_precision, shape_of
 from core.services.capacity import price_for
 from core.services.errors import InvalidInput
-from core.services.fit import canonical_gpu_type, check_capacity
+from core.services.fit import FitSettings, canonical_gpu_type, check_capacity
 from core.services.principal import Principal, require_team_id
 from core.services.sla import DEFAULT_QOS, TERMS
 from core.spec import JobSpec, check_recipe
@@ -61,12 +61,12 @@ class _Cluster:
 
 
 def estimate(*, db: Session, principal: Principal, spec: JobSpec, now: datetime, prices: dict[str, float],
-             currency: str) -> Estimate:  # fmt: skip
+             currency: str, fit: FitSettings = FitSettings()) -> Estimate:  # fmt: skip
     """Raises SpecError / InvalidInput for a spec that could not be submitted, NotFound for a team not in view."""
     spec = canonical_gpu_type(spec)
     hp = check_recipe(spec)
     team_id = require_team_id(principal, teams_repo.id_by_name(db, spec.team), spec.team, Role.VIEWER)
-    _refuse_as_submit_would(db, spec)
+    _refuse_as_submit_would(db, spec, fit)
     priced = priced_options(db, spec=spec, hp=hp, team_id=team_id, now=now, prices=prices)
     options = priced.options
     best = est.cheapest(options, written=0)
@@ -102,7 +102,7 @@ def priced_options(db: Session, *, spec: JobSpec, hp: TrainingHyperparameters | 
     return Priced(options, len(runs), deadline, bool(cluster.shares))
 
 
-def _refuse_as_submit_would(db: Session, spec: JobSpec) -> None:
+def _refuse_as_submit_would(db: Session, spec: JobSpec, fit: FitSettings) -> None:
     """What no option can mend is refused as a submission is (422, the field's path): a QoS class that does not
     exist, a request no set of the hosts could ever hold (a GPU type no host has, more GPUs than the cluster)."""
     asked = spec.resources.gpu_type if spec.resources.gpus else None
@@ -110,7 +110,7 @@ def _refuse_as_submit_would(db: Session, spec: JobSpec) -> None:
                                         gpu_type=asked)  # fmt: skip
     if spec.sla.qos is not None and ctx.qos_id is None:
         raise InvalidInput.at("sla.qos", f"unknown QoS class {spec.sla.qos!r}")
-    check_capacity(db, spec=spec, ctx=ctx)
+    check_capacity(db, spec=spec, ctx=ctx, fit=fit)
 
 
 def _cluster(db: Session, spec: JobSpec) -> _Cluster:

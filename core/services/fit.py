@@ -30,10 +30,23 @@ from core.memory import predict_for_spec
 from core.repositories import cluster as cluster_repo
 from core.repositories import qos as qos_repo
 from core.services.errors import InvalidInput
-from core.settings import get_settings
+from core.settings import Settings
 from core.spec import JobSpec, check_recipe
 
 GIB = 2**30
+
+
+@dataclass(frozen=True)
+class FitSettings:
+    """What an operator lets through beyond the registered hosts, from the process's settings: the services are
+    given it (the API and the scheduler pass their own; the defaults are the settings' defaults)."""
+
+    accept_beyond_capacity: bool = False  # KILN_ACCEPT_BEYOND_CAPACITY
+    gpu_types: tuple[str, ...] = ()  # KILN_GPU_TYPES: the types of hosts that will join
+
+    @classmethod
+    def of(cls, settings: Settings) -> FitSettings:
+        return cls(accept_beyond_capacity=settings.accept_beyond_capacity, gpu_types=tuple(settings.gpu_types))
 
 
 @dataclass(frozen=True)
@@ -54,8 +67,8 @@ def canonical_gpu_type(spec: JobSpec) -> JobSpec:
     return spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpu_type": gpu_type})})
 
 
-def declared_types() -> set[str]:
-    return {canonical(t) for t in get_settings().gpu_types}
+def declared_types(fit: FitSettings) -> set[str]:
+    return {canonical(t) for t in fit.gpu_types}
 
 
 def refuse_unknown_type(gpu_type: str, known: Iterable[str], *, loc: str) -> InvalidInput:
@@ -70,7 +83,7 @@ def refuse_unknown_type(gpu_type: str, known: Iterable[str], *, loc: str) -> Inv
     )
 
 
-def check_quota_type(db: Session, name: str, *, loc: str) -> str:
+def check_quota_type(db: Session, name: str, *, loc: str, fit: FitSettings) -> str:
     """A quota's GPU type in canonical form; refused when the cluster has GPUs and none of this type."""
     try:
         key = canonical_key(name)
@@ -79,8 +92,9 @@ def check_quota_type(db: Session, name: str, *, loc: str) -> str:
     if key in ("*", "cpu"):
         return key
     registered = cluster_repo.gpu_types(db)
-    if registered and key not in registered and key not in declared_types():
-        raise refuse_unknown_type(key, set(registered) | declared_types(), loc=loc)
+    declared = declared_types(fit)
+    if registered and key not in registered and key not in declared:
+        raise refuse_unknown_type(key, set(registered) | declared, loc=loc)
     return key
 
 
@@ -153,7 +167,7 @@ def _declared(asked: str | None, declared: set[str]) -> bool:
     return any(asked is None or matches(asked, d) for d in declared)
 
 
-def check_capacity(db: Session, *, spec: JobSpec, ctx: Any) -> str | None:
+def check_capacity(db: Session, *, spec: JobSpec, ctx: Any, fit: FitSettings) -> str | None:
     """Refuse a job no set of the registered hosts could ever hold (``core.host_fit``, the scheduler's own test of
     ``Unschedulable``), naming what the cluster has. None when some set can hold it. Accepted instead, with why it
     waits for hosts that have not joined (returned): when an operator allows it (``KILN_ACCEPT_BEYOND_CAPACITY``,
@@ -168,18 +182,18 @@ def check_capacity(db: Session, *, spec: JobSpec, ctx: Any) -> str | None:
     short = capacity.shortfall(ask)
     if short is None:
         return None
-    declared = declared_types()
-    if get_settings().accept_beyond_capacity or (ask.gpus and _declared(ask.gpu_type, declared)):
+    declared = declared_types(fit)
+    if fit.accept_beyond_capacity or (ask.gpus and _declared(ask.gpu_type, declared)):
         return short
     raise _refusal(ask, capacity, short)
 
 
-def check_submission(db: Session, *, spec: JobSpec, ctx: Any, qos_name: str) -> Fitted:
+def check_submission(db: Session, *, spec: JobSpec, ctx: Any, qos_name: str, fit: FitSettings) -> Fitted:
     """``spec`` already has its canonical GPU type; ``ctx`` is the submission context (the QoS class's memory cap
     and what the cluster has of the type). Raises SpecError or InvalidInput."""
     hyperparameters = check_recipe(spec)
     gpu_type = spec.resources.gpu_type
-    waits_for = check_capacity(db, spec=spec, ctx=ctx)
+    waits_for = check_capacity(db, spec=spec, ctx=ctx, fit=fit)
     predicted = predict_for_spec(spec, hyperparameters) if hyperparameters is not None else None
     cap = ctx.gpu_memory_cap_bytes
     if spec.resources.gpu_share is not None:

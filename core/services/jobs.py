@@ -25,7 +25,7 @@ from core.services import datasets as datasets_svc
 from core.services.auto_choices import choose
 from core.services.checkpoint_advice import CheckpointAdvice, advise
 from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound, QueueFull
-from core.services.fit import NO_HOST_YET, Fitted, canonical_gpu_type, check_submission
+from core.services.fit import NO_HOST_YET, FitSettings, Fitted, canonical_gpu_type, check_submission
 from core.services.principal import Principal, require_team, require_team_id
 from core.services.sla import BASE_TERMS, DEFAULT_QOS, TERMS, effective_terms, qos_refusal, restart_refusal
 from core.services.why import Forecaster, Why, explain
@@ -95,6 +95,7 @@ MAX_UNFINISHED: int = ApiLimits.model_fields["max_unfinished_jobs_per_team"].def
 def submit(
     *, db: Session, principal: Principal, spec: JobSpec, idempotency: Idempotency | None = None,
     sweep_id: int | None = None, hold: bool = False, max_unfinished: int = MAX_UNFINISHED,
+    fit: FitSettings = FitSettings(),
 ) -> JobView:  # fmt: skip
     """Statements: one read (team, default contract, QoS, what the cluster has of the GPU type:
     ``teams_repo.submission_context``), one more only when ``depends_on`` is set or the request cannot fit, and
@@ -105,7 +106,7 @@ def submit(
     ``max_unfinished``: QueueFull when the team has that many unfinished jobs already. The first read holds the
     team's row and the write counts them, so two submissions at once cannot both take the last place."""
     spec = canonical_gpu_type(spec)
-    ctx, team_id, fitted = _checked(db, principal, spec, lock=True)
+    ctx, team_id, fitted = _checked(db, principal, spec, fit=fit, lock=True)
     code_digest = _code_digest(db, team_id=team_id, spec=spec)
     datasets_svc.check_names(db, team_id=team_id, team=spec.team, names=spec.datasets)
     depends_on = _dependencies(db, team_id=team_id, team=spec.team, refs=spec.depends_on)
@@ -168,7 +169,9 @@ def _pending_at_submit(principal: Principal, fitted: Fitted, hold: bool) -> dict
     return {"pending_reason": None, "pending_message": message}
 
 
-def _checked(db: Session, principal: Principal, spec: JobSpec, *, lock: bool = False) -> tuple[Any, int, Fitted]:
+def _checked(
+    db: Session, principal: Principal, spec: JobSpec, *, fit: FitSettings, lock: bool = False
+) -> tuple[Any, int, Fitted]:
     """What a submission (or a change of a queued job) is checked against, in one read: the team (the principal
     a member), its QoS class (known, and one the team may use), and the spec's fit (``check_submission``).
     ``lock``: the read holds the team's row (a submission, which then counts the team's unfinished jobs)."""
@@ -189,12 +192,12 @@ def _checked(db: Session, principal: Principal, spec: JobSpec, *, lock: bool = F
         raise InvalidInput.at(loc, f"unknown QoS class {qos_name!r}")
     if not ctx.qos_allowed:
         raise Forbidden(qos_refusal(spec.team, qos_name, teams_repo.allowed_qos_names(db, team_id)))
-    return ctx, team_id, check_submission(db, spec=spec, ctx=ctx, qos_name=qos_name)
+    return ctx, team_id, check_submission(db, spec=spec, ctx=ctx, qos_name=qos_name, fit=fit)
 
 
 def submit_once(
     *, db: Session, principal: Principal, spec: JobSpec, idempotency: Idempotency, hold: bool = False,
-    max_unfinished: int = MAX_UNFINISHED,
+    max_unfinished: int = MAX_UNFINISHED, fit: FitSettings = FitSettings(),
 ) -> tuple[JobView, bool]:  # fmt: skip
     """A keyed submission: (the job an earlier submission with this key made in the team, True) when the request
     is the same, else (a new job, False). The same key with another request is refused: a key names one request.
@@ -203,7 +206,7 @@ def submit_once(
     job = jobs_repo.by_idempotency_key(db, team_id=team_id, key=idempotency.key)
     if job is None:
         view = submit(db=db, principal=principal, spec=spec, idempotency=idempotency, hold=hold,
-                      max_unfinished=max_unfinished)  # fmt: skip
+                      max_unfinished=max_unfinished, fit=fit)  # fmt: skip
         return view, False
     if job.request_sha256 != idempotency.request_sha256:
         raise InvalidInput.at(
@@ -407,7 +410,7 @@ UNCHANGED: Any = object()  # ``update``: a field not given
 
 def update(
     *, db: Session, principal: Principal, job_id: int, qos: str | None = None, time_limit_s: Any = UNCHANGED,
-    gpus: int | None = None, depends_on: list[str] | None = None,
+    gpus: int | None = None, depends_on: list[str] | None = None, fit: FitSettings = FitSettings(),
 ) -> JobView:  # fmt: skip
     """Change a job's QoS class, time limit, GPU count or dependencies (Slurm's ``scontrol update``;
     ``time_limit_s=None`` removes the limit, ``depends_on=[]`` the dependencies). A QUEUED job: any, checked as a
@@ -437,7 +440,8 @@ def update(
     running = job.state in (JobState.ADMITTED, JobState.RUNNING)
     after: dict[str, Any] = {}
     if job.state == JobState.QUEUED:
-        after["depends_on"] = _change_queued(db, principal, job, spec, dependencies_given=depends_on is not None)
+        after["depends_on"] = _change_queued(db, principal, job, spec, dependencies_given=depends_on is not None,
+                                             fit=fit)  # fmt: skip
     elif running and qos is None and gpus is None and depends_on is None:
         _check_running_limit(db, principal, job, old_limit, spec.time_limit_s)
     else:
@@ -458,7 +462,7 @@ def update(
 
 
 def _change_queued(
-    db: Session, principal: Principal, job: Job, spec: JobSpec, *, dependencies_given: bool
+    db: Session, principal: Principal, job: Job, spec: JobSpec, *, dependencies_given: bool, fit: FitSettings
 ) -> list[str] | None:
     """A queued job takes ``spec``, checked as a submission is: priority and contract follow the class; the GPU
     count changes only while the job has no checkpoint (a checkpoint is of its model on its GPUs); dependencies
@@ -468,7 +472,7 @@ def _change_queued(
         raise Conflict(f"job {job.id} has trained to step {job.last_step} on {job.gpus} GPU(s) and resumes from its "
                        f"checkpoint on as many; kiln clone {job.id} --set resources.gpus={spec.resources.gpus} starts "
                        "it anew on another count")  # fmt: skip
-    ctx, team_id, fitted = _checked(db, principal, spec)
+    ctx, team_id, fitted = _checked(db, principal, spec, fit=fit)
     refs = None
     if dependencies_given:
         deps = _dependencies(db, team_id=team_id, team=spec.team, refs=spec.depends_on)

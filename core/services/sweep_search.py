@@ -34,6 +34,7 @@ from core.repositories import users as users_repo
 from core.services import jobs as jobs_svc
 from core.services import sweeps
 from core.services.errors import Forbidden, InvalidInput, NotFound, ServiceError
+from core.services.fit import FitSettings
 from core.services.principal import Principal
 from core.spec import SpecError, parse_spec_data
 from core.states import TERMINAL, JobState
@@ -187,7 +188,9 @@ def _in_range(value: Any, dist: Distribution) -> bool:
 # -- the scheduler's step ------------------------------------------------------------------------------------------
 
 
-def propose_due(*, db: Session, max_unfinished: int = jobs_svc.MAX_UNFINISHED) -> list[int]:
+def propose_due(
+    *, db: Session, max_unfinished: int = jobs_svc.MAX_UNFINISHED, fit: FitSettings = FitSettings()
+) -> list[int]:
     """Submit the jobs the open adaptive sweeps are due (at the end of each cycle, in its transaction): for each, as
     many as keep ``at_once`` of its jobs unfinished, up to its count. Its jobs are submitted as its submitter, with
     the permissions it has now; a proposal that cannot be submitted (the user left the team, the spec no longer
@@ -218,14 +221,20 @@ def propose_due(*, db: Session, max_unfinished: int = jobs_svc.MAX_UNFINISHED) -
         if not teams_repo.lock_for_submissions(db, sweep.team_id, wait=False):
             continue
         try:
-            new += _submit_proposals(db, sweep, section, jobs, due, max_unfinished)
+            new += _submit_proposals(db, sweep, section, jobs, due, max_unfinished, fit)
         except ServiceError as exc:
             sweeps.close(db, sweep, f"its next job could not be submitted: {exc}")
     return new
 
 
 def _submit_proposals(
-    db: Session, sweep: Sweep, section: SweepSection, jobs: list[Job], due: int, max_unfinished: int
+    db: Session,
+    sweep: Sweep,
+    section: SweepSection,
+    jobs: list[Job],
+    due: int,
+    max_unfinished: int,
+    fit: FitSettings,
 ) -> list[int]:
     principal = _submitter(db, sweep)
     space = space_of(section)
@@ -242,7 +251,9 @@ def _submit_proposals(
             spec = parse_spec_data(expand(base, settings, f"{name}-{n}"))
         except SpecError as exc:
             raise InvalidInput.at("sweep", f"proposed {settings}: {exc}") from None
-        view = jobs_svc.submit(db=db, principal=principal, spec=spec, sweep_id=sweep.id, max_unfinished=max_unfinished)
+        view = jobs_svc.submit(
+            db=db, principal=principal, spec=spec, sweep_id=sweep.id, max_unfinished=max_unfinished, fit=fit
+        )
         out.append(view.id)
         observations.append((settings, None))  # unfinished: counted bad, as below
     return out

@@ -20,6 +20,7 @@ from core.repositories import users as users_repo
 from core.repositories.keyset import Window
 from core.services import jobs as jobs_svc
 from core.services.errors import NotFound, QueueFull
+from core.services.fit import FitSettings
 from core.services.principal import Principal, require_team_id
 from core.states import TERMINAL, JobState
 from core.sweep_ranking import Objective, objective_of, ranked
@@ -38,7 +39,7 @@ class SweepView:
 
 def submit_sweep(
     *, db: Session, principal: Principal, document: dict[str, Any], hold: bool = False,
-    max_unfinished: int = jobs_svc.MAX_UNFINISHED,
+    max_unfinished: int = jobs_svc.MAX_UNFINISHED, fit: FitSettings = FitSettings(),
 ) -> SweepView:  # fmt: skip
     """``hold``: every job of the sweep is submitted held (released one by one or with ``kiln release --sweep``).
     ``max_unfinished``: a sweep whose jobs would bring its team past that many unfinished jobs is refused whole
@@ -62,7 +63,7 @@ def submit_sweep(
     db.flush()
     for spec in specs:
         jobs_svc.submit(db=db, principal=principal, spec=spec, sweep_id=sweep.id, hold=hold,
-                        max_unfinished=max_unfinished)  # fmt: skip
+                        max_unfinished=max_unfinished, fit=fit)  # fmt: skip
     return get(db=db, principal=principal, sweep_id=sweep.id)
 
 

@@ -15,7 +15,7 @@ from core.repositories import qos as qos_repo
 from core.repositories import teams as teams_repo
 from core.repositories import users as users_repo
 from core.services.errors import Conflict, Forbidden, InvalidInput, NotFound, PreconditionFailed
-from core.services.fit import check_quota_type
+from core.services.fit import FitSettings, check_quota_type
 from core.services.principal import Principal, require_admin, require_team
 from core.transitions import record_event
 
@@ -35,11 +35,11 @@ class Quota:
     lending_limit: int | None = None
 
 
-def _quota_rows(db: Session, quotas: Sequence[Quota]) -> list[TeamQuota]:
+def _quota_rows(db: Session, quotas: Sequence[Quota], fit: FitSettings) -> list[TeamQuota]:
     seen: set[str] = set()
     rows = []
     for i, q in enumerate(quotas):
-        gpu_type = check_quota_type(db, q.gpu_type, loc=f"quotas.{i}.gpu_type")
+        gpu_type = check_quota_type(db, q.gpu_type, loc=f"quotas.{i}.gpu_type", fit=fit)
         if gpu_type in seen:
             raise InvalidInput.at(f"quotas.{i}.gpu_type", f"duplicate GPU type {gpu_type!r}")
         seen.add(gpu_type)
@@ -85,6 +85,7 @@ def create_team(
     budget_period_s: int = 30 * 86400,
     qos_classes: Sequence[str] | None = None,
     restart_limit: int = DEFAULT_RESTART_LIMIT,
+    fit: FitSettings = FitSettings(),
 ) -> Team:
     """``qos_classes``: the classes the team may use (default ``DEFAULT_TEAM_QOS``)."""
     require_admin(principal, "creating a team")
@@ -97,7 +98,7 @@ def create_team(
         gpu_hour_budget=gpu_hour_budget,
         budget_period_s=budget_period_s,
         restart_limit=restart_limit,
-        quotas=_quota_rows(db, quotas),
+        quotas=_quota_rows(db, quotas, fit),
         qos_classes=_qos_classes(db, DEFAULT_TEAM_QOS if qos_classes is None else qos_classes),
     )
     db.add(team)
@@ -110,7 +111,13 @@ def create_team(
 
 
 def update_team(
-    *, db: Session, principal: Principal, name: str, changes: Mapping[str, Any], if_version: int | None = None
+    *,
+    db: Session,
+    principal: Principal,
+    name: str,
+    changes: Mapping[str, Any],
+    if_version: int | None = None,
+    fit: FitSettings = FitSettings(),
 ) -> Team:
     """Admins change quotas, cohort, weight, budget, the QoS classes and the restart limit; ``quotas`` and
     ``qos_classes``, when given, replace the whole list. ``if_version``: only if the team is still at that
@@ -127,7 +134,7 @@ def update_team(
     if changes.get("quotas") is not None:
         team.quotas.clear()
         db.flush()  # delete the old rows before inserting new ones with the same (team, gpu_type)
-        team.quotas.extend(_quota_rows(db, changes["quotas"]))
+        team.quotas.extend(_quota_rows(db, changes["quotas"], fit))
     record_event(db, "TEAM_UPDATED", team_id=team.id, actor_user_id=principal.user_id, data={"fields": list(changes)})
     return team
 

@@ -14,12 +14,13 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from core import compile_cache
-from core.db import make_engine, utcnow
+from core.db import idle_timeout_s, make_engine, utcnow
 from core.deployment import StorageOfAnotherDeployment, check_storage
 from core.liveness import Pulse
 from core.policy_config import PolicyConfig
 from core.retention import RetentionReport, prune_database
 from core.services import artifacts
+from core.services.fit import FitSettings
 from core.services.sweep_search import propose_due
 from core.settings import Settings, get_settings
 from scheduler.live import sla
@@ -105,7 +106,9 @@ def run_cycle(
         result.violations = [f"{v.type} job {v.job_id}" for v in violations]
         # Last, once no job row is to be locked any more (a job's end locks its row, then its sweep's): adaptive
         # sweeps' next jobs, planned by the cycle their NOTIFY starts.
-        result.proposed = propose_due(db=db, max_unfinished=settings.max_unfinished_jobs_per_team)
+        result.proposed = propose_due(
+            db=db, max_unfinished=settings.max_unfinished_jobs_per_team, fit=FitSettings.of(settings)
+        )
         db.commit()
     except BaseException:
         db.rollback()
@@ -217,7 +220,7 @@ def run_forever(
     url = settings.resolved_database_url
     # A leader frozen inside a cycle's transaction holds the lease row: the server ends that session within half a
     # leader's lease (or the deployment's shorter timeout), so a standby can take over.
-    idle_s = min(settings.idle_in_transaction_timeout_s or settings.lease_s / 2, settings.leader_lease_s / 2)
+    idle_s = min(idle_timeout_s(settings), settings.leader_lease_s / 2)
     engine = make_engine(url, idle_in_transaction_s=idle_s)
     factory = sessionmaker(bind=engine, expire_on_commit=False)
     leadership = leadership_for(url, settings.home, lease_s=settings.leader_lease_s)
