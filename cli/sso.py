@@ -21,6 +21,9 @@ def sign_in(url: str, say: Callable[[str], None]) -> dict[str, Any]:
     to go and which code to enter."""
     with KilnClient(CliConfig(url, None, "flag", "flag")) as api:
         config = api.get("/v1/auth/oidc")
+        if not config.get("enabled"):
+            off = f"{url} signs no one in with a provider (its admin sets KILN_OIDC_ISSUER); use `kiln login --token`"
+            raise CliError(off, ExitCode.NOT_FOUND)
         endpoint = config.get("device_authorization_endpoint")
         if not endpoint:
             raise CliError(f"the provider {config.get('issuer')} offers no device sign-in", ExitCode.INVALID)

@@ -24,13 +24,14 @@ router = APIRouter(prefix="/v1/auth/oidc", tags=["sign-in"], responses=problem_r
 
 
 class OidcConfigOut(OutModel):
-    issuer: str
-    client_id: str = Field(description="The dashboard's client (authorization code with PKCE).")
-    cli_client_id: str = Field(description="The CLI's client (device authorization grant, RFC 8628).")
-    scopes: str
-    authorization_endpoint: str
-    token_endpoint: str
-    device_authorization_endpoint: str | None
+    enabled: bool = Field(description="Whether kiln signs people in with a provider; the rest is null when not.")
+    issuer: str | None = None
+    client_id: str | None = Field(default=None, description="The dashboard's client (authorization code, PKCE).")
+    cli_client_id: str | None = Field(default=None, description="The CLI's client (device grant, RFC 8628).")
+    scopes: str | None = None
+    authorization_endpoint: str | None = None
+    token_endpoint: str | None = None
+    device_authorization_endpoint: str | None = None
 
 
 class CodeIn(InModel):
@@ -51,10 +52,13 @@ class SignedIn(TokenCreated):
     )
 
 
-@router.get("", response_model=OidcConfigOut, summary="Where to sign in (404: sign-in with a provider is off)")
+@router.get("", response_model=OidcConfigOut, summary="Where to sign in, when kiln signs people in with a provider")
 def config(settings: SettingsDep) -> OidcConfigOut:
+    if not settings.oidc_enabled:
+        return OidcConfigOut(enabled=False)
     prov = _provider(settings)
     return OidcConfigOut(
+        enabled=True,
         issuer=prov.issuer,
         client_id=settings.oidc_client_id,
         cli_client_id=settings.oidc_cli_client_id or settings.oidc_client_id,

@@ -31,6 +31,9 @@ def login(
     if sso:
         from cli.sso import sign_in
 
+        if token:
+            raise typer.BadParameter("give --sso or --token, not both", param_hint="--sso")
+
         answer = sign_in(url, lambda line: console.print(line, markup=False))
         token = str(answer.get("secret") or "")
     token = token or GLOBALS.token or typer.prompt("API token", hide_input=True)

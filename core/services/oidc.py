@@ -151,7 +151,19 @@ def validate_id_token(settings: OidcSettings, id_token: str, *, nonce: str | Non
         raise Unauthenticated("the ID token has expired; sign in again") from exc
     except jose_errors.JoseError as exc:
         raise Unauthenticated(f"the ID token was refused: {_why(exc)}") from exc
-    return dict(token.claims)
+    return _checked_party(settings, dict(token.claims))
+
+
+def _checked_party(settings: OidcSettings, claims: dict[str, Any]) -> dict[str, Any]:
+    """OpenID Connect Core 3.1.3.7: a token for several audiences names the party it was issued to (``azp``),
+    which must be kiln's; and the identity must fit where kiln keeps it (255 characters each, as the spec's
+    ``sub`` limit)."""
+    aud = claims.get("aud")
+    if isinstance(aud, list) and len(aud) > 1 and claims.get("azp") not in audiences(settings):
+        raise Unauthenticated("the ID token was issued to another client (azp)")
+    if len(str(claims["iss"])) > 255 or len(str(claims["sub"])) > 255:
+        raise Unauthenticated("the ID token's issuer or subject is longer than 255 characters")
+    return claims
 
 
 def _why(exc: Exception) -> str:

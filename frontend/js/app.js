@@ -4,6 +4,7 @@ import { api, clearToken, getToken, setUnauthorizedHandler } from "./api.js";
 import { Router } from "./router.js";
 import { getContext, resetContext } from "./context.js";
 import { signInPage } from "./pages/signin.js";
+import { endSession } from "./sso.js";
 import { queuePage } from "./pages/queue.js";
 import { jobPage } from "./pages/job.js";
 import { submitPage } from "./pages/submit.js";
@@ -58,7 +59,8 @@ const router = new Router(
   },
 );
 
-function signOut() {
+async function signOut() {
+  await endSession();
   clearToken();
   resetContext();
   router.go("/signin");

@@ -3,19 +3,22 @@
 // API exchanges the code (with its client secret) and checks the ID token (signature, iss, aud, exp, nonce), then
 // answers with a kiln token, which is kept as a pasted one is (sessionStorage, never a cookie).
 
-import { ApiError, setToken } from "./api.js";
+import { ApiError, api, setToken } from "./api.js";
 
 const FLOW_KEY = "kiln.sso";
+// The id of the token a sign-in issued: signing out revokes it (a pasted token is the user's to keep).
+const SESSION_KEY = "kiln.sso.token";
 
 /**
  * @typedef {{issuer: string, client_id: string, scopes: string, authorization_endpoint: string}} SsoConfig
  */
 
-/** @returns {Promise<SsoConfig | null>} the provider, or null when sign-in with one is off (404) or down */
+/** @returns {Promise<SsoConfig | null>} the provider, or null when sign-in with one is off or down */
 export async function ssoConfig() {
   try {
     const res = await fetch("/v1/auth/oidc", { headers: { Accept: "application/json" } });
-    return res.ok ? await res.json() : null;
+    const config = res.ok ? await res.json() : null;
+    return config?.enabled ? config : null;
   } catch {
     return null;
   }
@@ -80,5 +83,18 @@ export async function finishSignIn() {
   const body = await res.json().catch(() => ({}));
   if (!res.ok) throw new ApiError(res.status, body.detail || `${res.status} ${res.statusText}`);
   setToken(body.secret);
+  sessionStorage.setItem(SESSION_KEY, String(body.id));
   return flow.next || "/queue";
+}
+
+/** Revoke the token a sign-in issued, if this tab holds one (before the token is forgotten). */
+export async function endSession() {
+  const id = sessionStorage.getItem(SESSION_KEY);
+  sessionStorage.removeItem(SESSION_KEY);
+  if (!id) return;
+  try {
+    await api(`/v1/tokens/${encodeURIComponent(id)}`, { method: "DELETE" });
+  } catch {
+    /* already revoked or expired: nothing left to end */
+  }
 }

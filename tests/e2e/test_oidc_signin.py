@@ -28,8 +28,12 @@ from tests.support.oidc_provider import CLI_CLIENT, Provider
 
 pytestmark = pytest.mark.e2e
 
-GROUP_MAP = {"ml-eng": "research:member", "ml-leads": "research:team-admin", "viewers": "research:viewer",
-             "kiln-ops": "admin"}  # fmt: skip
+GROUP_MAP = {
+    "ml-eng": "research:member",
+    "ml-leads": "research:team-admin",
+    "viewers": "research:viewer",
+    "kiln-ops": "admin",
+}
 DEVICE_GRANT = "urn:ietf:params:oauth:grant-type:device_code"
 
 
@@ -113,9 +117,15 @@ def test_the_dashboard_signs_in_through_the_provider_and_groups_decide_teams(wor
         assert teams_of(kiln.url, alice_last) == {}
         r = httpx.get(f"{kiln.url}/v1/teams/research", headers={"Authorization": f"Bearer {alice_token}"})
         assert r.status_code == 404, r.text
-        _, bob_again = dashboard_sign_in(browser, kiln, "bob")
+        bob_page, bob_again = dashboard_sign_in(browser, kiln, "bob")
         assert me(kiln.url, bob_again)["is_admin"] is False
         assert teams_of(kiln.url, bob_again) == {"research": "member"}
+
+        # Signing out ends the session: the token the sign-in issued is revoked, not merely forgotten.
+        bob_page.get_by_role("button", name="Sign out").click()
+        bob_page.wait_for_selector("#sso")
+        r = httpx.get(f"{kiln.url}/v1/me", headers={"Authorization": f"Bearer {bob_again}"}, timeout=30)
+        assert r.status_code == 401 and "revoked" in r.json()["detail"], r.text
 
 
 def approve_device_code(browser: Any, verification_uri: str, user: str) -> None:
@@ -130,8 +140,9 @@ def approve_device_code(browser: Any, verification_uri: str, user: str) -> None:
 def device_id_token(browser: Any, provider: Provider, user: str) -> str:
     """An ID token the provider signs for ``user`` through the device grant, fetched the way the CLI does."""
     doc = httpx.get(f"{provider.issuer}/.well-known/openid-configuration").json()
-    start = httpx.post(doc["device_authorization_endpoint"],
-                       data={"client_id": CLI_CLIENT, "scope": "openid profile email groups"}).json()  # fmt: skip
+    start = httpx.post(
+        doc["device_authorization_endpoint"], data={"client_id": CLI_CLIENT, "scope": "openid profile email groups"}
+    ).json()
     approve_device_code(browser, start["verification_uri_complete"], user)
     form = {"grant_type": DEVICE_GRANT, "device_code": start["device_code"], "client_id": CLI_CLIENT}
     body = httpx.post(doc["token_endpoint"], data=form).json()
@@ -143,8 +154,14 @@ def test_the_cli_signs_in_with_the_device_flow(world: World, tmp_path: Path) -> 
     kiln, provider = world.kiln, world.provider
     provider.set_groups("carol", ["viewers"])
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path), "KILN_TOKEN": "", "KILN_API_URL": ""}
-    proc = subprocess.Popen([str(ROOT / "kiln"), "login", "--sso", "--url", kiln.url], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [str(ROOT / "kiln"), "login", "--sso", "--url", kiln.url],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert proc.stdout is not None
     printed = ""
     while "enter the code" not in printed:  # ./kiln may first say it prepares the venv
@@ -214,7 +231,13 @@ def test_the_cli_says_what_went_wrong_with_an_exit_code(tmp_path: Path) -> None:
 
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path), "KILN_TOKEN": ""}
     down = f"http://127.0.0.1:{free_port()}"
-    r = subprocess.run([str(ROOT / "kiln"), "login", "--sso", "--url", down], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    r = subprocess.run(
+        [str(ROOT / "kiln"), "login", "--sso", "--url", down],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 3, r.stdout + r.stderr
     assert f"{down} (connection refused)" in r.stderr and "Traceback" not in r.stderr

@@ -53,12 +53,12 @@ def test_a_misspelt_role_in_the_map_stops_the_process() -> None:
 
 
 def test_each_sign_in_sets_the_grants_and_a_removed_group_takes_its_team(db: Session, research: Team) -> None:
-    token, _, user, _ = sign_in(db=db, settings=settings(), claims=claims("u1", ["ml-leads", "ops"]),
-                                max_active=None, client="cli")  # fmt: skip
+    token, _, user, _ = sign_in(
+        db=db, settings=settings(), claims=claims("u1", ["ml-leads", "ops"]), max_active=None, client="cli"
+    )
     assert teams(db, user) == {"research": "team-admin", "vision": "viewer"} and user.is_admin
     assert set(token.scopes) == {"read", "write", "admin"} and token.expires_at is not None
-    _, _, again, _ = sign_in(db=db, settings=settings(), claims=claims("u1", ["ml-eng"]), max_active=None,
-                             client="cli")  # fmt: skip
+    _, _, again, _ = sign_in(db=db, settings=settings(), claims=claims("u1", ["ml-eng"]), max_active=None, client="cli")
     assert again.id == user.id
     assert teams(db, user) == {"research": "member"} and not user.is_admin
 
@@ -77,13 +77,14 @@ def test_a_local_users_name_is_not_taken_over(db: Session) -> None:
     db.add(User(name="root-admin", is_admin=True))
     db.flush()
     with pytest.raises(Conflict, match="does not sign in with"):
-        sign_in(db=db, settings=settings(), claims=claims("x", ["ops"], name="root-admin"), max_active=None,
-                client="cli")  # fmt: skip
+        sign_in(
+            db=db, settings=settings(), claims=claims("x", ["ops"], name="root-admin"), max_active=None, client="cli"
+        )
 
 
 def test_sign_in_is_off_until_configured(client: TestClient) -> None:
     assert not Settings().oidc_enabled
     r = client.get("/v1/auth/oidc")
-    assert r.status_code == 404 and r.headers["content-type"].startswith("application/problem+json"), r.text
+    assert r.status_code == 200 and r.json()["enabled"] is False, r.text  # the sign-in page asks at every load
     r = client.post("/v1/auth/oidc/id-token", json={"id_token": "x"})
-    assert r.status_code == 404, r.text
+    assert r.status_code == 404 and r.headers["content-type"].startswith("application/problem+json"), r.text

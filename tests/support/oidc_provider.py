@@ -32,8 +32,13 @@ def install() -> None:
         fcntl.flock(held, fcntl.LOCK_EX)
         if stamp.exists() and stamp.read_text() == lock:
             return
-        result = subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=DIR,
-                                capture_output=True, text=True, timeout=600)  # fmt: skip
+        result = subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=DIR,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if result.returncode != 0:
             missing(f"npm ci in {DIR} failed: {result.stderr[-2000:]}")
         stamp.write_text(lock)
@@ -53,9 +58,13 @@ class Provider:
         self.accounts.write_text(json.dumps(data))
 
     def kiln_env(self) -> dict[str, str]:
-        return {"KILN_OIDC_ISSUER": self.issuer, "KILN_OIDC_CLIENT_ID": DASHBOARD_CLIENT,
-                "KILN_OIDC_CLIENT_SECRET": DASHBOARD_SECRET, "KILN_OIDC_CLI_CLIENT_ID": CLI_CLIENT,
-                "KILN_OIDC_SCOPES": "openid profile email groups"}  # fmt: skip
+        return {
+            "KILN_OIDC_ISSUER": self.issuer,
+            "KILN_OIDC_CLIENT_ID": DASHBOARD_CLIENT,
+            "KILN_OIDC_CLIENT_SECRET": DASHBOARD_SECRET,
+            "KILN_OIDC_CLI_CLIENT_ID": CLI_CLIENT,
+            "KILN_OIDC_SCOPES": "openid profile email groups",
+        }
 
 
 def reserve(tmp: Path) -> Provider:
@@ -68,11 +77,16 @@ def reserve(tmp: Path) -> Provider:
 @contextmanager
 def running(provider: Provider, *, redirect_uri: str) -> Iterator[Provider]:
     install()
-    env = {**os.environ, "PORT": provider.issuer.rsplit(":", 1)[1], "REDIRECT_URI": redirect_uri,
-           "ACCOUNTS": str(provider.accounts)}  # fmt: skip
+    env = {
+        **os.environ,
+        "PORT": provider.issuer.rsplit(":", 1)[1],
+        "REDIRECT_URI": redirect_uri,
+        "ACCOUNTS": str(provider.accounts),
+    }
     with open(provider.log, "wb") as log:
-        proc = subprocess.Popen(["node", str(DIR / "provider.js")], cwd=DIR, env=env, stdout=log,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            ["node", str(DIR / "provider.js")], cwd=DIR, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
     try:
         wait_until_serving(f"{provider.issuer}/.well-known/openid-configuration", proc, timeout=30, log=provider.log)
         yield provider
