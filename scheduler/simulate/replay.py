@@ -881,7 +881,8 @@ def _parser() -> argparse.ArgumentParser:
         "--holdout",
         action="store_true",
         help="replay EASY and kiln on the parts of the trace the defaults were not tuned on: each half by "
-        "submission time at 40, 48 and 52 hosts, and the whole trace at 36, 44, 56 and 64",
+        "submission time at 40, 48 and 52 hosts, and the whole trace at 36, 44, 56 and 64 (instead of --hosts and "
+        "--policies)",
     )
     return ap
 
