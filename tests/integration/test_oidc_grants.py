@@ -4,6 +4,7 @@ token checks themselves run against a real provider in tests/e2e/test_oidc_signi
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,3 +89,17 @@ def test_sign_in_is_off_until_configured(client: TestClient) -> None:
     assert r.status_code == 200 and r.json()["enabled"] is False, r.text  # the sign-in page asks at every load
     r = client.post("/v1/auth/oidc/id-token", json={"id_token": "x"})
     assert r.status_code == 404 and r.headers["content-type"].startswith("application/problem+json"), r.text
+
+
+def test_a_provider_that_cannot_be_reached_is_a_502_problem(db: Session, pg_engine: Any, tmp_path: Path) -> None:
+    from tests.support.api import make_app
+    from tests.support.services import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    app = make_app(pg_engine, tmp_path, db, oidc_issuer=dead, oidc_client_id="kiln")
+    with TestClient(app) as client:
+        r = client.get("/v1/auth/oidc")
+        assert r.status_code == 502 and r.headers["content-type"].startswith("application/problem+json"), r.text
+        assert "discovery document" in r.json()["detail"]
+        r = client.post("/v1/auth/oidc/id-token", json={"id_token": "x.y.z"})
+        assert r.status_code == 502, r.text
