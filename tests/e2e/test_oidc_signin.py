@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.dashboard_harness import ROOT, Kiln, chromium, running_kiln
+from tests.e2e.dashboard_harness import ROOT, Kiln, chromium, running_kiln, screenshot_dir
 from tests.support import oidc_provider
 from tests.support.oidc_provider import CLI_CLIENT, Provider
 
@@ -73,12 +73,19 @@ def provider_login(page: Any, user: str) -> None:
     page.click("button.login-submit")
 
 
-def dashboard_sign_in(browser: Any, kiln: Kiln, user: str, context: Any = None) -> tuple[Any, str]:
+def dashboard_sign_in(
+    browser: Any, kiln: Kiln, user: str, context: Any = None, shot: Path | None = None
+) -> tuple[Any, str]:
     """Sign in to the dashboard with the provider, as a person would; returns (page, kiln token it holds)."""
     context = context or browser.new_context()
     page = context.new_page()
     page.goto(f"{kiln.url}/")
-    page.get_by_role("button", name="Sign in with your organisation").click()
+    button = page.get_by_role("button", name="Sign in with your organisation")
+    button.wait_for()
+    if shot is not None:
+        page.set_viewport_size({"width": 1280, "height": 700})
+        page.screenshot(path=shot)
+    button.click()
     if "127.0.0.1" in page.url and "/interaction/" in page.url or page.locator('input[name="login"]').count():
         provider_login(page, user)
     page.wait_for_selector("#queue-list table")
@@ -93,7 +100,9 @@ def test_the_dashboard_signs_in_through_the_provider_and_groups_decide_teams(wor
     provider.set_groups("alice", ["ml-eng", "unrelated-group"])
     provider.set_groups("bob", ["kiln-ops", "ml-leads"])
     with chromium() as browser:
-        page, alice_token = dashboard_sign_in(browser, kiln, "alice")
+        # The sign-in page as a person first sees it (docs/img with KILN_REFRESH_SCREENSHOTS=1).
+        shot = screenshot_dir() / "dashboard-signin-sso.png"
+        page, alice_token = dashboard_sign_in(browser, kiln, "alice", shot=shot)
         page.wait_for_function("document.getElementById('who-name')?.textContent === 'alice'")
         assert teams_of(kiln.url, alice_token) == {"research": "member"}
         assert me(kiln.url, alice_token)["is_admin"] is False
