@@ -378,6 +378,11 @@ class OidcSettings(SettingsGroup):
     oidc_client_secret: str = Field(
         default="", description="kiln's client secret, for a confidential client (empty: a public client, PKCE only)."
     )
+    oidc_client_secret_file: Path | None = Field(
+        default=None,
+        description="A file holding the client secret (a Docker secret, `/run/secrets/...`), read at start-up; it "
+        "takes the place of `oidc_client_secret`.",
+    )
     oidc_cli_client_id: str = Field(
         default="",
         description="The public client the CLI's device sign-in (`kiln login --sso`) uses; empty: `oidc_client_id`. "
@@ -415,6 +420,12 @@ class OidcSettings(SettingsGroup):
                     why = "is neither 'admin' nor 'team:role' (role: viewer, member, team-admin)"
                     raise ValueError(f"group {group!r}: {grant!r} {why}")
         return mapping
+
+    @model_validator(mode="after")
+    def _read_client_secret(self) -> OidcSettings:
+        if self.oidc_client_secret_file is not None:
+            self.oidc_client_secret = read_secret(self.oidc_client_secret_file, "KILN_OIDC_CLIENT_SECRET_FILE")
+        return self
 
     @property
     def oidc_enabled(self) -> bool:

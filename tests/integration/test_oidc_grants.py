@@ -103,3 +103,8 @@ def test_a_provider_that_cannot_be_reached_is_a_502_problem(db: Session, pg_engi
         assert "discovery document" in r.json()["detail"]
         r = client.post("/v1/auth/oidc/id-token", json={"id_token": "x.y.z"})
         assert r.status_code == 502, r.text
+
+
+def test_the_client_secret_may_come_from_a_file(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_text("s3cret\n")
+    assert OidcSettings(oidc_client_secret_file=tmp_path / "secret").oidc_client_secret == "s3cret"
