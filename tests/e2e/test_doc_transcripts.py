@@ -149,13 +149,13 @@ class Session:
     def run(self, block: Block) -> None:
         if block.fresh:
             self.fresh()
-        for command in block.before:
-            if command.startswith("./kiln up"):
-                self.start_up(command)
+        for setup in block.before:
+            if setup.startswith("./kiln up"):
+                self.start_up(setup)
                 continue
-            self.ensure_up(command)
-            done = self.shell(command)
-            assert done.returncode == 0, f"{block.source}: before `{command}`: {done.stdout[-2000:]}"
+            self.ensure_up(setup)
+            done = self.shell(setup)
+            assert done.returncode == 0, f"{block.source}: before `{setup}`: {done.stdout[-2000:]}"
         for command in block.commands:
             self.run_command(block.source, command)
 
