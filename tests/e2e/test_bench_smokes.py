@@ -77,3 +77,30 @@ def test_the_compile_cache_bench_finds_the_team_entry_on_another_host_and_in_a_s
     sweep = got["sweep"]
     assert [j["cache_hit"] for j in sweep["jobs"]] == [False, True], sweep["jobs"]
     assert set(sweep["states"].values()) == {"SUCCEEDED"}
+
+
+# The benches whose smoke mode no test ran (issue 42, build 4): the GPU figures are the lent host's; here that each
+# runs on the CPU end to end and says what it measured.
+
+
+def test_the_step_profile_profiles_the_bare_and_kiln_steps(tmp_path: Path) -> None:
+    got = bench(tmp_path, "bench/step_profile.py", "--spec", "examples/gpt-tiny.yaml", "--smoke")
+    assert all(got[side]["steps"] > 0 and got[side]["wall_ms_per_step"] > 0 for side in ("bare", "kiln")), got
+
+
+def test_the_trainer_bench_measures_kiln_against_the_bare_loop(tmp_path: Path) -> None:
+    got = bench(tmp_path, "bench/trainer_bench.py", "--smoke")
+    assert got["smoke"] and {"bare", "kiln", "kiln_ckpt10"} <= set(got["variants"]), list(got["variants"])
+    assert got["summary"]["bare_tokens_per_s"] > 0 and got["summary"]["ratio_kiln_vs_bare"] > 0, got["summary"]
+
+
+def test_the_user_code_bench_runs_bare_kiln_and_the_worker(tmp_path: Path) -> None:
+    got = bench(tmp_path, "bench/usercode_bench.py", "--smoke")
+    assert set(got["rows"]) == {"bare", "kiln", "worker"} and got["kiln_over_bare"] > 0 and got["worker_over_bare"] > 0
+
+
+def test_the_scaling_bench_runs_one_and_two_processes_and_the_allreduce(tmp_path: Path) -> None:
+    got = bench(tmp_path, "bench/scaling_bench.py", "--smoke")
+    assert {"kiln_1", "kiln_ddp", "kiln_fsdp"} <= set(got["variants"]), list(got["variants"])
+    assert all(v["steps"] > 0 and v["final_loss"] > 0 for v in got["variants"].values()), got["variants"]
+    assert got["allreduce"] and all(r["seconds"] > 0 for r in got["allreduce"])
