@@ -20,6 +20,7 @@ COPY core /src/core
 COPY scheduler /src/scheduler
 COPY workers /src/workers
 COPY trainer /src/trainer
+COPY rank /src/rank
 COPY cli /src/cli
 COPY migrations /src/migrations
 COPY frontend /src/frontend

@@ -27,6 +27,7 @@ what a host or device causes) is the user's error: the job fails at once with th
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import inspect
 import json
@@ -192,9 +193,15 @@ class UserRecipe(Recipe):
         self.digest = spec.code.digest
         self.module = import_entry_point(spec.code.entry_point, code_dir(run_dir))
         self.params = user_hyperparameters(self.module, spec.recipe.hyperparameters)
-        self.datasets = job_datasets(spec)
+        self.spec = spec
         self._param_count = 0
         self._items: int | None = None
+
+    @functools.cached_property
+    def datasets(self) -> Mapping[str, pathlib.Path]:
+        """Read when the model or the data first asks: checking the hyperparameters (``kiln submit``'s default
+        check, on the user's machine) needs none."""
+        return job_datasets(self.spec)
 
     def build_model(self) -> nn.Module:
         with user_code("your build_model()"):

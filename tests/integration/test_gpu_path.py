@@ -147,9 +147,7 @@ def test_a_type_no_host_has_is_refused_with_the_types_the_cluster_has(
     assert r.status_code == 422 and r.json()["errors"][0]["loc"] == "quotas.0.gpu_type"
 
     # Hosts that will join later are declared by the operator.
-    from core.settings import get_settings
-
-    monkeypatch.setattr(get_settings(), "gpu_types", ["B300"])
+    monkeypatch.setattr(client.app.state.settings, "gpu_types", ["B300"])  # what the API gives the service
     r = client.patch("/v1/teams/alpha", json={"quotas": [{"gpu_type": "b300", "nominal": 2}]}, headers=world.h("admin"))
     assert r.status_code == 200, r.text
 
@@ -243,9 +241,7 @@ def test_more_gpus_than_the_cluster_has_is_refused_or_waits_unschedulable_with_w
                                  "H200: 2 GPUs a host, 1 host): ask for at most 2"), err["msg"]  # fmt: skip
 
     # The operator declares that H200 hosts will join: accepted, and it waits as Unschedulable until they do.
-    from core.settings import get_settings
-
-    monkeypatch.setattr(get_settings(), "gpu_types", ["H200"])
+    monkeypatch.setattr(client.app.state.settings, "gpu_types", ["H200"])  # what the API gives the service
     r = client.post("/v1/jobs", json=eight, headers=world.h("member"))
     assert r.status_code == 201, r.text
     job_id = r.json()["id"]
