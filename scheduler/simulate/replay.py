@@ -544,7 +544,10 @@ class Simulation:
                 heapq.heappop(self.events)
             next_arrival = arrivals[ai][0] if ai < len(arrivals) else math.inf
             next_event = self.events[0][0] if self.events else math.inf
-            periodic = last_cycle + self.period if self.pending and self.period > 0 else math.inf
+            # Nothing left to arrive, run, wake or resubmit: what still waits can never start (larger than the
+            # cluster, or behind such a job's reservation), and the timer's cycles would change nothing.
+            idle = ai >= len(arrivals) and not self.running and not self.events and not self.resubmitting
+            periodic = last_cycle + self.period if self.pending and self.period > 0 and not idle else math.inf
             nxt = min(next_arrival, next_event, periodic)
             if nxt == math.inf:
                 break  # pending jobs that can never run (larger than the cluster)

@@ -104,6 +104,19 @@ def test_a_job_alone_runs_its_trace_runtime_once() -> None:
     assert result.busy_gpu_s == result.work_gpu_s == 8 * 5 * H and result.lost_gpu_s == 0.0
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("policy", ["fifo", "easy", "kiln"])
+def test_a_replay_ends_when_what_still_waits_can_never_start(policy: str) -> None:
+    """A job larger than the cluster waits for ever; once nothing else runs, arrives or wakes, the replay ends
+    (``kiln simulate synthetic:50 --hosts 2,1`` in docs/cli.md ran its hourly cycle for ever)."""
+    sim = Simulation(
+        [TraceJob("fits", 8, 0.0, 2 * H), TraceJob("too-big", 16, 60.0, H)], gpu_cluster(1), PolicyConfig()
+    )
+    result = sim.run(policy)
+    by_gpus = {j.sub.gpus: j for j in result.jobs}
+    assert by_gpus[8].finish == 2 * H and by_gpus[16].finish is None
+
+
 def test_a_preemption_costs_the_stop_the_restart_and_the_steps_since_the_checkpoint() -> None:
     sim = _one_job_sim(5 * H)
     sim._enqueue(1, 0.0)
