@@ -79,8 +79,11 @@ class Bench:
     def finished(self, job_id: int, timeout: float = 1200) -> dict[str, Any]:
         return self.kiln.wait(job_id, lambda j: j["state"] == "SUCCEEDED", timeout, "SUCCEEDED")
 
-    def start_profile(self, job_id: int, attempt: int = 1) -> dict[str, Any]:
-        """Process start -> first step of an attempt, and its compile, from the trainer's own telemetry."""
+    def start_profile(self, job_id: int, attempt: int | None = None) -> dict[str, Any]:
+        """Process start -> first step of an attempt (default: the last, the one that trained), and its compile,
+        from the trainer's own telemetry."""
+        attempts = self.kiln.attempts(job_id)
+        attempt = attempt if attempt is not None else attempts[-1]["number"]
         recs = self.kiln.telemetry(job_id, attempt)
         started = next(r for r in recs if r["kind"] == "diagnostic" and r["type"] == "STARTED")
         setup = next((r for r in recs if r["kind"] == "diagnostic" and r["type"] == "SETUP_TIMES"), None)
@@ -89,6 +92,8 @@ class Bench:
         compile_ = summary["compile"] or {}
         return {
             "job_id": job_id,
+            "attempt": attempt,
+            "attempts": [{k: a[k] for k in ("number", "state", "exit_reason")} for a in attempts],
             "process_start_to_first_step_s": round(first_step["ts"] - started["fields"]["process_start_ts"], 3),
             "compile_s": compile_.get("elapsed_s"),
             "cache_hit": compile_.get("cache_hit"),
