@@ -124,9 +124,17 @@ def test_timeline_shows_the_newest_event_first(page: Any, kiln: Kiln, ended_job:
     expect(timeline.locator("li")).to_have_count(32)  # SUBMITTED, 30 checkpoints, SUCCEEDED
     expect(timeline.locator("li").first).to_have_attribute("data-type", "SUCCEEDED")
     expect(timeline.locator("li").last).to_have_attribute("data-type", "SUBMITTED")
-    # Seen without scrolling the timeline's box.
-    box, first = timeline.bounding_box(), timeline.locator("li").first.bounding_box()
-    assert first["y"] >= box["y"] and first["y"] + first["height"] <= box["y"] + box["height"]
+    # Seen without scrolling the timeline's box: both boxes read in one go in the page (the live refresh may
+    # redraw the list between two reads from here, and a detached element has no box).
+    page.wait_for_function(
+        """() => {
+            const box = document.querySelector('#timeline'), first = box && box.querySelector('li');
+            if (!first) return false;
+            const a = box.getBoundingClientRect(), b = first.getBoundingClientRect();
+            return b.height > 0 && b.top >= a.top && b.bottom <= a.bottom;
+        }""",
+        timeout=10_000,
+    )
 
 
 def test_ticks_enclose_the_points_and_units_follow_the_recipe(

@@ -15,18 +15,15 @@ def test_a_stage_during_a_background_allocation_waits_for_it_and_copies_the_stat
     state = {"w": torch.arange(300_000, dtype=torch.float32), "b": torch.ones(7, dtype=torch.bfloat16)}
     leaves = [state["w"], state["b"]]
     gate, done = threading.Event(), threading.Event()
-
-    def allocated() -> None:
-        done.set()
-
     real = stager._allocate
 
     def slow_allocate(*args: object) -> None:
         gate.wait(5)  # the allocation is still running when the save comes
         real(*args)  # type: ignore[arg-type]
+        done.set()
 
     stager._allocate = slow_allocate  # type: ignore[method-assign]
-    stager.layout(leaves, background=allocated)
+    stager.layout(leaves, background=True)
     assert not done.is_set() and stager.signature is None
     threading.Timer(0.2, gate.set).start()
     tree = stager.stage(state)  # waits for the allocation, then copies

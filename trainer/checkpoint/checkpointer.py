@@ -140,6 +140,7 @@ class Checkpointer:
         self._persist_error: BaseException | None = None
         self._persister: threading.Thread | None = None
         self._copy_pool: ThreadPoolExecutor | None = None
+        self._staging_said = False
         self._verifying: threading.Thread | None = None  # verify_ahead's thread
         self._verified: dict[pathlib.Path, tuple[tuple[Any, ...] | None, str | None]] = {}
         if rank == 0:
@@ -172,9 +173,14 @@ class Checkpointer:
         _flatten(self._state(model, optimizer), leaves, {})
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.stager.files, thread_name_prefix="kiln-ckpt-io")
-        self.stager.layout(leaves, background=self._staged)
+        self.stager.layout(leaves, background=True)
 
-    def _staged(self) -> None:
+    def _say_staged(self) -> None:
+        """``CHECKPOINT_STAGING``, once, from the training thread at the first save (the allocating thread must not
+        write telemetry: a record after the rank's ``EXIT`` would hide its exit code from the worker)."""
+        if self._staging_said:
+            return
+        self._staging_said = True
         self.tel.diagnostic(
             "CHECKPOINT_STAGING",
             f"staging buffers: {self.stager.nbytes} bytes in "
@@ -244,6 +250,7 @@ class Checkpointer:
         if self._pool is None:
             self.prepare(model, optimizer)  # (a Checkpointer used without prepare(): pays it here)
         tree = self.stager.stage(self._state(model, optimizer))
+        self._say_staged()
         pool = self._pool
         assert pool is not None
 

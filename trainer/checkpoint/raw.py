@@ -21,7 +21,6 @@ import os
 import pathlib
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -96,23 +95,19 @@ class _FlatStager:
     def nbytes(self) -> int:
         return sum(b.numel() for b in self.buffers)
 
-    def layout(self, leaves: list[torch.Tensor], *, background: Callable[[], None] | None = None) -> None:
-        """Lay the buffers out for ``leaves``; with ``background`` (called when done), allocate them in a thread:
-        pinning a GB takes about a second, which a resumed job's first step need not wait for (the first
-        ``stage`` does, if it comes sooner)."""
+    def layout(self, leaves: list[torch.Tensor], *, background: bool = False) -> None:
+        """Lay the buffers out for ``leaves``; with ``background``, allocate them in a thread: pinning a GB takes
+        about a second, which a resumed job's first step need not wait for (the first ``stage`` does, if it comes
+        sooner). The thread writes no telemetry."""
         self.ready()
         sig = [(tuple(t.shape), t.dtype) for t in leaves]
         if sig == self.signature:
             return
-        if background is None:
+        if not background:
             self._allocate(leaves, sig)
             return
-
-        def allocate() -> None:
-            self._allocate(leaves, sig)
-            background()
-
-        self._allocating = threading.Thread(target=allocate, name="kiln-ckpt-staging", daemon=True)
+        self._allocating = threading.Thread(target=self._allocate, args=(leaves, sig), name="kiln-ckpt-staging",
+                                            daemon=True)  # fmt: skip
         self._allocating.start()
 
     def ready(self) -> None:
