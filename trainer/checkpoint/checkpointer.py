@@ -79,9 +79,10 @@ def _files_stamp(path: pathlib.Path) -> tuple[Any, ...] | None:
     replaced or added since a verification changes it."""
     try:
         with os.scandir(path) as it:
-            return tuple(sorted((e.name, e.stat().st_size, e.inode(), e.stat().st_mtime_ns) for e in it))
+            stats = [(e.name, e.stat()) for e in it]
     except OSError:
         return None
+    return tuple(sorted((name, st.st_size, st.st_ino, st.st_mtime_ns) for name, st in stats))
 
 
 class Checkpointer:
