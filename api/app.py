@@ -67,16 +67,24 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         except StorageOfAnotherDeployment:
             raise
         except Exception as exc:
-            log.warning("could not check who owns the storage directory (%s) yet: %s", settings.resolved_storage_dir,
-                        exc)  # fmt: skip
+            log.warning(
+                "could not check who owns the storage directory (%s) yet: %s", settings.resolved_storage_dir, exc
+            )
         yield
         if owns_engine:
             engine.dispose()
 
     # /docs is kiln's own page over vendored Swagger UI (api/routers/dashboard/docs.py): FastAPI's loads it from a
     # CDN. No ReDoc.
-    app = FastAPI(title="kiln", version="0.1.0", description=DESCRIPTION, lifespan=lifespan, docs_url=None,
-                  redoc_url=None, generate_unique_id_function=openapi.operation_id)  # fmt: skip
+    app = FastAPI(
+        title="kiln",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        generate_unique_id_function=openapi.operation_id,
+    )
     app.state.settings = settings
     app.state.storage_checked = False  # api.deps.get_storage_dir
     app.state.engine = engine
@@ -84,9 +92,14 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.limiter = make_limiter(
         settings.resolved_broker_url, settings.rate_limit_per_minute, settings.rate_limit_burst
     )
-    app.state.auth_failures = FailedAuthentications(make_limiter(
-        settings.resolved_broker_url, settings.auth_failures_per_minute, settings.auth_failures_burst,
-        prefix="kiln:authfail:"))  # fmt: skip
+    app.state.auth_failures = FailedAuthentications(
+        make_limiter(
+            settings.resolved_broker_url,
+            settings.auth_failures_per_minute,
+            settings.auth_failures_burst,
+            prefix="kiln:authfail:",
+        )
+    )
     # The expected start is the scheduler's own plan() run forward (core.services.why): wired in here, the API's
     # composition root, so no router or service imports the scheduler.
     policy = settings.policy

@@ -61,9 +61,14 @@ class ProblemResponse(JSONResponse):
 
 
 def problem_body(
-    status: int, detail: str = "", *, title: str | None = None, instance: str | None = None,
-    errors: Sequence[Mapping[str, Any]] | None = None, slug: str | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    status: int,
+    detail: str = "",
+    *,
+    title: str | None = None,
+    instance: str | None = None,
+    errors: Sequence[Mapping[str, Any]] | None = None,
+    slug: str | None = None,
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "type": PROBLEM_BASE + (slug or SLUGS.get(status, str(status))),
         "title": title or (HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"),
@@ -77,10 +82,15 @@ def problem_body(
 
 
 def problem(
-    status: int, detail: str = "", *, request: Request | None = None, title: str | None = None,
-    errors: Sequence[Mapping[str, Any]] | None = None, headers: Mapping[str, str] | None = None,
+    status: int,
+    detail: str = "",
+    *,
+    request: Request | None = None,
+    title: str | None = None,
+    errors: Sequence[Mapping[str, Any]] | None = None,
+    headers: Mapping[str, str] | None = None,
     slug: str | None = None,
-) -> ProblemResponse:  # fmt: skip
+) -> ProblemResponse:
     instance = request.url.path if request is not None else None
     body = problem_body(status, detail, title=title, instance=instance, errors=errors, slug=slug)
     return ProblemResponse(body, status_code=status, headers=dict(headers or {}))
@@ -95,8 +105,10 @@ def _loc(parts: Sequence[Any]) -> str:
 
 
 def validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
-    return [{"loc": _loc(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
-            for e in exc.errors()]  # fmt: skip
+    return [
+        {"loc": _loc(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+        for e in exc.errors()
+    ]
 
 
 async def _validation(request: Request, exc: Exception) -> ProblemResponse:
@@ -118,10 +130,12 @@ async def _service(request: Request, exc: Exception) -> ProblemResponse:
     if isinstance(exc, InvalidInput):
         return problem(422, exc.detail, request=request, title="Request validation failed", errors=exc.errors)
     if isinstance(exc, QueueFull):  # not a rate: room comes when the team's jobs end, so no Retry-After
-        errors = [{"loc": "team", "msg": exc.detail, "type": "queue_full", "limit": exc.limit,
-                   "unfinished": exc.unfinished}]  # fmt: skip
-        return problem(429, exc.detail, request=request, title="Too many unfinished jobs", errors=errors,
-                       slug="queue-full")  # fmt: skip
+        errors = [
+            {"loc": "team", "msg": exc.detail, "type": "queue_full", "limit": exc.limit, "unfinished": exc.unfinished}
+        ]
+        return problem(
+            429, exc.detail, request=request, title="Too many unfinished jobs", errors=errors, slug="queue-full"
+        )
     status = {NotFound: 404, Forbidden: 403, Conflict: 409, PreconditionFailed: 412, TooLarge: 413}.get(type(exc), 400)
     return problem(status, exc.detail, request=request)
 
@@ -135,9 +149,11 @@ async def _http(request: Request, exc: Exception) -> ProblemResponse:
 async def _unavailable(request: Request, exc: Exception) -> ProblemResponse:
     log.warning("database unavailable: %s", type(exc).__name__)
     return problem(
-        503, "the database is unreachable; retry shortly", request=request,
+        503,
+        "the database is unreachable; retry shortly",
+        request=request,
         headers={"Retry-After": str(DB_RETRY_AFTER_S)},
-    )  # fmt: skip
+    )
 
 
 async def _foreign_storage(request: Request, exc: Exception) -> ProblemResponse:

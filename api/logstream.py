@@ -87,9 +87,16 @@ def log_path(storage_dir: Path, job_id: int, attempt: int) -> Path:
 
 
 async def sse_log_stream(
-    *, request: Request, target: LogTarget, follow: bool, sessions: SessionFactory, storage_dir: Path, pinned: bool,
-    guard: sse.Guard, resume: tuple[int, int] | None = None,
-) -> AsyncIterator[str]:  # fmt: skip
+    *,
+    request: Request,
+    target: LogTarget,
+    follow: bool,
+    sessions: SessionFactory,
+    storage_dir: Path,
+    pinned: bool,
+    guard: sse.Guard,
+    resume: tuple[int, int] | None = None,
+) -> AsyncIterator[str]:
     """``pinned``: the caller chose the attempt; otherwise a restart switches the stream to the new attempt.
     ``resume``: (attempt, offset) to go on from, as a previous stream's last event id said."""
     attempt, path, offset, pending = target.attempt, target.path, 0, b""

@@ -19,11 +19,13 @@ async def _send_problem(
     send: Send, status: int, detail: str, path: str, *, errors: list[dict[str, Any]] | None = None
 ) -> None:
     body = json.dumps(problem_body(status, detail, instance=path, errors=errors)).encode()
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", PROBLEM_JSON.encode()), (b"content-length", str(len(body)).encode())],
-    })  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", PROBLEM_JSON.encode()), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -109,9 +111,12 @@ class MetricsMiddleware:
         self.app = app
         self.requests = Counter("kiln_http_requests", "HTTP requests", ["method", "route", "status"], registry=registry)
         self.latency = Histogram(
-            "kiln_http_request_duration_seconds", "HTTP request latency", ["method", "route"], registry=registry,
+            "kiln_http_request_duration_seconds",
+            "HTTP request latency",
+            ["method", "route"],
+            registry=registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
-        )  # fmt: skip
+        )
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}  # labelled series, resolved once each
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

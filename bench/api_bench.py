@@ -162,8 +162,13 @@ def seed(pg_url: str, rows: int, clients: int) -> dict[str, Any]:
         ) as copy:
             copy.write(buf.getvalue())
         conn.execute("ANALYZE")
-    return {"tokens": secrets_, "team_id": team_id, "user_id": user_id, "qos_id": qos_id,
-            "copy_s": time.perf_counter() - started}  # fmt: skip
+    return {
+        "tokens": secrets_,
+        "team_id": team_id,
+        "user_id": user_id,
+        "qos_id": qos_id,
+        "copy_s": time.perf_counter() - started,
+    }
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -179,9 +184,26 @@ def free_port() -> int:
 @contextmanager
 def server(target: str, env: dict[str, str], workers: int) -> Iterator[tuple[str, int]]:
     port = free_port()
-    cmd = [sys.executable, "-m", "uvicorn", target, "--factory", "--host", "127.0.0.1", "--port", str(port),
-           "--workers", str(workers), "--no-access-log", "--log-level", "warning", "--loop", "uvloop",
-           "--http", "httptools"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        target,
+        "--factory",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--no-access-log",
+        "--log-level",
+        "warning",
+        "--loop",
+        "uvloop",
+        "--http",
+        "httptools",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -242,14 +264,20 @@ def _cpu_snapshot(server_pid: int, pg_db: str) -> dict[str, float]:
                 pass
     machine = psutil.cpu_times()
     me = os.times()
-    return {"client": me.user + me.system, "server": tree_cpu(psutil.Process(server_pid)), "postgres": pg,
-            "machine_busy": sum(machine) - machine.idle - getattr(machine, "iowait", 0.0)}  # fmt: skip
+    return {
+        "client": me.user + me.system,
+        "server": tree_cpu(psutil.Process(server_pid)),
+        "postgres": pg,
+        "machine_busy": sum(machine) - machine.idle - getattr(machine, "iowait", 0.0),
+    }
 
 
 async def _load(cfg: dict[str, Any]) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
-    requests = [_request_bytes(cfg["method"], cfg["path"], t, cfg["body"].encode() if cfg["body"] else None)
-                for t in cfg["tokens"]]  # fmt: skip
+    requests = [
+        _request_bytes(cfg["method"], cfg["path"], t, cfg["body"].encode() if cfg["body"] else None)
+        for t in cfg["tokens"]
+    ]
     latencies: list[float] = []
     errors: dict[int, int] = {}
     start = time.perf_counter()
@@ -320,9 +348,15 @@ async def _load(cfg: dict[str, Any]) -> dict[str, Any]:
         return latencies[min(n - 1, int(p * n))] * 1000 if n else float("nan")
 
     cpu_ms = {k: (cpu["to"][k] - cpu["from"][k]) * 1000 / n if n else float("nan") for k in cpu["to"]}
-    return {"requests": n, "per_s": n / cfg["seconds"], "p50_ms": pct(0.50), "p99_ms": pct(0.99),
-            "mean_ms": statistics.fmean(latencies) * 1000 if n else float("nan"), "errors": errors,
-            "cpu_ms_per_request": cpu_ms}  # fmt: skip
+    return {
+        "requests": n,
+        "per_s": n / cfg["seconds"],
+        "p50_ms": pct(0.50),
+        "p99_ms": pct(0.99),
+        "mean_ms": statistics.fmean(latencies) * 1000 if n else float("nan"),
+        "errors": errors,
+        "cpu_ms_per_request": cpu_ms,
+    }
 
 
 def client_main(cfg_json: str) -> None:
@@ -335,21 +369,45 @@ def client_main(cfg_json: str) -> None:
     print(json.dumps(asyncio.run(_load(json.loads(cfg_json)))))
 
 
-def load(url: str, server_pid: int, pg_db: str, method: str, path: str, tokens: list[str], seconds: float,
-         body: dict[str, Any] | None, warmup_s: float) -> dict[str, Any]:  # fmt: skip
+def load(
+    url: str,
+    server_pid: int,
+    pg_db: str,
+    method: str,
+    path: str,
+    tokens: list[str],
+    seconds: float,
+    body: dict[str, Any] | None,
+    warmup_s: float,
+) -> dict[str, Any]:
     host, port = url.removeprefix("http://").rsplit(":", 1)
-    cfg = {"host": host, "port": int(port), "server_pid": server_pid, "pg_db": pg_db, "method": method,
-           "path": path, "tokens": tokens, "seconds": seconds, "warmup_s": warmup_s,
-           "body": json.dumps(body, separators=(",", ":")) if body is not None else None}  # fmt: skip
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--client", json.dumps(cfg)],
-                         check=True, capture_output=True, text=True, timeout=seconds + warmup_s + 120)  # fmt: skip
+    cfg = {
+        "host": host,
+        "port": int(port),
+        "server_pid": server_pid,
+        "pg_db": pg_db,
+        "method": method,
+        "path": path,
+        "tokens": tokens,
+        "seconds": seconds,
+        "warmup_s": warmup_s,
+        "body": json.dumps(body, separators=(",", ":")) if body is not None else None,
+    }
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--client", json.dumps(cfg)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=seconds + warmup_s + 120,
+    )
     result: dict[str, Any] = json.loads(out.stdout)
     result["errors"] = {int(k): v for k, v in result["errors"].items()}
     return result
 
 
-def measure(url: str, server_pid: int, pg_db: str, tokens: list[str], submit_path: str, list_path: str,
-            seconds: float) -> dict[str, Any]:  # fmt: skip
+def measure(
+    url: str, server_pid: int, pg_db: str, tokens: list[str], submit_path: str, list_path: str, seconds: float
+) -> dict[str, Any]:
     warm = min(2.0, seconds / 4)
     submit = load(url, server_pid, pg_db, "POST", submit_path, tokens, seconds, SPEC, warm)
     listing = load(url, server_pid, pg_db, "GET", list_path, tokens, seconds, None, warm)
@@ -399,16 +457,22 @@ def main() -> None:
     with bench_database() as pg_url, tempfile.TemporaryDirectory(prefix="kiln-bench-") as home:
         pg_db = pg_url.rsplit("/", 1)[1]
         seeded = seed(pg_url, rows, args.clients)
-        print(f"seeded {rows} jobs by COPY in {seeded['copy_s']:.2f} s; {args.clients} clients, "
-              f"{args.workers} uvicorn workers per server, {seconds:.0f} s per phase")  # fmt: skip
+        print(
+            f"seeded {rows} jobs by COPY in {seeded['copy_s']:.2f} s; {args.clients} clients, "
+            f"{args.workers} uvicorn workers per server, {seconds:.0f} s per phase"
+        )
         plan = explain_list(pg_url, seeded["team_id"], seeded["user_id"])
         print("kiln list query plan:\n  " + "\n  ".join(plan))
         sa_url = pg_url.replace("postgresql://", "postgresql+psycopg://", 1)
         # Limits off: the bench measures the work of a request, not the limits that refuse them (the seeded team
         # already has more unfinished jobs than a team may keep by default).
-        env = {"KILN_DATABASE_URL": sa_url, "KILN_RATE_LIMIT_PER_MINUTE": str(10**9),
-               "KILN_RATE_LIMIT_BURST": str(10**6), "KILN_MAX_UNFINISHED_JOBS_PER_TEAM": str(10**9),
-               "KILN_HOME": home}  # fmt: skip
+        env = {
+            "KILN_DATABASE_URL": sa_url,
+            "KILN_RATE_LIMIT_PER_MINUTE": str(10**9),
+            "KILN_RATE_LIMIT_BURST": str(10**6),
+            "KILN_MAX_UNFINISHED_JOBS_PER_TEAM": str(10**9),
+            "KILN_HOME": home,
+        }
         with server("api.app:create_app", env, args.workers) as (url, pid):
             kiln = measure(url, pid, pg_db, seeded["tokens"], "/v1/jobs", "/v1/jobs?limit=50", seconds)
         redis_limited = None
@@ -424,23 +488,36 @@ def main() -> None:
     ratio_submit = ratio(kiln["submit"]["per_s"], bare["submit"]["per_s"])
     ratio_p99 = ratio(kiln["list"]["p99_ms"], bare["list"]["p99_ms"])
     result = {
-        "smoke": args.smoke, "rows": rows, "clients": args.clients, "workers": args.workers, "seconds": seconds,
+        "smoke": args.smoke,
+        "rows": rows,
+        "clients": args.clients,
+        "workers": args.workers,
+        "seconds": seconds,
         "cpus": os.cpu_count(),
-        "loadavg_start": load_start, "loadavg_end": load_end, "list_plan": plan,
-        "kiln": kiln, "bare": bare, "kiln_redis_limiter": redis_limited,
-        "ratio": {"submit_per_s": ratio_submit, "list_p99": ratio_p99,
-                  "list_p50": ratio(kiln["list"]["p50_ms"], bare["list"]["p50_ms"])},
+        "loadavg_start": load_start,
+        "loadavg_end": load_end,
+        "list_plan": plan,
+        "kiln": kiln,
+        "bare": bare,
+        "kiln_redis_limiter": redis_limited,
+        "ratio": {
+            "submit_per_s": ratio_submit,
+            "list_p99": ratio_p99,
+            "list_p50": ratio(kiln["list"]["p50_ms"], bare["list"]["p50_ms"]),
+        },
         "targets": {"submit_per_s": 500, "list_p99_ms": 30},
         "meets_targets": kiln["submit"]["per_s"] >= 500 and kiln["list"]["p99_ms"] <= 30,
         "at": datetime.now(UTC).isoformat(),
-    }  # fmt: skip
+    }
     print(f"{'':22}{'kiln API':>12}{'bare FastAPI':>14}{'ratio':>8}")
     print(f"{'submit/s':22}{kiln['submit']['per_s']:12.0f}{bare['submit']['per_s']:14.0f}{ratio_submit:8.2f}")
     for key in ("p50_ms", "p99_ms"):
         k, b = kiln["submit"][key], bare["submit"][key]
         print(f"{'submit ' + key:22}{k:12.1f}{b:14.1f}{ratio(k, b):8.2f}")
-    print(f"{'list/s':22}{kiln['list']['per_s']:12.0f}{bare['list']['per_s']:14.0f}"
-          f"{ratio(kiln['list']['per_s'], bare['list']['per_s']):8.2f}")  # fmt: skip
+    print(
+        f"{'list/s':22}{kiln['list']['per_s']:12.0f}{bare['list']['per_s']:14.0f}"
+        f"{ratio(kiln['list']['per_s'], bare['list']['per_s']):8.2f}"
+    )
     for key in ("p50_ms", "p99_ms"):
         k, b = kiln["list"][key], bare["list"][key]
         print(f"{'list ' + key:22}{k:12.1f}{b:14.1f}{ratio(k, b):8.2f}")

@@ -121,8 +121,11 @@ def main() -> None:
     limits = (MAX_UNPACKED // (16 if args.smoke else 1), MAX_ENTRIES // (16 if args.smoke else 1))
     work = Path(tempfile.mkdtemp(prefix="archive-bench-"))
     old = work / "old_code_archive.py"
-    old.write_bytes(subprocess.run(["git", "show", f"{args.old_rev}:core/code_archive.py"], cwd=ROOT,
-                                   capture_output=True, check=True).stdout)  # fmt: skip
+    old.write_bytes(
+        subprocess.run(
+            ["git", "show", f"{args.old_rev}:core/code_archive.py"], cwd=ROOT, capture_output=True, check=True
+        ).stdout
+    )
     new = ROOT / "core" / "code_archive.py"
     rows = []
     for label, build in cases(args.smoke).items():
@@ -132,9 +135,12 @@ def main() -> None:
         row["new"] = probe(new, archive, limits, timeout=120)
         row["old"] = probe(old, archive, limits, timeout=args.old_timeout)
         rows.append(row)
-        print(f"{label:50s} {row['gzip_bytes'] >> 10:>7} KiB  new {row['new']['wall_s']:>6} s "
-              f"{row['new'].get('rss_growth_mb', 0):>6} MB  old {row['old']['wall_s']:>6} s "
-              f"{row['old'].get('rss_growth_mb', '-'):>6} MB  | {row['new']['verdict'][:70]}", flush=True)  # fmt: skip
+        print(
+            f"{label:50s} {row['gzip_bytes'] >> 10:>7} KiB  new {row['new']['wall_s']:>6} s "
+            f"{row['new'].get('rss_growth_mb', 0):>6} MB  old {row['old']['wall_s']:>6} s "
+            f"{row['old'].get('rss_growth_mb', '-'):>6} MB  | {row['new']['verdict'][:70]}",
+            flush=True,
+        )
         archive.unlink()
     shutil.rmtree(work)
     worst = max(rows, key=lambda r: r["new"]["wall_s"])
@@ -148,11 +154,22 @@ def main() -> None:
     if args.smoke:
         return
     out = RESULTS / "archive_check_bench.json"
-    out.write_text(json.dumps({
-        "python": platform.python_version(), "machine": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(), "limits": {"max_unpacked_bytes": limits[0], "max_entries": limits[1]},
-        "old_rev": args.old_rev, "old_timeout_s": args.old_timeout, "summary": summary, "rows": rows,
-    }, indent=2) + "\n")  # fmt: skip
+    out.write_text(
+        json.dumps(
+            {
+                "python": platform.python_version(),
+                "machine": platform.processor() or platform.machine(),
+                "cpus": os.cpu_count(),
+                "limits": {"max_unpacked_bytes": limits[0], "max_entries": limits[1]},
+                "old_rev": args.old_rev,
+                "old_timeout_s": args.old_timeout,
+                "summary": summary,
+                "rows": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {out.relative_to(ROOT)}")
 
 

@@ -70,12 +70,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     lease = args.lease
     seeds = list(range(1, args.seeds + 1))
     out: dict[str, Any] = {
-        "config": {"jobs": args.jobs, "seeds": seeds, "steps": args.steps, "every_steps": args.every,
-                   "lease_s": lease, "heartbeat_s": 1.0, "scheduler_interval_s": 1.0, "workers": 2,
-                   "slots_per_worker": 3, "schedulers": 2, "step_sleep_s": args.step_sleep,
-                   "leader_lease_s": args.leader_lease, "final_checkpoint_retry_s": args.final_retry},
+        "config": {
+            "jobs": args.jobs,
+            "seeds": seeds,
+            "steps": args.steps,
+            "every_steps": args.every,
+            "lease_s": lease,
+            "heartbeat_s": 1.0,
+            "scheduler_interval_s": 1.0,
+            "workers": 2,
+            "slots_per_worker": 3,
+            "schedulers": 2,
+            "step_sleep_s": args.step_sleep,
+            "leader_lease_s": args.leader_lease,
+            "final_checkpoint_retry_s": args.final_retry,
+        },
         "load_average_start": os.getloadavg(),
-    }  # fmt: skip
+    }
     started = time.monotonic()
     timings = {"leader_lease_s": args.leader_lease, "final_checkpoint_retry_s": args.final_retry}
     with chaos_cluster(tmp, lease_s=lease, worker_slots=3, step_sleep_s=args.step_sleep, **timings) as chaos:
@@ -147,23 +158,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         verdicts += timeline_verdicts(chaos, args.leader_lease)
         walls = [w / t for j in jobs if (w := wall_s(chaos, j)) and (t := twin_wall[seed_of[j]])]
         consumer_died = {h: chaos.consumer_died(h) for h in (a, b)}
-        out.update({
-            "finished": finished,
-            "timeline": [asdict(f) for f in chaos.timeline],
-            "invariants": {v.name: v.as_dict() for v in verdicts},
-            "all_invariants_hold": finished and all(v.ok for v in verdicts),
-            "twins": [{"seed": s, "job": j, "wall_s": twin_wall[s]} for s, j in twins.items()],
-            "jobs": job_summaries(chaos, jobs),
-            "twin_jobs": job_summaries(chaos, list(twins.values())),
-            "wall_vs_twin": {"median": statistics.median(walls) if walls else None,
-                             "max": max(walls) if walls else None},
-            "restarts_total": sum(j["restarts"] for j in job_summaries(chaos, jobs)),
-            # Issue 12 item 2: a Redis SIGKILL can kill Celery's consumer (kombu restore_unacked_once).
-            "celery_consumer_died_after_redis_kill": consumer_died,
-            "lost_incidents": _count(chaos, JobState.LOST),
-            "recovered_events": _count(chaos, "RECOVERED"),
-            "database_back_events": _count(chaos, "DATABASE_BACK"),
-        })  # fmt: skip
+        out.update(
+            {
+                "finished": finished,
+                "timeline": [asdict(f) for f in chaos.timeline],
+                "invariants": {v.name: v.as_dict() for v in verdicts},
+                "all_invariants_hold": finished and all(v.ok for v in verdicts),
+                "twins": [{"seed": s, "job": j, "wall_s": twin_wall[s]} for s, j in twins.items()],
+                "jobs": job_summaries(chaos, jobs),
+                "twin_jobs": job_summaries(chaos, list(twins.values())),
+                "wall_vs_twin": {
+                    "median": statistics.median(walls) if walls else None,
+                    "max": max(walls) if walls else None,
+                },
+                "restarts_total": sum(j["restarts"] for j in job_summaries(chaos, jobs)),
+                # Issue 12 item 2: a Redis SIGKILL can kill Celery's consumer (kombu restore_unacked_once).
+                "celery_consumer_died_after_redis_kill": consumer_died,
+                "lost_incidents": _count(chaos, JobState.LOST),
+                "recovered_events": _count(chaos, "RECOVERED"),
+                "database_back_events": _count(chaos, "DATABASE_BACK"),
+            }
+        )
     out["duration_s"] = round(time.monotonic() - started, 1)
     out["load_average_end"] = os.getloadavg()
     out["workdir"] = str(tmp)

@@ -43,8 +43,9 @@ PYTHON = str(ROOT / ".venv" / "bin" / "python")
 PHASES = ("cold", "kill", "second_host", "sweep", "capped")
 
 
-def spec_text(name: str, *, steps: int, lr: float, smoke: bool, seq_len: int = 1024, share: str = "",
-              sweep: str = "") -> str:  # fmt: skip
+def spec_text(
+    name: str, *, steps: int, lr: float, smoke: bool, seq_len: int = 1024, share: str = "", sweep: str = ""
+) -> str:
     """GPT-2 124M at batch 32 x seq_len in bf16 (the shipped example's model); a 1-layer CPU model for the smoke."""
     if smoke:
         hp = f"size: tiny, n_layer: 1, corpus: stdlib, batch_size: 8, seq_len: {seq_len // 8}, lr: {lr}"
@@ -108,7 +109,7 @@ class Bench:
                 {"type": r["type"], "message": r["message"]}
                 for r in recs
                 if r["kind"] == "event" and r["type"].startswith("PRECISION")
-            ],  # fmt: skip
+            ],
         }
 
     def gpu_seconds(self, job_id: int) -> float:
@@ -141,8 +142,10 @@ class Bench:
         job = self.kiln.submit(self.write("a", spec_text("a", steps=self.args.steps, lr=6e-4, smoke=self.args.smoke)))
         self.finished(job)
         out = self.start_profile(job)
-        log(f"job A (cold, host 1): compile {out['compile_s']:.1f} s, start -> first step "
-            f"{out['process_start_to_first_step_s']:.1f} s")  # fmt: skip
+        log(
+            f"job A (cold, host 1): compile {out['compile_s']:.1f} s, start -> first step "
+            f"{out['process_start_to_first_step_s']:.1f} s"
+        )
         return out
 
     def kill(self) -> dict[str, Any]:
@@ -165,22 +168,28 @@ class Bench:
         env = {**self.kiln.env, "KILN_LOCAL_TIER_DIR": str(self.work / "host2-local")}
         cmd = [PYTHON, "-m", "workers", "--host", "host2", "--cpu-slots", "2"]
         with open(self.work / "host2.log", "wb") as out:  # the child keeps its own copy of the descriptor
-            self.host2 = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                          start_new_session=True)  # fmt: skip
+            self.host2 = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         job = self.kiln.submit(self.write("b", spec_text("b", steps=self.args.steps, lr=1e-3, smoke=self.args.smoke)))
         self.finished(job)
         out = self.start_profile(job)
         out["placement"] = self.kiln.attempts(job)[-1]["placement"]
-        log(f"job B (host 2): {out['cache_source']} hit={out['cache_hit']}, compile {out['compile_s']:.2f} s, start "
-            f"-> first step {out['process_start_to_first_step_s']:.1f} s")  # fmt: skip
+        log(
+            f"job B (host 2): {out['cache_source']} hit={out['cache_hit']}, compile {out['compile_s']:.2f} s, start "
+            f"-> first step {out['process_start_to_first_step_s']:.1f} s"
+        )
         return out
 
     def sweep(self) -> dict[str, Any]:
         n = self.args.sweep_jobs
-        section = (f"sweep:\n  random:\n    lr: {{log_uniform: [0.0001, 0.003]}}\n  count: {n}\n  seed: 1\n"
-                   "  max_concurrent: 1\n")  # fmt: skip
-        text = spec_text("sweep", steps=self.args.sweep_steps, lr=1e-3, smoke=self.args.smoke, seq_len=512,
-                         sweep=section)  # fmt: skip
+        section = (
+            f"sweep:\n  random:\n    lr: {{log_uniform: [0.0001, 0.003]}}\n  count: {n}\n  seed: 1\n"
+            "  max_concurrent: 1\n"
+        )
+        text = spec_text(
+            "sweep", steps=self.args.sweep_steps, lr=1e-3, smoke=self.args.smoke, seq_len=512, sweep=section
+        )
         proc = self.kiln.cli("sweep", "submit", str(self.write("sweep", text)), "--output", "json")
         if proc.returncode != 0:
             raise RuntimeError(f"sweep submit failed: {proc.stdout}{proc.stderr}")
@@ -198,12 +207,18 @@ class Bench:
         saved = sum(p["saved_s"] or 0.0 for p in per_job)
         gpu_s = sum(self.gpu_seconds(i) for i in ids)
         out = {
-            "sweep_id": sweep_id, "jobs": per_job, "hits": hits, "of": n, "reuse": hits / n,
+            "sweep_id": sweep_id,
+            "jobs": per_job,
+            "hits": hits,
+            "of": n,
+            "reuse": hits / n,
             "states": {j["id"]: j["state"] for j in jobs},
-            "compile_saved_s": round(saved, 3), "gpu_s": round(gpu_s, 3),
+            "compile_saved_s": round(saved, 3),
+            "gpu_s": round(gpu_s, 3),
             # Had every job compiled cold, each would have paid its entry's cold compile instead of its warm one.
-            "gpu_s_if_all_cold": round(gpu_s + saved, 3), "wall_s": round(time.time() - t0, 1),
-        }  # fmt: skip
+            "gpu_s_if_all_cold": round(gpu_s + saved, 3),
+            "wall_s": round(time.time() - t0, 1),
+        }
         log(f"sweep: {hits}/{n} hits, {saved:.1f} s of compile saved of {gpu_s:.1f} GPU-seconds")
         return out
 
@@ -212,16 +227,22 @@ class Bench:
         self.up(env={"KILN_ISOLATION": "none"})
         share = "{sm_percent: 30}"
         steps = self.args.capped_steps
-        job = self.kiln.submit(self.write("capped", spec_text("capped", steps=steps, lr=6e-4, smoke=False,
-                                                              share=share)))  # fmt: skip
+        job = self.kiln.submit(
+            self.write("capped", spec_text("capped", steps=steps, lr=6e-4, smoke=False, share=share))
+        )
         self.finished(job)
         through_kiln = self.start_profile(job)
         pipe = sorted((self.kiln.home / "storage" / "mps").glob("*/pipe"))[0]
-        mps = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(pipe.parent / "log"),
-               "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}  # fmt: skip
+        mps = {
+            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(pipe.parent / "log"),
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+        }
         spec = self.write("direct", spec_text("direct", steps=steps, lr=6e-4, smoke=False))
-        direct = {name: self.direct(spec, mps, name, refuse_triton=name == "fp32_fallback")
-                  for name in ("triton_bf16", "fp32_fallback")}  # fmt: skip
+        direct = {
+            name: self.direct(spec, mps, name, refuse_triton=name == "fp32_fallback")
+            for name in ("triton_bf16", "fp32_fallback")
+        }
         base = direct["fp32_fallback"]["tokens_per_s_steady"] or 1.0
         return {
             "through_kiln": through_kiln,
@@ -236,10 +257,18 @@ class Bench:
         run = self.work / f"direct-{name}"
         # The team's tier in kiln's storage: the kiln job's autotuned Triton GEMMs (same key) serve the direct run.
         (team,) = (self.kiln.home / "storage" / "compile_cache" / "teams").iterdir()
-        env = {**self.kiln.env, **mps, "KILN_COMPILE_CACHE_DIR": str(self.work / f"direct-cache-{name}"),
-               "KILN_TEAM_COMPILE_CACHE_DIR": str(team)}  # fmt: skip
-        prelude = ("import sys, trainer.gemm_check as g; g.check_triton_gemms = lambda *a, **k: g.GemmCheck(False, "
-                   "'refused by the bench'); " if refuse_triton else "import sys; ")  # fmt: skip
+        env = {
+            **self.kiln.env,
+            **mps,
+            "KILN_COMPILE_CACHE_DIR": str(self.work / f"direct-cache-{name}"),
+            "KILN_TEAM_COMPILE_CACHE_DIR": str(team),
+        }
+        prelude = (
+            "import sys, trainer.gemm_check as g; g.check_triton_gemms = lambda *a, **k: g.GemmCheck(False, "
+            "'refused by the bench'); "
+            if refuse_triton
+            else "import sys; "
+        )
         code = prelude + "from trainer.__main__ import main; sys.exit(main(sys.argv[1:]))"
         cmd = [PYTHON, "-c", code, "--spec", str(spec), "--run-dir", str(run)]
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -247,11 +276,18 @@ class Bench:
             raise RuntimeError(f"direct trainer {name} failed:\n{done.stderr[-3000:]}")
         recs = [json.loads(line) for line in (run / "telemetry" / "rank0.jsonl").read_text().splitlines() if line]
         summary = run_summary(recs, warmup=20)
-        events = [{"type": r["type"], "message": r["message"]} for r in recs
-                  if r["kind"] == "event" and r["type"].startswith("PRECISION")]  # fmt: skip
+        events = [
+            {"type": r["type"], "message": r["message"]}
+            for r in recs
+            if r["kind"] == "event" and r["type"].startswith("PRECISION")
+        ]
         log(f"direct {name}: {summary['tokens_per_s_steady']} tokens/s; {events}")
-        return {"tokens_per_s_steady": summary["tokens_per_s_steady"], "final_loss": summary["final_loss"],
-                "precision_events": events, "compile": summary["compile"]}  # fmt: skip
+        return {
+            "tokens_per_s_steady": summary["tokens_per_s_steady"],
+            "final_loss": summary["final_loss"],
+            "precision_events": events,
+            "compile": summary["compile"],
+        }
 
 
 def _ts(iso: str) -> float:
@@ -286,8 +322,11 @@ def main() -> None:
     p.add_argument("--sweep-jobs", type=int, default=None, help="default 12 (smoke 3)")
     p.add_argument("--sweep-steps", type=int, default=None, help="default 100 (smoke 4)")
     p.add_argument("--capped-steps", type=int, default=300)
-    p.add_argument("--phases", default=None, help="a comma list of " + ",".join(PHASES) + " (default: all; smoke: "
-                   "no kill, no capped)")  # fmt: skip
+    p.add_argument(
+        "--phases",
+        default=None,
+        help="a comma list of " + ",".join(PHASES) + " (default: all; smoke: no kill, no capped)",
+    )
     p.add_argument("--port", type=int, default=None, help="the API's port (default: a free one)")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "compile_cache_bench.json")
     args = p.parse_args()

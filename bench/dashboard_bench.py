@@ -58,15 +58,25 @@ def insert_jobs(url: str, n: int) -> None:
             q = rng.choice(qos)
             t = rng.choice(teams)
             submitted = now - timedelta(seconds=rng.uniform(0, 6 * 3600))
-            rows.append({
-                "name": f"job-{i}", "team_id": t.id, "state": state, "qos_class_id": q.id, "priority": q.priority,
-                "gpus": rng.choice([0, 1, 2, 8]), "gpu_type": "H200",
-                "spec": {"name": f"job-{i}", "team": t.name, "recipe": {"name": "gpt"}, "steps": 1000},
-                "pending_reason": rng.choice([None, "Quota", "Resources", "Priority"]) if state == "QUEUED" else None,
-                "submitted_at": submitted, "updated_at": submitted,
-                "admitted_at": submitted + timedelta(seconds=30) if state != "QUEUED" else None,
-                "finished_at": now if state in ("SUCCEEDED", "FAILED") else None,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "name": f"job-{i}",
+                    "team_id": t.id,
+                    "state": state,
+                    "qos_class_id": q.id,
+                    "priority": q.priority,
+                    "gpus": rng.choice([0, 1, 2, 8]),
+                    "gpu_type": "H200",
+                    "spec": {"name": f"job-{i}", "team": t.name, "recipe": {"name": "gpt"}, "steps": 1000},
+                    "pending_reason": rng.choice([None, "Quota", "Resources", "Priority"])
+                    if state == "QUEUED"
+                    else None,
+                    "submitted_at": submitted,
+                    "updated_at": submitted,
+                    "admitted_at": submitted + timedelta(seconds=30) if state != "QUEUED" else None,
+                    "finished_at": now if state in ("SUCCEEDED", "FAILED") else None,
+                }
+            )
         db.execute(insert(Job), rows)
         job_ids = list(db.scalars(select(Job.id)))
         contracts = [

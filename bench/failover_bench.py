@@ -122,17 +122,28 @@ def run(args: argparse.Namespace, scenario: str = "other_host") -> dict[str, Any
                 def lost_of_kill(attempt_id: int = attempt.id) -> Event | None:
                     with maker() as db:
                         return next(
-                            (e for e in db.scalars(select(Event).where(Event.job_id == job_id, Event.type == "LOST"))
-                             if (e.data or {}).get("attempt_id") == attempt_id), None)  # fmt: skip
+                            (
+                                e
+                                for e in db.scalars(select(Event).where(Event.job_id == job_id, Event.type == "LOST"))
+                                if (e.data or {}).get("attempt_id") == attempt_id
+                            ),
+                            None,
+                        )
 
                 lost = wait_for(lost_of_kill, 60, f"LOST after kill {i + 1}")
 
                 def recovered(lost_id: int = lost.id) -> Event | None:
                     with maker() as db:
                         return next(
-                            (e for e in db.scalars(select(Event).where(Event.job_id == job_id,
-                                                                       Event.type == "RECOVERED"))
-                             if (e.data or {}).get("lost_event_id") == lost_id), None)  # fmt: skip
+                            (
+                                e
+                                for e in db.scalars(
+                                    select(Event).where(Event.job_id == job_id, Event.type == "RECOVERED")
+                                )
+                                if (e.data or {}).get("lost_event_id") == lost_id
+                            ),
+                            None,
+                        )
 
                 rec = wait_for(recovered, 120, f"recovery {i + 1}")
                 with maker() as db:
@@ -143,7 +154,7 @@ def run(args: argparse.Namespace, scenario: str = "other_host") -> dict[str, Any
                         float((e.data or {}).get("elapsed_s") or 0.0)
                         for e in db.scalars(select(Event).where(Event.job_id == job_id, Event.type == "COMPILE_OK"))
                         if (e.data or {}).get("attempt") == nxt.number
-                    )  # fmt: skip
+                    )
                 assert nxt.first_step_at is not None and nxt.started_at is not None
                 if nxt.resumed_from_step is None:
                     raise AssertionError(f"kill {i + 1}: attempt {nxt.number} trained without a RESUMED record")
@@ -202,23 +213,32 @@ def run(args: argparse.Namespace, scenario: str = "other_host") -> dict[str, Any
         "downtime_s": {"median": statistics.median(down), "p95": pct(down, 0.95)},
         "startup_s": {"median": statistics.median(k["startup_s"] for k in kills)},
         "compile_s": {"median": statistics.median(comp), "mode": args.compile},
-        "lost_steps": {"median": statistics.median(lost_n), "p95": pct(lost_n, 0.95), "max": max(lost_n),
-                       "checkpoint_interval_steps": args.checkpoint_every},
+        "lost_steps": {
+            "median": statistics.median(lost_n),
+            "p95": pct(lost_n, 0.95),
+            "max": max(lost_n),
+            "checkpoint_interval_steps": args.checkpoint_every,
+        },
         "target": {"recovery_s": target_rec, "lost_steps": args.checkpoint_every},
         "ratio": {
             # <= 1.0 meets the target
             "recovery_p95_vs_target": pct(rec_s, 0.95) / target_rec,
             "lost_steps_max_vs_interval": max(lost_n) / args.checkpoint_every,
         },
-    }  # fmt: skip
+    }
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     summary["incidents_not_caused_by_a_kill"] = len(other_incidents)
     # The machine is shared: the 1-minute load average says how contended the CPU was (2 cores here).
     summary["load_avg_1m"] = {"start": load_before, "end": os.getloadavg()[0]}
-    return {"scenario": scenario, "description": SCENARIOS[scenario], "summary": summary, "kills": kills,
-            "other_incidents": other_incidents, "config": config,
-            "setup": "CPU, tiny GPT fp32, 2 worker processes on one 2-core machine, PostgreSQL + Redis local",
-            }  # fmt: skip
+    return {
+        "scenario": scenario,
+        "description": SCENARIOS[scenario],
+        "summary": summary,
+        "kills": kills,
+        "other_incidents": other_incidents,
+        "config": config,
+        "setup": "CPU, tiny GPT fp32, 2 worker processes on one 2-core machine, PostgreSQL + Redis local",
+    }
 
 
 def report(result: dict[str, Any], args: argparse.Namespace) -> None:
@@ -241,7 +261,7 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> None:
         f"  lost steps                     median {ls['median']:.1f}  max {ls['max']:.0f}"
         f"   target <= {args.checkpoint_every} (max/target {s['ratio']['lost_steps_max_vs_interval']:.2f})"
     )
-    print(f"  incidents not caused by a kill {s['incidents_not_caused_by_a_kill']}")  # fmt: skip
+    print(f"  incidents not caused by a kill {s['incidents_not_caused_by_a_kill']}")
 
 
 def main() -> None:

@@ -64,14 +64,19 @@ class Kiln:
 
     def __init__(self, home: pathlib.Path, port: int) -> None:
         self.home, self.port = home, port
-        self.env = {**os.environ, "KILN_HOME": str(home), "XDG_CONFIG_HOME": str(home / "config"),
-                    "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        self.env = {
+            **os.environ,
+            "KILN_HOME": str(home),
+            "XDG_CONFIG_HOME": str(home / "config"),
+            "PYTHONUNBUFFERED": "1",
+        }
         self.api = f"http://127.0.0.1:{port}"
         self.token = ""
 
     def cli(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(ROOT / "kiln"), *args], cwd=ROOT, env=self.env, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        return subprocess.run(
+            [str(ROOT / "kiln"), *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
 
     def up(self) -> str:
         t0 = time.time()
@@ -122,8 +127,10 @@ class Kiln:
                 log(f"job {job_id} {job['state']} at step {job.get('last_step')}{why}, waiting for {what}")
                 seen, said_at = now_seen, time.time()
             if job["state"] in ("SUCCEEDED", "FAILED", "CANCELLED"):  # it ended without reaching what was awaited
-                raise RuntimeError(f"job {job_id} {job['state']} at step {job.get('last_step')} before {what}: "
-                                   f"{job.get('exit_reason')}")  # fmt: skip
+                raise RuntimeError(
+                    f"job {job_id} {job['state']} at step {job.get('last_step')} before {what}: "
+                    f"{job.get('exit_reason')}"
+                )
             time.sleep(0.2)
         raise TimeoutError(f"job {job_id}: {what} not reached in {timeout:.0f} s")
 
@@ -153,13 +160,13 @@ def run_summary(recs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     steady = None
     if len(window) >= 2 and per_step:
         steady = per_step * (len(window) - 1) / (window[-1]["ts"] - window[0]["ts"])
-    clean = [s["tokens_per_s"] for s in steps if s["step"] > warmup and s.get("tokens_per_s")
-             and not s.get("overhead")]  # fmt: skip
+    clean = [s["tokens_per_s"] for s in steps if s["step"] > warmup and s.get("tokens_per_s") and not s.get("overhead")]
     marked: dict[str, int] = {}
     for s in steps:
         marked[str(s.get("overhead"))] = marked.get(str(s.get("overhead")), 0) + 1
-    compile_ev = next((r for r in recs if r["kind"] == "event" and r["type"].startswith(("COMPILE_OK", "FALLBACK"))),
-                      None)  # fmt: skip
+    compile_ev = next(
+        (r for r in recs if r["kind"] == "event" and r["type"].startswith(("COMPILE_OK", "FALLBACK"))), None
+    )
     return {
         "steps": len(steps),
         "tokens_per_s_run": done.get("tokens_per_s"),
@@ -191,8 +198,11 @@ def agreement(curves: dict[str, dict[str, list[Any]]], resumed_from: int | None)
     twin = dict(zip(curves["twin"]["step"], curves["twin"]["loss"], strict=True))
 
     def diffs(name: str, lo: int, hi: int) -> dict[str, Any]:
-        pairs = [(s, loss) for s, loss in zip(curves[name]["step"], curves[name]["loss"], strict=True)
-                 if lo <= s <= hi and s in twin]  # fmt: skip
+        pairs = [
+            (s, loss)
+            for s, loss in zip(curves[name]["step"], curves[name]["loss"], strict=True)
+            if lo <= s <= hi and s in twin
+        ]
         rel = [abs(loss - twin[s]) / abs(twin[s]) for s, loss in pairs if twin[s]]
         return {
             "steps": len(rel),
@@ -212,9 +222,19 @@ def agreement(curves: dict[str, dict[str, list[Any]]], resumed_from: int | None)
 
 def bare(kiln: Kiln, spec: pathlib.Path, smoke: bool, steps: int) -> dict[str, Any]:
     py = ROOT / ".venv" / "bin" / "python"
-    cmd = [str(py), str(ROOT / "bench" / "trainer_bench.py"), "--bare", "--hp-from-spec", str(spec),
-           "--steps", str(steps), "--warmup", "5" if smoke else "20",
-           "--compile", "off" if smoke else "whole"]  # fmt: skip
+    cmd = [
+        str(py),
+        str(ROOT / "bench" / "trainer_bench.py"),
+        "--bare",
+        "--hp-from-spec",
+        str(spec),
+        "--steps",
+        str(steps),
+        "--warmup",
+        "5" if smoke else "20",
+        "--compile",
+        "off" if smoke else "whole",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=kiln.env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise RuntimeError(f"bare loop failed:\n{proc.stderr[-3000:]}")
@@ -235,8 +255,9 @@ def recovery(kiln: Kiln, job_id: int, kill_t: float) -> dict[str, Any]:
     recs = kiln.telemetry(job_id, second["number"])
     start = recs[0]["ts"] if recs else None
     resumed = next((r for r in recs if r["kind"] == "resumed"), None)
-    compile_ev = next((r for r in recs if r["kind"] == "event" and r["type"].startswith(("COMPILE_OK", "FALLBACK"))),
-                      None)  # fmt: skip
+    compile_ev = next(
+        (r for r in recs if r["kind"] == "event" and r["type"].startswith(("COMPILE_OK", "FALLBACK"))), None
+    )
     first_step = next((r for r in recs if r["kind"] == "step"), None)
     started = next((r for r in recs if r["kind"] == "diagnostic" and r["type"] == "STARTED"), None)
     memory = next((r for r in recs if r["kind"] == "memory_prediction"), None)
@@ -267,7 +288,7 @@ def recovery(kiln: Kiln, job_id: int, kill_t: float) -> dict[str, Any]:
             "warm compile (memory prediction -> compiled)": span("model_built", "compiled"),
             "restore (compiled -> RESUMED)": span("compiled", "resumed"),
             "first step (RESUMED -> first step)": span("resumed", "first_step"),
-        },  # fmt: skip
+        },
         "kill_to_first_resumed_step_s": span("kill", "first_step"),
         "compile": compile_ev["fields"] if compile_ev else None,
         "resumed_from_step": resumed["step"] if resumed else None,
@@ -362,8 +383,7 @@ def main() -> None:
         follow = kiln.cli("submit", str(spec), "--follow", timeout=900)
         out = follow.stdout + follow.stderr
         ids = re.findall(r"submitted job (\d+)", out)
-        result["twin"] = {"follow_exit_code": follow.returncode, "follow_tail": out[-1500:],
-                          "wall_s": time.time() - t0}  # fmt: skip
+        result["twin"] = {"follow_exit_code": follow.returncode, "follow_tail": out[-1500:], "wall_s": time.time() - t0}
         if follow.returncode != 0 or not ids:
             raise RuntimeError(f"the shipped example did not succeed ({follow.returncode}):\n{out[-3000:]}")
         twin = int(ids[0])
@@ -387,9 +407,11 @@ def main() -> None:
             twin_loss = result["twin"]["job"]["last_loss"]
             held["final_loss_vs_twin"] = {"twin": twin_loss, "held": held["job"]["last_loss"]}
             result["held"] = held
-            log(f"held job: stopped at step {held['stopped_at_step']}, resumed from {held['resumed_from_step']}, "
+            log(
+                f"held job: stopped at step {held['stopped_at_step']}, resumed from {held['resumed_from_step']}, "
                 f"release -> first step {held['release_to_first_resumed_step_s']} s, {held['job']['state']}, "
-                f"final loss {held['final_loss_vs_twin']}")  # fmt: skip
+                f"final loss {held['final_loss_vs_twin']}"
+            )
             save()
         if args.no_victim:
             return
@@ -404,10 +426,13 @@ def main() -> None:
         final = kiln.wait(victim, lambda j: j["state"] == "SUCCEEDED", 900, "SUCCEEDED after the kill")
         attempts = kiln.attempts(victim)
         result["victim"] = {
-            "job_id": victim, "killed_at_step": kill_step, "worker_pid": pid, "job": final,
+            "job_id": victim,
+            "killed_at_step": kill_step,
+            "worker_pid": pid,
+            "job": final,
             "recovery": recovery(kiln, victim, kill_t),
             "resumed_attempt": run_summary(kiln.telemetry(victim, attempts[-1]["number"]), warmup=20),
-        }  # fmt: skip
+        }
         log(f"victim recovered: {json.dumps(result['victim']['recovery']['parts_s'])}")
         result["curves"] = {
             name: curve(kiln.telemetry(job, attempt))
@@ -419,14 +444,20 @@ def main() -> None:
         }
         result["loss_agreement"] = agreement(result["curves"], result["victim"]["recovery"]["resumed_from_step"])
         twin_loss, victim_loss = result["twin"]["job"]["last_loss"], final["last_loss"]
-        result["final_loss"] = {"twin": twin_loss, "victim": victim_loss,
-                                "abs_diff": abs(twin_loss - victim_loss),
-                                "rel_diff": abs(twin_loss - victim_loss) / abs(twin_loss)}  # fmt: skip
+        result["final_loss"] = {
+            "twin": twin_loss,
+            "victim": victim_loss,
+            "abs_diff": abs(twin_loss - victim_loss),
+            "rel_diff": abs(twin_loss - victim_loss) / abs(twin_loss),
+        }
         result["sla_events"] = {
-            str(j): [{k: e[k] for k in ("type", "message", "created_at")} for e in kiln.events(j)
-                     if e["type"].startswith("SLA_")]
+            str(j): [
+                {k: e[k] for k in ("type", "message", "created_at")}
+                for e in kiln.events(j)
+                if e["type"].startswith("SLA_")
+            ]
             for j in (twin, victim)
-        }  # fmt: skip
+        }
         log(
             f"through the worker / bare: {result['ratio_vs_bare']}; kill -> first resumed step "
             f"{result['victim']['recovery']['kill_to_first_resumed_step_s']} s; final loss {result['final_loss']}; "

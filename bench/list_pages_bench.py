@@ -115,16 +115,28 @@ def main() -> None:
             assert items["sql"] == items["in_memory"], items
             sql, mem = statistics.median(times["sql"]), statistics.median(times["in_memory"])
             results[name] = {
-                "items": items["sql"], "pages": -(-items["sql"] // PAGE), "sql_walk_s": round(sql, 3),
-                "in_memory_walk_s": round(mem, 3), "sql_per_page_ms": round(1000 * sql / -(-items["sql"] // PAGE), 2),
+                "items": items["sql"],
+                "pages": -(-items["sql"] // PAGE),
+                "sql_walk_s": round(sql, 3),
+                "in_memory_walk_s": round(mem, 3),
+                "sql_per_page_ms": round(1000 * sql / -(-items["sql"] // PAGE), 2),
                 "in_memory_per_page_ms": round(1000 * mem / -(-items["sql"] // PAGE), 2),
-                "speedup": round(mem / sql, 1), "runs_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
-            }  # fmt: skip
-            print(f"{name}: {items['sql']} items in pages of {PAGE}: SQL keyset {sql:.2f} s, whole list cut in memory "
-                  f"{mem:.2f} s ({mem / sql:.1f}x)")  # fmt: skip
+                "speedup": round(mem / sql, 1),
+                "runs_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+            }
+            print(
+                f"{name}: {items['sql']} items in pages of {PAGE}: SQL keyset {sql:.2f} s, whole list cut in memory "
+                f"{mem:.2f} s ({mem / sql:.1f}x)"
+            )
         engine.dispose()
-    summary = {"hosts": args.hosts, "users": args.users, "page": PAGE, "repeat": args.repeat,
-               "database": "PostgreSQL (127.0.0.1:5432)", "lists": results}  # fmt: skip
+    summary = {
+        "hosts": args.hosts,
+        "users": args.users,
+        "page": PAGE,
+        "repeat": args.repeat,
+        "database": "PostgreSQL (127.0.0.1:5432)",
+        "lists": results,
+    }
     OUT.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {OUT}")
 

@@ -55,9 +55,19 @@ PACKED_SHARE = "{memory_gb: 16, sm_percent: 25}"
 PHASES = ("bound", "caps", "threads", "packing", "packed", "overcap", "mps_kill")
 
 
-def spec_text(name: str, qos: str, steps: int, share: str | None, *, size: str = "gpt2", batch: int = 32,
-              seq_len: int = 1024, every: int = 200, deterministic: bool = False, cuda_graphs: bool = False
-              ) -> str:  # fmt: skip
+def spec_text(
+    name: str,
+    qos: str,
+    steps: int,
+    share: str | None,
+    *,
+    size: str = "gpt2",
+    batch: int = 32,
+    seq_len: int = 1024,
+    every: int = 200,
+    deterministic: bool = False,
+    cuda_graphs: bool = False,
+) -> str:
     """GPT-2 124M at batch 32 x 1024 by default: the shipped example's model, which keeps the H200 busy (the first
     run used a 6-layer model that left it half idle: two bare loops time-sliced each kept 97% of their speed)."""
     return f"""name: {name}
@@ -149,9 +159,13 @@ def step_time_noise(recs: list[dict[str, Any]], warmup_s: float = 10.0) -> dict[
             start += 1
         if steps[end]["ts"] - steps[0]["ts"] >= 5.0 and end % 5 == 0:
             worst_time = max(worst_time, statistics.median(times[start : end + 1]))
-    return {"median_s": median, "worst_25_steps": worst_count / median, "worst_5_s": worst_time / median or None,
-            "first_step_ts": first,
-            "medians_every_2_s": [round(statistics.median(every[k]) * 1000, 2) for k in sorted(every)]}  # fmt: skip
+    return {
+        "median_s": median,
+        "worst_25_steps": worst_count / median,
+        "worst_5_s": worst_time / median or None,
+        "first_step_ts": first,
+        "medians_every_2_s": [round(statistics.median(every[k]) * 1000, 2) for k in sorted(every)],
+    }
 
 
 class OutOfTime(BaseException):
@@ -170,15 +184,20 @@ class Bench:
         path.write_text(text)
         return path
 
-    def gold(self, name: str = "gold", steps: int | None = None, every: int = 200, deterministic: bool = False
-             ) -> pathlib.Path:  # fmt: skip
+    def gold(
+        self, name: str = "gold", steps: int | None = None, every: int = 200, deterministic: bool = False
+    ) -> pathlib.Path:
         # Gold has no GPU memory cap of its own to share by, so its share names one; its SMs are the class's (100%).
-        return self.write(name, spec_text(name, "gold", steps or self.steps, "{memory_gb: 40}", every=every,
-                                          deterministic=deterministic))  # fmt: skip
+        return self.write(
+            name,
+            spec_text(name, "gold", steps or self.steps, "{memory_gb: 40}", every=every, deterministic=deterministic),
+        )
 
     def best_effort(self, name: str = "best-effort", steps: int | None = None, every: int = 200) -> pathlib.Path:
-        return self.write(name, spec_text(name, "best-effort", steps or 3 * self.steps,
-                                          "{memory_gb: 24, sm_percent: 30}", every=every))  # fmt: skip
+        return self.write(
+            name,
+            spec_text(name, "best-effort", steps or 3 * self.steps, "{memory_gb: 24, sm_percent: 30}", every=every),
+        )
 
     def done(self, job_id: int, timeout: float = 900) -> dict[str, Any]:
         return self.kiln.wait(job_id, lambda j: j["state"] == "SUCCEEDED", timeout, "SUCCEEDED")
@@ -200,8 +219,13 @@ class Bench:
             steps = self.trained(job_id)
             if not steps or steps[-1]["step"] < step:
                 return False
-            lag = {"job_id": job_id, "api_state": job["state"], "api_last_step": job["last_step"],
-                   "telemetry_step": steps[-1]["step"], "age_s": round(time.time() - steps[-1]["ts"], 1)}  # fmt: skip
+            lag = {
+                "job_id": job_id,
+                "api_state": job["state"],
+                "api_last_step": job["last_step"],
+                "telemetry_step": steps[-1]["step"],
+                "age_s": round(time.time() - steps[-1]["ts"], 1),
+            }
             self.api_lags.append(lag)
             log(f"the trainer's telemetry is at step {steps[-1]['step']}, the API's last_step behind it: {lag}")
             return True
@@ -216,8 +240,12 @@ class Bench:
     def diagnose(self, job_id: int) -> dict[str, Any]:
         """What a failed or slow phase needs to be read afterwards: each attempt's events, its step records' span
         and the tail of its log."""
-        out: dict[str, Any] = {"job": {k: self.kiln.get(f"/v1/jobs/{job_id}").get(k) for k in
-                                       ("state", "last_step", "exit_reason", "restart_count")}}  # fmt: skip
+        out: dict[str, Any] = {
+            "job": {
+                k: self.kiln.get(f"/v1/jobs/{job_id}").get(k)
+                for k in ("state", "last_step", "exit_reason", "restart_count")
+            }
+        }
         for a in self.kiln.attempts(job_id):
             n = int(a["number"])
             recs = self.kiln.telemetry(job_id, n)
@@ -229,7 +257,7 @@ class Bench:
                     (round(r["ts"], 1), r.get("type"), str(r.get("message"))[:200])
                     for r in recs
                     if r["kind"] == "event"
-                ],  # fmt: skip
+                ],
                 "steps": len(steps),
                 "first_step": (steps[0]["step"], round(steps[0]["ts"], 1)) if steps else None,
                 "last_step": (steps[-1]["step"], round(steps[-1]["ts"], 1)) if steps else None,
@@ -244,8 +272,11 @@ class Bench:
         out = run_summary(recs, warmup=20)
         out["step_time_noise"] = step_time_noise(recs)
         out["job_id"] = job_id
-        out["sla_events"] = [{k: e.get(k) for k in ("type", "message", "created_at", "data")}
-                             for e in self.kiln.events(job_id) if e["type"].startswith("SLA_")]  # fmt: skip
+        out["sla_events"] = [
+            {k: e.get(k) for k in ("type", "message", "created_at", "data")}
+            for e in self.kiln.events(job_id)
+            if e["type"].startswith("SLA_")
+        ]
         return out
 
     def placement(self, job_id: int) -> Any:
@@ -268,10 +299,25 @@ class Bench:
         steps = str(max(200, self.steps // 2))
 
         def loops(envs: list[dict[str, str]]) -> list[dict[str, Any]]:
-            cmd = [str(ROOT / ".venv" / "bin" / "python"), str(ROOT / "bench" / "trainer_bench.py"), "--bare",
-                   "--hp-from-spec", str(spec), "--steps", steps, "--warmup", "20", "--compile", "whole"]  # fmt: skip
-            procs = [subprocess.Popen(cmd, cwd=ROOT, env={**self.kiln.env, **e}, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True) for e in envs]  # fmt: skip
+            cmd = [
+                str(ROOT / ".venv" / "bin" / "python"),
+                str(ROOT / "bench" / "trainer_bench.py"),
+                "--bare",
+                "--hp-from-spec",
+                str(spec),
+                "--steps",
+                steps,
+                "--warmup",
+                "20",
+                "--compile",
+                "whole",
+            ]
+            procs = [
+                subprocess.Popen(
+                    cmd, cwd=ROOT, env={**self.kiln.env, **e}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                )
+                for e in envs
+            ]
             out = []
             for p in procs:
                 stdout, stderr = p.communicate(timeout=600)
@@ -286,24 +332,37 @@ class Bench:
         }
         alone_runs = loops([{}])
         sliced_runs = loops([{}, {}])
-        capped_runs = loops([{**pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"},
-                             {**pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}])  # fmt: skip
+        capped_runs = loops(
+            [{**pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}, {**pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}]
+        )
         # As kiln runs a best-effort share: the 30% client below normal MPS priority.
-        prioritised_runs = loops([
-            {**pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_CLIENT_PRIORITY": "0"},
-            {**pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30", "CUDA_MPS_CLIENT_PRIORITY": "1"},
-        ])  # fmt: skip
+        prioritised_runs = loops(
+            [
+                {**pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_CLIENT_PRIORITY": "0"},
+                {**pipe, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30", "CUDA_MPS_CLIENT_PRIORITY": "1"},
+            ]
+        )
         alone = alone_runs[0]["tokens_per_s"]
         sliced = [r["tokens_per_s"] for r in sliced_runs]
         capped = [r["tokens_per_s"] for r in capped_runs]
         prioritised = [r["tokens_per_s"] for r in prioritised_runs]
-        result = {"alone": alone, "time_sliced": sliced, "mps_caps_100_30": capped,
-                  "mps_caps_100_30_second_below_normal_priority": prioritised,
-                  "first_vs_alone": {"time_sliced": sliced[0] / alone, "mps_caps": capped[0] / alone,
-                                     "mps_caps_priority": prioritised[0] / alone},
-                  # a NaN under the cap is no throughput (the 30% kiln share's losses were NaN)
-                  "last_losses": {"alone": alone_runs[0]["loss"], "time_sliced": [r["loss"] for r in sliced_runs],
-                                  "mps_caps_100_30": [r["loss"] for r in capped_runs]}}  # fmt: skip
+        result = {
+            "alone": alone,
+            "time_sliced": sliced,
+            "mps_caps_100_30": capped,
+            "mps_caps_100_30_second_below_normal_priority": prioritised,
+            "first_vs_alone": {
+                "time_sliced": sliced[0] / alone,
+                "mps_caps": capped[0] / alone,
+                "mps_caps_priority": prioritised[0] / alone,
+            },
+            # a NaN under the cap is no throughput (the 30% kiln share's losses were NaN)
+            "last_losses": {
+                "alone": alone_runs[0]["loss"],
+                "time_sliced": [r["loss"] for r in sliced_runs],
+                "mps_caps_100_30": [r["loss"] for r in capped_runs],
+            },
+        }
         log(
             f"bound: alone {alone:.0f} tokens/s; time-sliced {sliced}; MPS 100/30 {capped}; "
             f"MPS 100/30, the 30% one below normal priority {prioritised}"
@@ -351,14 +410,24 @@ class Bench:
         """Four packing-sized trainers (``python -m trainer``, started directly) as MPS clients of kiln's daemon at
         100% SM, with OpenMP's default of a thread per core each (what the worker gave a GPU rank before run 10)
         and with the worker's per-rank budget for a 16 GiB share; then one alone. tokens/s from their telemetry."""
-        spec = self.write("threads", spec_text("threads", "silver", 1000, None, size="mini", batch=16, seq_len=256,
-                                               every=1000))  # fmt: skip
-        gpu_mib = int(subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                                     capture_output=True, text=True, check=True).stdout.split()[0])  # fmt: skip
+        spec = self.write(
+            "threads", spec_text("threads", "silver", 1000, None, size="mini", batch=16, seq_len=256, every=1000)
+        )
+        gpu_mib = int(
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()[0]
+        )
         budget = cpu_threads_per_rank(cores=len(os.sched_getaffinity(0)), host_gpus=1, gpu_fraction=16 * 1024 / gpu_mib)
         pipe = self.pipe_dir()
-        mps = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe), "CUDA_MPS_LOG_DIRECTORY": str(pipe.parent / "log"),
-               "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}  # fmt: skip
+        mps = {
+            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(pipe.parent / "log"),
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100",
+        }
         python = str(ROOT / ".venv" / "bin" / "python")
 
         def trainers(label: str, n: int, omp: int | None) -> list[float | None]:
@@ -370,8 +439,11 @@ class Bench:
                     env["OMP_NUM_THREADS"] = str(omp)
                 runs.append(self.work / f"threads-{label}-{i}")
                 cmd = [python, "-m", "trainer", "--spec", str(spec), "--run-dir", str(runs[-1])]
-                procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                                              stderr=subprocess.PIPE, text=True))  # fmt: skip
+                procs.append(
+                    subprocess.Popen(
+                        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+                    )
+                )
             for proc in procs:
                 _, stderr = proc.communicate(timeout=600)
                 if proc.returncode != 0:
@@ -384,9 +456,12 @@ class Bench:
             log(f"threads, {label}: tokens/s {rates}")
             return rates
 
-        result: dict[str, Any] = {"omp_threads_budget": budget, "four_default": trainers("default", 4, None),
-                                  "four_budget": trainers("budget", 4, budget),
-                                  "one_alone_default": trainers("alone", 1, None)}  # fmt: skip
+        result: dict[str, Any] = {
+            "omp_threads_budget": budget,
+            "four_default": trainers("default", 4, None),
+            "four_budget": trainers("budget", 4, budget),
+            "one_alone_default": trainers("alone", 1, None),
+        }
         alone = result["one_alone_default"][0] or 1.0
         result["four_over_alone"] = {k: sum(r or 0 for r in result[k]) / alone for k in ("four_default", "four_budget")}
         return result
@@ -405,9 +480,20 @@ class Bench:
         steps = max(6000, 20 * self.steps)
 
         def specs(kind: str, share: str | None) -> list[pathlib.Path]:
-            texts = {f"pack-{kind}-{i}": spec_text(f"pack-{kind}-{i}", "silver", steps, share, size="mini", batch=16,
-                                                   seq_len=256, every=1000, cuda_graphs=self.cuda_graphs)
-                     for i in range(4)}  # fmt: skip
+            texts = {
+                f"pack-{kind}-{i}": spec_text(
+                    f"pack-{kind}-{i}",
+                    "silver",
+                    steps,
+                    share,
+                    size="mini",
+                    batch=16,
+                    seq_len=256,
+                    every=1000,
+                    cuda_graphs=self.cuda_graphs,
+                )
+                for i in range(4)
+            }
             return [self.write(name, text) for name, text in texts.items()]
 
         def run(paths: list[pathlib.Path], together: bool) -> dict[str, Any]:
@@ -426,8 +512,13 @@ class Bench:
             for s in summaries:
                 s["sla_standing"] = self.kiln.get(f"/v1/jobs/{s['job_id']}/sla").get("standing")
             tokens = sum(int(j["steps"]) * 16 * 256 for j in jobs)  # batch 16 x 256, as the packing specs say
-            return {"wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall, "jobs": summaries,
-                    "placements": [self.placement(i) for i in ids]}  # fmt: skip
+            return {
+                "wall_s": wall,
+                "tokens": tokens,
+                "tokens_per_s": tokens / wall,
+                "jobs": summaries,
+                "placements": [self.placement(i) for i in ids],
+            }
 
         if together_only:
             return {"together": run(specs("share", PACKED_SHARE), together=True)}
@@ -460,7 +551,7 @@ class Bench:
             "overcap_job": {k: bad_job.get(k) for k in ("id", "state", "exit_reason", "restart_count")},
             "overcap_attempts": [
                 {k: a.get(k) for k in ("number", "state", "exit_reason")} for a in self.kiln.attempts(bad)
-            ],  # fmt: skip
+            ],
             "neighbour": {
                 "job_id": gold_id,
                 "state": gold["state"],
@@ -507,7 +598,7 @@ class Bench:
                     ],
                 }
                 for name, j in ends.items()
-            },  # fmt: skip
+            },
             "seconds_to_both_succeeded": time.time() - kill_t,
             "hosts_after": [{k: h.get(k) for k in ("name", "state", "mps")} for h in hosts],
         }

@@ -40,35 +40,91 @@ from tests.support.services import temporary_database  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "retention_bench.json"
 START = datetime(2026, 1, 1, tzinfo=UTC)
-EVENTS = ("SUBMITTED", "ADMITTED", "RUNNING", "MEMORY_PREDICTION", "CHECKPOINT", "CHECKPOINT", "CHECKPOINT",
-          "PREEMPTING", "QUEUED", "ADMITTED", "RUNNING", "CHECKPOINT", "EXIT", "SUCCEEDED")  # fmt: skip
+EVENTS = (
+    "SUBMITTED",
+    "ADMITTED",
+    "RUNNING",
+    "MEMORY_PREDICTION",
+    "CHECKPOINT",
+    "CHECKPOINT",
+    "CHECKPOINT",
+    "PREEMPTING",
+    "QUEUED",
+    "ADMITTED",
+    "RUNNING",
+    "CHECKPOINT",
+    "EXIT",
+    "SUCCEEDED",
+)
 TABLES = ("job_metrics", "events", "jobs")
 
 
 def settings_for_bench() -> Settings:
     """Ages shorter than the defaults, so that a run of weeks reaches the steady state."""
-    return Settings(retention_metrics_downsample_days=3, retention_metric_points=50, retention_metrics_days=14,
-                    retention_events_days=21, retention_deliveries_days=7)  # fmt: skip
+    return Settings(
+        retention_metrics_downsample_days=3,
+        retention_metric_points=50,
+        retention_metrics_days=14,
+        retention_events_days=21,
+        retention_deliveries_days=7,
+    )
 
 
 def one_day(engine: Engine, day: int, jobs: int, steps: int, team_id: int, qos_id: int) -> None:
     finished = START + timedelta(days=day, hours=12)
     with Session(engine) as db:
-        ids = db.scalars(insert(Job).returning(Job.id), [
-            {"name": f"d{day}-{i}", "team_id": team_id, "spec": {"steps": steps}, "state": "SUCCEEDED",
-             "qos_class_id": qos_id, "submitted_at": finished - timedelta(hours=2), "finished_at": finished,
-             "updated_at": finished, "last_step": steps} for i in range(jobs)
-        ]).all()  # fmt: skip
+        ids = db.scalars(
+            insert(Job).returning(Job.id),
+            [
+                {
+                    "name": f"d{day}-{i}",
+                    "team_id": team_id,
+                    "spec": {"steps": steps},
+                    "state": "SUCCEEDED",
+                    "qos_class_id": qos_id,
+                    "submitted_at": finished - timedelta(hours=2),
+                    "finished_at": finished,
+                    "updated_at": finished,
+                    "last_step": steps,
+                }
+                for i in range(jobs)
+            ],
+        ).all()
         sample = {"gpus": [{"util_gpu": 97, "mem_used_bytes": 70_000_000_000, "pcie_tx": 1.2e9, "pcie_rx": 1.1e9}]}
-        db.execute(insert(JobMetric), [
-            {"job_id": j, "step": s, "ts": finished - timedelta(seconds=steps - s), "loss": 3.0 / s,
-             "grad_norm": 1.0, "tokens_per_s": 1e5, "step_time_s": 0.1, "mfu": 0.4, "mem_peak_bytes": 8 << 30,
-             "extra": sample} for j in ids for s in range(1, steps + 1)
-        ])  # fmt: skip
-        db.execute(insert(Event), [
-            {"job_id": j, "team_id": team_id, "type": t, "message": f"{t.lower()} of job {j}", "data": {"n": k},
-             "created_at": finished} for j in ids for k, t in enumerate(EVENTS)
-        ])  # fmt: skip
+        db.execute(
+            insert(JobMetric),
+            [
+                {
+                    "job_id": j,
+                    "step": s,
+                    "ts": finished - timedelta(seconds=steps - s),
+                    "loss": 3.0 / s,
+                    "grad_norm": 1.0,
+                    "tokens_per_s": 1e5,
+                    "step_time_s": 0.1,
+                    "mfu": 0.4,
+                    "mem_peak_bytes": 8 << 30,
+                    "extra": sample,
+                }
+                for j in ids
+                for s in range(1, steps + 1)
+            ],
+        )
+        db.execute(
+            insert(Event),
+            [
+                {
+                    "job_id": j,
+                    "team_id": team_id,
+                    "type": t,
+                    "message": f"{t.lower()} of job {j}",
+                    "data": {"n": k},
+                    "created_at": finished,
+                }
+                for j in ids
+                for k, t in enumerate(EVENTS)
+            ],
+        )
         db.commit()
 
 
@@ -150,14 +206,25 @@ def main() -> None:
         "prune_pass_s": {"median": sorted(prune_s)[len(prune_s) // 2], "max": max(prune_s)},
     }
     print(json.dumps(summary, indent=2))
-    RESULTS.write_text(json.dumps({
-        "description": __doc__.split("\n\n")[0],
-        "workload": {"days": args.days, "jobs_per_day": args.jobs, "steps_per_job": args.steps,
-                     "events_per_job": len(EVENTS)},
-        "retention_settings": {k: v for k, v in settings.model_dump().items() if k.startswith("retention_")},
-        "summary": summary,
-        "series": series,
-    }, indent=2, default=str) + "\n")  # fmt: skip
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "description": __doc__.split("\n\n")[0],
+                "workload": {
+                    "days": args.days,
+                    "jobs_per_day": args.jobs,
+                    "steps_per_job": args.steps,
+                    "events_per_job": len(EVENTS),
+                },
+                "retention_settings": {k: v for k, v in settings.model_dump().items() if k.startswith("retention_")},
+                "summary": summary,
+                "series": series,
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
     print(f"wrote {RESULTS}")
 
 

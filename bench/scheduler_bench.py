@@ -46,11 +46,15 @@ def build(*, busy_fraction: float, pending: int = 10_000, hosts: int = 125, seed
     cluster = gpu_cluster(hosts)
     teams = tuple(
         TeamInfo(
-            id=t, name=f"team{t}", cohort=f"c{t % 4}", weight=rng.choice([1.0, 2.0]),
-            quotas=(QuotaInfo(ANY, 1000 // 20, None, None),), decayed_usage=rng.uniform(0, 1e7),
+            id=t,
+            name=f"team{t}",
+            cohort=f"c{t % 4}",
+            weight=rng.choice([1.0, 2.0]),
+            quotas=(QuotaInfo(ANY, 1000 // 20, None, None),),
+            decayed_usage=rng.uniform(0, 1e7),
         )
         for t in range(1, 21)
-    )  # fmt: skip
+    )
     running: list[RunningJob] = []
     jid = 1
     target = busy_fraction * hosts * 8
@@ -64,12 +68,20 @@ def build(*, busy_fraction: float, pending: int = 10_000, hosts: int = 125, seed
             qname, prio, pre = rng.choice(QOS)
             running.append(
                 RunningJob(
-                    id=jid, team_id=rng.randint(1, 20), qos=qname, qos_priority=prio, preemptible=pre, gpus=k,
-                    gpu_type="H100", quota_key=ANY, placement=(PlacedHost(h.name, tuple(g.uuid for g in take)),),
-                    started_at=NOW - rng.uniform(60, 86400), last_checkpoint_at=NOW - rng.uniform(0, 600),
+                    id=jid,
+                    team_id=rng.randint(1, 20),
+                    qos=qname,
+                    qos_priority=prio,
+                    preemptible=pre,
+                    gpus=k,
+                    gpu_type="H100",
+                    quota_key=ANY,
+                    placement=(PlacedHost(h.name, tuple(g.uuid for g in take)),),
+                    started_at=NOW - rng.uniform(60, 86400),
+                    last_checkpoint_at=NOW - rng.uniform(0, 600),
                     expected_end=NOW + rng.uniform(60, 86400),
                 )
-            )  # fmt: skip
+            )
             jid += 1
     jobs = []
     for _ in range(pending):
@@ -77,11 +89,19 @@ def build(*, busy_fraction: float, pending: int = 10_000, hosts: int = 125, seed
         gpus = rng.choice([1, 1, 2, 4, 8, 8, 16, 32])
         jobs.append(
             PendingJob(
-                id=jid, team_id=rng.randint(1, 20), qos=qname, qos_priority=prio, preemptible=pre, gpus=gpus,
-                submitted_at=NOW - rng.uniform(0, 7200), gpus_per_node=8 if gpus > 8 else None, quota_key=ANY,
-                max_queue_wait_s=rng.choice([None, 1800.0, 7200.0]), estimated_runtime_s=rng.uniform(600, 36000),
+                id=jid,
+                team_id=rng.randint(1, 20),
+                qos=qname,
+                qos_priority=prio,
+                preemptible=pre,
+                gpus=gpus,
+                submitted_at=NOW - rng.uniform(0, 7200),
+                gpus_per_node=8 if gpus > 8 else None,
+                quota_key=ANY,
+                max_queue_wait_s=rng.choice([None, 1800.0, 7200.0]),
+                estimated_runtime_s=rng.uniform(600, 36000),
             )
-        )  # fmt: skip
+        )
         jid += 1
     return Snapshot(now=NOW, hosts=cluster, running=tuple(running), pending=tuple(jobs), teams=teams)
 
@@ -174,9 +194,11 @@ def collector_main(repeat: int) -> int:
     }
     print(f"{'scenario':<10} {'on med':>7} {'on p95':>7} {'paused med':>10} {'paused p95':>10} {'/med':>6} {'/p95':>6}")
     for name, r in results.items():
-        print(f"{name:<10} {r['collector_on_ms_median']:>7.1f} {r['collector_on_ms_p95']:>7.1f} "
-              f"{r['paused_ms_median']:>10.1f} {r['paused_ms_p95']:>10.1f} {r['ratio_median']:>6.3f} "
-              f"{r['ratio_p95']:>6.3f}")  # fmt: skip
+        print(
+            f"{name:<10} {r['collector_on_ms_median']:>7.1f} {r['collector_on_ms_p95']:>7.1f} "
+            f"{r['paused_ms_median']:>10.1f} {r['paused_ms_p95']:>10.1f} {r['ratio_median']:>6.3f} "
+            f"{r['ratio_p95']:>6.3f}"
+        )
     out = ROOT / "bench" / "results" / "scheduler_bench_collector.json"
     meta = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "repeat": repeat}
     out.write_text(json.dumps({"results": results, "meta": meta}, indent=2) + "\n")
@@ -195,8 +217,10 @@ def main(argv: list[str] | None = None) -> int:
         "half_busy": measure(build(busy_fraction=0.5), args.repeat),
         "full": measure(build(busy_fraction=1.0), args.repeat),
     }
-    print(f"{'scenario':<10} {'pending':>7} {'GPUs':>5} {'med ms':>7} {'p95 ms':>7} {'/target':>7} "
-          f"{'fifo ms':>7} {'/fifo':>6} {'admitted':>8} {'adm/s':>7} {'x Kueue':>8}")  # fmt: skip
+    print(
+        f"{'scenario':<10} {'pending':>7} {'GPUs':>5} {'med ms':>7} {'p95 ms':>7} {'/target':>7} "
+        f"{'fifo ms':>7} {'/fifo':>6} {'admitted':>8} {'adm/s':>7} {'x Kueue':>8}"
+    )
     for name, r in results.items():
         ratio = r["cycle_ms_median"] / TARGET_MS
         vs_kueue = r["admissions_per_s"] / KUEUE_WORKLOADS_PER_S
@@ -205,12 +229,17 @@ def main(argv: list[str] | None = None) -> int:
         r["ratio_vs_target_p95"] = round(r["cycle_ms_p95"] / TARGET_MS, 3)
         r["kueue_workloads_per_s"] = KUEUE_WORKLOADS_PER_S
         r["ratio_vs_kueue"] = round(vs_kueue, 1)
-        print(f"{name:<10} {r['pending']:>7} {r['gpus']:>5} {r['cycle_ms_median']:>7.1f} {r['cycle_ms_p95']:>7.1f} "
-              f"{ratio:>7.2f} {r['fifo_ms_median']:>7.1f} {r['ratio_vs_fifo_median']:>6.2f} {r['admitted']:>8} "
-              f"{r['admissions_per_s']:>7.0f} {vs_kueue:>8.1f}")  # fmt: skip
+        print(
+            f"{name:<10} {r['pending']:>7} {r['gpus']:>5} {r['cycle_ms_median']:>7.1f} {r['cycle_ms_p95']:>7.1f} "
+            f"{ratio:>7.2f} {r['fifo_ms_median']:>7.1f} {r['ratio_vs_fifo_median']:>6.2f} {r['admitted']:>8} "
+            f"{r['admissions_per_s']:>7.0f} {vs_kueue:>8.1f}"
+        )
     ok = all(r["cycle_ms_p95"] <= TARGET_MS for r in results.values())
-    print("target met" if ok else "target NOT met", "(p95 CPU ms of one cycle under 100 ms; /target = median ms /"
-          " 100 ms; /fifo = kiln / FIFO plan over the same snapshot, paired cycles, median)")  # fmt: skip
+    print(
+        "target met" if ok else "target NOT met",
+        "(p95 CPU ms of one cycle under 100 ms; /target = median ms /"
+        " 100 ms; /fifo = kiln / FIFO plan over the same snapshot, paired cycles, median)",
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     meta = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "repeat": args.repeat}
     Path(args.out).write_text(json.dumps({"results": results, "target_met": ok, "meta": meta}, indent=2) + "\n")

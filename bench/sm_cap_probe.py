@@ -106,8 +106,11 @@ def blas_child(setting: str, tokens: int, smoke: bool) -> None:
             with torch.autocast(device.type, dtype=dtype, enabled=mode == "low" and device.type == "cuda"):
                 out = linear(x)
             out.float().backward(grad_out)
-            grads[mode] = {"out": out.detach().float(), "dx": x.grad.detach().clone(),
-                           "dw": linear.weight.grad.detach().clone()}  # fmt: skip
+            grads[mode] = {
+                "out": out.detach().float(),
+                "dx": x.grad.detach().clone(),
+                "dw": linear.weight.grad.detach().clone(),
+            }
             if bias:
                 grads[mode]["db"] = linear.bias.grad.detach().clone()
         for name, ref in grads["fp32"].items():
@@ -162,29 +165,45 @@ def child(args: argparse.Namespace) -> None:
     bad = [
         i + 1 for i, (a, b) in enumerate(zip(losses, norms, strict=True)) if not (math.isfinite(a) and math.isfinite(b))
     ]
-    print(json.dumps({
-        "steps": len(losses), "first_nonfinite_step": bad[0] if bad else None, "nonfinite_steps": len(bad),
-        "losses_first": losses[:8], "loss_last": losses[-1], "grad_norms_first": norms[:8],
-        "sm_count_seen": props.multi_processor_count if props else None, "wall_s": time.perf_counter() - t0,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "steps": len(losses),
+                "first_nonfinite_step": bad[0] if bad else None,
+                "nonfinite_steps": len(bad),
+                "losses_first": losses[:8],
+                "loss_last": losses[-1],
+                "grad_norms_first": norms[:8],
+                "sm_count_seen": props.multi_processor_count if props else None,
+                "wall_s": time.perf_counter() - t0,
+            }
+        )
+    )
 
 
 def kiln_trainer(env: dict[str, str], work: pathlib.Path, steps: int, smoke: bool) -> dict[str, Any]:
     """kiln's own trainer (``python -m trainer``) on the best-effort job's spec, under the same caps."""
     spec = {
-        "name": "sm-cap-probe", "team": "bench", "steps": steps, "seed": 0,
+        "name": "sm-cap-probe",
+        "team": "bench",
+        "steps": steps,
+        "seed": 0,
         "recipe": {"name": "gpt", "hyperparameters": {**(SMOKE_HP if smoke else HP), "log_every": 1}},
-        "precision": "bf16" if not smoke else "fp32", "compile": {"mode": "whole" if not smoke else "off"},
+        "precision": "bf16" if not smoke else "fp32",
+        "compile": {"mode": "whole" if not smoke else "off"},
         "checkpointing": {"every_steps": None, "keep_last": 1},
-    }  # fmt: skip
+    }
     run_dir = work / "kiln"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "spec.json").write_text(json.dumps(spec))
     proc = subprocess.run(
         [sys.executable, "-m", "trainer", "--spec", str(run_dir / "spec.json"), "--run-dir", str(run_dir)],
-        cwd=ROOT, env={**env, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)},
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     recs = [json.loads(line) for line in (run_dir / "telemetry" / "rank0.jsonl").read_text().splitlines() if line]
     steps_seen = [r for r in recs if r["kind"] == "step"]
     skipped = [r["fields"]["step"] for r in recs if r["kind"] == "event" and r["type"] == "NONFINITE_SKIPPED"]
@@ -262,8 +281,14 @@ def main() -> None:
                     out = kiln_trainer(env, work / name, args.steps, args.smoke)
                 else:
                     cmd = [sys.executable, __file__, "--child", "--steps", str(args.steps), *child_args]
-                    proc = subprocess.run(cmd + (["--smoke"] if args.smoke else []), cwd=ROOT, env=env,
-                                          capture_output=True, text=True, timeout=600)  # fmt: skip
+                    proc = subprocess.run(
+                        cmd + (["--smoke"] if args.smoke else []),
+                        cwd=ROOT,
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        timeout=600,
+                    )
                     if proc.returncode != 0:
                         raise RuntimeError(proc.stderr[-2000:])
                     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -271,8 +296,11 @@ def main() -> None:
                 out = {"error": repr(exc)[-2000:]}
             out["seconds"] = round(time.time() - t0, 1)
             result["variants"][name] = out
-            print(f"{name}: first non-finite step {out.get('first_nonfinite_step')}, "
-                  f"{out.get('nonfinite_steps')} non-finite, losses {out.get('losses_first')}", flush=True)  # fmt: skip
+            print(
+                f"{name}: first non-finite step {out.get('first_nonfinite_step')}, "
+                f"{out.get('nonfinite_steps')} non-finite, losses {out.get('losses_first')}",
+                flush=True,
+            )
             save(result, args.out)  # after each variant: a run cut short by its time limit keeps what it found
     finally:
         if daemon:
@@ -294,24 +322,43 @@ def blas(args: argparse.Namespace) -> None:
             env = {**os.environ, **(daemon.env if daemon else {}), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(args.sm)}
             env.update(extra)
             entry: dict[str, Any] = {"env": extra, "setting": setting}
-            proc = subprocess.run([sys.executable, __file__, "--blas-child", setting or "none",
-                                   *(["--smoke"] if args.smoke else [])],
-                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+            proc = subprocess.run(
+                [sys.executable, __file__, "--blas-child", setting or "none", *(["--smoke"] if args.smoke else [])],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             if proc.returncode == 0:
                 entry.update(json.loads(proc.stdout.strip().splitlines()[-1]))
             else:
                 entry["error"] = proc.stderr[-1500:]
             if setting != "fp16":  # the model itself, eager (the fault shows at step 1 there)
                 child_args = ["--child", "--steps", "3", "--compile", "off", "--blas-setting", setting]
-                proc = subprocess.run([sys.executable, __file__, *child_args, *(["--smoke"] if args.smoke else [])],
-                                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
-                entry["model"] = (json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0
-                                  else {"error": proc.stderr[-1500:]})  # fmt: skip
+                proc = subprocess.run(
+                    [sys.executable, __file__, *child_args, *(["--smoke"] if args.smoke else [])],
+                    cwd=ROOT,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                )
+                entry["model"] = (
+                    json.loads(proc.stdout.strip().splitlines()[-1])
+                    if proc.returncode == 0
+                    else {"error": proc.stderr[-1500:]}
+                )
             result["configs"][name] = entry
-            bad = {layer: [k for k, v in r.items() if v["nonfinite"] or v["rel_err"] > 0.05]
-                   for layer, r in entry.get("layers", {}).items()}  # fmt: skip
-            print(f"{name}: bad GEMMs {({k: v for k, v in bad.items() if v})}, "
-                  f"model grad norms {entry.get('model', {}).get('grad_norms_first')}", flush=True)  # fmt: skip
+            bad = {
+                layer: [k for k, v in r.items() if v["nonfinite"] or v["rel_err"] > 0.05]
+                for layer, r in entry.get("layers", {}).items()
+            }
+            print(
+                f"{name}: bad GEMMs { ({k: v for k, v in bad.items() if v}) }, "
+                f"model grad norms {entry.get('model', {}).get('grad_norms_first')}",
+                flush=True,
+            )
             save(result, out_path)
     finally:
         if daemon:

@@ -40,8 +40,13 @@ def summarize(prof: Any, steps: int, wall_s: float) -> dict[str, Any]:
             kernels[evt.name[:90]] += evt.device_time  # microseconds
             launches += 1
     total = sum(kernels.values())
-    return {"steps": steps, "wall_ms_per_step": 1e3 * wall_s / steps, "kernel_ms_per_step": total / 1e3 / steps,
-            "launches_per_step": launches / steps, "kernels_us": dict(kernels)}  # fmt: skip
+    return {
+        "steps": steps,
+        "wall_ms_per_step": 1e3 * wall_s / steps,
+        "kernel_ms_per_step": total / 1e3 / steps,
+        "launches_per_step": launches / steps,
+        "kernels_us": dict(kernels),
+    }
 
 
 def profiled(wait: int, active: int) -> Any:
@@ -95,8 +100,12 @@ def run_bare(spec: JobSpec, wait: int, active: int) -> dict[str, Any]:
         model.compile(fullgraph=True, dynamic=False)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=6e-4, betas=(0.9, 0.95), fused=cuda)  # fmt: skip
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=6e-4,
+        betas=(0.9, 0.95),
+        fused=cuda,
+    )
     draw = gpt_batches(recipe, device)  # the job's own data, as kiln's side trains on
     prof = profiled(wait, active)
     marks = []
@@ -129,8 +138,12 @@ def main() -> None:
     args = ap.parse_args()
     spec = parse_spec_text(args.spec.read_text())
     steps = args.wait + 2 + args.active + 5
-    spec = spec.model_copy(update={"steps": steps, "checkpointing": spec.checkpointing.model_copy(
-        update={"every_steps": 10 * steps, "local_dir": None})})  # fmt: skip
+    spec = spec.model_copy(
+        update={
+            "steps": steps,
+            "checkpointing": spec.checkpointing.model_copy(update={"every_steps": 10 * steps, "local_dir": None}),
+        }
+    )
     bare = run_bare(spec, args.wait, args.active)
     kiln = run_kiln(spec, args.wait, args.active)
     names = set(bare["kernels_us"]) | set(kiln["kernels_us"])

@@ -98,12 +98,16 @@ def run_bare(args: argparse.Namespace) -> dict[str, Any]:
 def run_kiln(args: argparse.Namespace, work: pathlib.Path) -> dict[str, Any]:
     hp = hyperparameters(args.smoke)
     spec = {
-        "name": "usercode-bench", "team": "bench", "steps": args.warmup + args.steps, "seed": 0,
+        "name": "usercode-bench",
+        "team": "bench",
+        "steps": args.warmup + args.steps,
+        "seed": 0,
         "code": {"entry_point": "model", "digest": "0" * 64},
         "recipe": {"name": "gpt-user", "hyperparameters": {**hp, "lr": 6e-4, "log_every": 1, "heartbeat_s": 5.0}},
-        "precision": "bf16" if not args.smoke else "fp32", "parallelism": "ddp",
+        "precision": "bf16" if not args.smoke else "fp32",
+        "parallelism": "ddp",
         "checkpointing": {"every_steps": None, "keep_last": 1},
-    }  # fmt: skip
+    }
     run_dir = work / "kiln"
     run_dir.mkdir(parents=True)
     (run_dir / "spec.json").write_text(json.dumps(spec))
@@ -159,8 +163,13 @@ def run_worker(args: argparse.Namespace, work: pathlib.Path) -> dict[str, Any]:
         summary = run_summary(kiln.telemetry(int(ids[0]), 1), warmup=args.warmup)
         log(f"worker: job {ids[0]} SUCCEEDED, {summary['tokens_per_s_steady'] or 0:.0f} tokens/s steady")
         spec = str(job.relative_to(ROOT)) if job.is_relative_to(ROOT) else "smoke job"
-        return {"tokens_per_s": summary["tokens_per_s_steady"], "job_id": int(ids[0]), "spec": spec, **summary,
-                "wall_s": time.perf_counter() - t0}  # fmt: skip
+        return {
+            "tokens_per_s": summary["tokens_per_s_steady"],
+            "job_id": int(ids[0]),
+            "spec": spec,
+            **summary,
+            "wall_s": time.perf_counter() - t0,
+        }
     finally:
         kiln.cli("down", timeout=120)
 
@@ -182,22 +191,35 @@ def main() -> None:
     if args.bare:
         bare(args)
         return
-    runners = {"bare": lambda _: run_bare(args), "kiln": lambda tmp: run_kiln(args, tmp),
-               "worker": lambda tmp: run_worker(args, tmp)}  # fmt: skip
+    runners = {
+        "bare": lambda _: run_bare(args),
+        "kiln": lambda tmp: run_kiln(args, tmp),
+        "worker": lambda tmp: run_worker(args, tmp),
+    }
     with tempfile.TemporaryDirectory(prefix="kiln-usercode-bench-") as tmp:
         rows = {name: runners[name](pathlib.Path(tmp)) for name in wanted}
-    ratios = {f"{name}_over_bare": row["tokens_per_s"] / rows["bare"]["tokens_per_s"]
-              for name, row in rows.items() if name != "bare"}  # fmt: skip
+    ratios = {
+        f"{name}_over_bare": row["tokens_per_s"] / rows["bare"]["tokens_per_s"]
+        for name, row in rows.items()
+        if name != "bare"
+    }
     for name, row in rows.items():
         print(f"{name:6s} tokens/s={row['tokens_per_s']:12.0f}", flush=True)
     for name, ratio in ratios.items():
         print(f"{name} = {ratio:.3f} (target >= 0.95 on the H200)")
     import torch
 
-    result = {"model": "examples/gpt-user", "hyperparameters": hyperparameters(args.smoke), "smoke": args.smoke,
-              "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-              "torch": torch.__version__, "warmup_steps": args.warmup, "measured_steps": args.steps,
-              "rows": rows, **ratios}  # fmt: skip
+    result = {
+        "model": "examples/gpt-user",
+        "hyperparameters": hyperparameters(args.smoke),
+        "smoke": args.smoke,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "warmup_steps": args.warmup,
+        "measured_steps": args.steps,
+        "rows": rows,
+        **ratios,
+    }
     name = "usercode_bench_smoke.json" if args.smoke else "usercode_bench.json"
     out = args.out or ROOT / "bench" / "results" / name
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -85,14 +85,25 @@ def run_case(case: tuple[str, int, float, float, float, float], runs: int, grid:
     off = {k: mean_loss_gpu_h(case, advised * k, runs, seed) / best for k in (0.25, 4.0)}
     formula = expected_loss_s(work_h * 3600, advised, cost, restart, mtbf) * gpus / 3600
     return {
-        "case": name, "gpus": gpus, "work_h": work_h, "checkpoint_cost_s": cost, "restart_s": restart,
-        "mtbf_h": mtbf_h, "advised_s": round(advised, 1), "young_s": round(young, 1),
-        "best_found_s": round(best_tau, 1), "loss_gpu_h_advised": round(at_advised, 3),
-        "loss_gpu_h_best": round(best, 3), "loss_gpu_h_young": round(at_young, 3),
-        "loss_gpu_h_formula": round(formula, 3), "advised_vs_best": round(at_advised / best, 4),
-        "within_10pct": at_advised <= (1 + TOLERANCE) * best, "intervals_searched": len(searched),
-        "quarter_advised_vs_best": round(off[0.25], 3), "four_times_advised_vs_best": round(off[4.0], 3),
-    }  # fmt: skip
+        "case": name,
+        "gpus": gpus,
+        "work_h": work_h,
+        "checkpoint_cost_s": cost,
+        "restart_s": restart,
+        "mtbf_h": mtbf_h,
+        "advised_s": round(advised, 1),
+        "young_s": round(young, 1),
+        "best_found_s": round(best_tau, 1),
+        "loss_gpu_h_advised": round(at_advised, 3),
+        "loss_gpu_h_best": round(best, 3),
+        "loss_gpu_h_young": round(at_young, 3),
+        "loss_gpu_h_formula": round(formula, 3),
+        "advised_vs_best": round(at_advised / best, 4),
+        "within_10pct": at_advised <= (1 + TOLERANCE) * best,
+        "intervals_searched": len(searched),
+        "quarter_advised_vs_best": round(off[0.25], 3),
+        "four_times_advised_vs_best": round(off[4.0], 3),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,15 +117,22 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     results = [run_case(case, runs, grid, args.seed) for case in cases]
     report = {
-        "bench": "young_daly", "smoke": args.smoke, "runs_per_interval": runs, "seed": args.seed,
-        "tolerance": TOLERANCE, "cases": results, "all_within_10pct": all(r["within_10pct"] for r in results),
+        "bench": "young_daly",
+        "smoke": args.smoke,
+        "runs_per_interval": runs,
+        "seed": args.seed,
+        "tolerance": TOLERANCE,
+        "cases": results,
+        "all_within_10pct": all(r["within_10pct"] for r in results),
         "wall_s": round(time.perf_counter() - t0, 1),
-    }  # fmt: skip
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     for r in results:
-        print(f"{r['case']}: advised {r['advised_s']} s, best found {r['best_found_s']} s, "
-              f"loss {r['loss_gpu_h_advised']} vs {r['loss_gpu_h_best']} GPU-h ({r['advised_vs_best']}x)")  # fmt: skip
+        print(
+            f"{r['case']}: advised {r['advised_s']} s, best found {r['best_found_s']} s, "
+            f"loss {r['loss_gpu_h_advised']} vs {r['loss_gpu_h_best']} GPU-h ({r['advised_vs_best']}x)"
+        )
     print(json.dumps({"all_within_10pct": report["all_within_10pct"], "wall_s": report["wall_s"]}))
     return 0 if report["all_within_10pct"] else 1
 

@@ -122,9 +122,12 @@ def page_items(page: Any) -> list[dict[str, Any]]:
 
 
 def show_list(
-    path: str, columns: Sequence[Column], output: OutputFormat, params: dict[str, Any] | None = None,
+    path: str,
+    columns: Sequence[Column],
+    output: OutputFormat,
+    params: dict[str, Any] | None = None,
     limit: int | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """GET a list endpoint, following its pages (``next_cursor``) to the end or to ``limit`` items, and print the
     items: a table, or JSON with ``-o json``."""
     from cli import output as out

@@ -221,8 +221,10 @@ class KilnClient:
                     raise unreachable(self.base_url, _reason(exc)) from None
                 broke_at = broke_at or time.monotonic()
                 if time.monotonic() - broke_at > resume_for_s:
-                    raise CliError(f"the stream from {self.base_url} broke and did not come back in "
-                                   f"{resume_for_s:.0f} s", ExitCode.UNREACHABLE) from None  # fmt: skip
+                    raise CliError(
+                        f"the stream from {self.base_url} broke and did not come back in {resume_for_s:.0f} s",
+                        ExitCode.UNREACHABLE,
+                    ) from None
             except httpx.TimeoutException:
                 raise CliError(f"the log stream from {self.base_url} stalled", ExitCode.UNREACHABLE) from None
             time.sleep(delay)

@@ -56,15 +56,19 @@ def follow_job(client: KilnClient, job_id: int | str, console: Console, *, poll_
     )
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task(  # the fields go into markup columns: escaped
-            "train", total=total, name=escape(safe(job.get("name", job_id))), state=escape(safe(job.get("state", ""))),
+            "train",
+            total=total,
+            name=escape(safe(job.get("name", job_id))),
+            state=escape(safe(job.get("state", ""))),
             loss="-",
-        )  # fmt: skip
+        )
         while True:
             state = job.get("state")
             for event in _new_events(client, job_id, event_cursor):
                 when = fmt_time(event.get("created_at"))
-                progress.console.print(Text.assemble(
-                    (when, "dim"), " ", text(event.get("type", "")), ": ", text(event.get("message", ""))))  # fmt: skip
+                progress.console.print(
+                    Text.assemble((when, "dim"), " ", text(event.get("type", "")), ": ", text(event.get("message", "")))
+                )
             progress.update(
                 task,
                 completed=int(job.get("last_step") or 0),

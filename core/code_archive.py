@@ -812,8 +812,9 @@ class _Writer:
             raise ArchiveError(f"{_show(entry)}: already exists") from None
 
 
-def _scan(fh: Readable, limits: ArchiveLimits, writer: _Writer | None = None,
-          hasher: hashlib._Hash | None = None) -> tuple[ArchiveSummary, list[_Member]]:  # fmt: skip
+def _scan(
+    fh: Readable, limits: ArchiveLimits, writer: _Writer | None = None, hasher: hashlib._Hash | None = None
+) -> tuple[ArchiveSummary, list[_Member]]:
     """Read the whole archive (to its end-of-archive block), checking every member, creating it through
     ``writer`` if one is given (links excepted: returned, to be made last); the tree's resolution of links at the
     end."""

@@ -111,10 +111,15 @@ def _pooled(runs: Sequence[Run], scale: float, basis: str, detail: str) -> StepT
     times = [t * scale for r in runs for t in r.step_times]
     startups = [r.startup_s for r in runs if r.startup_s is not None]
     return StepTime(
-        median_s=statistics.median(times), low_s=percentile(times, 0.1), high_s=percentile(times, 0.9),
-        basis=basis, detail=detail, samples=len(times), runs=len(runs),
+        median_s=statistics.median(times),
+        low_s=percentile(times, 0.1),
+        high_s=percentile(times, 0.9),
+        basis=basis,
+        detail=detail,
+        samples=len(times),
+        runs=len(runs),
         startup_s=statistics.median(startups) if startups else None,
-    )  # fmt: skip
+    )
 
 
 def step_time(shape: Shape, config: Config, history: Iterable[Run]) -> StepTime | None:
@@ -126,10 +131,14 @@ def step_time(shape: Shape, config: Config, history: Iterable[Run]) -> StepTime 
     if shape.flops_per_rank_step is None:
         return None
     near = [
-        r for r in same_recipe
-        if r.shape.flops_per_rank_step and r.config.device == config.device and r.config.compiled == config.compiled
-        and r.config.precision == config.precision and r.config.share == config.share
-    ]  # fmt: skip
+        r
+        for r in same_recipe
+        if r.shape.flops_per_rank_step
+        and r.config.device == config.device
+        and r.config.compiled == config.compiled
+        and r.config.precision == config.precision
+        and r.config.share == config.share
+    ]
     if not near:
         return None
 
@@ -140,8 +149,10 @@ def step_time(shape: Shape, config: Config, history: Iterable[Run]) -> StepTime 
     best = min(near, key=distance)
     basis = [r for r in near if r.shape.key == best.shape.key and r.config == best.config]
     ratio = shape.flops_per_rank_step / best.shape.flops_per_rank_step  # type: ignore[operator]
-    detail = (f"scaled from {best.shape.label or best.shape.key} on {describe(best.config)} by its FLOPs per rank "
-              f"(x{ratio:.3g}): not measured")  # fmt: skip
+    detail = (
+        f"scaled from {best.shape.label or best.shape.key} on {describe(best.config)} by its FLOPs per rank "
+        f"(x{ratio:.3g}): not measured"
+    )
     return _pooled(basis, ratio, "scaled", detail)
 
 
@@ -168,10 +179,14 @@ def cost(option: Option, *, steps: int, now: datetime, deadline: datetime | None
     units = option.config.count
     meets = None if deadline is None else (deadline - now).total_seconds() >= hours * 3600.0
     return replace(
-        option, hours=hours, gpu_hours=hours * units, cost=hours * units * option.price, meets_deadline=meets,
+        option,
+        hours=hours,
+        gpu_hours=hours * units,
+        cost=hours * units * option.price,
+        meets_deadline=meets,
         gpu_hours_low=(start + steps * s.low_s) / 3600.0 * units,
         gpu_hours_high=(start + steps * s.high_s) / 3600.0 * units,
-    )  # fmt: skip
+    )
 
 
 def _qualifies(o: Option) -> bool:
@@ -185,8 +200,11 @@ def cheapest(options: Sequence[Option], written: int | None = None) -> int | Non
     measure, not to act on, while a measured one qualifies. The job as written (``written``), where it qualifies,
     gives way only to an option cheaper even at its slow end (90th percentile step time): a saving inside the
     measurements' spread is no reason to change a spec. None when no option qualifies."""
-    ok = [(o.step.basis != "measured", o.cost, o.gpu_hours, o.hours, i)  # type: ignore[union-attr]
-          for i, o in enumerate(options) if _qualifies(o)]  # fmt: skip
+    ok = [
+        (o.step.basis != "measured", o.cost, o.gpu_hours, o.hours, i)  # type: ignore[union-attr]
+        for i, o in enumerate(options)
+        if _qualifies(o)
+    ]
     if not ok:
         return None
     best = min(ok)[-1]

@@ -103,15 +103,19 @@ def renew_lease(attempt: Attempt, *, node_rank: int, now: datetime, lease_s: flo
     nodes = [dict(n) for n in placement]
     nodes[node_rank]["lease_expires_at"] = expires.isoformat()
     attempt.placement = nodes  # a new list, so the JSON column is written
-    attempt.lease_expires_at = min(datetime.fromisoformat(n["lease_expires_at"]) for n in nodes
-                                   if n.get("lease_expires_at"))  # fmt: skip
+    attempt.lease_expires_at = min(
+        datetime.fromisoformat(n["lease_expires_at"]) for n in nodes if n.get("lease_expires_at")
+    )
 
 
 def silent_hosts(attempt: Attempt, now: datetime) -> list[str]:
     """The hosts whose node lease has run out (every host of a one-node attempt whose lease has)."""
     nodes = attempt.placement or []
-    expired = [str(n.get("host")) for n in nodes
-               if n.get("lease_expires_at") and datetime.fromisoformat(n["lease_expires_at"]) < now]  # fmt: skip
+    expired = [
+        str(n.get("host"))
+        for n in nodes
+        if n.get("lease_expires_at") and datetime.fromisoformat(n["lease_expires_at"]) < now
+    ]
     return expired or [str(n.get("host")) for n in nodes]
 
 
@@ -231,17 +235,27 @@ def requeue_after_failure(
     host_names = [n.get("host") for n in attempt.placement or []]
     revoke_fence_after_commit(db, attempt, settings.resolved_storage_dir)
     transition(
-        db, job, JobState.LOST, message=reason,
-        data={"attempt": attempt.number, "attempt_id": attempt.id, "hosts": host_names, "reason": reason,
-              "last_step": job.last_step, **(data or {})},
+        db,
+        job,
+        JobState.LOST,
+        message=reason,
+        data={
+            "attempt": attempt.number,
+            "attempt_id": attempt.id,
+            "hosts": host_names,
+            "reason": reason,
+            "last_step": job.last_step,
+            **(data or {}),
+        },
         now=now,
-    )  # fmt: skip
+    )
     end_attempt(db, attempt, state=AttemptState.LOST, reason=reason, now=now)
     limit = max_restarts_for(db, job)
     if job.restart_count >= limit:
         job.exit_reason = f"{reason}; gave up after {job.restart_count} restarts (max_restarts={limit})"[:512]
-        transition(db, job, JobState.FAILED, message=job.exit_reason, data={"restart_count": job.restart_count},
-                   now=now)  # fmt: skip
+        transition(
+            db, job, JobState.FAILED, message=job.exit_reason, data={"restart_count": job.restart_count}, now=now
+        )
         return f"job {job.id}: FAILED ({job.exit_reason})"
     job.restart_count += 1
     # The backoff escalates only while attempts die without training (a crash loop, a poisoned host);
@@ -258,12 +272,20 @@ def requeue_after_failure(
         job.pending_reason = Reason.BACKOFF.value
         job.pending_message = f"restart {job.restart_count}/{limit} after: {reason}"[:512]
     transition(
-        db, job, JobState.QUEUED,
+        db,
+        job,
+        JobState.QUEUED,
         message=f"requeued (restart {job.restart_count}/{limit}, backoff {backoff:.0f} s) from step {job.last_step}",
-        data={"restart_count": job.restart_count, "max_restarts": limit, "backoff_s": backoff, "backoff_level": level,
-              "not_before": job.not_before.isoformat(), "avoid_hosts": host_names},
+        data={
+            "restart_count": job.restart_count,
+            "max_restarts": limit,
+            "backoff_s": backoff,
+            "backoff_level": level,
+            "not_before": job.not_before.isoformat(),
+            "avoid_hosts": host_names,
+        },
         now=now,
-    )  # fmt: skip
+    )
     return f"job {job.id}: LOST -> QUEUED (restart {job.restart_count}/{limit}): {reason}"
 
 
@@ -294,8 +316,9 @@ def end_attempt_as(
     end = EXIT_CLASS_ENDS[exit_class]
     if end.requeue is Requeue.RESTART:
         incident = exit_class.value if exit_class is not ExitClass.FENCED else ExitClass.INFRASTRUCTURE.value
-        requeue_after_failure(db, job=job, attempt=attempt, reason=reason, now=now, settings=settings,
-                              data={**data, "incident": incident})  # fmt: skip
+        requeue_after_failure(
+            db, job=job, attempt=attempt, reason=reason, now=now, settings=settings, data={**data, "incident": incident}
+        )
         attempt.exit_code = exit_code
         return
     end_attempt(db, attempt, state=end.attempt, reason=reason, now=now, exit_code=exit_code)

@@ -25,8 +25,17 @@ from core.recipes import TrainingHyperparameters
 from core.spec import JobSpec
 
 
-def predict(*, param_count: int, activation_bytes: int, precision: str, strategy: str, world_size: int,
-            largest_block_params: int, grad_accum: int = 1, check_bytes: int = 0) -> dict[str, Any]:  # fmt: skip
+def predict(
+    *,
+    param_count: int,
+    activation_bytes: int,
+    precision: str,
+    strategy: str,
+    world_size: int,
+    largest_block_params: int,
+    grad_accum: int = 1,
+    check_bytes: int = 0,
+) -> dict[str, Any]:
     """``check_bytes``: the compile breaker's eager no-grad reference forward, which runs before the optimizer
     state exists; the peak is the larger of that moment and the training peak."""
     p = param_count
@@ -43,12 +52,19 @@ def predict(*, param_count: int, activation_bytes: int, precision: str, strategy
     peak = max(train, check)
     return {
         "predicted_peak_bytes": int(peak),
-        "breakdown": {"weights": weights, "optimizer": optimizer, "gradients": grads, "autocast_copies": casts,
-                      "fsdp_unsharded": unsharded, "activations": activation_bytes,
-                      "eager_check": check_bytes, "at": "training" if train >= check else "eager_check"},
+        "breakdown": {
+            "weights": weights,
+            "optimizer": optimizer,
+            "gradients": grads,
+            "autocast_copies": casts,
+            "fsdp_unsharded": unsharded,
+            "activations": activation_bytes,
+            "eager_check": check_bytes,
+            "at": "training" if train >= check else "eager_check",
+        },
         "strategy": strategy,
         "precision": precision,
-    }  # fmt: skip
+    }
 
 
 def predict_for_spec(spec: JobSpec, hp: TrainingHyperparameters) -> int | None:
@@ -62,9 +78,13 @@ def predict_for_spec(spec: JobSpec, hp: TrainingHyperparameters) -> int | None:
     compiled = spec.compile.mode != "off"
     strategy = "fsdp" if spec.parallelism == "fsdp" else "ddp"
     predicted = predict(
-        param_count=shape.param_count(), activation_bytes=shape.activation_bytes(precision, compiled),
-        precision=precision, strategy=strategy, world_size=spec.resources.gpus,
-        largest_block_params=shape.largest_block_params(), grad_accum=hp.grad_accum,
+        param_count=shape.param_count(),
+        activation_bytes=shape.activation_bytes(precision, compiled),
+        precision=precision,
+        strategy=strategy,
+        world_size=spec.resources.gpus,
+        largest_block_params=shape.largest_block_params(),
+        grad_accum=hp.grad_accum,
         check_bytes=shape.eager_check_bytes(precision) if compiled else 0,
-    )  # fmt: skip
+    )
     return int(predicted["predicted_peak_bytes"])

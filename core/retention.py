@@ -67,11 +67,13 @@ def prune_database(db: Session, settings: Settings, now: datetime) -> RetentionR
         result = db.execute(delete(Event).where(Event.job_id.in_(_finished_before(cutoff)), ~counted))
         report.events_deleted = result.rowcount or 0  # type: ignore[attr-defined]
     if (cutoff := _cutoff(now, settings.retention_deliveries_days)) is not None:
-        result = db.execute(delete(WebhookDelivery).where(
-            WebhookDelivery.status.in_(("delivered", "failed")),
-            func.coalesce(WebhookDelivery.delivered_at, WebhookDelivery.last_attempt_at,
-                          WebhookDelivery.created_at) < cutoff,
-        ))  # fmt: skip
+        result = db.execute(
+            delete(WebhookDelivery).where(
+                WebhookDelivery.status.in_(("delivered", "failed")),
+                func.coalesce(WebhookDelivery.delivered_at, WebhookDelivery.last_attempt_at, WebhookDelivery.created_at)
+                < cutoff,
+            )
+        )
         report.deliveries_deleted = result.rowcount or 0  # type: ignore[attr-defined]
     return report
 
@@ -104,8 +106,13 @@ def prune_job_files(db: Session, storage_dir: Path, settings: Settings, now: dat
     cutoff = _cutoff(now, settings.retention_logs_days)
     if cutoff is None:
         return 0
-    dirs = [d for kind in ("logs", "runs") if (storage_dir / kind).is_dir()
-            for d in (storage_dir / kind).iterdir() if d.is_dir() and d.name.isdigit()]  # fmt: skip
+    dirs = [
+        d
+        for kind in ("logs", "runs")
+        if (storage_dir / kind).is_dir()
+        for d in (storage_dir / kind).iterdir()
+        if d.is_dir() and d.name.isdigit()
+    ]
     if not dirs:
         return 0
     ids = sorted({int(d.name) for d in dirs})

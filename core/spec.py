@@ -44,9 +44,13 @@ class Resources(StrictModel):
     cpu_slots: Annotated[int, Field(ge=1, le=1024, description="Processes when gpus == 0.")] = 1
     host_memory_bytes: Annotated[
         int | None,
-        Field(ge=64 * 2**20, le=2**50, description="Host memory on each host (default: the host's share per "
-              "process); the worker enforces it, within its host's maximum."),
-    ] = None  # fmt: skip
+        Field(
+            ge=64 * 2**20,
+            le=2**50,
+            description="Host memory on each host (default: the host's share per "
+            "process); the worker enforces it, within its host's maximum.",
+        ),
+    ] = None
 
     gpu_share: Annotated[
         GpuShare | None,
@@ -184,9 +188,12 @@ class Code(StrictModel):
     ] = None
     entry_point: Annotated[
         str | None,
-        Field(pattern=MODULE_PATTERN, max_length=200, description="The recipe module, e.g. 'digits' (a `recipe:` "
-              "job; a `command:` job names none)."),
-    ] = None  # fmt: skip
+        Field(
+            pattern=MODULE_PATTERN,
+            max_length=200,
+            description="The recipe module, e.g. 'digits' (a `recipe:` job; a `command:` job names none).",
+        ),
+    ] = None
 
 
 MAX_COMMAND_ARGS = 256
@@ -201,10 +208,13 @@ class JobSpec(StrictModel):
     # per GPU (or per CPU slot), instead of a recipe run by kiln's trainer. Exactly one of `recipe` and `command`.
     command: Annotated[
         list[Annotated[str, Field(min_length=1, max_length=MAX_COMMAND_ARG)]] | None,
-        Field(min_length=1, max_length=MAX_COMMAND_ARGS,
-              description="Script mode: an argv run from the uploaded code's directory (kiln submit --workdir), "
-                          "e.g. ['python', 'train.py']; the alternative to `recipe`."),
-    ] = None  # fmt: skip
+        Field(
+            min_length=1,
+            max_length=MAX_COMMAND_ARGS,
+            description="Script mode: an argv run from the uploaded code's directory (kiln submit --workdir), "
+            "e.g. ['python', 'train.py']; the alternative to `recipe`.",
+        ),
+    ] = None
     code: Code | None = None
     steps: Annotated[int, Field(ge=1, le=10_000_000)] = 100
     seed: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
@@ -214,16 +224,21 @@ class JobSpec(StrictModel):
     precision: Precision = "auto"
     deterministic: Annotated[
         bool,
-        Field(description="Bitwise-reproducible training: deterministic kernels only (torch's deterministic "
-                          "algorithms, a fixed cuBLAS workspace, no on-device autotuning in the compiler); slower."),
-    ] = False  # fmt: skip
+        Field(
+            description="Bitwise-reproducible training: deterministic kernels only (torch's deterministic "
+            "algorithms, a fixed cuBLAS workspace, no on-device autotuning in the compiler); slower."
+        ),
+    ] = False
     checkpointing: Checkpointing = Checkpointing()
     sla: SLAOverrides = SLAOverrides()
     datasets: Annotated[
         list[Annotated[str, Field(pattern=NAME_PATTERN)]],
-        Field(max_length=16, description="The team's registered datasets the job reads, by name (kiln datasets ls): "
-              "each is mounted read-only for the attempt. A spec never names a host path."),
-    ] = Field(default_factory=list)  # fmt: skip
+        Field(
+            max_length=16,
+            description="The team's registered datasets the job reads, by name (kiln datasets ls): "
+            "each is mounted read-only for the attempt. A spec never names a host path.",
+        ),
+    ] = Field(default_factory=list)
     depends_on: Annotated[list[str], Field(max_length=32)] = Field(default_factory=list)
     time_limit_s: Annotated[float | None, Field(gt=0, le=30 * 86400)] = None
     labels: Annotated[dict[str, Annotated[str, Field(max_length=128)]], Field(max_length=32)] = Field(

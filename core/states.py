@@ -61,9 +61,11 @@ A = AttemptState
 ATTEMPT_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
     A.PENDING: frozenset({A.RUNNING, A.CANCELLED, A.LOST, A.SUPERSEDED}),
     A.RUNNING: frozenset({A.SUCCEEDED, A.FAILED, A.CANCELLED, A.PREEMPTED, A.DRAINED, A.LOST, A.FENCED, A.SUPERSEDED}),
-    **{ended: frozenset() for ended in (A.SUCCEEDED, A.FAILED, A.CANCELLED, A.PREEMPTED, A.DRAINED, A.LOST, A.FENCED,
-                                        A.SUPERSEDED)},
-}  # fmt: skip
+    **{
+        ended: frozenset()
+        for ended in (A.SUCCEEDED, A.FAILED, A.CANCELLED, A.PREEMPTED, A.DRAINED, A.LOST, A.FENCED, A.SUPERSEDED)
+    },
+}
 
 # An attempt that has not ended: its GPUs are taken, and a worker may still claim or report it.
 ATTEMPT_LIVE: frozenset[AttemptState] = frozenset(s for s, targets in ATTEMPT_TRANSITIONS.items() if targets)

@@ -69,7 +69,10 @@ def ranked(jobs: list[Job], objective: Objective | None = None) -> list[Job]:
     def key(job: Job) -> tuple[int, float, int]:
         value = value_of(job, objective)
         score = sign * value if value is not None and math.isfinite(value) else math.inf
-        return (0 if job.state == JobState.SUCCEEDED and score < math.inf else 1 if score < math.inf else 2,
-                score, job.id)  # fmt: skip
+        return (
+            0 if job.state == JobState.SUCCEEDED and score < math.inf else 1 if score < math.inf else 2,
+            score,
+            job.id,
+        )
 
     return sorted(jobs, key=key)

@@ -73,8 +73,11 @@ class Distribution:
         if not (isinstance(raw, dict) and len(raw) == 1 and next(iter(raw)) in DISTRIBUTIONS):
             raise InvalidInput.at(loc, f"expected {usage}")
         kind, ends = next(iter(raw.items()))
-        numbers = isinstance(ends, list) and len(ends) == 2 and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in ends)  # fmt: skip
+        numbers = (
+            isinstance(ends, list)
+            and len(ends) == 2
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in ends)
+        )
         if not numbers or (kind == "int_uniform" and not all(isinstance(x, int) for x in ends)):
             what = "integers" if kind == "int_uniform" else "numbers"
             raise InvalidInput.at(f"{loc}.{kind}", f"expected [low, high], two {what}")
@@ -135,12 +138,16 @@ class EarlyStopping(StrictModel):
         if self.rule == "successive_halving":
             assert self.min_steps is not None
             f, first = self.reduction_factor, self.min_steps
-            return (f"successive halving: at {first}, {first * f}, {first * f * f}, ... steps a job goes on only "
-                    f"while among the best 1/{f} of the sweep's jobs there (judged against at least "
-                    f"{self.min_jobs} others)")  # fmt: skip
+            return (
+                f"successive halving: at {first}, {first * f}, {first * f * f}, ... steps a job goes on only "
+                f"while among the best 1/{f} of the sweep's jobs there (judged against at least "
+                f"{self.min_jobs} others)"
+            )
         after = f" after step {self.after_steps}" if self.after_steps else ""
-        return (f"the median rule: a job worse than the median of at least {self.min_jobs} other jobs at a "
-                f"step{after} stops")  # fmt: skip
+        return (
+            f"the median rule: a job worse than the median of at least {self.min_jobs} other jobs at a "
+            f"step{after} stops"
+        )
 
     def rung(self, step: int) -> tuple[int, int] | None:
         """Successive halving's rung that ``step`` is in, as ``[start, next rung's start)``; None before the first."""
@@ -193,9 +200,11 @@ class SweepSection(StrictModel):
         """An adaptive search in words (the API's ``search``, ``kiln sweep show``, the dashboard); None without."""
         if self.search is None:
             return None
-        return (f"TPE (tree-structured Parzen estimators): {self.first_draws()} random draws, then each next "
-                f"job's settings proposed from the jobs that ended, {self.at_once()} at a time, {self.count} jobs "
-                "in all")  # fmt: skip
+        return (
+            f"TPE (tree-structured Parzen estimators): {self.first_draws()} random draws, then each next "
+            f"job's settings proposed from the jobs that ended, {self.at_once()} at a time, {self.count} jobs "
+            "in all"
+        )
 
 
 def with_seed(section: SweepSection) -> SweepSection:
@@ -277,8 +286,10 @@ def parse(document: dict[str, Any]) -> tuple[SweepSection, list[JobSpec], dict[s
     points = settings_of(section)
     size = len(json.dumps(base, separators=(",", ":"), default=str))
     if size * len(points) > MAX_EXPANDED_BYTES:
-        msg = (f"its {len(points)} jobs would carry {size * len(points)} bytes of spec ({size} each), over "
-               f"{MAX_EXPANDED_BYTES}: fewer points, or a smaller spec (large inputs belong in a dataset)")  # fmt: skip
+        msg = (
+            f"its {len(points)} jobs would carry {size * len(points)} bytes of spec ({size} each), over "
+            f"{MAX_EXPANDED_BYTES}: fewer points, or a smaller spec (large inputs belong in a dataset)"
+        )
         raise SpecError(f"the sweep is too large: {msg}", [{"loc": "sweep", "msg": msg, "type": "size"}])
     name = str(base.get("name", "sweep"))[:58]
     specs = []

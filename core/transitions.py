@@ -101,8 +101,16 @@ def end_wait(job: Job, now: datetime) -> None:
     job.wait_started_at = None
 
 
-def hold(session: Session, job: Job, *, by: str, reason: str | None, actor_user_id: int | None, now: datetime,
-         admin_role: str | None = None) -> Event:  # fmt: skip
+def hold(
+    session: Session,
+    job: Job,
+    *,
+    by: str,
+    reason: str | None,
+    actor_user_id: int | None,
+    now: datetime,
+    admin_role: str | None = None,
+) -> Event:
     """Hold a job until ``release``; its pending reason says who held it and why (``admin_role``: held by a team
     admin or an admin, named so; only a team admin or an admin releases such a hold: Slurm's admin hold). A QUEUED
     job: the scheduler leaves it be and its wait pauses (the wait so far is kept). An admitted or running job: its
@@ -117,13 +125,27 @@ def hold(session: Session, job: Job, *, by: str, reason: str | None, actor_user_
     if job.state == JobState.QUEUED.value:
         end_wait(job, now)
         job.held_at = now
-        return record_event(session, "HELD", job=job, message=job.pending_message, data={"reason": reason},
-                            actor_user_id=actor_user_id, now=now)  # fmt: skip
+        return record_event(
+            session,
+            "HELD",
+            job=job,
+            message=job.pending_message,
+            data={"reason": reason},
+            actor_user_id=actor_user_id,
+            now=now,
+        )
     job.held_at = now
     job.preempt_requested = True
     message = f"{job.pending_message}: stopping, checkpoint first, then back in the queue held"
-    return record_event(session, "HOLD_REQUESTED", job=job, message=message, data={"reason": reason},
-                        actor_user_id=actor_user_id, now=now)  # fmt: skip
+    return record_event(
+        session,
+        "HOLD_REQUESTED",
+        job=job,
+        message=message,
+        data={"reason": reason},
+        actor_user_id=actor_user_id,
+        now=now,
+    )
 
 
 def release(session: Session, job: Job, *, by: str, actor_user_id: int | None, now: datetime) -> Event:
@@ -139,8 +161,7 @@ def release(session: Session, job: Job, *, by: str, actor_user_id: int | None, n
     job.pending_reason = None
     job.pending_message = None
     job.updated_at = now
-    return record_event(session, "RELEASED", job=job, message=f"released by {by}", actor_user_id=actor_user_id,
-                        now=now)  # fmt: skip
+    return record_event(session, "RELEASED", job=job, message=f"released by {by}", actor_user_id=actor_user_id, now=now)
 
 
 def end_hold(job: Job, now: datetime) -> None:

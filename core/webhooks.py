@@ -71,19 +71,23 @@ def enqueue_for_event(db: Session, event: Event, job: Job) -> list[WebhookDelive
     ).all()
     out = _deliveries(db, [h for h in hooks if kind in (h.events or [])], kind, event, job)
     if job.sweep_id is not None and event.type in ENDED:
-        out += _sweep_finished(db, [h for h in hooks if h.job_id is None and SWEEP_KIND in (h.events or [])],
-                               event, job)  # fmt: skip
+        out += _sweep_finished(
+            db, [h for h in hooks if h.job_id is None and SWEEP_KIND in (h.events or [])], event, job
+        )
     return out
 
 
-def _deliveries(db: Session, hooks: list[Webhook], kind: str, event: Event, job: Job,
-                extra: dict[str, Any] | None = None) -> list[WebhookDelivery]:  # fmt: skip
+def _deliveries(
+    db: Session, hooks: list[Webhook], kind: str, event: Event, job: Job, extra: dict[str, Any] | None = None
+) -> list[WebhookDelivery]:
     if not hooks:
         return []
     team = db.get(Team, job.team_id)
     body = {**payload(kind, event, job, team.name if team is not None else ""), **(extra or {})}
-    out = [WebhookDelivery(webhook_id=h.id, event=event, kind=kind, payload=body, created_at=event.created_at)
-           for h in hooks]  # fmt: skip
+    out = [
+        WebhookDelivery(webhook_id=h.id, event=event, kind=kind, payload=body, created_at=event.created_at)
+        for h in hooks
+    ]
     db.add_all(out)
     return out
 
@@ -98,9 +102,8 @@ def _sweep_finished(db: Session, hooks: list[Webhook], event: Event, job: Job) -
     if sweep is None:
         return []
     active = db.scalar(
-        select(func.count()).select_from(Job)
-        .where(Job.sweep_id == sweep.id, Job.id != job.id, Job.state.not_in(ENDED))
-    )  # fmt: skip
+        select(func.count()).select_from(Job).where(Job.sweep_id == sweep.id, Job.id != job.id, Job.state.not_in(ENDED))
+    )
     if active:
         return []
     if sweep.search is not None:  # an adaptive search with jobs still to propose has not finished
@@ -125,9 +128,12 @@ def enqueue_for_closed_search(db: Session, sweep: Sweep) -> list[WebhookDelivery
     if not hooks:
         return []
     event = db.scalar(
-        select(Event).join(Job, Job.id == Event.job_id)
-        .where(Job.sweep_id == sweep.id, Event.type.in_(ENDED)).order_by(Event.id.desc()).limit(1)
-    )  # fmt: skip
+        select(Event)
+        .join(Job, Job.id == Event.job_id)
+        .where(Job.sweep_id == sweep.id, Event.type.in_(ENDED))
+        .order_by(Event.id.desc())
+        .limit(1)
+    )
     last = None if event is None or event.job_id is None else db.get(Job, event.job_id, populate_existing=True)
     if event is None or last is None:
         return []
@@ -142,22 +148,37 @@ def sweep_summary(db: Session, sweep: Sweep) -> dict[str, Any]:
     best = jobs[0] if jobs else None
     value = None if best is None else value_of(best, objective)
     return {
-        "id": sweep.id, "name": sweep.name, "jobs": len(jobs), "succeeded": states.count(JobState.SUCCEEDED),
-        "failed": states.count(JobState.FAILED), "cancelled": states.count(JobState.CANCELLED),
+        "id": sweep.id,
+        "name": sweep.name,
+        "jobs": len(jobs),
+        "succeeded": states.count(JobState.SUCCEEDED),
+        "failed": states.count(JobState.FAILED),
+        "cancelled": states.count(JobState.CANCELLED),
         "stopped_early": sum(1 for j in jobs if stopped_early(j)),
         "objective": {"metric": objective.metric, "goal": objective.goal},
         "best": None if best is None or value is None else {"job_id": best.id, "name": best.name, "value": value},
-    }  # fmt: skip
+    }
 
 
 def payload(kind: str, event: Event, job: Job, team: str) -> dict[str, Any]:
     return {
         "kind": kind,
-        "event": {"type": event.type, "message": event.message,
-                  "created_at": event.created_at.isoformat() if event.created_at else None},
-        "job": {"id": job.id, "name": job.name, "team": team, "state": job.state, "last_step": job.last_step,
-                "last_loss": job.last_loss, "restart_count": job.restart_count, "exit_reason": job.exit_reason},
-    }  # fmt: skip
+        "event": {
+            "type": event.type,
+            "message": event.message,
+            "created_at": event.created_at.isoformat() if event.created_at else None,
+        },
+        "job": {
+            "id": job.id,
+            "name": job.name,
+            "team": team,
+            "state": job.state,
+            "last_step": job.last_step,
+            "last_loss": job.last_loss,
+            "restart_count": job.restart_count,
+            "exit_reason": job.exit_reason,
+        },
+    }
 
 
 def body_bytes(fmt: str, delivery_id: int, payload: dict[str, Any]) -> bytes:

@@ -40,8 +40,9 @@ def main() -> None:
         {} if settings.resolved_database_url.startswith("sqlite") else {"pool_size": 2, "max_overflow": 2}
     )
     engine = make_engine(settings.resolved_database_url, settings=settings, **pool)
-    notifier = Notifier(settings=settings, session_factory=sessionmaker(bind=engine, expire_on_commit=False),
-                        metrics=metrics)  # fmt: skip
+    notifier = Notifier(
+        settings=settings, session_factory=sessionmaker(bind=engine, expire_on_commit=False), metrics=metrics
+    )
     thread = threading.Thread(target=notifier.run, args=(stop,), name="webhook-notifier", daemon=True)
     thread.start()
     try:

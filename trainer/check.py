@@ -26,9 +26,14 @@ if TYPE_CHECKING:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.check", description=__doc__)
-    parser.add_argument("--spec", required=True, type=pathlib.Path, action="append",
-                        help="a job's spec; repeated for a sweep's jobs: each one's hyperparameters are read, the "
-                        "first one's model run")  # fmt: skip
+    parser.add_argument(
+        "--spec",
+        required=True,
+        type=pathlib.Path,
+        action="append",
+        help="a job's spec; repeated for a sweep's jobs: each one's hyperparameters are read, the "
+        "first one's model run",
+    )
     parser.add_argument("--code", type=pathlib.Path, help="the directory --workdir uploads")
     parser.add_argument("--hyperparameters-only", action="store_true", help="load the recipe and read its settings")
     args = parser.parse_args(argv)

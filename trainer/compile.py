@@ -253,10 +253,14 @@ class Compiler:
         with torch.no_grad(), user_code("the first forward"):
             report.eager_loss = float(loss_fn().item())
         fields = cache_fields(
-            mode=self.mode, model_config=model_config, precision=precision, device=self.device,
-            world_size=self.world_size, strategy=self.strategy,
+            mode=self.mode,
+            model_config=model_config,
+            precision=precision,
+            device=self.device,
+            world_size=self.world_size,
+            strategy=self.strategy,
             extra=self._key_options(),
-        )  # fmt: skip
+        )
         report.cache_key = key = store.key_of(fields)
         # torch's compiler modules were being imported in the background since start-up (compile_preload);
         # what is left of that is waited for here and reported, not counted as compile time.
@@ -368,9 +372,14 @@ class Compiler:
             self.tiers.reject(self.tel, loaded, reason, check="numeric")
         elif source == LOCAL and report.compiled_loss is not None and report.cache_key is not None:
             self.tel.event(
-                "COMPILE_CACHE_REJECTED", f"the job's own compiler caches rejected: {reason}",
-                cache_key=report.cache_key, cache_source=LOCAL, reason=reason, check="numeric", discarded=True,
-            )  # fmt: skip
+                "COMPILE_CACHE_REJECTED",
+                f"the job's own compiler caches rejected: {reason}",
+                cache_key=report.cache_key,
+                cache_source=LOCAL,
+                reason=reason,
+                check="numeric",
+                discarded=True,
+            )
         self._revert(model)
         for p in model.parameters():
             p.grad = None

@@ -113,11 +113,15 @@ class TrainerConfig:
     def from_spec(cls, spec: JobSpec) -> TrainerConfig:
         params = training_hyperparameters(spec)
         guard = GuardConfig(
-            enabled=params.spike_guard, window=params.spike_window, factor=params.spike_factor,
-            grad_z=params.spike_grad_z, min_loss=params.spike_min_loss, confirm_steps=params.spike_confirm_steps,
+            enabled=params.spike_guard,
+            window=params.spike_window,
+            factor=params.spike_factor,
+            grad_z=params.spike_grad_z,
+            min_loss=params.spike_min_loss,
+            confirm_steps=params.spike_confirm_steps,
             max_spikes=params.max_spikes,
             max_nonfinite_steps=params.max_nonfinite_steps,
-        )  # fmt: skip
+        )
         return cls(
             lr=params.lr,
             min_lr_ratio=params.min_lr_ratio,

@@ -78,12 +78,17 @@ def export(checkpoint: pathlib.Path, out: pathlib.Path, *, job_id: int | None = 
         "file": WEIGHTS,
         "bytes": (out / WEIGHTS).stat().st_size,
         "sha256": sha256_file(out / WEIGHTS),
-        "tensors": {name: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
-                    for name, t in tensors.items()},
+        "tensors": {
+            name: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)} for name, t in tensors.items()
+        },
         "parameters": sum(t.numel() for t in tensors.values()),
-        "source": {"format": source.get("format"), "manifest_sha256": sha256_file(checkpoint / MANIFEST),
-                   "torch": source.get("torch"), "loss": source.get("loss")},
-    }  # fmt: skip
+        "source": {
+            "format": source.get("format"),
+            "manifest_sha256": sha256_file(checkpoint / MANIFEST),
+            "torch": source.get("torch"),
+            "loss": source.get("loss"),
+        },
+    }
     _replace(out / EXPORT_MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=2) + "\n"))
     return manifest
 

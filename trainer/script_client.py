@@ -163,7 +163,7 @@ class _Client:
         self.lease = (
             LeaseGuard.from_env(
                 token=self.token, fence_ok=lambda: fence_names(self.root, self.token), telemetry=self.tel
-            )  # fmt: skip
+            )
             if self.tel is not None
             else None
         )
@@ -351,8 +351,14 @@ def latest_checkpoint(*, resume: bool = True) -> Checkpoint | None:
     for step, path in reversed(list_checkpoints(c.root)):
         why = verify(path)
         if why is not None:
-            c.event("CHECKPOINT_CORRUPT", f"skipping checkpoint {path.name}: {why}", step=step, path=str(path),
-                    reason=why, tier="durable")  # fmt: skip
+            c.event(
+                "CHECKPOINT_CORRUPT",
+                f"skipping checkpoint {path.name}: {why}",
+                step=step,
+                path=str(path),
+                reason=why,
+                tier="durable",
+            )
             continue
         try:
             manifest = json.loads((path / MANIFEST).read_text())

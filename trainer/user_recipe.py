@@ -66,9 +66,11 @@ def job_datasets(spec: JobSpec) -> Mapping[str, pathlib.Path]:
     if missing:
         raise UserError(
             "reading the datasets",
-            LookupError(f"the spec names datasets {', '.join(missing)} but {ENV_DATASETS} does not give them "
-                        f"(outside a worker, set {ENV_DATASETS}='{{\"NAME\": \"DIR\"}}' to try them locally)"),
-        )  # fmt: skip
+            LookupError(
+                f"the spec names datasets {', '.join(missing)} but {ENV_DATASETS} does not give them "
+                f'(outside a worker, set {ENV_DATASETS}=\'{{"NAME": "DIR"}}\' to try them locally)'
+            ),
+        )
     return MappingProxyType(given)
 
 
@@ -135,9 +137,15 @@ class UserBatches:
     (``start=cursor``) whenever the position moves other than by one (a resume, a rollback, a skipped batch)."""
 
     def __init__(
-        self, module: ModuleType, hp: BaseModel, *, rank: int, world_size: int, seed: int,
+        self,
+        module: ModuleType,
+        hp: BaseModel,
+        *,
+        rank: int,
+        world_size: int,
+        seed: int,
         datasets: Mapping[str, pathlib.Path] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.module, self.hp = module, hp
         self.extra: dict[str, Any] = {"datasets": datasets} if takes_datasets(module.batches) else {}
         self.rank, self.world_size, self.seed = rank, world_size, seed
@@ -221,8 +229,9 @@ class UserRecipe(Recipe):
         return self.blocks(model) or [model]  # no blocks named: the model is one region
 
     def make_data(self, *, rank: int, world_size: int, seed: int) -> UserBatches:
-        return UserBatches(self.module, self.params, rank=rank, world_size=world_size, seed=seed,
-                           datasets=self.datasets)  # fmt: skip
+        return UserBatches(
+            self.module, self.params, rank=rank, world_size=world_size, seed=seed, datasets=self.datasets
+        )
 
     def _extra(self, fn: Callable[..., Any]) -> dict[str, Any]:
         return {"datasets": self.datasets} if takes_datasets(fn) else {}

@@ -61,14 +61,20 @@ def main(argv: list[str] | None = None) -> None:
     cpu_slots = args.cpu_slots if args.cpu_slots is not None else max(1, (os.cpu_count() or 2) // 2)
     app = get_app()
     quiet_probe_logs()
-    probe = tasks.CONSUMER_PROBE = ConsumerProbe(app=app, host=args.host,
-                                                 heartbeat_interval_s=settings.heartbeat_interval_s)  # fmt: skip
-    agent = HostAgent(name=args.host, inventory=inventory, cpu_slots=cpu_slots,
-                      address=args.address or socket.gethostname(),
-                      settings=settings,
-                      incarnation=tasks.WORKER_INCARNATION,
-                      pulse=Pulse(settings.liveness_file, settings.heartbeat_interval_s),
-                      consumer=probe, metrics=tasks.METRICS)  # fmt: skip
+    probe = tasks.CONSUMER_PROBE = ConsumerProbe(
+        app=app, host=args.host, heartbeat_interval_s=settings.heartbeat_interval_s
+    )
+    agent = HostAgent(
+        name=args.host,
+        inventory=inventory,
+        cpu_slots=cpu_slots,
+        address=args.address or socket.gethostname(),
+        settings=settings,
+        incarnation=tasks.WORKER_INCARNATION,
+        pulse=Pulse(settings.liveness_file, settings.heartbeat_interval_s),
+        consumer=probe,
+        metrics=tasks.METRICS,
+    )
     serve(tasks.METRICS.registry, port=settings.worker_metrics_port, bind=settings.metrics_bind, what="worker")
     declare_host_queue(app, args.host)  # before the scheduler can see the host (and dispatch to its queue)
     with session_scope() as db:
@@ -99,8 +105,12 @@ def main(argv: list[str] | None = None) -> None:
             "the sandbox yet (docs/security.md); GPU shares run only where KILN_ISOLATION=none"
         )
     elif has_gpus:  # fractional jobs share GPUs through the host's MPS daemon (its state goes out with the heartbeat)
-        daemon = mps.configure(settings.mps, settings.mps_control, settings.resolved_storage_dir / "mps" / args.host,
-                               for_team_users=host_isolation.users.enabled)  # fmt: skip
+        daemon = mps.configure(
+            settings.mps,
+            settings.mps_control,
+            settings.resolved_storage_dir / "mps" / args.host,
+            for_team_users=host_isolation.users.enabled,
+        )
         log.info(
             "MPS: " + (f"daemon {daemon.state} ({daemon.control})" if daemon else "off or not installed: no shares")
         )
@@ -118,8 +128,11 @@ def main(argv: list[str] | None = None) -> None:
         # A warm shutdown: the supervisions saw SHUTTING_DOWN and are stopping their trainers (checkpoint, exit
         # PREEMPTED -> DRAINED, back to the queue with progress); wait for their reports before exiting.
         if not tasks.SUPERVISIONS.join(settings.drain_timeout_s):
-            log.error("%d attempts still running after %.0f s of shutdown; exiting", tasks.SUPERVISIONS.running(),
-                      settings.drain_timeout_s)  # fmt: skip
+            log.error(
+                "%d attempts still running after %.0f s of shutdown; exiting",
+                tasks.SUPERVISIONS.running(),
+                settings.drain_timeout_s,
+            )
     finally:
         probe.stop()
         exporter.stop()
@@ -137,23 +150,35 @@ def consume(app: Celery, *, host: str, loglevel: str) -> None:
     from workers.celery_app import host_queue
 
     while True:
-        app.worker_main([
-            "worker",
-            "--queues", host_queue(host),
-            "--hostname", f"{host}@%h",
-            "--pool", "threads",  # a task only claims; the attempts run in this process's supervision threads
-            # A claim (milliseconds, one transaction), a redelivered copy of it and a consumer probe never wait for
-            # one another. How many attempts share the host is the scheduler's decision, not Celery's.
-            "--concurrency", "3",
-            "--loglevel", loglevel,
-            # Liveness is the host agent's heartbeat in PostgreSQL and the consumer probe; Celery's broadcast
-            # chatter is not needed (and the embedded SQLAlchemy transport has no fanout exchange for it).
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-        ])  # fmt: skip
+        app.worker_main(
+            [
+                "worker",
+                "--queues",
+                host_queue(host),
+                "--hostname",
+                f"{host}@%h",
+                "--pool",
+                "threads",  # a task only claims; the attempts run in this process's supervision threads
+                # A claim (milliseconds, one transaction), a redelivered copy of it and a consumer probe never wait for
+                # one another. How many attempts share the host is the scheduler's decision, not Celery's.
+                "--concurrency",
+                "3",
+                "--loglevel",
+                loglevel,
+                # Liveness is the host agent's heartbeat in PostgreSQL and the consumer probe; Celery's broadcast
+                # chatter is not needed (and the embedded SQLAlchemy transport has no fanout exchange for it).
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ]
+        )
         if tasks.SHUTTING_DOWN.is_set():
             return
-        log.error("the Celery consumer of %s stopped on its own; starting it again (%d attempts keep running)",
-                  host, tasks.SUPERVISIONS.running())  # fmt: skip
+        log.error(
+            "the Celery consumer of %s stopped on its own; starting it again (%d attempts keep running)",
+            host,
+            tasks.SUPERVISIONS.running(),
+        )
         time.sleep(1.0)  # a broker still away: Celery's own start-up retries the connection from here
 
 

@@ -80,8 +80,9 @@ class ConsumerProbe:
     def send(self) -> None:
         """One probe on the host's queue. It expires when it could no longer prove anything (a consumer that comes
         back drops a backlog of old probes at once); a broker that is away raises at once, not after retries."""
-        self.app.send_task(TASK_PROBE_CONSUMER, queue=self.queue, routing_key=self.queue, expires=self.silent_limit_s,
-                           retry=False)  # fmt: skip
+        self.app.send_task(
+            TASK_PROBE_CONSUMER, queue=self.queue, routing_key=self.queue, expires=self.silent_limit_s, retry=False
+        )
         self._sent = time.monotonic()
 
     def _due(self) -> bool:

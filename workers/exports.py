@@ -42,9 +42,16 @@ TIMEOUT_S = 3600.0
 
 
 class ExportRunner:
-    def __init__(self, *, worker: str, storage_dir: Path, poll_s: float = POLL_S,
-                 sessions: Callable[[], AbstractContextManager[Session]] = session_scope,
-                 isolation: Isolation | None = None, storage_gid: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        worker: str,
+        storage_dir: Path,
+        poll_s: float = POLL_S,
+        sessions: Callable[[], AbstractContextManager[Session]] = session_scope,
+        isolation: Isolation | None = None,
+        storage_gid: int | None = None,
+    ) -> None:
         """``sessions``: a unit of work per use (commits on exit); tests pass their own. ``isolation``: the worker's
         (its sandbox, its teams' uids); None converts unsandboxed. ``storage_gid``: the group that may read the
         result (the API's, where it runs as another user)."""
@@ -76,9 +83,14 @@ class ExportRunner:
         except OSError as exc:  # the export's storage (read-only, full, gone): the export fails, it is not retried
             error, manifest = f"the export could not be written: {exc}", None
         with self.sessions() as db:
-            exports.finish(db, export_id, now=utcnow(), error=error,
-                           size=int(manifest["bytes"]) if manifest else None,
-                           sha256=str(manifest["sha256"]) if manifest else None)  # fmt: skip
+            exports.finish(
+                db,
+                export_id,
+                now=utcnow(),
+                error=error,
+                size=int(manifest["bytes"]) if manifest else None,
+                sha256=str(manifest["sha256"]) if manifest else None,
+            )
         return True
 
     def _convert(

@@ -36,9 +36,19 @@ log = logging.getLogger(__name__)
 
 
 class HostAgent:
-    def __init__(self, *, name: str, inventory: Inventory, cpu_slots: int, address: str | None, settings: Settings,
-                 incarnation: str | None = None, pulse: Pulse | None = None,
-                 consumer: ConsumerProbe | None = None, metrics: WorkerMetrics | None = None):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        name: str,
+        inventory: Inventory,
+        cpu_slots: int,
+        address: str | None,
+        settings: Settings,
+        incarnation: str | None = None,
+        pulse: Pulse | None = None,
+        consumer: ConsumerProbe | None = None,
+        metrics: WorkerMetrics | None = None,
+    ):
         self.name = name
         self.inventory = inventory
         self.cpu_slots = cpu_slots
@@ -68,8 +78,9 @@ class HostAgent:
         gpus = self.discovered = self.inventory.discover()
         host = db.scalars(select(Host).where(Host.name == self.name).with_for_update()).first()
         if host is None:
-            host = Host(name=self.name, queue=host_queue(self.name), links={}, registered_at=now,
-                        state=HostState.UP.value)  # fmt: skip
+            host = Host(
+                name=self.name, queue=host_queue(self.name), links={}, registered_at=now, state=HostState.UP.value
+            )
             db.add(host)
         host.queue = host_queue(self.name)
         host.address = self.address
@@ -101,11 +112,13 @@ class HostAgent:
         self.slots = len(gpus) or self.cpu_slots
         types = sorted({canonical(g.model) for g in gpus})
         self.end_orphans(db)
-        record_event(db, "HOST_REGISTERED",
-                     message=f"host {self.name}: {len(gpus)} GPUs{' (' + ', '.join(types) + ')' if types else ''}, "
-                             f"{host.cpu_slots} CPU slots",
-                     data={"host": self.name, "gpus": [g.uuid for g in gpus], "gpu_types": types,
-                           "cpu_slots": host.cpu_slots})  # fmt: skip
+        record_event(
+            db,
+            "HOST_REGISTERED",
+            message=f"host {self.name}: {len(gpus)} GPUs{' (' + ', '.join(types) + ')' if types else ''}, "
+            f"{host.cpu_slots} CPU slots",
+            data={"host": self.name, "gpus": [g.uuid for g in gpus], "gpu_types": types, "cpu_slots": host.cpu_slots},
+        )
         return host
 
     def end_orphans(self, db: Session) -> list[str]:
@@ -155,15 +168,19 @@ class HostAgent:
             assert self.consumer is not None
             silent = self.consumer.silent_s()
             move_host(host, HostState.UNREACHABLE)
-            record_event(db, "HOST_UNREACHABLE",
-                         message=f"host {self.name}: its worker runs but has consumed nothing from its queue for "
-                                 f"{silent:.0f} s (broker away, or its Celery consumer stopped); nothing is placed "
-                                 f"on it until it consumes again",
-                         data={"host": self.name, "silent_s": round(silent, 1)})  # fmt: skip
+            record_event(
+                db,
+                "HOST_UNREACHABLE",
+                message=f"host {self.name}: its worker runs but has consumed nothing from its queue for "
+                f"{silent:.0f} s (broker away, or its Celery consumer stopped); nothing is placed "
+                f"on it until it consumes again",
+                data={"host": self.name, "silent_s": round(silent, 1)},
+            )
         elif host.state == HostState.UNREACHABLE and consuming:
             move_host(host, HostState.UP)
-            record_event(db, "HOST_REACHABLE", message=f"host {self.name} consumes its queue again",
-                         data={"host": self.name})  # fmt: skip
+            record_event(
+                db, "HOST_REACHABLE", message=f"host {self.name} consumes its queue again", data={"host": self.name}
+            )
 
     def watch_mps(self, db: Session, host: Host) -> None:
         """The host's MPS daemon, checked on every heartbeat and started again when it died; its clients are
@@ -176,9 +193,13 @@ class HostAgent:
         self.metrics.mps_running.set(1 if daemon.state == "running" else 0)
         if restarted:
             self.metrics.mps_restarts.inc()
-            record_event(db, "MPS_RESTARTED", message=f"host {self.name}: the MPS daemon died and was started again; "
-                         "its clients restart from their checkpoints", data={"host": self.name,
-                         "generation": daemon.generation})  # fmt: skip
+            record_event(
+                db,
+                "MPS_RESTARTED",
+                message=f"host {self.name}: the MPS daemon died and was started again; "
+                "its clients restart from their checkpoints",
+                data={"host": self.name, "generation": daemon.generation},
+            )
         host.mps = daemon.state
 
     def sample(self, db: Session) -> None:
@@ -198,8 +219,12 @@ class HostAgent:
             self.metrics.gpu_healthy.labels(str(row.index)).set(0 if s.errors or not row.healthy else 1)
             if s.errors:
                 row.healthy = False
-                record_event(db, "GPU_ERROR", message=f"host {self.name} GPU {row.index}: {', '.join(s.errors)}",
-                             data={"host": self.name, "gpu": s.uuid, "errors": s.errors})  # fmt: skip
+                record_event(
+                    db,
+                    "GPU_ERROR",
+                    message=f"host {self.name} GPU {row.index}: {', '.join(s.errors)}",
+                    data={"host": self.name, "gpu": s.uuid, "errors": s.errors},
+                )
             # Unhealthy is sticky: the reconciler clears it when the host's exclusion ends (a clean sample
             # must not erase an error before the reconciler has seen it).
 

@@ -53,12 +53,18 @@ class GpuSample:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "ts": self.ts, "utilization_pct": self.utilization_pct, "memory_used_bytes": self.memory_used_bytes,
-            "pcie_tx_bytes_per_s": self.pcie_tx_bytes_per_s, "pcie_rx_bytes_per_s": self.pcie_rx_bytes_per_s,
-            "nvlink_tx_bytes_per_s": self.nvlink_tx_bytes_per_s, "nvlink_rx_bytes_per_s": self.nvlink_rx_bytes_per_s,
-            "temperature_c": self.temperature_c, "ecc_uncorrected": self.ecc_uncorrected,
-            "xid_errors": list(self.xid_errors), "errors": self.errors,
-        }  # fmt: skip
+            "ts": self.ts,
+            "utilization_pct": self.utilization_pct,
+            "memory_used_bytes": self.memory_used_bytes,
+            "pcie_tx_bytes_per_s": self.pcie_tx_bytes_per_s,
+            "pcie_rx_bytes_per_s": self.pcie_rx_bytes_per_s,
+            "nvlink_tx_bytes_per_s": self.nvlink_tx_bytes_per_s,
+            "nvlink_rx_bytes_per_s": self.nvlink_rx_bytes_per_s,
+            "temperature_c": self.temperature_c,
+            "ecc_uncorrected": self.ecc_uncorrected,
+            "xid_errors": list(self.xid_errors),
+            "errors": self.errors,
+        }
 
 
 class Inventory(Protocol):
@@ -128,13 +134,16 @@ class NvmlInventory:
             peers = [p for p in self._nvlink_peers(h, bus_to_uuid) if p != uuid]
             gpus.append(
                 GpuInfo(
-                    uuid=uuid, index=i, model=self._str(nv.nvmlDeviceGetName(h)),
+                    uuid=uuid,
+                    index=i,
+                    model=self._str(nv.nvmlDeviceGetName(h)),
                     memory_bytes=int(nv.nvmlDeviceGetMemoryInfo(h).total),
                     mig_mode=bool(mig and mig[0] == nv.NVML_DEVICE_MIG_ENABLE),
-                    pcie_gen=self._try(nv.nvmlDeviceGetCurrPcieLinkGeneration, h), nvlink_peers=peers,
+                    pcie_gen=self._try(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
+                    nvlink_peers=peers,
                     minor=self._try(nv.nvmlDeviceGetMinorNumber, h),
                 )
-            )  # fmt: skip
+            )
         return gpus
 
     def _drain_xids(self) -> dict[str, list[int]]:
@@ -176,23 +185,28 @@ class NvmlInventory:
             tx = self._try(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_TX_BYTES)  # KB/s over 20 ms
             rx = self._try(nv.nvmlDeviceGetPcieThroughput, h, nv.NVML_PCIE_UTIL_RX_BYTES)
             nvl_tx, nvl_rx = self._nvlink_throughput(uuid, h)
-            ecc = self._try(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                            nv.NVML_VOLATILE_ECC)  # fmt: skip
+            ecc = self._try(
+                nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC
+            )
             new_ecc = None
             if ecc is not None:
                 base = self._ecc_baseline.setdefault(uuid, int(ecc))
                 new_ecc = int(ecc) - base  # only errors since this agent started count against the host
             out.append(
                 GpuSample(
-                    uuid=uuid, ts=time.time(), utilization_pct=float(util.gpu) if util else None,
+                    uuid=uuid,
+                    ts=time.time(),
+                    utilization_pct=float(util.gpu) if util else None,
                     memory_used_bytes=int(mem.used) if mem else None,
                     pcie_tx_bytes_per_s=tx * 1000.0 if tx is not None else None,
                     pcie_rx_bytes_per_s=rx * 1000.0 if rx is not None else None,
-                    nvlink_tx_bytes_per_s=nvl_tx, nvlink_rx_bytes_per_s=nvl_rx,
+                    nvlink_tx_bytes_per_s=nvl_tx,
+                    nvlink_rx_bytes_per_s=nvl_rx,
                     temperature_c=self._try(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
-                    ecc_uncorrected=new_ecc, xid_errors=xids.get(uuid, []),
+                    ecc_uncorrected=new_ecc,
+                    xid_errors=xids.get(uuid, []),
                 )
-            )  # fmt: skip
+            )
         return out
 
 

@@ -240,8 +240,10 @@ class Isolation:
         if self.sandbox is not None:
             return self.sandbox.describe()
         if self.mode == "none":
-            return ("sandbox: OFF (KILN_ISOLATION=none): attempts run as the worker's own user and can read what it "
-                    "can; every job run here says so")  # fmt: skip
+            return (
+                "sandbox: OFF (KILN_ISOLATION=none): attempts run as the worker's own user and can read what it "
+                "can; every job run here says so"
+            )
         return f"sandbox: UNAVAILABLE ({self.sandbox_error}): this host runs kiln's own recipes only, no team's code"
 
     def describe(self) -> str:
@@ -252,12 +254,16 @@ class Isolation:
         ceiling = host_max_memory(self.settings)
         if self.cgroup_bases is not None:
             where = ", ".join(str(b) for b in self.cgroup_bases)
-            return (f"host resources: each attempt in cgroup v1 memory and pids groups under {where}; at most "
-                    f"{ceiling} bytes and {self.settings.attempt_max_pids} processes per attempt")  # fmt: skip
+            return (
+                f"host resources: each attempt in cgroup v1 memory and pids groups under {where}; at most "
+                f"{ceiling} bytes and {self.settings.attempt_max_pids} processes per attempt"
+            )
         why = f" ({self.cgroup_error})" if self.cgroup_error else ""
-        return (f"host resources: no writable cgroup v1 memory/pids controllers{why}, falling back to rlimits: "
-                f"RLIMIT_DATA per process (at most {ceiling} bytes per attempt in all); the number of processes "
-                "of an attempt is not limited")  # fmt: skip
+        return (
+            f"host resources: no writable cgroup v1 memory/pids controllers{why}, falling back to rlimits: "
+            f"RLIMIT_DATA per process (at most {ceiling} bytes per attempt in all); the number of processes "
+            "of an attempt is not limited"
+        )
 
     def limits(self, spec: Mapping[str, Any], processes: int) -> Limits:
         return limits_for(spec, processes=processes, host_slots=self.host_slots, settings=self.settings)

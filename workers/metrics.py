@@ -25,15 +25,19 @@ class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.heartbeat_seconds = Histogram("kiln_worker_heartbeat_seconds", "One committed host heartbeat",
-                                           buckets=BUCKETS, registry=r)  # fmt: skip
+        self.heartbeat_seconds = Histogram(
+            "kiln_worker_heartbeat_seconds", "One committed host heartbeat", buckets=BUCKETS, registry=r
+        )
         self.heartbeat_failures = Counter("kiln_worker_heartbeat_failures", "Host heartbeats that failed", registry=r)
-        self.last_heartbeat = Gauge("kiln_worker_last_heartbeat_timestamp_seconds",
-                                    "Unix time of the last committed heartbeat", registry=r)  # fmt: skip
-        self.gpu_sample_seconds = Histogram("kiln_worker_gpu_sample_seconds", "One NVML sample of the host's GPUs",
-                                            buckets=BUCKETS, registry=r)  # fmt: skip
-        self.gpu_healthy = Gauge("kiln_worker_gpu_healthy", "1 while NVML reports no error for the GPU", ["gpu"],
-                                 registry=r)  # fmt: skip
+        self.last_heartbeat = Gauge(
+            "kiln_worker_last_heartbeat_timestamp_seconds", "Unix time of the last committed heartbeat", registry=r
+        )
+        self.gpu_sample_seconds = Histogram(
+            "kiln_worker_gpu_sample_seconds", "One NVML sample of the host's GPUs", buckets=BUCKETS, registry=r
+        )
+        self.gpu_healthy = Gauge(
+            "kiln_worker_gpu_healthy", "1 while NVML reports no error for the GPU", ["gpu"], registry=r
+        )
         self.gpu_errors = Counter("kiln_worker_gpu_errors", "NVML error reports (Xid, uncorrected ECC)", registry=r)
         self.mps_running = Gauge("kiln_worker_mps_running", "1 while the host's MPS daemon runs", registry=r)
         self.mps_restarts = Counter("kiln_worker_mps_restarts", "MPS daemon restarts", registry=r)

@@ -57,8 +57,15 @@ class MpsDaemon:
     def _run(self, args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, **self.client_env()}
         umask = 0o022 if self.for_team_users else -1  # -1: the worker's (077)
-        return subprocess.run([self.control, *args], input=stdin, env=env, capture_output=True, text=True,
-                              timeout=HEALTH_TIMEOUT_S, umask=umask)  # fmt: skip
+        return subprocess.run(
+            [self.control, *args],
+            input=stdin,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=HEALTH_TIMEOUT_S,
+            umask=umask,
+        )
 
     def healthy(self) -> bool:
         try:

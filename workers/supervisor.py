@@ -59,20 +59,28 @@ def torchrun_command(*, nproc_per_node: int, rendezvous: Rendezvous | None, entr
         cmd += ["--standalone"]
     else:
         cmd += [
-            "--nnodes", str(rendezvous.nnodes),
-            "--node-rank", str(rendezvous.node_rank),
-            "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", rendezvous.endpoint,
-            "--rdzv-id", rendezvous.run_id,
+            "--nnodes",
+            str(rendezvous.nnodes),
+            "--node-rank",
+            str(rendezvous.node_rank),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            rendezvous.endpoint,
+            "--rdzv-id",
+            rendezvous.run_id,
             # Node 0 hosts the store even when the endpoint's name does not match its hostname.
-            "--rdzv-conf", f"is_host={'true' if rendezvous.node_rank == 0 else 'false'}",
-        ]  # fmt: skip
+            "--rdzv-conf",
+            f"is_host={'true' if rendezvous.node_rank == 0 else 'false'}",
+        ]
     cmd += [
         # kiln restarts at the job level (a fresh fencing token, maybe another host), never in place.
-        "--max-restarts", "0",
-        "--monitor-interval", "0.5",
+        "--max-restarts",
+        "0",
+        "--monitor-interval",
+        "0.5",
         *entry,
-    ]  # fmt: skip
+    ]
     return cmd
 
 
@@ -87,8 +95,17 @@ _parent_death_sigterm = functools.partial(set_parent_death_signal, signal.SIGTER
 class TrainerProcess:
     """One torchrun launcher and the ranks it starts."""
 
-    def __init__(self, argv: list[str], *, env: Mapping[str, str], log_path: Path, run_dir: Path, cwd: Path,
-                 confinement: Confinement | None = None, log_gid: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        env: Mapping[str, str],
+        log_path: Path,
+        run_dir: Path,
+        cwd: Path,
+        confinement: Confinement | None = None,
+        log_gid: int | None = None,
+    ):
         self.argv = argv
         # Sandboxed (workers.sandbox): argv starts bubblewrap, whose two processes and the shim come first in the
         # tree; the descriptors the sandbox inherits; the write end of the shim's lifeline, held while we live.

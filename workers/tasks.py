@@ -172,10 +172,20 @@ def claim(
 
     def refuse(why: str) -> Refused:
         record_event(
-            db, "DELIVERY_REFUSED", job=job, message=f"delivery of attempt {attempt.number} refused: {why}",
-            data={"attempt_id": attempt.id, "token": token, "current_token": job.fencing_token,
-                  "node_rank": node_rank, "host": host, "delivery": delivery, "reason": why},
-        )  # fmt: skip
+            db,
+            "DELIVERY_REFUSED",
+            job=job,
+            message=f"delivery of attempt {attempt.number} refused: {why}",
+            data={
+                "attempt_id": attempt.id,
+                "token": token,
+                "current_token": job.fencing_token,
+                "node_rank": node_rank,
+                "host": host,
+                "delivery": delivery,
+                "reason": why,
+            },
+        )
         return Refused(why)
 
     if attempt.fencing_token != token or job.fencing_token != token:
@@ -217,8 +227,13 @@ def claim(
             data={"attempt": attempt.number, "host": host},
         )
     if job.state == JobState.ADMITTED:
-        transition(db, job, JobState.RUNNING, message=f"attempt {attempt.number} started on {host}",
-                   data={"attempt": attempt.number, "host": host, "token": token})  # fmt: skip
+        transition(
+            db,
+            job,
+            JobState.RUNNING,
+            message=f"attempt {attempt.number} started on {host}",
+            data={"attempt": attempt.number, "host": host, "token": token},
+        )
 
     gpus = list(db.scalars(select(GPU).where(GPU.uuid.in_(node.get("gpus") or []))).all())
     gpus.sort(key=lambda g: (node.get("gpus") or []).index(g.uuid))
@@ -229,8 +244,17 @@ def claim(
         all_gpus = [u for n in placement for u in n.get("gpus") or []]
         gpu_type = gpus[0].model if gpus else "cpu"
         units = len(all_gpus) if all_gpus else sum(int(n.get("slots") or 1) for n in placement)
-        db.add(Usage(team_id=job.team_id, job_id=job.id, attempt_id=attempt.id, gpu_type=gpu_type,
-                     gpus=units, gpu_seconds=0.0, started_at=now))  # fmt: skip
+        db.add(
+            Usage(
+                team_id=job.team_id,
+                job_id=job.id,
+                attempt_id=attempt.id,
+                gpu_type=gpu_type,
+                gpus=units,
+                gpu_seconds=0.0,
+                started_at=now,
+            )
+        )
 
     rendezvous = None
     if len(placement) > 1:
@@ -238,19 +262,31 @@ def claim(
         head_host = db.scalars(select(Host).where(Host.name == head.get("host"))).first()
         address = head.get("address") or (head_host.address if head_host and head_host.address else head["host"])
         port = settings.rendezvous_port_base + attempt.id % RDZV_PORT_SPAN
-        rendezvous = Rendezvous(nnodes=len(placement), node_rank=node_rank, endpoint=f"{address}:{port}",
-                                run_id=f"kiln-{job.id}-{attempt.number}")  # fmt: skip
+        rendezvous = Rendezvous(
+            nnodes=len(placement),
+            node_rank=node_rank,
+            endpoint=f"{address}:{port}",
+            run_id=f"kiln-{job.id}-{attempt.number}",
+        )
 
     names = [str(n) for n in (job.spec or {}).get("datasets") or []]
     team = db.get(Team, job.team_id)
     return Claimed(
-        job_id=job.id, team_id=job.team_id, attempt_number=attempt.number, spec=dict(job.spec or {}),
-        placement=placement, gpus=gpus,
-        qos=qos, host_links=dict(host_row.links or {}) if host_row else {}, rendezvous=rendezvous,
-        ran_before_s=job.ran_s(now, besides=attempt.id), team=team.name if team is not None else "",
+        job_id=job.id,
+        team_id=job.team_id,
+        attempt_number=attempt.number,
+        spec=dict(job.spec or {}),
+        placement=placement,
+        gpus=gpus,
+        qos=qos,
+        host_links=dict(host_row.links or {}) if host_row else {},
+        rendezvous=rendezvous,
+        ran_before_s=job.ran_s(now, besides=attempt.id),
+        team=team.name if team is not None else "",
         address=host_row.address if host_row is not None else None,
-        datasets=datasets_svc.paths_for(db, team_id=job.team_id, names=names), deployment=deployment_uid(db),
-    )  # fmt: skip
+        datasets=datasets_svc.paths_for(db, team_id=job.team_id, names=names),
+        deployment=deployment_uid(db),
+    )
 
 
 # ----------------------------------------------------------------------------------------------- environment
@@ -274,10 +310,19 @@ def _nccl_channels(qos: QosClass | None, links: dict[str, Any], gpus: list[GPU])
 
 
 def attempt_env(
-    claimed: Claimed, *, attempt_id: int, token: int, checkpoint_dir: Path, compile_dir: Path, lease_file: Path,
-    local_dir: Path | None = None, final_retry_s: float | None = None, team_cache_dir: Path | None = None,
-    shared_cache_dir: Path | None = None, ckpt_writers: int | None = None,
-) -> dict[str, str]:  # fmt: skip
+    claimed: Claimed,
+    *,
+    attempt_id: int,
+    token: int,
+    checkpoint_dir: Path,
+    compile_dir: Path,
+    lease_file: Path,
+    local_dir: Path | None = None,
+    final_retry_s: float | None = None,
+    team_cache_dir: Path | None = None,
+    shared_cache_dir: Path | None = None,
+    ckpt_writers: int | None = None,
+) -> dict[str, str]:
     # Built from nothing: the worker's own environment (its KILN_* settings, database and broker URLs that may hold
     # passwords, whatever its service manager set) is not the attempt's. From the host: the locale, time zone and
     # library path, and the operator's NCCL/gloo/NVIDIA tuning of the host's network and devices.
@@ -285,18 +330,20 @@ def attempt_env(
     env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"])
     if ENV_TEST_HOOKS in os.environ:  # the test harness's fault injection reaches the ranks only this way
         env[ENV_TEST_HOOKS] = os.environ[ENV_TEST_HOOKS]
-    env.update({
-        ENV_FENCING_TOKEN: str(token),
-        ENV_CHECKPOINT_DIR: str(checkpoint_dir),
-        ENV_COMPILE_CACHE_DIR: str(compile_dir),
-        ENV_LEASE_FILE: str(lease_file),
-        ENV_JOB_ID: str(claimed.job_id),
-        ENV_ATTEMPT_ID: str(attempt_id),
-        "PYTHONUNBUFFERED": "1",  # the log streams live to `kiln logs -f`
-        "CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in claimed.gpus),  # empty: a CPU job sees no GPU
-        "NCCL_NVLS_ENABLE": "0",  # NVLink SHARP multicast is not shared safely between tenants
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a failed peer raises (-> ExitCode.NCCL_ERROR), never hangs
-    })  # fmt: skip
+    env.update(
+        {
+            ENV_FENCING_TOKEN: str(token),
+            ENV_CHECKPOINT_DIR: str(checkpoint_dir),
+            ENV_COMPILE_CACHE_DIR: str(compile_dir),
+            ENV_LEASE_FILE: str(lease_file),
+            ENV_JOB_ID: str(claimed.job_id),
+            ENV_ATTEMPT_ID: str(attempt_id),
+            "PYTHONUNBUFFERED": "1",  # the log streams live to `kiln logs -f`
+            "CUDA_VISIBLE_DEVICES": ",".join(g.uuid for g in claimed.gpus),  # empty: a CPU job sees no GPU
+            "NCCL_NVLS_ENABLE": "0",  # NVLink SHARP multicast is not shared safely between tenants
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # a failed peer raises (-> ExitCode.NCCL_ERROR), never hangs
+        }
+    )
     if local_dir is not None:
         env[ENV_LOCAL_CHECKPOINT_DIR] = str(local_dir)
     if team_cache_dir is not None:  # the team's compile cache: every job and host of the team reuses its entries
@@ -316,8 +363,9 @@ def attempt_env(
     # A share's part of its one GPU, by memory (what MPS pins); a whole GPU is all of it.
     fraction = min(1.0, int(share["memory_bytes"]) / claimed.gpus[0].memory_bytes) if share and claimed.gpus else 1.0
     if claimed.gpus:
-        threads = cpu_threads_per_rank(cores=len(os.sched_getaffinity(0)), host_gpus=max(HOST_GPUS, len(claimed.gpus)),
-                                       gpu_fraction=fraction)  # fmt: skip
+        threads = cpu_threads_per_rank(
+            cores=len(os.sched_getaffinity(0)), host_gpus=max(HOST_GPUS, len(claimed.gpus)), gpu_fraction=fraction
+        )
         env["OMP_NUM_THREADS"] = str(threads)
     if claimed.gpus and share is not None:
         # A fractional job: its share is what MPS enforces (memory pinned, SMs capped), as this GPU's client.
@@ -373,8 +421,17 @@ class Directive:
 class AttemptRunner:
     """Supervises one node of one attempt from launch to the final report."""
 
-    def __init__(self, *, attempt_id: int, token: int, node_rank: int, host: str, settings: Settings,
-                 claimed: Claimed, proc: TrainerProcess):  # fmt: skip
+    def __init__(
+        self,
+        *,
+        attempt_id: int,
+        token: int,
+        node_rank: int,
+        host: str,
+        settings: Settings,
+        claimed: Claimed,
+        proc: TrainerProcess,
+    ):
         self.attempt_id = attempt_id
         self.token = token
         self.node_rank = node_rank
@@ -408,7 +465,7 @@ class AttemptRunner:
             ExitClass.PREEMPTED,
             ExitClass.DRAINED,
         ):
-            return False  # fmt: skip
+            return False
         daemon = mps.DAEMON
         return self.mps_restarted() or daemon is None or not daemon.healthy()
 
@@ -579,8 +636,11 @@ class AttemptRunner:
         elif self.share is not None and outcome.exit_class is ExitClass.OOM and outcome.reason.startswith("out of mem"):
             # MPS pins a share's memory: the job that went over it fails alone, its neighbours train on.
             gib = int(self.share["memory_bytes"]) / 2**30
-            outcome = Outcome(ExitClass.OOM, f"out of GPU memory: over its share of {gib:.1f} GiB "
-                                             f"(resources.gpu_share.memory_gb) ({outcome.reason})")  # fmt: skip
+            outcome = Outcome(
+                ExitClass.OOM,
+                f"out of GPU memory: over its share of {gib:.1f} GiB "
+                f"(resources.gpu_share.memory_gb) ({outcome.reason})",
+            )
         if outcome.exit_class is ExitClass.INFRASTRUCTURE and self.relay_state.nccl_error:
             outcome = Outcome(ExitClass.NCCL_ERROR, f"NCCL error reported by a rank; {outcome.reason}")
         outcome = self.durable_outcome(outcome)
@@ -637,8 +697,15 @@ class AttemptRunner:
             if attempt.ended_at is None:
                 end_attempt(db, attempt, state=AttemptState.FENCED, reason=outcome.reason, now=now, exit_code=exit_code)
             return
-        relay(db, job=job, attempt=attempt, records=self.buffer, state=self.relay_state, asked=self.own_stop(),
-              running=False)  # fmt: skip
+        relay(
+            db,
+            job=job,
+            attempt=attempt,
+            records=self.buffer,
+            state=self.relay_state,
+            asked=self.own_stop(),
+            running=False,
+        )
         if job.state not in ACTIVE:
             # Another node of the same gang reported first.
             return
@@ -649,8 +716,13 @@ class AttemptRunner:
             # lease does, and the restart resumes from the final checkpoint and trains no step.
             self.proc.log_line("this node's ranks finished; the node that ran rank 0 reports the job's result")
             return
-        data = {"attempt": attempt.number, "host": self.host, "exit_code": exit_code, "last_step": job.last_step,
-                "exit_class": cls.value}  # fmt: skip
+        data = {
+            "attempt": attempt.number,
+            "host": self.host,
+            "exit_code": exit_code,
+            "last_step": job.last_step,
+            "exit_class": cls.value,
+        }
         done = self.relay_state.done
         if cls is ExitClass.SUCCEEDED and self.final is not None:
             # What the durable storage holds, verified (``durable_outcome``): its row too, if its relay was missed.
@@ -686,8 +758,15 @@ def claim_delivery(
     claimed_at = lease_clock()  # before the claim's transaction: the lease file never outlasts its lease
     with session_scope() as db:
         try:
-            claimed = claim(db, attempt_id=attempt_id, token=fencing_token, node_rank=node_rank, host=host,
-                            delivery=delivery, settings=settings)  # fmt: skip
+            claimed = claim(
+                db,
+                attempt_id=attempt_id,
+                token=fencing_token,
+                node_rank=node_rank,
+                host=host,
+                delivery=delivery,
+                settings=settings,
+            )
         except Refused as exc:
             refused = exc  # caught inside the transaction: the refusal's event (or cancel) is committed
     if refused is not None:
@@ -697,17 +776,29 @@ def claim_delivery(
 
 
 def run_claimed(
-    *, claimed: Claimed, claimed_at: float, attempt_id: int, fencing_token: int, node_rank: int, host: str,
+    *,
+    claimed: Claimed,
+    claimed_at: float,
+    attempt_id: int,
+    fencing_token: int,
+    node_rank: int,
+    host: str,
     settings: Settings,
-) -> str:  # fmt: skip
+) -> str:
     """Launch the claimed node's trainer, supervise it to its end and report; returns the exit class. Counted in
     the worker's metrics (attempts running, and ended by outcome)."""
     METRICS.attempts_running.inc()
     outcome = "error"
     try:
-        outcome = _run_claimed(claimed=claimed, claimed_at=claimed_at, attempt_id=attempt_id,
-                               fencing_token=fencing_token, node_rank=node_rank, host=host,
-                               settings=settings)  # fmt: skip
+        outcome = _run_claimed(
+            claimed=claimed,
+            claimed_at=claimed_at,
+            attempt_id=attempt_id,
+            fencing_token=fencing_token,
+            node_rank=node_rank,
+            host=host,
+            settings=settings,
+        )
         return outcome
     finally:
         METRICS.attempts_running.dec()
@@ -715,9 +806,15 @@ def run_claimed(
 
 
 def _run_claimed(
-    *, claimed: Claimed, claimed_at: float, attempt_id: int, fencing_token: int, node_rank: int, host: str,
+    *,
+    claimed: Claimed,
+    claimed_at: float,
+    attempt_id: int,
+    fencing_token: int,
+    node_rank: int,
+    host: str,
     settings: Settings,
-) -> str:  # fmt: skip
+) -> str:
     storage = settings.resolved_storage_dir.resolve()
     suffix = "" if node_rank == 0 else f".node{node_rank}"
     run_dir = storage / "runs" / str(claimed.job_id) / f"{claimed.attempt_number}{suffix}"
@@ -730,9 +827,13 @@ def _run_claimed(
     node = claimed.placement[node_rank]
     slots = claimed.slots(node_rank)
     spec_path = run_dir / "spec.json"
-    argv, launch_env = launch_command(nproc_per_node=slots, spec_path=spec_path, run_dir=run_dir,
-                                      rendezvous=claimed.rendezvous,
-                                      script=bool(claimed.spec.get("command")))  # fmt: skip
+    argv, launch_env = launch_command(
+        nproc_per_node=slots,
+        spec_path=spec_path,
+        run_dir=run_dir,
+        rendezvous=claimed.rendezvous,
+        script=bool(claimed.spec.get("command")),
+    )
     env = (
         attempt_env(
             claimed,
@@ -752,8 +853,15 @@ def _run_claimed(
     host_isolation = isolation.current(host, settings)
     limits = host_isolation.limits(claimed.spec, slots)
     proc = TrainerProcess(argv, env=env, log_path=log_path, run_dir=run_dir, cwd=run_dir, log_gid=settings.storage_gid)
-    runner = AttemptRunner(attempt_id=attempt_id, token=fencing_token, node_rank=node_rank, host=host,
-                           settings=settings, claimed=claimed, proc=proc)  # fmt: skip
+    runner = AttemptRunner(
+        attempt_id=attempt_id,
+        token=fencing_token,
+        node_rank=node_rank,
+        host=host,
+        settings=settings,
+        claimed=claimed,
+        proc=proc,
+    )
     dirs = AttemptDirs(
         storage=storage,
         run_dir=run_dir,
@@ -779,8 +887,9 @@ def _run_claimed(
         if ENV_TEST_HOOKS in env:
             proc.log_line(f"TEST HOOKS ACTIVE ({ENV_TEST_HOOKS} is set on this worker): {env[ENV_TEST_HOOKS]}")
         proc.confinement = host_isolation.confine(f"attempt-{attempt_id}{suffix}", limits)
-        proc.log_line(f"limits ({host_isolation.mechanism}): {limits.memory_bytes} bytes of host memory, "
-                      f"{limits.pids} processes")  # fmt: skip
+        proc.log_line(
+            f"limits ({host_isolation.mechanism}): {limits.memory_bytes} bytes of host memory, {limits.pids} processes"
+        )
         proc.start()
     except Exception as exc:
         if isinstance(exc, DatasetUnavailable | CodeRefused):  # the user's to fix: a restart fails the same way
@@ -831,16 +940,30 @@ def run_attempt(self: Any, attempt_id: int, fencing_token: int, node_rank: int =
         raise Reject("the worker is shutting down", requeue=True)
     settings = get_settings()
     _hold_delivery_for_a_test(attempt_id)
-    won = claim_delivery(attempt_id=attempt_id, fencing_token=fencing_token, node_rank=node_rank, host=host,
-                         delivery=delivery, settings=settings)  # fmt: skip
+    won = claim_delivery(
+        attempt_id=attempt_id,
+        fencing_token=fencing_token,
+        node_rank=node_rank,
+        host=host,
+        delivery=delivery,
+        settings=settings,
+    )
     if won is None:
         return "refused"
     claimed, claimed_at = won
     SUPERVISIONS.start(
         f"attempt-{attempt_id}-node{node_rank}",
-        functools.partial(run_claimed, claimed=claimed, claimed_at=claimed_at, attempt_id=attempt_id,
-                          fencing_token=fencing_token, node_rank=node_rank, host=host, settings=settings),
-    )  # fmt: skip
+        functools.partial(
+            run_claimed,
+            claimed=claimed,
+            claimed_at=claimed_at,
+            attempt_id=attempt_id,
+            fencing_token=fencing_token,
+            node_rank=node_rank,
+            host=host,
+            settings=settings,
+        ),
+    )
     return "started"
 
 

@@ -131,8 +131,16 @@ def _as_asked(job: Job, type_: str, message: str, asked: str | None) -> tuple[st
     return type_, message
 
 
-def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[str, Any]], state: RelayState,
-          asked: str | None = None, running: bool = True) -> None:  # fmt: skip
+def relay(
+    session: Session,
+    *,
+    job: Job,
+    attempt: Attempt,
+    records: list[dict[str, Any]],
+    state: RelayState,
+    asked: str | None = None,
+    running: bool = True,
+) -> None:
     """Write ``records`` for ``job``/``attempt``. The caller holds the job row and has checked the token.
     ``asked``: why the worker stopped the trainer, when it did so on its own account (``_as_asked``).
     ``running``: the trainer still runs (a heartbeat; False for the report after it exited), so a stop asked for
@@ -151,8 +159,9 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
                 state.nccl_error = True
         elif kind == RecordKind.EVENT:
             fields = rec.get("fields") if isinstance(rec.get("fields"), dict) else {}
-            type_, message = _as_asked(job, str(rec.get("type") or "TRAINER_EVENT"), str(rec.get("message") or ""),
-                                      asked)  # fmt: skip
+            type_, message = _as_asked(
+                job, str(rec.get("type") or "TRAINER_EVENT"), str(rec.get("message") or ""), asked
+            )
             record_event(
                 session,
                 type_[:48],
@@ -223,10 +232,13 @@ def relay(session: Session, *, job: Job, attempt: Attempt, records: list[dict[st
     elif gpu_samples:
         session.add(
             JobMetric(
-                job_id=job.id, attempt_id=attempt.id, step=job.last_step, ts=_ts(gpu_samples[-1]),
+                job_id=job.id,
+                attempt_id=attempt.id,
+                step=job.last_step,
+                ts=_ts(gpu_samples[-1]),
                 extra={"gpu": gpu_samples[-8:]},
             )
-        )  # fmt: skip
+        )
 
 
 def _predicted_memory(session: Session, *, job: Job, rec: dict[str, Any]) -> None:
@@ -277,9 +289,14 @@ def _resumed(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any
         "RESUMED",
         job=job,
         message=f"resumed from the checkpoint of step {step}",
-        data={"attempt": attempt.number, "step": step, "path": rec.get("path"), "loss": rec.get("loss"),
-              "checkpoint_token": rec.get("token")},
-    )  # fmt: skip
+        data={
+            "attempt": attempt.number,
+            "step": step,
+            "path": rec.get("path"),
+            "loss": rec.get("loss"),
+            "checkpoint_token": rec.get("token"),
+        },
+    )
 
 
 def adopt_checkpoint(session: Session, *, job: Job, rec: dict[str, Any], step: int) -> None:
@@ -324,6 +341,13 @@ def _checkpoint(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, 
         "CHECKPOINT",
         job=job,
         message=f"checkpoint at step {step} ({row_bytes} bytes)",
-        data={"attempt": attempt.number, "step": step, "bytes": row_bytes, "verified": verified,
-              "loss": rec.get("loss"), "stall_s": rec.get("stall_s"), "write_s": rec.get("write_s")},
-    )  # fmt: skip
+        data={
+            "attempt": attempt.number,
+            "step": step,
+            "bytes": row_bytes,
+            "verified": verified,
+            "loss": rec.get("loss"),
+            "stall_s": rec.get("stall_s"),
+            "write_s": rec.get("write_s"),
+        },
+    )

@@ -38,7 +38,7 @@ def list_hosts(
                 isolation_note=h.isolation_note,
                 last_heartbeat_at=h.last_heartbeat_at,
                 registered_at=h.registered_at,
-            )  # fmt: skip
+            )
             for h in rows
         ],
     )
@@ -70,7 +70,7 @@ def list_gpus(
                 nvlink_peers=g.nvlink_peers,
                 healthy=g.healthy,
                 last_sample=g.last_sample,
-            )  # fmt: skip
+            )
             for g, host_name in rows
         ],
     )

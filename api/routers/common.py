@@ -36,9 +36,12 @@ ERRORS = problem_responses(*ERROR_CODES)
 # Stream endpoints: documented here, read by the stream dependency and api/sse.py.
 StreamTicketQuery = Annotated[
     str | None,
-    Query(max_length=1024, description="A stream ticket for this path (POST /v1/stream-tickets), for EventSource, "
-          "which cannot send the Authorization header; a token is never accepted in a URL."),
-]  # fmt: skip
+    Query(
+        max_length=1024,
+        description="A stream ticket for this path (POST /v1/stream-tickets), for EventSource, "
+        "which cannot send the Authorization header; a token is never accepted in a URL.",
+    ),
+]
 LastEventIdQuery = Annotated[
     str | None,
     Query(max_length=64, description="Resume after this event id (as the Last-Event-ID header does)."),
@@ -73,9 +76,11 @@ LimitQuery = Annotated[
 ]
 CursorQuery = Annotated[
     str | None,
-    Query(max_length=512, description="The previous page's next_cursor: the page after it. Opaque; omit it for "
-          "the first page."),
-]  # fmt: skip
+    Query(
+        max_length=512,
+        description="The previous page's next_cursor: the page after it. Opaque; omit it for the first page.",
+    ),
+]
 SortKey = tuple[int | str, ...]
 T = TypeVar("T")
 
@@ -129,9 +134,13 @@ def paged_query(
 # made only if that is still the current version (412 otherwise), so two editors never lose each other's update.
 IfMatchHeader = Annotated[
     str | None,
-    Header(alias="If-Match", max_length=256, description="The ETag you read: change it only if still current (412 "
-           "otherwise). Without it the change is made whatever the version."),
-]  # fmt: skip
+    Header(
+        alias="If-Match",
+        max_length=256,
+        description="The ETag you read: change it only if still current (412 "
+        "otherwise). Without it the change is made whatever the version.",
+    ),
+]
 ETAG: dict[int | str, dict[str, Any]] = {
     200: {
         "headers": {
@@ -140,7 +149,7 @@ ETAG: dict[int | str, dict[str, Any]] = {
                 "schema": {"type": "string"},
             }
         }
-    }  # fmt: skip
+    }
 }
 
 

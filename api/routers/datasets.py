@@ -25,10 +25,15 @@ class DatasetIn(InModel):
     name: DatasetName
     path: Annotated[
         str,
-        Field(min_length=1, max_length=MAX_PATH, pattern=r"^[^\x00\\]*$", examples=["datasets/default/digits-npz"],
-              description="A directory relative to kiln's storage root, under datasets/<team>/ or "
-              "datasets/_shared/; it must exist. No absolute path, no '..', no symbolic link out."),
-    ]  # fmt: skip
+        Field(
+            min_length=1,
+            max_length=MAX_PATH,
+            pattern=r"^[^\x00\\]*$",
+            examples=["datasets/default/digits-npz"],
+            description="A directory relative to kiln's storage root, under datasets/<team>/ or "
+            "datasets/_shared/; it must exist. No absolute path, no '..', no symbolic link out.",
+        ),
+    ]
     description: Text | None = None
 
 
@@ -49,8 +54,15 @@ class DatasetPageOut(OutModel):
 
 def _out(view: svc.DatasetView, team: str) -> DatasetOut:
     d = view.dataset
-    return DatasetOut(team=team, name=d.name, path=d.path, description=d.description, created_at=d.created_at,
-                      available=view.available, problem=view.problem)  # fmt: skip
+    return DatasetOut(
+        team=team,
+        name=d.name,
+        path=d.path,
+        description=d.description,
+        created_at=d.created_at,
+        available=view.available,
+        problem=view.problem,
+    )
 
 
 @router.get("", response_model=DatasetPageOut, summary="The team's datasets, by name")
@@ -74,19 +86,28 @@ def get_dataset(
     return _out(svc.get(db=db, principal=who, team=team, name=name, storage=storage), team)
 
 
-@router.post("", response_model=DatasetOut, status_code=status.HTTP_201_CREATED, responses=LOCATION,
-             summary="Register a dataset (team-admin): a name for a directory of the storage's data area")  # fmt: skip
+@router.post(
+    "",
+    response_model=DatasetOut,
+    status_code=status.HTTP_201_CREATED,
+    responses=LOCATION,
+    summary="Register a dataset (team-admin): a name for a directory of the storage's data area",
+)
 def register_dataset(
     team: TeamPath, body: DatasetIn, db: SessionDep, who: CurrentPrincipal, storage: StorageDirDep, response: Response
 ) -> DatasetOut:
-    view = svc.register(db=db, principal=who, team=team, name=body.name, path=body.path,
-                        description=body.description, storage=storage)  # fmt: skip
+    view = svc.register(
+        db=db, principal=who, team=team, name=body.name, path=body.path, description=body.description, storage=storage
+    )
     response.headers["Location"] = f"/v1/teams/{team}/datasets/{body.name}"
     return _out(view, team)
 
 
-@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT,
-               summary="Remove a dataset (team-admin; refused while a job that has not ended names it)")  # fmt: skip
+@router.delete(
+    "/{name}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    summary="Remove a dataset (team-admin; refused while a job that has not ended names it)",
+)
 def delete_dataset(team: TeamPath, name: DatasetPath, db: SessionDep, who: CurrentPrincipal) -> Response:
     svc.remove(db=db, principal=who, team=team, name=name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

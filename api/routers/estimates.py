@@ -21,13 +21,24 @@ router = APIRouter(prefix="/v1/estimates", tags=["estimates"], responses=ERRORS)
 ESTIMATE_BODY: dict[str, Any] = {"requestBody": SUBMIT_BODY["requestBody"]}
 
 
-@router.post("", response_model=EstimateOut, summary="Estimate a job's memory, step time, GPU-hours and cost per "
-             "option, and the cheapest that meets its deadline", openapi_extra=ESTIMATE_BODY)  # fmt: skip
+@router.post(
+    "",
+    response_model=EstimateOut,
+    summary="Estimate a job's memory, step time, GPU-hours and cost per "
+    "option, and the cheapest that meets its deadline",
+    openapi_extra=ESTIMATE_BODY,
+)
 async def create_estimate(request: Request, db: SessionDep, who: CurrentPrincipal) -> EstimateOut:
     spec = await spec_from_body(request)
     settings = request.app.state.settings
     result = await run_in_threadpool(
-        svc.estimate, db=db, principal=who, spec=spec, now=utcnow(), prices=settings.gpu_prices,
-        currency=settings.currency, fit=FitSettings.of(settings),
-    )  # fmt: skip
+        svc.estimate,
+        db=db,
+        principal=who,
+        spec=spec,
+        now=utcnow(),
+        prices=settings.gpu_prices,
+        currency=settings.currency,
+        fit=FitSettings.of(settings),
+    )
     return estimate_out(result)

@@ -40,15 +40,29 @@ class ExportOut(OutModel):
 
 def export_out(e: CheckpointExport) -> ExportOut:
     files = [f"/v1/jobs/{e.job_id}/exports/{e.step}/{name}" for name in svc.FILES] if e.state == "ready" else []
-    return ExportOut(job_id=e.job_id, step=e.step, state=e.state, requested_at=e.requested_at,  # type: ignore[arg-type]
-                     finished_at=e.finished_at, bytes=e.bytes, sha256=e.sha256, error=e.error, files=files)  # fmt: skip
+    return ExportOut(
+        job_id=e.job_id,
+        step=e.step,
+        state=e.state,  # type: ignore[arg-type]
+        requested_at=e.requested_at,
+        finished_at=e.finished_at,
+        bytes=e.bytes,
+        sha256=e.sha256,
+        error=e.error,
+        files=files,
+    )
 
 
-@router.post("", response_model=ExportOut, status_code=status.HTTP_202_ACCEPTED,
-             summary="Export a checkpoint's weights as safetensors (the job's team's members)",
-             responses={200: {"model": ExportOut, "description": "Already exported"}})  # fmt: skip
-def request_export(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, response: Response,
-                   body: ExportIn | None = None) -> ExportOut:  # fmt: skip
+@router.post(
+    "",
+    response_model=ExportOut,
+    status_code=status.HTTP_202_ACCEPTED,
+    summary="Export a checkpoint's weights as safetensors (the job's team's members)",
+    responses={200: {"model": ExportOut, "description": "Already exported"}},
+)
+def request_export(
+    job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, response: Response, body: ExportIn | None = None
+) -> ExportOut:
     export = svc.request(db=db, principal=who, job_id=job_id, step=body.step if body else None)
     if export.state == "ready":
         response.status_code = status.HTTP_200_OK
@@ -78,11 +92,15 @@ def get_export(job_id: JobIdPath, step: StepPath, db: SessionDep, who: CurrentPr
     return export_out(svc.get(db=db, principal=who, job_id=job_id, step=step))
 
 
-@router.get("/{step}/{name}", response_class=FileResponse, summary="Download a file of a ready export",
-            responses={200: {"content": {"application/octet-stream": {}, "application/json": {}}}})  # fmt: skip
-def download(job_id: JobIdPath, step: StepPath, name: FilePath, db: SessionDep, who: CurrentPrincipal,
-             storage: StorageDirDep) -> FileResponse:  # fmt: skip
-    path = svc.file_path(db=db, principal=who, job_id=job_id, step=step, name=name,
-                         storage_dir=storage)  # fmt: skip
+@router.get(
+    "/{step}/{name}",
+    response_class=FileResponse,
+    summary="Download a file of a ready export",
+    responses={200: {"content": {"application/octet-stream": {}, "application/json": {}}}},
+)
+def download(
+    job_id: JobIdPath, step: StepPath, name: FilePath, db: SessionDep, who: CurrentPrincipal, storage: StorageDirDep
+) -> FileResponse:
+    path = svc.file_path(db=db, principal=who, job_id=job_id, step=step, name=name, storage_dir=storage)
     media = "application/json" if name.endswith(".json") else "application/octet-stream"
     return FileResponse(path, media_type=media, filename=f"job{job_id}-step{step}-{name}")

@@ -173,9 +173,7 @@ async def submit_job(
     return await run_hot(_submit, request, db, spec, await idempotency_of(request), hold)
 
 
-def _submit(
-    request: Request, db: Session, spec: JobSpec, idempotency: svc.Idempotency | None, hold: bool
-) -> Response:  # fmt: skip
+def _submit(request: Request, db: Session, spec: JobSpec, idempotency: svc.Idempotency | None, hold: bool) -> Response:
     autocommit(db)
     who = principal_for(request, db)
     replayed = False
@@ -184,8 +182,9 @@ def _submit(
     if idempotency is None:
         view = svc.submit(db=db, principal=who, spec=spec, hold=hold, max_unfinished=cap, fit=fit)
     else:
-        view, replayed = svc.submit_once(db=db, principal=who, spec=spec, idempotency=idempotency, hold=hold,
-                                         max_unfinished=cap, fit=fit)  # fmt: skip
+        view, replayed = svc.submit_once(
+            db=db, principal=who, spec=spec, idempotency=idempotency, hold=hold, max_unfinished=cap, fit=fit
+        )
     finish(db)
     headers = {"Location": f"/v1/jobs/{view.id}"}
     if replayed:
@@ -229,17 +228,36 @@ async def list_jobs(
 
 
 def _list(
-    request: Request, db: Session, team: str | None, states: list[str], qos: str | None, name: str | None,
-    user: str | None, window: tuple[datetime | None, datetime | None], held: bool | None, sweep: int | None,
-    limit: int, cursor: str | None,
-) -> Response:  # fmt: skip
+    request: Request,
+    db: Session,
+    team: str | None,
+    states: list[str],
+    qos: str | None,
+    name: str | None,
+    user: str | None,
+    window: tuple[datetime | None, datetime | None],
+    held: bool | None,
+    sweep: int | None,
+    limit: int,
+    cursor: str | None,
+) -> Response:
     autocommit(db)
     who = principal_for(request, db)  # in this thread: one hop for the whole request (see submit)
     page = svc.list_jobs(
-        db=db, principal=who, team=team, states=states, qos=qos, name=name, user=user, limit=limit,
-        before_id=decode_cursor(cursor, "before") if cursor else None, submitted_after=window[0],
-        submitted_before=window[1], held=held, sweep=sweep,
-    )  # fmt: skip
+        db=db,
+        principal=who,
+        team=team,
+        states=states,
+        qos=qos,
+        name=name,
+        user=user,
+        limit=limit,
+        before_id=decode_cursor(cursor, "before") if cursor else None,
+        submitted_after=window[0],
+        submitted_before=window[1],
+        held=held,
+        sweep=sweep,
+    )
     next_cursor = encode_cursor("before", page.next_before_id) if page.next_before_id else None
     finish(db)
     return JSONBytes(page_json(page.items, next_cursor, utc=page.utc))
@@ -271,11 +289,21 @@ def _advice_out(a: CheckpointAdvice | None) -> CheckpointAdviceOut | None:
     if a is None:
         return None
     r = a.rate
-    return CheckpointAdviceOut(summary=a.summary, advised_interval_s=a.advised_s, chosen_interval_s=a.chosen_s,
-                               checkpoint_cost_s=a.cost_s, checkpoint_cost_measured=a.cost_measured,
-                               gpu_type=r.gpu_type, mtbf_h=r.mtbf_h, failures=r.failures, host_hours=r.host_hours,
-                               from_prior=r.from_prior, hosts=a.hosts, expected_loss_gpu_h=a.loss_gpu_h,
-                               advised_expected_loss_gpu_h=a.advised_loss_gpu_h)  # fmt: skip
+    return CheckpointAdviceOut(
+        summary=a.summary,
+        advised_interval_s=a.advised_s,
+        chosen_interval_s=a.chosen_s,
+        checkpoint_cost_s=a.cost_s,
+        checkpoint_cost_measured=a.cost_measured,
+        gpu_type=r.gpu_type,
+        mtbf_h=r.mtbf_h,
+        failures=r.failures,
+        host_hours=r.host_hours,
+        from_prior=r.from_prior,
+        hosts=a.hosts,
+        expected_loss_gpu_h=a.loss_gpu_h,
+        advised_expected_loss_gpu_h=a.advised_loss_gpu_h,
+    )
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, status_code=status.HTTP_202_ACCEPTED, summary="Cancel a job")
@@ -308,16 +336,39 @@ class JobUpdateIn(InModel):
     GPUs until it has a checkpoint; dependencies that close no cycle); a running one: its time limit (lowered by a
     member; raised or removed by a team admin or an admin)."""
 
-    qos: Annotated[str | None, Field(max_length=32, pattern=r"^[a-z0-9-]+$", description="A QoS class the team "
-                                     "may use; the priority and the contract follow it")] = None  # fmt: skip
-    time_limit_s: Annotated[float | None, Field(gt=0, le=30 * 86400, description=(
-        "Seconds; null: no limit. A running job's counts every attempt's run; its worker follows a change at its "
-        "next heartbeat"))] = None  # fmt: skip
-    gpus: Annotated[int | None, Field(ge=0, le=4096, description="Total GPUs (0: CPU slots only); a queued job that "
-                                      "has no checkpoint yet")] = None  # fmt: skip
-    depends_on: Annotated[list[Annotated[str, Field(max_length=40)]] | None, Field(max_length=32, description=(
-        "The jobs it waits for, as a spec writes them (JOB, afterok:JOB, afterany:JOB, afternotok:JOB), instead of "
-        "those it has; []: none"))] = None  # fmt: skip
+    qos: Annotated[
+        str | None,
+        Field(
+            max_length=32,
+            pattern=r"^[a-z0-9-]+$",
+            description="A QoS class the team may use; the priority and the contract follow it",
+        ),
+    ] = None
+    time_limit_s: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            le=30 * 86400,
+            description=(
+                "Seconds; null: no limit. A running job's counts every attempt's run; its worker follows a change "
+                "at its next heartbeat"
+            ),
+        ),
+    ] = None
+    gpus: Annotated[
+        int | None,
+        Field(ge=0, le=4096, description="Total GPUs (0: CPU slots only); a queued job that has no checkpoint yet"),
+    ] = None
+    depends_on: Annotated[
+        list[Annotated[str, Field(max_length=40)]] | None,
+        Field(
+            max_length=32,
+            description=(
+                "The jobs it waits for, as a spec writes them (JOB, afterok:JOB, afterany:JOB, afternotok:JOB), "
+                "instead of those it has; []: none"
+            ),
+        ),
+    ] = None
 
 
 @router.patch("/{job_id}", response_model=JobOut, summary="Change a job (Slurm's scontrol update)")
@@ -325,8 +376,16 @@ def update_job(
     job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, body: JobUpdateIn, settings: SettingsDep
 ) -> Response:
     limit = body.time_limit_s if "time_limit_s" in body.model_fields_set else svc.UNCHANGED
-    job = svc.update(db=db, principal=who, job_id=job_id, qos=body.qos, time_limit_s=limit, gpus=body.gpus,
-                     depends_on=body.depends_on, fit=FitSettings.of(settings))  # fmt: skip
+    job = svc.update(
+        db=db,
+        principal=who,
+        job_id=job_id,
+        qos=body.qos,
+        time_limit_s=limit,
+        gpus=body.gpus,
+        depends_on=body.depends_on,
+        fit=FitSettings.of(settings),
+    )
     return JSONBytes(job_json(job))
 
 
@@ -335,18 +394,20 @@ def list_job_events(
     job_id: JobIdPath,
     db: SessionDep,
     who: CurrentPrincipal,
-    after: Annotated[int, Query(ge=0, le=INT64, description="Only events with a larger id (for polling; "
-                                "cursor= pages the same way)")] = 0,
+    after: Annotated[
+        int, Query(ge=0, le=INT64, description="Only events with a larger id (for polling; cursor= pages the same way)")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000, description="At most this many items on the page (1..1000)")] = 100,
     cursor: CursorQuery = None,
-) -> EventPageOut:  # fmt: skip
+) -> EventPageOut:
     after_id = decode_cursor(cursor, "after") if cursor else after
     rows = svc.events(db=db, principal=who, job_id=job_id, after_id=after_id, limit=limit + 1)
     items = [
-        EventOut(id=e.id, job_id=e.job_id, type=e.type, message=e.message, data=e.data, actor=actor,
-                 created_at=e.created_at)
+        EventOut(
+            id=e.id, job_id=e.job_id, type=e.type, message=e.message, data=e.data, actor=actor, created_at=e.created_at
+        )
         for e, actor in rows[:limit]
-    ]  # fmt: skip
+    ]
     more = encode_cursor("after", items[-1].id) if len(rows) > limit else None
     return EventPageOut(items=items, next_after=items[-1].id if items else None, next_cursor=more)
 
@@ -375,9 +436,16 @@ def stream_job_logs(
     resume = parse_position(sse.last_event_id(request))
     if resume is None and tail is not None and target.attempt is not None:
         resume = (target.attempt, tail_offset(target.path, tail))
-    stream = sse_log_stream(request=request, target=target, follow=follow, sessions=sessions,
-                            storage_dir=storage, pinned=attempt is not None, guard=guard,
-                            resume=resume)  # fmt: skip
+    stream = sse_log_stream(
+        request=request,
+        target=target,
+        follow=follow,
+        sessions=sessions,
+        storage_dir=storage,
+        pinned=attempt is not None,
+        guard=guard,
+        resume=resume,
+    )
     return StreamingResponse(stream, media_type="text/event-stream", headers=sse.HEADERS)
 
 
@@ -450,9 +518,14 @@ def code(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal) -> CodeOut:
 def get_job_pending_reason(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, request: Request) -> WhyOut:
     why = svc.why(db=db, principal=who, job_id=job_id, forecaster=request.app.state.forecaster)
     job, forecast = why.job, why.forecast
-    return WhyOut(state=JobState(job.state), pending_reason=job.pending_reason, pending_message=job.pending_message,
-                  unblock=why.unblock, expected_start=forecast.earliest if forecast else None,
-                  expected_start_latest=forecast.latest if forecast else None,
-                  expected_start_hosts=list(forecast.hosts) if forecast else [],
-                  expected_start_basis=forecast.basis if forecast else None,
-                  exit_reason=job.exit_reason if job.state in TERMINAL else None)  # fmt: skip
+    return WhyOut(
+        state=JobState(job.state),
+        pending_reason=job.pending_reason,
+        pending_message=job.pending_message,
+        unblock=why.unblock,
+        expected_start=forecast.earliest if forecast else None,
+        expected_start_latest=forecast.latest if forecast else None,
+        expected_start_hosts=list(forecast.hosts) if forecast else [],
+        expected_start_basis=forecast.basis if forecast else None,
+        exit_reason=job.exit_reason if job.state in TERMINAL else None,
+    )

@@ -34,14 +34,19 @@ SWEEP_BODY: dict[str, Any] = {
     "requestBody": {
         "required": True,
         "content": {
-            "application/json": {"schema": {"type": "object", "description": "A job spec with a sweep section: "
-                                            "{grid: {key: [values]}}, {list: [{key: value}]} or {random: {key: "
-                                            "[values] | {uniform|log_uniform|int_uniform: [low, high]}}, count, "
-                                            "seed}; max_concurrent; objective: {metric, goal}"}},
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "description": "A job spec with a sweep section: "
+                    "{grid: {key: [values]}}, {list: [{key: value}]} or {random: {key: "
+                    "[values] | {uniform|log_uniform|int_uniform: [low, high]}}, count, "
+                    "seed}; max_concurrent; objective: {metric, goal}",
+                }
+            },
             **{t: {"schema": {"type": "string", "description": "The same, as YAML"}} for t in sorted(YAML_TYPES)},
         },
     }
-}  # fmt: skip
+}
 
 
 async def document_from_body(request: Request) -> dict[str, Any]:
@@ -52,8 +57,9 @@ async def document_from_body(request: Request) -> dict[str, Any]:
         try:
             data = json.loads(body)
         except ValueError as exc:
-            raise SpecError("the body is not a readable JSON document",
-                            [{"loc": "$", "msg": str(exc)[:200], "type": "parse"}]) from None  # fmt: skip
+            raise SpecError(
+                "the body is not a readable JSON document", [{"loc": "$", "msg": str(exc)[:200], "type": "parse"}]
+            ) from None
     elif ctype in YAML_TYPES:
         data = yaml_body(body)
     else:
@@ -63,17 +69,32 @@ async def document_from_body(request: Request) -> dict[str, Any]:
     return data
 
 
-@router.post("", response_model=SweepOut, status_code=status.HTTP_201_CREATED, openapi_extra=SWEEP_BODY,
-             summary="Submit a sweep: one job per point of its grid or list", responses=LOCATION)  # fmt: skip
+@router.post(
+    "",
+    response_model=SweepOut,
+    status_code=status.HTTP_201_CREATED,
+    openapi_extra=SWEEP_BODY,
+    summary="Submit a sweep: one job per point of its grid or list",
+    responses=LOCATION,
+)
 async def submit_sweep(
-    request: Request, db: SessionDep, who: CurrentPrincipal, response: Response,
+    request: Request,
+    db: SessionDep,
+    who: CurrentPrincipal,
+    response: Response,
     hold: Annotated[bool, Query(description="Submit its jobs held: they wait until released")] = False,
-) -> SweepOut:  # fmt: skip
+) -> SweepOut:
     document = await document_from_body(request)
     settings = request.app.state.settings
-    view = await run_in_threadpool(svc.submit_sweep, db=db, principal=who, document=document, hold=hold,
-                                   max_unfinished=settings.max_unfinished_jobs_per_team,
-                                   fit=FitSettings.of(settings))  # fmt: skip
+    view = await run_in_threadpool(
+        svc.submit_sweep,
+        db=db,
+        principal=who,
+        document=document,
+        hold=hold,
+        max_unfinished=settings.max_unfinished_jobs_per_team,
+        fit=FitSettings.of(settings),
+    )
     response.headers["Location"] = f"/v1/sweeps/{view.sweep.id}"
     return SweepOut.from_view(view)
 
@@ -97,9 +118,12 @@ def get_sweep(sweep_id: SweepIdPath, db: SessionDep, who: CurrentPrincipal) -> S
 
 @router.get("/{sweep_id}/jobs", response_model=SweepJobPageOut, summary="A sweep's jobs by id, a page at a time")
 def list_sweep_jobs(
-    sweep_id: SweepIdPath, db: SessionDep, who: CurrentPrincipal, limit: LimitQuery = PAGE_DEFAULT,
+    sweep_id: SweepIdPath,
+    db: SessionDep,
+    who: CurrentPrincipal,
+    limit: LimitQuery = PAGE_DEFAULT,
     cursor: CursorQuery = None,
-) -> SweepJobPageOut:  # fmt: skip
+) -> SweepJobPageOut:
     view = svc.get(db=db, principal=who, sweep_id=sweep_id)
     rows, more = paged(view.jobs, lambda j: (j.id,), limit, cursor)
     return SweepJobPageOut(items=[SweepJobOut.from_job(j, view.keys) for j in rows], next_cursor=more)

@@ -56,8 +56,9 @@ def list_teams(
     return TeamPageOut(items=[TeamOut.model_validate(t) for t in rows], next_cursor=more)
 
 
-@router.post("", response_model=TeamOut, status_code=status.HTTP_201_CREATED, summary="Create a team (admin)",
-             responses=LOCATION)  # fmt: skip
+@router.post(
+    "", response_model=TeamOut, status_code=status.HTTP_201_CREATED, summary="Create a team (admin)", responses=LOCATION
+)
 def create_team(
     body: TeamCreate, db: SessionDep, who: CurrentPrincipal, response: Response, settings: SettingsDep
 ) -> TeamOut:
@@ -74,12 +75,18 @@ def get_team(team: TeamPath, db: SessionDep, who: CurrentPrincipal, response: Re
     return TeamOut.model_validate(row)
 
 
-@router.patch("/{team}", response_model=TeamOut, summary="Change quotas, cohort, weight, budget (admin)",
-              responses=ETAG)  # fmt: skip
+@router.patch(
+    "/{team}", response_model=TeamOut, summary="Change quotas, cohort, weight, budget (admin)", responses=ETAG
+)
 def update_team(
-    team: TeamPath, body: TeamUpdate, db: SessionDep, who: CurrentPrincipal, response: Response,
-    settings: SettingsDep, if_match: IfMatchHeader = None,
-) -> TeamOut:  # fmt: skip
+    team: TeamPath,
+    body: TeamUpdate,
+    db: SessionDep,
+    who: CurrentPrincipal,
+    response: Response,
+    settings: SettingsDep,
+    if_match: IfMatchHeader = None,
+) -> TeamOut:
     changes = body.model_dump(exclude_unset=True, exclude={"quotas"})
     for key in ("fair_share_weight", "budget_period_s", "restart_limit", "qos_classes"):
         if changes.get(key, 0) is None:
@@ -135,8 +142,14 @@ def put_team_member(
 
 def invitation_out(db: SessionDep, i: TeamInvitation) -> InvitationOut:
     inviter = users_repo.names_by_id(db, [i.invited_by_user_id]).get(i.invited_by_user_id or 0)
-    return InvitationOut(team=i.team.name, user=i.user_name, role=i.role, invited_by=inviter, created_at=i.created_at,
-                         expires_at=i.expires_at)  # fmt: skip
+    return InvitationOut(
+        team=i.team.name,
+        user=i.user_name,
+        role=i.role,
+        invited_by=inviter,
+        created_at=i.created_at,
+        expires_at=i.expires_at,
+    )
 
 
 @router.get("/{team}/invitations", response_model=InvitationPageOut, summary="Pending invitations (team-admin)")

@@ -22,13 +22,21 @@ router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=ERRORS)
 
 def token_out(t: ApiToken) -> TokenOut:
     return TokenOut(
-        id=t.id, name=t.name, prefix=t.prefix, user=t.user.name, scopes=list(t.scopes), created_at=t.created_at,
-        expires_at=t.expires_at, revoked_at=t.revoked_at, last_used_at=t.last_used_at,
-    )  # fmt: skip
+        id=t.id,
+        name=t.name,
+        prefix=t.prefix,
+        user=t.user.name,
+        scopes=list(t.scopes),
+        created_at=t.created_at,
+        expires_at=t.expires_at,
+        revoked_at=t.revoked_at,
+        last_used_at=t.last_used_at,
+    )
 
 
-@router.post("", response_model=TokenCreated, status_code=status.HTTP_201_CREATED, summary="Issue a token",
-             responses=LOCATION)  # fmt: skip
+@router.post(
+    "", response_model=TokenCreated, status_code=status.HTTP_201_CREATED, summary="Issue a token", responses=LOCATION
+)
 def issue_token(
     body: TokenCreate, db: SessionDep, who: CurrentPrincipal, settings: SettingsDep, response: Response
 ) -> TokenCreated:
@@ -53,9 +61,12 @@ def issue_token(
 
 @router.get("", response_model=TokenPageOut, summary="Your tokens, oldest first (admins: ?user=)")
 def list_tokens(
-    db: SessionDep, who: CurrentPrincipal, user: Annotated[str | None, Query(max_length=64)] = None,
-    limit: LimitQuery = PAGE_DEFAULT, cursor: CursorQuery = None,
-) -> TokenPageOut:  # fmt: skip
+    db: SessionDep,
+    who: CurrentPrincipal,
+    user: Annotated[str | None, Query(max_length=64)] = None,
+    limit: LimitQuery = PAGE_DEFAULT,
+    cursor: CursorQuery = None,
+) -> TokenPageOut:
     rows, more = paged_query(
         partial(svc.list_tokens, db=db, principal=who, user=user), lambda t: (t.id,), (0,), limit, cursor
     )

@@ -54,9 +54,12 @@ def list_my_invitations(
 
 
 @router.post(
-    "/me/invitations/{team}/accept", response_model=MemberOut, status_code=status.HTTP_201_CREATED,
-    summary="Join a team that invited you", responses=LOCATION,
-)  # fmt: skip
+    "/me/invitations/{team}/accept",
+    response_model=MemberOut,
+    status_code=status.HTTP_201_CREATED,
+    summary="Join a team that invited you",
+    responses=LOCATION,
+)
 def accept_invitation(team: TeamPath, db: SessionDep, who: CurrentPrincipal, response: Response) -> MemberOut:
     m = invitations.accept(db=db, principal=who, team=team)
     response.headers["Location"] = f"/v1/teams/{team}/members/{who.name}"

@@ -33,8 +33,11 @@ class HostOut(OutModel):
     excluded_until: datetime | None
     exclusion_reason: str | None
     links: dict[str, Any]
-    mps: str | None = Field(None, description="its MPS daemon for fractional jobs: running, restarting, failed; "
-                            "null: none (no GPU, no binary, or KILN_MPS=off)")  # fmt: skip
+    mps: str | None = Field(
+        None,
+        description="its MPS daemon for fractional jobs: running, restarting, failed; "
+        "null: none (no GPU, no binary, or KILN_MPS=off)",
+    )
     isolation: str | None = Field(
         None,
         description="how its worker runs teams' code: sandbox; none (turned off by the operator: every job says so); "

@@ -68,21 +68,51 @@ def option_out(o: est.Option) -> OptionOut:
     c, s = o.config, o.step
     step = None
     if s is not None:
-        step = StepTimeOut(median_s=s.median_s, low_s=s.low_s, high_s=s.high_s, basis=s.basis,  # type: ignore[arg-type]
-                           detail=s.detail, samples=s.samples, runs=s.runs, startup_s=s.startup_s)  # fmt: skip
+        step = StepTimeOut(
+            median_s=s.median_s,
+            low_s=s.low_s,
+            high_s=s.high_s,
+            basis=s.basis,  # type: ignore[arg-type]
+            detail=s.detail,
+            samples=s.samples,
+            runs=s.runs,
+            startup_s=s.startup_s,
+        )
     return OptionOut(
-        gpu_type=c.device, gpus=c.count, parallelism=c.parallelism, compiled=c.compiled,  # type: ignore[arg-type]
-        precision=c.precision, gpu_share=c.share, description=est.describe(c), changes=o.changes,
-        peak_memory_bytes=o.peak_bytes, memory_basis=o.memory_basis,  # type: ignore[arg-type]
-        gpu_memory_bytes=o.capacity_bytes, fits=o.fits, step_time=step, price_per_gpu_hour=o.price, hours=o.hours,
-        gpu_hours=o.gpu_hours, gpu_hours_low=o.gpu_hours_low, gpu_hours_high=o.gpu_hours_high, cost=o.cost,
+        gpu_type=c.device,
+        gpus=c.count,
+        parallelism=c.parallelism,  # type: ignore[arg-type]
+        compiled=c.compiled,
+        precision=c.precision,
+        gpu_share=c.share,
+        description=est.describe(c),
+        changes=o.changes,
+        peak_memory_bytes=o.peak_bytes,
+        memory_basis=o.memory_basis,  # type: ignore[arg-type]
+        gpu_memory_bytes=o.capacity_bytes,
+        fits=o.fits,
+        step_time=step,
+        price_per_gpu_hour=o.price,
+        hours=o.hours,
+        gpu_hours=o.gpu_hours,
+        gpu_hours_low=o.gpu_hours_low,
+        gpu_hours_high=o.gpu_hours_high,
+        cost=o.cost,
         meets_deadline=o.meets_deadline,
-    )  # fmt: skip
+    )
 
 
 def estimate_out(e: Estimate) -> EstimateOut:
     return EstimateOut(
-        name=e.name, recipe=e.recipe, steps=e.steps, shape=e.shape, deadline=e.deadline, currency=e.currency,
-        options=[option_out(o) for o in e.options], recommended=e.recommended, measured_runs=e.measured_runs,
-        summary=e.summary, notes=e.notes,
-    )  # fmt: skip
+        name=e.name,
+        recipe=e.recipe,
+        steps=e.steps,
+        shape=e.shape,
+        deadline=e.deadline,
+        currency=e.currency,
+        options=[option_out(o) for o in e.options],
+        recommended=e.recommended,
+        measured_runs=e.measured_runs,
+        summary=e.summary,
+        notes=e.notes,
+    )

@@ -21,16 +21,18 @@ StoredSpec = Annotated[dict[str, Any], Field(description="The validated spec, de
 # An event's data: free-form per event type; a state change carries the states it moved between.
 EventData = Annotated[
     dict[str, Any],
-    WithJsonSchema({
-        "type": "object",
-        "description": "Details by event type; a state change (type = the new state) has `from` and `to`.",
-        "properties": {
-            "from": {"$ref": "#/components/schemas/JobState"},
-            "to": {"$ref": "#/components/schemas/JobState"},
-        },
-        "additionalProperties": True,
-    }),
-]  # fmt: skip
+    WithJsonSchema(
+        {
+            "type": "object",
+            "description": "Details by event type; a state change (type = the new state) has `from` and `to`.",
+            "properties": {
+                "from": {"$ref": "#/components/schemas/JobState"},
+                "to": {"$ref": "#/components/schemas/JobState"},
+            },
+            "additionalProperties": True,
+        }
+    ),
+]
 
 JOB_EXAMPLE: dict[str, Any] = {
     "id": 42,
@@ -135,9 +137,13 @@ def page_json(items: Sequence[JobView], next_cursor: str | None, *, utc: bool = 
 class CheckpointAdviceOut(OutModel):
     """How often the job should checkpoint, by Young/Daly from what kiln measured (core.services.checkpoint_advice)."""
 
-    summary: str = Field(examples=["checkpoint every 200 steps (~6 min); advised ~18 min (~587 steps) (Young/Daly: "
-                                   "save 4.1 s, MTBF 38 h on H200 from 3 failure(s) in 114 host-hours); expected loss "
-                                   "0.9 vs 0.6 GPU-h"])  # fmt: skip
+    summary: str = Field(
+        examples=[
+            "checkpoint every 200 steps (~6 min); advised ~18 min (~587 steps) (Young/Daly: "
+            "save 4.1 s, MTBF 38 h on H200 from 3 failure(s) in 114 host-hours); expected loss "
+            "0.9 vs 0.6 GPU-h"
+        ]
+    )
     advised_interval_s: float = Field(description="Seconds of training between checkpoints (Daly's optimum).")
     chosen_interval_s: float | None = Field(description="The job's own, where its step time is measured.")
     checkpoint_cost_s: float = Field(description="What one checkpoint costs the job (its save's stall).")
@@ -310,9 +316,11 @@ class WhyOut(OutModel):
     expected_start_basis: str | None = Field(
         default=None,
         description="How expected_start is known, or why it cannot be (null when the job is not queued).",
-        examples=["cannot be known: it starts only after running job(s) 3 end, which have no time limit "
-                  "(time_limit_s) and report no progress yet; kiln does not guess how long a job runs"],
-    )  # fmt: skip
+        examples=[
+            "cannot be known: it starts only after running job(s) 3 end, which have no time limit "
+            "(time_limit_s) and report no progress yet; kiln does not guess how long a job runs"
+        ],
+    )
 
 
 class AttemptPageOut(OutModel):

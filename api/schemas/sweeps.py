@@ -26,19 +26,29 @@ class SweepJobOut(OutModel):
     last_loss: float | None = Field(description="The final loss once SUCCEEDED; the latest before.")
     pending_reason: str | None
     held: bool = Field(description="Held: it does not start until released.")
-    exit_reason: str | None = Field(description="Why it ended when it did not succeed (`stopped early: ...` by the "
-                                    "sweep's early stopping, a failure, a cancel); null otherwise.")  # fmt: skip
+    exit_reason: str | None = Field(
+        description="Why it ended when it did not succeed (`stopped early: ...` by the "
+        "sweep's early stopping, a failure, a cancel); null otherwise."
+    )
     metrics: dict[str, float] = Field(
         default_factory=dict, description="The job's last evaluation of its own code ({name: value}), if any."
     )
 
     @classmethod
     def from_job(cls, j: Job, keys: list[str]) -> SweepJobOut:
-        return cls(id=j.id, name=j.name, state=JobState(j.state), last_step=j.last_step,
-                   steps=int(j.spec.get("steps", 0)), last_loss=j.last_loss, pending_reason=j.pending_reason,
-                   held=j.held_at is not None,
-                   exit_reason=j.exit_reason, settings={k: setting(j, k) for k in keys},
-                   metrics=evaluated(j))  # fmt: skip
+        return cls(
+            id=j.id,
+            name=j.name,
+            state=JobState(j.state),
+            last_step=j.last_step,
+            steps=int(j.spec.get("steps", 0)),
+            last_loss=j.last_loss,
+            pending_reason=j.pending_reason,
+            held=j.held_at is not None,
+            exit_reason=j.exit_reason,
+            settings={k: setting(j, k) for k in keys},
+            metrics=evaluated(j),
+        )
 
 
 class SweepObjective(OutModel):
@@ -53,32 +63,52 @@ class SweepOut(OutModel):
     team: str
     user: str | None
     max_concurrent: int | None
-    parameters: dict[str, Any] = Field(description="Its sweep section as submitted (the grid, list or random draws it "
-                                       "expanded), with a random sweep's seed filled in.")  # fmt: skip
+    parameters: dict[str, Any] = Field(
+        description="Its sweep section as submitted (the grid, list or random draws it "
+        "expanded), with a random sweep's seed filled in."
+    )
     keys: list[str] = Field(description="The settings it varies.")
     created_at: datetime
     objective: SweepObjective = Field(description="How its jobs are ranked, best first.")
-    early_stopping: str | None = Field(description="Its early-stopping rule, in words (`parameters.early_stopping` "
-                                       "has its settings); null when its jobs all run to the end.")  # fmt: skip
-    search: str | None = Field(description="Its adaptive search (`search: tpe`), in words: how many random draws it "
-                               "starts with, then each next job proposed from the jobs that ended; null for a grid, "
-                               "a list or random draws, all submitted at once.")  # fmt: skip
-    search_closed: str | None = Field(description="Why its search proposes no more jobs (all submitted, "
-                                      "cancelled, a proposal refused); null while it proposes, or without a "
-                                      "search.")  # fmt: skip
-    jobs: list[SweepJobOut] = Field(description="Best first by the objective (at most "
-                                    f"{MAX_JOBS}; GET /v1/sweeps/{{id}}/jobs pages them by id).")  # fmt: skip
+    early_stopping: str | None = Field(
+        description="Its early-stopping rule, in words (`parameters.early_stopping` "
+        "has its settings); null when its jobs all run to the end."
+    )
+    search: str | None = Field(
+        description="Its adaptive search (`search: tpe`), in words: how many random draws it "
+        "starts with, then each next job proposed from the jobs that ended; null for a grid, "
+        "a list or random draws, all submitted at once."
+    )
+    search_closed: str | None = Field(
+        description="Why its search proposes no more jobs (all submitted, "
+        "cancelled, a proposal refused); null while it proposes, or without a "
+        "search."
+    )
+    jobs: list[SweepJobOut] = Field(
+        description=f"Best first by the objective (at most {MAX_JOBS}; GET /v1/sweeps/{{id}}/jobs pages them by id)."
+    )
 
     @classmethod
     def from_view(cls, view: SweepView) -> SweepOut:
         s = view.sweep
         jobs = [SweepJobOut.from_job(j, view.keys) for j in view.jobs]
-        return cls(id=s.id, name=s.name, team=view.team, user=view.user, max_concurrent=s.max_concurrent,
-                   parameters=s.parameters, keys=view.keys, created_at=s.created_at,
-                   objective=SweepObjective(metric=view.objective.metric, goal=view.objective.goal,
-                                            rule=view.objective.rule()),
-                   early_stopping=None if (rule := early_stopping_of(s)) is None else rule.described(),
-                   search=section_of(s).described_search(), search_closed=s.closed_reason, jobs=jobs)  # fmt: skip
+        return cls(
+            id=s.id,
+            name=s.name,
+            team=view.team,
+            user=view.user,
+            max_concurrent=s.max_concurrent,
+            parameters=s.parameters,
+            keys=view.keys,
+            created_at=s.created_at,
+            objective=SweepObjective(
+                metric=view.objective.metric, goal=view.objective.goal, rule=view.objective.rule()
+            ),
+            early_stopping=None if (rule := early_stopping_of(s)) is None else rule.described(),
+            search=section_of(s).described_search(),
+            search_closed=s.closed_reason,
+            jobs=jobs,
+        )
 
 
 class SweepCurveOut(OutModel):
@@ -95,9 +125,14 @@ class SweepCurvesOut(OutModel):
 
     @classmethod
     def from_curves(cls, objective: Objective, curves: list[Curve]) -> SweepCurvesOut:
-        return cls(metric=objective.metric, goal=objective.goal,
-                   curves=[SweepCurveOut(job_id=c.job.id, name=c.job.name, state=JobState(c.job.state),
-                                         points=c.points) for c in curves])  # fmt: skip
+        return cls(
+            metric=objective.metric,
+            goal=objective.goal,
+            curves=[
+                SweepCurveOut(job_id=c.job.id, name=c.job.name, state=JobState(c.job.state), points=c.points)
+                for c in curves
+            ],
+        )
 
 
 class SweepPageOut(OutModel):

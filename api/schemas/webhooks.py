@@ -10,8 +10,9 @@ from pydantic import Field
 from api.schemas.common import INT64, NEXT_CURSOR_DOC, InModel, OutModel, TeamName, Text
 from core.webhook_kinds import EventKind
 
-WebhookUrl = Annotated[str, Field(min_length=8, max_length=2048, pattern=r"^https?://[^\s]+$",
-                                  examples=["https://hooks.example.com/kiln"])]  # fmt: skip
+WebhookUrl = Annotated[
+    str, Field(min_length=8, max_length=2048, pattern=r"^https?://[^\s]+$", examples=["https://hooks.example.com/kiln"])
+]
 
 
 class WebhookCreate(InModel):
@@ -19,8 +20,9 @@ class WebhookCreate(InModel):
     job_id: Annotated[int, Field(ge=1, le=INT64)] | None = Field(default=None, description="Only this job (members).")
     url: WebhookUrl
     events: Annotated[list[EventKind], Field(min_length=1, max_length=7)] = ["finished", "failed"]
-    format: Literal["json", "slack"] = Field(default="json", description="slack: a {\"text\": ...} body for a "
-                                             "Slack incoming-webhook URL.")  # fmt: skip
+    format: Literal["json", "slack"] = Field(
+        default="json", description='slack: a {"text": ...} body for a Slack incoming-webhook URL.'
+    )
     description: Text = ""
 
     model_config = InModel.model_config | {
@@ -32,7 +34,7 @@ class WebhookCreate(InModel):
                     "events": ["finished", "failed", "sla_violation"],
                 }
             ]
-        }  # fmt: skip
+        }
     }
 
 

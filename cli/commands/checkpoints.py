@@ -44,8 +44,11 @@ def export(
         deadline = time.monotonic() + timeout
         while wait and state["state"] in ("requested", "running"):
             if time.monotonic() > deadline:
-                raise CliError(f"the export is still {state['state']} after {timeout:.0f} s; run the command again "
-                               "later (it resumes)", ExitCode.FAILURE)  # fmt: skip
+                raise CliError(
+                    f"the export is still {state['state']} after {timeout:.0f} s; run the command again "
+                    "later (it resumes)",
+                    ExitCode.FAILURE,
+                )
             time.sleep(1.0)
             state = api.get(f"/v1/jobs/{job_id}/exports/{state['step']}")
         if state["state"] == "failed":

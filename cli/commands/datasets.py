@@ -56,8 +56,11 @@ def datasets_add(
     body = {"name": name, "path": path, **({"description": description} if description else {})}
     with client() as api:
         data = api.post(f"/v1/teams/{team}/datasets", json=body)
-    out.render(data, output, lambda: f"dataset {data['name']} registered in team {team}: {data['path']} (read-only "
-                                     "for jobs that name it)")  # fmt: skip
+    out.render(
+        data,
+        output,
+        lambda: f"dataset {data['name']} registered in team {team}: {data['path']} (read-only for jobs that name it)",
+    )
 
 
 @datasets_app.command("rm", epilog=examples("kiln datasets rm digits-npz --team default"))

@@ -56,8 +56,12 @@ def _report(answer: dict[str, Any], all_options: bool) -> Any:
         ("DEADLINE", lambda r: {True: "meets", False: "misses", None: "-"}[r["meets_deadline"]]),
     ]
     legend = f"= as written   * recommended   ({len(shown)} of {len(options)} options; --all for every one)"
-    lines: list[Any] = [out.text(head, "bold"), out.table(columns, rows), out.text(legend, "dim"),
-                        out.text(answer["summary"])]  # fmt: skip
+    lines: list[Any] = [
+        out.text(head, "bold"),
+        out.table(columns, rows),
+        out.text(legend, "dim"),
+        out.text(answer["summary"]),
+    ]
     lines += [out.text(f"note: {n}", "dim") for n in answer["notes"]]
     return Group(*lines)
 
@@ -78,8 +82,9 @@ def _mark(i: int, best: int | None) -> Any:
 def _changes(changes: dict[str, Any]) -> str:
     if not changes:
         return "-"
-    return ", ".join(f"{k.removeprefix('recipe.hyperparameters.')}={'(none)' if v is None else v}"
-                     for k, v in changes.items())  # fmt: skip
+    return ", ".join(
+        f"{k.removeprefix('recipe.hyperparameters.')}={'(none)' if v is None else v}" for k, v in changes.items()
+    )
 
 
 def _memory(r: dict[str, Any]) -> str:

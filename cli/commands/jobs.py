@@ -123,8 +123,12 @@ def report_submitted(api: Any, job: dict[str, Any], *, follow: bool, output: Out
         out.print_data(job, output)
         return
     if output is OutputFormat.table:
-        console.print(out.text(f"submitted job {job['id']} ({job.get('name')}, team {job.get('team')}, "
-                               f"qos {job.get('qos')}) — {job.get('state')}"))  # fmt: skip
+        console.print(
+            out.text(
+                f"submitted job {job['id']} ({job.get('name')}, team {job.get('team')}, "
+                f"qos {job.get('qos')}) — {job.get('state')}"
+            )
+        )
         if job.get("pending_message") and not job.get("held_at"):  # accepted beyond what the hosts could hold
             err_console.print(out.text(f"warning: {job['pending_message']}"))  # (an operator's choice, or none yet)
     if not follow:
@@ -174,10 +178,20 @@ def parse_duration(text: str) -> float | None:
 
 
 def job_filter(
-    api: Any, *, team: str | None = None, state: list[str] | None = None, qos: str | None = None,
-    name: str | None = None, user: str | None = None, mine: bool = False, active: bool = False,
-    since: str | None = None, until: str | None = None, held: bool | None = None, sweep: int | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    api: Any,
+    *,
+    team: str | None = None,
+    state: list[str] | None = None,
+    qos: str | None = None,
+    name: str | None = None,
+    user: str | None = None,
+    mine: bool = False,
+    active: bool = False,
+    since: str | None = None,
+    until: str | None = None,
+    held: bool | None = None,
+    sweep: int | None = None,
+) -> dict[str, Any]:
     """The query of ``GET /v1/jobs`` for the CLI's filter options (``--mine``: the token's own user)."""
     states = [s.strip().upper() for chunk in state or [] for s in chunk.split(",") if s.strip()]
     if active:
@@ -201,8 +215,12 @@ def job_filter(
 
 def submit_text(api: Any, text: str, *, hold: bool = False) -> dict[str, Any]:
     """POST the spec as YAML (a superset of JSON): the server parses exactly what the user wrote."""
-    job: dict[str, Any] = api.post("/v1/jobs", content=text.encode(), headers={"Content-Type": "application/yaml"},
-                                   params={"hold": "true"} if hold else None)  # fmt: skip
+    job: dict[str, Any] = api.post(
+        "/v1/jobs",
+        content=text.encode(),
+        headers={"Content-Type": "application/yaml"},
+        params={"hold": "true"} if hold else None,
+    )
     return job
 
 
@@ -250,8 +268,20 @@ def list_jobs(
 ) -> None:
     """List jobs, newest first."""
     with client() as api:
-        params = job_filter(api, team=team, state=state, qos=qos, name=name, user=user, mine=mine, active=active,
-                            since=since, until=until, held=True if held else None, sweep=sweep)  # fmt: skip
+        params = job_filter(
+            api,
+            team=team,
+            state=state,
+            qos=qos,
+            name=name,
+            user=user,
+            mine=mine,
+            active=active,
+            since=since,
+            until=until,
+            held=True if held else None,
+            sweep=sweep,
+        )
         jobs = list(api.paginate("/v1/jobs", params, limit=None if all_ else limit))
     if output is not OutputFormat.table:
         out.print_data(jobs, output)
@@ -308,8 +338,9 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         ("finished", out.fmt_time(job.get("finished_at"))),
     ]
     if job.get("held_at") and job.get("state") != "QUEUED":
-        pairs.append(("hold", f"{job.get('pending_message') or 'held'}: stopping, checkpoint first, then back in the "
-                              "queue held"))  # fmt: skip
+        pairs.append(
+            ("hold", f"{job.get('pending_message') or 'held'}: stopping, checkpoint first, then back in the queue held")
+        )
     elif job.get("pending_reason"):
         pairs.append(("waiting", f"{job['pending_reason']}: {job.get('pending_message') or ''}"))
     if isinstance(why, dict) and (start := out.expected_start(why)):  # kiln why's answer, from the same endpoint
@@ -425,8 +456,11 @@ def logs(
                 if event.event in END_EVENTS:
                     end = _sse_json(event)
                     if end.get("reason") == "unauthorized":
-                        raise CliError("the stream was closed: this token was revoked or expired, or you are no "
-                                       "longer in the job's team", ExitCode.UNAUTHORIZED)  # fmt: skip
+                        raise CliError(
+                            "the stream was closed: this token was revoked or expired, or you are no "
+                            "longer in the job's team",
+                            ExitCode.UNAUTHORIZED,
+                        )
                     if end.get("attempt") is None:
                         err_console.print(f"no logs yet: job {job_id} has not started an attempt")
                     break
@@ -461,20 +495,40 @@ JobIds = Annotated[list[int] | None, typer.Argument(help="Job ids.", min=1, show
 
 
 def selected_ids(
-    api: Any, job_ids: list[int] | None, *, team: str | None, name: str | None, state: list[str] | None, mine: bool,
-    since: str | None, until: str | None, sweep: int | None = None, default_states: list[str] | None = None,
-    held: bool | None = None, none: str = "no active job matches",
-) -> list[int]:  # fmt: skip
+    api: Any,
+    job_ids: list[int] | None,
+    *,
+    team: str | None,
+    name: str | None,
+    state: list[str] | None,
+    mine: bool,
+    since: str | None,
+    until: str | None,
+    sweep: int | None = None,
+    default_states: list[str] | None = None,
+    held: bool | None = None,
+    none: str = "no active job matches",
+) -> list[int]:
     """The ids given, or the jobs the filter options match (``default_states`` when no --state; None: the active
     ones); ``held``: only held jobs, or none. Empty when nothing matches (``none`` said on stderr)."""
     if job_ids:
         return list(job_ids)
     if not any((team, name, state, mine, since, until, sweep is not None)):
-        raise CliError("give job ids, or a filter (--team, --name, --state, --mine, --since, --until, --sweep)",
-                       ExitCode.USAGE)  # fmt: skip
-    params = job_filter(api, team=team, name=name, state=state or default_states, mine=mine,
-                        active=not (state or default_states), since=since, until=until, held=held,
-                        sweep=sweep)  # fmt: skip
+        raise CliError(
+            "give job ids, or a filter (--team, --name, --state, --mine, --since, --until, --sweep)", ExitCode.USAGE
+        )
+    params = job_filter(
+        api,
+        team=team,
+        name=name,
+        state=state or default_states,
+        mine=mine,
+        active=not (state or default_states),
+        since=since,
+        until=until,
+        held=held,
+        sweep=sweep,
+    )
     ids = [int(j["id"]) for j in api.paginate("/v1/jobs", params, limit=None)]
     if not ids:
         err_console.print(none)
@@ -483,13 +537,18 @@ def selected_ids(
 
 def queued_ids(api: Any, job_ids: list[int] | None, *, held: bool, **filters: Any) -> list[int]:
     """The ids given, or the queued jobs the filter options match that are held (``held``) or not."""
-    return selected_ids(api, job_ids, state=None, default_states=["QUEUED"], held=held, **filters,
-                        none="no held job matches" if held else "no queued job matches")  # fmt: skip
+    return selected_ids(
+        api,
+        job_ids,
+        state=None,
+        default_states=["QUEUED"],
+        held=held,
+        **filters,
+        none="no held job matches" if held else "no queued job matches",
+    )
 
 
-def act_on_each(
-    api: Any, ids: list[int], action: Any, output: OutputFormat
-) -> None:  # fmt: skip
+def act_on_each(api: Any, ids: list[int], action: Any, output: OutputFormat) -> None:
     """Run ``action(api, job_id, say)`` on each job; with several, an error is reported and the others go ahead,
     and the command exits with the first error's code. Prints the answers with -o json/yaml."""
     say = console if output is OutputFormat.table else err_console  # stdout stays the data with -o json/yaml
@@ -518,11 +577,17 @@ def act_on_each(
     )
 )
 def cancel(
-    job_ids: JobIds = None, team: TeamSel = None, name: NameSel = None, state: StateSel = None, mine: MineSel = False,
-    since: SinceSel = None, until: UntilSel = None, sweep: SweepSel = None,
+    job_ids: JobIds = None,
+    team: TeamSel = None,
+    name: NameSel = None,
+    state: StateSel = None,
+    mine: MineSel = False,
+    since: SinceSel = None,
+    until: UntilSel = None,
+    sweep: SweepSel = None,
     reason: Annotated[str | None, typer.Option("--reason", help="Recorded in the job's events.")] = None,
     output: OutputOpt = OutputFormat.table,
-) -> None:  # fmt: skip
+) -> None:
     """Cancel jobs: a queued one at once; a running one is asked to stop (it checkpoints first).
 
     Give job ids, or a filter over the active jobs you can see."""
@@ -536,18 +601,24 @@ def cancel(
         if (whole := whole_sweep(sweep, job_ids, team, name, state, mine, since, until)) is not None:
             act_on_sweep(api, whole, "cancel", {"reason": reason} if reason else None, output)
             return
-        ids = selected_ids(api, job_ids, team=team, name=name, state=state, mine=mine, since=since, until=until,
-                           sweep=sweep)  # fmt: skip
+        ids = selected_ids(
+            api, job_ids, team=team, name=name, state=state, mine=mine, since=since, until=until, sweep=sweep
+        )
         act_on_each(api, ids, one, output)
 
 
 @app.command(epilog=examples("kiln hold 7", "kiln hold --mine --reason 'dataset not ready'", "kiln hold --sweep 3"))
 def hold(
-    job_ids: JobIds = None, team: TeamSel = None, name: NameSel = None, mine: MineSel = False,
-    since: SinceSel = None, until: UntilSel = None, sweep: SweepSel = None,
+    job_ids: JobIds = None,
+    team: TeamSel = None,
+    name: NameSel = None,
+    mine: MineSel = False,
+    since: SinceSel = None,
+    until: UntilSel = None,
+    sweep: SweepSel = None,
     reason: Annotated[str | None, typer.Option("--reason", help="Shown as the pending message.")] = None,
     output: OutputOpt = OutputFormat.table,
-) -> None:  # fmt: skip
+) -> None:
     """Hold jobs: they do not start until released (kiln release). Their wait pauses meanwhile: the queue-wait
     SLA counts no held time. A running job stops, checkpoint first, and waits in the queue held.
 
@@ -560,9 +631,15 @@ def hold(
 
 @app.command(epilog=examples("kiln release 7", "kiln release --mine", "kiln release --sweep 3"))
 def release(
-    job_ids: JobIds = None, team: TeamSel = None, name: NameSel = None, mine: MineSel = False,
-    since: SinceSel = None, until: UntilSel = None, sweep: SweepSel = None, output: OutputOpt = OutputFormat.table,
-) -> None:  # fmt: skip
+    job_ids: JobIds = None,
+    team: TeamSel = None,
+    name: NameSel = None,
+    mine: MineSel = False,
+    since: SinceSel = None,
+    until: UntilSel = None,
+    sweep: SweepSel = None,
+    output: OutputOpt = OutputFormat.table,
+) -> None:
     """Release held jobs: the scheduler plans them again (Slurm's scontrol release).
 
     Give job ids, or a filter over the held jobs you can see."""
@@ -574,8 +651,11 @@ def release(
 def done_said(action: str, job_id: int, state: str | None) -> str:
     """What the CLI says of a job it cancelled, held or released, by the state the answer gives it."""
     if action == "cancel":
-        return f"job {job_id} CANCELLED" if state == JobState.CANCELLED.value else (
-            f"cancelling job {job_id}: stopping, checkpoint first")  # fmt: skip
+        return (
+            f"job {job_id} CANCELLED"
+            if state == JobState.CANCELLED.value
+            else (f"cancelling job {job_id}: stopping, checkpoint first")
+        )
     if action == "hold" and state == JobState.QUEUED.value:
         return f"job {job_id} held ({cli_name()} release {job_id} lets it start)"
     if action == "hold":
@@ -589,9 +669,7 @@ def whole_sweep(sweep: int | None, job_ids: list[int] | None, *filters: Any) -> 
     return sweep if not job_ids and not any(filters) else None
 
 
-def act_on_sweep(
-    api: Any, sweep_id: int, action: str, body: dict[str, Any] | None, output: OutputFormat
-) -> None:  # fmt: skip
+def act_on_sweep(api: Any, sweep_id: int, action: str, body: dict[str, Any] | None, output: OutputFormat) -> None:
     """Cancel, hold or release a whole sweep through ``POST /v1/sweeps/{id}/{action}``: all its jobs in one
     transaction (Determined's ``experiment kill``, Slurm's ``scancel`` of a job array), none if one may not be
     changed. Says what changed, job by job, from the sweep as it was just before and as the answer gives it."""
@@ -600,13 +678,20 @@ def act_on_sweep(
     sweep: dict[str, Any] = api.post(f"/v1/sweeps/{sweep_id}/{action}", json=body)
     # A running job asked to cancel is still running in the answer: it stops, checkpoint first. A job an adaptive
     # search proposed between the two requests is new to ``before``.
-    changed = [j for j in sweep["jobs"] if (j["state"], j["held"]) != before.get(j["id"])
-               or (action == "cancel" and j["state"] not in out.TERMINAL_STATES)]  # fmt: skip
+    changed = [
+        j
+        for j in sweep["jobs"]
+        if (j["state"], j["held"]) != before.get(j["id"])
+        or (action == "cancel" and j["state"] not in out.TERMINAL_STATES)
+    ]
     for j in sorted(changed, key=lambda j: j["id"]):
         say.print(out.text(done_said(action, j["id"], j["state"])))
     if not changed:
-        err_console.print({"cancel": "no active job matches", "hold": "no queued job matches",
-                           "release": "no held job matches"}[action])  # fmt: skip
+        err_console.print(
+            {"cancel": "no active job matches", "hold": "no queued job matches", "release": "no held job matches"}[
+                action
+            ]
+        )
     if output is not OutputFormat.table:
         out.print_data(sweep, output)
 

@@ -93,12 +93,15 @@ def sweep_rows(sweep: dict[str, Any], sort: str | None = None) -> tuple[list[Col
     rows = [{**j, "rank": i + 1} for i, j in enumerate(sweep.get("jobs", []))]
     metrics = sorted({name for j in rows for name in j.get("metrics") or {}})
     keyed: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
-        ("rank", lambda r: r["rank"]), ("id", lambda r: r["id"]), ("name", lambda r: r["name"]),
+        ("rank", lambda r: r["rank"]),
+        ("id", lambda r: r["id"]),
+        ("name", lambda r: r["name"]),
         ("state", lambda r: r["state"]),
         *((key, _setting(key)) for key in sweep.get("keys", [])),
-        ("step", lambda r: r["last_step"]), ("loss", lambda r: r["last_loss"]),
+        ("step", lambda r: r["last_step"]),
+        ("loss", lambda r: r["last_loss"]),
         *((name, _metric(name)) for name in metrics),
-    ]  # fmt: skip
+    ]
     if sort:
         by = dict(keyed)
         name = sort.lstrip("-").lower()
@@ -107,8 +110,12 @@ def sweep_rows(sweep: dict[str, Any], sort: str | None = None) -> tuple[list[Col
         present = [r for r in rows if by[name](r) is not None]  # a job with no value yet goes last either way
         present.sort(key=lambda r: by[name](r), reverse=sort.startswith("-"))
         rows = present + [r for r in rows if by[name](r) is None]
-    columns: list[Column] = [("RANK", lambda r: r["rank"]), ("ID", lambda r: r["id"]), ("NAME", lambda r: r["name"]),
-                             ("STATE", lambda r: out.state_text(r["state"]))]  # fmt: skip
+    columns: list[Column] = [
+        ("RANK", lambda r: r["rank"]),
+        ("ID", lambda r: r["id"]),
+        ("NAME", lambda r: r["name"]),
+        ("STATE", lambda r: out.state_text(r["state"])),
+    ]
     columns += [(key.upper(), _setting(key)) for key in sweep.get("keys", [])]
     columns += [("STEP", lambda r: f"{r['last_step']}/{r['steps']}"), ("LOSS", lambda r: out.fmt_loss(r["last_loss"]))]
     columns += [(name.upper(), _fmt_metric(name)) for name in metrics]
@@ -160,8 +167,9 @@ def sweep_submit(
             user_code.upload(api, data, workdir)
             sweep = api.post("/v1/sweeps", json=data, params=params)
         else:
-            sweep = api.post("/v1/sweeps", content=text.encode(), headers={"Content-Type": "application/yaml"},
-                             params=params)  # fmt: skip
+            sweep = api.post(
+                "/v1/sweeps", content=text.encode(), headers={"Content-Type": "application/yaml"}, params=params
+            )
     if output is not OutputFormat.table:
         out.print_data(sweep, output)
         return
@@ -169,12 +177,24 @@ def sweep_submit(
     parameters = sweep.get("parameters") or {}
     seed = parameters.get("seed")
     # An adaptive search submits its first random draws now and proposes the others as they end.
-    jobs = (f"{len(sweep['jobs'])} jobs now, {parameters.get('count')} in all by TPE (each next one proposed as "
-            "others end)") if sweep.get("search") else f"{len(sweep['jobs'])} jobs"  # fmt: skip
-    console.print(out.text(f"submitted sweep {sweep['id']} ({sweep['name']}, team {sweep['team']}): "
-                           f"{jobs}" + (f", at most {limit} at once" if limit else "")
-                           + (" (held)" if hold else "") + (f", drawn with seed {seed}" if seed is not None else "")
-                           + f"; best first by {_objective(sweep)}"))  # fmt: skip
+    jobs = (
+        (
+            f"{len(sweep['jobs'])} jobs now, {parameters.get('count')} in all by TPE (each next one proposed as "
+            "others end)"
+        )
+        if sweep.get("search")
+        else f"{len(sweep['jobs'])} jobs"
+    )
+    console.print(
+        out.text(
+            f"submitted sweep {sweep['id']} ({sweep['name']}, team {sweep['team']}): "
+            f"{jobs}"
+            + (f", at most {limit} at once" if limit else "")
+            + (" (held)" if hold else "")
+            + (f", drawn with seed {seed}" if seed is not None else "")
+            + f"; best first by {_objective(sweep)}"
+        )
+    )
     console.print(out.text(f"see it with: {cli_name()} sweep show {sweep['id']}"))
 
 
@@ -247,8 +267,11 @@ def sweep_ls(output: OutputOpt = OutputFormat.table) -> None:
         err_console.print("no sweeps")
         return
     cols: list[Column] = [
-        ("ID", lambda s: s["id"]), ("NAME", lambda s: s["name"]), ("TEAM", lambda s: s["team"]),
-        ("JOBS", lambda s: len(s["jobs"])), ("SUCCEEDED", lambda s: sum(j["state"] == "SUCCEEDED" for j in s["jobs"])),
+        ("ID", lambda s: s["id"]),
+        ("NAME", lambda s: s["name"]),
+        ("TEAM", lambda s: s["team"]),
+        ("JOBS", lambda s: len(s["jobs"])),
+        ("SUCCEEDED", lambda s: sum(j["state"] == "SUCCEEDED" for j in s["jobs"])),
         ("BEST", _best),
-    ]  # fmt: skip
+    ]
     console.print(out.table(cols, items))

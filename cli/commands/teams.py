@@ -127,8 +127,11 @@ def teams_set(
         if changed:  # the whole list is replaced: merge with what is there, and only if nobody changed it since
             current, tag = api.get_versioned(f"/v1/teams/{team}")
             replaced = {c["gpu_type"].lower() for c in changed}
-            kept = [{k: q[k] for k in ("gpu_type", "nominal", "borrowing_limit", "lending_limit")}
-                    for q in current.get("quotas", []) if q["gpu_type"].lower() not in replaced]  # fmt: skip
+            kept = [
+                {k: q[k] for k in ("gpu_type", "nominal", "borrowing_limit", "lending_limit")}
+                for q in current.get("quotas", [])
+                if q["gpu_type"].lower() not in replaced
+            ]
             body["quotas"] = kept + changed
         data = api.patch(f"/v1/teams/{team}", json=body, if_match=tag)
     out.render(data, output, lambda: out.kv_table(_flatten_lists(data), title=f"Team {team}"))

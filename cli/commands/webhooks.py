@@ -59,8 +59,12 @@ def create(
     """Create a webhook; its signing secret is shown once."""
     if team is None and job is None:
         raise CliError("name --team (every job of the team) or --job (one job)")
-    body: dict[str, Any] = {"url": url, "events": [e.strip() for e in events.split(",") if e.strip()],
-                            "format": "slack" if slack else "json", "description": description}  # fmt: skip
+    body: dict[str, Any] = {
+        "url": url,
+        "events": [e.strip() for e in events.split(",") if e.strip()],
+        "format": "slack" if slack else "json",
+        "description": description,
+    }
     if team is not None:
         body["team"] = team
     if job is not None:

@@ -59,8 +59,10 @@ def start_detached(up_args: list[str], home: Path, api_url: str, timeout_s: floa
     while time.monotonic() < deadline:
         code = proc.poll()
         if code is not None:
-            raise CliError(f"kiln up exited with code {code} before it was ready; last lines of {log_path}:",
-                           details=tail(log_path, 15))  # fmt: skip
+            raise CliError(
+                f"kiln up exited with code {code} before it was ready; last lines of {log_path}:",
+                details=tail(log_path, 15),
+            )
         if api_ready(api_url) and BANNER_END in log_path.read_text(errors="replace"):
             from cli.config import load_file
 

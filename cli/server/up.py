@@ -349,8 +349,10 @@ def prepare(database_url: str, api_url: str) -> Credentials:
         # Another kiln's entry: kept as it is; this one is added as a profile beside it.
         profile = profile_name(api_url)
         save(api_url, result.token, path, profile=profile)
-        note += (f"; the CLI config's default is another kiln ({other}), kept: this one is profile {profile!r} "
-                 f"(kiln --profile {profile} ..., or KILN_PROFILE={profile})")  # fmt: skip
+        note += (
+            f"; the CLI config's default is another kiln ({other}), kept: this one is profile {profile!r} "
+            f"(kiln --profile {profile} ..., or KILN_PROFILE={profile})"
+        )
         return Credentials(api_url, result.token, result.user, path, note, profile)
     save(api_url, result.token, path)
     return Credentials(api_url, result.token, result.user, path, note)

@@ -93,8 +93,11 @@ class Job(Base):
     def ran_s(self, now: datetime, *, besides: int | None = None) -> float:
         """Seconds its attempts have run (one still running: until ``now``), the attempt ``besides`` left out: the
         run time its time limit counts."""
-        return sum(((a.ended_at or now) - a.started_at).total_seconds() for a in self.attempts
-                   if a.started_at is not None and a.id != besides)  # fmt: skip
+        return sum(
+            ((a.ended_at or now) - a.started_at).total_seconds()
+            for a in self.attempts
+            if a.started_at is not None and a.id != besides
+        )
 
 
 class JobDependency(Base):
@@ -103,9 +106,11 @@ class JobDependency(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     depends_on_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
     condition: Mapped[str] = mapped_column(
-        String(16), default="afterok", server_default=text("'afterok'"),
+        String(16),
+        default="afterok",
+        server_default=text("'afterok'"),
         comment="afterok (the other succeeded), afterany (it ended), afternotok (it failed or was cancelled)",
-    )  # fmt: skip
+    )
 
 
 class Sweep(Base):

@@ -155,9 +155,10 @@ class ApiToken(Base):
     revoked_at: Mapped[datetime | None] = mapped_column()
     last_used_at: Mapped[datetime | None] = mapped_column()
     parent_id: Mapped[int | None] = mapped_column(
-        ForeignKey("api_tokens.id", ondelete="SET NULL"), index=True,
+        ForeignKey("api_tokens.id", ondelete="SET NULL"),
+        index=True,
         comment="the token that minted this one: revoking it revokes this one",
-    )  # fmt: skip
+    )
 
     user: Mapped[User] = relationship(lazy="joined")
 

@@ -73,10 +73,15 @@ def validate(name: str, hyperparameters: Mapping[str, Any]) -> TrainingHyperpara
         known = known_recipes()
         if name in known:
             return None
-        raise HyperparameterError([{
-            "loc": "recipe.name", "type": "unknown_recipe",
-            "msg": f"unknown recipe {name!r}{_closest(name, known)} (known: {', '.join(known)})",
-        }])  # fmt: skip
+        raise HyperparameterError(
+            [
+                {
+                    "loc": "recipe.name",
+                    "type": "unknown_recipe",
+                    "msg": f"unknown recipe {name!r}{_closest(name, known)} (known: {', '.join(known)})",
+                }
+            ]
+        )
     try:  # fault injection is no hyperparameter either: a spec naming a test hook is refused as unknown
         return model.model_validate(dict(hyperparameters))
     except ValidationError as exc:

@@ -39,9 +39,14 @@ def _job_conditions(
 
 
 def waiting_page(
-    db: Session, *, team_ids: Sequence[int], qos_class_id: int | None, after_pos: int | None, limit: int,
+    db: Session,
+    *,
+    team_ids: Sequence[int],
+    qos_class_id: int | None,
+    after_pos: int | None,
+    limit: int,
     submitted_after: datetime | None = None,
-) -> tuple[list[tuple[Job, int]], int]:  # fmt: skip
+) -> tuple[list[tuple[Job, int]], int]:
     """QUEUED jobs in the scheduler's base order (QoS priority, job priority, submission) with their position in
     the whole queue, after ``after_pos``: up to ``limit`` rows, and how many match in all. Held jobs come last
     (the scheduler does not plan them): a waiting job's position counts none of them."""

@@ -62,15 +62,20 @@ def steady_steps(db: Session, attempt_ids: Sequence[int]) -> dict[int, list[tupl
         part, order = JobMetric.attempt_id, (JobMetric.step, JobMetric.id)
         ranked = (
             select(
-                JobMetric.attempt_id, JobMetric.step_time_s, JobMetric.mem_peak_bytes,
+                JobMetric.attempt_id,
+                JobMetric.step_time_s,
+                JobMetric.mem_peak_bytes,
                 func.row_number().over(partition_by=part, order_by=order).label("first"),
                 func.row_number().over(partition_by=part, order_by=[c.desc() for c in order]).label("last"),
                 func.count().over(partition_by=part).label("count"),
             )
-            .where(JobMetric.attempt_id.in_(attempt_ids[start : start + CHUNK]), JobMetric.step_time_s.is_not(None),
-                   JobMetric.overhead.is_(None))
+            .where(
+                JobMetric.attempt_id.in_(attempt_ids[start : start + CHUNK]),
+                JobMetric.step_time_s.is_not(None),
+                JobMetric.overhead.is_(None),
+            )
             .subquery()
-        )  # fmt: skip
+        )
         warmup = case((ranked.c.count / 5 < WARMUP_STEPS, ranked.c.count / 5), else_=WARMUP_STEPS)
         stmt = (
             select(ranked.c.attempt_id, ranked.c.step_time_s, ranked.c.mem_peak_bytes)
@@ -91,10 +96,12 @@ def run_events(db: Session, job_ids: Sequence[int]) -> tuple[dict[int, str], set
     for start in range(0, len(job_ids), CHUNK):
         stmt = (
             select(Event.job_id, Event.type, Event.data)
-            .where(Event.job_id.in_(job_ids[start : start + CHUNK]),
-                   (Event.type == "MEMORY_PREDICTION") | Event.type.startswith("FALLBACK_"))
+            .where(
+                Event.job_id.in_(job_ids[start : start + CHUNK]),
+                (Event.type == "MEMORY_PREDICTION") | Event.type.startswith("FALLBACK_"),
+            )
             .order_by(Event.id)
-        )  # fmt: skip
+        )
         for job_id, kind, data in db.execute(stmt).tuples():
             if kind == "MEMORY_PREDICTION" and isinstance(data.get("strategy"), str):
                 strategy[job_id] = data["strategy"]

@@ -102,11 +102,18 @@ _SUBMIT_PG_SQL = re.sub(r"(?<!:):(\w+)", r"%(\1)s", _SUBMIT_PG.text)
 
 
 def insert_submitted(
-    db: Session, *, job: Mapping[str, Any], spec_json: str, depends_on: Sequence[tuple[int, str]],
+    db: Session,
+    *,
+    job: Mapping[str, Any],
+    spec_json: str,
+    depends_on: Sequence[tuple[int, str]],
     contract: Mapping[str, Any],
-    event_type: str, event_message: str, event_data: Mapping[str, Any], channel: str,
+    event_type: str,
+    event_message: str,
+    event_data: Mapping[str, Any],
+    channel: str,
     max_unfinished: int | None = None,
-) -> int | None:  # fmt: skip
+) -> int | None:
     """Write a submission: the job (``job`` holds every NOT NULL column of ``jobs``; ``spec_json`` is its spec,
     serialized), its dependencies ((job id, condition) pairs), its effective contract, its event; returns the new
     id, or None, writing nothing, when the team has ``max_unfinished`` unfinished jobs already (counted in the
@@ -116,11 +123,17 @@ def insert_submitted(
     which has no NOTIFY, and writes one transaction at a time) a count, then the same rows, one insert each."""
     limit = max_unfinished if max_unfinished is not None else 2**62
     params = {
-        **job, "spec": spec_json, "depends_on": [d for d, _ in depends_on],
-        "dep_conditions": [c for _, c in depends_on], **contract,
-        "event_type": event_type, "event_message": event_message, "event_data": json.dumps(event_data),
-        "channel": channel, "max_unfinished": limit,
-    }  # fmt: skip
+        **job,
+        "spec": spec_json,
+        "depends_on": [d for d, _ in depends_on],
+        "dep_conditions": [c for _, c in depends_on],
+        **contract,
+        "event_type": event_type,
+        "event_message": event_message,
+        "event_data": json.dumps(event_data),
+        "channel": channel,
+        "max_unfinished": limit,
+    }
     conn = db.connection()
     if conn.dialect.name == "postgresql":
         written: int | None = conn.exec_driver_sql(_SUBMIT_PG_SQL, params).scalar()
@@ -135,13 +148,26 @@ def insert_submitted(
             [{"job_id": job_id, "depends_on_id": dep, "condition": cond} for dep, cond in depends_on],
         )
     conn.execute(
-        insert(SlaContract).values(team_id=job["team_id"], job_id=job_id, qos_class_id=job["qos_class_id"],
-                                   created_at=created, updated_at=created, **contract)
-    )  # fmt: skip
+        insert(SlaContract).values(
+            team_id=job["team_id"],
+            job_id=job_id,
+            qos_class_id=job["qos_class_id"],
+            created_at=created,
+            updated_at=created,
+            **contract,
+        )
+    )
     conn.execute(
-        insert(Event).values(job_id=job_id, team_id=job["team_id"], actor_user_id=job["user_id"], type=event_type,
-                             message=event_message, data=dict(event_data), created_at=created)
-    )  # fmt: skip
+        insert(Event).values(
+            job_id=job_id,
+            team_id=job["team_id"],
+            actor_user_id=job["user_id"],
+            type=event_type,
+            message=event_message,
+            data=dict(event_data),
+            created_at=created,
+        )
+    )
     return job_id
 
 
@@ -182,10 +208,32 @@ def get(db: Session, job_id: int, *, for_update: bool = False) -> Job | None:
 # The job list's columns, in this order: ``JobOut``'s fields, ``steps`` read from the spec, the spec last and as
 # JSON text (the API splices it into its answer unparsed).
 LIST_COLUMNS = (
-    "id", "name", "team", "user", "state", "qos", "priority", "gpus", "gpu_type", "pending_reason",
-    "pending_message", "restart_count", "last_step", "last_loss", "steps", "exit_reason", "cancel_requested",
-    "submitted_at", "admitted_at", "started_at", "finished_at", "queued_s", "waiting_since", "held_at", "spec_json",
-)  # fmt: skip
+    "id",
+    "name",
+    "team",
+    "user",
+    "state",
+    "qos",
+    "priority",
+    "gpus",
+    "gpu_type",
+    "pending_reason",
+    "pending_message",
+    "restart_count",
+    "last_step",
+    "last_loss",
+    "steps",
+    "exit_reason",
+    "cancel_requested",
+    "submitted_at",
+    "admitted_at",
+    "started_at",
+    "finished_at",
+    "queued_s",
+    "waiting_since",
+    "held_at",
+    "spec_json",
+)
 
 
 @dataclass(frozen=True)
@@ -230,18 +278,33 @@ def list_sql_pg(flt: JobFilter, limit: int) -> tuple[str, dict[str, Any]]:
 
 def _bound(flt: JobFilter, limit: int) -> tuple[_ListShape, dict[str, Any]]:
     shape = _ListShape(
-        teams=None if flt.team_ids is None else len(flt.team_ids), team=flt.team_id is not None,
-        states=len(flt.states), qos=flt.qos_id is not None, name=flt.name is not None, user=flt.user is not None,
-        before=flt.before_id is not None, job=flt.job_id is not None,
-        submitted_after=flt.submitted_after is not None, submitted_before=flt.submitted_before is not None,
-        held=flt.held, sweep=flt.sweep_id is not None,
-    )  # fmt: skip
+        teams=None if flt.team_ids is None else len(flt.team_ids),
+        team=flt.team_id is not None,
+        states=len(flt.states),
+        qos=flt.qos_id is not None,
+        name=flt.name is not None,
+        user=flt.user is not None,
+        before=flt.before_id is not None,
+        job=flt.job_id is not None,
+        submitted_after=flt.submitted_after is not None,
+        submitted_before=flt.submitted_before is not None,
+        held=flt.held,
+        sweep=flt.sweep_id is not None,
+    )
     params: dict[str, Any] = {"limit": limit}
     params.update((f"t{i}", team_id) for i, team_id in enumerate(flt.team_ids or ()))
     params.update((f"s{i}", state) for i, state in enumerate(flt.states))
-    named = {"team_id": flt.team_id, "qos_id": flt.qos_id, "name": flt.name, "user": flt.user,
-             "before_id": flt.before_id, "job_id": flt.job_id, "submitted_after": flt.submitted_after,
-             "submitted_before": flt.submitted_before, "sweep_id": flt.sweep_id}  # fmt: skip
+    named = {
+        "team_id": flt.team_id,
+        "qos_id": flt.qos_id,
+        "name": flt.name,
+        "user": flt.user,
+        "before_id": flt.before_id,
+        "job_id": flt.job_id,
+        "submitted_after": flt.submitted_after,
+        "submitted_before": flt.submitted_before,
+        "sweep_id": flt.sweep_id,
+    }
     params.update((key, value) for key, value in named.items() if value is not None)
     return shape, params
 
@@ -252,11 +315,13 @@ def _list_statement(shape: _ListShape) -> Select[Any]:
     joined with the team, user and QoS names. Every value is a named parameter (``list_rows`` binds them)."""
     jobs = Job.__table__
     columns = {
-        "team": Team.name, "user": User.name, "qos": QosClass.name,
+        "team": Team.name,
+        "user": User.name,
+        "qos": QosClass.name,
         "steps": func.coalesce(jobs.c.spec["steps"].as_integer(), 0),
         "spec_json": cast(jobs.c.spec, Text),
         "waiting_since": current_wait_start_sql(),  # the client adds the wait so far to queued_s
-    }  # fmt: skip
+    }
     stmt = (
         select(*(columns[name].label(name) if name in columns else jobs.c[name] for name in LIST_COLUMNS))
         .join_from(jobs, Team, Team.id == jobs.c.team_id)

@@ -86,8 +86,15 @@ def windows(db: Session, attempts: Mapping[int, int]) -> dict[int, Windows]:
             & ((r.c.first <= WARMUP_STEPS + BASELINE_STEPS) | (r.c.since < WARMUP_S + BASELINE_S))
         )
         recent = (r.c.last <= RECENT_STEPS) | (r.c.left < RECENT_S)
-        stmt = select(r.c.job_id, r.c.step_time_s, r.c.first, r.c.last, r.c.since,
-                      baseline.label("in_baseline"), recent.label("in_recent"))  # fmt: skip
+        stmt = select(
+            r.c.job_id,
+            r.c.step_time_s,
+            r.c.first,
+            r.c.last,
+            r.c.since,
+            baseline.label("in_baseline"),
+            recent.label("in_recent"),
+        )
         rows: dict[int, tuple[int, float, list[float], list[float]]] = {}
         for job_id, step_time, n_first, n_last, since_s, in_baseline, in_recent in db.execute(
             stmt.where(baseline | recent).order_by(r.c.job_id, r.c.first)

@@ -28,9 +28,15 @@ def all_ids(db: Session) -> list[int]:
 
 
 def submission_context(
-    db: Session, *, team: str, qos: str | None, default_qos: str, terms: Sequence[str], gpu_type: str | None,
+    db: Session,
+    *,
+    team: str,
+    qos: str | None,
+    default_qos: str,
+    terms: Sequence[str],
+    gpu_type: str | None,
     lock: bool = False,
-) -> Any:  # fmt: skip
+) -> Any:
     """Everything a submission reads, in one statement (it runs on every submission): the team's id and restart
     limit, its default contract's ``terms`` (NULL ``sla_id``: none) and that contract's QoS name, the QoS class the
     job gets -- ``qos`` if given, else the default contract's, else ``default_qos`` (NULL ``qos_id``: no such
@@ -58,9 +64,16 @@ def submission_context(
     usable = and_(g.c.healthy, g.c.mig_mode.is_(False))  # what the scheduler places on (core.host_fit)
     stmt = (
         select(
-            t.c.id.label("team_id"), t.c.restart_limit, s.c.id.label("sla_id"), *(s.c[k] for k in terms),
-            dq.c.name.label("default_qos"), q.c.id.label("qos_id"), q.c.name.label("qos"), q.c.priority,
-            q.c.gpu_memory_cap_bytes, tq.c.team_id.is_not(None).label("qos_allowed"),
+            t.c.id.label("team_id"),
+            t.c.restart_limit,
+            s.c.id.label("sla_id"),
+            *(s.c[k] for k in terms),
+            dq.c.name.label("default_qos"),
+            q.c.id.label("qos_id"),
+            q.c.name.label("qos"),
+            q.c.priority,
+            q.c.gpu_memory_cap_bytes,
+            tq.c.team_id.is_not(None).label("qos_allowed"),
             select(func.count()).select_from(g).where(of_type, usable).scalar_subquery().label("type_gpus"),
             select(func.max(g.c.memory_bytes)).where(of_type).scalar_subquery().label("type_max_memory"),
             select(func.count()).select_from(h).scalar_subquery().label("cluster_hosts"),
@@ -74,7 +87,7 @@ def submission_context(
         )
         .where(t.c.name == team)
         .limit(1)
-    )  # fmt: skip
+    )
     return conn.execute(stmt).first()
 
 

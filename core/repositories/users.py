@@ -91,12 +91,20 @@ def token_hash_of(db: Session, token_id: int) -> str | None:
 def _identity_select() -> Any:
     return (
         select(
-            ApiToken.id, ApiToken.scopes, ApiToken.expires_at, ApiToken.revoked_at, ApiToken.last_used_at,
-            User.id, User.name, User.is_admin, Membership.team_id, Membership.role,
+            ApiToken.id,
+            ApiToken.scopes,
+            ApiToken.expires_at,
+            ApiToken.revoked_at,
+            ApiToken.last_used_at,
+            User.id,
+            User.name,
+            User.is_admin,
+            Membership.team_id,
+            Membership.role,
         )
         .join(User, User.id == ApiToken.user_id)
         .outerjoin(Membership, Membership.user_id == User.id)
-    )  # fmt: skip
+    )
 
 
 def _identity(rows: Sequence[Any]) -> TokenIdentity | None:
@@ -104,9 +112,16 @@ def _identity(rows: Sequence[Any]) -> TokenIdentity | None:
         return None
     token_id, scopes, expires_at, revoked_at, last_used_at, user_id, name, is_admin, _, _ = rows[0]
     return TokenIdentity(
-        token_id=token_id, scopes=scopes, expires_at=expires_at, revoked_at=revoked_at, last_used_at=last_used_at,
-        user_id=user_id, user_name=name, user_is_admin=is_admin, roles={r[8]: r[9] for r in rows if r[8] is not None},
-    )  # fmt: skip
+        token_id=token_id,
+        scopes=scopes,
+        expires_at=expires_at,
+        revoked_at=revoked_at,
+        last_used_at=last_used_at,
+        user_id=user_id,
+        user_name=name,
+        user_is_admin=is_admin,
+        roles={r[8]: r[9] for r in rows if r[8] is not None},
+    )
 
 
 def touch_token(db: Session, token_id: int, when: datetime) -> None:
@@ -135,10 +150,12 @@ def revoke_tree(db: Session, token_id: int, now: datetime) -> list[tuple[int, in
         tree = select(ApiToken.id).where(ApiToken.id == token_id).cte("tree", recursive=True)
         tree = tree.union_all(select(ApiToken.id).where(ApiToken.parent_id == tree.c.id))
         stmt = (
-            update(ApiToken).where(ApiToken.id.in_(select(tree.c.id)), ApiToken.revoked_at.is_(None))
-            .values(revoked_at=now).returning(ApiToken.id, ApiToken.user_id, ApiToken.name)
+            update(ApiToken)
+            .where(ApiToken.id.in_(select(tree.c.id)), ApiToken.revoked_at.is_(None))
+            .values(revoked_at=now)
+            .returning(ApiToken.id, ApiToken.user_id, ApiToken.name)
             .execution_options(synchronize_session=False)
-        )  # fmt: skip
+        )
         rows = [(int(i), int(u), str(n)) for i, u, n in db.execute(stmt).all()]
         if not rows:
             return done

@@ -66,9 +66,13 @@ def choose(db: Session, *, spec: JobSpec, team_id: int, contract_interval_s: flo
 def _layout(chosen: Chosen, options: list[est.Option], compile_: bool, layout: bool) -> Chosen:
     """The cheapest measured option of the job's own device, count and share, free only in what says auto."""
     written = options[0].config
-    same = [o for o in options if (o.config.device, o.config.count, o.config.share) == (written.device,
-            written.count, written.share) and (compile_ or o.config.compiled == written.compiled)
-            and (layout or o.config.parallelism == written.parallelism)]  # fmt: skip
+    same = [
+        o
+        for o in options
+        if (o.config.device, o.config.count, o.config.share) == (written.device, written.count, written.share)
+        and (compile_ or o.config.compiled == written.compiled)
+        and (layout or o.config.parallelism == written.parallelism)
+    ]
     measured = [o for o in same if o.step is not None and o.step.basis == "measured"]
     best = est.cheapest(measured)
     spec, said, data = chosen.spec, list(chosen.said), dict(chosen.data)
@@ -96,8 +100,14 @@ def _layout(chosen: Chosen, options: list[est.Option], compile_: bool, layout: b
     return Chosen(spec, said, data, relaid=spec is not chosen.spec)
 
 
-def _interval(db: Session, chosen: Chosen, hp: TrainingHyperparameters | None, device: str,
-              contract_s: float | None, now: datetime) -> Chosen:  # fmt: skip
+def _interval(
+    db: Session,
+    chosen: Chosen,
+    hp: TrainingHyperparameters | None,
+    device: str,
+    contract_s: float | None,
+    now: datetime,
+) -> Chosen:
     spec = chosen.spec
     if hp is None:
         why = "kiln cannot size this code's checkpoint before it runs: every 100 steps"
@@ -110,9 +120,11 @@ def _interval(db: Session, chosen: Chosen, hp: TrainingHyperparameters | None, d
     seen = f"{rate.failures} failure(s) in {rate.host_hours:.0f} host-hours" + (
         f" and a prior of 1 in {PRIOR_MTBF_H:.0f}" if rate.from_prior else ""
     )
-    why = (f"Young/Daly: a save of ~{cost_s:.2g} s predicted from its size ({params / 1e6:.3g}M parameters at "
-           f"{PREDICTED_WRITE_BYTES_PER_S / 1e9:.0f} GB/s), MTBF {rate.mtbf_h:.0f} h on {device} from {seen}"
-           + (f" over {hosts} hosts" if hosts > 1 else ""))  # fmt: skip
+    why = (
+        f"Young/Daly: a save of ~{cost_s:.2g} s predicted from its size ({params / 1e6:.3g}M parameters at "
+        f"{PREDICTED_WRITE_BYTES_PER_S / 1e9:.0f} GB/s), MTBF {rate.mtbf_h:.0f} h on {device} from {seen}"
+        + (f" over {hosts} hosts" if hosts > 1 else "")
+    )
     if contract_s is not None and interval > contract_s:
         interval, why = contract_s, why + f"; held to the contract's checkpoint interval of {contract_s:.0f} s"
     every_s = max(1, round(interval))  # whole seconds, and never 0 (the spec's every_seconds is > 0)

@@ -35,8 +35,11 @@ def bootstrap_admin(*, db: Session, name: str, force: bool = False) -> tuple[Use
     team = teams_repo.get_by_name(db, DEFAULT_TEAM)
     if team is None:
         # The first admin's own team may use every class (the examples use gold, silver and best-effort).
-        team = Team(name=DEFAULT_TEAM, quotas=[TeamQuota(gpu_type="cpu", nominal=DEFAULT_CPU_SLOTS)],
-                    qos_classes=list(qos_repo.list_all(db)))  # fmt: skip
+        team = Team(
+            name=DEFAULT_TEAM,
+            quotas=[TeamQuota(gpu_type="cpu", nominal=DEFAULT_CPU_SLOTS)],
+            qos_classes=list(qos_repo.list_all(db)),
+        )
         db.add(team)
         db.flush()
         silver = qos_repo.get_by_name(db, "silver")
@@ -47,10 +50,13 @@ def bootstrap_admin(*, db: Session, name: str, force: bool = False) -> tuple[Use
     if teams_repo.get_membership(db, team_id=team.id, user_id=user.id) is None:
         db.add(Membership(user_id=user.id, team_id=team.id, role=Role.TEAM_ADMIN.value))
         record_event(
-            db, "MEMBER_ADDED", team_id=team.id, actor_user_id=user.id,
+            db,
+            "MEMBER_ADDED",
+            team_id=team.id,
+            actor_user_id=user.id,
             message=f"{name} joined {DEFAULT_TEAM} as team-admin (bootstrap)",
             data={"user": name, "role": "team-admin"},
-        )  # fmt: skip
+        )
     db.flush()
     principal = Principal(
         user_id=user.id, name=user.name, user_is_admin=True, scopes=frozenset({"read", "write", "admin"})
@@ -73,8 +79,13 @@ def give_default_team_gpus(*, db: Session, gpus_by_type: dict[str, int]) -> list
     team.quotas.append(TeamQuota(gpu_type=ANY, nominal=count))
     added = [f"{ANY}={count}"]
     found = ", ".join(f"{n} x {t}" for t, n in sorted(gpus_by_type.items()))
-    record_event(db, "TEAM_UPDATED", team_id=team.id, message=f"default team: the local host's GPUs ({found})",
-                 data={"added": added})  # fmt: skip
+    record_event(
+        db,
+        "TEAM_UPDATED",
+        team_id=team.id,
+        message=f"default team: the local host's GPUs ({found})",
+        data={"added": added},
+    )
     teams_repo.bump_version(db, team, expected=None)  # a change of its settings: a new ETag
     db.flush()
     return added

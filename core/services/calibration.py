@@ -79,8 +79,9 @@ def history(db: Session, *, recipe: str | None, team_id: int | None) -> list[Run
         config = config_of(spec, device, strategy=strategy.get(a.job_id), fell_back=(a.job_id, a.number) in fell_back)
         startup = (a.first_step_at - a.started_at).total_seconds() if a.started_at is not None else None
         peaks = [p for _, p in rows if p is not None]
-        runs.append(Run(shape_of(spec, _hyperparameters(spec)), config, tuple(times), startup,
-                        max(peaks) if peaks else None))  # fmt: skip
+        runs.append(
+            Run(shape_of(spec, _hyperparameters(spec)), config, tuple(times), startup, max(peaks) if peaks else None)
+        )
     return runs
 
 

@@ -61,12 +61,20 @@ def _quota_rows(db: Session, teams: Sequence[Team]) -> list[dict[str, Any]]:
     for t in teams:
         for q in t.quotas:
             u = used.get((t.id, q.gpu_type), 0)
-            rows.append({"team_id": t.id, "cohort": t.cohort or f"team:{t.id}", "gpu_type": q.gpu_type,
-                         "nominal": q.nominal, "used": u, "borrowed": max(0, u - q.nominal),
-                         "borrowing_limit": q.borrowing_limit, "lending_limit": q.lending_limit,
-                         "lendable": min(max(0, q.nominal - u),
-                                         q.lending_limit if q.lending_limit is not None else 10**9),
-                         "lent": 0})  # fmt: skip
+            rows.append(
+                {
+                    "team_id": t.id,
+                    "cohort": t.cohort or f"team:{t.id}",
+                    "gpu_type": q.gpu_type,
+                    "nominal": q.nominal,
+                    "used": u,
+                    "borrowed": max(0, u - q.nominal),
+                    "borrowing_limit": q.borrowing_limit,
+                    "lending_limit": q.lending_limit,
+                    "lendable": min(max(0, q.nominal - u), q.lending_limit if q.lending_limit is not None else 10**9),
+                    "lent": 0,
+                }
+            )
     by_pool: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_pool[(r["cohort"], r["gpu_type"])].append(r)
@@ -139,9 +147,14 @@ def hosts_with_jobs(db: Session, who: Principal) -> tuple[Sequence[Host], dict[s
         for p in a.placement or []:
             host = p.get("host") if isinstance(p, dict) else None
             if host:
-                running[host].append({"job_id": job.id if job.team_id in visible else None,
-                                      "name": job.name if job.team_id in visible else "(other team)",
-                                      "gpus": len(p.get("gpus") or []), "slots": p.get("slots")})  # fmt: skip
+                running[host].append(
+                    {
+                        "job_id": job.id if job.team_id in visible else None,
+                        "name": job.name if job.team_id in visible else "(other team)",
+                        "gpus": len(p.get("gpus") or []),
+                        "slots": p.get("slots"),
+                    }
+                )
     return repo.hosts(db), running
 
 

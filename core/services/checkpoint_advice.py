@@ -90,9 +90,7 @@ def _union_s(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def _incidents(
-    lost: Any, type_of_attempt: dict[int, str], type_of_host: dict[str, str]
-) -> dict[str, int]:  # fmt: skip
+def _incidents(lost: Any, type_of_attempt: dict[int, str], type_of_host: dict[str, str]) -> dict[str, int]:
     """LOST events per GPU type, one per incident: a LOST on a host that had one within INCIDENT_S is the same."""
     last: dict[str, float] = {}
     counts: dict[str, int] = defaultdict(int)
@@ -163,8 +161,10 @@ def summary(a: CheckpointAdvice) -> str:
         seen += f" and a prior of 1 in {PRIOR_MTBF_H:.0f}"
     save = f"save {a.cost_s:.1f} s" + ("" if a.cost_measured else " predicted from its size")
     per_job = f" over {a.hosts} hosts" if a.hosts > 1 else ""
-    line = (f"checkpoint {chosen}; advised {advised} (Young/Daly: {save}, MTBF {r.mtbf_h:.0f} h{per_job} on "
-            f"{r.gpu_type} {seen})")  # fmt: skip
+    line = (
+        f"checkpoint {chosen}; advised {advised} (Young/Daly: {save}, MTBF {r.mtbf_h:.0f} h{per_job} on "
+        f"{r.gpu_type} {seen})"
+    )
     if a.loss_gpu_h is not None and a.advised_loss_gpu_h is not None:
         digits = 2 if a.loss_gpu_h < 10 else 1
         line += f"; expected loss {a.loss_gpu_h:.{digits}f} vs {a.advised_loss_gpu_h:.{digits}f} GPU-h"

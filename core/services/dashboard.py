@@ -83,8 +83,12 @@ def effective_max_wait(db: Session, jobs: Sequence[Job], qos_by_id: Mapping[int,
     for j in jobs:
         spec_wait = ((j.spec or {}).get("sla") or {}).get("max_queue_wait_s")
         qos = qos_by_id.get(j.qos_class_id)
-        for candidate in (own.get(j.id), spec_wait, team_default.get(j.team_id),
-                          qos.default_max_queue_wait_s if qos else None):  # fmt: skip
+        for candidate in (
+            own.get(j.id),
+            spec_wait,
+            team_default.get(j.team_id),
+            qos.default_max_queue_wait_s if qos else None,
+        ):
             if candidate is not None:
                 out[j.id] = float(candidate)
                 break
@@ -128,8 +132,13 @@ def sla_of_jobs_since(db: Session, who: Principal, *, team: str | None, since: d
         reasons: list[dict[str, str | None]] = []
         if limit is not None and waited > limit and not waits_for_capacity(j):
             at = breached_at(j, limit) or _recorded_breach(violation_events.get(j.id, []))
-            reasons.append({"type": "QUEUE_WAIT", "message": f"waited {waited:.0f}s in the queue > {limit:.0f}s",
-                            "at": at.isoformat() if at is not None else None})  # fmt: skip
+            reasons.append(
+                {
+                    "type": "QUEUE_WAIT",
+                    "message": f"waited {waited:.0f}s in the queue > {limit:.0f}s",
+                    "at": at.isoformat() if at is not None else None,
+                }
+            )
         # The evaluator's queue-wait event says the wait when it noticed the breach (601 s); the wait counted above
         # is the whole of it (622 s), dated by that event: one queue-wait row per job, not two that disagree.
         queue_wait_said = bool(reasons)
@@ -202,15 +211,21 @@ def queue_page(
     team_names = teams_repo.names_by_id(db, teams)
     rows: list[tuple[Job, int | None]]
     if view == "waiting":
-        ranked, total = repo.waiting_page(db, team_ids=teams, qos_class_id=qos_id, after_pos=after, limit=limit + 1,
-                                          submitted_after=submitted_after)  # fmt: skip
+        ranked, total = repo.waiting_page(
+            db, team_ids=teams, qos_class_id=qos_id, after_pos=after, limit=limit + 1, submitted_after=submitted_after
+        )
         rows = list(ranked)
     else:
         states = (*ACTIVE_STATES, JobState.LOST.value) if view == "active" else FINISHED_STATES
         jobs, total = repo.jobs_page_newest_first(
-            db, team_ids=teams, qos_class_id=qos_id, states=states, before_id=after, limit=limit + 1,
+            db,
+            team_ids=teams,
+            qos_class_id=qos_id,
+            states=states,
+            before_id=after,
+            limit=limit + 1,
             submitted_after=submitted_after,
-        )  # fmt: skip
+        )
         rows = [(j, None) for j in jobs]
     more = len(rows) > limit
     rows = rows[:limit]

@@ -64,8 +64,14 @@ def register(
     if db.scalar(select(Dataset.id).where(Dataset.team_id == team_id, Dataset.name == name)) is not None:
         raise Conflict(f"team {team!r} already has a dataset {name!r}: remove it first to point it elsewhere")
     normalised = "/".join(p for p in path.split("/") if p not in ("", "."))
-    dataset = Dataset(team_id=team_id, name=name, path=normalised, description=description,
-                      created_by_user_id=principal.user_id, created_at=utcnow())  # fmt: skip
+    dataset = Dataset(
+        team_id=team_id,
+        name=name,
+        path=normalised,
+        description=description,
+        created_by_user_id=principal.user_id,
+        created_at=utcnow(),
+    )
     db.add(dataset)
     db.flush()
     return DatasetView(dataset, available=True, problem=None)

@@ -30,8 +30,10 @@ class PreconditionFailed(ServiceError):
 
     @classmethod
     def stale(cls, what: str, expected: int | None, current: int) -> PreconditionFailed:
-        return cls(f"{what} changed since you read it (you sent version {expected}, it is at {current}): read it "
-                   "again and re-apply your change")  # fmt: skip
+        return cls(
+            f"{what} changed since you read it (you sent version {expected}, it is at {current}): read it "
+            "again and re-apply your change"
+        )
 
 
 class InvalidInput(ServiceError):

@@ -60,8 +60,16 @@ class _Cluster:
     qos_cap: int | None
 
 
-def estimate(*, db: Session, principal: Principal, spec: JobSpec, now: datetime, prices: dict[str, float],
-             currency: str, fit: FitSettings = FitSettings()) -> Estimate:  # fmt: skip
+def estimate(
+    *,
+    db: Session,
+    principal: Principal,
+    spec: JobSpec,
+    now: datetime,
+    prices: dict[str, float],
+    currency: str,
+    fit: FitSettings = FitSettings(),
+) -> Estimate:
     """Raises SpecError / InvalidInput for a spec that could not be submitted, NotFound for a team not in view."""
     spec = canonical_gpu_type(spec)
     hp = check_recipe(spec)
@@ -71,12 +79,18 @@ def estimate(*, db: Session, principal: Principal, spec: JobSpec, now: datetime,
     options = priced.options
     best = est.cheapest(options, written=0)
     return Estimate(
-        name=spec.name, recipe=spec.recipe_name, steps=spec.steps, shape=options[0].shape.label,
-        deadline=priced.deadline, currency=currency, options=options, recommended=best,
-        measured_runs=priced.measured_runs, summary=_summary(options, best, priced.measured_runs, currency,
-                                                             priced.deadline),
+        name=spec.name,
+        recipe=spec.recipe_name,
+        steps=spec.steps,
+        shape=options[0].shape.label,
+        deadline=priced.deadline,
+        currency=currency,
+        options=options,
+        recommended=best,
+        measured_runs=priced.measured_runs,
+        summary=_summary(options, best, priced.measured_runs, currency, priced.deadline),
         notes=_notes(spec, hp, priced.shares),
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)
@@ -87,8 +101,15 @@ class Priced:
     shares: bool  # some host runs MPS
 
 
-def priced_options(db: Session, *, spec: JobSpec, hp: TrainingHyperparameters | None, team_id: int, now: datetime,
-                   prices: dict[str, float]) -> Priced:  # fmt: skip
+def priced_options(
+    db: Session,
+    *,
+    spec: JobSpec,
+    hp: TrainingHyperparameters | None,
+    team_id: int,
+    now: datetime,
+    prices: dict[str, float],
+) -> Priced:
     """Every option of ``spec`` (its GPU type canonical, its recipe checked), priced from the recipe's history (a
     team's own code: the team's runs only)."""
     cluster = _cluster(db, spec)
@@ -106,8 +127,9 @@ def _refuse_as_submit_would(db: Session, spec: JobSpec, fit: FitSettings) -> Non
     """What no option can mend is refused as a submission is (422, the field's path): a QoS class that does not
     exist, a request no set of the hosts could ever hold (a GPU type no host has, more GPUs than the cluster)."""
     asked = spec.resources.gpu_type if spec.resources.gpus else None
-    ctx = teams_repo.submission_context(db, team=spec.team, qos=spec.sla.qos, default_qos=DEFAULT_QOS, terms=TERMS,
-                                        gpu_type=asked)  # fmt: skip
+    ctx = teams_repo.submission_context(
+        db, team=spec.team, qos=spec.sla.qos, default_qos=DEFAULT_QOS, terms=TERMS, gpu_type=asked
+    )
     if spec.sla.qos is not None and ctx.qos_id is None:
         raise InvalidInput.at("sla.qos", f"unknown QoS class {spec.sla.qos!r}")
     check_capacity(db, spec=spec, ctx=ctx, fit=fit)
@@ -116,8 +138,9 @@ def _refuse_as_submit_would(db: Session, spec: JobSpec, fit: FitSettings) -> Non
 def _cluster(db: Session, spec: JobSpec) -> _Cluster:
     capacity = Capacity(cluster_repo.capacity(db))
     totals: dict[str, int] = {**capacity.total, "cpu": sum(capacity.cpu)}
-    ctx = teams_repo.submission_context(db, team=spec.team, qos=spec.sla.qos, default_qos=DEFAULT_QOS, terms=TERMS,
-                                        gpu_type=None)  # fmt: skip
+    ctx = teams_repo.submission_context(
+        db, team=spec.team, qos=spec.sla.qos, default_qos=DEFAULT_QOS, terms=TERMS, gpu_type=None
+    )
     cap = ctx.gpu_memory_cap_bytes if ctx is not None else None
     return _Cluster(cluster_repo.gpu_types(db), totals, repo.share_gpu_types(db), cap)
 
@@ -129,8 +152,9 @@ def _devices(spec: JobSpec, cluster: _Cluster) -> list[str]:
     return sorted(cluster.memory) or [spec.resources.gpu_type or "*"]
 
 
-def _as_written(spec: JobSpec, hp: TrainingHyperparameters | None, cluster: _Cluster,
-                prices: dict[str, float]) -> est.Config:  # fmt: skip
+def _as_written(
+    spec: JobSpec, hp: TrainingHyperparameters | None, cluster: _Cluster, prices: dict[str, float]
+) -> est.Config:
     """The configuration the job as written runs in: the cheapest of the cluster's GPU types it matches, ``auto``
     parallelism and compile as the trainer resolves them."""
     r = spec.resources
@@ -140,8 +164,9 @@ def _as_written(spec: JobSpec, hp: TrainingHyperparameters | None, cluster: _Clu
         asked = r.gpu_type
         matching = [t for t in cluster.memory if asked is None or matches(asked, t)]
         device = min(matching, key=lambda t: (price_for(prices, t), t)) if matching else asked or "*"
-    config = est.Config(device, count, est.SINGLE, spec.compile.mode != "off", resolved_precision(spec),
-                        r.gpu_share is not None)  # fmt: skip
+    config = est.Config(
+        device, count, est.SINGLE, spec.compile.mode != "off", resolved_precision(spec), r.gpu_share is not None
+    )
     if count == 1:
         return config
     parallelism = spec.parallelism
@@ -166,8 +191,9 @@ def _counts(spec: JobSpec, hp: TrainingHyperparameters | None, device: str, clus
     return [n for n in fits if per_node is None or n % per_node == 0 or n < per_node]
 
 
-def _options(spec: JobSpec, hp: TrainingHyperparameters | None, cluster: _Cluster,
-             written: est.Config) -> list[est.Option]:  # fmt: skip
+def _options(
+    spec: JobSpec, hp: TrainingHyperparameters | None, cluster: _Cluster, written: est.Config
+) -> list[est.Option]:
     precision = written.precision
     configs: list[est.Config] = [written]
     for device in _devices(spec, cluster):
@@ -181,8 +207,9 @@ def _options(spec: JobSpec, hp: TrainingHyperparameters | None, cluster: _Cluste
     return [_option(spec, hp, c, written, cluster) for c in unique]
 
 
-def _option(spec: JobSpec, hp: TrainingHyperparameters | None, config: est.Config, written: est.Config,
-            cluster: _Cluster) -> est.Option:  # fmt: skip
+def _option(
+    spec: JobSpec, hp: TrainingHyperparameters | None, config: est.Config, written: est.Config, cluster: _Cluster
+) -> est.Option:
     hp_here = hp
     changes: dict[str, object] = {}
     if config.device != written.device:
@@ -202,9 +229,14 @@ def _option(spec: JobSpec, hp: TrainingHyperparameters | None, config: est.Confi
         changes["compile.mode"] = "auto" if config.compiled else "off"
     if config.share != written.share:
         changes["resources.gpu_share"] = {} if config.share else None
-    return est.Option(config, shape_of(spec, hp_here), changes, _memory(config, hp_here),
-                      "predicted" if hp_here is not None and config.device != "cpu" else None,
-                      _capacity(config, spec, cluster))  # fmt: skip
+    return est.Option(
+        config,
+        shape_of(spec, hp_here),
+        changes,
+        _memory(config, hp_here),
+        "predicted" if hp_here is not None and config.device != "cpu" else None,
+        _capacity(config, spec, cluster),
+    )
 
 
 def _written_parallelism(spec: JobSpec, written: est.Config) -> str:
@@ -221,11 +253,15 @@ def _memory(config: est.Config, hp: TrainingHyperparameters | None) -> int | Non
         return None
     shape = hp.shape()
     p = predict(
-        param_count=shape.param_count(), activation_bytes=shape.activation_bytes(config.precision, config.compiled),
-        precision=config.precision, strategy="fsdp" if config.parallelism == "fsdp" else "ddp",
-        world_size=config.count, largest_block_params=shape.largest_block_params(), grad_accum=hp.grad_accum,
+        param_count=shape.param_count(),
+        activation_bytes=shape.activation_bytes(config.precision, config.compiled),
+        precision=config.precision,
+        strategy="fsdp" if config.parallelism == "fsdp" else "ddp",
+        world_size=config.count,
+        largest_block_params=shape.largest_block_params(),
+        grad_accum=hp.grad_accum,
         check_bytes=shape.eager_check_bytes(config.precision) if config.compiled else 0,
-    )  # fmt: skip
+    )
     return int(p["predicted_peak_bytes"])
 
 
@@ -242,8 +278,14 @@ def _capacity(config: est.Config, spec: JobSpec, cluster: _Cluster) -> int | Non
     return min(sizes) if sizes else None
 
 
-def _priced(option: est.Option, spec: JobSpec, runs: list[est.Run], prices: dict[str, float], now: datetime,
-            deadline: datetime | None) -> est.Option:  # fmt: skip
+def _priced(
+    option: est.Option,
+    spec: JobSpec,
+    runs: list[est.Run],
+    prices: dict[str, float],
+    now: datetime,
+    deadline: datetime | None,
+) -> est.Option:
     step = est.step_time(option.shape, option.config, runs)
     peak, basis = option.peak_bytes, option.memory_basis
     if peak is None and step is not None and step.basis == "measured":
@@ -255,11 +297,12 @@ def _priced(option: est.Option, spec: JobSpec, runs: list[est.Run], prices: dict
     return est.cost(priced, steps=spec.steps, now=now, deadline=deadline)
 
 
-def _summary(options: list[est.Option], best: int | None, runs: int, currency: str,
-             deadline: datetime | None) -> str:  # fmt: skip
+def _summary(options: list[est.Option], best: int | None, runs: int, currency: str, deadline: datetime | None) -> str:
     if not runs:
-        return ("no measured history of this recipe yet: step time, GPU-hours and cost cannot be estimated (memory is "
-                "predicted where kiln can); run it once, and the next estimate has its measurements")  # fmt: skip
+        return (
+            "no measured history of this recipe yet: step time, GPU-hours and cost cannot be estimated (memory is "
+            "predicted where kiln can); run it once, and the next estimate has its measurements"
+        )
     written = options[0]
     if not any(o.step is not None for o in options):
         return (

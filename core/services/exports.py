@@ -39,8 +39,9 @@ def _team_job(db: Session, principal: Principal, job_id: int, min_role: Role = R
     if job is None or role is None:
         raise NotFound(f"job {job_id} not found (checkpoints are exported for the job's own team only)")
     if ROLE_RANK[role] < ROLE_RANK[min_role]:
-        raise Forbidden(f"your role in job {job_id}'s team is {role}; exporting a checkpoint needs "
-                        f"{min_role.value} or above")  # fmt: skip
+        raise Forbidden(
+            f"your role in job {job_id}'s team is {role}; exporting a checkpoint needs {min_role.value} or above"
+        )
     return job
 
 
@@ -54,8 +55,9 @@ def request(*, db: Session, principal: Principal, job_id: int, step: int | None 
     checkpoint = db.scalars(stmt.order_by(Checkpoint.step.desc()).limit(1)).first()
     if checkpoint is None:
         raise NotFound(f"job {job_id} has no verified checkpoint" + (f" at step {step}" if step is not None else ""))
-    existing = db.scalars(select(CheckpointExport).where(CheckpointExport.job_id == job.id,
-                                                         CheckpointExport.step == checkpoint.step)).first()  # fmt: skip
+    existing = db.scalars(
+        select(CheckpointExport).where(CheckpointExport.job_id == job.id, CheckpointExport.step == checkpoint.step)
+    ).first()
     if existing is not None and existing.state != "failed":
         return existing
     if existing is None:
@@ -69,14 +71,16 @@ def request(*, db: Session, principal: Principal, job_id: int, step: int | None 
 
 def list_exports(*, db: Session, principal: Principal, job_id: int) -> Sequence[CheckpointExport]:
     job = _team_job(db, principal, job_id)
-    return db.scalars(select(CheckpointExport).where(CheckpointExport.job_id == job.id)
-                      .order_by(CheckpointExport.step)).all()  # fmt: skip
+    return db.scalars(
+        select(CheckpointExport).where(CheckpointExport.job_id == job.id).order_by(CheckpointExport.step)
+    ).all()
 
 
 def get(*, db: Session, principal: Principal, job_id: int, step: int) -> CheckpointExport:
     job = _team_job(db, principal, job_id)
-    found = db.scalars(select(CheckpointExport).where(CheckpointExport.job_id == job.id,
-                                                      CheckpointExport.step == step)).first()  # fmt: skip
+    found = db.scalars(
+        select(CheckpointExport).where(CheckpointExport.job_id == job.id, CheckpointExport.step == step)
+    ).first()
     if found is None:
         raise NotFound(f"no export of job {job_id} at step {step}; request one first")
     return found
@@ -88,8 +92,10 @@ def file_path(*, db: Session, principal: Principal, job_id: int, step: int, name
     if name not in FILES:
         raise NotFound(f"an export has no file {name!r} (files: {', '.join(FILES)})")
     if export.state != "ready":
-        raise Conflict(f"the export of job {job_id} at step {step} is {export.state}" +
-                       (f": {export.error}" if export.error else ""))  # fmt: skip
+        raise Conflict(
+            f"the export of job {job_id} at step {step} is {export.state}"
+            + (f": {export.error}" if export.error else "")
+        )
     path = export_dir(storage_dir, job_id, step) / name
     if not path.is_file():
         raise NotFound(f"the export's {name} is gone from storage; request the export again")
@@ -103,17 +109,25 @@ def claim_next(db: Session, *, worker: str, now: datetime) -> tuple[CheckpointEx
     """The oldest export waiting (or claimed by a worker that has been silent too long), claimed for ``worker``.
     On PostgreSQL two workers never claim the same one (SKIP LOCKED). The caller commits."""
     stale = now - CLAIM_TIMEOUT
-    stmt = (select(CheckpointExport)
-            .where(or_(CheckpointExport.state == "requested",
-                       (CheckpointExport.state == "running") & (CheckpointExport.claimed_at < stale)))
-            .order_by(CheckpointExport.id).limit(1))  # fmt: skip
+    stmt = (
+        select(CheckpointExport)
+        .where(
+            or_(
+                CheckpointExport.state == "requested",
+                (CheckpointExport.state == "running") & (CheckpointExport.claimed_at < stale),
+            )
+        )
+        .order_by(CheckpointExport.id)
+        .limit(1)
+    )
     if db.get_bind().dialect.name == "postgresql":
         stmt = stmt.with_for_update(skip_locked=True)
     export = db.scalars(stmt).first()
     if export is None:
         return None
-    checkpoint = db.scalars(select(Checkpoint).where(Checkpoint.job_id == export.job_id,
-                                                     Checkpoint.step == export.step)).first()  # fmt: skip
+    checkpoint = db.scalars(
+        select(Checkpoint).where(Checkpoint.job_id == export.job_id, Checkpoint.step == export.step)
+    ).first()
     if checkpoint is None:
         finish(db, export.id, error="the checkpoint is gone (pruned after the request)", now=now)
         return None
@@ -121,8 +135,23 @@ def claim_next(db: Session, *, worker: str, now: datetime) -> tuple[CheckpointEx
     return export, checkpoint
 
 
-def finish(db: Session, export_id: int, *, now: datetime, error: str | None = None, size: int | None = None,
-           sha256: str | None = None) -> None:  # fmt: skip
-    db.execute(update(CheckpointExport).where(CheckpointExport.id == export_id).values(
-        state="failed" if error else "ready", error=error[:1024] if error else None, bytes=size, sha256=sha256,
-        finished_at=now))  # fmt: skip
+def finish(
+    db: Session,
+    export_id: int,
+    *,
+    now: datetime,
+    error: str | None = None,
+    size: int | None = None,
+    sha256: str | None = None,
+) -> None:
+    db.execute(
+        update(CheckpointExport)
+        .where(CheckpointExport.id == export_id)
+        .values(
+            state="failed" if error else "ready",
+            error=error[:1024] if error else None,
+            bytes=size,
+            sha256=sha256,
+            finished_at=now,
+        )
+    )

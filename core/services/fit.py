@@ -117,11 +117,15 @@ def _check_share(spec: JobSpec, cap: int | None, sm_percent: int, qos_name: str,
     memory, sm = resolved
     loc = "resources.gpu_share"
     if memory is None:
-        raise InvalidInput.at(f"{loc}.memory_gb", f"the {qos_name} class has no GPU memory cap to share by: say how "
-                              "much GPU memory the job gets (memory_gb)")  # fmt: skip
+        raise InvalidInput.at(
+            f"{loc}.memory_gb",
+            f"the {qos_name} class has no GPU memory cap to share by: say how much GPU memory the job gets (memory_gb)",
+        )
     if cap is not None and memory > cap:
-        raise InvalidInput.at(f"{loc}.memory_gb", f"{memory / GIB:.1f} GiB is over the {qos_name} class's memory cap "
-                              f"of {cap / GIB:.1f} GiB")  # fmt: skip
+        raise InvalidInput.at(
+            f"{loc}.memory_gb",
+            f"{memory / GIB:.1f} GiB is over the {qos_name} class's memory cap of {cap / GIB:.1f} GiB",
+        )
     if sm > sm_percent:
         raise InvalidInput.at(f"{loc}.sm_percent", f"{sm}% is over the {qos_name} class's SM share of {sm_percent}%")
     if predicted is not None and predicted > memory:

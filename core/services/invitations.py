@@ -58,9 +58,13 @@ def invite(db: Session, *, principal: Principal, team: Team, user: str, role: st
     invitation.created_at = now
     invitation.expires_at = now + INVITATION_TTL
     record_event(
-        db, "MEMBER_INVITED", team_id=team.id, actor_user_id=principal.user_id,
-        message=f"{principal.name} invited {user} to {team.name} as {role}", data={"user": user, "role": role},
-    )  # fmt: skip
+        db,
+        "MEMBER_INVITED",
+        team_id=team.id,
+        actor_user_id=principal.user_id,
+        message=f"{principal.name} invited {user} to {team.name} as {role}",
+        data={"user": user, "role": role},
+    )
     db.flush()
     return invitation
 
@@ -98,8 +102,9 @@ def accept(*, db: Session, principal: Principal, team: str) -> Membership:
     membership = teams_repo.get_membership(db, team_id=invitation.team_id, user_id=user.id)
     if membership is None:
         inviter = users_repo.names_by_id(db, [invitation.invited_by_user_id]).get(invitation.invited_by_user_id or 0)
-        membership = teams_svc.add_membership(db, team=invitation.team, user=user, role=invitation.role,
-                                              actor_user_id=user.id, invited_by=inviter)  # fmt: skip
+        membership = teams_svc.add_membership(
+            db, team=invitation.team, user=user, role=invitation.role, actor_user_id=user.id, invited_by=inviter
+        )
     db.delete(invitation)
     db.flush()
     return membership
@@ -108,7 +113,11 @@ def accept(*, db: Session, principal: Principal, team: str) -> Membership:
 def decline(*, db: Session, principal: Principal, team: str) -> None:
     invitation = _mine(db, principal, team)
     record_event(
-        db, "INVITATION_DECLINED", team_id=invitation.team_id, actor_user_id=principal.user_id,
-        message=f"{principal.name} declined to join {team}", data={"user": principal.name},
-    )  # fmt: skip
+        db,
+        "INVITATION_DECLINED",
+        team_id=invitation.team_id,
+        actor_user_id=principal.user_id,
+        message=f"{principal.name} declined to join {team}",
+        data={"user": principal.name},
+    )
     db.delete(invitation)

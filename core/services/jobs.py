@@ -93,10 +93,16 @@ MAX_UNFINISHED: int = ApiLimits.model_fields["max_unfinished_jobs_per_team"].def
 
 
 def submit(
-    *, db: Session, principal: Principal, spec: JobSpec, idempotency: Idempotency | None = None,
-    sweep_id: int | None = None, hold: bool = False, max_unfinished: int = MAX_UNFINISHED,
+    *,
+    db: Session,
+    principal: Principal,
+    spec: JobSpec,
+    idempotency: Idempotency | None = None,
+    sweep_id: int | None = None,
+    hold: bool = False,
+    max_unfinished: int = MAX_UNFINISHED,
     fit: FitSettings = FitSettings(),
-) -> JobView:  # fmt: skip
+) -> JobView:
     """Statements: one read (team, default contract, QoS, what the cluster has of the GPU type:
     ``teams_repo.submission_context``), one more only when ``depends_on`` is set or the request cannot fit, and
     on PostgreSQL one write (job, dependencies, contract, event and NOTIFY together). The answer is built from
@@ -118,20 +124,39 @@ def submit(
     chosen = choose(db, spec=spec, team_id=team_id, contract_interval_s=terms["checkpoint_interval_s"], now=now)
     spec = chosen.spec
     values: dict[str, Any] = {
-        "name": spec.name, "team_id": team_id, "user_id": principal.user_id, "spec": spec.model_dump(mode="json"),
-        "state": JobState.QUEUED.value, "qos_class_id": ctx.qos_id, "priority": ctx.priority,
-        "gpus": spec.resources.gpus, "gpu_type": spec.resources.gpu_type if spec.resources.gpus else "cpu",
+        "name": spec.name,
+        "team_id": team_id,
+        "user_id": principal.user_id,
+        "spec": spec.model_dump(mode="json"),
+        "state": JobState.QUEUED.value,
+        "qos_class_id": ctx.qos_id,
+        "priority": ctx.priority,
+        "gpus": spec.resources.gpus,
+        "gpu_type": spec.resources.gpu_type if spec.resources.gpus else "cpu",
         "predicted_memory_bytes": chosen.memory_bytes(fitted.predicted_memory_bytes),
-        "restart_count": 0, "fencing_token": 0, "cancel_requested": False, "preempt_requested": False,
-        "last_step": 0, "submitted_at": now, "updated_at": now, "sweep_id": sweep_id,
+        "restart_count": 0,
+        "fencing_token": 0,
+        "cancel_requested": False,
+        "preempt_requested": False,
+        "last_step": 0,
+        "submitted_at": now,
+        "updated_at": now,
+        "sweep_id": sweep_id,
         "code_digest": code_digest,
         "idempotency_key": idempotency.key if idempotency else None,
         "request_sha256": idempotency.request_sha256 if idempotency else None,
-        "held_at": now if hold else None, "held_by_admin": False, **_pending_at_submit(principal, fitted, hold),
-    }  # fmt: skip
+        "held_at": now if hold else None,
+        "held_by_admin": False,
+        **_pending_at_submit(principal, fitted, hold),
+    }
     message = f"submitted by {principal.name} (qos {ctx.qos}, priority {ctx.priority})" + (", held" if hold else "")
-    data = {"qos": ctx.qos, "priority": ctx.priority, "gpus": values["gpus"], "depends_on": [d for d, _ in depends_on],
-            "held": hold}  # fmt: skip
+    data = {
+        "qos": ctx.qos,
+        "priority": ctx.priority,
+        "gpus": values["gpus"],
+        "depends_on": [d for d, _ in depends_on],
+        "held": hold,
+    }
     if chosen.data:  # what kiln chose where the spec said auto, and why
         message += "; " + "; ".join(chosen.said)
         data["auto"] = chosen.data
@@ -141,19 +166,46 @@ def submit(
             message += f"; {WAITS_FOR_CAPACITY}: {fitted.waits_for}"  # cluster being set up is not
     spec_json = json.dumps(values["spec"])  # serialized once: the write and the answer
     job_id = jobs_repo.insert_submitted(
-        db, job=values, spec_json=spec_json, depends_on=depends_on, contract=terms, event_type="SUBMITTED",
-        event_message=message, event_data=data, channel=CHANNEL, max_unfinished=max_unfinished,
-    )  # fmt: skip
+        db,
+        job=values,
+        spec_json=spec_json,
+        depends_on=depends_on,
+        contract=terms,
+        event_type="SUBMITTED",
+        event_message=message,
+        event_data=data,
+        channel=CHANNEL,
+        max_unfinished=max_unfinished,
+    )
     if job_id is None:
         raise QueueFull(spec.team, jobs_repo.count_unfinished(db, team_id), max_unfinished)
     return JobView(
-        id=job_id, name=spec.name, team=spec.team, user=principal.name, state=values["state"], qos=ctx.qos,
-        priority=ctx.priority, gpus=values["gpus"], gpu_type=values["gpu_type"],
-        pending_reason=values["pending_reason"], pending_message=values["pending_message"], restart_count=0,
-        last_step=0, last_loss=None, steps=spec.steps, exit_reason=None, cancel_requested=False, submitted_at=now,
-        admitted_at=None, started_at=None, finished_at=None, queued_s=0.0, waiting_since=None if hold else now,
-        held_at=values["held_at"], spec_json=spec_json,
-    )  # fmt: skip
+        id=job_id,
+        name=spec.name,
+        team=spec.team,
+        user=principal.name,
+        state=values["state"],
+        qos=ctx.qos,
+        priority=ctx.priority,
+        gpus=values["gpus"],
+        gpu_type=values["gpu_type"],
+        pending_reason=values["pending_reason"],
+        pending_message=values["pending_message"],
+        restart_count=0,
+        last_step=0,
+        last_loss=None,
+        steps=spec.steps,
+        exit_reason=None,
+        cancel_requested=False,
+        submitted_at=now,
+        admitted_at=None,
+        started_at=None,
+        finished_at=None,
+        queued_s=0.0,
+        waiting_since=None if hold else now,
+        held_at=values["held_at"],
+        spec_json=spec_json,
+    )
 
 
 WAITS_FOR_CAPACITY = "waits for capacity not yet joined"
@@ -196,17 +248,30 @@ def _checked(
 
 
 def submit_once(
-    *, db: Session, principal: Principal, spec: JobSpec, idempotency: Idempotency, hold: bool = False,
-    max_unfinished: int = MAX_UNFINISHED, fit: FitSettings = FitSettings(),
-) -> tuple[JobView, bool]:  # fmt: skip
+    *,
+    db: Session,
+    principal: Principal,
+    spec: JobSpec,
+    idempotency: Idempotency,
+    hold: bool = False,
+    max_unfinished: int = MAX_UNFINISHED,
+    fit: FitSettings = FitSettings(),
+) -> tuple[JobView, bool]:
     """A keyed submission: (the job an earlier submission with this key made in the team, True) when the request
     is the same, else (a new job, False). The same key with another request is refused: a key names one request.
     A concurrent twin loses at the unique (team, key) index: 409, and its retry finds the job."""
     team_id = require_team_id(principal, teams_repo.id_by_name(db, spec.team), spec.team, Role.MEMBER)
     job = jobs_repo.by_idempotency_key(db, team_id=team_id, key=idempotency.key)
     if job is None:
-        view = submit(db=db, principal=principal, spec=spec, idempotency=idempotency, hold=hold,
-                      max_unfinished=max_unfinished, fit=fit)  # fmt: skip
+        view = submit(
+            db=db,
+            principal=principal,
+            spec=spec,
+            idempotency=idempotency,
+            hold=hold,
+            max_unfinished=max_unfinished,
+            fit=fit,
+        )
         return view, False
     if job.request_sha256 != idempotency.request_sha256:
         raise InvalidInput.at(
@@ -220,10 +285,13 @@ def submit_once(
 
 # A dependency: "12" (after job 12 succeeds) or "CONDITION:12"; Slurm's names and kiln's own.
 DEPENDENCY_CONDITIONS = {
-    "afterok": "afterok", "after_success": "afterok",
-    "afterany": "afterany", "after_any": "afterany",
-    "afternotok": "afternotok", "after_failure": "afternotok",
-}  # fmt: skip
+    "afterok": "afterok",
+    "after_success": "afterok",
+    "afterany": "afterany",
+    "after_any": "afterany",
+    "afternotok": "afternotok",
+    "after_failure": "afternotok",
+}
 
 
 def _dependencies(db: Session, *, team_id: int, team: str, refs: Sequence[str]) -> list[tuple[int, str]]:
@@ -235,8 +303,10 @@ def _dependencies(db: Session, *, team_id: int, team: str, refs: Sequence[str]) 
         condition = DEPENDENCY_CONDITIONS.get(word.strip().lower() or "afterok")
         if condition is None:
             hint = did_you_mean(word, sorted(DEPENDENCY_CONDITIONS))
-            raise InvalidInput.at(f"depends_on.{i}", f"unknown condition {word!r}{hint} (write JOB, or "
-                                  "afterok:JOB, afterany:JOB, afternotok:JOB)")  # fmt: skip
+            raise InvalidInput.at(
+                f"depends_on.{i}",
+                f"unknown condition {word!r}{hint} (write JOB, or afterok:JOB, afterany:JOB, afternotok:JOB)",
+            )
         number = number.strip()
         if not number.isdigit() or len(number) > 18:
             raise InvalidInput.at(f"depends_on.{i}", f"{ref!r} is not a job id (write JOB or CONDITION:JOB)")
@@ -333,10 +403,18 @@ def list_jobs(
             raise InvalidInput.at("qos", f"unknown QoS class {qos!r}")
         qos_id = q.id
     flt = JobFilter(
-        team_ids=principal.visible_team_ids(), team_id=team_id, states=tuple(states), qos_id=qos_id, name=name,
-        user=user, before_id=before_id, submitted_after=submitted_after, submitted_before=submitted_before,
-        held=held, sweep_id=sweep,
-    )  # fmt: skip
+        team_ids=principal.visible_team_ids(),
+        team_id=team_id,
+        states=tuple(states),
+        qos_id=qos_id,
+        name=name,
+        user=user,
+        before_id=before_id,
+        submitted_after=submitted_after,
+        submitted_before=submitted_before,
+        held=held,
+        sweep_id=sweep,
+    )
     rows = jobs_repo.list_rows(db, flt, limit + 1)
     page: Sequence[Any] = rows[:limit]
     items = [JobView._make(r) for r in page]
@@ -359,9 +437,13 @@ def cancel(*, db: Session, principal: Principal, job_id: int, reason: str | None
         job.cancel_requested = True
         job.exit_reason = why[:512]  # the CANCELLED the worker writes once it stopped says it (lifecycle.stop_cause)
         record_event(
-            db, "CANCEL_REQUESTED", job=job, actor_user_id=principal.user_id,
-            message=f"{why}: stopping, checkpoint first (while {state.value})", data={"reason": reason},
-        )  # fmt: skip
+            db,
+            "CANCEL_REQUESTED",
+            job=job,
+            actor_user_id=principal.user_id,
+            message=f"{why}: stopping, checkpoint first (while {state.value})",
+            data={"reason": reason},
+        )
     db.flush()
     notify_jobs_changed(db, str(job_id))
     return get(db=db, principal=principal, job_id=job_id)
@@ -380,10 +462,20 @@ def hold(*, db: Session, principal: Principal, job_id: int, reason: str | None =
     job = _changeable(db, principal, job_id)
     if job.held_at is None:
         if job.state not in HOLDABLE or job.cancel_requested:
-            raise Conflict(f"job {job_id} is {job.state}" + (" and stopping" if job.cancel_requested else "")
-                           + ": only a queued or running job can be held")  # fmt: skip
-        hold_job(db, job, by=principal.name, reason=reason, actor_user_id=principal.user_id, now=utcnow(),
-                 admin_role=_admin_role(principal, job.team_id))  # fmt: skip
+            raise Conflict(
+                f"job {job_id} is {job.state}"
+                + (" and stopping" if job.cancel_requested else "")
+                + ": only a queued or running job can be held"
+            )
+        hold_job(
+            db,
+            job,
+            by=principal.name,
+            reason=reason,
+            actor_user_id=principal.user_id,
+            now=utcnow(),
+            admin_role=_admin_role(principal, job.team_id),
+        )
         db.flush()
         notify_jobs_changed(db, str(job_id))
     return get(db=db, principal=principal, job_id=job_id)
@@ -394,8 +486,9 @@ def release(*, db: Session, principal: Principal, job_id: int) -> JobView:
     team admin or an admin only. Releasing a job that is not held changes nothing (a finished job is a conflict)."""
     job = _changeable(db, principal, job_id)
     if job.held_by_admin and _admin_role(principal, job.team_id) is None:
-        raise Forbidden(f"job {job_id} was held by a team admin ({job.pending_message}): only a team admin or an "
-                        "admin releases it")  # fmt: skip
+        raise Forbidden(
+            f"job {job_id} was held by a team admin ({job.pending_message}): only a team admin or an admin releases it"
+        )
     if job.held_at is not None:
         release_job(db, job, by=principal.name, actor_user_id=principal.user_id, now=utcnow())
         db.flush()
@@ -409,9 +502,16 @@ UNCHANGED: Any = object()  # ``update``: a field not given
 
 
 def update(
-    *, db: Session, principal: Principal, job_id: int, qos: str | None = None, time_limit_s: Any = UNCHANGED,
-    gpus: int | None = None, depends_on: list[str] | None = None, fit: FitSettings = FitSettings(),
-) -> JobView:  # fmt: skip
+    *,
+    db: Session,
+    principal: Principal,
+    job_id: int,
+    qos: str | None = None,
+    time_limit_s: Any = UNCHANGED,
+    gpus: int | None = None,
+    depends_on: list[str] | None = None,
+    fit: FitSettings = FitSettings(),
+) -> JobView:
     """Change a job's QoS class, time limit, GPU count or dependencies (Slurm's ``scontrol update``;
     ``time_limit_s=None`` removes the limit, ``depends_on=[]`` the dependencies). A QUEUED job: any, checked as a
     submission is (``_change_queued``). A running (or admitted) job: its time limit only (its class and GPUs chose
@@ -440,21 +540,30 @@ def update(
     running = job.state in (JobState.ADMITTED, JobState.RUNNING)
     after: dict[str, Any] = {}
     if job.state == JobState.QUEUED:
-        after["depends_on"] = _change_queued(db, principal, job, spec, dependencies_given=depends_on is not None,
-                                             fit=fit)  # fmt: skip
+        after["depends_on"] = _change_queued(
+            db, principal, job, spec, dependencies_given=depends_on is not None, fit=fit
+        )
     elif running and qos is None and gpus is None and depends_on is None:
         _check_running_limit(db, principal, job, old_limit, spec.time_limit_s)
     else:
         what = "its time limit only" if running else "nothing"
-        raise Conflict(f"job {job_id} is {job.state}: {what} can be changed now (kiln hold {job_id} stops a running "
-                       f"job, checkpoint first; change it, then kiln release {job_id})")  # fmt: skip
+        raise Conflict(
+            f"job {job_id} is {job.state}: {what} can be changed now (kiln hold {job_id} stops a running "
+            f"job, checkpoint first; change it, then kiln release {job_id})"
+        )
     job.spec = spec.model_dump(mode="json")
     after.update(qos=_qos_name(db, job), time_limit_s=job.time_limit_s, gpus=job.gpus)
     changed = {k: [before[k], after[k]] for k in before if before[k] != after[k]}
     if changed:
         said = "; ".join(f"{k.replace('_s', '')} {_shown(v[0])} -> {_shown(v[1])}" for k, v in changed.items())
-        record_event(db, "UPDATED", job=job, message=f"{said} (by {principal.name})", data=changed,
-                     actor_user_id=principal.user_id)  # fmt: skip
+        record_event(
+            db,
+            "UPDATED",
+            job=job,
+            message=f"{said} (by {principal.name})",
+            data=changed,
+            actor_user_id=principal.user_id,
+        )
         job.updated_at = utcnow()
         db.flush()
         notify_jobs_changed(db, str(job_id))
@@ -469,17 +578,20 @@ def _change_queued(
     name jobs of the team and close no cycle (which would keep every job in it waiting for good). The new
     dependencies as ``_dependency_refs`` writes them, when given."""
     if spec.resources.gpus != job.gpus and job.last_step > 0:
-        raise Conflict(f"job {job.id} has trained to step {job.last_step} on {job.gpus} GPU(s) and resumes from its "
-                       f"checkpoint on as many; kiln clone {job.id} --set resources.gpus={spec.resources.gpus} starts "
-                       "it anew on another count")  # fmt: skip
+        raise Conflict(
+            f"job {job.id} has trained to step {job.last_step} on {job.gpus} GPU(s) and resumes from its "
+            f"checkpoint on as many; kiln clone {job.id} --set resources.gpus={spec.resources.gpus} starts "
+            "it anew on another count"
+        )
     ctx, team_id, fitted = _checked(db, principal, spec, fit=fit)
     refs = None
     if dependencies_given:
         deps = _dependencies(db, team_id=team_id, team=spec.team, refs=spec.depends_on)
         direct = {d for d, _ in deps}
         if job.id in direct or job.id in jobs_repo.dependency_closure(db, direct):
-            raise InvalidInput.at("depends_on", f"job {job.id} would wait for itself: it would depend on a job that "
-                                  "waits for it")  # fmt: skip
+            raise InvalidInput.at(
+                "depends_on", f"job {job.id} would wait for itself: it would depend on a job that waits for it"
+            )
         jobs_repo.replace_dependencies(db, job_id=job.id, depends_on=deps)
         refs = _as_refs(deps)
     job.qos_class_id, job.priority = ctx.qos_id, ctx.priority
@@ -510,13 +622,18 @@ def _check_running_limit(db: Session, principal: Principal, job: Job, old: float
     or an admin (the scheduler planned around the old one: Slurm's rule); never below what the job has run."""
     raised = new is None if old is None else new is None or new > old
     if raised and old != new and _admin_role(principal, job.team_id) is None:
-        raise Forbidden(f"only a team admin or an admin may raise or remove a running job's time limit (job "
-                        f"{job.id}: {_shown(old)}); you may lower it")  # fmt: skip
+        raise Forbidden(
+            f"only a team admin or an admin may raise or remove a running job's time limit (job "
+            f"{job.id}: {_shown(old)}); you may lower it"
+        )
     if new is not None:
         ran = job.ran_s(utcnow())
         if new <= ran:
-            raise InvalidInput.at("time_limit_s", f"job {job.id} has already run {ran:.0f} s: a limit of {new:g} s "
-                                  f"would end it at once (kiln cancel {job.id} stops it)")  # fmt: skip
+            raise InvalidInput.at(
+                "time_limit_s",
+                f"job {job.id} has already run {ran:.0f} s: a limit of {new:g} s "
+                f"would end it at once (kiln cancel {job.id} stops it)",
+            )
 
 
 def _shown(value: Any) -> str:

@@ -65,8 +65,16 @@ GPU_SAMPLE_MAX_AGE_S = 300.0  # an older sample (a silent host agent) is not exp
 HOST_STATES = tuple(s.value for s in HostState)
 NO_REASON = "None"  # Slurm's word for a pending job without a reason
 LINKS = (("pcie", "tx"), ("pcie", "rx"), ("nvlink", "tx"), ("nvlink", "rx"))
-_VIOLATION_SUFFIXES = ("_VIOLATIONS", "_VIOLATION", "_VIOLATED", "_BREACHED", "_BREACH", "_MISSED", "_MISS",
-                       "_EXCEEDED")  # fmt: skip
+_VIOLATION_SUFFIXES = (
+    "_VIOLATIONS",
+    "_VIOLATION",
+    "_VIOLATED",
+    "_BREACHED",
+    "_BREACH",
+    "_MISSED",
+    "_MISS",
+    "_EXCEEDED",
+)
 
 
 def is_violation_event(event_type: str) -> bool:

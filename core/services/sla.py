@@ -45,8 +45,9 @@ def default_contract(*, db: Session, team: Team) -> SlaContract:
     row = teams_repo.default_sla(db, team.id)
     if row is not None:
         return row
-    contract = SlaContract(team_id=team.id, job_id=None, qos_class_id=_qos_id(db, DEFAULT_QOS, "qos"), version=0,
-                           **BASE_TERMS)  # fmt: skip
+    contract = SlaContract(
+        team_id=team.id, job_id=None, qos_class_id=_qos_id(db, DEFAULT_QOS, "qos"), version=0, **BASE_TERMS
+    )
     contract.qos_class = qos_repo.get_by_name(db, DEFAULT_QOS)  # type: ignore[assignment]
     return contract
 
@@ -57,8 +58,10 @@ def get_team_default(*, db: Session, principal: Principal, team: str) -> SlaCont
 
 
 def qos_refusal(team: str, qos: str, allowed: Sequence[str]) -> str:
-    return (f"team {team!r} may not use QoS class {qos!r} (it may use: {', '.join(allowed) or 'none'}); "
-            "which classes a team may use is an admin's decision")  # fmt: skip
+    return (
+        f"team {team!r} may not use QoS class {qos!r} (it may use: {', '.join(allowed) or 'none'}); "
+        "which classes a team may use is an admin's decision"
+    )
 
 
 def restart_refusal(team: str, asked: int, limit: int) -> str:

@@ -204,9 +204,11 @@ def propose_due(
     submission (KILN_MAX_UNFINISHED_JOBS_PER_TEAM), and closes the search, saying so."""
     new: list[int] = []
     open_searches = (
-        select(Sweep).where(Sweep.search.is_not(None), Sweep.closed_at.is_(None)).order_by(Sweep.id)
+        select(Sweep)
+        .where(Sweep.search.is_not(None), Sweep.closed_at.is_(None))
+        .order_by(Sweep.id)
         .with_for_update(skip_locked=True)
-    )  # fmt: skip
+    )
     for sweep in db.scalars(open_searches):
         section = sweeps.section_of(sweep)
         jobs = list(jobs_repo.of_sweep(db, sweep.id))

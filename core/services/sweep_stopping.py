@@ -49,8 +49,9 @@ def median_to_beat(value: float, others: Sequence[float], objective: Objective, 
     return median if worse else None
 
 
-def rung_cutoff(value: float, others: Sequence[float], objective: Objective, reduction_factor: int,
-                min_jobs: int) -> tuple[int, float] | None:  # fmt: skip
+def rung_cutoff(
+    value: float, others: Sequence[float], objective: Objective, reduction_factor: int, min_jobs: int
+) -> tuple[int, float] | None:
     """Successive halving at one rung: when ``value`` is not among the best ``max(1, n // reduction_factor)`` of
     the ``n`` values (``others`` and it), how many go on and the worst value that does (so the job stops); None
     when it goes on, or fewer than ``min_jobs`` others reached the rung."""
@@ -99,19 +100,30 @@ def stop_if_worse(db: Session, *, job: Job, step: int, metrics: dict[str, float 
 ByJob = dict[int, dict[int, float]]  # job id -> step -> value (``sweep_curves.evaluations``)
 
 
-def _below_median(by_job: ByJob, sweep: Sweep, job: Job, step: int, value: float, objective: Objective,
-                  rule: EarlyStopping) -> tuple[str, dict[str, Any]] | None:  # fmt: skip
+def _below_median(
+    by_job: ByJob, sweep: Sweep, job: Job, step: int, value: float, objective: Objective, rule: EarlyStopping
+) -> tuple[str, dict[str, Any]] | None:
     others = [values[step] for other, values in by_job.items() if other != job.id and step in values]
     median = median_to_beat(value, others, objective, rule.min_jobs)
     if median is None:
         return None
-    reason = (f"{STOPPED_EARLY}: {objective.metric} {value:.4g} at step {step}, worse than the median of the "
-              f"{len(others)} other jobs of sweep {sweep.id} there ({median:.4g})")  # fmt: skip
+    reason = (
+        f"{STOPPED_EARLY}: {objective.metric} {value:.4g} at step {step}, worse than the median of the "
+        f"{len(others)} other jobs of sweep {sweep.id} there ({median:.4g})"
+    )
     return reason, {"median": median, "compared": len(others)}
 
 
-def _at_rung(by_job: ByJob, sweep: Sweep, job: Job, step: int, value: float, objective: Objective,
-             rule: EarlyStopping, rung: tuple[int, int]) -> tuple[str, dict[str, Any]] | None:  # fmt: skip
+def _at_rung(
+    by_job: ByJob,
+    sweep: Sweep,
+    job: Job,
+    step: int,
+    value: float,
+    objective: Objective,
+    rule: EarlyStopping,
+    rung: tuple[int, int],
+) -> tuple[str, dict[str, Any]] | None:
     start, end = rung
     if any(start <= s < step for s in by_job.get(job.id, {})):
         return None  # judged at this rung already, at its first evaluation there
@@ -124,9 +136,11 @@ def _at_rung(by_job: ByJob, sweep: Sweep, job: Job, step: int, value: float, obj
     if cutoff is None:
         return None
     kept, worst_kept = cutoff
-    reason = (f"{STOPPED_EARLY}: {objective.metric} {value:.4g} at step {step}, not among the best {kept} of the "
-              f"{len(others) + 1} jobs of sweep {sweep.id} at rung {start} (successive halving by "
-              f"{rule.reduction_factor}; the {_ordinal(kept)} best: {worst_kept:.4g})")  # fmt: skip
+    reason = (
+        f"{STOPPED_EARLY}: {objective.metric} {value:.4g} at step {step}, not among the best {kept} of the "
+        f"{len(others) + 1} jobs of sweep {sweep.id} at rung {start} (successive halving by "
+        f"{rule.reduction_factor}; the {_ordinal(kept)} best: {worst_kept:.4g})"
+    )
     return reason, {"rung": start, "kept": kept, "compared": len(others), "cutoff": worst_kept}
 
 

@@ -38,9 +38,14 @@ class SweepView:
 
 
 def submit_sweep(
-    *, db: Session, principal: Principal, document: dict[str, Any], hold: bool = False,
-    max_unfinished: int = jobs_svc.MAX_UNFINISHED, fit: FitSettings = FitSettings(),
-) -> SweepView:  # fmt: skip
+    *,
+    db: Session,
+    principal: Principal,
+    document: dict[str, Any],
+    hold: bool = False,
+    max_unfinished: int = jobs_svc.MAX_UNFINISHED,
+    fit: FitSettings = FitSettings(),
+) -> SweepView:
     """``hold``: every job of the sweep is submitted held (released one by one or with ``kiln release --sweep``).
     ``max_unfinished``: a sweep whose jobs would bring its team past that many unfinished jobs is refused whole
     (QueueFull), counted under the team's row as each submission is."""
@@ -62,8 +67,9 @@ def submit_sweep(
     db.add(sweep)
     db.flush()
     for spec in specs:
-        jobs_svc.submit(db=db, principal=principal, spec=spec, sweep_id=sweep.id, hold=hold,
-                        max_unfinished=max_unfinished, fit=fit)  # fmt: skip
+        jobs_svc.submit(
+            db=db, principal=principal, spec=spec, sweep_id=sweep.id, hold=hold, max_unfinished=max_unfinished, fit=fit
+        )
     return get(db=db, principal=principal, sweep_id=sweep.id)
 
 

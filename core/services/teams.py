@@ -172,9 +172,13 @@ def put_member(*, db: Session, principal: Principal, team: str, user: str, role:
         old = membership.role
         membership.role = role
         record_event(
-            db, "MEMBER_ROLE_CHANGED", team_id=t.id, actor_user_id=principal.user_id,
-            message=f"{user} in {team}: {old} -> {role}", data={"user": user, "from": old, "role": role},
-        )  # fmt: skip
+            db,
+            "MEMBER_ROLE_CHANGED",
+            team_id=t.id,
+            actor_user_id=principal.user_id,
+            message=f"{user} in {team}: {old} -> {role}",
+            data={"user": user, "from": old, "role": role},
+        )
     db.flush()
     return membership, created
 
@@ -186,10 +190,13 @@ def add_membership(
     db.add(membership)
     how = f" (invited by {invited_by})" if invited_by else ""
     record_event(
-        db, "MEMBER_ADDED", team_id=team.id, actor_user_id=actor_user_id,
+        db,
+        "MEMBER_ADDED",
+        team_id=team.id,
+        actor_user_id=actor_user_id,
         message=f"{user.name} joined {team.name} as {role}{how}",
         data={"user": user.name, "role": role, **({"invited_by": invited_by} if invited_by else {})},
-    )  # fmt: skip
+    )
     return membership
 
 
@@ -206,6 +213,10 @@ def remove_member(*, db: Session, principal: Principal, team: str, user: str) ->
         raise NotFound(f"user {user!r} is not a member of team {team!r}")
     db.delete(membership)
     record_event(
-        db, "MEMBER_REMOVED", team_id=t.id, actor_user_id=principal.user_id,
-        message=f"{user} left {team}", data={"user": user, "role": membership.role},
-    )  # fmt: skip
+        db,
+        "MEMBER_REMOVED",
+        team_id=t.id,
+        actor_user_id=principal.user_id,
+        message=f"{user} left {team}",
+        data={"user": user, "role": membership.role},
+    )

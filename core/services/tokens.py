@@ -59,14 +59,24 @@ def issue(
     if principal.token_id is not None:
         _hold_live_parent(db, principal.token_id)
     secret, prefix, digest = new_token()
-    token = ApiToken(user_id=owner_id, name=name, prefix=prefix, token_hash=digest, scopes=scopes,
-                     expires_at=expires_at, parent_id=principal.token_id)  # fmt: skip
+    token = ApiToken(
+        user_id=owner_id,
+        name=name,
+        prefix=prefix,
+        token_hash=digest,
+        scopes=scopes,
+        expires_at=expires_at,
+        parent_id=principal.token_id,
+    )
     db.add(token)
     db.flush()
     record_event(
-        db, "TOKEN_ISSUED", actor_user_id=principal.user_id, message=f"token {token.id} ({name}) issued",
+        db,
+        "TOKEN_ISSUED",
+        actor_user_id=principal.user_id,
+        message=f"token {token.id} ({name}) issued",
         data={"token_id": token.id, "user_id": owner_id, "scopes": token.scopes, "parent_id": principal.token_id},
-    )  # fmt: skip
+    )
     return token, secret
 
 
@@ -93,8 +103,7 @@ def _scopes(principal: Principal, wanted: Sequence[str] | None) -> list[str]:
     grantable = set(principal.scopes) | ({"metrics"} if principal.is_admin else set())
     beyond = sorted(set(wanted) - grantable)
     if beyond:
-        raise Forbidden(f"a token cannot grant scopes it lacks: this one has {sorted(principal.scopes)}, "
-                        f"not {beyond}")  # fmt: skip
+        raise Forbidden(f"a token cannot grant scopes it lacks: this one has {sorted(principal.scopes)}, not {beyond}")
     return sorted(set(wanted))
 
 
@@ -108,8 +117,9 @@ def _expiry(principal: Principal, wanted: datetime | None) -> datetime | None:
     if wanted is None:
         return ceiling
     if wanted > ceiling:
-        raise InvalidInput.at("expires_at", f"must not be later than the calling token's own expiry "
-                                            f"({ceiling.isoformat()})")  # fmt: skip
+        raise InvalidInput.at(
+            "expires_at", f"must not be later than the calling token's own expiry ({ceiling.isoformat()})"
+        )
     return wanted
 
 
@@ -135,8 +145,11 @@ def revoke(*, db: Session, principal: Principal, token_id: int) -> ApiToken:
     for revoked_id, owner_id, name in users_repo.revoke_tree(db, token.id, utcnow()):
         why = "" if revoked_id == token.id else f" with token {token.id}, which it was minted from (directly or not)"
         record_event(
-            db, "TOKEN_REVOKED", actor_user_id=principal.user_id, message=f"token {revoked_id} ({name}) revoked{why}",
+            db,
+            "TOKEN_REVOKED",
+            actor_user_id=principal.user_id,
+            message=f"token {revoked_id} ({name}) revoked{why}",
             data={"token_id": revoked_id, "user_id": owner_id, **({"with": token.id} if why else {})},
-        )  # fmt: skip
+        )
     db.refresh(token)
     return token

@@ -38,15 +38,27 @@ def _min_role(hook_job_id: int | None) -> Role:
 
 
 def create(
-    *, db: Session, principal: Principal, team: str | None, job_id: int | None, url: str, events: Sequence[str],
-    fmt: str = "json", description: str = "", allow_private: bool = False,
-) -> NewWebhook:  # fmt: skip
+    *,
+    db: Session,
+    principal: Principal,
+    team: str | None,
+    job_id: int | None,
+    url: str,
+    events: Sequence[str],
+    fmt: str = "json",
+    description: str = "",
+    allow_private: bool = False,
+) -> NewWebhook:
     """A hook on ``job_id`` (its team's members) or on every job of ``team`` (team-admins)."""
     team_id, team_name = _scope(db, principal, team=team, job_id=job_id)
     unknown = sorted(set(events) - set(KINDS))
     if unknown or not events:
-        raise InvalidInput.at("events", f"unknown event kinds {unknown}; choose from {', '.join(KINDS)}"
-                              if unknown else f"name at least one of {', '.join(KINDS)}")  # fmt: skip
+        raise InvalidInput.at(
+            "events",
+            f"unknown event kinds {unknown}; choose from {', '.join(KINDS)}"
+            if unknown
+            else f"name at least one of {', '.join(KINDS)}",
+        )
     if job_id is not None and SWEEP_KIND in events:
         raise InvalidInput.at("events", f"{SWEEP_KIND} is heard by a team's hooks (--team), not by a hook on one job")
     if fmt not in FORMATS:
@@ -56,12 +68,22 @@ def create(
         raise InvalidInput.at("url", refusal)
     count = len(db.scalars(select(Webhook.id).where(Webhook.team_id == team_id)).all())
     if count >= MAX_HOOKS_PER_TEAM:
-        raise InvalidInput.at("team", f"team {team_name!r} already has {count} webhooks (the most is "
-                              f"{MAX_HOOKS_PER_TEAM}); delete one first")  # fmt: skip
+        raise InvalidInput.at(
+            "team",
+            f"team {team_name!r} already has {count} webhooks (the most is {MAX_HOOKS_PER_TEAM}); delete one first",
+        )
     secret = "whsec_" + secrets.token_urlsafe(32)
-    hook = Webhook(team_id=team_id, job_id=job_id, url=url, secret=secret,
-                   events=sorted(set(events), key=KINDS.index), format=fmt, description=description,
-                   created_by_user_id=principal.user_id, created_at=utcnow())  # fmt: skip
+    hook = Webhook(
+        team_id=team_id,
+        job_id=job_id,
+        url=url,
+        secret=secret,
+        events=sorted(set(events), key=KINDS.index),
+        format=fmt,
+        description=description,
+        created_by_user_id=principal.user_id,
+        created_at=utcnow(),
+    )
     db.add(hook)
     db.flush()
     return NewWebhook(hook=hook, team=team_name, secret=secret)
@@ -133,13 +155,16 @@ def send_test(*, db: Session, principal: Principal, hook_id: int) -> WebhookDeli
     job = db.get(Job, hook.job_id) if hook.job_id is not None else None
     payload = {
         "kind": TEST_KIND,
-        "event": {"type": "TEST", "message": f"test delivery requested by {principal.name}",
-                  "created_at": now.isoformat()},
-        "job": {"id": job.id, "name": job.name, "team": team, "state": job.state} if job is not None
+        "event": {
+            "type": "TEST",
+            "message": f"test delivery requested by {principal.name}",
+            "created_at": now.isoformat(),
+        },
+        "job": {"id": job.id, "name": job.name, "team": team, "state": job.state}
+        if job is not None
         else {"id": None, "name": None, "team": team, "state": None},
-    }  # fmt: skip
-    delivery = WebhookDelivery(webhook_id=hook.id, kind=TEST_KIND, payload=payload, created_at=now,
-                               next_attempt_at=now)  # fmt: skip
+    }
+    delivery = WebhookDelivery(webhook_id=hook.id, kind=TEST_KIND, payload=payload, created_at=now, next_attempt_at=now)
     db.add(delivery)
     db.flush()
     return delivery

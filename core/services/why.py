@@ -67,14 +67,18 @@ def _hints(db: Session, job: Job) -> list[str]:
         hints = _class_hints(db, job, team_name)
         hints.append("it starts when the capacity held for another job frees (a running job ends or is preempted)")
     elif reason == Reason.MEMORY_FIT:
-        hints = ["less memory per GPU: a lower batch_size, or parallelism: fsdp over more GPUs",
-                 *_class_hints(db, job, team_name, need_memory=True)]  # fmt: skip
+        hints = [
+            "less memory per GPU: a lower batch_size, or parallelism: fsdp over more GPUs",
+            *_class_hints(db, job, team_name, need_memory=True),
+        ]
     elif reason == Reason.DEPENDENCY:
         deps = ", ".join(str(d) for d, _ in jobs_repo.dependencies(db, job.id))
         hints = [f"job(s) {deps} must succeed first (kiln describe shows where they stand)"]
     elif reason == Reason.BUDGET:
-        hints = [f"the team's GPU-hour budget: an admin raises it (kiln teams show {team_name}), or the next "
-                 "budget period begins"]  # fmt: skip
+        hints = [
+            f"the team's GPU-hour budget: an admin raises it (kiln teams show {team_name}), or the next "
+            "budget period begins"
+        ]
     elif reason == Reason.HELD:
         hints = [f"release it: kiln release {job.id} (it was {job.pending_message or 'held'})"]
     elif reason == Reason.BANDWIDTH_QUOTA:
@@ -124,8 +128,11 @@ def _capacity_hints(db: Session, job: Job, *, whole_cluster: bool) -> list[str]:
     label = f"{kind} GPUs" if kind else "GPUs"
     hints: list[str] = []
     if whole_cluster:
-        hints.append(f"fewer GPUs: the whole cluster has {total} {label}" if total else
-                     f"a host with {label} must join (none has registered)")  # fmt: skip
+        hints.append(
+            f"fewer GPUs: the whole cluster has {total} {label}"
+            if total
+            else f"a host with {label} must join (none has registered)"
+        )
     else:
         free = max(total - _in_use(db, kind), 0)
         hints.append(f"fewer GPUs: {free} of the cluster's {total} {label} are free now")
@@ -139,13 +146,17 @@ def _quota_hints(db: Session, job: Job, team: str) -> list[str]:
     key = "cpu" if not job.gpus else (job.gpu_type or "*")
     quotas = db.scalars(select(TeamQuota).where(TeamQuota.team_id == job.team_id, TeamQuota.gpu_type.in_([key, "*"])))
     nominal = sum(q.nominal for q in quotas)
-    running = db.scalars(select(Job).where(
-        Job.team_id == job.team_id, Job.state.in_([s.value for s in ACTIVE]), Job.gpu_type == job.gpu_type
-    ))  # fmt: skip
+    running = db.scalars(
+        select(Job).where(
+            Job.team_id == job.team_id, Job.state.in_([s.value for s in ACTIVE]), Job.gpu_type == job.gpu_type
+        )
+    )
     used = sum(j.gpus or int((j.spec.get("resources") or {}).get("cpu_slots") or 1) for j in running)
     unit = "CPU slots" if key == "cpu" else f"{key} GPUs"
-    hints = [f"the team's quota: {team} uses {used} of its {nominal} {unit}; an admin raises it "
-             f"(kiln teams set {team} --quota {key}=N), or its running jobs end"]  # fmt: skip
+    hints = [
+        f"the team's quota: {team} uses {used} of its {nominal} {unit}; an admin raises it "
+        f"(kiln teams set {team} --quota {key}=N), or its running jobs end"
+    ]
     if job.gpus and nominal - used > 0:
         hints.insert(0, f"fewer GPUs: {nominal - used} fit in the team's quota now")
     return hints

@@ -27,14 +27,16 @@ def upgrade() -> None:
         sa.Column("team_id", sa.Integer(), nullable=False),
         sa.Column("qos_class_id", sa.Integer(), nullable=False),
         sa.ForeignKeyConstraint(
-            ["qos_class_id"], ["qos_classes.id"], name=op.f("fk_team_qos_classes_qos_class_id_qos_classes"),
+            ["qos_class_id"],
+            ["qos_classes.id"],
+            name=op.f("fk_team_qos_classes_qos_class_id_qos_classes"),
             ondelete="CASCADE",
         ),
         sa.ForeignKeyConstraint(
             ["team_id"], ["teams.id"], name=op.f("fk_team_qos_classes_team_id_teams"), ondelete="CASCADE"
         ),
         sa.PrimaryKeyConstraint("team_id", "qos_class_id", name=op.f("pk_team_qos_classes")),
-    )  # fmt: skip
+    )
     op.create_table(
         "team_invitations",
         sa.Column("id", sa.Integer(), nullable=False),
@@ -46,7 +48,9 @@ def upgrade() -> None:
         sa.Column("expires_at", core.db.UTCDateTime(timezone=True), nullable=False),
         sa.CheckConstraint("role IN ('team-admin', 'member', 'viewer')", name=op.f("ck_team_invitations_role_known")),
         sa.ForeignKeyConstraint(
-            ["invited_by_user_id"], ["users.id"], name=op.f("fk_team_invitations_invited_by_user_id_users"),
+            ["invited_by_user_id"],
+            ["users.id"],
+            name=op.f("fk_team_invitations_invited_by_user_id_users"),
             ondelete="SET NULL",
         ),
         sa.ForeignKeyConstraint(
@@ -54,14 +58,19 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_team_invitations")),
         sa.UniqueConstraint("team_id", "user_name", name=op.f("uq_team_invitations_team_id_user_name")),
-    )  # fmt: skip
+    )
     with op.batch_alter_table("team_invitations", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_team_invitations_user_name"), ["user_name"], unique=False)
     with op.batch_alter_table("teams", schema=None) as batch_op:
         batch_op.add_column(
-            sa.Column("restart_limit", sa.Integer(), server_default=sa.text("10"), nullable=False,
-                      comment="the most restarts a contract of the team may ask for")
-        )  # fmt: skip
+            sa.Column(
+                "restart_limit",
+                sa.Integer(),
+                server_default=sa.text("10"),
+                nullable=False,
+                comment="the most restarts a contract of the team may ask for",
+            )
+        )
         batch_op.create_check_constraint(batch_op.f("ck_teams_restart_limit_nonneg"), "restart_limit >= 0")
     op.execute(
         sa.text(

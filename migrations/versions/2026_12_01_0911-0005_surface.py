@@ -34,32 +34,48 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(["team_id"], ["teams.id"], name=op.f("fk_sweeps_team_id_teams"), ondelete="CASCADE"),
         sa.ForeignKeyConstraint(["user_id"], ["users.id"], name=op.f("fk_sweeps_user_id_users"), ondelete="SET NULL"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_sweeps")),
-    )  # fmt: skip
+    )
     with op.batch_alter_table("sweeps", schema=None) as batch_op:
         batch_op.create_index(batch_op.f("ix_sweeps_team_id"), ["team_id"], unique=False)
     with op.batch_alter_table("jobs", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("idempotency_key", sa.String(length=128), nullable=True,
-                                      comment="the submission's Idempotency-Key"))  # fmt: skip
-        batch_op.add_column(sa.Column("request_sha256", sa.String(length=64), nullable=True,
-                                      comment="the keyed submission's body, hashed"))  # fmt: skip
+        batch_op.add_column(
+            sa.Column(
+                "idempotency_key", sa.String(length=128), nullable=True, comment="the submission's Idempotency-Key"
+            )
+        )
+        batch_op.add_column(
+            sa.Column(
+                "request_sha256", sa.String(length=64), nullable=True, comment="the keyed submission's body, hashed"
+            )
+        )
         batch_op.add_column(sa.Column("sweep_id", sa.Integer(), nullable=True))
         batch_op.create_unique_constraint(batch_op.f("uq_jobs_team_id_idempotency_key"), ["team_id", "idempotency_key"])
         batch_op.create_index(batch_op.f("ix_jobs_sweep_id"), ["sweep_id"], unique=False)
-        batch_op.create_foreign_key(batch_op.f("fk_jobs_sweep_id_sweeps"), "sweeps", ["sweep_id"], ["id"],
-                                    ondelete="CASCADE")  # fmt: skip
+        batch_op.create_foreign_key(
+            batch_op.f("fk_jobs_sweep_id_sweeps"), "sweeps", ["sweep_id"], ["id"], ondelete="CASCADE"
+        )
     with op.batch_alter_table("job_dependencies", schema=None) as batch_op:
         batch_op.add_column(
-            sa.Column("condition", sa.String(length=16), server_default=sa.text("'afterok'"), nullable=False,
-                      comment="afterok (the other succeeded), afterany (it ended), afternotok (it failed or was "
-                      "cancelled)")
-        )  # fmt: skip
+            sa.Column(
+                "condition",
+                sa.String(length=16),
+                server_default=sa.text("'afterok'"),
+                nullable=False,
+                comment="afterok (the other succeeded), afterany (it ended), afternotok (it failed or was cancelled)",
+            )
+        )
     _describe_requirements()
     for table, what in (("teams", "the team's settings"), ("sla_contracts", "the contract")):
         with op.batch_alter_table(table, schema=None) as batch_op:
             batch_op.add_column(
-                sa.Column("version", sa.Integer(), server_default=sa.text("1"), nullable=False,
-                          comment=f"bumped by every change: the ETag of {what}")
-            )  # fmt: skip
+                sa.Column(
+                    "version",
+                    sa.Integer(),
+                    server_default=sa.text("1"),
+                    nullable=False,
+                    comment=f"bumped by every change: the ETag of {what}",
+                )
+            )
 
 
 # Descriptions that cite a document users do not have ("seed 004's Gold") say the requirement instead; 0003 did so

@@ -26,19 +26,21 @@ def upgrade() -> None:
         sa.Column("job_id", sa.Integer(), nullable=True, comment="NULL: every job of the team"),
         sa.Column("url", sa.String(length=2048), nullable=False),
         sa.Column("secret", sa.String(length=128), nullable=False),
-        sa.Column("events", core.db.JSONType, nullable=False,
-                  comment="the event kinds it wants: finished, failed, ..."),
+        sa.Column(
+            "events", core.db.JSONType, nullable=False, comment="the event kinds it wants: finished, failed, ..."
+        ),
         sa.Column("format", sa.String(length=16), nullable=False),
         sa.Column("description", sa.String(length=256), nullable=False),
         sa.Column("created_by_user_id", sa.Integer(), nullable=True),
         sa.Column("created_at", core.db.UTCDateTime(timezone=True), nullable=False),
         sa.CheckConstraint("format IN ('json', 'slack')", name=op.f("ck_webhooks_format_known")),
-        sa.ForeignKeyConstraint(["created_by_user_id"], ["users.id"], name=op.f("fk_webhooks_created_by_user_id_users"),
-                                ondelete="SET NULL"),
+        sa.ForeignKeyConstraint(
+            ["created_by_user_id"], ["users.id"], name=op.f("fk_webhooks_created_by_user_id_users"), ondelete="SET NULL"
+        ),
         sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name=op.f("fk_webhooks_job_id_jobs"), ondelete="CASCADE"),
         sa.ForeignKeyConstraint(["team_id"], ["teams.id"], name=op.f("fk_webhooks_team_id_teams"), ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_webhooks")),
-    )  # fmt: skip
+    )
     op.create_index("ix_webhooks_team_id_job_id", "webhooks", ["team_id", "job_id"])
     op.create_table(
         "webhook_deliveries",
@@ -55,17 +57,19 @@ def upgrade() -> None:
         sa.Column("last_error", sa.Text(), nullable=True),
         sa.Column("created_at", core.db.UTCDateTime(timezone=True), nullable=False),
         sa.Column("delivered_at", core.db.UTCDateTime(timezone=True), nullable=True),
-        sa.CheckConstraint("status IN ('pending', 'delivered', 'failed')",
-                           name=op.f("ck_webhook_deliveries_status_known")),
-        sa.ForeignKeyConstraint(["event_id"], ["events.id"], name=op.f("fk_webhook_deliveries_event_id_events"),
-                                ondelete="SET NULL"),
-        sa.ForeignKeyConstraint(["webhook_id"], ["webhooks.id"], name=op.f("fk_webhook_deliveries_webhook_id_webhooks"),
-                                ondelete="CASCADE"),
+        sa.CheckConstraint(
+            "status IN ('pending', 'delivered', 'failed')", name=op.f("ck_webhook_deliveries_status_known")
+        ),
+        sa.ForeignKeyConstraint(
+            ["event_id"], ["events.id"], name=op.f("fk_webhook_deliveries_event_id_events"), ondelete="SET NULL"
+        ),
+        sa.ForeignKeyConstraint(
+            ["webhook_id"], ["webhooks.id"], name=op.f("fk_webhook_deliveries_webhook_id_webhooks"), ondelete="CASCADE"
+        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_webhook_deliveries")),
-    )  # fmt: skip
+    )
     op.create_index("ix_webhook_deliveries_webhook_id_status_id", "webhook_deliveries", ["webhook_id", "status", "id"])
-    op.create_index("ix_webhook_deliveries_status_next_attempt_at", "webhook_deliveries",
-                    ["status", "next_attempt_at"])  # fmt: skip
+    op.create_index("ix_webhook_deliveries_status_next_attempt_at", "webhook_deliveries", ["status", "next_attempt_at"])
     op.create_table(
         "checkpoint_exports",
         sa.Column("id", sa.Integer(), nullable=False),
@@ -80,13 +84,18 @@ def upgrade() -> None:
         sa.Column("bytes", sa.BigInteger(), nullable=True),
         sa.Column("sha256", sa.String(length=64), nullable=True),
         sa.Column("error", sa.String(length=1024), nullable=True),
-        sa.ForeignKeyConstraint(["job_id"], ["jobs.id"], name=op.f("fk_checkpoint_exports_job_id_jobs"),
-                                ondelete="CASCADE"),
-        sa.ForeignKeyConstraint(["requested_by_user_id"], ["users.id"],
-                                name=op.f("fk_checkpoint_exports_requested_by_user_id_users"), ondelete="SET NULL"),
+        sa.ForeignKeyConstraint(
+            ["job_id"], ["jobs.id"], name=op.f("fk_checkpoint_exports_job_id_jobs"), ondelete="CASCADE"
+        ),
+        sa.ForeignKeyConstraint(
+            ["requested_by_user_id"],
+            ["users.id"],
+            name=op.f("fk_checkpoint_exports_requested_by_user_id_users"),
+            ondelete="SET NULL",
+        ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_checkpoint_exports")),
         sa.UniqueConstraint("job_id", "step", name=op.f("uq_checkpoint_exports_job_id_step")),
-    )  # fmt: skip
+    )
     op.create_index("ix_checkpoint_exports_state_id", "checkpoint_exports", ["state", "id"])
 
 

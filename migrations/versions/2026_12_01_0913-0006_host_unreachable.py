@@ -17,11 +17,16 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     with op.batch_alter_table("hosts") as batch:
-        batch.alter_column("state", existing_type=sa.String(length=16), existing_nullable=False,
-                           comment="UP, UNREACHABLE, DOWN, EXCLUDED")  # fmt: skip
+        batch.alter_column(
+            "state",
+            existing_type=sa.String(length=16),
+            existing_nullable=False,
+            comment="UP, UNREACHABLE, DOWN, EXCLUDED",
+        )
 
 
 def downgrade() -> None:
     with op.batch_alter_table("hosts") as batch:
-        batch.alter_column("state", existing_type=sa.String(length=16), existing_nullable=False,
-                           comment="UP, DOWN, EXCLUDED")  # fmt: skip
+        batch.alter_column(
+            "state", existing_type=sa.String(length=16), existing_nullable=False, comment="UP, DOWN, EXCLUDED"
+        )

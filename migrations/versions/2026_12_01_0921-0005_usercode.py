@@ -25,22 +25,29 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("team_id", sa.Integer(), nullable=False),
         sa.Column("digest", sa.String(length=64), nullable=False, comment="SHA-256 of the archive, hex"),
-        sa.Column("bytes", sa.BigInteger(), nullable=False,
-                  comment="the archive's size, counted against the team's quota"),
+        sa.Column(
+            "bytes", sa.BigInteger(), nullable=False, comment="the archive's size, counted against the team's quota"
+        ),
         sa.Column("unpacked_bytes", sa.BigInteger(), nullable=False),
         sa.Column("entries", sa.Integer(), nullable=False),
         sa.Column("uploaded_by_user_id", sa.Integer(), nullable=True),
         sa.Column("created_at", core.db.UTCDateTime(timezone=True), nullable=False),
-        sa.Column("last_used_at", core.db.UTCDateTime(timezone=True), nullable=False,
-                  comment="upload or the last submit naming it"),
+        sa.Column(
+            "last_used_at",
+            core.db.UTCDateTime(timezone=True),
+            nullable=False,
+            comment="upload or the last submit naming it",
+        ),
         sa.ForeignKeyConstraint(["team_id"], ["teams.id"], name=op.f("fk_artifacts_team_id_teams"), ondelete="CASCADE"),
         sa.ForeignKeyConstraint(
-            ["uploaded_by_user_id"], ["users.id"], name=op.f("fk_artifacts_uploaded_by_user_id_users"),
+            ["uploaded_by_user_id"],
+            ["users.id"],
+            name=op.f("fk_artifacts_uploaded_by_user_id_users"),
             ondelete="SET NULL",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_artifacts")),
         sa.UniqueConstraint("team_id", "digest", name=op.f("uq_artifacts_team_id_digest")),
-    )  # fmt: skip
+    )
     with op.batch_alter_table("jobs", schema=None) as batch_op:
         batch_op.add_column(sa.Column("code_digest", sa.String(length=64), nullable=True))
         batch_op.add_column(

@@ -24,19 +24,22 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("team_id", sa.Integer(), nullable=False),
         sa.Column("name", sa.String(length=64), nullable=False),
-        sa.Column("path", sa.String(length=1024), nullable=False,
-                  comment="relative to the storage root, under datasets/"),
+        sa.Column(
+            "path", sa.String(length=1024), nullable=False, comment="relative to the storage root, under datasets/"
+        ),
         sa.Column("description", sa.String(length=256), nullable=True),
         sa.Column("created_by_user_id", sa.Integer(), nullable=True),
         sa.Column("created_at", core.db.UTCDateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(["team_id"], ["teams.id"], name=op.f("fk_datasets_team_id_teams"), ondelete="CASCADE"),
         sa.ForeignKeyConstraint(
-            ["created_by_user_id"], ["users.id"], name=op.f("fk_datasets_created_by_user_id_users"),
+            ["created_by_user_id"],
+            ["users.id"],
+            name=op.f("fk_datasets_created_by_user_id_users"),
             ondelete="SET NULL",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_datasets")),
         sa.UniqueConstraint("team_id", "name", name=op.f("uq_datasets_team_id_name")),
-    )  # fmt: skip
+    )
 
 
 def downgrade() -> None:

@@ -35,19 +35,46 @@ def _aware(value: datetime | str | None) -> datetime | None:
 
 def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("queued_s", sa.Float(), server_default=sa.text("0"), nullable=False,
-                                   comment="seconds queued in the waits that ended"))  # fmt: skip
-        batch.add_column(sa.Column("wait_started_at", core.db.UTCDateTime(timezone=True), nullable=True,
-                                   comment="when the current wait after a requeue began (backoff excluded); NULL "
-                                           "before the first admission"))  # fmt: skip
-        batch.alter_column("admitted_at", existing_type=core.db.UTCDateTime(timezone=True), existing_nullable=True,
-                           comment="the latest admission")  # fmt: skip
+        batch.add_column(
+            sa.Column(
+                "queued_s",
+                sa.Float(),
+                server_default=sa.text("0"),
+                nullable=False,
+                comment="seconds queued in the waits that ended",
+            )
+        )
+        batch.add_column(
+            sa.Column(
+                "wait_started_at",
+                core.db.UTCDateTime(timezone=True),
+                nullable=True,
+                comment="when the current wait after a requeue began (backoff excluded); NULL "
+                "before the first admission",
+            )
+        )
+        batch.alter_column(
+            "admitted_at",
+            existing_type=core.db.UTCDateTime(timezone=True),
+            existing_nullable=True,
+            comment="the latest admission",
+        )
     bind = op.get_bind()
-    jobs = sa.table("jobs", sa.column("id", sa.Integer), sa.column("submitted_at", core.db.UTCDateTime()),
-                    sa.column("queued_s", sa.Float), sa.column("wait_started_at", core.db.UTCDateTime()))  # fmt: skip
-    events = sa.table("events", sa.column("id", sa.Integer), sa.column("job_id", sa.Integer),
-                      sa.column("type", sa.String), sa.column("data", sa.JSON),
-                      sa.column("created_at", core.db.UTCDateTime()))  # fmt: skip
+    jobs = sa.table(
+        "jobs",
+        sa.column("id", sa.Integer),
+        sa.column("submitted_at", core.db.UTCDateTime()),
+        sa.column("queued_s", sa.Float),
+        sa.column("wait_started_at", core.db.UTCDateTime()),
+    )
+    events = sa.table(
+        "events",
+        sa.column("id", sa.Integer),
+        sa.column("job_id", sa.Integer),
+        sa.column("type", sa.String),
+        sa.column("data", sa.JSON),
+        sa.column("created_at", core.db.UTCDateTime()),
+    )
     started = {jid: _aware(at) for jid, at in bind.execute(sa.select(jobs.c.id, jobs.c.submitted_at))}
     waits: dict[int, tuple[float, datetime | None]] = {jid: (0.0, at) for jid, at in started.items()}
     timeline = (
@@ -78,5 +105,6 @@ def downgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
         batch.drop_column("wait_started_at")
         batch.drop_column("queued_s")
-        batch.alter_column("admitted_at", existing_type=core.db.UTCDateTime(timezone=True), existing_nullable=True,
-                           comment=None)  # fmt: skip
+        batch.alter_column(
+            "admitted_at", existing_type=core.db.UTCDateTime(timezone=True), existing_nullable=True, comment=None
+        )

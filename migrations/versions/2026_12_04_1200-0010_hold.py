@@ -24,12 +24,29 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("held_at", core.db.UTCDateTime(timezone=True), nullable=True,
-                                   comment="held since (NULL: not held)"))  # fmt: skip
-        batch.add_column(sa.Column("held_s", sa.Float(), server_default=sa.text("0"), nullable=False,
-                                   comment="seconds held in the holds that ended"))  # fmt: skip
-        batch.add_column(sa.Column("held_by_admin", sa.Boolean(), server_default=sa.false(), nullable=False,
-                                   comment="the hold is a team admin's: only a team admin releases it"))  # fmt: skip
+        batch.add_column(
+            sa.Column(
+                "held_at", core.db.UTCDateTime(timezone=True), nullable=True, comment="held since (NULL: not held)"
+            )
+        )
+        batch.add_column(
+            sa.Column(
+                "held_s",
+                sa.Float(),
+                server_default=sa.text("0"),
+                nullable=False,
+                comment="seconds held in the holds that ended",
+            )
+        )
+        batch.add_column(
+            sa.Column(
+                "held_by_admin",
+                sa.Boolean(),
+                server_default=sa.false(),
+                nullable=False,
+                comment="the hold is a team admin's: only a team admin releases it",
+            )
+        )
 
 
 def downgrade() -> None:

@@ -24,12 +24,24 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     with op.batch_alter_table("sweeps") as batch:
-        batch.add_column(sa.Column("search", sa.String(length=16), nullable=True,
-                                   comment="tpe: its next jobs are proposed as others end"))  # fmt: skip
-        batch.add_column(sa.Column("closed_at", core.db.UTCDateTime(timezone=True), nullable=True,
-                                   comment="its search proposes no more jobs since"))  # fmt: skip
-        batch.add_column(sa.Column("closed_reason", sa.String(length=512), nullable=True,
-                                   comment="why its search proposes no more jobs"))  # fmt: skip
+        batch.add_column(
+            sa.Column(
+                "search", sa.String(length=16), nullable=True, comment="tpe: its next jobs are proposed as others end"
+            )
+        )
+        batch.add_column(
+            sa.Column(
+                "closed_at",
+                core.db.UTCDateTime(timezone=True),
+                nullable=True,
+                comment="its search proposes no more jobs since",
+            )
+        )
+        batch.add_column(
+            sa.Column(
+                "closed_reason", sa.String(length=512), nullable=True, comment="why its search proposes no more jobs"
+            )
+        )
 
 
 def downgrade() -> None:

@@ -20,11 +20,18 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     with op.batch_alter_table("api_tokens") as batch:
-        batch.add_column(sa.Column("parent_id", sa.Integer(), nullable=True,
-                                   comment="the token that minted this one: revoking it revokes this one"))  # fmt: skip
+        batch.add_column(
+            sa.Column(
+                "parent_id",
+                sa.Integer(),
+                nullable=True,
+                comment="the token that minted this one: revoking it revokes this one",
+            )
+        )
         batch.create_index(batch.f("ix_api_tokens_parent_id"), ["parent_id"], unique=False)
-        batch.create_foreign_key(batch.f("fk_api_tokens_parent_id_api_tokens"), "api_tokens", ["parent_id"], ["id"],
-                                 ondelete="SET NULL")  # fmt: skip
+        batch.create_foreign_key(
+            batch.f("fk_api_tokens_parent_id_api_tokens"), "api_tokens", ["parent_id"], ["id"], ondelete="SET NULL"
+        )
 
 
 def downgrade() -> None:

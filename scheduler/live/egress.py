@@ -36,9 +36,13 @@ class GuardedBackend(httpcore.NetworkBackend):
         self.inner = inner or httpcore.SyncBackend()
 
     def connect_tcp(
-        self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.NetworkStream:  # fmt: skip
+    ) -> httpcore.NetworkStream:
         if self.allow_private:
             return self.inner.connect_tcp(host, port, timeout, local_address, socket_options)
         addresses, why = checked_addresses(host, port)

@@ -97,17 +97,23 @@ def _why_not(start: Start, running: set[int]) -> str:
         now = [str(j) for j in start.waits_on if j in running]
         ahead = [str(j) for j in start.waits_on if j not in running]
         who = " and ".join(
-            [*([f"running job(s) {', '.join(now)}"] if now else []),
-             *([f"job(s) {', '.join(ahead)} ahead of it in the queue"] if ahead else [])]
-        )  # fmt: skip
-        return (f"it starts only after {who} end, which have no time limit (time_limit_s) and report no progress "
-                "yet; kiln does not guess how long a job runs")  # fmt: skip
+            [
+                *([f"running job(s) {', '.join(now)}"] if now else []),
+                *([f"job(s) {', '.join(ahead)} ahead of it in the queue"] if ahead else []),
+            ]
+        )
+        return (
+            f"it starts only after {who} end, which have no time limit (time_limit_s) and report no progress "
+            "yet; kiln does not guess how long a job runs"
+        )
     if start.stopped == "failed":
         return f"the scheduler would fail it: {start.failed}"
     if start.stopped == "drained":
         return "it does not start even once every running job has ended (its pending reason says what holds it)"
-    return (f"it does not start within the next {start.events} ends of running jobs (or {HORIZON_S / 86400:.0f} "
-            "days) of the queue as it stands")  # fmt: skip
+    return (
+        f"it does not start within the next {start.events} ends of running jobs (or {HORIZON_S / 86400:.0f} "
+        "days) of the queue as it stands"
+    )
 
 
 def _dt(ts: float) -> datetime:

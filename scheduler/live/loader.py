@@ -195,7 +195,7 @@ def _running_job(
     return RunningJob(
         share=next(
             (_placed_share(p) for p in (attempt.placement or []) if isinstance(p, dict) and p.get("share")), None
-        ),  # fmt: skip
+        ),
         id=job.id,
         team_id=job.team_id,
         qos=q.name if q else "",
@@ -289,8 +289,9 @@ def _pending(
 
 def requested_share(resources: dict[str, Any], qos: QosClass | None) -> GpuShare | None:
     """A fractional job's share, what its spec leaves out taken from its class (``core.services.fit.share_of``)."""
-    resolved = share_of(resources.get("gpu_share"), qos.gpu_memory_cap_bytes if qos else None,
-                        qos.sm_percent if qos else 100)  # fmt: skip
+    resolved = share_of(
+        resources.get("gpu_share"), qos.gpu_memory_cap_bytes if qos else None, qos.sm_percent if qos else 100
+    )
     if resolved is None:
         return None
     memory, sm = resolved

@@ -148,9 +148,14 @@ def retain(
 def observe(metrics: SchedulerMetrics, result: CycleResult) -> None:
     metrics.cycle_seconds.observe(result.total_s)
     metrics.plan_seconds.observe(result.plan_s)
-    for kind, n in (("admitted", len(result.admitted)), ("preempted", len(result.preempted)),
-                    ("failed", len(result.failed)), ("killed", len(result.killed)),
-                    ("reconciled", len(result.reconciled)), ("proposed", len(result.proposed))):  # fmt: skip
+    for kind, n in (
+        ("admitted", len(result.admitted)),
+        ("preempted", len(result.preempted)),
+        ("failed", len(result.failed)),
+        ("killed", len(result.killed)),
+        ("reconciled", len(result.reconciled)),
+        ("proposed", len(result.proposed)),
+    ):
         if n:
             metrics.decisions.labels(kind).inc(n)
     metrics.pending.set(result.pending)
@@ -210,9 +215,12 @@ def collect_compile_caches(settings: Settings) -> int:
 
 
 def run_forever(
-    settings: Settings, *, dispatch: DispatchAttempt, stop: threading.Event | None = None,
+    settings: Settings,
+    *,
+    dispatch: DispatchAttempt,
+    stop: threading.Event | None = None,
     metrics: SchedulerMetrics | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Campaign for leadership; while leading, run a cycle on every NOTIFY and at least every interval, with the
     settings' policy."""
     stop = stop or threading.Event()
@@ -270,9 +278,13 @@ def run_forever(
                         if result.admitted or result.preempted or result.failed or result.reconciled or result.proposed:
                             log.info(
                                 "cycle: admitted %s preempted %s failed %s reconciled %d proposed %s (plan %.1f ms)",
-                                result.admitted, result.preempted, result.failed, len(result.reconciled),
-                                result.proposed, result.plan_s * 1000,
-                            )  # fmt: skip
+                                result.admitted,
+                                result.preempted,
+                                result.failed,
+                                len(result.reconciled),
+                                result.proposed,
+                                result.plan_s * 1000,
+                            )
                     except LeadershipLost:
                         raise
                     except Exception:

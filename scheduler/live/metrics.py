@@ -28,24 +28,29 @@ class SchedulerMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.leader = Gauge("kiln_scheduler_leader", "1 while this scheduler process leads", registry=r)
-        self.cycle_seconds = Histogram("kiln_scheduler_cycle_seconds", "One scheduling cycle, dispatch included",
-                                       buckets=FAST_BUCKETS, registry=r)  # fmt: skip
+        self.cycle_seconds = Histogram(
+            "kiln_scheduler_cycle_seconds", "One scheduling cycle, dispatch included", buckets=FAST_BUCKETS, registry=r
+        )
         self.plan_seconds = Histogram("kiln_scheduler_plan_seconds", "plan() alone", buckets=FAST_BUCKETS, registry=r)
-        self.cycle_failures = Counter("kiln_scheduler_cycle_failures", "Cycles that raised and were rolled back",
-                                      registry=r)  # fmt: skip
+        self.cycle_failures = Counter(
+            "kiln_scheduler_cycle_failures", "Cycles that raised and were rolled back", registry=r
+        )
         self.decisions = Counter("kiln_scheduler_decisions", "Decisions applied, by kind", ["decision"], registry=r)
         for kind in DECISIONS:
             self.decisions.labels(kind)
         self.pending = Gauge("kiln_scheduler_pending_jobs", "Jobs left waiting by the last cycle", registry=r)
-        self.dispatch_seconds = Histogram("kiln_scheduler_dispatch_seconds", "Sending one attempt's task message",
-                                          buckets=FAST_BUCKETS, registry=r)  # fmt: skip
-        self.dispatch_errors = Counter("kiln_scheduler_dispatch_errors", "Task messages the broker refused",
-                                       registry=r)  # fmt: skip
-        self.webhook_deliveries = Counter("kiln_webhook_deliveries", "Webhook delivery attempts by outcome",
-                                          ["outcome"], registry=r)  # fmt: skip
+        self.dispatch_seconds = Histogram(
+            "kiln_scheduler_dispatch_seconds", "Sending one attempt's task message", buckets=FAST_BUCKETS, registry=r
+        )
+        self.dispatch_errors = Counter("kiln_scheduler_dispatch_errors", "Task messages the broker refused", registry=r)
+        self.webhook_deliveries = Counter(
+            "kiln_webhook_deliveries", "Webhook delivery attempts by outcome", ["outcome"], registry=r
+        )
         for outcome in ("delivered", "retry", "failed"):
             self.webhook_deliveries.labels(outcome)
-        self.retention_deleted = Counter("kiln_retention_deleted", "Rows retention removed, by kind", ["what"],
-                                         registry=r)  # fmt: skip
-        self.webhook_seconds = Histogram("kiln_webhook_delivery_seconds", "One POST to a webhook receiver",
-                                         buckets=FAST_BUCKETS, registry=r)  # fmt: skip
+        self.retention_deleted = Counter(
+            "kiln_retention_deleted", "Rows retention removed, by kind", ["what"], registry=r
+        )
+        self.webhook_seconds = Histogram(
+            "kiln_webhook_delivery_seconds", "One POST to a webhook receiver", buckets=FAST_BUCKETS, registry=r
+        )

@@ -44,18 +44,25 @@ def backoff_s(attempts: int, settings: Settings) -> float:
 
 class Notifier:
     def __init__(
-        self, *, settings: Settings, session_factory: Callable[[], Session], metrics: SchedulerMetrics | None = None,
+        self,
+        *,
+        settings: Settings,
+        session_factory: Callable[[], Session],
+        metrics: SchedulerMetrics | None = None,
         client: httpx.Client | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.settings = settings
         self.session_factory = session_factory
         self.metrics = metrics
         # Connections go only where the target rules allow, to the address checked (scheduler/live/egress.py),
         # never through a proxy from the environment (it would resolve the name itself).
         self.client = client or httpx.Client(
-            timeout=settings.webhook_timeout_s, follow_redirects=False, headers={"User-Agent": USER_AGENT},
-            transport=GuardedTransport(allow_private=settings.webhook_allow_private_targets), trust_env=False,
-        )  # fmt: skip
+            timeout=settings.webhook_timeout_s,
+            follow_redirects=False,
+            headers={"User-Agent": USER_AGENT},
+            transport=GuardedTransport(allow_private=settings.webhook_allow_private_targets),
+            trust_env=False,
+        )
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():

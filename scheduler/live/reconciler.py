@@ -148,12 +148,16 @@ def _grace(db: Session, now: datetime, settings: Settings, term: Term | None) ->
             state.grace_until = earlier
             if why is not None:
                 record_event(
-                    db, "DATABASE_BACK", message=f"{why}: leases and host heartbeats get grace until "
-                                                 f"{earlier.isoformat(timespec='seconds')}",
+                    db,
+                    "DATABASE_BACK",
+                    message=f"{why}: leases and host heartbeats get grace until "
+                    f"{earlier.isoformat(timespec='seconds')}",
                     data={"grace_until": earlier.isoformat(), "grace_s": settings.lease_s, "cause": why},
-                )  # fmt: skip
-            actions.append(f"database back before this scheduler: grace for leases and hosts until "
-                           f"{earlier.isoformat(timespec='seconds')}")  # fmt: skip
+                )
+            actions.append(
+                f"database back before this scheduler: grace for leases and hosts until "
+                f"{earlier.isoformat(timespec='seconds')}"
+            )
     if term is not None:
         actions += _unwatched_grace(db, now, settings, term, state)
     with _OUTAGES_LOCK:
@@ -161,11 +165,12 @@ def _grace(db: Session, now: datetime, settings: Settings, term: Term | None) ->
     if seen and (term is None or term.unwatched_s is None):  # a gap the lease saw is said once, above
         state.grace_until = now + timedelta(seconds=settings.lease_s)
         record_event(
-            db, "DATABASE_BACK",
+            db,
+            "DATABASE_BACK",
             message=f"database reachable again: leases and host heartbeats get {settings.lease_s:.0f} s of grace"
-                    " before anything is declared LOST or DOWN",
+            " before anything is declared LOST or DOWN",
             data={"grace_until": state.grace_until.isoformat(), "grace_s": settings.lease_s},
-        )  # fmt: skip
+        )
         actions.append(f"database back: {settings.lease_s:.0f} s of grace for leases and hosts")
     if state.grace_until is not None and now >= state.grace_until:
         state.grace_until = None
@@ -181,14 +186,21 @@ def _unwatched_grace(db: Session, now: datetime, settings: Settings, term: Term,
     if term.unwatched_s is None:
         return []
     record_event(
-        db, "DATABASE_BACK",
+        db,
+        "DATABASE_BACK",
         message=f"no scheduler held the lease for {term.unwatched_s:.1f} s (the database or every scheduler was "
-                f"away): leases and host heartbeats get grace until {until.isoformat(timespec='seconds')}",
-        data={"grace_until": until.isoformat(), "grace_s": settings.lease_s, "unwatched_s": term.unwatched_s,
-              "cause": "lease gap"},
-    )  # fmt: skip
-    return [f"no scheduler for {term.unwatched_s:.1f} s: grace for leases and hosts until "
-            f"{until.isoformat(timespec='seconds')}"]  # fmt: skip
+        f"away): leases and host heartbeats get grace until {until.isoformat(timespec='seconds')}",
+        data={
+            "grace_until": until.isoformat(),
+            "grace_s": settings.lease_s,
+            "unwatched_s": term.unwatched_s,
+            "cause": "lease gap",
+        },
+    )
+    return [
+        f"no scheduler for {term.unwatched_s:.1f} s: grace for leases and hosts until "
+        f"{until.isoformat(timespec='seconds')}"
+    ]
 
 
 def _outage_before_this_process(db: Session, now: datetime, settings: Settings) -> tuple[datetime | None, str | None]:
@@ -253,8 +265,12 @@ def _hosts(db: Session, now: datetime, settings: Settings, grace_until: datetime
         if host.state != HostState.DOWN and stale and not in_grace:
             silent = (now - host.last_heartbeat_at).total_seconds() if host.last_heartbeat_at else None
             move_host(host, HostState.DOWN)
-            record_event(db, "HOST_DOWN", message=f"host {host.name}: no heartbeat for {silent or 0:.1f} s",
-                         data={"host": host.name, "silent_s": silent})  # fmt: skip
+            record_event(
+                db,
+                "HOST_DOWN",
+                message=f"host {host.name}: no heartbeat for {silent or 0:.1f} s",
+                data={"host": host.name, "silent_s": silent},
+            )
             actions.append(f"host {host.name}: DOWN")
         elif bad and host.state in (HostState.UP, HostState.UNREACHABLE):
             reasons = []
@@ -264,9 +280,12 @@ def _hosts(db: Session, now: datetime, settings: Settings, grace_until: datetime
             move_host(host, HostState.EXCLUDED)
             host.excluded_until = now + timedelta(seconds=settings.gpu_exclusion_s)
             host.exclusion_reason = "; ".join(reasons)[:256]
-            record_event(db, "HOST_EXCLUDED", message=f"host {host.name} excluded: {host.exclusion_reason}",
-                         data={"host": host.name, "until": host.excluded_until.isoformat(),
-                               "gpus": [g.uuid for g in bad]})  # fmt: skip
+            record_event(
+                db,
+                "HOST_EXCLUDED",
+                message=f"host {host.name} excluded: {host.exclusion_reason}",
+                data={"host": host.name, "until": host.excluded_until.isoformat(), "gpus": [g.uuid for g in bad]},
+            )
             actions.append(f"host {host.name}: EXCLUDED ({host.exclusion_reason})")
         elif host.state == HostState.EXCLUDED and host.excluded_until is not None and host.excluded_until <= now:
             # Served its time: trusted again; a GPU that errs again is excluded again by the agent's report.
@@ -314,11 +333,19 @@ def _expired_leases(db: Session, now: datetime, settings: Settings, grace_until:
         reason = f"lease expired: no heartbeat from {hosts} for {silent:.1f} s"
         actions.append(
             requeue_after_failure(
-                db, job=job, attempt=attempt, reason=reason, now=now, settings=settings,
-                data={"silent_s": silent, "lease_expired_at": attempt.lease_expires_at.isoformat(),
-                      "incident": "lease_expired"},
+                db,
+                job=job,
+                attempt=attempt,
+                reason=reason,
+                now=now,
+                settings=settings,
+                data={
+                    "silent_s": silent,
+                    "lease_expired_at": attempt.lease_expires_at.isoformat(),
+                    "incident": "lease_expired",
+                },
             )
-        )  # fmt: skip
+        )
     return actions
 
 
@@ -354,15 +381,24 @@ def _unclaimed_attempts(
             why = f"hosts not available: {', '.join(gone)}" if gone else f"not picked up after {len(sent)} re-sends"
             actions.append(
                 requeue_after_failure(
-                    db, job=job, attempt=attempt, reason=f"attempt {attempt.number} never started: {why}", now=now,
-                    settings=settings, data={"incident": "never_started"},
+                    db,
+                    job=job,
+                    attempt=attempt,
+                    reason=f"attempt {attempt.number} never started: {why}",
+                    now=now,
+                    settings=settings,
+                    data={"incident": "never_started"},
                 )
-            )  # fmt: skip
+            )
             continue
         attempt.lease_expires_at = now + timeout
-        record_event(db, "REDISPATCHED", job=job,
-                     message=f"attempt {attempt.number} not picked up in {timeout.total_seconds():.0f} s; sent again",
-                     data={"attempt_id": attempt.id, "attempt": attempt.number, "hosts": names})  # fmt: skip
+        record_event(
+            db,
+            "REDISPATCHED",
+            job=job,
+            message=f"attempt {attempt.number} not picked up in {timeout.total_seconds():.0f} s; sent again",
+            data={"attempt_id": attempt.id, "attempt": attempt.number, "hosts": names},
+        )
         dispatch_after_commit(db, attempt, dispatch)
         actions.append(f"attempt {attempt.id}: re-dispatched")
     return actions
@@ -400,14 +436,22 @@ def _recoveries(db: Session) -> list[str]:
         objective = recovery_objective_for(db, job)
         silent = (incident.data or {}).get("silent_s")
         record_event(
-            db, "RECOVERED", job=job,
+            db,
+            "RECOVERED",
+            job=job,
             message=f"recovered in {recovery:.1f} s (objective {objective:.0f} s)"
-                    f" on attempt {attempt.number}, resumed from step {attempt.resumed_from_step}",
-            data={"lost_event_id": incident.id, "attempt": attempt.number, "recovery_time_s": recovery,
-                  "objective_s": objective, "met": recovery <= objective, "detection_s": silent,
-                  "resumed_from_step": attempt.resumed_from_step,
-                  "lost_at_step": (incident.data or {}).get("last_step"),
-                  "hosts": [n.get("host") for n in attempt.placement or []]},
-        )  # fmt: skip
+            f" on attempt {attempt.number}, resumed from step {attempt.resumed_from_step}",
+            data={
+                "lost_event_id": incident.id,
+                "attempt": attempt.number,
+                "recovery_time_s": recovery,
+                "objective_s": objective,
+                "met": recovery <= objective,
+                "detection_s": silent,
+                "resumed_from_step": attempt.resumed_from_step,
+                "lost_at_step": (incident.data or {}).get("last_step"),
+                "hosts": [n.get("host") for n in attempt.placement or []],
+            },
+        )
         actions.append(f"job {job.id}: recovered in {recovery:.1f} s")
     return actions

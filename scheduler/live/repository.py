@@ -135,11 +135,15 @@ def attained_seconds(db: Session, job_ids: Sequence[int]) -> dict[int, float]:
 def finished_history(db: Session, per_team: int) -> dict[int, list[tuple[float, float | None]]]:
     """Each team's most recently succeeded jobs (up to ``per_team``): (seconds its attempts ran, its time limit)."""
     recent = (
-        select(Job.id, Job.team_id, Job.spec["time_limit_s"].as_float().label("limit"),
-               func.row_number().over(partition_by=Job.team_id, order_by=Job.finished_at.desc()).label("n"))
+        select(
+            Job.id,
+            Job.team_id,
+            Job.spec["time_limit_s"].as_float().label("limit"),
+            func.row_number().over(partition_by=Job.team_id, order_by=Job.finished_at.desc()).label("n"),
+        )
         .where(Job.state == JobState.SUCCEEDED.value, Job.finished_at.is_not(None))
         .subquery()
-    )  # fmt: skip
+    )
     stmt = (
         select(recent.c.team_id, recent.c.limit, Attempt.job_id, Attempt.started_at, Attempt.ended_at)
         .join(Attempt, Attempt.job_id == recent.c.id)

@@ -75,8 +75,14 @@ def evaluate(*, db: Session, now: datetime) -> list[Violation]:
     contracts = {job.id: contract for job, contract in rows}
     running = [job for job, _ in rows if job.state == JobState.RUNNING.value]
     # Everything read per job is read for all of them at once: one query per kind, not one per job.
-    pace = _deadline_pace(db, [job.id for job in running if contracts[job.id].deadline is not None
-                               and (job.id, DEADLINE_AT_RISK, None) not in already])  # fmt: skip
+    pace = _deadline_pace(
+        db,
+        [
+            job.id
+            for job in running
+            if contracts[job.id].deadline is not None and (job.id, DEADLINE_AT_RISK, None) not in already
+        ],
+    )
     found: list[Violation] = []
     for job, contract in rows:
         found += _queue_wait(job, contract, now, already)

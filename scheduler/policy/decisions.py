@@ -27,8 +27,11 @@ class PlacementEntry:
             "node_rank": self.node_rank,
         }
         if self.share is not None:
-            out["share"] = {"memory_bytes": self.share.memory_bytes, "sm_percent": self.share.sm_percent,
-                            "guaranteed": self.share.guaranteed}  # fmt: skip
+            out["share"] = {
+                "memory_bytes": self.share.memory_bytes,
+                "sm_percent": self.share.sm_percent,
+                "guaranteed": self.share.guaranteed,
+            }
         return out
 
 

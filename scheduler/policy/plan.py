@@ -198,8 +198,11 @@ class _Planner:
         if job.sweep_id is not None and job.sweep_limit is not None:
             running = self.sweep_running[job.sweep_id]
             if running >= job.sweep_limit:
-                self.wait(job, Reason.SWEEP_LIMIT, f"sweep {job.sweep_id} runs {running} of its jobs at once "
-                          f"(max_concurrent {job.sweep_limit})")  # fmt: skip
+                self.wait(
+                    job,
+                    Reason.SWEEP_LIMIT,
+                    f"sweep {job.sweep_id} runs {running} of its jobs at once (max_concurrent {job.sweep_limit})",
+                )
                 return False
         if not job.depends_on and job.not_before is None:
             return True
@@ -282,12 +285,28 @@ class _Planner:
             untils = state.untils
             end_class = len(untils) if end is None else bisect.bisect_left(untils, end) if untils else 0
             key = (
-                job.qos_priority, job.team_id, job.quota_key, job.gpus, job.cpu_slots, job.gpu_type,
-                job.gpus_per_node, job.memory_bytes, job.memory_cap_bytes, job.bandwidth,
-                (job.id in urgent) + (job.id in self.aged), end_class, job.share, job.team_code,
-            )  # fmt: skip
-            version = (state.version, self.ledger.version, len(self.victimized), self.preemptors,
-                       len(self.reservations))  # fmt: skip
+                job.qos_priority,
+                job.team_id,
+                job.quota_key,
+                job.gpus,
+                job.cpu_slots,
+                job.gpu_type,
+                job.gpus_per_node,
+                job.memory_bytes,
+                job.memory_cap_bytes,
+                job.bandwidth,
+                (job.id in urgent) + (job.id in self.aged),
+                end_class,
+                job.share,
+                job.team_code,
+            )
+            version = (
+                state.version,
+                self.ledger.version,
+                len(self.victimized),
+                self.preemptors,
+                len(self.reservations),
+            )
             if version != self.memo_version:
                 self.memo.clear()
                 self.memo_version = version

@@ -140,8 +140,11 @@ class QuotaLedger:
         if team.quota(key) is not None:
             return ""
         if key == ANY:
-            gpu = ", ".join(f"{q.key}: {self.usage.get((team_id, q.key), 0)} in use of {q.nominal}"
-                            for q in team.quotas if q.key != CPU)  # fmt: skip
+            gpu = ", ".join(
+                f"{q.key}: {self.usage.get((team_id, q.key), 0)} in use of {q.nominal}"
+                for q in team.quotas
+                if q.key != CPU
+            )
             return (
                 f"; the team has no quota for *, and none of its GPU quotas has room for it ({gpu or 'none'}): a job"
                 " that names no GPU type runs on the first that has"

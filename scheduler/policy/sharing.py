@@ -55,8 +55,9 @@ def best_shared(
     fitting = [g for g in gpus if g.model in models and g.room_for(team_id, share)]
     if not fitting:
         return None
-    return min(fitting, key=lambda g: (g.host in avoid, g.memory_bytes - g.memory_used - share.memory_bytes,
-                                       g.host, g.uuid))  # fmt: skip
+    return min(
+        fitting, key=lambda g: (g.host in avoid, g.memory_bytes - g.memory_used - share.memory_bytes, g.host, g.uuid)
+    )
 
 
 def describe(share: GpuShare) -> str:

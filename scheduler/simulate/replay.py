@@ -87,8 +87,12 @@ from scheduler.simulate.limits import (
 from scheduler.simulate.limits import model as limit_model
 from scheduler.simulate.synthetic import gpu_cluster
 
-CLASSES = {"gold": (1000, False, 1800.0), "silver": (500, False, 7200.0), "bronze": (200, True, 28800.0),
-           "best-effort": (0, True, None)}  # fmt: skip
+CLASSES = {
+    "gold": (1000, False, 1800.0),
+    "silver": (500, False, 7200.0),
+    "bronze": (200, True, 28800.0),
+    "best-effort": (0, True, None),
+}
 TEAMS = 6
 COHORT = "philly"
 CHECKPOINT_S = 1800.0  # the trainers' checkpoint interval
@@ -119,7 +123,7 @@ def policies() -> dict[str, tuple[PolicyConfig, bool]]:
                 service_classes=False,
             ),
             False,
-        ),  # fmt: skip
+        ),
         "kiln": (get_settings().policy, False),  # the live loop's policy, from the same KILN_POLICY__* settings
         ORACLE: (head_only.model_copy(update={"ordering": "sjf"}), True),
     }
@@ -175,10 +179,15 @@ def load_trace(path: str, limit: int | None = None) -> list[TraceJob]:
         return synthetic_trace(int(path.split(":", 1)[1]))
     raw = json.loads(Path(path).read_text())
     jobs = [
-        TraceJob(str(e["id"]), int(e["num_gpus"]), _parse_ts(e["submitted_time"]), float(e["runtime"]) * 60.0,
-                 max(1, len(e.get("attempts") or ())))
+        TraceJob(
+            str(e["id"]),
+            int(e["num_gpus"]),
+            _parse_ts(e["submitted_time"]),
+            float(e["runtime"]) * 60.0,
+            max(1, len(e.get("attempts") or ())),
+        )
         for e in raw
-    ]  # fmt: skip
+    ]
     jobs.sort(key=lambda j: (j.submit, j.id))
     if limit:
         jobs = jobs[:limit]
@@ -276,10 +285,19 @@ def idle_while_queued_gpu_h(r: Result) -> float:
 
 
 class Simulation:
-    def __init__(self, trace: Sequence[TraceJob], hosts: tuple[HostInfo, ...], config: PolicyConfig, *,
-                 tick: float = 0.0, period: float = CYCLE_S, oracle: bool = False,
-                 limit_seed: int = LIMIT_SEED, limits: LimitModel = OVERESTIMATING,
-                 observer: Observer | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        trace: Sequence[TraceJob],
+        hosts: tuple[HostInfo, ...],
+        config: PolicyConfig,
+        *,
+        tick: float = 0.0,
+        period: float = CYCLE_S,
+        oracle: bool = False,
+        limit_seed: int = LIMIT_SEED,
+        limits: LimitModel = OVERESTIMATING,
+        observer: Observer | None = None,
+    ) -> None:
         self.hosts = hosts
         self.gpus = sum(len(h.gpus) for h in hosts)
         self.config = config
@@ -331,11 +349,21 @@ class Simulation:
         # All waits of this submission count (a resubmission is a new job, with a budget of its own).
         budget = None if max_wait is None else max(0.0, max_wait - sj.queued_s + sj.waited_before_s)
         return PendingJob(
-            id=jid, team_id=sub.team, qos=sub.qos, qos_priority=prio, preemptible=pre, gpus=sub.gpus,
-            submitted_at=sub.submit, gpus_per_node=8 if sub.gpus > 8 and sub.gpus % 8 == 0 else None,
-            quota_key=ANY, max_queue_wait_s=budget, estimated_runtime_s=sub.time_limit_s, attained_s=sj.attained_s,
-            wait_started_at=now, pending_reason=Reason.PREEMPTED.value if sj.preemptions else None,
-        )  # fmt: skip
+            id=jid,
+            team_id=sub.team,
+            qos=sub.qos,
+            qos_priority=prio,
+            preemptible=pre,
+            gpus=sub.gpus,
+            submitted_at=sub.submit,
+            gpus_per_node=8 if sub.gpus > 8 and sub.gpus % 8 == 0 else None,
+            quota_key=ANY,
+            max_queue_wait_s=budget,
+            estimated_runtime_s=sub.time_limit_s,
+            attained_s=sj.attained_s,
+            wait_started_at=now,
+            pending_reason=Reason.PREEMPTED.value if sj.preemptions else None,
+        )
 
     def _running_view(self, jid: int, now: float) -> RunningJob:
         sj = self.jobs[jid]
@@ -347,12 +375,24 @@ class Simulation:
         prio, pre, _ = CLASSES[sub.qos]
         limit = sub.time_limit_s
         view = RunningJob(
-            id=jid, team_id=sub.team, qos=sub.qos, qos_priority=prio, preemptible=pre, gpus=sub.gpus,
-            gpu_type="H100", quota_key=ANY, placement=sj.placement, started_at=sj.attempt_start,
-            last_checkpoint_at=ckpt, expected_end=None if limit is None else sj.attempt_start + limit,
-            time_limit_s=limit, preemptions=sj.preemptions, attained_s=sj.attained_s,
-            preempt_requested=sj.preempting, state=(JobState.PREEMPTING if sj.preempting else JobState.RUNNING).value,
-        )  # fmt: skip
+            id=jid,
+            team_id=sub.team,
+            qos=sub.qos,
+            qos_priority=prio,
+            preemptible=pre,
+            gpus=sub.gpus,
+            gpu_type="H100",
+            quota_key=ANY,
+            placement=sj.placement,
+            started_at=sj.attempt_start,
+            last_checkpoint_at=ckpt,
+            expected_end=None if limit is None else sj.attempt_start + limit,
+            time_limit_s=limit,
+            preemptions=sj.preemptions,
+            attained_s=sj.attained_s,
+            preempt_requested=sj.preempting,
+            state=(JobState.PREEMPTING if sj.preempting else JobState.RUNNING).value,
+        )
         self.views[jid] = (sj.attempt, ckpt, view)
         return view
 
@@ -370,18 +410,25 @@ class Simulation:
             for i, n in enumerate(self.nominal):
                 hist = self.history[i][-HISTORY:]
                 ratios = sorted(rt / lim for rt, lim in hist if lim)
-                infos.append(TeamInfo(
-                    i, f"team{i}", cohort=COHORT, quotas=(QuotaInfo(ANY, n),), decayed_usage=self.usage[i],
-                    finished_runtimes_s=tuple(sorted(rt for rt, _ in hist)),
-                    limit_use_ratio=ratios[len(ratios) // 2] if ratios else None,
-                ))  # fmt: skip
+                infos.append(
+                    TeamInfo(
+                        i,
+                        f"team{i}",
+                        cohort=COHORT,
+                        quotas=(QuotaInfo(ANY, n),),
+                        decayed_usage=self.usage[i],
+                        finished_runtimes_s=tuple(sorted(rt for rt, _ in hist)),
+                        limit_use_ratio=ratios[len(ratios) // 2] if ratios else None,
+                    )
+                )
             self.teams_view = tuple(infos)
         return self.teams_view
 
     def snapshot(self, now: float) -> Snapshot:
         running = tuple(self._running_view(jid, now) for jid in self.running)
-        return Snapshot(now=now, hosts=self.hosts, running=running, pending=tuple(self.pending.values()),
-                        teams=self._teams())  # fmt: skip
+        return Snapshot(
+            now=now, hosts=self.hosts, running=running, pending=tuple(self.pending.values()), teams=self._teams()
+        )
 
     # -- the replay ----------------------------------------------------------------------------------------------
 
@@ -593,10 +640,24 @@ class Simulation:
         makespan = max(finished, default=now)
         window = max((a[0] for a in arrivals), default=0.0)
         work = sum(self._work[i] * j.sub.gpus for i, j in self.jobs.items() if j.finish is not None)
-        return Result(name, list(self.jobs.values()), work, self.busy_gpu_s, self.lost_gpu_s, makespan, self.gpus,
-                      self.preemptions, self.reclaims, cycles, plan_s, series, window,
-                      list(zip(self.used_gpu_s, self.borrowed_gpu_s, strict=True)), self.oracle,
-                      self.limits.name)  # fmt: skip
+        return Result(
+            name,
+            list(self.jobs.values()),
+            work,
+            self.busy_gpu_s,
+            self.lost_gpu_s,
+            makespan,
+            self.gpus,
+            self.preemptions,
+            self.reclaims,
+            cycles,
+            plan_s,
+            series,
+            window,
+            list(zip(self.used_gpu_s, self.borrowed_gpu_s, strict=True)),
+            self.oracle,
+            self.limits.name,
+        )
 
 
 def summarize(r: Result) -> dict[str, Any]:
@@ -649,7 +710,7 @@ def summarize(r: Result) -> dict[str, Any]:
         "teams": [
             {"team": f"team{i}", "gpu_h": round(u / 3600), "borrowed_gpu_h": round(b / 3600)}
             for i, (u, b) in enumerate(r.teams)
-        ],  # fmt: skip
+        ],
         "cycles": r.cycles,
         "plan_ms_mean": round(1000 * statistics.fmean(plans), 3) if plans else 0.0,
         "plan_ms_p95": round(1000 * plans[min(len(plans) - 1, int(0.95 * len(plans)))], 3) if plans else 0.0,
@@ -704,8 +765,10 @@ def plot(results: list[Result], out: Path) -> list[str]:
 
 
 def table(summaries: list[dict[str, Any]]) -> str:
-    head = "| policy | mean JCT h | p50 JCT h | p95 JCT h | mean wait h | p95 wait h | util (makespan) | " \
-           "makespan d | gold SLA | silver SLA | bronze SLA | preemptions / job | lost GPU-h |"  # fmt: skip
+    head = (
+        "| policy | mean JCT h | p50 JCT h | p95 JCT h | mean wait h | p95 wait h | util (makespan) | "
+        "makespan d | gold SLA | silver SLA | bronze SLA | preemptions / job | lost GPU-h |"
+    )
     lines = [head, "|" + "---|" * 13]
     for s in summaries:
         sla = s["sla_attainment"]
@@ -726,11 +789,27 @@ def offered_load(trace: Sequence[TraceJob], gpus: int) -> float:
     return demand / (gpus * window) if window > 0 and gpus else 0.0
 
 
-def replay_one(trace: Sequence[TraceJob], hosts: int, gpus_per_host: int, name: str, tick: float,
-               period: float, limit_seed: int = LIMIT_SEED, limits: LimitModel = OVERESTIMATING) -> Result:  # fmt: skip
+def replay_one(
+    trace: Sequence[TraceJob],
+    hosts: int,
+    gpus_per_host: int,
+    name: str,
+    tick: float,
+    period: float,
+    limit_seed: int = LIMIT_SEED,
+    limits: LimitModel = OVERESTIMATING,
+) -> Result:
     config, oracle = policies()[name]
-    sim = Simulation(trace, gpu_cluster(hosts, gpus_per_host), config, tick=tick, period=period, oracle=oracle,
-                     limit_seed=limit_seed, limits=limits)  # fmt: skip
+    sim = Simulation(
+        trace,
+        gpu_cluster(hosts, gpus_per_host),
+        config,
+        tick=tick,
+        period=period,
+        oracle=oracle,
+        limit_seed=limit_seed,
+        limits=limits,
+    )
     return sim.run(name)
 
 
@@ -785,8 +864,10 @@ def across_draws(draws: list[dict[str, Any]]) -> dict[str, Any]:
             met = all(a[k] for k in ("gold_sla_ok", "jct_ok", "util_ok", "preemptions_ok"))
             met_all = met_all and met
             row = sizes.setdefault(entry["hosts"], {"hosts": entry["hosts"], "met_on": [], "by_seed": {}})
-            row["by_seed"][str(seed)] = {k: a[k] for k in ("jct_cut_vs_best_baseline", "util_makespan_gap_points",
-                                                           "gold_sla", "preemptions_per_job")}  # fmt: skip
+            row["by_seed"][str(seed)] = {
+                k: a[k]
+                for k in ("jct_cut_vs_best_baseline", "util_makespan_gap_points", "gold_sla", "preemptions_per_job")
+            }
             if met:
                 row["met_on"].append(seed)
         if met_all:
@@ -802,20 +883,31 @@ def _policy_names(text: str) -> list[str]:
     return names
 
 
-def _draw(trace: Sequence[TraceJob], seed: int, sizes: list[int], names: list[str], gpus_per_host: int,
-          summarized: dict[tuple[int, int, str], dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+def _draw(
+    trace: Sequence[TraceJob],
+    seed: int,
+    sizes: list[int],
+    names: list[str],
+    gpus_per_host: int,
+    summarized: dict[tuple[int, int, str], dict[str, Any]],
+) -> dict[str, Any]:
     """One draw's tables (one per size) and acceptance, printed and returned for the report."""
     entries = []
     for n in sizes:
         summaries = [summarized[(seed, n, p)] for p in names]
         load = offered_load(trace, n * gpus_per_host)
-        entry: dict[str, Any] = {"hosts": n, "gpus": n * gpus_per_host, "offered_load": round(load, 3),
-                                 "results": summaries}  # fmt: skip
+        entry: dict[str, Any] = {
+            "hosts": n,
+            "gpus": n * gpus_per_host,
+            "offered_load": round(load, 3),
+            "results": summaries,
+        }
         if "kiln" in names and len(names) > 1 and any(p != "kiln" and p != ORACLE for p in names):
             entry["acceptance"] = acceptance(summaries)
         entries.append(entry)
-        print(f"\n{n} hosts x {gpus_per_host} GPUs ({n * gpus_per_host} GPUs, offered load {load:.2f}), "
-              f"limit seed {seed}")  # fmt: skip
+        print(
+            f"\n{n} hosts x {gpus_per_host} GPUs ({n * gpus_per_host} GPUs, offered load {load:.2f}), limit seed {seed}"
+        )
         print(table(summaries))
         if "acceptance" in entry:
             print("acceptance:", json.dumps(entry["acceptance"]))

@@ -54,9 +54,13 @@ class Kiln:
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         log = open(self.home / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(
-            [sys.executable, *args], cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, *args],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
         self.procs[name] = proc
         return proc
 

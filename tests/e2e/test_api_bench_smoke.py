@@ -27,8 +27,14 @@ def test_make_bench_api_runs_the_api_bench() -> None:
 def test_the_api_bench_smoke_submits_and_lists_against_the_bare_app(tmp_path: Path) -> None:
     out = tmp_path / "api_bench.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
-    done = subprocess.run([sys.executable, "bench/api_bench.py", "--smoke", "--out", str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=280)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "bench/api_bench.py", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     got = json.loads(out.read_text())
     assert got["smoke"] and got["errors"] == {}, got["errors"]

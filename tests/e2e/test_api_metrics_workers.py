@@ -38,12 +38,32 @@ def test_every_scrape_counts_every_process(tmp_path: Path) -> None:
     multiproc = tmp_path / "prometheus"
     multiproc.mkdir()
     port = free_port()
-    env = {**os.environ, "KILN_HOME": str(tmp_path), "KILN_DATABASE_URL": url,
-           "PROMETHEUS_MULTIPROC_DIR": str(multiproc)}  # fmt: skip
+    env = {
+        **os.environ,
+        "KILN_HOME": str(tmp_path),
+        "KILN_DATABASE_URL": url,
+        "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
+    }
     log = open(tmp_path / "api.log", "wb")  # noqa: SIM115 - closed below
-    api = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host", "127.0.0.1",
-                            "--port", str(port), "--workers", "2"], cwd=ROOT, env=env, stdout=log,
-                           stderr=subprocess.STDOUT)  # fmt: skip
+    api = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "api.app:create_app",
+            "--factory",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until_serving(f"{base}/healthz", api, timeout=60, log=tmp_path / "api.log")

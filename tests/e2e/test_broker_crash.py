@@ -87,8 +87,9 @@ def test_a_consumer_killed_by_the_broker_crash_is_restarted_in_place_and_the_hos
         wait_for(lambda: c.log_text(host).count("holding the delivery") >= 2, 60, "the second delivery held")
         broker.kill()
         # Nothing consumes while Redis is away: the host is UNREACHABLE, its heartbeat fresh.
-        state = wait_for(lambda: _host_state(c, host)[0] == "UNREACHABLE" and _host_state(c, host), 60,
-                         "the host UNREACHABLE")  # fmt: skip
+        state = wait_for(
+            lambda: _host_state(c, host)[0] == "UNREACHABLE" and _host_state(c, host), 60, "the host UNREACHABLE"
+        )
         assert state[1] < 5.0, "the worker still heartbeats"
         broker.start()
         wait_for(lambda: _host_state(c, host)[0] == "UP", 60, "the host UP again once its consumer consumes")
@@ -107,6 +108,10 @@ def test_a_consumer_killed_by_the_broker_crash_is_restarted_in_place_and_the_hos
         assert job.state == "SUCCEEDED" and job.restart_count == 0, (job_id, job.state, job.exit_reason)
     assert job_row(c, running).last_step == 100 and not job_events(c, running, "LOST")
     with maker() as db:
-        events = [e.type for e in db.scalars(select(Event).where(Event.type.in_(["HOST_UNREACHABLE", "HOST_REACHABLE"]))
-                                              .order_by(Event.id))]  # fmt: skip
+        events = [
+            e.type
+            for e in db.scalars(
+                select(Event).where(Event.type.in_(["HOST_UNREACHABLE", "HOST_REACHABLE"])).order_by(Event.id)
+            )
+        ]
     assert events[:2] == ["HOST_UNREACHABLE", "HOST_REACHABLE"], events

@@ -116,14 +116,30 @@ def compile_and_train(base: pathlib.Path, host: str, team: pathlib.Path, *, comp
     model, x = Block(), torch.randn(4, 8)
     tel = Telemetry(base / host / "run", 0)
     compiler = Compiler(
-        mode="regional" if compiled else "off", timeout_s=300.0, max_rss_bytes=None, check_allclose=True,
-        cuda_graphs=False, hooks=TestHooks(), telemetry=tel, device=torch.device("cpu"), model_name="block",
-        cache_dir=cache, rank=0, world_size=1, group=None, tiers=Tiers(team=team, shared=None),
-    )  # fmt: skip
+        mode="regional" if compiled else "off",
+        timeout_s=300.0,
+        max_rss_bytes=None,
+        check_allclose=True,
+        cuda_graphs=False,
+        hooks=TestHooks(),
+        telemetry=tel,
+        device=torch.device("cpu"),
+        model_name="block",
+        cache_dir=cache,
+        rank=0,
+        world_size=1,
+        group=None,
+        tiers=Tiers(team=team, shared=None),
+    )
     report = compiler.compile(
-        model, [model], loss_fn=lambda: model(x).square().mean(), precision="fp32", model_config={"block": 1},
-        rtol=1e-4, atol=1e-5,
-    )  # fmt: skip
+        model,
+        [model],
+        loss_fn=lambda: model(x).square().mean(),
+        precision="fp32",
+        model_config={"block": 1},
+        rtol=1e-4,
+        atol=1e-5,
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     trained = []
     for _ in range(3):
@@ -238,14 +254,33 @@ def test_compiled_gemms_moved_to_triton_must_give_finite_gradients_or_the_compil
     reports, tel = [], Telemetry(tmp_path / "run", 0)
     for triton_gemms in (False, True):
         compiler = Compiler(
-            mode="whole", timeout_s=300.0, max_rss_bytes=None, check_allclose=True, cuda_graphs=False,
-            hooks=TestHooks(), telemetry=tel, device=torch.device("cpu"), model_name="block", cache_dir=None,
-            rank=0, world_size=1, group=None, tiers=Tiers(team=None, shared=None), triton_gemms=triton_gemms,
-        )  # fmt: skip
-        reports.append(compiler.compile(
-            model, [model], loss_fn=lambda: model(x).square().mean(), precision="fp32",
-            model_config={"block": 1}, rtol=1e-4, atol=1e-5,
-        ))  # fmt: skip
+            mode="whole",
+            timeout_s=300.0,
+            max_rss_bytes=None,
+            check_allclose=True,
+            cuda_graphs=False,
+            hooks=TestHooks(),
+            telemetry=tel,
+            device=torch.device("cpu"),
+            model_name="block",
+            cache_dir=None,
+            rank=0,
+            world_size=1,
+            group=None,
+            tiers=Tiers(team=None, shared=None),
+            triton_gemms=triton_gemms,
+        )
+        reports.append(
+            compiler.compile(
+                model,
+                [model],
+                loss_fn=lambda: model(x).square().mean(),
+                precision="fp32",
+                model_config={"block": 1},
+                rtol=1e-4,
+                atol=1e-5,
+            )
+        )
     tel.close()
     unchecked, checked = reports
     assert unchecked.active and unchecked.reason is None  # NaN gradients pass where no GEMM was moved

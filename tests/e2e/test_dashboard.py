@@ -49,8 +49,10 @@ def page(browser: Any, kiln: Kiln) -> Iterator[Any]:
     problems: list[str] = []
     pg.on("pageerror", lambda e: problems.append(f"script error: {e}"))
     # Every request stays on the API's origin: nothing is fetched from elsewhere at run time.
-    pg.on("request", lambda r: problems.append(f"external request: {r.url}")
-          if not r.url.startswith((kiln.url, "data:")) else None)  # fmt: skip
+    pg.on(
+        "request",
+        lambda r: problems.append(f"external request: {r.url}") if not r.url.startswith((kiln.url, "data:")) else None,
+    )
     pg.problems = problems
     yield pg
     context.close()
@@ -177,8 +179,9 @@ def test_job_runs_live_logs_and_cancel(page: Any, kiln: Kiln) -> None:
         expect(page.locator("#timeline")).to_contain_text("RELEASED")
         expect(page.locator("#job-state")).to_have_attribute("data-state", "RUNNING", timeout=120_000)
         # Plot points appear as the trainer reports steps (SSE, or polling as the fallback).
-        expect(page.locator("figure[data-chart='loss']")).not_to_have_attribute("data-points", re.compile(r"^[0-2]$"),
-                                                                                timeout=120_000)  # fmt: skip
+        expect(page.locator("figure[data-chart='loss']")).not_to_have_attribute(
+            "data-points", re.compile(r"^[0-2]$"), timeout=120_000
+        )
         expect(page.locator("figure[data-chart='loss']")).to_have_attribute("data-series", "1")
         expect(page.locator("figure[data-chart='throughput']")).not_to_have_attribute("data-points", "0")
         # Logs follow.

@@ -56,8 +56,9 @@ def test_the_estimate_follows_the_spec_as_it_is_typed(kiln: Kiln) -> None:
         page.get_by_role("link", name="Submit", exact=True).click()
         summary, first_row = page.locator("#estimate-summary"), page.locator("#estimate-options tbody tr").first
         # The form's defaults are the shipped example's shape: measured, and the job as written is the cheapest.
-        expect(summary).to_have_text("cheapest: 1 CPU slot, eager, fp32: 0.00194 slot-h, 9.72e-05 USD (the job as "
-                                     "written)")  # fmt: skip
+        expect(summary).to_have_text(
+            "cheapest: 1 CPU slot, eager, fp32: 0.00194 slot-h, 9.72e-05 USD (the job as written)"
+        )
         expect(first_row).to_contain_text("as written · recommended")
         expect(first_row).to_contain_text("50.0 ms (50.0 ms–50.0 ms), measured")
         expect(first_row).to_contain_text("7.0s")  # 4 s to the first step + 60 x 0.05 s

@@ -137,8 +137,11 @@ def test_a_sweeps_queued_jobs_are_held_and_released_from_its_page(kiln: Kiln) ->
             return [j["id"] for j in api.get("/v1/jobs", params={"sweep": sweep_id, "held": "true"}).json()["items"]]
 
         deadline = time.monotonic() + 120  # one runs, the sweep's limit keeps the two others queued
-        while sorted(j["state"] for j in api.get(f"/v1/sweeps/{sweep_id}").json()["jobs"]) != ["QUEUED", "QUEUED",
-                                                                                               "RUNNING"]:  # fmt: skip
+        while sorted(j["state"] for j in api.get(f"/v1/sweeps/{sweep_id}").json()["jobs"]) != [
+            "QUEUED",
+            "QUEUED",
+            "RUNNING",
+        ]:
             assert time.monotonic() < deadline, (kiln.log("worker"), kiln.log("scheduler"))
             time.sleep(0.5)
         try:

@@ -134,8 +134,7 @@ def test_a_job_trains_on_a_read_only_dataset(kiln_up: Up, tmp_path: Path) -> Non
     assert wrong.returncode == 7, wrong.stdout + wrong.stderr
     assert "datasets.0" in wrong.stderr and "did you mean 'digits-npz'?" in wrong.stderr, wrong.stderr
 
-    followed = up.kiln("submit", str(tmp_path / "job.yaml"), "--workdir", str(work), "--follow",
-                       timeout=JOB_TIMEOUT_S)  # fmt: skip
+    followed = up.kiln("submit", str(tmp_path / "job.yaml"), "--workdir", str(work), "--follow", timeout=JOB_TIMEOUT_S)
     assert followed.returncode == 0, f"{followed.stdout}\n{followed.stderr}\n{up.logs()}"
     job_id = _job_id(followed.stdout)
     shown = json.loads(up.kiln("describe", job_id, "-o", "json").stdout)
@@ -154,8 +153,7 @@ def test_a_job_trains_on_a_read_only_dataset(kiln_up: Up, tmp_path: Path) -> Non
     # A write the recipe does not catch: the user's error (its own line), FAILED at once, not a host's I/O error.
     (work / "writer.py").write_text(WRITER)
     (tmp_path / "writer.yaml").write_text(job.replace("entry_point: probe", "entry_point: writer"))
-    wrote = up.kiln("submit", str(tmp_path / "writer.yaml"), "--workdir", str(work), "--follow",
-                    timeout=JOB_TIMEOUT_S)  # fmt: skip
+    wrote = up.kiln("submit", str(tmp_path / "writer.yaml"), "--workdir", str(work), "--follow", timeout=JOB_TIMEOUT_S)
     writer = json.loads(up.kiln("describe", _job_id(wrote.stdout), "-o", "json").stdout)["job"]
     assert writer["state"] == "FAILED" and writer["restart_count"] == 0, writer
     assert "your build_model(): OSError: [Errno 30] Read-only file system" in writer["exit_reason"], writer

@@ -46,8 +46,11 @@ def test_forced_redelivery_is_refused_and_exactly_one_attempt_trains(one_host: C
         with maker() as db:
             attempt = db.scalars(select(Attempt).where(Attempt.job_id == job_id)).one()
         dispatch_attempt(attempt.id, attempt.fencing_token - 1, attempt.placement)
-        wait_for(lambda: any("stale fencing token" in e.message for e in job_events(c, job_id, "DELIVERY_REFUSED")),
-                 30, "stale token refused")  # fmt: skip
+        wait_for(
+            lambda: any("stale fencing token" in e.message for e in job_events(c, job_id, "DELIVERY_REFUSED")),
+            30,
+            "stale token refused",
+        )
         wait_for(lambda: job_row(c, job_id).state in ("SUCCEEDED", "FAILED"), 120, "finished")
     finally:
         sched.stop()
@@ -66,8 +69,11 @@ def test_forced_redelivery_is_refused_and_exactly_one_attempt_trains(one_host: C
     run_dir = get_settings().resolved_storage_dir / "runs" / str(job_id)
     assert [p.name for p in run_dir.iterdir()] == ["1"]
     # One training run: steps 1..60 once each in the telemetry of the only rank.
-    steps = [line for line in (run_dir / "1" / "telemetry" / "rank0.jsonl").read_text().splitlines()
-             if '"kind":"step"' in line]  # fmt: skip
+    steps = [
+        line
+        for line in (run_dir / "1" / "telemetry" / "rank0.jsonl").read_text().splitlines()
+        if '"kind":"step"' in line
+    ]
     assert len(steps) == 60
 
 

@@ -100,8 +100,7 @@ def test_sigkill_worker_fails_over_and_matches_uninterrupted_run(two_hosts: Clus
     assert killed_at < lease_expired_at <= lost[0].created_at
 
     types = [e.type for e in job_events(c, victim)]
-    expected = ["ADMITTED", "RUNNING", "CHECKPOINT", "LOST", "QUEUED", "ADMITTED", "RUNNING", "RESUMED",
-                "SUCCEEDED"]  # fmt: skip
+    expected = ["ADMITTED", "RUNNING", "CHECKPOINT", "LOST", "QUEUED", "ADMITTED", "RUNNING", "RESUMED", "SUCCEEDED"]
     it = iter(types)
     assert all(t in it for t in expected), f"timeline out of order: {types}"
 

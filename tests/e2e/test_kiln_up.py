@@ -180,9 +180,13 @@ def test_second_kiln_up_skips_bootstrap_and_a_concurrent_one_is_refused(tmp_path
         assert "first run: created admin" in first.output()
         token = json.loads((tmp_path / "xdg" / "kiln" / "config.json").read_text())["token"]
         clash = subprocess.run(
-            [*KILN, "up", "--port", str(free_port())], cwd=ROOT, env=first.env, capture_output=True, text=True,
+            [*KILN, "up", "--port", str(free_port())],
+            cwd=ROOT,
+            env=first.env,
+            capture_output=True,
+            text=True,
             timeout=60,
-        )  # fmt: skip
+        )
         assert clash.returncode == 8, clash.stdout + clash.stderr
         assert "another `kiln up`" in clash.stderr
     finally:
@@ -209,8 +213,11 @@ def test_a_second_database_on_the_host_never_resumes_from_the_firsts_local_tier(
     Seen on the H200: the second one's job 1 resumed from the first's checkpoint of its last step and ended
     SUCCEEDED at once, with the other job's loss."""
     spec = tmp_path / "tiered.yaml"
-    spec.write_text((ROOT / "examples" / "gpt-tiny.yaml").read_text().replace(
-        "  keep_last: 2\n", "  keep_last: 2\n  local_tier: true\n"))  # fmt: skip
+    spec.write_text(
+        (ROOT / "examples" / "gpt-tiny.yaml")
+        .read_text()
+        .replace("  keep_last: 2\n", "  keep_last: 2\n  local_tier: true\n")
+    )
     tier = {"KILN_LOCAL_TIER_DIR": str(tmp_path / "shm")}
     runs = []
     for name in ("first", "second"):

@@ -24,8 +24,12 @@ def test_the_median_rule_stops_the_worse_job_of_a_sweep_while_it_runs(kiln_up: U
     # evaluation at step 100 is judged while it still runs because the worker relays an evaluation within a second.
     # A 300-step job had ended, and was not stopped, before its cancellation reached it on a busy CI machine.
     points = [{"lr": 0.003}, {"lr": 0.005}, {"lr": 0.00005}]
-    doc["sweep"] = {"list": points, "max_concurrent": 1, "early_stopping": {"min_jobs": 2},
-                    "objective": {"metric": "accuracy", "goal": "maximize"}}  # fmt: skip
+    doc["sweep"] = {
+        "list": points,
+        "max_concurrent": 1,
+        "early_stopping": {"min_jobs": 2},
+        "objective": {"metric": "accuracy", "goal": "maximize"},
+    }
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(doc))
     made = kiln_up.kiln("sweep", "submit", str(path), "--workdir", str(DIGITS))

@@ -109,13 +109,21 @@ def cmd(spec: pathlib.Path, run_dir: pathlib.Path, nproc: int) -> list[str]:
 
 
 def launch(
-    spec: pathlib.Path, run_dir: pathlib.Path, nproc: int = 1, timeout: float = 240, hooks: Hooks = None,
+    spec: pathlib.Path,
+    run_dir: pathlib.Path,
+    nproc: int = 1,
+    timeout: float = 240,
+    hooks: Hooks = None,
     extra_env: dict[str, str] | None = None,
-) -> int:  # fmt: skip
+) -> int:
     proc = subprocess.run(
-        cmd(spec, run_dir, nproc), cwd=ROOT, env=env(hooks, **extra_env or {}), capture_output=True, text=True,
+        cmd(spec, run_dir, nproc),
+        cwd=ROOT,
+        env=env(hooks, **extra_env or {}),
+        capture_output=True,
+        text=True,
         timeout=timeout,
-    )  # fmt: skip
+    )
     if proc.returncode not in (0, ExitCode.PREEMPTED):
         print(proc.stdout[-3000:], proc.stderr[-6000:])
         for path in sorted((run_dir / "telemetry").glob("rank*.jsonl")):  # where each rank was when it ended
@@ -150,9 +158,12 @@ def running(
 ) -> Iterator[subprocess.Popen[bytes]]:
     """The trainer launched in the background; killed on the way out if it is still running."""
     proc = subprocess.Popen(
-        cmd(spec, run_dir, nproc), cwd=ROOT, env=env(hooks, **extra_env or {}), stdout=subprocess.DEVNULL,
+        cmd(spec, run_dir, nproc),
+        cwd=ROOT,
+        env=env(hooks, **extra_env or {}),
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     try:
         yield proc
     finally:
@@ -249,8 +260,13 @@ def test_sigkill_rank_resumes_and_matches(tmp_path: pathlib.Path, ddp_run: pathl
     spec = make_spec(tmp_path, "ddp", slots=2)
     run_dir = tmp_path / "run"
     with running(spec, run_dir, 2, hooks={"sleep_per_step_s": 0.15}) as proc:
-        if not wait_for_records(run_dir, lambda recs: any(r["kind"] == "step" and r["step"] >= 26 for r in recs),
-                                rank=1, timeout=180, interval=0.2):  # fmt: skip
+        if not wait_for_records(
+            run_dir,
+            lambda recs: any(r["kind"] == "step" and r["step"] >= 26 for r in recs),
+            rank=1,
+            timeout=180,
+            interval=0.2,
+        ):
             pytest.fail("the run never reached step 26")
         victims = [
             c for c in _children_of(proc.pid) if "LOCAL_RANK" in c.environ() and c.environ()["LOCAL_RANK"] == "1"
@@ -280,9 +296,12 @@ def test_sigkill_all_ranks_resumes_from_the_local_tier(tmp_path: pathlib.Path, d
     local = tmp_path / "shm" / ("0" * 32) / "jobs" / "1"  # as a worker names it: workers.tasks.local_tier_dir
     tier = {ENV_LOCAL_CHECKPOINT_DIR: str(local)}
     with running(spec, run_dir, 2, hooks={"sleep_per_step_s": 0.15}, extra_env=tier) as proc:
-        if not wait_for_records(run_dir, lambda recs: any(e["fields"]["step"] == 25
-                                                          for e in events(recs, "CHECKPOINT_LOCAL")),
-                                timeout=180, interval=0.05):  # fmt: skip
+        if not wait_for_records(
+            run_dir,
+            lambda recs: any(e["fields"]["step"] == 25 for e in events(recs, "CHECKPOINT_LOCAL")),
+            timeout=180,
+            interval=0.05,
+        ):
             pytest.fail("the run never committed step 25 locally")
         ranks = [c for c in _children_of(proc.pid) if "LOCAL_RANK" in c.environ()]
         assert len(ranks) == 2
@@ -419,8 +438,9 @@ def test_sigterm_checkpoints_and_exits_preempted(tmp_path: pathlib.Path) -> None
     run_dir = tmp_path / "run"
     spec = make_spec(tmp_path, "p", steps=200, every=None)
     with running(spec, run_dir, 1, hooks={"sleep_per_step_s": 0.05}) as proc:
-        wait_for_records(run_dir, lambda recs: any(r["kind"] == "step" and r["step"] >= 5 for r in recs),
-                         timeout=120, interval=0.1)  # fmt: skip
+        wait_for_records(
+            run_dir, lambda recs: any(r["kind"] == "step" and r["step"] >= 5 for r in recs), timeout=120, interval=0.1
+        )
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == ExitCode.PREEMPTED
     recs = records(run_dir)

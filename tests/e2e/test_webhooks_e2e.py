@@ -36,9 +36,13 @@ SCHEDULER_METRICS_PORT = free_port()
 
 @pytest.fixture(scope="module")
 def kiln(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kiln]:
-    env = {"KILN_WEBHOOK_ALLOW_PRIVATE_TARGETS": "1", "KILN_WEBHOOK_BACKOFF_BASE_S": "0.3",
-           "KILN_WEBHOOK_BACKOFF_MAX_S": "1", "KILN_WEBHOOK_POLL_S": "0.2",
-           "KILN_SCHEDULER_METRICS_PORT": str(SCHEDULER_METRICS_PORT)}  # fmt: skip
+    env = {
+        "KILN_WEBHOOK_ALLOW_PRIVATE_TARGETS": "1",
+        "KILN_WEBHOOK_BACKOFF_BASE_S": "0.3",
+        "KILN_WEBHOOK_BACKOFF_MAX_S": "1",
+        "KILN_WEBHOOK_POLL_S": "0.2",
+        "KILN_SCHEDULER_METRICS_PORT": str(SCHEDULER_METRICS_PORT),
+    }
     with running_kiln(tmp_path_factory.mktemp("kiln-webhooks"), **env) as k:
         k.start_scheduler()
         yield k
@@ -59,10 +63,14 @@ def test_a_receiver_down_for_a_while_gets_every_delivery_in_order(
 ) -> None:
     port = free_port()  # nothing listens there yet: the receiver is down
     api = kiln.api()
-    hook = api.post("/v1/webhooks", json={"team": "default", "url": f"http://127.0.0.1:{port}/kiln",
-                                          "events": ["cancelled", "failed"]}).json()  # fmt: skip
-    slack = api.post("/v1/webhooks", json={"team": "default", "url": f"http://127.0.0.1:{port}/slack",
-                                           "events": ["cancelled"], "format": "slack"}).json()  # fmt: skip
+    hook = api.post(
+        "/v1/webhooks",
+        json={"team": "default", "url": f"http://127.0.0.1:{port}/kiln", "events": ["cancelled", "failed"]},
+    ).json()
+    slack = api.post(
+        "/v1/webhooks",
+        json={"team": "default", "url": f"http://127.0.0.1:{port}/slack", "events": ["cancelled"], "format": "slack"},
+    ).json()
     jobs = []
     for i in range(3):
         r = api.post("/v1/jobs", json=spec(team="default", name=f"hooked-{i}"))
@@ -84,12 +92,16 @@ def test_a_receiver_down_for_a_while_gets_every_delivery_in_order(
     received = tmp_path / "received.jsonl"
     secrets = {"/kiln": hook["secret"], "/slack": slack["secret"]}
     receiver = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.webhook_receiver", str(port), str(received)], cwd=ROOT,
+        [sys.executable, "-m", "tests.support.webhook_receiver", str(port), str(received)],
+        cwd=ROOT,
         env={**os.environ, "KILN_TEST_WEBHOOK_SECRETS": json.dumps(secrets)},
-    )  # fmt: skip
+    )
     try:
-        wait_for(lambda: all(d["status"] == "delivered" for d in log_of(hook["id"]) + log_of(slack["id"])), 60,
-                 f"every delivery; scheduler log:\n{kiln.log('scheduler')}")  # fmt: skip
+        wait_for(
+            lambda: all(d["status"] == "delivered" for d in log_of(hook["id"]) + log_of(slack["id"])),
+            60,
+            f"every delivery; scheduler log:\n{kiln.log('scheduler')}",
+        )
         kiln_records = [r for r in _records(received) if r["path"] == "/kiln"]
         assert [json.loads(r["body"])["job"]["id"] for r in kiln_records] == jobs
         assert all(r["verified"] and r["event"] == "cancelled" for r in kiln_records)

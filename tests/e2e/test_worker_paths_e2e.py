@@ -101,8 +101,9 @@ def test_a_preemption_checkpoints_requeues_and_resumes_with_the_twins_loss(hosts
     try:
         wait_for(lambda: all(job_row(c, j).last_step >= 5 for j in low), 120, "both bronze jobs training")
         gold = c.submit_job(_spec("gold", steps=10, every_steps=10, qos="gold", seed=7))
-        victim = wait_for(lambda: next((j for j in low if job_events(c, j, "PREEMPTING")), None), 60,
-                          "a bronze job preempted")  # fmt: skip
+        victim = wait_for(
+            lambda: next((j for j in low if job_events(c, j, "PREEMPTING")), None), 60, "a bronze job preempted"
+        )
         _wait_final(c, gold, *low)
     finally:
         sched.stop()
@@ -170,11 +171,18 @@ def test_a_submit_through_the_api_wakes_the_scheduler_through_notify(hosts: Clus
     alive = tmp_path / "scheduler.alive"
     # An hour between timed cycles: within this test only a NOTIFY can make the scheduler run a cycle.
     c.start_scheduler("scheduler", interval_s=3600.0, KILN_LIVENESS_FILE=str(alive))
-    wait_for(lambda: alive.exists() and json.loads(alive.read_text())["state"] == "leading", 90,
-             "the scheduler leading, its first cycle committed")  # fmt: skip
+    wait_for(
+        lambda: alive.exists() and json.loads(alive.read_text())["state"] == "leading",
+        90,
+        "the scheduler leading, its first cycle committed",
+    )
     api = c.start_api()
-    r = httpx.post(f"{api}/v1/jobs", json=_spec("through-the-api", steps=10, every_steps=10),
-                   headers={"Authorization": f"Bearer {token}"}, timeout=30)  # fmt: skip
+    r = httpx.post(
+        f"{api}/v1/jobs",
+        json=_spec("through-the-api", steps=10, every_steps=10),
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
     assert r.status_code == 201, r.text
     job_id = int(r.json()["id"])
     admitted = wait_for(lambda: job_events(c, job_id, "ADMITTED"), 60, "the job admitted")[0]
@@ -331,8 +339,9 @@ def test_a_worker_frozen_inside_a_transaction_does_not_hold_up_the_scheduler(hos
         frozen += c.trainer_pids(host)
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
-        locker = subprocess.Popen([sys.executable, "-c", FROZEN_IN_A_TRANSACTION, str(job_id)], env=c.env,
-                                  cwd=ROOT, stdout=subprocess.PIPE)  # fmt: skip
+        locker = subprocess.Popen(
+            [sys.executable, "-c", FROZEN_IN_A_TRANSACTION, str(job_id)], env=c.env, cwd=ROOT, stdout=subprocess.PIPE
+        )
         assert locker.stdout is not None and locker.stdout.readline().strip() == b"locked"
         # The reconciler locks every host row, then the job it ends: it must not wait for the frozen transaction.
         lost = wait_for(lambda: job_events(c, job_id, "LOST"), 90, "the frozen attempt declared LOST")[0]

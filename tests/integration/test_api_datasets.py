@@ -34,8 +34,11 @@ def _add(client: TestClient, world: World, role: str, name: str, path: str, team
 
 
 def test_register_list_get_delete(client: TestClient, world: World, storage: Path) -> None:
-    r = client.post(BASE, json={"name": "digits-npz", "path": "./datasets/alpha//digits-npz/",
-                                "description": "digits as npz"}, headers=world.h("team-admin"))  # fmt: skip
+    r = client.post(
+        BASE,
+        json={"name": "digits-npz", "path": "./datasets/alpha//digits-npz/", "description": "digits as npz"},
+        headers=world.h("team-admin"),
+    )
     assert r.status_code == 201, r.text
     assert r.headers["location"] == f"{BASE}/digits-npz"
     body = r.json()
@@ -108,9 +111,12 @@ def test_a_link_inside_the_area_is_followed(client: TestClient, world: World, st
 
 
 def test_bad_names_and_bodies_are_422(client: TestClient, world: World, storage: Path) -> None:
-    for body in ({"name": "Bad Name", "path": "datasets/alpha/digits-npz"}, {"name": "x"},
-                 {"name": "x", "path": "datasets/alpha/digits-npz", "host_path": "/etc"},
-                 {"name": "x", "path": "datasets/alpha\\digits-npz"}):  # fmt: skip
+    for body in (
+        {"name": "Bad Name", "path": "datasets/alpha/digits-npz"},
+        {"name": "x"},
+        {"name": "x", "path": "datasets/alpha/digits-npz", "host_path": "/etc"},
+        {"name": "x", "path": "datasets/alpha\\digits-npz"},
+    ):
         r = client.post(BASE, json=body, headers=world.h("team-admin"))
         assert r.status_code == 422, (body, r.text)
 
@@ -123,8 +129,9 @@ def test_a_spec_names_only_its_own_datasets_did_you_mean(client: TestClient, wor
     assert error["loc"] == "datasets.0"
     assert "has no dataset 'digits-np'; did you mean 'digits-npz'?" in error["msg"]
 
-    other = client.post("/v1/jobs", json=spec(name="b", team="beta", datasets=["digits-npz"]),
-                        headers=world.h("beta-member"))  # fmt: skip
+    other = client.post(
+        "/v1/jobs", json=spec(name="b", team="beta", datasets=["digits-npz"]), headers=world.h("beta-member")
+    )
     assert other.status_code == 422 and other.json()["errors"][0]["loc"] == "datasets.0"  # alpha's, not beta's
 
     for bad in (["/etc/passwd"], ["../x"], ["digits-npz", "digits-npz"], {"digits-npz": "/etc"}):

@@ -33,8 +33,16 @@ def _hosts(db: Session) -> None:
     db.flush()
 
 
-def _ran(client: TestClient, world: World, db: Session, body: dict[str, Any], *, startup_s: float,
-         step_s: list[float], gpu_type: str = "H200") -> Job:  # fmt: skip
+def _ran(
+    client: TestClient,
+    world: World,
+    db: Session,
+    body: dict[str, Any],
+    *,
+    startup_s: float,
+    step_s: list[float],
+    gpu_type: str = "H200",
+) -> Job:
     """A job of ``body`` with one finished attempt: ``startup_s`` to its first step, then steps of ``step_s``."""
     r = client.post("/v1/jobs", json=body, headers=world.h("member"))
     assert r.status_code == 201, r.text
@@ -57,15 +65,19 @@ def _option(answer: dict[str, Any], **config: Any) -> dict[str, Any]:
 
 def test_without_history_memory_is_predicted_and_step_time_said_unknown(
     client: TestClient, world: World, db: Session
-) -> None:  # fmt: skip
+) -> None:
     _hosts(db)
     answer = _estimate(client, world, _gpu_spec(name="new"))
     assert answer["measured_runs"] == 0
     assert answer["summary"].startswith("no measured history of this recipe yet")
     assert answer["recommended"] is None
     written = answer["options"][0]
-    assert (written["gpu_type"], written["gpus"], written["parallelism"], written["compiled"]) == ("H200", 1, "single",
-                                                                                                   True)  # fmt: skip
+    assert (written["gpu_type"], written["gpus"], written["parallelism"], written["compiled"]) == (
+        "H200",
+        1,
+        "single",
+        True,
+    )
     assert written["changes"] == {}
     assert written["memory_basis"] == "predicted" and written["fits"] is True
     assert written["step_time"] is None and written["gpu_hours"] is None
@@ -80,16 +92,28 @@ def test_without_history_memory_is_predicted_and_step_time_said_unknown(
 
 def test_measured_history_picks_the_cheapest_that_meets_the_deadline(
     client: TestClient, world: World, db: Session
-) -> None:  # fmt: skip
+) -> None:
     _hosts(db)
     # compiled: 30 s to its first step, then 0.10 s a step; eager: 2 s, then 0.12 s; each run's first fifth of steps
     # is warm-up, left out (1 s here); and the same global batch on 2 GPUs (4 a rank), compiled, 0.07 s a step
     _ran(client, world, db, _gpu_spec(name="compiled"), startup_s=30, step_s=[1.0] * 20 + [0.1] * 80)
-    _ran(client, world, db, _gpu_spec(name="eager", compile={"mode": "off"}), startup_s=2,
-         step_s=[1.0] * 20 + [0.12] * 70 + [0.125] * 10)  # fmt: skip
+    _ran(
+        client,
+        world,
+        db,
+        _gpu_spec(name="eager", compile={"mode": "off"}),
+        startup_s=2,
+        step_s=[1.0] * 20 + [0.12] * 70 + [0.125] * 10,
+    )
     wide = {"name": "gpt", "hyperparameters": {"size": "mini", "batch_size": 4}}
-    _ran(client, world, db, _gpu_spec(name="wide", recipe=wide, resources={"gpus": 2, "gpu_type": "H200"},
-                                      parallelism="ddp"), startup_s=30, step_s=[0.07] * 100)  # fmt: skip
+    _ran(
+        client,
+        world,
+        db,
+        _gpu_spec(name="wide", recipe=wide, resources={"gpus": 2, "gpu_type": "H200"}, parallelism="ddp"),
+        startup_s=30,
+        step_s=[0.07] * 100,
+    )
     answer = _estimate(client, world, _gpu_spec(name="next"))
     assert answer["measured_runs"] == 3
     compiled, eager = answer["options"][0], _option(answer, gpu_type="H200", gpus=1, compiled=False)
@@ -148,8 +172,7 @@ def test_bad_input_is_problem_json(client: TestClient, world: World) -> None:
 def test_yaml_body_and_nothing_created(client: TestClient, world: World, db: Session) -> None:
     before = db.query(Job).count()
     text = "name: y\nteam: alpha\nrecipe: {name: gpt}\nresources: {gpus: 0, cpu_slots: 1}\nsteps: 5\n"
-    r = client.post("/v1/estimates", content=text,
-                    headers={**world.h("viewer"), "Content-Type": "application/yaml"})  # fmt: skip
+    r = client.post("/v1/estimates", content=text, headers={**world.h("viewer"), "Content-Type": "application/yaml"})
     assert r.status_code == 200, r.text
     options = r.json()["options"]
     assert options[0]["gpu_type"] == "cpu" and options[0]["peak_memory_bytes"] is None
@@ -168,7 +191,7 @@ def _submitted(client: TestClient, world: World, db: Session, body: dict[str, An
 
 def test_checkpointing_every_auto_is_young_daly_within_the_contract(
     client: TestClient, world: World, db: Session
-) -> None:  # fmt: skip
+) -> None:
     from core.checkpoint_interval import daly_interval_s
     from core.recipes.gpt import GPTHyperparameters
     from core.services.checkpoint_advice import PRIOR_MTBF_H
@@ -177,8 +200,9 @@ def test_checkpointing_every_auto_is_young_daly_within_the_contract(
     params = GPTHyperparameters(size="mini").shape().param_count()
     advised = daly_interval_s(params * 12 / 1e9, PRIOR_MTBF_H * 3600)  # no failure seen: the prior's MTBF
     assert 600 < advised < 3600
-    job, event = _submitted(client, world, db, _gpu_spec(name="auto", checkpointing={"every": "auto"},
-                                                         sla={"checkpoint_interval_s": 3600}))  # fmt: skip
+    job, event = _submitted(
+        client, world, db, _gpu_spec(name="auto", checkpointing={"every": "auto"}, sla={"checkpoint_interval_s": 3600})
+    )
     assert job.spec["checkpointing"]["every_seconds"] == round(advised)
     assert job.spec["checkpointing"]["every_steps"] is None and job.spec["checkpointing"]["every"] is None
     assert f"checkpoint every {round(advised)} s (Young/Daly" in event["message"]
@@ -203,8 +227,10 @@ def test_compile_auto_written_out_takes_the_cheapest_measured(client: TestClient
     job, event = _submitted(client, world, db, _gpu_spec(name="chosen", compile={"mode": "auto"}))
     assert job.spec["compile"]["mode"] == "off"
     assert event["data"]["auto"]["compile.mode"]["chose"] == "off"
-    assert ("auto chose 1 x H200, eager, bf16: the cheapest measured at 0.0339 GPU-h (1 x H200, compiled, bf16: "
-            "0.0361 GPU-h)") in event["message"]  # fmt: skip
+    assert (
+        "auto chose 1 x H200, eager, bf16: the cheapest measured at 0.0339 GPU-h (1 x H200, compiled, bf16: "
+        "0.0361 GPU-h)"
+    ) in event["message"]
     eager_peak = job.predicted_memory_bytes
     job, event = _submitted(client, world, db, _gpu_spec(name="default"))  # auto by default: left to the trainer
     assert job.spec["compile"]["mode"] == "auto" and "auto" not in event["data"]
@@ -214,9 +240,16 @@ def test_compile_auto_written_out_takes_the_cheapest_measured(client: TestClient
 
 def test_fewer_gpus_than_a_hosts_share_drop_it_and_other_recipes_runs_say_nothing(
     client: TestClient, world: World, db: Session
-) -> None:  # fmt: skip
-    _ran(client, world, db, spec(name="cpu-run", recipe=MINI, resources={"gpus": 0, "cpu_slots": 1}), startup_s=1,
-         step_s=[0.3] * 20, gpu_type="cpu")  # fmt: skip
+) -> None:
+    _ran(
+        client,
+        world,
+        db,
+        spec(name="cpu-run", recipe=MINI, resources={"gpus": 0, "cpu_slots": 1}),
+        startup_s=1,
+        step_s=[0.3] * 20,
+        gpu_type="cpu",
+    )
     _hosts(db)  # after: a cluster of GPU hosts only refuses a CPU job
     answer = _estimate(client, world, _gpu_spec(name="gang", resources={"gpus": 2, "gpus_per_node": 2}))
     one = _option(answer, gpu_type="H200", gpus=1, compiled=True)
@@ -226,8 +259,9 @@ def test_fewer_gpus_than_a_hosts_share_drop_it_and_other_recipes_runs_say_nothin
 
 
 def test_a_scripts_history_is_its_teams_runs_of_the_same_command(client: TestClient, world: World, db: Session) -> None:
-    script = spec(name="script", recipe=None, command=["python", "train.py"], code={},
-                  resources={"gpus": 0, "cpu_slots": 1})  # fmt: skip
+    script = spec(
+        name="script", recipe=None, command=["python", "train.py"], code={}, resources={"gpus": 0, "cpu_slots": 1}
+    )
     job = _ran(client, world, db, spec(name="recipe-run"), startup_s=2, step_s=[0.2] * 20, gpu_type="cpu")
     job.spec = {**job.spec, "recipe": None, "command": ["python", "train.py"], "code": {"digest": "0" * 64}}
     db.flush()  # what a script job's stored spec says (its upload is not needed here)
@@ -256,8 +290,9 @@ def test_a_gpu_share_is_an_option_where_a_host_runs_mps(client: TestClient, worl
 
 def test_what_no_option_can_mend_is_refused_as_at_submit(client: TestClient, world: World, db: Session) -> None:
     _hosts(db)
-    r = client.post("/v1/estimates", json=_gpu_spec(name="x", resources={"gpus": 1, "gpu_type": "H20O"}),
-                    headers=world.h("member"))  # fmt: skip
+    r = client.post(
+        "/v1/estimates", json=_gpu_spec(name="x", resources={"gpus": 1, "gpu_type": "H20O"}), headers=world.h("member")
+    )
     assert r.status_code == 422 and r.json()["errors"][0]["loc"] == "resources.gpu_type"
     assert "did you mean 'H200'?" in r.text
     r = client.post("/v1/estimates", json=_gpu_spec(name="x", sla={"qos": "platinum"}), headers=world.h("member"))

@@ -24,8 +24,11 @@ pytestmark = pytest.mark.integration
 
 PACKAGE = "kiln_generated_client"
 # The generator has no writer for YAML bodies: POST /v1/jobs's YAML media types are the only thing it may skip.
-ALLOWED_WARNINGS = {"Unsupported content type application/x-yaml", "Unsupported content type application/yaml",
-                    "Unsupported content type text/yaml"}  # fmt: skip
+ALLOWED_WARNINGS = {
+    "Unsupported content type application/x-yaml",
+    "Unsupported content type application/yaml",
+    "Unsupported content type text/yaml",
+}
 
 
 def _generate(doc: dict[str, Any], where: Path) -> str:
@@ -34,8 +37,12 @@ def _generate(doc: dict[str, Any], where: Path) -> str:
     env = {**os.environ, "PATH": f"{tool.parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # its ruff pass
     run = subprocess.run(
         [str(tool), "generate", "--path", "openapi.json", "--output-path", PACKAGE, "--meta", "none"],
-        cwd=where, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=where,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     return run.stdout + run.stderr
 
@@ -70,8 +77,10 @@ def test_generated_client_submits_lists_gets_follows_and_cancels(
 ) -> None:
     api = _api(generated, api_app, world.tokens["member"])
     models = _mod(generated, "models")
-    jobs = {name: _mod(generated, f"api.jobs.{name}") for name in
-            ("submit_job", "list_jobs", "get_job", "list_job_events", "cancel_job")}  # fmt: skip
+    jobs = {
+        name: _mod(generated, f"api.jobs.{name}")
+        for name in ("submit_job", "list_jobs", "get_job", "list_job_events", "cancel_job")
+    }
 
     body = models.JobSpec.from_dict(spec(team="alpha", name="generated"))
     job = jobs["submit_job"].sync(client=api, body=body)

@@ -37,9 +37,16 @@ def test_submit_json_creates_queued_job_with_event_and_contract(client: TestClie
     assert r.status_code == 201, r.text
     job = r.json()
     assert {k: job[k] for k in ("name", "team", "user", "state", "qos", "priority", "gpus", "gpu_type", "steps")} == {
-        "name": "j1", "team": "alpha", "user": "mark", "state": "QUEUED", "qos": "silver", "priority": 500,
-        "gpus": 0, "gpu_type": "cpu", "steps": 77,
-    }  # fmt: skip
+        "name": "j1",
+        "team": "alpha",
+        "user": "mark",
+        "state": "QUEUED",
+        "qos": "silver",
+        "priority": 500,
+        "gpus": 0,
+        "gpu_type": "cpu",
+        "steps": 77,
+    }
     assert job["spec"]["recipe"]["name"] == "gpt" and job["spec"]["parallelism"] == "auto"  # defaults filled in
     events = db.scalars(select(Event).where(Event.job_id == job["id"])).all()
     assert [e.type for e in events] == ["SUBMITTED"]
@@ -52,8 +59,11 @@ def test_effective_contract_merges_team_default_with_spec_overrides(client: Test
     grant = {"qos_classes": ["gold", "silver", "bronze"]}
     granted = client.patch("/v1/teams/alpha", json=grant, headers=world.h("admin"))
     assert granted.status_code == 200 and granted.json()["qos_classes"] == ["gold", "silver", "bronze"]
-    r = client.put("/v1/teams/alpha/sla", json={"qos": "gold", "max_restarts": 5, "max_queue_wait_s": 900},
-                   headers=world.h("team-admin"))  # fmt: skip
+    r = client.put(
+        "/v1/teams/alpha/sla",
+        json={"qos": "gold", "max_restarts": 5, "max_queue_wait_s": 900},
+        headers=world.h("team-admin"),
+    )
     assert r.status_code == 200, r.text
     r = client.post("/v1/jobs", json=spec(sla={"max_queue_wait_s": 60}), headers=world.h("member"))
     assert r.status_code == 201, r.text
@@ -170,8 +180,10 @@ def test_list_by_submission_time(client: TestClient, world: World, db: Session) 
     assert listed(submitted_before="2026-11-03T12:00:00Z") == [ids[0]]  # strictly before
     assert listed(submitted_after="2026-11-03T00:00:00", submitted_before="2026-11-04T00:00:00") == [ids[1]]  # UTC
     assert listed(submitted_after="2026-11-03T13:30:00+02:00") == [ids[2], ids[1]]  # 11:30 UTC
-    body = _problem(client.get("/v1/jobs", params={"submitted_after": "2026-11-04", "submitted_before": "2026-11-03"},
-                               headers=h), 422)  # fmt: skip
+    body = _problem(
+        client.get("/v1/jobs", params={"submitted_after": "2026-11-04", "submitted_before": "2026-11-03"}, headers=h),
+        422,
+    )
     assert body["errors"][0]["loc"] == "submitted_before"
     _problem(client.get("/v1/jobs", params={"submitted_after": "last tuesday"}, headers=h), 422)
 
@@ -254,13 +266,21 @@ def test_attempts_checkpoints_metrics_why(client: TestClient, world: World, db: 
     one = client.get(f"/v1/jobs/{job_id}/metrics", params={"max_points": 1}, headers=h).json()["items"]
     assert [p["step"] for p in one] == [100]
     why = client.get(f"/v1/jobs/{job_id}/why", headers=h).json()
-    assert why == {"state": "QUEUED", "pending_reason": "Quota", "pending_message": "alpha: 4/4 cpu slots in use",
-                   "unblock": ["the team's quota: alpha uses 0 of its 4 CPU slots; an admin raises it (kiln teams set "
-                               "alpha --quota cpu=N), or its running jobs end"],
-                   "expected_start": None, "expected_start_latest": None, "expected_start_hosts": [],
-                   "expected_start_basis": "cannot be known: it does not start even once every running job has "
-                                           "ended (its pending reason says what holds it)",
-                   "exit_reason": None}  # fmt: skip
+    assert why == {
+        "state": "QUEUED",
+        "pending_reason": "Quota",
+        "pending_message": "alpha: 4/4 cpu slots in use",
+        "unblock": [
+            "the team's quota: alpha uses 0 of its 4 CPU slots; an admin raises it (kiln teams set "
+            "alpha --quota cpu=N), or its running jobs end"
+        ],
+        "expected_start": None,
+        "expected_start_latest": None,
+        "expected_start_hosts": [],
+        "expected_start_basis": "cannot be known: it does not start even once every running job has "
+        "ended (its pending reason says what holds it)",
+        "exit_reason": None,
+    }
 
 
 def _sse_events(text: str) -> list[tuple[str, str]]:
@@ -347,8 +367,16 @@ def test_the_step_time_term_is_unmeasured_until_the_pace_could_be_compared(
     # one step with its time made the term "met" though nothing was ever compared.)
     t0 = started.submitted_at
     for step in range(2, 2 + step_times.MEASURABLE_STEPS):
-        db.add(JobMetric(job_id=job_id, attempt_id=attempt.id, step=step, loss=1.0, step_time_s=0.1,
-                         ts=t0 + timedelta(seconds=0.1 * step)))  # fmt: skip
+        db.add(
+            JobMetric(
+                job_id=job_id,
+                attempt_id=attempt.id,
+                step=step,
+                loss=1.0,
+                step_time_s=0.1,
+                ts=t0 + timedelta(seconds=0.1 * step),
+            )
+        )
     db.flush()
     assert client.get(f"/v1/jobs/{job_id}/sla", headers=h).json()["standing"] == {"step_time_tolerance": "unmeasured"}
     assert unmeasured_on_the_sla_page() == 1

@@ -89,8 +89,9 @@ def _populate(db: Session, client: TestClient, world: World, storage: Path) -> d
         sweeps.append(r.json()["id"])
     hooks = []
     for events in (["failed"], ["finished"]):
-        r = client.post("/v1/webhooks", json={"team": "alpha", "url": "http://127.0.0.1:9/h", "events": events},
-                        headers=ta)  # fmt: skip
+        r = client.post(
+            "/v1/webhooks", json={"team": "alpha", "url": "http://127.0.0.1:9/h", "events": events}, headers=ta
+        )
         assert r.status_code == 201, r.text
         hooks.append(r.json()["id"])
     for _ in range(3):
@@ -99,14 +100,15 @@ def _populate(db: Session, client: TestClient, world: World, storage: Path) -> d
         host = Host(name=name, queue=f"host.{name}", state="UP")
         db.add(host)
         db.flush()
-        db.add_all(GPU(host_id=host.id, uuid=f"GPU-{name}-{i}", index=i, model="H200", memory_bytes=141 << 30)
-                   for i in range(2))  # fmt: skip
+        db.add_all(
+            GPU(host_id=host.id, uuid=f"GPU-{name}-{i}", index=i, model="H200", memory_bytes=141 << 30)
+            for i in range(2)
+        )
     for n in (1, 2, 3):
         attempt = Attempt(job_id=job_id, number=n, fencing_token=n, placement=[{"host": "h-a", "slots": 1}])
         db.add(attempt)
         db.flush()
-        db.add(Checkpoint(job_id=job_id, attempt_id=attempt.id, step=10 * n, path=f"/x/{n}", bytes=1,
-                          sha256="a" * 64))  # fmt: skip
+        db.add(Checkpoint(job_id=job_id, attempt_id=attempt.id, step=10 * n, path=f"/x/{n}", bytes=1, sha256="a" * 64))
         db.add(CheckpointExport(job_id=job_id, step=10 * n))
         team_id = db.get(Attempt, attempt.id).job.team_id  # type: ignore[union-attr]
         db.add(Artifact(team_id=team_id, digest=f"{n:064x}", bytes=1, unpacked_bytes=1, entries=1))
@@ -154,9 +156,21 @@ def test_every_list_endpoint_pages_by_limit_and_cursor(app_client: TestClient, d
     doc = client.get("/openapi.json").json()
     lists = list_operations(doc)
     # the document finds them all: these at least (a new one joins by itself)
-    assert {"/v1/jobs", "/v1/jobs/{job_id}/events", "/v1/teams", "/v1/teams/{team}/members", "/v1/cluster/hosts",
-            "/v1/teams/{team}/artifacts", "/v1/webhooks", "/v1/webhooks/{hook_id}/deliveries", "/v1/sweeps",
-            "/v1/sweeps/{sweep_id}/jobs", "/v1/qos", "/v1/tokens", "/v1/users"} <= set(lists)  # fmt: skip
+    assert {
+        "/v1/jobs",
+        "/v1/jobs/{job_id}/events",
+        "/v1/teams",
+        "/v1/teams/{team}/members",
+        "/v1/cluster/hosts",
+        "/v1/teams/{team}/artifacts",
+        "/v1/webhooks",
+        "/v1/webhooks/{hook_id}/deliveries",
+        "/v1/sweeps",
+        "/v1/sweeps/{sweep_id}/jobs",
+        "/v1/qos",
+        "/v1/tokens",
+        "/v1/users",
+    } <= set(lists)
     walked = []
     for path, op in sorted(lists.items()):
         if path in NOT_LISTS:

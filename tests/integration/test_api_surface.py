@@ -35,8 +35,11 @@ def test_a_retried_submission_returns_the_first_job(client: TestClient, world: W
     assert err["loc"] == "header.Idempotency-Key" and f"it made job {first.json()['id']}" in err["msg"]
 
     # Keys are kept per team: the same key in another team is another submission.
-    beta = client.post("/v1/jobs", json=spec(team="beta", name="retried"),
-                       headers={**world.h("beta-member"), "Idempotency-Key": "3f1c-retry-1"})  # fmt: skip
+    beta = client.post(
+        "/v1/jobs",
+        json=spec(team="beta", name="retried"),
+        headers={**world.h("beta-member"), "Idempotency-Key": "3f1c-retry-1"},
+    )
     assert beta.status_code == 201 and beta.json()["id"] != first.json()["id"]
     bad = client.post("/v1/jobs", json=spec(team="alpha"), headers={**world.h("member"), "Idempotency-Key": "a b"})
     assert bad.status_code == 422 and bad.json()["errors"][0]["loc"] == "header.Idempotency-Key"
@@ -65,11 +68,17 @@ def test_two_admins_editing_a_team_at_once_do_not_lose_an_update(client: TestCli
     assert client.get("/v1/teams/alpha", headers=admin).json()["fair_share_weight"] == 1.0
     fresh = client.get("/v1/teams/alpha", headers=admin).headers["etag"]
     assert fresh == first.headers["etag"]
-    assert client.patch("/v1/teams/alpha", json={"fair_share_weight": 2.0},
-                        headers={**admin, "If-Match": fresh}).status_code == 200  # fmt: skip
+    assert (
+        client.patch(
+            "/v1/teams/alpha", json={"fair_share_weight": 2.0}, headers={**admin, "If-Match": fresh}
+        ).status_code
+        == 200
+    )
     assert client.patch("/v1/teams/alpha", json={"cohort": "c1"}, headers=admin).status_code == 200  # no If-Match
-    assert client.patch("/v1/teams/alpha", json={"cohort": "c2"},
-                        headers={**admin, "If-Match": '"sla-v1"'}).status_code == 412  # fmt: skip
+    assert (
+        client.patch("/v1/teams/alpha", json={"cohort": "c2"}, headers={**admin, "If-Match": '"sla-v1"'}).status_code
+        == 412
+    )
 
 
 def test_two_team_admins_editing_the_contract_at_once_do_not_lose_an_update(client: TestClient, world: World) -> None:
@@ -81,6 +90,7 @@ def test_two_team_admins_editing_the_contract_at_once_do_not_lose_an_update(clie
     stale = client.put("/v1/teams/alpha/sla", json={**body, "max_queue_wait_s": 60}, headers={**h, "If-Match": tag})
     assert stale.status_code == 412
     assert client.get("/v1/teams/alpha/sla", headers=h).json()["max_queue_wait_s"] == 600
-    changed = client.put("/v1/teams/alpha/sla", json={**body, "max_queue_wait_s": 300},
-                         headers={**h, "If-Match": made.headers["etag"]})  # fmt: skip
+    changed = client.put(
+        "/v1/teams/alpha/sla", json={**body, "max_queue_wait_s": 300}, headers={**h, "If-Match": made.headers["etag"]}
+    )
     assert changed.status_code == 200 and changed.json()["max_queue_wait_s"] == 300

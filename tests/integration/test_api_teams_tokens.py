@@ -23,15 +23,26 @@ def _audit(db: Session, type_: str) -> list[Event]:
 
 def test_team_crud_and_quotas(client: TestClient, world: World, db: Session) -> None:
     h = world.h("admin")
-    body = {"name": "nlp", "cohort": "research", "fair_share_weight": 2.5, "gpu_hour_budget": 100,
-            "quotas": [{"gpu_type": "H200", "nominal": 8, "borrowing_limit": 4, "lending_limit": 2}]}  # fmt: skip
+    body = {
+        "name": "nlp",
+        "cohort": "research",
+        "fair_share_weight": 2.5,
+        "gpu_hour_budget": 100,
+        "quotas": [{"gpu_type": "H200", "nominal": 8, "borrowing_limit": 4, "lending_limit": 2}],
+    }
     r = client.post("/v1/teams", json=body, headers=h)
     assert r.status_code == 201, r.text
     team = r.json()
     assert team["quotas"] == [{"gpu_type": "H200", "nominal": 8, "borrowing_limit": 4, "lending_limit": 2}]
     assert client.post("/v1/teams", json=body, headers=h).status_code == 409
-    r = client.patch("/v1/teams/nlp", json={"quotas": [{"gpu_type": "H200", "nominal": 2}, {"gpu_type": "cpu",
-                     "nominal": 4}], "fair_share_weight": 1.0}, headers=h)  # fmt: skip
+    r = client.patch(
+        "/v1/teams/nlp",
+        json={
+            "quotas": [{"gpu_type": "H200", "nominal": 2}, {"gpu_type": "cpu", "nominal": 4}],
+            "fair_share_weight": 1.0,
+        },
+        headers=h,
+    )
     assert r.status_code == 200, r.text
     assert {q["gpu_type"]: q["nominal"] for q in r.json()["quotas"]} == {"H200": 2, "cpu": 4}
     assert r.json()["fair_share_weight"] == 1.0 and r.json()["cohort"] == "research"
@@ -69,14 +80,21 @@ def test_memberships_with_audit_events(client: TestClient, world: World, db: Ses
     assert ghost.status_code == 404  # an admin adds directly, so an unknown user is an error
     assert client.put("/v1/teams/alpha/members/bob", json={"role": "owner"}, headers=h).status_code == 422
     alpha_id = client.get("/v1/teams/alpha", headers=h).json()["id"]
-    audit = [(e.type, e.data.get("user"), e.actor_user_id, e.team_id)
-             for e in _audit(db, "MEMBER_INVITED") + _audit(db, "MEMBER_ADDED") + _audit(db, "MEMBER_ROLE_CHANGED")
-             + _audit(db, "MEMBER_REMOVED")
-             if e.data.get("user") == "bob"]  # fmt: skip
+    audit = [
+        (e.type, e.data.get("user"), e.actor_user_id, e.team_id)
+        for e in _audit(db, "MEMBER_INVITED")
+        + _audit(db, "MEMBER_ADDED")
+        + _audit(db, "MEMBER_ROLE_CHANGED")
+        + _audit(db, "MEMBER_REMOVED")
+        if e.data.get("user") == "bob"
+    ]
     alice, bob = world.users["team-admin"].id, world.users["beta-member"].id
-    assert audit == [("MEMBER_INVITED", "bob", alice, alpha_id), ("MEMBER_ADDED", "bob", bob, alpha_id),
-                     ("MEMBER_ROLE_CHANGED", "bob", alice, alpha_id),
-                     ("MEMBER_REMOVED", "bob", alice, alpha_id)]  # fmt: skip
+    assert audit == [
+        ("MEMBER_INVITED", "bob", alice, alpha_id),
+        ("MEMBER_ADDED", "bob", bob, alpha_id),
+        ("MEMBER_ROLE_CHANGED", "bob", alice, alpha_id),
+        ("MEMBER_REMOVED", "bob", alice, alpha_id),
+    ]
 
 
 def test_team_default_sla(client: TestClient, world: World) -> None:

@@ -101,7 +101,7 @@ CASES: dict[str, Case] = {
     "issue own token": Case("POST", "/v1/tokens", same(201), None, lambda t: {"name": "t"}),
     "issue token for another": Case(
         "POST", "/v1/tokens", admin_only(201, 403), None, lambda t: {"name": "t", "user": "zed"}
-    ),  # fmt: skip
+    ),
     "list own tokens": Case("GET", "/v1/tokens", same(200), None),
     "list another's tokens": Case("GET", "/v1/tokens?user=zed", admin_only(200, 403), None),
     "list qos": Case("GET", "/v1/qos", same(200), None),

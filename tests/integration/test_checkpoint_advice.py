@@ -37,20 +37,41 @@ def _job(client: TestClient, world: World, db: Session, **fields: Any) -> Job:
 
 def _ran(db: Session, job: Job, number: int, hosts: list[str], hours: float, ago_h: float, gpu_type: str) -> Attempt:
     start = utcnow() - timedelta(hours=ago_h)
-    attempt = Attempt(job_id=job.id, number=number, fencing_token=number, state="RUNNING", started_at=start,
-                      placement=[{"host": h, "gpus": [f"{h}-0"]} for h in hosts])  # fmt: skip
+    attempt = Attempt(
+        job_id=job.id,
+        number=number,
+        fencing_token=number,
+        state="RUNNING",
+        started_at=start,
+        placement=[{"host": h, "gpus": [f"{h}-0"]} for h in hosts],
+    )
     db.add(attempt)
     db.flush()
-    db.add(Usage(team_id=job.team_id, job_id=job.id, attempt_id=attempt.id, gpu_type=gpu_type, gpus=len(hosts),
-                 started_at=start, ended_at=start + timedelta(hours=hours)))  # fmt: skip
+    db.add(
+        Usage(
+            team_id=job.team_id,
+            job_id=job.id,
+            attempt_id=attempt.id,
+            gpu_type=gpu_type,
+            gpus=len(hosts),
+            started_at=start,
+            ended_at=start + timedelta(hours=hours),
+        )
+    )
     db.flush()
     return attempt
 
 
 def _lost(db: Session, job: Job, attempt: Attempt, hosts: list[str], ago_h: float = 0.0) -> None:
     # the data core.lifecycle writes with a LOST transition
-    record_event(db, "LOST", job=job, message="lease expired", now=utcnow() - timedelta(hours=ago_h),
-                 data={"attempt": attempt.number, "attempt_id": attempt.id, "hosts": hosts, "reason": "x"})  # fmt: skip
+    record_event(
+        db,
+        "LOST",
+        job=job,
+        message="lease expired",
+        now=utcnow() - timedelta(hours=ago_h),
+        data={"attempt": attempt.number, "attempt_id": attempt.id, "hosts": hosts, "reason": "x"},
+    )
 
 
 def test_failures_per_host_hour_of_each_gpu_type(world: Any, db: Session) -> None:
@@ -77,8 +98,15 @@ def test_failures_per_host_hour_of_each_gpu_type(world: Any, db: Session) -> Non
 
 def test_the_advice_line_from_the_jobs_own_checkpoints(world: Any, db: Session) -> None:
     client, w = world
-    job = _job(client, w, db, name="gpt", steps=20000, resources={"gpus": 1, "gpu_type": "H200"},
-               checkpointing={"every_steps": 200})  # fmt: skip
+    job = _job(
+        client,
+        w,
+        db,
+        name="gpt",
+        steps=20000,
+        resources={"gpus": 1, "gpu_type": "H200"},
+        checkpointing={"every_steps": 200},
+    )
     assert advise(db, job, utcnow()) is None  # no checkpoint yet: nothing to advise from
     now = utcnow()
     for i in range(3):  # three incidents on h1, a day apart

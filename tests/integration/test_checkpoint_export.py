@@ -52,8 +52,9 @@ def export_world(db: Session, export_client: TestClient) -> World:
 def write_checkpoint(storage: Path, job_id: int, *, sharded: bool) -> dict[str, torch.Tensor]:
     """A tiny GPT, one optimizer step, a checkpoint at step 5; returns the model's weights."""
     torch.manual_seed(0)
-    recipe = GPTRecipe({"size": "tiny", "n_layer": 1, "batch_size": 2, "seq_len": 16, "corpus": "synthetic",
-                        "vocab_size": 64})  # fmt: skip
+    recipe = GPTRecipe(
+        {"size": "tiny", "n_layer": 1, "batch_size": 2, "seq_len": 16, "corpus": "synthetic", "vocab_size": 64}
+    )
     model = recipe.build_model()
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     x = torch.randint(0, 64, (2, 16))
@@ -61,8 +62,18 @@ def write_checkpoint(storage: Path, job_id: int, *, sharded: bool) -> dict[str, 
     opt.step()
     root = job_checkpoint_dir(storage, job_id)
     tel = Telemetry(storage / "run", 0)
-    ck = Checkpointer(root, rank=0, world_size=1, token=None, keep_last=2, asynchronous=False, sharded=sharded,
-                      group=None, device=torch.device("cpu"), telemetry=tel)  # fmt: skip
+    ck = Checkpointer(
+        root,
+        rank=0,
+        world_size=1,
+        token=None,
+        keep_last=2,
+        asynchronous=False,
+        sharded=sharded,
+        group=None,
+        device=torch.device("cpu"),
+        telemetry=tel,
+    )
     ck.save(5, model, opt, {"step": 5, "loss": 1.5}, blocking=True)
     ck.finish()
     tel.close()
@@ -82,8 +93,11 @@ def test_the_team_exports_and_downloads_the_weights(
     job_id = export_world.jobs["alpha"]
     weights = write_checkpoint(storage, job_id, sharded=sharded)
     ((step, path),) = list_checkpoints(job_checkpoint_dir(storage, job_id))
-    db.add(Checkpoint(job_id=job_id, step=step, path=str(path), bytes=1, sha256=sha256_file(path / "manifest.json"),
-                      verified=True))  # fmt: skip
+    db.add(
+        Checkpoint(
+            job_id=job_id, step=step, path=str(path), bytes=1, sha256=sha256_file(path / "manifest.json"), verified=True
+        )
+    )
     db.flush()
     member = export_world.h("member")
 
@@ -97,8 +111,10 @@ def test_the_team_exports_and_downloads_the_weights(
 
     ready = export_client.get(f"/v1/jobs/{job_id}/exports/5", headers=member).json()
     assert ready["state"] == "ready", ready
-    assert ready["files"] == [f"/v1/jobs/{job_id}/exports/5/model.safetensors",
-                              f"/v1/jobs/{job_id}/exports/5/manifest.json"]  # fmt: skip
+    assert ready["files"] == [
+        f"/v1/jobs/{job_id}/exports/5/model.safetensors",
+        f"/v1/jobs/{job_id}/exports/5/manifest.json",
+    ]
     blob = export_client.get(ready["files"][0], headers=export_world.h("viewer"))  # any member of the team
     assert blob.status_code == 200
     exported = load_safetensors(blob.content)

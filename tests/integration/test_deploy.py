@@ -99,9 +99,14 @@ def test_redis_takes_its_password_from_the_secret_and_kiln_from_the_same_file(pr
 def worker_env(tmp: Path, *, database_url: str, broker_url: str) -> dict[str, str]:
     """The worker's compose environment, its containers' paths mapped, the servers those of this test."""
     env = {k: unescape(str(v), tmp) for k, v in SERVICES["worker-gpu"]["environment"].items()}
-    env.update(KILN_DATABASE_URL=database_url, KILN_BROKER_URL=broker_url, KILN_WORKER_ADDRESS="10.20.30.40",
-               KILN_STORAGE_DIR=str(tmp / "storage"), KILN_HOME=str(tmp / "home"),
-               KILN_HEARTBEAT_INTERVAL_S="1")  # fmt: skip
+    env.update(
+        KILN_DATABASE_URL=database_url,
+        KILN_BROKER_URL=broker_url,
+        KILN_WORKER_ADDRESS="10.20.30.40",
+        KILN_STORAGE_DIR=str(tmp / "storage"),
+        KILN_HOME=str(tmp / "home"),
+        KILN_HEARTBEAT_INTERVAL_S="1",
+    )
     return {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), **env}
 
 
@@ -118,8 +123,14 @@ def test_the_gpu_worker_command_is_healthy_while_it_heartbeats(private_redis: Pr
         upgrade(db_url)
         env = worker_env(tmp_path, database_url=db_url, broker_url=f"redis://127.0.0.1:{private_redis.port}/0")
         log = tmp_path / "worker.log"
-        proc = subprocess.Popen([shell, flag, script], env=env, cwd=ROOT, stdout=log.open("wb"),
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [shell, flag, script],
+            env=env,
+            cwd=ROOT,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         engine = make_engine(db_url)
         try:
             # Healthy only once it has reached both servers: the broker (with the secret's password) to declare its

@@ -48,15 +48,21 @@ def test_kiln_up_refuses_a_storage_directory_another_database_claimed(tmp_path: 
 
 def test_a_claimed_attempt_keeps_its_local_tier_under_the_databases_uid(db: Session, tmp_path: Path) -> None:
     settings = Settings(lease_s=10.0, local_tier_dir=tmp_path / "shm")
-    host = HostAgent(name="dep-a", inventory=NoGpus(), cpu_slots=1, address="127.0.0.1",
-                     settings=settings).register(db)  # fmt: skip
+    host = HostAgent(name="dep-a", inventory=NoGpus(), cpu_slots=1, address="127.0.0.1", settings=settings).register(db)
     db.flush()
     spec = tiny_spec("tiered", steps=10)
     spec["checkpointing"] = {**spec.get("checkpointing", {}), "local_tier": True}
     job = submit(db, spec)
     attempt = admit(db, job, host)
-    claimed = claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
-                    delivery="d1", settings=settings)  # fmt: skip
+    claimed = claim(
+        db,
+        attempt_id=attempt.id,
+        token=attempt.fencing_token,
+        node_rank=0,
+        host=host.name,
+        delivery="d1",
+        settings=settings,
+    )
     assert claimed.deployment == deployment_uid(db)
     assert local_tier_dir(settings, claimed) == (tmp_path / "shm").resolve() / claimed.deployment / "jobs" / str(job.id)
 

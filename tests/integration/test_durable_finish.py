@@ -41,8 +41,17 @@ def commit_checkpoint(root: Path, step: int, loss: float, token: int) -> Path:
 
 
 def checkpoint_record(path: Path, step: int, loss: float) -> dict[str, Any]:
-    return {"kind": "checkpoint", "rank": 0, "ts": time.time(), "step": step, "path": str(path), "bytes": 4096,
-            "sha256": sha256_file(path / "manifest.json"), "verified": True, "loss": loss}  # fmt: skip
+    return {
+        "kind": "checkpoint",
+        "rank": 0,
+        "ts": time.time(),
+        "step": step,
+        "path": str(path),
+        "bytes": 4096,
+        "sha256": sha256_file(path / "manifest.json"),
+        "verified": True,
+        "loss": loss,
+    }
 
 
 @pytest.fixture
@@ -50,16 +59,31 @@ def ending(db: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     """A job of 60 steps claimed on a host, its runner's trainer already gone; reports go into the test's
     transaction."""
     settings = Settings(lease_s=10.0, heartbeat_interval_s=1.0, storage_dir=tmp_path / "storage")
-    host = HostAgent(name="durable-a", inventory=NoGpus(), cpu_slots=1, address="127.0.0.1",
-                     settings=settings).register(db)  # fmt: skip
+    host = HostAgent(
+        name="durable-a", inventory=NoGpus(), cpu_slots=1, address="127.0.0.1", settings=settings
+    ).register(db)
     db.flush()
     job = submit(db, tiny_spec("durable", steps=60))
     attempt = admit(db, job, host)
-    claimed = claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
-                    delivery="d1", settings=settings)  # fmt: skip
+    claimed = claim(
+        db,
+        attempt_id=attempt.id,
+        token=attempt.fencing_token,
+        node_rank=0,
+        host=host.name,
+        delivery="d1",
+        settings=settings,
+    )
     proc = TrainerProcess([], env={}, log_path=tmp_path / "1.log", run_dir=tmp_path / "run", cwd=tmp_path)
-    runner = AttemptRunner(attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
-                           settings=settings, claimed=claimed, proc=proc)  # fmt: skip
+    runner = AttemptRunner(
+        attempt_id=attempt.id,
+        token=attempt.fencing_token,
+        node_rank=0,
+        host=host.name,
+        settings=settings,
+        claimed=claimed,
+        proc=proc,
+    )
 
     @contextmanager
     def in_test_transaction() -> Iterator[Session]:
@@ -77,9 +101,11 @@ def test_a_success_whose_final_checkpoint_never_landed_is_an_infrastructure_fail
     root = job_checkpoint_dir(runner.settings.resolved_storage_dir, job.id)
     c40 = commit_checkpoint(root, 40, 2.18, runner.token)
     # The trainer trained to 60, its final save failed (not committed), and it exited 0 all the same.
-    runner.buffer = [checkpoint_record(c40, 40, 2.18),
-                     {"kind": "step", "rank": 0, "ts": time.time(), "step": 60, "loss": 2.06},
-                     {"kind": "done", "rank": 0, "ts": time.time(), "steps": 60, "final_loss": 2.06}]  # fmt: skip
+    runner.buffer = [
+        checkpoint_record(c40, 40, 2.18),
+        {"kind": "step", "rank": 0, "ts": time.time(), "step": 60, "loss": 2.06},
+        {"kind": "done", "rank": 0, "ts": time.time(), "steps": 60, "final_loss": 2.06},
+    ]
     outcome = runner.finish(0)
 
     assert outcome.exit_class == "infrastructure", outcome
@@ -99,8 +125,10 @@ def test_a_success_records_its_final_checkpoint_and_adopts_a_row_the_relay_misse
     c40 = commit_checkpoint(root, 40, 2.18, runner.token)
     final = commit_checkpoint(root, 60, 2.06, runner.token)
     # The final checkpoint is on disk, verified; its record never reached the worker (its relay was lost).
-    runner.buffer = [checkpoint_record(c40, 40, 2.18),
-                     {"kind": "done", "rank": 0, "ts": time.time(), "steps": 60, "final_loss": 2.06}]  # fmt: skip
+    runner.buffer = [
+        checkpoint_record(c40, 40, 2.18),
+        {"kind": "done", "rank": 0, "ts": time.time(), "steps": 60, "final_loss": 2.06},
+    ]
     outcome = runner.finish(0)
 
     assert outcome.exit_class == "succeeded", outcome

@@ -56,8 +56,18 @@ def test_one_vocabulary_for_gpu_types(nvml: str, expected: str) -> None:
 
 
 def register(db: Session, tmp_path: Path, name: str, model: str, *, count: int = 1, memory: int = 141 * GIB) -> None:
-    gpus = [{"uuid": f"GPU-{name}-{i}", "index": i, "model": model, "memory_bytes": memory, "mig_mode": False,
-             "pcie_gen": 5, "nvlink_peers": []} for i in range(count)]  # fmt: skip
+    gpus = [
+        {
+            "uuid": f"GPU-{name}-{i}",
+            "index": i,
+            "model": model,
+            "memory_bytes": memory,
+            "mig_mode": False,
+            "pcie_gen": 5,
+            "nvlink_peers": [],
+        }
+        for i in range(count)
+    ]
     recording = tmp_path / f"{name}.json"
     recording.write_text(json.dumps({"gpus": gpus, "samples": []}))
     agent = HostAgent(
@@ -80,8 +90,9 @@ def example(**changes: Any) -> dict[str, Any]:
 
 def grant_gold(client: TestClient, world: World) -> None:
     """The shipped example asks for gold, which a team may use only when an admin grants it."""
-    r = client.patch("/v1/teams/alpha", json={"qos_classes": ["gold", "silver", "bronze", "best-effort"]},
-                     headers=world.h("admin"))  # fmt: skip
+    r = client.patch(
+        "/v1/teams/alpha", json={"qos_classes": ["gold", "silver", "bronze", "best-effort"]}, headers=world.h("admin")
+    )
     assert r.status_code == 200, r.text
 
 
@@ -114,13 +125,19 @@ def test_a_type_written_as_nvml_names_it_is_stored_as_the_type(
 ) -> None:
     register(db, tmp_path, "h100-host", "NVIDIA H100 80GB HBM3")
     grant_gold(client, world)
-    r = client.post("/v1/jobs", json=example(**{"resources.gpu_type": "NVIDIA H100 80GB HBM3", "team": "alpha"}),
-                    headers=world.h("member"))  # fmt: skip
+    r = client.post(
+        "/v1/jobs",
+        json=example(**{"resources.gpu_type": "NVIDIA H100 80GB HBM3", "team": "alpha"}),
+        headers=world.h("member"),
+    )
     assert r.status_code == 201, r.text
     assert r.json()["gpu_type"] == "H100-80GB"
 
-    r = client.patch("/v1/teams/alpha", json={"quotas": [{"gpu_type": "NVIDIA H100 80GB HBM3", "nominal": 2}]},
-                     headers=world.h("admin"))  # fmt: skip
+    r = client.patch(
+        "/v1/teams/alpha",
+        json={"quotas": [{"gpu_type": "NVIDIA H100 80GB HBM3", "nominal": 2}]},
+        headers=world.h("admin"),
+    )
     assert r.status_code == 200, r.text
     assert r.json()["quotas"][0]["gpu_type"] == "H100-80GB"
 
@@ -130,13 +147,17 @@ def test_a_type_no_host_has_is_refused_with_the_types_the_cluster_has(
 ) -> None:
     # Before any GPU host registers there is nothing to compare with: accepted (it waits for such a host).
     grant_gold(client, world)
-    r = client.post("/v1/jobs", json=example(**{"resources.gpu_type": "H20O", "team": "alpha", "name": "early"}),
-                    headers=world.h("member"))  # fmt: skip
+    r = client.post(
+        "/v1/jobs",
+        json=example(**{"resources.gpu_type": "H20O", "team": "alpha", "name": "early"}),
+        headers=world.h("member"),
+    )
     assert r.status_code == 201, r.text
 
     register(db, tmp_path, "h200-host", "NVIDIA H200")
-    r = client.post("/v1/jobs", json=example(**{"resources.gpu_type": "H20O", "team": "alpha"}),
-                    headers=world.h("member"))  # fmt: skip
+    r = client.post(
+        "/v1/jobs", json=example(**{"resources.gpu_type": "H20O", "team": "alpha"}), headers=world.h("member")
+    )
     assert r.status_code == 422, r.text
     problem = r.json()
     assert r.headers["content-type"].startswith("application/problem+json")
@@ -237,8 +258,10 @@ def test_more_gpus_than_the_cluster_has_is_refused_or_waits_unschedulable_with_w
     assert r.status_code == 422, r.text
     err = r.json()["errors"][0]
     assert err["loc"] == "resources.gpus" and err["type"] == "unschedulable"
-    assert err["msg"].startswith("requests 8 H200 GPUs; the whole cluster has 2 (H100-80GB: 8 GPUs a host, 1 host; "
-                                 "H200: 2 GPUs a host, 1 host): ask for at most 2"), err["msg"]  # fmt: skip
+    assert err["msg"].startswith(
+        "requests 8 H200 GPUs; the whole cluster has 2 (H100-80GB: 8 GPUs a host, 1 host; "
+        "H200: 2 GPUs a host, 1 host): ask for at most 2"
+    ), err["msg"]
 
     # The operator declares that H200 hosts will join: accepted, and it waits as Unschedulable until they do.
     monkeypatch.setattr(client.app.state.settings, "gpu_types", ["H200"])  # what the API gives the service

@@ -39,8 +39,13 @@ def daemon(tmp_path: Path) -> Iterator[mps.MpsDaemon]:
 
 
 def agent_of(tmp_path: Path, name: str) -> HostAgent:
-    return HostAgent(name=name, inventory=NVMLReplay(tmp_path / f"{name}.json"), cpu_slots=0, address=None,
-                     settings=get_settings().model_copy(update={"heartbeat_interval_s": 1}))  # fmt: skip
+    return HostAgent(
+        name=name,
+        inventory=NVMLReplay(tmp_path / f"{name}.json"),
+        cpu_slots=0,
+        address=None,
+        settings=get_settings().model_copy(update={"heartbeat_interval_s": 1}),
+    )
 
 
 @pytest.mark.usefixtures("dispatched")
@@ -102,9 +107,11 @@ def test_untyped_jobs_run_on_the_gpus_kiln_up_gave_the_default_team(
 
 
 def test_an_admins_gpu_quota_is_never_widened(db: Session, client: TestClient, world: World) -> None:
-    r = client.patch("/v1/teams/default", json={"quotas": [{"gpu_type": "cpu", "nominal": 4},
-                                                           {"gpu_type": "H200", "nominal": 0}]},
-                     headers=world.h("admin"))  # fmt: skip
+    r = client.patch(
+        "/v1/teams/default",
+        json={"quotas": [{"gpu_type": "cpu", "nominal": 4}, {"gpu_type": "H200", "nominal": 0}]},
+        headers=world.h("admin"),
+    )
     assert r.status_code == 200, r.text
     assert give_default_team_gpus(db=db, gpus_by_type={"H200": 2}) == []
 
@@ -116,9 +123,11 @@ def test_untyped_jobs_draw_on_a_typed_only_quota_and_their_gpus_count_against_it
     """An admin gave the team only ``H200=1``: a job that names no GPU type runs on the H200 (flavor fungibility)
     and, admitted, holds that quota, so the next one waits for it instead of running over it."""
     register(db, tmp_path, "h200-host", "NVIDIA H200", count=2)
-    r = client.patch("/v1/teams/default", json={"quotas": [{"gpu_type": "cpu", "nominal": 4},
-                                                           {"gpu_type": "H200", "nominal": 1}]},
-                     headers=world.h("admin"))  # fmt: skip
+    r = client.patch(
+        "/v1/teams/default",
+        json={"quotas": [{"gpu_type": "cpu", "nominal": 4}, {"gpu_type": "H200", "nominal": 1}]},
+        headers=world.h("admin"),
+    )
     assert r.status_code == 200, r.text
     ids = []
     for name in ("first", "second"):
@@ -179,9 +188,15 @@ def test_a_dead_daemon_is_restarted_and_said_so(db: Session, tmp_path: Path, dae
     ],
 )
 def test_a_share_that_cannot_work_is_refused_at_submit(
-    db: Session, tmp_path: Path, client: TestClient, world: World, share: dict[str, object],
-    changes: dict[str, object], loc: str, says: str,
-) -> None:  # fmt: skip
+    db: Session,
+    tmp_path: Path,
+    client: TestClient,
+    world: World,
+    share: dict[str, object],
+    changes: dict[str, object],
+    loc: str,
+    says: str,
+) -> None:
     register(db, tmp_path, "h200-host", "NVIDIA H200")
     r = client.post("/v1/jobs", json=example(**{"resources.gpu_share": share, **changes}), headers=world.h("admin"))
     assert r.status_code == 422, r.text

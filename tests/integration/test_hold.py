@@ -56,8 +56,7 @@ def test_a_held_job_does_not_start_until_released(db: Session) -> None:
     for t in (2, 60):
         assert cycle(db, at(t)).admitted == []  # the GPU is free all along
     job = db.get(Job, job.id)  # type: ignore[assignment]
-    assert (job.state, job.pending_reason, job.pending_message) == ("QUEUED", "Held",
-                                                                   "held by mark: dataset not ready")  # fmt: skip
+    assert (job.state, job.pending_reason, job.pending_message) == ("QUEUED", "Held", "held by mark: dataset not ready")
     released(db, job, 100)
     assert (job.pending_reason, job.held_at) == (None, None)
     assert cycle(db, at(101)).admitted == [job.id]
@@ -87,7 +86,9 @@ def test_a_job_held_after_the_snapshot_is_neither_admitted_nor_given_the_plans_r
     assert applied.admitted == [] and applied_later.reasons_written == 0
     db.expire_all()
     assert [(j.state, j.pending_reason) for j in (db.get(Job, second.id), db.get(Job, late.id))] == [
-        ("QUEUED", "Held"), ("QUEUED", "Held")]  # fmt: skip
+        ("QUEUED", "Held"),
+        ("QUEUED", "Held"),
+    ]
 
 
 @pytest.mark.usefixtures("dispatched")
@@ -135,15 +136,25 @@ def test_a_running_job_held_stops_checkpoint_first_and_waits_held_in_the_queue(d
     held(db, job, 100, reason="free the GPU for a demo")
     assert (job.state, job.preempt_requested, job.pending_reason) == ("RUNNING", True, "Held")
     assert cycle(db, at(101)).preempted == []  # not a preemption: nothing else recorded, the worker stops it
-    end_attempt_as(db, job=job, attempt=attempt, exit_class=ExitClass.PREEMPTED, reason="held by the user",
-                   now=at(110), exit_code=None, data={}, settings=Settings())  # fmt: skip
+    end_attempt_as(
+        db,
+        job=job,
+        attempt=attempt,
+        exit_class=ExitClass.PREEMPTED,
+        reason="held by the user",
+        now=at(110),
+        exit_code=None,
+        data={},
+        settings=Settings(),
+    )
     message = "held by mark: free the GPU for a demo"
     assert (job.state, job.pending_reason, job.pending_message) == ("QUEUED", "Held", message)
     # held, and its wait paused, from the requeue (dated by the worker's clock: core.lifecycle passes its now)
     assert job.held_at == at(110) and job.wait_started_at is None
     assert [e.type for e in violations(db, job)] == [] and not job_events(db, job, "PREEMPTING")
     assert [e.message for e in job_events(db, job, "QUEUED")] == [
-        "stopped at step 0; back in the queue, held until released"]  # fmt: skip
+        "stopped at step 0; back in the queue, held until released"
+    ]
     assert cycle(db, at(200)).admitted == []  # its GPU is free
     released(db, job, 300)
     assert cycle(db, at(301)).admitted == [job.id]
@@ -191,7 +202,11 @@ def test_the_api_holds_and_releases_a_queued_job(client: TestClient, world: Worl
     h = world.h("member")
     job = world.jobs["alpha"]
     assert _state(client.post(f"/v1/jobs/{job}/hold", json={"reason": "data"}, headers=h)) == (
-        200, "QUEUED", True, "Held")  # fmt: skip
+        200,
+        "QUEUED",
+        True,
+        "Held",
+    )
     assert _state(client.post(f"/v1/jobs/{job}/hold", headers=h))[2]  # held again: unchanged, not an error
     page = client.get("/v1/jobs", params={"team": "alpha"}, headers=h).json()["items"]
     assert [j["held_at"] is not None for j in page if j["id"] == job] == [True]
@@ -205,13 +220,11 @@ def test_the_api_holds_and_releases_a_queued_job(client: TestClient, world: Worl
     assert why["unblock"] == [f"release it: kiln release {job} (it was held by mark: data)"]
     assert why["expected_start_basis"].startswith("cannot be known: it is held")
 
-    assert _state(client.post(f"/v1/jobs/{job}/release", headers=world.h("team-admin"))) == (
-        200, "QUEUED", False, None)  # fmt: skip
+    assert _state(client.post(f"/v1/jobs/{job}/release", headers=world.h("team-admin"))) == (200, "QUEUED", False, None)
     assert _state(client.post(f"/v1/jobs/{job}/release", headers=h))[0] == 200  # not held: unchanged
     assert client.get(f"/v1/jobs/{job}", headers=h).json()["waiting_since"] is not None
     events = client.get(f"/v1/jobs/{job}/events", headers=h).json()["items"]
-    assert [(e["type"], e["actor"]) for e in events] == [("SUBMITTED", "mark"), ("HELD", "mark"),
-                                                         ("RELEASED", "alice")]  # fmt: skip
+    assert [(e["type"], e["actor"]) for e in events] == [("SUBMITTED", "mark"), ("HELD", "mark"), ("RELEASED", "alice")]
 
 
 def test_the_api_refuses_what_cannot_be_held(client: TestClient, world: World, db: Session) -> None:
@@ -227,7 +240,8 @@ def test_the_api_refuses_what_cannot_be_held(client: TestClient, world: World, d
     db.flush()
     r = client.post(f"/v1/jobs/{job}/hold", headers=world.h("member"))
     assert r.status_code == 409 and r.json()["detail"] == (
-        f"job {job} is RUNNING and stopping: only a queued or running job can be held")  # fmt: skip
+        f"job {job} is RUNNING and stopping: only a queued or running job can be held"
+    )
     ended = client.post("/v1/jobs", json=spec(name="ended"), headers=world.h("member")).json()["id"]
     client.post(f"/v1/jobs/{ended}/cancel", headers=world.h("member"))
     for action in ("hold", "release"):
@@ -252,7 +266,10 @@ def test_the_queue_page_puts_held_jobs_last_without_a_position(client: TestClien
     assert client.post(f"/v1/jobs/{first}/hold", headers=h).status_code == 200
     rows = client.get("/v1/dashboard/queue", params={"view": "waiting", "team": "alpha"}, headers=h).json()["items"]
     assert [(r["id"], r["position"], r["pending_reason"]) for r in rows] == [
-        (later[0], 2, None), (later[1], 3, None), (first, None, "Held")]  # fmt: skip
+        (later[0], 2, None),
+        (later[1], 3, None),
+        (first, None, "Held"),
+    ]
     # The summary's oldest wait is the oldest job not held: held since submission, the first does not count.
     for job_id, minutes in ((first, 600), (later[0], 5), (later[1], 1)):
         row = db.get(Job, job_id)

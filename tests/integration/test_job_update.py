@@ -58,8 +58,9 @@ def test_a_change_is_checked_as_a_submission_is(client: TestClient, world: World
         r = client.patch(f"/v1/jobs/{job}", json=body, headers=h)
         assert (r.status_code, r.headers["content-type"]) == (status, "application/problem+json"), (body, r.text)
         if loc is not None:
-            assert loc in [e["loc"] if isinstance(e["loc"], str) else ".".join(map(str, e["loc"]))
-                           for e in r.json()["errors"]], r.json()  # fmt: skip
+            assert loc in [
+                e["loc"] if isinstance(e["loc"], str) else ".".join(map(str, e["loc"])) for e in r.json()["errors"]
+            ], r.json()
     assert client.patch(f"/v1/jobs/{job}", json={"qos": "bronze"}, headers=world.h("viewer")).status_code == 403
     assert client.patch(f"/v1/jobs/{job}", json={"qos": "bronze"}, headers=world.h("beta-member")).status_code == 404
     row = db.get(Job, job)
@@ -77,8 +78,16 @@ def _running(db: Session, job_id: int, *, limit: float | None, ran_s: float) -> 
     row.spec = {**row.spec, "time_limit_s": limit}
     transition(db, row, JobState.ADMITTED)
     transition(db, row, JobState.RUNNING)
-    db.add(Attempt(job_id=row.id, number=1, fencing_token=1, state="RUNNING", placement=[],
-                   started_at=utcnow() - timedelta(seconds=ran_s)))  # fmt: skip
+    db.add(
+        Attempt(
+            job_id=row.id,
+            number=1,
+            fencing_token=1,
+            state="RUNNING",
+            placement=[],
+            started_at=utcnow() - timedelta(seconds=ran_s),
+        )
+    )
     db.flush()
     db.expire(row, ["attempts"])
     return row
@@ -106,10 +115,16 @@ def test_a_running_jobs_time_limit_is_lowered_by_a_member_and_raised_by_an_admin
     raised = client.patch(f"/v1/jobs/{job}", json={"time_limit_s": 14400}, headers=team_admin)
     assert raised.status_code == 200 and raised.json()["spec"]["time_limit_s"] == 14400
     assert client.patch(f"/v1/jobs/{job}", json={"time_limit_s": None}, headers=world.h("admin")).status_code == 200
-    updates = [e["message"] for e in client.get(f"/v1/jobs/{job}/events", headers=member).json()["items"]
-               if e["type"] == "UPDATED"]  # fmt: skip
-    assert updates == ["time_limit 7200 s -> 3600 s (by mark)", "time_limit 3600 s -> 14400 s (by alice)",
-                       "time_limit 14400 s -> none (by root)"]  # fmt: skip
+    updates = [
+        e["message"]
+        for e in client.get(f"/v1/jobs/{job}/events", headers=member).json()["items"]
+        if e["type"] == "UPDATED"
+    ]
+    assert updates == [
+        "time_limit 7200 s -> 3600 s (by mark)",
+        "time_limit 3600 s -> 14400 s (by alice)",
+        "time_limit 14400 s -> none (by root)",
+    ]
 
 
 def test_a_running_job_without_a_limit_may_be_given_one_by_a_member(

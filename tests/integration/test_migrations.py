@@ -80,22 +80,39 @@ def test_the_queue_wait_columns_are_rebuilt_from_each_jobs_timeline(tmp_path: py
 
     try:
         with engine.begin() as conn:
-            conn.execute(text("INSERT INTO teams (id, name, fair_share_weight, budget_period_s, created_at) "
-                              "VALUES (1, 't', 1, 2592000, :t0)"), {"t0": t0})  # fmt: skip
+            conn.execute(
+                text(
+                    "INSERT INTO teams (id, name, fair_share_weight, budget_period_s, created_at) "
+                    "VALUES (1, 't', 1, 2592000, :t0)"
+                ),
+                {"t0": t0},
+            )
             for jid, state in ((1, "RUNNING"), (2, "QUEUED"), (3, "QUEUED")):
-                conn.execute(text(
-                    "INSERT INTO jobs (id, name, team_id, spec, state, qos_class_id, priority, gpus, restart_count, "
-                    "fencing_token, cancel_requested, preempt_requested, last_step, submitted_at, updated_at) "
-                    "VALUES (:id, 'j', 1, '{}', :state, (SELECT min(id) FROM qos_classes), 0, 1, 0, 0, 0, 0, 0, "
-                    ":t0, :t0)"), {"id": jid, "state": state, "t0": t0})  # fmt: skip
+                conn.execute(
+                    text(
+                        "INSERT INTO jobs (id, name, team_id, spec, state, qos_class_id, priority, gpus, "
+                        "restart_count, fencing_token, cancel_requested, preempt_requested, last_step, submitted_at, "
+                        "updated_at) "
+                        "VALUES (:id, 'j', 1, '{}', :state, (SELECT min(id) FROM qos_classes), 0, 1, 0, 0, 0, 0, 0, "
+                        ":t0, :t0)"
+                    ),
+                    {"id": jid, "state": state, "t0": t0},
+                )
             timeline = [
-                (1, "ADMITTED", "{}", 100), (1, "QUEUED", "{}", 3700), (1, "ADMITTED", "{}", 3750),
-                (2, "ADMITTED", "{}", 10), (2, "QUEUED", '{"not_before": "2026-03-02T10:00:30+00:00"}', 3600),
-            ]  # fmt: skip
+                (1, "ADMITTED", "{}", 100),
+                (1, "QUEUED", "{}", 3700),
+                (1, "ADMITTED", "{}", 3750),
+                (2, "ADMITTED", "{}", 10),
+                (2, "QUEUED", '{"not_before": "2026-03-02T10:00:30+00:00"}', 3600),
+            ]
             for jid, type_, data, seconds in timeline:
-                conn.execute(text("INSERT INTO events (job_id, team_id, type, message, data, created_at) "
-                                  "VALUES (:j, 1, :ty, '', :d, :at)"),
-                             {"j": jid, "ty": type_, "d": data, "at": at(seconds)})  # fmt: skip
+                conn.execute(
+                    text(
+                        "INSERT INTO events (job_id, team_id, type, message, data, created_at) "
+                        "VALUES (:j, 1, :ty, '', :d, :at)"
+                    ),
+                    {"j": jid, "ty": type_, "d": data, "at": at(seconds)},
+                )
         upgrade(url)
         with engine.connect() as conn:
             rows = {r[0]: (r[1], r[2]) for r in conn.execute(text("SELECT id, queued_s, wait_started_at FROM jobs"))}
@@ -115,10 +132,18 @@ def test_an_upgrade_on_sqlite_deletes_no_row_that_references_a_copied_table(tmp_
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
-            conn.execute(text("INSERT INTO hosts (id, name, queue, state, cpu_slots, links, registered_at) "
-                              "VALUES (1, 'h1', 'host.h1', 'UP', 8, '{}', '2026-03-02 09:00:00')"))  # fmt: skip
-            conn.execute(text('INSERT INTO gpus (host_id, uuid, "index", model, memory_bytes, mig_mode, nvlink_peers, '
-                              "last_sample, healthy) VALUES (1, 'GPU-0', 0, 'H200', 1, 0, '[]', '{}', 1)"))  # fmt: skip
+            conn.execute(
+                text(
+                    "INSERT INTO hosts (id, name, queue, state, cpu_slots, links, registered_at) "
+                    "VALUES (1, 'h1', 'host.h1', 'UP', 8, '{}', '2026-03-02 09:00:00')"
+                )
+            )
+            conn.execute(
+                text(
+                    'INSERT INTO gpus (host_id, uuid, "index", model, memory_bytes, mig_mode, nvlink_peers, '
+                    "last_sample, healthy) VALUES (1, 'GPU-0', 0, 'H200', 1, 0, '[]', '{}', 1)"
+                )
+            )
         upgrade(url)
         with engine.connect() as conn:
             assert conn.scalar(text("SELECT count(*) FROM gpus")) == 1

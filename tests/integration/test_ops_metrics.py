@@ -110,14 +110,27 @@ class World:
         self.db.add(h)
         self.db.flush()
         for i, sample in enumerate(samples):
-            self.db.add(GPU(host_id=h.id, uuid=f"GPU-{name}-{i}", index=i, model="H200", memory_bytes=141 << 30,
-                            last_sample=sample or {}))  # fmt: skip
+            self.db.add(
+                GPU(
+                    host_id=h.id,
+                    uuid=f"GPU-{name}-{i}",
+                    index=i,
+                    model="H200",
+                    memory_bytes=141 << 30,
+                    last_sample=sample or {},
+                )
+            )
         self.db.flush()
 
     def sample(self, age_s: float = 5, **values: Any) -> dict[str, Any]:
         base = {f"{link}_{d}_bytes_per_s": None for link in ("pcie", "nvlink") for d in ("tx", "rx")}
-        return {"ts": self.now.timestamp() - age_s, "utilization_pct": None, "memory_used_bytes": None, **base,
-                **values}  # fmt: skip
+        return {
+            "ts": self.now.timestamp() - age_s,
+            "utilization_pct": None,
+            "memory_used_bytes": None,
+            **base,
+            **values,
+        }
 
 
 def build(db: Session) -> World:
@@ -154,9 +167,14 @@ def build(db: Session) -> World:
     w.event(j5, "SLA_VIOLATION", ago=29 * 3600, kind="step_time")  # counted (all time), not in the window
     w.event(j4, "SLA_CONTRACT_UPDATED")  # not a violation
 
-    w.host("h-up", "UP", [w.sample(utilization_pct=75.0, memory_used_bytes=10**9, pcie_tx_bytes_per_s=1e9,
-                                   pcie_rx_bytes_per_s=2e9),
-                          w.sample(age_s=3600, utilization_pct=99.0)])  # fmt: skip
+    w.host(
+        "h-up",
+        "UP",
+        [
+            w.sample(utilization_pct=75.0, memory_used_bytes=10**9, pcie_tx_bytes_per_s=1e9, pcie_rx_bytes_per_s=2e9),
+            w.sample(age_s=3600, utilization_pct=99.0),
+        ],
+    )
     w.host("h-excl", "EXCLUDED", [w.sample(utilization_pct=0.0, memory_used_bytes=0, nvlink_tx_bytes_per_s=5e10)])
     w.host("h-down", "DOWN", [w.sample(utilization_pct=50.0)])
     w.host("h-cpu", "UP", [])
@@ -274,7 +292,7 @@ def _bulk(db: Session, w: World, n: int) -> None:
             "preempt_requested": False,
             "last_step": 0,
             "updated_at": now,
-        }  # fmt: skip
+        }
         for i in range(n)
     ]
     ids = db.scalars(insert(Job).returning(Job.id), rows).all()
@@ -282,10 +300,22 @@ def _bulk(db: Session, w: World, n: int) -> None:
     for i, job_id in enumerate(ids):
         team_id = teams[i % 10].id
         recovered = {"recovery_time_s": float(i % 900), "met": i % 2 == 0}
-        for type_, data in (("PREEMPTING", {}), ("LOST", {"incident": "lease_expired"}),
-                            ("QUEUED", {"restart_count": 1}), ("RECOVERED", recovered)):  # fmt: skip
-            events.append({"job_id": job_id, "team_id": team_id, "type": type_, "data": data, "message": "",
-                           "created_at": now - timedelta(seconds=i % 80000)})  # fmt: skip
+        for type_, data in (
+            ("PREEMPTING", {}),
+            ("LOST", {"incident": "lease_expired"}),
+            ("QUEUED", {"restart_count": 1}),
+            ("RECOVERED", recovered),
+        ):
+            events.append(
+                {
+                    "job_id": job_id,
+                    "team_id": team_id,
+                    "type": type_,
+                    "data": data,
+                    "message": "",
+                    "created_at": now - timedelta(seconds=i % 80000),
+                }
+            )
     db.execute(insert(Event), events)
     for i in range(20):
         w.host(f"bulk-host-{i}", "UP", [w.sample(utilization_pct=float(g * 10)) for g in range(8)])

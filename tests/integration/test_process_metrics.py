@@ -24,20 +24,46 @@ GIB = 1024**3
 
 
 def _sample(uuid: str, **extra: object) -> dict[str, object]:
-    return {"uuid": uuid, "ts": 0.0, "utilization_pct": 50.0, "memory_used_bytes": GIB, "pcie_tx_bytes_per_s": None,
-            "pcie_rx_bytes_per_s": None, "nvlink_tx_bytes_per_s": None, "nvlink_rx_bytes_per_s": None,
-            "temperature_c": 50.0, "ecc_uncorrected": 0, **extra}  # fmt: skip
+    return {
+        "uuid": uuid,
+        "ts": 0.0,
+        "utilization_pct": 50.0,
+        "memory_used_bytes": GIB,
+        "pcie_tx_bytes_per_s": None,
+        "pcie_rx_bytes_per_s": None,
+        "nvlink_tx_bytes_per_s": None,
+        "nvlink_rx_bytes_per_s": None,
+        "temperature_c": 50.0,
+        "ecc_uncorrected": 0,
+        **extra,
+    }
 
 
 def test_gpu_health_follows_nvml(db: Session, tmp_path: Path) -> None:
-    gpus = [{"uuid": f"GPU-m-{i}", "index": i, "model": "NVIDIA H200", "memory_bytes": 141 * GIB, "mig_mode": False,
-             "pcie_gen": 5, "nvlink_peers": []} for i in range(2)]  # fmt: skip
+    gpus = [
+        {
+            "uuid": f"GPU-m-{i}",
+            "index": i,
+            "model": "NVIDIA H200",
+            "memory_bytes": 141 * GIB,
+            "mig_mode": False,
+            "pcie_gen": 5,
+            "nvlink_peers": [],
+        }
+        for i in range(2)
+    ]
     samples = [[_sample("GPU-m-0"), _sample("GPU-m-1")], [_sample("GPU-m-0"), _sample("GPU-m-1", xid_errors=[79])]]
     recording = tmp_path / "nvml.json"
     recording.write_text(json.dumps({"gpus": gpus, "samples": samples}))
     metrics = WorkerMetrics()
-    agent = HostAgent(name="metrics-host", inventory=NVMLReplay(recording), cpu_slots=0, address=None,
-                      settings=Settings(heartbeat_interval_s=1), metrics=metrics)  # fmt: skip
+    agent = HostAgent(
+        name="metrics-host",
+        inventory=NVMLReplay(recording),
+        cpu_slots=0,
+        address=None,
+        settings=Settings(heartbeat_interval_s=1),
+        metrics=metrics,
+    )
     agent.register(db)
     agent.sample(db)
     value = metrics.registry.get_sample_value

@@ -17,11 +17,28 @@ from core.settings import Settings
 
 pytestmark = pytest.mark.integration
 
-SETTINGS = Settings(retention_metrics_downsample_days=7, retention_metric_points=100, retention_metrics_days=90,
-                    retention_events_days=180, retention_logs_days=30, retention_deliveries_days=30)  # fmt: skip
-EVENT_TYPES = ("SUBMITTED", "ADMITTED", "RUNNING", "CHECKPOINT", "PREEMPTING", "QUEUED", "RECOVERED",
-               "SLA_STEP_TIME_VIOLATION", "COMPILE_OK", "COMPILE_CACHE_REJECTED", "COMPILE_CACHE_PUBLISHED",
-               "SUCCEEDED")  # fmt: skip
+SETTINGS = Settings(
+    retention_metrics_downsample_days=7,
+    retention_metric_points=100,
+    retention_metrics_days=90,
+    retention_events_days=180,
+    retention_logs_days=30,
+    retention_deliveries_days=30,
+)
+EVENT_TYPES = (
+    "SUBMITTED",
+    "ADMITTED",
+    "RUNNING",
+    "CHECKPOINT",
+    "PREEMPTING",
+    "QUEUED",
+    "RECOVERED",
+    "SLA_STEP_TIME_VIOLATION",
+    "COMPILE_OK",
+    "COMPILE_CACHE_REJECTED",
+    "COMPILE_CACHE_PUBLISHED",
+    "SUCCEEDED",
+)
 
 
 def _job(db: Session, team: Team, *, state: str, finished_days_ago: float | None, now: datetime, steps: int) -> Job:
@@ -58,11 +75,14 @@ def test_retention_by_age(db: Session, tmp_path: Path) -> None:
     db.add(hook)
     db.flush()
     sent = now - timedelta(days=40)
-    db.add_all([
-        WebhookDelivery(webhook_id=hook.id, kind="failed", payload={}, status="delivered", delivered_at=sent,
-                        created_at=sent),
-        WebhookDelivery(webhook_id=hook.id, kind="failed", payload={}, status="pending", created_at=sent),
-    ])  # fmt: skip
+    db.add_all(
+        [
+            WebhookDelivery(
+                webhook_id=hook.id, kind="failed", payload={}, status="delivered", delivered_at=sent, created_at=sent
+            ),
+            WebhookDelivery(webhook_id=hook.id, kind="failed", payload={}, status="pending", created_at=sent),
+        ]
+    )
     db.flush()
 
     report = prune_database(db, SETTINGS, now)
@@ -125,7 +145,12 @@ def test_zero_turns_pruning_off(db: Session) -> None:
     db.add(team)
     db.flush()
     job = _job(db, team, state="SUCCEEDED", finished_days_ago=1000, now=now, steps=20)
-    off = Settings(retention_metrics_downsample_days=0, retention_metrics_days=0, retention_events_days=0,
-                   retention_deliveries_days=0, retention_logs_days=0)  # fmt: skip
+    off = Settings(
+        retention_metrics_downsample_days=0,
+        retention_metrics_days=0,
+        retention_events_days=0,
+        retention_deliveries_days=0,
+        retention_logs_days=0,
+    )
     assert not prune_database(db, off, now)
     assert db.scalar(select(func.count()).select_from(JobMetric).where(JobMetric.job_id == job.id)) == 20

@@ -202,8 +202,15 @@ def _running_attempt(factory: sessionmaker[Session], settings: Settings, silent_
         db.flush()
         job = submit_spec(db, tiny_spec("gap"))
         attempt = admit(db, job, host)
-        claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name, delivery="d",
-              settings=settings)  # fmt: skip
+        claim(
+            db,
+            attempt_id=attempt.id,
+            token=attempt.fencing_token,
+            node_rank=0,
+            host=host.name,
+            delivery="d",
+            settings=settings,
+        )
         then = utcnow() - timedelta(seconds=silent_s)
         host.last_heartbeat_at, attempt.lease_expires_at = then, then + timedelta(seconds=settings.lease_s)
         db.commit()
@@ -214,8 +221,7 @@ def test_grace_counts_from_the_database_s_return_when_the_leader_changes(fresh_p
     """The outside chaos run: after a PostgreSQL outage the standby won the lead and declared attempts LOST and a
     live host DOWN 0.9 s after the database came back. Silence that fell where no scheduler held the lease is no
     evidence: the new leader's grace counts from its takeover."""
-    settings = Settings(database_url=fresh_pg, home=tmp_path, lease_s=4.0, heartbeat_interval_s=1.0,
-                        leader_lease_s=1.0)  # fmt: skip
+    settings = Settings(database_url=fresh_pg, home=tmp_path, lease_s=4.0, heartbeat_interval_s=1.0, leader_lease_s=1.0)
     engine = make_engine(fresh_pg)
     factory = sessionmaker(bind=engine, expire_on_commit=False)
     old, new = PostgresLeadership(fresh_pg, lease_s=1.0), PostgresLeadership(fresh_pg, lease_s=1.0)
@@ -235,8 +241,9 @@ def test_grace_counts_from_the_database_s_return_when_the_leader_changes(fresh_p
         # Still no evidence half-way through the grace; past it, the silent attempt is LOST and its host DOWN.
         later = utcnow() + timedelta(seconds=settings.lease_s + 1)
         new.valid_until = time.monotonic() + 60  # the test jumps the cycle's clock, not the lease's
-        result = run_cycle(session_factory=factory, dispatch=record_dispatch, settings=settings, leadership=new,
-                           now=later)  # fmt: skip
+        result = run_cycle(
+            session_factory=factory, dispatch=record_dispatch, settings=settings, leadership=new, now=later
+        )
         assert "host gap: DOWN" in result.reconciled and _states(factory, job_id)[0] == "QUEUED", result.reconciled
         with factory() as db:
             attempt = db.get(Attempt, attempt_id)

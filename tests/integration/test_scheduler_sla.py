@@ -220,8 +220,17 @@ def test_an_attempt_ending_between_cycles_gets_its_last_comparison(db: Session, 
     job, attempt = running_gold_job(db, "sla-final", "h-final", f"final-{slowing}", step_time_tolerance=1.3)
     steady = WARM_UP + [0.1] * (step_times.BASELINE_STEPS + step_times.RECENT_STEPS)
     reported(db, job, attempt, [(t, None) for t in (SLOWING if slowing else steady)])
-    end_attempt_as(db, job=job, attempt=attempt, exit_class=ExitClass.SUCCEEDED, reason="finished",
-                   now=T0 + timedelta(seconds=40), exit_code=0, data={}, settings=Settings())  # fmt: skip
+    end_attempt_as(
+        db,
+        job=job,
+        attempt=attempt,
+        exit_class=ExitClass.SUCCEEDED,
+        reason="finished",
+        now=T0 + timedelta(seconds=40),
+        exit_code=0,
+        data={},
+        settings=Settings(),
+    )
 
     assert [e.type for e in violations(db, job)] == ([sla.STEP_TIME] if slowing else [])
     contract_row = db.scalars(select(SlaContract).where(SlaContract.job_id == job.id)).one()
@@ -306,8 +315,15 @@ def test_step_time_and_pace_are_measured_per_job_when_many_run(db: Session) -> N
     for step in range(1, max(len(t) for t in times.values()) + 1):
         for n in names:
             if step <= len(times[n]):
-                db.add(JobMetric(job_id=jobs[n].id, attempt_id=attempts[n].id, step=step,
-                                 step_time_s=times[n][step - 1], ts=ends[n][step - 1]))  # fmt: skip
+                db.add(
+                    JobMetric(
+                        job_id=jobs[n].id,
+                        attempt_id=attempts[n].id,
+                        step=step,
+                        step_time_s=times[n][step - 1],
+                        ts=ends[n][step - 1],
+                    )
+                )
                 jobs[n].last_step = step
         db.flush()
 
@@ -317,7 +333,10 @@ def test_step_time_and_pace_are_measured_per_job_when_many_run(db: Session) -> N
     assert found == {"steady": [], "slowing": [sla.STEP_TIME], "young": [sla.DEADLINE_AT_RISK]}
     step_time = violations(db, jobs["slowing"])[0].data
     assert (step_time["attempt_id"], step_time["recent_s"], step_time["baseline_s"]) == (
-        attempts["slowing"].id, pytest.approx(0.2), pytest.approx(0.1))  # fmt: skip
+        attempts["slowing"].id,
+        pytest.approx(0.2),
+        pytest.approx(0.1),
+    )
 
 
 def test_checkpoint_success_rate_below_the_minimum(db: Session) -> None:
@@ -348,10 +367,15 @@ def test_a_cancelled_job_past_its_deadline_is_not_a_violation(db: Session) -> No
 
 def _samples(link_bytes_per_s: float, n: int = 4) -> list[dict[str, object]]:
     return [
-        {"uuid": "GPU-x", "pcie_tx_bytes_per_s": link_bytes_per_s / 2, "pcie_rx_bytes_per_s": link_bytes_per_s / 2,
-         "nvlink_tx_bytes_per_s": None, "nvlink_rx_bytes_per_s": None}
+        {
+            "uuid": "GPU-x",
+            "pcie_tx_bytes_per_s": link_bytes_per_s / 2,
+            "pcie_rx_bytes_per_s": link_bytes_per_s / 2,
+            "nvlink_tx_bytes_per_s": None,
+            "nvlink_rx_bytes_per_s": None,
+        }
         for _ in range(n)
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.parametrize(("qos_name", "measured", "expect_preempt"), [("bronze", 12e9, True), ("gold", 40e9, False)])
@@ -408,8 +432,16 @@ def test_evaluator_statements_do_not_grow_with_running_jobs(db: Session, pg_engi
         for j in jobs:
             attempt = f.start(db, j, now=T0 + timedelta(seconds=2))
             for step in range(1, 31):
-                db.add(JobMetric(job_id=j.id, attempt_id=attempt.id, step=step, step_time_s=0.1, ts=T0,
-                                 extra={"gpu": _samples(1e9)} if step == 30 else {}))  # fmt: skip
+                db.add(
+                    JobMetric(
+                        job_id=j.id,
+                        attempt_id=attempt.id,
+                        step=step,
+                        step_time_s=0.1,
+                        ts=T0,
+                        extra={"gpu": _samples(1e9)} if step == 30 else {},
+                    )
+                )
             j.last_step = 30
         db.flush()
 

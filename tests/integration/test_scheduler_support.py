@@ -53,10 +53,14 @@ def host(db: Session, name: str, gpus: int, *, now: datetime, model: str = "H100
     for i, u in enumerate(uuids):
         db.add(
             GPU(
-                host_id=h.id, uuid=u, index=i, model=model, memory_bytes=80 * GIB,
+                host_id=h.id,
+                uuid=u,
+                index=i,
+                model=model,
+                memory_bytes=80 * GIB,
                 nvlink_peers=[p for p in uuids if p != u],
             )
-        )  # fmt: skip
+        )
     db.flush()
     return h
 
@@ -80,9 +84,15 @@ def job(
     if time_limit_s is not None:
         spec["time_limit_s"] = time_limit_s
     j = Job(
-        name=name, team_id=t.id, spec=spec, state="QUEUED", qos_class_id=q.id, gpus=gpus,
-        submitted_at=submitted_at, updated_at=submitted_at,
-    )  # fmt: skip
+        name=name,
+        team_id=t.id,
+        spec=spec,
+        state="QUEUED",
+        qos_class_id=q.id,
+        gpus=gpus,
+        submitted_at=submitted_at,
+        updated_at=submitted_at,
+    )
     db.add(j)
     db.flush()
     return j

@@ -28,8 +28,18 @@ BEYOND = "(an operator may accept such jobs to wait for hosts that will join: KI
 
 def join(db: Session, tmp_path: Path, name: str, *, gpus: int = 0, model: str = "NVIDIA H200", slots: int = 0) -> None:
     """A host registers as its agent does: ``gpus`` GPUs of ``model`` (NVML's name), ``slots`` CPU slots."""
-    found = [{"uuid": f"GPU-{name}-{i}", "index": i, "model": model, "memory_bytes": 141 * GIB, "mig_mode": False,
-              "pcie_gen": 5, "nvlink_peers": []} for i in range(gpus)]  # fmt: skip
+    found = [
+        {
+            "uuid": f"GPU-{name}-{i}",
+            "index": i,
+            "model": model,
+            "memory_bytes": 141 * GIB,
+            "mig_mode": False,
+            "pcie_gen": 5,
+            "nvlink_peers": [],
+        }
+        for i in range(gpus)
+    ]
     recording = tmp_path / f"{name}.json"
     recording.write_text(json.dumps({"gpus": found, "samples": []}))
     settings = Settings(heartbeat_interval_s=1)

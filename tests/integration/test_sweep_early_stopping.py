@@ -32,8 +32,11 @@ SETTINGS = Settings(lease_s=10.0, heartbeat_interval_s=1.0)
 def sweep_of(db: Session, n: int, **early_stopping: Any) -> list[Job]:
     """A sweep of ``n`` jobs ranked by accuracy (highest first) with the median rule; its jobs, by id."""
     submit(db, tiny_spec("quota-for-the-team"))  # the team's CPU quota, as the cluster's admin sets it
-    sweep = {"list": [{"lr": 0.001 * (i + 1)} for i in range(n)], "early_stopping": early_stopping,
-             "objective": {"metric": "accuracy", "goal": "maximize"}}  # fmt: skip
+    sweep = {
+        "list": [{"lr": 0.001 * (i + 1)} for i in range(n)],
+        "early_stopping": early_stopping,
+        "objective": {"metric": "accuracy", "goal": "maximize"},
+    }
     doc = {**tiny_spec("search", steps=60), "sweep": sweep}
     view = submit_sweep(db=db, principal=cluster_admin(db), document=doc)
     return sorted(view.jobs, key=lambda j: j.id)
@@ -47,19 +50,42 @@ def evaluated(db: Session, job: Job, step: int, accuracy: float) -> None:
 
 
 def running(db: Session, job: Job, tmp_path: Path) -> AttemptRunner:
-    host = HostAgent(name=f"es-{job.id}", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
-                     settings=SETTINGS).register(db)  # fmt: skip
+    host = HostAgent(
+        name=f"es-{job.id}", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1", settings=SETTINGS
+    ).register(db)
     db.flush()
     attempt = admit(db, job, host)
-    claimed = claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
-                    delivery="d1", settings=SETTINGS)  # fmt: skip
+    claimed = claim(
+        db,
+        attempt_id=attempt.id,
+        token=attempt.fencing_token,
+        node_rank=0,
+        host=host.name,
+        delivery="d1",
+        settings=SETTINGS,
+    )
     proc = TrainerProcess([], env={}, log_path=tmp_path / "1.log", run_dir=tmp_path / "run", cwd=tmp_path)
-    return AttemptRunner(attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
-                         settings=SETTINGS, claimed=claimed, proc=proc)  # fmt: skip
+    return AttemptRunner(
+        attempt_id=attempt.id,
+        token=attempt.fencing_token,
+        node_rank=0,
+        host=host.name,
+        settings=SETTINGS,
+        claimed=claimed,
+        proc=proc,
+    )
 
 
-def report_eval(db: Session, job: Job, runner: AttemptRunner, step: int, accuracy: float, *, running: bool = True,
-                done: bool = False) -> None:  # fmt: skip
+def report_eval(
+    db: Session,
+    job: Job,
+    runner: AttemptRunner,
+    step: int,
+    accuracy: float,
+    *,
+    running: bool = True,
+    done: bool = False,
+) -> None:
     """A heartbeat relaying the evaluation (``running=False``: the report after the trainer exited; ``done``: the
     trainer's last record came with it)."""
     attempt = db.get(Attempt, runner.attempt_id)
@@ -138,8 +164,10 @@ def test_successive_halving_keeps_the_best_third_at_each_rung_judging_a_job_once
     runner = running(db, jobs[4], tmp_path / "a")
     report_eval(db, jobs[4], runner, 10, 0.85)  # 5 at the rung: the best 1 goes on (5 // 3); 0.9 beats it
     assert jobs[4].cancel_requested
-    why = ("stopped early: accuracy 0.85 at step 10, not among the best 1 of the 5 jobs of sweep "
-           f"{jobs[0].sweep_id} at rung 10 (successive halving by 3; the 1st best: 0.9)")  # fmt: skip
+    why = (
+        "stopped early: accuracy 0.85 at step 10, not among the best 1 of the 5 jobs of sweep "
+        f"{jobs[0].sweep_id} at rung 10 (successive halving by 3; the 1st best: 0.9)"
+    )
     assert jobs[4].exit_reason == why
 
     runner = running(db, jobs[5], tmp_path / "b")
@@ -154,5 +182,13 @@ def test_successive_halving_keeps_the_best_third_at_each_rung_judging_a_job_once
     assert jobs[5].cancel_requested and jobs[5].exit_reason is not None
     assert "at rung 30" in jobs[5].exit_reason and "the 1st best: 0.95" in jobs[5].exit_reason
     stopped = db.scalars(select(Event).where(Event.job_id == jobs[5].id, Event.type == "STOPPED_EARLY")).one()
-    assert stopped.data == {"step": 30, "metric": "accuracy", "value": 0.92, "rule": "successive_halving",
-                            "rung": 30, "kept": 1, "compared": 2, "cutoff": 0.95}  # fmt: skip
+    assert stopped.data == {
+        "step": 30,
+        "metric": "accuracy",
+        "value": 0.92,
+        "rule": "successive_halving",
+        "rung": 30,
+        "kept": 1,
+        "compared": 2,
+        "cutoff": 0.95,
+    }

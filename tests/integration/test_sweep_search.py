@@ -37,11 +37,12 @@ def end(job: Job, state: JobState, loss: float | None = None) -> None:
     job.state, job.last_loss = state.value, loss
 
 
-def test_each_next_job_is_proposed_as_others_end_until_its_count(db: Session, client: TestClient,
-                                                                  world: World) -> None:  # fmt: skip
+def test_each_next_job_is_proposed_as_others_end_until_its_count(db: Session, client: TestClient, world: World) -> None:
     sweep = submit(client, world, count=5, initial=2)
-    assert sweep["search"] == ("TPE (tree-structured Parzen estimators): 2 random draws, then each next job's settings "
-                               "proposed from the jobs that ended, 2 at a time, 5 jobs in all")  # fmt: skip
+    assert sweep["search"] == (
+        "TPE (tree-structured Parzen estimators): 2 random draws, then each next job's settings "
+        "proposed from the jobs that ended, 2 at a time, 5 jobs in all"
+    )
     assert sweep["search_closed"] is None and len(sweep["jobs"]) == 2  # type: ignore[arg-type]
     now = utcnow()
     assert cycle(db, now).proposed == []  # both unfinished: 2 at a time
@@ -71,8 +72,9 @@ def test_a_cancelled_search_proposes_nothing_more(db: Session, client: TestClien
     assert cycle(db, utcnow()).proposed == [] and len(jobs_of(db, sweep["id"])) == 1
 
 
-def test_a_proposal_its_submitter_may_no_longer_make_closes_the_search(db: Session, client: TestClient,
-                                                                       world: World) -> None:  # fmt: skip
+def test_a_proposal_its_submitter_may_no_longer_make_closes_the_search(
+    db: Session, client: TestClient, world: World
+) -> None:
     sweep = submit(client, world, count=4, initial=1)
     (job,) = jobs_of(db, sweep["id"])
     end(job, JobState.SUCCEEDED, 1.0)
@@ -80,13 +82,15 @@ def test_a_proposal_its_submitter_may_no_longer_make_closes_the_search(db: Sessi
     db.flush()
     assert cycle(db, utcnow()).proposed == []  # the cycle itself goes on
     shown = client.get(f"/v1/sweeps/{sweep['id']}", headers=world.h("viewer")).json()
-    assert shown["search_closed"] == ("its next job could not be submitted: mark, who submitted the sweep, is no "
-                                      "longer a member of its team")  # fmt: skip
+    assert shown["search_closed"] == (
+        "its next job could not be submitted: mark, who submitted the sweep, is no longer a member of its team"
+    )
     assert len(shown["jobs"]) == 1
 
 
-def test_sweep_finished_waits_for_the_jobs_the_search_is_still_to_propose(db: Session, client: TestClient,
-                                                                          world: World) -> None:  # fmt: skip
+def test_sweep_finished_waits_for_the_jobs_the_search_is_still_to_propose(
+    db: Session, client: TestClient, world: World
+) -> None:
     team_id = jobs_of(db, submit(client, world, count=1, initial=1)["id"])[0].team_id
     db.add(Webhook(team_id=team_id, url="http://127.0.0.1:9/k", secret="whsec_test", events=["sweep_finished"]))
     sweep = submit(client, world, count=3, initial=1)
@@ -102,8 +106,9 @@ def test_sweep_finished_waits_for_the_jobs_the_search_is_still_to_propose(db: Se
     assert db.scalars(select(WebhookDelivery.kind)).all() == ["sweep_finished"]
 
 
-def test_a_search_closed_early_once_its_jobs_all_ended_sends_sweep_finished(db: Session, client: TestClient,
-                                                                            world: World) -> None:  # fmt: skip
+def test_a_search_closed_early_once_its_jobs_all_ended_sends_sweep_finished(
+    db: Session, client: TestClient, world: World
+) -> None:
     """Each job's end heard of jobs still to come, so none sent ``sweep_finished``; a cancel of the sweep, or a
     refused proposal, closes the search with no end left to send it: the close sends it, once."""
     team_id = jobs_of(db, submit(client, world, count=1, initial=1)["id"])[0].team_id
@@ -155,12 +160,15 @@ def test_a_cancel_racing_a_proposal_cancels_the_proposed_job_too() -> None:
             user = User(name="root", is_admin=True)
             db.add(user)
             db.flush()
-            root = Principal(user_id=user.id, name="root", user_is_admin=True,
-                             scopes=frozenset({"read", "write", "admin"}))  # fmt: skip
+            root = Principal(
+                user_id=user.id, name="root", user_is_admin=True, scopes=frozenset({"read", "write", "admin"})
+            )
             teams_svc.create_team(db=db, principal=root, name="alpha", quotas=[teams_svc.Quota("cpu", 4)])
             db.flush()
-            doc = {**spec(team="alpha", name="lr"), "sweep": {"random": SPACE, "search": "tpe", "seed": 3,
-                                                              "count": 4, "initial": 1}}  # fmt: skip
+            doc = {
+                **spec(team="alpha", name="lr"),
+                "sweep": {"random": SPACE, "search": "tpe", "seed": 3, "count": 4, "initial": 1},
+            }
             sweep_id = submit_sweep(db=db, principal=root, document=doc).sweep.id
             (first,) = jobs_of(db, sweep_id)
             end(first, JobState.SUCCEEDED, 1.5)

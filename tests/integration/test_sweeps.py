@@ -27,15 +27,20 @@ def sweep_doc(**section: object) -> dict[str, object]:
 
 def test_a_grid_becomes_one_job_per_combination(client: TestClient, world: World) -> None:
     doc = sweep_doc(grid={"lr": [0.001, 0.003], "steps": [10, 20]}, max_concurrent=2)
-    r = client.post("/v1/sweeps", content=yaml.safe_dump(doc), headers={**world.h("member"),
-                    "Content-Type": "application/yaml"})  # fmt: skip
+    r = client.post(
+        "/v1/sweeps", content=yaml.safe_dump(doc), headers={**world.h("member"), "Content-Type": "application/yaml"}
+    )
     assert r.status_code == 201, r.text
     sweep = r.json()
     assert r.headers["location"] == f"/v1/sweeps/{sweep['id']}"
     assert sweep["keys"] == ["lr", "steps"] and sweep["max_concurrent"] == 2
     assert sorted(j["name"] for j in sweep["jobs"]) == ["lr-0", "lr-1", "lr-2", "lr-3"]
     assert sorted((j["settings"]["lr"], j["settings"]["steps"]) for j in sweep["jobs"]) == [
-        (0.001, 10), (0.001, 20), (0.003, 10), (0.003, 20)]  # fmt: skip
+        (0.001, 10),
+        (0.001, 20),
+        (0.003, 10),
+        (0.003, 20),
+    ]
     one = client.get(f"/v1/jobs/{sweep['jobs'][0]['id']}", headers=world.h("member")).json()
     assert one["spec"]["recipe"]["hyperparameters"]["lr"] == sweep["jobs"][0]["settings"]["lr"]
     listed = client.get("/v1/sweeps", headers=world.h("viewer")).json()
@@ -67,11 +72,19 @@ def test_bad_sweeps_are_refused_with_the_field(client: TestClient, world: World)
 
 @pytest.mark.usefixtures("dispatched")
 def test_at_most_max_concurrent_run_and_the_best_comes_first(db: Session, client: TestClient, world: World) -> None:
-    HostAgent(name="sweep-host", inventory=NoGpus(), cpu_slots=4, address="127.0.0.1",
-              settings=Settings(heartbeat_interval_s=1)).register(db)  # fmt: skip
+    HostAgent(
+        name="sweep-host",
+        inventory=NoGpus(),
+        cpu_slots=4,
+        address="127.0.0.1",
+        settings=Settings(heartbeat_interval_s=1),
+    ).register(db)
     db.commit()
-    r = client.post("/v1/sweeps", json=sweep_doc(list=[{"lr": 0.1}, {"lr": 0.01}, {"lr": 0.001}], max_concurrent=2),
-                    headers=world.h("member"))  # fmt: skip
+    r = client.post(
+        "/v1/sweeps",
+        json=sweep_doc(list=[{"lr": 0.1}, {"lr": 0.01}, {"lr": 0.001}], max_concurrent=2),
+        headers=world.h("member"),
+    )
     assert r.status_code == 201, r.text
     ids = [j["id"] for j in r.json()["jobs"]]
     cycle(db, utcnow() + timedelta(seconds=1))
@@ -80,19 +93,26 @@ def test_at_most_max_concurrent_run_and_the_best_comes_first(db: Session, client
     waiting = next(j for j in jobs.values() if j is not None and j.state == "QUEUED")
     assert waiting.pending_reason == "SweepLimit", waiting.pending_message
 
-    for job, (state, loss) in zip(jobs.values(), (("SUCCEEDED", 2.5), ("SUCCEEDED", 1.9), ("QUEUED", None)),
-                                  strict=True):  # fmt: skip
+    for job, (state, loss) in zip(
+        jobs.values(), (("SUCCEEDED", 2.5), ("SUCCEEDED", 1.9), ("QUEUED", None)), strict=True
+    ):
         assert job is not None
         job.state, job.last_loss = state, loss
     db.flush()
     shown = client.get(f"/v1/sweeps/{r.json()['id']}", headers=world.h("member")).json()
     assert [(j["state"], j["last_loss"]) for j in shown["jobs"]] == [
-        ("SUCCEEDED", 1.9), ("SUCCEEDED", 2.5), ("QUEUED", None)]  # fmt: skip
+        ("SUCCEEDED", 1.9),
+        ("SUCCEEDED", 2.5),
+        ("QUEUED", None),
+    ]
 
 
 def test_random_draws_held_and_ranked_by_their_objective(db: Session, client: TestClient, world: World) -> None:
-    doc = sweep_doc(random={"lr": {"log_uniform": [1e-4, 1e-2]}, "steps": [10, 20]}, count=4,
-                    objective={"metric": "accuracy", "goal": "maximize"})  # fmt: skip
+    doc = sweep_doc(
+        random={"lr": {"log_uniform": [1e-4, 1e-2]}, "steps": [10, 20]},
+        count=4,
+        objective={"metric": "accuracy", "goal": "maximize"},
+    )
     r = client.post("/v1/sweeps", json=doc, params={"hold": "true"}, headers=world.h("member"))
     assert r.status_code == 201, r.text
     sweep = r.json()
@@ -100,17 +120,23 @@ def test_random_draws_held_and_ranked_by_their_objective(db: Session, client: Te
     assert isinstance(seed, int) and sweep["keys"] == ["lr", "steps"] and len(sweep["jobs"]) == 4
     assert sweep["objective"]["metric"] == "accuracy" and sweep["objective"]["goal"] == "maximize"
     assert all(1e-4 <= j["settings"]["lr"] <= 1e-2 and j["settings"]["steps"] in (10, 20) for j in sweep["jobs"])
-    again = client.post("/v1/sweeps", json={**doc, "sweep": {**doc["sweep"], "seed": seed}},  # type: ignore[dict-item]
-                        headers=world.h("member")).json()  # fmt: skip
+    again = client.post(
+        "/v1/sweeps",
+        json={**doc, "sweep": {**doc["sweep"], "seed": seed}},  # type: ignore[dict-item]
+        headers=world.h("member"),
+    ).json()
     assert [j["settings"] for j in again["jobs"]] == [j["settings"] for j in sweep["jobs"]]
     held = client.get("/v1/jobs", params={"sweep": sweep["id"], "held": "true"}, headers=world.h("member")).json()
     assert sorted(j["id"] for j in held["items"]) == sorted(j["id"] for j in sweep["jobs"])
-    assert client.get("/v1/jobs", params={"sweep": again["id"], "held": "true"},
-                      headers=world.h("member")).json()["items"] == []  # fmt: skip
+    assert (
+        client.get("/v1/jobs", params={"sweep": again["id"], "held": "true"}, headers=world.h("member")).json()["items"]
+        == []
+    )
 
     ids = sorted(j["id"] for j in sweep["jobs"])
-    for i, (state, accuracy) in zip(ids, (("SUCCEEDED", 0.91), ("SUCCEEDED", 0.97), ("FAILED", 0.99), ("QUEUED", None)),
-                                     strict=True):  # fmt: skip
+    for i, (state, accuracy) in zip(
+        ids, (("SUCCEEDED", 0.91), ("SUCCEEDED", 0.97), ("FAILED", 0.99), ("QUEUED", None)), strict=True
+    ):
         job = db.get(Job, i)
         assert job is not None
         job.state, job.last_loss = state, 1.0
@@ -139,7 +165,7 @@ def test_a_sweeps_curves_are_each_jobs_objective_over_its_steps(db: Session, cli
         (second, 10, 0.6),
         (second, 20, 0.9),
         (first, 20, 0.75),
-    ):  # fmt: skip  (a step again after a resume: the latest counts)
+    ):  # a step again after a resume: the latest counts
         record_event(db, "EVALUATION", job=job, data={"step": step, "metrics": {"accuracy": accuracy, "f1": 0.1}})
         job.eval_metrics = {"step": step, "metrics": {"accuracy": accuracy}}
     db.flush()
@@ -148,7 +174,7 @@ def test_a_sweeps_curves_are_each_jobs_objective_over_its_steps(db: Session, cli
     assert [(c["job_id"], c["points"]) for c in shown["curves"]] == [
         (second.id, [[10, 0.6], [20, 0.9]]),
         (first.id, [[10, 0.5], [20, 0.75]]),
-    ]  # fmt: skip  (best first)
+    ]  # best first
     assert client.get(f"/v1/sweeps/{sweep['id']}/curves", headers=world.h("beta-member")).status_code == 404
 
     doc = {**sweep_doc(list=[{"lr": 0.1}]), "steps": 1000}
@@ -165,8 +191,9 @@ def test_a_sweeps_curves_are_each_jobs_objective_over_its_steps(db: Session, cli
 
 
 def test_a_sweep_is_held_released_and_cancelled_as_one(db: Session, client: TestClient, world: World) -> None:
-    sweep = client.post("/v1/sweeps", json=sweep_doc(list=[{"lr": 0.1}, {"lr": 0.01}, {"lr": 0.001}]),
-                        headers=world.h("member")).json()  # fmt: skip
+    sweep = client.post(
+        "/v1/sweeps", json=sweep_doc(list=[{"lr": 0.1}, {"lr": 0.01}, {"lr": 0.001}]), headers=world.h("member")
+    ).json()
     ids = sorted(j["id"] for j in sweep["jobs"])
     path = f"/v1/sweeps/{sweep['id']}"
     assert client.post(f"{path}/hold", headers=world.h("viewer")).status_code == 403  # nothing changed

@@ -111,12 +111,16 @@ def test_private_targets_are_refused_unless_allowed(client: TestClient, world: W
 
 def test_cancel_writes_the_delivery_with_its_event(hooks_client: TestClient, hooks_world: World, db: Session) -> None:
     alpha_job = hooks_world.jobs["alpha"]
-    hook = hooks_client.post("/v1/webhooks", json={"team": "alpha", "url": "http://127.0.0.1:9/k",
-                                                   "events": ["cancelled"]},
-                             headers=hooks_world.h("team-admin")).json()  # fmt: skip
-    other = hooks_client.post("/v1/webhooks", json={"team": "alpha", "url": "http://127.0.0.1:9/k",
-                                                    "events": ["finished"]},
-                              headers=hooks_world.h("team-admin")).json()  # fmt: skip
+    hook = hooks_client.post(
+        "/v1/webhooks",
+        json={"team": "alpha", "url": "http://127.0.0.1:9/k", "events": ["cancelled"]},
+        headers=hooks_world.h("team-admin"),
+    ).json()
+    other = hooks_client.post(
+        "/v1/webhooks",
+        json={"team": "alpha", "url": "http://127.0.0.1:9/k", "events": ["finished"]},
+        headers=hooks_world.h("team-admin"),
+    ).json()
     assert hooks_client.post(f"/v1/jobs/{alpha_job}/cancel", headers=hooks_world.h("member")).status_code == 202
     rows = hooks_client.get(f"/v1/webhooks/{hook['id']}/deliveries", headers=hooks_world.h("team-admin")).json()[
         "items"
@@ -139,13 +143,19 @@ def test_a_sweep_tells_its_teams_hooks_once_its_last_job_ended(
     from tests.support.api import spec
 
     h = hooks_world.h("team-admin")
-    hook = hooks_client.post("/v1/webhooks", json={"team": "alpha", "url": "http://127.0.0.1:9/k",
-                                                   "events": ["sweep_finished"]}, headers=h).json()  # fmt: skip
-    refused = hooks_client.post("/v1/webhooks", json={"job_id": hooks_world.jobs["alpha"], "url": "http://127.0.0.1:9/k",
-                                                      "events": ["sweep_finished"]}, headers=h)  # fmt: skip
+    hook = hooks_client.post(
+        "/v1/webhooks", json={"team": "alpha", "url": "http://127.0.0.1:9/k", "events": ["sweep_finished"]}, headers=h
+    ).json()
+    refused = hooks_client.post(
+        "/v1/webhooks",
+        json={"job_id": hooks_world.jobs["alpha"], "url": "http://127.0.0.1:9/k", "events": ["sweep_finished"]},
+        headers=h,
+    )
     assert refused.status_code == 422 and "team's hooks" in refused.text
-    section = {"list": [{"lr": 0.1}, {"lr": 0.01}, {"lr": 0.001}], "objective": {"metric": "accuracy",
-                                                                                  "goal": "maximize"}}  # fmt: skip
+    section = {
+        "list": [{"lr": 0.1}, {"lr": 0.01}, {"lr": 0.001}],
+        "objective": {"metric": "accuracy", "goal": "maximize"},
+    }
     doc = {**spec(team="alpha", name="search"), "sweep": section}
     sweep = hooks_client.post("/v1/sweeps", json=doc, headers=hooks_world.h("member")).json()
     jobs = [db.get(Job, j["id"]) for j in sorted(sweep["jobs"], key=lambda j: j["id"])]
@@ -175,8 +185,11 @@ def test_a_sweep_tells_its_teams_hooks_once_its_last_job_ended(
 
 def test_a_rolled_back_event_leaves_no_delivery(hooks_client: TestClient, hooks_world: World, db: Session) -> None:
     """The outbox row and its event commit or vanish together."""
-    hooks_client.post("/v1/webhooks", json={"team": "alpha", "url": "http://127.0.0.1:9/k", "events": ["failed"]},
-                      headers=hooks_world.h("team-admin"))  # fmt: skip
+    hooks_client.post(
+        "/v1/webhooks",
+        json={"team": "alpha", "url": "http://127.0.0.1:9/k", "events": ["failed"]},
+        headers=hooks_world.h("team-admin"),
+    )
     job = db.get(Job, hooks_world.jobs["alpha"])
     assert job is not None
     before = db.scalars(select(WebhookDelivery.id)).all()
@@ -258,15 +271,21 @@ def _hook_with_jobs(factory: sessionmaker[Session], url: str, n: int, fmt: str =
 
 def _deliveries(factory: sessionmaker[Session], hook_id: int) -> list[WebhookDelivery]:
     with factory() as db:
-        return list(db.scalars(select(WebhookDelivery).where(WebhookDelivery.webhook_id == hook_id)
-                               .order_by(WebhookDelivery.id)).all())  # fmt: skip
+        return list(
+            db.scalars(
+                select(WebhookDelivery).where(WebhookDelivery.webhook_id == hook_id).order_by(WebhookDelivery.id)
+            ).all()
+        )
 
 
 def _make_due(factory: sessionmaker[Session], hook_id: int) -> None:
     """Time passes: the hook's waiting deliveries are due now (no test waits on the wall clock)."""
     with factory() as db:
-        db.execute(update(WebhookDelivery).where(WebhookDelivery.webhook_id == hook_id)
-                   .values(next_attempt_at=utcnow() - timedelta(seconds=1)))  # fmt: skip
+        db.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.webhook_id == hook_id)
+            .values(next_attempt_at=utcnow() - timedelta(seconds=1))
+        )
         db.commit()
 
 
@@ -285,8 +304,10 @@ def test_deliveries_are_signed_and_go_in_order(outbox_db: sessionmaker[Session],
         assert headers["Kiln-Event"] == "failed"
     first = receiver.bodies()[0]
     assert first["kind"] == "failed" and first["job"]["team"] == team and first["event"]["message"] == "failure 0"
-    assert all(d.status == "delivered" and d.attempts == 1 and d.last_status_code == 200
-               for d in _deliveries(outbox_db, hook_id))  # fmt: skip
+    assert all(
+        d.status == "delivered" and d.attempts == 1 and d.last_status_code == 200
+        for d in _deliveries(outbox_db, hook_id)
+    )
 
 
 def test_a_replayed_signature_is_refused() -> None:
@@ -367,8 +388,9 @@ def test_sla_violations_and_restarts_notify(outbox_db: sessionmaker[Session]) ->
         transition(db, job, JobState.LOST, message="host died")
         transition(db, job, JobState.QUEUED, message="requeued")
         db.flush()
-        kinds = db.scalars(select(WebhookDelivery.kind).join(Webhook).where(Webhook.team_id == team.id)
-                           .order_by(WebhookDelivery.id)).all()  # fmt: skip
+        kinds = db.scalars(
+            select(WebhookDelivery.kind).join(Webhook).where(Webhook.team_id == team.id).order_by(WebhookDelivery.id)
+        ).all()
         assert kinds == ["sla_violation", "restarted"]
         db.rollback()
 
@@ -393,8 +415,17 @@ def test_two_last_jobs_of_a_sweep_ending_at_once_tell_it_once(outbox_db: session
         db.flush()
         qos = db.scalars(select(QosClass)).first()
         assert qos is not None
-        jobs = [Job(name=f"both-{i}", team_id=team.id, spec={}, qos_class_id=qos.id, sweep_id=sweep.id,
-                    state=JobState.RUNNING.value) for i in range(2)]  # fmt: skip
+        jobs = [
+            Job(
+                name=f"both-{i}",
+                team_id=team.id,
+                spec={},
+                qos_class_id=qos.id,
+                sweep_id=sweep.id,
+                state=JobState.RUNNING.value,
+            )
+            for i in range(2)
+        ]
         db.add_all(jobs)
         db.commit()
         ids, hook_id = [j.id for j in jobs], hook.id

@@ -50,8 +50,17 @@ def _job(client: TestClient, world: World, db: Session, **fields: Any) -> Job:
 
 def _running(db: Session, job: Job, started: datetime, slots: int = 1, **attempt: Any) -> None:
     job.state, job.admitted_at, job.started_at = "RUNNING", started, started
-    db.add(Attempt(job_id=job.id, number=1, fencing_token=job.fencing_token, placement=[{"host": "h1", "slots": slots}],
-                   state="RUNNING", started_at=started, **attempt))  # fmt: skip
+    db.add(
+        Attempt(
+            job_id=job.id,
+            number=1,
+            fencing_token=job.fencing_token,
+            placement=[{"host": "h1", "slots": slots}],
+            state="RUNNING",
+            started_at=started,
+            **attempt,
+        )
+    )
     db.flush()
 
 
@@ -118,8 +127,9 @@ def test_measured_progress_sets_a_running_jobs_end(setup: Any, db: Session) -> N
     now = utcnow()
     busy = _job(client, world, db, name="busy", steps=1000, time_limit_s=7200, resources={"gpus": 0, "cpu_slots": 3})
     busy.last_step = 100
-    _running(db, busy, now - timedelta(seconds=120), slots=3, first_step_at=now - timedelta(seconds=100),
-             heartbeat_at=now)  # fmt: skip
+    _running(
+        db, busy, now - timedelta(seconds=120), slots=3, first_step_at=now - timedelta(seconds=100), heartbeat_at=now
+    )
     waiting = _job(client, world, db, name="waiting")
     data = _why(client, world, waiting)
     # 900 steps left at 1 step/s: 900 s; the latest at the slowest pace kiln plans on (1.3x), within its limit
@@ -148,8 +158,11 @@ def test_reasons_that_no_clock_bounds_say_so(setup: Any, db: Session) -> None:
     client, world = setup
     job = _job(client, world, db, name="free")
     assert _near(_at(_why(client, world, job)), utcnow())  # not planned yet, and the slots are free: now
-    for reason, words in (("Dependency", "whether they succeed"), ("Budget", "GPU-hour budget"),
-                          ("Held", "it is held")):  # fmt: skip
+    for reason, words in (
+        ("Dependency", "whether they succeed"),
+        ("Budget", "GPU-hour budget"),
+        ("Held", "it is held"),
+    ):
         job.pending_reason = reason
         db.flush()
         data = _why(client, world, job)

@@ -53,8 +53,15 @@ def test_concurrent_deliveries_exactly_one_claims() -> None:
             barrier.wait()
             with maker() as db:
                 try:
-                    claim(db, attempt_id=attempt_id, token=token, node_rank=0, host="race", delivery=f"d{i}",
-                          settings=settings)  # fmt: skip
+                    claim(
+                        db,
+                        attempt_id=attempt_id,
+                        token=token,
+                        node_rank=0,
+                        host="race",
+                        delivery=f"d{i}",
+                        settings=settings,
+                    )
                     results.append("won")
                 except Refused:
                     results.append("refused")
@@ -80,8 +87,9 @@ def test_concurrent_deliveries_exactly_one_claims() -> None:
 @pytest.mark.timeout(180)
 def test_embedded_default_runs_the_main_job(tmp_path: Path) -> None:
     spec = yaml.safe_load((ROOT / "examples" / "gpt-tiny.yaml").read_text())
-    with cluster(tmp_path, database_url=f"sqlite:///{tmp_path}/kiln.db",
-                 broker_url=f"sqla+sqlite:///{tmp_path}/broker.db") as c:  # fmt: skip
+    with cluster(
+        tmp_path, database_url=f"sqlite:///{tmp_path}/kiln.db", broker_url=f"sqla+sqlite:///{tmp_path}/broker.db"
+    ) as c:
         c.start_worker("laptop", cpu_slots=1)
         maker = c.sessionmaker()
         with maker() as db:
@@ -139,8 +147,9 @@ def test_a_registered_hosts_queue_already_exists_on_the_embedded_broker(tmp_path
     declares its queue before it registers, so a host the scheduler can see always has its queue."""
     import sqlite3
 
-    with cluster(tmp_path, database_url=f"sqlite:///{tmp_path}/kiln.db",
-                 broker_url=f"sqla+sqlite:///{tmp_path}/broker.db") as c:  # fmt: skip
+    with cluster(
+        tmp_path, database_url=f"sqlite:///{tmp_path}/kiln.db", broker_url=f"sqla+sqlite:///{tmp_path}/broker.db"
+    ) as c:
         name = c.start_worker("fresh", cpu_slots=1)
         maker = c.sessionmaker()
 

@@ -47,8 +47,15 @@ def _events(db: Session, job: Job, type_: str) -> list[Event]:
 def _running(db: Session, host: Host, *, max_restarts: int = 3) -> tuple[Job, Attempt]:
     job = submit(db, tiny_spec(f"j{host.name}"), max_restarts=max_restarts)
     attempt = admit(db, job, host)
-    claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name, delivery="d1",
-          settings=SETTINGS)  # fmt: skip
+    claim(
+        db,
+        attempt_id=attempt.id,
+        token=attempt.fencing_token,
+        node_rank=0,
+        host=host.name,
+        delivery="d1",
+        settings=SETTINGS,
+    )
     return job, attempt
 
 
@@ -122,11 +129,13 @@ def test_a_new_worker_process_ends_the_attempts_its_predecessor_claimed(
     host = _host(db, "rec-o")
     job, attempt = _running(db, host)
     assert attempt.placement[0]["worker"] == "first"
-    same = HostAgent(name="rec-o", inventory=NoGpus(), cpu_slots=2, address=None, settings=SETTINGS,
-                     incarnation="first")  # fmt: skip
+    same = HostAgent(
+        name="rec-o", inventory=NoGpus(), cpu_slots=2, address=None, settings=SETTINGS, incarnation="first"
+    )
     assert same.end_orphans(db) == []  # a re-registration by the same process ends nothing
-    restarted = HostAgent(name="rec-o", inventory=NoGpus(), cpu_slots=2, address=None, settings=SETTINGS,
-                          incarnation="second")  # fmt: skip
+    restarted = HostAgent(
+        name="rec-o", inventory=NoGpus(), cpu_slots=2, address=None, settings=SETTINGS, incarnation="second"
+    )
     restarted.register(db)
     db.flush()
     assert attempt.state == "LOST" and job.state == "QUEUED" and job.restart_count == 1
@@ -169,16 +178,37 @@ def test_stale_token_and_second_claim_are_refused_with_events(db: Session) -> No
     host = _host(db, "rec-e")
     job, attempt = _running(db, host)
     with pytest.raises(Refused, match="already started"):
-        claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name, delivery="d2",
-              settings=SETTINGS)  # fmt: skip
+        claim(
+            db,
+            attempt_id=attempt.id,
+            token=attempt.fencing_token,
+            node_rank=0,
+            host=host.name,
+            delivery="d2",
+            settings=SETTINGS,
+        )
     with pytest.raises(Refused, match="stale fencing token"):
-        claim(db, attempt_id=attempt.id, token=attempt.fencing_token + 7, node_rank=0, host=host.name,
-              delivery="d3", settings=SETTINGS)  # fmt: skip
+        claim(
+            db,
+            attempt_id=attempt.id,
+            token=attempt.fencing_token + 7,
+            node_rank=0,
+            host=host.name,
+            delivery="d3",
+            settings=SETTINGS,
+        )
     with pytest.raises(Refused, match="placed on"):
         job2 = submit(db, tiny_spec("elsewhere"))
         a2 = admit(db, job2, host)
-        claim(db, attempt_id=a2.id, token=a2.fencing_token, node_rank=0, host="not-this-host", delivery="d4",
-              settings=SETTINGS)  # fmt: skip
+        claim(
+            db,
+            attempt_id=a2.id,
+            token=a2.fencing_token,
+            node_rank=0,
+            host="not-this-host",
+            delivery="d4",
+            settings=SETTINGS,
+        )
     refused = _events(db, job, "DELIVERY_REFUSED")
     assert [e.data["delivery"] for e in refused] == ["d2", "d3"]
 
@@ -192,8 +222,15 @@ def test_recovery_time_recorded_against_the_objective(db: Session) -> None:
     lost = _events(db, job, "LOST")[0]
     job.not_before = None
     second = admit(db, job, host)
-    claim(db, attempt_id=second.id, token=second.fencing_token, node_rank=0, host=host.name, delivery="d5",
-          settings=SETTINGS)  # fmt: skip
+    claim(
+        db,
+        attempt_id=second.id,
+        token=second.fencing_token,
+        node_rank=0,
+        host=host.name,
+        delivery="d5",
+        settings=SETTINGS,
+    )
     second.first_step_at = lost.created_at + timedelta(seconds=7.5)
     second.resumed_from_step = 20
     reconcile(db=db, now=utcnow(), settings=SETTINGS, dispatch=dispatch_attempt)  # the second attempt's lease is fresh
@@ -207,15 +244,31 @@ def test_recovery_time_recorded_against_the_objective(db: Session) -> None:
 
 
 def test_gpu_xid_error_excludes_the_host_until_its_time_is_served(db: Session, tmp_path: Path) -> None:
-    gpu = {"uuid": "GPU-replay-0", "index": 0, "model": "NVIDIA H200", "memory_bytes": 141 * 2**30,
-           "mig_mode": False, "pcie_gen": 5, "nvlink_peers": []}  # fmt: skip
-    clean = {"uuid": "GPU-replay-0", "ts": 1.0, "utilization_pct": 90.0, "memory_used_bytes": 2**30,
-             "pcie_tx_bytes_per_s": 1e9, "pcie_rx_bytes_per_s": 1e9, "nvlink_tx_bytes_per_s": None,
-             "nvlink_rx_bytes_per_s": None, "temperature_c": 50.0, "ecc_uncorrected": 0, "xid_errors": []}  # fmt: skip
+    gpu = {
+        "uuid": "GPU-replay-0",
+        "index": 0,
+        "model": "NVIDIA H200",
+        "memory_bytes": 141 * 2**30,
+        "mig_mode": False,
+        "pcie_gen": 5,
+        "nvlink_peers": [],
+    }
+    clean = {
+        "uuid": "GPU-replay-0",
+        "ts": 1.0,
+        "utilization_pct": 90.0,
+        "memory_used_bytes": 2**30,
+        "pcie_tx_bytes_per_s": 1e9,
+        "pcie_rx_bytes_per_s": 1e9,
+        "nvlink_tx_bytes_per_s": None,
+        "nvlink_rx_bytes_per_s": None,
+        "temperature_c": 50.0,
+        "ecc_uncorrected": 0,
+        "xid_errors": [],
+    }
     recording = tmp_path / "nvml.json"
     recording.write_text(json.dumps({"gpus": [gpu], "samples": [[clean], [{**clean, "xid_errors": [79]}]]}))
-    agent = HostAgent(name="rec-gpu", inventory=NVMLReplay(recording), cpu_slots=0, address=None,
-                      settings=SETTINGS)  # fmt: skip
+    agent = HostAgent(name="rec-gpu", inventory=NVMLReplay(recording), cpu_slots=0, address=None, settings=SETTINGS)
     host = agent.register(db)
     db.flush()
     assert [(g.model, g.name) for g in host.gpus] == [("H200", "NVIDIA H200")] and host.cpu_slots == 0
@@ -242,15 +295,28 @@ def test_attempt_env_enforces_the_qos_caps_on_gpus(db: Session, monkeypatch: pyt
     monkeypatch.setenv("TRITON_CACHE_DIR", "/root/.cache/triton")
     silver = db.scalars(select(QosClass).where(QosClass.name == "silver")).one()
     silver.gpu_memory_cap_bytes, silver.sm_percent = 4 * 10**9, 60  # an admin's caps (the seeded silver has none)
-    gpus = [GPU(uuid=f"GPU-{i}", index=i, model="H200", memory_bytes=140 * 10**9, host_id=0,
-                nvlink_peers=["x"]) for i in range(2)]  # fmt: skip
-    claimed = Claimed(job_id=5, team_id=1, attempt_number=2, spec={}, placement=[], gpus=gpus, qos=silver,
-                      host_links={"pcie_bytes_per_s": 64 * 10**9}, rendezvous=None, ran_before_s=0.0,
-                      deployment="d")  # fmt: skip
+    gpus = [
+        GPU(uuid=f"GPU-{i}", index=i, model="H200", memory_bytes=140 * 10**9, host_id=0, nvlink_peers=["x"])
+        for i in range(2)
+    ]
+    claimed = Claimed(
+        job_id=5,
+        team_id=1,
+        attempt_number=2,
+        spec={},
+        placement=[],
+        gpus=gpus,
+        qos=silver,
+        host_links={"pcie_bytes_per_s": 64 * 10**9},
+        rendezvous=None,
+        ran_before_s=0.0,
+        deployment="d",
+    )
     monkeypatch.setattr(tasks.os, "sched_getaffinity", lambda pid: set(range(128)))
     monkeypatch.setattr(tasks, "HOST_GPUS", 8)
-    env = attempt_env(claimed, attempt_id=9, token=4, checkpoint_dir=Path("/c"), compile_dir=Path("/k"),
-                      lease_file=Path("/r/lease"))  # fmt: skip
+    env = attempt_env(
+        claimed, attempt_id=9, token=4, checkpoint_dir=Path("/c"), compile_dir=Path("/k"), lease_file=Path("/r/lease")
+    )
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-0,GPU-1"
     assert env["KILN_FENCING_TOKEN"] == "4" and env["KILN_CHECKPOINT_DIR"] == "/c"
     assert float(env["KILN_GPU_MEMORY_FRACTION"]) == pytest.approx(4e9 / 140e9, rel=1e-4)  # silver: 4 GB
@@ -261,9 +327,21 @@ def test_attempt_env_enforces_the_qos_caps_on_gpus(db: Session, monkeypatch: pyt
     assert env["OMP_NUM_THREADS"] == "16"  # each rank: 128 cores / 8 GPUs
     assert env["KILN_LEASE_FILE"] == "/r/lease" and env["KILN_TEST_HOOKS"] == '{"sleep_per_step_s": 0.1}'
     assert "TORCHINDUCTOR_CACHE_DIR" not in env and "TRITON_CACHE_DIR" not in env  # the trainer's: in /k
-    assert not any(k.startswith("KILN_") and k not in (
-        "KILN_FENCING_TOKEN", "KILN_CHECKPOINT_DIR", "KILN_COMPILE_CACHE_DIR", "KILN_JOB_ID", "KILN_ATTEMPT_ID",
-        "KILN_GPU_MEMORY_FRACTION", "KILN_LEASE_FILE", "KILN_TEST_HOOKS") for k in env)  # fmt: skip
+    assert not any(
+        k.startswith("KILN_")
+        and k
+        not in (
+            "KILN_FENCING_TOKEN",
+            "KILN_CHECKPOINT_DIR",
+            "KILN_COMPILE_CACHE_DIR",
+            "KILN_JOB_ID",
+            "KILN_ATTEMPT_ID",
+            "KILN_GPU_MEMORY_FRACTION",
+            "KILN_LEASE_FILE",
+            "KILN_TEST_HOOKS",
+        )
+        for k in env
+    )
 
 
 def test_backoff_escalates_only_while_attempts_do_not_train(db: Session) -> None:
@@ -278,8 +356,15 @@ def test_backoff_escalates_only_while_attempts_do_not_train(db: Session) -> None
         backoffs.append(_events(db, job, "QUEUED")[-1].data["backoff_s"])
         job.not_before = None
         attempt = admit(db, job, host)
-        claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
-              delivery=f"g{i}", settings=SETTINGS)  # fmt: skip
+        claim(
+            db,
+            attempt_id=attempt.id,
+            token=attempt.fencing_token,
+            node_rank=0,
+            host=host.name,
+            delivery=f"g{i}",
+            settings=SETTINGS,
+        )
     attempt.first_step_at = t  # this one trains: losing its host is not the job's fault
     attempt.resumed_from_step = 0
     job.last_step = 5
@@ -346,12 +431,18 @@ def test_a_scheduler_that_did_not_see_the_outage_honours_the_recorded_grace(db: 
     now = utcnow() + timedelta(seconds=SETTINGS.lease_s + 5)  # the attempt's lease has expired
     host.last_heartbeat_at = now
     grace_until = now + timedelta(seconds=30)
-    record_event(db, "DATABASE_BACK", message="recorded by the scheduler that saw it",
-                 data={"grace_until": grace_until.isoformat(), "grace_s": 30.0})  # fmt: skip
+    record_event(
+        db,
+        "DATABASE_BACK",
+        message="recorded by the scheduler that saw it",
+        data={"grace_until": grace_until.isoformat(), "grace_s": 30.0},
+    )
     try:
         actions = reconcile(db=db, now=now, settings=SETTINGS, dispatch=dispatch_attempt)
-        assert actions == [f"database back before this scheduler: grace for leases and hosts until "
-                           f"{grace_until.isoformat(timespec='seconds')}"]  # fmt: skip
+        assert actions == [
+            f"database back before this scheduler: grace for leases and hosts until "
+            f"{grace_until.isoformat(timespec='seconds')}"
+        ]
         assert attempt.state == "RUNNING" and job.state == "RUNNING"
         assert len(_events(db, job, "LOST")) == 0
         assert len(db.scalars(select(Event).where(Event.type == "DATABASE_BACK")).all()) == 1  # not recorded again
@@ -414,14 +505,22 @@ def test_a_gang_is_lost_when_one_node_goes_silent_though_the_other_renews(db: Se
 
     hosts = [_host(db, f"rec-gang-{i}", slots=1) for i in range(2)]
     job = submit(db, {**tiny_spec("gang"), "resources": {"gpus": 0, "cpu_slots": 2}})
-    entries = tuple(PlacementEntry(host=h.name, queue=h.queue, gpus=(), slots=1, node_rank=i)
-                    for i, h in enumerate(hosts))  # fmt: skip
+    entries = tuple(
+        PlacementEntry(host=h.name, queue=h.queue, gpus=(), slots=1, node_rank=i) for i, h in enumerate(hosts)
+    )
     assert apply_all(db=db, decisions=Decisions(admissions=(Admission(job.id, entries),)), now=utcnow()).admitted
     attempt = job.attempts[-1]
     t0 = utcnow()
     for i, h in enumerate(hosts):
-        claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=i, host=h.name, delivery=f"d{i}",
-              settings=SETTINGS)  # fmt: skip
+        claim(
+            db,
+            attempt_id=attempt.id,
+            token=attempt.fencing_token,
+            node_rank=i,
+            host=h.name,
+            delivery=f"d{i}",
+            settings=SETTINGS,
+        )
     # Node 0's worker goes on renewing (its heartbeat calls this) for 15 s; node 1's host went silent at its claim.
     for dt in range(1, 16):
         renew_lease(attempt, node_rank=0, now=t0 + timedelta(seconds=dt), lease_s=SETTINGS.lease_s)
@@ -440,12 +539,24 @@ def test_attempt_env_of_a_gpu_share_caps_it_and_puts_best_effort_below_normal_pr
     kernels are scheduled first (the H200's gold job kept 0.72x of alone beside a 30% share at equal priority)."""
     gpu = GPU(uuid="GPU-0", index=0, model="H200", memory_bytes=140 * 2**30, host_id=0, nvlink_peers=[])
     share = {"memory_bytes": 24 * 2**30, "sm_percent": 30, "guaranteed": guaranteed}
-    claimed = Claimed(job_id=5, team_id=1, attempt_number=1, spec={}, placement=[{"share": share}], gpus=[gpu],
-                      qos=None, host_links={}, rendezvous=None, ran_before_s=0.0, deployment="d")  # fmt: skip
+    claimed = Claimed(
+        job_id=5,
+        team_id=1,
+        attempt_number=1,
+        spec={},
+        placement=[{"share": share}],
+        gpus=[gpu],
+        qos=None,
+        host_links={},
+        rendezvous=None,
+        ran_before_s=0.0,
+        deployment="d",
+    )
     monkeypatch.setattr(tasks.os, "sched_getaffinity", lambda pid: set(range(16)))  # the H200 host's 16 cores
     monkeypatch.setattr(tasks, "HOST_GPUS", 1)
-    env = attempt_env(claimed, attempt_id=9, token=4, checkpoint_dir=Path("/c"), compile_dir=Path("/k"),
-                      lease_file=Path("/r/lease"))  # fmt: skip
+    env = attempt_env(
+        claimed, attempt_id=9, token=4, checkpoint_dir=Path("/c"), compile_dir=Path("/k"), lease_file=Path("/r/lease")
+    )
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=24576M"
     assert float(env["KILN_GPU_MEMORY_FRACTION"]) == pytest.approx(24 / 140, rel=1e-4)

@@ -32,19 +32,37 @@ SETTINGS = Settings(lease_s=10.0, heartbeat_interval_s=1.0)
 
 
 def _checkpoint(step: int, loss: float, **kw: Any) -> dict[str, Any]:
-    return {"kind": "checkpoint", "rank": 0, "ts": time.time(), "step": step, "path": f"/c/step_{step:08d}",
-            "bytes": 100, "sha256": f"{step:064d}", "verified": True, "loss": loss, **kw}  # fmt: skip
+    return {
+        "kind": "checkpoint",
+        "rank": 0,
+        "ts": time.time(),
+        "step": step,
+        "path": f"/c/step_{step:08d}",
+        "bytes": 100,
+        "sha256": f"{step:064d}",
+        "verified": True,
+        "loss": loss,
+        **kw,
+    }
 
 
 def _claimed(db: Session, host_name: str, job_name: str) -> tuple[Host, Job, Attempt, Claimed]:
     """A job admitted on a new host and its attempt claimed, as a worker does before it launches the trainer."""
-    host = HostAgent(name=host_name, inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
-                     settings=SETTINGS).register(db)  # fmt: skip
+    host = HostAgent(name=host_name, inventory=NoGpus(), cpu_slots=2, address="127.0.0.1", settings=SETTINGS).register(
+        db
+    )
     db.flush()
     job = submit(db, tiny_spec(job_name, steps=60))
     attempt = admit(db, job, host)
-    claimed = claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
-                    delivery="d1", settings=SETTINGS)  # fmt: skip
+    claimed = claim(
+        db,
+        attempt_id=attempt.id,
+        token=attempt.fencing_token,
+        node_rank=0,
+        host=host.name,
+        delivery="d1",
+        settings=SETTINGS,
+    )
     return host, job, attempt, claimed
 
 
@@ -65,16 +83,42 @@ def test_a_resume_that_trains_no_step_records_its_checkpoints_step_and_loss(db: 
     assert job.last_step == 25 and job.state == "QUEUED"
 
     second = admit(db, job, host)
-    claimed = claim(db, attempt_id=second.id, token=second.fencing_token, node_rank=0, host=host.name,
-                    delivery="d2", settings=SETTINGS)  # fmt: skip
+    claimed = claim(
+        db,
+        attempt_id=second.id,
+        token=second.fencing_token,
+        node_rank=0,
+        host=host.name,
+        delivery="d2",
+        settings=SETTINGS,
+    )
     proc = TrainerProcess([], env={}, log_path=tmp_path / "2.log", run_dir=tmp_path / "run", cwd=tmp_path)
-    runner = AttemptRunner(attempt_id=second.id, token=second.fencing_token, node_rank=0, host=host.name,
-                           settings=SETTINGS, claimed=claimed, proc=proc)  # fmt: skip
+    runner = AttemptRunner(
+        attempt_id=second.id,
+        token=second.fencing_token,
+        node_rank=0,
+        host=host.name,
+        settings=SETTINGS,
+        claimed=claimed,
+        proc=proc,
+    )
     # It resumed from the lost attempt's final checkpoint, had no step left to train, and finished.
     created = time.time() - 30
-    runner.buffer = [{"kind": "resumed", "rank": 0, "ts": time.time(), "step": 60, "loss": 2.5,
-                      "token": first.fencing_token, "path": "/c/step_00000060", "bytes": 100,
-                      "sha256": "f" * 64, "created": created, "tier": "durable"}]  # fmt: skip
+    runner.buffer = [
+        {
+            "kind": "resumed",
+            "rank": 0,
+            "ts": time.time(),
+            "step": 60,
+            "loss": 2.5,
+            "token": first.fencing_token,
+            "path": "/c/step_00000060",
+            "bytes": 100,
+            "sha256": "f" * 64,
+            "created": created,
+            "tier": "durable",
+        }
+    ]
     runner.relay_state.done = {"kind": "done", "rank": 0, "steps": 60, "final_loss": 2.5}
     runner._report(db, Outcome(ExitClass.SUCCEEDED, "succeeded"), 0)
 
@@ -89,8 +133,7 @@ def test_a_resume_that_trains_no_step_records_its_checkpoints_step_and_loss(db: 
 
 
 def test_rows_past_a_resume_or_a_rollback_are_forgotten(db: Session) -> None:
-    host = HostAgent(name="rep-b", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1",
-                     settings=SETTINGS).register(db)  # fmt: skip
+    host = HostAgent(name="rep-b", inventory=NoGpus(), cpu_slots=2, address="127.0.0.1", settings=SETTINGS).register(db)
     db.flush()
     job = submit(db, tiny_spec("rolled-back", steps=60))
     attempt = admit(db, job, host)
@@ -101,8 +144,14 @@ def test_rows_past_a_resume_or_a_rollback_are_forgotten(db: Session) -> None:
     relay(db, job=job, attempt=attempt, state=state, records=[resumed])
     assert sorted(db.scalars(select(Checkpoint.step).where(Checkpoint.job_id == job.id))) == [10, 20]
     assert (job.last_step, job.last_loss) == (20, 3.8)
-    rolled = {"kind": "event", "rank": 0, "ts": time.time(), "type": "ROLLED_BACK", "message": "rolled back",
-              "fields": {"to_step": 10, "removed_checkpoints": [20]}}  # fmt: skip
+    rolled = {
+        "kind": "event",
+        "rank": 0,
+        "ts": time.time(),
+        "type": "ROLLED_BACK",
+        "message": "rolled back",
+        "fields": {"to_step": 10, "removed_checkpoints": [20]},
+    }
     relay(db, job=job, attempt=attempt, state=state, records=[rolled])
     assert sorted(db.scalars(select(Checkpoint.step).where(Checkpoint.job_id == job.id))) == [10]
 
@@ -110,16 +159,31 @@ def test_rows_past_a_resume_or_a_rollback_are_forgotten(db: Session) -> None:
 def test_a_report_whose_commit_failed_relays_its_final_checkpoint_again(db: Session, tmp_path: Path) -> None:
     """The chaos test's PostgreSQL stop hit an attempt's final report at its commit: the retry found the telemetry
     buffer already emptied and the final checkpoint, verified on disk, was never listed."""
-    host = HostAgent(name="rep-retry", inventory=NoGpus(), cpu_slots=1, address="127.0.0.1",
-                     settings=SETTINGS).register(db)  # fmt: skip
+    host = HostAgent(
+        name="rep-retry", inventory=NoGpus(), cpu_slots=1, address="127.0.0.1", settings=SETTINGS
+    ).register(db)
     db.flush()
     job = submit(db, tiny_spec("retried-report", steps=60))
     attempt = admit(db, job, host)
-    claimed = claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
-                    delivery="d1", settings=SETTINGS)  # fmt: skip
+    claimed = claim(
+        db,
+        attempt_id=attempt.id,
+        token=attempt.fencing_token,
+        node_rank=0,
+        host=host.name,
+        delivery="d1",
+        settings=SETTINGS,
+    )
     proc = TrainerProcess([], env={}, log_path=tmp_path / "1.log", run_dir=tmp_path / "run", cwd=tmp_path)
-    runner = AttemptRunner(attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
-                           settings=SETTINGS, claimed=claimed, proc=proc)  # fmt: skip
+    runner = AttemptRunner(
+        attempt_id=attempt.id,
+        token=attempt.fencing_token,
+        node_rank=0,
+        host=host.name,
+        settings=SETTINGS,
+        claimed=claimed,
+        proc=proc,
+    )
     runner.buffer = [_checkpoint(60, 2.0)]
     runner.relay_state.done = {"kind": "done", "rank": 0, "steps": 60, "final_loss": 2.0}
     failed = db.begin_nested()
@@ -137,8 +201,12 @@ def test_a_gang_succeeds_with_the_result_of_the_node_that_ran_rank_0(db: Session
     from scheduler.live.apply import apply_all
     from scheduler.policy.decisions import Admission, Decisions, PlacementEntry
 
-    hosts = [HostAgent(name=f"rep-gang-{i}", inventory=NoGpus(), cpu_slots=1, address="127.0.0.1",
-                       settings=SETTINGS).register(db) for i in range(2)]  # fmt: skip
+    hosts = [
+        HostAgent(
+            name=f"rep-gang-{i}", inventory=NoGpus(), cpu_slots=1, address="127.0.0.1", settings=SETTINGS
+        ).register(db)
+        for i in range(2)
+    ]
     db.flush()
     spec = {**tiny_spec("gang", steps=40), "resources": {"gpus": 0, "cpu_slots": 2}}
     job = submit(db, spec)
@@ -149,11 +217,27 @@ def test_a_gang_succeeds_with_the_result_of_the_node_that_ran_rank_0(db: Session
     attempt = job.attempts[-1]
     runners = []
     for i, h in enumerate(hosts):
-        claimed = claim(db, attempt_id=attempt.id, token=attempt.fencing_token, node_rank=i, host=h.name,
-                        delivery=f"d{i}", settings=SETTINGS)  # fmt: skip
+        claimed = claim(
+            db,
+            attempt_id=attempt.id,
+            token=attempt.fencing_token,
+            node_rank=i,
+            host=h.name,
+            delivery=f"d{i}",
+            settings=SETTINGS,
+        )
         proc = TrainerProcess([], env={}, log_path=tmp_path / f"{i}.log", run_dir=tmp_path / f"run{i}", cwd=tmp_path)
-        runners.append(AttemptRunner(attempt_id=attempt.id, token=attempt.fencing_token, node_rank=i, host=h.name,
-                                     settings=SETTINGS, claimed=claimed, proc=proc))  # fmt: skip
+        runners.append(
+            AttemptRunner(
+                attempt_id=attempt.id,
+                token=attempt.fencing_token,
+                node_rank=i,
+                host=h.name,
+                settings=SETTINGS,
+                claimed=claimed,
+                proc=proc,
+            )
+        )
     # A heartbeat of node 1 relayed rank 0's step 38; then both ranks finished. Node 0 (rank 1) reports first.
     relay(
         db,
@@ -188,10 +272,13 @@ def _time_limit(db: Session, job: Job, runner: AttemptRunner) -> Outcome:
 
 @pytest.mark.parametrize(
     ("stop", "cause", "state"),
-    [(_cancel, "cancelled by the user", "CANCELLED"), (_hold, "held by alice", "QUEUED"),
-     (_time_limit, "time limit reached", "FAILED")],
+    [
+        (_cancel, "cancelled by the user", "CANCELLED"),
+        (_hold, "held by alice", "QUEUED"),
+        (_time_limit, "time limit reached", "FAILED"),
+    ],
     ids=["cancel", "hold", "time-limit"],
-)  # fmt: skip
+)
 def test_a_stop_that_was_not_the_schedulers_preemption_never_says_preempted(
     db: Session, tmp_path: Path, stop: Callable[[Session, Job, AttemptRunner], Outcome], cause: str, state: str
 ) -> None:
@@ -200,16 +287,35 @@ def test_a_stop_that_was_not_the_schedulers_preemption_never_says_preempted(
     bench/gpu_path_bench.py showed PREEMPTED for a hold)."""
     host, job, attempt, claimed = _claimed(db, "rep-stop", "stopped-running")
     proc = TrainerProcess([], env={}, log_path=tmp_path / "1.log", run_dir=tmp_path / "run", cwd=tmp_path)
-    runner = AttemptRunner(attempt_id=attempt.id, token=attempt.fencing_token, node_rank=0, host=host.name,
-                           settings=SETTINGS, claimed=claimed, proc=proc)  # fmt: skip
+    runner = AttemptRunner(
+        attempt_id=attempt.id,
+        token=attempt.fencing_token,
+        node_rank=0,
+        host=host.name,
+        settings=SETTINGS,
+        claimed=claimed,
+        proc=proc,
+    )
     outcome = stop(db, job, runner)
     now = time.time()
     runner.buffer = [
-        {"kind": "event", "rank": 0, "ts": now, "type": "PREEMPTED",
-         "message": "signal 15: checkpointed step 17, exiting", "fields": {"step": 17, "signal": 15}},
-        {"kind": "event", "rank": 0, "ts": now, "type": "EXIT", "message": "exiting with 75 (PREEMPTED)",
-         "fields": {"exit_code": 75, "reason": "PREEMPTED"}},
-    ]  # fmt: skip
+        {
+            "kind": "event",
+            "rank": 0,
+            "ts": now,
+            "type": "PREEMPTED",
+            "message": "signal 15: checkpointed step 17, exiting",
+            "fields": {"step": 17, "signal": 15},
+        },
+        {
+            "kind": "event",
+            "rank": 0,
+            "ts": now,
+            "type": "EXIT",
+            "message": "exiting with 75 (PREEMPTED)",
+            "fields": {"exit_code": 75, "reason": "PREEMPTED"},
+        },
+    ]
     runner._report(db, outcome, 75)
 
     assert job.state == state
@@ -228,8 +334,14 @@ def test_a_lost_attempt_dates_the_jobs_timeline_by_the_callers_clock(db: Session
     starts and the attempt's end all carry that time, not the wall clock of the moment the code ran."""
     _, job, first, _ = _claimed(db, "rep-clock", "lost-at-the-cycle")
     cycle = utcnow() - timedelta(minutes=5)
-    requeue_after_failure(db, job=job, attempt=first, reason="lease expired", now=cycle,
-                          settings=SETTINGS.model_copy(update={"storage_dir": tmp_path}))  # fmt: skip
+    requeue_after_failure(
+        db,
+        job=job,
+        attempt=first,
+        reason="lease expired",
+        now=cycle,
+        settings=SETTINGS.model_copy(update={"storage_dir": tmp_path}),
+    )
     events = {e.type: e for e in db.scalars(select(Event).where(Event.job_id == job.id))}
     assert events["LOST"].created_at == cycle and events["QUEUED"].created_at == cycle
     assert job.updated_at == cycle and first.ended_at == cycle

@@ -21,24 +21,46 @@ def cursor(data: Any) -> str:
 
 
 CURSORS = [
-    cursor({"pos": "x"}), cursor({"pos": None}), cursor({"pos": 1e300}), cursor({"pos": 10**30}),
-    cursor({"id": "7"}), cursor({"id": -5}), cursor({"id": 2**64}), cursor({"id": True}), cursor([1]),
-    cursor("pos"), cursor({}), "!!!", "e30", "A" * 199,
-]  # fmt: skip
+    cursor({"pos": "x"}),
+    cursor({"pos": None}),
+    cursor({"pos": 1e300}),
+    cursor({"pos": 10**30}),
+    cursor({"id": "7"}),
+    cursor({"id": -5}),
+    cursor({"id": 2**64}),
+    cursor({"id": True}),
+    cursor([1]),
+    cursor("pos"),
+    cursor({}),
+    "!!!",
+    "e30",
+    "A" * 199,
+]
 HUGE = str(2**64)
 
 
 def crafted(job: int) -> list[str]:
-    paths = [f"/v1/dashboard/queue?view={view}&cursor={c}" for view in ("waiting", "active", "finished")
-             for c in CURSORS]  # fmt: skip
+    paths = [
+        f"/v1/dashboard/queue?view={view}&cursor={c}" for view in ("waiting", "active", "finished") for c in CURSORS
+    ]
     paths += [f"/v1/jobs?cursor={c}" for c in CURSORS]
     for bad in (HUGE, "-1", "0", "1e3", "abc"):
-        paths += [f"/v1/dashboard/jobs/{bad}", f"/v1/dashboard/jobs/{bad}/metrics", f"/v1/dashboard/jobs/{bad}/stream",
-                  f"/v1/jobs/{bad}", f"/v1/jobs/{bad}/events"]  # fmt: skip
-    paths += [f"/v1/dashboard/jobs/{job}/metrics?after_id={HUGE}", f"/v1/dashboard/jobs/{job}/stream?after_id=-1",
-              f"/v1/jobs/{job}/events?after={HUGE}", "/v1/dashboard/queue?team=%00",
-              "/v1/dashboard/queue?qos=" + "q" * 500, "/v1/sla/attainment?team=" + "t" * 500,
-              "/v1/dashboard/queue?team=../x"]  # fmt: skip
+        paths += [
+            f"/v1/dashboard/jobs/{bad}",
+            f"/v1/dashboard/jobs/{bad}/metrics",
+            f"/v1/dashboard/jobs/{bad}/stream",
+            f"/v1/jobs/{bad}",
+            f"/v1/jobs/{bad}/events",
+        ]
+    paths += [
+        f"/v1/dashboard/jobs/{job}/metrics?after_id={HUGE}",
+        f"/v1/dashboard/jobs/{job}/stream?after_id=-1",
+        f"/v1/jobs/{job}/events?after={HUGE}",
+        "/v1/dashboard/queue?team=%00",
+        "/v1/dashboard/queue?qos=" + "q" * 500,
+        "/v1/sla/attainment?team=" + "t" * 500,
+        "/v1/dashboard/queue?team=../x",
+    ]
     return paths
 
 

@@ -26,12 +26,19 @@ GRABBER = Path(__file__).parent / "hostile_data"
 
 def grab_job(c: Cluster, attack: str) -> int:
     spec: dict[str, Any] = {
-        "name": f"grab-{attack}", "team": "attackers", "steps": 4, "seed": 1,
-        "code": {"entry_point": "grabber"}, "datasets": ["shared-data"],
+        "name": f"grab-{attack}",
+        "team": "attackers",
+        "steps": 4,
+        "seed": 1,
+        "code": {"entry_point": "grabber"},
+        "datasets": ["shared-data"],
         "recipe": {"name": "grabber", "hyperparameters": {"attack": attack}},
-        "resources": {"gpus": 0, "cpu_slots": 1}, "compile": {"mode": "off"}, "precision": "fp32",
-        "checkpointing": {"every_steps": 2, "asynchronous": False}, "sla": {"qos": "silver"},
-    }  # fmt: skip
+        "resources": {"gpus": 0, "cpu_slots": 1},
+        "compile": {"mode": "off"},
+        "precision": "fp32",
+        "checkpointing": {"every_steps": 2, "asynchronous": False},
+        "sla": {"qos": "silver"},
+    }
     with c.sessionmaker()() as db:
         spec["code"]["digest"] = upload_code(db, "attackers", GRABBER)
         job = submit(db, spec, max_restarts=2)

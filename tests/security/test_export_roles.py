@@ -19,8 +19,9 @@ pytestmark = pytest.mark.integration
 
 
 def _verified_checkpoint(db: Session, job_id: int, step: int = 5) -> None:
-    db.add(Checkpoint(job_id=job_id, step=step, path=f"/nowhere/{job_id}/{step}", bytes=1, sha256="0" * 64,
-                      verified=True))  # fmt: skip
+    db.add(
+        Checkpoint(job_id=job_id, step=step, path=f"/nowhere/{job_id}/{step}", bytes=1, sha256="0" * 64, verified=True)
+    )
     db.flush()
 
 
@@ -28,8 +29,9 @@ def _exports(db: Session, job_id: int) -> int:
     return int(db.scalar(select(func.count()).where(CheckpointExport.job_id == job_id)) or 0)
 
 
-@pytest.mark.parametrize(("role", "status"), [("viewer", 403), ("beta-member", 404), ("member", 202),
-                                              ("team-admin", 202)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("role", "status"), [("viewer", 403), ("beta-member", 404), ("member", 202), ("team-admin", 202)]
+)
 def test_only_members_of_the_jobs_team_start_an_export(
     client: TestClient, world: World, db: Session, role: str, status: int
 ) -> None:

@@ -19,8 +19,15 @@ pytestmark = pytest.mark.e2e
 
 def test_every_response_carries_the_headers(live: Live) -> None:
     with httpx.Client(base_url=live.kiln.url, timeout=30) as http:
-        for path, headers in (("/", {}), ("/docs", {}), ("/openapi.json", {}), ("/v1/me", live.headers()),
-                              ("/v1/me", {}), ("/ui/js/app.js", {}), ("/nowhere", {})):  # fmt: skip
+        for path, headers in (
+            ("/", {}),
+            ("/docs", {}),
+            ("/openapi.json", {}),
+            ("/v1/me", live.headers()),
+            ("/v1/me", {}),
+            ("/ui/js/app.js", {}),
+            ("/nowhere", {}),
+        ):
             r = http.get(path, headers=headers)
             assert r.headers.get("x-content-type-options") == "nosniff", path
             assert r.headers.get("referrer-policy") == "no-referrer", path

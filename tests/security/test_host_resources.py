@@ -38,8 +38,9 @@ def _run_confined(iso: Isolation, name: str, limits: Limits, code: str) -> tuple
     """A child process in its confinement, as the supervisor starts a trainer; (exit code, OOM-killed)."""
     confinement = iso.confine(name, limits)
     try:
-        proc = subprocess.run([sys.executable, "-c", code], preexec_fn=confinement.enter, capture_output=True,
-                              timeout=60)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-c", code], preexec_fn=confinement.enter, capture_output=True, timeout=60
+        )
         return proc.returncode, confinement.oom_killed()
     finally:
         confinement.release()
@@ -58,9 +59,11 @@ def test_an_attempt_over_its_memory_is_stopped_alone(isolation: Isolation) -> No
 def test_an_attempt_cannot_start_unbounded_processes(isolation: Isolation) -> None:
     if isolation.mechanism != "cgroup":
         pytest.skip("without the pids controller the worker says so at start and sets no process limit")
-    spawn = ("import threading, time\n"
-             "ts = [threading.Thread(target=time.sleep, args=(2,)) for _ in range(200)]\n"
-             "[t.start() for t in ts]\n")  # fmt: skip
+    spawn = (
+        "import threading, time\n"
+        "ts = [threading.Thread(target=time.sleep, args=(2,)) for _ in range(200)]\n"
+        "[t.start() for t in ts]\n"
+    )
     code, _ = _run_confined(isolation, "pids", Limits(memory_bytes=512 * MiB, pids=32, processes=1), spawn)
     assert code != 0  # "can't start new thread" at the group's limit
 
@@ -77,8 +80,18 @@ def test_a_crafted_checkpoint_runs_no_code(tmp_path: Path) -> None:
     tel = Telemetry(tmp_path / "run", rank=0)
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    ck = Checkpointer(tmp_path / "ckpt", rank=0, world_size=1, token=None, keep_last=2, asynchronous=False,
-                      sharded=False, group=None, device=torch.device("cpu"), telemetry=tel)  # fmt: skip
+    ck = Checkpointer(
+        tmp_path / "ckpt",
+        rank=0,
+        world_size=1,
+        token=None,
+        keep_last=2,
+        asynchronous=False,
+        sharded=False,
+        group=None,
+        device=torch.device("cpu"),
+        telemetry=tel,
+    )
     ck.save(1, model, opt, {"step": 1}, blocking=True)
     path = ck.choose()
     assert path is not None

@@ -87,8 +87,7 @@ def watching(pid: int) -> Iterator[Watched]:
 def upload(live: Live, blob: bytes) -> httpx.Response:
     digest = hashlib.sha256(blob).hexdigest()
     headers = {**live.headers(), "Content-Type": "application/gzip"}
-    return httpx.put(f"{live.kiln.url}/v1/teams/default/artifacts/{digest}", content=blob, headers=headers,
-                     timeout=60)  # fmt: skip
+    return httpx.put(f"{live.kiln.url}/v1/teams/default/artifacts/{digest}", content=blob, headers=headers, timeout=60)
 
 
 def stored(live: Live) -> set[str]:
@@ -158,8 +157,19 @@ def extract_process(
     """``python -m core.code_archive extract`` in a process of its own, the archive named (``via`` "path"), or on
     its standard input as the worker hands it to its sandbox ("stdin": the open file; "pipe": a pipe)."""
     digest = digest or hashlib.sha256(archive.read_bytes()).hexdigest()
-    cmd = [sys.executable, "-m", "core.code_archive", "extract", "--archive", str(archive) if via == "path" else "-",
-           "--digest", digest, "--dest", str(dest), *LIMIT_ARGS]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "core.code_archive",
+        "extract",
+        "--archive",
+        str(archive) if via == "path" else "-",
+        "--digest",
+        digest,
+        "--dest",
+        str(dest),
+        *LIMIT_ARGS,
+    ]
     if via == "pipe":
         done = subprocess.run(cmd, input=archive.read_bytes(), capture_output=True, timeout=120, cwd=ROOT)
     else:
@@ -192,12 +202,24 @@ def box(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("via", ["path", "stdin"])
-@pytest.mark.parametrize("case", ["cve-2025-4517 through links", "cve-2025-4517 with a hard link",
-                                  "link leaves through a link", "link leaves through a later link",
-                                  "chain of links leaves", "file written through a link to a directory",
-                                  "file written through a link that leaves", "pth into site-packages (relative)",
-                                  "pth into site-packages (absolute)", "pth through a link to site-packages",
-                                  "hard link to an escaping link", "fifo", "character device"])  # fmt: skip
+@pytest.mark.parametrize(
+    "case",
+    [
+        "cve-2025-4517 through links",
+        "cve-2025-4517 with a hard link",
+        "link leaves through a link",
+        "link leaves through a later link",
+        "chain of links leaves",
+        "file written through a link to a directory",
+        "file written through a link that leaves",
+        "pth into site-packages (relative)",
+        "pth into site-packages (absolute)",
+        "pth through a link to site-packages",
+        "hard link to an escaping link",
+        "fifo",
+        "character device",
+    ],
+)
 def test_the_unpacking_process_refuses_them_and_writes_nothing_outside(box: Path, case: str, via: str) -> None:
     build, why = HOSTILE[case]
     if case.startswith("cve"):  # sized for this destination: the resolved path outgrows PATH_MAX
@@ -225,7 +247,7 @@ TRICKY = {
             entry("pkg/up", S, ".."),
             entry("alias", S, "pkg/up/pkg"),
             entry("again", S, "alias/up/alias/m.py"),
-        ],  # fmt: skip
+        ],
         {"alias/m.py": "m", "again": "m", "pkg/up/pkg/m.py": "m"},
     ),
     "a link to a directory, then its files (by the directory's name)": (

@@ -48,7 +48,8 @@ def test_inviting_does_not_tell_which_user_names_exist(client: TestClient, world
     assert real.status_code == ghost.status_code == 202
     assert real.json().keys() == ghost.json().keys()
     assert {k: v for k, v in real.json().items() if k not in ("user", "created_at", "expires_at")} == {
-        k: v for k, v in ghost.json().items() if k not in ("user", "created_at", "expires_at")}  # fmt: skip
+        k: v for k, v in ghost.json().items() if k not in ("user", "created_at", "expires_at")
+    }
     pending = {i["user"] for i in client.get("/v1/teams/alpha/invitations", headers=ta).json()["items"]}
     assert pending == {"bob", "ghost"}
     for name in ("bob", "ghost"):  # removing someone not in the team: one answer for both

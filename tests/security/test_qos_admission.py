@@ -58,18 +58,30 @@ def test_upgraded_teams_keep_what_they_used() -> None:
         try:
             with engine.begin() as conn:
                 for name in ("default", "alpha", "beta"):
-                    conn.execute(text("INSERT INTO teams (name, fair_share_weight, budget_period_s, created_at) "
-                                      "VALUES (:n, 1, 86400, now())"), {"n": name})  # fmt: skip
-                conn.execute(text(
-                    "INSERT INTO sla_contracts (team_id, qos_class_id, max_restarts, recovery_time_objective_s,"
-                    " checkpoint_interval_s, min_checkpoint_success_rate, step_time_tolerance, created_at, updated_at)"
-                    " SELECT t.id, q.id, 3, 300, 600, 0.999, 1.3, now(), now() FROM teams t, qos_classes q"
-                    " WHERE t.name = 'alpha' AND q.name = 'gold'"))  # fmt: skip
+                    conn.execute(
+                        text(
+                            "INSERT INTO teams (name, fair_share_weight, budget_period_s, created_at) "
+                            "VALUES (:n, 1, 86400, now())"
+                        ),
+                        {"n": name},
+                    )
+                conn.execute(
+                    text(
+                        "INSERT INTO sla_contracts (team_id, qos_class_id, max_restarts, recovery_time_objective_s,"
+                        " checkpoint_interval_s, min_checkpoint_success_rate, step_time_tolerance,"
+                        " created_at, updated_at)"
+                        " SELECT t.id, q.id, 3, 300, 600, 0.999, 1.3, now(), now() FROM teams t, qos_classes q"
+                        " WHERE t.name = 'alpha' AND q.name = 'gold'"
+                    )
+                )
             upgrade(url)
             with engine.connect() as conn:
-                rows = conn.execute(text(
-                    "SELECT t.name, q.name FROM team_qos_classes x JOIN teams t ON t.id = x.team_id"
-                    " JOIN qos_classes q ON q.id = x.qos_class_id")).all()  # fmt: skip
+                rows = conn.execute(
+                    text(
+                        "SELECT t.name, q.name FROM team_qos_classes x JOIN teams t ON t.id = x.team_id"
+                        " JOIN qos_classes q ON q.id = x.qos_class_id"
+                    )
+                ).all()
                 limits = dict(conn.execute(text("SELECT name, restart_limit FROM teams")).tuples().all())
         finally:
             engine.dispose()

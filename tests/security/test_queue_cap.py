@@ -74,9 +74,13 @@ def test_submissions_past_the_cap_are_refused(capped: tuple[TestClient, World], 
     held = client.post("/v1/jobs?hold=true", json=spec(name="held"), headers=h)  # a held job is unfinished too
     assert codes == [201, 201, 201] and held.status_code == 201 and _unfinished(db) == CAP
     _queue_full(client.post("/v1/jobs", json=spec(name="one-more"), headers=h))
-    _queue_full(client.post("/v1/jobs", content="name: yaml\nteam: alpha\nrecipe: {name: gpt}\nsteps: 10\n"
-                            "resources: {gpus: 0, cpu_slots: 1}\n",
-                            headers={**h, "Content-Type": "application/yaml"}))  # fmt: skip
+    _queue_full(
+        client.post(
+            "/v1/jobs",
+            content="name: yaml\nteam: alpha\nrecipe: {name: gpt}\nsteps: 10\nresources: {gpus: 0, cpu_slots: 1}\n",
+            headers={**h, "Content-Type": "application/yaml"},
+        )
+    )
     keyed = {**h, "Idempotency-Key": "k-1"}
     _queue_full(client.post("/v1/jobs", json=spec(name="keyed"), headers=keyed))
     assert _unfinished(db) == CAP
@@ -103,8 +107,17 @@ def test_an_adaptive_search_that_cannot_propose_closes_saying_why(
     capped: tuple[TestClient, World], db: Session
 ) -> None:
     client, world = capped
-    doc = {**spec(name="lr"), "sweep": {"random": {"lr": {"log_uniform": [1e-4, 1e-2]}}, "search": "tpe",
-                                        "seed": 3, "count": 8, "initial": 2, "max_concurrent": 4}}  # fmt: skip
+    doc = {
+        **spec(name="lr"),
+        "sweep": {
+            "random": {"lr": {"log_uniform": [1e-4, 1e-2]}},
+            "search": "tpe",
+            "seed": 3,
+            "count": 8,
+            "initial": 2,
+            "max_concurrent": 4,
+        },
+    }
     r = client.post("/v1/sweeps", json=doc, headers=world.h("member"))
     assert r.status_code == 201, r.text
     sweep_id = r.json()["id"]
@@ -133,8 +146,9 @@ def crowd() -> Iterator[tuple[sessionmaker[Session], Principal]]:
             member = User(name="mark")
             db.add_all([admin, member])
             db.flush()
-            root = Principal(user_id=admin.id, name="root", user_is_admin=True,
-                             scopes=frozenset({"read", "write", "admin"}))  # fmt: skip
+            root = Principal(
+                user_id=admin.id, name="root", user_is_admin=True, scopes=frozenset({"read", "write", "admin"})
+            )
             team = teams_svc.create_team(db=db, principal=root, name="crowd", quotas=[teams_svc.Quota("cpu", 4)])
             db.add(Membership(user_id=member.id, team_id=team.id, role="member"))
             db.commit()
@@ -154,8 +168,12 @@ def test_submissions_at_once_never_pass_the_cap(crowd: tuple[sessionmaker[Sessio
         for i in range(per_thread):
             with factory() as db:
                 try:
-                    jobs_svc.submit(db=db, principal=who, spec=parse_spec_data(spec(team="crowd", name=f"c{t}-{i}")),
-                                    max_unfinished=cap)  # fmt: skip
+                    jobs_svc.submit(
+                        db=db,
+                        principal=who,
+                        spec=parse_spec_data(spec(team="crowd", name=f"c{t}-{i}")),
+                        max_unfinished=cap,
+                    )
                     db.commit()
                 except QueueFull:
                     db.rollback()
@@ -184,8 +202,13 @@ def small_kiln(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     port = free_port()
     env = dict(os.environ, KILN_HOME=str(home), KILN_DATABASE_URL=db_url, KILN_MAX_UNFINISHED_JOBS_PER_TEAM="2")
     log = (home / "api.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--port", str(port)],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_serving(f"{url}/readyz", proc, timeout=60, log=home / "api.log")

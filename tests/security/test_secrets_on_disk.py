@@ -33,8 +33,9 @@ def test_kiln_up_detached_keeps_its_secrets(tmp_path: Path) -> None:
     env.update(KILN_HOME=str(home), XDG_CONFIG_HOME=str(tmp_path / "xdg"), PYTHONUNBUFFERED="1")
 
     def kiln(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=200)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=200
+        )
 
     old = os.umask(0o022)  # a usual login's umask: kiln must not rely on a strict one
     try:
@@ -70,8 +71,14 @@ def test_kiln_up_detached_keeps_its_secrets(tmp_path: Path) -> None:
 @pytest.mark.parametrize("gid", [None, os.getgid()])
 def test_attempt_logs_are_the_workers_or_the_storage_groups(tmp_path: Path, gid: int | None) -> None:
     log = tmp_path / "storage" / "logs" / "7" / "1.log"
-    proc = TrainerProcess([sys.executable, "-c", "print('step 1')"], env=os.environ, log_path=log,
-                          run_dir=tmp_path / "run", cwd=tmp_path, log_gid=gid)  # fmt: skip
+    proc = TrainerProcess(
+        [sys.executable, "-c", "print('step 1')"],
+        env=os.environ,
+        log_path=log,
+        run_dir=tmp_path / "run",
+        cwd=tmp_path,
+        log_gid=gid,
+    )
     old = os.umask(0o022)
     try:
         proc.start()

@@ -32,9 +32,19 @@ def test_a_spec_cannot_name_a_checkpoint_directory(client: TestClient, world: Wo
 
 
 def _claimed(job_id: int, checkpointing: dict[str, Any], deployment: str = "d1") -> Claimed:
-    return Claimed(job_id=job_id, team_id=1, attempt_number=1, spec={"checkpointing": checkpointing}, placement=[{}],
-                   gpus=[], qos=None, host_links={}, rendezvous=None, ran_before_s=0.0,
-                   deployment=deployment)  # fmt: skip
+    return Claimed(
+        job_id=job_id,
+        team_id=1,
+        attempt_number=1,
+        spec={"checkpointing": checkpointing},
+        placement=[{}],
+        gpus=[],
+        qos=None,
+        host_links={},
+        rendezvous=None,
+        ran_before_s=0.0,
+        deployment=deployment,
+    )
 
 
 def test_the_local_tier_is_a_directory_the_worker_names_per_job(tmp_path: Path) -> None:
@@ -43,8 +53,15 @@ def test_the_local_tier_is_a_directory_the_worker_names_per_job(tmp_path: Path) 
     claimed = _claimed(7, {"local_tier": True, "local_dir": "/etc"})
     local = local_tier_dir(settings, claimed)
     assert local == (tmp_path / "shm").resolve() / "d1" / "jobs" / "7"
-    env = attempt_env(claimed, attempt_id=1, token=1, checkpoint_dir=tmp_path / "c", compile_dir=tmp_path / "cc",
-                      lease_file=tmp_path / "lease", local_dir=local)  # fmt: skip
+    env = attempt_env(
+        claimed,
+        attempt_id=1,
+        token=1,
+        checkpoint_dir=tmp_path / "c",
+        compile_dir=tmp_path / "cc",
+        lease_file=tmp_path / "lease",
+        local_dir=local,
+    )
     assert env[ENV_LOCAL_CHECKPOINT_DIR] == str(local)
     assert local_tier_dir(settings, _claimed(7, {"local_dir": "/etc"})) is None  # not asked for: no tier
     assert local_tier_dir(Settings(home=tmp_path, local_tier_dir=""), claimed) is None  # a host without one

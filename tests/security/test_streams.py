@@ -116,16 +116,21 @@ def test_a_revoked_token_or_a_removed_member_stops_receiving(live: Live) -> None
         token_id = next(
             t["id"] for t in api.get("/v1/tokens", params={"user": "mia"}).json()["items"] if t["name"] == "mine"
         )
-        end = _opened_then(live, f"{live.kiln.url}/v1/jobs/{live.job}/logs?follow=true", live.headers(token),
-                           lambda: api.delete(f"/v1/tokens/{token_id}"))  # fmt: skip
+        end = _opened_then(
+            live,
+            f"{live.kiln.url}/v1/jobs/{live.job}/logs?follow=true",
+            live.headers(token),
+            lambda: api.delete(f"/v1/tokens/{token_id}"),
+        )
     assert json.loads(end["data"]) == {"reason": "unauthorized"}
 
     token = live.user_token("noah")
     path = f"/v1/dashboard/jobs/{live.job}/stream"
     ticket = live.ticket(path, token)
     with live.kiln.api() as api:
-        end = _opened_then(live, f"{live.kiln.url}{path}?ticket={ticket}", {},
-                           lambda: api.delete("/v1/teams/default/members/noah"))  # fmt: skip
+        end = _opened_then(
+            live, f"{live.kiln.url}{path}?ticket={ticket}", {}, lambda: api.delete("/v1/teams/default/members/noah")
+        )
     assert json.loads(end["data"]) == {"reason": "unauthorized"}
 
 
@@ -181,10 +186,20 @@ def test_the_cli_resumes_a_broken_log_stream(live: Live, tmp_path: Path) -> None
     port = int(live.kiln.url.rsplit(":", 1)[1])
     proxy = CuttingProxy(port, cut_after=60)  # past the first line, inside the second
     try:
-        env = {**os.environ, "KILN_API_URL": f"http://127.0.0.1:{proxy.port}", "KILN_TOKEN": live.kiln.token,
-               "XDG_CONFIG_HOME": str(tmp_path)}  # fmt: skip
-        out = subprocess.run([sys.executable, "-m", "cli.main", "logs", str(live.job)], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        env = {
+            **os.environ,
+            "KILN_API_URL": f"http://127.0.0.1:{proxy.port}",
+            "KILN_TOKEN": live.kiln.token,
+            "XDG_CONFIG_HOME": str(tmp_path),
+        }
+        out = subprocess.run(
+            [sys.executable, "-m", "cli.main", "logs", str(live.job)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         proxy.close()
     assert out.returncode == 0, out.stderr

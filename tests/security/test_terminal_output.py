@@ -24,18 +24,32 @@ pytestmark = pytest.mark.e2e
 
 # A link in rich's markup, a closing tag that matches nothing, a raw OSC 8 hyperlink, "clear the screen", and a
 # right-to-left override that would show the rest reversed.
-NASTY = ("[link=https://evil.example]click me[/link] [/bogus] \x1b]8;;https://evil.example\x07osc\x1b]8;;\x07 "
-         "\x1b[2J\u202eevil")  # fmt: skip
+NASTY = (
+    "[link=https://evil.example]click me[/link] [/bogus] \x1b]8;;https://evil.example\x07osc\x1b]8;;\x07 "
+    "\x1b[2J\u202eevil"
+)
 FORBIDDEN = (b"\x1b]8;", b"\x1b[2J", "\u202e".encode())
 
 
 def in_terminal(live: Live, *args: str) -> tuple[int, bytes]:
     """``kiln ARGS`` with its output on a pseudo-terminal, as a person runs it."""
-    env = {**os.environ, "KILN_API_URL": live.kiln.url, "KILN_TOKEN": live.kiln.token, "COLUMNS": "400",
-           "XDG_CONFIG_HOME": str(live.kiln.home / "xdg"), "TERM": "xterm-256color"}  # fmt: skip
+    env = {
+        **os.environ,
+        "KILN_API_URL": live.kiln.url,
+        "KILN_TOKEN": live.kiln.token,
+        "COLUMNS": "400",
+        "XDG_CONFIG_HOME": str(live.kiln.home / "xdg"),
+        "TERM": "xterm-256color",
+    }
     leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", *args], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
-                            stdout=follower, stderr=follower)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", *args],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=follower,
+        stderr=follower,
+    )
     os.close(follower)
     out = b""
     while True:

@@ -131,8 +131,12 @@ class Resolver:
             addresses = answers[min(self.lookups, len(answers) - 1)]
             self.lookups += 1
             number = int(port or 0)
-            return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", (a, number, 0, 0)) if ":" in a
-                    else (socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, number)) for a in addresses]  # fmt: skip
+            return [
+                (socket.AF_INET6, socket.SOCK_STREAM, 6, "", (a, number, 0, 0))
+                if ":" in a
+                else (socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, number))
+                for a in addresses
+            ]
 
         monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
 
@@ -176,8 +180,9 @@ def _hook_and_failure(factory: sessionmaker[Session], url: str, *, check: bool =
     with factory() as db:
         team = _team(db)
         if check:
-            hook_id = webhooks_svc.create(db=db, principal=_admin(db), team=team.name, job_id=None, url=url,
-                                          events=["failed"]).hook.id  # fmt: skip
+            hook_id = webhooks_svc.create(
+                db=db, principal=_admin(db), team=team.name, job_id=None, url=url, events=["failed"]
+            ).hook.id
         else:
             hook = Webhook(team_id=team.id, url=url, secret="whsec_test", events=["failed"], format="json")
             db.add(hook)
@@ -196,8 +201,11 @@ def _hook_and_failure(factory: sessionmaker[Session], url: str, *, check: bool =
 def _only_due(factory: sessionmaker[Session], hook_id: int) -> None:
     """The other tests' deliveries (retried after their backoff) wait: a round sends this hook's only."""
     with factory() as db:
-        db.execute(update(WebhookDelivery).where(WebhookDelivery.webhook_id != hook_id)
-                   .values(next_attempt_at=utcnow() + timedelta(days=1)))  # fmt: skip
+        db.execute(
+            update(WebhookDelivery)
+            .where(WebhookDelivery.webhook_id != hook_id)
+            .values(next_attempt_at=utcnow() + timedelta(days=1))
+        )
         db.commit()
 
 
@@ -244,8 +252,14 @@ def test_a_name_answering_a_public_and_a_loopback_address_is_refused(
 ) -> None:
     Resolver(monkeypatch, ["93.184.215.14", "127.0.0.1"])
     with outbox() as db, pytest.raises(InvalidInput, match="127.0.0.1"):
-        webhooks_svc.create(db=db, principal=_admin(db), team=_team(db).name, job_id=None,
-                            url=f"http://both.kiln.test:{listener.port}/hook", events=["failed"])  # fmt: skip
+        webhooks_svc.create(
+            db=db,
+            principal=_admin(db),
+            team=_team(db).name,
+            job_id=None,
+            url=f"http://both.kiln.test:{listener.port}/hook",
+            events=["failed"],
+        )
     hook_id = _hook_and_failure(outbox, f"http://both.kiln.test:{listener.port}/hook", check=False)
     delivery = _deliver(outbox, hook_id)
     assert listener.requests == [] and (delivery.last_error or "").startswith("refused")

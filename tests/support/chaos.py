@@ -60,8 +60,17 @@ class FaultRecord:
 class Chaos:
     """The processes, their faults and the timeline. Use through :func:`chaos_cluster`."""
 
-    def __init__(self, c: Cluster, pg: PrivatePostgres, redis: RedisServer, *, token: str,
-                 scheduler_interval_s: float, worker_slots: int, worker_hooks: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        c: Cluster,
+        pg: PrivatePostgres,
+        redis: RedisServer,
+        *,
+        token: str,
+        scheduler_interval_s: float,
+        worker_slots: int,
+        worker_hooks: dict[str, Any],
+    ) -> None:
         self.c = c
         self.pg = pg
         self.redis = redis
@@ -83,8 +92,9 @@ class Chaos:
 
     def record(self, fault: str, target: str, *, at: float | None = None, **detail: Any) -> None:
         """A timeline entry: ``at`` when the fault struck (default now); ``done_s`` when it was over."""
-        self.timeline.append(FaultRecord(self.elapsed() if at is None else at, fault, target,
-                                         {**detail, "done_s": self.elapsed()}))  # fmt: skip
+        self.timeline.append(
+            FaultRecord(self.elapsed() if at is None else at, fault, target, {**detail, "done_s": self.elapsed()})
+        )
 
     def start_scheduler(self, label: str) -> None:
         self.c.start_scheduler(label, interval_s=self.scheduler_interval_s)
@@ -147,8 +157,12 @@ class Chaos:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                r = httpx.post(f"{self.c.api_url}/v1/jobs", json=spec, timeout=30,
-                               headers={"Authorization": f"Bearer {self.token}"})  # fmt: skip
+                r = httpx.post(
+                    f"{self.c.api_url}/v1/jobs",
+                    json=spec,
+                    timeout=30,
+                    headers={"Authorization": f"Bearer {self.token}"},
+                )
                 if r.status_code == 201:
                     return int(r.json()["id"])
                 if r.status_code != 503:
@@ -167,10 +181,15 @@ class Chaos:
         """Jobs whose current attempt runs on ``host`` and has trained a step."""
         with self.c.sessionmaker()() as db:
             rows = db.execute(
-                select(Job.id, Attempt.placement).join(Attempt, Attempt.job_id == Job.id)
-                .where(Job.state == JobState.RUNNING, Attempt.fencing_token == Job.fencing_token,
-                       Attempt.state == AttemptState.RUNNING, Attempt.first_step_at.is_not(None))
-            ).all()  # fmt: skip
+                select(Job.id, Attempt.placement)
+                .join(Attempt, Attempt.job_id == Job.id)
+                .where(
+                    Job.state == JobState.RUNNING,
+                    Attempt.fencing_token == Job.fencing_token,
+                    Attempt.state == AttemptState.RUNNING,
+                    Attempt.first_step_at.is_not(None),
+                )
+            ).all()
         return [job_id for job_id, placement in rows if any(n.get("host") == host for n in placement or [])]
 
     def wait_final(self, job_ids: list[int], timeout_s: float) -> None:
@@ -189,8 +208,15 @@ class Chaos:
         with self.c.sessionmaker()() as db:
             events = db.scalars(select(Event).where(Event.type == JobState.LOST)).all()
         silence = ("lease_expired", "never_started")
-        return sorted({e.job_id for e in events if e.job_id is not None and e.created_at.timestamp() >= cutoff
-                       and (not silent_only or (e.data or {}).get("incident") in silence)})  # fmt: skip
+        return sorted(
+            {
+                e.job_id
+                for e in events
+                if e.job_id is not None
+                and e.created_at.timestamp() >= cutoff
+                and (not silent_only or (e.data or {}).get("incident") in silence)
+            }
+        )
 
     def wait_for_victims(self, host: str, timeout_s: float = 90) -> list[int]:
         return wait_for(lambda: self.running_on(host), timeout_s, f"a job training on {host}", interval=0.5)
@@ -209,8 +235,14 @@ class Chaos:
             _signal([worker], signal.SIGCONT)
             time.sleep(1.0)
             _signal(trainers, signal.SIGCONT)
-        self.record("SIGSTOP worker" + (" and trainers" if whole_node else ""), host, jobs=victims,
-                    stopped_s=for_s, lost=self._lost_after(since), at=since)  # fmt: skip
+        self.record(
+            "SIGSTOP worker" + (" and trainers" if whole_node else ""),
+            host,
+            jobs=victims,
+            stopped_s=for_s,
+            lost=self._lost_after(since),
+            at=since,
+        )
 
     def sigkill_worker(self, host: str, *, down_s: float, whole_node: bool = False) -> None:
         """SIGKILL the worker process (its trainers get SIGTERM from the parent-death signal), or with
@@ -226,8 +258,15 @@ class Chaos:
                 proc.kill()  # Popen's: never a signal to a pid it has already reaped
                 proc.wait(10)
                 killed = [proc.pid]
-        self.record("SIGKILL worker" + (" and trainers" if whole_node else ""), host, jobs=victims, pids=killed,
-                    down_s=down_s, lost=self._lost_after(since), at=since)  # fmt: skip
+        self.record(
+            "SIGKILL worker" + (" and trainers" if whole_node else ""),
+            host,
+            jobs=victims,
+            pids=killed,
+            down_s=down_s,
+            lost=self._lost_after(since),
+            at=since,
+        )
 
     def sigkill_trainer(self, *hosts: str) -> None:
         """SIGKILL one training process on the first of ``hosts`` with a job training: its worker reports the crash,
@@ -278,8 +317,16 @@ class Chaos:
         finally:
             proc.send_signal(signal.SIGCONT)
         stepped_down = wait_for(lambda: "stepping down" in self.c.log_text(leader), 30, f"{leader} stepping down")
-        self.record("SIGSTOP leader scheduler past its lease", leader, new_leader=new, frozen_s=for_s, job=job,
-                    admitted_s=round(admitted_s, 2), old_leader_stepped_down=stepped_down, at=since)  # fmt: skip
+        self.record(
+            "SIGSTOP leader scheduler past its lease",
+            leader,
+            new_leader=new,
+            frozen_s=for_s,
+            job=job,
+            admitted_s=round(admitted_s, 2),
+            old_leader_stepped_down=stepped_down,
+            at=since,
+        )
 
     def _admitted(self, job_id: int) -> bool:
         with self.c.sessionmaker()() as db:
@@ -303,8 +350,15 @@ class Chaos:
         with self.c.sessionmaker()() as db:
             row = db.get(Job, job)
             state = row.state if row else None
-        self.record("checkpoint storage read-only across the last step", "storage", jobs=[job], read_only_s=for_s,
-                    state_after=state, lost=self._lost_after(since), at=since)  # fmt: skip
+        self.record(
+            "checkpoint storage read-only across the last step",
+            "storage",
+            jobs=[job],
+            read_only_s=for_s,
+            state_after=state,
+            lost=self._lost_after(since),
+            at=since,
+        )
 
     def postgres_outage_with_leader_change(self, *, down_s: float, lease_s: float) -> None:
         """PostgreSQL stopped for ``down_s`` (past the attempts' leases) while the leading scheduler dies, so that a
@@ -324,8 +378,17 @@ class Chaos:
             new = wait_for(lambda: (lead := self.leader()) not in (None, leader) and lead, 60, "a new leader")
         time.sleep(lease_s + 3.0)
         lost = self._lost_after(since, silent_only=True)
-        self.record("PostgreSQL outage ending with a leader change", "postgres", down_s=down_s, old_leader=leader,
-                    new_leader=new, back_at_s=back, training=training, lost=lost, at=since)  # fmt: skip
+        self.record(
+            "PostgreSQL outage ending with a leader change",
+            "postgres",
+            down_s=down_s,
+            old_leader=leader,
+            new_leader=new,
+            back_at_s=back,
+            training=training,
+            lost=lost,
+            at=since,
+        )
 
     def sigkill_api(self, *, down_s: float) -> None:
         since = self.elapsed()
@@ -370,9 +433,17 @@ def _is_rank(pid: int) -> bool:
 
 
 @contextmanager
-def chaos_cluster(tmp: Path, *, lease_s: float, heartbeat_s: float = 1.0, scheduler_interval_s: float = 1.0,
-                  worker_slots: int = 3, step_sleep_s: float = 0.15, leader_lease_s: float = 3.0,
-                  final_checkpoint_retry_s: float = 3.0) -> Iterator[Chaos]:  # fmt: skip
+def chaos_cluster(
+    tmp: Path,
+    *,
+    lease_s: float,
+    heartbeat_s: float = 1.0,
+    scheduler_interval_s: float = 1.0,
+    worker_slots: int = 3,
+    step_sleep_s: float = 0.15,
+    leader_lease_s: float = 3.0,
+    final_checkpoint_retry_s: float = 3.0,
+) -> Iterator[Chaos]:
     """PostgreSQL and Redis of its own, migrated and bootstrapped (an admin, the ``default`` team with CPU slots
     for both hosts); the API, two schedulers and two workers running. The storage directory is a shared mount, so
     that a read-only mount made under it later reaches the sandboxes (as a remount of real storage would)."""
@@ -391,15 +462,28 @@ def chaos_cluster(tmp: Path, *, lease_s: float, heartbeat_s: float = 1.0, schedu
             "KILN_LEADER_LEASE_S": str(leader_lease_s),
             "KILN_FINAL_CHECKPOINT_RETRY_S": str(final_checkpoint_retry_s),
         }
-        c = stack.enter_context(cluster(tmp, database_url=url, broker_url=redis.url(), lease_s=lease_s,
-                                        heartbeat_s=heartbeat_s, extra_env=env))  # fmt: skip
+        c = stack.enter_context(
+            cluster(
+                tmp, database_url=url, broker_url=redis.url(), lease_s=lease_s, heartbeat_s=heartbeat_s, extra_env=env
+            )
+        )
         with session_scope() as db:
             _user, token = bootstrap_admin(db=db, name="admin")
             team = db.scalars(select(Team).where(Team.name == "default")).one()
-            db.execute(update(TeamQuota).where(TeamQuota.team_id == team.id, TeamQuota.gpu_type == "cpu")
-                       .values(nominal=2 * worker_slots))  # fmt: skip
-        chaos = Chaos(c, pg, redis, token=token, scheduler_interval_s=scheduler_interval_s,
-                      worker_slots=worker_slots, worker_hooks=slow_steps(step_sleep_s))  # fmt: skip
+            db.execute(
+                update(TeamQuota)
+                .where(TeamQuota.team_id == team.id, TeamQuota.gpu_type == "cpu")
+                .values(nominal=2 * worker_slots)
+            )
+        chaos = Chaos(
+            c,
+            pg,
+            redis,
+            token=token,
+            scheduler_interval_s=scheduler_interval_s,
+            worker_slots=worker_slots,
+            worker_hooks=slow_steps(step_sleep_s),
+        )
         c.start_api()
         chaos.start_scheduler("scheduler-1")
         chaos.start_scheduler("scheduler-2")
@@ -443,16 +527,18 @@ def _telemetry_checkpoints(storage: Path, job_id: int, attempt: int) -> list[dic
     return out
 
 
-def check_invariants(chaos: Chaos, job_ids: list[int], twin_of: dict[int, int],
-                     verify: Callable[[Path], str | None] | None = None) -> list[Verdict]:  # fmt: skip
+def check_invariants(
+    chaos: Chaos, job_ids: list[int], twin_of: dict[int, int], verify: Callable[[Path], str | None] | None = None
+) -> list[Verdict]:
     """The acceptance's invariants, from the database and the checkpoints on disk. ``twin_of``: job -> its
     fault-free twin. ``verify``: a checkpoint's integrity check (``trainer.checkpoint.store.verify``)."""
     storage = chaos.c.env["KILN_STORAGE_DIR"]
     storage_dir = Path(storage)
     with chaos.c.sessionmaker()() as db:
         jobs = {j.id: j for j in db.scalars(select(Job).where(Job.id.in_(job_ids + list(twin_of.values()))))}
-        attempts = {j: list(db.scalars(select(Attempt).where(Attempt.job_id == j).order_by(Attempt.number)))
-                    for j in jobs}  # fmt: skip
+        attempts = {
+            j: list(db.scalars(select(Attempt).where(Attempt.job_id == j).order_by(Attempt.number))) for j in jobs
+        }
         rows = {j: list(db.scalars(select(Checkpoint).where(Checkpoint.job_id == j))) for j in jobs}
 
     final = Verdict("every job SUCCEEDED, with no manual restart", True)
@@ -473,15 +559,18 @@ def check_invariants(chaos: Chaos, job_ids: list[int], twin_of: dict[int, int],
             lost_at = a.ended_at.timestamp()
             for step, (m, _p) in manifests.items():
                 if m.get("fencing_token") == a.fencing_token and m["created"] >= lost_at:
-                    fenced.failures.append(f"job {j} step {step}: committed by attempt {a.number} "
-                                           f"{m['created'] - lost_at:.2f} s after it was LOST")  # fmt: skip
+                    fenced.failures.append(
+                        f"job {j} step {step}: committed by attempt {a.number} "
+                        f"{m['created'] - lost_at:.2f} s after it was LOST"
+                    )
             for row in rows[j]:
                 if row.attempt_id == a.id and row.created_at.timestamp() >= lost_at:
                     fenced.failures.append(f"job {j}: checkpoint row of step {row.step} by LOST attempt {a.number}")
             for rec in _telemetry_checkpoints(storage_dir, j, a.number):
                 if rec.get("ts", 0) >= lost_at:
-                    fenced.failures.append(f"job {j}: attempt {a.number} reported a checkpoint at step "
-                                           f"{rec.get('step')} after it was LOST")  # fmt: skip
+                    fenced.failures.append(
+                        f"job {j}: attempt {a.number} reported a checkpoint at step {rec.get('step')} after it was LOST"
+                    )
         for step, (m, _p) in manifests.items():
             owner = by_token.get(int(m.get("fencing_token") or -1))
             if owner is None:
@@ -493,8 +582,9 @@ def check_invariants(chaos: Chaos, job_ids: list[int], twin_of: dict[int, int],
         last_step = max(manifests)
         last, last_path = manifests[last_step]
         if (job.last_step, last_step) != (spec_steps, spec_steps):
-            result.failures.append(f"job {j}: recorded step {job.last_step}, last checkpoint {last_step}, "
-                                   f"spec {spec_steps}")  # fmt: skip
+            result.failures.append(
+                f"job {j}: recorded step {job.last_step}, last checkpoint {last_step}, spec {spec_steps}"
+            )
         if job.last_loss is None or last.get("loss") is None or abs(job.last_loss - last["loss"]) > 1e-9:
             result.failures.append(f"job {j}: recorded loss {job.last_loss}, last checkpoint's {last.get('loss')}")
         if verify is not None and (why := verify(last_path)) is not None:
@@ -552,11 +642,25 @@ def job_summaries(chaos: Chaos, job_ids: list[int]) -> list[dict[str, Any]]:
             job = db.get(Job, j)
             assert job is not None
             attempts = db.scalars(select(Attempt).where(Attempt.job_id == j).order_by(Attempt.number)).all()
-            out.append({
-                "id": j, "name": job.name, "seed": job.spec.get("seed"), "state": job.state,
-                "last_step": job.last_step, "last_loss": job.last_loss, "restarts": job.restart_count,
-                "attempts": [{"number": a.number, "host": (a.placement or [{}])[0].get("host"), "state": a.state,
-                              "resumed_from_step": a.resumed_from_step, "exit_reason": a.exit_reason}
-                             for a in attempts],
-            })  # fmt: skip
+            out.append(
+                {
+                    "id": j,
+                    "name": job.name,
+                    "seed": job.spec.get("seed"),
+                    "state": job.state,
+                    "last_step": job.last_step,
+                    "last_loss": job.last_loss,
+                    "restarts": job.restart_count,
+                    "attempts": [
+                        {
+                            "number": a.number,
+                            "host": (a.placement or [{}])[0].get("host"),
+                            "state": a.state,
+                            "resumed_from_step": a.resumed_from_step,
+                            "exit_reason": a.exit_reason,
+                        }
+                        for a in attempts
+                    ],
+                }
+            )
     return out

@@ -32,9 +32,13 @@ if sys.argv[1:] == ["-d"]:
     if daemon_pid() is not None:
         print("An instance of this daemon is already running", file=sys.stderr)
         sys.exit(1)
-    daemon = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(60)"],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)  # fmt: skip
+    daemon = subprocess.Popen(
+        [sys.executable, "-c", "import time\nwhile True: time.sleep(60)"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     pidfile.write_text(str(daemon.pid))
     sys.exit(0)
 

@@ -71,13 +71,26 @@ class PrivatePostgres:
         if self._as_postgres:
             pw = pwd.getpwnam("postgres")
             os.chown(self.root, pw.pw_uid, pw.pw_gid)
-        self._run([_pg_tool("initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-                   "--no-instructions"])  # fmt: skip
+        self._run(
+            [
+                _pg_tool("initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-instructions",
+            ]
+        )
         with open(self.data / "postgresql.conf", "a") as conf:
             # The socket and the lock file in the test's own directory; fsync off: these faults kill processes,
             # never the machine, so the page cache survives them and the WAL replay sees every commit.
-            conf.write(f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
-                       f"unix_socket_directories = '{self.root}'\nfsync = off\nmax_connections = 200\n")  # fmt: skip
+            conf.write(
+                f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
+                f"unix_socket_directories = '{self.root}'\nfsync = off\nmax_connections = 200\n"
+            )
         return self
 
     def start(self) -> None:

@@ -45,10 +45,22 @@ class RedisServer:
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir)],
-            stdout=open(self.workdir / "redis.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-        )  # fmt: skip
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=open(self.workdir / "redis.log", "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )
         wait_for(self.alive, 15, f"the private Redis on port {self.port}")
 
     def kill(self) -> None:

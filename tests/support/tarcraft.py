@@ -115,8 +115,9 @@ def tar_gz(*infos: tuple[tarfile.TarInfo, bytes | None], fmt: int = tarfile.PAX_
     return buf.getvalue()
 
 
-def entry(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", data: bytes | None = None,
-          mode: int | None = None) -> tuple[tarfile.TarInfo, bytes | None]:  # fmt: skip
+def entry(
+    name: str, kind: bytes = tarfile.REGTYPE, link: str = "", data: bytes | None = None, mode: int | None = None
+) -> tuple[tarfile.TarInfo, bytes | None]:
     info = tarfile.TarInfo(name)
     info.type = kind
     info.linkname = link
@@ -127,8 +128,13 @@ def entry(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", data: bytes 
     return info, data
 
 
-def cve_2025_4517(component: int, steps: str = "abcdefghijklmnop", through_links: bool = True,
-                  hard_link: bool = False, payload: str = "escape/newfile") -> bytes:  # fmt: skip
+def cve_2025_4517(
+    component: int,
+    steps: str = "abcdefghijklmnop",
+    through_links: bool = True,
+    hard_link: bool = False,
+    payload: str = "escape/newfile",
+) -> bytes:
     """The shape of CPython's test for CVE-2025-4517 (test_realpath_limit_attack): directories of ``component``
     characters nested through a chain of links (``a -> ddd``, ``ddd/b -> ddd``, ...), so that the resolved path
     outgrows PATH_MAX and os.path.realpath stops resolving; a link at the end of the chain back up by as many

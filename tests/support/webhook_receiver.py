@@ -25,9 +25,14 @@ def main() -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             secret = secrets.get(self.path, "")
             ok = bool(secret) and verify(secret, self.headers.get(SIGNATURE_HEADER, ""), body, time.time())
-            record = {"path": self.path, "verified": ok, "delivery": self.headers.get("Kiln-Delivery"),
-                      "event": self.headers.get("Kiln-Event"), "signature": self.headers.get(SIGNATURE_HEADER),
-                      "body": body.decode(errors="replace")}  # fmt: skip
+            record = {
+                "path": self.path,
+                "verified": ok,
+                "delivery": self.headers.get("Kiln-Delivery"),
+                "event": self.headers.get("Kiln-Event"),
+                "signature": self.headers.get(SIGNATURE_HEADER),
+                "body": body.decode(errors="replace"),
+            }
             with open(log_path, "a") as log:
                 log.write(json.dumps(record) + "\n")
             self.send_response(200 if ok else 401)

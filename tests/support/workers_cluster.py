@@ -57,14 +57,29 @@ T = TypeVar("T")
 # ``start_worker(..., hooks=slow_steps(0.15))``.
 def tiny_spec(name: str, *, steps: int = 60, every_steps: int = 10, **hp: Any) -> dict[str, Any]:
     return {
-        "name": name, "team": "default", "steps": steps, "seed": 1234,
-        "recipe": {"name": "gpt", "hyperparameters": {
-            "size": "tiny", "corpus": "stdlib", "batch_size": 8, "seq_len": 128, "lr": 0.003,
-            "heartbeat_s": 0.5, **hp}},
-        "resources": {"gpus": 0, "cpu_slots": 1}, "parallelism": "ddp", "compile": {"mode": "off"},
-        "precision": "fp32", "checkpointing": {"every_steps": every_steps, "keep_last": 3, "asynchronous": False},
+        "name": name,
+        "team": "default",
+        "steps": steps,
+        "seed": 1234,
+        "recipe": {
+            "name": "gpt",
+            "hyperparameters": {
+                "size": "tiny",
+                "corpus": "stdlib",
+                "batch_size": 8,
+                "seq_len": 128,
+                "lr": 0.003,
+                "heartbeat_s": 0.5,
+                **hp,
+            },
+        },
+        "resources": {"gpus": 0, "cpu_slots": 1},
+        "parallelism": "ddp",
+        "compile": {"mode": "off"},
+        "precision": "fp32",
+        "checkpointing": {"every_steps": every_steps, "keep_last": 3, "asynchronous": False},
         "sla": {"qos": "silver"},
-    }  # fmt: skip
+    }
 
 
 def slow_steps(seconds: float) -> dict[str, Any]:
@@ -95,9 +110,17 @@ class Cluster:
 
     of_this_test: ClassVar[list[Cluster]] = []  # a failed test reports their logs (tests/e2e/conftest.py)
 
-    def __init__(self, tmp: Path, *, database_url: str, broker_url: str, lease_s: float = 8.0,
-                 heartbeat_s: float = 1.0, visibility_timeout_s: float | None = None,
-                 extra_env: dict[str, str] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        tmp: Path,
+        *,
+        database_url: str,
+        broker_url: str,
+        lease_s: float = 8.0,
+        heartbeat_s: float = 1.0,
+        visibility_timeout_s: float | None = None,
+        extra_env: dict[str, str] | None = None,
+    ):
         self.tmp = tmp
         self.suffix = secrets.token_hex(3)
         self.env = {
@@ -156,8 +179,9 @@ class Cluster:
     def sessionmaker(self) -> sessionmaker[Session]:
         return core_db.get_sessionmaker()
 
-    def start_worker(self, label: str, *, cpu_slots: int = 1, hooks: dict[str, Any] | None = None,
-                     **settings: str) -> str:  # fmt: skip
+    def start_worker(
+        self, label: str, *, cpu_slots: int = 1, hooks: dict[str, Any] | None = None, **settings: str
+    ) -> str:
         """``hooks``: the trainer's test hooks for every attempt this worker runs, set the one way they can be:
         in the worker's own environment (``KILN_TEST_HOOKS``), which it passes to the ranks it launches.
         ``settings``: more of this worker's own environment (e.g. ``KILN_HANG_TIMEOUT_S``)."""
@@ -181,9 +205,13 @@ class Cluster:
         log = self.tmp / f"{label}.log"
         self.logs[label] = log
         self.services[label] = subprocess.Popen(
-            argv, env={**self.env, **env, "PYTHONUNBUFFERED": "1"}, cwd=ROOT, stdout=open(log, "ab"),  # noqa: SIM115
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            argv,
+            env={**self.env, **env, "PYTHONUNBUFFERED": "1"},
+            cwd=ROOT,
+            stdout=open(log, "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         return self.services[label]
 
     def start_api(self, label: str = "api") -> str:
@@ -192,8 +220,21 @@ class Cluster:
         if self.api_url is None:
             self.api_url = f"http://127.0.0.1:{free_port()}"
         port = self.api_url.rsplit(":", 1)[1]
-        self.start_service(label, [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host",
-                                   "127.0.0.1", "--port", port, "--no-access-log"])  # fmt: skip
+        self.start_service(
+            label,
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "api.app:create_app",
+                "--factory",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                port,
+                "--no-access-log",
+            ],
+        )
         wait_for(self.api_ready, 120, "the API ready")
         return self.api_url
 
@@ -206,8 +247,9 @@ class Cluster:
     def start_scheduler(self, label: str, *, interval_s: float, **env: str) -> subprocess.Popen[bytes]:
         """``python -m scheduler``: campaigns for the lead, then runs a cycle on each NOTIFY and every
         ``interval_s``."""
-        return self.start_service(label, [sys.executable, "-m", "scheduler"],
-                                  KILN_SCHEDULER_INTERVAL_S=str(interval_s), **env)  # fmt: skip
+        return self.start_service(
+            label, [sys.executable, "-m", "scheduler"], KILN_SCHEDULER_INTERVAL_S=str(interval_s), **env
+        )
 
     def tree(self, name: str) -> list[psutil.Process]:
         """The worker and every process under it, as psutil handles, each of which checks before a signal that its
@@ -273,8 +315,11 @@ class Cluster:
         """The last lines of every log this cluster wrote - its processes' and each attempt's - and of each rank's
         telemetry: what a CI failure shows of what the processes were doing (the directory is gone by then)."""
         storage = self.tmp / "storage"
-        paths = [*self.logs.values(), *sorted(storage.glob("logs/*/*.log")),
-                 *sorted(storage.glob("runs/*/*/telemetry/rank*.jsonl"))]  # fmt: skip
+        paths = [
+            *self.logs.values(),
+            *sorted(storage.glob("logs/*/*.log")),
+            *sorted(storage.glob("runs/*/*/telemetry/rank*.jsonl")),
+        ]
         out = []
         for path in paths:
             if path.exists():
@@ -354,8 +399,11 @@ def submit(
         quota.nominal = max(quota.nominal, cpu_quota)
     team.restart_limit = max(team.restart_limit, max_restarts)  # an admin's setting, which submit enforces
     db.flush()
-    terms = {"max_restarts": max_restarts, "recovery_time_objective_s": recovery_objective_s,
-             "checkpoint_interval_s": checkpoint_interval_s}  # fmt: skip
+    terms = {
+        "max_restarts": max_restarts,
+        "recovery_time_objective_s": recovery_objective_s,
+        "checkpoint_interval_s": checkpoint_interval_s,
+    }
     parsed = parse_spec_data({**spec, "sla": {**(spec.get("sla") or {}), **terms}})
     view = jobs_service.submit(db=db, principal=principal, spec=parsed)
     job = db.get(Job, view.id)
@@ -416,8 +464,14 @@ class SchedulerThread:
     A cycle that fails on a database error is retried at the next tick, as the live loop does (tests restart
     PostgreSQL); any other error stops the thread and ``stop()`` raises it, so a broken cycle fails the test."""
 
-    def __init__(self, maker: Callable[[], Session], settings: Settings, *, interval_s: float = 0.5,
-                 config: PolicyConfig | None = None):  # fmt: skip
+    def __init__(
+        self,
+        maker: Callable[[], Session],
+        settings: Settings,
+        *,
+        interval_s: float = 0.5,
+        config: PolicyConfig | None = None,
+    ):
         self.maker = maker
         self.config = config
         self.settings = settings
@@ -428,8 +482,9 @@ class SchedulerThread:
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
 
     def cycle(self) -> CycleResult:
-        return run_cycle(session_factory=self.maker, dispatch=dispatch_attempt, settings=self.settings,
-                         config=self.config)  # fmt: skip
+        return run_cycle(
+            session_factory=self.maker, dispatch=dispatch_attempt, settings=self.settings, config=self.config
+        )
 
     def _run(self) -> None:
         while not self._stop.is_set():

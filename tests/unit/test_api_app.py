@@ -197,8 +197,12 @@ def test_cursor_round_trip_and_rejection() -> None:
 def test_openapi_documents_problems_and_both_submit_media_types(client: TestClient) -> None:
     doc = client.get("/openapi.json").json()
     submit = doc["paths"]["/v1/jobs"]["post"]
-    assert set(submit["requestBody"]["content"]) == {"application/json", "application/yaml", "application/x-yaml",
-                                                      "text/yaml"}  # fmt: skip
+    assert set(submit["requestBody"]["content"]) == {
+        "application/json",
+        "application/yaml",
+        "application/x-yaml",
+        "text/yaml",
+    }
     assert "JobSpec" in doc["components"]["schemas"]
     for path, ops in doc["paths"].items():
         for op in ops.values():

@@ -405,8 +405,17 @@ def test_the_command_line_contract(tmp_path: Path, capsys: pytest.CaptureFixture
     blob, packed = pack_bytes(ROOT / "examples" / "digits")
     archive = write(tmp_path, blob)
     digest = hashlib.sha256(blob).hexdigest()
-    args = ["extract", "--archive", str(archive), "--digest", digest, "--max-unpacked-bytes", "1000000",
-            "--max-entries", "100"]  # fmt: skip
+    args = [
+        "extract",
+        "--archive",
+        str(archive),
+        "--digest",
+        digest,
+        "--max-unpacked-bytes",
+        "1000000",
+        "--max-entries",
+        "100",
+    ]
     assert ca.main([*args, "--dest", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert out.count("\n") == 1
@@ -415,8 +424,19 @@ def test_the_command_line_contract(tmp_path: Path, capsys: pytest.CaptureFixture
 
     hostile = tc.tar_gz(entry("ok.py"), entry("sub", D), entry("sub/up", S, ".."), entry("x", S, "sub/up/.."))
     bad = write(tmp_path, hostile, "bad.tar.gz")
-    bad_args = ["extract", "--archive", str(bad), "--digest", hashlib.sha256(hostile).hexdigest(), "--dest",
-                str(tmp_path / "bad"), "--max-unpacked-bytes", "1000000", "--max-entries", "100"]  # fmt: skip
+    bad_args = [
+        "extract",
+        "--archive",
+        str(bad),
+        "--digest",
+        hashlib.sha256(hostile).hexdigest(),
+        "--dest",
+        str(tmp_path / "bad"),
+        "--max-unpacked-bytes",
+        "1000000",
+        "--max-entries",
+        "100",
+    ]
     assert ca.main(bad_args) == 65
     captured = capsys.readouterr()
     assert captured.out == ""

@@ -19,8 +19,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-COPIED = ["kiln", "scripts", "pyproject.toml", "README.md", "api", "core", "scheduler", "workers", "trainer", "cli",
-          "migrations", "frontend"]  # fmt: skip
+COPIED = [
+    "kiln",
+    "scripts",
+    "pyproject.toml",
+    "README.md",
+    "api",
+    "core",
+    "scheduler",
+    "workers",
+    "trainer",
+    "cli",
+    "migrations",
+    "frontend",
+]
 
 
 @pytest.fixture
@@ -38,8 +50,10 @@ def clone(tmp_path: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / ".venv")], check=True)
     venv_site = subprocess.run(
         [str(root / ".venv" / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     # This checkout's packages (pip, setuptools, fastapi, torch ...), after the venv's own: kiln itself is installed
     # into the new venv by the bootstrap, which pip does from the copy (it never touches the lent directory).
     Path(venv_site, "lent.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
@@ -60,8 +74,9 @@ def _env(root: Path) -> dict[str, str]:
 
 
 def test_first_run_off_a_terminal_prints_a_line_per_step(clone: Path) -> None:
-    run = subprocess.run([str(clone / "kiln"), "--help"], cwd=clone, env=_env(clone), capture_output=True,
-                         text=True, timeout=600)  # fmt: skip
+    run = subprocess.run(
+        [str(clone / "kiln"), "--help"], cwd=clone, env=_env(clone), capture_output=True, text=True, timeout=600
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stderr.splitlines()
     assert lines[0] == f"kiln: preparing {clone / '.venv'} (extras: trainer) ...", lines
@@ -74,15 +89,22 @@ def test_first_run_off_a_terminal_prints_a_line_per_step(clone: Path) -> None:
     assert "Successfully installed kiln-0.1.0" in (clone / ".venv" / "pip-install.log").read_text()
     assert run.stdout.strip(), run.stderr  # then the CLI itself ran: ./kiln --help
 
-    again = subprocess.run([str(clone / "kiln"), "--help"], cwd=clone, env=_env(clone), capture_output=True,
-                           text=True, timeout=120)  # fmt: skip
+    again = subprocess.run(
+        [str(clone / "kiln"), "--help"], cwd=clone, env=_env(clone), capture_output=True, text=True, timeout=120
+    )
     assert again.returncode == 0 and again.stderr == "", again.stderr  # installed once: silent after
 
 
 def test_first_run_on_a_terminal_redraws_one_status_line(clone: Path) -> None:
     primary, secondary = pty.openpty()
-    proc = subprocess.Popen([str(clone / "kiln"), "--help"], cwd=clone, env=_env(clone), stdin=secondary,
-                            stdout=subprocess.PIPE, stderr=secondary)  # fmt: skip
+    proc = subprocess.Popen(
+        [str(clone / "kiln"), "--help"],
+        cwd=clone,
+        env=_env(clone),
+        stdin=secondary,
+        stdout=subprocess.PIPE,
+        stderr=secondary,
+    )
     os.close(secondary)
     seen = b""
     while True:

@@ -387,7 +387,8 @@ def test_hold_and_release_by_id_or_filter(kiln: Any, server: Server, tmp_path: P
     assert [j["id"] for j in as_json(kiln("ls", "--held", "-o", "json"))][:2] == [second, first]
     back = kiln("release", "--name", "batch-hold", "--mine")
     assert back.exit_code == 0 and sorted(back.stdout.splitlines()) == sorted(
-        f"job {i} released: the scheduler plans it again" for i in (first, second))  # fmt: skip
+        f"job {i} released: the scheduler plans it again" for i in (first, second)
+    )
     assert kiln("release", str(first)).stdout.strip() == f"job {first} is not held (QUEUED)"
     assert kiln("release", "--name", "batch-hold").stderr.strip() == "no held job matches"
     kiln("cancel", str(first))
@@ -441,8 +442,18 @@ def test_why_says_what_the_job_waits_for(kiln: Any) -> None:
 
 def test_clone_with_changes(kiln: Any) -> None:
     job_id = submit(kiln)
-    cloned = kiln("clone", str(job_id), "--set", "recipe.hyperparameters.lr=0.001", "-s", "steps=30",
-                  "--name", "tiny-clone", "-o", "json")  # fmt: skip
+    cloned = kiln(
+        "clone",
+        str(job_id),
+        "--set",
+        "recipe.hyperparameters.lr=0.001",
+        "-s",
+        "steps=30",
+        "--name",
+        "tiny-clone",
+        "-o",
+        "json",
+    )
     job = as_json(cloned)
     assert job["id"] != job_id and job["name"] == "tiny-clone" and job["steps"] == 30
     assert job["spec"]["recipe"]["hyperparameters"]["lr"] == 0.001
@@ -506,11 +517,15 @@ def test_an_adaptive_sweep_says_what_it_submitted_now_and_how_it_searches(kiln: 
     example = ROOT / "examples" / "digits"
     made = kiln("sweep", "submit", str(example / "sweep-tpe.yaml"), "--workdir", str(example), "--hold")
     assert made.exit_code == 0, made.output
-    assert ("4 jobs now, 12 in all by TPE (each next one proposed as others end), at most 2 at once (held), drawn "
-            "with seed 7") in made.stdout, made.stdout  # fmt: skip
+    assert (
+        "4 jobs now, 12 in all by TPE (each next one proposed as others end), at most 2 at once (held), drawn "
+        "with seed 7"
+    ) in made.stdout, made.stdout
     sweep_id = made.stdout.split()[2]
-    searches = ("Searches by TPE (tree-structured Parzen estimators): 4 random draws, then each next job's settings "
-                "proposed from the jobs that ended, 2 at a time, 12 jobs in all")  # fmt: skip
+    searches = (
+        "Searches by TPE (tree-structured Parzen estimators): 4 random draws, then each next job's settings "
+        "proposed from the jobs that ended, 2 at a time, 12 jobs in all"
+    )
     assert kiln("sweep", "show", sweep_id).stdout.splitlines()[2].strip() == searches
     kiln("cancel", "--sweep", sweep_id)
     closed = kiln("sweep", "show", sweep_id).stdout.splitlines()[2].strip()
@@ -573,8 +588,9 @@ def test_a_sweeps_jobs_are_held_released_and_cancelled_together(kiln: Any, tmp_p
     assert sorted(cancelled.stdout.splitlines()) == sorted(f"job {j} CANCELLED" for j in jobs)
 
 
-def test_a_sweep_given_alone_is_released_in_one_transaction_or_not_at_all(server: Server, kiln: Any,
-                                                                            tmp_path: Path) -> None:  # fmt: skip
+def test_a_sweep_given_alone_is_released_in_one_transaction_or_not_at_all(
+    server: Server, kiln: Any, tmp_path: Path
+) -> None:
     # kiln release --sweep S is POST /v1/sweeps/S/release: a job its caller may not release refuses them all
     # (before, the CLI released job by job and left the sweep half released).
     with KilnClient(CliConfig(server.url, server.token, "t", "t")) as api:
@@ -592,8 +608,9 @@ def test_a_sweep_given_alone_is_released_in_one_transaction_or_not_at_all(server
     held = sorted(j["id"] for j in as_json(kiln("ls", "--sweep", str(sweep_id), "--held", "-o", "json")))
     assert held == jobs  # none released
     released = kiln("release", "--sweep", str(sweep_id))  # an admin may
-    assert sorted(released.stdout.splitlines()) == sorted(f"job {j} released: the scheduler plans it again"
-                                                          for j in jobs)  # fmt: skip
+    assert sorted(released.stdout.splitlines()) == sorted(
+        f"job {j} released: the scheduler plans it again" for j in jobs
+    )
     again = kiln("cancel", "--sweep", str(sweep_id), "-o", "json")
     assert again.exit_code == 0 and as_json(again)["id"] == sweep_id, again.output
     assert {j["state"] for j in as_json(again)["jobs"]} == {"CANCELLED"}
@@ -604,11 +621,22 @@ def test_sweep_table_has_a_column_per_metric_and_sorts_by_it() -> None:
 
     def job(i: int, loss: float | None, metrics: dict[str, float]) -> dict[str, Any]:
         state = "SUCCEEDED" if metrics else "RUNNING"
-        return {"id": i, "name": f"s-{i}", "state": state, "settings": {"lr": i / 1000}, "last_step": 10,
-                "steps": 10, "last_loss": loss, "pending_reason": None, "metrics": metrics}  # fmt: skip
+        return {
+            "id": i,
+            "name": f"s-{i}",
+            "state": state,
+            "settings": {"lr": i / 1000},
+            "last_step": 10,
+            "steps": 10,
+            "last_loss": loss,
+            "pending_reason": None,
+            "metrics": metrics,
+        }
 
-    sweep = {"keys": ["lr"], "jobs": [job(1, 0.2, {"accuracy": 0.91}), job(2, 0.3, {"accuracy": 0.97, "f1": 0.9}),
-                                      job(3, None, {})]}  # fmt: skip
+    sweep = {
+        "keys": ["lr"],
+        "jobs": [job(1, 0.2, {"accuracy": 0.91}), job(2, 0.3, {"accuracy": 0.97, "f1": 0.9}), job(3, None, {})],
+    }
     columns, rows = sweep_rows(sweep)
     assert [c[0] for c in columns] == ["RANK", "ID", "NAME", "STATE", "LR", "STEP", "LOSS", "ACCURACY", "F1", "REASON"]
     assert [r["id"] for r in rows] == [1, 2, 3]  # the API's order: best first by its objective

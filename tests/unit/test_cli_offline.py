@@ -122,8 +122,27 @@ def test_cli_import_loads_no_torch_httpx_or_sqlalchemy() -> None:
 def test_help_lists_every_command() -> None:
     result = runner.invoke(app, ["--help"], terminal_width=200)
     assert result.exit_code == 0
-    for name in ("login", "submit", "ls", "describe", "events", "logs", "cancel", "why", "teams", "qos", "usage",
-                 "sla", "hosts", "tokens", "admin", "simulate", "migrate", "up", "down"):  # fmt: skip
+    for name in (
+        "login",
+        "submit",
+        "ls",
+        "describe",
+        "events",
+        "logs",
+        "cancel",
+        "why",
+        "teams",
+        "qos",
+        "usage",
+        "sla",
+        "hosts",
+        "tokens",
+        "admin",
+        "simulate",
+        "migrate",
+        "up",
+        "down",
+    ):
         assert f" {name} " in result.output
 
 

@@ -69,8 +69,12 @@ def test_job_progress_note_and_time() -> None:
     assert out.job_progress(JOB) == "20/60"
     assert out.job_note(JOB) == "QUOTA"
     assert out.job_wait_or_runtime(JOB, now) == "2m00s"
-    done = JOB | {"state": "FAILED", "exit_reason": "loss spike", "started_at": "2026-11-29T09:01:00Z",
-                  "finished_at": "2026-11-29T09:01:30Z"}  # fmt: skip
+    done = JOB | {
+        "state": "FAILED",
+        "exit_reason": "loss spike",
+        "started_at": "2026-11-29T09:01:00Z",
+        "finished_at": "2026-11-29T09:01:30Z",
+    }
     assert out.job_note(done) == "loss spike"
     assert out.job_wait_or_runtime(done, now) == "30s"
 
@@ -105,8 +109,10 @@ def test_placement_and_quotas() -> None:
     placement = [{"host": "n1", "gpus": ["a", "b"], "slots": 0}, {"host": "n2", "gpus": [], "slots": 2}]
     assert out.fmt_placement(placement) == "n1: 2 GPU, n2: 2 slot(s)"
     assert out.fmt_placement([]) == "-"
-    quotas = [{"gpu_type": "cpu", "nominal": 4, "borrowing_limit": None}, {"gpu_type": "H200", "nominal": 8,
-              "borrowing_limit": 2}]  # fmt: skip
+    quotas = [
+        {"gpu_type": "cpu", "nominal": 4, "borrowing_limit": None},
+        {"gpu_type": "H200", "nominal": 8, "borrowing_limit": 2},
+    ]
     assert out.fmt_quotas(quotas) == "cpu=4, H200=8 (+2)"
 
 
@@ -116,5 +122,6 @@ def test_follow_exit_codes_and_summary() -> None:
     assert exit_code_for_state("CANCELLED") == 1
     line = describe_transition({"id": 3, "state": "SUCCEEDED", "last_loss": 1.5})
     assert line == "job 3 SUCCEEDED final loss 1.5000"
-    assert "(QUOTA: full)" in describe_transition({"id": 3, "state": "QUEUED", "pending_reason": "QUOTA",
-                                                   "pending_message": "full"})  # fmt: skip
+    assert "(QUOTA: full)" in describe_transition(
+        {"id": 3, "state": "QUEUED", "pending_reason": "QUOTA", "pending_message": "full"}
+    )

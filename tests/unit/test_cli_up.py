@@ -119,8 +119,12 @@ def test_a_child_that_ran_stably_is_restarted_at_once(tmp_path: Path) -> None:
     """A worker killed after a long run is back without a backoff: its lost jobs wait on its registration."""
     code = "import sys, time; time.sleep(0.5); sys.exit(9)"
     buf = io.StringIO()
-    sup = Supervisor([ChildSpec("worker", [sys.executable, "-c", code])], env=dict(os.environ), log_dir=tmp_path,
-                     out=Console(file=buf, width=200))  # fmt: skip
+    sup = Supervisor(
+        [ChildSpec("worker", [sys.executable, "-c", code])],
+        env=dict(os.environ),
+        log_dir=tmp_path,
+        out=Console(file=buf, width=200),
+    )
     sup.start_all()
     worker = sup.children[0]
     worker.started_at -= STABLE_AFTER_S  # as if it had run for longer than that
@@ -143,8 +147,12 @@ def test_stop_kills_what_ignores_sigterm_and_orphaned_grandchildren(tmp_path: Pa
         "time.sleep(120)\n"
     )
     buf = io.StringIO()
-    sup = Supervisor([ChildSpec("stubborn", [sys.executable, "-c", code])], env=dict(os.environ), log_dir=tmp_path,
-                     out=Console(file=buf, width=200))  # fmt: skip
+    sup = Supervisor(
+        [ChildSpec("stubborn", [sys.executable, "-c", code])],
+        env=dict(os.environ),
+        log_dir=tmp_path,
+        out=Console(file=buf, width=200),
+    )
     sup.start_all()
     deadline = time.monotonic() + 20
     while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:

@@ -51,8 +51,19 @@ def test_the_same_files_pack_to_the_same_bytes_whatever_their_times(tmp_path: Pa
     ],
 )
 def test_ignore_files_are_honoured(tmp_path: Path, ignore: str, kept: list[str], dropped: list[str]) -> None:
-    files = {name: "1" for name in ["a.py", "sub/c.py", "x.log", "sub/y.log", "data/big.bin", "sub/data/k.py",
-                                    "keep.log", "sub/cache/z.py"]}  # fmt: skip
+    files = {
+        name: "1"
+        for name in [
+            "a.py",
+            "sub/c.py",
+            "x.log",
+            "sub/y.log",
+            "data/big.bin",
+            "sub/data/k.py",
+            "keep.log",
+            "sub/cache/z.py",
+        ]
+    }
     root = tree(tmp_path, {**files, ".kilnignore": ignore, ".git/HEAD": "ref", "__pycache__/m.pyc": "b"})
     got = names(pack_bytes(root)[0])
     assert all(k in got for k in kept), got

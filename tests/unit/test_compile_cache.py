@@ -135,9 +135,14 @@ def test_the_key_holds_what_decides_the_code_and_not_the_optimiser() -> None:
     def key(lr: float = 3e-3, n_layer: int = 1, **over: object) -> str:
         recipe = load_recipe("gpt", {"size": "tiny", "n_layer": n_layer, "lr": lr, "warmup_steps": 3})
         args: dict[str, object] = {
-            "mode": "regional", "model_config": recipe.graph_config(), "precision": "fp32",
-            "device": torch.device("cpu"), "world_size": 1, "strategy": "single", **over,
-        }  # fmt: skip
+            "mode": "regional",
+            "model_config": recipe.graph_config(),
+            "precision": "fp32",
+            "device": torch.device("cpu"),
+            "world_size": 1,
+            "strategy": "single",
+            **over,
+        }
         return store.key_of(cache_fields(**args))  # type: ignore[arg-type]
 
     base = key()
@@ -145,7 +150,8 @@ def test_the_key_holds_what_decides_the_code_and_not_the_optimiser() -> None:
     others = [key(n_layer=2), key(precision="bf16"), key(world_size=2), key(strategy="ddp"), key(mode="whole")]
     others.append(key(extra={"cuda_graphs": True}))
     assert len({base, *others}) == len(others) + 1
-    fields = cache_fields(mode="regional", model_config={}, precision="fp32", device=torch.device("cpu"),
-                          world_size=1, strategy="single")  # fmt: skip
+    fields = cache_fields(
+        mode="regional", model_config={}, precision="fp32", device=torch.device("cpu"), world_size=1, strategy="single"
+    )
     assert {"torch", "triton", "python", "gpu", "options", "world_size", "parallelism"} <= set(fields)
     assert dataclasses.asdict(entry_for(b"")).keys() >= {"key", "sha256", "size_bytes", "written_at"}

@@ -181,5 +181,19 @@ def test_reasons_are_one_vocabulary() -> None:
     values = [r.value for r in Reason]
     assert len(values) == len(set(values))
     # What the jobs table already holds keeps its meaning: the words are the ones written before the enum.
-    assert {"Quota", "Budget", "Resources", "Priority", "Dependency", "BandwidthQuota", "MemoryFit", "Reservation",
-            "Backoff", "Preempted", "Drained", "Unschedulable", "SweepLimit", "Held"} == set(values)  # fmt: skip
+    assert {
+        "Quota",
+        "Budget",
+        "Resources",
+        "Priority",
+        "Dependency",
+        "BandwidthQuota",
+        "MemoryFit",
+        "Reservation",
+        "Backoff",
+        "Preempted",
+        "Drained",
+        "Unschedulable",
+        "SweepLimit",
+        "Held",
+    } == set(values)

@@ -75,8 +75,12 @@ def test_resolve_follows_links_only_inside_the_area(storage: Path, tmp_path: Pat
     assert resolve(storage, "datasets/default/digits", "default") == area.resolve() / "digits"
     (area / "current").symlink_to(area / "digits")
     assert resolve(storage, "datasets/default/current", "default") == area.resolve() / "digits"
-    for name, target in (("out", tmp_path), ("ckpt", storage / "checkpoints" / "3"), ("peer", storage / "datasets"
-                         / "other"), ("root", Path("/"))):  # fmt: skip
+    for name, target in (
+        ("out", tmp_path),
+        ("ckpt", storage / "checkpoints" / "3"),
+        ("peer", storage / "datasets" / "other"),
+        ("root", Path("/")),
+    ):
         (area / name).symlink_to(target)
         with pytest.raises(DatasetPathError, match="leads out of datasets/default/"):
             resolve(storage, f"datasets/default/{name}", "default")

@@ -100,10 +100,20 @@ def train(tmp: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> ExitCode:
     from trainer.loop import run
 
     monkeypatch.setenv(ENV_TEST_HOOKS, json.dumps({"sleep_per_step_s": 0.3}))
-    job = parse_spec_data({"name": "x", "team": "t", "steps": 4, "compile": {"mode": "off"}, "precision": "fp32",
-                           "checkpointing": {"every_steps": 2, "keep_last": 5},
-                           "recipe": {"name": "gpt", "hyperparameters": {"size": "tiny", "corpus": "synthetic",
-                                                                         "batch_size": 2, "seq_len": 16}}})  # fmt: skip
+    job = parse_spec_data(
+        {
+            "name": "x",
+            "team": "t",
+            "steps": 4,
+            "compile": {"mode": "off"},
+            "precision": "fp32",
+            "checkpointing": {"every_steps": 2, "keep_last": 5},
+            "recipe": {
+                "name": "gpt",
+                "hyperparameters": {"size": "tiny", "corpus": "synthetic", "batch_size": 2, "seq_len": 16},
+            },
+        }
+    )
     env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
     return run(job, tmp / "run", env)
 
@@ -151,9 +161,15 @@ def script_attempt(
     run_dir = tmp_path / "run"
     write_fence(storage, 7)
     write_lease(run_dir / "lease", Lease.renewed(token=7, at=lease_clock(), lease_s=600))
-    for key, value in {ENV_RUN_DIR: run_dir, ENV_CHECKPOINT_DIR: storage, ENV_FENCING_TOKEN: 7, ENV_STEPS: 3,
-                       ENV_LEASE_FILE: run_dir / "lease", ENV_KEEP_LAST: 2,
-                       ENV_FINAL_CHECKPOINT_RETRY_S: 1.0}.items():  # fmt: skip
+    for key, value in {
+        ENV_RUN_DIR: run_dir,
+        ENV_CHECKPOINT_DIR: storage,
+        ENV_FENCING_TOKEN: 7,
+        ENV_STEPS: 3,
+        ENV_LEASE_FILE: run_dir / "lease",
+        ENV_KEEP_LAST: 2,
+        ENV_FINAL_CHECKPOINT_RETRY_S: 1.0,
+    }.items():
         monkeypatch.setenv(key, str(value))
     monkeypatch.setattr(script_client, "_CLIENT", None)
     yield run_dir

@@ -29,8 +29,12 @@ SMALL = Shape("gpt", "small b8", 1e12, "gpt small b8")
 LARGE = Shape("gpt", "small b16", 2e12, "gpt small b16")
 
 
-def run(shape: Shape = SMALL, config: Config = ONE, times: tuple[float, ...] = (0.1,) * 10, startup: float = 20.0,
-        ) -> Run:  # fmt: skip
+def run(
+    shape: Shape = SMALL,
+    config: Config = ONE,
+    times: tuple[float, ...] = (0.1,) * 10,
+    startup: float = 20.0,
+) -> Run:
     return Run(shape, config, times, startup)
 
 
@@ -69,8 +73,12 @@ def test_scaling_prefers_the_same_layout_and_never_crosses_device_compile_or_pre
     assert s is not None and s.basis == "measured"
     s = step_time(LARGE, TWO, history)  # LARGE on TWO: scaled from SMALL on TWO, not from LARGE on ONE
     assert s is not None and s.median_s == pytest.approx(1.0)
-    others = [replace(ONE, device="H100-80GB"), replace(ONE, compiled=False), replace(ONE, precision="fp32"),
-              replace(ONE, share=True)]  # fmt: skip
+    others = [
+        replace(ONE, device="H100-80GB"),
+        replace(ONE, compiled=False),
+        replace(ONE, precision="fp32"),
+        replace(ONE, share=True),
+    ]
     for other in others:
         assert step_time(SMALL, other, history) is None
 
@@ -100,8 +108,9 @@ def test_cost_counts_start_up_every_gpu_and_the_price() -> None:
 def _priced(gpu_hours: float, basis: str = "measured", peak: int | None = None, meets: bool | None = None) -> Option:
     """An option of ``gpu_hours`` for 100 steps on one GPU at 1 a GPU-hour."""
     step = StepTime(gpu_hours * 36, gpu_hours * 36, gpu_hours * 36, basis, "", 1, 1, None)
-    o = cost(Option(ONE, SMALL, step=step, price=1.0, peak_bytes=peak, capacity_bytes=100), steps=100, now=NOW,
-             deadline=None)  # fmt: skip
+    o = cost(
+        Option(ONE, SMALL, step=step, price=1.0, peak_bytes=peak, capacity_bytes=100), steps=100, now=NOW, deadline=None
+    )
     return replace(o, meets_deadline=meets)
 
 

@@ -34,18 +34,37 @@ def pending(jid: int, team: int, qos: str = "gold", *, share: GpuShare | None = 
     priority, preemptible = QOS[qos]
     if share is not None:
         share = replace(share, guaranteed=not preemptible)
-    return PendingJob(id=jid, team_id=team, qos=qos, qos_priority=priority, preemptible=preemptible, gpus=gpus,
-                      submitted_at=NOW - 100 + jid, share=share)  # fmt: skip
+    return PendingJob(
+        id=jid,
+        team_id=team,
+        qos=qos,
+        qos_priority=priority,
+        preemptible=preemptible,
+        gpus=gpus,
+        submitted_at=NOW - 100 + jid,
+        share=share,
+    )
 
 
-def running(jid: int, team: int, host: str, gpus: tuple[str, ...], qos: str = "gold",
-            share: GpuShare | None = None) -> RunningJob:  # fmt: skip
+def running(
+    jid: int, team: int, host: str, gpus: tuple[str, ...], qos: str = "gold", share: GpuShare | None = None
+) -> RunningJob:
     priority, preemptible = QOS[qos]
     if share is not None:
         share = replace(share, guaranteed=not preemptible)
-    return RunningJob(id=jid, team_id=team, qos=qos, qos_priority=priority, preemptible=preemptible,
-                      gpus=len(gpus), gpu_type="H100", quota_key=ANY, placement=(PlacedHost(host, gpus),),
-                      started_at=NOW - 1000, share=share)  # fmt: skip
+    return RunningJob(
+        id=jid,
+        team_id=team,
+        qos=qos,
+        qos_priority=priority,
+        preemptible=preemptible,
+        gpus=len(gpus),
+        gpu_type="H100",
+        quota_key=ANY,
+        placement=(PlacedHost(host, gpus),),
+        started_at=NOW - 1000,
+        share=share,
+    )
 
 
 def mps_host(name: str, gpus: int = 2, *, mps: bool = True) -> HostInfo:
@@ -90,14 +109,20 @@ def check_rules(snap: Snapshot, d: Decisions) -> None:
             assert host_of[adm.placement[0].gpus[0]].mps
 
 
-shares = st.builds(GpuShare, memory_bytes=st.sampled_from([4, 10, 20, 40, 80]).map(lambda g: g * GIB),
-                   sm_percent=st.sampled_from([10, 30, 50, 70, 100]), guaranteed=st.just(True))  # fmt: skip
+shares = st.builds(
+    GpuShare,
+    memory_bytes=st.sampled_from([4, 10, 20, 40, 80]).map(lambda g: g * GIB),
+    sm_percent=st.sampled_from([10, 30, 50, 70, 100]),
+    guaranteed=st.just(True),
+)
 
 
 @st.composite
 def sharing_snapshots(draw: st.DrawFn) -> Snapshot:
-    hosts = [mps_host(f"h{i}", draw(st.integers(1, 3)), mps=draw(st.booleans()) or i == 0)
-             for i in range(draw(st.integers(1, 3)))]  # fmt: skip
+    hosts = [
+        mps_host(f"h{i}", draw(st.integers(1, 3)), mps=draw(st.booleans()) or i == 0)
+        for i in range(draw(st.integers(1, 3)))
+    ]
     run: list[RunningJob] = []
     jid = 1
     for h in hosts:
@@ -119,8 +144,9 @@ def sharing_snapshots(draw: st.DrawFn) -> Snapshot:
     for _ in range(draw(st.integers(1, 14))):
         qos = draw(st.sampled_from(list(QOS)))
         share = draw(st.one_of(st.none(), shares, shares))
-        queue.append(pending(jid, draw(st.integers(1, 3)), qos, share=share, gpus=1 if share else
-                             draw(st.integers(1, 2))))  # fmt: skip
+        queue.append(
+            pending(jid, draw(st.integers(1, 3)), qos, share=share, gpus=1 if share else draw(st.integers(1, 2)))
+        )
         jid += 1
     return Snapshot(now=NOW, hosts=tuple(hosts), running=tuple(run), pending=tuple(queue), teams=teams())
 

@@ -89,7 +89,7 @@ MIXED = Capacity([HostCapacity((("H100-80GB", 4),), 8), HostCapacity((("H200", 8
             Ask(1, "H100-40GB"),
             "no host has GPU type H100-40GB (the cluster has H100-80GB: 8 GPUs a host, "
             "1 host; H100-PCIE: 4 GPUs a host, 1 host)",
-        ),  # fmt: skip
+        ),
         (H200_PAIR, Ask(1, "H100"), "no host has GPU type H100 (the cluster has H200: 8 GPUs a host, 2 hosts)"),
     ],
 )

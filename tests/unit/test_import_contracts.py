@@ -276,9 +276,12 @@ def test_a_router_may_use_a_session_type(tmp_path: Path) -> None:
 
 
 def test_a_cycle_is_found_even_through_a_lazy_import(tmp_path: Path) -> None:
-    root = _tree(tmp_path, {
-        "scheduler/loader.py": "from scheduler.snapshot import Snapshot\n",
-        "scheduler/snapshot.py": "class Snapshot: ...\ndef load():\n    from scheduler.loader import x\n",
-        "scheduler/policy.py": "from scheduler import snapshot\n",
-    })  # fmt: skip
+    root = _tree(
+        tmp_path,
+        {
+            "scheduler/loader.py": "from scheduler.snapshot import Snapshot\n",
+            "scheduler/snapshot.py": "class Snapshot: ...\ndef load():\n    from scheduler.loader import x\n",
+            "scheduler/policy.py": "from scheduler import snapshot\n",
+        },
+    )
     assert cycles(root) == [["scheduler.loader", "scheduler.snapshot"]]

@@ -40,8 +40,10 @@ def test_started_in_the_workers_own_directories_and_healthy(daemon: MpsDaemon, t
     assert daemon.start()
     assert (daemon.state, daemon.generation) == ("running", 1)
     assert daemon.healthy()
-    assert daemon.client_env() == {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "mps" / "pipe"),
-                                   "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "mps" / "log")}  # fmt: skip
+    assert daemon.client_env() == {
+        "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "mps" / "pipe"),
+        "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "mps" / "log"),
+    }
     assert oct(daemon.pipe_dir.stat().st_mode & 0o777) == "0o700"
     assert not daemon.ensure()  # alive: nothing to do
 

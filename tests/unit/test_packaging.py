@@ -25,8 +25,9 @@ def test_the_wheel_ships_migrations_and_dashboard_and_runs_installed(tmp_path: P
     dist = tmp_path / "dist"
 
     def pip(*args: str) -> None:
-        done = subprocess.run([sys.executable, "-m", "pip", *args, "-q"], cwd=tmp_path, capture_output=True, text=True,
-                              timeout=300)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", *args, "-q"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
         assert done.returncode == 0, done.stderr
 
     pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(src))

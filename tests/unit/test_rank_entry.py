@@ -19,8 +19,12 @@ def test_the_trainers_exit_code_is_recorded_and_returned(tmp_path: Path) -> None
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")} | {"RANK": "0", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [sys.executable, "-m", "rank.entry", "--spec", str(spec), "--run-dir", str(run_dir)],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == ExitCode.USER_ERROR, proc.stderr
     assert (run_dir / EXIT_DIR / "rank0").read_text() == str(int(ExitCode.USER_ERROR))
     assert "kiln trainer: bad spec" in proc.stderr

@@ -75,8 +75,17 @@ def test_the_team_uid_is_taken_inside_with_nothing_of_roots_left_and_a_lifeline_
     try:
         inner = launch.argv[launch.argv.index("--") + 1 :]
         uid = RANGE_START + 7
-        assert inner[:9] == ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
-                             "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all", "--"]  # fmt: skip
+        assert inner[:9] == [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "--no-new-privs",
+            "--inh-caps=-all",
+            "--ambient-caps=-all",
+            "--bounding-set=-all",
+            "--",
+        ]
         assert inner[10:14] == ["-m", "workers.sandbox_shim", "--lifeline", str(lifeline)]
         assert inner[-3:] == ["python", "-m", "rank.entry"]
         assert lifeline in launch.fds

@@ -19,10 +19,30 @@ NOW = 1_000_000.0
 H = 3600.0
 
 
-def pj(id: int, gpus: int = 4, *, limit: float | None = None, attained: float = 0.0, age: float = 0.0,
-       qos: str = "silver", prio: int = 500, team: int = 1, **kw: object) -> PendingJob:  # fmt: skip
-    return PendingJob(id=id, team_id=team, qos=qos, qos_priority=prio, preemptible=False, gpus=gpus,
-                      submitted_at=NOW - age, estimated_runtime_s=limit, attained_s=attained, **kw)  # type: ignore[arg-type]  # fmt: skip
+def pj(
+    id: int,
+    gpus: int = 4,
+    *,
+    limit: float | None = None,
+    attained: float = 0.0,
+    age: float = 0.0,
+    qos: str = "silver",
+    prio: int = 500,
+    team: int = 1,
+    **kw: object,
+) -> PendingJob:
+    return PendingJob(
+        id=id,
+        team_id=team,
+        qos=qos,
+        qos_priority=prio,
+        preemptible=False,
+        gpus=gpus,
+        submitted_at=NOW - age,
+        estimated_runtime_s=limit,
+        attained_s=attained,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def team(history: tuple[float, ...] = (), ratio: float | None = None) -> TeamInfo:
@@ -111,9 +131,19 @@ def test_the_oldest_long_waiting_job_of_a_class_goes_first_but_only_one() -> Non
 
 def test_a_job_first_only_by_age_reserves_but_never_preempts() -> None:
     # One host, busy with a preemptible bronze job; a gold job past its SLA, first only by age, does not preempt it.
-    busy = RunningJob(id=9, team_id=1, qos="bronze", qos_priority=200, preemptible=True, gpus=8, gpu_type="H100",
-                      quota_key=ANY, placement=(PlacedHost("h0000", tuple(f"GPU-h0000-{i}" for i in range(8))),),
-                      started_at=NOW - H, expected_end=NOW + 10 * H)  # fmt: skip
+    busy = RunningJob(
+        id=9,
+        team_id=1,
+        qos="bronze",
+        qos_priority=200,
+        preemptible=True,
+        gpus=8,
+        gpu_type="H100",
+        quota_key=ANY,
+        placement=(PlacedHost("h0000", tuple(f"GPU-h0000-{i}" for i in range(8))),),
+        started_at=NOW - H,
+        expected_end=NOW + 10 * H,
+    )
     gold = pj(1, 8, limit=H, age=3 * 86400, qos="gold", prio=1000, max_queue_wait_s=1800.0)
     s = Snapshot(now=NOW, hosts=gpu_cluster(1), running=(busy,), pending=(gold,), teams=(team(),))
     d = plan(s, PolicyConfig(oldest_first_after_s=86400.0))
@@ -131,11 +161,21 @@ def test_a_requeued_job_has_only_the_rest_of_its_queue_wait_budget() -> None:
 
 def test_running_jobs_without_a_limit_end_when_kiln_expects_not_never() -> None:
     # One host, fully busy with a job without a time limit that has run 1 h; the team's jobs ran 3 h.
-    busy = RunningJob(id=9, team_id=1, qos="silver", qos_priority=500, preemptible=False, gpus=8, gpu_type="H100",
-                      quota_key=ANY, placement=(PlacedHost("h0000", tuple(f"GPU-h0000-{i}" for i in range(8))),),
-                      started_at=NOW - H)  # fmt: skip
-    s = Snapshot(now=NOW, hosts=gpu_cluster(1), running=(busy,), pending=(pj(1, 8),),
-                 teams=(team(history=(3 * H, 3 * H)),))  # fmt: skip
+    busy = RunningJob(
+        id=9,
+        team_id=1,
+        qos="silver",
+        qos_priority=500,
+        preemptible=False,
+        gpus=8,
+        gpu_type="H100",
+        quota_key=ANY,
+        placement=(PlacedHost("h0000", tuple(f"GPU-h0000-{i}" for i in range(8))),),
+        started_at=NOW - H,
+    )
+    s = Snapshot(
+        now=NOW, hosts=gpu_cluster(1), running=(busy,), pending=(pj(1, 8),), teams=(team(history=(3 * H, 3 * H)),)
+    )
     reservation = plan(s).reservations[0]
     assert reservation.start == NOW + 2 * H
     assert plan(s, PolicyConfig(service_classes=False)).reservations[0].start is None  # unknown without it
@@ -155,8 +195,13 @@ def test_no_job_view_has_a_run_time_field() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([4, 8, 16]), st.floats(0, 20 * H), st.floats(600, 30 * H),
-                          st.floats(0.05, 20.0)), min_size=3, max_size=25))  # fmt: skip
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([4, 8, 16]), st.floats(0, 20 * H), st.floats(600, 30 * H), st.floats(0.05, 20.0)),
+        min_size=3,
+        max_size=25,
+    )
+)
 def test_the_replay_shows_plan_nothing_of_the_true_run_times(jobs: list[tuple[int, float, float, float]]) -> None:
     """Two traces that differ only in their true run times (the users' limits the same) hand plan() the very same
     snapshots until the first job ends: what a job will really take reaches the policy through nothing else."""
@@ -201,9 +246,20 @@ def long_behind_short(waited_days: float) -> tuple[PendingJob, ...]:
 
 def busy_best_effort() -> RunningJob:
     """A best-effort job on all 8 GPUs of host h0000, 10 more hours to go by its limit."""
-    return RunningJob(id=9, team_id=1, qos="best-effort", qos_priority=0, preemptible=True, gpus=8, gpu_type="H100",
-                      quota_key=ANY, placement=(PlacedHost("h0000", tuple(f"GPU-h0000-{i}" for i in range(8))),),
-                      started_at=NOW - H, expected_end=NOW + 10 * H, time_limit_s=11 * H)  # fmt: skip
+    return RunningJob(
+        id=9,
+        team_id=1,
+        qos="best-effort",
+        qos_priority=0,
+        preemptible=True,
+        gpus=8,
+        gpu_type="H100",
+        quota_key=ANY,
+        placement=(PlacedHost("h0000", tuple(f"GPU-h0000-{i}" for i in range(8))),),
+        started_at=NOW - H,
+        expected_end=NOW + 10 * H,
+        time_limit_s=11 * H,
+    )
 
 
 def test_the_makespan_guard_puts_a_long_waiting_long_job_first_in_the_preemptible_tier() -> None:
@@ -309,10 +365,20 @@ def test_a_job_first_by_age_reserves_what_its_team_lent_instead_of_waiting_on_th
     # 2-GPU one. When team 2's 2-GPU job ends, the young job would take the 2 GPUs and the old one would never
     # have 8 at once; the old one reserves them instead.
     def running(id: int, gpus: int, host: str, first: int, ends_in: float) -> RunningJob:
-        return RunningJob(id=id, team_id=2, qos="silver", qos_priority=500, preemptible=False, gpus=gpus,
-                          gpu_type="H100", quota_key=ANY,
-                          placement=(PlacedHost(host, tuple(f"GPU-{host}-{i}" for i in range(first, first + gpus))),),
-                          started_at=NOW - H, expected_end=NOW + ends_in, time_limit_s=H + ends_in)  # fmt: skip
+        return RunningJob(
+            id=id,
+            team_id=2,
+            qos="silver",
+            qos_priority=500,
+            preemptible=False,
+            gpus=gpus,
+            gpu_type="H100",
+            quota_key=ANY,
+            placement=(PlacedHost(host, tuple(f"GPU-{host}-{i}" for i in range(first, first + gpus))),),
+            started_at=NOW - H,
+            expected_end=NOW + ends_in,
+            time_limit_s=H + ends_in,
+        )
 
     quota = (QuotaInfo(key=ANY, nominal=8),)
     teams = (TeamInfo(1, "a", cohort="c", quotas=quota), TeamInfo(2, "b", cohort="c", quotas=quota))

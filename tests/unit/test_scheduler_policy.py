@@ -49,15 +49,30 @@ def pj(id: int, gpus: int = 1, *, team: int = 1, qos: str = "silver", age: float
 
 
 def rj(
-    id: int, host: str, units: list[int], *, team: int = 1, qos: str = "bronze", ran: float = 3600.0,
-    model: str = "H100", **kw: Any,
-) -> RunningJob:  # fmt: skip
+    id: int,
+    host: str,
+    units: list[int],
+    *,
+    team: int = 1,
+    qos: str = "bronze",
+    ran: float = 3600.0,
+    model: str = "H100",
+    **kw: Any,
+) -> RunningJob:
     prio, pre = QOS[qos]
     return RunningJob(
-        id=id, team_id=team, qos=qos, qos_priority=prio, preemptible=pre, gpus=len(units), gpu_type=model,
+        id=id,
+        team_id=team,
+        qos=qos,
+        qos_priority=prio,
+        preemptible=pre,
+        gpus=len(units),
+        gpu_type=model,
         quota_key=kw.pop("quota_key", ANY),
-        placement=(PlacedHost(host, tuple(f"GPU-{host}-{i}" for i in units)),), started_at=NOW - ran, **kw,
-    )  # fmt: skip
+        placement=(PlacedHost(host, tuple(f"GPU-{host}-{i}" for i in units)),),
+        started_at=NOW - ran,
+        **kw,
+    )
 
 
 def snap(
@@ -159,8 +174,13 @@ def test_reason_budget_spent_and_projected() -> None:
 
 
 def test_reason_dependency_and_failed_dependency() -> None:
-    s = snap(pending=(pj(1, depends_on=((7, "RUNNING", "afterok"),)), pj(2, depends_on=((8, "FAILED", "afterok"),)),
-                      pj(3, depends_on=((9, "SUCCEEDED", "afterok"),))))  # fmt: skip
+    s = snap(
+        pending=(
+            pj(1, depends_on=((7, "RUNNING", "afterok"),)),
+            pj(2, depends_on=((8, "FAILED", "afterok"),)),
+            pj(3, depends_on=((9, "SUCCEEDED", "afterok"),)),
+        )
+    )
     d = plan(s)
     assert {p.job_id: p.reason for p in d.pending} == {1: Reason.DEPENDENCY}
     assert [f.job_id for f in d.failures] == [2] and "8" in d.failures[0].message
@@ -170,12 +190,18 @@ def test_reason_dependency_and_failed_dependency() -> None:
 @pytest.mark.parametrize(
     ("condition", "state", "outcome"),
     [
-        ("afterany", "RUNNING", "waits"), ("afterany", "SUCCEEDED", "runs"), ("afterany", "FAILED", "runs"),
-        ("afterany", "CANCELLED", "runs"), ("afternotok", "RUNNING", "waits"), ("afternotok", "FAILED", "runs"),
-        ("afternotok", "CANCELLED", "runs"), ("afternotok", "SUCCEEDED", "fails"), ("afterok", "QUEUED", "waits"),
+        ("afterany", "RUNNING", "waits"),
+        ("afterany", "SUCCEEDED", "runs"),
+        ("afterany", "FAILED", "runs"),
+        ("afterany", "CANCELLED", "runs"),
+        ("afternotok", "RUNNING", "waits"),
+        ("afternotok", "FAILED", "runs"),
+        ("afternotok", "CANCELLED", "runs"),
+        ("afternotok", "SUCCEEDED", "fails"),
+        ("afterok", "QUEUED", "waits"),
         ("afterok", "CANCELLED", "fails"),
     ],
-)  # fmt: skip
+)
 def test_dependency_conditions(condition: str, state: str, outcome: str) -> None:
     d = plan(snap(pending=(pj(1, depends_on=((7, state, condition),)),)))
     got = "runs" if d.admissions else "fails" if d.failures else "waits"
@@ -201,15 +227,24 @@ def test_a_family_name_is_placed_on_any_of_its_variants_and_a_variant_on_itself_
     """An H100 host registers as H100-80GB; a job asking ``H100`` waited as Unschedulable ("no host has GPU type
     H100") beside idle H100s."""
     hosts = (gpu_host("a", 8, model="H100-80GB"), gpu_host("b", 4, model="H100-PCIE"))
-    d = plan(snap(host_list=hosts, pending=(pj(1, 8, gpu_type="H100"), pj(2, 4, gpu_type="H100"),
-                                           pj(3, 1, gpu_type="H100-80GB-PCIE"))))  # fmt: skip
+    d = plan(
+        snap(
+            host_list=hosts,
+            pending=(pj(1, 8, gpu_type="H100"), pj(2, 4, gpu_type="H100"), pj(3, 1, gpu_type="H100-80GB-PCIE")),
+        )
+    )
     assert {a.job_id: a.placement[0].host for a in d.admissions} == {1: "a", 2: "b"}
     assert [(p.job_id, p.reason) for p in d.pending] == [(3, Reason.UNSCHEDULABLE)]
 
 
 def test_reason_memory_fit_against_qos_cap_and_gpu() -> None:
-    s = snap(pending=(pj(1, memory_bytes=9 * GIB, memory_cap_bytes=8 * GIB), pj(2, memory_bytes=100 * GIB),
-                      pj(3, memory_bytes=40 * GIB)))  # fmt: skip
+    s = snap(
+        pending=(
+            pj(1, memory_bytes=9 * GIB, memory_cap_bytes=8 * GIB),
+            pj(2, memory_bytes=100 * GIB),
+            pj(3, memory_bytes=40 * GIB),
+        )
+    )
     assert reasons(s) == {1: Reason.MEMORY_FIT, 2: Reason.MEMORY_FIT}
     assert admitted(s) == [3]
 
@@ -302,8 +337,13 @@ def test_fair_share_prefers_the_team_with_less_decayed_usage_per_weight() -> Non
 
 def test_fair_share_alternates_teams_within_a_cycle() -> None:
     teams = (TeamInfo(1, "a"), TeamInfo(2, "b"))
-    s = snap(hosts=1, teams=teams, pending=tuple([pj(i, 2, team=1, age=100 - i) for i in range(1, 5)]
-                                                  + [pj(i, 2, team=2, age=50 - i) for i in range(5, 9)]))  # fmt: skip
+    s = snap(
+        hosts=1,
+        teams=teams,
+        pending=tuple(
+            [pj(i, 2, team=1, age=100 - i) for i in range(1, 5)] + [pj(i, 2, team=2, age=50 - i) for i in range(5, 9)]
+        ),
+    )
     # Admission order: the oldest of team a, then team b (now the lower usage), then a again: not a's four first.
     assert admitted(s) == [1, 5, 2, 6]
 
@@ -372,15 +412,22 @@ def test_a_restart_prefers_other_hosts_than_the_one_it_was_lost_on() -> None:
     # Soft: where nothing else fits, it restarts there (a one-host cluster still runs it).
     only = plan(snap(hosts=1, pending=(pj(4, 2, avoid_hosts=frozenset({"h0000"})),)))
     assert [p.host for p in only.admissions[0].placement] == ["h0000"]
-    cpu = plan(snap(host_list=(cpu_host("c0", 4), cpu_host("c1", 4)),
-                    pending=(pj(5, 0, cpu_slots=2, avoid_hosts=frozenset({"c0"})),)))  # fmt: skip
+    cpu = plan(
+        snap(
+            host_list=(cpu_host("c0", 4), cpu_host("c1", 4)),
+            pending=(pj(5, 0, cpu_slots=2, avoid_hosts=frozenset({"c0"})),),
+        )
+    )
     assert [p.host for p in cpu.admissions[0].placement] == ["c1"]
 
 
 def test_cpu_jobs_use_slots() -> None:
     hosts = (cpu_host("x", 2), cpu_host("y", 3))
-    s = snap(host_list=hosts, teams=(TeamInfo(1, "a"),),
-             pending=(pj(1, 0, cpu_slots=3), pj(2, 0, cpu_slots=2), pj(3, 0, cpu_slots=1, age=-1)))  # fmt: skip
+    s = snap(
+        host_list=hosts,
+        teams=(TeamInfo(1, "a"),),
+        pending=(pj(1, 0, cpu_slots=3), pj(2, 0, cpu_slots=2), pj(3, 0, cpu_slots=1, age=-1)),
+    )
     d = plan(s)
     place = {a.job_id: [(p.host, p.slots, p.gpus) for p in a.placement] for a in d.admissions}
     assert place == {1: [("y", 3, ())], 2: [("x", 2, ())]}
@@ -423,8 +470,10 @@ def test_a_team_preempts_its_own_lower_class_jobs_even_when_not_preemptible() ->
 
 
 def test_in_flight_preemption_is_not_repeated() -> None:
-    running = (rj(1, "h0000", list(range(8)), qos="bronze", preempt_requested=True, state="PREEMPTING"),
-               rj(2, "h0001", list(range(8)), qos="bronze"))  # fmt: skip
+    running = (
+        rj(1, "h0000", list(range(8)), qos="bronze", preempt_requested=True, state="PREEMPTING"),
+        rj(2, "h0001", list(range(8)), qos="bronze"),
+    )
     d = plan(snap(hosts=2, running=running, pending=(pj(3, 8, qos="gold"),)))
     assert d.preemptions == () and d.pending[0].reason == Reason.RESERVATION
 
@@ -434,8 +483,10 @@ def test_reclaims_lent_quota_from_borrower_of_same_class() -> None:
         TeamInfo(1, "lender", cohort="c", quotas=(QuotaInfo(ANY, 8),)),
         TeamInfo(2, "borrower", cohort="c", quotas=(QuotaInfo(ANY, 8),)),
     )
-    running = (rj(1, "h0000", list(range(8)), team=2, qos="silver"),
-               rj(2, "h0001", list(range(8)), team=2, qos="silver"))  # fmt: skip
+    running = (
+        rj(1, "h0000", list(range(8)), team=2, qos="silver"),
+        rj(2, "h0001", list(range(8)), team=2, qos="silver"),
+    )
     d = plan(snap(hosts=2, teams=teams, running=running, pending=(pj(3, 8, team=1, qos="silver"),)))
     assert len(d.preemptions) == 1 and "reclaimed" in d.preemptions[0].reason
     # A lower-class lender may not reclaim from a gold borrower.
@@ -564,9 +615,18 @@ def test_choose_prefers_a_single_exact_fit() -> None:
 
     def job(i: int, gpus: int, started: float) -> RunningJob:
         return RunningJob(
-            id=i, team_id=1, qos="best-effort", qos_priority=0, preemptible=True, gpus=gpus, gpu_type="H100",
-            quota_key="*", placement=(), started_at=started, last_checkpoint_at=started,
-        )  # fmt: skip
+            id=i,
+            team_id=1,
+            qos="best-effort",
+            qos_priority=0,
+            preemptible=True,
+            gpus=gpus,
+            gpu_type="H100",
+            quota_key="*",
+            placement=(),
+            started_at=started,
+            last_checkpoint_at=started,
+        )
 
     small = [job(1, 4, 900.0), job(2, 4, 900.0)]
     big = job(3, 8, 0.0)  # more work since its checkpoint, but one job whose GPUs fit exactly
@@ -584,9 +644,19 @@ def test_choose_takes_a_repeatedly_preempted_job_last() -> None:
 
     def job(i: int, started: float, preemptions: int) -> RunningJob:
         return RunningJob(
-            id=i, team_id=1, qos="best-effort", qos_priority=0, preemptible=True, gpus=4, gpu_type="H100",
-            quota_key="*", placement=(), started_at=started, last_checkpoint_at=started, preemptions=preemptions,
-        )  # fmt: skip
+            id=i,
+            team_id=1,
+            qos="best-effort",
+            qos_priority=0,
+            preemptible=True,
+            gpus=4,
+            gpu_type="H100",
+            quota_key="*",
+            placement=(),
+            started_at=started,
+            last_checkpoint_at=started,
+            preemptions=preemptions,
+        )
 
     thrashed = job(1, 900.0, 3)  # the least work since its checkpoint, but preempted three times already
     fresh = job(2, 600.0, 0)

@@ -97,13 +97,21 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         started = NOW - draw(st.sampled_from([10.0, 600.0, 7200.0]))
         running.append(
             RunningJob(
-                id=jid, team_id=team.id, qos=qname, qos_priority=prio, preemptible=pre, gpus=units, gpu_type=model,
-                quota_key=quota_key_for(team, 0 if model == CPU else units, req_type), placement=placement,
-                started_at=started, last_checkpoint_at=draw(st.one_of(st.none(), st.just(started + 5))),
+                id=jid,
+                team_id=team.id,
+                qos=qname,
+                qos_priority=prio,
+                preemptible=pre,
+                gpus=units,
+                gpu_type=model,
+                quota_key=quota_key_for(team, 0 if model == CPU else units, req_type),
+                placement=placement,
+                started_at=started,
+                last_checkpoint_at=draw(st.one_of(st.none(), st.just(started + 5))),
                 expected_end=draw(st.one_of(st.none(), st.floats(NOW + 1, NOW + 1e5))),
                 preempt_requested=draw(st.integers(0, 5)) == 0,
             )
-        )  # fmt: skip
+        )
         jid += 1
     pending: list[PendingJob] = []
     for _ in range(draw(st.integers(0, 12))):
@@ -114,18 +122,35 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         gpu_type = draw(st.sampled_from([None, "A100", "H100"])) if gpus else None
         pending.append(
             PendingJob(
-                id=jid, team_id=team.id, qos=qname, qos_priority=prio, preemptible=pre, gpus=gpus,
-                submitted_at=NOW - draw(st.floats(0, 10_000)), gpus_per_node=per_node, gpu_type=gpu_type,
-                cpu_slots=draw(st.integers(1, 4)), quota_key=quota_key_for(team, gpus, gpu_type),
+                id=jid,
+                team_id=team.id,
+                qos=qname,
+                qos_priority=prio,
+                preemptible=pre,
+                gpus=gpus,
+                submitted_at=NOW - draw(st.floats(0, 10_000)),
+                gpus_per_node=per_node,
+                gpu_type=gpu_type,
+                cpu_slots=draw(st.integers(1, 4)),
+                quota_key=quota_key_for(team, gpus, gpu_type),
                 max_queue_wait_s=draw(st.one_of(st.none(), st.sampled_from([300.0, 3600.0]))),
                 estimated_runtime_s=draw(st.one_of(st.none(), st.floats(60, 10_000))),
                 memory_bytes=draw(st.one_of(st.none(), st.none(), st.sampled_from([2**30, 100 * 2**30]))),
                 bandwidth=(("pcie", 16e9),) if draw(st.booleans()) else (),
-                depends_on=tuple(draw(st.lists(st.tuples(st.integers(1, 3), st.sampled_from(
-                    ["SUCCEEDED", "SUCCEEDED", "SUCCEEDED", "RUNNING", "FAILED"]), st.sampled_from(
-                    ["afterok", "afterok", "afterany", "afternotok"])), max_size=1))),
+                depends_on=tuple(
+                    draw(
+                        st.lists(
+                            st.tuples(
+                                st.integers(1, 3),
+                                st.sampled_from(["SUCCEEDED", "SUCCEEDED", "SUCCEEDED", "RUNNING", "FAILED"]),
+                                st.sampled_from(["afterok", "afterok", "afterany", "afternotok"]),
+                            ),
+                            max_size=1,
+                        )
+                    )
+                ),
             )
-        )  # fmt: skip
+        )
         jid += 1
     del team_by_id
     return Snapshot(now=NOW, hosts=tuple(hosts), running=tuple(running), pending=tuple(pending), teams=tuple(teams))
@@ -215,8 +240,11 @@ def check_quotas(snapshot: Snapshot, d: Decisions) -> None:
             assert usage[(tid, key)] <= qi.nominal + qi.borrowing_limit
         cohort = teams[tid].cohort
         members = [t.id for t in snapshot.teams if t.quotas and (t.cohort == cohort if cohort else t.id == tid)]
-        cap = sum(q(m, key).nominal - (0 if q(m, key).lending_limit is None else max(
-            0, q(m, key).nominal - (q(m, key).lending_limit or 0))) for m in members)  # fmt: skip
+        cap = sum(
+            q(m, key).nominal
+            - (0 if q(m, key).lending_limit is None else max(0, q(m, key).nominal - (q(m, key).lending_limit or 0)))
+            for m in members
+        )
         after = sum(draw(m, key, usage.get((m, key), 0)) for m in members)
         prior = sum(draw(m, key, before.get((m, key), 0)) for m in members)
         # Borrowing never goes beyond what the cohort lends (unless the snapshot already did, then not further).
@@ -260,9 +288,11 @@ def test_plan_invariants(snapshot: Snapshot, ordering: str, placement: str, own_
     # Deterministic: the same snapshot gives the same decisions, and so does the same snapshot re-ordered.
     assert plan(snapshot, config) == d
     shuffled = replace(
-        snapshot, pending=tuple(reversed(snapshot.pending)), hosts=tuple(reversed(snapshot.hosts)),
+        snapshot,
+        pending=tuple(reversed(snapshot.pending)),
+        hosts=tuple(reversed(snapshot.hosts)),
         teams=tuple(reversed(snapshot.teams)),
-    )  # fmt: skip
+    )
     assert plan(shuffled, config) == d
 
 

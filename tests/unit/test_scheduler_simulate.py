@@ -71,8 +71,9 @@ def test_replays_are_deterministic_and_sizes_are_reported_each(tmp_path: Path) -
     b = json.loads((tmp_path / "b" / "simulate.json").read_text())
 
     def stable(report: dict[str, object]) -> object:
-        return [[{k: v for k, v in r.items() if not k.startswith("plan_ms")} for r in s["results"]]
-                for s in report["sizes"]]  # type: ignore[attr-defined]  # fmt: skip
+        return [
+            [{k: v for k, v in r.items() if not k.startswith("plan_ms")} for r in s["results"]] for s in report["sizes"]
+        ]  # type: ignore[attr-defined]
 
     assert stable(a) == stable(b)
     six, four = a["sizes"]

@@ -92,7 +92,7 @@ def test_python_in_the_command_is_kilns_interpreter() -> None:
         (1, "torch.OutOfMemoryError: CUDA out of memory.", None, 78, None),
         (1, "torch.distributed.DistBackendError: NCCL error in ...", None, 79, None),
     ],
-)  # fmt: skip
+)
 def test_how_a_scripts_end_is_classified(
     returncode: int, last: str | None, intended: int | None, code: int | None, error: str | None
 ) -> None:
@@ -109,8 +109,13 @@ def attempt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[st
     run_dir.mkdir()
     write_fence(ckpt, 7)
     write_lease(run_dir / "lease", Lease.renewed(token=7, at=lease_clock(), lease_s=600))
-    for key, value in {ENV_RUN_DIR: run_dir, ENV_CHECKPOINT_DIR: ckpt, ENV_FENCING_TOKEN: 7,
-                       ENV_LEASE_FILE: run_dir / "lease", ENV_KEEP_LAST: 2}.items():  # fmt: skip
+    for key, value in {
+        ENV_RUN_DIR: run_dir,
+        ENV_CHECKPOINT_DIR: ckpt,
+        ENV_FENCING_TOKEN: 7,
+        ENV_LEASE_FILE: run_dir / "lease",
+        ENV_KEEP_LAST: 2,
+    }.items():
         monkeypatch.setenv(key, str(value))
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(script_client, "_CLIENT", None)
@@ -201,8 +206,9 @@ def test_the_client_imports_no_torch_and_works_outside_kiln(tmp_path: Path) -> N
         "print(kiln.latest_checkpoint().step, 'torch' in sys.modules)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")} | {"PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
+    )
     assert out.stdout.split() == ["1", "False"]
     assert (tmp_path / "kiln-checkpoints" / "step_00000001" / "x").is_file()
 
@@ -220,11 +226,25 @@ def launch(tmp_path: Path, script: str, *, term_after: bool = False) -> tuple[in
     write_fence(ckpt, 3)
     write_lease(run_dir / "lease", Lease.renewed(token=3, at=lease_clock(), lease_s=600))
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
-    env |= {ENV_CODE_DIR: str(code), ENV_CHECKPOINT_DIR: str(ckpt), ENV_FENCING_TOKEN: "3",
-            ENV_LEASE_FILE: str(run_dir / "lease"), "RANK": "0", "WORLD_SIZE": "1",
-            "PYTHONPATH": str(ROOT)}  # fmt: skip
-    argv = [sys.executable, "-m", "rank.entry", "--script", "--spec", str(run_dir / "spec.json"),
-            "--run-dir", str(run_dir)]  # fmt: skip
+    env |= {
+        ENV_CODE_DIR: str(code),
+        ENV_CHECKPOINT_DIR: str(ckpt),
+        ENV_FENCING_TOKEN: "3",
+        ENV_LEASE_FILE: str(run_dir / "lease"),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "rank.entry",
+        "--script",
+        "--spec",
+        str(run_dir / "spec.json"),
+        "--run-dir",
+        str(run_dir),
+    ]
     proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if term_after:
         assert proc.stdout is not None
@@ -304,12 +324,19 @@ def test_two_cpu_processes_run_the_example_under_torchrun(tmp_path: Path) -> Non
     (run_dir / "spec.json").write_text(json.dumps(spec))
     write_fence(ckpt, 4)
     write_lease(run_dir / "lease", Lease.renewed(token=4, at=lease_clock(), lease_s=600))
-    argv, extra = launch_command(nproc_per_node=2, spec_path=run_dir / "spec.json", run_dir=run_dir,
-                                 rendezvous=None, script=True)  # fmt: skip
+    argv, extra = launch_command(
+        nproc_per_node=2, spec_path=run_dir / "spec.json", run_dir=run_dir, rendezvous=None, script=True
+    )
     assert argv[1:3] == ["-m", "torch.distributed.run"] and "--script" in argv and extra == {}
     env = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
-    env |= {ENV_CODE_DIR: str(code), ENV_CHECKPOINT_DIR: str(ckpt), ENV_FENCING_TOKEN: "4",
-            ENV_LEASE_FILE: str(run_dir / "lease"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}  # fmt: skip
+    env |= {
+        ENV_CODE_DIR: str(code),
+        ENV_CHECKPOINT_DIR: str(ckpt),
+        ENV_FENCING_TOKEN: "4",
+        ENV_LEASE_FILE: str(run_dir / "lease"),
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+    }
     out = subprocess.run(argv, env=env, cwd=run_dir, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     assert {p.name: p.read_text() for p in (run_dir / EXIT_DIR).glob("rank*")} == {"rank0": "0", "rank1": "0"}

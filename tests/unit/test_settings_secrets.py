@@ -31,8 +31,12 @@ def secret(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def test_passwords_from_files_reach_every_client_intact(tmp_path: Path) -> None:
-    s = Settings(database_url=PG, database_password_file=secret(tmp_path, "db", HARD + "\n"),
-                 broker_url=REDIS, broker_password_file=secret(tmp_path, "redis", HARD + "\n\n"))  # fmt: skip
+    s = Settings(
+        database_url=PG,
+        database_password_file=secret(tmp_path, "db", HARD + "\n"),
+        broker_url=REDIS,
+        broker_password_file=secret(tmp_path, "redis", HARD + "\n\n"),
+    )
     assert make_url(s.resolved_database_url).password == HARD
     assert make_url(s.resolved_database_url).username == "kiln"
     assert psycopg.conninfo.conninfo_to_dict(psycopg_conninfo(s.resolved_database_url))["password"] == HARD

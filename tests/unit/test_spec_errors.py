@@ -23,14 +23,20 @@ def errors(text: str) -> dict[str, str]:
         (HEAD + "checkpointing: {every_step: 5}\n", "checkpointing.every_step", "did you mean 'every_steps'?"),
         (HEAD + "precision: bf61\n", "precision", "got 'bf61'; did you mean 'bf16'?"),
         (HEAD + "resources: {gpus: -1}\n", "resources.gpus", "greater than or equal to 0, got -1"),
-        (HEAD + "compile: {mode: off}\n", "compile.mode",
-         "got the boolean false: YAML reads unquoted off, no, on and yes as booleans: quote the word (mode: 'off')"),
+        (
+            HEAD + "compile: {mode: off}\n",
+            "compile.mode",
+            "got the boolean false: YAML reads unquoted off, no, on and yes as booleans: quote the word (mode: 'off')",
+        ),
         (HEAD + "parallelism: no\n", "parallelism", "got the boolean false: YAML reads unquoted off"),
         ("name: My_Job\nteam: default\nrecipe: {name: gpt}\n", "name", f"'My_Job' is not a valid name: {NAME_RULE}"),
-        (HEAD + "compile: {mode: 'off', cuda_graphs: true}\n", "compile",
-         "cuda_graphs replays the compiled graph: it needs a compile mode other than off"),
+        (
+            HEAD + "compile: {mode: 'off', cuda_graphs: true}\n",
+            "compile",
+            "cuda_graphs replays the compiled graph: it needs a compile mode other than off",
+        ),
     ],
-)  # fmt: skip
+)
 def test_errors_name_the_field_the_value_and_the_likely_intent(text: str, loc: str, expected: str) -> None:
     found = errors(text)
     assert loc in found, found

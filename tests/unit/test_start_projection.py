@@ -17,16 +17,34 @@ QOS = {"gold": (1000, False), "silver": (500, False)}
 
 def pending(id: int, gpus: int, *, qos: str = "silver", age: float = 0.0, limit: float | None = None) -> PendingJob:
     prio, pre = QOS[qos]
-    return PendingJob(id=id, team_id=1, qos=qos, qos_priority=prio, preemptible=pre, gpus=gpus,
-                      submitted_at=NOW - age, estimated_runtime_s=limit)  # fmt: skip
+    return PendingJob(
+        id=id,
+        team_id=1,
+        qos=qos,
+        qos_priority=prio,
+        preemptible=pre,
+        gpus=gpus,
+        submitted_at=NOW - age,
+        estimated_runtime_s=limit,
+    )
 
 
 def running(id: int, units: range, *, limit: float | None, **kw: Any) -> RunningJob:
     return RunningJob(
-        id=id, team_id=1, qos="silver", qos_priority=500, preemptible=False, gpus=len(units), gpu_type="H100",
-        quota_key=ANY, placement=(PlacedHost("h0000", tuple(f"GPU-h0000-{i}" for i in units)),), started_at=NOW,
-        expected_end=NOW + limit if limit is not None else None, time_limit_s=limit, **kw,
-    )  # fmt: skip
+        id=id,
+        team_id=1,
+        qos="silver",
+        qos_priority=500,
+        preemptible=False,
+        gpus=len(units),
+        gpu_type="H100",
+        quota_key=ANY,
+        placement=(PlacedHost("h0000", tuple(f"GPU-h0000-{i}" for i in units)),),
+        started_at=NOW,
+        expected_end=NOW + limit if limit is not None else None,
+        time_limit_s=limit,
+        **kw,
+    )
 
 
 def snap(run: tuple[RunningJob, ...], wait: tuple[PendingJob, ...]) -> Snapshot:

@@ -23,9 +23,13 @@ SPACE = {
 
 def loss(s: dict[str, Any], noise: random.Random) -> float:
     """A made-up validation loss: best near lr 3e-3, width 48, relu, dropout 0.1, with a little noise."""
-    return ((math.log10(s["lr"]) + 2.5) ** 2 + ((s["width"] - 48) / 64) ** 2
-            + {"relu": 0.0, "tanh": 0.3, "gelu": 0.1}[s["act"]] + 4 * (s["dropout"] - 0.1) ** 2
-            + noise.gauss(0, 0.05))  # fmt: skip
+    return (
+        (math.log10(s["lr"]) + 2.5) ** 2
+        + ((s["width"] - 48) / 64) ** 2
+        + {"relu": 0.0, "tanh": 0.3, "gelu": 0.1}[s["act"]]
+        + 4 * (s["dropout"] - 0.1) ** 2
+        + noise.gauss(0, 0.05)
+    )
 
 
 def best_of_a_sweep(seed: int, *, tpe: bool, count: int = 24, initial: int = 6) -> float:
@@ -59,8 +63,9 @@ def test_a_proposal_stays_in_its_space_and_keeps_four_digits() -> None:
 
 def test_without_a_valued_job_a_proposal_is_a_random_draw() -> None:
     failed: list[Observation] = [({"lr": 0.01, "width": 8, "act": "relu", "dropout": 0.0}, None)]
-    assert propose(SPACE, failed, random.Random(5)) == {k: d.draw(r) for r in [random.Random(5)]
-                                                       for k, d in SPACE.items()}  # fmt: skip
+    assert propose(SPACE, failed, random.Random(5)) == {
+        k: d.draw(r) for r in [random.Random(5)] for k, d in SPACE.items()
+    }
 
 
 def test_failed_and_stopped_jobs_are_never_good_and_one_job_always_is() -> None:

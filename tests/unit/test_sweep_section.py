@@ -19,8 +19,12 @@ def section(**fields: Any) -> SweepSection:
     return SweepSection.model_validate(fields)
 
 
-RANDOM = {"lr": {"log_uniform": [1e-4, 1e-2]}, "dropout": {"uniform": [0.0, 0.5]},
-          "hidden": {"int_uniform": [32, 128]}, "channels": [8, 16, 32]}  # fmt: skip
+RANDOM = {
+    "lr": {"log_uniform": [1e-4, 1e-2]},
+    "dropout": {"uniform": [0.0, 0.5]},
+    "hidden": {"int_uniform": [32, 128]},
+    "channels": [8, 16, 32],
+}
 
 
 def test_random_draws_are_repeatable_by_their_seed_and_inside_their_ranges() -> None:
@@ -70,15 +74,24 @@ def test_a_malformed_random_section_is_refused_with_its_field(fields: dict[str, 
 
 
 def job(i: int, state: JobState, loss: float | None, metrics: dict[str, Any] | None) -> Job:
-    return Job(id=i, state=state.value, last_loss=loss,
-               eval_metrics={"step": 10, "metrics": metrics} if metrics is not None else None)  # fmt: skip
+    return Job(
+        id=i,
+        state=state.value,
+        last_loss=loss,
+        eval_metrics={"step": 10, "metrics": metrics} if metrics is not None else None,
+    )
 
 
 def test_the_objective_ranks_the_jobs_best_first() -> None:
     done, running, queued = JobState.SUCCEEDED, JobState.RUNNING, JobState.QUEUED
-    jobs = [job(1, done, 0.30, {"accuracy": 0.91}), job(2, done, 0.20, {"accuracy": 0.97}),
-            job(3, running, 0.10, {"accuracy": 0.99}), job(4, done, 0.25, None), job(5, queued, None, None),
-            job(6, done, math.nan, {"accuracy": math.nan})]  # fmt: skip
+    jobs = [
+        job(1, done, 0.30, {"accuracy": 0.91}),
+        job(2, done, 0.20, {"accuracy": 0.97}),
+        job(3, running, 0.10, {"accuracy": 0.99}),
+        job(4, done, 0.25, None),
+        job(5, queued, None, None),
+        job(6, done, math.nan, {"accuracy": math.nan}),
+    ]
     ids = lambda js: [j.id for j in js]  # noqa: E731
     assert ids(ranked(jobs)) == [2, 4, 1, 3, 5, 6]  # the default: final loss, lowest first
     assert ids(ranked(jobs, Objective(metric="accuracy", goal="maximize"))) == [2, 1, 3, 4, 5, 6]
@@ -115,8 +128,16 @@ def test_early_stopping_needs_an_evaluated_objective() -> None:
     with pytest.raises(InvalidInput) as err:
         parse({**base, "sweep": {"grid": {"lr": [0.1, 0.2]}, "early_stopping": {"rule": "median"}}})
     assert err.value.errors[0]["loc"] == "sweep.early_stopping" and "objective" in str(err.value)
-    section, _, _ = parse({**base, "sweep": {"grid": {"lr": [0.1, 0.2]}, "early_stopping": {},
-                                             "objective": {"metric": "accuracy", "goal": "maximize"}}})  # fmt: skip
+    section, _, _ = parse(
+        {
+            **base,
+            "sweep": {
+                "grid": {"lr": [0.1, 0.2]},
+                "early_stopping": {},
+                "objective": {"metric": "accuracy", "goal": "maximize"},
+            },
+        }
+    )
     assert section.early_stopping is not None and section.early_stopping.min_jobs == 3
     from pydantic import ValidationError
 
@@ -129,10 +150,19 @@ def test_successive_halvings_rungs_and_who_goes_on_at_one() -> None:
     from core.sweep_spec import EarlyStopping
 
     rule = EarlyStopping(rule="successive_halving", min_steps=100, reduction_factor=3)
-    assert rule.described() == ("successive halving: at 100, 300, 900, ... steps a job goes on only while among the "
-                                "best 1/3 of the sweep's jobs there (judged against at least 3 others)")  # fmt: skip
+    assert rule.described() == (
+        "successive halving: at 100, 300, 900, ... steps a job goes on only while among the "
+        "best 1/3 of the sweep's jobs there (judged against at least 3 others)"
+    )
     assert [rule.rung(s) for s in (99, 100, 299, 300, 899, 900, 2700)] == [
-        None, (100, 300), (100, 300), (300, 900), (300, 900), (900, 2700), (2700, 8100)]  # fmt: skip
+        None,
+        (100, 300),
+        (100, 300),
+        (300, 900),
+        (300, 900),
+        (900, 2700),
+        (2700, 8100),
+    ]
     up, down = Objective(metric="accuracy", goal="maximize"), Objective(metric="heldout_loss")
     # 6 values at the rung with it: the best 2 go on (6 // 3)
     assert rung_cutoff(0.85, [0.9, 0.8, 0.7, 0.6, 0.5], up, 3, min_jobs=3) is None  # 2nd best: goes on
@@ -159,9 +189,17 @@ def test_an_early_stopping_rule_with_another_rules_fields_is_refused_saying_whic
     from core.spec import SpecError
     from core.sweep_spec import parse
 
-    doc = {"name": "s", "team": "default", "recipe": {"name": "gpt"}, "steps": 10,
-           "sweep": {"grid": {"lr": [0.1, 0.2]}, "early_stopping": early_stopping,
-                     "objective": {"metric": "accuracy", "goal": "maximize"}}}  # fmt: skip
+    doc = {
+        "name": "s",
+        "team": "default",
+        "recipe": {"name": "gpt"},
+        "steps": 10,
+        "sweep": {
+            "grid": {"lr": [0.1, 0.2]},
+            "early_stopping": early_stopping,
+            "objective": {"metric": "accuracy", "goal": "maximize"},
+        },
+    }
     with pytest.raises(SpecError) as err:
         parse(doc)
     assert err.value.errors[0]["loc"].startswith("sweep.early_stopping") and says in str(err.value), err.value

@@ -56,7 +56,7 @@ def records(tmp: pathlib.Path) -> list[dict[str, Any]]:
                 "[127.0.0.1]:17841: Connection reset by peer."
             ),
             False,
-        ),  # fmt: skip
+        ),
         (torch.AcceleratorError("CUDA error: an illegal memory access was encountered"), False),
     ],
 )
@@ -73,9 +73,15 @@ def test_a_mistake_building_the_data_exits_user_error_with_its_line(tmp_path: pa
     from trainer.parallel import DistEnv
 
     # Each value is valid on its own; together the corpus is shorter than one sequence.
-    job = parse_spec_data({"name": "x", "team": "t", "steps": 2, "compile": {"mode": "off"},
-                           "recipe": {"name": "gpt", "hyperparameters": {"size": "tiny", "corpus_bytes": 4096,
-                                                                         "seq_len": 8192}}})  # fmt: skip
+    job = parse_spec_data(
+        {
+            "name": "x",
+            "team": "t",
+            "steps": 2,
+            "compile": {"mode": "off"},
+            "recipe": {"name": "gpt", "hyperparameters": {"size": "tiny", "corpus_bytes": 4096, "seq_len": 8192}},
+        }
+    )
     env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
     assert run(job, tmp_path / "run", env) == ExitCode.USER_ERROR
     last = records(tmp_path)[-1]
@@ -163,8 +169,12 @@ class Run:
         write_lease(self.lease_file, Lease(token=self.token, expires=lease_clock() + remaining_s, lease_s=lease_s))
 
     def guard(self) -> LeaseGuard:
-        return LeaseGuard(self.lease_file, token=self.token, telemetry=self.tel,
-                          fence_ok=lambda: read_fence(self.ckpt) == str(self.token))  # fmt: skip
+        return LeaseGuard(
+            self.lease_file,
+            token=self.token,
+            telemetry=self.tel,
+            fence_ok=lambda: read_fence(self.ckpt) == str(self.token),
+        )
 
     def events(self) -> list[str]:
         return [r["type"] for r in records(self.tmp) if r["kind"] == "event"]
@@ -217,16 +227,27 @@ def test_no_commit_without_the_lease(tmp_path: pathlib.Path) -> None:
     tmp.mkdir()
     (tmp / "a.bin").write_bytes(b"x")
     with pytest.raises(LeaseExpired):
-        write_manifest_and_commit(tmp, run.ckpt / "step_00000003", step=3, token=run.token, meta={},
-                                  lease=run.guard().ensure)  # fmt: skip
+        write_manifest_and_commit(
+            tmp, run.ckpt / "step_00000003", step=3, token=run.token, meta={}, lease=run.guard().ensure
+        )
     assert list_checkpoints(run.ckpt) == [] and not tmp.exists()
 
     # The checkpointer's background writer obeys it too, and the loop hears of it at the next wait().
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    ck = Checkpointer(run.ckpt, rank=0, world_size=1, token=run.token, keep_last=3, asynchronous=True,
-                      sharded=False, group=None, device=torch.device("cpu"), telemetry=run.tel,
-                      lease=run.guard().ensure)  # fmt: skip
+    ck = Checkpointer(
+        run.ckpt,
+        rank=0,
+        world_size=1,
+        token=run.token,
+        keep_last=3,
+        asynchronous=True,
+        sharded=False,
+        group=None,
+        device=torch.device("cpu"),
+        telemetry=run.tel,
+        lease=run.guard().ensure,
+    )
     model(torch.randn(3, 4)).sum().backward()
     opt.step()
     ck.save(1, model, opt, {"step": 1, "loss": 2.5})

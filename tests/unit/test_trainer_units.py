@@ -375,9 +375,13 @@ def test_compile_preload_wait_without_a_start_is_free(monkeypatch: pytest.Monkey
 
 @pytest.mark.parametrize(
     ("asked", "device", "strategy", "on"),
-    [(True, "cuda", "ddp", True), (True, "cpu", "ddp", False), (True, "cuda", "fsdp", False),
-     (False, "cuda", "ddp", False)],
-)  # fmt: skip
+    [
+        (True, "cuda", "ddp", True),
+        (True, "cpu", "ddp", False),
+        (True, "cuda", "fsdp", False),
+        (False, "cuda", "ddp", False),
+    ],
+)
 def test_cuda_graphs_only_on_a_gpu_unsharded(asked: bool, device: str, strategy: str, on: bool) -> None:
     from trainer.loop import cuda_graphs_on
 

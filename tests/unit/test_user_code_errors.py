@@ -53,11 +53,18 @@ def run_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, **hp:
     code.mkdir()
     (code / f"{name}.py").write_text(textwrap.dedent(source))
     monkeypatch.setenv(ENV_CODE_DIR, str(code))
-    spec = parse_spec_data({
-        "name": "mine", "team": "t", "recipe": {"name": "mine", "hyperparameters": hp}, "steps": 4,
-        "code": {"entry_point": name, "digest": "0" * 64}, "compile": {"mode": "off"}, "precision": "fp32",
-        "checkpointing": {"every_steps": 2, "asynchronous": False},
-    })  # fmt: skip
+    spec = parse_spec_data(
+        {
+            "name": "mine",
+            "team": "t",
+            "recipe": {"name": "mine", "hyperparameters": hp},
+            "steps": 4,
+            "code": {"entry_point": name, "digest": "0" * 64},
+            "compile": {"mode": "off"},
+            "precision": "fp32",
+            "checkpointing": {"every_steps": 2, "asynchronous": False},
+        }
+    )
     env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend=None)
     rc = run(spec, tmp_path / "run", env)
     records = [json.loads(line) for line in (tmp_path / "run" / "telemetry" / "rank0.jsonl").read_text().splitlines()]

@@ -106,8 +106,9 @@ class _FlatStager:
         if not background:
             self._allocate(leaves, sig)
             return
-        self._allocating = threading.Thread(target=self._allocate, args=(leaves, sig), name="kiln-ckpt-staging",
-                                            daemon=True)  # fmt: skip
+        self._allocating = threading.Thread(
+            target=self._allocate, args=(leaves, sig), name="kiln-ckpt-staging", daemon=True
+        )
         self._allocating.start()
 
     def ready(self) -> None:

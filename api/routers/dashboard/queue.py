@@ -99,8 +99,9 @@ def queue(
     position in the whole queue; ``active``: admitted/running/preempting/paused; ``finished``: newest first.
     Keyset pagination: ``next_cursor`` holds the last row's sort key."""
     after = decode_cursor(cursor, "pos" if view == "waiting" else "id") if cursor else None
-    page = dashboard.queue_page(session, who, view=view, team=team, qos=qos, after=after, limit=limit,
-                                submitted_after=submitted_after)  # fmt: skip
+    page = dashboard.queue_page(
+        session, who, view=view, team=team, qos=qos, after=after, limit=limit, submitted_after=submitted_after
+    )
     now = utcnow()
     items = []
     for j, pos in page.rows:
@@ -143,8 +144,18 @@ def queue_summary(session: SessionDep, who: CurrentPrincipal) -> dict[str, Any]:
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     now = utcnow()
     for team, qos, state, count, gpus, oldest in rows:
-        g = groups.setdefault((team, qos), {"team": team, "qos": qos, "waiting": 0, "active": 0,
-                                            "gpus_waiting": 0, "gpus_active": 0, "oldest_wait_s": None})  # fmt: skip
+        g = groups.setdefault(
+            (team, qos),
+            {
+                "team": team,
+                "qos": qos,
+                "waiting": 0,
+                "active": 0,
+                "gpus_waiting": 0,
+                "gpus_active": 0,
+                "oldest_wait_s": None,
+            },
+        )
         if state == JobState.QUEUED:
             g["waiting"] += count
             g["gpus_waiting"] += int(gpus or 0)

@@ -53,9 +53,17 @@ def sla_attainment(
         # jobs that ran and whose pace was never compared: their step-time term was never measured (met counts them only
         # for the terms that were)
         unmeasured_n = sum(c[2] for c in cells.values())
-        out_series.append({"team": team_name, "qos": qos_name, "jobs": jobs_n, "met": met_n,
-                           "step_time_unmeasured": unmeasured_n,
-                           "attainment": met_n / jobs_n if jobs_n else None, "points": points})  # fmt: skip
+        out_series.append(
+            {
+                "team": team_name,
+                "qos": qos_name,
+                "jobs": jobs_n,
+                "met": met_n,
+                "step_time_unmeasured": unmeasured_n,
+                "attainment": met_n / jobs_n if jobs_n else None,
+                "points": points,
+            }
+        )
     violations.sort(key=lambda v: v["at"] or "", reverse=True)
     return {
         "since": since.isoformat(),
