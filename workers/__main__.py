@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         probe.stop()
         exporter.stop()
-        agent.stop()
+        agent.leave()
         host_isolation.close()
         if daemon is not None:
             daemon.stop()

@@ -267,6 +267,32 @@ class HostAgent:
                 log.exception("host agent iteration failed")
             self._stop.wait(max(0.0, self.heartbeat_interval_s - (time.monotonic() - start)))
 
+    def sign_off(self, db: Session) -> None:
+        """The worker leaves (a shutdown, ``kiln down``): its host goes DOWN at once rather than after the
+        heartbeat's staleness window, so the scheduler places nothing on a host no worker serves. The next worker
+        on the host brings it UP at its first heartbeat. An EXCLUDED host stays so: an exclusion outlives a
+        restart."""
+        host = db.scalars(select(Host).where(Host.name == self.name).with_for_update()).first()
+        if host is None or host.state not in (HostState.UP, HostState.UNREACHABLE):
+            return
+        move_host(host, HostState.DOWN)
+        record_event(
+            db,
+            "HOST_DOWN",
+            message=f"host {self.name}: its worker stopped",
+            data={"host": self.name, "signed_off": True},
+        )
+
+    def leave(self) -> None:
+        """Stop heartbeating and sign off; a database away at that moment leaves the host to the staleness
+        window, as a crash would."""
+        self.stop()
+        try:
+            with session_scope() as db:
+                self.sign_off(db)
+        except (OperationalError, DBAPIError) as exc:
+            log.warning("could not sign the host off (database unavailable?): %s", exc)
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name=f"host-agent-{self.name}", daemon=True)
         self._thread.start()
