@@ -22,6 +22,7 @@ one type.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 
 ANY = "*"  # a quota or price that covers every GPU type
@@ -87,3 +88,40 @@ def canonical_key(name: str) -> str:
 # Clients one GPU's MPS server takes (48 on Volta and newer; kept lower so that each share stays worth having):
 # the scheduler puts at most this many fractional jobs on one GPU, and a worker runs at most this many per GPU.
 MPS_MAX_CLIENTS_PER_GPU = 16
+
+
+@dataclass(frozen=True)
+class PeakFigures:
+    """A GPU type's published peaks: dense tensor-core bf16 (fp16 is the same), fp32 without tensor cores, and the
+    memory's bandwidth. What a step could reach, not what it does: ``core.estimate`` uses their ratios only."""
+
+    bf16_tflops: float
+    fp32_tflops: float
+    bandwidth_gbs: float
+
+    def tflops(self, precision: str) -> float:
+        """The peak a step in ``precision`` is bound by: bf16/fp16 on the tensor cores, fp32 on the CUDA cores (the
+        trainer leaves TF32 off for fp32 unless it falls back from a share's refused GEMMs)."""
+        return self.fp32_tflops if precision == "fp32" else self.bf16_tflops
+
+
+# NVIDIA's datasheets, dense figures (the sheets' bf16 headline is with 2:4 sparsity, twice these). Only the types
+# whose figures are certain; a PCIe or NVL variant has its own (lower clocks, other memory) and is not listed, so
+# no step time is carried to or from it.
+PEAKS: dict[str, PeakFigures] = {
+    # "NVIDIA H100 Tensor Core GPU" datasheet, H100 SXM: 989 TF bf16, 67 TF fp32, 3.35 TB/s HBM3
+    "H100-80GB": PeakFigures(989.0, 67.0, 3350.0),
+    # "NVIDIA H200 Tensor Core GPU" datasheet, H200 SXM: 989 TF bf16, 67 TF fp32, 4.8 TB/s HBM3e
+    "H200": PeakFigures(989.0, 67.0, 4800.0),
+    # "NVIDIA A100 Tensor Core GPU" datasheet, A100 80GB SXM: 312 TF bf16, 19.5 TF fp32, 2,039 GB/s HBM2e
+    "A100-80GB": PeakFigures(312.0, 19.5, 2039.0),
+    # the same datasheet, A100 40GB SXM: 312 TF bf16, 19.5 TF fp32, 1,555 GB/s HBM2
+    "A100-40GB": PeakFigures(312.0, 19.5, 1555.0),
+    # "NVIDIA L40S GPU" datasheet: 362.05 TF bf16, 91.6 TF fp32, 864 GB/s GDDR6
+    "L40S": PeakFigures(362.05, 91.6, 864.0),
+}
+
+
+def peak_figures(gpu_type: str) -> PeakFigures | None:
+    """The published peaks of a canonical GPU type; None for one not in ``PEAKS`` (and the CPU)."""
+    return PEAKS.get(gpu_type)

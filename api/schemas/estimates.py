@@ -15,8 +15,17 @@ class StepTimeOut(OutModel):
     median_s: float = Field(description="Median seconds a step, steady state.")
     low_s: float = Field(description="10th percentile of the steps it is read from.")
     high_s: float = Field(description="90th percentile.")
-    basis: Literal["measured", "scaled"] = Field(
-        description="measured: runs of this shape in this configuration; scaled: another shape's, by FLOPs per rank."
+    basis: Literal["measured", "scaled", "cross-type"] = Field(
+        description="measured: runs of this shape in this configuration; scaled: another shape's on this GPU type, "
+        "by FLOPs per rank; cross-type: runs on another GPU type, by the two types' published peak throughput and "
+        "memory bandwidth (see scaled_from)."
+    )
+    scaled_from: str | None = Field(
+        description="cross-type: the GPU type the runs were measured on; null otherwise.", examples=["H200"]
+    )
+    label: str = Field(
+        description="The basis as the CLI and the dashboard say it: measured, scaled, or 'scaled from <type>'.",
+        examples=["scaled from H200"],
     )
     detail: str = Field(examples=["3 run(s) of this shape on 1 x H200, compiled, bf16"])
     samples: int = Field(description="Steps it is read from.")
@@ -77,6 +86,8 @@ def option_out(o: est.Option) -> OptionOut:
             samples=s.samples,
             runs=s.runs,
             startup_s=s.startup_s,
+            scaled_from=s.scaled_from,
+            label=s.label,
         )
     return OptionOut(
         gpu_type=c.device,

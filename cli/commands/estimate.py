@@ -49,7 +49,7 @@ def _report(answer: dict[str, Any], all_options: bool) -> Any:
         ("CHANGES", lambda r: _changes(r["changes"])),
         ("MEMORY/GPU", _memory),
         ("STEP (p10-p90)", _step),
-        ("BASIS", lambda r: (r["step_time"] or {}).get("basis", "no history")),
+        ("BASIS", lambda r: (r["step_time"] or {}).get("label", "no history")),
         ("RUN", lambda r: out.fmt_duration(r["hours"] * 3600) if r["hours"] is not None else "-"),
         ("SLOT-H" if all(r["gpu_type"] == "cpu" for r in rows) else "GPU-H", _range),
         ("COST", lambda r: f"{r['cost']:.3g} {answer['currency']}" if r["cost"] is not None else "-"),

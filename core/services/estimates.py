@@ -5,7 +5,8 @@ The options are the job as written and what kiln could change: each GPU type the
 job), 1, 2, 4, ... GPUs up to what the cluster has of the type (a built-in recipe only, its per-rank batch scaled
 so that the global batch, and so the training, stays the same), DDP or FSDP2 on more than one GPU, compiled or eager,
 and a share of one GPU where hosts run MPS. Memory is ``core.memory``'s prediction (a team's own code: the peak
-its measured runs reached); step times are ``core.estimate``'s from ``core.services.calibration``.
+its measured runs reached); step times are ``core.estimate``'s from ``core.services.calibration`` (measured, scaled
+by FLOPs, or scaled from another GPU type by its published peaks).
 """
 
 from __future__ import annotations
@@ -331,7 +332,9 @@ def _notes(spec: JobSpec, hp: TrainingHyperparameters | None, shares: bool) -> l
     notes = ["activation checkpointing: no built-in recipe has it, so it is not an option"]
     if spec.resources.gpus:
         notes.append(
-            "step times are not carried from one GPU type to another: a type with no run of this recipe has none"
+            "a GPU type with no run of this recipe is scaled from another type's runs by their published peak "
+            "throughput and memory bandwidth ('scaled from <type>'), with a spread from the one to the other; "
+            "a type without published figures in kiln has none"
         )
     if spec.sla.deadline:
         notes.append("the deadline is met if the run alone ends before it: time in the queue is not counted")

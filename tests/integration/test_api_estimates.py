@@ -129,8 +129,10 @@ def test_measured_history_picks_the_cheapest_that_meets_the_deadline(
     ddp = _option(answer, gpu_type="H200", gpus=2, parallelism="ddp", compiled=True)
     assert ddp["step_time"]["basis"] == "measured" and ddp["hours"] == pytest.approx(100 / 3600)
     assert ddp["gpu_hours"] == pytest.approx(200 / 3600)
-    # No measured H100 run, no other shape of the recipe there: said, not made up
-    assert _option(answer, gpu_type="H100-80GB", gpus=1, compiled=True)["step_time"] is None
+    # No run on the H100: the H200's, scaled by the two types' published peaks, labelled, and never preferred
+    h100 = _option(answer, gpu_type="H100-80GB", gpus=1, compiled=True)["step_time"]
+    assert (h100["basis"], h100["scaled_from"], h100["label"]) == ("cross-type", "H200", "scaled from H200")
+    assert h100["low_s"] <= 0.1 < h100["median_s"] < h100["high_s"] <= 0.1 * 4800 / 3350 + 1e-9  # 4.8 vs 3.35 TB/s
 
     # A deadline 110 s away: only the 2-GPU run (100 s) ends before it, at more GPU-hours
     soon = (utcnow() + timedelta(seconds=110)).isoformat()

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from core.estimate import (
+    MATMUL_EFFICIENCY,
     SINGLE,
     Config,
     Option,
@@ -74,7 +75,7 @@ def test_scaling_prefers_the_same_layout_and_never_crosses_device_compile_or_pre
     s = step_time(LARGE, TWO, history)  # LARGE on TWO: scaled from SMALL on TWO, not from LARGE on ONE
     assert s is not None and s.median_s == pytest.approx(1.0)
     others = [
-        replace(ONE, device="H100-80GB"),
+        replace(ONE, device="H100-PCIE"),  # another GPU type, with no published figures in kiln's table
         replace(ONE, compiled=False),
         replace(ONE, precision="fp32"),
         replace(ONE, share=True),
@@ -120,6 +121,7 @@ def test_the_cheapest_that_fits_and_meets_the_deadline_measured_before_scaled() 
     assert cheapest([_priced(2.0), _priced(1.0, meets=False), _priced(3.0, meets=True)]) == 0
     assert cheapest([_priced(2.0), _priced(0.5, basis="scaled")]) == 0  # a scaled figure is advice to measure
     assert cheapest([_priced(2.0, basis="scaled"), _priced(0.5, basis="scaled")]) == 1  # all scaled: the cheapest
+    assert cheapest([_priced(2.0, basis="scaled"), _priced(0.5, basis="cross-type")]) == 0  # peaks: less still
     assert cheapest([Option(ONE, SMALL), _priced(1.0, meets=False)]) is None
 
 
@@ -137,3 +139,45 @@ def test_describe_says_the_configuration_in_words() -> None:
     assert describe(TWO) == "2 x H200, ddp, compiled, bf16"
     assert describe(Config("cpu", 1, SINGLE, False, "fp32")) == "1 CPU slot, eager, fp32"
     assert describe(Config("H200", 1, SINGLE, True, "bf16", share=True)) == "a share of 1 x H200, compiled, bf16"
+
+
+H100 = Config("H100-80GB", 1, SINGLE, True, "bf16")
+
+
+def test_a_type_with_no_run_is_scaled_from_another_types_runs_by_their_peaks_and_labelled() -> None:
+    """H200 -> H100-80GB: the same bf16 peak, 4.8 against 3.35 TB/s. SMALL's 1e12 FLOPs at 60% of 989 TFLOPS take
+    1.685 ms of its 0.1 s step: 1.7% compute-bound, the rest scales by the bandwidths (x1.43)."""
+    s = step_time(SMALL, H100, [run(times=(0.1,) * 9 + (0.12,))])
+    assert s is not None and (s.basis, s.scaled_from, s.label) == ("cross-type", "H200", "scaled from H200")
+    compute_part = 1e12 / (989e12 * MATMUL_EFFICIENCY) / 0.1
+    factor = compute_part * 1.0 + (1 - compute_part) * 4800 / 3350
+    assert s.median_s == pytest.approx(0.1 * factor)
+    assert s.low_s == pytest.approx(0.1) and s.high_s == pytest.approx(0.102 * 4800 / 3350)  # compute- to memory-bound
+    assert "scaled from gpt small b8 on 1 x H200, compiled, bf16 by the peak figures of H200 and H100-80GB" in s.detail
+    assert "not measured on H100-80GB" in s.detail
+
+
+def test_a_compute_bound_step_scales_by_the_peak_throughputs() -> None:
+    """A100-80GB -> H100-80GB, a step whose FLOPs at 60% of the A100's peak take all of it: x312/989."""
+    a100 = replace(ONE, device="A100-80GB")
+    heavy = Shape("gpt", "big", 312e12 * MATMUL_EFFICIENCY * 0.5, "gpt big")
+    s = step_time(heavy, H100, [run(shape=heavy, config=a100, times=(0.5,))])
+    assert s is not None and s.median_s == pytest.approx(0.5 * 312 / 989)
+    assert (s.low_s, s.high_s) == (pytest.approx(0.5 * 312 / 989), pytest.approx(0.5 * 2039 / 3350))
+
+
+def test_cross_type_scales_another_shape_by_flops_too_and_keeps_compile_precision_and_share() -> None:
+    s = step_time(LARGE, H100, [run(times=(0.1,))])  # LARGE never ran anywhere: x2 by FLOPs, then by the peaks
+    assert s is not None and s.scaled_from == "H200" and "by its FLOPs per rank (x2)" in s.detail
+    assert s.median_s == pytest.approx(2 * step_time(SMALL, H100, [run(times=(0.1,))]).median_s)  # type: ignore[union-attr]
+    for other in (replace(H100, compiled=False), replace(H100, precision="fp32"), replace(H100, share=True)):
+        assert step_time(SMALL, other, [run(times=(0.1,))]) is None
+    code = Shape("digits", "digits: channels=8", None)  # no FLOPs count: the same key only
+    assert step_time(code, H100, [run(shape=code, times=(0.1,))]) is not None
+    assert step_time(replace(code, key="digits: channels=16"), H100, [run(shape=code, times=(0.1,))]) is None
+
+
+def test_the_same_type_is_preferred_to_another_types_runs() -> None:
+    history = [run(config=H100, times=(0.3,)), run(times=(0.1,))]
+    s = step_time(LARGE, H100, history)  # H100 SMALL scaled by FLOPs, not H200 LARGE
+    assert s is not None and (s.basis, s.scaled_from) == ("scaled", None) and s.median_s == pytest.approx(0.6)

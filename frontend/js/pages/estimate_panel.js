@@ -28,7 +28,7 @@ function memory(o) {
 function step(o) {
   const s = o.step_time;
   if (!s) return "no history";
-  return `${seconds(s.median_s)} (${seconds(s.low_s)}–${seconds(s.high_s)}), ${s.basis}`;
+  return `${seconds(s.median_s)} (${seconds(s.low_s)}–${seconds(s.high_s)}), ${s.label}`;
 }
 
 /** @param {Record<string, unknown>} changes */
