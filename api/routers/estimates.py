@@ -40,5 +40,6 @@ async def create_estimate(request: Request, db: SessionDep, who: CurrentPrincipa
         prices=settings.gpu_prices,
         currency=settings.currency,
         fit=FitSettings.of(settings),
+        would_start=getattr(request.app.state, "would_start", None),
     )
     return estimate_out(result)

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from api.schemas.common import OutModel, UTCDatetime
 from core import estimate as est
+from core.services.estimate_queue import QueueVerdict
 from core.services.estimates import Estimate
 
 
@@ -59,6 +60,25 @@ class OptionOut(OutModel):
     meets_deadline: bool | None = Field(description="null: the spec has no deadline, or no step time is known.")
 
 
+class QueueOut(OutModel):
+    option: int = Field(description="Index into options: the recommended one, else the job as written.")
+    expected_start_earliest: UTCDatetime | None = Field(description="The scheduler's projection; null: not known.")
+    expected_start_latest: UTCDatetime | None
+    expected_start_basis: str = Field(description="How the start is known, or why it cannot be.")
+    hosts: list[str] = Field(description="Where it would start (the earliest scenario's placement).")
+    latest_end: UTCDatetime | None = Field(description="The latest start plus the run; null: not known.")
+    verdict: Literal["meets", "may miss", "misses", "unknown"] = Field(
+        description="meets: it ends before the deadline even from the latest start; misses: after it even from the "
+        "earliest; may miss: between; unknown: no start or no run time to go by."
+    )
+    sentence: str = Field(
+        examples=[
+            "Counting the queue: the job as written would start at 2026-12-07 04:00:00Z (the scheduler's "
+            "projection) and ends by 2026-12-07 04:05:10Z at the latest: it meets the deadline (2026-12-07 05:00:00Z)."
+        ]
+    )
+
+
 class EstimateOut(OutModel):
     name: str
     recipe: str
@@ -71,6 +91,10 @@ class EstimateOut(OutModel):
     measured_runs: int = Field(description="Measured attempts of this recipe kiln read.")
     summary: str
     notes: list[str]
+    queue: QueueOut | None = Field(
+        description="Where the spec has a deadline: whether the chosen option meets it once its expected start (the "
+        "scheduler's projection, as kiln why's) is counted; null without a deadline."
+    )
 
 
 def option_out(o: est.Option) -> OptionOut:
@@ -126,4 +150,18 @@ def estimate_out(e: Estimate) -> EstimateOut:
         measured_runs=e.measured_runs,
         summary=e.summary,
         notes=e.notes,
+        queue=queue_out(e.queue) if e.queue is not None else None,
+    )
+
+
+def queue_out(q: QueueVerdict) -> QueueOut:
+    return QueueOut(
+        option=q.option,
+        expected_start_earliest=q.start.earliest,
+        expected_start_latest=q.start.latest,
+        expected_start_basis=q.start.basis,
+        hosts=list(q.start.hosts),
+        latest_end=q.latest_end,
+        verdict=q.verdict,  # type: ignore[arg-type]
+        sentence=q.sentence,
     )

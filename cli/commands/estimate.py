@@ -62,6 +62,8 @@ def _report(answer: dict[str, Any], all_options: bool) -> Any:
         out.text(legend, "dim"),
         out.text(answer["summary"]),
     ]
+    if answer.get("queue"):
+        lines.append(out.text(answer["queue"]["sentence"]))
     lines += [out.text(f"note: {n}", "dim") for n in answer["notes"]]
     return Group(*lines)
 

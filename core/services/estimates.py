@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -28,6 +29,7 @@ from core.repositories import teams as teams_repo
 from core.services.calibration import history, resolved_precision, shape_of
 from core.services.capacity import price_for
 from core.services.errors import InvalidInput
+from core.services.estimate_queue import QueueVerdict, WouldBe, WouldStart, verdict, with_changes
 from core.services.fit import FitSettings, canonical_gpu_type, check_capacity
 from core.services.principal import Principal, require_team_id
 from core.services.sla import DEFAULT_QOS, TERMS
@@ -51,6 +53,7 @@ class Estimate:
     measured_runs: int  # the recipe's measured attempts kiln read
     summary: str
     notes: list[str]
+    queue: QueueVerdict | None = None  # with a deadline: the chosen option's expected start counted
 
 
 @dataclass(frozen=True)
@@ -70,15 +73,24 @@ def estimate(
     prices: dict[str, float],
     currency: str,
     fit: FitSettings = FitSettings(),
+    would_start: WouldStart | None = None,
 ) -> Estimate:
-    """Raises SpecError / InvalidInput for a spec that could not be submitted, NotFound for a team not in view."""
+    """Raises SpecError / InvalidInput for a spec that could not be submitted, NotFound for a team not in view.
+    ``would_start``: the scheduler's projection of a job not yet submitted (None: the queue is not counted)."""
     spec = canonical_gpu_type(spec)
     hp = check_recipe(spec)
     team_id = require_team_id(principal, teams_repo.id_by_name(db, spec.team), spec.team, Role.VIEWER)
-    _refuse_as_submit_would(db, spec, fit)
+    ctx = _refuse_as_submit_would(db, spec, fit)
     priced = priced_options(db, spec=spec, hp=hp, team_id=team_id, now=now, prices=prices)
     options = priced.options
     best = est.cheapest(options, written=0)
+    queue = None
+    if priced.deadline is not None and would_start is not None:
+        option = best if best is not None else 0
+        chosen = options[option]
+        qos_id, priority = (ctx.qos_id, int(ctx.priority or 0)) if ctx is not None else (None, 0)
+        would = WouldBe(with_changes(spec, chosen.changes), team_id, qos_id, priority, chosen.peak_bytes)
+        queue = verdict(option, chosen, would_start(db, would, now), priced.deadline)
     return Estimate(
         name=spec.name,
         recipe=spec.recipe_name,
@@ -90,7 +102,8 @@ def estimate(
         recommended=best,
         measured_runs=priced.measured_runs,
         summary=_summary(options, best, priced.measured_runs, currency, priced.deadline),
-        notes=_notes(spec, hp, priced.shares),
+        notes=_notes(spec, hp, priced.shares, counted=queue is not None),
+        queue=queue,
     )
 
 
@@ -124,7 +137,7 @@ def priced_options(
     return Priced(options, len(runs), deadline, bool(cluster.shares))
 
 
-def _refuse_as_submit_would(db: Session, spec: JobSpec, fit: FitSettings) -> None:
+def _refuse_as_submit_would(db: Session, spec: JobSpec, fit: FitSettings) -> Any:
     """What no option can mend is refused as a submission is (422, the field's path): a QoS class that does not
     exist, a request no set of the hosts could ever hold (a GPU type no host has, more GPUs than the cluster)."""
     asked = spec.resources.gpu_type if spec.resources.gpus else None
@@ -134,6 +147,7 @@ def _refuse_as_submit_would(db: Session, spec: JobSpec, fit: FitSettings) -> Non
     if spec.sla.qos is not None and ctx.qos_id is None:
         raise InvalidInput.at("sla.qos", f"unknown QoS class {spec.sla.qos!r}")
     check_capacity(db, spec=spec, ctx=ctx, fit=fit)
+    return ctx
 
 
 def _cluster(db: Session, spec: JobSpec) -> _Cluster:
@@ -328,7 +342,7 @@ def _money(o: est.Option, currency: str) -> str:
     return f"{o.gpu_hours:.3g} {unit}, {o.cost:.3g} {currency}"
 
 
-def _notes(spec: JobSpec, hp: TrainingHyperparameters | None, shares: bool) -> list[str]:
+def _notes(spec: JobSpec, hp: TrainingHyperparameters | None, shares: bool, *, counted: bool) -> list[str]:
     notes = ["activation checkpointing: no built-in recipe has it, so it is not an option"]
     if spec.resources.gpus:
         notes.append(
@@ -337,7 +351,11 @@ def _notes(spec: JobSpec, hp: TrainingHyperparameters | None, shares: bool) -> l
             "a type without published figures in kiln has none"
         )
     if spec.sla.deadline:
-        notes.append("the deadline is met if the run alone ends before it: time in the queue is not counted")
+        notes.append(
+            "each option's DEADLINE counts its run alone; the sentence above counts the queue for the chosen one"
+            if counted
+            else "the deadline is met if the run alone ends before it: this server does not project the queue"
+        )
     if hp is None:
         notes.append("this code's batch is its own: only the GPU count as written is offered")
     if spec.resources.gpus and not shares:

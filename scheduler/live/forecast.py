@@ -17,16 +17,20 @@ The jobs admitted on the way run for the same estimates of their own. ``kiln why
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session
 
-from core.models import Attempt, Job
+from core.models import Attempt, Job, QosClass
 from core.policy_config import PolicyConfig
 from core.repositories import jobs as jobs_repo
+from core.services.estimate_queue import WouldBe
 from core.services.why import StartForecast
-from scheduler.live.loader import load_snapshot
-from scheduler.policy.snapshot import Snapshot
+from core.spec import runs_team_code
+from scheduler.live.loader import _bandwidth as bandwidth_of
+from scheduler.live.loader import load_snapshot, requested_share
+from scheduler.policy.snapshot import PendingJob, Snapshot, quota_key_for
 from scheduler.simulate.projection import HORIZON_S, MAX_EVENTS, Start, project, scenarios
 
 INF = math.inf
@@ -38,6 +42,48 @@ def forecast_start(db: Session, job: Job, *, now: datetime, policy: PolicyConfig
     """When and where ``job`` (queued) would start as the queue stands, or why that cannot be known."""
     snapshot = load_snapshot(db=db, now=now, half_life_s=policy.fairshare_half_life_s)
     return StartProjector(snapshot, measured_rates(db, now), policy).forecast(job.id)
+
+
+def forecast_would_be(db: Session, would: WouldBe, *, now: datetime, policy: PolicyConfig) -> StartForecast:
+    """When and where a job not yet submitted (``kiln estimate``'s choice) would start, were it submitted now: the
+    live snapshot with it added to the queue under an id above all of the snapshot's, as the newest submission."""
+    snapshot = load_snapshot(db=db, now=now, half_life_s=policy.fairshare_half_life_s)
+    job_id = 1 + max([*(p.id for p in snapshot.pending), *(r.id for r in snapshot.running)], default=0)
+    pending = _would_be_pending(db, would, job_id, snapshot, now)
+    snapshot = replace(snapshot, pending=(*snapshot.pending, pending))
+    return StartProjector(snapshot, measured_rates(db, now), policy).forecast(job_id)
+
+
+def _would_be_pending(db: Session, would: WouldBe, job_id: int, snapshot: Snapshot, now: datetime) -> PendingJob:
+    """The job as ``scheduler.live.loader`` would load it once submitted (its contract's terms aside: the spec's)."""
+    spec, r = would.spec, would.spec.resources
+    q = db.get(QosClass, would.qos_class_id) if would.qos_class_id is not None else None
+    team = next((t for t in snapshot.teams if t.id == would.team_id), None)
+    share = requested_share(spec.model_dump(mode="json")["resources"], q)
+    deadline = datetime.fromisoformat(spec.sla.deadline).timestamp() if spec.sla.deadline else None
+    max_wait = spec.sla.max_queue_wait_s or (q.default_max_queue_wait_s if q is not None else None)
+    return PendingJob(
+        id=job_id,
+        team_id=would.team_id,
+        qos=q.name if q else "",
+        qos_priority=q.priority if q else 0,
+        preemptible=bool(q and q.preemptible),
+        gpus=r.gpus,
+        submitted_at=now.timestamp(),
+        gpus_per_node=r.gpus_per_node,
+        gpu_type=r.gpu_type if r.gpus else None,
+        cpu_slots=r.cpu_slots,
+        quota_key=quota_key_for(team, r.gpus, r.gpu_type if r.gpus else None),
+        priority=would.priority,
+        max_queue_wait_s=max_wait,
+        deadline=deadline,
+        estimated_runtime_s=spec.time_limit_s,
+        memory_bytes=would.memory_bytes,
+        memory_cap_bytes=share.memory_bytes if share is not None else (q.gpu_memory_cap_bytes if q else None),
+        bandwidth=bandwidth_of(q),
+        share=share,
+        team_code=runs_team_code(spec.model_dump(mode="json")),
+    )
 
 
 class StartProjector:

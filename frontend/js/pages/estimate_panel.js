@@ -85,7 +85,7 @@ export function estimatePanel(body) {
     inFlight = mine;
     try {
       const answer = await api("/v1/estimates", { ...body(), signal: mine.signal });
-      replace(summary, answer.summary);
+      replace(summary, answer.queue ? `${answer.summary}. ${answer.queue.sentence}` : answer.summary);
       replace(options, render(answer));
       replace(notes, answer.notes.map((/** @type {string} */ n) => h("li", {}, n)));
     } catch (err) {

@@ -1,0 +1,100 @@
+"""Whether an estimate's choice meets the spec's deadline once its time in the queue is counted (``kiln estimate``).
+
+The run time alone (``core.estimate.cost``) says nothing of the wait: a job that trains in an hour misses a deadline
+two hours away behind a queue of three. The expected start is the one ``kiln why`` shows for a queued job: the
+scheduler's ``plan()`` run forward from the live snapshot (``scheduler.live.forecast``), here with the job as it
+would be submitted added to the queue, handed in by the API's composition root as ``would_start`` (``core`` imports
+no scheduler). The verdict puts the run after that start: ``meets`` when it ends before the deadline even from the
+latest start, ``misses`` when it ends after it even from the earliest, ``may miss`` between, ``unknown`` when no
+start (or no run time) can be said.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from core import estimate as est
+from core.services.why import StartForecast
+from core.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class WouldBe:
+    """A job not submitted yet, as the scheduler's projection needs it."""
+
+    spec: JobSpec  # the option's: the job as written with the option's changes
+    team_id: int
+    qos_class_id: int | None  # the class the submission would get
+    priority: int
+    memory_bytes: int | None  # predicted peak per GPU
+
+
+# (session, the would-be job, now) -> its expected start: scheduler.live.forecast.forecast_would_be, policy bound
+WouldStart = Callable[[Session, WouldBe, datetime], StartForecast]
+
+
+@dataclass(frozen=True)
+class QueueVerdict:
+    option: int  # index into the estimate's options: the recommended one, else the job as written
+    start: StartForecast
+    latest_end: datetime | None  # the latest start plus the run; None: not known
+    verdict: str  # meets | may miss | misses | unknown
+    sentence: str
+
+
+def with_changes(spec: JobSpec, changes: dict[str, object]) -> JobSpec:
+    """``spec`` with an option's changes (dotted paths; None removes the field), validated as a submission is."""
+    data: dict[str, Any] = spec.model_dump(mode="json", exclude_none=True)
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        node = data
+        for name in parents:
+            node = node.setdefault(name, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return JobSpec.model_validate(data)
+
+
+def verdict(option: int, chosen: est.Option, start: StartForecast, deadline: datetime) -> QueueVerdict:
+    """Whether ``chosen``, started as ``start`` says, ends before ``deadline``; in one sentence."""
+    which = "the recommended option" if option else "the job as written"
+    if start.earliest is None or start.latest is None:
+        said = start.basis.removeprefix("cannot be known: ")
+        return QueueVerdict(
+            option, start, None, "unknown", f"Counting the queue: when {which} would start cannot be known ({said})."
+        )
+    same = start.earliest == start.latest
+    when = f"at {_at(start.earliest)}" if same else f"between {_at(start.earliest)} and {_at(start.latest)}"
+    if chosen.hours is None:
+        return QueueVerdict(
+            option,
+            start,
+            None,
+            "unknown",
+            f"Counting the queue: {which} would start {when}; with no step time, whether it ends before the deadline "
+            "cannot be said.",
+        )
+    run = timedelta(hours=chosen.hours)
+    latest_end, earliest_end = start.latest + run, start.earliest + run
+    if latest_end <= deadline:
+        said, how = "meets", f"ends by {_at(latest_end)} at the latest"
+    elif earliest_end > deadline:
+        said, how = "misses", f"ends at {_at(earliest_end)} at the earliest"
+    else:
+        said, how = "may miss", f"ends between {_at(earliest_end)} and {_at(latest_end)}"
+    sentence = (
+        f"Counting the queue: {which} would start {when} (the scheduler's projection) and {how}: it {said} the "
+        f"deadline ({_at(deadline)})."
+    )
+    return QueueVerdict(option, start, latest_end, said, sentence)
+
+
+def _at(t: datetime) -> str:
+    return t.strftime("%Y-%m-%d %H:%M:%SZ")
