@@ -68,7 +68,7 @@ def verdict(option: int, chosen: est.Option, start: StartForecast, deadline: dat
     if start.earliest is None or start.latest is None:
         said = start.basis.removeprefix("cannot be known: ")
         return QueueVerdict(
-            option, start, None, "unknown", f"Counting the queue: when {which} would start cannot be known ({said})."
+            option, start, None, "unknown", f"Counting the queue: when {which} would start cannot be known: {said}."
         )
     same = start.earliest == start.latest
     when = f"at {_at(start.earliest)}" if same else f"between {_at(start.earliest)} and {_at(start.latest)}"
