@@ -4,6 +4,7 @@ what it says with no history and with a measured run, and its exit codes."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +65,22 @@ def test_estimate_exit_codes(kiln: Any, tmp_path: Path) -> None:
     assert bad.exit_code == ExitCode.INVALID and "steps" in bad.stderr
     other = kiln("estimate", str(spec_file(tmp_path, **{"team: default": "team: nobody"})))
     assert other.exit_code == ExitCode.NOT_FOUND and "team 'nobody' not found" in other.stderr
+
+
+def test_estimate_with_a_deadline_says_in_one_sentence_where_the_queue_leaves_it(
+    kiln: Any, server: Server, tmp_path: Path
+) -> None:
+    """The table's sentence is the API's ``queue.sentence``. No worker runs beside this server, so what it says
+    depends on the module's other jobs (queued for ever, ahead of it): in time, or no start can be promised."""
+    due = (datetime.now(UTC) + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    path = spec_file(tmp_path, **{"batch_size: 8": "batch_size: 7", "max_queue_wait_s: 600": f"deadline: '{due}'"})
+    _finished(server, submit(kiln, path), step_s=0.05, startup_s=4.0)
+    shown = kiln("estimate", str(path))
+    assert shown.exit_code == 0, shown.output
+    sentence = next(line for line in shown.stdout.splitlines() if line.startswith("Counting the queue:"))
+    queue = json.loads(kiln("estimate", str(path), "-o", "json").stdout)["queue"]
+    assert queue["sentence"] == sentence and queue["option"] == 0
+    assert queue["verdict"] in ("meets", "unknown")
+    assert ("cannot be known" in sentence) == (queue["verdict"] == "unknown"), sentence
+    no_deadline = spec_file(tmp_path, **{"batch_size: 8": "batch_size: 7"})
+    assert json.loads(kiln("estimate", str(no_deadline), "-o", "json").stdout)["queue"] is None
