@@ -124,9 +124,15 @@ class Bench:
     def up(self) -> None:
         t0 = time.time()
         self.kiln.up()
-        if not self.args.smoke:
+        until = time.time() + 120
+        while not self.args.smoke:  # the worker registers its host (and its GPUs) once it is up
             gpus = self.kiln.get("/v1/gpus")["items"]
-            self.device = canonical(gpus[0]["model"])
+            if gpus:
+                self.device = canonical(gpus[0]["model"])
+                break
+            if time.time() > until:
+                raise RuntimeError("no GPU registered 120 s after kiln up")
+            time.sleep(1)
         log(f"kiln up in {time.time() - t0:.0f} s; device {self.device}")
 
     def submit(self, name: str, spec: dict[str, Any], workdir: pathlib.Path | None = None) -> int:
@@ -156,7 +162,8 @@ class Bench:
         times = [float(r["step_time_s"]) for r in steady]
         peaks = [int(r["mem_peak_bytes"]) for r in recs if r["kind"] == "step" and r.get("mem_peak_bytes")]
         finished = next((r for r in recs if r["kind"] == "done"), {})
-        wall = _ts(attempt["ended_at"]) - _ts(attempt["started_at"])
+        ended = attempt["ended_at"] or datetime.now(UTC).isoformat()
+        wall = _ts(ended) - _ts(attempt["started_at"])
         out = {
             "job_id": job,
             "spec": spec,
@@ -167,7 +174,7 @@ class Bench:
             "peak_bytes": max(peaks) if peaks else finished.get("measured_peak_bytes"),
             "trainer_predicted_peak_bytes": finished.get("predicted_peak_bytes"),
             "gpu_hours": wall * max(1, int(spec["resources"].get("gpus") or 0)) / 3600,
-            "ended_at": attempt["ended_at"],
+            "ended_at": ended,
             "state": done["state"],
             "wall_s": round(time.time() - t0, 1),
         }
@@ -188,9 +195,9 @@ def predicted(answer: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def compare(pred: dict[str, Any], measured: dict[str, Any], *, memory: bool = True) -> dict[str, Any]:
+def compare(pred: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
     step_err = relative(pred.get("step_s"), measured["median_step_s"])
-    mem_err = relative(pred.get("peak_bytes"), measured["peak_bytes"]) if memory else None
+    mem_err = relative(pred.get("peak_bytes"), measured["peak_bytes"])
     return {
         "predicted_step_s": pred.get("step_s"),
         "measured_step_s": measured["median_step_s"],
@@ -293,6 +300,12 @@ def accuracy(bench: Bench, result: dict[str, Any]) -> None:
         runs[name] = bench.run(name, specs[name], USER_EXAMPLE if name == "user-model" else None)
         shapes[name] = {**compare(preds[name], runs[name]), "basis": preds[name]["step_basis"]}
         shapes[name]["detail"] = preds[name]["step_detail"]
+        c = shapes[name]
+        log(
+            f"{name}: step predicted {c['predicted_step_s']} s ({c['basis']}), measured {c['measured_step_s']} s, "
+            f"error {c['step_error']}; peak predicted {c['predicted_peak_bytes']}, measured {c['measured_peak_bytes']}"
+            f", error {c['memory_error']}"
+        )
     result["shapes"] = shapes
     if "prior" in result:
         for name, p in result["prior"]["shapes"].items():
