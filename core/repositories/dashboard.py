@@ -1,4 +1,5 @@
-"""The dashboard's read-only queries: queue order and position, job overview, usage windows, cluster occupancy."""
+"""The dashboard's read-only queries that ``/v1`` has no use for: queue order and position, contracts, what moves a
+job's page, usage windows, cluster occupancy (a job, its list, timeline and metrics: ``core.repositories.jobs``)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from core.models import (
     Event,
     Host,
     Job,
-    JobMetric,
     QosClass,
     SlaContract,
     Team,
@@ -67,23 +67,17 @@ def waiting_page(
     return [(j, int(p)) for j, p in db.execute(stmt).tuples()], int(total or 0)
 
 
-def jobs_page_newest_first(
+def count_jobs_in(
     db: Session,
     *,
     team_ids: Sequence[int],
     qos_class_id: int | None,
     states: Sequence[str],
-    before_id: int | None,
-    limit: int,
     submitted_after: datetime | None = None,
-) -> tuple[list[Job], int]:
-    """Jobs in ``states``, newest first, below ``before_id``: up to ``limit`` rows, and how many match in all."""
+) -> int:
+    """How many jobs in ``states`` match (the queue page's total; its rows are the job list's)."""
     conds = [*_job_conditions(team_ids, qos_class_id, submitted_after), Job.state.in_(states)]
-    total = db.scalar(select(func.count(Job.id)).where(*conds))
-    stmt = select(Job).where(*conds)
-    if before_id:
-        stmt = stmt.where(Job.id < before_id)
-    return list(db.scalars(stmt.order_by(Job.id.desc()).limit(limit))), int(total or 0)
+    return int(db.scalar(select(func.count(Job.id)).where(*conds)) or 0)
 
 
 def queue_groups(db: Session, *, team_ids: Sequence[int], states: Sequence[str]) -> Sequence[tuple[Any, ...]]:
@@ -113,7 +107,7 @@ def count_jobs(db: Session, *, team_id: int, states: Sequence[str]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Contracts, jobs and events
+# Contracts, SLA events and what moves a job's page
 
 
 def job_contracts(db: Session, job_ids: Sequence[int]) -> Sequence[SlaContract]:
@@ -124,10 +118,6 @@ def team_default_contracts(db: Session, team_ids: Sequence[int]) -> Sequence[Sla
     return db.scalars(select(SlaContract).where(SlaContract.team_id.in_(team_ids), SlaContract.job_id.is_(None))).all()
 
 
-def job_contract(db: Session, job_id: int) -> SlaContract | None:
-    return db.scalar(select(SlaContract).where(SlaContract.job_id == job_id))
-
-
 def jobs_submitted_since(db: Session, *, team_ids: Sequence[int], since: datetime) -> list[Job]:
     return list(db.scalars(select(Job).where(Job.team_id.in_(team_ids), Job.submitted_at >= since)))
 
@@ -136,16 +126,6 @@ def sla_events_since(db: Session, *, team_ids: Sequence[int], since: datetime) -
     return db.scalars(
         select(Event).where(Event.team_id.in_(team_ids), Event.created_at >= since, Event.type.like("SLA%"))
     ).all()
-
-
-def job_events(db: Session, job_id: int) -> list[Event]:
-    return list(db.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id)))
-
-
-def metrics_after(db: Session, *, job_id: int, after_id: int, limit: int) -> list[JobMetric]:
-    """Telemetry rows in insertion order after ``after_id`` (a restart may repeat steps: ids never repeat)."""
-    stmt = select(JobMetric).where(JobMetric.job_id == job_id, JobMetric.id > after_id).order_by(JobMetric.id)
-    return list(db.scalars(stmt.limit(limit)))
 
 
 def job_change_marks(db: Session, job_id: int) -> tuple[int | None, int]:

@@ -473,6 +473,13 @@ def metrics(db: Session, *, job_id: int, after_step: int, max_points: int) -> Se
     return db.scalars(select(JobMetric).where(JobMetric.id.in_(keep)).order_by(JobMetric.step, JobMetric.id)).all()
 
 
+def metrics_after_id(db: Session, *, job_id: int, after_id: int, limit: int) -> Sequence[JobMetric]:
+    """Rows in insertion order after ``after_id``, ``limit`` at most: a live tail (a restart repeats steps, ids
+    never repeat; ``metrics`` thins by step)."""
+    stmt = select(JobMetric).where(JobMetric.job_id == job_id, JobMetric.id > after_id).order_by(JobMetric.id)
+    return db.scalars(stmt.limit(limit)).all()
+
+
 def count_by_state(db: Session) -> dict[str, int]:
     return dict(db.execute(select(Job.state, func.count()).group_by(Job.state)).tuples().all())
 

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 from core.models import Host, Team
 from core.repositories import dashboard as repo
 from core.repositories import teams as teams_repo
-from core.services.dashboard import ACTIVE_STATES, visible_team_ids
 from core.services.principal import Principal
+from core.services.visibility import ACTIVE_STATES, visible_team_ids
 from core.states import JobState
 
 QUOTA_FIELDS = ("gpu_type", "nominal", "used", "borrowed", "lent", "borrowing_limit", "lending_limit")

@@ -1,13 +1,16 @@
 """The dashboard's read-only views: tenancy (who sees which teams and jobs), the queue in scheduling order, one
-job's overview, and the SLA each job is held to. Queries live in ``core.repositories.dashboard``."""
+job's overview, and the SLA each job is held to. A job, the job list, a job's timeline and its metrics are read
+as ``/v1/jobs`` reads them (``core.services.jobs``, ``core.repositories.jobs``); the reads ``/v1`` has no use for
+(queue order, contracts, aggregates) live in ``core.repositories.dashboard``."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
 
@@ -19,32 +22,16 @@ from core.repositories import jobs as jobs_repo
 from core.repositories import qos as qos_repo
 from core.repositories import step_times
 from core.repositories import teams as teams_repo
+from core.services import jobs as jobs_svc
 from core.services.errors import NotFound
+from core.services.jobs import JobView
 from core.services.ops_metrics import is_violation_event, violation_kind
 from core.services.principal import Principal
-from core.states import ACTIVE, TERMINAL, JobState
-
-ACTIVE_STATES = tuple(s.value for s in JobState if s in ACTIVE)
-FINISHED_STATES = tuple(s.value for s in JobState if s in TERMINAL)  # LOST is not: the reconciler requeues it
+from core.services.visibility import ACTIVE_STATES, FINISHED_STATES, team_filter, visible_team_ids
+from core.states import JobState
 
 # ---------------------------------------------------------------------------------------------------------------
-# Tenancy: a member sees only their teams, an admin all; an invisible team or job is as absent as a missing one
-
-
-def visible_team_ids(db: Session, who: Principal) -> list[int]:
-    ids = who.visible_team_ids()
-    return teams_repo.all_ids(db) if ids is None else ids
-
-
-def team_filter(db: Session, who: Principal, team: str | None) -> list[int]:
-    """Teams in view, narrowed to ``team`` when given."""
-    ids = visible_team_ids(db, who)
-    if team is None:
-        return ids
-    tid = teams_repo.id_by_name(db, team)
-    if tid is None or tid not in ids:
-        raise NotFound(f"team {team!r} not found")
-    return [tid]
+# Tenancy (which teams are in view: core.services.visibility): another team's job is as absent as a missing one
 
 
 def get_visible_job(db: Session, who: Principal, job_id: int) -> Job:
@@ -71,30 +58,54 @@ def qos_classes(db: Session) -> Sequence[QosClass]:
 # The SLA each job is held to
 
 
+class WaitKey(NamedTuple):
+    """What a job's maximum queue wait is looked up by."""
+
+    job_id: int
+    team_id: int
+    qos_class_id: int
+    spec: Mapping[str, Any] | str  # the spec, or its JSON text (parsed only when no contract of the job answers)
+
+
+def _wait_key(j: Job) -> WaitKey:
+    return WaitKey(j.id, j.team_id, j.qos_class_id, j.spec or {})
+
+
+def _wait_key_of_view(v: JobView, team_ids: Mapping[str, int], qos_ids: Mapping[str, int]) -> WaitKey:
+    """A row of the job list: its team and class by name (the page's own teams and the classes, looked up once)."""
+    return WaitKey(v.id, team_ids.get(v.team, -1), qos_ids.get(v.qos, -1), v.spec_json)
+
+
 def effective_max_wait(db: Session, jobs: Sequence[Job], qos_by_id: Mapping[int, QosClass]) -> dict[int, float | None]:
     """The contract's maximum queue wait of each job: its own contract, its spec, the team's, the QoS default."""
+    return _max_waits(db, [_wait_key(j) for j in jobs], qos_by_id)
+
+
+def _max_waits(db: Session, jobs: Sequence[WaitKey], qos_by_id: Mapping[int, QosClass]) -> dict[int, float | None]:
     if not jobs:
         return {}
-    own = {c.job_id: c.max_queue_wait_s for c in repo.job_contracts(db, [j.id for j in jobs])}
+    own = {c.job_id: c.max_queue_wait_s for c in repo.job_contracts(db, [j.job_id for j in jobs])}
     team_default = {
         c.team_id: c.max_queue_wait_s for c in repo.team_default_contracts(db, sorted({j.team_id for j in jobs}))
     }
     out: dict[int, float | None] = {}
     for j in jobs:
-        spec_wait = ((j.spec or {}).get("sla") or {}).get("max_queue_wait_s")
-        qos = qos_by_id.get(j.qos_class_id)
-        for candidate in (
-            own.get(j.id),
-            spec_wait,
-            team_default.get(j.team_id),
-            qos.default_max_queue_wait_s if qos else None,
-        ):
-            if candidate is not None:
-                out[j.id] = float(candidate)
-                break
-        else:
-            out[j.id] = None
+        # the first that says one; the spec is parsed only when the job's own contract says none
+        found = own.get(j.job_id)
+        if found is None:
+            found = _spec_wait(j.spec)
+        if found is None:
+            found = team_default.get(j.team_id)
+        if found is None:
+            qos = qos_by_id.get(j.qos_class_id)
+            found = qos.default_max_queue_wait_s if qos else None
+        out[j.job_id] = None if found is None else float(found)
     return out
+
+
+def _spec_wait(spec: Mapping[str, Any] | str) -> Any:
+    data = json.loads(spec) if isinstance(spec, str) else spec
+    return ((data or {}).get("sla") or {}).get("max_queue_wait_s")
 
 
 @dataclass(frozen=True)
@@ -175,9 +186,12 @@ def _recorded_breach(events: list[Event]) -> datetime | None:
 
 @dataclass(frozen=True)
 class QueueSlice:
-    """One page of the queue: each job with its position (waiting jobs only), and what its row shows."""
+    """One page of the queue. ``waiting``: each QUEUED job with its position (the queue-order read, which ``/v1``
+    has no list of); ``listed``: the active or finished jobs, read by the job list ``/v1/jobs`` answers. Then what
+    the rows show: names, and each job's maximum queue wait."""
 
-    rows: list[tuple[Job, int | None]]
+    waiting: list[tuple[Job, int]]
+    listed: list[JobView]
     more: bool
     total: int
     team_names: dict[int, str]
@@ -209,28 +223,35 @@ def queue_page(
         if qos_id is None:
             raise NotFound(f"QoS class {qos!r} not found")
     team_names = teams_repo.names_by_id(db, teams)
-    rows: list[tuple[Job, int | None]]
+    waiting: list[tuple[Job, int]] = []
+    listed: list[JobView] = []
     if view == "waiting":
-        ranked, total = repo.waiting_page(
+        waiting, total = repo.waiting_page(
             db, team_ids=teams, qos_class_id=qos_id, after_pos=after, limit=limit + 1, submitted_after=submitted_after
         )
-        rows = list(ranked)
+        more, waiting = len(waiting) > limit, waiting[:limit]
+        keys = [_wait_key(j) for j, _ in waiting]
     else:
         states = (*ACTIVE_STATES, JobState.LOST.value) if view == "active" else FINISHED_STATES
-        jobs, total = repo.jobs_page_newest_first(
-            db,
-            team_ids=teams,
-            qos_class_id=qos_id,
+        page = jobs_svc.list_jobs(
+            db=db,
+            principal=who,
+            team=team,
             states=states,
-            before_id=after,
-            limit=limit + 1,
+            qos=qos,
+            limit=limit,
+            before_id=after or None,
             submitted_after=submitted_after,
         )
-        rows = [(j, None) for j in jobs]
-    more = len(rows) > limit
-    rows = rows[:limit]
-    max_waits = effective_max_wait(db, [j for j, _ in rows], qos_by_id)
-    return QueueSlice(rows, more, total, team_names, qos_by_id, max_waits)
+        listed, more = page.items, page.next_before_id is not None
+        total = repo.count_jobs_in(
+            db, team_ids=teams, qos_class_id=qos_id, states=states, submitted_after=submitted_after
+        )
+        team_ids = {name: tid for tid, name in team_names.items()}
+        qos_ids = {q.name: q.id for q in qos_by_id.values()}
+        keys = [_wait_key_of_view(v, team_ids, qos_ids) for v in listed]
+    max_waits = _max_waits(db, keys, qos_by_id)
+    return QueueSlice(waiting, listed, more, total, team_names, qos_by_id, max_waits)
 
 
 def queue_groups(db: Session, who: Principal) -> tuple[Sequence[tuple[Any, ...]], list[tuple[str | None, int]]]:
@@ -263,15 +284,28 @@ def job_overview(db: Session, job: Job) -> JobOverview:
         team=teams_repo.get_by_id(db, job.team_id),
         qos=qos_by_id.get(job.qos_class_id),
         max_wait_s=effective_max_wait(db, [job], qos_by_id).get(job.id),
-        contract=repo.job_contract(db, job.id),
+        contract=jobs_repo.effective_sla(db, job.id),
         attempts=list(jobs_repo.attempts(db, job.id)),
         checkpoints=jobs_repo.checkpoints(db, job.id),
-        events=repo.job_events(db, job.id),
+        events=all_events(db, job.id),
     )
 
 
-def metrics_after(db: Session, job_id: int, after_id: int, limit: int) -> list[JobMetric]:
-    return repo.metrics_after(db, job_id=job_id, after_id=after_id, limit=limit)
+EVENTS_PER_READ = 10_000
+
+
+def all_events(db: Session, job_id: int) -> list[Event]:
+    """The job's whole timeline, oldest first: the read ``/v1/jobs/{id}/events`` pages with, page after page."""
+    out: list[Event] = []
+    while True:
+        rows = jobs_repo.events(db, job_id=job_id, after_id=out[-1].id if out else 0, limit=EVENTS_PER_READ)
+        out.extend(e for e, _actor in rows)
+        if len(rows) < EVENTS_PER_READ:
+            return out
+
+
+def metrics_after(db: Session, job_id: int, after_id: int, limit: int) -> Sequence[JobMetric]:
+    return jobs_repo.metrics_after_id(db, job_id=job_id, after_id=after_id, limit=limit)
 
 
 def job_fingerprint(db: Session, job: Job) -> tuple[Any, ...]:

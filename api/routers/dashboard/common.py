@@ -14,6 +14,11 @@ def iso(dt: datetime | None) -> str | None:
     return dt.isoformat() if dt is not None else None
 
 
+def utc_iso(dt: datetime | None) -> str | None:
+    """A time read in the database session's zone, as an ISO timestamp in UTC."""
+    return dt.astimezone(UTC).isoformat() if dt is not None else None
+
+
 def epoch_iso(epoch_s: int) -> str:
     """A bucket's start (epoch seconds) as an ISO timestamp in UTC."""
     return datetime.fromtimestamp(epoch_s, UTC).isoformat()

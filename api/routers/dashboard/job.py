@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
@@ -19,15 +20,16 @@ from api.routers.common import JobIdPath, LastEventIdQuery, StreamTicketQuery
 from api.routers.dashboard.common import iso
 from api.schemas.common import INT64
 from core.db import utcnow
-from core.models import Attempt, Job
+from core.models import Attempt, Event, Job, SlaContract
 from core.queue_wait import queued_seconds
 from core.recipes import throughput_unit
 from core.repositories.compile_cache import COMPILE_EVENT_TYPES
 from core.services import compile_cache, dashboard
 from core.services import datasets as datasets_svc
 from core.services.compile_cache import AttemptCompile, compile_off
-from core.services.dashboard import FINISHED_STATES, get_visible_job
+from core.services.dashboard import JobOverview, get_visible_job
 from core.services.sla import step_standing
+from core.services.visibility import FINISHED_STATES
 
 router = APIRouter(tags=["dashboard"])
 
@@ -95,37 +97,10 @@ def _datasets(session: Session, job: Job) -> list[dict[str, Any]]:
 
 def overview_of(session: Session, job: Job) -> dict[str, Any]:
     view = dashboard.job_overview(session, job)
-    team, qos, contract, attempts, events = view.team, view.qos, view.contract, view.attempts, view.events
+    team, attempts, events = view.team, view.attempts, view.events
     compiles = compile_cache.summarise(events, attempts, compile_off=compile_off(job))
-    now = utcnow()
     return {
-        "job": {
-            "id": job.id,
-            "name": job.name,
-            "team": team.name if team else None,
-            "qos": qos.name if qos else None,
-            "state": job.state,
-            "gpus": job.gpus,
-            "gpu_type": job.gpu_type,
-            "pending_reason": job.pending_reason,
-            "pending_message": job.pending_message,
-            "restart_count": job.restart_count,
-            "last_step": job.last_step,
-            "last_loss": job.last_loss,
-            "steps": (job.spec or {}).get("steps"),
-            "throughput_unit": throughput_unit(job.spec or {}),
-            "exit_reason": job.exit_reason,
-            "cancel_requested": job.cancel_requested,
-            "held_at": iso(job.held_at),
-            "submitted_at": iso(job.submitted_at),
-            "admitted_at": iso(job.admitted_at),
-            "started_at": iso(job.started_at),
-            "finished_at": iso(job.finished_at),
-            "wait_s": queued_seconds(job, now),
-            "max_wait_s": view.max_wait_s,
-            "evaluation": job.eval_metrics,
-            "spec": job.spec,
-        },
+        "job": _job_dict(view, utcnow()),
         "code": _code(job, team.name if team else ""),
         "datasets": _datasets(session, job),
         "evaluations": [
@@ -133,18 +108,7 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
             for e in events
             if e.type == "EVALUATION"
         ],
-        "contract": None
-        if contract is None
-        else {
-            "max_queue_wait_s": contract.max_queue_wait_s,
-            "deadline": iso(contract.deadline),
-            "max_restarts": contract.max_restarts,
-            "recovery_time_objective_s": contract.recovery_time_objective_s,
-            "checkpoint_interval_s": contract.checkpoint_interval_s,
-            # the terms measured from the job's steps: met, violated, or unmeasured (steps too few or too brief to
-            # compare, a script that reports none, or the step time of a best-effort GPU share)
-            "standing": step_standing(session, job=job, contract=contract),
-        },
+        "contract": _contract_dict(session, job, view.contract),
         "attempts": [_attempt_dict(a, c) for a, c in zip(attempts, compiles, strict=True)],
         "restarts": restarts_with_recovery(attempts),
         "checkpoints": [
@@ -158,6 +122,59 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
             }
             for c in view.checkpoints
         ],
+        **_timeline(events),
+    }
+
+
+def _job_dict(view: JobOverview, now: datetime) -> dict[str, Any]:
+    job, team, qos = view.job, view.team, view.qos
+    return {
+        "id": job.id,
+        "name": job.name,
+        "team": team.name if team else None,
+        "qos": qos.name if qos else None,
+        "state": job.state,
+        "gpus": job.gpus,
+        "gpu_type": job.gpu_type,
+        "pending_reason": job.pending_reason,
+        "pending_message": job.pending_message,
+        "restart_count": job.restart_count,
+        "last_step": job.last_step,
+        "last_loss": job.last_loss,
+        "steps": (job.spec or {}).get("steps"),
+        "throughput_unit": throughput_unit(job.spec or {}),
+        "exit_reason": job.exit_reason,
+        "cancel_requested": job.cancel_requested,
+        "held_at": iso(job.held_at),
+        "submitted_at": iso(job.submitted_at),
+        "admitted_at": iso(job.admitted_at),
+        "started_at": iso(job.started_at),
+        "finished_at": iso(job.finished_at),
+        "wait_s": queued_seconds(job, now),
+        "max_wait_s": view.max_wait_s,
+        "evaluation": job.eval_metrics,
+        "spec": job.spec,
+    }
+
+
+def _contract_dict(session: Session, job: Job, contract: SlaContract | None) -> dict[str, Any] | None:
+    if contract is None:
+        return None
+    return {
+        "max_queue_wait_s": contract.max_queue_wait_s,
+        "deadline": iso(contract.deadline),
+        "max_restarts": contract.max_restarts,
+        "recovery_time_objective_s": contract.recovery_time_objective_s,
+        "checkpoint_interval_s": contract.checkpoint_interval_s,
+        # the terms measured from the job's steps: met, violated, or unmeasured (steps too few or too brief to
+        # compare, a script that reports none, or the step time of a best-effort GPU share)
+        "standing": step_standing(session, job=job, contract=contract),
+    }
+
+
+def _timeline(events: list[Event]) -> dict[str, list[dict[str, Any]]]:
+    """The job's events, and those of them the page shows apart: compile fallbacks and loss spikes."""
+    return {
         "events": [
             {"id": e.id, "type": e.type, "message": e.message, "data": e.data, "created_at": iso(e.created_at)}
             for e in events

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -11,10 +11,13 @@ from pydantic import BaseModel
 
 from api.deps import CurrentPrincipal, SessionDep, SettingsDep
 from api.routers.common import QosQuery, TeamQuery, decode_cursor, encode_cursor
-from api.routers.dashboard.common import FRONTEND_DIR, MAX_PAGE, iso
+from api.routers.dashboard.common import FRONTEND_DIR, MAX_PAGE, iso, utc_iso
 from core.db import utcnow
+from core.models import Job
 from core.queue_wait import queued_seconds
 from core.services import dashboard
+from core.services.dashboard import QueueSlice
+from core.services.jobs import JobView
 from core.states import JobState
 
 router = APIRouter(tags=["dashboard"])
@@ -103,39 +106,69 @@ def queue(
         session, who, view=view, team=team, qos=qos, after=after, limit=limit, submitted_after=submitted_after
     )
     now = utcnow()
-    items = []
-    for j, pos in page.rows:
-        qos_row = page.qos_by_id.get(j.qos_class_id)
-        items.append(
-            QueueRow(
-                id=j.id,
-                name=j.name,
-                team=page.team_names.get(j.team_id, str(j.team_id)),
-                qos=qos_row.name if qos_row else "?",
-                state=j.state,
-                position=None if j.held_at is not None else pos,  # held: not in the line (it sorts last)
-                gpus=j.gpus,
-                gpu_type=j.gpu_type,
-                pending_reason=j.pending_reason,
-                pending_message=j.pending_message,
-                submitted_at=j.submitted_at.isoformat(),
-                started_at=iso(j.started_at),
-                finished_at=iso(j.finished_at),
-                wait_s=queued_seconds(j, now),
-                max_wait_s=page.max_waits.get(j.id),
-                last_step=j.last_step,
-                steps=(j.spec or {}).get("steps"),
-                last_loss=j.last_loss,
-                restart_count=j.restart_count,
-                exit_reason=j.exit_reason if view == "finished" else None,
-            )
-        )
+    items = [_waiting_row(j, pos, page, now) for j, pos in page.waiting]
+    items += [_listed_row(v, page, now, finished=view == "finished") for v in page.listed]
     next_cursor = None
-    if page.more and page.rows:
-        last_job, last_pos = page.rows[-1]
-        key, value = ("pos", last_pos) if view == "waiting" and last_pos else ("id", last_job.id)
-        next_cursor = encode_cursor(key, value)
+    if page.more and page.waiting:
+        last_job, last_pos = page.waiting[-1]
+        next_cursor = encode_cursor("pos", last_pos) if last_pos else encode_cursor("id", last_job.id)
+    elif page.more and page.listed:
+        next_cursor = encode_cursor("id", page.listed[-1].id)
     return QueuePage(items=items, next_cursor=next_cursor, total=page.total)
+
+
+def _waiting_row(j: Job, pos: int, page: QueueSlice, now: datetime) -> QueueRow:
+    """A QUEUED job of the queue-order read (an ORM row)."""
+    qos_row = page.qos_by_id.get(j.qos_class_id)
+    return QueueRow(
+        id=j.id,
+        name=j.name,
+        team=page.team_names.get(j.team_id, str(j.team_id)),
+        qos=qos_row.name if qos_row else "?",
+        state=j.state,
+        position=None if j.held_at is not None else pos,  # held: not in the line (it sorts last)
+        gpus=j.gpus,
+        gpu_type=j.gpu_type,
+        pending_reason=j.pending_reason,
+        pending_message=j.pending_message,
+        submitted_at=j.submitted_at.isoformat(),
+        started_at=iso(j.started_at),
+        finished_at=iso(j.finished_at),
+        wait_s=queued_seconds(j, now),
+        max_wait_s=page.max_waits.get(j.id),
+        last_step=j.last_step,
+        steps=(j.spec or {}).get("steps"),
+        last_loss=j.last_loss,
+        restart_count=j.restart_count,
+        exit_reason=None,
+    )
+
+
+def _listed_row(v: JobView, page: QueueSlice, now: datetime, *, finished: bool) -> QueueRow:
+    """An active or finished job of the job list ``/v1/jobs`` answers (its times may be in the session's zone)."""
+    waited = (v.queued_s or 0.0) + (max(0.0, (now - v.waiting_since).total_seconds()) if v.waiting_since else 0.0)
+    return QueueRow(
+        id=v.id,
+        name=v.name,
+        team=v.team,
+        qos=v.qos,
+        state=v.state,
+        position=None,
+        gpus=v.gpus,
+        gpu_type=v.gpu_type,
+        pending_reason=v.pending_reason,
+        pending_message=v.pending_message,
+        submitted_at=v.submitted_at.astimezone(UTC).isoformat(),
+        started_at=utc_iso(v.started_at),
+        finished_at=utc_iso(v.finished_at),
+        wait_s=waited,
+        max_wait_s=page.max_waits.get(v.id),
+        last_step=v.last_step,
+        steps=v.steps,
+        last_loss=v.last_loss,
+        restart_count=v.restart_count,
+        exit_reason=v.exit_reason if finished else None,
+    )
 
 
 @router.get("/v1/dashboard/queue/summary", summary="Jobs waiting and running, by team and QoS class")
