@@ -7,7 +7,7 @@ registered here in their place in that order.
 """
 
 # isort: off
-from cli.commands import access, jobs, estimate, reuse, teams  # noqa: F401
+from cli.commands import access, jobs, job_actions, job_progress, estimate, reuse, teams  # noqa: F401
 from cli.server import commands as server_commands  # noqa: F401
 from cli.commands import webhooks, checkpoints  # noqa: F401
 # isort: on

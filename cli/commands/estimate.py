@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from cli.app import OutputOpt, app, client, examples
-from cli.commands.jobs import read_spec_file
+from cli.commands.job_input import read_spec_file
 from cli.output import OutputFormat
 
 MARKS = {"written": "=", "recommended": "*"}

@@ -10,16 +10,8 @@ import typer
 
 from cli import output as out
 from cli.app import OutputOpt, app, cli_name, client, examples
-from cli.commands.jobs import (
-    CheckOpt,
-    JobArg,
-    WorkdirOpt,
-    local_check,
-    read_text,
-    report_submitted,
-    spec_errors,
-    submit_text,
-)
+from cli.commands.job_input import CheckOpt, JobArg, WorkdirOpt, local_check, read_text, spec_errors
+from cli.commands.jobs import report_submitted, submit_text
 from cli.errors import CliError, ExitCode
 from cli.output import Column, OutputFormat, console, err_console
 

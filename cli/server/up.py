@@ -580,7 +580,8 @@ def writes_to(path: Path) -> bool:
 def _submit(path: str, api_url: str, token: str) -> None:
     """``--submit FILE``: submit once the API is ready; an error is reported and kiln keeps running."""
     from cli.client import KilnClient
-    from cli.commands.jobs import read_spec_file, submit_text
+    from cli.commands.job_input import read_spec_file
+    from cli.commands.jobs import submit_text
     from cli.config import CliConfig
 
     try:

@@ -161,7 +161,7 @@ def test_since_and_until_take_a_time_ago_or_an_iso_time() -> None:
 
     import typer
 
-    from cli.commands.jobs import parse_when
+    from cli.commands.job_input import parse_when
 
     now = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
     assert parse_when("90m", now=now) == "2026-12-03T10:30:00Z"
