@@ -20,7 +20,8 @@ from pathlib import Path
 
 from cli.app import cli_name
 from cli.errors import CliError, ExitCode
-from cli.server.up import BANNER_END, DETACHED_LOG, LOCK_FILE, TAG, api_ready, console, print_token, tail
+from cli.server.supervisor import TAG, console, tail
+from cli.server.up import BANNER_END, DETACHED_LOG, LOCK_FILE, api_ready, print_token
 from core.private import open_private, private_dir
 
 DOWN = "[dim]\\[kiln down][/]"

@@ -15,20 +15,8 @@ import pytest
 from rich.console import Console
 
 from cli.errors import CliError, ExitCode
-from cli.server.up import (
-    STABLE_AFTER_S,
-    ChildSpec,
-    Supervisor,
-    UpOptions,
-    backoff_delay,
-    child_specs,
-    connect_host,
-    home_lock,
-    mask_url,
-    port_in_use,
-    stop_summary,
-    tail,
-)
+from cli.server.supervisor import STABLE_AFTER_S, ChildSpec, Supervisor, backoff_delay, stop_summary, tail
+from cli.server.up import UpOptions, child_specs, connect_host, home_lock, mask_url, port_in_use
 
 
 def test_child_specs() -> None:
