@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import re
 import select
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
@@ -50,11 +50,61 @@ DESCRIPTION = """GPU training jobs under SLA contracts. Bearer tokens (`Authoriz
 every error is RFC 9457 `application/problem+json`. See docs/api.md."""
 
 
+ROUTERS = (
+    # jobs first: the router tries routes in order, and its two hot paths are most of the traffic
+    jobs,
+    health,
+    users,
+    tokens,
+    oidc,
+    streams,
+    teams,
+    artifacts,
+    datasets,
+    qos,
+    sla,
+    sweeps,
+    cluster,
+    usage,
+    webhooks,
+    exports,
+    estimates,
+)
+
+
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
     settings = settings or get_settings()
     owns_engine = engine is None
     engine = engine or make_api_engine(settings)
+    # /docs is kiln's own page over vendored Swagger UI (api/routers/dashboard/docs.py): FastAPI's loads it from a
+    # CDN. No ReDoc.
+    app = FastAPI(
+        title="kiln",
+        version="0.1.0",
+        description=DESCRIPTION,
+        lifespan=_lifespan(settings, engine, owns_engine),
+        docs_url=None,
+        redoc_url=None,
+        generate_unique_id_function=openapi.operation_id,
+    )
+    _set_state(app, settings, engine)
+    errors.install(app)
+    for module in ROUTERS:
+        app.include_router(module.router)
+    _install_dashboard(app)
 
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=settings.max_body_bytes, streamed=re.compile(artifacts.UPLOAD_PATH)
+    )
+    app.add_middleware(MetricsMiddleware, registry=http_metrics_registry(app.state.registry))  # counts 413s too
+    app.add_middleware(SecurityHeadersMiddleware)  # outermost: on every response
+    app.openapi = lambda: openapi.document(app)  # type: ignore[method-assign]
+    return app
+
+
+def _lifespan(
+    settings: Settings, engine: Engine, owns_engine: bool
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # It serves logs and stores code there: the storage must be this database's. A database down at the start is
@@ -74,17 +124,11 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         if owns_engine:
             engine.dispose()
 
-    # /docs is kiln's own page over vendored Swagger UI (api/routers/dashboard/docs.py): FastAPI's loads it from a
-    # CDN. No ReDoc.
-    app = FastAPI(
-        title="kiln",
-        version="0.1.0",
-        description=DESCRIPTION,
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        generate_unique_id_function=openapi.operation_id,
-    )
+    return lifespan
+
+
+def _set_state(app: FastAPI, settings: Settings, engine: Engine) -> None:
+    """What the routers and dependencies find on ``app.state``: settings, sessions, limiters, the forecaster."""
     app.state.settings = settings
     app.state.storage_checked = False  # api.deps.get_storage_dir
     app.state.engine = engine
@@ -107,38 +151,6 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.would_start = lambda db, would, now: forecast_would_be(db, would, now=now, policy=policy)  # estimates
     app.state.registry = CollectorRegistry()
     register_collectors(app.state.registry)
-
-    errors.install(app)
-    # jobs first: the router tries routes in order, and its two hot paths are most of the traffic
-    for module in (
-        jobs,
-        health,
-        users,
-        tokens,
-        oidc,
-        streams,
-        teams,
-        artifacts,
-        datasets,
-        qos,
-        sla,
-        sweeps,
-        cluster,
-        usage,
-        webhooks,
-        exports,
-        estimates,
-    ):
-        app.include_router(module.router)
-    _install_dashboard(app)
-
-    app.add_middleware(
-        BodyLimitMiddleware, max_bytes=settings.max_body_bytes, streamed=re.compile(artifacts.UPLOAD_PATH)
-    )
-    app.add_middleware(MetricsMiddleware, registry=http_metrics_registry(app.state.registry))  # counts 413s too
-    app.add_middleware(SecurityHeadersMiddleware)  # outermost: on every response
-    app.openapi = lambda: openapi.document(app)  # type: ignore[method-assign]
-    return app
 
 
 def make_api_engine(settings: Settings) -> Engine:
