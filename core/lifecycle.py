@@ -291,7 +291,7 @@ def requeue_after_failure(
 
 def stop_cause(job: Job) -> str | None:
     """Why a job the worker was asked to stop stops: the time limit (the scheduler set the reason) or its sweep's
-    early stopping (``core.services.sweep_stopping`` did), else the user's cancel. None when nobody asked."""
+    early stopping (``core.sweeps.stopping`` did), else the user's cancel. None when nobody asked."""
     if not job.cancel_requested:
         return None
     return job.exit_reason or "cancelled by the user"

@@ -28,7 +28,8 @@ from core.lifecycle import stop_cause
 from core.models import Attempt, Checkpoint, Job, JobMetric
 from core.private import read_regular
 from core.repositories import checkpoints as checkpoints_repo
-from core.services import forecasts, sweep_stopping
+from core.services import forecasts
+from core.sweeps import stopping as sweep_stopping
 from core.trainer_protocol import TELEMETRY_DIR, RecordKind
 from core.transitions import record_event
 

@@ -23,10 +23,10 @@ from api.routers.common import (
 )
 from api.routers.jobs import JSON_TYPES, YAML_TYPES, CancelIn, HoldIn
 from api.schemas.sweeps import SweepCurvesOut, SweepJobOut, SweepJobPageOut, SweepOut, SweepPageOut
-from core.services import sweep_curves
-from core.services import sweeps as svc
 from core.services.fit import FitSettings
 from core.spec import SpecError
+from core.sweeps import curves as sweep_curves
+from core.sweeps import service as svc
 
 router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], responses=ERRORS)
 

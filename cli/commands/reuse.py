@@ -197,7 +197,7 @@ def _jobs(text: str, path: str) -> list[dict[str, Any]]:
 
     from core.services.errors import InvalidInput
     from core.spec import SpecError
-    from core.sweep_spec import parse
+    from core.sweeps.spec import parse
 
     document = yaml.safe_load(text)
     if not isinstance(document, dict):

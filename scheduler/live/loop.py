@@ -21,8 +21,8 @@ from core.policy_config import PolicyConfig
 from core.retention import RetentionReport, prune_database
 from core.services import artifacts
 from core.services.fit import FitSettings
-from core.services.sweep_search import propose_due
 from core.settings import Settings, get_settings
+from core.sweeps.search import propose_due
 from scheduler.live import sla
 from scheduler.live.apply import Dispatch, apply_all
 from scheduler.live.forecast_record import Recorded, record_pass

@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from core.lifecycle import ExitClass
 from core.models import Attempt, Event, Job
-from core.services.sweeps import submit_sweep
 from core.settings import Settings
+from core.sweeps.service import submit_sweep
 from core.transitions import record_event
 from tests.support.workers_cluster import admit, cluster_admin, submit, tiny_spec
 from workers.exit_classes import Outcome

@@ -148,8 +148,8 @@ def test_a_cancel_racing_a_proposal_cancels_the_proposed_job_too() -> None:
     from core.models import User
     from core.services import teams as teams_svc
     from core.services.principal import Principal
-    from core.services.sweep_search import propose_due
-    from core.services.sweeps import cancel_all, submit_sweep
+    from core.sweeps.search import propose_due
+    from core.sweeps.service import cancel_all, submit_sweep
     from tests.support.services import temporary_database
 
     with temporary_database("kiln_sweep_race") as url:

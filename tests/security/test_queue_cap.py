@@ -35,9 +35,9 @@ from core.services import jobs as jobs_svc
 from core.services import teams as teams_svc
 from core.services.errors import QueueFull
 from core.services.principal import Principal
-from core.services.sweep_search import propose_due
 from core.spec import parse_spec_data
 from core.states import TERMINAL
+from core.sweeps.search import propose_due
 from tests.support.api import World, build_world, make_app, spec
 from tests.support.services import free_port, temporary_database, wait_until_serving
 

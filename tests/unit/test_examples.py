@@ -39,7 +39,7 @@ SWEEPS = sorted((Path(__file__).resolve().parents[2] / "examples").glob("**/swee
 def test_sweep_example_expands(path: Path) -> None:
     import yaml
 
-    from core.sweep_spec import parse
+    from core.sweeps.spec import parse
 
     section, specs, _ = parse(yaml.safe_load(path.read_text()))
     assert specs and all(spec.team == "default" for spec in specs)

@@ -100,7 +100,7 @@ def test_the_arrows_point_down(graph: grimp.ImportGraph) -> None:
         # service and listed GPUs and replayed traces outside its server-side commands
         ("rank.script", "trainer.telemetry", "rank-side"),
         ("rank.entry", "workers.tasks", "rank-side"),
-        ("cli.commands.reuse", "core.services.sweeps", "cli-server-side"),
+        ("cli.commands.reuse", "core.sweeps.service", "cli-server-side"),
         ("cli.commands.jobs", "workers.inventory", "cli-server-side"),
         ("cli.app", "scheduler.simulate.replay", "cli-server-side"),
         ("cli.commands.jobs", "sqlalchemy", "cli-server-side"),

@@ -1,4 +1,4 @@
-"""The adaptive sweep's proposals (TPE, ``core.services.sweep_search``) and its section's rules."""
+"""The adaptive sweep's proposals (TPE, ``core.sweeps.search``) and its section's rules."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from core.services.sweep_search import Observation, propose, split
-from core.sweep_spec import Distribution, SweepSection
+from core.sweeps.search import Observation, propose, split
+from core.sweeps.spec import Distribution, SweepSection
 
 SPACE = {
     "lr": Distribution.parse("lr", {"log_uniform": [1e-5, 1e-1]}),

@@ -12,7 +12,7 @@ from core.models import Job
 from core.services.errors import InvalidInput
 from core.states import JobState
 from core.sweep_ranking import Objective, ranked
-from core.sweep_spec import SweepSection, settings_of, with_seed
+from core.sweeps.spec import SweepSection, settings_of, with_seed
 
 
 def section(**fields: Any) -> SweepSection:
@@ -110,7 +110,7 @@ def test_an_objective_names_a_metric_and_a_goal() -> None:
 
 
 def test_the_median_rule_stops_only_what_is_worse_than_enough_others() -> None:
-    from core.services.sweep_stopping import median_to_beat
+    from core.sweeps.stopping import median_to_beat
 
     up, down = Objective(metric="accuracy", goal="maximize"), Objective(metric="heldout_loss")
     assert median_to_beat(0.5, [0.9, 0.8, 0.7], up, min_jobs=3) == 0.8
@@ -122,7 +122,7 @@ def test_the_median_rule_stops_only_what_is_worse_than_enough_others() -> None:
 
 
 def test_early_stopping_needs_an_evaluated_objective() -> None:
-    from core.sweep_spec import parse
+    from core.sweeps.spec import parse
 
     base = {"name": "s", "team": "default", "recipe": {"name": "gpt"}, "steps": 10}
     with pytest.raises(InvalidInput) as err:
@@ -146,8 +146,8 @@ def test_early_stopping_needs_an_evaluated_objective() -> None:
 
 
 def test_successive_halvings_rungs_and_who_goes_on_at_one() -> None:
-    from core.services.sweep_stopping import rung_cutoff
-    from core.sweep_spec import EarlyStopping
+    from core.sweeps.spec import EarlyStopping
+    from core.sweeps.stopping import rung_cutoff
 
     rule = EarlyStopping(rule="successive_halving", min_steps=100, reduction_factor=3)
     assert rule.described() == (
@@ -187,7 +187,7 @@ def test_an_early_stopping_rule_with_another_rules_fields_is_refused_saying_whic
     early_stopping: dict[str, Any], says: str
 ) -> None:
     from core.spec import SpecError
-    from core.sweep_spec import parse
+    from core.sweeps.spec import parse
 
     doc = {
         "name": "s",

@@ -32,10 +32,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.models import Job, Sweep
-from core.services.sweep_curves import evaluations
-from core.services.sweeps import early_stopping_of
 from core.sweep_ranking import STOPPED_EARLY, Objective, objective_of
-from core.sweep_spec import EarlyStopping
+from core.sweeps.curves import evaluations
+from core.sweeps.service import early_stopping_of
+from core.sweeps.spec import EarlyStopping
 from core.transitions import record_event
 
 

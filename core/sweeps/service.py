@@ -1,5 +1,5 @@
 """Sweeps (job arrays): one submission expanded over a grid, a list or random draws of settings into jobs that
-share the sweep. The document and its expansion: ``core.sweep_spec``; here, submitting it and what is done with a
+share the sweep. The document and its expansion: ``core.sweeps.spec``; here, submitting it and what is done with a
 sweep's jobs afterwards (hold, release, cancel, close).
 """
 
@@ -24,7 +24,7 @@ from core.services.fit import FitSettings
 from core.services.principal import Principal, require_team_id
 from core.states import TERMINAL, JobState
 from core.sweep_ranking import Objective, objective_of, ranked
-from core.sweep_spec import EarlyStopping, SweepSection, key_path, parse
+from core.sweeps.spec import EarlyStopping, SweepSection, key_path, parse
 
 
 @dataclass(frozen=True)
@@ -147,7 +147,7 @@ def cancel_all(*, db: Session, principal: Principal, sweep_id: int, reason: str 
 
 
 def close(db: Session, sweep: Sweep, reason: str) -> None:
-    """Its search proposes no more jobs (``core.services.sweep_search``), and says why; a sweep closed meanwhile
+    """Its search proposes no more jobs (``core.sweeps.search``), and says why; a sweep closed meanwhile
     keeps its reason. Its row is locked first (the scheduler's cycle holds it already; a job's end takes it too), so
     its jobs' states are read after any end that went before. Closed before its count with every job already
     ended, the sweep has finished now: its ``sweep_finished`` webhook is written here, since no job's end is left

@@ -13,9 +13,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.models import Event, Job, JobMetric
-from core.services import sweeps
 from core.services.principal import Principal
 from core.sweep_ranking import LOSS, Objective
+from core.sweeps import service as sweeps
 
 MAX_POINTS = 200  # per job, at most about this many points
 

@@ -32,14 +32,14 @@ from core.repositories import jobs as jobs_repo
 from core.repositories import teams as teams_repo
 from core.repositories import users as users_repo
 from core.services import jobs as jobs_svc
-from core.services import sweeps
 from core.services.errors import Forbidden, InvalidInput, NotFound, ServiceError
 from core.services.fit import FitSettings
 from core.services.principal import Principal
 from core.spec import SpecError, parse_spec_data
 from core.states import TERMINAL, JobState
 from core.sweep_ranking import Objective, objective_of, stopped_early, value_of
-from core.sweep_spec import Distribution, SweepSection, expand, space_of
+from core.sweeps import service as sweeps
+from core.sweeps.spec import Distribution, SweepSection, expand, space_of
 
 GAMMA = 0.25  # the share of the ended jobs that is "good"
 MAX_GOOD = 25

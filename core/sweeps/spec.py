@@ -1,6 +1,6 @@
 """A sweep document parsed and expanded, with no database: the ``sweep`` section's model, its random
 distributions and early-stopping rule, and the job specs it expands into. The API's sweep service
-(``core.services.sweeps``) submits what this parses; ``kiln sweep submit`` parses with it to upload the jobs' code
+(``core.sweeps.service``) submits what this parses; ``kiln sweep submit`` parses with it to upload the jobs' code
 before the API sees the document.
 
 A sweep document is a job spec with a ``sweep`` section::
@@ -17,14 +17,14 @@ A sweep document is a job spec with a ``sweep`` section::
                                                           # (or {rule: successive_halving, min_steps: 100})
       search: tpe                                         # with random and count: start with ``initial`` random
       initial: 4                                          # draws, then propose each next job from the jobs
-                                                          # that ended (``core.services.sweep_search``)
+                                                          # that ended (``core.sweeps.search``)
 
 A key names a field of the spec (``steps``, ``resources.gpus``: a dotted path) or else a hyperparameter of the
 recipe (``lr`` is ``recipe.hyperparameters.lr``). Job ``i`` is named ``<name>-<i>``. The scheduler holds back
 jobs beyond ``max_concurrent`` with the pending reason ``SweepLimit``. A random key is a list (one of its values,
 each as likely) or one of ``uniform``, ``log_uniform`` (a float, uniform in its logarithm: learning rates) and
 ``int_uniform`` (an integer, both ends included) over ``[low, high]``; floats are kept to 4 significant digits.
-Ranking by the objective: ``core.sweep_ranking``; early stopping: ``core.services.sweep_stopping``.
+Ranking by the objective: ``core.sweep_ranking``; early stopping: ``core.sweeps.stopping``.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class Distribution:
 
 
 class EarlyStopping(StrictModel):
-    """When a sweep stops its hopeless jobs (``core.services.sweep_stopping``), judged on its objective at the
+    """When a sweep stops its hopeless jobs (``core.sweeps.stopping``), judged on its objective at the
     jobs' evaluations by one of two rules:
 
     * ``median`` (the default): a job whose value at a step after ``after_steps`` is worse than the median of at

@@ -1,0 +1,1 @@
+"""Sweeps (job arrays) on the server side: the document (spec), its search, early stopping, curves, the service."""
