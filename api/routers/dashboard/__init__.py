@@ -2,8 +2,10 @@
 
 No Node build step: ``frontend/`` is plain HTML, ES modules and CSS, mounted as it is (see docs/dashboard.md).
 The views are aggregate, read-only queries the domain routers do not offer (queue order and position, quota
-usage, SLA attainment, cost, a one-request job overview), one module per page. They respect tenancy like the
-rest of the API: a member sees only their teams, an admin sees all, another team's job answers 404.
+usage, SLA attainment, cost, a one-request job overview), one module per page; a job, the job list, a job's
+timeline and its metrics they read as ``/v1/jobs`` does (``core.services.jobs``, ``core.repositories.jobs``). They
+respect tenancy like the rest of the API: a member sees only their teams, an admin sees all, another team's job
+answers 404.
 """
 
 from __future__ import annotations
