@@ -2,6 +2,8 @@
 events they write.
 
 Every job transition writes an event, so the timeline shown by the CLI and dashboard is complete by construction.
+Events are all these functions write: the events deliverer (``core.outbox``) turns them into webhook deliveries and
+sweep notices after they commit.
 An attempt's or a host's change writes the event its caller chooses (``core.lifecycle``, the reconciler, the host
 agent): the tables only say which changes can happen. Nothing here commits.
 """
@@ -14,6 +16,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
+from core.event_types import EventType
 from core.models import Attempt, Event, Host, Job
 from core.notify import notify_jobs_changed
 from core.queue_wait import queued_seconds
@@ -27,7 +30,6 @@ from core.states import (
     Reason,
     can_transition,
 )
-from core.webhooks import enqueue_for_event
 
 
 class IllegalTransition(ValueError):
@@ -88,7 +90,6 @@ def transition(
         created_at=now,
     )
     session.add(event)
-    enqueue_for_event(session, event, job)
     if target is JobState.LOST or target in TERMINAL:  # a job to requeue, or capacity freed: a cycle now
         notify_jobs_changed(session, str(job.id))
     return event
@@ -127,7 +128,7 @@ def hold(
         job.held_at = now
         return record_event(
             session,
-            "HELD",
+            EventType.HELD,
             job=job,
             message=job.pending_message,
             data={"reason": reason},
@@ -139,7 +140,7 @@ def hold(
     message = f"{job.pending_message}: stopping, checkpoint first, then back in the queue held"
     return record_event(
         session,
-        "HOLD_REQUESTED",
+        EventType.HOLD_REQUESTED,
         job=job,
         message=message,
         data={"reason": reason},
@@ -161,7 +162,9 @@ def release(session: Session, job: Job, *, by: str, actor_user_id: int | None, n
     job.pending_reason = None
     job.pending_message = None
     job.updated_at = now
-    return record_event(session, "RELEASED", job=job, message=f"released by {by}", actor_user_id=actor_user_id, now=now)
+    return record_event(
+        session, EventType.RELEASED, job=job, message=f"released by {by}", actor_user_id=actor_user_id, now=now
+    )
 
 
 def end_hold(job: Job, now: datetime) -> None:
@@ -216,6 +219,4 @@ def record_event(
         created_at=now or utcnow(),
     )
     session.add(event)
-    if job is not None:
-        enqueue_for_event(session, event, job)
     return event

@@ -1,5 +1,6 @@
-"""Webhooks, the part every process shares: which events notify, the outbox rows written with the event, the
-signature and the bodies. The notifier (scheduler/live/notifier.py) sends; core/services/webhooks.py manages hooks.
+"""Webhooks, the part every process shares: which events notify, the deliveries the events deliverer
+(``core.outbox``) writes for them, the signature and the bodies. The notifier (scheduler/live/notifier.py) runs
+the deliverer and sends; core/services/webhooks.py manages hooks.
 
 A hook hears the event kinds it asked for, of one job or of every job of its team:
 
@@ -29,6 +30,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
+from core.event_types import EventType
 from core.models import Event, Job, Sweep, Team, Webhook, WebhookDelivery
 from core.states import TERMINAL, JobState
 from core.sweep_ranking import objective_of, ranked, stopped_early, value_of
@@ -41,7 +43,13 @@ SIGNATURE_HEADER = "Kiln-Signature"
 # A receiver refuses a signature whose timestamp is further than this from its own clock (a replayed request).
 SIGNATURE_TOLERANCE_S = 300
 
-_BY_TYPE = {"SUCCEEDED": "finished", "FAILED": "failed", "CANCELLED": "cancelled", "PREEMPTING": "preempted"}
+_BY_TYPE = {
+    EventType.SUCCEEDED: "finished",
+    EventType.FAILED: "failed",
+    EventType.CANCELLED: "cancelled",
+    EventType.PREEMPTING: "preempted",
+}
+_STATES = frozenset(s.value for s in JobState)
 
 
 def kind_of(event: Event) -> str | None:
@@ -49,20 +57,21 @@ def kind_of(event: Event) -> str | None:
     if event.job_id is None:
         return None
     if event.type in _BY_TYPE:
-        return _BY_TYPE[event.type]
-    if event.type == "QUEUED" and (event.data or {}).get("from") == JobState.LOST:
+        return _BY_TYPE[EventType(event.type)]
+    if event.type == EventType.QUEUED and (event.data or {}).get("from") == JobState.LOST:
         return "restarted"
     if event.type.startswith("SLA_"):
         return "sla_violation"
     return None
 
 
-def enqueue_for_event(db: Session, event: Event, job: Job) -> list[WebhookDelivery]:
-    """Write one pending delivery per hook that hears ``event``, in the caller's transaction (no commit).
-
-    Events no hook can hear cost nothing; the others one indexed read of the team's hooks."""
+def enqueue_for_event(db: Session, event: Event) -> list[WebhookDelivery]:
+    """Write one pending delivery per hook that hears ``event`` and has none for it yet (the events deliverer,
+    ``core.outbox``, in its transaction; no commit). Events no hook can hear cost nothing; the others one indexed
+    read of the team's hooks."""
     kind = kind_of(event)
-    if kind is None:
+    job = db.get(Job, event.job_id) if kind is not None and event.job_id is not None else None
+    if kind is None or job is None:
         return []
     hooks = db.scalars(
         select(Webhook)
@@ -71,15 +80,23 @@ def enqueue_for_event(db: Session, event: Event, job: Job) -> list[WebhookDelive
     ).all()
     out = _deliveries(db, [h for h in hooks if kind in (h.events or [])], kind, event, job)
     if job.sweep_id is not None and event.type in ENDED:
-        out += _sweep_finished(
-            db, [h for h in hooks if h.job_id is None and SWEEP_KIND in (h.events or [])], event, job
-        )
+        out += _sweep_finished(db, [h for h in hooks if h.job_id is None and SWEEP_KIND in (h.events or [])], job)
     return out
 
 
 def _deliveries(
     db: Session, hooks: list[Webhook], kind: str, event: Event, job: Job, extra: dict[str, Any] | None = None
 ) -> list[WebhookDelivery]:
+    """A delivery of ``event`` to each of ``hooks`` that has none of this kind for it: the deliverer may read an
+    event twice (``core.outbox``), and a sweep's end is found from its last job's end or from its close."""
+    if not hooks:
+        return []
+    sent = set(
+        db.scalars(
+            select(WebhookDelivery.webhook_id).where(WebhookDelivery.event_id == event.id, WebhookDelivery.kind == kind)
+        )
+    )
+    hooks = [h for h in hooks if h.id not in sent]
     if not hooks:
         return []
     team = db.get(Team, job.team_id)
@@ -92,32 +109,30 @@ def _deliveries(
     return out
 
 
-def _sweep_finished(db: Session, hooks: list[Webhook], event: Event, job: Job) -> list[WebhookDelivery]:
-    """``sweep_finished`` when ``job`` (its end recorded by ``event``) is the last of its sweep to end."""
+def _sweep_finished(db: Session, hooks: list[Webhook], job: Job) -> list[WebhookDelivery]:
+    """``sweep_finished`` once every job of ``job``'s sweep has ended (and its search proposes no more)."""
     if not hooks:
         return []
-    # The sweep's row serialises its jobs' last ends: of two jobs ending at once, the second to take the lock
-    # sees the first ended (each statement reads what was committed when it began).
+    # The sweep's row serialises this with its search's close (``enqueue_for_closed_search``): of the two, the
+    # second to take the lock finds the first's delivery and writes none.
     sweep = db.get(Sweep, job.sweep_id, with_for_update=True, populate_existing=True)
     if sweep is None:
         return []
-    active = db.scalar(
-        select(func.count()).select_from(Job).where(Job.sweep_id == sweep.id, Job.id != job.id, Job.state.not_in(ENDED))
-    )
+    active = db.scalar(select(func.count()).select_from(Job).where(Job.sweep_id == sweep.id, Job.state.not_in(ENDED)))
     if active:
         return []
     if sweep.search is not None:  # an adaptive search with jobs still to propose has not finished
         submitted = db.scalar(select(func.count()).select_from(Job).where(Job.sweep_id == sweep.id)) or 0
         if sweep.jobs_to_come(submitted):
             return []
-    return _deliveries(db, hooks, SWEEP_KIND, event, job, {"sweep": sweep_summary(db, sweep)})
+    return _sweep_deliveries(db, hooks, sweep)
 
 
 def enqueue_for_closed_search(db: Session, sweep: Sweep) -> list[WebhookDelivery]:
     """``sweep_finished`` for an adaptive sweep whose search was closed before its count (a cancel, a proposal
-    refused) once every one of its jobs had ended (``core.services.sweeps.close``, holding the sweep's row as an
-    end does, so exactly one of the two sends it): their last end heard of jobs still to come, so it sent nothing,
-    and no end is left to send it. The event is that last end."""
+    refused) once every one of its jobs had ended (``core.services.sweeps.close``, holding the sweep's row as the
+    deliverer does, so exactly one of the two writes it): their last end heard of jobs still to come, so it sent
+    nothing, and no end is left to send it."""
     hooks = [
         h
         for h in db.scalars(
@@ -125,8 +140,12 @@ def enqueue_for_closed_search(db: Session, sweep: Sweep) -> list[WebhookDelivery
         )
         if SWEEP_KIND in (h.events or [])
     ]
-    if not hooks:
-        return []
+    return _sweep_deliveries(db, hooks, sweep) if hooks else []
+
+
+def _sweep_deliveries(db: Session, hooks: list[Webhook], sweep: Sweep) -> list[WebhookDelivery]:
+    """The sweep's summary, as the event of its last job's end (whichever end or close found it finished, the same
+    event: one delivery per hook)."""
     event = db.scalar(
         select(Event)
         .join(Job, Job.id == Event.job_id)
@@ -172,7 +191,8 @@ def payload(kind: str, event: Event, job: Job, team: str) -> dict[str, Any]:
             "id": job.id,
             "name": job.name,
             "team": team,
-            "state": job.state,
+            # The state the event moved it to (the deliverer writes after it, when it may have moved on).
+            "state": event.type if event.type in _STATES else job.state,
             "last_step": job.last_step,
             "last_loss": job.last_loss,
             "restart_count": job.restart_count,

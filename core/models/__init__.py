@@ -15,6 +15,7 @@ from core.models.jobs import (
     Sweep,
     Usage,
 )
+from core.models.outbox import EventCursor
 from core.models.tenancy import (
     ApiToken,
     Membership,
@@ -39,6 +40,7 @@ __all__ = [
     "Dataset",
     "Deployment",
     "Event",
+    "EventCursor",
     "Forecast",
     "Host",
     "Job",

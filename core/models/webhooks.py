@@ -1,12 +1,12 @@
-"""Webhooks (per team, or per job) and their outbox: one delivery row per hook per event, written in the
-transaction of the event that causes it, so a crash between the event and the delivery loses nothing."""
+"""Webhooks (per team, or per job) and their deliveries: one row per hook per event, written by the events
+deliverer (``core.outbox``) after the event committed, at most once however often it reads the event."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import CheckConstraint, ForeignKey, Index, String, Text
+from sqlalchemy import CheckConstraint, ForeignKey, Index, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from core.db import Base, utcnow
@@ -37,8 +37,8 @@ class Webhook(Base):
 
 
 class WebhookDelivery(Base):
-    """The outbox and the delivery log in one row: ``pending`` until the receiver answers 2xx (``delivered``) or
-    the attempts run out (``failed``). A hook's deliveries go out in ``id`` order, one at a time."""
+    """A delivery and its log in one row: ``pending`` until the receiver answers 2xx (``delivered``) or the
+    attempts run out (``failed``). A hook's deliveries go out in ``id`` order, one at a time."""
 
     __tablename__ = "webhook_deliveries"
 
@@ -61,5 +61,7 @@ class WebhookDelivery(Base):
     __table_args__ = (
         Index("ix_webhook_deliveries_webhook_id_status_id", "webhook_id", "status", "id"),
         Index("ix_webhook_deliveries_status_next_attempt_at", "status", "next_attempt_at"),
+        # One delivery per hook, event and kind: the events deliverer may read an event twice (core.outbox).
+        UniqueConstraint("webhook_id", "event_id", "kind"),
         CheckConstraint("status IN ('pending', 'delivered', 'failed')", name="status_known"),
     )

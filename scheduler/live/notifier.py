@@ -1,4 +1,5 @@
-"""The webhook notifier: sends the outbox's pending deliveries (core/webhooks.py writes them with their events).
+"""The webhook notifier: turns new events into deliveries (the events deliverer, core/outbox.py), then sends the
+pending ones.
 
 It runs as a thread of the scheduler process (``python -m scheduler``, which ``kiln up`` and docker-compose start
 already), not in the scheduling loop: a receiver that answers slowly delays only its own hook, never a
@@ -26,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from core.db import utcnow
 from core.models import Webhook, WebhookDelivery
+from core.outbox import deliver_events
 from core.settings import Settings
 from core.webhooks import SIGNATURE_HEADER, body_bytes, sign, target_refusal
 from scheduler.live.egress import GuardedTransport, refusal_of
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 
 USER_AGENT = "kiln-webhooks/1"
 MAX_PER_HOOK_PER_ROUND = 100  # one busy hook does not starve the others
+MAX_EVENT_PASSES_PER_ROUND = 10  # a backlog of events does not hold up the sends due
 
 
 def backoff_s(attempts: int, settings: Settings) -> float:
@@ -76,11 +79,29 @@ class Notifier:
         self.client.close()
 
     def deliver_due(self, now: datetime | None = None) -> int:
-        """One round: every hook whose oldest pending delivery is due. Returns how many were attempted."""
+        """One round: the events written since the last round become deliveries, then every hook whose oldest
+        pending delivery is due sends. Returns how many were attempted."""
+        try:
+            self.read_events()
+        except Exception:  # what was pending still goes; the events are read again next round
+            log.exception("notifier: reading new events failed; retrying next round")
         with self.session_factory() as db:
             hook_ids = due_hooks(db, now or utcnow())
             db.rollback()
         return sum(self._deliver_hook(hook_id) for hook_id in hook_ids)
+
+    def read_events(self) -> int:
+        """The events deliverer's passes (core/outbox.py), each in a transaction of its own, until the new events
+        are read or a round's worth of passes is done; the deliveries written."""
+        written = 0
+        for _ in range(MAX_EVENT_PASSES_PER_ROUND):
+            with self.session_factory() as db:
+                done = deliver_events(db)
+                db.commit()
+            written += done.deliveries
+            if not done.more:
+                break
+        return written
 
     def _deliver_hook(self, hook_id: int) -> int:
         attempted = 0
@@ -174,8 +195,10 @@ def next_delivery(db: Session, hook_id: int) -> WebhookDelivery | None:
 
 
 def _lock_hook(db: Session, hook_id: int) -> Webhook | None:
-    """The hook, locked for this transaction on PostgreSQL; None if it is gone or another notifier holds it."""
+    """The hook, locked for this transaction on PostgreSQL; None if it is gone or another notifier holds it. The
+    lock (``FOR NO KEY UPDATE``) leaves the row to the events deliverer, whose new deliveries point at it: a slow
+    receiver holds up only its own hook's sends."""
     stmt = select(Webhook).where(Webhook.id == hook_id)
     if db.get_bind().dialect.name == "postgresql":
-        stmt = stmt.with_for_update(skip_locked=True)
+        stmt = stmt.with_for_update(skip_locked=True, key_share=True)
     return db.scalars(stmt).first()

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from core.db import utcnow
 from core.models import Job, Membership, Webhook, WebhookDelivery
+from core.outbox import deliver_events
 from core.states import JobState
 from core.transitions import transition
 from tests.integration.test_scheduler_loop import cycle, dispatched  # noqa: F401  (fixture)
@@ -99,6 +100,7 @@ def test_sweep_finished_waits_for_the_jobs_the_search_is_still_to_propose(
         job = jobs_of(db, sweep["id"])[-1]
         transition(db, job, JobState.FAILED)
         db.flush()
+        deliver_events(db)
         kinds = db.scalars(select(WebhookDelivery.kind)).all()
         assert kinds == (["sweep_finished"] if i == 2 else []), (i, kinds)
         assert len(cycle(db, now + timedelta(seconds=i)).proposed) == (0 if i == 2 else 1)
@@ -120,6 +122,7 @@ def test_a_search_closed_early_once_its_jobs_all_ended_sends_sweep_finished(
     db.flush()
 
     def sent() -> list[object]:
+        deliver_events(db)  # the ends' events read: the close, not an end, finds each sweep finished
         return [d.payload["sweep"]["id"] for d in db.scalars(select(WebhookDelivery).order_by(WebhookDelivery.id))]
 
     assert sent() == []  # three jobs to come in each

@@ -1,5 +1,6 @@
-"""Webhooks on PostgreSQL: the API's rules, the outbox written with its event, and the notifier against a real
-HTTP receiver (a server thread): signed, in order per hook, retried with backoff, given up at the limit."""
+"""Webhooks on PostgreSQL: the API's rules, the deliveries the events deliverer writes from the events after its
+cursor (once each, however a crash or a late commit makes it read them), and the notifier against a real HTTP
+receiver (a server thread): signed, in order per hook, retried with backoff, given up at the limit."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.db import make_engine, utcnow
 from core.migrate import upgrade
 from core.models import Event, Job, QosClass, Team, Webhook, WebhookDelivery
+from core.outbox import deliver_events
 from core.settings import Settings
 from core.states import JobState
 from core.transitions import record_event, transition
@@ -109,7 +111,7 @@ def test_private_targets_are_refused_unless_allowed(client: TestClient, world: W
     assert r.status_code == 422 and "loopback" in r.text, r.text
 
 
-def test_cancel_writes_the_delivery_with_its_event(hooks_client: TestClient, hooks_world: World, db: Session) -> None:
+def test_cancel_writes_the_delivery_from_its_event(hooks_client: TestClient, hooks_world: World, db: Session) -> None:
     alpha_job = hooks_world.jobs["alpha"]
     hook = hooks_client.post(
         "/v1/webhooks",
@@ -122,6 +124,8 @@ def test_cancel_writes_the_delivery_with_its_event(hooks_client: TestClient, hoo
         headers=hooks_world.h("team-admin"),
     ).json()
     assert hooks_client.post(f"/v1/jobs/{alpha_job}/cancel", headers=hooks_world.h("member")).status_code == 202
+    assert db.scalars(select(WebhookDelivery.id)).all() == []  # the cancel wrote its event only
+    deliver_events(db)
     rows = hooks_client.get(f"/v1/webhooks/{hook['id']}/deliveries", headers=hooks_world.h("team-admin")).json()[
         "items"
     ]
@@ -161,6 +165,7 @@ def test_a_sweep_tells_its_teams_hooks_once_its_last_job_ended(
     jobs = [db.get(Job, j["id"]) for j in sorted(sweep["jobs"], key=lambda j: j["id"])]
 
     def deliveries() -> list[dict[str, Any]]:
+        deliver_events(db)
         return hooks_client.get(f"/v1/webhooks/{hook['id']}/deliveries", headers=h).json()["items"]
 
     for job, accuracy in zip(jobs[:2], (0.91, 0.97), strict=True):
@@ -184,7 +189,7 @@ def test_a_sweep_tells_its_teams_hooks_once_its_last_job_ended(
 
 
 def test_a_rolled_back_event_leaves_no_delivery(hooks_client: TestClient, hooks_world: World, db: Session) -> None:
-    """The outbox row and its event commit or vanish together."""
+    """The deliverer writes only for events that committed."""
     hooks_client.post(
         "/v1/webhooks",
         json={"team": "alpha", "url": "http://127.0.0.1:9/k", "events": ["failed"]},
@@ -196,8 +201,9 @@ def test_a_rolled_back_event_leaves_no_delivery(hooks_client: TestClient, hooks_
     nested = db.begin_nested()
     transition(db, job, JobState.FAILED, message="boom")
     db.flush()
-    assert len(db.scalars(select(WebhookDelivery.id)).all()) == len(before) + 1
+    assert db.scalars(select(WebhookDelivery.id)).all() == before  # the state machine writes the event only
     nested.rollback()
+    deliver_events(db)
     assert db.scalars(select(WebhookDelivery.id)).all() == before
 
 
@@ -355,8 +361,8 @@ def test_gives_up_at_the_limit_then_sends_the_next(outbox_db: sessionmaker[Sessi
 def test_a_hook_locked_by_another_notifier_is_skipped(outbox_db: sessionmaker[Session], receiver: Receiver) -> None:
     """Two scheduler replicas never send one hook's deliveries at once."""
     hook_id, _, _ = _hook_with_jobs(outbox_db, receiver.url, 1)
-    with outbox_db() as other:
-        other.scalars(select(Webhook).where(Webhook.id == hook_id).with_for_update()).one()
+    with outbox_db() as other:  # the notifier's lock (scheduler.live.notifier._lock_hook)
+        other.scalars(select(Webhook).where(Webhook.id == hook_id).with_for_update(key_share=True)).one()
         assert _notifier(outbox_db).deliver_due() == 0
         other.rollback()
     assert _notifier(outbox_db).deliver_due() == 1
@@ -388,6 +394,7 @@ def test_sla_violations_and_restarts_notify(outbox_db: sessionmaker[Session]) ->
         transition(db, job, JobState.LOST, message="host died")
         transition(db, job, JobState.QUEUED, message="requeued")
         db.flush()
+        deliver_events(db)
         kinds = db.scalars(
             select(WebhookDelivery.kind).join(Webhook).where(Webhook.team_id == team.id).order_by(WebhookDelivery.id)
         ).all()
@@ -400,9 +407,13 @@ def test_backoff_doubles_up_to_the_cap() -> None:
     assert [backoff_s(n, s) for n in (1, 2, 3, 4, 5, 6)] == [5, 10, 20, 40, 60, 60]
 
 
-def test_two_last_jobs_of_a_sweep_ending_at_once_tell_it_once(outbox_db: sessionmaker[Session]) -> None:
-    """Two transactions end a sweep's last two jobs at the same time: the second to lock the sweep sees the first's
-    end, so exactly one sweep_finished is written (without the lock each would see the other running: none)."""
+@pytest.mark.parametrize("commit_order", ["in id order", "against id order"])
+def test_two_last_jobs_of_a_sweep_ending_at_once_tell_it_once(
+    outbox_db: sessionmaker[Session], commit_order: str
+) -> None:
+    """Two transactions end a sweep's last two jobs at the same time: whichever end the deliverer reads first, and
+    whether the other has committed by then or not, exactly one sweep_finished is written (its event is the sweep's
+    last end, whichever end found the sweep finished)."""
     from core.models import Sweep
 
     with outbox_db() as db:
@@ -430,26 +441,25 @@ def test_two_last_jobs_of_a_sweep_ending_at_once_tell_it_once(outbox_db: session
         db.commit()
         ids, hook_id = [j.id for j in jobs], hook.id
 
-    first = outbox_db()
-    job = first.get(Job, ids[0])
-    assert job is not None
-    transition(first, job, JobState.SUCCEEDED)
-    first.flush()  # holds the sweep's lock, its end not committed yet
-    ended = threading.Event()
-
-    def end_the_other() -> None:
-        with outbox_db() as second:
-            other = second.get(Job, ids[1])
-            assert other is not None
-            transition(second, other, JobState.SUCCEEDED)  # waits for the sweep's lock
-            second.commit()
-        ended.set()
-
-    thread = threading.Thread(target=end_the_other)
-    thread.start()
-    assert not ended.wait(1.0)  # blocked on the lock the first transaction holds
+    ends = [outbox_db(), outbox_db()]
+    for session, job_id in zip(ends, ids, strict=True):
+        job = session.get(Job, job_id)
+        assert job is not None
+        transition(session, job, JobState.SUCCEEDED)
+        session.flush()  # both ends in flight: neither waits for the other
+    first, last = ends if commit_order == "in id order" else ends[::-1]
     first.commit()
-    first.close()
-    thread.join(timeout=30)
-    assert ended.is_set()
-    assert [d.kind for d in _deliveries(outbox_db, hook_id)] == ["sweep_finished"]
+    _read_events(outbox_db)  # one end read, the other not committed yet
+    last.commit()
+    _read_events(outbox_db)
+    _read_events(outbox_db)
+    for session in ends:
+        session.close()
+    (delivery,) = _deliveries(outbox_db, hook_id)
+    assert delivery.kind == "sweep_finished" and delivery.payload["sweep"]["succeeded"] == 2
+
+
+def _read_events(factory: sessionmaker[Session]) -> None:
+    with factory() as db:
+        deliver_events(db)
+        db.commit()
