@@ -30,6 +30,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.checkpoint_files import MANIFEST, list_checkpoints, read_manifest, remove_checkpoint, sha256_file, verify
+from core.event_types import EventType
 from core.lifecycle import after_commit
 from core.models import Attempt, Event, Job
 from core.repositories import checkpoints as checkpoints_repo
@@ -37,9 +38,9 @@ from core.transitions import record_event
 
 log = logging.getLogger(__name__)
 
-ADOPTED = "CHECKPOINT_ADOPTED"
-DISCARDED = "CHECKPOINT_DISCARDED"
-CORRUPT = "CHECKPOINT_CORRUPT"
+ADOPTED = EventType.CHECKPOINT_ADOPTED
+DISCARDED = EventType.CHECKPOINT_DISCARDED
+CORRUPT = EventType.CHECKPOINT_CORRUPT
 
 
 def reconcile_job(db: Session, *, job_id: int, root: Path, now: datetime) -> list[str]:

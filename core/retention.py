@@ -25,6 +25,7 @@ from pathlib import Path
 from sqlalchemy import Select, delete, func, or_, select
 from sqlalchemy.orm import Session
 
+from core.event_types import EventType
 from core.models import Event, Job, JobMetric, WebhookDelivery
 from core.repositories.compile_cache import COMPILE_OK, INVALID, REJECTED
 from core.settings import Settings
@@ -33,7 +34,7 @@ from core.states import TERMINAL
 TERMINAL_STATES = sorted(s.value for s in TERMINAL)
 # Event types /metrics counts over all time (core/repositories/ops_metrics.py, core/repositories/compile_cache.py;
 # and SLA*): deleting them would turn those counters down, which Prometheus reads as a reset.
-COUNTED_EVENT_TYPES = ("PREEMPTING", "QUEUED", "RECOVERED", COMPILE_OK, REJECTED, INVALID)
+COUNTED_EVENT_TYPES = (EventType.PREEMPTING, EventType.QUEUED, EventType.RECOVERED, COMPILE_OK, REJECTED, INVALID)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from core.db import session_scope, utcnow
 from core.deployment import deployment_uid, local_tier_jobs
+from core.event_types import EventType
 from core.gpu_types import canonical
 from core.lifecycle import requeue_after_failure
 from core.liveness import Pulse
@@ -114,7 +115,7 @@ class HostAgent:
         self.end_orphans(db)
         record_event(
             db,
-            "HOST_REGISTERED",
+            EventType.HOST_REGISTERED,
             message=f"host {self.name}: {len(gpus)} GPUs{' (' + ', '.join(types) + ')' if types else ''}, "
             f"{host.cpu_slots} CPU slots",
             data={"host": self.name, "gpus": [g.uuid for g in gpus], "gpu_types": types, "cpu_slots": host.cpu_slots},
@@ -163,14 +164,16 @@ class HostAgent:
             # An exclusion outlives a restart of the host: bad GPUs are still bad after a reboot.
             excluded = host.excluded_until is not None and host.excluded_until > now
             move_host(host, HostState.EXCLUDED if excluded else HostState.UP if consuming else HostState.UNREACHABLE)
-            record_event(db, "HOST_UP", message=f"host {self.name} is heartbeating again", data={"host": self.name})
+            record_event(
+                db, EventType.HOST_UP, message=f"host {self.name} is heartbeating again", data={"host": self.name}
+            )
         elif host.state == HostState.UP and not consuming:
             assert self.consumer is not None
             silent = self.consumer.silent_s()
             move_host(host, HostState.UNREACHABLE)
             record_event(
                 db,
-                "HOST_UNREACHABLE",
+                EventType.HOST_UNREACHABLE,
                 message=f"host {self.name}: its worker runs but has consumed nothing from its queue for "
                 f"{silent:.0f} s (broker away, or its Celery consumer stopped); nothing is placed "
                 f"on it until it consumes again",
@@ -179,7 +182,10 @@ class HostAgent:
         elif host.state == HostState.UNREACHABLE and consuming:
             move_host(host, HostState.UP)
             record_event(
-                db, "HOST_REACHABLE", message=f"host {self.name} consumes its queue again", data={"host": self.name}
+                db,
+                EventType.HOST_REACHABLE,
+                message=f"host {self.name} consumes its queue again",
+                data={"host": self.name},
             )
 
     def watch_mps(self, db: Session, host: Host) -> None:
@@ -195,7 +201,7 @@ class HostAgent:
             self.metrics.mps_restarts.inc()
             record_event(
                 db,
-                "MPS_RESTARTED",
+                EventType.MPS_RESTARTED,
                 message=f"host {self.name}: the MPS daemon died and was started again; "
                 "its clients restart from their checkpoints",
                 data={"host": self.name, "generation": daemon.generation},
@@ -221,7 +227,7 @@ class HostAgent:
                 row.healthy = False
                 record_event(
                     db,
-                    "GPU_ERROR",
+                    EventType.GPU_ERROR,
                     message=f"host {self.name} GPU {row.index}: {', '.join(s.errors)}",
                     data={"host": self.name, "gpu": s.uuid, "errors": s.errors},
                 )
@@ -278,7 +284,7 @@ class HostAgent:
         move_host(host, HostState.DOWN)
         record_event(
             db,
-            "HOST_DOWN",
+            EventType.HOST_DOWN,
             message=f"host {self.name}: its worker stopped",
             data={"host": self.name, "signed_off": True},
         )

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from core import compile_cache
 from core.db import session_scope, utcnow
 from core.deployment import deployment_uid, local_tier_jobs
+from core.event_types import EventType
 from core.fence import Lease, job_checkpoint_dir, lease_clock, write_fence, write_lease
 from core.lifecycle import ExitClass, end_attempt, end_attempt_as, renew_lease, stop_cause
 from core.models import GPU, Attempt, Host, Job, QosClass, Team, Usage
@@ -173,7 +174,7 @@ def claim(
     def refuse(why: str) -> Refused:
         record_event(
             db,
-            "DELIVERY_REFUSED",
+            EventType.DELIVERY_REFUSED,
             job=job,
             message=f"delivery of attempt {attempt.number} refused: {why}",
             data={
@@ -221,7 +222,7 @@ def claim(
     if host_isolation.mode != "sandbox":  # the operator turned it off, or a kiln recipe on a host that cannot
         record_event(
             db,
-            "UNSANDBOXED",
+            EventType.UNSANDBOXED,
             job=job,
             message=f"attempt {attempt.number} runs without a sandbox on {host}: {host_isolation.describe_sandbox()}",
             data={"attempt": attempt.number, "host": host},
@@ -480,7 +481,7 @@ class AttemptRunner:
     def read_telemetry(self) -> list[dict[str, Any]]:
         records = self.tail.read_new()
         for rec in records:
-            if rec.get("kind") == RecordKind.EVENT and rec.get("type") == "EXIT":
+            if rec.get("kind") == RecordKind.EVENT and rec.get("type") == EventType.EXIT:
                 error = (rec.get("fields") or {}).get("error")
                 if error:
                     self.rank_errors[int(rec.get("rank") or 0)] = str(error)

@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from core.event_types import EventType
 from core.forecast_errors import PEAK_MEMORY, TRAINER
 from core.lifecycle import stop_cause
 from core.models import Attempt, Checkpoint, Job, JobMetric
@@ -125,9 +126,9 @@ def _as_asked(job: Job, type_: str, message: str, asked: str | None) -> tuple[st
     cause = cause or asked
     if cause is None:
         return type_, message
-    if type_ == "PREEMPTED":
-        return "STOPPING", f"{message} ({cause})"
-    if type_ == "EXIT":
+    if type_ == EventType.PREEMPTED:
+        return EventType.STOPPING, f"{message} ({cause})"
+    if type_ == EventType.EXIT:
         return type_, message.replace("(PREEMPTED)", f"(stopped: {cause})")
     return type_, message
 
@@ -161,7 +162,7 @@ def relay(
         elif kind == RecordKind.EVENT:
             fields = rec.get("fields") if isinstance(rec.get("fields"), dict) else {}
             type_, message = _as_asked(
-                job, str(rec.get("type") or "TRAINER_EVENT"), str(rec.get("message") or ""), asked
+                job, str(rec.get("type") or EventType.TRAINER_EVENT), str(rec.get("message") or ""), asked
             )
             record_event(
                 session,
@@ -170,7 +171,7 @@ def relay(
                 message=message,
                 data={"attempt": attempt.number, "rank": rank, **(fields or {})},
             )
-            if rec.get("type") == "ROLLED_BACK" and rank == 0 and fields:
+            if rec.get("type") == EventType.ROLLED_BACK and rank == 0 and fields:
                 _forget_checkpoints_after(session, job=job, step=_int(fields.get("to_step")) or 0)
         elif kind == RecordKind.CHECKPOINT:
             _checkpoint(session, job=job, attempt=attempt, rec=rec)
@@ -185,7 +186,7 @@ def relay(
             job.predicted_memory_bytes = _int(rec.get("predicted_peak_bytes")) or job.predicted_memory_bytes
             record_event(
                 session,
-                "MEMORY_PREDICTION",
+                EventType.MEMORY_PREDICTION,
                 job=job,
                 message=f"predicted peak memory {rec.get('predicted_peak_bytes')} bytes",
                 data={k: v for k, v in rec.items() if k not in ("kind", "ts")},
@@ -268,7 +269,7 @@ def _evaluation(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, 
     shown = ", ".join(f"{k} {v:.4f}" if v is not None else f"{k} -" for k, v in metrics.items())
     record_event(
         session,
-        "EVALUATION",
+        EventType.EVALUATION,
         job=job,
         message=f"step {step}: {shown}"[:1000],
         data={"attempt": attempt.number, "step": step, "metrics": metrics},
@@ -287,7 +288,7 @@ def _resumed(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, Any
         adopt_checkpoint(session, job=job, rec=rec, step=step)
     record_event(
         session,
-        "RESUMED",
+        EventType.RESUMED,
         job=job,
         message=f"resumed from the checkpoint of step {step}",
         data={
@@ -339,7 +340,7 @@ def _checkpoint(session: Session, *, job: Job, attempt: Attempt, rec: dict[str, 
     verified = bool(rec.get("verified", False))
     record_event(
         session,
-        "CHECKPOINT",
+        EventType.CHECKPOINT,
         job=job,
         message=f"checkpoint at step {step} ({row_bytes} bytes)",
         data={

@@ -13,12 +13,14 @@ from typing import Any
 from sqlalchemy import ColumnElement, case, func, or_, select, true
 from sqlalchemy.orm import Session
 
+from core.event_types import EventType
 from core.models import Event, Job, Team
 
-COMPILE_OK = "COMPILE_OK"
-REJECTED = "COMPILE_CACHE_REJECTED"
-PUBLISHED = "COMPILE_CACHE_PUBLISHED"
-INVALID = "COMPILE_CACHE_INVALID"  # older trainers: an entry that would not load (a rejection, in today's words)
+COMPILE_OK = EventType.COMPILE_OK
+REJECTED = EventType.COMPILE_CACHE_REJECTED
+PUBLISHED = EventType.COMPILE_CACHE_PUBLISHED
+# Older trainers' word for an entry that would not load (a rejection, in today's words).
+INVALID = EventType.COMPILE_CACHE_INVALID
 COMPILE_EVENT_TYPES = (COMPILE_OK, REJECTED, PUBLISHED, INVALID)
 FALLBACK_PREFIX = "FALLBACK_"  # a compile that fell back to eager (FALLBACK_COMPILE_TIMEOUT, ...)
 

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
+from core.event_types import EventType
 from core.models import GPU, Attempt, Event, Host, Job, JobMetric, Usage
 from core.repositories.step_times import CHUNK, WARMUP_STEPS
 from core.states import MpsState
@@ -98,12 +99,12 @@ def run_events(db: Session, job_ids: Sequence[int]) -> tuple[dict[int, str], set
             select(Event.job_id, Event.type, Event.data)
             .where(
                 Event.job_id.in_(job_ids[start : start + CHUNK]),
-                (Event.type == "MEMORY_PREDICTION") | Event.type.startswith("FALLBACK_"),
+                (Event.type == EventType.MEMORY_PREDICTION) | Event.type.startswith("FALLBACK_"),
             )
             .order_by(Event.id)
         )
         for job_id, kind, data in db.execute(stmt).tuples():
-            if kind == "MEMORY_PREDICTION" and isinstance(data.get("strategy"), str):
+            if kind == EventType.MEMORY_PREDICTION and isinstance(data.get("strategy"), str):
                 strategy[job_id] = data["strategy"]
             elif isinstance(data.get("attempt"), int):
                 fell_back.add((job_id, data["attempt"]))

@@ -10,10 +10,11 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from core.event_types import EventType
 from core.models import Attempt, Event, Usage
 from core.states import JobState
 
-CHECKPOINT_EVENTS = ("CHECKPOINT", "CHECKPOINT_LOCAL")
+CHECKPOINT_EVENTS = (EventType.CHECKPOINT, EventType.CHECKPOINT_LOCAL)
 
 
 def lost_since(db: Session, since: datetime) -> Sequence[tuple[datetime, dict[str, Any]]]:

@@ -14,13 +14,14 @@ from typing import Any
 from sqlalchemy import ColumnElement, SQLColumnExpression, and_, case, exists, false, func, literal, or_, select
 from sqlalchemy.orm import Session, aliased
 
+from core.event_types import EventType
 from core.models import GPU, Event, Host, Job, QosClass, SlaContract, Team
 from core.queue_wait import queued_seconds_sql, waits_for_capacity_sql
 from core.states import JobState
 
 # Event types counted by ``event_counts``.
 PREEMPTING = JobState.PREEMPTING.value
-RECOVERED = "RECOVERED"
+RECOVERED = EventType.RECOVERED
 QUEUED = JobState.QUEUED.value
 LOST = JobState.LOST.value
 

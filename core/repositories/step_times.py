@@ -27,6 +27,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from core.db import seconds_between
+from core.event_types import EventType
 from core.models import JobMetric
 
 WARMUP_STEPS = 50
@@ -39,7 +40,7 @@ MEASURABLE_STEPS = WARMUP_STEPS + BASELINE_STEPS + RECENT_STEPS
 MEASURABLE_S = WARMUP_S + BASELINE_S + RECENT_S
 
 CHUNK = 1000  # ids per IN list
-VIOLATION = "SLA_STEP_TIME_VIOLATION"  # the event, recorded once per attempt
+VIOLATION = EventType.SLA_STEP_TIME_VIOLATION  # the event, recorded once per attempt
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
+from core.event_types import EventType
 from core.gpu_types import ANY, CPU
 from core.models import Membership, Role, SlaContract, Team, TeamQuota, User
 from core.repositories import qos as qos_repo
@@ -45,13 +46,13 @@ def bootstrap_admin(*, db: Session, name: str, force: bool = False) -> tuple[Use
         silver = qos_repo.get_by_name(db, "silver")
         if silver is not None:
             db.add(SlaContract(team_id=team.id, job_id=None, qos_class_id=silver.id))
-        record_event(db, "TEAM_CREATED", team_id=team.id, message="default team (bootstrap)")
+        record_event(db, EventType.TEAM_CREATED, team_id=team.id, message="default team (bootstrap)")
     db.flush()
     if teams_repo.get_membership(db, team_id=team.id, user_id=user.id) is None:
         db.add(Membership(user_id=user.id, team_id=team.id, role=Role.TEAM_ADMIN.value))
         record_event(
             db,
-            "MEMBER_ADDED",
+            EventType.MEMBER_ADDED,
             team_id=team.id,
             actor_user_id=user.id,
             message=f"{name} joined {DEFAULT_TEAM} as team-admin (bootstrap)",
@@ -81,7 +82,7 @@ def give_default_team_gpus(*, db: Session, gpus_by_type: dict[str, int]) -> list
     found = ", ".join(f"{n} x {t}" for t, n in sorted(gpus_by_type.items()))
     record_event(
         db,
-        "TEAM_UPDATED",
+        EventType.TEAM_UPDATED,
         team_id=team.id,
         message=f"default team: the local host's GPUs ({found})",
         data={"added": added},

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
+from core.event_types import EventType
 from core.models import Membership, Role, Team, TeamInvitation
 from core.repositories import teams as teams_repo
 from core.repositories import users as users_repo
@@ -59,7 +60,7 @@ def invite(db: Session, *, principal: Principal, team: Team, user: str, role: st
     invitation.expires_at = now + INVITATION_TTL
     record_event(
         db,
-        "MEMBER_INVITED",
+        EventType.MEMBER_INVITED,
         team_id=team.id,
         actor_user_id=principal.user_id,
         message=f"{principal.name} invited {user} to {team.name} as {role}",
@@ -114,7 +115,7 @@ def decline(*, db: Session, principal: Principal, team: str) -> None:
     invitation = _mine(db, principal, team)
     record_event(
         db,
-        "INVITATION_DECLINED",
+        EventType.INVITATION_DECLINED,
         team_id=invitation.team_id,
         actor_user_id=principal.user_id,
         message=f"{principal.name} declined to join {team}",

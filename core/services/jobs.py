@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 from sqlalchemy.orm import Session
 
 from core.db import as_utc, utcnow
+from core.event_types import EventType
 from core.models import Attempt, Checkpoint, Event, Job, JobMetric, QosClass, Role
 from core.notify import CHANNEL, notify_jobs_changed
 from core.repositories import jobs as jobs_repo
@@ -171,7 +172,7 @@ def submit(
         spec_json=spec_json,
         depends_on=depends_on,
         contract=terms,
-        event_type="SUBMITTED",
+        event_type=EventType.SUBMITTED,
         event_message=message,
         event_data=data,
         channel=CHANNEL,
@@ -438,7 +439,7 @@ def cancel(*, db: Session, principal: Principal, job_id: int, reason: str | None
         job.exit_reason = why[:512]  # the CANCELLED the worker writes once it stopped says it (lifecycle.stop_cause)
         record_event(
             db,
-            "CANCEL_REQUESTED",
+            EventType.CANCEL_REQUESTED,
             job=job,
             actor_user_id=principal.user_id,
             message=f"{why}: stopping, checkpoint first (while {state.value})",
@@ -558,7 +559,7 @@ def update(
         said = "; ".join(f"{k.replace('_s', '')} {_shown(v[0])} -> {_shown(v[1])}" for k, v in changed.items())
         record_event(
             db,
-            "UPDATED",
+            EventType.UPDATED,
             job=job,
             message=f"{said} (by {principal.name})",
             data=changed,

@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
+from core.event_types import EventType
 from core.models import ApiToken, Membership, User
 from core.repositories import teams as teams_repo
 from core.repositories import users as users_repo
@@ -78,7 +79,7 @@ def sign_in(
     said = f" ({'; '.join(changes)})" if changes else ""
     message = f"{user.name} signed in with {claims['iss']}{said}"
     record_event(
-        db, "SSO_SIGN_IN", actor_user_id=user.id, message=message, data={"user_id": user.id, "changes": changes}
+        db, EventType.SSO_SIGN_IN, actor_user_id=user.id, message=message, data={"user_id": user.id, "changes": changes}
     )
     scopes = ["read", "write"] + (["admin"] if user.is_admin else [])
     me = Principal(user_id=user.id, name=user.name, user_is_admin=user.is_admin, scopes=frozenset(scopes))

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
+from core.event_types import EventType
 from core.models import Job, Role, SlaContract, Team
 from core.repositories import jobs as jobs_repo
 from core.repositories import qos as qos_repo
@@ -112,7 +113,7 @@ def effective_terms(*, base: SlaContract | Mapping[str, Any], overrides: SLAOver
 
 
 # What the SLA evaluator (scheduler.live.sla) measures from a job's reported steps, and the violation it records.
-STEP_TERMS = {"step_time_tolerance": step_times.VIOLATION, "deadline": "SLA_DEADLINE_VIOLATION"}
+STEP_TERMS = {"step_time_tolerance": step_times.VIOLATION, "deadline": EventType.SLA_DEADLINE_VIOLATION}
 Standing = Literal["met", "violated", "unmeasured"]
 MET: Standing = "met"
 VIOLATED: Standing = "violated"

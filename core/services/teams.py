@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from core.event_types import EventType
 from core.models import Membership, QosClass, Role, SlaContract, Team, TeamQuota, User
 from core.repositories import qos as qos_repo
 from core.repositories import teams as teams_repo
@@ -106,7 +107,7 @@ def create_team(
     qos = qos_repo.get_by_name(db, DEFAULT_QOS)
     if qos is not None:
         db.add(SlaContract(team_id=team.id, job_id=None, qos_class_id=qos.id))
-    record_event(db, "TEAM_CREATED", team_id=team.id, actor_user_id=principal.user_id, message=f"team {name}")
+    record_event(db, EventType.TEAM_CREATED, team_id=team.id, actor_user_id=principal.user_id, message=f"team {name}")
     return team
 
 
@@ -135,7 +136,9 @@ def update_team(
         team.quotas.clear()
         db.flush()  # delete the old rows before inserting new ones with the same (team, gpu_type)
         team.quotas.extend(_quota_rows(db, changes["quotas"], fit))
-    record_event(db, "TEAM_UPDATED", team_id=team.id, actor_user_id=principal.user_id, data={"fields": list(changes)})
+    record_event(
+        db, EventType.TEAM_UPDATED, team_id=team.id, actor_user_id=principal.user_id, data={"fields": list(changes)}
+    )
     return team
 
 
@@ -173,7 +176,7 @@ def put_member(*, db: Session, principal: Principal, team: str, user: str, role:
         membership.role = role
         record_event(
             db,
-            "MEMBER_ROLE_CHANGED",
+            EventType.MEMBER_ROLE_CHANGED,
             team_id=t.id,
             actor_user_id=principal.user_id,
             message=f"{user} in {team}: {old} -> {role}",
@@ -191,7 +194,7 @@ def add_membership(
     how = f" (invited by {invited_by})" if invited_by else ""
     record_event(
         db,
-        "MEMBER_ADDED",
+        EventType.MEMBER_ADDED,
         team_id=team.id,
         actor_user_id=actor_user_id,
         message=f"{user.name} joined {team.name} as {role}{how}",
@@ -214,7 +217,7 @@ def remove_member(*, db: Session, principal: Principal, team: str, user: str) ->
     db.delete(membership)
     record_event(
         db,
-        "MEMBER_REMOVED",
+        EventType.MEMBER_REMOVED,
         team_id=t.id,
         actor_user_id=principal.user_id,
         message=f"{user} left {team}",

@@ -12,6 +12,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
+from core.event_types import EventType
 from core.models import ApiToken
 from core.repositories import users as users_repo
 from core.repositories.keyset import Window
@@ -72,7 +73,7 @@ def issue(
     db.flush()
     record_event(
         db,
-        "TOKEN_ISSUED",
+        EventType.TOKEN_ISSUED,
         actor_user_id=principal.user_id,
         message=f"token {token.id} ({name}) issued",
         data={"token_id": token.id, "user_id": owner_id, "scopes": token.scopes, "parent_id": principal.token_id},
@@ -146,7 +147,7 @@ def revoke(*, db: Session, principal: Principal, token_id: int) -> ApiToken:
         why = "" if revoked_id == token.id else f" with token {token.id}, which it was minted from (directly or not)"
         record_event(
             db,
-            "TOKEN_REVOKED",
+            EventType.TOKEN_REVOKED,
             actor_user_id=principal.user_id,
             message=f"token {revoked_id} ({name}) revoked{why}",
             data={"token_id": revoked_id, "user_id": owner_id, **({"with": token.id} if why else {})},

@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
+from core.event_types import EventType
 from core.models import Job, Role, Webhook, WebhookDelivery
 from core.repositories import jobs as jobs_repo
 from core.repositories import teams as teams_repo
@@ -156,7 +157,7 @@ def send_test(*, db: Session, principal: Principal, hook_id: int) -> WebhookDeli
     payload = {
         "kind": TEST_KIND,
         "event": {
-            "type": "TEST",
+            "type": EventType.TEST,
             "message": f"test delivery requested by {principal.name}",
             "created_at": now.isoformat(),
         },

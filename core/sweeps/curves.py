@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core.event_types import EventType
 from core.models import Event, Job, JobMetric
 from core.services.principal import Principal
 from core.sweep_ranking import LOSS, Objective
@@ -51,7 +52,9 @@ def _losses(db: Session, job: Job) -> dict[int, float]:
 def evaluations(db: Session, job_ids: list[int], metric: str) -> dict[int, dict[int, float]]:
     """Each job's ``metric`` by the step its code evaluated it at (a step evaluated again: its latest value)."""
     rows = db.execute(
-        select(Event.job_id, Event.data).where(Event.job_id.in_(job_ids), Event.type == "EVALUATION").order_by(Event.id)
+        select(Event.job_id, Event.data)
+        .where(Event.job_id.in_(job_ids), Event.type == EventType.EVALUATION)
+        .order_by(Event.id)
     ).all()
     found: dict[int, dict[int, float]] = {job_id: {} for job_id in job_ids}
     for job_id, data in rows:

@@ -148,10 +148,10 @@ def cancel_all(*, db: Session, principal: Principal, sweep_id: int, reason: str 
 
 def close(db: Session, sweep: Sweep, reason: str) -> None:
     """Its search proposes no more jobs (``core.sweeps.search``), and says why; a sweep closed meanwhile
-    keeps its reason. Its row is locked first (the scheduler's cycle holds it already; a job's end takes it too), so
-    its jobs' states are read after any end that went before. Closed before its count with every job already
-    ended, the sweep has finished now: its ``sweep_finished`` webhook is written here, since no job's end is left
-    to write it."""
+    keeps its reason. Its row is locked first (the scheduler's cycle holds it already; the events deliverer takes
+    it to tell of a sweep's end, ``core.webhooks``), so of the two one writes ``sweep_finished``. Closed before its
+    count with every job already ended, the sweep has finished now: its ``sweep_finished`` webhook is written here,
+    since no job's end is left to write it (an end not committed yet is read by the deliverer, after this close)."""
     db.refresh(sweep, with_for_update=True)
     if sweep.closed_at is not None:
         return

@@ -31,6 +31,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from core.event_types import EventType
 from core.models import Job, Sweep
 from core.sweep_ranking import STOPPED_EARLY, Objective, objective_of
 from core.sweeps.curves import evaluations
@@ -93,7 +94,7 @@ def stop_if_worse(db: Session, *, job: Job, step: int, metrics: dict[str, float 
     job.cancel_requested = True
     job.exit_reason = reason[:512]
     data = {"step": step, "metric": objective.metric, "value": value, "rule": rule.rule, **data}
-    record_event(db, "STOPPED_EARLY", job=job, message=reason, data=data)
+    record_event(db, EventType.STOPPED_EARLY, job=job, message=reason, data=data)
     return reason
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from core.event_types import EventType
 from core.models import Attempt, Job
 from core.states import AttemptState, JobState
 from core.transitions import record_event, transition
@@ -106,7 +107,7 @@ def apply_all(*, db: Session, decisions: Decisions, now: datetime) -> Applied:
             continue
         job.cancel_requested = True
         job.exit_reason = kill.message[:512]
-        record_event(db, "TIME_LIMIT", job=job, message=kill.message)
+        record_event(db, EventType.TIME_LIMIT, job=job, message=kill.message)
         out.killed.append(job.id)
     out.reasons_written = _write_reasons(db, decisions, now)
     return out
@@ -138,7 +139,7 @@ def _write_reasons(db: Session, decisions: Decisions, now: datetime) -> int:
     for job in db.scalars(select(Job).where(Job.id.in_(changed)).order_by(Job.id)):
         reason, message = wanted[job.id]
         if job.pending_reason != reason:
-            record_event(db, "PENDING", job=job, message=f"{reason}: {message}", data={"reason": reason})
+            record_event(db, EventType.PENDING, job=job, message=f"{reason}: {message}", data={"reason": reason})
         job.pending_reason = reason
         job.pending_message = message
         job.updated_at = now

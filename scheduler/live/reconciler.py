@@ -38,6 +38,7 @@ from sqlalchemy import Engine, event, select, text
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.orm import Session
 
+from core.event_types import EventType
 from core.lifecycle import (
     after_commit,
     end_attempt,
@@ -149,7 +150,7 @@ def _grace(db: Session, now: datetime, settings: Settings, term: Term | None) ->
             if why is not None:
                 record_event(
                     db,
-                    "DATABASE_BACK",
+                    EventType.DATABASE_BACK,
                     message=f"{why}: leases and host heartbeats get grace until "
                     f"{earlier.isoformat(timespec='seconds')}",
                     data={"grace_until": earlier.isoformat(), "grace_s": settings.lease_s, "cause": why},
@@ -166,7 +167,7 @@ def _grace(db: Session, now: datetime, settings: Settings, term: Term | None) ->
         state.grace_until = now + timedelta(seconds=settings.lease_s)
         record_event(
             db,
-            "DATABASE_BACK",
+            EventType.DATABASE_BACK,
             message=f"database reachable again: leases and host heartbeats get {settings.lease_s:.0f} s of grace"
             " before anything is declared LOST or DOWN",
             data={"grace_until": state.grace_until.isoformat(), "grace_s": settings.lease_s},
@@ -187,7 +188,7 @@ def _unwatched_grace(db: Session, now: datetime, settings: Settings, term: Term,
         return []
     record_event(
         db,
-        "DATABASE_BACK",
+        EventType.DATABASE_BACK,
         message=f"no scheduler held the lease for {term.unwatched_s:.1f} s (the database or every scheduler was "
         f"away): leases and host heartbeats get grace until {until.isoformat(timespec='seconds')}",
         data={
@@ -212,7 +213,9 @@ def _outage_before_this_process(db: Session, now: datetime, settings: Settings) 
     """
     until: datetime | None = None
     why: str | None = None
-    last = db.scalars(select(Event).where(Event.type == "DATABASE_BACK").order_by(Event.id.desc()).limit(1)).first()
+    last = db.scalars(
+        select(Event).where(Event.type == EventType.DATABASE_BACK).order_by(Event.id.desc()).limit(1)
+    ).first()
     if last is not None:
         try:
             recorded = datetime.fromisoformat(str((last.data or {}).get("grace_until")))
@@ -267,7 +270,7 @@ def _hosts(db: Session, now: datetime, settings: Settings, grace_until: datetime
             move_host(host, HostState.DOWN)
             record_event(
                 db,
-                "HOST_DOWN",
+                EventType.HOST_DOWN,
                 message=f"host {host.name}: no heartbeat for {silent or 0:.1f} s",
                 data={"host": host.name, "silent_s": silent},
             )
@@ -282,7 +285,7 @@ def _hosts(db: Session, now: datetime, settings: Settings, grace_until: datetime
             host.exclusion_reason = "; ".join(reasons)[:256]
             record_event(
                 db,
-                "HOST_EXCLUDED",
+                EventType.HOST_EXCLUDED,
                 message=f"host {host.name} excluded: {host.exclusion_reason}",
                 data={"host": host.name, "until": host.excluded_until.isoformat(), "gpus": [g.uuid for g in bad]},
             )
@@ -294,7 +297,9 @@ def _hosts(db: Session, now: datetime, settings: Settings, grace_until: datetime
             move_host(host, HostState.UP)
             host.excluded_until = None
             host.exclusion_reason = None
-            record_event(db, "HOST_READMITTED", message=f"host {host.name} readmitted", data={"host": host.name})
+            record_event(
+                db, EventType.HOST_READMITTED, message=f"host {host.name} readmitted", data={"host": host.name}
+            )
             actions.append(f"host {host.name}: readmitted")
     return actions
 
@@ -374,7 +379,7 @@ def _unclaimed_attempts(
         gone = sorted(set(names) - {h.name for h in hosts if h.state == HostState.UP})
         sent = [
             e
-            for e in db.scalars(select(Event).where(Event.job_id == job.id, Event.type == "REDISPATCHED")).all()
+            for e in db.scalars(select(Event).where(Event.job_id == job.id, Event.type == EventType.REDISPATCHED)).all()
             if (e.data or {}).get("attempt_id") == attempt.id
         ]
         if gone or len(sent) >= settings.max_redispatches:
@@ -394,7 +399,7 @@ def _unclaimed_attempts(
         attempt.lease_expires_at = now + timeout
         record_event(
             db,
-            "REDISPATCHED",
+            EventType.REDISPATCHED,
             job=job,
             message=f"attempt {attempt.number} not picked up in {timeout.total_seconds():.0f} s; sent again",
             data={"attempt_id": attempt.id, "attempt": attempt.number, "hosts": names},
@@ -419,14 +424,14 @@ def _recoveries(db: Session) -> list[str]:
         select(Event.job_id, Event)
         .where(
             Event.job_id.in_(select(Job.id).join(Attempt, current).where(*trained_again)),
-            Event.type.in_((JobState.LOST.value, "RECOVERED")),
+            Event.type.in_((JobState.LOST.value, EventType.RECOVERED)),
         )
         .order_by(Event.id)
     ).tuples():
         events_of.setdefault(job_id, []).append(e)
     for job, attempt in rows:
         events = events_of.get(job.id, [])
-        recovered_ids = {(e.data or {}).get("lost_event_id") for e in events if e.type == "RECOVERED"}
+        recovered_ids = {(e.data or {}).get("lost_event_id") for e in events if e.type == EventType.RECOVERED}
         assert attempt.first_step_at is not None
         lost = [e for e in events if e.type == JobState.LOST and e.created_at <= attempt.first_step_at]
         if not lost or lost[-1].id in recovered_ids:
@@ -437,7 +442,7 @@ def _recoveries(db: Session) -> list[str]:
         silent = (incident.data or {}).get("silent_s")
         record_event(
             db,
-            "RECOVERED",
+            EventType.RECOVERED,
             job=job,
             message=f"recovered in {recovery:.1f} s (objective {objective:.0f} s)"
             f" on attempt {attempt.number}, resumed from step {attempt.resumed_from_step}",

@@ -34,6 +34,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, defer
 
+from core.event_types import EventType
 from core.models import Attempt, Event, Job, JobMetric, QosClass, SlaContract
 from core.queue_wait import breached_at, queued_seconds, waits_for_capacity_sql
 from core.repositories import jobs as jobs_repo
@@ -42,17 +43,17 @@ from core.states import ACTIVE, JobState
 from core.transitions import record_event
 from scheduler.policy.decisions import Decisions, Preemption
 
-QUEUE_WAIT = "SLA_QUEUE_WAIT_VIOLATION"
+QUEUE_WAIT = EventType.SLA_QUEUE_WAIT_VIOLATION
 DEADLINE_AT_RISK = "SLA_DEADLINE_AT_RISK"
-DEADLINE = "SLA_DEADLINE_VIOLATION"
+DEADLINE = EventType.SLA_DEADLINE_VIOLATION
 STEP_TIME = step_times.VIOLATION
-CHECKPOINT_RATE = "SLA_CHECKPOINT_RATE_VIOLATION"
-BANDWIDTH = "SLA_BANDWIDTH_VIOLATION"
+CHECKPOINT_RATE = EventType.SLA_CHECKPOINT_RATE_VIOLATION
+BANDWIDTH = EventType.SLA_BANDWIDTH_VIOLATION
 # Over quota means the median of the latest samples is this much above it: one burst is not a violation.
 BANDWIDTH_SLACK = 1.10
 BANDWIDTH_MIN_SAMPLES = 3
 SAMPLE_ROWS = 8  # newest metric rows of a job searched for NVML samples
-CHECKPOINT_FAILURES = ("CHECKPOINT_FAILED", "CHECKPOINT_CORRUPT")
+CHECKPOINT_FAILURES = (EventType.CHECKPOINT_FAILED, EventType.CHECKPOINT_CORRUPT)
 
 # A job that finished recently can still have missed its deadline; older ones were evaluated already.
 FINISHED_LOOKBACK = timedelta(hours=1)
@@ -277,13 +278,13 @@ def _checkpoint_rate(
     counts: dict[int, list[int]] = {}  # job -> [verified, failed]
     for chunk in _chunks(ids, 1000):
         stmt = select(Event.job_id, Event.type).where(
-            Event.job_id.in_(chunk), Event.type.in_(("CHECKPOINT", *CHECKPOINT_FAILURES))
+            Event.job_id.in_(chunk), Event.type.in_((EventType.CHECKPOINT, *CHECKPOINT_FAILURES))
         )
         for job_id, type_ in db.execute(stmt).tuples():
             if job_id is None:
                 continue
             pair = counts.setdefault(int(job_id), [0, 0])
-            pair[0 if type_ == "CHECKPOINT" else 1] += 1
+            pair[0 if type_ == EventType.CHECKPOINT else 1] += 1
     found: list[Violation] = []
     for job_id, (ok, failed) in counts.items():
         minimum = contracts[job_id].min_checkpoint_success_rate

@@ -20,6 +20,7 @@ from api.routers.common import JobIdPath, LastEventIdQuery, StreamTicketQuery
 from api.routers.dashboard.common import iso
 from api.schemas.common import INT64
 from core.db import utcnow
+from core.event_types import EventType
 from core.models import Attempt, Event, Job, SlaContract
 from core.queue_wait import queued_seconds
 from core.recipes import throughput_unit
@@ -106,7 +107,7 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
         "evaluations": [
             {"step": e.data.get("step"), "metrics": e.data.get("metrics") or {}, "attempt": e.data.get("attempt")}
             for e in events
-            if e.type == "EVALUATION"
+            if e.type == EventType.EVALUATION
         ],
         "contract": _contract_dict(session, job, view.contract),
         "attempts": [_attempt_dict(a, c) for a, c in zip(attempts, compiles, strict=True)],
