@@ -95,7 +95,9 @@ def _settle(db: Session, cursor: EventCursor, gaps: list[Gap], oldest_running: i
         bound = cursor.horizon_event_id or 0
         gaps = [(max(lo, bound + 1), hi) for lo, hi in gaps if hi > bound]
         cursor.horizon_xid = cursor.horizon_event_id = None
-    if gaps and cursor.horizon_xid is None:
+    if not gaps:
+        cursor.horizon_xid = cursor.horizon_event_id = None
+    elif cursor.horizon_xid is None:
         # Taken after the reads: a transaction that took a missing id had begun by then.
         cursor.horizon_xid = _snapshot(db, "xmax")
         cursor.horizon_event_id = cursor.last_event_id
