@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from core.db import utcnow
 from core.models import Event, EventCursor
-from core.webhooks import enqueue_for_event
+from core.webhooks import enqueue_for_event, may_notify
 
 WEBHOOKS = "webhooks"  # the cursor's name
 BATCH = 500  # events read in one pass: a backlog is worked off in several, each a short transaction
@@ -51,13 +51,18 @@ def deliver_events(db: Session, *, batch: int = BATCH) -> Pass:
     # Taken before the reads: every transaction older than it has ended, so its events are among what they see.
     oldest_running = _snapshot(db, "xmin") if postgres else 0
     gaps: list[Gap] = [(int(lo), int(hi)) for lo, hi in cursor.gaps or []]
-    late = list(db.scalars(select(Event).where(_within(gaps)).order_by(Event.id))) if gaps else []
-    fresh = list(db.scalars(select(Event).where(Event.id > cursor.last_event_id).order_by(Event.id).limit(batch)))
-    written = sum(len(enqueue_for_event(db, event)) for event in sorted([*late, *fresh], key=lambda e: e.id))
-    gaps = _without(gaps, [e.id for e in late])
+    # Ids and types first: most events (checkpoints, evaluations, audit) no hook hears, and are not loaded.
+    late = list(db.execute(select(Event.id, Event.type).where(_within(gaps)))) if gaps else []
+    fresh = list(
+        db.execute(select(Event.id, Event.type).where(Event.id > cursor.last_event_id).order_by(Event.id).limit(batch))
+    )
+    heard = [event_id for event_id, type_ in [*late, *fresh] if may_notify(type_)]
+    events = list(db.scalars(select(Event).where(Event.id.in_(heard)).order_by(Event.id))) if heard else []
+    written = sum(len(enqueue_for_event(db, event)) for event in events)
+    gaps = _without(gaps, [event_id for event_id, _ in late])
     if fresh:
-        gaps += _missing(cursor.last_event_id + 1, [e.id for e in fresh])
-        cursor.last_event_id = fresh[-1].id
+        gaps += _missing(cursor.last_event_id + 1, [event_id for event_id, _ in fresh])
+        cursor.last_event_id = fresh[-1][0]
     if postgres:
         _settle(db, cursor, gaps, oldest_running)
     else:

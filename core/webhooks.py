@@ -52,9 +52,14 @@ _BY_TYPE = {
 _STATES = frozenset(s.value for s in JobState)
 
 
+def may_notify(event_type: str) -> bool:
+    """Whether some hook may hear an event of this type (``kind_of`` says which, from the whole event)."""
+    return event_type in _BY_TYPE or event_type == EventType.QUEUED or event_type.startswith("SLA_")
+
+
 def kind_of(event: Event) -> str | None:
     """The webhook kind of a job's event, or None when no hook hears it."""
-    if event.job_id is None:
+    if event.job_id is None or not may_notify(event.type):
         return None
     if event.type in _BY_TYPE:
         return _BY_TYPE[EventType(event.type)]
