@@ -214,6 +214,66 @@ def collect_compile_caches(settings: Settings) -> int:
     return done.entries
 
 
+def _storage_is_ours(factory: Callable[[], Session], settings: Settings) -> bool:
+    """A new leader revokes fences and collects code archives in the storage directory: it must be this
+    database's. False (logged) when the check could not be made; another deployment's storage raises."""
+    try:
+        with factory() as db:
+            check_storage(db, settings.resolved_storage_dir)
+    except StorageOfAnotherDeployment:
+        raise
+    except Exception:
+        log.exception("could not check who owns the storage directory; retrying")
+        return False
+    return True
+
+
+def _collect_logged(factory: Callable[[], Session], settings: Settings, leadership: Leadership) -> None:
+    """The leader's periodic collections (unused code archives, stale compile-cache entries); a failure waits for
+    the next period."""
+    try:
+        collect_artifacts(factory, settings, leadership)
+    except LeadershipLost:
+        raise
+    except Exception:
+        log.exception("collecting unused code archives failed; retrying later")
+    try:
+        collect_compile_caches(settings)
+    except Exception:
+        log.exception("collecting compile-cache entries failed; retrying later")
+
+
+def _cycle_logged(
+    factory: Callable[[], Session],
+    settings: Settings,
+    *,
+    dispatch: DispatchAttempt,
+    leadership: Leadership,
+    metrics: SchedulerMetrics,
+    pulse: Pulse,
+) -> None:
+    """One cycle, observed and logged; a failed cycle is counted and the next tick tries again."""
+    try:
+        result = run_cycle(session_factory=factory, dispatch=dispatch, settings=settings, leadership=leadership)
+        pulse.beat("leading")  # only a committed cycle: a leader failing every cycle goes stale
+        observe(metrics, result)
+        if result.admitted or result.preempted or result.failed or result.reconciled or result.proposed:
+            log.info(
+                "cycle: admitted %s preempted %s failed %s reconciled %d proposed %s (plan %.1f ms)",
+                result.admitted,
+                result.preempted,
+                result.failed,
+                len(result.reconciled),
+                result.proposed,
+                result.plan_s * 1000,
+            )
+    except LeadershipLost:
+        raise
+    except Exception:
+        metrics.cycle_failures.inc()
+        log.exception("scheduling cycle failed; retrying on the next tick")
+
+
 def run_forever(
     settings: Settings,
     *,
@@ -243,13 +303,7 @@ def run_forever(
                 continue
             log.info("scheduler: leading")
             metrics.leader.set(1)
-            try:  # it revokes fences and collects code archives there: the storage must be this database's
-                with factory() as db:
-                    check_storage(db, settings.resolved_storage_dir)
-            except StorageOfAnotherDeployment:
-                raise
-            except Exception:
-                log.exception("could not check who owns the storage directory; retrying")
+            if not _storage_is_ours(factory, settings):
                 leadership.release()
                 metrics.leader.set(0)
                 stop.wait(min(interval, settings.standby_retry_s))
@@ -259,37 +313,10 @@ def run_forever(
                 while not stop.is_set():
                     if time.monotonic() >= next_gc:
                         next_gc = time.monotonic() + ARTIFACT_GC_INTERVAL_S
-                        try:
-                            collect_artifacts(factory, settings, leadership)
-                        except LeadershipLost:
-                            raise
-                        except Exception:
-                            log.exception("collecting unused code archives failed; retrying later")
-                        try:
-                            collect_compile_caches(settings)
-                        except Exception:
-                            log.exception("collecting compile-cache entries failed; retrying later")
-                    try:
-                        result = run_cycle(
-                            session_factory=factory, dispatch=dispatch, settings=settings, leadership=leadership
-                        )
-                        pulse.beat("leading")  # only a committed cycle: a leader failing every cycle goes stale
-                        observe(metrics, result)
-                        if result.admitted or result.preempted or result.failed or result.reconciled or result.proposed:
-                            log.info(
-                                "cycle: admitted %s preempted %s failed %s reconciled %d proposed %s (plan %.1f ms)",
-                                result.admitted,
-                                result.preempted,
-                                result.failed,
-                                len(result.reconciled),
-                                result.proposed,
-                                result.plan_s * 1000,
-                            )
-                    except LeadershipLost:
-                        raise
-                    except Exception:
-                        metrics.cycle_failures.inc()
-                        log.exception("scheduling cycle failed; retrying on the next tick")
+                        _collect_logged(factory, settings, leadership)
+                    _cycle_logged(
+                        factory, settings, dispatch=dispatch, leadership=leadership, metrics=metrics, pulse=pulse
+                    )
                     if time.monotonic() >= next_retention:
                         next_retention = time.monotonic() + settings.retention_interval_s
                         _retain_logged(factory, settings, metrics, leadership)
