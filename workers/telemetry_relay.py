@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,101 @@ def _as_asked(job: Job, type_: str, message: str, asked: str | None) -> tuple[st
     return type_, message
 
 
+@dataclass
+class _Batch:
+    """One relay's records being written: what each kind's handler reads, and the steps and GPU samples gathered
+    for the metric rows written after them."""
+
+    session: Session
+    job: Job
+    attempt: Attempt
+    state: RelayState
+    asked: str | None
+    judge: bool
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    gpu_samples: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _on_step(b: _Batch, rec: dict[str, Any], rank: int) -> None:
+    if rank == 0:
+        b.steps.append(rec)
+
+
+def _on_heartbeat(b: _Batch, rec: dict[str, Any], rank: int) -> None:
+    if rec.get("nccl_error"):
+        b.state.nccl_error = True
+
+
+def _on_event(b: _Batch, rec: dict[str, Any], rank: int) -> None:
+    fields = rec.get("fields") if isinstance(rec.get("fields"), dict) else {}
+    type_, message = _as_asked(
+        b.job, str(rec.get("type") or EventType.TRAINER_EVENT), str(rec.get("message") or ""), b.asked
+    )
+    record_event(
+        b.session,
+        type_[:48],
+        job=b.job,
+        message=message,
+        data={"attempt": b.attempt.number, "rank": rank, **(fields or {})},
+    )
+    if rec.get("type") == EventType.ROLLED_BACK and rank == 0 and fields:
+        _forget_checkpoints_after(b.session, job=b.job, step=_int(fields.get("to_step")) or 0)
+
+
+def _on_checkpoint(b: _Batch, rec: dict[str, Any], rank: int) -> None:
+    _checkpoint(b.session, job=b.job, attempt=b.attempt, rec=rec)
+
+
+def _on_resumed(b: _Batch, rec: dict[str, Any], rank: int) -> None:
+    step = _int(rec.get("step")) or 0
+    if rank == 0:
+        _resumed(b.session, job=b.job, attempt=b.attempt, rec=rec, step=step)
+
+
+def _on_gpu_sample(b: _Batch, rec: dict[str, Any], rank: int) -> None:
+    b.gpu_samples.append(rec)
+
+
+def _on_memory_prediction(b: _Batch, rec: dict[str, Any], rank: int) -> None:
+    if rank != 0:
+        return
+    job = b.job
+    # The trainer's own figure, made on the device it runs on, replaces the one made at submit.
+    job.predicted_memory_bytes = _int(rec.get("predicted_peak_bytes")) or job.predicted_memory_bytes
+    record_event(
+        b.session,
+        EventType.MEMORY_PREDICTION,
+        job=job,
+        message=f"predicted peak memory {rec.get('predicted_peak_bytes')} bytes",
+        data={k: v for k, v in rec.items() if k not in ("kind", "ts")},
+    )
+    _predicted_memory(b.session, job=job, rec=rec)
+
+
+def _on_eval(b: _Batch, rec: dict[str, Any], rank: int) -> None:
+    if rank == 0:
+        _evaluation(b.session, job=b.job, attempt=b.attempt, rec=rec, judge=b.judge)
+
+
+def _on_done(b: _Batch, rec: dict[str, Any], rank: int) -> None:
+    if rank == 0:
+        b.state.done = rec
+
+
+# What the relay does with each kind of record; a kind not here (a diagnostic, an unknown one) is not relayed.
+_HANDLERS: dict[str, Callable[[_Batch, dict[str, Any], int], None]] = {
+    RecordKind.STEP: _on_step,
+    RecordKind.HEARTBEAT: _on_heartbeat,
+    RecordKind.EVENT: _on_event,
+    RecordKind.CHECKPOINT: _on_checkpoint,
+    RecordKind.RESUMED: _on_resumed,
+    RecordKind.GPU_SAMPLE: _on_gpu_sample,
+    RecordKind.MEMORY_PREDICTION: _on_memory_prediction,
+    RecordKind.EVAL: _on_eval,
+    RecordKind.DONE: _on_done,
+}
+
+
 def relay(
     session: Session,
     *,
@@ -148,97 +244,61 @@ def relay(
     ``running``: the trainer still runs (a heartbeat; False for the report after it exited), so a stop asked for
     now can still act: only then does its sweep's early stopping judge an evaluation."""
     judge = running and not any(rec.get("kind") == RecordKind.DONE for rec in records)  # not once it has finished
-    steps: list[dict[str, Any]] = []
-    gpu_samples: list[dict[str, Any]] = []
+    batch = _Batch(session, job, attempt, state, asked, judge)
     for rec in records:
         kind = rec.get("kind")
-        rank = _int(rec.get("rank")) or 0
-        if kind == RecordKind.STEP:
-            if rank == 0:
-                steps.append(rec)
-        elif kind == RecordKind.HEARTBEAT:
-            if rec.get("nccl_error"):
-                state.nccl_error = True
-        elif kind == RecordKind.EVENT:
-            fields = rec.get("fields") if isinstance(rec.get("fields"), dict) else {}
-            type_, message = _as_asked(
-                job, str(rec.get("type") or EventType.TRAINER_EVENT), str(rec.get("message") or ""), asked
-            )
-            record_event(
-                session,
-                type_[:48],
-                job=job,
-                message=message,
-                data={"attempt": attempt.number, "rank": rank, **(fields or {})},
-            )
-            if rec.get("type") == EventType.ROLLED_BACK and rank == 0 and fields:
-                _forget_checkpoints_after(session, job=job, step=_int(fields.get("to_step")) or 0)
-        elif kind == RecordKind.CHECKPOINT:
-            _checkpoint(session, job=job, attempt=attempt, rec=rec)
-        elif kind == RecordKind.RESUMED:
-            step = _int(rec.get("step")) or 0
-            if rank == 0:
-                _resumed(session, job=job, attempt=attempt, rec=rec, step=step)
-        elif kind == RecordKind.GPU_SAMPLE:
-            gpu_samples.append(rec)
-        elif kind == RecordKind.MEMORY_PREDICTION and rank == 0:
-            # The trainer's own figure, made on the device it runs on, replaces the one made at submit.
-            job.predicted_memory_bytes = _int(rec.get("predicted_peak_bytes")) or job.predicted_memory_bytes
-            record_event(
-                session,
-                EventType.MEMORY_PREDICTION,
-                job=job,
-                message=f"predicted peak memory {rec.get('predicted_peak_bytes')} bytes",
-                data={k: v for k, v in rec.items() if k not in ("kind", "ts")},
-            )
-            _predicted_memory(session, job=job, rec=rec)
-        elif kind == RecordKind.EVAL and rank == 0:
-            _evaluation(session, job=job, attempt=attempt, rec=rec, judge=judge)
-        elif kind == RecordKind.DONE and rank == 0:
-            state.done = rec
-
-    if steps:
-        if attempt.first_step_at is None:
-            # The first training step of this attempt: the end of a failover incident (recovery time).
-            attempt.first_step_at = _ts(steps[0])
-        state.first_step_seen = True
-        last = steps[-1]
-        job.last_step = _int(last.get("step")) or job.last_step
-        loss = _float(last.get("loss"))
-        if loss is not None:
-            job.last_loss = loss
-        kept = downsample(steps)
-        for i, rec in enumerate(kept):
-            # metrics: a script's named numbers of the step (trainer.script_client.report)
-            extra: dict[str, Any] = {
-                k: rec[k] for k in ("mem_allocated_bytes", "lr", "skipped", "metrics", "source") if k in rec
-            }
-            if i == len(kept) - 1 and gpu_samples:
-                extra["gpu"] = gpu_samples[-8:]
-            session.add(
-                JobMetric(
-                    job_id=job.id,
-                    attempt_id=attempt.id,
-                    step=_int(rec.get("step")) or 0,
-                    ts=_ts(rec),
-                    loss=_float(rec.get("loss")),
-                    grad_norm=_float(rec.get("grad_norm")),
-                    tokens_per_s=_float(rec.get("tokens_per_s")),
-                    step_time_s=_float(rec.get("step_time_s")),
-                    mfu=_float(rec.get("mfu")),
-                    mem_peak_bytes=_int(rec.get("mem_peak_bytes")),
-                    overhead=str(rec["overhead"])[:32] if rec.get("overhead") else None,
-                    extra=extra,
-                )
-            )
-    elif gpu_samples:
+        handler = _HANDLERS.get(kind) if isinstance(kind, str) else None  # a JSON list or object is no kind
+        if handler is not None:
+            handler(batch, rec, _int(rec.get("rank")) or 0)
+    if batch.steps:
+        _write_steps(batch)
+    elif batch.gpu_samples:
         session.add(
             JobMetric(
                 job_id=job.id,
                 attempt_id=attempt.id,
                 step=job.last_step,
-                ts=_ts(gpu_samples[-1]),
-                extra={"gpu": gpu_samples[-8:]},
+                ts=_ts(batch.gpu_samples[-1]),
+                extra={"gpu": batch.gpu_samples[-8:]},
+            )
+        )
+
+
+def _write_steps(b: _Batch) -> None:
+    """The steps' progress on the job and the attempt, and an even sample of them as metric rows (the newest one
+    carrying the latest GPU samples)."""
+    job, attempt, steps = b.job, b.attempt, b.steps
+    if attempt.first_step_at is None:
+        # The first training step of this attempt: the end of a failover incident (recovery time).
+        attempt.first_step_at = _ts(steps[0])
+    b.state.first_step_seen = True
+    last = steps[-1]
+    job.last_step = _int(last.get("step")) or job.last_step
+    loss = _float(last.get("loss"))
+    if loss is not None:
+        job.last_loss = loss
+    kept = downsample(steps)
+    for i, rec in enumerate(kept):
+        # metrics: a script's named numbers of the step (trainer.script_client.report)
+        extra: dict[str, Any] = {
+            k: rec[k] for k in ("mem_allocated_bytes", "lr", "skipped", "metrics", "source") if k in rec
+        }
+        if i == len(kept) - 1 and b.gpu_samples:
+            extra["gpu"] = b.gpu_samples[-8:]
+        b.session.add(
+            JobMetric(
+                job_id=job.id,
+                attempt_id=attempt.id,
+                step=_int(rec.get("step")) or 0,
+                ts=_ts(rec),
+                loss=_float(rec.get("loss")),
+                grad_norm=_float(rec.get("grad_norm")),
+                tokens_per_s=_float(rec.get("tokens_per_s")),
+                step_time_s=_float(rec.get("step_time_s")),
+                mfu=_float(rec.get("mfu")),
+                mem_peak_bytes=_int(rec.get("mem_peak_bytes")),
+                overhead=str(rec["overhead"])[:32] if rec.get("overhead") else None,
+                extra=extra,
             )
         )
 
