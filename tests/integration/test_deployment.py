@@ -16,9 +16,10 @@ from core.models import Deployment
 from core.settings import Settings
 from tests.support.api import migrated_sqlite
 from tests.support.workers_cluster import admit, submit, tiny_spec
+from workers.attempt_env import local_tier_dir
+from workers.claim import claim
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus
-from workers.tasks import claim, local_tier_dir
 
 pytestmark = pytest.mark.integration
 

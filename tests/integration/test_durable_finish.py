@@ -22,11 +22,11 @@ from core.models import Checkpoint, Event, Job
 from core.settings import Settings
 from tests.support.workers_cluster import admit, submit, tiny_spec
 from trainer.checkpoint.store import sha256_file, step_dir_name, write_manifest_and_commit
-from workers import tasks
+from workers.claim import claim
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus
+from workers.runner import AttemptRunner
 from workers.supervisor import TrainerProcess
-from workers.tasks import AttemptRunner, claim
 
 pytestmark = pytest.mark.integration
 
@@ -90,7 +90,7 @@ def ending(db: Session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
         yield db
         db.flush()
 
-    monkeypatch.setattr(tasks, "session_scope", in_test_transaction)
+    monkeypatch.setattr("workers.runner.session_scope", in_test_transaction)
     yield job, runner
 
 

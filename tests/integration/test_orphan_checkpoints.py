@@ -28,10 +28,10 @@ from scheduler.live.reconciler import reconcile
 from tests.support.api import World, build_world, make_app
 from tests.support.workers_cluster import admit
 from trainer.checkpoint.store import MANIFEST, list_checkpoints, sha256_file, step_dir_name, write_manifest_and_commit
+from workers.claim import claim
 from workers.dispatch import dispatch_attempt
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus
-from workers.tasks import claim
 
 pytestmark = pytest.mark.integration
 

@@ -26,9 +26,9 @@ from tests.support.scheduler_loop import LoopThread
 from tests.support.services import temporary_database
 from tests.support.workers_cluster import admit, tiny_spec
 from tests.support.workers_cluster import submit as submit_spec
+from workers.claim import claim
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus
-from workers.tasks import claim
 
 pytestmark = pytest.mark.integration
 

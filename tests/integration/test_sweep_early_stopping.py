@@ -17,11 +17,12 @@ from core.settings import Settings
 from core.sweeps.service import submit_sweep
 from core.transitions import record_event
 from tests.support.workers_cluster import admit, cluster_admin, submit, tiny_spec
+from workers.claim import claim
 from workers.exit_classes import Outcome
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus
+from workers.runner import AttemptRunner
 from workers.supervisor import TrainerProcess
-from workers.tasks import AttemptRunner, claim
 from workers.telemetry_relay import RelayState, relay
 
 pytestmark = pytest.mark.integration

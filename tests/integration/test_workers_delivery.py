@@ -16,9 +16,9 @@ from core.models import Attempt, Event, Job
 from core.settings import Settings, get_settings
 from tests.support.services import temporary_database
 from tests.support.workers_cluster import SchedulerThread, admit, cluster, submit, wait_for
+from workers.claim import Refused, claim
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus
-from workers.tasks import Refused, claim
 
 pytestmark = pytest.mark.integration
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,11 +23,13 @@ from scheduler.live.loader import load_snapshot
 from scheduler.live.reconciler import reconcile
 from tests.support.nvml_replay import NVMLReplay
 from tests.support.workers_cluster import admit, submit, tiny_spec
-from workers import tasks
+from workers import worker_state
+from workers.attempt_env import attempt_env
+from workers.claim import Refused, claim
+from workers.claimed import Claimed
 from workers.dispatch import dispatch_attempt
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus
-from workers.tasks import Claimed, Refused, attempt_env, claim
 
 pytestmark = pytest.mark.integration
 
@@ -125,7 +128,7 @@ def test_past_max_restarts_fails_with_the_reason(db: Session) -> None:
 def test_a_new_worker_process_ends_the_attempts_its_predecessor_claimed(
     db: Session, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tasks, "WORKER_INCARNATION", "first")
+    monkeypatch.setattr(worker_state, "WORKER_INCARNATION", "first")
     host = _host(db, "rec-o")
     job, attempt = _running(db, host)
     assert attempt.placement[0]["worker"] == "first"
@@ -312,8 +315,8 @@ def test_attempt_env_enforces_the_qos_caps_on_gpus(db: Session, monkeypatch: pyt
         ran_before_s=0.0,
         deployment="d",
     )
-    monkeypatch.setattr(tasks.os, "sched_getaffinity", lambda pid: set(range(128)))
-    monkeypatch.setattr(tasks, "HOST_GPUS", 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(128)))
+    monkeypatch.setattr(worker_state, "HOST_GPUS", 8)
     env = attempt_env(
         claimed, attempt_id=9, token=4, checkpoint_dir=Path("/c"), compile_dir=Path("/k"), lease_file=Path("/r/lease")
     )
@@ -552,8 +555,8 @@ def test_attempt_env_of_a_gpu_share_caps_it_and_puts_best_effort_below_normal_pr
         ran_before_s=0.0,
         deployment="d",
     )
-    monkeypatch.setattr(tasks.os, "sched_getaffinity", lambda pid: set(range(16)))  # the H200 host's 16 cores
-    monkeypatch.setattr(tasks, "HOST_GPUS", 1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))  # the H200 host's 16 cores
+    monkeypatch.setattr(worker_state, "HOST_GPUS", 1)
     env = attempt_env(
         claimed, attempt_id=9, token=4, checkpoint_dir=Path("/c"), compile_dir=Path("/k"), lease_file=Path("/r/lease")
     )

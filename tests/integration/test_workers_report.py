@@ -19,11 +19,13 @@ from core.models import Attempt, Checkpoint, Event, Host, Job
 from core.settings import Settings
 from core.transitions import hold
 from tests.support.workers_cluster import admit, submit, tiny_spec
+from workers.claim import claim
+from workers.claimed import Claimed
 from workers.exit_classes import Outcome, StopRequest
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus
+from workers.runner import AttemptRunner
 from workers.supervisor import TrainerProcess
-from workers.tasks import AttemptRunner, Claimed, claim
 from workers.telemetry_relay import RelayState, relay
 
 pytestmark = pytest.mark.integration

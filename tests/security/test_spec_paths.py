@@ -14,7 +14,8 @@ from fastapi.testclient import TestClient
 from core.settings import Settings
 from core.trainer_protocol import ENV_LOCAL_CHECKPOINT_DIR
 from tests.support.api import World, spec
-from workers.tasks import Claimed, attempt_env, local_tier_dir
+from workers.attempt_env import attempt_env, local_tier_dir
+from workers.claimed import Claimed
 
 pytestmark = pytest.mark.integration
 
