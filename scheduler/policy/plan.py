@@ -2,9 +2,10 @@
 
 No database, no clock, no randomness: the same snapshot always yields the same decisions. The live loop and the
 trace simulator both call this function. One pass over the pending jobs in policy order (see ``fairshare``);
-for each job, in turn: dependencies, restart backoff, memory fit, GPU-hour budget, quota, then placement. A job
-that cannot be placed may preempt (see ``preemption``), or take a reservation (the head of the queue and jobs at
-risk of breaking their SLA); later jobs backfill only where they do not delay a reservation's start.
+for each job, in turn: dependencies, restart backoff, memory fit, GPU-hour budget (see ``gates``), quota, then
+placement. A job that cannot be placed may preempt (see ``preemption``), or take a reservation (the head of the
+queue and jobs at risk of breaking their SLA; see ``earliest``); later jobs backfill only where they do not delay
+a reservation's start.
 """
 
 from __future__ import annotations
@@ -12,51 +13,21 @@ from __future__ import annotations
 import bisect
 import gc
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
 
 from core.gpu_types import matches
 from core.host_fit import Ask, Capacity, HostCapacity
 from core.policy_config import PolicyConfig
-from core.states import JobState, Reason
-from scheduler.policy import sharing
+from core.states import Reason
+from scheduler.policy import gates, sharing
 from scheduler.policy.decisions import Admission, Decisions, Failure, Pending, PlacementEntry, Preemption, Reservation
+from scheduler.policy.earliest import earliest, shape_of, starts_by
 from scheduler.policy.estimate import Estimator
 from scheduler.policy.fairshare import JobOrder
 from scheduler.policy.placement import INF, Chosen, ClusterState, Request
-from scheduler.policy.preemption import choose, eligible
-from scheduler.policy.quota import Key, QuotaLedger
+from scheduler.policy.preemption import Preemptor
+from scheduler.policy.quota import QuotaLedger
 from scheduler.policy.snapshot import CPU, GpuShare, HostInfo, PendingJob, RunningJob, Snapshot
-
-DEP_FAILED = frozenset({JobState.FAILED, JobState.CANCELLED})
-DEP_ENDED = DEP_FAILED | {JobState.SUCCEEDED}
-
-
-def _never_met(dep: int, state: str, condition: str) -> str | None:
-    """Why a dependency can no longer be met (the job then fails), or None. Conditions as Slurm names them:
-    afterok (the other job succeeded), afterany (it ended, however), afternotok (it failed or was cancelled)."""
-    if condition == "afterok" and state in DEP_FAILED:
-        return f"dependency {dep} did not succeed"
-    if condition == "afternotok" and state == JobState.SUCCEEDED:
-        return f"dependency {dep} succeeded; this job was to run only if it failed (afternotok)"
-    return None
-
-
-def _at(ts: float) -> str:
-    """An absolute UTC time: messages stay identical from cycle to cycle, so they are not rewritten."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def _fmt_s(seconds: float) -> str:
-    if seconds == INF:
-        return "unknown"
-    seconds = max(0.0, seconds)
-    if seconds < 120:
-        return f"{seconds:.0f}s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m"
-    return f"{seconds / 3600:.1f}h"
 
 
 def placement_entries(state: ClusterState, chosen: Chosen, cpu: bool) -> tuple[PlacementEntry, ...]:
@@ -97,13 +68,9 @@ class _Planner:
         self.reservations: list[Reservation] = []
         self.spent: dict[int, float] = {}  # GPU-hours admitted this cycle, per team
         self.aged: set[int] = set()  # jobs first in their class only by age (JobOrder.aged): they never preempt
-        self.inflight = [r for r in snapshot.running if r.preempt_requested]  # checkpointing before they stop
-        self.claimed: set[int] = set()
-        self.victimized: set[int] = set()
+        self.preemptor = Preemptor(snapshot, config, self.state, self.ledger)
         self.preemptors = 0
         self.placement_failed = False
-        self.preempt_attempts = 0
-        self.no_victims: dict[tuple[object, ...], tuple[tuple[int, int, int], int]] = {}
         self.ends: list[tuple[float, int]] = sorted((self._end_of(r), r.id) for r in snapshot.running)  # sorted
         self.budgeted = {t.id for t in snapshot.teams if config.enforce_budgets and t.budget_gpu_hours is not None}
         # Teams limited to typed GPU quotas only (no ``*``): their jobs that name no GPU type draw on these.
@@ -118,10 +85,6 @@ class _Planner:
         self.memo_version: tuple[int, int, int, int, int] = (-1, -1, -1, -1, -1)
         # jobs of each sweep running now (and admitted this cycle): a sweep's max_concurrent caps it
         self.sweep_running = Counter(r.sweep_id for r in snapshot.running if r.sweep_id is not None)
-        self.promised_ids: set[int] = set()  # running jobs whose units are reserved, as of ``promised_version``
-        self.promised_version = 0
-        # running jobs that some requester may stop (RUNNING, whole GPUs, past the minimum run time), found once
-        self.stoppable: list[RunningJob] | None = None
 
     def _end_of(self, r: RunningJob) -> float:
         """When a running job is projected to end: its time limit's end; without one, kiln's own estimate (its
@@ -141,16 +104,7 @@ class _Planner:
     # -- the pass ------------------------------------------------------------------------------------------------
 
     def run(self) -> Decisions:
-        # The backstop behind the worker, which stops a job at its limit itself: the limit counts every attempt's
-        # run (``attained_s``, the earlier ones), as the worker counts it.
-        kills = tuple(
-            Failure(r.id, f"time limit of {_fmt_s(r.time_limit_s)} exceeded")
-            for r in self.s.running
-            if r.time_limit_s is not None
-            and not r.preempt_requested
-            and r.state == JobState.RUNNING
-            and r.attained_s + self.now - r.started_at > r.time_limit_s + self.c.time_limit_grace_s
-        )
+        kills = gates.time_limit_kills(self.s.running, self.now, self.c.time_limit_grace_s)
         running_gpu_s = 0.0
         capacity = 0
         if (self.c.makespan_guard is not None or self.c.backlog_bound is not None) and self.estimator is not None:
@@ -195,32 +149,13 @@ class _Planner:
         )
 
     def _eligible(self, job: PendingJob) -> bool:
-        if job.sweep_id is not None and job.sweep_limit is not None:
-            running = self.sweep_running[job.sweep_id]
-            if running >= job.sweep_limit:
-                self.wait(
-                    job,
-                    Reason.SWEEP_LIMIT,
-                    f"sweep {job.sweep_id} runs {running} of its jobs at once (max_concurrent {job.sweep_limit})",
-                )
-                return False
-        if not job.depends_on and job.not_before is None:
-            return True
-        waiting: list[int] = []
-        for dep, state, condition in job.depends_on:
-            never = _never_met(dep, state, condition)
-            if never is not None:
-                self.failures.append(Failure(job.id, never))
-                return False
-            if state not in DEP_ENDED or (condition == "afterok" and state != JobState.SUCCEEDED):
-                waiting.append(dep)
-        if waiting:
-            self.wait(job, Reason.DEPENDENCY, "waiting for job(s) " + ", ".join(str(d) for d in waiting))
-            return False
-        if job.not_before is not None and job.not_before > self.now:
-            self.wait(job, Reason.RESOURCES, f"restart backoff: eligible at {_at(job.not_before)}")
-            return False
-        return True
+        sweep_running = self.sweep_running[job.sweep_id] if job.sweep_id is not None else 0
+        verdict = gates.not_yet(job, sweep_running=sweep_running, now=self.now)
+        if isinstance(verdict, Failure):
+            self.failures.append(verdict)
+        elif verdict is not None:
+            self.pending.append(verdict)
+        return verdict is None
 
     def _request(self, job: PendingJob, end: float | None) -> Request:
         if job.gpus == 0:
@@ -247,7 +182,13 @@ class _Planner:
         )
 
     def _version(self) -> tuple[int, int, int, int, int]:
-        return (self.state.version, self.ledger.version, len(self.victimized), self.preemptors, len(self.reservations))
+        return (
+            self.state.version,
+            self.ledger.version,
+            len(self.preemptor.victimized),
+            self.preemptors,
+            len(self.reservations),
+        )
 
     def _flavored(self, job: PendingJob) -> PendingJob:
         """Kueue's flavor fungibility: a GPU job that names no GPU type, of a team whose quotas are all typed, is
@@ -303,7 +244,7 @@ class _Planner:
             version = (
                 state.version,
                 self.ledger.version,
-                len(self.victimized),
+                len(self.preemptor.victimized),
                 self.preemptors,
                 len(self.reservations),
             )
@@ -346,23 +287,10 @@ class _Planner:
         self.placement_failed = False
         req = self._request(job, end)
         if job.gpus and job.memory_bytes:
-            if job.memory_cap_bytes is not None and job.memory_bytes > job.memory_cap_bytes:
-                self.wait(
-                    job,
-                    Reason.MEMORY_FIT,
-                    f"predicted {job.memory_bytes / 2**30:.1f} GiB per GPU exceeds the QoS cap of "
-                    f"{job.memory_cap_bytes / 2**30:.1f} GiB",
-                )
-                return False
             largest = max((self.state.max_memory.get(m, 0) for m in req.models), default=0)
-            # No eligible GPU at all (a CPU-only cluster, a type not there): that is the capacity's reason below.
-            if largest and job.memory_bytes > largest:
-                self.wait(
-                    job,
-                    Reason.MEMORY_FIT,
-                    f"predicted {job.memory_bytes / 2**30:.1f} GiB per GPU; the largest eligible GPU has "
-                    f"{largest / 2**30:.1f} GiB",
-                )
+            misfit = gates.memory_misfit(job, largest)
+            if misfit is not None:
+                self.wait(job, Reason.MEMORY_FIT, misfit)
                 return False
         # The submit check asks the same question (core.host_fit), so a job it accepted waits here only when hosts
         # left since, or an operator let it wait for hosts that have not joined.
@@ -442,24 +370,12 @@ class _Planner:
         return True
 
     def _over_budget(self, job: PendingJob) -> bool:
-        team = self.teams.get(job.team_id)
-        if not self.c.enforce_budgets or team is None or team.budget_gpu_hours is None:
+        if not self.c.enforce_budgets:
             return False
-        spent = team.used_gpu_hours + self.spent.get(job.team_id, 0.0)
-        budget = team.budget_gpu_hours
-        if spent >= budget:
-            self.wait(job, Reason.BUDGET, f"team {team.name} used {spent:.1f} of {budget:.1f} GPU-hours this period")
-            return True
-        est = job.estimated_runtime_s
-        if est is not None and spent + job.demand * est / 3600.0 > budget:
-            self.wait(
-                job,
-                Reason.BUDGET,
-                f"{job.demand * est / 3600.0:.1f} GPU-hours more would exceed team {team.name}'s budget "
-                f"({spent:.1f} of {budget:.1f} used)",
-            )
-            return True
-        return False
+        why = gates.over_budget(job, self.teams.get(job.team_id), self.spent.get(job.team_id, 0.0))
+        if why is not None:
+            self.wait(job, Reason.BUDGET, why)
+        return why is not None
 
     def _admit(self, job: PendingJob, chosen: Chosen, *, backfilled: bool) -> None:
         self.state.allocate(job.id, chosen, job.bandwidth)
@@ -494,186 +410,33 @@ class _Planner:
     # -- preemption ----------------------------------------------------------------------------------------------
 
     def _preempt_for(self, job: PendingJob, req: Request) -> bool:
-        # A search that found no victims stands, for as large a job of the same shape, until something changes.
-        shape = (job.qos_priority, job.team_id, job.quota_key, req.models, req.per_node, req.min_memory, req.bandwidth)
-        version = (self.state.version, self.ledger.version, len(self.victimized))
-        failed = self.no_victims.get(shape)
-        if failed is not None and failed[0] == version and req.units >= failed[1]:
-            return False
-        if self.preempt_attempts >= self.c.max_preempt_searches:
-            return False
-        found_victims = self._search_victims(job, req)
-        if not found_victims:
-            self.no_victims[shape] = (version, req.units)
-        return found_victims
-
-    def _search_victims(self, job: PendingJob, req: Request) -> bool:
-        models = set(req.models)
-        reserved = self.state.reserved
-
-        if self.promised_version != len(self.reservations):
-            self.promised_ids = {
-                jid for jid, units in self.state.job_units.items() if any(u in reserved for u in units)
-            }
-            self.promised_version = len(self.reservations)
-        promised_ids = self.promised_ids
-
-        def promised(r: RunningJob) -> bool:  # its units are reserved for a job ahead: not ours to take
-            return r.id in promised_ids
-
-        inflight = [
-            r
-            for r in self.inflight
-            if r.id not in self.claimed and r.share is None and r.gpu_type in models and not promised(r)
-        ]
-        within = self.ledger.within_nominal(job.team_id, job.quota_key, job.demand)
-
-        def reclaim_from(v: RunningJob) -> bool:
-            return (
-                within
-                and self.ledger.cohort(v.team_id) == self.ledger.cohort(job.team_id)
-                and self.ledger.borrowed(v.team_id, v.quota_key) > 0
-            )
-
-        capped = self.c.max_preemptions_per_job
-        top = self.c.uncapped_preemptor_priority
-        if top is not None and job.qos_priority >= top:
-            capped = None
-        if self.stoppable is None:  # once a cycle: what no requester could take is never looked at again
-            self.stoppable = [
-                r
-                for r in self.s.running
-                if r.share is None
-                and not r.preempt_requested
-                and r.state == JobState.RUNNING
-                and self.now - r.started_at >= self.c.min_run_time_s
-            ]
-        candidates = [
-            r
-            for r in self.stoppable
-            if r.id not in self.victimized
-            and r.share is None  # a fractional job's end frees no whole GPU
-            and r.gpu_type in models
-            and not promised(r)
-            and (capped is None or r.preemptions < capped)
-            and eligible(
-                r,
-                requester_priority=job.qos_priority,
-                requester_team=job.team_id,
-                quota_key=job.quota_key,
-                reclaim_from=reclaim_from,
-                now=self.now,
-                min_run_time_s=self.c.min_run_time_s,
-                own_lower_classes=self.c.preempt_own_lower_classes,
-            )
-        ]
-        if not candidates and not inflight:
-            return False
-        # Only now, with victims to take, ask whether waiting would be too late (the projection costs placements).
-        if not self._should_preempt(job, req):
-            return False
-        self.preempt_attempts += 1
-        found: dict[str, Chosen] = {}
-
-        def fits(victims: Sequence[RunningJob]) -> bool:
-            stopping = [*inflight, *victims]
-            released: dict[Key, int] = {}
-            units: set[str] = set()
-            for v in stopping:
-                key = (v.team_id, v.quota_key)
-                released[key] = released.get(key, 0) + v.gpus
-                units.update(self.state.job_units.get(v.id, ()))
-            usable = sum(self.state.free_count.get(m, 0) for m in models) + len(units)
-            if usable < req.units:
-                return False
-            if self.ledger.check(job.team_id, job.quota_key, job.demand, released) is not None:
-                return False
-            chosen = self.state.find(req, extra=frozenset(units))
-            if chosen is None:
-                return False
-            found["chosen"] = chosen
-            return True
-
-        free_now = sum(self.state.free_count.get(m, 0) for m in models) + sum(r.gpus for r in inflight)
-        victims = choose(
-            candidates,
-            fits,
-            now=self.now,
-            limit=self.c.max_victim_candidates,
-            short=max(1, req.units - free_now),
-            penalty_s=self.c.victim_preempted_penalty_s,
+        """Stop running jobs for ``job`` (the ``Preemptor`` finds them) and reserve the capacity they free for it."""
+        targets = self.preemptor.targets(
+            job, req, reservations=len(self.reservations), should_preempt=lambda: self._should_preempt(job, req)
         )
-        if victims is None:
+        if targets is None:
             return False
-        fits(victims)  # the placement for the final set
-        chosen = found["chosen"]
-        units_chosen = {u for _h, us in chosen for u in us}
-        for r in inflight:
-            if units_chosen.intersection(self.state.job_units.get(r.id, ())):
-                self.claimed.add(r.id)
-        for v in victims:
-            self.victimized.add(v.id)
-            self.claimed.add(v.id)
-            if v.qos_priority < job.qos_priority and (v.preemptible or v.team_id == job.team_id):
-                own = "" if v.preemptible else " of its own team"
-                why = f"preempted for job {job.id}{own} ({job.qos} outranks {v.qos})"
-            else:
-                why = f"lent quota reclaimed by team {job.team_id} for job {job.id}"
-            self.preemptions.append(Preemption(v.id, why, job.id))
+        self.preemptions.extend(targets.preemptions)
         self.preemptors += 1
-        self.state.reserve(sorted(units_chosen), self.now, job.id)
-        self.reservations.append(Reservation(job.id, None, tuple(sorted(units_chosen))))
-        n_stop = len(victims) + sum(1 for r in inflight if r.id in self.claimed)
+        self.state.reserve(targets.units, self.now, job.id)
+        self.reservations.append(Reservation(job.id, None, targets.units))
         self.wait(
             job,
             Reason.RESERVATION,
-            f"capacity reserved: waiting for {n_stop} preempted job(s) to checkpoint and stop",
+            f"capacity reserved: waiting for {targets.stopping} preempted job(s) to checkpoint and stop",
         )
         return True
 
     # -- reservations (backfill protection) ----------------------------------------------------------------------
 
     def _earliest(self, req: Request) -> tuple[Chosen | None, float]:
-        """Where and when a job of shape ``req`` can start earliest, given running jobs' projected ends.
-
-        Units freed by the first k ends (sorted; preempted jobs end now; claimed and reserved units excluded).
-        Fitting is monotone in k, so the smallest k is found by bisection. Cached per shape and state.
-        """
-        head = Request(
-            req.models, req.units, req.per_node, req.min_memory, req.bandwidth, end=None, team_code=req.team_code
-        )
-        key = (head, self.state.version, len(self.claimed))
+        """Where and when a job of shape ``req`` can start earliest (``earliest``), cached per shape and state."""
+        claimed = self.preemptor.claimed
+        key = (shape_of(req), self.state.version, len(claimed))
         hit = self.earliest_memo.get(key)
-        if hit is not None:
-            return hit
-        models = set(req.models)
-        free = sum(self.state.free_count.get(m, 0) - self.state.reserved_free.get(m, 0) for m in models)
-        freed: list[str] = []  # units in the order they free up
-        steps: list[tuple[float, int]] = []  # (end, how many of ``freed`` are free by then), enough units only
-        for end, jid in self.ends:
-            if jid in self.claimed:
-                continue
-            for u in self.state.job_units.get(jid, ()):
-                if u not in self.state.reserved and self.state.model_of(u) in models:
-                    freed.append(u)
-            if free + len(freed) >= req.units:
-                steps.append((end, len(freed)))
-        answer: tuple[Chosen | None, float] = (None, INF)
-
-        def at(i: int) -> Chosen | None:
-            return self.state.find(head, extra=frozenset(freed[: steps[i][1]]))
-
-        if steps and at(len(steps) - 1) is not None:
-            lo, hi = 0, len(steps) - 1
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if at(mid) is not None:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            answer = (at(hi), steps[hi][0])
-        self.earliest_memo[key] = answer
-        return answer
+        if hit is None:
+            hit = self.earliest_memo[key] = earliest(self.state, self.ends, claimed, req)
+        return hit
 
     def _reserve(self, job: PendingJob, req: Request) -> bool:
         """Reserve the capacity on which ``job`` can start earliest, given running jobs' projected ends."""
@@ -700,28 +463,8 @@ class _Planner:
         return decision
 
     def _starts_by(self, req: Request, limit: float) -> bool:
-        """Whether a job of shape ``req`` can start by ``limit`` once the running jobs projected to end by then
-        have ended: one placement trial (``_earliest`` would bisect for the exact start, which this question does
-        not need; fitting is monotone in the ends, so the answers agree)."""
-        head = Request(
-            req.models, req.units, req.per_node, req.min_memory, req.bandwidth, end=None, team_code=req.team_code
-        )
-        models = set(req.models)
-        free = sum(self.state.free_count.get(m, 0) - self.state.reserved_free.get(m, 0) for m in models)
-        freed: list[str] = []
-        ended = False
-        for end, jid in self.ends:
-            if end > limit:
-                break
-            if jid in self.claimed:
-                continue
-            ended = True
-            for u in self.state.job_units.get(jid, ()):
-                if u not in self.state.reserved and self.state.model_of(u) in models:
-                    freed.append(u)
-        if not ended or free + len(freed) < req.units:
-            return False
-        return self.state.find(head, extra=frozenset(freed)) is not None
+        """Whether a job of shape ``req`` can start by ``limit`` (``starts_by``: one placement trial)."""
+        return starts_by(self.state, self.ends, self.preemptor.claimed, req, limit)
 
 
 def plan(snapshot: Snapshot, config: PolicyConfig | None = None) -> Decisions:
