@@ -27,8 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scheduler.simulate.forecasts import ForecastRecorder, summary  # noqa: E402
 from scheduler.simulate.limits import MODELS, model  # noqa: E402
 from scheduler.simulate.projection import HORIZON_S, MAX_EVENTS  # noqa: E402
-from scheduler.simulate.replay import Simulation, load_trace, offered_load, policies, summarize  # noqa: E402
+from scheduler.simulate.replay import policies  # noqa: E402
+from scheduler.simulate.report import summarize  # noqa: E402
+from scheduler.simulate.simulation import Simulation  # noqa: E402
 from scheduler.simulate.synthetic import gpu_cluster  # noqa: E402
+from scheduler.simulate.trace import load_trace, offered_load  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = str(ROOT.parent / "shared" / "traces" / "philly-multigpu-jobs.json")

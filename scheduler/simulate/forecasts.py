@@ -31,7 +31,7 @@ from scheduler.policy.snapshot import Snapshot
 from scheduler.simulate.projection import HORIZON_S, MAX_EVENTS, Ends, Start, project, scenarios
 
 if TYPE_CHECKING:
-    from scheduler.simulate.replay import Simulation
+    from scheduler.simulate.simulation import Simulation
 
 METHODS = ("kiln", "slurm", "kiln+progress")
 WAITED_S = 60.0  # a job that started within a minute of its submission "did not wait"

@@ -8,8 +8,9 @@ import math
 
 from core.policy_config import PolicyConfig
 from scheduler.simulate.forecasts import ForecastRecorder, errors, summary
-from scheduler.simulate.replay import Simulation, TraceJob
+from scheduler.simulate.simulation import Simulation
 from scheduler.simulate.synthetic import gpu_cluster
+from scheduler.simulate.trace import TraceJob
 
 H = 3600.0
 GRACE_S = PolicyConfig().time_limit_grace_s

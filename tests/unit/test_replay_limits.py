@@ -21,8 +21,11 @@ from scheduler.simulate.limits import (
     rounded_down,
     user_time_limit,
 )
-from scheduler.simulate.replay import Simulation, TraceJob, main, summarize, synthetic_trace
+from scheduler.simulate.replay import main
+from scheduler.simulate.report import summarize
+from scheduler.simulate.simulation import Simulation
 from scheduler.simulate.synthetic import gpu_cluster
+from scheduler.simulate.trace import TraceJob, synthetic_trace
 
 H = 3600.0
 GRACE_S = PolicyConfig().time_limit_grace_s

@@ -187,7 +187,7 @@ TRUTH = {"runtime", "work", "remaining_work", "true_runtime", "duration", "runti
 
 
 def test_no_job_view_has_a_run_time_field() -> None:
-    from scheduler.simulate.replay import SimJob, Submission
+    from scheduler.simulate.jobs import SimJob, Submission
 
     for cls in (PendingJob, RunningJob, Submission, SimJob, TeamInfo):
         names = {f.name for f in dataclasses.fields(cls)}
@@ -205,7 +205,8 @@ def test_no_job_view_has_a_run_time_field() -> None:
 def test_the_replay_shows_plan_nothing_of_the_true_run_times(jobs: list[tuple[int, float, float, float]]) -> None:
     """Two traces that differ only in their true run times (the users' limits the same) hand plan() the very same
     snapshots until the first job ends: what a job will really take reaches the policy through nothing else."""
-    from scheduler.simulate.replay import Simulation, TraceJob
+    from scheduler.simulate.simulation import Simulation
+    from scheduler.simulate.trace import TraceJob
 
     def snapshots(scale_of: list[float]) -> tuple[list[Snapshot], float]:
         trace = [TraceJob(f"j{i}", g, t, w * k) for i, ((g, t, w, _), k) in enumerate(zip(jobs, scale_of, strict=True))]

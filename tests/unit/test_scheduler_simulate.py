@@ -10,18 +10,10 @@ import pytest
 
 from core.policy_config import PolicyConfig
 from scheduler.simulate.limits import LIMIT_LADDER_H, user_time_limit
-from scheduler.simulate.replay import (
-    CHECKPOINT_S,
-    ORACLE,
-    RESTART_S,
-    STOP_S,
-    Simulation,
-    TraceJob,
-    main,
-    qos_and_team,
-    synthetic_trace,
-)
+from scheduler.simulate.replay import ORACLE, main
+from scheduler.simulate.simulation import CHECKPOINT_S, RESTART_S, STOP_S, Simulation
 from scheduler.simulate.synthetic import gpu_cluster
+from scheduler.simulate.trace import TraceJob, qos_and_team, synthetic_trace
 
 H = 3600.0
 
