@@ -1,4 +1,4 @@
-"""What a worker holds of an attempt it claimed (``workers.tasks.claim``): read in the claim's transaction, so that
+"""What a worker holds of an attempt it claimed (``workers.claim``): read in the claim's transaction, so that
 nothing after it needs the database to launch the trainer."""
 
 from __future__ import annotations

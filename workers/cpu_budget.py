@@ -1,4 +1,4 @@
-"""How many CPU threads a rank of a GPU attempt gets (its ``OMP_NUM_THREADS``, set by ``workers.tasks.attempt_env``).
+"""How many CPU threads a rank of a GPU attempt gets (its ``OMP_NUM_THREADS``, set by ``workers.attempt_env``).
 
 A module of its own, with nothing imported, so that the GPU sharing bench (``bench/mps_bench.py``, standard library
 only) measures the very rule the worker applies.

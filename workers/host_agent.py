@@ -62,7 +62,7 @@ class HostAgent:
         self._thread: threading.Thread | None = None
         self.slots = 0
         self.discovered: list[GpuInfo] = []  # what NVML said at the last registration (device minors included)
-        self.incarnation = incarnation  # this worker process (tasks.WORKER_INCARNATION)
+        self.incarnation = incarnation  # this worker process (worker_state.WORKER_INCARNATION)
         self.consumer = consumer  # None: nothing to probe (a test's agent without a Celery worker)
         self.metrics = metrics or WorkerMetrics()
 

@@ -10,7 +10,7 @@ What an attempt gets (docs/security.md, "The sandbox"):
   then the directories the worker names for the attempt: its run, checkpoint, compile-cache and local-tier directories
   writable, its code and datasets read-only, its GPUs' device nodes and, for a GPU share, the MPS pipe directory;
 * a private ``/tmp`` and ``/dev/shm`` (tmpfs, counted in its memory group), a minimal ``/dev``, its own ``/proc``;
-* an environment the worker builds from nothing (``workers.tasks.attempt_env``): never the worker's own.
+* an environment the worker builds from nothing (``workers.attempt_env``): never the worker's own.
 
 Not visible at all: kiln's database and broker files, its state directory, the storage root and every other
 team's directories in it, tokens and configuration, ``/root``, other processes.
