@@ -9,7 +9,7 @@ Variants, in one run so that the ratios compare like with like:
 
 * ``allreduce``   NCCL all-reduce of a 256 MiB bf16 buffer across the N GPUs: bus bandwidth at NCCL's own
                   channel count and at each cap in ``--channels``. A bandwidth quota reaches a job as such a cap
-                  (``NCCL_MAX_NCHANNELS``, workers/tasks.py), so this is how a quota maps to bandwidth here.
+                  (``NCCL_MAX_NCHANNELS``, workers/attempt_env.py), so this is how a quota maps to bandwidth here.
 * ``kiln_1``      one GPU: the baseline
 * ``kiln_ddp``    N GPUs, DDP, the same batch per GPU
 * ``kiln_fsdp``   N GPUs, FSDP2 (``fully_shard``)

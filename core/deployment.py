@@ -5,7 +5,7 @@ numbers its jobs from 1 again. Whatever outlives a database or is shared by seve
 number alone, or a new job 1 resumes from an old job 1's checkpoint, reads its logs or loads its compiled code:
 
 * a host's fast local checkpoint tier (``/dev/shm/kiln`` by default) is shared by every kiln on the host: each
-  database keeps its jobs under its own uid there (``workers.tasks.local_tier_dir``);
+  database keeps its jobs under its own uid there (``workers.attempt_env.local_tier_dir``);
 * a storage directory (checkpoints, logs, compile caches, code) belongs to the database that first used it: it
   names that database's uid in ``DEPLOYMENT``, and a process of another database refuses to start on it, as a
   Kafka broker refuses log directories of another cluster id.

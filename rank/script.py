@@ -174,7 +174,7 @@ def run(spec_path: pathlib.Path, run_dir: pathlib.Path, *, set_death_signal: Any
     code, error = classify_exit(returncode, tee.last, intended_code(run_dir, rank))
     said = ended(returncode, code)
     if code == ExitCode.SUCCEEDED and rank == "0":
-        # The job's result comes from rank 0's node (a gang's other nodes wait for it, workers.tasks); a script's
+        # The job's result comes from rank 0's node (a gang's other nodes wait for it, workers.runner); a script's
         # progress and loss are what it reported, so the record carries no step of its own.
         tel.emit(RecordKind.DONE, steps=None, final_loss=None, exit_code=0, source="script", eval=None)
     reason = _reason(code)

@@ -1,7 +1,7 @@
 """A worker that dies (SIGKILL) still has its attempts stop as they should: the sandbox's shim (workers/sandbox_shim.py)
 sees the end of its lifeline and sends SIGTERM, so the trainer checkpoints and exits, as the parent-death signal
 did before the sandbox (bubblewrap, set up as root, cannot deliver that signal to the team's uid). Real processes:
-a stand-in worker launches a sandboxed command through TrainerProcess exactly as workers.tasks does, and is killed."""
+a stand-in worker launches a sandboxed command through TrainerProcess exactly as workers.launch does, and is killed."""
 
 from __future__ import annotations
 

@@ -293,7 +293,7 @@ def test_sigkill_all_ranks_resumes_from_the_local_tier(tmp_path: pathlib.Path, d
     data["checkpointing"].update(local_tier=True, persist_every=4)
     spec.write_text(json.dumps(data))
     run_dir = tmp_path / "run"
-    local = tmp_path / "shm" / ("0" * 32) / "jobs" / "1"  # as a worker names it: workers.tasks.local_tier_dir
+    local = tmp_path / "shm" / ("0" * 32) / "jobs" / "1"  # as a worker names it: workers.attempt_env.local_tier_dir
     tier = {ENV_LOCAL_CHECKPOINT_DIR: str(local)}
     with running(spec, run_dir, 2, hooks={"sleep_per_step_s": 0.15}, extra_env=tier) as proc:
         if not wait_for_records(
