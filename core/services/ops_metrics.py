@@ -239,6 +239,12 @@ def _with_histograms(family: _HistogramFamily, values: Mapping[str, Histogram]) 
 
 
 def families(snap: OpsSnapshot) -> list[Metric]:
+    """Every metric family of a scrape, in the order /metrics lists them."""
+    return [*_sla_families(snap), *_scheduling_families(snap), *_fleet_families(snap), *_code_families(snap)]
+
+
+def _sla_families(snap: OpsSnapshot) -> list[Metric]:
+    """SLA attainment, its denominator, violations and queue wait over the snapshot's window."""
     window = f"last {snap.window_s / 3600:g} h"
     ratio = GaugeMetricFamily(
         "kiln_sla_attainment_ratio",
@@ -274,6 +280,12 @@ def families(snap: OpsSnapshot) -> list[Metric]:
             ),
             snap.queue_wait,
         ),
+    ]
+
+
+def _scheduling_families(snap: OpsSnapshot) -> list[Metric]:
+    """Pending jobs, preemptions, restarts and recovery times: what the scheduler did to the jobs."""
+    return [
         _with_samples(
             GaugeMetricFamily("kiln_jobs_pending", "Queued jobs by pending reason", labels=["reason", "qos"]),
             snap.pending,
@@ -299,6 +311,12 @@ def families(snap: OpsSnapshot) -> list[Metric]:
             ),
             snap.recovery,
         ),
+    ]
+
+
+def _fleet_families(snap: OpsSnapshot) -> list[Metric]:
+    """The hosts and their GPUs: utilisation, memory, interconnect throughput, hosts by state."""
+    return [
         _with_samples(
             GaugeMetricFamily(
                 "kiln_gpu_utilization_ratio", "GPU utilisation, last sample of the host agent", labels=["host", "gpu"]
@@ -320,6 +338,12 @@ def families(snap: OpsSnapshot) -> list[Metric]:
             snap.gpu_links,
         ),
         _with_samples(GaugeMetricFamily("kiln_hosts", "Hosts by state", labels=["state"]), snap.hosts),
+    ]
+
+
+def _code_families(snap: OpsSnapshot) -> list[Metric]:
+    """What the teams' code got: compile-cache lookups, the seconds its hits saved, the last evaluations."""
+    return [
         _with_samples(
             CounterMetricFamily(
                 "kiln_compile_cache_lookups",
