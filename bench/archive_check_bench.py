@@ -43,11 +43,13 @@ MAX_UNPACKED = 512 << 20
 # (VmHWM; ru_maxrss would carry the bench's own peak across fork and exec).
 PROBE = r"""
 import importlib.util, json, sys, time
-spec = importlib.util.spec_from_file_location("probe_archive", sys.argv[1])
+from pathlib import Path
+path = Path(sys.argv[1])  # the old revision's single module, or the package (its own relative imports)
+search = [str(path.parent)] if path.name == "__init__.py" else None
+spec = importlib.util.spec_from_file_location("probe_archive", path, submodule_search_locations=search)
 mod = importlib.util.module_from_spec(spec)
 sys.modules["probe_archive"] = mod
 spec.loader.exec_module(mod)
-from pathlib import Path
 def status(key):
     with open("/proc/self/status") as fh:
         return next(int(l.split()[1]) for l in fh if l.startswith(key + ":")) * 1024
@@ -126,7 +128,7 @@ def main() -> None:
             ["git", "show", f"{args.old_rev}:core/code_archive.py"], cwd=ROOT, capture_output=True, check=True
         ).stdout
     )
-    new = ROOT / "core" / "code_archive.py"
+    new = ROOT / "core" / "code_archive" / "__init__.py"
     rows = []
     for label, build in cases(args.smoke).items():
         archive = work / "archive.tar.gz"

@@ -20,7 +20,11 @@ from pathlib import Path
 import pytest
 
 from core import code_archive as ca
-from core.code_archive import ArchiveError, ArchiveLimits, check, extract, pack_bytes
+from core.code_archive import FILE, ArchiveError, ArchiveLimits, check, extract, pack_bytes
+from core.code_archive import tree as archive_tree
+from core.code_archive.base import Member
+from core.code_archive.reader import OUT_STEP, Inflater, TarReader
+from core.code_archive.unpack import Writer
 from tests.support import tarcraft as tc
 from tests.support.tarcraft import D, H, S, entry
 
@@ -306,19 +310,19 @@ def test_a_bomb_is_cut_where_the_reader_stops_asking(tmp_path: Path) -> None:
             nonlocal inflated
             out = self.z.decompress(data, max_length)
             inflated += len(out)
-            assert max_length == ca._OUT_STEP
+            assert max_length == OUT_STEP
             return out
 
         def __getattr__(self, name: str) -> object:
             return getattr(self.z, name)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(ca.zlib, "decompressobj", Counting)
+    mp.setattr(zlib, "decompressobj", Counting)
     try:
         assert check(write(tmp_path, blob), SMALL).unpacked_bytes == 1 << 20
     finally:
         mp.undo()
-    assert inflated <= (1 << 20) + 2 * ca._OUT_STEP
+    assert inflated <= (1 << 20) + 2 * OUT_STEP
 
 
 def test_pax_records_are_bounded_per_header_and_in_all(tmp_path: Path) -> None:
@@ -330,7 +334,7 @@ def test_pax_records_are_bounded_per_header_and_in_all(tmp_path: Path) -> None:
 
 
 def test_link_targets_are_bounded_in_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ca, "MAX_LINK_BYTES_TOTAL", 1000)
+    monkeypatch.setattr(archive_tree, "MAX_LINK_BYTES_TOTAL", 1000)
     blob = tc.tar_gz(entry("d", D), *(entry(f"l{i}", S, "d/" + "x" * 250) for i in range(4)))
     with pytest.raises(ArchiveError, match="'l3': link targets of more than 1000 bytes in all"):
         check(write(tmp_path, blob), SMALL)
@@ -366,13 +370,13 @@ def test_the_writer_never_follows_a_link_it_did_not_make(tmp_path: Path) -> None
     (dest / "pkg").symlink_to(outside)
     (dest / "f").symlink_to(outside / "f")
     root = os.open(dest, os.O_RDONLY | os.O_DIRECTORY)
-    writer = ca._Writer(root)
-    reader = ca._TarReader(ca._Inflater(io.BytesIO(tc.gz(b""))), SMALL)
+    writer = Writer(root)
+    reader = TarReader(Inflater(io.BytesIO(tc.gz(b""))), SMALL)
     try:
         with pytest.raises(ArchiveError, match="a link or a file is where a directory should be"):
             writer.directory(("pkg", "sub"), "pkg/sub/x.py")
         with pytest.raises(ArchiveError, match="already exists"):
-            writer.file(ca._Member("f", ca.FILE, ("f",), 0, 0o644, ""), reader)
+            writer.file(Member("f", FILE, ("f",), 0, 0o644, ""), reader)
         with pytest.raises(ArchiveError, match="already exists"):
             writer.symlink(("pkg",), "elsewhere", "pkg")
     finally:
@@ -386,14 +390,14 @@ def test_links_are_made_after_everything_else(tmp_path: Path) -> None:
     link itself appears only once the whole archive passed and its digest was found again."""
     blob = tc.tar_gz(entry("a", S, "pkg/m.py"), entry("pkg/m.py"), entry("z", S, "pkg"))
     seen: list[str] = []
-    real = ca._Writer.symlink
+    real = Writer.symlink
 
-    def record(self: ca._Writer, parts: tuple[str, ...], target: str, name: str) -> None:
+    def record(self: Writer, parts: tuple[str, ...], target: str, name: str) -> None:
         seen.append(f"{name} after {sorted(everything_under(tmp_path / 'dest'))}")
         real(self, parts, target, name)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(ca._Writer, "symlink", record)
+    mp.setattr(Writer, "symlink", record)
     try:
         extract(write(tmp_path, blob), hashlib.sha256(blob).hexdigest(), tmp_path / "dest", SMALL)
     finally:
