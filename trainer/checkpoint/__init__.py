@@ -22,9 +22,12 @@ One module per layer, each documenting its own:
 - ``store``: the directory format and its integrity - commit under the fence, manifest, verify, list, remove.
   It imports no torch: a script's client (``trainer.script_client``) commits through it too.
 - ``raw``: the "raw" format of replicated state - staging buffers, data files hashed as written, ``load_raw``.
-- ``checkpointer``: ``Checkpointer`` - asynchronous saves, the local and durable tiers, prune, choose, load.
+- ``checkpointer``: ``Checkpointer`` - asynchronous saves, rollback's deletion; made of the two pieces below.
+- ``persist``: the copy of local-tier checkpoints to the durable tier, in a thread, and pruning.
+- ``resume``: verify ahead, choose the newest checkpoint that verifies across tiers, load it.
+- ``tiers``: the durable and the local tier, and which one a path is in.
 
-``raw`` and ``checkpointer`` (torch) load on first use of one of their names.
+``raw``, ``checkpointer``, ``persist`` and ``resume`` (torch) load on first use of one of their names.
 """
 
 from __future__ import annotations
@@ -46,12 +49,13 @@ from trainer.checkpoint.store import (
 )
 
 if TYPE_CHECKING:
-    from trainer.checkpoint.checkpointer import DURABLE, LOCAL, Checkpointer
+    from trainer.checkpoint.checkpointer import Checkpointer
     from trainer.checkpoint.raw import ALIGN, CHUNK, TENSORS, TREE, load_raw, writer_count
+    from trainer.checkpoint.tiers import DURABLE, LOCAL
 
 _LAZY = {
-    "DURABLE": "checkpointer",
-    "LOCAL": "checkpointer",
+    "DURABLE": "tiers",
+    "LOCAL": "tiers",
     "Checkpointer": "checkpointer",
     "ALIGN": "raw",
     "CHUNK": "raw",

@@ -12,9 +12,7 @@ with an event - and every rank loads that one.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import pathlib
 import shutil
 import threading
@@ -31,61 +29,35 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
 )
 
 from core.fence import fence_names
 from core.telemetry import Telemetry
 from core.trainer_protocol import RecordKind
+from trainer.checkpoint.persist import Persisting
 from trainer.checkpoint.raw import (
     TENSORS,
     TREE,
-    _copy_hashed,
     _FlatStager,
     _flatten,
     _write_hashed,
-    load_raw,
     writer_count,
 )
+from trainer.checkpoint.resume import Resuming
 from trainer.checkpoint.store import (
     EXTRA,
     MANIFEST,
-    PREFIX,
     FencedError,
     list_checkpoints,
     remove_checkpoint,
     sha256_file,
     step_dir_name,
-    verify,
     write_manifest_and_commit,
 )
-
-LOCAL, DURABLE = "local", "durable"
-
-
-class _Persist:
-    """A local checkpoint waiting to be copied to the durable tier."""
-
-    def __init__(self, step: int, path: pathlib.Path) -> None:
-        self.step, self.path = step, path
+from trainer.checkpoint.tiers import DURABLE, LOCAL
 
 
-VERIFY_AHEAD = 3  # checkpoints verify_ahead hashes at most, newest first, until one verifies
-
-
-def _files_stamp(path: pathlib.Path) -> tuple[Any, ...] | None:
-    """What a checkpoint directory holds, as names, sizes, inodes and modification times: a file rewritten,
-    replaced or added since a verification changes it."""
-    try:
-        with os.scandir(path) as it:
-            stats = [(e.name, e.stat()) for e in it]
-    except OSError:
-        return None
-    return tuple(sorted((name, st.st_size, st.st_ino, st.st_mtime_ns) for name, st in stats))
-
-
-class Checkpointer:
+class Checkpointer(Resuming, Persisting):
     """Saves and finds checkpoints in one or two tiers.
 
     ``root`` is the durable job checkpoint dir (shared by all attempts, the fence file beside it).  With
@@ -136,8 +108,8 @@ class Checkpointer:
         self._stalls: dict[int, float] = {}  # step -> its save()'s stall, read by the writer's record
         # The persister: one thread, one pending slot (a newer checkpoint supersedes one not yet started).
         self._cv = threading.Condition()
-        self._pending: _Persist | None = None
-        self._active: _Persist | None = None
+        self._pending = None
+        self._active = None
         self._persist_error: BaseException | None = None
         self._persister: threading.Thread | None = None
         self._copy_pool: ThreadPoolExecutor | None = None
@@ -149,17 +121,6 @@ class Checkpointer:
                 tier_root.mkdir(parents=True, exist_ok=True)
                 for p in tier_root.glob(".tmp-*"):  # leftovers of a crashed writer never become checkpoints
                     shutil.rmtree(p, ignore_errors=True)
-
-    def roots(self) -> list[pathlib.Path]:
-        return [self.root] if self.local_root is None else [self.local_root, self.root]
-
-    @property
-    def write_root(self) -> pathlib.Path:
-        """Where save() commits: the local tier when there is one."""
-        return self.local_root if self.local_root is not None else self.root
-
-    def tier_of(self, path: pathlib.Path) -> str:
-        return LOCAL if self.local_root is not None and path.parent == self.local_root else DURABLE
 
     # ---- saving ---------------------------------------------------------------------------------------
     def _state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -385,128 +346,6 @@ class Checkpointer:
         self._raise_persist_error()
 
     # ---- persisting (local tier -> durable tier) ------------------------------------------------------
-    def _enqueue_persist(self, step: int, path: pathlib.Path) -> None:
-        with self._cv:
-            if self._pending is not None:
-                old = self._pending
-                self.tel.event(
-                    "CHECKPOINT_PERSIST_SUPERSEDED",
-                    f"step {old.step} not yet copied to the durable tier when step {step} was due: "
-                    "the newer one goes instead",
-                    step=old.step,
-                    superseded_by=step,
-                    tier=DURABLE,
-                )
-            self._pending = _Persist(step, path)
-            if self._persister is None:
-                self._copy_pool = ThreadPoolExecutor(
-                    max_workers=writer_count(), thread_name_prefix="kiln-ckpt-persist-io"
-                )
-                self._persister = threading.Thread(target=self._persist_loop, name="kiln-ckpt-persister", daemon=True)
-                self._persister.start()
-            self._cv.notify_all()
-
-    def _persist_loop(self) -> None:
-        while True:
-            with self._cv:
-                while self._pending is None:
-                    self._cv.wait()
-                job, self._pending = self._pending, None
-                self._active = job
-            try:
-                self._persist(job)
-            except BaseException as exc:
-                with self._cv:
-                    self._persist_error = exc
-            finally:
-                with self._cv:
-                    self._active = None
-                    # The local copy was kept past keep_last while it was being copied: it may go now (before
-                    # wait_persist() returns, so a finished run leaves keep_last in each tier).
-                    if self.local_root is not None:
-                        self.prune(self.local_root)
-                    self._cv.notify_all()
-
-    def _persist(self, job: _Persist) -> None:
-        t0 = time.perf_counter()
-        src = job.path
-        manifest = json.loads((src / MANIFEST).read_text())
-        files: dict[str, dict[str, Any]] = manifest["files"]
-        tmp = self.root / f".tmp-{src.name}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
-        try:
-            pool = self._copy_pool
-            assert pool is not None
-            # Largest first, so the data files' copies start together and the small files fill in.
-            names = sorted(files, key=lambda n: -int(files[n]["bytes"]))
-            jobs = {n: pool.submit(_copy_hashed, src / n, tmp / n) for n in names}
-            written = {n: j.result() for n, j in jobs.items()}
-            bad = [n for n, (size, sha) in written.items() if size != files[n]["bytes"] or sha != files[n]["sha256"]]
-            if bad:
-                self.tel.event(
-                    "CHECKPOINT_CORRUPT",
-                    f"local checkpoint {src.name} changed after its commit ({bad[0]}): not persisted",
-                    step=job.step,
-                    path=str(src),
-                    reason=f"sha256 mismatch in {bad[0]}",
-                    tier=LOCAL,
-                )
-                raise RuntimeError(f"local checkpoint {src} no longer matches its manifest")
-            meta = {k: v for k, v in manifest.items() if k not in ("step", "fencing_token", "created", "files")}
-            meta.update(tier=DURABLE, persisted_from=str(src), local_sha256=sha256_file(src / MANIFEST))
-            final = self.root / src.name
-            durable = write_manifest_and_commit(
-                tmp, final, step=job.step, token=self.token, meta=meta, written=written, lease=self.lease
-            )
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        self.persisted += 1
-        self.tel.emit(
-            RecordKind.CHECKPOINT,
-            step=job.step,
-            path=str(final),
-            bytes=sum(f["bytes"] for f in durable["files"].values()),
-            sha256=sha256_file(final / MANIFEST),
-            verified=True,
-            format=durable.get("format"),
-            tier=DURABLE,
-            source=str(src),
-            persist_s=time.perf_counter() - t0,
-            stall_s=None,
-            loss=durable.get("loss"),
-            token=self.token,
-        )
-        self.prune(self.root)
-
-    def io_in_flight(self) -> str | None:
-        """kiln's own checkpoint I/O running beside training now: ``persist`` (a copy to the durable tier),
-        ``write`` (a save being written), or None. Steps it overlaps are marked so that a step-time SLA compares
-        the job's steps with each other, not with kiln's I/O."""
-        with self._cv:
-            if self._active is not None or self._pending is not None:
-                return "persist"
-        if self._thread is not None and self._thread.is_alive():
-            return "write"
-        return None
-
-    def wait_persist(self) -> None:
-        """Block until no persist is pending or running; re-raise a fence it hit."""
-        with self._cv:
-            while self._pending is not None or self._active is not None:
-                self._cv.wait()
-        self._raise_persist_error()
-
-    def _raise_persist_error(self) -> None:
-        with self._cv:
-            err, self._persist_error = self._persist_error, None
-        if err is None:
-            return
-        if isinstance(err, FencedError):
-            raise err
-        self.failures += 1
-        self._failed = err
-        self.tel.event("CHECKPOINT_FAILED", f"copy to the durable tier failed: {err!r}", error=repr(err), tier=DURABLE)
 
     def take_failure(self) -> BaseException | None:
         """The last write or persist failure reported since the previous call (None: none), then forgotten. A
@@ -522,17 +361,6 @@ class Checkpointer:
     def before_optimizer_step(self) -> None:
         if self._thread is not None:
             self.stager.order_before_update()
-
-    def prune(self, root: pathlib.Path | None = None) -> None:
-        """Keep the newest ``keep_last`` in ``root`` (default: every tier); a local checkpoint waiting to be
-        (or being) persisted is kept until its copy is done."""
-        for tier_root in [root] if root is not None else self.roots():
-            with self._cv:
-                busy = {j.path for j in (self._pending, self._active) if j is not None}
-            ckpts = list_checkpoints(tier_root)
-            for _, path in ckpts[: max(0, len(ckpts) - self.keep_last)]:
-                if path not in busy:
-                    remove_checkpoint(path)
 
     def delete_from(self, step: int) -> list[int]:
         """Rollback: drop checkpoints at or after ``step`` in every tier (they hold the state being rolled
@@ -556,137 +384,3 @@ class Checkpointer:
         return sorted(removed)
 
     # ---- loading --------------------------------------------------------------------------------------
-    def verify_ahead(self) -> None:
-        """Rank 0: hash the newest checkpoints against their manifests in a thread now, while the model compiles
-        (a GB takes most of a second; hashing and reading release the GIL); ``choose`` takes each answer for a
-        checkpoint whose files are unchanged since, and verifies anything else itself."""
-        if self.rank != 0 or self._verifying is not None:
-            return
-
-        def run() -> None:
-            for _, _, path in self._candidates(local_ok=True)[:VERIFY_AHEAD]:
-                why = verify(path)
-                self._verified[path] = (_files_stamp(path), why)
-                if why is None:
-                    return
-
-        self._verifying = threading.Thread(target=run, name="kiln-ckpt-verify", daemon=True)
-        self._verifying.start()
-
-    def _verify(self, path: pathlib.Path) -> str | None:
-        if self._verifying is not None:
-            self._verifying.join()
-        stamp, why = self._verified.pop(path, (None, "not verified ahead"))
-        return why if stamp is not None and stamp == _files_stamp(path) else verify(path)
-
-    def _candidates(self, *, local_ok: bool) -> list[tuple[int, int, pathlib.Path]]:
-        """Every checkpoint of both tiers, newest first (durable first at equal steps)."""
-        cands: list[tuple[int, int, pathlib.Path]] = [(s, 1, p) for s, p in list_checkpoints(self.root)]
-        if self.local_root is not None and local_ok:
-            cands += [(s, 0, p) for s, p in list_checkpoints(self.local_root)]
-        return sorted(cands, key=lambda c: (c[0], c[1]), reverse=True)
-
-    def _pick(self, before_step: int | None, local_ok: bool) -> str | None:
-        """Rank 0: the newest checkpoint that verifies, across tiers (durable first at equal steps).  A local
-        one older in lineage than the durable tier (written under a lower fencing token than the newest
-        durable checkpoint: an earlier attempt on this host, since overtaken elsewhere) is skipped."""
-        cands = self._candidates(local_ok=local_ok)
-        durable_token = -1
-        for _, _, p in cands:
-            if p.parent == self.root:
-                with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                    tok = json.loads((p / MANIFEST).read_text()).get("fencing_token")
-                    durable_token = max(durable_token, tok if tok is not None else -1)
-        for step, _, path in cands:
-            if before_step is not None and step >= before_step:
-                continue
-            tier = self.tier_of(path)
-            why = self._verify(path)
-            if why is None and tier == LOCAL:
-                tok = json.loads((path / MANIFEST).read_text()).get("fencing_token")
-                if (tok if tok is not None else -1) < durable_token:
-                    self.tel.event(
-                        "CHECKPOINT_STALE_LOCAL",
-                        f"skipping local checkpoint {path.name}: written "
-                        f"under token {tok}, the durable tier has token {durable_token}",
-                        step=step,
-                        path=str(path),
-                        token=tok,
-                        durable_token=durable_token,
-                        tier=tier,
-                    )
-                    continue
-            if why is None:
-                return str(path)
-            self.tel.event(
-                "CHECKPOINT_CORRUPT",
-                f"skipping {tier} checkpoint {path.name}: {why}",
-                step=step,
-                path=str(path),
-                reason=why,
-                tier=tier,
-            )
-        return None
-
-    def choose(self, *, before_step: int | None = None) -> pathlib.Path | None:
-        """Rank 0 picks the newest checkpoint that verifies in either tier (skipping corrupt ones, with an
-        event) and tells the others, so every rank loads the same one.  A local-tier pick is used only if
-        every rank can read it (ranks on another host cannot): otherwise the durable tier decides."""
-        local_ok = True
-        while True:
-            chosen: list[Any] = [None]
-            if self.rank == 0:
-                chosen[0] = self._pick(before_step, local_ok)
-            if self.world_size > 1:
-                dist.broadcast_object_list(chosen, src=0, group=self.group)
-            path = pathlib.Path(chosen[0]) if chosen[0] else None
-            if path is None or self.world_size == 1 or not local_ok or self.tier_of(path) == DURABLE:
-                return path
-            seen = torch.tensor([int((path / MANIFEST).is_file())], dtype=torch.int32)
-            dist.all_reduce(seen, op=dist.ReduceOp.MIN, group=self.group)
-            if bool(seen[0]):
-                return path
-            if self.rank == 0:
-                self.tel.event(
-                    "CHECKPOINT_LOCAL_UNREACHABLE",
-                    f"{path} is not visible to every rank: resuming from the durable tier",
-                    step=int(path.name[len(PREFIX) :]),
-                    path=str(path),
-                    tier=LOCAL,
-                )
-            local_ok = False
-
-    def load(self, path: pathlib.Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-        """Restore model and optimizer from ``path``; returns this rank's extra state."""
-        manifest = json.loads((path / MANIFEST).read_text())
-        if manifest["format"] == "dcp":
-            if not self.sharded:
-                raise RuntimeError("a sharded (DCP) checkpoint cannot be loaded into a replicated run")
-            import torch.distributed.checkpoint as dcp
-
-            msd_d = get_model_state_dict(model)
-            osd_d = get_optimizer_state_dict(model, optimizer)
-            state: dict[str, Any] = {"model": msd_d, "optim": osd_d}
-            dcp.load(state, storage_reader=dcp.FileSystemReader(str(path)), process_group=self.group)
-            set_model_state_dict(model, msd_d)  # dcp.load filled these dicts in place
-            set_optimizer_state_dict(model, optimizer, osd_d)
-        else:
-            if self.sharded:
-                opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
-            else:
-                opts = StateDictOptions()
-            msd: dict[str, Any]
-            osd: dict[str, Any]
-            if manifest["format"] == "raw":
-                full = load_raw(path)
-                msd, osd = full["model"], full["optim"]
-            else:  # "torch": written by an attempt before the raw format
-                msd = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
-                osd = torch.load(path / "optim.pt", map_location="cpu", weights_only=True)
-            set_model_state_dict(model, msd, options=opts)
-            set_optimizer_state_dict(model, optimizer, osd, options=opts)
-        # weights_only: the trainer's state is plain data and tensors; unpickling anything else from a directory a
-        # job shares with its earlier attempts would run whatever code a crafted file names.
-        extras = torch.load(path / EXTRA, map_location="cpu", weights_only=True)
-        # A run resumed on a different world size keeps rank 0's trainer state for the new ranks.
-        return extras[self.rank] if self.rank < len(extras) else extras[0]
