@@ -24,14 +24,11 @@ import dataclasses
 import json
 import os
 import pathlib
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import psutil
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -41,14 +38,11 @@ from core.telemetry import Telemetry
 from core.trainer_protocol import COMPILER_CACHE_ENV
 from trainer import compile_preload
 from trainer.cache_tiers import Loaded, Tiers, cache_fields, forget_recorded_artifacts
+from trainer.compile_breaker import Trip, breaker
 from trainer.config import TestHooks
 from trainer.user_error import user_code
 
 LOCAL = "local"  # a hit from the job's own Inductor/Triton dirs (the other sources: cache_tiers.TEAM, SHARED)
-
-
-class _Trip(Exception):
-    """Raised in the main thread by the breaker's alarm (timeout or RSS)."""
 
 
 @dataclasses.dataclass
@@ -67,77 +61,6 @@ class CompileReport:
     load_s: float = 0.0  # reading, checking and installing cached artifacts (part of elapsed_s)
     saved_s: float | None = None  # a hit: the cold compile time recorded with the entry, minus this compile's
     phases: dict[str, Any] = dataclasses.field(default_factory=dict)  # where the compile time went
-
-
-class _RssTree:
-    """Host RSS of this process and its compile workers, cheaply.  ``psutil.Process.children(recursive=True)``
-    walks every process in /proc; on the H200 host (gVisor) that took ~45 ms a call, and polled every 0.1 s
-    the watcher thread held the GIL against Dynamo's tracing: 21.6 s of polling during a 31 s cold compile,
-    3.8 s during an 8.2 s warm one (bench/results/compile_warm_probe.json).  The worker list is refreshed every
-    ``refresh_s``; each poll reads only the known processes' RSS."""
-
-    def __init__(self, refresh_s: float = 2.0) -> None:
-        self.proc = psutil.Process()
-        self.refresh_s = refresh_s
-        self.children: list[psutil.Process] = []
-        self.listed = -float("inf")
-
-    def __call__(self) -> int:
-        now = time.monotonic()
-        if now - self.listed >= self.refresh_s:
-            with contextlib.suppress(psutil.Error):
-                self.children = self.proc.children(recursive=True)  # Inductor's parallel compile workers
-            self.listed = now
-        total = self.proc.memory_info().rss
-        for child in self.children:
-            with contextlib.suppress(psutil.Error):
-                total += child.memory_info().rss
-        return total
-
-
-@contextlib.contextmanager
-def _breaker(timeout_s: float, max_rss: int | None) -> Iterator[dict[str, Any]]:
-    """Arm a SIGALRM for the time limit and a thread polling RSS; either trips ``_Trip`` in this thread."""
-    rss_tree = _RssTree()
-    state: dict[str, Any] = {"reason": None, "peak_rss": rss_tree(), "poll_s": 0.0}
-    if max_rss is not None and state["peak_rss"] > max_rss:
-        # Over the limit before compiling: the caller does not start (a trip raised into Dynamo mid-trace can
-        # leave its C++ state broken: a CI run aborted with SIGABRT after one).
-        state["reason"] = "FALLBACK_OOM_DETECTED"
-    stop = threading.Event()
-    main = threading.main_thread().ident
-
-    def on_alarm(signum: int, frame: Any) -> None:
-        if state["reason"] is None:
-            state["reason"] = "FALLBACK_COMPILE_TIMEOUT"
-        raise _Trip(state["reason"])
-
-    def watch() -> None:
-        interval = 0.1
-        while not stop.wait(interval):
-            t = time.perf_counter()
-            rss = rss_tree()
-            cost = time.perf_counter() - t
-            state["poll_s"] += cost  # reported: time this thread competed with the compiler for the GIL
-            interval = min(1.0, max(0.1, 20 * cost))  # at most ~5% of the time, and a reading every second
-            state["peak_rss"] = max(state["peak_rss"], rss)
-            if max_rss is not None and rss > max_rss and state["reason"] is None:
-                state["reason"] = "FALLBACK_OOM_DETECTED"
-                if main is not None:
-                    signal.pthread_kill(main, signal.SIGALRM)
-                return
-
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout_s)
-    watcher = threading.Thread(target=watch, name="kiln-compile-rss", daemon=True)
-    watcher.start()
-    try:
-        yield state
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        stop.set()
-        watcher.join()
-        signal.signal(signal.SIGALRM, old)
 
 
 def _is_unsupported(exc: BaseException) -> bool:
@@ -324,9 +247,9 @@ class Compiler:
         self._apply(model, blocks)
         failure: str | None = None
         try:
-            with _breaker(self.timeout_s, self.max_rss) as state, _in_process_kernels(report.cache_source == LOCAL):
+            with breaker(self.timeout_s, self.max_rss) as state, _in_process_kernels(report.cache_source == LOCAL):
                 if state["reason"] is not None:
-                    raise _Trip(state["reason"])
+                    raise Trip(state["reason"])
                 t1 = time.perf_counter()
                 loss = loss_fn()  # Dynamo traces (or its caches answer) here, then the forward runs
                 self._sync()
@@ -334,13 +257,13 @@ class Compiler:
                 loss.backward()
                 self._sync()
             if self.triton_gemms and not _finite_grads(model):
-                raise _Trip("FALLBACK_NUMERIC_MISMATCH")
+                raise Trip("FALLBACK_NUMERIC_MISMATCH")
             report.phases = {
                 "first_forward_s": round(t2 - t1, 3),
                 "first_backward_s": round(time.perf_counter() - t2, 3),
             }
             report.compiled_loss = float(loss.detach().item())
-        except _Trip as trip:
+        except Trip as trip:
             failure = state["reason"] or str(trip)
             if failure == "FALLBACK_NUMERIC_MISMATCH":
                 report.error = "non-finite gradients from the compiled backward's Triton GEMMs"

@@ -325,9 +325,10 @@ def test_exit_record_is_the_last_line(tmp_path: pathlib.Path) -> None:
 def test_rss_watch_is_cheap_and_kernels_load_in_process_on_local_hit() -> None:
     import torch._inductor.config as inductor_config
 
-    from trainer.compile import _in_process_kernels, _RssTree
+    from trainer.compile import _in_process_kernels
+    from trainer.compile_breaker import RssTree
 
-    tree = _RssTree(refresh_s=60.0)
+    tree = RssTree(refresh_s=60.0)
     first = tree()
     listed = tree.listed
     assert first > 0 and tree() > 0 and tree.listed == listed  # the worker list is not re-walked each poll
