@@ -60,9 +60,9 @@ def child(args: argparse.Namespace) -> None:
 
     t_import = time.perf_counter()
     from core.telemetry import Telemetry
+    from trainer.builders import ALLCLOSE, persist_compiler_caches
     from trainer.compile import Compiler
     from trainer.config import TestHooks
-    from trainer.loop import ALLCLOSE, persist_compiler_caches
     from trainer.precision import PrecisionContext, resolve
     from trainer.recipes.gpt import GPTRecipe
 

@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
 
         early_cuda.start()
     from trainer import compile_preload
-    from trainer.loop import compile_cache_dir, persist_compiler_caches, run
+    from trainer.builders import compile_cache_dir, persist_compiler_caches
     from trainer.parallel import init_distributed, shutdown
+    from trainer.run import run
 
     args.run_dir.mkdir(parents=True, exist_ok=True)
     if spec.compile.mode != "off":  # torch's compiler loads while the ranks meet and the model is built

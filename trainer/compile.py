@@ -121,7 +121,7 @@ class Compiler:
         self.timeout_s = timeout_s
         self.max_rss = 1 if hooks.compile_oom else max_rss_bytes
         self.check_allclose = check_allclose
-        self.cuda_graphs = cuda_graphs  # decided by the trainer (trainer.loop.cuda_graphs_on)
+        self.cuda_graphs = cuda_graphs  # decided by the trainer (trainer.builders.cuda_graphs_on)
         self.hooks = hooks
         self.tel = telemetry
         self.device = device
@@ -396,7 +396,7 @@ class Compiler:
             torch.cuda.synchronize(self.device)
 
     def _local_caches_here(self) -> bool:
-        """Inductor's cache directory lives inside this compile-cache dir (trainer.loop keeps it there)."""
+        """Inductor's cache directory lives inside this compile-cache dir (trainer.builders keeps it there)."""
         raw = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         if not raw or self.cache_dir is None:
             return False

@@ -15,52 +15,50 @@ goes through a gloo group on the host.
 from __future__ import annotations
 
 import collections
-import contextlib
 import gc
-import json
-import math
 import os
 import pathlib
-import sys
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-from core import memory as memory_model
 from core.fence import fence_names
 from core.spec import JobSpec
 from core.telemetry import Telemetry
-from core.trainer_protocol import (
-    ENV_CHECKPOINT_DIR,
-    ENV_COMPILE_CACHE_DIR,
-    ENV_FENCING_TOKEN,
-    ENV_LAUNCHED_AT,
-    ENV_LOCAL_CHECKPOINT_DIR,
-    ENV_RANK_STARTED_AT,
-    ExitCode,
-    RecordKind,
-)
+from core.trainer_protocol import ENV_FENCING_TOKEN, ExitCode, RecordKind
 from trainer import early_cuda, memory
-from trainer.checkpoint import DURABLE, MANIFEST, Checkpointer, FencedError, sha256_file
-from trainer.checkpoint.final import StorageUnwritable, save_durably
-from trainer.compile import Compiler, CompileReport
+from trainer.builders import (
+    ALLCLOSE,
+    build_compiler,
+    build_optimizer,
+    checkpoint_root,
+    compile_cache_dir,
+    compile_mode,
+    local_tier_root,
+    peak_flops,
+    persist_compiler_caches,
+    plan_memory,
+)
+from trainer.checkpoint import DURABLE, Checkpointer, FencedError
+from trainer.checkpoint.final import save_durably
+from trainer.compile import CompileReport
 from trainer.config import TrainerConfig
 from trainer.determinism import enable_determinism
 from trainer.gemm_check import check_gemms, fall_back, usable_precision
-from trainer.guards import Spike, SpikeGuard
-from trainer.lease import LeaseExpired, LeaseGuard
-from trainer.parallel import DistEnv, choose_strategy, device_capacity, wrap
+from trainer.guards import SpikeGuard
+from trainer.lease import LeaseGuard
+from trainer.parallel import DistEnv, wrap
 from trainer.precision import PrecisionContext, resolve
 from trainer.preemption import PreemptionFlag
+from trainer.readback import StepReadback
 from trainer.recipes import Recipe, load_recipe
+from trainer.step import Pending, StepParts, queue_readback, train_step
 from trainer.telemetry import NvmlSampler
-from trainer.user_error import UserError, is_collective_failure, user_code
+from trainer.user_error import user_code
 from trainer.user_recipe import UserRecipe
-
-# Dense bf16/fp16 tensor-core peaks (vendor datasheets) for the MFU estimate; override with peak_flops.
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "L4": 121e12}
 
 # Steps queued on the GPU before the loop reads a loss (waits for its event): the host runs this many steps ahead,
 # so a stall of its own (a collection, a telemetry write, a lease renewal) shorter than that much GPU time costs the
@@ -70,73 +68,10 @@ PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A
 LOSS_LAG_STEPS = 2
 GC_EVERY_STEPS = 50  # the loop's own young-generation collection (automatic collection is off while it runs)
 
-# Tolerances of the compiled-vs-eager first-step loss check, per precision.
-ALLCLOSE = {"fp32": (1e-4, 1e-5), "bf16": (2e-2, 1e-3), "fp16": (1e-2, 1e-3)}
 
+class Trainer(StepReadback):
+    """One rank's training run: ``setup`` builds its pieces, ``train`` resumes and runs the loop to its end."""
 
-class TrainingDiverged(RuntimeError):
-    """Too many loss spikes, or too many non-finite steps in a row: exit TOO_MANY_SPIKES with this line."""
-
-
-def peak_flops(device: torch.device, precision: str, override: float | None) -> float | None:
-    if override is not None:
-        return override
-    if device.type != "cuda" or precision == "fp32":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
-
-
-def compile_mode(spec: JobSpec, device: torch.device) -> str:
-    """The spec's compile mode unless it is ``auto``: then whole-model on GPU (one graph for the model and
-    its loss: measured fastest on the H200, bench/results/trainer_bench.json) and regional on CPU (several
-    times quicker to compile, which is what CPU runs and tests are bound by)."""
-    if spec.compile.mode != "auto":
-        return str(spec.compile.mode)
-    return "whole" if device.type == "cuda" else "regional"
-
-
-def cuda_graphs_on(spec: JobSpec, device: torch.device, strategy: str) -> bool:
-    """The spec's ``compile.cuda_graphs`` where graphs can be replayed: on a GPU, unsharded (FSDP2 gathers its
-    shards into new buffers each step, which a graph's fixed addresses cannot follow)."""
-    return spec.compile.cuda_graphs and device.type == "cuda" and strategy != "fsdp"
-
-
-def checkpoint_root(run_dir: pathlib.Path) -> pathlib.Path:
-    """The job's durable checkpoint directory: the worker names it; a bare run keeps it in the run dir."""
-    return pathlib.Path(os.environ.get(ENV_CHECKPOINT_DIR) or run_dir / "checkpoints")
-
-
-def compile_cache_dir(run_dir: pathlib.Path) -> pathlib.Path:
-    """The compile cache travels with the job's checkpoints, so a restarted attempt on any host finds it."""
-    cache = os.environ.get(ENV_COMPILE_CACHE_DIR)
-    return pathlib.Path(cache) if cache else checkpoint_root(run_dir) / "compile-cache"
-
-
-def persist_compiler_caches(cache_dir: pathlib.Path) -> None:
-    """Keep Inductor's and Triton's on-disk caches (FX graphs, AOTAutograd entries, compiled kernels) in
-    the job's compile-cache directory, beside the portable artifacts, so a restarted attempt starts from
-    them too.  A directory already chosen in the environment is respected."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
-    os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
-
-
-class Pending(NamedTuple):
-    """A step queued on the device, not read yet: its loss and grad norm (pinned host memory on CUDA, filled behind
-    the step) and the event recorded after it (None on CPU)."""
-
-    step: int
-    batch: int  # the data position, for the spike guard
-    values: torch.Tensor
-    event: torch.cuda.Event | None
-
-
-def _scalar(t: torch.Tensor) -> torch.Tensor:
-    full = getattr(t, "full_tensor", None)  # FSDP2 returns the grad norm as a (replicated) DTensor
-    return full() if callable(full) else t
-
-
-class Trainer:
     def __init__(self, spec: JobSpec, run_dir: pathlib.Path, env: DistEnv, tel: Telemetry) -> None:
         self.spec, self.run_dir, self.env, self.tel = spec, run_dir, env, tel
         with user_code("reading the hyperparameters"):
@@ -183,11 +118,30 @@ class Trainer:
         self.report: CompileReport | None = None
         self.final_durable = False  # the final checkpoint is committed to the durable tier (``_save_final``)
 
-    # ---- set-up ---------------------------------------------------------------------------------------
+    # ---- set-up: the builders, in order -------------------------------------------------------------
     def setup(self) -> None:
-        spec, env, recipe = self.spec, self.env, self.recipe
+        """The model (placed, its parallel layout chosen), the checkpointer (verifying ahead while the model
+        compiles), the data, the compile, then the wrapped model and its optimizer."""
         cap = memory.apply_memory_cap(self.device)
-        torch.manual_seed(spec.seed)
+        torch.manual_seed(self.spec.seed)
+        model, blocks = self._build_model(cap)
+        self.ckpt = self._build_checkpointer()
+        self.ckpt.verify_ahead()  # the newest checkpoints are hashed while the model compiles
+        first_batch = self._build_data()
+        self.tel.diagnostic(
+            "SETUP_TIMES", "set-up before the compile", **{k: round(v, 3) for k, v in self.setup_s.items()}
+        )
+        self.phase = "compiling"
+        self._compile(model, first_batch)
+        self.raw_model = model
+        self.model = wrap(model, blocks, strategy=self.strategy, env=self.env, precision=self.prec)
+        self.optimizer, self.fused = build_optimizer(self.model, self.cfg)
+        self.guard = SpikeGuard(self.cfg.guard)
+        self.flops = peak_flops(self.device, self.prec.precision, self.cfg.peak_flops)
+
+    def _build_model(self, cap: float | None) -> tuple[nn.Module, list[nn.Module]]:
+        """The recipe's model on the device, and its repeated blocks; the parallel layout chosen for its size."""
+        recipe = self.recipe
         t0 = time.perf_counter()
         with user_code("building the model"):
             model = recipe.build_model()
@@ -201,44 +155,24 @@ class Trainer:
         t1 = time.perf_counter()
         model = model.to(self.device)
         t2 = time.perf_counter()
+        self.setup_s.update(build_s=t1 - t0, to_device_s=t2 - t1)
         largest = max((sum(p.numel() for p in b.parameters()) for b in blocks), default=0)
-
-        def prediction(strategy: str) -> dict[str, Any]:
-            return memory_model.predict(
-                precision=self.prec.precision,
-                strategy=strategy,
-                world_size=env.world_size,
-                largest_block_params=largest,
-                grad_accum=self.cfg.grad_accum,
-                **sizes,
-            )
-
-        capacity = device_capacity(self.device)
-        if capacity is not None and cap is not None:
-            capacity = int(capacity * cap)
-        self.strategy = choose_strategy(
-            spec.parallelism,
-            predicted_ddp_bytes=prediction("ddp")["predicted_peak_bytes"],
-            capacity=capacity,
-            world_size=env.world_size,
+        self.strategy, self.prediction, self.cuda_graphs = plan_memory(
+            self.spec,
+            self.env,
+            self.tel,
+            precision=self.prec.precision,
+            grad_accum=self.cfg.grad_accum,
+            sizes=sizes,
+            largest=largest,
+            cap=cap,
         )
-        self.prediction = prediction(self.strategy)
-        self.cuda_graphs = cuda_graphs_on(spec, self.device, self.strategy)
-        if spec.compile.cuda_graphs and not self.cuda_graphs:
-            self.tel.event(
-                "CUDA_GRAPHS_OFF",
-                f"compile.cuda_graphs ignored ({self.device.type}, {self.strategy}): it needs a GPU and no sharding",
-            )
-        self.tel.emit(
-            RecordKind.MEMORY_PREDICTION,
-            **self.prediction,
-            device_capacity_bytes=capacity,
-            memory_fraction=cap,
-            param_count=sizes["param_count"],
-        )
+        return model, blocks
 
+    def _build_checkpointer(self) -> Checkpointer:
+        spec, env = self.spec, self.env
         sharded = self.strategy == "fsdp" and env.distributed
-        self.ckpt = Checkpointer(
+        return Checkpointer(
             self.ckpt_root,
             rank=env.rank,
             world_size=env.world_size,
@@ -249,38 +183,37 @@ class Trainer:
             group=env.ckpt,
             device=self.device,
             telemetry=self.tel,
-            local_root=self._local_root(sharded),
+            local_root=local_tier_root(spec, env, self.tel, sharded),
             persist_every=spec.checkpointing.persist_every,
             lease=self.lease.ensure,
         )
-        self.ckpt.verify_ahead()  # the newest checkpoints are hashed while the model compiles
 
+    def _build_data(self) -> Any:
+        """This rank's data, and its first batch (the compile's warm-up runs on it)."""
+        recipe, env = self.recipe, self.env
         t3 = time.perf_counter()
         with user_code("building the data"):
-            self.data = recipe.make_data(rank=env.rank, world_size=env.world_size, seed=spec.seed)
+            self.data = recipe.make_data(rank=env.rank, world_size=env.world_size, seed=self.spec.seed)
             first_batch = self.data.batch(0)
         if isinstance(recipe, UserRecipe):
             recipe.note_batch(first_batch)
-        self.setup_s.update(build_s=t1 - t0, to_device_s=t2 - t1, data_s=time.perf_counter() - t3)
-        self.tel.diagnostic(
-            "SETUP_TIMES", "set-up before the compile", **{k: round(v, 3) for k, v in self.setup_s.items()}
-        )
-        self.phase = "compiling"
+        self.setup_s.update(data_s=time.perf_counter() - t3)
+        return first_batch
+
+    def _compile(self, model: nn.Module, first_batch: Any) -> None:
+        """The compile, forced by a warm-up step on the first batch (the RNG untouched); a fallback to eager where
+        eager's GEMMs are the wrong ones trains in fp32 instead."""
+        recipe = self.recipe
         warm_batch = recipe.batch_to(first_batch, self.device)
-        compiler = Compiler(
+        compiler = build_compiler(
+            self.spec,
+            self.cfg,
+            self.env,
+            self.tel,
             mode=self.compile_mode,
-            timeout_s=spec.compile.timeout_s,
-            max_rss_bytes=spec.compile.max_rss_bytes,
-            check_allclose=spec.compile.check_allclose,
             cuda_graphs=self.cuda_graphs,
-            hooks=self.cfg.hooks,
-            telemetry=self.tel,
-            device=self.device,
             model_name=recipe.name,
             cache_dir=self.cache_dir,
-            rank=env.rank,
-            world_size=env.world_size,
-            group=env.ctrl,
             strategy=self.strategy,
             triton_gemms=self.gemms.triton_gemms,
         )
@@ -305,97 +238,6 @@ class Trainer:
             why = f"the compile fell back to eager ({self.report.reason}), whose {self.prec.precision} GEMMs are wrong"
             self.gemms = fall_back(self.prec.precision, self.device, self.tel, why, check=check_gemms)
             self.prec = PrecisionContext.create(self.gemms.precision, self.device, tf32=self.gemms.tf32)
-        self.raw_model = model
-        self.model = wrap(model, blocks, strategy=self.strategy, env=env, precision=self.prec)
-        self.optimizer, self.fused = self._optimizer()
-        self.guard = SpikeGuard(self.cfg.guard)
-        self.flops = peak_flops(self.device, self.prec.precision, self.cfg.peak_flops)
-
-    def _local_root(self, sharded: bool) -> pathlib.Path | None:
-        """This job's directory in the host's local checkpoint tier, named by the worker (the same for every
-        attempt of the job on this host, so a restart here finds what the last attempt left); None when the
-        spec does not ask for the tier or the host has none."""
-        if not self.spec.checkpointing.local_tier:
-            return None
-        local = os.environ.get(ENV_LOCAL_CHECKPOINT_DIR)
-        if not local:
-            self.tel.event("CHECKPOINT_LOCAL_TIER_OFF", "this host offers no local tier: durable checkpoints only")
-            return None
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", self.env.world_size))
-        if sharded and local_world != self.env.world_size:
-            # DCP writes each rank's shards on its own host: a host-local tier would split one checkpoint
-            # over several machines' local dirs, so sharded multi-host runs write to the durable dir only.
-            self.tel.event(
-                "CHECKPOINT_LOCAL_TIER_OFF",
-                "sharded state over several hosts: no local tier",
-                local_dir=local,
-                world_size=self.env.world_size,
-                local_world_size=local_world,
-            )
-            return None
-        return pathlib.Path(local)
-
-    def _optimizer(self) -> tuple[torch.optim.Optimizer, bool]:
-        decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
-        groups = [{"params": decay, "weight_decay": self.cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        kw: dict[str, Any] = {"lr": self.cfg.lr, "betas": (self.cfg.beta1, self.cfg.beta2)}
-        try:
-            # fused: one kernel per step, and it can skip a non-finite update on the device (found_inf)
-            return torch.optim.AdamW(groups, fused=True, **kw), True
-        except (RuntimeError, ValueError):
-            return torch.optim.AdamW(groups, foreach=True, **kw), False
-
-    def lr_at(self, step: int) -> float:
-        c = self.cfg
-        if c.warmup_steps and step < c.warmup_steps:
-            return c.lr * (step + 1) / c.warmup_steps
-        span = max(1, self.spec.steps - c.warmup_steps)
-        progress = min(1.0, (step - c.warmup_steps) / span)
-        return c.lr * (c.min_lr_ratio + (1 - c.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-    # ---- state ----------------------------------------------------------------------------------------
-    def extra_state(self) -> dict[str, Any]:
-        rng: dict[str, Any] = {"cpu": torch.get_rng_state()}
-        if self.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        return {
-            "step": self.step,
-            "loss": self.final_loss,
-            "data": self.data.state_dict(),
-            "guard": self.guard.state_dict(),
-            "precision": self.prec.state_dict(),
-            "rng": rng,
-            "seed": self.spec.seed,
-            "eval": self.eval_metrics,
-        }
-
-    def restore(self, path: pathlib.Path) -> dict[str, Any]:
-        extra = self.ckpt.load(path, self.model, self.optimizer)
-        self.step = int(extra["step"])
-        self.final_loss = extra.get("loss")  # None in checkpoints written before the loss was kept
-        self.eval_metrics = extra.get("eval")
-        self.data.load_state_dict(extra["data"])
-        self.guard.load_state_dict(extra["guard"])
-        self.prec.load_state_dict(extra["precision"])
-        torch.set_rng_state(extra["rng"]["cpu"])
-        if self.device.type == "cuda" and "cuda" in extra["rng"]:
-            torch.cuda.set_rng_state(extra["rng"]["cuda"], self.device)
-        return extra
-
-    def reset_to_init(self) -> None:
-        """Rollback with no checkpoint before the spike: back to the seed's initial weights, fresh AdamW."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.spec.seed)
-            fresh = self.recipe.build_model().state_dict()
-        set_model_state_dict(self.model, fresh, options=StateDictOptions(full_state_dict=True))
-        self.optimizer.state.clear()
-        self.step = 0
-        self.final_loss = None
-        self.data.load_state_dict({"cursor": 0, "skip": []})
-        self.guard.load_state_dict({})
 
     # ---- the loop -------------------------------------------------------------------------------------
     def train(self) -> ExitCode:
@@ -429,45 +271,18 @@ class Trainer:
             gc.enable()
             flag.restore()
 
-    def _resumed(self, path: pathlib.Path) -> None:
-        """Say which checkpoint this attempt continues from, as the control plane records a checkpoint: the
-        attempt that committed it may have been cut off before its worker could relay it."""
-        manifest = json.loads((path / MANIFEST).read_text())
-        self.tel.emit(
-            RecordKind.RESUMED,
-            step=self.step,
-            path=str(path),
-            data=self.data.state_dict(),
-            tier=self.ckpt.tier_of(path),
-            loss=self.final_loss,
-            token=manifest.get("fencing_token"),
-            created=manifest.get("created"),
-            bytes=sum(int(f["bytes"]) for f in manifest["files"].values()),
-            sha256=sha256_file(path / MANIFEST),
-        )
-
     def _loop(self, flag: PreemptionFlag) -> ExitCode:
-        spec, env, tel, cfg = self.spec, self.env, self.tel, self.cfg
+        spec, env, cfg = self.spec, self.env, self.cfg
         lag = LOSS_LAG_STEPS if self.device.type == "cuda" else 0
         pending: collections.deque[Pending] = collections.deque()
         # Where each queued step's loss and grad norm land on the host (pinned, so the copy is asynchronous): a
         # ring longer than the queue, so a slot is rewritten only after its step has been read.
         ring = torch.empty((lag + 2, 2), dtype=torch.float32, pin_memory=True) if lag else None
-        self.last_event: torch.cuda.Event | None = None
-        self.nonfinite_streak = 0  # steps in a row whose update was skipped
-        poisoned = {b + i for b in cfg.hooks.loss_spike_at_step for i in range(cfg.hooks.loss_spike_len)}
         every_steps = spec.checkpointing.every_steps
         every_s = spec.checkpointing.every_seconds
         last_ckpt_t = time.monotonic()
-        self.last_done_t = time.perf_counter()
-        self.tokens_done = 0
-        self.items_per_step = self.recipe.items_per_batch() * cfg.grad_accum * env.world_size
-        self.flops_per_item = self.recipe.flops_per_item()
-        self.t_start = time.perf_counter()
-        self.phase = "training"
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        parts = self._start_training()
         staged = False
-        self.overhead: str | None = "restore" if self.step else None  # kiln's own work since the last report
         while self.step < spec.steps:
             self.lease.ensure(f"step {self.step + 1}")  # one clock read while the lease is valid
             if self.step % GC_EVERY_STEPS == 0:
@@ -475,54 +290,14 @@ class Trainer:
             self._note_overhead(self.ckpt.io_in_flight())
             if self.cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()  # last step's graph outputs may be overwritten now
-            loss_sum = torch.zeros((), device=self.device)
-            index = -1
-            for micro in range(cfg.grad_accum):
-                index, batch = self.data.next()
-                if index in poisoned:
-                    batch = self.recipe.poison(batch)
-                batch = self.recipe.batch_to(batch, self.device)
-                with self._no_sync(micro < cfg.grad_accum - 1), self.prec.autocast():
-                    loss = self.recipe.loss(self.model, batch) / cfg.grad_accum
-                if index in cfg.hooks.nonfinite_at_step:
-                    loss = loss * float("nan")
-                self.prec.scale(loss).backward()
-                loss_sum += loss.detach()
-            for g in self.optimizer.param_groups:
-                g["lr"] = self.lr_at(self.step)
-            self.prec.unscale(self.optimizer)
-            gn = _scalar(
-                torch.nn.utils.clip_grad_norm_(
-                    params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"), foreach=True
-                )
-            )
-            self.ckpt.before_optimizer_step()
-            if self.prec.scaler is None:
-                if self.fused:
-                    self.optimizer.found_inf = (~torch.isfinite(gn)).float()  # type: ignore[attr-defined]
-                    self.optimizer.step()
-                    self.optimizer.found_inf = None  # type: ignore[attr-defined]
-                elif bool(torch.isfinite(gn)):
-                    self.optimizer.step()
-            else:
-                self.prec.step(self.optimizer)
-            self.optimizer.zero_grad(set_to_none=True)
-            if env.distributed:
-                dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-                loss_sum /= env.world_size
+            index, loss_sum, gn = train_step(parts, self.lr_at(self.step))
             self.step += 1
             if not staged:
                 # Start-up, not a save: lay out and pin the checkpoint staging buffers once AdamW's state
                 # exists (after the first step), so no save ever pays the ~1 s of pinning 1.5 GB.
                 self.ckpt.prepare(self.model, self.optimizer)
                 staged = True
-            values = torch.stack((loss_sum.detach().float(), gn.detach().float()))
-            event: torch.cuda.Event | None = None
-            if ring is not None:
-                values = ring[self.step % len(ring)].copy_(values, non_blocking=True)
-                event = torch.cuda.Event(enable_timing=True)
-                event.record()
-            pending.append(Pending(self.step, index, values, event))
+            pending.append(queue_readback(self.step, index, loss_sum, gn, ring))
             if cfg.hooks.sleep_per_step_s:
                 time.sleep(cfg.hooks.sleep_per_step_s)
             if cfg.hooks.hang_at_step and self.step == cfg.hooks.hang_at_step:
@@ -536,18 +311,11 @@ class Trainer:
             if stop or due or timed or self.step == spec.steps:
                 if self._drain(pending, 0):  # the guard sees every step before its state is saved
                     continue
-                if not stop:  # a preemption checkpoints at once; the next attempt evaluates
-                    self._evaluate()
-                self.phase = "checkpointing"
-                if self.step == spec.steps and not stop:
-                    self._save_final()
-                else:
-                    self.ckpt.save(self.step, self.model, self.optimizer, self.extra_state(), blocking=stop)
-                self._note_overhead("save")  # the save's stall falls into the next reported step's time
+                self._checkpoint(stop)
                 last_ckpt_t = time.monotonic()
                 self.phase = "training"
                 if stop:
-                    tel.event(
+                    self.tel.event(
                         "PREEMPTED",
                         f"signal {flag.signum}: checkpointed step {self.step}, exiting",
                         step=self.step,
@@ -561,6 +329,44 @@ class Trainer:
         self.phase = "done"
         self._done()
         return ExitCode.SUCCEEDED
+
+    def _start_training(self) -> StepParts:
+        """The counters the readback keeps, zeroed, and what every step works with."""
+        cfg = self.cfg
+        self.last_event = None
+        self.nonfinite_streak = 0  # steps in a row whose update was skipped
+        self.last_done_t = time.perf_counter()
+        self.tokens_done = 0
+        self.items_per_step = self.recipe.items_per_batch() * cfg.grad_accum * self.env.world_size
+        self.flops_per_item = self.recipe.flops_per_item()
+        self.t_start = time.perf_counter()
+        self.phase = "training"
+        self.overhead = "restore" if self.step else None  # kiln's own work since the last report
+        return StepParts(
+            model=self.model,
+            optimizer=self.optimizer,
+            fused=self.fused,
+            recipe=self.recipe,
+            data=self.data,
+            prec=self.prec,
+            cfg=cfg,
+            env=self.env,
+            ckpt=self.ckpt,
+            params=[p for p in self.model.parameters() if p.requires_grad],
+            poisoned={b + i for b in cfg.hooks.loss_spike_at_step for i in range(cfg.hooks.loss_spike_len)},
+        )
+
+    def _checkpoint(self, stop: bool) -> None:
+        """A checkpoint that is due: the user's evaluation first (a preemption checkpoints at once; the next
+        attempt evaluates), the final one durably, a preemption's blocking."""
+        if not stop:
+            self._evaluate()
+        self.phase = "checkpointing"
+        if self.step == self.spec.steps and not stop:
+            self._save_final()
+        else:
+            self.ckpt.save(self.step, self.model, self.optimizer, self.extra_state(), blocking=stop)
+        self._note_overhead("save")  # the save's stall falls into the next reported step's time
 
     def _save_final(self) -> None:
         """The job's final state, committed to the durable tier, or ``StorageUnwritable`` (exit STORAGE_ERROR):
@@ -590,20 +396,6 @@ class Trainer:
         self.tel.emit(RecordKind.EVAL, step=self.step, metrics=self.eval_metrics)
         self._note_overhead("save")
 
-    def _note_overhead(self, kind: str | None) -> None:
-        """Remember the heaviest of kiln's own work seen since the last reported step (persist > save > write)."""
-        rank = {None: 0, "write": 1, "save": 2, "restore": 3, "persist": 4}
-        if rank.get(kind, 0) > rank.get(self.overhead, 0):
-            self.overhead = kind
-
-    def _no_sync(self, skip_sync: bool) -> contextlib.AbstractContextManager[Any]:
-        if not skip_sync:
-            return contextlib.nullcontext()
-        no_sync = getattr(self.model, "no_sync", None)
-        if callable(no_sync):
-            return no_sync()
-        return contextlib.nullcontext()
-
     def _agree(self, stop: bool, timed: bool) -> tuple[bool, bool]:
         if not self.env.distributed:
             return stop, timed
@@ -621,118 +413,6 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.last_sync_latency = time.perf_counter() - t0
-
-    def _drain(self, pending: collections.deque[Pending], keep: int) -> bool:
-        """Read finished steps (all but the newest ``keep``); True if a spike made us roll back."""
-        cfg = self.cfg
-        while len(pending) > keep:
-            step, index, values, event = pending.popleft()
-            if event is not None:
-                event.synchronize()  # this step's work only, not the steps queued behind it
-            loss, gn = values.tolist()
-            now = time.perf_counter()
-            dt = now - self.last_done_t
-            if event is not None and self.last_event is not None:
-                dt = self.last_event.elapsed_time(event) / 1e3  # the GPU's clock: steps read together keep theirs
-            self.last_done_t, self.last_event = now, event
-            items = self.items_per_step
-            self.tokens_done += items
-            rate = items / dt if dt > 0 else None
-            mfu = self.flops_per_item * rate / (self.flops * self.env.world_size) if rate and self.flops else None
-            if not (math.isfinite(loss) and math.isfinite(gn)):
-                self.nonfinite_streak += 1
-                self.tel.event(
-                    "NONFINITE_SKIPPED",
-                    f"step {step}: non-finite loss/grad norm, update skipped",
-                    step=step,
-                    batch=index,
-                    loss=loss,
-                    grad_norm=gn,
-                )
-                if self.nonfinite_streak >= cfg.guard.max_nonfinite_steps:
-                    self._give_up_nonfinite(step)
-                continue
-            self.nonfinite_streak = 0
-            overhead, self.overhead = self.overhead, None
-            if step % cfg.log_every == 0 or step == self.spec.steps:
-                self.tel.emit(
-                    RecordKind.STEP,
-                    step=step,
-                    batch=index,
-                    loss=loss,
-                    grad_norm=gn,
-                    tokens_per_s=rate,
-                    step_time_s=dt,
-                    mfu=mfu,
-                    lr=self.lr_at(step - 1),
-                    overhead=overhead,
-                    **memory.measured(self.device),
-                )
-            self.final_loss = loss
-            spike = self.guard.observe(step, index, loss, gn)
-            if spike is not None:
-                pending.clear()
-                self._rollback(spike)
-                return True
-        return False
-
-    def _give_up_nonfinite(self, step: int) -> None:
-        """No update has been applied for ``max_nonfinite_steps`` steps: the run is not training any more, and
-        must not end SUCCEEDED with the last finite loss (as a 30%-SM share on the H200 once did, for 600 steps)."""
-        n, limit = self.nonfinite_streak, self.cfg.guard.max_nonfinite_steps
-        last = f"{self.final_loss:.4g}" if self.final_loss is not None else "none"
-        line = (
-            f"training diverged: the loss or grad norm was non-finite for {n} steps in a row (steps {step - n + 1}-"
-            f"{step}, none applied; max_nonfinite_steps={limit}); the last finite loss: {last}"
-        )
-        self.tel.event("TOO_MANY_NONFINITE", line, steps=n, last_step=step, max_nonfinite_steps=limit)
-        raise TrainingDiverged(line)
-
-    def _rollback(self, spike: Spike) -> None:
-        tel = self.tel
-        tel.event(
-            "LOSS_SPIKE",
-            f"loss spike confirmed over steps {list(spike.steps)}",
-            step=spike.first_step,
-            steps=list(spike.steps),
-            batches=list(spike.batches),
-            loss=spike.loss,
-            loss_moving_avg=spike.loss_mean,
-            grad_norm=spike.grad_norm,
-            grad_norm_moving_avg=spike.grad_mean,
-            factor=self.cfg.guard.factor,
-            spikes=self.guard.spikes,
-        )
-        if self.guard.spikes > self.cfg.guard.max_spikes:
-            tel.event(
-                "TOO_MANY_SPIKES",
-                f"{self.guard.spikes} spikes > max_spikes={self.cfg.guard.max_spikes}",
-                spikes=self.guard.spikes,
-            )
-            raise TrainingDiverged(
-                f"training diverged: {self.guard.spikes} loss spikes, over max_spikes={self.cfg.guard.max_spikes}"
-            )
-        self.phase = "rolling_back"
-        skip = set(self.data.skip) | set(spike.batches)
-        removed = self.ckpt.delete_from(spike.first_step)
-        path = self.ckpt.choose(before_step=spike.first_step)
-        if path is not None:
-            self.restore(path)
-        else:
-            self.reset_to_init()
-        self.data.skip |= skip
-        self.last_done_t, self.last_event = time.perf_counter(), None
-        self._note_overhead("restore")
-        tel.event(
-            "ROLLED_BACK",
-            f"rolled back to step {self.step}; skipping batches {sorted(spike.batches)}",
-            to_step=self.step,
-            path=str(path) if path else None,
-            skipped_batches=sorted(spike.batches),
-            removed_checkpoints=removed,
-            tier=self.ckpt.tier_of(path) if path else None,
-        )
-        self.phase = "training"
 
     def _heartbeat(self) -> None:
         cuda_ok: bool | None = None
@@ -789,68 +469,6 @@ class Trainer:
             checkpoints_persisted=self.ckpt.persisted,
             checkpoint_failures=self.ckpt.failures,
         )
-
-
-def run(spec: JobSpec, run_dir: pathlib.Path, env: DistEnv) -> ExitCode:
-    """Train; whatever happens, the last telemetry record of this rank is an ``EXIT`` event naming the exit
-    code (torchrun itself exits 1 when any rank fails, hiding 75/77/...; the worker reads this instead)."""
-    tel = Telemetry(run_dir, env.rank)
-    # Where a start's time goes (a restart is timed from the worker's launch to the first resumed step).
-    started, launched = os.environ.get(ENV_RANK_STARTED_AT), os.environ.get(ENV_LAUNCHED_AT)
-    tel.diagnostic(
-        "STARTED",
-        "trainer started",
-        process_start_ts=float(started) if started else None,
-        launched_ts=float(launched) if launched else None,
-    )
-    code: int = 1
-    error: str | None = None
-    try:
-        code = _run(spec, run_dir, env, tel)
-        return ExitCode(code)
-    except UserError as exc:  # the job fails at once, with this line as its reason
-        code, error = ExitCode.USER_ERROR, exc.line
-        print(f"kiln trainer: {exc.line}", file=sys.stderr, flush=True)
-        return ExitCode.USER_ERROR
-    except TrainingDiverged as exc:  # not retried either: the same data and numerics diverge the same way
-        code, error = ExitCode.TOO_MANY_SPIKES, str(exc)
-        print(f"kiln trainer: {exc}", file=sys.stderr, flush=True)
-        return ExitCode.TOO_MANY_SPIKES
-    except StorageUnwritable as exc:  # the host's storage, not the job: restarted from its last verified checkpoint
-        code, error = ExitCode.STORAGE_ERROR, str(exc)[:2000]
-        tel.event("CHECKPOINT_STORAGE_ERROR", error)
-        print(f"kiln trainer: {exc}", file=sys.stderr, flush=True)
-        return ExitCode.STORAGE_ERROR
-    except BaseException as exc:  # a crash: python exits 1 (re-raised below, after the record)
-        code, error = 1, f"{type(exc).__name__}: {exc}"[:2000]
-        raise
-    finally:
-        try:
-            reason = ExitCode(code).name
-        except ValueError:
-            reason = "CRASH"
-        tel.event("EXIT", f"exiting with {code} ({reason})", exit_code=int(code), reason=reason, error=error)
-        tel.close()
-
-
-def _run(spec: JobSpec, run_dir: pathlib.Path, env: DistEnv, tel: Telemetry) -> ExitCode:
-    try:
-        trainer = Trainer(spec, run_dir, env, tel)
-        return trainer.train()
-    except LeaseExpired as exc:
-        tel.event("LEASE_EXPIRED_EXIT", str(exc))
-        return ExitCode.LEASE_EXPIRED
-    except FencedError as exc:
-        tel.event("FENCED", str(exc))
-        return ExitCode.FENCED
-    except torch.OutOfMemoryError as exc:
-        tel.event("OOM", f"out of memory: {exc}"[:2000])
-        return ExitCode.OOM
-    except RuntimeError as exc:  # DistBackendError is one
-        if not is_collective_failure(exc):
-            raise
-        tel.event("NCCL_ERROR", f"collective failed: {exc}"[:2000])
-        return ExitCode.NCCL_ERROR
 
 
 def _hang_forever() -> None:

@@ -102,10 +102,10 @@ class Job:
 def compile_and_train(base: pathlib.Path, host: str, team: pathlib.Path, *, compiled: bool = True) -> Job:
     """A job on ``host`` (its own compile dir): kiln's Compiler on a fresh model, then three SGD steps."""
     from core.telemetry import Telemetry
+    from trainer.builders import persist_compiler_caches
     from trainer.cache_tiers import Tiers
     from trainer.compile import Compiler
     from trainer.config import TestHooks
-    from trainer.loop import persist_compiler_caches
 
     cache = base / host / "compile_cache" / "1"
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):

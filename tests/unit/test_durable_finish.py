@@ -97,7 +97,7 @@ class StorageFault(threading.Thread):
 
 def train(tmp: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> ExitCode:
     """The tiny GPT on the CPU for 4 steps of at least 0.3 s, a checkpoint every 2 (the last one the final)."""
-    from trainer.loop import run
+    from trainer.run import run
 
     monkeypatch.setenv(ENV_TEST_HOOKS, json.dumps({"sleep_per_step_s": 0.3}))
     job = parse_spec_data(

@@ -69,8 +69,8 @@ def test_user_code_blames_the_user_not_the_machine(raised: Exception, blamed_on_
 
 
 def test_a_mistake_building_the_data_exits_user_error_with_its_line(tmp_path: pathlib.Path) -> None:
-    from trainer.loop import run
     from trainer.parallel import DistEnv
+    from trainer.run import run
 
     # Each value is valid on its own; together the corpus is shorter than one sequence.
     job = parse_spec_data(
@@ -92,8 +92,8 @@ def test_a_mistake_building_the_data_exits_user_error_with_its_line(tmp_path: pa
 def test_a_resume_with_no_step_left_reports_its_checkpoints_step_and_loss(tmp_path: pathlib.Path) -> None:
     # A lost attempt's trainer once committed the final checkpoint; the next attempt resumed from it, trained 0
     # steps, and the job was recorded with a stale step and no loss. The final record is the checkpoint's.
-    from trainer.loop import run
     from trainer.parallel import DistEnv
+    from trainer.run import run
 
     job = parse_spec_data(
         {

@@ -307,8 +307,8 @@ def test_raw_checkpoint_keeps_tied_weights_scalars_and_layout(
 
 
 def test_exit_record_is_the_last_line(tmp_path: pathlib.Path) -> None:
-    from trainer.loop import run
     from trainer.parallel import DistEnv
+    from trainer.run import run
 
     # A spec file the API never checked (written by hand): the trainer refuses it as a user error all the same.
     spec = JobSpec.model_validate(
@@ -384,7 +384,7 @@ def test_compile_preload_wait_without_a_start_is_free(monkeypatch: pytest.Monkey
     ],
 )
 def test_cuda_graphs_only_on_a_gpu_unsharded(asked: bool, device: str, strategy: str, on: bool) -> None:
-    from trainer.loop import cuda_graphs_on
+    from trainer.builders import cuda_graphs_on
 
     spec = JobSpec.model_validate(
         {"name": "x", "team": "t", "compile": {"cuda_graphs": asked}, "recipe": {"name": "gpt"}}

@@ -14,8 +14,8 @@ import torch
 
 from core.spec import parse_spec_data
 from core.trainer_protocol import ENV_CODE_DIR, ExitCode
-from trainer.loop import run
 from trainer.parallel import DistEnv
+from trainer.run import run
 
 GOOD = """
 KILN_PROTOCOL = 1
