@@ -1,5 +1,5 @@
-"""The trainer's own state beside the model and the optimizer: what a checkpoint keeps of it, restoring it, a
-rollback to the initial weights, and the learning-rate schedule."""
+"""The trainer's own state beside the model and the optimizer: what a checkpoint keeps of it, restoring it (and
+saying so: RESUMED), a rollback to the initial weights, and the learning-rate schedule."""
 
 from __future__ import annotations
 
