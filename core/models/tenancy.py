@@ -46,6 +46,10 @@ class Team(Base):
         default=1, server_default=text("1"), comment="bumped by every change: the ETag of the team's settings"
     )
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    unfinished_bound: Mapped[int | None] = mapped_column(
+        comment="at least the team's unfinished jobs (PostgreSQL; NULL: unknown), so a submission checks the cap "
+        "without counting them: core.repositories.jobs.insert_submitted"
+    )
 
     quotas: Mapped[list[TeamQuota]] = relationship(back_populates="team", cascade="all, delete-orphan", lazy="selectin")
     qos_classes: Mapped[list[QosClass]] = relationship(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -27,6 +28,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from core.models import (
@@ -63,11 +65,17 @@ class JobFilter:
     sweep_id: int | None = None  # one sweep's jobs
 
 
-# A submission on PostgreSQL: the job, its dependencies, its effective contract, its SUBMITTED event and the
-# scheduler's wake-up, in one statement (one round trip). Every value is written explicitly (no ORM defaults run).
-_SUBMIT_PG = text(
-    """
-WITH job AS (
+# A submission on PostgreSQL: a place under the team's cap, the job, its dependencies, its effective contract, its
+# SUBMITTED event and the scheduler's wake-up, in one statement (one round trip). Every value is written explicitly
+# (no ORM defaults run). The place: ``teams.unfinished_bound`` (SLOT) is at least the team's unfinished jobs, since
+# every job is inserted here with it raised by one under the team's row lock (the UPDATE's), and a job that ends
+# leaves it as it is (it only lowers the true count). So bound < cap proves there is room without counting; when it
+# does not (unknown, or at the cap), RECOUNT_SLOT counts the jobs in a statement that runs after the lock is held,
+# so it sees every job the team's earlier submissions committed, and stores the exact count.
+_SUBMIT_PG = """
+WITH slot AS (
+    SLOT
+), job AS (
     INSERT INTO jobs (name, team_id, user_id, spec, state, qos_class_id, priority, gpus, gpu_type,
                       predicted_memory_bytes, restart_count, fencing_token, cancel_requested, preempt_requested,
                       last_step, submitted_at, updated_at, idempotency_key, request_sha256, sweep_id,
@@ -76,7 +84,7 @@ WITH job AS (
            :predicted_memory_bytes, :restart_count, :fencing_token, :cancel_requested, :preempt_requested,
            :last_step, :submitted_at, :updated_at, :idempotency_key, :request_sha256, :sweep_id,
            :code_digest, :held_at, :held_by_admin, :pending_reason, :pending_message
-    WHERE (SELECT count(*) FROM jobs WHERE team_id = :team_id AND state IN (UNFINISHED)) < :max_unfinished
+    FROM slot
     RETURNING id
 ), deps AS (
     INSERT INTO job_dependencies (job_id, depends_on_id, condition)
@@ -95,10 +103,24 @@ WITH job AS (
     FROM job
 )
 SELECT job.id, pg_notify(:channel, CAST(job.id AS TEXT)) FROM job
-""".replace("UNFINISHED", ", ".join(f"'{s}'" for s in UNFINISHED))
-)
-# Run as driver SQL (psycopg's %(name)s placeholders): no bind processing or compiled-cache lookup per submission.
-_SUBMIT_PG_SQL = re.sub(r"(?<!:):(\w+)", r"%(\1)s", _SUBMIT_PG.text)
+"""
+_SLOT = """UPDATE teams SET unfinished_bound = unfinished_bound + 1
+    WHERE id = :team_id AND unfinished_bound < :max_unfinished RETURNING id"""
+# Counts at most the cap's worth of jobs (the partial index ix_jobs_team_id_unfinished): all it needs to know.
+_RECOUNT_SLOT = """UPDATE teams SET unfinished_bound = counted.n + 1
+    FROM (SELECT count(*) AS n FROM (SELECT 1 FROM jobs WHERE team_id = :team_id AND state IN (UNFINISHED)
+                                     LIMIT :max_unfinished) AS u) AS counted
+    WHERE id = :team_id AND counted.n < :max_unfinished RETURNING id"""
+
+
+def _driver_sql(sql: str) -> str:
+    """Run as driver SQL (psycopg's %(name)s placeholders): no bind processing or compiled-cache lookup."""
+    return re.sub(r"(?<!:):(\w+)", r"%(\1)s", sql.replace("UNFINISHED", ", ".join(f"'{s}'" for s in UNFINISHED)))
+
+
+_SUBMIT_PG_SQL = _driver_sql(_SUBMIT_PG.replace("SLOT", _SLOT, 1))
+_SUBMIT_RECOUNT_PG_SQL = _driver_sql(_SUBMIT_PG.replace("SLOT", _RECOUNT_SLOT, 1))
+_LOCK_TEAM_PG_SQL = "SELECT id FROM teams WHERE id = %(team_id)s FOR NO KEY UPDATE"
 
 
 def insert_submitted(
@@ -116,11 +138,11 @@ def insert_submitted(
 ) -> int | None:
     """Write a submission: the job (``job`` holds every NOT NULL column of ``jobs``; ``spec_json`` is its spec,
     serialized), its dependencies ((job id, condition) pairs), its effective contract, its event; returns the new
-    id, or None, writing nothing, when the team has ``max_unfinished`` unfinished jobs already (counted in the
-    write's own statement; the caller holds the team's row, ``teams.submission_context(lock=True)``, so the count
-    sees every submission of the team that went before). PostgreSQL: one statement
-    (``_SUBMIT_PG``), whose ``NOTIFY channel, '<id>'`` is sent when the transaction commits. Elsewhere (SQLite,
-    which has no NOTIFY, and writes one transaction at a time) a count, then the same rows, one insert each."""
+    id, or None, writing nothing, when the team has ``max_unfinished`` unfinished jobs already, however many
+    submissions run at once. PostgreSQL: one statement (``_SUBMIT_PG``, which takes the team's row lock and a place
+    under the cap without counting), whose ``NOTIFY channel, '<id>'`` is sent when the transaction commits; two more
+    when the team's bound is unknown or at the cap (``_submit_counting``). Elsewhere (SQLite, which has no NOTIFY,
+    and writes one transaction at a time) a count, then the same rows, one insert each."""
     limit = max_unfinished if max_unfinished is not None else 2**62
     params = {
         **job,
@@ -137,7 +159,7 @@ def insert_submitted(
     conn = db.connection()
     if conn.dialect.name == "postgresql":
         written: int | None = conn.exec_driver_sql(_SUBMIT_PG_SQL, params).scalar()
-        return written
+        return written if written is not None else _submit_counting(conn, params)
     if count_unfinished(db, job["team_id"]) >= limit:
         return None
     created = job["submitted_at"]
@@ -169,6 +191,20 @@ def insert_submitted(
         )
     )
     return job_id
+
+
+def _submit_counting(conn: Connection, params: Mapping[str, Any]) -> int | None:
+    """The submission when the team's bound proves no room (unknown, or at the cap): lock the team's row, then, in
+    a statement of its own (whose snapshot is taken after the lock is held), count its unfinished jobs, store the
+    count and write the job if it is under the cap. One transaction: the API's submit runs in autocommit
+    (``api.deps.autocommit``), where the lock would end with its own statement; inside a caller's transaction the
+    lock is held until it ends, as the fast path's."""
+    driver = conn.connection.driver_connection
+    assert driver is not None, "a live connection"
+    with driver.transaction() if driver.autocommit else nullcontext():
+        conn.exec_driver_sql(_LOCK_TEAM_PG_SQL, params)
+        written: int | None = conn.exec_driver_sql(_SUBMIT_RECOUNT_PG_SQL, params).scalar()
+    return written
 
 
 def count_unfinished(db: Session, team_id: int) -> int:

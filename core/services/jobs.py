@@ -110,10 +110,11 @@ def submit(
     what was written: nothing is read back. ``idempotency``: the key is stored with the job (``submit_once``).
     ``hold``: the job is submitted held (Slurm's ``sbatch --hold``) and waits for ``release``.
 
-    ``max_unfinished``: QueueFull when the team has that many unfinished jobs already. The first read holds the
-    team's row and the write counts them, so two submissions at once cannot both take the last place."""
+    ``max_unfinished``: QueueFull when the team has that many unfinished jobs already. The write takes the place
+    under the team's row lock (``jobs_repo.insert_submitted``), so two submissions at once cannot both take the
+    last place, and the lock is held only from the write to the commit, not through the checks before it."""
     spec = canonical_gpu_type(spec)
-    ctx, team_id, fitted = _checked(db, principal, spec, fit=fit, lock=True)
+    ctx, team_id, fitted = _checked(db, principal, spec, fit=fit)
     code_digest = _code_digest(db, team_id=team_id, spec=spec)
     datasets_svc.check_names(db, team_id=team_id, team=spec.team, names=spec.datasets)
     depends_on = _dependencies(db, team_id=team_id, team=spec.team, refs=spec.depends_on)
@@ -222,12 +223,9 @@ def _pending_at_submit(principal: Principal, fitted: Fitted, hold: bool) -> dict
     return {"pending_reason": None, "pending_message": message}
 
 
-def _checked(
-    db: Session, principal: Principal, spec: JobSpec, *, fit: FitSettings, lock: bool = False
-) -> tuple[Any, int, Fitted]:
+def _checked(db: Session, principal: Principal, spec: JobSpec, *, fit: FitSettings) -> tuple[Any, int, Fitted]:
     """What a submission (or a change of a queued job) is checked against, in one read: the team (the principal
-    a member), its QoS class (known, and one the team may use), and the spec's fit (``check_submission``).
-    ``lock``: the read holds the team's row (a submission, which then counts the team's unfinished jobs)."""
+    a member), its QoS class (known, and one the team may use), and the spec's fit (``check_submission``)."""
     ctx = teams_repo.submission_context(
         db,
         team=spec.team,
@@ -235,7 +233,6 @@ def _checked(
         default_qos=DEFAULT_QOS,
         terms=TERMS,
         gpu_type=spec.resources.gpu_type,
-        lock=lock,
     )
     team_id = require_team_id(principal, ctx.team_id if ctx is not None else None, spec.team, Role.MEMBER)
     assert ctx is not None
