@@ -226,7 +226,7 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
         console.print(out.kv_table(flatten(sla), title="SLA"))
     if attempts:
         console.print()
-        console.print(out.table(out.ATTEMPT_COLUMNS, attempts, title="Attempts"))
+        console.print(out.table(out.ATTEMPT_COLUMNS, _with_command_exit_codes(attempts, events), title="Attempts"))
         for a in attempts:  # the compile cache's reuse, one line per attempt: hit/miss, source, key, time saved
             if isinstance(a.get("compile"), dict):
                 console.print(f"attempt {a.get('number')}  compile: {a['compile'].get('summary')}", highlight=False)
@@ -236,6 +236,18 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
     if events:
         console.print()
         console.print(out.table(out.EVENT_COLUMNS, events[-15:], title="Recent events"))
+
+
+def _with_command_exit_codes(attempts: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The attempts as the table shows them: EXIT is the exit code of the job's own command where it ran one (script
+    mode: rank 0's EXIT event gives it as ``returncode``), not the code kiln recorded for the rank, which is
+    USER_ERROR (2) for any failing command; a recipe's attempt keeps the trainer's code, which is kiln's own."""
+    codes: dict[Any, int] = {}
+    for e in events:
+        data = e.get("data") or {}
+        if e.get("type") == "EXIT" and data.get("rank", 0) == 0 and isinstance(data.get("returncode"), int):
+            codes[data.get("attempt")] = data["returncode"]
+    return [{**a, "exit_code": codes.get(a.get("number"), a.get("exit_code"))} for a in attempts]
 
 
 def _code_pairs(base: str, code: dict[str, Any]) -> list[tuple[str, Any]]:

@@ -724,3 +724,39 @@ def test_hints_name_the_command_as_the_user_types_it(kiln: Any, monkeypatch: pyt
     held = kiln("hold", str(job_id))
     assert f"job {job_id} held (./kiln release {job_id} lets it start)" in held.stdout, held.output
     assert kiln("cancel", str(job_id)).exit_code == 0
+
+
+def test_describe_shows_the_commands_own_exit_code(kiln: Any, server: Server) -> None:
+    """A script that exits 1: its rank records USER_ERROR (2), kiln's code, which the attempt keeps; describe's
+    EXIT column said 2 where the timeline said "the command exited with 1" (issue 42, point 7)."""
+    from core.models import Attempt
+    from rank.script import classify_exit, ended
+    from tests.support.compile_events import event
+    from workers.telemetry_relay import RelayState, relay
+
+    job_id = submit(kiln)
+    engine = make_engine(f"sqlite:///{server.home / 'kiln.db'}")
+    with Session(engine) as db:
+        job = db.get(Job, job_id)
+        assert job is not None
+        attempt = Attempt(
+            job_id=job.id, number=1, fencing_token=1, placement=[{"host": "h1", "gpus": [], "slots": 2}], state="FAILED"
+        )
+        db.add(attempt)
+        db.flush()
+        records = []
+        for rank, returncode in ((1, 3), (0, 1)):  # as rank.script.run emits them; the attempt's code is rank 0's
+            code, error = classify_exit(returncode, "ValueError: lr must be > 0", None)
+            records.append(event("EXIT", rank, exit_code=code, error=error, returncode=returncode))
+            records[-1]["message"] = ended(returncode, code)
+        relay(db, job=job, attempt=attempt, records=records, state=RelayState())
+        attempt.exit_code = code  # what the worker records: rank 0's code
+        db.commit()
+    engine.dispose()
+    assert code == 2
+
+    text = kiln("describe", str(job_id)).stdout
+    header = next(line for line in text.splitlines() if "PLACEMENT" in line)
+    row = next(line for line in text.splitlines() if "FAILED" in line and "h1" in line)
+    assert row[header.index("EXIT") :].split()[0] == "1", text
+    assert as_json(kiln("describe", str(job_id), "-o", "json"))["attempts"][0]["exit_code"] == 2  # the API's, as is
