@@ -25,9 +25,11 @@ def login(
     """Save the API URL and token (verified against /v1/me) in ~/.config/kiln/config.json (mode 0600); with
     --sso, the token kiln issues when you sign in at your organisation's OpenID provider."""
     from cli.client import KilnClient
-    from cli.config import DEFAULT_API_URL, CliConfig, config_path, normalize_url, save
+    from cli.config import CliConfig, config_path, normalize_url, resolve, save
 
-    url = normalize_url(url or GLOBALS.api_url or DEFAULT_API_URL)
+    # The URL as every other command finds it (--api-url, KILN_API_URL, the saved one, the default): a login after
+    # `kiln logout` or `kiln up --port N` went to the default address instead.
+    url = normalize_url(url or resolve(url_flag=GLOBALS.api_url).api_url)
     if sso:
         from cli.sso import sign_in
 

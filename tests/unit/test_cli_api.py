@@ -760,3 +760,11 @@ def test_describe_shows_the_commands_own_exit_code(kiln: Any, server: Server) ->
     row = next(line for line in text.splitlines() if "FAILED" in line and "h1" in line)
     assert row[header.index("EXIT") :].split()[0] == "1", text
     assert as_json(kiln("describe", str(job_id), "-o", "json"))["attempts"][0]["exit_code"] == 2  # the API's, as is
+
+
+def test_login_signs_in_where_every_command_goes(kiln: Any, server: Server) -> None:
+    """Without --url, `kiln login` (and --sso) went to the default address, not KILN_API_URL or the saved URL that
+    every other command uses: after `kiln up --port N`, `kiln login --sso` said it could not reach 127.0.0.1:8421."""
+    result = kiln("login", "--sso")  # KILN_API_URL is the server's (the fixture); it has no OpenID provider
+    assert result.exit_code == ExitCode.NOT_FOUND, result.output
+    assert f"{server.url} signs no one in with a provider" in result.output, result.output
