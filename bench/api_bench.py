@@ -466,8 +466,8 @@ def main() -> None:
         sa_url = pg_url.replace("postgresql://", "postgresql+psycopg://", 1)
         # Limits off: the bench measures the work of a request, not the limits that refuse them (the seeded team
         # already has more unfinished jobs than a team may keep by default). The team's cap is still checked on
-        # every submission, at the same cost whatever the cap: its bound (core.repositories.jobs) is counted once,
-        # at the team's first submission, then raised by one under the team's row lock.
+        # every submission, at the same cost whatever the cap: its bound (core.repositories.submissions) is
+        # counted once, at the team's first submission, then raised by one under the team's row lock.
         env = {
             "KILN_DATABASE_URL": sa_url,
             "KILN_RATE_LIMIT_PER_MINUTE": str(10**9),

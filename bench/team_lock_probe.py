@@ -3,7 +3,7 @@ threads, each an autocommit statement per submission into one team, as the API's
 its cap taken by an UPDATE of the team's row, then the insert). Three ways, in the same run: the insert alone (no
 cap: the ceiling), the lock held through a synchronous commit (each commit waits for the WAL's flush while the next
 submission waits for the row), and the lock released at an asynchronous commit followed by a durable one of the
-job's own row (``core.repositories.jobs``). Writes bench/results/api_bench_team_lock.json.
+job's own row (``core.repositories.submissions``). Writes bench/results/api_bench_team_lock.json.
 
     .venv/bin/python bench/team_lock_probe.py [--seconds 4] [--threads 32]
 """

@@ -48,7 +48,7 @@ class Team(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     unfinished_bound: Mapped[int | None] = mapped_column(
         comment="at least the team's unfinished jobs (PostgreSQL; NULL: unknown), so a submission checks the cap "
-        "without counting them: core.repositories.jobs.insert_submitted"
+        "without counting them: core.repositories.submissions.insert_submitted"
     )
 
     quotas: Mapped[list[TeamQuota]] = relationship(back_populates="team", cascade="all, delete-orphan", lazy="selectin")

@@ -1,5 +1,5 @@
 """Submission: a spec checked against its team, its QoS class and the cluster, then written as a QUEUED job with its
-effective contract and SUBMITTED event in one statement (``jobs_repo.insert_submitted``)."""
+effective contract and SUBMITTED event in one statement (``submissions_repo.insert_submitted``)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from core.event_types import EventType
 from core.models import Role
 from core.notify import CHANNEL
 from core.repositories import jobs as jobs_repo
+from core.repositories import submissions as submissions_repo
 from core.repositories import teams as teams_repo
 from core.services import artifacts
 from core.services import datasets as datasets_svc
@@ -57,12 +58,12 @@ def submit(
     """Statements: one read (team, default contract, QoS, what the cluster has of the GPU type:
     ``teams_repo.submission_context``), one more only when ``depends_on`` is set or the request cannot fit, and
     on PostgreSQL one write (job, dependencies, contract, event and NOTIFY together; in autocommit, one more that
-    makes it durable: ``jobs_repo.insert_submitted``). The answer is built from
+    makes it durable: ``submissions_repo.insert_submitted``). The answer is built from
     what was written: nothing is read back. ``idempotency``: the key is stored with the job (``submit_once``).
     ``hold``: the job is submitted held (Slurm's ``sbatch --hold``) and waits for ``release``.
 
     ``max_unfinished``: QueueFull when the team has that many unfinished jobs already. The write takes the place
-    under the team's row lock (``jobs_repo.insert_submitted``), so two submissions at once cannot both take the
+    under the team's row lock (``submissions_repo.insert_submitted``), so two submissions at once cannot both take the
     last place, and the lock is held only from the write to the commit, not through the checks before it."""
     spec = canonical_gpu_type(spec)
     ctx, team_id, fitted = checked(db, principal, spec, fit=fit)
@@ -93,7 +94,7 @@ def submit(
         principal=principal, ctx=ctx, values=values, depends_on=depends_on, chosen=chosen, fitted=fitted, hold=hold
     )
     spec_json = json.dumps(values["spec"])  # serialized once: the write and the answer
-    job_id = jobs_repo.insert_submitted(
+    job_id = submissions_repo.insert_submitted(
         db,
         job=values,
         spec_json=spec_json,
@@ -124,7 +125,7 @@ def _job_values(
     hold: bool,
     now: datetime,
 ) -> dict[str, Any]:
-    """The new job's row: every NOT NULL column of ``jobs`` (``jobs_repo.insert_submitted`` writes them all)."""
+    """The new job's row: every NOT NULL column of ``jobs`` (``submissions_repo.insert_submitted`` writes them all)."""
     return {
         "name": spec.name,
         "team_id": team_id,

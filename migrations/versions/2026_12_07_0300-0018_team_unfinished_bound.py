@@ -1,7 +1,7 @@
 """teams: an upper bound of the team's unfinished jobs, so a submission checks the team's cap without counting them
 
 NULL (every team made before this revision, and on SQLite, which counts): the next submission counts the team's
-unfinished jobs and stores the bound (core.repositories.jobs.insert_submitted).
+unfinished jobs and stores the bound (core.repositories.submissions.insert_submitted).
 
 Revision ID: 0018_team_unfinished_bound
 Revises: 0017_oidc_identity
@@ -27,7 +27,7 @@ def upgrade() -> None:
                 sa.Integer(),
                 nullable=True,
                 comment="at least the team's unfinished jobs (PostgreSQL; NULL: unknown), so a submission checks the "
-                "cap without counting them: core.repositories.jobs.insert_submitted",
+                "cap without counting them: core.repositories.submissions.insert_submitted",
             )
         )
 
