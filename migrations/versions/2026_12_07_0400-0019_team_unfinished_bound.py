@@ -3,9 +3,9 @@
 NULL (every team made before this revision, and on SQLite, which counts): the next submission counts the team's
 unfinished jobs and stores the bound (core.repositories.submissions.insert_submitted).
 
-Revision ID: 0018_team_unfinished_bound
-Revises: 0017_oidc_identity
-Create Date: 2026-12-07 03:00:00+00:00
+Revision ID: 0019_team_unfinished_bound
+Revises: 0018_event_outbox
+Create Date: 2026-12-07 04:00:00+00:00
 """
 
 from collections.abc import Sequence
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0018_team_unfinished_bound"
-down_revision: str | None = "0017_oidc_identity"
+revision: str = "0019_team_unfinished_bound"
+down_revision: str | None = "0018_event_outbox"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
