@@ -26,6 +26,7 @@ from core.services.principal import Principal
 from core.states import UNFINISHED
 from tests.support.api import auth, make_app, spec
 from tests.support.services import temporary_database
+from tests.support.sql import statements
 
 pytestmark = pytest.mark.integration
 
@@ -92,3 +93,21 @@ def test_concurrent_submissions_over_http_never_pass_the_cap(engine: Engine, tmp
     assert sorted(set(statuses)) == [201, 429], statuses
     assert statuses.count(201) == CAP - earlier, statuses
     assert _unfinished(engine, team) == CAP
+
+
+def test_the_apis_own_submit_sends_four_statements(engine: Engine, tmp_path: Path) -> None:
+    """The API's submit, in autocommit as it runs (test_api_statements.py's client shares a test transaction, where
+    it sends 3): the token, the team's context, the write (its commit does not wait for the WAL's flush, so the
+    team's row is free at once) and the update of the new job's row whose ordinary commit makes the write durable
+    before the 201."""
+    tokens = _member_tokens(engine, "counted", 1)
+    app = make_app(engine, tmp_path, max_unfinished_jobs_per_team=CAP)
+    with TestClient(app) as client:
+        first = client.post("/v1/jobs", json=spec(team="counted", name="first"), headers=auth(tokens[0]))
+        assert first.status_code == 201, first.text  # the team's first: its bound is counted
+        with statements(engine) as seen:
+            r = client.post("/v1/jobs", json=spec(team="counted", name="second"), headers=auth(tokens[0]))
+    assert r.status_code == 201, r.text
+    assert len(seen) == 4, seen
+    assert "set_config('synchronous_commit', 'off', true)" in seen[2], seen[2]
+    assert seen[3].startswith("UPDATE jobs SET updated_at = updated_at"), seen[3]
