@@ -58,13 +58,13 @@ def submit(
     """Statements: one read (team, default contract, QoS, what the cluster has of the GPU type:
     ``teams_repo.submission_context``), one more only when ``depends_on`` is set or the request cannot fit, and
     on PostgreSQL one write (job, dependencies, contract, event and NOTIFY together; in autocommit, one more that
-    makes it durable: ``submissions_repo.insert_submitted``). The answer is built from
-    what was written: nothing is read back. ``idempotency``: the key is stored with the job (``submit_once``).
-    ``hold``: the job is submitted held (Slurm's ``sbatch --hold``) and waits for ``release``.
+    makes it durable: ``submissions_repo.insert_submitted``). The answer is built from what was written: nothing
+    is read back. ``idempotency``: the key is stored with the job (``submit_once``). ``hold``: the job is submitted
+    held (Slurm's ``sbatch --hold``) and waits for ``release``.
 
     ``max_unfinished``: QueueFull when the team has that many unfinished jobs already. The write takes the place
-    under the team's row lock (``submissions_repo.insert_submitted``), so two submissions at once cannot both take the
-    last place, and the lock is held only from the write to the commit, not through the checks before it."""
+    under the team's row lock (``submissions_repo.insert_submitted``), so two submissions at once cannot both take
+    the last place, and the lock is held only for the write, not through the checks before it."""
     spec = canonical_gpu_type(spec)
     ctx, team_id, fitted = checked(db, principal, spec, fit=fit)
     code_digest = _code_digest(db, team_id=team_id, spec=spec)
