@@ -8,8 +8,8 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import CurrentPrincipal, SessionDep
+from api.job_bodies import SUBMIT_BODY, spec_from_body
 from api.routers.common import ERRORS
-from api.routers.jobs import SUBMIT_BODY, spec_from_body
 from api.schemas.estimates import EstimateOut, estimate_out
 from core.db import utcnow
 from core.services import estimates as svc

@@ -3,20 +3,17 @@ off a job."""
 
 from __future__ import annotations
 
-import hashlib
-import re
 from datetime import datetime
 from functools import partial
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
-from pydantic import Field, ValidationError
+from pydantic import Field
 from sqlalchemy.orm import Session
 
 from api import sse
 from api.auth import principal_for
-from api.bodies import yaml_body
 from api.deps import (
     CurrentPrincipal,
     SessionDep,
@@ -28,6 +25,7 @@ from api.deps import (
     finish,
     run_hot,
 )
+from api.job_bodies import SUBMIT_BODY, CancelIn, HoldIn, idempotency_of, spec_from_body
 from api.logstream import parse_position, sse_log_stream, tail_offset
 from api.routers.common import (
     ERRORS,
@@ -43,7 +41,7 @@ from api.routers.common import (
     encode_cursor,
     paged_query,
 )
-from api.schemas.common import INT32, INT64, InModel, OutModel, Text
+from api.schemas.common import INT32, INT64, InModel, OutModel
 from api.schemas.jobs import (
     AttemptCompileOut,
     AttemptOut,
@@ -69,36 +67,11 @@ from core.models import Forecast
 from core.services import compile_cache, forecasts
 from core.services import jobs as svc
 from core.services.checkpoint_advice import CheckpointAdvice
-from core.services.errors import InvalidInput
 from core.services.fit import FitSettings
-from core.spec import NAME_PATTERN, JobSpec, SpecError, parse_spec_data, validation_errors
+from core.spec import NAME_PATTERN, JobSpec
 from core.states import TERMINAL, JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERRORS)
-
-JSON_TYPES = frozenset({"application/json"})
-YAML_TYPES = frozenset({"application/yaml", "application/x-yaml", "text/yaml"})
-IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,128}$")
-SUBMIT_BODY: dict[str, Any] = {
-    "parameters": [
-        {
-            "name": "Idempotency-Key",
-            "in": "header",
-            "required": False,
-            "description": "A key of yours for this submission (e.g. a UUID): a retry with the same key and body "
-            "answers the job the first one made (header Idempotent-Replayed: true) instead of starting another; the "
-            "same key with another body is a 422. Keys are kept per team.",
-            "schema": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[!-~]+$"},
-        }
-    ],
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
-            **{t: {"schema": {"type": "string", "description": "The job spec as YAML"}} for t in sorted(YAML_TYPES)},
-        },
-    },
-}
 
 
 # One Server-Sent Event: `log` (a line; id = "<attempt>:<byte offset after it>"), `attempt` (switched to a
@@ -114,43 +87,10 @@ SSE_EVENT: dict[str, Any] = {
 }
 
 
-def spec_from_json(body: bytes) -> JobSpec:
-    """Validated straight from the bytes by pydantic-core (no ``json.loads`` and second walk over a dict); the
-    same errors as ``parse_spec_data`` on the parsed document."""
-    try:
-        return JobSpec.model_validate_json(body)
-    except ValidationError as exc:
-        errors = validation_errors(exc)
-        bad_json = [e for e in errors if e["type"] == "json_invalid"]
-        if bad_json:
-            detail = [{"loc": "$", "msg": bad_json[0]["msg"], "type": "json_invalid"}]
-            raise SpecError("malformed JSON", detail) from exc
-        if len(errors) == 1 and errors[0]["loc"] == "$" and errors[0]["type"] == "model_type":
-            detail = [{"loc": "$", "msg": "expected a mapping", "type": "type"}]
-            raise SpecError("a job spec is a mapping", detail) from exc
-        first = errors[0]
-        raise SpecError(f"invalid job spec: {first['loc']}: {first['msg']}", errors) from exc
-
-
-async def spec_from_body(request: Request) -> JobSpec:
-    """The spec of a submission, read within bounds (``api.bodies``: depth, and a YAML document's size)."""
-    ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-    body = await request.body()
-    if ctype in JSON_TYPES:
-        return spec_from_json(body)
-    if ctype in YAML_TYPES:
-        return parse_spec_data(yaml_body(body))
-    raise HTTPException(415, f"submit the spec as application/json or YAML ({', '.join(sorted(YAML_TYPES))})")
-
-
 class JSONBytes(Response):
     """Already-serialized JSON (the model was dumped once by pydantic-core, skipping response revalidation)."""
 
     media_type = "application/json"
-
-
-class CancelIn(InModel):
-    reason: Text | None = None
 
 
 @router.post(
@@ -190,16 +130,6 @@ def _submit(request: Request, db: Session, spec: JobSpec, idempotency: svc.Idemp
     if replayed:
         headers["Idempotent-Replayed"] = "true"
     return JSONBytes(job_json(view), status_code=status.HTTP_201_CREATED, headers=headers)
-
-
-async def idempotency_of(request: Request) -> svc.Idempotency | None:
-    """The ``Idempotency-Key`` header and the hash of the body it names (the bytes as sent)."""
-    key = request.headers.get("idempotency-key")
-    if key is None:
-        return None
-    if not IDEMPOTENCY_KEY.match(key):
-        raise InvalidInput.at("header.Idempotency-Key", "1 to 128 printable ASCII characters, no spaces")
-    return svc.Idempotency(key=key, request_sha256=hashlib.sha256(await request.body()).hexdigest())
 
 
 @router.get("", response_model=JobPageOut, summary="Jobs you can see, newest first")
@@ -312,12 +242,6 @@ def cancel_job(job_id: JobIdPath, db: SessionDep, who: CurrentPrincipal, body: C
     # cannot build a request body that is "a CancelIn or null".
     view = svc.cancel(db=db, principal=who, job_id=job_id, reason=body.reason)
     return JSONBytes(job_json(view), status_code=status.HTTP_202_ACCEPTED)
-
-
-class HoldIn(InModel):
-    """Why the job is held: shown as its pending message and recorded in its events."""
-
-    reason: Text | None = None
 
 
 @router.post("/{job_id}/hold", response_model=JobOut, summary="Hold a queued job: it does not start until released")

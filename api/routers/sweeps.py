@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.bodies import yaml_body
 from api.deps import CurrentPrincipal, SessionDep
+from api.job_bodies import JSON_TYPES, YAML_TYPES, CancelIn, HoldIn
 from api.routers.common import (
     ERRORS,
     LOCATION,
@@ -21,7 +22,6 @@ from api.routers.common import (
     paged,
     paged_query,
 )
-from api.routers.jobs import JSON_TYPES, YAML_TYPES, CancelIn, HoldIn
 from api.schemas.sweeps import SweepCurvesOut, SweepJobOut, SweepJobPageOut, SweepOut, SweepPageOut
 from core.services.fit import FitSettings
 from core.spec import SpecError
