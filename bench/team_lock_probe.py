@@ -6,6 +6,7 @@ submission waits for the row), and the lock released at an asynchronous commit f
 job's own row (``core.repositories.submissions``). Writes bench/results/api_bench_team_lock.json.
 
     .venv/bin/python bench/team_lock_probe.py [--seconds 4] [--threads 32]
+    .venv/bin/python bench/team_lock_probe.py --smoke    # half a second a way, 4 threads (CI)
 """
 
 from __future__ import annotations
@@ -69,7 +70,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--threads", type=int, default=32)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--smoke", action="store_true", help="half a second a way, 4 threads: that it runs (CI)")
     args = ap.parse_args()
+    if args.smoke:
+        args.seconds, args.threads = 0.5, 4
     name = f"kiln_lock_probe_{os.getpid()}_{secrets.token_hex(3)}"
     loadavg_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
@@ -88,6 +92,7 @@ def main() -> None:
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     result = {
+        "smoke": args.smoke,
         "threads": args.threads,
         "seconds": args.seconds,
         "cpus": os.cpu_count(),
