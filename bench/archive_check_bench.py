@@ -2,7 +2,7 @@
 its own: wall time, CPU time and how much the process's peak RSS grew, beside the check it replaced (tarfile,
 ``git show REV:core/code_archive.py``) measured in the same run on the same files, each under a time limit.
 
-The archives are built here (tests/support/tarcraft.py), at the API's default limits (64 MiB upload, 512 MiB
+The archives are built here (harness/tarcraft.py), at the API's default limits (64 MiB upload, 512 MiB
 unpacked, 20,000 entries): decompression bombs (zeros only; a header claiming 64 GiB; honest headers whose sizes
 pass the limit after 500 MiB; 500 MiB of literal-coded data, inflate's slowest, then a bad entry), oversized
 headers (a 4 MiB pax header, a 1 MiB GNU long name), the most Python work an archive can ask for under the limits
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from core.code_archive import pack_bytes  # noqa: E402
-from tests.support import tarcraft as tc  # noqa: E402
+from harness import tarcraft as tc  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 MAX_ENTRIES = 20_000

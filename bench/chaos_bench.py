@@ -11,7 +11,7 @@ with ``pg_ctl stop -m immediate``, PostgreSQL away for 14 s while the leader die
 a whole host (worker and trainers) SIGKILLed, a whole node frozen and thawed worker first. A killed process comes
 back as its supervisor would bring it back; no job is ever touched by hand.
 
-Afterwards, from the database and the checkpoints on disk (``tests/support/chaos.py``): every job SUCCEEDED; no
+Afterwards, from the database and the checkpoints on disk (``harness/chaos.py``): every job SUCCEEDED; no
 checkpoint committed by an attempt after it was declared LOST (manifests, checkpoint rows, telemetry); each job's
 recorded step, loss and checkpoint list are what its last checkpoint holds (which verifies); each final loss equals
 its twin's; no attempt declared LOST for silence inside a database outage; the job submitted while the leader was
@@ -44,7 +44,7 @@ from sqlalchemy import select  # noqa: E402
 
 from core.models import Attempt, Event, Job  # noqa: E402
 from core.states import JobState  # noqa: E402
-from tests.support.chaos import (  # noqa: E402
+from harness.chaos import (  # noqa: E402
     Chaos,
     chaos_cluster,
     chaos_spec,

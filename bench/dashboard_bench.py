@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.e2e.dashboard_harness import ROOT, chromium, running_kiln  # noqa: E402
+from harness.dashboard import ROOT, chromium, running_kiln  # noqa: E402
 
 N_JOBS = 10_000
 LOADS = 20

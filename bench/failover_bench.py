@@ -35,7 +35,7 @@ from sqlalchemy import select  # noqa: E402
 
 from core.models import Attempt, Event, Job  # noqa: E402
 from core.settings import get_settings  # noqa: E402
-from tests.support.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for  # noqa: E402
+from harness.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for  # noqa: E402
 
 TARGET_RECOVERY_S = 15.0
 

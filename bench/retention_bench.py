@@ -36,7 +36,7 @@ from core.migrate import upgrade  # noqa: E402
 from core.models import Event, Job, JobMetric, QosClass, Team  # noqa: E402
 from core.retention import prune_database  # noqa: E402
 from core.settings import Settings  # noqa: E402
-from tests.support.services import temporary_database  # noqa: E402
+from harness.services import temporary_database  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "retention_bench.json"
 START = datetime(2026, 1, 1, tzinfo=UTC)

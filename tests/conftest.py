@@ -6,7 +6,7 @@ from collections.abc import Generator
 
 import pytest
 
-from tests.support.workers_cluster import Cluster
+from harness.workers_cluster import Cluster
 
 
 @pytest.hookimpl(wrapper=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.dashboard_harness import ROOT, prepare_home
-from tests.support.services import free_port, wait_until_serving
+from harness.dashboard import ROOT, prepare_home
+from harness.services import free_port, wait_until_serving
 
 pytestmark = pytest.mark.e2e
 

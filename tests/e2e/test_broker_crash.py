@@ -15,9 +15,9 @@ from sqlalchemy import select
 
 from core.db import utcnow
 from core.models import Attempt, Event, Host
+from harness.redis_server import RedisServer, private_redis
+from harness.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
 from tests.support.cluster_rows import finished_state, job_events, job_row
-from tests.support.redis_server import RedisServer, private_redis
-from tests.support.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.chaos import chaos_cluster, chaos_spec, check_invariants, timeline_verdicts
-from tests.support.private_servers import private_servers_available
-from tests.support.workers_cluster import wait_for
+from harness.chaos import chaos_cluster, chaos_spec, check_invariants, timeline_verdicts
+from harness.private_servers import private_servers_available
+from harness.workers_cluster import wait_for
 from trainer.checkpoint.store import verify
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]

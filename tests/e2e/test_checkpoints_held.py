@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.dashboard_harness import chromium
+from harness.dashboard import chromium
 from tests.e2e.test_kiln_up import ROOT, Up, _finished
 
 pytestmark = pytest.mark.e2e

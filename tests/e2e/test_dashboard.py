@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.dashboard_harness import Kiln, chromium, running_kiln, screenshot_dir
+from harness.dashboard import Kiln, chromium, running_kiln, screenshot_dir
 
 pytestmark = pytest.mark.e2e
 

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from core.db import make_engine, utcnow
 from core.models import Event, Job, JobMetric
-from tests.e2e.dashboard_harness import Kiln, chromium, running_kiln, screenshot_dir, signed_in_page
+from harness.dashboard import Kiln, chromium, running_kiln, screenshot_dir, signed_in_page
 
 pytestmark = pytest.mark.e2e
 

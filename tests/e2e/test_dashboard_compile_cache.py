@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from core.db import make_engine, utcnow
 from core.models import Job
 from core.services.forecasts import record_forecast
-from tests.e2e.dashboard_harness import Kiln, chromium, running_kiln, screenshot_dir, signed_in_page
+from harness.dashboard import Kiln, chromium, running_kiln, screenshot_dir, signed_in_page
 from tests.support.compile_events import SUMMARIES, relay_compiles
 
 pytestmark = pytest.mark.e2e

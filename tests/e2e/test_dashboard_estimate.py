@@ -14,7 +14,7 @@ import pytest
 import yaml
 from sqlalchemy.orm import Session
 
-from tests.e2e.dashboard_harness import Kiln, chromium, running_kiln, screenshot_dir, signed_in_page
+from harness.dashboard import Kiln, chromium, running_kiln, screenshot_dir, signed_in_page
 from tests.support.measured_runs import record_run
 
 pytestmark = pytest.mark.e2e

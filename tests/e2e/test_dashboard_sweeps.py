@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e.dashboard_harness import Kiln, chromium, running_kiln, screenshot_dir
+from harness.dashboard import Kiln, chromium, running_kiln, screenshot_dir
 
 pytestmark = pytest.mark.e2e
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.deps import missing
 from tests.e2e.test_kiln_up import JOB_TIMEOUT_S, Up, up_running
-from tests.support.deps import missing
 
 pytestmark = pytest.mark.e2e
 
@@ -65,7 +65,7 @@ def build_model(hp, *, datasets):
 def dashboard_shows_the_datasets(up: Up, job_id: str) -> None:
     from playwright.sync_api import expect
 
-    from tests.e2e.dashboard_harness import chromium, signed_in_page
+    from harness.dashboard import chromium, signed_in_page
 
     token = json.loads((up.home.parent / "xdg" / "kiln" / "config.json").read_text())["token"]
     with chromium() as browser:

@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.services import free_port
 from tests.e2e.transcripts import Block, Command, blocks, disagreement
-from tests.support.services import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 

@@ -21,9 +21,9 @@ import pytest
 from core.fence import job_checkpoint_dir
 from core.models import Checkpoint
 from core.settings import get_settings
+from harness.read_only import make_read_only, make_writable, require_mounts, shared_mount
+from harness.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
 from tests.support.cluster_rows import checkpoint_manifests, finished_state, job_attempts, job_events, job_row
-from tests.support.read_only import make_read_only, make_writable, require_mounts, shared_mount
-from tests.support.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -16,8 +16,8 @@ from core.settings import get_settings
 from core.states import JobState
 from core.trainer_protocol import ExitCode
 from core.transitions import record_event
+from harness.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
 from tests.support.cluster_rows import job_events, job_row
-from tests.support.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
 from workers.dispatch import dispatch_attempt
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]

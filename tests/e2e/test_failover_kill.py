@@ -17,8 +17,8 @@ from sqlalchemy import select
 from core.db import utcnow
 from core.models import Checkpoint, Event, Usage
 from core.settings import get_settings
+from harness.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
 from tests.support.cluster_rows import finished_state, job_attempts, job_events, job_row, matched_its_twin
-from tests.support.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 

@@ -2,8 +2,8 @@
 lease): no job lost, none duplicated, none restarted; the API answers 503 while the database is away and recovers
 by itself.
 
-Redis and PostgreSQL are servers of the test's own, on free ports (``tests.support.redis_server``,
-``tests.support.private_servers``): the shared ones never see these outages.
+Redis and PostgreSQL are servers of the test's own, on free ports (``harness.redis_server``,
+``harness.private_servers``): the shared ones never see these outages.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from sqlalchemy import select
 
 from core.models import Attempt, Event, Job
 from core.settings import get_settings
+from harness.deps import missing
+from harness.private_servers import PrivatePostgres, private_servers_available
+from harness.redis_server import RedisServer, private_redis
+from harness.workers_cluster import Cluster, cluster, slow_steps, tiny_spec, wait_for
 from tests.support.cluster_rows import job_row
-from tests.support.deps import missing
-from tests.support.private_servers import PrivatePostgres, private_servers_available
-from tests.support.redis_server import RedisServer, private_redis
-from tests.support.workers_cluster import Cluster, cluster, slow_steps, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -32,8 +32,8 @@ from core.fence import job_checkpoint_dir
 from core.models import Checkpoint
 from core.settings import get_settings
 from core.trainer_protocol import ExitCode
+from harness.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
 from tests.support.cluster_rows import checkpoint_manifests, job_attempts, job_events, job_row
-from tests.support.workers_cluster import Cluster, cluster_on_new_database, slow_steps, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(360)]
 

@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.support.services import free_port, process_tree
+from harness.services import free_port, process_tree
 
 pytestmark = pytest.mark.e2e
 

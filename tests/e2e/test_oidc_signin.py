@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.dashboard_harness import ROOT, Kiln, chromium, running_kiln, screenshot_dir
+from harness.dashboard import ROOT, Kiln, chromium, running_kiln, screenshot_dir
 from tests.support import oidc_provider
 from tests.support.oidc_provider import CLI_CLIENT, Provider
 
@@ -236,7 +236,7 @@ def test_bad_sign_in_input_is_a_problem_not_a_traceback(world: World) -> None:
 
 
 def test_the_cli_says_what_went_wrong_with_an_exit_code(tmp_path: Path) -> None:
-    from tests.support.services import free_port
+    from harness.services import free_port
 
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path), "KILN_TOKEN": ""}
     down = f"http://127.0.0.1:{free_port()}"

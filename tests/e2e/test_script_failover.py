@@ -15,9 +15,9 @@ from sqlalchemy import select
 
 from core.models import Attempt, JobMetric
 from core.settings import get_settings
+from harness.workers_cluster import ROOT, Cluster, cluster_on_new_database, upload_code
 from tests.support.cluster_rows import job_events, job_row
 from tests.support.failover import sigkill_the_host_mid_run_beside_a_twin
-from tests.support.workers_cluster import ROOT, Cluster, cluster_on_new_database, upload_code
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

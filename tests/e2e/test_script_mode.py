@@ -102,7 +102,7 @@ def dashboard_shows_the_script(url: str, token: str, job_id: str, silent_id: str
     """The job page: the command, the loss the script reported plotted, and the step-time term's standing."""
     from playwright.sync_api import expect
 
-    from tests.e2e.dashboard_harness import chromium, signed_in_page
+    from harness.dashboard import chromium, signed_in_page
 
     with chromium() as browser:
         page = signed_in_page(browser, url, token)

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.deps import require_module
+from harness.deps import require_module
 
 require_module("torch")
 psutil = require_module("psutil")

@@ -60,7 +60,7 @@ def dashboard_shows_code_and_evaluation(url: str, token: str, job_id: str, diges
     """The job page: the code's digest and entry point, its archive downloadable, the evaluation plotted."""
     from playwright.sync_api import expect
 
-    from tests.e2e.dashboard_harness import chromium
+    from harness.dashboard import chromium
 
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 1280, "height": 900}, accept_downloads=True)  # type: ignore[attr-defined]
@@ -179,7 +179,7 @@ def test_a_misspelt_hyperparameter_is_refused_at_submit_or_fails_at_once_saying_
 
     from playwright.sync_api import expect
 
-    from tests.e2e.dashboard_harness import chromium
+    from harness.dashboard import chromium
 
     token = json.loads((tmp_path / "xdg" / "kiln" / "config.json").read_text())["token"]
     with chromium() as browser:

@@ -23,10 +23,10 @@ import httpx
 import pytest
 
 from core.webhooks import SIGNATURE_HEADER, sign
-from tests.e2e.dashboard_harness import ROOT, Kiln, chromium, running_kiln, screenshot_dir
+from harness.dashboard import ROOT, Kiln, chromium, running_kiln, screenshot_dir
+from harness.services import free_port
+from harness.workers_cluster import wait_for
 from tests.support.api import spec
-from tests.support.services import free_port
-from tests.support.workers_cluster import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -39,8 +39,7 @@ from core.policy_config import PolicyConfig
 from core.services import jobs as jobs_service
 from core.services.bootstrap import bootstrap_admin
 from core.settings import get_settings
-from tests.support.cluster_rows import checkpoint_manifests, finished_state, job_attempts, job_events, job_row
-from tests.support.workers_cluster import (
+from harness.workers_cluster import (
     ROOT,
     Cluster,
     cluster_admin,
@@ -49,6 +48,7 @@ from tests.support.workers_cluster import (
     tiny_spec,
     wait_for,
 )
+from tests.support.cluster_rows import checkpoint_manifests, finished_state, job_attempts, job_events, job_row
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from core.db import make_engine
 from core.migrate import upgrade
-from tests.support.services import temporary_database
+from harness.services import temporary_database
 
 
 @pytest.fixture(scope="session")

@@ -193,7 +193,7 @@ def test_rate_limit_is_shared_by_api_processes_through_redis(tmp_path: Path, pg_
     import uuid
 
     from api.ratelimit import RedisTokenBucketLimiter, TokenBucketLimiter
-    from tests.support.services import redis_url
+    from harness.services import redis_url
 
     url = redis_url()
     prefix = f"kiln-test:{uuid.uuid4().hex}:"

@@ -22,8 +22,8 @@ from core.fence import job_checkpoint_dir
 from core.models import Checkpoint, Job
 from core.settings import get_settings
 from core.telemetry import Telemetry
+from harness.read_only import read_only, require_mounts
 from tests.support.api import World, build_world, make_app
-from tests.support.read_only import read_only, require_mounts
 from trainer.checkpoint.checkpointer import Checkpointer
 from trainer.checkpoint.store import list_checkpoints, sha256_file
 from trainer.recipes.gpt import GPTRecipe

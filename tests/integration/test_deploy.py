@@ -29,9 +29,9 @@ from core.liveness import check
 from core.migrate import upgrade
 from core.models import Host
 from core.settings import Settings
+from harness.services import free_port, temporary_database
+from harness.workers_cluster import wait_for
 from tests.support.scheduler_loop import LoopThread
-from tests.support.services import free_port, temporary_database
-from tests.support.workers_cluster import wait_for
 from workers.dispatch import dispatch_attempt
 
 pytestmark = pytest.mark.integration

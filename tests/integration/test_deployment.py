@@ -14,8 +14,8 @@ from cli.server.up import _claim_storage
 from core.deployment import deployment_uid
 from core.models import Deployment
 from core.settings import Settings
+from harness.workers_cluster import admit, submit, tiny_spec
 from tests.support.api import migrated_sqlite
-from tests.support.workers_cluster import admit, submit, tiny_spec
 from workers.attempt_env import local_tier_dir
 from workers.claim import claim
 from workers.host_agent import HostAgent

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from core.fence import job_checkpoint_dir
 from core.models import Checkpoint, Event, Job
 from core.settings import Settings
-from tests.support.workers_cluster import admit, submit, tiny_spec
+from harness.workers_cluster import admit, submit, tiny_spec
 from trainer.checkpoint.store import sha256_file, step_dir_name, write_manifest_and_commit
 from workers.claim import claim
 from workers.host_agent import HostAgent

@@ -20,7 +20,7 @@ from core.models import EventCursor, Job, QosClass, Team, Webhook, WebhookDelive
 from core.outbox import WEBHOOKS, deliver_events
 from core.states import JobState
 from core.transitions import transition
-from tests.support.services import temporary_database
+from harness.services import temporary_database
 
 pytestmark = pytest.mark.integration
 

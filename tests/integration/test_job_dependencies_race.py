@@ -16,8 +16,8 @@ from core.db import make_engine
 from core.migrate import upgrade
 from core.services import jobs as jobs_service
 from core.services.errors import InvalidInput
-from tests.support.services import temporary_database
-from tests.support.workers_cluster import cluster_admin, submit
+from harness.services import temporary_database
+from harness.workers_cluster import cluster_admin, submit
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from sqlalchemy import inspect, select, text
 import core.models  # noqa: F401
 from core.db import Base, make_engine
 from core.migrate import downgrade, upgrade
-from tests.support.services import temporary_database
+from harness.services import temporary_database
 
 pytestmark = pytest.mark.integration
 

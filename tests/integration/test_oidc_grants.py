@@ -92,8 +92,8 @@ def test_sign_in_is_off_until_configured(client: TestClient) -> None:
 
 
 def test_a_provider_that_cannot_be_reached_is_a_502_problem(db: Session, pg_engine: Any, tmp_path: Path) -> None:
+    from harness.services import free_port
     from tests.support.api import make_app
-    from tests.support.services import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     app = make_app(pg_engine, tmp_path, db, oidc_issuer=dead, oidc_client_id="kiln")

@@ -22,11 +22,11 @@ from core.fence import job_checkpoint_dir, read_fence, write_fence
 from core.lifecycle import requeue_after_failure
 from core.models import Attempt, Checkpoint, Event, Host, Job
 from core.settings import Settings
+from harness.workers_cluster import admit
 from scheduler.live import orphan_checkpoints
 from scheduler.live.orphan_checkpoints import reconcile_checkpoints
 from scheduler.live.reconciler import reconcile
 from tests.support.api import World, build_world, make_app
-from tests.support.workers_cluster import admit
 from trainer.checkpoint.store import MANIFEST, list_checkpoints, sha256_file, step_dir_name, write_manifest_and_commit
 from workers.claim import claim
 from workers.dispatch import dispatch_attempt

@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from core.process_metrics import serve
 from core.settings import Settings
+from harness.services import free_port
 from tests.support.nvml_replay import NVMLReplay
-from tests.support.services import free_port
 from workers.host_agent import HostAgent
 from workers.metrics import WorkerMetrics
 

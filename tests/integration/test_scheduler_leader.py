@@ -18,14 +18,14 @@ from core.migrate import upgrade
 from core.models import Attempt, Event, Job
 from core.notify import notify_jobs_changed
 from core.settings import Settings
+from harness.leader import leader_holder, leader_term
+from harness.services import temporary_database
+from harness.workers_cluster import admit, tiny_spec
+from harness.workers_cluster import submit as submit_spec
 from scheduler.live.leader import FileLeadership, LeadershipLost, PostgresLeadership
 from scheduler.live.loop import run_cycle
 from tests.integration import test_scheduler_support as f
-from tests.support.leader import leader_holder, leader_term
 from tests.support.scheduler_loop import LoopThread
-from tests.support.services import temporary_database
-from tests.support.workers_cluster import admit, tiny_spec
-from tests.support.workers_cluster import submit as submit_spec
 from workers.claim import claim
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus

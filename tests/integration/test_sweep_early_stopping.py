@@ -16,7 +16,7 @@ from core.models import Attempt, Event, Job
 from core.settings import Settings
 from core.sweeps.service import submit_sweep
 from core.transitions import record_event
-from tests.support.workers_cluster import admit, cluster_admin, submit, tiny_spec
+from harness.workers_cluster import admit, cluster_admin, submit, tiny_spec
 from workers.claim import claim
 from workers.exit_classes import Outcome
 from workers.host_agent import HostAgent

@@ -153,7 +153,7 @@ def test_a_cancel_racing_a_proposal_cancels_the_proposed_job_too() -> None:
     from core.services.principal import Principal
     from core.sweeps.search import propose_due
     from core.sweeps.service import cancel_all, submit_sweep
-    from tests.support.services import temporary_database
+    from harness.services import temporary_database
 
     with temporary_database("kiln_sweep_race") as url:
         upgrade(url)

@@ -26,9 +26,9 @@ from core.settings import Settings
 from core.states import JobState
 from core.transitions import record_event, transition
 from core.webhooks import SIGNATURE_HEADER, sign, verify
+from harness.services import temporary_database
 from scheduler.live.notifier import Notifier, backoff_s
 from tests.support.api import World, build_world, make_app
-from tests.support.services import temporary_database
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ from core.db import make_engine
 from core.migrate import upgrade
 from core.models import Attempt, Event, Job
 from core.settings import Settings, get_settings
-from tests.support.services import temporary_database
-from tests.support.workers_cluster import SchedulerThread, admit, cluster, submit, wait_for
+from harness.services import temporary_database
+from harness.workers_cluster import SchedulerThread, admit, cluster, submit, wait_for
 from workers.claim import Refused, claim
 from workers.host_agent import HostAgent
 from workers.inventory import NoGpus

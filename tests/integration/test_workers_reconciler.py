@@ -18,11 +18,11 @@ from core.lifecycle import renew_lease, restart_backoff_s
 from core.models import GPU, Attempt, Event, Host, Job, QosClass, Usage
 from core.settings import Settings
 from core.transitions import record_event
+from harness.workers_cluster import admit, submit, tiny_spec
 from scheduler.live import reconciler
 from scheduler.live.loader import load_snapshot
 from scheduler.live.reconciler import reconcile
 from tests.support.nvml_replay import NVMLReplay
-from tests.support.workers_cluster import admit, submit, tiny_spec
 from workers import worker_state
 from workers.attempt_env import attempt_env
 from workers.claim import Refused, claim

@@ -18,7 +18,7 @@ from core.lifecycle import ExitClass, requeue_after_failure
 from core.models import Attempt, Checkpoint, Event, Host, Job
 from core.settings import Settings
 from core.transitions import hold
-from tests.support.workers_cluster import admit, submit, tiny_spec
+from harness.workers_cluster import admit, submit, tiny_spec
 from workers.claim import claim
 from workers.claimed import Claimed
 from workers.exit_classes import Outcome, StopRequest

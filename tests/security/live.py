@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from core.db import make_engine
 from core.models import Attempt
-from tests.e2e.dashboard_harness import Kiln, running_kiln
+from harness.dashboard import Kiln, running_kiln
 
 
 @dataclass

@@ -13,10 +13,10 @@ import pytest
 
 from core import compile_cache as store
 from core.settings import get_settings
+from harness.workers_cluster import Cluster, SchedulerThread, _team, wait_for
 from tests.security.test_hostile_code import finished, host  # noqa: F401 - the fixture
 from tests.security.test_script_isolation import script_job
 from tests.support.cluster_rows import job_row
-from tests.support.workers_cluster import Cluster, SchedulerThread, _team, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -15,9 +15,9 @@ import pytest
 
 from core.models import Dataset
 from core.settings import get_settings
+from harness.workers_cluster import Cluster, SchedulerThread, _team, submit, upload_code, wait_for
 from tests.security.test_hostile_code import finished, host, tree_digest  # noqa: F401 - host is a fixture
 from tests.support.cluster_rows import job_row
-from tests.support.workers_cluster import Cluster, SchedulerThread, _team, submit, upload_code, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 

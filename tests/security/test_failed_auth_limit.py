@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
+from harness.services import redis_url
 from tests.support.api import auth, build_world, make_app
-from tests.support.services import redis_url
 
 pytestmark = pytest.mark.integration
 

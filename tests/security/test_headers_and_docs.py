@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.dashboard_harness import chromium
+from harness.dashboard import chromium
 from tests.security.live import Live
 
 pytestmark = pytest.mark.e2e

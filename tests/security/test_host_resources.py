@@ -19,7 +19,7 @@ from sqlalchemy import select
 from core.models import Job
 from core.settings import Settings
 from core.telemetry import Telemetry
-from tests.support.workers_cluster import Cluster, cluster_on_new_database, tiny_spec, wait_for
+from harness.workers_cluster import Cluster, cluster_on_new_database, tiny_spec, wait_for
 from trainer.checkpoint import Checkpointer
 from trainer.checkpoint.store import EXTRA, MANIFEST, sha256_file
 from workers.isolation import Isolation, Limits

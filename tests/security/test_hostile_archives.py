@@ -33,9 +33,9 @@ import psutil
 import pytest
 
 from core.code_archive import pack_bytes
+from harness import tarcraft as tc
+from harness.tarcraft import D, S, entry
 from tests.security.live import Live
-from tests.support import tarcraft as tc
-from tests.support.tarcraft import D, S, entry
 
 pytestmark = pytest.mark.e2e
 

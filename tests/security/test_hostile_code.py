@@ -22,8 +22,8 @@ import pytest
 
 from core.models import Job
 from core.settings import get_settings
+from harness.workers_cluster import ROOT, Cluster, cluster_on_new_database, tiny_spec, upload_code, wait_for
 from tests.support.cluster_rows import job_row
-from tests.support.workers_cluster import ROOT, Cluster, cluster_on_new_database, tiny_spec, upload_code, wait_for
 from workers.isolation import CGROUP_ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]

@@ -10,8 +10,8 @@ from sqlalchemy import text
 
 from core.db import make_engine
 from core.migrate import upgrade
+from harness.services import temporary_database
 from tests.support.api import World, spec
-from tests.support.services import temporary_database
 
 pytestmark = pytest.mark.integration
 

@@ -38,8 +38,8 @@ from core.services.principal import Principal
 from core.spec import parse_spec_data
 from core.states import TERMINAL
 from core.sweeps.search import propose_due
+from harness.services import free_port, temporary_database, wait_until_serving
 from tests.support.api import World, build_world, make_app, spec
-from tests.support.services import free_port, temporary_database, wait_until_serving
 
 pytestmark = pytest.mark.integration
 

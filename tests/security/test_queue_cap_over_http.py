@@ -24,8 +24,8 @@ from core.services import teams as teams_svc
 from core.services import tokens as tokens_svc
 from core.services.principal import Principal
 from core.states import UNFINISHED
+from harness.services import temporary_database
 from tests.support.api import auth, make_app, spec
-from tests.support.services import temporary_database
 from tests.support.sql import statements
 
 pytestmark = pytest.mark.integration

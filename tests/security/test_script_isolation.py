@@ -16,9 +16,9 @@ import psutil
 import pytest
 
 from core.settings import get_settings
+from harness.workers_cluster import ROOT, Cluster, SchedulerThread, submit, upload_code, wait_for
 from tests.security.test_hostile_code import finished, host, targets  # noqa: F401 - the fixture
 from tests.support.cluster_rows import job_row
-from tests.support.workers_cluster import ROOT, Cluster, SchedulerThread, submit, upload_code, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 

@@ -17,8 +17,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.e2e.dashboard_harness import ROOT, free_port
-from tests.support.services import process_tree
+from harness.dashboard import ROOT, free_port
+from harness.services import process_tree
 from workers.supervisor import TrainerProcess
 
 

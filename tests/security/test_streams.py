@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.dashboard_harness import ROOT
+from harness.dashboard import ROOT
 from tests.security.live import Live
 
 pytestmark = pytest.mark.e2e

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from core.db import make_engine
 from core.models import Attempt
-from tests.e2e.dashboard_harness import ROOT
+from harness.dashboard import ROOT
 from tests.security.live import Live
 
 pytestmark = pytest.mark.e2e

@@ -23,8 +23,8 @@ from core.services import tokens as tokens_svc
 from core.services.auth import authenticate
 from core.services.errors import Unauthenticated
 from core.services.principal import Principal
+from harness.services import temporary_database
 from tests.support.api import World, auth
-from tests.support.services import temporary_database
 
 pytestmark = pytest.mark.integration
 

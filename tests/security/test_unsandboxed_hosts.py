@@ -18,10 +18,10 @@ from sqlalchemy import select
 
 from core.models import Host
 from core.settings import get_settings
+from harness.workers_cluster import Cluster, cluster_on_new_database, tiny_spec, wait_for
 from tests.security.test_hostile_code import finished
 from tests.security.test_script_isolation import script_job
 from tests.support.cluster_rows import job_events, job_row
-from tests.support.workers_cluster import Cluster, cluster_on_new_database, tiny_spec, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

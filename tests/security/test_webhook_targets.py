@@ -39,9 +39,9 @@ from core.settings import Settings
 from core.states import JobState
 from core.transitions import transition
 from core.webhooks import target_refusal
+from harness.services import temporary_database
 from scheduler.live.notifier import Notifier
 from tests.support.api import World
-from tests.support.services import temporary_database
 
 pytestmark = pytest.mark.integration
 

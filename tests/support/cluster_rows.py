@@ -1,4 +1,4 @@
-"""Reading a :class:`~tests.support.workers_cluster.Cluster`'s database from a test: a job, its attempts, its
+"""Reading a :class:`~harness.workers_cluster.Cluster`'s database from a test: a job, its attempts, its
 events; and what its checkpoints hold on disk."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from core.fence import job_checkpoint_dir
 from core.models import Attempt, Event, Job
 from core.settings import get_settings
 from core.states import TERMINAL
-from tests.support.workers_cluster import Cluster
+from harness.workers_cluster import Cluster
 
 
 def job_row(c: Cluster, job_id: int) -> Job:

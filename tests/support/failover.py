@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from harness.workers_cluster import Cluster, wait_for
 from tests.support.cluster_rows import job_row
-from tests.support.workers_cluster import Cluster, wait_for
 
 
 def sigkill_the_host_mid_run_beside_a_twin(

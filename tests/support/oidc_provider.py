@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.deps import missing
-from tests.support.services import free_port, wait_until_serving
+from harness.deps import missing
+from harness.services import free_port, wait_until_serving
 
 DIR = Path(__file__).resolve().parent / "oidc"
 DASHBOARD_CLIENT, DASHBOARD_SECRET, CLI_CLIENT = "kiln-dashboard", "dashboard-secret", "kiln-cli"

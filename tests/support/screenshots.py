@@ -1,5 +1,5 @@
 """Regenerate the dashboard's screenshots in docs/img: the browser tests that take them, run with
-``KILN_REFRESH_SCREENSHOTS=1`` (tests/e2e/dashboard_harness.py), so each image is what a passing test saw.
+``KILN_REFRESH_SCREENSHOTS=1`` (harness/dashboard.py), so each image is what a passing test saw.
 
     .venv/bin/python -m tests.support.screenshots                                  # every one (minutes: jobs train)
     .venv/bin/python -m tests.support.screenshots tests/e2e/test_dashboard_charts.py  # the charts' alone (~30 s)
@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e.dashboard_harness import DOCS_IMG, REFRESH_SCREENSHOTS
+from harness.dashboard import DOCS_IMG, REFRESH_SCREENSHOTS
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = [

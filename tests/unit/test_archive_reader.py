@@ -25,8 +25,8 @@ from core.code_archive import tree as archive_tree
 from core.code_archive.base import Member
 from core.code_archive.reader import OUT_STEP, Inflater, TarReader
 from core.code_archive.unpack import Writer
-from tests.support import tarcraft as tc
-from tests.support.tarcraft import D, H, S, entry
+from harness import tarcraft as tc
+from harness.tarcraft import D, H, S, entry
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ArchiveLimits(max_unpacked_bytes=32 << 20, max_entries=1000)

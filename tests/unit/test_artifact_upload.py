@@ -13,8 +13,8 @@ import pytest
 from core import code_archive as ca
 from core.code_archive import ArchiveLimits
 from core.services import artifacts
-from tests.support import tarcraft as tc
-from tests.support.tarcraft import entry
+from harness import tarcraft as tc
+from harness.tarcraft import entry
 
 SMALL = ArchiveLimits(max_unpacked_bytes=32 << 20, max_entries=1000)
 

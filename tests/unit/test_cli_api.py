@@ -30,9 +30,9 @@ from core.db import make_engine
 from core.migrate import upgrade
 from core.models import Host, Job
 from core.services.forecasts import record_forecast
+from harness.deps import require_module
+from harness.services import free_port, wait_until_serving
 from tests.support.compile_events import SUMMARIES, relay_compiles
-from tests.support.deps import require_module
-from tests.support.services import free_port, wait_until_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "gpt-tiny.yaml"

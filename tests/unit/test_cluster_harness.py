@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support.workers_cluster import Cluster
+from harness.workers_cluster import Cluster
 
 
 def test_a_reaped_workers_pid_is_never_looked_up_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

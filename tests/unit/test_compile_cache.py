@@ -16,8 +16,8 @@ import pytest
 
 from core import compile_cache as store
 from core.settings import Settings
+from harness.deps import require_module
 from scheduler.live.loop import collect_compile_caches
-from tests.support.deps import require_module
 
 FIELDS = {"torch": "2.13.0", "triton": None, "mode": "regional", "graph": {"recipe": "gpt", "n_layer": 1}}
 

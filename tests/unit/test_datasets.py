@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from core.datasets import DatasetPathError, check_relative, resolve
 from core.spec import JobSpec, SpecError, parse_spec_data
 from core.trainer_protocol import ENV_DATASETS
-from tests.support.deps import require_module
+from harness.deps import require_module
 from workers.datasets import DatasetUnavailable, Resolved, open_checked, resolve_all
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.support.deps import require_module
+from harness.deps import require_module
 
 require_module("torch")
 

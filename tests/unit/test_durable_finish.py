@@ -1,7 +1,7 @@
 """A job's success needs its final state on durable storage (issue 39, item 1): the trainer's final checkpoint is
 retried through a storage fault and, failing, ends the attempt as a storage failure, never as a success; a script's
 commits likewise; the worker's own check of what a success rests on. The fault is real: the checkpoint directory
-made read-only by a read-only bind mount (``tests/support/read_only.py``), which root's writes meet as well.
+made read-only by a read-only bind mount (``harness/read_only.py``), which root's writes meet as well.
 
 (A chaos run with the storage read-only for 20 s ended two jobs SUCCEEDED at step 400 while their newest weights
 were step 360's: the final save failed, the failure was an event, and the trainer exited 0.)"""
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from harness.deps import require_module
+from harness.read_only import make_read_only, make_writable, read_only, require_mounts
 from tests.support.compiler_env import compiler_cache_env_restored  # noqa: F401  (autouse)
-from tests.support.deps import require_module
-from tests.support.read_only import make_read_only, make_writable, read_only, require_mounts
 
 torch = require_module("torch")
 

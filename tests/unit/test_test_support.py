@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.dashboard_harness import DOCS_IMG, REFRESH_SCREENSHOTS, screenshot_dir
-from tests.support.deps import require_module
+from harness.dashboard import DOCS_IMG, REFRESH_SCREENSHOTS, screenshot_dir
+from harness.deps import require_module
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,7 @@ def test_a_missing_module_skips_on_a_laptop_and_fails_in_ci(monkeypatch: pytest.
 
 
 def test_no_test_skips_for_a_dependency_behind_the_ci_rule() -> None:
-    """``pytest.importorskip`` would skip in CI too: tests use ``tests.support.deps`` instead."""
+    """``pytest.importorskip`` would skip in CI too: tests use ``harness.deps`` instead."""
     offenders = [
         str(path.relative_to(TESTS))
         for path in TESTS.rglob("*.py")

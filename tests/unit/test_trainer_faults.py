@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from harness.deps import require_module
 from tests.support.compiler_env import compiler_cache_env_restored  # noqa: F401  (autouse)
-from tests.support.deps import require_module
 
 torch = require_module("torch")
 

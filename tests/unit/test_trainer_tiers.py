@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.deps import require_module
+from harness.deps import require_module
 
 torch = require_module("torch")
 

@@ -7,8 +7,8 @@ import pathlib
 
 import pytest
 
+from harness.deps import require_module
 from tests.support.compiler_env import compiler_cache_env_restored  # noqa: F401  (autouse)
-from tests.support.deps import require_module
 
 torch = require_module("torch")
 

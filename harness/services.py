@@ -16,7 +16,7 @@ import httpx
 import psutil
 import psycopg
 
-from tests.support.deps import missing
+from harness.deps import missing
 
 PG_ADMIN_URL = os.environ.get("KILN_TEST_PG_ADMIN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL_BASE = os.environ.get("KILN_TEST_REDIS", "redis://127.0.0.1:6379")

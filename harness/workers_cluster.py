@@ -40,16 +40,16 @@ from core.services.principal import Principal
 from core.settings import Settings, get_settings
 from core.spec import parse_spec_data
 from core.trainer_protocol import ENV_TEST_HOOKS
+from harness.services import free_port, process_tree, redis_url, temporary_database
 from scheduler.live.apply import apply_all
 from scheduler.live.loop import CycleResult, run_cycle
 from scheduler.policy.decisions import Admission, Decisions, PlacementEntry
-from tests.support.services import free_port, process_tree, redis_url, temporary_database
 from workers import celery_app
 from workers.dispatch import dispatch_attempt
 
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import redis
 
-from tests.support.workers_cluster import wait_for
+from harness.workers_cluster import wait_for
 
 
 def free_port() -> int:

@@ -1,5 +1,5 @@
 """A PostgreSQL server of a test's own, on a free port, for faults the shared server (5432) must never see:
-``pg_ctl stop -m immediate``. Its Redis counterpart is ``tests/support/redis_server.py``.
+``pg_ctl stop -m immediate``. Its Redis counterpart is ``harness/redis_server.py``.
 
 PostgreSQL refuses to run as root: where the tests run as root, the cluster belongs to the ``postgres`` user
 (``runuser``), as the distribution's own cluster does.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psycopg
 
-from tests.support.services import free_port
+from harness.services import free_port
 
 PG_BIN_DIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
 

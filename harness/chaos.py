@@ -32,11 +32,11 @@ from core.fence import job_checkpoint_dir
 from core.models import Attempt, Checkpoint, Event, Job, Team, TeamQuota
 from core.services.bootstrap import bootstrap_admin
 from core.states import TERMINAL, AttemptState, JobState
-from tests.support.leader import leader_pid
-from tests.support.private_servers import PrivatePostgres
-from tests.support.read_only import read_only, shared_mount
-from tests.support.redis_server import RedisServer
-from tests.support.workers_cluster import Cluster, cluster, slow_steps, tiny_spec, wait_for
+from harness.leader import leader_pid
+from harness.private_servers import PrivatePostgres
+from harness.read_only import read_only, shared_mount
+from harness.redis_server import RedisServer
+from harness.workers_cluster import Cluster, cluster, slow_steps, tiny_spec, wait_for
 
 
 def chaos_spec(name: str, *, seed: int, steps: int, every_steps: int) -> dict[str, Any]:

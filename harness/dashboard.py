@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 
-from tests.support.deps import missing
-from tests.support.services import free_port, wait_until_serving
+from harness.deps import missing
+from harness.services import free_port, wait_until_serving
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("KILN_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 DOCS_IMG = ROOT / "docs" / "img"
