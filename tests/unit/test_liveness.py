@@ -1,12 +1,10 @@
-"""The liveness file a container healthcheck reads (core/liveness.py), and ``python -m core.liveness`` itself."""
+"""The liveness file a container healthcheck reads (core/liveness.py); ``python -m core.liveness`` itself, a process:
+tests/e2e/test_liveness_command.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from core.liveness import MIN_STALE_S, Pulse, check, stale_after_s
@@ -44,23 +42,3 @@ def test_missing_or_garbled_files_are_unhealthy(tmp_path: Path) -> None:
 def test_no_path_writes_nothing(tmp_path: Path) -> None:
     Pulse(None, 1.0).beat("standby")
     assert list(tmp_path.iterdir()) == []
-
-
-def run_check(*args: str, **environ: str) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT), **environ}
-    return subprocess.run([sys.executable, "-m", "core.liveness", *args], capture_output=True, text=True, env=env)
-
-
-def test_the_healthcheck_command_reads_the_file_named_by_the_environment(tmp_path: Path) -> None:
-    path = tmp_path / "alive.json"
-    assert run_check(KILN_LIVENESS_FILE=str(path)).returncode == 1
-    Pulse(path, 1.0).beat("heartbeat")
-    started = time.perf_counter()
-    ok = run_check(KILN_LIVENESS_FILE=str(path))
-    assert ok.returncode == 0 and ok.stdout.startswith("heartbeat: last beat")
-    assert time.perf_counter() - started < 2.0  # cheap enough to run every few seconds (0.05-0.07 s here)
-    time.sleep(0.3)
-    stale = run_check(str(path), "--max-age", "0.2")
-    assert stale.returncode == 1 and "stale after 0 s" in stale.stderr
-    unset = run_check()
-    assert unset.returncode == 2 and "KILN_LIVENESS_FILE is not set" in unset.stderr

@@ -14,6 +14,8 @@ import pytest
 
 from harness.workers_cluster import Cluster
 
+pytestmark = pytest.mark.e2e
+
 
 def test_a_reaped_workers_pid_is_never_looked_up_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     c = Cluster(tmp_path, database_url="sqlite://", broker_url="memory://")

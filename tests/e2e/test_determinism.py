@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from harness.deps import require_module
+
+pytestmark = pytest.mark.e2e
 
 require_module("torch")
 

@@ -34,6 +34,8 @@ from harness.deps import require_module
 from harness.services import free_port, wait_until_serving
 from tests.support.compile_events import SUMMARIES, relay_compiles
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "gpt-tiny.yaml"
 

@@ -8,13 +8,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy.orm import Session
 
 from cli.errors import ExitCode
 from core.db import make_engine
+from tests.e2e import test_cli_api
+from tests.e2e.test_cli_api import EXAMPLE, Server, spec_file, submit
 from tests.support.measured_runs import record_run
-from tests.unit import test_cli_api
-from tests.unit.test_cli_api import EXAMPLE, Server, spec_file, submit
+
+pytestmark = pytest.mark.e2e
 
 server, kiln = test_cli_api.server, test_cli_api.kiln  # its fixtures: a server of this module's own
 

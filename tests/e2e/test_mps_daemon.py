@@ -13,6 +13,8 @@ import pytest
 
 from workers.mps import MpsDaemon
 
+pytestmark = pytest.mark.e2e
+
 STANDIN = str(Path(__file__).resolve().parents[1] / "support" / "mps_standin.py")
 
 
