@@ -9,6 +9,7 @@ from typing import Any
 
 from core.settings import Settings
 from scheduler.live.loop import run_forever
+from scheduler.live.metrics import SchedulerMetrics
 
 
 class LoopThread:
@@ -16,7 +17,8 @@ class LoopThread:
 
     def __init__(self, settings: Settings, dispatch: Callable[[int, int, list[Any]], None]) -> None:
         self.stop = threading.Event()
-        kwargs = {"stop": self.stop, "dispatch": dispatch}
+        self.metrics = SchedulerMetrics()
+        kwargs = {"stop": self.stop, "dispatch": dispatch, "metrics": self.metrics}
         self.thread = threading.Thread(target=run_forever, args=(settings,), kwargs=kwargs, daemon=True)
         self.thread.start()
 
@@ -25,3 +27,8 @@ class LoopThread:
         self.stop.set()
         self.thread.join(timeout=20)
         return not self.thread.is_alive()
+
+    def cycles(self) -> int:
+        """The scheduling cycles it has committed so far (its metrics' count)."""
+        count = self.metrics.registry.get_sample_value("kiln_scheduler_cycle_seconds_count")
+        return int(count or 0)

@@ -193,11 +193,16 @@ def test_a_valid_lease_costs_nothing_and_no_lease_file_means_no_worker(tmp_path:
 def test_an_expired_lease_waits_and_carries_on_when_renewed(tmp_path: pathlib.Path) -> None:
     run = Run(tmp_path)
     run.lease(-0.1, lease_s=10.0)
-    renew = threading.Timer(0.5, run.lease, args=(60.0,))
-    renew.start()
-    t0 = time.monotonic()
-    run.guard().ensure("step 9")
-    assert time.monotonic() - t0 >= 0.4
+
+    def renew_once_the_rank_waits() -> None:  # the worker renews while the rank waits (it would wait 10 s)
+        telemetry = tmp_path / "run" / "telemetry" / "rank0.jsonl"
+        deadline = time.monotonic() + 30
+        while not (telemetry.exists() and "LEASE_EXPIRED" in telemetry.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        run.lease(60.0)
+
+    threading.Thread(target=renew_once_the_rank_waits, daemon=True).start()
+    run.guard().ensure("step 9")  # returns only once renewed: the renewal waits for the rank to say it waits
     assert run.events() == ["LEASE_EXPIRED", "LEASE_RENEWED"]
 
 
