@@ -35,3 +35,17 @@ def test_the_healthcheck_command_reads_the_file_named_by_the_environment(tmp_pat
     assert stale.returncode == 1 and "stale after 0 s" in stale.stderr
     unset = run_check()
     assert unset.returncode == 2 and "KILN_LIVENESS_FILE is not set" in unset.stderr
+
+
+def test_the_liveness_bench_runs_the_command(tmp_path: Path) -> None:
+    out = tmp_path / "liveness.json"
+    done = subprocess.run(
+        [sys.executable, "bench/liveness_bench.py", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = json.loads(out.read_text())
+    assert got["smoke"] and got["runs"] == 3 and 0 < got["median_s"] <= got["max_s"]
