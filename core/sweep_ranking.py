@@ -12,7 +12,7 @@ from pydantic import Field
 from core.spec import StrictModel
 from core.states import JobState
 
-if TYPE_CHECKING:  # the rows' types only: a sweep document is parsed without the database (core.sweep_spec)
+if TYPE_CHECKING:  # the rows' types only: a sweep document is parsed without the database (core.sweeps.spec)
     from core.models import Job, Sweep
 
 LOSS = "loss"  # the objective's metric that means the job's loss (its final loss once it succeeded)
@@ -57,7 +57,7 @@ def value_of(job: Job, objective: Objective) -> float | None:
 
 
 def stopped_early(job: Job) -> bool:
-    """Its sweep's early stopping stopped it (``core.services.sweep_stopping`` wrote its exit reason)."""
+    """Its sweep's early stopping stopped it (``core.sweeps.stopping`` wrote its exit reason)."""
     return (job.exit_reason or "").startswith(STOPPED_EARLY)
 
 

@@ -1,6 +1,6 @@
 """Telemetry: one JSON object per line in ``RUN_DIR/telemetry/rank{R}.jsonl`` (core.trainer_protocol).
 
-Each rank writes its own file, the trainer's (``trainer.loop``) or a script's (``rank.script``, and the script's
+Each rank writes its own file, the trainer's (``trainer.run``) or a script's (``rank.script``, and the script's
 own ``trainer.script_client``); the worker tails these files and relays them (``workers.telemetry_relay``). The
 writing side of the worker/trainer protocol, so it lives beside it: the standard library only, and imported by
 the rank process without the trainer. Writes are line-buffered, flushed per record and serialised by a lock,

@@ -20,7 +20,7 @@ ENV_COMPILE_CACHE_DIR = "KILN_COMPILE_CACHE_DIR"  # compile artifacts, beside th
 # admin's shared one (read-only), each named by the worker; the sandbox binds those two directories only.
 ENV_TEAM_COMPILE_CACHE_DIR = "KILN_TEAM_COMPILE_CACHE_DIR"
 ENV_SHARED_COMPILE_CACHE_DIR = "KILN_SHARED_COMPILE_CACHE_DIR"
-# torch's own cache dirs, which the trainer points into the job's compile dir (trainer.loop); a worker's own
+# torch's own cache dirs, which the trainer points into the job's compile dir (trainer.builders); a worker's own
 # values must not reach an attempt, nor one test's the next
 COMPILER_CACHE_ENV = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 # The job's own directory in the host's fast local tier; set only when the spec asks for the tier

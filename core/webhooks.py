@@ -135,7 +135,7 @@ def _sweep_finished(db: Session, hooks: list[Webhook], job: Job) -> list[Webhook
 
 def enqueue_for_closed_search(db: Session, sweep: Sweep) -> list[WebhookDelivery]:
     """``sweep_finished`` for an adaptive sweep whose search was closed before its count (a cancel, a proposal
-    refused) once every one of its jobs had ended (``core.services.sweeps.close``, holding the sweep's row as the
+    refused) once every one of its jobs had ended (``core.sweeps.service.close``, holding the sweep's row as the
     deliverer does, so exactly one of the two writes it): their last end heard of jobs still to come, so it sent
     nothing, and no end is left to send it."""
     hooks = [

@@ -104,8 +104,8 @@ def run_cycle(
         violations = sla.evaluate(db=db, now=now)
         enforced = apply_all(db=db, decisions=sla.enforcement(violations), now=now)
         result.violations = [f"{v.type} job {v.job_id}" for v in violations]
-        # Last, once no job row is to be locked any more (a job's end locks its row, then its sweep's): adaptive
-        # sweeps' next jobs, planned by the cycle their NOTIFY starts.
+        # Last, once no job row is to be locked any more: adaptive sweeps' next jobs, planned by the cycle their
+        # NOTIFY starts.
         result.proposed = propose_due(
             db=db, max_unfinished=settings.max_unfinished_jobs_per_team, fit=FitSettings.of(settings)
         )

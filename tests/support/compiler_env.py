@@ -1,4 +1,4 @@
-"""The in-process trainer (``trainer.loop.run``) points Inductor's and Triton's caches at its job's compile dir
+"""The in-process trainer (``trainer.run.run``) points Inductor's and Triton's caches at its job's compile dir
 through ``os.environ`` (``persist_compiler_caches``). A unit test that runs it must not leave that behind: the
 workers a later test starts inherit the environment, and an attempt of a team's user could not reach a cache dir
 under root's pytest directory (it crashed every attempt of the hostile-code tests once they ran after the unit
