@@ -193,9 +193,14 @@ class Compiler:
         t0 = time.perf_counter()
         loaded, cold_s = self._lookup(key, report)
         failure, state = self._run(model, loss_fn, blocks, report)
-        # Cached code is trusted only once it computes eager's loss on the first batch, whatever the spec says.
-        if self._anyone(report.cache_hit and failure is None and not _close(report, rtol, atol)):
-            failure, state = self._refuse(loaded, model, blocks, loss_fn, report)
+        # Cached code is trusted only once it runs and computes eager's loss on the first batch, whatever the spec
+        # says: an entry that fails either is rejected and the model compiled afresh (not trained eager).
+        if self._anyone(report.cache_hit and failure is not None):
+            reason = f"the cached compile failed to run: {failure}: {report.error or 'on another rank'}"
+            failure, state = self._refuse(loaded, model, blocks, loss_fn, report, reason=reason, check="run")
+        elif self._anyone(report.cache_hit and not _close(report, rtol, atol)):
+            reason = f"numeric mismatch: compiled loss {report.compiled_loss} vs eager {report.eager_loss}"
+            failure, state = self._refuse(loaded, model, blocks, loss_fn, report, reason=reason, check="numeric")
         report.elapsed_s = time.perf_counter() - t0
         report.phases = {**_compile_phases(), **report.phases, "rss_poll_s": round(self.poll_s, 3), **preload}
         for p in model.parameters():
@@ -285,22 +290,25 @@ class Compiler:
         blocks: list[nn.Module],
         loss_fn: Callable[[], torch.Tensor],
         report: CompileReport,
+        *,
+        reason: str,
+        check: str,
     ) -> tuple[str | None, dict[str, Any]]:
-        """A cached compile whose first loss is not eager's (on some rank): the entry is rejected and discarded,
-        the job's own compiler caches (which loading it filled) purged, and the model compiled afresh. Every rank
-        purges before any compiles again (two agreements), so none compiles into a directory being renamed away."""
-        reason = f"numeric mismatch: compiled loss {report.compiled_loss} vs eager {report.eager_loss}"
+        """A cached compile that failed to run, or whose first loss is not eager's (on some rank): the entry is
+        rejected and discarded, the job's own compiler caches (which loading it filled) purged, and the model
+        compiled afresh. Every rank purges before any compiles again (two agreements), so none compiles into a
+        directory being renamed away."""
         source = report.cache_source
-        if loaded is not None and report.compiled_loss is not None:
-            self.tiers.reject(self.tel, loaded, reason, check="numeric")
-        elif source == LOCAL and report.compiled_loss is not None and report.cache_key is not None:
+        if loaded is not None:
+            self.tiers.reject(self.tel, loaded, reason, check=check)
+        elif source == LOCAL and report.cache_key is not None:
             self.tel.event(
                 "COMPILE_CACHE_REJECTED",
                 f"the job's own compiler caches rejected: {reason}",
                 cache_key=report.cache_key,
                 cache_source=LOCAL,
                 reason=reason,
-                check="numeric",
+                check=check,
                 discarded=True,
             )
         self._revert(model)
@@ -308,7 +316,7 @@ class Compiler:
             p.grad = None
         purged = self._purge_local_caches(report.cache_key)
         self._anyone(False)  # every rank has purged
-        report.cache_hit, report.cache_source, report.compiled_loss = False, None, None
+        report.cache_hit, report.cache_source, report.compiled_loss, report.error = False, None, None, None
         forget_recorded_artifacts()
         import torch._inductor.config as inductor_config
 

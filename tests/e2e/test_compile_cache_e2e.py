@@ -169,9 +169,10 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[pathli
         os.environ.pop(var, None) if value is None else os.environ.__setitem__(var, value)
 
 
-def poison_numerics(blob: bytes) -> bytes:
+def poison_numerics(blob: bytes, *, breaks: bool = False) -> bytes:
     """The entry's artifacts with the forward graph's output scaled by 1.5: artifacts that load and run, under the
-    right key, and compute the wrong thing (as a miscompile or a deliberate edit would)."""
+    right key, and compute the wrong thing (as a miscompile or a deliberate edit would). ``breaks``: the forward
+    raises instead (artifacts that load and fail to run, as kernels built for another device or driver would)."""
     from torch.compiler._cache import AppendingByteSerializer, CacheArtifactManager, _serialize_single_cache
 
     artifacts = CacheArtifactManager.deserialize(blob)
@@ -181,7 +182,12 @@ def poison_numerics(blob: bytes) -> bytes:
         graph = pickle.loads(artifact.content)
         if "_forward" in graph.source_code.splitlines()[0]:
             pattern = r"\n(\s+)return \((buf\d+), "
-            graph.source_code, n = re.subn(pattern, r"\n\1\2.mul_(1.5)\n\1return (\2, ", graph.source_code, count=1)
+            edit = (
+                r"\n\1raise RuntimeError('a broken kernel')\n\1return (\2, "
+                if breaks
+                else r"\n\1\2.mul_(1.5)\n\1return (\2, "
+            )
+            graph.source_code, n = re.subn(pattern, edit, graph.source_code, count=1)
             edited += n
             artifacts["inductor"][i] = dataclasses.replace(artifact, content=pickle.dumps(graph))
     assert edited == 1
@@ -198,7 +204,7 @@ def replace_entry(team: pathlib.Path, key: str, blob: bytes, *, honest_digest: b
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("poison", ["bytes", "key", "numerics"])
+@pytest.mark.parametrize("poison", ["bytes", "key", "numerics", "broken"])
 def test_a_poisoned_entry_is_rejected_and_the_job_compiles_afresh(
     published: tuple[pathlib.Path, Job, Job], poison: str
 ) -> None:
@@ -212,12 +218,14 @@ def test_a_poisoned_entry_is_rejected_and_the_job_compiles_afresh(
         other = store.key_of({"graph": "another model"})
         replace_entry(team, key, honest[1], honest_digest=True)
         (team / key / store.ENTRY).write_text((team / key / store.ENTRY).read_text().replace(key, other))
-    else:  # right key, right digest, wrong code
+    elif poison == "numerics":  # right key, right digest, wrong code
         replace_entry(team, key, poison_numerics(honest[1]), honest_digest=True)
+    else:  # right key, right digest, code that fails to run: rejected and compiled afresh, not trained eager
+        replace_entry(team, key, poison_numerics(honest[1], breaks=True), honest_digest=True)
 
     job = compile_and_train(base, f"after-{poison}", team)
     rejected = of(job, "COMPILE_CACHE_REJECTED")
-    check = {"bytes": "digest", "key": "key", "numerics": "numeric"}[poison]
+    check = {"bytes": "digest", "key": "key", "numerics": "numeric", "broken": "run"}[poison]
     assert [(r["check"], r["cache_key"], r["discarded"]) for r in rejected] == [(check, key, True)], rejected
     ok = of(job, "COMPILE_OK")[0]
     assert (ok["cache_hit"], ok["cache_source"], ok["saved_s"]) == (False, None, None)
