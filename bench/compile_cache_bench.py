@@ -44,16 +44,24 @@ PHASES = ("cold", "kill", "second_host", "sweep", "capped")
 
 
 def spec_text(
-    name: str, *, steps: int, lr: float, smoke: bool, seq_len: int = 1024, share: str = "", sweep: str = ""
+    name: str,
+    *,
+    steps: int,
+    lr: float,
+    smoke: bool,
+    seq_len: int = 1024,
+    share: str = "",
+    sweep: str = "",
+    mode: str | None = None,
 ) -> str:
     """GPT-2 124M at batch 32 x seq_len in bf16 (the shipped example's model); a 1-layer CPU model for the smoke."""
     if smoke:
         hp = f"size: tiny, n_layer: 1, corpus: stdlib, batch_size: 8, seq_len: {seq_len // 8}, lr: {lr}"
-        resources, precision, compile_ = "{gpus: 0, cpu_slots: 1}", "fp32", "{mode: regional}"
+        resources, precision, compile_ = "{gpus: 0, cpu_slots: 1}", "fp32", "{mode: " + (mode or "regional") + "}"
     else:
         hp = f"size: gpt2, corpus: stdlib, batch_size: 32, seq_len: {seq_len}, lr: {lr}"
         resources = "{gpus: 1" + (f", gpu_share: {share}" if share else "") + "}"
-        precision, compile_ = "bf16", "{mode: whole}"
+        precision, compile_ = "bf16", "{mode: " + (mode or "whole") + "}"
     return f"""name: {name}
 team: default
 recipe: {{name: gpt, hyperparameters: {{{hp}}}}}
@@ -110,6 +118,12 @@ class Bench:
                 for r in recs
                 if r["kind"] == "event" and r["type"].startswith("PRECISION")
             ],
+            # What the compile did, hit or not: a fallback's reason and error, a rejected entry's check.
+            "compile_events": [
+                {"type": r["type"], "message": r["message"], **_compile_detail(r.get("fields") or {})}
+                for r in recs
+                if r["kind"] == "event" and r["type"].startswith(("COMPILE", "FALLBACK"))
+            ],
         }
 
     def gpu_seconds(self, job_id: int) -> float:
@@ -139,7 +153,11 @@ class Bench:
     # ---- phases ---------------------------------------------------------------------------------------------
     def cold(self) -> dict[str, Any]:
         self.up()
-        job = self.kiln.submit(self.write("a", spec_text("a", steps=self.args.steps, lr=6e-4, smoke=self.args.smoke)))
+        job = self.kiln.submit(
+            self.write(
+                "a", spec_text("a", steps=self.args.steps, lr=6e-4, smoke=self.args.smoke, mode=self.args.compile_mode)
+            )
+        )
         self.finished(job)
         out = self.start_profile(job)
         log(
@@ -149,7 +167,9 @@ class Bench:
         return out
 
     def kill(self) -> dict[str, Any]:
-        spec = self.write("k", spec_text("k", steps=self.args.kill_steps, lr=3e-4, smoke=self.args.smoke))
+        spec = self.write(
+            "k", spec_text("k", steps=self.args.kill_steps, lr=3e-4, smoke=self.args.smoke, mode=self.args.compile_mode)
+        )
         job = self.kiln.submit(spec)
         self.kiln.wait(job, lambda j: (j.get("last_step") or 0) >= self.args.kill_at, 900, f"step {self.args.kill_at}")
         pid = self.kiln.worker_pid()
@@ -171,7 +191,11 @@ class Bench:
             self.host2 = subprocess.Popen(
                 cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
-        job = self.kiln.submit(self.write("b", spec_text("b", steps=self.args.steps, lr=1e-3, smoke=self.args.smoke)))
+        job = self.kiln.submit(
+            self.write(
+                "b", spec_text("b", steps=self.args.steps, lr=1e-3, smoke=self.args.smoke, mode=self.args.compile_mode)
+            )
+        )
         self.finished(job)
         out = self.start_profile(job)
         out["placement"] = self.kiln.attempts(job)[-1]["placement"]
@@ -188,7 +212,13 @@ class Bench:
             "  max_concurrent: 1\n"
         )
         text = spec_text(
-            "sweep", steps=self.args.sweep_steps, lr=1e-3, smoke=self.args.smoke, seq_len=512, sweep=section
+            "sweep",
+            steps=self.args.sweep_steps,
+            lr=1e-3,
+            smoke=self.args.smoke,
+            mode=self.args.compile_mode,
+            seq_len=512,
+            sweep=section,
         )
         proc = self.kiln.cli("sweep", "submit", str(self.write("sweep", text)), "--output", "json")
         if proc.returncode != 0:
@@ -290,6 +320,11 @@ class Bench:
         }
 
 
+def _compile_detail(fields: dict[str, Any]) -> dict[str, Any]:
+    keep = ("cache_hit", "cache_source", "elapsed_s", "eager_loss", "compiled_loss", "error", "reason", "check")
+    return {k: fields[k] for k in keep if k in fields}
+
+
 def _ts(iso: str) -> float:
     from datetime import datetime
 
@@ -327,6 +362,7 @@ def main() -> None:
         default=None,
         help="a comma list of " + ",".join(PHASES) + " (default: all; smoke: no kill, no capped)",
     )
+    p.add_argument("--compile-mode", default=None, help="the specs' compile mode (default: whole; smoke: regional)")
     p.add_argument("--port", type=int, default=None, help="the API's port (default: a free one)")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "compile_cache_bench.json")
     args = p.parse_args()
