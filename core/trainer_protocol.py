@@ -11,6 +11,7 @@ and classifies the exit code. Pure Python: imported by both sides.
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 # Environment variables the worker sets for every rank.
 ENV_FENCING_TOKEN = "KILN_FENCING_TOKEN"  # int; the attempt's fencing token
@@ -98,3 +99,14 @@ class RecordKind(enum.StrEnum):
     # type, message, fields {...}: the trainer's own measurements for benchmarks and post-mortems (when its
     # start began, the checkpoint staging's size); kept in the telemetry file, not relayed to the job's timeline
     DIAGNOSTIC = "diagnostic"
+
+
+def command_exit_code(event_type: str, data: dict[str, Any] | None) -> tuple[int, int] | None:
+    """(attempt, code) where an event is rank 0's EXIT of a team's own command (script mode: ``returncode``): the
+    code a person expects beside an attempt, where the attempt itself records kiln's (USER_ERROR for any failing
+    command). None for any other event, and for a recipe's EXIT, whose code is the trainer's own."""
+    data = data or {}
+    code, attempt = data.get("returncode"), data.get("attempt")
+    if event_type != "EXIT" or data.get("rank", 0) != 0 or not isinstance(code, int) or not isinstance(attempt, int):
+        return None
+    return attempt, code

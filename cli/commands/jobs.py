@@ -20,6 +20,7 @@ from cli.commands.job_input import (
 )
 from cli.errors import CliError, ExitCode
 from cli.output import OutputFormat, console, err_console
+from core.trainer_protocol import command_exit_code
 
 
 @app.command(
@@ -239,14 +240,11 @@ def describe(job_id: JobArg, output: OutputOpt = OutputFormat.table) -> None:
 
 
 def _with_command_exit_codes(attempts: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The attempts as the table shows them: EXIT is the exit code of the job's own command where it ran one (script
-    mode: rank 0's EXIT event gives it as ``returncode``), not the code kiln recorded for the rank, which is
-    USER_ERROR (2) for any failing command; a recipe's attempt keeps the trainer's code, which is kiln's own."""
-    codes: dict[Any, int] = {}
-    for e in events:
-        data = e.get("data") or {}
-        if e.get("type") == "EXIT" and data.get("rank", 0) == 0 and isinstance(data.get("returncode"), int):
-            codes[data.get("attempt")] = data["returncode"]
+    """The attempts as the table shows them: EXIT is the exit code of the job's own command where it ran one
+    (``core.trainer_protocol.command_exit_code``, the dashboard's rule too), else the code kiln recorded."""
+    codes: dict[Any, int] = dict(
+        c for e in events if (c := command_exit_code(str(e.get("type")), e.get("data"))) is not None
+    )
     return [{**a, "exit_code": codes.get(a.get("number"), a.get("exit_code"))} for a in attempts]
 
 

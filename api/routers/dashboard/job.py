@@ -31,11 +31,12 @@ from core.services.compile_cache import AttemptCompile, compile_off
 from core.services.dashboard import JobOverview, get_visible_job
 from core.services.sla import step_standing
 from core.services.visibility import FINISHED_STATES
+from core.trainer_protocol import command_exit_code
 
 router = APIRouter(tags=["dashboard"])
 
 
-def _attempt_dict(a: Attempt, compiled: AttemptCompile) -> dict[str, Any]:
+def _attempt_dict(a: Attempt, compiled: AttemptCompile, command_codes: dict[int, int]) -> dict[str, Any]:
     return {
         "number": a.number,
         "state": a.state,
@@ -45,7 +46,8 @@ def _attempt_dict(a: Attempt, compiled: AttemptCompile) -> dict[str, Any]:
         "first_step_at": iso(a.first_step_at),
         "ended_at": iso(a.ended_at),
         "resumed_from_step": a.resumed_from_step,
-        "exit_code": a.exit_code,
+        # The job's own command's code where it ran one (a script), as `kiln describe` shows it; else kiln's.
+        "exit_code": command_codes.get(a.number, a.exit_code),
         "exit_reason": a.exit_reason,
         "compile": {**asdict(compiled), "summary": compiled.summary},
     }
@@ -100,6 +102,7 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
     view = dashboard.job_overview(session, job)
     team, attempts, events = view.team, view.attempts, view.events
     compiles = compile_cache.summarise(events, attempts, compile_off=compile_off(job))
+    codes = dict(c for e in events if (c := command_exit_code(e.type, e.data)) is not None)
     return {
         "job": _job_dict(view, utcnow()),
         "code": _code(job, team.name if team else ""),
@@ -110,7 +113,7 @@ def overview_of(session: Session, job: Job) -> dict[str, Any]:
             if e.type == EventType.EVALUATION
         ],
         "contract": _contract_dict(session, job, view.contract),
-        "attempts": [_attempt_dict(a, c) for a, c in zip(attempts, compiles, strict=True)],
+        "attempts": [_attempt_dict(a, c, codes) for a, c in zip(attempts, compiles, strict=True)],
         "restarts": restarts_with_recovery(attempts),
         "checkpoints": [
             {
