@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 from core.event_types import EventType
 from core.models import Event, Job, Sweep, Team, Webhook, WebhookDelivery
 from core.states import TERMINAL, JobState
-from core.sweep_ranking import objective_of, ranked, stopped_early, value_of
+from core.sweeps.ranking import objective_of, ranked, stopped_early, value_of
 from core.webhook_kinds import SWEEP_KIND
 
 ENDED = tuple(s.value for s in TERMINAL)

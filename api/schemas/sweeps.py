@@ -10,8 +10,8 @@ from pydantic import Field
 from api.schemas.common import NEXT_CURSOR_DOC, OutModel
 from core.models import Job
 from core.states import JobState
-from core.sweep_ranking import Objective, evaluated
 from core.sweeps.curves import Curve
+from core.sweeps.ranking import Objective, evaluated
 from core.sweeps.service import SweepView, early_stopping_of, section_of, setting
 from core.sweeps.spec import MAX_JOBS
 

@@ -1,1 +1,2 @@
-"""Sweeps (job arrays) on the server side: the document (spec), its search, early stopping, curves, the service."""
+"""Sweeps (job arrays) on the server side: the document (spec), its search, early stopping, curves, ranking, the
+service."""

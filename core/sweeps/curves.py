@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 from core.event_types import EventType
 from core.models import Event, Job, JobMetric
 from core.services.principal import Principal
-from core.sweep_ranking import LOSS, Objective
 from core.sweeps import service as sweeps
+from core.sweeps.ranking import LOSS, Objective
 
 MAX_POINTS = 200  # per job, at most about this many points
 

@@ -37,8 +37,8 @@ from core.services.fit import FitSettings
 from core.services.principal import Principal
 from core.spec import SpecError, parse_spec_data
 from core.states import TERMINAL, JobState
-from core.sweep_ranking import Objective, objective_of, stopped_early, value_of
 from core.sweeps import service as sweeps
+from core.sweeps.ranking import Objective, objective_of, stopped_early, value_of
 from core.sweeps.spec import Distribution, SweepSection, expand, space_of
 
 GAMMA = 0.25  # the share of the ended jobs that is "good"

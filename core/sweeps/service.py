@@ -23,7 +23,7 @@ from core.services.errors import NotFound, QueueFull
 from core.services.fit import FitSettings
 from core.services.principal import Principal, require_team_id
 from core.states import TERMINAL, JobState
-from core.sweep_ranking import Objective, objective_of, ranked
+from core.sweeps.ranking import Objective, objective_of, ranked
 from core.sweeps.spec import EarlyStopping, SweepSection, key_path, parse
 
 

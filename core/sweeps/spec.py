@@ -24,7 +24,7 @@ recipe (``lr`` is ``recipe.hyperparameters.lr``). Job ``i`` is named ``<name>-<i
 jobs beyond ``max_concurrent`` with the pending reason ``SweepLimit``. A random key is a list (one of its values,
 each as likely) or one of ``uniform``, ``log_uniform`` (a float, uniform in its logarithm: learning rates) and
 ``int_uniform`` (an integer, both ends included) over ``[low, high]``; floats are kept to 4 significant digits.
-Ranking by the objective: ``core.sweep_ranking``; early stopping: ``core.sweeps.stopping``.
+Ranking by the objective: ``core.sweeps.ranking``; early stopping: ``core.sweeps.stopping``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from core.services.errors import InvalidInput
 from core.spec import JobSpec, SpecError, StrictModel, parse_spec_data, validation_errors
-from core.sweep_ranking import LOSS, Objective
+from core.sweeps.ranking import LOSS, Objective
 
 MAX_JOBS = 256
 # The sweep's job specs together, as JSON, at most: each job is a copy of the document, expanded and validated

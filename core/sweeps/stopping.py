@@ -33,8 +33,8 @@ from sqlalchemy.orm import Session
 
 from core.event_types import EventType
 from core.models import Job, Sweep
-from core.sweep_ranking import STOPPED_EARLY, Objective, objective_of
 from core.sweeps.curves import evaluations
+from core.sweeps.ranking import STOPPED_EARLY, Objective, objective_of
 from core.sweeps.service import early_stopping_of
 from core.sweeps.spec import EarlyStopping
 from core.transitions import record_event

@@ -11,7 +11,7 @@ import pytest
 from core.models import Job
 from core.services.errors import InvalidInput
 from core.states import JobState
-from core.sweep_ranking import Objective, ranked
+from core.sweeps.ranking import Objective, ranked
 from core.sweeps.spec import SweepSection, settings_of, with_seed
 
 
