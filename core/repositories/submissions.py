@@ -83,7 +83,8 @@ _SUBMIT_RECOUNT_PG_SQL = _submit_sql(_RECOUNT_SLOT)
 _LOCK_TEAM_PG_SQL = "SELECT id FROM teams WHERE id = %(team_id)s FOR NO KEY UPDATE"
 # In autocommit (the API's submit) the write commits on its own without waiting for the WAL's flush: the team's row
 # lock ends with the commit, and held through a flush (2-3 ms on this machine's disk) it let one team's submissions
-# through one at a time: 32 at once made about 500 a second against 2,200 without waiting (bench, 2026-12-07).
+# through one at a time: 32 at once made 574 a second against 1,998 without waiting
+# (bench/team_lock_probe.py, bench/results/api_bench_team_lock.json).
 # DURABLE then changes the new job's row in a transaction of its own, committed as usual: that commit flushes the
 # WAL up to its own record, past the write's, so the job is on disk before the API answers 201.
 _SUBMIT_ASYNC_PG_SQL = _submit_sql(_SLOT, commit_async=True)

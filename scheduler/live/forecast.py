@@ -28,8 +28,7 @@ from core.repositories import jobs as jobs_repo
 from core.services.estimate_queue import WouldBe
 from core.services.why import StartForecast
 from core.spec import runs_team_code
-from scheduler.live.loader import _bandwidth as bandwidth_of
-from scheduler.live.loader import load_snapshot, requested_share
+from scheduler.live.loader import bandwidth_of, load_snapshot, requested_share
 from scheduler.policy.snapshot import PendingJob, Snapshot, quota_key_for
 from scheduler.simulate.projection import HORIZON_S, MAX_EVENTS, Start, project, scenarios
 

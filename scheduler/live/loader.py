@@ -42,7 +42,7 @@ def _resources(job: Job) -> dict[str, Any]:
     return res if isinstance(res, dict) else {}
 
 
-def _bandwidth(qos: QosClass | None) -> tuple[tuple[str, float], ...]:
+def bandwidth_of(qos: QosClass | None) -> tuple[tuple[str, float], ...]:
     if qos is None:
         return ()
     out: list[tuple[str, float]] = []
@@ -208,7 +208,7 @@ def _running_job(
         started_at=started.timestamp(),
         last_checkpoint_at=_ts(ckpt[1]) if ckpt else None,
         last_checkpoint_step=ckpt[0] if ckpt else 0,
-        bandwidth=_bandwidth(q),
+        bandwidth=bandwidth_of(q),
         expected_end=started.timestamp() + limit if limit is not None else None,
         time_limit_s=limit,
         preempt_requested=job.preempt_requested,
@@ -272,7 +272,7 @@ def _pending(
                 estimated_runtime_s=job.time_limit_s,
                 memory_bytes=job.predicted_memory_bytes,
                 memory_cap_bytes=share.memory_bytes if share is not None else cap,
-                bandwidth=_bandwidth(q),
+                bandwidth=bandwidth_of(q),
                 depends_on=tuple(deps.get(job.id, ())),
                 not_before=_ts(job.not_before),
                 pending_reason=job.pending_reason,
