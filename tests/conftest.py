@@ -21,3 +21,21 @@ def pytest_runtest_makereport(
     if report.when == "teardown":
         Cluster.of_this_test.clear()
     return report
+
+
+_tier_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add the test's setup, call and teardown time to its tier's (``tests/<tier>/...``)."""
+    parts = report.nodeid.split("/")
+    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+    _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Each tier's test time in this process: what the closing notes compare before and after (docs/testing.md).
+    make test runs two processes at once, so a tier's time is its own, not a share of the wall clock."""
+    if _tier_seconds:
+        times = ", ".join(f"{tier} {seconds:.1f} s" for tier, seconds in sorted(_tier_seconds.items()))
+        terminalreporter.write_line(f"tier times: {times}")
