@@ -27,9 +27,8 @@ from core.policy_config import PolicyConfig
 from core.repositories import jobs as jobs_repo
 from core.services.estimate_queue import WouldBe
 from core.services.why import StartForecast
-from core.spec import runs_team_code
-from scheduler.live.loader import bandwidth_of, load_snapshot, requested_share
-from scheduler.policy.snapshot import PendingJob, Snapshot, quota_key_for
+from scheduler.live.loader import load_snapshot, pending_job
+from scheduler.policy.snapshot import PendingJob, Snapshot
 from scheduler.simulate.projection import HORIZON_S, MAX_EVENTS, Start, project, scenarios
 
 INF = math.inf
@@ -55,33 +54,23 @@ def forecast_would_be(db: Session, would: WouldBe, *, now: datetime, policy: Pol
 
 def _would_be_pending(db: Session, would: WouldBe, job_id: int, snapshot: Snapshot, now: datetime) -> PendingJob:
     """The job as ``scheduler.live.loader`` would load it once submitted (its contract's terms aside: the spec's)."""
-    spec, r = would.spec, would.spec.resources
+    spec = would.spec
     q = db.get(QosClass, would.qos_class_id) if would.qos_class_id is not None else None
-    team = next((t for t in snapshot.teams if t.id == would.team_id), None)
-    share = requested_share(spec.model_dump(mode="json")["resources"], q)
-    deadline = datetime.fromisoformat(spec.sla.deadline).timestamp() if spec.sla.deadline else None
-    max_wait = spec.sla.max_queue_wait_s or (q.default_max_queue_wait_s if q is not None else None)
-    return PendingJob(
-        id=job_id,
+    gpus = spec.resources.gpus
+    return pending_job(
+        job_id=job_id,
         team_id=would.team_id,
-        qos=q.name if q else "",
-        qos_priority=q.priority if q else 0,
-        preemptible=bool(q and q.preemptible),
-        gpus=r.gpus,
+        team=next((t for t in snapshot.teams if t.id == would.team_id), None),
+        q=q,
+        spec=spec.model_dump(mode="json"),
+        gpus=gpus,
+        gpu_type=spec.resources.gpu_type if gpus else None,
         submitted_at=now.timestamp(),
-        gpus_per_node=r.gpus_per_node,
-        gpu_type=r.gpu_type if r.gpus else None,
-        cpu_slots=r.cpu_slots,
-        quota_key=quota_key_for(team, r.gpus, r.gpu_type if r.gpus else None),
         priority=would.priority,
-        max_queue_wait_s=max_wait,
-        deadline=deadline,
+        max_queue_wait_s=spec.sla.max_queue_wait_s or (q.default_max_queue_wait_s if q is not None else None),
+        deadline=datetime.fromisoformat(spec.sla.deadline).timestamp() if spec.sla.deadline else None,
         estimated_runtime_s=spec.time_limit_s,
         memory_bytes=would.memory_bytes,
-        memory_cap_bytes=share.memory_bytes if share is not None else (q.gpu_memory_cap_bytes if q else None),
-        bandwidth=bandwidth_of(q),
-        share=share,
-        team_code=runs_team_code(spec.model_dump(mode="json")),
     )
 
 

@@ -234,7 +234,6 @@ def _pending(
     for job, own in rows:
         contract = own or defaults.get(job.team_id)
         q = qos.get(job.qos_class_id)
-        res = _resources(job)
         sla = (job.spec or {}).get("sla") or {}
         max_wait = contract.max_queue_wait_s if contract and contract.max_queue_wait_s else None
         if max_wait is None and q is not None:
@@ -247,32 +246,23 @@ def _pending(
                 deadline = datetime.fromisoformat(str(sla["deadline"]))
             except ValueError:
                 deadline = None
-        per_node = res.get("gpus_per_node")
-        share = requested_share(res, q)
-        cap = q.gpu_memory_cap_bytes if q else None
         out.append(
-            PendingJob(
-                share=share,
-                id=job.id,
+            pending_job(
+                job_id=job.id,
                 team_id=job.team_id,
-                qos=q.name if q else "",
-                qos_priority=q.priority if q else 0,
-                preemptible=bool(q and q.preemptible),
+                team=teams.get(job.team_id),
+                q=q,
+                spec=job.spec or {},
                 gpus=job.gpus,
+                gpu_type=job.gpu_type,
                 # the backlog bound and aging count the time the job could have started: a hold's time is left out
                 # (Slurm's accrue time), so a released job does not jump the queue by the time it was held
                 submitted_at=job.submitted_at.timestamp() + (job.held_s or 0.0),
-                gpus_per_node=int(per_node) if isinstance(per_node, int) else None,
-                gpu_type=job.gpu_type,
-                cpu_slots=int(res.get("cpu_slots") or 1),
-                quota_key=quota_key_for(teams.get(job.team_id), job.gpus, job.gpu_type),
                 priority=job.priority,
                 max_queue_wait_s=max_wait,
                 deadline=_ts(deadline),
                 estimated_runtime_s=job.time_limit_s,
                 memory_bytes=job.predicted_memory_bytes,
-                memory_cap_bytes=share.memory_bytes if share is not None else cap,
-                bandwidth=bandwidth_of(q),
                 depends_on=tuple(deps.get(job.id, ())),
                 not_before=_ts(job.not_before),
                 pending_reason=job.pending_reason,
@@ -281,10 +271,46 @@ def _pending(
                 sweep_limit=sweep_limits.get(job.sweep_id) if job.sweep_id is not None else None,
                 attained_s=attained.get(job.id, 0.0),
                 wait_started_at=_ts(job.wait_started_at),
-                team_code=runs_team_code(job.spec or {}),
             )
         )
     return tuple(out)
+
+
+def pending_job(
+    *,
+    job_id: int,
+    team_id: int,
+    team: TeamInfo | None,
+    q: QosClass | None,
+    spec: dict[str, Any],
+    gpus: int,
+    gpu_type: str | None,
+    **terms: Any,
+) -> PendingJob:
+    """A queued job as the policy sees it: what its spec and class decide, the same for a job in the queue and for
+    one ``kiln estimate`` would submit (``scheduler.live.forecast``); ``terms`` are the rest of its fields (its
+    submission time, priority, SLA terms and queue history), which the two know differently."""
+    res = spec.get("resources") or {}
+    res = res if isinstance(res, dict) else {}
+    per_node = res.get("gpus_per_node")
+    share = requested_share(res, q)
+    return PendingJob(
+        id=job_id,
+        team_id=team_id,
+        qos=q.name if q else "",
+        qos_priority=q.priority if q else 0,
+        preemptible=bool(q and q.preemptible),
+        gpus=gpus,
+        gpus_per_node=int(per_node) if isinstance(per_node, int) else None,
+        gpu_type=gpu_type,
+        cpu_slots=int(res.get("cpu_slots") or 1),
+        quota_key=quota_key_for(team, gpus, gpu_type),
+        memory_cap_bytes=share.memory_bytes if share is not None else (q.gpu_memory_cap_bytes if q else None),
+        bandwidth=bandwidth_of(q),
+        share=share,
+        team_code=runs_team_code(spec),
+        **terms,
+    )
 
 
 def requested_share(resources: dict[str, Any], qos: QosClass | None) -> GpuShare | None:
