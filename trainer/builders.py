@@ -66,6 +66,8 @@ def persist_compiler_caches(cache_dir: pathlib.Path) -> None:
     them too.  A directory already chosen in the environment is respected."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
+    # Cached kernels keep their GPU binaries (trainer.compile.portable_kernels): set before Inductor's config loads.
+    os.environ.setdefault("TORCHINDUCTOR_KEEP_STATIC_CUBIN_RAW", "1")
 
 
 def build_optimizer(model: nn.Module, cfg: TrainerConfig) -> tuple[torch.optim.Optimizer, bool]:

@@ -220,6 +220,8 @@ class Compiler:
 
     def _key_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"cuda_graphs": True} if self.cuda_graphs else {}
+        if self.device.type == "cuda" and portable_kernels():
+            options["kernel_binaries"] = True  # entries from before kernels kept their binaries do not match
         if self.triton_gemms:
             options["gemm_backends"] = "TRITON"
         return options
@@ -420,6 +422,24 @@ class Compiler:
         everyone: list[Any] = [None] * self.world_size
         dist.all_gather_object(everyone, failure, group=self.group)
         return next((f for f in everyone if f is not None), None)
+
+
+def portable_kernels() -> bool:
+    """Make Inductor keep each statically launched Triton kernel's binary (cubin) in the compiled graph it caches.
+
+    By default Inductor drops the bytes and, on a cache hit, expects the kernel's file in the local Triton cache,
+    which another job or host may lack: the load then raises "Cubin file saved by TritonBundler not found", which
+    fits what the H100 showed (issue 40: every hit on a job's first start failed, none on the CPU, which launches
+    no cubin). With the bytes kept (``keep_static_cubin_raw``, torch >= 2.13), Inductor writes them into this
+    job's own Triton cache. False where this torch has no such setting: a hit there may still fail, and is then
+    rejected and compiled afresh.
+    """
+    import torch._inductor.config as inductor_config
+
+    if not hasattr(inductor_config, "keep_static_cubin_raw"):
+        return False
+    inductor_config.keep_static_cubin_raw = True
+    return True
 
 
 def _finite_grads(model: nn.Module) -> bool:

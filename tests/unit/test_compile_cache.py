@@ -155,3 +155,23 @@ def test_the_key_holds_what_decides_the_code_and_not_the_optimiser() -> None:
     )
     assert {"torch", "triton", "python", "gpu", "options", "world_size", "parallelism"} <= set(fields)
     assert dataclasses.asdict(entry_for(b"")).keys() >= {"key", "sha256", "size_bytes", "written_at"}
+
+
+def test_cached_kernels_keep_their_gpu_binaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inductor drops a Triton kernel's cubin from the graph it caches unless told to keep it; a hit in another job
+    or on another host then finds no kernel file (issue 40). The trainer tells it before Inductor's config loads
+    (the environment) and again before compiling (the config), and only keys carrying the binaries match."""
+    require_module("torch")
+    import torch._inductor.config as inductor_config
+
+    from trainer.builders import persist_compiler_caches
+    from trainer.compile import portable_kernels
+
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCHINDUCTOR_KEEP_STATIC_CUBIN_RAW"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(inductor_config, "keep_static_cubin_raw", False)
+    persist_compiler_caches(tmp_path)
+    assert os.environ["TORCHINDUCTOR_KEEP_STATIC_CUBIN_RAW"] == "1"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+    assert portable_kernels() is True
+    assert inductor_config.keep_static_cubin_raw is True
