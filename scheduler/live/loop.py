@@ -54,6 +54,9 @@ class CycleResult:
     forecasts: Recorded = Recorded(0, 0)  # first start forecasts made, forecasts settled (after the commit)
     plan_s: float = 0.0
     total_s: float = 0.0
+    # The earliest time (POSIX seconds) a queued job's backoff or begin time ends: a cycle is due then, not only
+    # at the next interval (a requeued job restarts when its backoff ends, not up to an interval later).
+    next_due: float | None = None
 
 
 def _dispatch(dispatches: list[Dispatch], dispatch: DispatchAttempt, times: list[float]) -> tuple[int, int]:
@@ -118,6 +121,9 @@ def run_cycle(
     result.admitted, result.preempted = applied.admitted, applied.preempted + enforced.preempted
     result.failed, result.killed = applied.failed, applied.killed
     result.pending = len(decisions.pending)
+    result.next_due = min(
+        (p.not_before for p in snapshot.pending if p.not_before and p.not_before > now.timestamp()), default=None
+    )
     result.reasons_written = applied.reasons_written
     result.dispatched, result.dispatch_errors = _dispatch(applied.dispatches, dispatch, result.dispatch_s)
     result.forecasts = record_pass(
@@ -251,8 +257,9 @@ def _cycle_logged(
     leadership: Leadership,
     metrics: SchedulerMetrics,
     pulse: Pulse,
-) -> None:
-    """One cycle, observed and logged; a failed cycle is counted and the next tick tries again."""
+) -> float | None:
+    """One cycle, observed and logged; a failed cycle is counted and the next tick tries again. Returns when the
+    next cycle is due before the interval, if it is (``CycleResult.next_due``)."""
     try:
         result = run_cycle(session_factory=factory, dispatch=dispatch, settings=settings, leadership=leadership)
         pulse.beat("leading")  # only a committed cycle: a leader failing every cycle goes stale
@@ -267,11 +274,21 @@ def _cycle_logged(
                 result.proposed,
                 result.plan_s * 1000,
             )
+        return result.next_due
     except LeadershipLost:
         raise
     except Exception:
         metrics.cycle_failures.inc()
         log.exception("scheduling cycle failed; retrying on the next tick")
+        return None
+
+
+def _until(next_due: float | None, interval: float) -> float:
+    """How long the leader waits for the next cycle: the interval, or less when a queued job is due before it (a
+    small margin after, so the cycle's clock has passed the due time)."""
+    if next_due is None:
+        return interval
+    return max(0.0, min(interval, next_due - time.time() + 0.05))
 
 
 def run_forever(
@@ -314,13 +331,13 @@ def run_forever(
                     if time.monotonic() >= next_gc:
                         next_gc = time.monotonic() + ARTIFACT_GC_INTERVAL_S
                         _collect_logged(factory, settings, leadership)
-                    _cycle_logged(
+                    next_due = _cycle_logged(
                         factory, settings, dispatch=dispatch, leadership=leadership, metrics=metrics, pulse=pulse
                     )
                     if time.monotonic() >= next_retention:
                         next_retention = time.monotonic() + settings.retention_interval_s
                         _retain_logged(factory, settings, metrics, leadership)
-                    leadership.wait(interval, stop)
+                    leadership.wait(_until(next_due, interval), stop)
             except LeadershipLost as e:
                 log.warning("scheduler: stepping down: %s", e)
             except Exception:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from core.models import Attempt, Event, Job
 from core.states import JobState
-from scheduler.live.loop import run_cycle
+from scheduler.live.loop import _until, run_cycle
 from tests.integration import test_scheduler_support as f
 
 pytestmark = pytest.mark.integration
@@ -263,3 +264,21 @@ def test_the_snapshot_carries_attained_service_and_the_teams_history(db: Session
     assert team.finished_runtimes_s == (3600.0,) and team.limit_use_ratio == 0.25
     (pending,) = [p for p in snap.pending if p.id == again.id]
     assert abs(pending.attained_s - (31 * 60 - 2)) < 1e-6 and pending.estimated_runtime_s is None
+
+
+def test_a_cycle_says_when_a_backed_off_job_is_due(db: Session, dispatched: list[Any]) -> None:
+    """A requeued job waits out its backoff; the leader's next cycle is due when it ends, not an interval later
+    (issue 40: a lost job's restart waited up to the 2 s interval after its 1 s backoff)."""
+    t = f.team(db, "ml")
+    f.host(db, "c1", 8, now=T0)
+    job = f.job(db, t, f.qos(db, "silver"), gpus=8, submitted_at=T0)
+    job.not_before = T0 + timedelta(seconds=1)
+    db.flush()
+    first = cycle(db, T0 + timedelta(milliseconds=100))
+    assert first.admitted == [] and first.next_due == pytest.approx((T0 + timedelta(seconds=1)).timestamp())
+    second = cycle(db, T0 + timedelta(seconds=1, milliseconds=50))
+    assert second.admitted == [job.id] and second.next_due is None
+    # The leader waits until then (a margin after), never past its interval, never a negative time.
+    now = time.time()
+    assert _until(None, 2.0) == 2.0 and _until(now + 30.0, 2.0) == 2.0 and _until(now - 5.0, 2.0) == 0.0
+    assert 0.4 < _until(now + 0.5, 2.0) <= 0.55
