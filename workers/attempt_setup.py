@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from core.code_archive import EX_DATAERR, ArchiveError, artifact_path, extract
 from core.settings import Settings
 from core.spec import runs_team_code
-from core.trainer_protocol import ENV_CODE_DIR
+from core.trainer_protocol import ENV_CODE_DIR, ENV_COMPILE_CACHE_DIR
 from workers import mps
 from workers.attempt_user import AttemptUser
 from workers.claimed import Claimed
@@ -34,6 +34,12 @@ if TYPE_CHECKING:
     from core.models import GPU
 
 UNPACK_TIMEOUT_S = 600.0
+# Where every sandboxed attempt sees its job's compile cache. Inductor records paths in what it caches (a Triton
+# kernel's autotuning results live beside its source file, under the Inductor cache of the process that compiled
+# it): a team entry compiled by another job pointed into that job's directory, which this sandbox cannot write, and
+# the hit failed (issue 40, on the H100: "Permission denied: .../compile_cache/1"). One path for every job makes a
+# recorded path this job's own directory.
+COMPILE_DIR_IN_SANDBOX = Path("/kiln/compile-cache")
 # A GPU's device node is /dev/nvidia<minor>; the worker learns the minors from NVML when it starts.
 GPU_MINORS: dict[str, int] = {}
 
@@ -103,9 +109,11 @@ def wrap(
     binds, dataset_env = sandboxed(datasets)
     proc.env.update(dataset_env)
     proc.env.update({"HOME": str(dirs.run_dir), "TMPDIR": "/tmp", "USER": "kiln", "LOGNAME": "kiln"})
+    proc.env[ENV_COMPILE_CACHE_DIR] = str(COMPILE_DIR_IN_SANDBOX)
     lifeline, holder = os.pipe()
     view = View(
-        writable=dirs.writable,
+        writable=tuple(d for d in dirs.writable if d != dirs.compile_dir),
+        renamed=((dirs.compile_dir, COMPILE_DIR_IN_SANDBOX),),
         read_only=tuple(d for d in (code_dir, dirs.shared_cache_dir) if d is not None),
         read_only_fds=tuple(binds),
         devices=gpu_devices(claimed.gpus),

@@ -95,6 +95,9 @@ class View:
     read_only_fds: tuple[tuple[int, Path], ...] = ()  # (an O_PATH descriptor the worker checked, where it appears)
     devices: tuple[Path, ...] = ()  # device nodes (the attempt's GPUs)
     shared: tuple[Path, ...] = ()  # host directories bound writable as they are (the MPS pipe directory)
+    # (host directory, where the sandbox sees it): bound writable under a name of the sandbox's own (the compile
+    # cache, whose path the compiled code records: workers.attempt_setup.COMPILE_DIR_IN_SANDBOX)
+    renamed: tuple[tuple[Path, Path], ...] = ()
     host_network: bool = False  # a gang's node: the host's network, for the rendezvous and NCCL
     hostname: str = SANDBOX_HOSTNAME
     hosts: tuple[tuple[str, str], ...] = ()  # (address, name) the sandbox's /etc/hosts adds: a gang's node names
@@ -233,6 +236,9 @@ class Sandbox:
         for path in view.shared:
             args += _parents(path, made) + ["--bind", str(path), str(path)]
             made.add(path)
+        for path, where in view.renamed:
+            args += _parents(where, made) + ["--bind", str(path), str(where)]
+            made.add(where)
         for path in view.read_only:
             args += _parents(path, made) + ["--ro-bind", str(path), str(path)]
             made.add(path)

@@ -163,3 +163,43 @@ def test_a_gang_node_names_itself_and_node_0_first_in_its_hosts() -> None:
         assert files["/etc/hosts"].startswith("10.0.0.6 kiln-5-1-node1\n10.0.0.5 kiln-5-1-node0\n")
     finally:
         launch.close()
+
+
+def test_every_job_sees_its_own_compile_cache_at_one_path(tmp_path: Path) -> None:
+    """Inductor records paths in what it caches (a Triton kernel's autotuning results beside its source, under the
+    compiling process's cache dir). A team entry compiled by job 1 and loaded by job 2 pointed into job 1's directory,
+    which job 2's sandbox cannot write, and the hit failed on the H100 (issue 40). So every attempt sees its own
+    job's compile cache at one path, and the trainer is told that path."""
+    from types import SimpleNamespace
+
+    from workers.attempt_setup import COMPILE_DIR_IN_SANDBOX, AttemptDirs, wrap
+    from workers.supervisor import TrainerProcess
+
+    for job in (1, 2):
+        storage = tmp_path / "storage"
+        dirs = AttemptDirs(
+            storage=storage,
+            run_dir=storage / "runs" / str(job) / "1",
+            checkpoint_dir=storage / "checkpoints" / str(job),
+            compile_dir=storage / "compile_cache" / str(job),
+            local_dir=None,
+            local_root=None,
+        )
+        dirs.run_dir.mkdir(parents=True)
+        proc = TrainerProcess(
+            ["python", "-m", "rank.entry"],
+            env={},
+            log_path=tmp_path / f"{job}.log",
+            run_dir=dirs.run_dir,
+            cwd=dirs.run_dir,
+        )
+        claimed = SimpleNamespace(gpus=[], placement=[], rendezvous=None)
+        wrap(proc, claimed, dirs, sandbox(), None, None, [])  # type: ignore[arg-type]
+        b = binds(proc.argv)
+        assert (str(dirs.compile_dir), str(COMPILE_DIR_IN_SANDBOX)) in b["--bind"]
+        assert all(src != str(dirs.compile_dir) or dst == str(COMPILE_DIR_IN_SANDBOX) for src, dst in b["--bind"])
+        assert proc.env["KILN_COMPILE_CACHE_DIR"] == str(COMPILE_DIR_IN_SANDBOX)
+        for fd in proc.pass_fds:
+            os.close(fd)
+        if proc.lifeline is not None:
+            os.close(proc.lifeline)
