@@ -380,6 +380,7 @@ def main() -> None:
             for phase in PHASES:  # in this order: each later one reads what the earlier ones left
                 if phase in phases:
                     result[phase] = getattr(bench, phase)()
+                    save(result, args.out)  # a run cut off by its machine's time limit keeps what it finished
             result["verdicts"] = verdicts(result)
         finally:
             with contextlib.suppress(OSError), open(pathlib.Path(tmp) / "home" / "logs" / "up.log") as f:
