@@ -428,11 +428,11 @@ def portable_kernels() -> bool:
     """Make Inductor keep each statically launched Triton kernel's binary (cubin) in the compiled graph it caches.
 
     By default Inductor drops the bytes and, on a cache hit, expects the kernel's file in the local Triton cache,
-    which another job or host may lack: the load then raises "Cubin file saved by TritonBundler not found", which
-    fits what the H100 showed (issue 40: every hit on a job's first start failed, none on the CPU, which launches
-    no cubin). With the bytes kept (``keep_static_cubin_raw``, torch >= 2.13), Inductor writes them into this
-    job's own Triton cache. False where this torch has no such setting: a hit there may still fail, and is then
-    rejected and compiled afresh.
+    which another host lacks: the load would raise "Cubin file saved by TritonBundler not found". With the bytes
+    kept (``keep_static_cubin_raw``, torch >= 2.13), Inductor writes them into this job's own Triton cache. (The
+    H100's failed hits had another cause, a recorded path into the compiling job's directory:
+    ``workers.attempt_setup.COMPILE_DIR_IN_SANDBOX``; the first GPU hit ran with both mends.) False where this
+    torch has no such setting: a hit there may still fail, and is then rejected and compiled afresh.
     """
     import torch._inductor.config as inductor_config
 
