@@ -1,5 +1,5 @@
 """A request body is read within bounds: a YAML or JSON document nested too deeply, or a YAML document of too many
-nodes, is refused (422, problem+json) while it is read, in well under half a second, whatever it holds.
+nodes, is refused (422, problem+json) while it is read, in well under half a second of CPU, whatever it holds.
 
 Before: PyYAML's pure-Python reader took 1-3 s of the API's CPU on a deeply nested flow collection (``[[[[...``)
 or a long flat one before its 422, and 14 s on a 10 KB one holding an alias mark (the alias check parsed the whole
@@ -20,6 +20,9 @@ from tests.support.api import World, spec
 
 pytestmark = pytest.mark.integration
 
+# CPU seconds this process spends on one refused request (the API runs in the test client's thread, so the
+# process's CPU time is the request's): the attacker's cost to kiln. Wall time is not measured: on the CI box's
+# two loaded test processes a 0.03 s refusal once took 0.51 s of wall time.
 BUDGET_S = 0.5
 YAML = "application/yaml"
 JSON = "application/json"
@@ -56,9 +59,9 @@ def test_a_body_nested_or_sized_past_the_bounds_is_refused_quickly(
     ctype, body = BODIES[case]
     if path == "/v1/sweeps" and ctype == JSON:  # a sweep document: the spec and its sweep section
         body = body[:-1] + b', "sweep": ' + json.dumps(SWEEP).encode() + b"}"
-    started = time.perf_counter()
+    started = time.process_time()
     r = client.post(path, content=body, headers={**world.h("member"), "Content-Type": ctype})
-    took = time.perf_counter() - started
+    took = time.process_time() - started
     assert r.status_code == 422, r.text[:500]
     assert r.headers["content-type"].startswith("application/problem+json")
     assert r.json()["errors"][0]["type"] in ("depth", "size", "alias"), r.json()
@@ -73,20 +76,20 @@ def test_a_sweep_multiplying_a_large_spec_is_refused_before_it_is_expanded(clien
         "recipe": {"name": "mine", "hyperparameters": {"x": [1] * 60_000}},
         "sweep": {"grid": {"lr": [i / 1000 for i in range(256)]}},
     }
-    started = time.perf_counter()
+    started = time.process_time()
     r = client.post("/v1/sweeps", json=doc, headers=world.h("member"))
     assert r.status_code == 422 and r.json()["errors"][0]["type"] == "size", r.text[:300]
     assert "256 jobs" in r.json()["detail"]
-    assert time.perf_counter() - started < BUDGET_S
+    assert time.process_time() - started < BUDGET_S
 
 
 @pytest.mark.parametrize("path", ["/v1/tokens", "/v1/webhooks", "/v1/teams/alpha/datasets"])
 def test_every_json_body_is_bounded(client: TestClient, world: World, path: str) -> None:
     body = b'{"name": "x", "description": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
-    started = time.perf_counter()
+    started = time.process_time()
     r = client.post(path, content=body, headers={**world.h("team-admin"), "Content-Type": JSON})
     assert r.status_code == 422 and r.json()["errors"][0]["type"] == "depth", r.text[:300]
-    assert time.perf_counter() - started < BUDGET_S
+    assert time.process_time() - started < BUDGET_S
 
 
 def test_documents_within_the_bounds_are_read_as_before(client: TestClient, world: World) -> None:
