@@ -71,6 +71,10 @@ class QueueOut(OutModel):
         description="meets: it ends before the deadline even from the latest start; misses: after it even from the "
         "earliest; may miss: between; unknown: no start or no run time to go by."
     )
+    passed_over: list[int] = Field(
+        description="Indexes of cheaper options (by their run alone) passed over: counting the queue, their verdict "
+        "was worse than the recommended one's."
+    )
     sentence: str = Field(
         examples=[
             "Counting the queue: the job as written would start at 2026-12-07 04:00:00Z (the scheduler's "
@@ -87,7 +91,10 @@ class EstimateOut(OutModel):
     deadline: UTCDatetime | None
     currency: str
     options: list[OptionOut] = Field(description="The job as written first, then the others by cost.")
-    recommended: int | None = Field(description="Index into options: the cheapest that fits and meets the deadline.")
+    recommended: int | None = Field(
+        description="Index into options: the cheapest that fits and meets the deadline (with a deadline, counting "
+        "the queue: see queue.passed_over)."
+    )
     measured_runs: int = Field(description="Measured attempts of this recipe kiln read.")
     summary: str
     notes: list[str]
@@ -164,4 +171,5 @@ def queue_out(q: QueueVerdict) -> QueueOut:
         latest_end=q.latest_end,
         verdict=q.verdict,  # type: ignore[arg-type]
         sentence=q.sentence,
+        passed_over=list(q.passed_over),
     )

@@ -7,12 +7,17 @@ would be submitted added to the queue, handed in by the API's composition root a
 no scheduler). The verdict puts the run after that start: ``meets`` when it ends before the deadline even from the
 latest start, ``misses`` when it ends after it even from the earliest, ``may miss`` between, ``unknown`` when no
 start (or no run time) can be said.
+
+The queue also decides the choice (``choose``): the cheapest option by its run alone may wait behind running jobs
+for its GPU type while a dearer one starts now. Options are projected cheapest first until one meets the deadline,
+at most ``MAX_PROJECTED`` of them (each projection is one pass of the scheduler's ``plan()``); the one with the best
+verdict is recommended, the cheapest among equals, and the cheaper ones passed over are named with theirs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,6 +41,10 @@ class WouldBe:
 
 # (session, the would-be job, now) -> its expected start: scheduler.live.forecast.forecast_would_be, policy bound
 WouldStart = Callable[[Session, WouldBe, datetime], StartForecast]
+MAX_PROJECTED = 4  # options projected through the queue for one estimate, cheapest first
+# Which verdict is better to recommend: an unknown start is worse than a known miss, since nothing can be said of it
+# (the first option's unknown is kept as it is: the others' starts are no better known).
+RANK = {"meets": 0, "may miss": 1, "misses": 2, "unknown": 3}
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,7 @@ class QueueVerdict:
     latest_end: datetime | None  # the latest start plus the run; None: not known
     verdict: str  # meets | may miss | misses | unknown
     sentence: str
+    passed_over: tuple[int, ...] = ()  # cheaper options (by their run alone) whose verdict was worse
 
 
 def with_changes(spec: JobSpec, changes: dict[str, object]) -> JobSpec:
@@ -94,6 +104,30 @@ def verdict(option: int, chosen: est.Option, start: StartForecast, deadline: dat
         f"deadline ({_at(deadline)})."
     )
     return QueueVerdict(option, start, latest_end, said, sentence)
+
+
+def choose(options: Sequence[est.Option], project: Callable[[int], QueueVerdict]) -> tuple[int | None, QueueVerdict]:
+    """The recommended option counting the queue, and its verdict. ``project(i)``: option ``i``'s verdict. Without
+    a qualifying option (``est.cheapest``), the job as written is projected and none is recommended."""
+    left = list(options)
+    pick = est.cheapest(left, written=0)
+    if pick is None:
+        return None, project(0)
+    tried: list[QueueVerdict] = []
+    while pick is not None and len(tried) < MAX_PROJECTED:
+        tried.append(project(pick))
+        if tried[-1].verdict == "meets" or (tried[-1].verdict == "unknown" and len(tried) == 1):
+            break
+        left[pick] = replace(left[pick], meets_deadline=False)  # for this choice only: it misses counting the queue
+        pick = est.cheapest(left, written=0)
+    at = min(range(len(tried)), key=lambda i: (RANK[tried[i].verdict], i))
+    chosen = tried[at]
+    if at == 0:
+        return chosen.option, chosen
+    passed = tried[:at]
+    names = "; ".join(f"{est.describe(options[v.option].config)} ({v.verdict})" for v in passed)
+    sentence = f"{chosen.sentence} Cheaper by the run alone but later in the queue: {names}."
+    return chosen.option, replace(chosen, sentence=sentence, passed_over=tuple(v.option for v in passed))
 
 
 def _at(t: datetime) -> str:

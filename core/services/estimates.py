@@ -29,7 +29,7 @@ from core.repositories import teams as teams_repo
 from core.services.calibration import history, resolved_precision, shape_of
 from core.services.capacity import price_for
 from core.services.errors import InvalidInput
-from core.services.estimate_queue import QueueVerdict, WouldBe, WouldStart, verdict, with_changes
+from core.services.estimate_queue import QueueVerdict, WouldBe, WouldStart, choose, verdict, with_changes
 from core.services.fit import FitSettings, canonical_gpu_type, check_capacity
 from core.services.principal import Principal, require_team_id
 from core.services.sla import DEFAULT_QOS, TERMS
@@ -86,11 +86,15 @@ def estimate(
     best = est.cheapest(options, written=0)
     queue = None
     if priced.deadline is not None and would_start is not None:
-        option = best if best is not None else 0
-        chosen = options[option]
+        deadline = priced.deadline
         qos_id, priority = (ctx.qos_id, int(ctx.priority or 0)) if ctx is not None else (None, 0)
-        would = WouldBe(with_changes(spec, chosen.changes), team_id, qos_id, priority, chosen.peak_bytes)
-        queue = verdict(option, chosen, would_start(db, would, now), priced.deadline)
+
+        def project(i: int) -> QueueVerdict:
+            o = options[i]
+            would = WouldBe(with_changes(spec, o.changes), team_id, qos_id, priority, o.peak_bytes)
+            return verdict(i, o, would_start(db, would, now), deadline)
+
+        best, queue = choose(options, project)
     return Estimate(
         name=spec.name,
         recipe=spec.recipe_name,
@@ -101,7 +105,7 @@ def estimate(
         options=options,
         recommended=best,
         measured_runs=priced.measured_runs,
-        summary=_summary(options, best, priced.measured_runs, currency, priced.deadline),
+        summary=_summary(options, best, priced.measured_runs, currency, priced.deadline, queue),
         notes=_notes(spec, hp, priced.shares, counted=queue is not None),
         queue=queue,
     )
@@ -312,7 +316,14 @@ def _priced(
     return est.cost(priced, steps=spec.steps, now=now, deadline=deadline)
 
 
-def _summary(options: list[est.Option], best: int | None, runs: int, currency: str, deadline: datetime | None) -> str:
+def _summary(
+    options: list[est.Option],
+    best: int | None,
+    runs: int,
+    currency: str,
+    deadline: datetime | None,
+    queue: QueueVerdict | None = None,
+) -> str:
     if not runs:
         return (
             "no measured history of this recipe yet: step time, GPU-hours and cost cannot be estimated (memory is "
@@ -328,7 +339,13 @@ def _summary(options: list[est.Option], best: int | None, runs: int, currency: s
         why = "meets the deadline" if deadline is not None else "fits"
         return f"no option with a measured or scaled step time {why}"
     chosen = options[best]
-    line = f"cheapest: {est.describe(chosen.config)}: {_money(chosen, currency)}"
+    what = "cheapest"
+    if queue is not None and queue.passed_over:  # the queue chose: a cheaper option would end too late
+        what = (
+            "cheapest that meets the deadline" if queue.verdict == "meets" else f"best in the queue ({queue.verdict})"
+        )
+        what += " counting the queue"
+    line = f"{what}: {est.describe(chosen.config)}: {_money(chosen, currency)}"
     if best == 0:
         return line + " (the job as written)"
     if written.cost is None:

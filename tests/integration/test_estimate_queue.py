@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
-from core.models import Attempt, Host, Job
+from core.models import GPU, Attempt, Host, Job, TeamQuota
 from tests.support.api import World, build_world, make_app, spec
 from tests.support.measured_runs import record_run
 
@@ -104,3 +104,77 @@ def test_no_deadline_no_projection(setup: Any, db: Session) -> None:
     client, world = setup
     r = client.post("/v1/estimates", json=spec(name="free", **CPU_JOB), headers=world.h("member"))
     assert r.status_code == 200 and r.json()["queue"] is None
+
+
+GIB = 2**30
+GPU_JOB = {
+    "recipe": {"name": "gpt", "hyperparameters": {"size": "mini", "batch_size": 8}},
+    "steps": 100,
+    "resources": {"gpus": 1, "gpu_type": "H100"},
+}
+
+
+def _gpu_hosts(db: Session, world: World) -> None:
+    """One H100 host and one H200 host; the team may use 2 GPUs of any type."""
+    team_id = db.get_one(Job, world.jobs["alpha"]).team_id
+    db.add(TeamQuota(team_id=team_id, gpu_type="*", nominal=2))
+    for name, model, memory in (("h100-a", "H100-80GB", 80 * GIB), ("h200-a", "H200", 141 * GIB)):
+        host = Host(name=name, queue=f"q.{name}", state="UP", cpu_slots=0)
+        host.gpus = [GPU(uuid=f"{name}-0", index=0, model=model, memory_bytes=memory)]
+        db.add(host)
+    db.flush()
+
+
+def _running_on(client: TestClient, world: World, db: Session, host: str, *, ago: timedelta) -> Job:
+    """A job holding ``host``'s one GPU, started ``ago``, with a 30-minute time limit."""
+    job = _submitted(client, world, db, name="ahead", **{**GPU_JOB, "time_limit_s": 1800})
+    started = utcnow() - ago
+    job.state, job.admitted_at, job.started_at = "RUNNING", started, started
+    db.add(
+        Attempt(
+            job_id=job.id,
+            number=1,
+            fencing_token=job.fencing_token,
+            placement=[{"host": host, "gpus": [f"{host}-0"]}],
+            state="RUNNING",
+            started_at=started,
+        )
+    )
+    db.flush()
+    return job
+
+
+def test_the_queue_passes_over_the_cheapest_option_when_it_would_start_too_late(setup: Any, db: Session) -> None:
+    """The H100 run is measured and cheapest by its run alone, but the only H100 is held for 20 minutes more: the
+    recommendation is the H200 (scaled from the H100's run, dearer), which starts now and ends in time. Before:
+    the H100 was recommended with the verdict "misses"."""
+    client, world = setup
+    _gpu_hosts(db, world)
+    before = _submitted(client, world, db, name="before", **GPU_JOB)
+    record_run(db, before.id, startup_s=10, step_s=[1.0] * 50, gpu_type="H100-80GB")
+    before.state = "SUCCEEDED"
+    _running_on(client, world, db, "h100-a", ago=timedelta(minutes=10))
+    body = spec(name="next", **GPU_JOB, sla={"deadline": (utcnow() + timedelta(seconds=900)).isoformat()})
+    r = client.post("/v1/estimates", json=body, headers=world.h("member"))
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    options, q = answer["options"], answer["queue"]
+    cheapest = min(
+        (i for i, o in enumerate(options) if o["cost"] is not None and o["meets_deadline"]),
+        key=lambda i: (options[i]["step_time"]["basis"] != "measured", options[i]["cost"]),
+    )
+    assert options[cheapest]["gpu_type"] == "H100-80GB"  # by its run alone
+    chosen = options[answer["recommended"]]
+    assert chosen["gpu_type"] == "H200" and q["option"] == answer["recommended"], (chosen, q)
+    assert q["passed_over"] and q["passed_over"][0] == cheapest, q
+    assert q["verdict"] == "meets" and q["hosts"] == ["h200-a"], q
+    assert "Cheaper by the run alone but later in the queue: 1 x H100-80GB" in q["sentence"], q["sentence"]
+    assert "(may miss)" in q["sentence"] or "(misses)" in q["sentence"]  # the running job may end early
+    assert answer["summary"].startswith("cheapest that meets the deadline counting the queue: 1 x H200"), answer
+    # Nothing held: the H100 is the recommendation again, and nothing is passed over.
+    db.query(Attempt).filter(Attempt.state == "RUNNING").update({"state": "SUCCEEDED"})
+    db.query(Job).filter(Job.state == "RUNNING").update({"state": "SUCCEEDED"})
+    db.flush()
+    again = client.post("/v1/estimates", json=body, headers=world.h("member")).json()
+    assert again["recommended"] == cheapest and again["queue"]["passed_over"] == [], again["queue"]
+    assert again["queue"]["verdict"] == "meets"
