@@ -120,6 +120,19 @@ export function fmtNumber(n, digits = 2) {
   return Number.isInteger(n) ? String(n) : n.toFixed(digits);
 }
 
+/**
+ * An amount of a forecast (or its error) in its kind's unit: seconds, bytes or GPU-hours; `signed`: "+" when the job
+ * came out later, bigger or slower than forecast.
+ * @param {number | null | undefined} v @param {string} unit @param {boolean} [signed]
+ */
+export function fmtForecastAmount(v, unit, signed = false) {
+  if (v === null || v === undefined) return "—";
+  const plus = signed && v > 0 ? "+" : "";
+  if (unit === "s") return plus + (Math.abs(v) < 1 ? `${(v * 1000).toFixed(0)} ms` : fmtDuration(v));
+  if (unit === "bytes") return plus + fmtBytes(v);
+  return plus + (Math.abs(v) < 1 ? v.toPrecision(2) : fmtNumber(v, 2));  // GPU-hours: a small job's are thousandths
+}
+
 /** @param {number | null | undefined} r ratio 0..1 */
 export function fmtPercent(r) {
   return r === null || r === undefined || !Number.isFinite(r) ? "—" : `${(r * 100).toFixed(1)}%`;

@@ -1,7 +1,7 @@
 """The compile cache's reuse on the dashboard, in a real browser (Debian's Chromium through Playwright) against the
 real API: the job page says each attempt's compile (hit or miss, source, key, time saved, rejections) and the cost
 page each team's hit rate and time saved over its window, and how far the forecasts for its jobs were from what
-happened.
+happened, as the job page shows each of a job's own.
 
 The trainer's compile events of five attempts are written by the worker's own relay (workers.telemetry_relay) into
 the API's database (tests/support/compile_events.py): compiling for real takes minutes on a CPU.
@@ -89,10 +89,10 @@ def test_cost_page_shows_the_teams_hit_rate_and_time_saved(page: Any, kiln: Kiln
     page.screenshot(path=str(screenshot_dir() / "dashboard-cost-compile-cache.png"))
 
 
-def test_cost_page_shows_how_far_the_forecasts_were_from_what_happened(page: Any, kiln: Kiln, job_id: int) -> None:
-    from playwright.sync_api import expect
-
-    # The scheduler's start forecast and the trainer's memory prediction, settled against what the job measured.
+@pytest.fixture(scope="module")
+def forecasts(kiln: Kiln, job_id: int) -> int:
+    """The scheduler's start forecast and the trainer's memory prediction for the job, settled against what it
+    measured: started 4 minutes after the earliest forecast, 10 MB more memory than forecast."""
     engine = make_engine(kiln.env["KILN_DATABASE_URL"])
     with Session(engine) as db:
         job = db.get(Job, job_id)
@@ -102,6 +102,12 @@ def test_cost_page_shows_how_far_the_forecasts_were_from_what_happened(page: Any
         (start.actual, start.settled_at), (memory.actual, memory.settled_at) = (300, utcnow()), (110e6, utcnow())
         db.commit()
     engine.dispose()
+
+    return job_id
+
+
+def test_cost_page_shows_how_far_the_forecasts_were_from_what_happened(page: Any, kiln: Kiln, forecasts: int) -> None:
+    from playwright.sync_api import expect
 
     page.goto(f"{kiln.url}/#/cost")
     rows = page.locator("#forecasts tbody tr")
@@ -114,3 +120,20 @@ def test_cost_page_shows_how_far_the_forecasts_were_from_what_happened(page: Any
     )
     page.locator("#forecasts").scroll_into_view_if_needed()
     page.screenshot(path=str(screenshot_dir() / "dashboard-cost-forecasts.png"))
+
+
+def test_job_page_sets_each_forecast_against_what_happened(page: Any, kiln: Kiln, forecasts: int) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{kiln.url}/#/jobs/{forecasts}")
+    rows = page.locator("#job-forecasts tbody tr")
+    expect(rows).to_have_count(2)
+    start = rows.filter(has_text="Start").locator("td")
+    expect(start.nth(1)).to_have_text("scheduler")
+    expect(start.nth(2)).to_contain_text(" to ")  # the earliest and latest start, as times
+    expect(start.nth(4)).to_have_text("+4m 0s")
+    expect(rows.filter(has_text="Peak memory").locator("td")).to_have_text(
+        ["Peak memory per rank", "trainer", "100.0 MB", "110.0 MB", "+10.0 MB (9.1%)"]
+    )
+    page.locator("#job-forecasts").scroll_into_view_if_needed()
+    page.screenshot(path=str(screenshot_dir() / "dashboard-job-forecasts.png"))

@@ -5,7 +5,7 @@
 import { api, qs } from "../api.js";
 import { LineChart, windowRange } from "../chart.js";
 import {
-  fmtBucket, fmtBytes, fmtDuration, fmtNumber, fmtPercent, h, pageHeader, replace, showError, table, windowPicker,
+  fmtBucket, fmtDuration, fmtForecastAmount, fmtNumber, fmtPercent, h, pageHeader, replace, showError, table, windowPicker,
 } from "../dom.js";
 
 /** @type {import("../router.js").Page} */
@@ -72,7 +72,7 @@ export async function costPage(root) {
 /** How far the forecasts of each kind and source were from what the jobs measured (GET /v1/usage's `forecasts`).
  * @param {any[]} rows */
 function forecastTable(rows) {
-  const err = (/** @type {string} */ key, signed = false) => (/** @type {any} */ e) => fmtError(e, key, signed);
+  const err = (/** @type {string} */ key, signed = false) => (/** @type {any} */ e) => fmtForecastAmount(e[key], e.unit, signed);
   return table("Forecast errors per kind", [
     { title: "Kind", cell: (/** @type {any} */ e) => (e.kind === "gpu_hours" ? "GPU-hours" : e.kind.replace("_", " ")) },
     { title: "Source", cell: (/** @type {any} */ e) => e.source },
@@ -86,15 +86,4 @@ function forecastTable(rows) {
     { title: "p90 relative", cell: (/** @type {any} */ e) => fmtPercent(e.p90_rel_error), class: "num" },
     { title: "In range", cell: (/** @type {any} */ e) => (e.in_range === null ? "—" : `${e.in_range}/${e.measured}`), class: "num" },
   ], rows, "No forecast made in this window.");
-}
-
-/** A forecast error in its kind's unit; `signed`: "+" when the job came out later, bigger or slower.
- * @param {any} e @param {string} key @param {boolean} signed */
-function fmtError(e, key, signed) {
-  const v = e[key];
-  if (v === null || v === undefined) return "—";
-  const plus = signed && v > 0 ? "+" : "";
-  if (e.unit === "s") return plus + (Math.abs(v) < 1 ? `${(v * 1000).toFixed(0)} ms` : fmtDuration(v));
-  if (e.unit === "bytes") return plus + fmtBytes(v);
-  return plus + (Math.abs(v) < 1 ? v.toPrecision(2) : fmtNumber(v, 2));  // GPU-hours: a small job's are thousandths
 }

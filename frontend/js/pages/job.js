@@ -1,12 +1,13 @@
 // One job: state, wait against the contract, curves (loss, throughput, GPU), timeline, live logs, checkpoints,
-// restarts with their recovery times, each attempt's compile (the compile cache's reuse), compile fallbacks and loss
-// spikes.
+// restarts with their recovery times, each attempt's compile (the compile cache's reuse), compile fallbacks, loss
+// spikes, and what kiln forecast for it against what happened.
 
 import { ApiError, api, follow, getToken, parseEventStream, qs } from "../api.js";
 import { LineChart } from "../chart.js";
 import { jobEditor } from "./job_edit.js";
 import {
-  bar, fmtBytes, fmtDuration, fmtNumber, fmtTime, h, pageHeader, replace, showError, stateBadge, table, timeEl, toast,
+  bar, fmtBytes, fmtDuration, fmtForecastAmount, fmtNumber, fmtTime, h, pageHeader, replace, showError, stateBadge, table,
+  timeEl, toast,
 } from "../dom.js";
 
 const FINISHED = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
@@ -122,6 +123,38 @@ function expectedStartEl(id) {
   return el;
 }
 
+const FORECAST_KINDS = /** @type {Record<string, string>} */ ({
+  start_time: "Start", peak_memory: "Peak memory per rank", step_time: "Step time", gpu_hours: "GPU-hours",
+});
+
+/**
+ * A forecast's amount as the job would read it: a start as a time (its amounts are seconds after it was made), the
+ * rest in their unit.
+ * @param {any} f one of GET /v1/jobs/{id}'s `forecasts` @param {number | null} v
+ */
+function forecastValue(f, v) {
+  if (v === null || v === undefined) return "—";
+  if (f.kind !== "start_time") return fmtForecastAmount(v, f.unit);
+  return fmtTime(new Date(Date.parse(f.made_at) + v * 1000).toISOString());
+}
+
+/** What kiln forecast for the job (GET /v1/jobs/{id}'s `forecasts`, as kiln describe shows them), and what happened.
+ * @param {any[]} rows */
+export function forecastsTable(rows) {
+  return table("Forecasts", [
+    { title: "Kind", cell: (/** @type {any} */ f) => FORECAST_KINDS[f.kind] ?? f.kind },
+    { title: "By", cell: (/** @type {any} */ f) => f.source },
+    { title: "Forecast", cell: (/** @type {any} */ f) => f.predicted === null ? (f.note ?? "cannot be known")
+      : forecastValue(f, f.predicted) + (f.predicted_high !== null && f.predicted_high !== f.predicted
+        ? ` to ${forecastValue(f, f.predicted_high)}` : "") },
+    { title: "Happened", cell: (/** @type {any} */ f) => f.actual !== null ? forecastValue(f, f.actual)
+      : f.settled_at ? "never" : "not yet" },
+    { title: "Error", class: "num", cell: (/** @type {any} */ f) => f.actual === null || f.predicted === null ? "—"
+      : fmtForecastAmount(f.actual - f.predicted, f.unit, true)
+        + (f.kind === "start_time" || !f.actual ? "" : ` (${(100 * Math.abs(f.actual - f.predicted) / f.actual).toFixed(1)}%)`) },
+  ], rows, "No forecast for this job.");
+}
+
 /** @type {import("../router.js").Page} */
 export async function jobPage(root, params) {
   const id = Number(params.id);
@@ -168,6 +201,7 @@ export async function jobPage(root, params) {
   const checkpointsEl = h("div", { id: "checkpoints" });
   const compileEl = h("ul", { id: "compile-cache" });
   const healthEl = h("div", { id: "health" });
+  const forecastsEl = h("div", { id: "job-forecasts" });
 
   const logBox = h("pre", { class: "logs", id: "logs", role: "log", tabindex: "0", "aria-label": "Job logs", "aria-live": "off" });
   const followBox = /** @type {HTMLInputElement} */ (h("input", { type: "checkbox", id: "follow-logs", checked: true }));
@@ -183,7 +217,7 @@ export async function jobPage(root, params) {
       h("section", { class: "card", "aria-labelledby": "tl-title" }, h("h2", { id: "tl-title" }, "Timeline"), timeline),
       h("section", { class: "card", "aria-labelledby": "health-title" }, h("h2", { id: "health-title" }, "Health"),
         healthEl, h("h3", {}, "Compile cache"), compileEl, h("h3", {}, "Restarts"), restartsEl,
-        h("h3", {}, "Checkpoints"), checkpointsEl)),
+        h("h3", {}, "Checkpoints"), checkpointsEl, h("h3", {}, "Forecasts"), forecastsEl)),
     h("section", { class: "card", "aria-labelledby": "logs-title" },
       h("div", { class: "row" }, h("h2", { id: "logs-title" }, "Logs"), logStatus,
         h("label", { class: "inline", for: "follow-logs" }, followBox, " Follow")),
@@ -192,10 +226,19 @@ export async function jobPage(root, params) {
 
   // ---- rendering -------------------------------------------------------------------------------------------
 
+  // A job's forecasts settle as it starts, measures and ends: read again when its state changes.
+  let forecastsFor = "";
+  const loadForecasts = (/** @type {string} */ state) => {
+    if (state === forecastsFor) return;
+    forecastsFor = state;
+    api(`/v1/jobs/${id}`).then((d) => replace(forecastsEl, forecastsTable(d.forecasts ?? [])), (err) => showError(forecastsEl, err));
+  };
+
   /** @param {Overview} ov */
   const renderOverview = (ov) => {
     overview = ov;
     const j = ov.job;
+    loadForecasts(j.state);
     replace(stateEl, stateBadge(j.state));
     stateEl.dataset.state = j.state;
     cancelBtn.hidden = FINISHED.has(j.state) || j.cancel_requested;
