@@ -24,8 +24,9 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ FORMAT = 1  # of entry.json; part of every key, so a new format never reads an o
 TMP_PREFIX = ".tmp-"
 GONE_PREFIX = ".gone-"
 STALE_TMP_S = 3600.0  # a publish left half-done by a dead trainer is swept after this
+MAX_ENTRY_BYTES = 1 << 20  # entry.json is under 1 kB (a GPT's: 679 bytes); a bigger one is not kiln's: not read
 
 
 class Rejected(Exception):
@@ -94,35 +96,107 @@ class Entry:
     def parse(cls, raw: bytes) -> Entry:
         try:
             data = json.loads(raw)
-            return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+            entry = cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
         except (ValueError, TypeError, KeyError) as exc:
             raise Rejected("entry", f"{ENTRY} is not a kiln cache entry: {exc!r}"[:300]) from None
+        if type(entry.size_bytes) is not int or entry.size_bytes < 0:  # it bounds the blob's read
+            raise Rejected("entry", f"{ENTRY}'s size_bytes is not a size: {entry.size_bytes!r}"[:300])
+        return entry
 
 
 def read(root: Path, key: str) -> tuple[Entry, bytes] | None:
     """The entry ``key`` under ``root`` and its blob, checked; None when there is none; ``Rejected`` when it fails a
-    check."""
+    check. A team's code may put anything in its directory and root reads it (``promote``): only a real directory
+    and regular files in it are read, never through a link, and no more bytes than an entry has."""
     where = root / key
     try:
-        entry = Entry.parse((where / ENTRY).read_bytes())
+        dir_fd = _open_key_dir(where)
     except FileNotFoundError:
         return None
+    try:
+        return _read_entry(where, dir_fd, key)
+    finally:
+        os.close(dir_fd)
+
+
+def _read_entry(where: Path, dir_fd: int, key: str) -> tuple[Entry, bytes] | None:
+    try:
+        with _regular_file(dir_fd, ENTRY, "entry") as (fd, _):
+            raw = _read_at_most(fd, MAX_ENTRY_BYTES)
+    except FileNotFoundError:
+        return None
+    if len(raw) > MAX_ENTRY_BYTES:
+        raise Rejected("entry", f"{ENTRY} is over {MAX_ENTRY_BYTES} bytes, more than kiln writes")
+    entry = Entry.parse(raw)
     if entry.key != key:
         raise Rejected("key", f"{ENTRY} names key {entry.key!r}, not {key}")
     if key_of(entry.fields) != key:
         raise Rejected("key", f"{ENTRY}'s fields hash to {key_of(entry.fields)}, not {key}")
     try:
-        blob = (where / BLOB).read_bytes()
+        with _regular_file(dir_fd, BLOB, "digest") as (fd, size):
+            if size != entry.size_bytes:  # refused unread
+                raise Rejected("digest", f"{BLOB} has {size} bytes, the entry says {entry.size_bytes}")
+            blob = _read_at_most(fd, size)
     except FileNotFoundError:
-        if not where.exists():  # collected between the two reads: a miss
+        if not _still_at(where, dir_fd):  # collected between the two reads: a miss
             return None
         raise Rejected("digest", f"{BLOB} is missing") from None
-    if len(blob) != entry.size_bytes:
+    if len(blob) != entry.size_bytes:  # it changed while read
         raise Rejected("digest", f"{BLOB} has {len(blob)} bytes, the entry says {entry.size_bytes}")
     digest = hashlib.sha256(blob).hexdigest()
     if digest != entry.sha256:
         raise Rejected("digest", f"{BLOB}'s sha256 {digest[:16]}... is not the entry's {entry.sha256[:16]}...")
     return entry, blob
+
+
+def _open_key_dir(where: Path) -> int:
+    """The key's directory, opened without following a link: its files are then opened from this descriptor, so
+    the directory cannot be swapped for a link (to ``/``) between this check and the reads."""
+    try:
+        return os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except NotADirectoryError:  # Linux says ENOTDIR, not ELOOP, for a link opened with O_DIRECTORY
+        if where.is_symlink():
+            raise Rejected("entry", f"{where.name} is a link, not a directory kiln wrote") from None
+        raise Rejected("entry", f"{where.name} is not a directory") from None
+
+
+@contextlib.contextmanager
+def _regular_file(dir_fd: int, name: str, check: str) -> Iterator[tuple[int, int]]:
+    """``name`` in the key's directory, open, and its size, if it is a regular file: a link is not followed (its
+    target is never opened, nor anything said of it) and a FIFO is refused without blocking."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Rejected(check, f"{name} is a link, not a file kiln wrote") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Rejected(check, f"{name} is not a regular file")
+        yield fd, st.st_size
+    finally:
+        os.close(fd)
+
+
+def _read_at_most(fd: int, size: int) -> bytes:
+    """``size`` bytes and one more if there is one, so a file longer than expected shows without being read whole."""
+    chunks: list[bytes] = []
+    left = size + 1
+    while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _still_at(where: Path, dir_fd: int) -> bool:
+    """Whether the directory opened as ``dir_fd`` is still the one at ``where`` (not renamed aside by ``discard``)."""
+    try:
+        here = os.lstat(where)
+    except FileNotFoundError:
+        return False
+    there = os.fstat(dir_fd)
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _write_synced(path: Path, data: bytes) -> None:

@@ -75,6 +75,56 @@ def test_an_entry_built_for_another_key_is_rejected(tmp_path: Path) -> None:
         store.read(tmp_path, wanted)
 
 
+@pytest.mark.timeout(30)  # a FIFO opened to be read would block for ever
+def test_a_link_or_a_fifo_in_an_entry_is_rejected_unread(tmp_path: Path) -> None:
+    """A team's code may put anything in its cache and root reads it (``promote``): a file is read only if it is a
+    regular file of the entry itself, never through a link, and a FIFO is refused before it is read (no block)."""
+    team, outside = tmp_path / "team", tmp_path / "outside"
+    entry = published(team)
+    copy = published(outside)  # a valid entry, reachable only through a link
+    for name, check in ((store.ENTRY, "entry"), (store.BLOB, "digest")):
+        (team / entry.key / name).rename(tmp_path / name)
+        (team / entry.key / name).symlink_to(outside / copy.key / name)
+        with pytest.raises(store.Rejected, match=f"{name} is a link, not a file kiln wrote") as info:
+            store.read(team, entry.key)
+        assert info.value.check == check and str(outside) not in str(info.value)  # nothing said of its target
+        (team / entry.key / name).unlink()
+        (tmp_path / name).rename(team / entry.key / name)
+    os.replace(team / entry.key / store.BLOB, tmp_path / store.BLOB)
+    os.mkfifo(team / entry.key / store.BLOB)  # no writer: a blocking open would wait forever
+    with pytest.raises(store.Rejected, match=f"{store.BLOB} is not a regular file") as info:
+        store.read(team, entry.key)
+    assert info.value.check == "digest"
+
+
+def test_a_key_that_is_a_link_or_a_file_is_rejected_not_followed(tmp_path: Path) -> None:
+    team, outside = tmp_path / "team", tmp_path / "outside"
+    entry = published(outside)
+    team.mkdir()
+    (team / entry.key).symlink_to(outside / entry.key)  # a valid entry behind the link
+    with pytest.raises(store.Rejected, match=f"{entry.key} is a link, not a directory kiln wrote") as info:
+        store.read(team, entry.key)
+    assert info.value.check == "entry" and str(outside) not in str(info.value)
+    (team / entry.key).unlink()
+    (team / entry.key).write_bytes(b"")
+    with pytest.raises(store.Rejected, match=f"{entry.key} is not a directory"):
+        store.read(team, entry.key)
+
+
+def test_entry_json_and_the_blob_are_read_within_their_bounds(tmp_path: Path) -> None:
+    entry = published(tmp_path)
+    path = tmp_path / entry.key / store.ENTRY
+    written = path.read_bytes()
+    path.write_bytes(written + b" " * (2 << 20))  # still valid JSON, but no entry kiln writes is 2 MiB
+    with pytest.raises(store.Rejected, match=f"{store.ENTRY} is over") as info:
+        store.read(tmp_path, entry.key)
+    assert info.value.check == "entry"
+    path.write_text(json.dumps({**json.loads(written), "size_bytes": "1000"}))  # the blob's read is bounded by it
+    with pytest.raises(store.Rejected, match="size_bytes") as info:
+        store.read(tmp_path, entry.key)
+    assert info.value.check == "entry"
+
+
 def test_concurrent_publishers_of_one_key_leave_one_valid_entry(tmp_path: Path) -> None:
     blobs = [f"writer {i} ".encode() * 50_000 for i in range(8)]  # 400-450 kB each: the writes overlap
     start = threading.Barrier(len(blobs))
