@@ -245,11 +245,42 @@ def discard(root: Path, key: str) -> bool:
     already gone (another rank or the collector took it)."""
     gone = root / f"{GONE_PREFIX}{key}-{secrets.token_hex(6)}"
     try:
-        os.rename(root / key, gone)
+        os.rename(root / key, gone)  # renames a link itself, never its target
     except FileNotFoundError:
         return False
-    shutil.rmtree(gone, ignore_errors=True)
+    _remove(gone)
     return True
+
+
+def _remove(path: Path) -> None:
+    """Delete what ``path`` names, never what it points to and never blocking, where a team's code may be changing
+    it as it goes. What fails (a name swapped under us) is left to the next sweep."""
+    with contextlib.suppress(OSError):
+        parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            _remove_at(parent, path.name)
+        finally:
+            os.close(parent)
+
+
+def _remove_at(parent: int, name: str) -> None:
+    """``name`` in the directory open as ``parent``: a directory is opened without following a link and emptied
+    through its descriptor; anything else (a link, a file, a FIFO) is unlinked as it is. Not shutil.rmtree: it
+    refuses a link, and its open of what it was given would block for ever on a FIFO swapped in after its check
+    (O_DIRECTORY fails at once on one)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+    except NotADirectoryError:
+        os.unlink(name, dir_fd=parent)
+        return
+    try:
+        with os.scandir(fd) as children:
+            names = [child.name for child in children]
+        for child in names:
+            _remove_at(fd, child)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent)
 
 
 def touch(root: Path, key: str) -> None:
@@ -265,23 +296,35 @@ class Collected:
 
 
 def _entry_size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    """The bytes an entry's files take as they lie: a link counts its own size, never its target's (a host file).
+    The directory is opened without following a link, so a swap for one after the caller's check lists nothing."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        with os.scandir(fd) as files:
+            sizes = (f.stat(follow_symlinks=False) for f in files)
+            return sum(s.st_size for s in sizes if not stat.S_ISDIR(s.st_mode))
+    finally:
+        os.close(fd)
 
 
 def collect_team(root: Path, *, max_age_s: float, quota_bytes: int, now: float) -> Collected:
     """One team's entries: those unused for ``max_age_s`` (0: no age limit), then the least recently used until the
-    rest fit ``quota_bytes``; and publishes or discards a dead trainer left behind."""
+    rest fit ``quota_bytes``; and publishes or discards a dead trainer left behind. Run as root over what a team's
+    code may have changed: ``lstat`` only, so a link is judged as a link and never followed."""
     done = Collected()
     live: list[tuple[float, int, str]] = []
     for path in root.iterdir():
-        with contextlib.suppress(FileNotFoundError):
-            mtime = path.stat().st_mtime
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # gone, or swapped, since listed
+            st = os.lstat(path)
             if path.name.startswith((TMP_PREFIX, GONE_PREFIX)):
-                if now - mtime > STALE_TMP_S:
-                    shutil.rmtree(path, ignore_errors=True)
-                continue
-            if path.is_dir():
-                live.append((mtime, _entry_size(path), path.name))
+                if now - st.st_mtime > STALE_TMP_S:
+                    _remove(path)
+            elif not stat.S_ISDIR(st.st_mode):  # a link (to a host directory, to /), a file, a FIFO: no entry
+                _remove(path)
+                done.entries += 1
+                done.bytes += st.st_size
+            else:
+                live.append((st.st_mtime, _entry_size(path), path.name))
     live.sort()  # least recently used first
     total = sum(size for _, size, _ in live)
     for mtime, size, key in live:
@@ -298,14 +341,22 @@ def collect(storage: Path, *, max_age_s: float, quota_bytes: int, now: float | N
     """Every team's cache (the admin's shared tier is the admin's to manage). Run by the scheduler's leader."""
     done = Collected()
     teams = storage / ROOT / TEAMS
-    if not teams.is_dir():
+    if not _is_dir(teams):
         return done
     for root in sorted(teams.iterdir()):
-        if root.is_dir():
+        if _is_dir(root):  # kiln's own directories (a team cannot write in teams/): anything else is not followed
             got = collect_team(root, max_age_s=max_age_s, quota_bytes=quota_bytes, now=now or time.time())
             done.entries += got.entries
             done.bytes += got.bytes
     return done
+
+
+def _is_dir(path: Path) -> bool:
+    """A directory itself, not a link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def promote(storage: Path, team_id: int, key: str) -> bool:

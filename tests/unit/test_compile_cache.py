@@ -167,6 +167,31 @@ def test_collection_goes_by_last_use_then_by_the_team_quota(tmp_path: Path) -> N
     assert store.collect(tmp_path, max_age_s=0, quota_bytes=10**9).entries == 0  # 0: no age limit
 
 
+@pytest.mark.timeout(30)  # rmtree opens what it is given: a FIFO would block it for ever
+def test_collection_counts_and_removes_links_without_following_them(tmp_path: Path) -> None:
+    now = time.time()
+    team, outside = store.team_dir(tmp_path, 3), tmp_path / "outside"
+    entry = published(team)
+    outside.mkdir()
+    (outside / "big").write_bytes(b"h" * 100_000)
+    (team / entry.key / store.BLOB).unlink()
+    (team / entry.key / store.BLOB).symlink_to(outside / "big")  # counts as the link's size, not the target's
+    stale_file, stale_fifo = team / f"{store.TMP_PREFIX}file", team / f"{store.GONE_PREFIX}fifo"
+    stale_file.write_bytes(b"left")
+    os.mkfifo(stale_fifo)
+    stale_dir = team / f"{store.GONE_PREFIX}dir"
+    (stale_dir / "sub").mkdir(parents=True)
+    os.mkfifo(stale_dir / "sub" / "fifo")
+    (stale_dir / "sub" / "out").symlink_to(outside)  # emptied as a link: nothing in outside goes
+    for stale in (stale_file, stale_fifo, stale_dir):
+        os.utime(stale, (now - 2 * store.STALE_TMP_S, now - 2 * store.STALE_TMP_S))
+    assert store.collect_team(team, max_age_s=0, quota_bytes=10_000, now=now) == store.Collected(0, 0)
+    assert [p.name for p in team.iterdir()] == [entry.key]  # kept under quota; the stale ones swept
+    (team / "linked").symlink_to(outside)
+    assert store.discard(team, "linked") and [p.name for p in team.iterdir()] == [entry.key]  # no .gone- link left
+    assert (outside / "big").read_bytes() == b"h" * 100_000
+
+
 def test_an_admin_promotes_a_team_entry_to_the_shared_tier(tmp_path: Path) -> None:
     entry = published(store.team_dir(tmp_path, 5))
     assert store.main(["promote", "--storage", str(tmp_path), "--team", "5", "--key", entry.key]) == 0
