@@ -10,7 +10,9 @@ team's directory, the scheduler's leader collects old entries. One entry is one 
 
 An entry is trusted only if ``entry.json`` names the key it was looked up by, its fields hash to that key and the
 blob has the recorded size and sha256 (``read``); the trainer also compares the compiled step with eager before
-using it. The blob is torch's pickle: nothing of it is deserialised before these checks.
+using it. The blob is torch's pickle: nothing of it is deserialised before these checks. Root reads a team's
+directory too (``promote``, ``collect``), and the team's code may have put anything there: nothing in it is followed
+(a link is read, counted and deleted as a link) and nothing but a regular file is read.
 """
 
 from __future__ import annotations
