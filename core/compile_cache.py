@@ -256,8 +256,9 @@ def discard(root: Path, key: str) -> bool:
 
 def _remove(path: Path) -> None:
     """Delete what ``path`` names, never what it points to and never blocking, where a team's code may be changing
-    it as it goes. What fails (a name swapped under us) is left to the next sweep."""
-    with contextlib.suppress(OSError):
+    it as it goes. What fails (a name swapped under us) is left to the next sweep; so is a tree nested deeper than
+    Python's recursion (kiln writes one level), which would otherwise end the collection of every team."""
+    with contextlib.suppress(OSError, RecursionError):
         parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
             _remove_at(parent, path.name)

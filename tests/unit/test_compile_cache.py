@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -190,6 +191,32 @@ def test_collection_counts_and_removes_links_without_following_them(tmp_path: Pa
     (team / "linked").symlink_to(outside)
     assert store.discard(team, "linked") and [p.name for p in team.iterdir()] == [entry.key]  # no .gone- link left
     assert (outside / "big").read_bytes() == b"h" * 100_000
+
+
+def test_a_stale_tree_too_deep_to_remove_does_not_stop_collection(tmp_path: Path) -> None:
+    now = time.time()
+    team = store.team_dir(tmp_path, 3)
+    entry = published(team)
+    os.utime(team / entry.key, (now - 40 * 86400, now - 40 * 86400))
+    deep = team / f"{store.GONE_PREFIX}deep"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(3000):  # deeper than Python's recursion limit (1000); built by descriptor, past PATH_MAX
+        os.mkdir("d", dir_fd=fd)
+        fd, parent = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), fd
+        os.close(parent)
+    os.close(fd)
+    os.utime(deep, (now - 2 * store.STALE_TMP_S, now - 2 * store.STALE_TMP_S))
+    try:
+        assert store.collect_team(team, max_age_s=30 * 86400, quota_bytes=10**9, now=now).entries == 1
+        assert not (team / entry.key).exists()  # the old entry collected all the same
+    finally:  # pytest's own clean-up of tmp_path recurses: unchain the tree two levels a step
+        while (deep / "d" / "d").is_dir():
+            os.rename(deep / "d" / "d", team / "next")
+            os.rmdir(deep / "d")
+            os.rmdir(deep)
+            os.rename(team / "next", deep)
+        shutil.rmtree(deep, ignore_errors=True)
 
 
 def test_an_admin_promotes_a_team_entry_to_the_shared_tier(tmp_path: Path) -> None:
