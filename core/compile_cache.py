@@ -10,7 +10,9 @@ team's directory, the scheduler's leader collects old entries. One entry is one 
 
 An entry is trusted only if ``entry.json`` names the key it was looked up by, its fields hash to that key and the
 blob has the recorded size and sha256 (``read``); the trainer also compares the compiled step with eager before
-using it. The blob is torch's pickle: nothing of it is deserialised before these checks.
+using it. The blob is torch's pickle: nothing of it is deserialised before these checks. Root reads a team's
+directory too (``promote``, ``collect``), and the team's code may have put anything there: nothing in it is followed
+(a link is read, counted and deleted as a link) and nothing but a regular file is read.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ import json
 import os
 import secrets
 import shutil
+import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +41,7 @@ FORMAT = 1  # of entry.json; part of every key, so a new format never reads an o
 TMP_PREFIX = ".tmp-"
 GONE_PREFIX = ".gone-"
 STALE_TMP_S = 3600.0  # a publish left half-done by a dead trainer is swept after this
+MAX_ENTRY_BYTES = 1 << 20  # entry.json is under 1 kB (a GPT's: 679 bytes); a bigger one is not kiln's: not read
 
 
 class Rejected(Exception):
@@ -94,35 +98,107 @@ class Entry:
     def parse(cls, raw: bytes) -> Entry:
         try:
             data = json.loads(raw)
-            return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
+            entry = cls(**{f.name: data[f.name] for f in dataclasses.fields(cls)})
         except (ValueError, TypeError, KeyError) as exc:
             raise Rejected("entry", f"{ENTRY} is not a kiln cache entry: {exc!r}"[:300]) from None
+        if type(entry.size_bytes) is not int or entry.size_bytes < 0:  # it bounds the blob's read
+            raise Rejected("entry", f"{ENTRY}'s size_bytes is not a size: {entry.size_bytes!r}"[:300])
+        return entry
 
 
 def read(root: Path, key: str) -> tuple[Entry, bytes] | None:
     """The entry ``key`` under ``root`` and its blob, checked; None when there is none; ``Rejected`` when it fails a
-    check."""
+    check. A team's code may put anything in its directory and root reads it (``promote``): only a real directory
+    and regular files in it are read, never through a link, and no more bytes than an entry has."""
     where = root / key
     try:
-        entry = Entry.parse((where / ENTRY).read_bytes())
+        dir_fd = _open_key_dir(where)
     except FileNotFoundError:
         return None
+    try:
+        return _read_entry(where, dir_fd, key)
+    finally:
+        os.close(dir_fd)
+
+
+def _read_entry(where: Path, dir_fd: int, key: str) -> tuple[Entry, bytes] | None:
+    try:
+        with _regular_file(dir_fd, ENTRY, "entry") as (fd, _):
+            raw = _read_at_most(fd, MAX_ENTRY_BYTES)
+    except FileNotFoundError:
+        return None
+    if len(raw) > MAX_ENTRY_BYTES:
+        raise Rejected("entry", f"{ENTRY} is over {MAX_ENTRY_BYTES} bytes, more than kiln writes")
+    entry = Entry.parse(raw)
     if entry.key != key:
         raise Rejected("key", f"{ENTRY} names key {entry.key!r}, not {key}")
     if key_of(entry.fields) != key:
         raise Rejected("key", f"{ENTRY}'s fields hash to {key_of(entry.fields)}, not {key}")
     try:
-        blob = (where / BLOB).read_bytes()
+        with _regular_file(dir_fd, BLOB, "digest") as (fd, size):
+            if size != entry.size_bytes:  # refused unread
+                raise Rejected("digest", f"{BLOB} has {size} bytes, the entry says {entry.size_bytes}")
+            blob = _read_at_most(fd, size)
     except FileNotFoundError:
-        if not where.exists():  # collected between the two reads: a miss
+        if not _still_at(where, dir_fd):  # collected between the two reads: a miss
             return None
         raise Rejected("digest", f"{BLOB} is missing") from None
-    if len(blob) != entry.size_bytes:
+    if len(blob) != entry.size_bytes:  # it changed while read
         raise Rejected("digest", f"{BLOB} has {len(blob)} bytes, the entry says {entry.size_bytes}")
     digest = hashlib.sha256(blob).hexdigest()
     if digest != entry.sha256:
         raise Rejected("digest", f"{BLOB}'s sha256 {digest[:16]}... is not the entry's {entry.sha256[:16]}...")
     return entry, blob
+
+
+def _open_key_dir(where: Path) -> int:
+    """The key's directory, opened without following a link: its files are then opened from this descriptor, so
+    the directory cannot be swapped for a link (to ``/``) between this check and the reads."""
+    try:
+        return os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except NotADirectoryError:  # Linux says ENOTDIR, not ELOOP, for a link opened with O_DIRECTORY
+        if where.is_symlink():
+            raise Rejected("entry", f"{where.name} is a link, not a directory kiln wrote") from None
+        raise Rejected("entry", f"{where.name} is not a directory") from None
+
+
+@contextlib.contextmanager
+def _regular_file(dir_fd: int, name: str, check: str) -> Iterator[tuple[int, int]]:
+    """``name`` in the key's directory, open, and its size, if it is a regular file: a link is not followed (its
+    target is never opened, nor anything said of it) and a FIFO is refused without blocking."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Rejected(check, f"{name} is a link, not a file kiln wrote") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Rejected(check, f"{name} is not a regular file")
+        yield fd, st.st_size
+    finally:
+        os.close(fd)
+
+
+def _read_at_most(fd: int, size: int) -> bytes:
+    """``size`` bytes and one more if there is one, so a file longer than expected shows without being read whole."""
+    chunks: list[bytes] = []
+    left = size + 1
+    while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _still_at(where: Path, dir_fd: int) -> bool:
+    """Whether the directory opened as ``dir_fd`` is still the one at ``where`` (not renamed aside by ``discard``)."""
+    try:
+        here = os.lstat(where)
+    except FileNotFoundError:
+        return False
+    there = os.fstat(dir_fd)
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _write_synced(path: Path, data: bytes) -> None:
@@ -171,11 +247,43 @@ def discard(root: Path, key: str) -> bool:
     already gone (another rank or the collector took it)."""
     gone = root / f"{GONE_PREFIX}{key}-{secrets.token_hex(6)}"
     try:
-        os.rename(root / key, gone)
+        os.rename(root / key, gone)  # renames a link itself, never its target
     except FileNotFoundError:
         return False
-    shutil.rmtree(gone, ignore_errors=True)
+    _remove(gone)
     return True
+
+
+def _remove(path: Path) -> None:
+    """Delete what ``path`` names, never what it points to and never blocking, where a team's code may be changing
+    it as it goes. What fails (a name swapped under us) is left to the next sweep; so is a tree nested deeper than
+    Python's recursion (kiln writes one level), which would otherwise end the collection of every team."""
+    with contextlib.suppress(OSError, RecursionError):
+        parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            _remove_at(parent, path.name)
+        finally:
+            os.close(parent)
+
+
+def _remove_at(parent: int, name: str) -> None:
+    """``name`` in the directory open as ``parent``: a directory is opened without following a link and emptied
+    through its descriptor; anything else (a link, a file, a FIFO) is unlinked as it is. Not shutil.rmtree: it
+    refuses a link, and its open of what it was given would block for ever on a FIFO swapped in after its check
+    (O_DIRECTORY fails at once on one)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+    except NotADirectoryError:
+        os.unlink(name, dir_fd=parent)
+        return
+    try:
+        with os.scandir(fd) as children:
+            names = [child.name for child in children]
+        for child in names:
+            _remove_at(fd, child)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent)
 
 
 def touch(root: Path, key: str) -> None:
@@ -191,23 +299,35 @@ class Collected:
 
 
 def _entry_size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    """The bytes an entry's files take as they lie: a link counts its own size, never its target's (a host file).
+    The directory is opened without following a link, so a swap for one after the caller's check lists nothing."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        with os.scandir(fd) as files:
+            sizes = (f.stat(follow_symlinks=False) for f in files)
+            return sum(s.st_size for s in sizes if not stat.S_ISDIR(s.st_mode))
+    finally:
+        os.close(fd)
 
 
 def collect_team(root: Path, *, max_age_s: float, quota_bytes: int, now: float) -> Collected:
     """One team's entries: those unused for ``max_age_s`` (0: no age limit), then the least recently used until the
-    rest fit ``quota_bytes``; and publishes or discards a dead trainer left behind."""
+    rest fit ``quota_bytes``; and publishes or discards a dead trainer left behind. Run as root over what a team's
+    code may have changed: ``lstat`` only, so a link is judged as a link and never followed."""
     done = Collected()
     live: list[tuple[float, int, str]] = []
     for path in root.iterdir():
-        with contextlib.suppress(FileNotFoundError):
-            mtime = path.stat().st_mtime
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # gone, or swapped, since listed
+            st = os.lstat(path)
             if path.name.startswith((TMP_PREFIX, GONE_PREFIX)):
-                if now - mtime > STALE_TMP_S:
-                    shutil.rmtree(path, ignore_errors=True)
-                continue
-            if path.is_dir():
-                live.append((mtime, _entry_size(path), path.name))
+                if now - st.st_mtime > STALE_TMP_S:
+                    _remove(path)
+            elif not stat.S_ISDIR(st.st_mode):  # a link (to a host directory, to /), a file, a FIFO: no entry
+                _remove(path)
+                done.entries += 1
+                done.bytes += st.st_size
+            else:
+                live.append((st.st_mtime, _entry_size(path), path.name))
     live.sort()  # least recently used first
     total = sum(size for _, size, _ in live)
     for mtime, size, key in live:
@@ -224,14 +344,22 @@ def collect(storage: Path, *, max_age_s: float, quota_bytes: int, now: float | N
     """Every team's cache (the admin's shared tier is the admin's to manage). Run by the scheduler's leader."""
     done = Collected()
     teams = storage / ROOT / TEAMS
-    if not teams.is_dir():
+    if not _is_dir(teams):
         return done
     for root in sorted(teams.iterdir()):
-        if root.is_dir():
+        if _is_dir(root):  # kiln's own directories (a team cannot write in teams/): anything else is not followed
             got = collect_team(root, max_age_s=max_age_s, quota_bytes=quota_bytes, now=now or time.time())
             done.entries += got.entries
             done.bytes += got.bytes
     return done
+
+
+def _is_dir(path: Path) -> bool:
+    """A directory itself, not a link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 def promote(storage: Path, team_id: int, key: str) -> bool:

@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -75,6 +76,56 @@ def test_an_entry_built_for_another_key_is_rejected(tmp_path: Path) -> None:
         store.read(tmp_path, wanted)
 
 
+@pytest.mark.timeout(30)  # a FIFO opened to be read would block for ever
+def test_a_link_or_a_fifo_in_an_entry_is_rejected_unread(tmp_path: Path) -> None:
+    """A team's code may put anything in its cache and root reads it (``promote``): a file is read only if it is a
+    regular file of the entry itself, never through a link, and a FIFO is refused before it is read (no block)."""
+    team, outside = tmp_path / "team", tmp_path / "outside"
+    entry = published(team)
+    copy = published(outside)  # a valid entry, reachable only through a link
+    for name, check in ((store.ENTRY, "entry"), (store.BLOB, "digest")):
+        (team / entry.key / name).rename(tmp_path / name)
+        (team / entry.key / name).symlink_to(outside / copy.key / name)
+        with pytest.raises(store.Rejected, match=f"{name} is a link, not a file kiln wrote") as info:
+            store.read(team, entry.key)
+        assert info.value.check == check and str(outside) not in str(info.value)  # nothing said of its target
+        (team / entry.key / name).unlink()
+        (tmp_path / name).rename(team / entry.key / name)
+    os.replace(team / entry.key / store.BLOB, tmp_path / store.BLOB)
+    os.mkfifo(team / entry.key / store.BLOB)  # no writer: a blocking open would wait forever
+    with pytest.raises(store.Rejected, match=f"{store.BLOB} is not a regular file") as info:
+        store.read(team, entry.key)
+    assert info.value.check == "digest"
+
+
+def test_a_key_that_is_a_link_or_a_file_is_rejected_not_followed(tmp_path: Path) -> None:
+    team, outside = tmp_path / "team", tmp_path / "outside"
+    entry = published(outside)
+    team.mkdir()
+    (team / entry.key).symlink_to(outside / entry.key)  # a valid entry behind the link
+    with pytest.raises(store.Rejected, match=f"{entry.key} is a link, not a directory kiln wrote") as info:
+        store.read(team, entry.key)
+    assert info.value.check == "entry" and str(outside) not in str(info.value)
+    (team / entry.key).unlink()
+    (team / entry.key).write_bytes(b"")
+    with pytest.raises(store.Rejected, match=f"{entry.key} is not a directory"):
+        store.read(team, entry.key)
+
+
+def test_entry_json_and_the_blob_are_read_within_their_bounds(tmp_path: Path) -> None:
+    entry = published(tmp_path)
+    path = tmp_path / entry.key / store.ENTRY
+    written = path.read_bytes()
+    path.write_bytes(written + b" " * (2 << 20))  # still valid JSON, but no entry kiln writes is 2 MiB
+    with pytest.raises(store.Rejected, match=f"{store.ENTRY} is over") as info:
+        store.read(tmp_path, entry.key)
+    assert info.value.check == "entry"
+    path.write_text(json.dumps({**json.loads(written), "size_bytes": "1000"}))  # the blob's read is bounded by it
+    with pytest.raises(store.Rejected, match="size_bytes") as info:
+        store.read(tmp_path, entry.key)
+    assert info.value.check == "entry"
+
+
 def test_concurrent_publishers_of_one_key_leave_one_valid_entry(tmp_path: Path) -> None:
     blobs = [f"writer {i} ".encode() * 50_000 for i in range(8)]  # 400-450 kB each: the writes overlap
     start = threading.Barrier(len(blobs))
@@ -115,6 +166,57 @@ def test_collection_goes_by_last_use_then_by_the_team_quota(tmp_path: Path) -> N
     assert collect_compile_caches(settings) == 2  # the 40-day-old one, then the least recently used over quota
     assert sorted(p.name for p in team.iterdir()) == sorted([keys[1], keys[3]])
     assert store.collect(tmp_path, max_age_s=0, quota_bytes=10**9).entries == 0  # 0: no age limit
+
+
+@pytest.mark.timeout(30)  # rmtree opens what it is given: a FIFO would block it for ever
+def test_collection_counts_and_removes_links_without_following_them(tmp_path: Path) -> None:
+    now = time.time()
+    team, outside = store.team_dir(tmp_path, 3), tmp_path / "outside"
+    entry = published(team)
+    outside.mkdir()
+    (outside / "big").write_bytes(b"h" * 100_000)
+    (team / entry.key / store.BLOB).unlink()
+    (team / entry.key / store.BLOB).symlink_to(outside / "big")  # counts as the link's size, not the target's
+    stale_file, stale_fifo = team / f"{store.TMP_PREFIX}file", team / f"{store.GONE_PREFIX}fifo"
+    stale_file.write_bytes(b"left")
+    os.mkfifo(stale_fifo)
+    stale_dir = team / f"{store.GONE_PREFIX}dir"
+    (stale_dir / "sub").mkdir(parents=True)
+    os.mkfifo(stale_dir / "sub" / "fifo")
+    (stale_dir / "sub" / "out").symlink_to(outside)  # emptied as a link: nothing in outside goes
+    for stale in (stale_file, stale_fifo, stale_dir):
+        os.utime(stale, (now - 2 * store.STALE_TMP_S, now - 2 * store.STALE_TMP_S))
+    assert store.collect_team(team, max_age_s=0, quota_bytes=10_000, now=now) == store.Collected(0, 0)
+    assert [p.name for p in team.iterdir()] == [entry.key]  # kept under quota; the stale ones swept
+    (team / "linked").symlink_to(outside)
+    assert store.discard(team, "linked") and [p.name for p in team.iterdir()] == [entry.key]  # no .gone- link left
+    assert (outside / "big").read_bytes() == b"h" * 100_000
+
+
+def test_a_stale_tree_too_deep_to_remove_does_not_stop_collection(tmp_path: Path) -> None:
+    now = time.time()
+    team = store.team_dir(tmp_path, 3)
+    entry = published(team)
+    os.utime(team / entry.key, (now - 40 * 86400, now - 40 * 86400))
+    deep = team / f"{store.GONE_PREFIX}deep"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(3000):  # deeper than Python's recursion limit (1000); built by descriptor, past PATH_MAX
+        os.mkdir("d", dir_fd=fd)
+        fd, parent = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), fd
+        os.close(parent)
+    os.close(fd)
+    os.utime(deep, (now - 2 * store.STALE_TMP_S, now - 2 * store.STALE_TMP_S))
+    try:
+        assert store.collect_team(team, max_age_s=30 * 86400, quota_bytes=10**9, now=now).entries == 1
+        assert not (team / entry.key).exists()  # the old entry collected all the same
+    finally:  # pytest's own clean-up of tmp_path recurses: unchain the tree two levels a step
+        while (deep / "d" / "d").is_dir():
+            os.rename(deep / "d" / "d", team / "next")
+            os.rmdir(deep / "d")
+            os.rmdir(deep)
+            os.rename(team / "next", deep)
+        shutil.rmtree(deep, ignore_errors=True)
 
 
 def test_an_admin_promotes_a_team_entry_to_the_shared_tier(tmp_path: Path) -> None:
