@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from core.db import utcnow
 from core.models import GPU, Attempt, Host, Job, TeamQuota
 from tests.support.api import World, build_world, make_app, spec
-from tests.support.measured_runs import record_run
+from tests.support.measured_runs import record_run, set_running
 
 pytestmark = pytest.mark.integration
 
@@ -76,19 +76,7 @@ def test_a_run_that_ends_in_time_alone_misses_the_deadline_behind_a_running_job(
     _measured(client, world, db)
     # Both CPU slots held for 20 minutes more at the earliest (its time limit, started 10 minutes ago)
     running = _submitted(client, world, db, name="ahead", time_limit_s=1800, resources={"gpus": 0, "cpu_slots": 2})
-    started = utcnow() - timedelta(minutes=10)
-    running.state, running.admitted_at, running.started_at = "RUNNING", started, started
-    db.add(
-        Attempt(
-            job_id=running.id,
-            number=1,
-            fencing_token=running.fencing_token,
-            placement=[{"host": "h1", "slots": 2}],
-            state="RUNNING",
-            started_at=started,
-        )
-    )
-    db.flush()
+    set_running(db, running, {"host": "h1", "slots": 2}, utcnow() - timedelta(minutes=10))
     answer = _estimate(client, world, utcnow() + timedelta(seconds=600))
     written = answer["options"][0]
     assert written["meets_deadline"] is True  # 110 s of run against 600 s: in time, were it to start now
@@ -128,19 +116,7 @@ def _gpu_hosts(db: Session, world: World) -> None:
 def _running_on(client: TestClient, world: World, db: Session, host: str, *, ago: timedelta) -> Job:
     """A job holding ``host``'s one GPU, started ``ago``, with a 30-minute time limit."""
     job = _submitted(client, world, db, name="ahead", **{**GPU_JOB, "time_limit_s": 1800})
-    started = utcnow() - ago
-    job.state, job.admitted_at, job.started_at = "RUNNING", started, started
-    db.add(
-        Attempt(
-            job_id=job.id,
-            number=1,
-            fencing_token=job.fencing_token,
-            placement=[{"host": host, "gpus": [f"{host}-0"]}],
-            state="RUNNING",
-            started_at=started,
-        )
-    )
-    db.flush()
+    set_running(db, job, {"host": host, "gpus": [f"{host}-0"]}, utcnow() - ago)
     return job
 
 

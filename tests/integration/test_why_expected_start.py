@@ -15,11 +15,12 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from core.db import utcnow
-from core.models import Attempt, Host, Job
+from core.models import Host, Job
 from core.policy_config import PolicyConfig
 from scheduler.live.loader import load_snapshot
 from scheduler.policy.plan import plan
 from tests.support.api import World, build_world, make_app, spec
+from tests.support.measured_runs import set_running
 
 pytestmark = pytest.mark.integration
 
@@ -49,19 +50,7 @@ def _job(client: TestClient, world: World, db: Session, **fields: Any) -> Job:
 
 
 def _running(db: Session, job: Job, started: datetime, slots: int = 1, **attempt: Any) -> None:
-    job.state, job.admitted_at, job.started_at = "RUNNING", started, started
-    db.add(
-        Attempt(
-            job_id=job.id,
-            number=1,
-            fencing_token=job.fencing_token,
-            placement=[{"host": "h1", "slots": slots}],
-            state="RUNNING",
-            started_at=started,
-            **attempt,
-        )
-    )
-    db.flush()
+    set_running(db, job, {"host": "h1", "slots": slots}, started, **attempt)
 
 
 def _why(client: TestClient, world: World, job: Job) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""A finished attempt as the worker would have recorded it (the attempt, its usage, its steps' times): the measured
-history ``kiln estimate`` reads, made with known figures where no worker runs."""
+"""Attempts as a worker would have recorded them, made with known figures where no worker runs: a finished one (the
+attempt, its usage, its steps' times: the measured history ``kiln estimate`` reads) and a running one (what the
+scheduler's projection sees ahead of a queued job)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -46,3 +48,20 @@ def record_run(db: Session, job_id: int, *, startup_s: float, step_s: Sequence[f
     )
     db.flush()
     return attempt
+
+
+def set_running(db: Session, job: Job, placement: dict[str, Any], started: datetime, **attempt: Any) -> None:
+    """``job`` running on ``placement`` (one host's share) since ``started``, its first attempt with it."""
+    job.state, job.admitted_at, job.started_at = "RUNNING", started, started
+    db.add(
+        Attempt(
+            job_id=job.id,
+            number=1,
+            fencing_token=job.fencing_token,
+            placement=[placement],
+            state="RUNNING",
+            started_at=started,
+            **attempt,
+        )
+    )
+    db.flush()
