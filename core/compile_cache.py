@@ -298,14 +298,21 @@ class Collected:
     bytes: int = 0
 
 
-def _entry_size(path: Path) -> int:
-    """The bytes an entry's files take as they lie: a link counts its own size, never its target's (a host file).
-    The directory is opened without following a link, so a swap for one after the caller's check lists nothing."""
+def _entry_size(path: Path) -> int | None:
+    """The bytes of an entry's two files as they lie; None when it holds anything else (another name, a link, a
+    directory, a FIFO): ``publish`` writes those two regular files only, so anything more is not kiln's, and space
+    a team's code keeps there would pass the quota unseen. The directory is opened without following a link, so a
+    swap for one after the caller's check lists nothing."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
+        total = 0
         with os.scandir(fd) as files:
-            sizes = (f.stat(follow_symlinks=False) for f in files)
-            return sum(s.st_size for s in sizes if not stat.S_ISDIR(s.st_mode))
+            for f in files:
+                st = f.stat(follow_symlinks=False)
+                if f.name not in (ENTRY, BLOB) or not stat.S_ISREG(st.st_mode):
+                    return None
+                total += st.st_size
+        return total
     finally:
         os.close(fd)
 
@@ -313,21 +320,22 @@ def _entry_size(path: Path) -> int:
 def collect_team(root: Path, *, max_age_s: float, quota_bytes: int, now: float) -> Collected:
     """One team's entries: those unused for ``max_age_s`` (0: no age limit), then the least recently used until the
     rest fit ``quota_bytes``; and publishes or discards a dead trainer left behind. Run as root over what a team's
-    code may have changed: ``lstat`` only, so a link is judged as a link and never followed."""
+    code may have changed: ``lstat`` only, so a link is judged as a link and never followed; what is not an entry
+    as kiln writes one goes at once."""
     done = Collected()
     live: list[tuple[float, int, str]] = []
     for path in root.iterdir():
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # gone, or swapped, since listed
             st = os.lstat(path)
             if path.name.startswith((TMP_PREFIX, GONE_PREFIX)):
-                if now - st.st_mtime > STALE_TMP_S:
+                if abs(now - st.st_mtime) > STALE_TMP_S:  # a time ahead of now is a team's, not a live writer's
                     _remove(path)
-            elif not stat.S_ISDIR(st.st_mode):  # a link (to a host directory, to /), a file, a FIFO: no entry
+            elif stat.S_ISDIR(st.st_mode) and (size := _entry_size(path)) is not None:
+                live.append((st.st_mtime, size, path.name))
+            else:  # a link (to a host directory, to /), a file, a FIFO, a directory holding more than an entry
                 _remove(path)
                 done.entries += 1
                 done.bytes += st.st_size
-            else:
-                live.append((st.st_mtime, _entry_size(path), path.name))
     live.sort()  # least recently used first
     total = sum(size for _, size, _ in live)
     for mtime, size, key in live:

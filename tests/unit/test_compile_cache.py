@@ -176,7 +176,7 @@ def test_collection_counts_and_removes_links_without_following_them(tmp_path: Pa
     outside.mkdir()
     (outside / "big").write_bytes(b"h" * 100_000)
     (team / entry.key / store.BLOB).unlink()
-    (team / entry.key / store.BLOB).symlink_to(outside / "big")  # counts as the link's size, not the target's
+    (team / entry.key / store.BLOB).symlink_to(outside / "big")  # not an entry kiln wrote: removed, unfollowed
     stale_file, stale_fifo = team / f"{store.TMP_PREFIX}file", team / f"{store.GONE_PREFIX}fifo"
     stale_file.write_bytes(b"left")
     os.mkfifo(stale_fifo)
@@ -186,11 +186,30 @@ def test_collection_counts_and_removes_links_without_following_them(tmp_path: Pa
     (stale_dir / "sub" / "out").symlink_to(outside)  # emptied as a link: nothing in outside goes
     for stale in (stale_file, stale_fifo, stale_dir):
         os.utime(stale, (now - 2 * store.STALE_TMP_S, now - 2 * store.STALE_TMP_S))
-    assert store.collect_team(team, max_age_s=0, quota_bytes=10_000, now=now) == store.Collected(0, 0)
-    assert [p.name for p in team.iterdir()] == [entry.key]  # kept under quota; the stale ones swept
+    got = store.collect_team(team, max_age_s=0, quota_bytes=10**9, now=now)
+    assert got.entries == 1 and got.bytes < 100_000  # the linked entry, whatever its link's target holds
+    assert list(team.iterdir()) == []  # the stale ones swept
     (team / "linked").symlink_to(outside)
-    assert store.discard(team, "linked") and [p.name for p in team.iterdir()] == [entry.key]  # no .gone- link left
+    assert store.discard(team, "linked") and list(team.iterdir()) == []  # no .gone- link left
     assert (outside / "big").read_bytes() == b"h" * 100_000
+
+
+def test_space_a_teams_code_hides_in_its_cache_is_collected_under_the_quota(tmp_path: Path) -> None:
+    """A directory inside an entry is not counted by the entry's size, and a half-written publish dated in the future
+    is never stale: each held space the quota did not see, for as long as the team wanted. Now an entry holding more
+    than kiln writes goes at once, and a ``.tmp-`` dated ahead of now is as stale as an old one."""
+    now = time.time()
+    team = store.team_dir(tmp_path, 3)
+    kept, hoard = published(team), entry_for(b"y" * 100, {**FIELDS, "i": 1})
+    assert store.publish(team, hoard, b"y" * 100)
+    (team / hoard.key / "more").mkdir()
+    (team / hoard.key / "more" / "data").write_bytes(b"h" * 100_000)
+    future = team / f"{store.TMP_PREFIX}future"
+    future.mkdir()
+    (future / "data").write_bytes(b"h" * 100_000)
+    os.utime(future, (now + 10 * 86400, now + 10 * 86400))
+    assert store.collect_team(team, max_age_s=30 * 86400, quota_bytes=10**9, now=now).entries == 1
+    assert [p.name for p in team.iterdir()] == [kept.key]
 
 
 def test_a_stale_tree_too_deep_to_remove_does_not_stop_collection(tmp_path: Path) -> None:
