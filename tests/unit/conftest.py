@@ -17,6 +17,11 @@ from typing import Any, NoReturn
 
 import pytest
 
+# matplotlib's first import on a machine without its font cache asks fontconfig for the system's fonts (`fc-list`, a
+# process), once Debian's chromium has brought fontconfig in: a plot made in a unit test (the replay's report) would
+# then break the rule below on a fresh machine only. kiln's plots need no system font: matplotlib's own do.
+os.environ.setdefault("MPL_IGNORE_SYSTEM_FONTS", "1")
+
 RULE = (
     "a unit test starts no process (tests/unit/conftest.py): move this test to tests/e2e (real processes) or "
     "tests/integration (real PostgreSQL and Redis), or keep the work inside the test's own process"
