@@ -42,7 +42,7 @@ from api.routers.health import register_collectors
 from core.db import make_engine
 from core.deployment import StorageOfAnotherDeployment, check_storage
 from core.settings import Settings, get_settings
-from scheduler.live.forecast import forecast_start, forecast_would_be
+from scheduler.live.forecast import forecast_start, would_be_projector
 
 log = logging.getLogger("kiln.api")
 
@@ -148,7 +148,7 @@ def _set_state(app: FastAPI, settings: Settings, engine: Engine) -> None:
     # composition root, so no router or service imports the scheduler.
     policy = settings.policy
     app.state.forecaster = lambda db, job, now: forecast_start(db, job, now=now, policy=policy)
-    app.state.would_start = lambda db, would, now: forecast_would_be(db, would, now=now, policy=policy)  # estimates
+    app.state.would_start = lambda db, now: would_be_projector(db, now=now, policy=policy)  # estimates
     app.state.registry = CollectorRegistry()
     register_collectors(app.state.registry)
 

@@ -39,8 +39,9 @@ class WouldBe:
     memory_bytes: int | None  # predicted peak per GPU
 
 
-# (session, the would-be job, now) -> its expected start: scheduler.live.forecast.forecast_would_be, policy bound
-WouldStart = Callable[[Session, WouldBe, datetime], StartForecast]
+# (session, now) -> each would-be job's expected start over one read of the queue:
+# scheduler.live.forecast.would_be_projector, policy bound
+WouldStart = Callable[[Session, datetime], Callable[[WouldBe], StartForecast]]
 MAX_PROJECTED = 4  # options projected through the queue for one estimate, cheapest first
 # Which verdict is better to recommend: an unknown start is worse than a known miss, since nothing can be said of it
 # (the first option's unknown is kept as it is: the others' starts are no better known).

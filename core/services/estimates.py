@@ -88,11 +88,12 @@ def estimate(
     if priced.deadline is not None and would_start is not None:
         deadline = priced.deadline
         qos_id, priority = (ctx.qos_id, int(ctx.priority or 0)) if ctx is not None else (None, 0)
+        start_of = would_start(db, now)  # the queue read once for every option projected
 
         def project(i: int) -> QueueVerdict:
             o = options[i]
             would = WouldBe(with_changes(spec, o.changes), team_id, qos_id, priority, o.peak_bytes)
-            return verdict(i, o, would_start(db, would, now), deadline)
+            return verdict(i, o, start_of(would), deadline)
 
         best, queue = choose(options, project)
     return Estimate(

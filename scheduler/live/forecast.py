@@ -17,6 +17,7 @@ The jobs admitted on the way run for the same estimates of their own. ``kiln why
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -42,14 +43,20 @@ def forecast_start(db: Session, job: Job, *, now: datetime, policy: PolicyConfig
     return StartProjector(snapshot, measured_rates(db, now), policy).forecast(job.id)
 
 
-def forecast_would_be(db: Session, would: WouldBe, *, now: datetime, policy: PolicyConfig) -> StartForecast:
-    """When and where a job not yet submitted (``kiln estimate``'s choice) would start, were it submitted now: the
-    live snapshot with it added to the queue under an id above all of the snapshot's, as the newest submission."""
+def would_be_projector(db: Session, *, now: datetime, policy: PolicyConfig) -> Callable[[WouldBe], StartForecast]:
+    """When and where a job not yet submitted (an option ``kiln estimate`` weighs) would start, were it submitted now:
+    the live snapshot with it added to the queue under an id above all of the snapshot's, as the newest submission.
+    The snapshot and the running jobs' measured rates are read once, for every option the estimate projects (each
+    added alone)."""
     snapshot = load_snapshot(db=db, now=now, half_life_s=policy.fairshare_half_life_s)
+    rates = measured_rates(db, now)
     job_id = 1 + max([*(p.id for p in snapshot.pending), *(r.id for r in snapshot.running)], default=0)
-    pending = _would_be_pending(db, would, job_id, snapshot, now)
-    snapshot = replace(snapshot, pending=(*snapshot.pending, pending))
-    return StartProjector(snapshot, measured_rates(db, now), policy).forecast(job_id)
+
+    def forecast(would: WouldBe) -> StartForecast:
+        pending = _would_be_pending(db, would, job_id, snapshot, now)
+        return StartProjector(replace(snapshot, pending=(*snapshot.pending, pending)), rates, policy).forecast(job_id)
+
+    return forecast
 
 
 def _would_be_pending(db: Session, would: WouldBe, job_id: int, snapshot: Snapshot, now: datetime) -> PendingJob:
