@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import sys
 from typing import Any
 
 import torch
@@ -66,8 +67,13 @@ def persist_compiler_caches(cache_dir: pathlib.Path) -> None:
     them too.  A directory already chosen in the environment is respected."""
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
     os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir / "triton"))
-    # Cached kernels keep their GPU binaries (trainer.compile.portable_kernels): set before Inductor's config loads.
-    os.environ.setdefault("TORCHINDUCTOR_KEEP_STATIC_CUBIN_RAW", "1")
+    # Cached kernels keep their GPU binaries (trainer.compile.portable_kernels), unless the environment says not to:
+    # Inductor reads the variable as its config loads, so a config loaded already (a bare run that compiled its
+    # precision check first) is told directly.
+    keep = os.environ.setdefault("TORCHINDUCTOR_KEEP_STATIC_CUBIN_RAW", "1") == "1"
+    inductor_config = sys.modules.get("torch._inductor.config")
+    if keep and inductor_config is not None and hasattr(inductor_config, "keep_static_cubin_raw"):
+        setattr(inductor_config, "keep_static_cubin_raw", True)  # noqa: B010 - a module found at run time
 
 
 def build_optimizer(model: nn.Module, cfg: TrainerConfig) -> tuple[torch.optim.Optimizer, bool]:

@@ -425,21 +425,18 @@ class Compiler:
 
 
 def portable_kernels() -> bool:
-    """Make Inductor keep each statically launched Triton kernel's binary (cubin) in the compiled graph it caches.
+    """Whether Inductor keeps each statically launched Triton kernel's binary (cubin) in the compiled graph it
+    caches (``keep_static_cubin_raw``, torch >= 2.13; ``trainer.builders.persist_compiler_caches`` turns it on).
 
     By default Inductor drops the bytes and, on a cache hit, expects the kernel's file in the local Triton cache,
     which another host lacks: the load would raise "Cubin file saved by TritonBundler not found". With the bytes
-    kept (``keep_static_cubin_raw``, torch >= 2.13), Inductor writes them into this job's own Triton cache. (The
-    H100's failed hits had another cause, a recorded path into the compiling job's directory:
-    ``workers.attempt_setup.COMPILE_DIR_IN_SANDBOX``; the first GPU hit ran with both mends.) False where this
-    torch has no such setting: a hit there may still fail, and is then rejected and compiled afresh.
+    kept, Inductor writes them into this job's own Triton cache. (The H100's failed hits had another cause, a
+    recorded path into the compiling job's directory: ``workers.attempt_setup.COMPILE_DIR_IN_SANDBOX``; the first
+    GPU hit ran with both mends.) A part of the key: an entry without the binaries never matches one with them.
     """
     import torch._inductor.config as inductor_config
 
-    if not hasattr(inductor_config, "keep_static_cubin_raw"):
-        return False
-    inductor_config.keep_static_cubin_raw = True
-    return True
+    return bool(getattr(inductor_config, "keep_static_cubin_raw", False))
 
 
 def _finite_grads(model: nn.Module) -> bool:

@@ -280,8 +280,9 @@ def test_the_key_holds_what_decides_the_code_and_not_the_optimiser() -> None:
 
 def test_cached_kernels_keep_their_gpu_binaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Inductor drops a Triton kernel's cubin from the graph it caches unless told to keep it; a hit in another job
-    or on another host then finds no kernel file (issue 40). The trainer tells it before Inductor's config loads
-    (the environment) and again before compiling (the config), and only keys carrying the binaries match."""
+    or on another host then finds no kernel file (issue 40). The trainer tells it through the environment, read as
+    Inductor's config loads, and the config itself where it has loaded already; only keys carrying the binaries
+    match."""
     require_module("torch")
     import torch._inductor.config as inductor_config
 
